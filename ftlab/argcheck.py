@@ -1,0 +1,76 @@
+"""Argument checks shared by the public ops: each error names the argument, what was
+expected and what came, e.g. ``TypeError("indices must be int32 or int64, got torch.float32")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def dtype_in(name: str, t: torch.Tensor, dtypes: Iterable[torch.dtype]) -> None:
+    dtypes = tuple(dtypes)
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be one of {_names(dtypes)}, got {t.dtype}")
+
+
+def same_dtype(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {t.dtype}")
+
+
+def same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise ValueError(
+            f"{name} must be on the device of {ref_name} ({ref.device}), got {t.device}"
+        )
+
+
+def rows(name: str, t: torch.Tensor) -> None:
+    """A 2-D tensor of rows, each contiguous (row stride may exceed the row length)."""
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [rows, D], got shape {tuple(t.shape)}")
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(
+            f"{name} must have contiguous rows (stride(1) == 1), got strides {t.stride()}"
+        )
+    if t.shape[0] > 1 and t.shape[1] > 0 and t.stride(0) < t.shape[1]:
+        raise ValueError(f"{name} rows must not overlap (stride(0) >= D), got strides {t.stride()}")
+
+
+def index_vector(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D [L], got shape {tuple(t.shape)}")
+
+
+def shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def data_checks_allowed(op: str) -> None:
+    """Data-dependent checks read the tensors on the host: impossible inside graph capture."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{op}: check=True reads the indices on the host, which cannot happen during CUDA/HIP "
+            "graph capture; validate the inputs before capture and pass check=False"
+        )
+
+
+def first_position(mask: torch.Tensor) -> int:
+    return int(mask.nonzero()[0, 0])

@@ -1,0 +1,92 @@
+// index_store.hip — device code of index (row gather) and store (KV-cache row scatter).
+//
+// Contract: OPS.md section 1; reference: ftlab/reference/index_store.py.
+//
+// Both ops are pure copies, so the kernels move raw bytes: the launcher picks the widest
+// vector type (16/8/4/2/1 bytes) that divides the row size, every row stride and every
+// base address, and the element dtype never reaches the device code. That makes the copy
+// bit-exact for any dtype (fp32, fp16, bf16, fp8) and lets one row move in 16-byte loads.
+//
+// Layout of a block: blockDim.x threads share one row (a power of two, up to 256),
+// blockDim.y rows per block, 256 threads in all. This does not depend on the wave size,
+// so the same code is right on wave32 (RDNA, NVIDIA) and wave64 (CDNA).
+//
+// Bounds: the launcher validates indices before launching (and raises). The kernels
+// still never touch memory outside the tensors: with checks turned off, an index row
+// whose source is out of range is zero-filled, and a store row whose slot is out of
+// range (or -1, the padding marker) is skipped.
+//
+// Only port.h is included here: the gfx compile check compiles this file alone.
+#include "port.h"
+
+namespace ftlab {
+
+constexpr int kCopyThreads = 256;
+
+template <typename Vec, typename Idx>
+__global__ void __launch_bounds__(kCopyThreads)
+    index_rows_kernel(const Vec* __restrict__ weights, int64_t w_stride,
+                      const Idx* __restrict__ indices, Vec* __restrict__ out, int64_t out_stride,
+                      int64_t num_indices, int64_t row_vecs, int64_t num_rows, int64_t mask_start,
+                      int64_t mask_len) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (i >= num_indices) return;
+  int64_t src = static_cast<int64_t>(indices[i]);
+  bool inside;
+  if (mask_len >= 0) {  // vocab-parallel shard: rows outside [start, start+len) are zero
+    src -= mask_start;
+    inside = src >= 0 && src < mask_len;
+  } else {
+    inside = src >= 0 && src < num_rows;
+  }
+  Vec* dst = out + i * out_stride;
+  if (inside) {
+    const Vec* row = weights + src * w_stride;
+    for (int64_t c = threadIdx.x; c < row_vecs; c += blockDim.x) dst[c] = row[c];
+  } else {
+    const Vec zero{};
+    for (int64_t c = threadIdx.x; c < row_vecs; c += blockDim.x) dst[c] = zero;
+  }
+}
+
+template <typename Vec, typename Idx>
+__global__ void __launch_bounds__(kCopyThreads)
+    store_rows_kernel(Vec* __restrict__ k_cache, int64_t kc_stride, Vec* __restrict__ v_cache,
+                      int64_t vc_stride, const Idx* __restrict__ indices,
+                      const Vec* __restrict__ k, int64_t k_stride, const Vec* __restrict__ v,
+                      int64_t v_stride, int64_t num_indices, int64_t k_vecs, int64_t v_vecs,
+                      int64_t num_slots) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (i >= num_indices) return;
+  const int64_t slot = static_cast<int64_t>(indices[i]);
+  if (slot < 0 || slot >= num_slots) return;  // -1: padding token, nothing to store
+  const Vec* ks = k + i * k_stride;
+  Vec* kd = k_cache + slot * kc_stride;
+  for (int64_t c = threadIdx.x; c < k_vecs; c += blockDim.x) kd[c] = ks[c];
+  const Vec* vs = v + i * v_stride;
+  Vec* vd = v_cache + slot * vc_stride;
+  for (int64_t c = threadIdx.x; c < v_vecs; c += blockDim.x) vd[c] = vs[c];
+}
+
+// Every configuration the launcher uses, instantiated here so that a device-only
+// compile emits machine code for each (and the compile check sees all of them).
+#define FTLAB_INDEX_STORE_INSTANTIATE(Vec, Idx)                                               \
+  template __global__ void index_rows_kernel<Vec, Idx>(const Vec*, int64_t, const Idx*, Vec*, \
+                                                       int64_t, int64_t, int64_t, int64_t,    \
+                                                       int64_t, int64_t);                     \
+  template __global__ void store_rows_kernel<Vec, Idx>(Vec*, int64_t, Vec*, int64_t,          \
+                                                       const Idx*, const Vec*, int64_t,       \
+                                                       const Vec*, int64_t, int64_t, int64_t, \
+                                                       int64_t, int64_t);
+
+#define FTLAB_INDEX_STORE_INSTANTIATE_VEC(Vec) \
+  FTLAB_INDEX_STORE_INSTANTIATE(Vec, int32_t)  \
+  FTLAB_INDEX_STORE_INSTANTIATE(Vec, int64_t)
+
+FTLAB_INDEX_STORE_INSTANTIATE_VEC(bytes16)
+FTLAB_INDEX_STORE_INSTANTIATE_VEC(bytes8)
+FTLAB_INDEX_STORE_INSTANTIATE_VEC(bytes4)
+FTLAB_INDEX_STORE_INSTANTIATE_VEC(bytes2)
+FTLAB_INDEX_STORE_INSTANTIATE_VEC(bytes1)
+
+}  // namespace ftlab

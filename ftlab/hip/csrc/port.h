@@ -1,0 +1,140 @@
+// port.h — the one portability header of ftlab's HIP kernels.
+//
+// Three branches, picked by the compiler that reads this file:
+//   1. HIP with ROCm headers (hipcc / amdclang++): the real HIP runtime.
+//   2. CUDA (nvcc): the few HIP names ftlab uses, mapped onto CUDA.
+//   3. bare clang (`clang -x hip -nogpuinc -nogpulib`): no runtime headers at all; just
+//      enough declarations to compile device code for gfx targets in the compile check.
+//
+// Kernels use only the portable names below (PORT_WARP_SIZE, port_shfl_xor, port_dp4a,
+// port_stream_t, ...), never warpSize: ROCm 7 made warpSize non-constexpr, so the wave
+// size is derived from the arch macros instead (gfx9 = CDNA = wave64; RDNA and NVIDIA 32).
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__) && !defined(__HIP__)
+// ---------------------------------------------------------------- 2. CUDA (nvcc)
+#include <cuda_runtime.h>
+#define PORT_CUDA 1
+#define PORT_WARP_SIZE 32
+typedef cudaStream_t port_stream_t;
+typedef cudaError_t port_error_t;
+#define port_success cudaSuccess
+#define port_get_last_error cudaGetLastError
+#define port_error_string cudaGetErrorString
+__device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+__device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+
+#elif defined(__HIP__) && (defined(__has_include) && __has_include(<hip/hip_runtime.h>)) && \
+    !defined(PORT_BARE_CLANG)
+// ---------------------------------------------------------------- 1. HIP (ROCm headers)
+#include <hip/hip_runtime.h>
+#define PORT_HIP 1
+typedef hipStream_t port_stream_t;
+typedef hipError_t port_error_t;
+#define port_success hipSuccess
+#define port_get_last_error hipGetLastError
+#define port_error_string hipGetErrorString
+__device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) { return __shfl_xor(v, lane_mask); }
+__device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
+  return __shfl_xor(v, lane_mask);
+}
+
+#elif defined(__HIP__)
+// ---------------------------------------------------------------- 3. bare clang, device only
+#define PORT_HIP 1
+#define PORT_BARE_CLANG 1
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...) __attribute__((amdgpu_flat_work_group_size(1, __VA_ARGS__)))
+struct port_dim3 {
+  uint32_t x, y, z;
+};
+// The builtins behind threadIdx/blockIdx/blockDim, as ROCm's headers define them.
+struct port_thread_idx {
+  __device__ uint32_t get_x() const { return __builtin_amdgcn_workitem_id_x(); }
+  __device__ uint32_t get_y() const { return __builtin_amdgcn_workitem_id_y(); }
+  __device__ uint32_t get_z() const { return __builtin_amdgcn_workitem_id_z(); }
+  __declspec(property(get = get_x)) uint32_t x;
+  __declspec(property(get = get_y)) uint32_t y;
+  __declspec(property(get = get_z)) uint32_t z;
+};
+struct port_block_idx {
+  __device__ uint32_t get_x() const { return __builtin_amdgcn_workgroup_id_x(); }
+  __device__ uint32_t get_y() const { return __builtin_amdgcn_workgroup_id_y(); }
+  __device__ uint32_t get_z() const { return __builtin_amdgcn_workgroup_id_z(); }
+  __declspec(property(get = get_x)) uint32_t x;
+  __declspec(property(get = get_y)) uint32_t y;
+  __declspec(property(get = get_z)) uint32_t z;
+};
+struct port_block_dim {
+  __device__ uint32_t get_x() const { return __builtin_amdgcn_workgroup_size_x(); }
+  __device__ uint32_t get_y() const { return __builtin_amdgcn_workgroup_size_y(); }
+  __device__ uint32_t get_z() const { return __builtin_amdgcn_workgroup_size_z(); }
+  __declspec(property(get = get_x)) uint32_t x;
+  __declspec(property(get = get_y)) uint32_t y;
+  __declspec(property(get = get_z)) uint32_t z;
+};
+static constexpr __device__ port_thread_idx threadIdx{};
+static constexpr __device__ port_block_idx blockIdx{};
+static constexpr __device__ port_block_dim blockDim{};
+__device__ inline void __syncthreads() { __builtin_amdgcn_s_barrier(); }
+__device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) {
+  const int lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  return __builtin_amdgcn_ds_bpermute((lane ^ lane_mask) << 2, v);
+}
+__device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
+  return __builtin_bit_cast(float, port_shfl_xor(__builtin_bit_cast(int, v), lane_mask));
+}
+#else
+#error "port.h: compile with nvcc, hipcc, or clang -x hip"
+#endif
+
+// Wave size from the arch macros (device pass); the host pass sees 32 and must not use it
+// for anything but sizing that is valid for both.
+#if !defined(PORT_WARP_SIZE)
+#if defined(__GFX9__)
+#define PORT_WARP_SIZE 64
+#else
+#define PORT_WARP_SIZE 32
+#endif
+#endif
+
+// int8 dot of four packed bytes plus an accumulator: dp4a (NVIDIA), sudot4 (RDNA3/4,
+// v_dot4_i32_iu8), sdot4 (CDNA, v_dot4c_i32_i8), else a scalar fallback.
+__device__ __forceinline__ int port_dp4a(int a, int b, int c) {
+#if defined(PORT_CUDA)
+  return __dp4a(a, b, c);
+#elif defined(__has_builtin) && __has_builtin(__builtin_amdgcn_sudot4) && \
+    (defined(__GFX11__) || defined(__GFX12__))
+  return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#elif defined(__has_builtin) && __has_builtin(__builtin_amdgcn_sdot4) && defined(__GFX9__)
+  return __builtin_amdgcn_sdot4(a, b, c, false);
+#else
+  const int8_t* pa = reinterpret_cast<const int8_t*>(&a);
+  const int8_t* pb = reinterpret_cast<const int8_t*>(&b);
+  return c + pa[0] * pb[0] + pa[1] * pb[1] + pa[2] * pb[2] + pa[3] * pb[3];
+#endif
+}
+
+// Raw byte vectors for copies: a row is moved in the widest of these that its size,
+// strides and addresses allow, so a copy never depends on the element type.
+namespace ftlab {
+struct alignas(16) bytes16 {
+  uint32_t w[4];
+};
+struct alignas(8) bytes8 {
+  uint32_t w[2];
+};
+typedef uint32_t bytes4;
+typedef uint16_t bytes2;
+typedef uint8_t bytes1;
+}  // namespace ftlab

@@ -1,0 +1,1 @@
+"""Pure-PyTorch references: the specification every kernel is tested against."""
