@@ -1,0 +1,155 @@
+import pytest
+import torch
+
+from ftlab import backends, ops
+from ftlab import platform as ftplatform
+
+GPU = torch.device("cuda")
+CPU = torch.device("cpu")
+ROCM_ARCHS = [a for a, i in ftplatform.ARCHS.items() if i.vendor == "amd"]
+
+
+def fake(name):
+    return lambda *a: name
+
+
+@pytest.fixture
+def fake_op():
+    """An op 'fake' with controllable built-in backends and an NVIDIA-only extra."""
+    state = {"hip": None, "triton": None}
+    backends.register("fake", "reference", fake("reference"), dtypes=[torch.float16, torch.float32])
+    backends.register("fake", "triton", fake("triton"), available=lambda p, d: state["triton"])
+    backends.register(
+        "fake", "hip", fake("hip"), platforms=("cuda", "rocm"), available=lambda p, d: state["hip"]
+    )
+    backends.register("fake", "marlin", fake("marlin"), platforms=("cuda",), nvidia_only=True)
+    yield state
+    del backends._TABLE["fake"]
+
+
+def plat(arch):
+    return ftplatform.platform_from_arch(arch, faked=True)
+
+
+def test_auto_prefers_hip_then_triton_then_reference(fake_op):
+    p = plat("sm_90")
+    assert backends.resolve("fake", "auto", GPU, torch.float16, p).backend == "hip"
+    fake_op["hip"] = "not built"
+    assert backends.resolve("fake", "auto", GPU, torch.float16, p).backend == "triton"
+    fake_op["triton"] = "no triton"
+    assert backends.resolve("fake", "auto", GPU, torch.float16, p).backend == "reference"
+
+
+def test_auto_on_cpu_is_reference(fake_op):
+    assert backends.resolve("fake", "auto", CPU, torch.float16, plat("cpu")).backend == "reference"
+
+
+def test_explicit_backend_never_falls_back(fake_op):
+    fake_op["hip"] = "arch gfx1103 is not built"
+    with pytest.raises(
+        backends.BackendUnavailable, match="'hip' cannot serve.*gfx1103 is not built"
+    ):
+        backends.resolve("fake", "hip", GPU, torch.float16, plat("sm_90"))
+
+
+def test_explicit_hip_on_cpu_tensor(fake_op):
+    with pytest.raises(backends.BackendUnavailable, match="does not run on CPU tensors"):
+        backends.resolve("fake", "hip", CPU, torch.float16, plat("cpu"))
+
+
+def test_unsupported_dtype_is_named(fake_op):
+    with pytest.raises(backends.BackendUnavailable, match="dtype torch.bfloat16 is unsupported"):
+        backends.resolve("fake", "reference", CPU, torch.bfloat16, plat("cpu"))
+
+
+def test_unknown_backend(fake_op):
+    with pytest.raises(ValueError, match="backend must be 'auto' or one of"):
+        backends.resolve("fake", "cutlass", GPU, torch.float16, plat("sm_90"))
+
+
+def test_unknown_op():
+    with pytest.raises(KeyError, match="op must be one of"):
+        backends.resolve("nope", "auto", CPU)
+
+
+@pytest.mark.parametrize("arch", ROCM_ARCHS)
+def test_rocm_never_selects_nvidia_only(fake_op, arch, monkeypatch):
+    p = plat(arch)
+    with pytest.raises(backends.BackendUnavailable, match="NVIDIA-only"):
+        backends.resolve("fake", "marlin", GPU, torch.float16, p)
+    monkeypatch.setenv("FTLAB_BACKEND", "marlin")
+    with pytest.raises(backends.BackendUnavailable, match="NVIDIA-only"):
+        backends.resolve("fake", "auto", GPU, torch.float16, p)
+    # an NVIDIA-only kernel registered under a built-in name is skipped by auto on ROCm
+    backends.register(
+        "fake", "hip", fake("nv-hip"), platforms=("cuda", "rocm"), nvidia_only=True, replace=True
+    )
+    monkeypatch.delenv("FTLAB_BACKEND")
+    chosen = backends.resolve("fake", "auto", GPU, torch.float16, p)
+    assert not chosen.nvidia_only and chosen.backend == "triton"
+
+
+def test_nvidia_only_is_usable_on_cuda(fake_op, monkeypatch):
+    monkeypatch.setenv("FTLAB_BACKEND", "marlin")
+    assert backends.resolve("fake", "auto", GPU, torch.float16, plat("sm_90")).backend == "marlin"
+
+
+def test_env_override_is_explicit(fake_op, monkeypatch):
+    monkeypatch.setenv("FTLAB_BACKEND", "triton")
+    assert backends.resolve("fake", "auto", GPU, torch.float16, plat("gfx1201")).backend == "triton"
+    fake_op["triton"] = "no triton"
+    with pytest.raises(backends.BackendUnavailable, match="no triton"):
+        backends.resolve("fake", "auto", GPU, torch.float16, plat("gfx1201"))
+
+
+def test_experimental_backends_are_never_auto(fake_op):
+    fake_op["hip"] = fake_op["triton"] = "off"
+    backends.register("fake", "mine", fake("mine"))
+    assert (
+        backends.resolve("fake", "auto", GPU, torch.float16, plat("sm_90")).backend == "reference"
+    )
+    assert backends.resolve("fake", "mine", GPU, torch.float16, plat("sm_90")).fn() == "mine"
+
+
+def test_register_rules(fake_op):
+    with pytest.raises(ValueError, match="already has a backend"):
+        backends.register("fake", "hip", fake("x"))
+    with pytest.raises(ValueError, match="reserved"):
+        backends.register("fake", "auto", fake("x"))
+    with pytest.raises(ValueError, match="cannot be removed"):
+        backends.unregister("fake", "hip")
+
+
+@pytest.mark.parametrize("op", ["index", "store"])
+def test_real_table_has_three_backends(op):
+    assert set(backends.backends_of(op)) >= {"reference", "triton", "hip"}
+    assert not any(backends._TABLE[op][b].nvidia_only for b in ("reference", "triton", "hip"))
+
+
+def test_unknown_gfx_arch_is_not_built(monkeypatch):
+    p = plat("gfx1103")
+    with pytest.raises(backends.BackendUnavailable, match="gfx1103 is not built"):
+        backends.resolve("index", "hip", GPU, torch.float16, p)
+
+
+def test_ops_route_explicit_errors_through_public_api():
+    w = torch.zeros(4, 8)
+    with pytest.raises(backends.BackendUnavailable, match="index: backend 'hip'"):
+        ops.index(w, torch.tensor([0]), backend="hip")
+
+
+def test_researcher_registers_a_variant():
+    calls = []
+
+    def my_index(weights, indices, out, mask_start, mask_len):
+        calls.append(indices.numel())
+        out.copy_(weights[indices.long()])
+
+    backends.register("index", "my_index", my_index)
+    try:
+        w = torch.randn(10, 4)
+        got = ops.index(w, torch.tensor([3, 1]), backend="my_index")
+        assert calls == [2] and torch.equal(got, w[[3, 1]])
+        assert "my_index" in backends.available_backends("index", CPU, torch.float32)
+    finally:
+        backends.unregister("index", "my_index")
