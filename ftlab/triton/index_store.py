@@ -6,7 +6,8 @@ bit-exact for every float dtype, including bf16 in the CPU interpreter (whose bf
 arithmetic is wrong), and the kernels never depend on the element type.
 
 One program moves a ``[BLOCK_L, BLOCK_D]`` tile: BLOCK_L rows, BLOCK_D columns. The
-wrapper picks BLOCK_D to cover a row in few tiles and BLOCK_L so that a tile is ~8 KiB.
+wrapper picks BLOCK_D to cover a row in few tiles and BLOCK_L so that a tile holds ~4096
+elements.
 Rows whose index is out of range (only possible with ``check=False``) are zero-filled by
 index and skipped by store, so the kernels never touch memory outside the tensors.
 """
@@ -19,13 +20,15 @@ import triton.language as tl
 
 from ftlab.bitview import as_bits
 
-_TILE_BYTES = 8192
+# Elements per tile: 32 per thread at 4 warps. Counted in elements, not bytes: each element
+# carries its own address in registers, and 8 KiB tiles of 1-byte rows pushed sm_90 to the stack.
+_TILE_ELEMENTS = 4096
 
 
 def tile(d: int, element_size: int) -> tuple[int, int]:
-    """(BLOCK_L, BLOCK_D) for rows of ``d`` elements."""
-    block_d = min(triton.next_power_of_2(max(d, 1)), max(16, _TILE_BYTES // element_size))
-    block_l = max(1, min(64, _TILE_BYTES // (block_d * element_size)))
+    """(BLOCK_L, BLOCK_D) for rows of ``d`` elements of ``element_size`` bytes."""
+    block_d = min(triton.next_power_of_2(max(d, 1)), 2048 if element_size > 1 else 1024)
+    block_l = max(1, min(16, _TILE_ELEMENTS // block_d))  # more rows spill SGPRs on RDNA
     return block_l, block_d
 
 
@@ -148,3 +151,66 @@ def store(
         BLOCK_L=block_l,
         BLOCK_D=block_d,
     )
+
+
+def _specs():
+    from ftlab.compile_check import TritonSpec
+
+    def index_spec(bits: int, idx: int, has_mask: bool, d: int):
+        block_l, block_d = tile(d, bits // 8)
+        ptr = f"*i{bits}"
+        sig = {
+            "w_ptr": ptr,
+            "w_stride": "i32",
+            "idx_ptr": f"*i{idx}",
+            "out_ptr": ptr,
+            "out_stride": "i32",
+            "L": "i32",
+            "D": "i32",
+            "N": "i32",
+            "mask_start": "i32",
+            "mask_len": "i32",
+            "HAS_MASK": "constexpr",
+            "BLOCK_L": "constexpr",
+            "BLOCK_D": "constexpr",
+        }
+        label = f"index_kernel[i{bits} rows, i{idx} idx, mask={has_mask}, {block_l}x{block_d}]"
+        return TritonSpec(
+            label, index_kernel, sig, {"HAS_MASK": has_mask, "BLOCK_L": block_l, "BLOCK_D": block_d}
+        )
+
+    def store_spec(bits: int, idx: int, d: int):
+        block_l, block_d = tile(d, bits // 8)
+        ptr = f"*i{bits}"
+        sig = {
+            "kc_ptr": ptr,
+            "kc_stride": "i32",
+            "vc_ptr": ptr,
+            "vc_stride": "i32",
+            "idx_ptr": f"*i{idx}",
+            "k_ptr": ptr,
+            "k_stride": "i32",
+            "v_ptr": ptr,
+            "v_stride": "i32",
+            "L": "i32",
+            "S": "i32",
+            "DK": "i32",
+            "DV": "i32",
+            "BLOCK_L": "constexpr",
+            "BLOCK_D": "constexpr",
+        }
+        label = f"store_kernel[i{bits} rows, i{idx} idx, {block_l}x{block_d}]"
+        return TritonSpec(label, store_kernel, sig, {"BLOCK_L": block_l, "BLOCK_D": block_d})
+
+    return [
+        index_spec(16, 64, False, 1024),  # bf16 KV rows / embeddings, the benchmark's shape
+        index_spec(16, 32, True, 2048),  # vocab-parallel embedding shard
+        index_spec(32, 64, False, 128),
+        index_spec(8, 32, False, 4096),  # fp8 rows
+        store_spec(16, 64, 1024),
+        store_spec(32, 32, 128),
+    ]
+
+
+#: Configurations compile-checked for every target (see ftlab.compile_check).
+COMPILE_SPECS = _specs()

@@ -1,0 +1,1 @@
+"""Benchmarks: ``ftlab bench <op>`` on a GPU (see :mod:`ftlab.bench.harness`)."""

@@ -1,0 +1,178 @@
+"""Benchmark harness shared by every op: validate, then time, and report bandwidth next to
+the device-to-device copy bandwidth measured in the same run (the practical roofline).
+
+Timing uses CUDA/HIP events around many launches after warm-up and reports the median.
+Results go to ``benchmarks/results/<date>-<device>-<name>.json|md`` with the device,
+arch, driver, torch/Triton versions and the git commit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import statistics
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ftlab import platform as ftplatform
+
+RESULTS_DIR = Path("benchmarks") / "results"
+
+
+@dataclass
+class Measurement:
+    case: str  # e.g. "store decode L=64 D=1024"
+    backend: str  # "hip", "triton", "torch: index_copy_", ...
+    time_us: float
+    bytes_moved: int
+    validated: bool  # output checked against the reference before timing
+    note: str = ""
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_moved / (self.time_us * 1e-6) / 1e9
+
+
+@dataclass
+class Report:
+    name: str
+    device: dict
+    copy_gbps: float
+    measurements: list[Measurement] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        rows = []
+        for m in self.measurements:
+            rows.append(
+                dict(
+                    asdict(m),
+                    gbps=round(m.gbps, 1),
+                    pct_of_copy=round(100 * m.gbps / self.copy_gbps, 1),
+                )
+            )
+        return {
+            "name": self.name,
+            "device": self.device,
+            "copy_gbps": round(self.copy_gbps, 1),
+            "results": rows,
+        }
+
+    def markdown(self) -> str:
+        d = self.device
+        lines = [
+            f"# ftlab bench {self.name}",
+            "",
+            f"- device: {d['name']} ({d['arch']}), driver {d.get('driver', '?')}",
+            f"- torch {d['torch']}, triton {d.get('triton', '-')}, ftlab commit {d.get('commit', '?')}",
+            f"- date: {d['date']}",
+            f"- device-to-device copy bandwidth measured in this run: **{self.copy_gbps:.0f} GB/s** "
+            "(bytes read + written)",
+            "",
+            "| case | backend | time (us) | GB/s | % of copy | validated |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        for m in self.measurements:
+            lines.append(
+                f"| {m.case} | {m.backend} | {m.time_us:.2f} | {m.gbps:.0f} | "
+                f"{100 * m.gbps / self.copy_gbps:.1f} | {'yes' if m.validated else 'no'} |"
+            )
+        return "\n".join(lines) + "\n"
+
+    def table(self) -> str:
+        md = self.markdown()
+        return md[md.index("| case") :]
+
+    def write(self, out_dir: Path = RESULTS_DIR) -> tuple[Path, Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^a-z0-9]+", "-", self.device["name"].lower()).strip("-")
+        stem = out_dir / f"{self.device['date']}-{slug}-{self.name}"
+        json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
+        json_path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        md_path.write_text(self.markdown())
+        return json_path, md_path
+
+
+def require_gpu() -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "ftlab bench needs a CUDA or ROCm GPU: timings from a CPU are not reported"
+        )
+
+
+def device_info() -> dict:
+    plat = ftplatform.current()
+    info = {
+        "name": torch.cuda.get_device_name() if torch.cuda.is_available() else plat.name,
+        "arch": plat.arch or "cpu",
+        "torch": torch.__version__,
+        "date": dt.date.today().isoformat(),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.version.hip:
+        info["driver"] = f"HIP {torch.version.hip}"
+    else:
+        try:
+            info["driver"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
+        except (OSError, IndexError, subprocess.SubprocessError):
+            info["driver"] = f"CUDA {torch.version.cuda}"
+    try:
+        root = Path(__file__).resolve().parents[2]
+        info["commit"] = (
+            subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            or "unknown"
+        )
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = "unknown"
+    return info
+
+
+def time_us(fn: Callable[[], object], warmup: int = 10, reps: int = 50, inner: int = 1) -> float:
+    """Median time of one ``fn()`` in microseconds, from device events.
+
+    ``inner`` calls are timed together per sample (for launches too short to time alone).
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / inner)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    t = time_us(lambda: dst.copy_(src), warmup=5, reps=30)
+    return 2 * nbytes / (t * 1e-6) / 1e9

@@ -1,0 +1,93 @@
+"""``ftlab bench index_store``: KV-cache store and row gather, every backend beside torch.
+
+Cases (bf16 rows of 1024 = 8 KV heads x 128, a 1M-slot cache):
+- decode: 64 rows (one decode step of a 64-sequence batch),
+- prefill: 8192 rows,
+- large scatter: 65536 rows (128 MiB per tensor) at random unique slots.
+Torch baselines: ``cache.index_copy_(0, slots, k)`` (store, once for k and once for v)
+and ``weights[indices]`` (index). Bytes counted: each row read once and written once.
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm import tqdm
+
+from ftlab import backends, ops
+from ftlab.bench.harness import (
+    Measurement,
+    Report,
+    copy_bandwidth,
+    device_info,
+    require_gpu,
+    time_us,
+)
+
+SLOTS = 1 << 20
+D = 1024
+CASES = {"decode": 64, "prefill": 8192, "large scatter": 65536}
+
+
+def run(quick: bool = False) -> Report:
+    require_gpu()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    dtype = torch.bfloat16
+    report = Report("index_store", device_info(), copy_bandwidth())
+    kc = torch.zeros(SLOTS, D, dtype=dtype, device=dev)
+    vc = torch.zeros_like(kc)
+    names = [b for b in ("hip", "triton") if b in backends.available_backends("store", dev, dtype)]
+    for case, length in tqdm(list(CASES.items()), desc="index_store", unit="case"):
+        _bench_case(report, kc, vc, case, length, names, reps=10 if quick else 50)
+    return report
+
+
+def _bench_case(
+    report: Report, kc, vc, case: str, length: int, names: list[str], reps: int
+) -> None:
+    dev = kc.device
+    slots = torch.randperm(SLOTS, device=dev)[:length]
+    k = torch.randn(length, D, dtype=kc.dtype, device=dev)
+    v = torch.randn(length, D, dtype=kc.dtype, device=dev)
+    row_bytes = length * D * kc.element_size()
+    inner = 20 if length <= 64 else 1  # decode-size launches are too short to time one by one
+
+    # store: check each backend's result (it must equal torch's index_copy_), then time
+    label = f"store {case} L={length} D={D}"
+    for name in names:
+        kc.zero_()
+        vc.zero_()
+        ops.store(kc, vc, slots, k, v, backend=name)
+        ok = (
+            torch.equal(kc[slots], k)
+            and torch.equal(vc[slots], v)
+            and int(kc.any(1).sum()) <= length
+        )
+        t = time_us(
+            lambda n=name: ops.store(kc, vc, slots, k, v, check=False, backend=n),
+            reps=reps,
+            inner=inner,
+        )
+        report.measurements.append(Measurement(label, name, t, 4 * row_bytes, ok))
+    t = time_us(
+        lambda: (kc.index_copy_(0, slots, k), vc.index_copy_(0, slots, v)), reps=reps, inner=inner
+    )
+    report.measurements.append(Measurement(label, "torch: index_copy_ x2", t, 4 * row_bytes, True))
+
+    # index: gather the same rows back out of the cache
+    expected = kc[slots]
+    out = torch.empty_like(expected)
+    label = f"index {case} L={length} D={D}"
+    for name in names:
+        out.fill_(float("nan"))
+        ok = torch.equal(ops.index(kc, slots, out=out, backend=name), expected)
+        t = time_us(
+            lambda n=name: ops.index(kc, slots, out=out, check=False, backend=n),
+            reps=reps,
+            inner=inner,
+        )
+        report.measurements.append(Measurement(label, name, t, 2 * row_bytes, ok))
+    t = time_us(lambda: kc[slots], reps=reps, inner=inner)
+    report.measurements.append(
+        Measurement(label, "torch: weights[indices]", t, 2 * row_bytes, True)
+    )
