@@ -1,0 +1,45 @@
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ftlab import cli
+
+
+def run(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "ftlab.cli", *args], capture_output=True, text=True
+    )
+
+
+def test_env():
+    res = run("env")
+    assert res.returncode == 0, res.stderr
+    assert "platform :" in res.stdout and "torch    :" in res.stdout and "HIP JIT" in res.stdout
+
+
+def test_env_with_faked_arch(monkeypatch):
+    monkeypatch.setenv("FTLAB_ARCH", "gfx1151")
+    text = cli.env_report()
+    assert "gfx1151" in text and "RDNA3.5" in text and "UMA" in text and "wave32" in text
+
+
+def test_demo_runs_every_backend():
+    res = run("demo")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert any(line.startswith("index  reference  yes") for line in lines)
+    assert any(line.startswith("store  triton     yes") for line in lines)
+    assert "NO" not in res.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_bench_refuses_without_gpu():
+    res = run("bench", "index_store", "--no-write")
+    assert res.returncode != 0 and "needs a CUDA or ROCm GPU" in res.stderr
+
+
+def test_unknown_bench_op():
+    res = run("bench", "nope")
+    assert res.returncode == 2 and "invalid choice" in res.stderr
