@@ -15,6 +15,7 @@ with :func:`register`. Routing rules (ARCHITECTURE.md, "Routing"):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Callable, Iterable
@@ -86,6 +87,9 @@ class Impl:
 
 
 _TABLE: dict[str, dict[str, Impl]] = {}
+# resolve() results, keyed by the call's device, dtype and routing environment. Ops are
+# called on every decode step, and availability is probed once per process anyway.
+_RESOLVED: dict[tuple, Impl] = {}
 
 
 def register(
@@ -126,6 +130,7 @@ def register(
         experimental=backend not in BUILTIN_BACKENDS,
     )
     entries[backend] = impl
+    _RESOLVED.clear()
     return impl
 
 
@@ -134,6 +139,7 @@ def unregister(op: str, backend: str) -> None:
     if backend in BUILTIN_BACKENDS:
         raise ValueError(f"built-in backend {backend!r} cannot be removed")
     _TABLE.get(op, {}).pop(backend, None)
+    _RESOLVED.clear()
 
 
 def ops() -> list[str]:
@@ -154,10 +160,29 @@ def resolve(
     plat: ftplatform.Platform | None = None,
 ) -> Impl:
     """The implementation that serves ``op`` for tensors on ``device`` of ``dtype``."""
+    key = None
+    if plat is None:
+        env = tuple(os.environ.get(v) for v in ("FTLAB_BACKEND", "FTLAB_ARCH", "TRITON_INTERPRET"))
+        key = (op, backend, device.type, device.index, dtype, env)
+        hit = _RESOLVED.get(key)
+        if hit is not None:
+            return hit
+    impl = _resolve(op, backend, device, dtype, plat or ftplatform.current(device))
+    if key is not None:
+        _RESOLVED[key] = impl
+    return impl
+
+
+def _resolve(
+    op: str,
+    backend: str,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    plat: ftplatform.Platform,
+) -> Impl:
     if op not in _TABLE:
         raise KeyError(f"op must be one of {sorted(_TABLE)}, got {op!r}")
     entries = _TABLE[op]
-    plat = plat or ftplatform.current(device)
     if backend == "auto":
         backend = os.environ.get("FTLAB_BACKEND", "auto") or "auto"
     if backend != "auto":
@@ -217,10 +242,16 @@ def triton_unavailable(plat: ftplatform.Platform, device_type: str) -> str | Non
 
 
 def hip_unavailable(plat: ftplatform.Platform, device_type: str) -> str | None:
-    from ftlab.hip.loader import unavailable_reason
-
     if device_type == "cpu":
         return "HIP kernels need a GPU tensor"
+    return _hip_reason(plat)
+
+
+@functools.cache
+def _hip_reason(plat: ftplatform.Platform) -> str | None:
+    # looks for compilers on disk: once per platform and process, not on every call
+    from ftlab.hip.loader import unavailable_reason
+
     return unavailable_reason(plat)
 
 

@@ -103,9 +103,13 @@ def _demangle(names: list[str]) -> dict[str, str]:
 def _short(name: str) -> str:
     """``void ftlab::index_rows_kernel<ftlab::bytes16, int>(...)`` -> ``index_rows_kernel<bytes16, int32>``."""
     name = re.sub(r"^void ", "", name)
-    name = name.split("(")[0]
+    name = name[: name.index(">(") + 1] if ">(" in name else name.split("(")[0]
     for long_name, short in (
         ("ftlab::", ""),
+        ("unsigned int __vector(4)", "bytes16"),
+        ("unsigned int __vector(2)", "bytes8"),
+        ("uint4", "bytes16"),
+        ("uint2", "bytes8"),
         ("unsigned char", "bytes1"),
         ("unsigned short", "bytes2"),
         ("unsigned int", "bytes4"),

@@ -31,7 +31,7 @@ class Measurement:
     time_us: float
     bytes_moved: int
     validated: bool  # output checked against the reference before timing
-    note: str = ""
+    mode: str = "eager"  # "eager": host launch included; "graph": replayed from a captured graph
 
     @property
     def gbps(self) -> float:
@@ -73,12 +73,12 @@ class Report:
             f"- device-to-device copy bandwidth measured in this run: **{self.copy_gbps:.0f} GB/s** "
             "(bytes read + written)",
             "",
-            "| case | backend | time (us) | GB/s | % of copy | validated |",
-            "|---|---|---:|---:|---:|---|",
+            "| case | backend | mode | time (us) | GB/s | % of copy | validated |",
+            "|---|---|---|---:|---:|---:|---|",
         ]
         for m in self.measurements:
             lines.append(
-                f"| {m.case} | {m.backend} | {m.time_us:.2f} | {m.gbps:.0f} | "
+                f"| {m.case} | {m.backend} | {m.mode} | {m.time_us:.2f} | {m.gbps:.0f} | "
                 f"{100 * m.gbps / self.copy_gbps:.1f} | {'yes' if m.validated else 'no'} |"
             )
         return "\n".join(lines) + "\n"
@@ -168,6 +168,22 @@ def time_us(fn: Callable[[], object], warmup: int = 10, reps: int = 50, inner: i
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / inner)
     return statistics.median(samples)
+
+
+def time_graph_us(fn: Callable[[], object], inner: int = 20, reps: int = 50) -> float:
+    """Median device time of one ``fn()`` in microseconds, replaying a CUDA/HIP graph that
+    holds ``inner`` calls: what a captured decode step pays, without host launch cost."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    return time_us(graph.replay, warmup=3, reps=reps) / inner
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:

@@ -20,6 +20,7 @@ from ftlab.bench.harness import (
     copy_bandwidth,
     device_info,
     require_gpu,
+    time_graph_us,
     time_us,
 )
 
@@ -50,7 +51,14 @@ def _bench_case(
     k = torch.randn(length, D, dtype=kc.dtype, device=dev)
     v = torch.randn(length, D, dtype=kc.dtype, device=dev)
     row_bytes = length * D * kc.element_size()
-    inner = 20 if length <= 64 else 1  # decode-size launches are too short to time one by one
+    inner = 20 if length <= 64 else 2  # decode-size launches are too short to time one by one
+
+    def measure(label: str, backend: str, fn, nbytes: int, ok: bool) -> None:
+        for mode, t in (
+            ("eager", time_us(fn, reps=reps, inner=inner)),
+            ("graph", time_graph_us(fn, inner=inner, reps=reps)),
+        ):
+            report.measurements.append(Measurement(label, backend, t, nbytes, ok, mode))
 
     # store: check each backend's result (it must equal torch's index_copy_), then time
     label = f"store {case} L={length} D={D}"
@@ -63,16 +71,20 @@ def _bench_case(
             and torch.equal(vc[slots], v)
             and int(kc.any(1).sum()) <= length
         )
-        t = time_us(
+        measure(
+            label,
+            name,
             lambda n=name: ops.store(kc, vc, slots, k, v, check=False, backend=n),
-            reps=reps,
-            inner=inner,
+            4 * row_bytes,
+            ok,
         )
-        report.measurements.append(Measurement(label, name, t, 4 * row_bytes, ok))
-    t = time_us(
-        lambda: (kc.index_copy_(0, slots, k), vc.index_copy_(0, slots, v)), reps=reps, inner=inner
+    measure(
+        label,
+        "torch: index_copy_ x2",
+        lambda: (kc.index_copy_(0, slots, k), vc.index_copy_(0, slots, v)),
+        4 * row_bytes,
+        True,
     )
-    report.measurements.append(Measurement(label, "torch: index_copy_ x2", t, 4 * row_bytes, True))
 
     # index: gather the same rows back out of the cache
     expected = kc[slots]
@@ -81,13 +93,11 @@ def _bench_case(
     for name in names:
         out.fill_(float("nan"))
         ok = torch.equal(ops.index(kc, slots, out=out, backend=name), expected)
-        t = time_us(
+        measure(
+            label,
+            name,
             lambda n=name: ops.index(kc, slots, out=out, check=False, backend=n),
-            reps=reps,
-            inner=inner,
+            2 * row_bytes,
+            ok,
         )
-        report.measurements.append(Measurement(label, name, t, 2 * row_bytes, ok))
-    t = time_us(lambda: kc[slots], reps=reps, inner=inner)
-    report.measurements.append(
-        Measurement(label, "torch: weights[indices]", t, 2 * row_bytes, True)
-    )
+    measure(label, "torch: weights[indices]", lambda: kc[slots], 2 * row_bytes, True)

@@ -11,11 +11,31 @@ import torch
 from ftlab.bitview import as_bits
 from ftlab.hip import loader
 
+_modules: dict[int, object] = {}
+
 
 def _module(device: torch.device):
-    from ftlab import platform as ftplatform
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    module = _modules.get(index)
+    if module is None:
+        from ftlab import platform as ftplatform
 
-    return loader.load("index_store", ftplatform.current(device))
+        module = _modules[index] = loader.load("index_store", ftplatform.current(device))
+    return module
+
+
+def _dl(t: torch.Tensor) -> torch.Tensor:
+    # The kernels move bytes; fp8 goes through DLPack as same-width integers.
+    return as_bits(t) if t.element_size() == 1 else t
+
+
+def _on_device(device: torch.device, launch) -> None:
+    # switching devices costs microseconds on every decode-step call: only when needed
+    if device.index is None or device.index == torch.cuda.current_device():
+        launch()
+    else:
+        with torch.cuda.device(device):
+            launch()
 
 
 def index(
@@ -23,8 +43,10 @@ def index(
 ) -> None:
     """Backend entry of :func:`ftlab.ops.index` (arguments already validated)."""
     module = _module(weights.device)
-    with torch.cuda.device(weights.device):
-        module.index_rows(as_bits(weights), indices, as_bits(out), mask_start, mask_len)
+    _on_device(
+        weights.device,
+        lambda: module.index_rows(_dl(weights), indices, _dl(out), mask_start, mask_len),
+    )
 
 
 def store(
@@ -36,5 +58,7 @@ def store(
 ) -> None:
     """Backend entry of :func:`ftlab.ops.store` (arguments already validated)."""
     module = _module(k_cache.device)
-    with torch.cuda.device(k_cache.device):
-        module.store_rows(as_bits(k_cache), as_bits(v_cache), indices, as_bits(k), as_bits(v))
+    _on_device(
+        k_cache.device,
+        lambda: module.store_rows(_dl(k_cache), _dl(v_cache), indices, _dl(k), _dl(v)),
+    )

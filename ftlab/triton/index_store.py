@@ -25,10 +25,12 @@ from ftlab.bitview import as_bits
 _TILE_ELEMENTS = 4096
 
 
-def tile(d: int, element_size: int) -> tuple[int, int]:
-    """(BLOCK_L, BLOCK_D) for rows of ``d`` elements of ``element_size`` bytes."""
+def tile(d: int, element_size: int, rows: int = 1 << 16) -> tuple[int, int]:
+    """(BLOCK_L, BLOCK_D) for ``rows`` rows of ``d`` elements of ``element_size`` bytes."""
     block_d = min(triton.next_power_of_2(max(d, 1)), 2048 if element_size > 1 else 1024)
     block_l = max(1, min(16, _TILE_ELEMENTS // block_d))  # more rows spill SGPRs on RDNA
+    if rows <= 256:  # a decode step: smaller tiles spread the few rows over more SMs
+        block_l = min(block_l, 2)
     return block_l, block_d
 
 
@@ -103,7 +105,7 @@ def index(
 ) -> None:
     """Backend entry of :func:`ftlab.ops.index` (arguments already validated)."""
     (length,), (n, d) = indices.shape, weights.shape
-    block_l, block_d = tile(d, weights.element_size())
+    block_l, block_d = tile(d, weights.element_size(), length)
     grid = (triton.cdiv(length, block_l), triton.cdiv(d, block_d))
     index_kernel[grid](
         as_bits(weights),
@@ -132,7 +134,7 @@ def store(
     """Backend entry of :func:`ftlab.ops.store` (arguments already validated)."""
     length = indices.shape[0]
     dk, dv = k.shape[1], v.shape[1]
-    block_l, block_d = tile(max(dk, dv), k.element_size())
+    block_l, block_d = tile(max(dk, dv), k.element_size(), length)
     grid = (triton.cdiv(length, block_l), triton.cdiv(max(dk, dv), block_d))
     store_kernel[grid](
         as_bits(k_cache),
@@ -156,8 +158,8 @@ def store(
 def _specs():
     from ftlab.compile_check import TritonSpec
 
-    def index_spec(bits: int, idx: int, has_mask: bool, d: int):
-        block_l, block_d = tile(d, bits // 8)
+    def index_spec(bits: int, idx: int, has_mask: bool, d: int, rows: int = 1 << 16):
+        block_l, block_d = tile(d, bits // 8, rows)
         ptr = f"*i{bits}"
         sig = {
             "w_ptr": ptr,
@@ -179,8 +181,8 @@ def _specs():
             label, index_kernel, sig, {"HAS_MASK": has_mask, "BLOCK_L": block_l, "BLOCK_D": block_d}
         )
 
-    def store_spec(bits: int, idx: int, d: int):
-        block_l, block_d = tile(d, bits // 8)
+    def store_spec(bits: int, idx: int, d: int, rows: int = 1 << 16):
+        block_l, block_d = tile(d, bits // 8, rows)
         ptr = f"*i{bits}"
         sig = {
             "kc_ptr": ptr,
@@ -204,10 +206,12 @@ def _specs():
 
     return [
         index_spec(16, 64, False, 1024),  # bf16 KV rows / embeddings, the benchmark's shape
+        index_spec(16, 64, False, 1024, rows=64),  # the same at decode size
         index_spec(16, 32, True, 2048),  # vocab-parallel embedding shard
         index_spec(32, 64, False, 128),
         index_spec(8, 32, False, 4096),  # fp8 rows
         store_spec(16, 64, 1024),
+        store_spec(16, 64, 1024, rows=64),
         store_spec(32, 32, 128),
     ]
 

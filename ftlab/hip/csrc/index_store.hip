@@ -7,8 +7,8 @@
 // base address, and the element dtype never reaches the device code. That makes the copy
 // bit-exact for any dtype (fp32, fp16, bf16, fp8) and lets one row move in 16-byte loads.
 //
-// Layout of a block: blockDim.x threads share one row (a power of two, up to 256),
-// blockDim.y rows per block, 256 threads in all. This does not depend on the wave size,
+// Layout of a block: blockDim.x threads share one row (a power of two, up to 256, sized so
+// each thread moves about kCopyUnroll vectors), blockDim.y rows per block, 256 threads in all. This does not depend on the wave size,
 // so the same code is right on wave32 (RDNA, NVIDIA) and wave64 (CDNA).
 //
 // Bounds: the launcher validates indices before launching (and raises). The kernels
@@ -22,6 +22,25 @@
 namespace ftlab {
 
 constexpr int kCopyThreads = 256;
+// Vectors each thread moves per row pass. All loads of a pass are issued before its stores,
+// so every thread keeps kCopyUnroll * 16 bytes in flight: a row copy is latency-bound
+// otherwise (the index load already costs one memory round trip before the data load).
+constexpr int kCopyUnroll = 4;
+
+template <typename Vec>
+__device__ __forceinline__ void copy_row(Vec* __restrict__ dst, const Vec* __restrict__ src,
+                                         int64_t n) {
+  const int64_t step = blockDim.x;
+  for (int64_t c = threadIdx.x; c < n; c += kCopyUnroll * step) {
+    Vec r[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) r[u] = c + u * step < n ? src[c + u * step] : Vec{};
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      if (c + u * step < n) dst[c + u * step] = r[u];
+    }
+  }
+}
 
 template <typename Vec, typename Idx>
 __global__ void __launch_bounds__(kCopyThreads)
@@ -41,8 +60,7 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
   Vec* dst = out + i * out_stride;
   if (inside) {
-    const Vec* row = weights + src * w_stride;
-    for (int64_t c = threadIdx.x; c < row_vecs; c += blockDim.x) dst[c] = row[c];
+    copy_row(dst, weights + src * w_stride, row_vecs);
   } else {
     const Vec zero{};
     for (int64_t c = threadIdx.x; c < row_vecs; c += blockDim.x) dst[c] = zero;
@@ -60,12 +78,8 @@ __global__ void __launch_bounds__(kCopyThreads)
   if (i >= num_indices) return;
   const int64_t slot = static_cast<int64_t>(indices[i]);
   if (slot < 0 || slot >= num_slots) return;  // -1: padding token, nothing to store
-  const Vec* ks = k + i * k_stride;
-  Vec* kd = k_cache + slot * kc_stride;
-  for (int64_t c = threadIdx.x; c < k_vecs; c += blockDim.x) kd[c] = ks[c];
-  const Vec* vs = v + i * v_stride;
-  Vec* vd = v_cache + slot * vc_stride;
-  for (int64_t c = threadIdx.x; c < v_vecs; c += blockDim.x) vd[c] = vs[c];
+  copy_row(k_cache + slot * kc_stride, k + i * k_stride, k_vecs);
+  copy_row(v_cache + slot * vc_stride, v + i * v_stride, v_vecs);
 }
 
 // Every configuration the launcher uses, instantiated here so that a device-only

@@ -42,12 +42,16 @@ struct CopyShape {
   dim3 grid, block;
 };
 
-// blockDim.x threads per row (power of two, enough to cover the row's vectors in one pass
-// when it has <= 256 of them), the rest of the 256 threads take further rows.
+// blockDim.x threads per row (power of two), blockDim.y rows per block.
+// Large copies: kCopyUnroll vectors per thread in 256-thread blocks, for bytes in flight.
+// Small ones (under 1 MiB, a decode step): one vector per thread and, for wide rows, one row
+// per block, so the few rows spread over as many SMs as possible.
 CopyShape copy_shape(int64_t rows, int64_t row_vecs) {
+  const bool small = rows * row_vecs < (int64_t{1} << 16);
+  const int per_thread = small ? 1 : kCopyUnroll;
   int tpr = 1;
-  while (tpr < row_vecs && tpr < kCopyThreads) tpr <<= 1;
-  const int rpb = kCopyThreads / tpr;
+  while (tpr * per_thread < row_vecs && tpr < kCopyThreads) tpr <<= 1;
+  const int rpb = small && tpr >= 64 ? 1 : kCopyThreads / tpr;
   return {dim3(static_cast<unsigned>((rows + rpb - 1) / rpb)), dim3(tpr, rpb)};
 }
 

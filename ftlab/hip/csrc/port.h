@@ -127,13 +127,16 @@ __device__ __forceinline__ int port_dp4a(int a, int b, int c) {
 
 // Raw byte vectors for copies: a row is moved in the widest of these that its size,
 // strides and addresses allow, so a copy never depends on the element type.
+// Register vector types rather than structs holding arrays: arrays inside structs can keep
+// LLVM from splitting a Vec[] into registers, and it then lands in scratch.
 namespace ftlab {
-struct alignas(16) bytes16 {
-  uint32_t w[4];
-};
-struct alignas(8) bytes8 {
-  uint32_t w[2];
-};
+#if defined(PORT_CUDA)
+typedef uint4 bytes16;
+typedef uint2 bytes8;
+#else
+typedef uint32_t bytes16 __attribute__((ext_vector_type(4)));
+typedef uint32_t bytes8 __attribute__((ext_vector_type(2)));
+#endif
 typedef uint32_t bytes4;
 typedef uint16_t bytes2;
 typedef uint8_t bytes1;
