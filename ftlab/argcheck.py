@@ -41,13 +41,15 @@ def same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) ->
 
 def rows(name: str, t: torch.Tensor) -> None:
     """A 2-D tensor of rows, each contiguous (row stride may exceed the row length)."""
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D [rows, D], got shape {tuple(t.shape)}")
-    if t.shape[1] > 1 and t.stride(1) != 1:
+    shape = t.shape
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be 2-D [rows, D], got shape {tuple(shape)}")
+    row_stride, col_stride = t.stride()
+    if shape[1] > 1 and col_stride != 1:
         raise ValueError(
             f"{name} must have contiguous rows (stride(1) == 1), got strides {t.stride()}"
         )
-    if t.shape[0] > 1 and t.shape[1] > 0 and t.stride(0) < t.shape[1]:
+    if shape[0] > 1 and shape[1] > 0 and row_stride < shape[1]:
         raise ValueError(f"{name} rows must not overlap (stride(0) >= D), got strides {t.stride()}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -44,6 +45,13 @@ class Report:
     device: dict
     copy_gbps: float
     measurements: list[Measurement] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Report:
+        keep = {"case", "backend", "time_us", "bytes_moved", "validated", "mode"}
+        rows = [Measurement(**{k: v for k, v in r.items() if k in keep}) for r in data["results"]]
+        return cls(data["name"], data["device"], data["copy_gbps"], rows, data.get("notes", []))
 
     def to_json(self) -> dict:
         rows = []
@@ -59,6 +67,7 @@ class Report:
             "name": self.name,
             "device": self.device,
             "copy_gbps": round(self.copy_gbps, 1),
+            "notes": self.notes,
             "results": rows,
         }
 
@@ -81,6 +90,8 @@ class Report:
                 f"| {m.case} | {m.backend} | {m.mode} | {m.time_us:.2f} | {m.gbps:.0f} | "
                 f"{100 * m.gbps / self.copy_gbps:.1f} | {'yes' if m.validated else 'no'} |"
             )
+        if self.notes:
+            lines += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
 
     def table(self) -> str:
@@ -134,6 +145,9 @@ def device_info() -> dict:
             )
         except (OSError, IndexError, subprocess.SubprocessError):
             info["driver"] = f"CUDA {torch.version.cuda}"
+    if os.environ.get("FTLAB_COMMIT"):  # a copy of the tree without .git (e.g. a remote GPU box)
+        info["commit"] = os.environ["FTLAB_COMMIT"]
+        return info
     try:
         root = Path(__file__).resolve().parents[2]
         info["commit"] = (

@@ -24,6 +24,13 @@ from ftlab.bench.harness import (
     time_us,
 )
 
+NOTES = [
+    "eager: per-call time of back-to-back calls from Python (host launch cost included); "
+    "graph: the same calls replayed from a captured CUDA/HIP graph (device time, as a captured decode step pays).",
+    "Bytes: every row read once and written once (store: k and v). Cases that fit in L2 "
+    "(decode 128 KiB, prefill 16 MiB per tensor) are replayed on the same inputs and can exceed "
+    "the DRAM copy bandwidth; the large scatter (128 MiB per tensor, 2 GiB caches) is the DRAM-bound case.",
+]
 SLOTS = 1 << 20
 D = 1024
 CASES = {"decode": 64, "prefill": 8192, "large scatter": 65536}
@@ -34,7 +41,7 @@ def run(quick: bool = False) -> Report:
     torch.manual_seed(0)
     dev = torch.device("cuda")
     dtype = torch.bfloat16
-    report = Report("index_store", device_info(), copy_bandwidth())
+    report = Report("index_store", device_info(), copy_bandwidth(), notes=NOTES)
     kc = torch.zeros(SLOTS, D, dtype=dtype, device=dev)
     vc = torch.zeros_like(kc)
     names = [b for b in ("hip", "triton") if b in backends.available_backends("store", dev, dtype)]

@@ -92,3 +92,23 @@ def test_toolchain_note_when_clang_missing(monkeypatch):
     monkeypatch.setattr(compile_check, "clang", lambda: None)
     rows, notes = compile_check.hip_rows(("gfx1100",))
     assert rows == [] and any("clang-19 not found" in n for n in notes)
+
+
+@pytest.mark.skipif(not (HAS_CLANG and HAS_NVCC), reason="needs clang-19 and nvcc")
+def test_committed_support_matrix_is_current(triton_rows):
+    """docs/support-matrix.md is generated: its status table must match a fresh check."""
+    from pathlib import Path
+
+    from ftlab import support_matrix
+
+    root = Path(__file__).resolve().parents[2]
+    rows, notes = compile_check.hip_rows()
+    fresh = support_matrix.render(rows + triton_rows, notes, root / "benchmarks" / "results")
+    committed = (root / "docs" / "support-matrix.md").read_text()
+
+    def status(text):
+        return [line for line in text.splitlines() if line.startswith("| index_store |")]
+
+    assert status(fresh) == status(committed), (
+        "regenerate: ftlab compile-check --write docs/support-matrix.md"
+    )
