@@ -14,3 +14,24 @@ def as_bits(t: torch.Tensor) -> torch.Tensor:
     fp8 through DLPack included.
     """
     return t.view(_INT_OF_WIDTH[t.element_size()])
+
+
+def random_rows(
+    gen: torch.Generator, rows: int, d: int, pad: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """A ``[rows, d]`` view with row stride ``d + pad`` whose bits are random, NaN, inf,
+    -0.0 and denormals included (a copy must move every bit pattern)."""
+    width = torch.empty((), dtype=dtype).element_size()
+    base = torch.randint(
+        -(2 ** (8 * width - 1)),
+        2 ** (8 * width - 1) - 1,
+        (rows, d + pad),
+        generator=gen,
+        dtype=torch.int64,
+    )
+    ints = base.to(_INT_OF_WIDTH[width])
+    return ints.view(dtype)[:, :d]
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(as_bits(a.cpu()), as_bits(b.cpu()))

@@ -67,7 +67,7 @@ def cmd_demo(args) -> int:
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"  # show the Triton path on the CPU, via its interpreter
     from ftlab import backends, ops
-    from ftlab.testing import bits_equal, random_rows
+    from ftlab.bitview import bits_equal, random_rows
 
     print("== ftlab env ==")
     print(env_report())

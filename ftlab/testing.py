@@ -27,30 +27,9 @@ from hypothesis import strategies as st
 
 from ftlab import backends as ftbackends
 from ftlab import ops
-from ftlab.bitview import as_bits
+from ftlab.bitview import bits_equal, random_rows
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def random_rows(
-    gen: torch.Generator, rows: int, d: int, pad: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """A ``[rows, d]`` view with row stride ``d + pad`` whose bits are random, NaN, inf,
-    -0.0 and denormals included (a copy must move every bit pattern)."""
-    width = torch.empty((), dtype=dtype).element_size()
-    base = torch.randint(
-        -(2 ** (8 * width - 1)),
-        2 ** (8 * width - 1) - 1,
-        (rows, d + pad),
-        generator=gen,
-        dtype=torch.int64,
-    )
-    ints = base.to({1: torch.int8, 2: torch.int16, 4: torch.int32}[width])
-    return ints.view(dtype)[:, :d]
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(as_bits(a.cpu()), as_bits(b.cpu()))
 
 
 def restride(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
