@@ -28,6 +28,7 @@ from ftlab import platform as ftplatform
 BUILTIN_BACKENDS = ("reference", "triton", "hip")
 AUTO_ORDER_GPU = ("hip", "triton", "reference")
 
+FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 COPY_DTYPES = frozenset(
     {torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz}
 )
@@ -54,6 +55,7 @@ class Impl:
     nvidia_only: bool = False
     available: Callable[[ftplatform.Platform, str], str | None] | None = None
     experimental: bool = False
+    info: dict = field(default_factory=dict)  # op-specific capabilities, e.g. {"paths": (...)}
     _fn: Callable | None = field(default=None, repr=False)
 
     @property
@@ -102,6 +104,7 @@ def register(
     nvidia_only: bool = False,
     available: Callable[[ftplatform.Platform, str], str | None] | None = None,
     replace: bool = False,
+    info: dict | None = None,
 ) -> Impl:
     """Add an implementation of ``op`` under the name ``backend``.
 
@@ -128,6 +131,7 @@ def register(
         nvidia_only,
         available,
         experimental=backend not in BUILTIN_BACKENDS,
+        info=dict(info or {}),
     )
     entries[backend] = impl
     _RESOLVED.clear()
@@ -255,11 +259,17 @@ def _hip_reason(plat: ftplatform.Platform) -> str | None:
     return unavailable_reason(plat)
 
 
-def _register_builtin(op: str, module: str, dtypes: frozenset[torch.dtype]) -> None:
-    register(op, "reference", f"ftlab.reference.{module}:{op}", dtypes=dtypes)
+def _register_builtin(
+    op: str, module: str, dtypes: frozenset[torch.dtype], info: dict | None = None
+) -> None:
+    info = info or {}
     register(
-        op, "triton", f"ftlab.triton.{module}:{op}", dtypes=dtypes, available=triton_unavailable
+        op, "reference", f"ftlab.reference.{module}:{op}", dtypes=dtypes, info=info.get("reference")
     )
+    register(
+        op, "triton", f"ftlab.triton.{module}:{op}", dtypes=dtypes, available=triton_unavailable,
+        info=info.get("triton"),
+    )  # fmt: skip
     register(
         op,
         "hip",
@@ -267,8 +277,24 @@ def _register_builtin(op: str, module: str, dtypes: frozenset[torch.dtype]) -> N
         platforms=("cuda", "rocm"),
         dtypes=dtypes,
         available=hip_unavailable,
+        info=info.get("hip"),
     )
 
 
 _register_builtin("index", "index_store", COPY_DTYPES)
 _register_builtin("store", "index_store", COPY_DTYPES)
+_register_builtin("quantize_q4_0", "q4_0", FLOAT_DTYPES)
+_register_builtin("dequantize_q4_0", "q4_0", FLOAT_DTYPES)
+_register_builtin("quantize_q8_1", "q4_0", FLOAT_DTYPES)
+# q4_0_matmul paths: "int8" (Q8_1 activations, int8 dot) and "dequant" (dequantized
+# weights, float matmul). "prefill" is what path="auto" takes for more than 8 rows.
+_register_builtin(
+    "q4_0_matmul",
+    "q4_0",
+    FLOAT_DTYPES,
+    info={
+        "reference": {"paths": ("int8", "dequant"), "prefill": "dequant"},
+        "triton": {"paths": ("int8", "dequant"), "prefill": "dequant"},
+        "hip": {"paths": ("int8",), "prefill": "int8"},
+    },
+)

@@ -22,13 +22,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ftlab import platform as ftplatform
 
 CSRC = Path(__file__).resolve().parent / "hip" / "csrc"
-TRITON_MODULES = ("ftlab.triton.index_store",)
+TRITON_MODULES = ("ftlab.triton.index_store", "ftlab.triton.q4_0")
 TARGETS = ftplatform.GFX_CHECK_TARGETS + ftplatform.SM_CHECK_TARGETS
 #: kernel name prefix -> allowed scratch bytes (none so far: every kernel must not spill)
 BUDGETS: dict[str, int] = {}
@@ -300,13 +300,15 @@ def triton_rows_here(targets: tuple[str, ...] = TARGETS) -> list[Row]:
     rows = []
     for module_name in TRITON_MODULES:
         module = importlib.import_module(module_name)
-        for spec in module.COMPILE_SPECS:
-            for target in targets:
+        for target in targets:
+            for spec in module.compile_specs(target):
                 row = Row("triton", spec.label, target, module=module_name.rsplit(".", 1)[-1])
                 try:
                     src = ASTSource(spec.kernel, spec.signature, constexprs=spec.constexprs)
                     compiled = triton.compile(
-                        src, target=_gpu_target(target), options={"num_warps": spec.num_warps}
+                        src,
+                        target=_gpu_target(target),
+                        options={"num_warps": spec.num_warps, **spec.options},
                     )
                     row.lds = int(compiled.metadata.shared)
                     if target.startswith("gfx"):
@@ -353,6 +355,7 @@ class TritonSpec:
     signature: dict[str, str]
     constexprs: dict[str, object]
     num_warps: int = 4
+    options: dict = field(default_factory=dict)  # further triton.compile options
 
 
 # ------------------------------------------------------------------ report

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.quant import Q8_1, QK, Q4_0Weight
 
 
 def index(
@@ -148,3 +149,112 @@ def store(
     impl = backends.resolve("store", backend, k_cache.device, k_cache.dtype)
     if length:
         impl.fn(k_cache, v_cache, indices, k, v)
+
+
+# ------------------------------------------------------------------ GGUF Q4_0 (OPS.md section 2)
+
+
+def _float_tensor(name: str, t: object) -> torch.Tensor:
+    argcheck.tensor(name, t)
+    argcheck.dtype_in(name, t, backends.FLOAT_DTYPES)
+    return t
+
+
+def _q4_0_weight(name: str, w: object) -> Q4_0Weight:
+    if not isinstance(w, Q4_0Weight):
+        raise TypeError(f"{name} must be a ftlab.quant.Q4_0Weight, got {type(w).__name__}")
+    return w
+
+
+def quantize_q4_0(w: torch.Tensor, *, backend: str = "auto") -> Q4_0Weight:
+    """Quantize ``w [..., N, K]`` (fp32/fp16/bf16, K % 32 == 0) to GGUF Q4_0 blocks.
+
+    Byte-identical to ``gguf.quants.quantize(w, GGMLQuantizationType.Q4_0)`` in every
+    backend. Returns a :class:`~ftlab.quant.Q4_0Weight` on w's device.
+    """
+    _float_tensor("w", w)
+    if w.dim() < 2 or w.shape[-1] % QK:
+        raise ValueError(
+            f"w must be [..., N, K] with K a multiple of {QK}, got shape {tuple(w.shape)}"
+        )
+    impl = backends.resolve("quantize_q4_0", backend, w.device, w.dtype)
+    return impl.fn(w.contiguous())
+
+
+def dequantize_q4_0(
+    w: Q4_0Weight, dtype: torch.dtype = torch.float32, *, backend: str = "auto"
+) -> torch.Tensor:
+    """``[..., N, K]`` values ``d * (q - 8)`` of a Q4_0Weight, in ``dtype`` (fp32/fp16/bf16).
+
+    Exact in fp32 (an fp16 scale times a small integer), hence bit-identical across
+    backends; fp16/bf16 outputs are that value rounded to nearest even.
+    """
+    _q4_0_weight("w", w)
+    if dtype not in backends.FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    impl = backends.resolve("dequantize_q4_0", backend, w.device, dtype)
+    return impl.fn(w, dtype)
+
+
+def quantize_q8_1(x: torch.Tensor, *, backend: str = "auto") -> Q8_1:
+    """Q8_1 activations of ``x [M, K]`` (fp32/fp16/bf16, K % 32 == 0): per 32-block
+    ``d = amax / 127``, ``q = round(x / d)`` (halves away from zero), ``s = d * sum(q)``."""
+    _float_tensor("x", x)
+    if x.dim() != 2 or x.shape[1] % QK:
+        raise ValueError(f"x must be [M, K] with K a multiple of {QK}, got shape {tuple(x.shape)}")
+    impl = backends.resolve("quantize_q8_1", backend, x.device, x.dtype)
+    return impl.fn(x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous())
+
+
+MATVEC_MAX_M = 8  # rows up to which path="auto" takes the int8-dot matvec (decode)
+
+
+def q4_0_path(impl: backends.Impl, rows: int, path: str) -> str:
+    """The path ``q4_0_matmul`` takes: ``"int8"`` for up to 8 rows, else the backend's
+    prefill path (reference, triton: ``"dequant"``; hip: ``"int8"``)."""
+    paths = impl.info.get("paths", ("int8", "dequant"))
+    if path == "auto":
+        path = "int8" if rows <= MATVEC_MAX_M else impl.info.get("prefill", paths[0])
+    if path not in ("int8", "dequant"):
+        raise ValueError(f"path must be 'auto', 'int8' or 'dequant', got {path!r}")
+    if path not in paths:
+        raise backends.BackendUnavailable(
+            f"q4_0_matmul: backend {impl.backend!r} implements the {' and '.join(paths)} path(s), not {path!r}"
+        )
+    return path
+
+
+def q4_0_matmul(
+    x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto"
+) -> torch.Tensor:
+    """``x [M, K] @ W.T -> [M, N]`` for Q4_0 weights ``W [N, K]``, in x's dtype.
+
+    Paths (OPS.md section 2):
+      ``"int8"``: x is quantized to Q8_1; per block ``d4 * (d8 * sum(q4 * q8) - 8 * s8)``
+      with an exact integer dot (dp4a / sudot4 / sdot4), summed in fp32. Backends agree
+      to fp32 rounding of that sum: ``|y - y_ref| <= 64 * eps32 * sum_b |term_b|``.
+      ``"dequant"``: ``x @ dequantize(W).T`` with the weights rounded to x's dtype in the
+      tile (Triton) -- within one rounding of each weight of the fp32 result.
+      ``"auto"``: int8 for M <= 8 (decode); for more rows the backend's prefill path.
+
+    x may be non-contiguous (row stride > K); fp32 / fp16 / bf16.
+    """
+    _float_tensor("x", x)
+    _q4_0_weight("w", w)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    if len(w.shape) != 2:
+        raise ValueError(f"w must be a 2-D Q4_0Weight [N, K], got shape {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"x must have K = {w.shape[1]} columns (w is {tuple(w.shape)}), got {x.shape[1]}"
+        )
+    if x.device != w.device:
+        raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
+    impl = backends.resolve("q4_0_matmul", backend, x.device, x.dtype)
+    chosen = q4_0_path(impl, x.shape[0], path)
+    if x.shape[0] == 0 or w.shape[0] == 0:
+        return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    return impl.fn(x, w, chosen)

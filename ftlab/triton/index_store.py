@@ -216,5 +216,6 @@ def _specs():
     ]
 
 
-#: Configurations compile-checked for every target (see ftlab.compile_check).
-COMPILE_SPECS = _specs()
+def compile_specs(target: str) -> list:
+    """The configurations compile-checked for ``target`` (see ftlab.compile_check)."""
+    return _specs()

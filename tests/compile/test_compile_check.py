@@ -35,7 +35,9 @@ def test_hip_gfx(gfx):
         # every template configuration is instantiated: 5 copy widths x 2 index types x 2 kernels
         if source.stem == "index_store":
             assert len(rows) == 20, [r.kernel for r in rows]
-            assert all(r.vgpr and r.sgpr for r in rows)
+        if source.stem == "q4_0":  # 3 dtypes x 3 kernels, 8 matvec widths, the GEMM
+            assert len(rows) == 18, [r.kernel for r in rows]
+        assert all(r.vgpr and r.sgpr for r in rows)
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
@@ -44,15 +46,19 @@ def test_hip_nvcc(sm):
     for source in compile_check.device_sources():
         rows = compile_check.hip_sm_rows(source, sm)
         _assert_clean(rows)
-        if source.stem == "index_store":
-            assert len(rows) == 20
+        assert len(rows) == {"index_store": 20, "q4_0": 18}[source.stem]
 
 
 def test_triton_every_target(triton_rows):
     _assert_clean(triton_rows)
-    from ftlab.triton import index_store
+    import importlib
 
-    assert len(triton_rows) == len(index_store.COMPILE_SPECS) * len(compile_check.TARGETS)
+    expected = sum(
+        len(importlib.import_module(m).compile_specs(t))
+        for m in compile_check.TRITON_MODULES
+        for t in compile_check.TARGETS
+    )
+    assert len(triton_rows) == expected
     assert all(r.vgpr and r.vgpr > 0 for r in triton_rows)
 
 
@@ -107,7 +113,9 @@ def test_committed_support_matrix_is_current(triton_rows):
     committed = (root / "docs" / "support-matrix.md").read_text()
 
     def status(text):
-        return [line for line in text.splitlines() if line.startswith("| index_store |")]
+        return [
+            line for line in text.splitlines() if line.startswith(("| index_store |", "| q4_0 |"))
+        ]
 
     assert status(fresh) == status(committed), (
         "regenerate: ftlab compile-check --write docs/support-matrix.md"

@@ -15,6 +15,7 @@
 
 #if defined(__CUDACC__) && !defined(__HIP__)
 // ---------------------------------------------------------------- 2. CUDA (nvcc)
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #define PORT_CUDA 1
 #define PORT_WARP_SIZE 32
@@ -97,6 +98,61 @@ __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
 #else
 #error "port.h: compile with nvcc, hipcc, or clang -x hip"
 #endif
+
+// ---------------------------------------------------------------- scalar helpers
+// Exact float arithmetic where results must match the PyTorch reference bit for bit.
+// nvcc and clang contract a * b + c into an FMA by default; the *_rn helpers never do.
+#if defined(PORT_CUDA)
+__device__ __forceinline__ float port_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float port_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float port_div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ float port_bits_to_float(uint32_t u) { return __uint_as_float(u); }
+__device__ __forceinline__ uint32_t port_float_to_bits(float f) { return __float_as_uint(f); }
+__device__ __forceinline__ float port_half_to_float(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ uint16_t port_float_to_half(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ void port_sync_group() { __syncwarp(); }
+#else
+__device__ __forceinline__ float port_mul_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a * b;
+}
+__device__ __forceinline__ float port_add_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a + b;
+}
+// HIP-clang divides fp32 correctly rounded unless told otherwise.
+__device__ __forceinline__ float port_div_rn(float a, float b) { return a / b; }
+__device__ __forceinline__ float port_bits_to_float(uint32_t u) { return __builtin_bit_cast(float, u); }
+__device__ __forceinline__ uint32_t port_float_to_bits(float f) {
+  return __builtin_bit_cast(uint32_t, f);
+}
+__device__ __forceinline__ float port_half_to_float(uint16_t h) {
+  return static_cast<float>(__builtin_bit_cast(_Float16, h));
+}
+__device__ __forceinline__ uint16_t port_float_to_half(float f) {
+  return __builtin_bit_cast(uint16_t, static_cast<_Float16>(f));
+}
+// A 32-thread group lies within one wave (wave32 or wave64): a wave barrier with
+// fences orders its LDS writes before the other lanes' reads.
+__device__ __forceinline__ void port_sync_group() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#endif
+__device__ __forceinline__ float port_bf16_to_float(uint16_t b) {
+  return port_bits_to_float(static_cast<uint32_t>(b) << 16);
+}
+// fp32 -> bf16, round to nearest even (NaN stays NaN), as torch converts.
+__device__ __forceinline__ uint16_t port_float_to_bf16(float f) {
+  const uint32_t u = port_float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 // Wave size from the arch macros (device pass); the host pass sees 32 and must not use it
 // for anything but sizing that is valid for both.

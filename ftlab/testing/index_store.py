@@ -1,21 +1,4 @@
-"""Property-testing kit: hypothesis strategies and one cross-backend case function per op.
-
-A case is drawn once on the CPU; the case function moves it to the device, runs every
-backend that can serve it (the built-in ones and any registered with
-:func:`ftlab.backends.register`), and holds each to the reference -- bit-exact for these
-copy ops. A researcher's new kernel is checked in a few lines::
-
-    from hypothesis import given
-    import ftlab.backends, ftlab.testing as ft
-
-    ftlab.backends.register("index", "my_gather", my_gather, platforms=["cuda"])
-
-    @given(ft.index_cases())
-    def test_my_gather(case):
-        ft.check_index_case(case, "cuda", backends=["my_gather"])
-
-Needs the ``dev`` extra (hypothesis).
-"""
+"""Strategies and the cross-backend case functions of index / store (bit-exact copies)."""
 
 from __future__ import annotations
 
@@ -25,31 +8,9 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from ftlab import backends as ftbackends
 from ftlab import ops
 from ftlab.bitview import bits_equal, random_rows
-
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def restride(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """``t`` on ``device`` with the same row stride (padding copied too)."""
-    stride = t.stride(0) if t.dim() == 2 and t.shape[0] > 0 else t.shape[-1]
-    base = torch.as_strided(t, (t.shape[0], stride), (stride, 1)) if t.dim() == 2 else t
-    moved = base.to(device).clone()
-    return moved[:, : t.shape[1]] if t.dim() == 2 else moved
-
-
-def backends_for(
-    op: str, device: torch.device, dtype: torch.dtype, names: Sequence[str] | None
-) -> list[str]:
-    """The backends a case runs: ``names`` (each must be able to serve), else all that can."""
-    if names is None:
-        return ftbackends.available_backends(op, device, dtype)
-    for name in names:  # an explicit name that cannot serve is an error, not a skip
-        ftbackends.resolve(op, name, device, dtype)
-    return list(names)
-
+from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride
 
 # ------------------------------------------------------------------ index
 

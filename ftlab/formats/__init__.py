@@ -1,0 +1,1 @@
+"""File formats: GGUF (through the ``gguf`` package) and safetensors."""

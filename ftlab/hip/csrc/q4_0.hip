@@ -1,0 +1,353 @@
+// q4_0.hip — device code for GGUF Q4_0: quantize, dequantize, Q8_1 activations, the
+// int8-dot matvec (decode) and a dp4a-tiled GEMM (prefill).
+//
+// Contract: OPS.md section 2; reference: ftlab/reference/q4_0.py.
+//
+// Block layout (18 bytes for 32 weights): fp16 d, then qs[16]; byte j holds element j in
+// its low nibble and element j+16 in its high nibble; x = d * (q - 8).
+//
+// The int8 dot of a Q4_0 block with a Q8_1 block (d8, q8[32], s8 = d8 * sum(q8)):
+//   sumi = sum_j lo_j * q8[j] + hi_j * q8[j + 16]      (dp4a / sudot4 / sdot4, exact)
+//   y   += d4 * (d8 * sumi - 8 * s8)
+// With 32-bit words of qs: (w & 0x0F0F0F0F) are four low nibbles = elements 4i..4i+3, and
+// ((w >> 4) & 0x0F0F0F0F) the matching high nibbles = elements 4i+16..4i+19.
+//
+// Only port.h is included: the gfx compile check compiles this file alone.
+#include "port.h"
+
+namespace ftlab {
+
+// Element loaders for the activation / weight dtypes (bits in, fp32 out).
+struct f32_t {
+  typedef float storage;
+  static __device__ __forceinline__ float load(const storage* p) { return *p; }
+  static __device__ __forceinline__ storage from_float(float f) { return f; }
+};
+struct f16_t {
+  typedef uint16_t storage;
+  static __device__ __forceinline__ float load(const storage* p) { return port_half_to_float(*p); }
+  static __device__ __forceinline__ storage from_float(float f) { return port_float_to_half(f); }
+};
+struct bf16_t {
+  typedef uint16_t storage;
+  static __device__ __forceinline__ float load(const storage* p) { return port_bf16_to_float(*p); }
+  static __device__ __forceinline__ storage from_float(float f) { return port_float_to_bf16(f); }
+};
+
+constexpr int kQK = 32;
+constexpr int kBlockBytes = 18;
+constexpr int kThreads = 256;
+
+// C's roundf: v - trunc(v) is exact, so there is no double rounding.
+__device__ __forceinline__ float round_half_away(float v) {
+  const float t = __builtin_truncf(v);
+  return __builtin_fabsf(v - t) >= 0.5f ? t + __builtin_copysignf(1.0f, v) : t;
+}
+
+// ------------------------------------------------------------------ quantize / dequantize
+
+// One thread per block. amax is the first element of largest magnitude, with its sign.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_q4_0_kernel(const typename T::storage* __restrict__ x, uint8_t* __restrict__ out,
+                         int64_t num_blocks) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= num_blocks) return;
+  const typename T::storage* xb = x + b * kQK;
+  float v[kQK];
+  float amax = 0.0f, best = -1.0f;
+#pragma unroll
+  for (int i = 0; i < kQK; ++i) {
+    v[i] = T::load(xb + i);
+    const float a = __builtin_fabsf(v[i]);
+    if (a > best) {  // strict: the first of equal magnitudes wins
+      best = a;
+      amax = v[i];
+    }
+  }
+  const float d = amax / -8.0f;  // exact
+  const float inv = d == 0.0f ? 0.0f : port_div_rn(1.0f, d);
+  uint8_t* ob = out + b * kBlockBytes;
+  const uint16_t dh = port_float_to_half(d);
+  ob[0] = static_cast<uint8_t>(dh & 0xff);
+  ob[1] = static_cast<uint8_t>(dh >> 8);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    // trunc(x * id + 8.5) with the product rounded first, then clamped to 15
+    int lo = static_cast<int>(port_add_rn(port_mul_rn(v[j], inv), 8.5f));
+    int hi = static_cast<int>(port_add_rn(port_mul_rn(v[j + 16], inv), 8.5f));
+    lo = lo > 15 ? 15 : lo;
+    hi = hi > 15 ? 15 : hi;
+    ob[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    dequantize_q4_0_kernel(const uint8_t* __restrict__ w, typename T::storage* __restrict__ out,
+                           int64_t num_blocks) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= num_blocks) return;
+  const uint16_t* wb = reinterpret_cast<const uint16_t*>(w + b * kBlockBytes);
+  const float d = port_half_to_float(wb[0]);
+  typename T::storage* ob = out + b * kQK;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t two = wb[1 + i];  // bytes 2i, 2i+1 of qs
+    ob[2 * i] = T::from_float(d * static_cast<float>(static_cast<int>(two & 15) - 8));
+    ob[2 * i + 1] = T::from_float(d * static_cast<float>(static_cast<int>((two >> 8) & 15) - 8));
+    ob[2 * i + 16] = T::from_float(d * static_cast<float>(static_cast<int>((two >> 4) & 15) - 8));
+    ob[2 * i + 17] = T::from_float(d * static_cast<float>(static_cast<int>(two >> 12) - 8));
+  }
+}
+
+// One thread per (row, 32-block) of activations.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_q8_1_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
+                         int8_t* __restrict__ q, float* __restrict__ d_out,
+                         float* __restrict__ s_out, int64_t rows, int64_t k) {
+  const int64_t nb = k / kQK;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= rows * nb) return;
+  const int64_t m = t / nb, b = t % nb;
+  const typename T::storage* xb = x + m * x_stride + b * kQK;
+  float v[kQK];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kQK; ++i) {
+    v[i] = T::load(xb + i);
+    amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
+  }
+  const float d = port_div_rn(amax, 127.0f);
+  int sum = 0;
+  int8_t* qb = q + m * k + b * kQK;
+#pragma unroll
+  for (int i = 0; i < kQK; ++i) {
+    const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[i], d)));
+    qb[i] = static_cast<int8_t>(qi);
+    sum += qi;
+  }
+  d_out[m * nb + b] = d;
+  s_out[m * nb + b] = d * static_cast<float>(sum);
+}
+
+// ------------------------------------------------------------------ int8-dot matvec
+
+// sum over one block of nibbles (4 qs words) times int8 activations (8 words).
+__device__ __forceinline__ int block_dot(const uint32_t qs[4], const int q8[8]) {
+  int sumi = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sumi = port_dp4a(static_cast<int>(qs[i] & 0x0F0F0F0Fu), q8[i], sumi);
+    sumi = port_dp4a(static_cast<int>((qs[i] >> 4) & 0x0F0F0F0Fu), q8[i + 4], sumi);
+  }
+  return sumi;
+}
+
+constexpr int kGroup = 32;         // threads that share one weight row
+constexpr int kRowsPerBlock = 4;   // row groups per 128-thread block
+constexpr int kChunkBlocks = 64;   // Q4_0 blocks a row group stages per step (32 pairs)
+constexpr int kChunkWords = kChunkBlocks * kBlockBytes / 4;  // 288
+
+// y[m, n] = sum_b d4 * (d8 * sumi - 8 * s8), for M = MV_M rows of activations.
+//
+// Memory: a row group loads a 64-block chunk of its row (1152 bytes, 288 words) with each
+// load instruction covering 128 contiguous bytes (lane l takes word 32t + l), stages it in
+// LDS, then lane p reads the 9 words of block pair p (banks 9p mod 32: no conflicts).
+// Loading the 18-byte blocks lane by lane instead makes every load instruction span the
+// whole chunk, which caps a row's bandwidth far below the card's.
+// Needs an even number of blocks per row (4-byte aligned pairs) and a 4-byte aligned base;
+// the launcher checks both.
+template <int MV_M>
+__global__ void __launch_bounds__(kGroup * kRowsPerBlock)
+    q4_0_mv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
+                   const float* __restrict__ d8, const float* __restrict__ s8,
+                   float* __restrict__ y, int64_t n_rows, int64_t k) {
+  __shared__ uint32_t stage[kRowsPerBlock][kChunkWords];
+  const int lane = threadIdx.x;
+  const int group = threadIdx.y;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + group;
+  const bool row_ok = n < n_rows;  // no early return: every lane takes part in the syncs
+  const int64_t nb = k / kQK;
+  const uint32_t* row = reinterpret_cast<const uint32_t*>(w + (row_ok ? n : 0) * row_bytes);
+  float acc[MV_M];
+#pragma unroll
+  for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
+
+  for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
+    const int64_t blocks = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
+    const int words = static_cast<int>(blocks * kBlockBytes / 4);
+    const uint32_t* src = row + b0 * kBlockBytes / 4;
+    uint32_t r[kChunkWords / kGroup];
+#pragma unroll
+    for (int t = 0; t < kChunkWords / kGroup; ++t) {
+      const int word = t * kGroup + lane;
+      r[t] = row_ok && word < words ? src[word] : 0u;
+    }
+    port_sync_group();  // the previous chunk's reads are done
+#pragma unroll
+    for (int t = 0; t < kChunkWords / kGroup; ++t) stage[group][t * kGroup + lane] = r[t];
+    port_sync_group();
+    if (2 * lane < blocks) {
+      const uint32_t* p = &stage[group][9 * lane];
+      uint32_t pw[9];
+#pragma unroll
+      for (int i = 0; i < 9; ++i) pw[i] = p[i];
+      // block A: d in the low half of word 0, qs in bytes 2..17; block B: d in the high
+      // half of word 4, qs in words 5..8.
+      uint32_t qa[4], qb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        qa[i] = (pw[i] >> 16) | (pw[i + 1] << 16);
+        qb[i] = pw[5 + i];
+      }
+      const float da = port_half_to_float(static_cast<uint16_t>(pw[0] & 0xffff));
+      const float db = port_half_to_float(static_cast<uint16_t>(pw[4] >> 16));
+      const int64_t ba = b0 + 2 * lane;
+#pragma unroll
+      for (int m = 0; m < MV_M; ++m) {
+        const int* xa = reinterpret_cast<const int*>(q8 + m * k + ba * kQK);
+        int va[8], vb[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          va[i] = xa[i];
+          vb[i] = xa[8 + i];
+        }
+        const float* dm = d8 + m * nb + ba;
+        const float* sm = s8 + m * nb + ba;
+        acc[m] += da * (dm[0] * static_cast<float>(block_dot(qa, va)) - 8.0f * sm[0]);
+        acc[m] += db * (dm[1] * static_cast<float>(block_dot(qb, vb)) - 8.0f * sm[1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MV_M; ++m) {
+    float v = acc[m];
+#pragma unroll
+    for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+    if (lane == 0 && row_ok) y[m * n_rows + n] = v;
+  }
+}
+
+// ------------------------------------------------------------------ dp4a tiled GEMM
+
+constexpr int kTileM = 64;
+constexpr int kTileN = 64;
+constexpr int kTileKB = 4;  // Q4_0 blocks (128 of K) per stage
+
+// y[M, N] = int8 dot of Q8_1 activations with Q4_0 weights, 64x64 tiles, 256 threads,
+// 4x4 outputs per thread. Weights are unpacked into LDS as nibble words (4 low, 4 high per
+// block) so the inner loop is only dp4a and the per-block scale update.
+__global__ void __launch_bounds__(kThreads)
+    q4_0_gemm_kernel(const uint8_t* __restrict__ w, int64_t row_bytes,
+                     const int8_t* __restrict__ q8, const float* __restrict__ d8,
+                     const float* __restrict__ s8, float* __restrict__ y, int64_t m_rows,
+                     int64_t n_rows, int64_t k) {
+  __shared__ int xs[kTileKB][kTileM][8 + 1];  // +1: no bank conflicts on the strided reads
+  __shared__ float xd[kTileKB][kTileM], xsum[kTileKB][kTileM];
+  __shared__ int ws[kTileKB][kTileN][8 + 1];
+  __shared__ float wd[kTileKB][kTileN];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int64_t nb = k / kQK;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+  for (int64_t b0 = 0; b0 < nb; b0 += kTileKB) {
+    // stage activations: 64 rows x 4 blocks x 8 words; thread -> (row, block), 8 words each
+    {
+      const int r = tid / kTileKB, kb = tid % kTileKB;
+      const int64_t m = m0 + r, b = b0 + kb;
+      const bool ok = m < m_rows && b < nb;
+      const int* src = reinterpret_cast<const int*>(q8 + (ok ? m * k + b * kQK : 0));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xs[kb][r][i] = ok ? src[i] : 0;
+      xd[kb][r] = ok ? d8[m * nb + b] : 0.0f;
+      xsum[kb][r] = ok ? s8[m * nb + b] : 0.0f;
+    }
+    // stage weights: 64 rows x 4 blocks, unpacked to 4 low + 4 high nibble words
+    {
+      const int r = tid / kTileKB, kb = tid % kTileKB;
+      const int64_t n = n0 + r, b = b0 + kb;
+      const bool ok = n < n_rows && b < nb;
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(w + (ok ? n * row_bytes + b * kBlockBytes : 0));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t word = ok ? (static_cast<uint32_t>(src[1 + 2 * i]) |
+                                    (static_cast<uint32_t>(src[2 + 2 * i]) << 16))
+                                 : 0u;
+        ws[kb][r][i] = static_cast<int>(word & 0x0F0F0F0Fu);
+        ws[kb][r][4 + i] = static_cast<int>((word >> 4) & 0x0F0F0F0Fu);
+      }
+      wd[kb][r] = ok ? port_half_to_float(src[0]) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kb = 0; kb < kTileKB; ++kb) {
+      int wv[4][8];
+      float wdv[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) wv[j][i] = ws[kb][tx + 16 * j][i];
+        wdv[j] = wd[kb][tx + 16 * j];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = ty + 16 * i;
+        int xv[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) xv[t] = xs[kb][r][t];
+        const float dx = xd[kb][r], sx = xsum[kb][r];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int sumi = 0;
+#pragma unroll
+          for (int t = 0; t < 8; ++t) sumi = port_dp4a(wv[j][t], xv[t], sumi);
+          acc[i][j] += wdv[j] * (dx * static_cast<float>(sumi) - 8.0f * sx);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t m = m0 + ty + 16 * i;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (m < m_rows && n < n_rows) y[m * n_rows + n] = acc[i][j];
+    }
+  }
+}
+
+// Every configuration the launcher uses.
+#define FTLAB_Q4_0_INSTANTIATE(T)                                                             \
+  template __global__ void quantize_q4_0_kernel<T>(const T::storage*, uint8_t*, int64_t);    \
+  template __global__ void dequantize_q4_0_kernel<T>(const uint8_t*, T::storage*, int64_t);  \
+  template __global__ void quantize_q8_1_kernel<T>(const T::storage*, int64_t, int8_t*,      \
+                                                   float*, float*, int64_t, int64_t);
+FTLAB_Q4_0_INSTANTIATE(f32_t)
+FTLAB_Q4_0_INSTANTIATE(f16_t)
+FTLAB_Q4_0_INSTANTIATE(bf16_t)
+
+#define FTLAB_Q4_0_MV_INSTANTIATE(M)                                                           \
+  template __global__ void q4_0_mv_kernel<M>(const uint8_t*, int64_t, const int8_t*,          \
+                                             const float*, const float*, float*, int64_t,     \
+                                             int64_t);
+FTLAB_Q4_0_MV_INSTANTIATE(1)
+FTLAB_Q4_0_MV_INSTANTIATE(2)
+FTLAB_Q4_0_MV_INSTANTIATE(3)
+FTLAB_Q4_0_MV_INSTANTIATE(4)
+FTLAB_Q4_0_MV_INSTANTIATE(5)
+FTLAB_Q4_0_MV_INSTANTIATE(6)
+FTLAB_Q4_0_MV_INSTANTIATE(7)
+FTLAB_Q4_0_MV_INSTANTIATE(8)
+
+}  // namespace ftlab

@@ -1,0 +1,193 @@
+// q4_0_launch.hip — host glue for q4_0.hip: tvm-ffi entry points taking torch tensors
+// (via DLPack) and launching on torch's current stream.
+//
+// ftlab.ops validates shapes, dtypes and devices before calling in here; the checks below
+// only keep a direct caller from reading or writing out of bounds.
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+#include "q4_0.hip"
+
+namespace ftlab {
+
+using tvm::ffi::TensorView;
+
+namespace {
+
+void* base_of(const TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
+
+port_stream_t stream_of(const TensorView& t) {
+  return static_cast<port_stream_t>(TVMFFIEnvGetStream(t.device().device_type, t.device().device_id));
+}
+
+void check_launch(const char* what) {
+  port_error_t err = port_get_last_error();
+  TVM_FFI_CHECK(err == port_success, RuntimeError) << what << " launch failed: " << port_error_string(err);
+}
+
+enum class Fp { f32, f16, bf16 };
+
+Fp fp_of(const TensorView& t, const char* name) {
+  const DLDataType dt = t.dtype();
+  if (dt.code == kDLFloat && dt.bits == 32) return Fp::f32;
+  if (dt.code == kDLFloat && dt.bits == 16) return Fp::f16;
+  if (dt.code == kDLBfloat && dt.bits == 16) return Fp::bf16;
+  TVM_FFI_THROW(TypeError) << name << " must be float32, float16 or bfloat16";
+  return Fp::f32;
+}
+
+void check_contiguous(const TensorView& t, const char* name) {
+  TVM_FFI_CHECK(t.IsContiguous(), ValueError) << name << " must be contiguous";
+}
+
+unsigned grid_for(int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
+
+template <typename T>
+void launch_quantize(const TensorView& x, const TensorView& out, int64_t nb) {
+  quantize_q4_0_kernel<T><<<grid_for(nb), kThreads, 0, stream_of(out)>>>(
+      static_cast<const typename T::storage*>(base_of(x)), static_cast<uint8_t*>(base_of(out)), nb);
+}
+
+template <typename T>
+void launch_dequantize(const TensorView& w, const TensorView& out, int64_t nb) {
+  dequantize_q4_0_kernel<T><<<grid_for(nb), kThreads, 0, stream_of(out)>>>(
+      static_cast<const uint8_t*>(base_of(w)), static_cast<typename T::storage*>(base_of(out)), nb);
+}
+
+template <typename T>
+void launch_q8_1(const TensorView& x, const TensorView& q, const TensorView& d, const TensorView& s) {
+  const int64_t rows = x.size(0), k = x.size(1);
+  quantize_q8_1_kernel<T><<<grid_for(rows * (k / kQK)), kThreads, 0, stream_of(q)>>>(
+      static_cast<const typename T::storage*>(base_of(x)), x.stride(0),
+      static_cast<int8_t*>(base_of(q)), static_cast<float*>(base_of(d)), static_cast<float*>(base_of(s)),
+      rows, k);
+}
+
+struct Q8Args {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  int64_t m, k;
+};
+
+Q8Args q8_args(const TensorView& q, const TensorView& d, const TensorView& s) {
+  check_contiguous(q, "q8");
+  check_contiguous(d, "d8");
+  check_contiguous(s, "s8");
+  TVM_FFI_CHECK(q.ndim() == 2 && q.size(1) % kQK == 0, ValueError) << "q8 must be [M, K] with K % 32 == 0";
+  TVM_FFI_CHECK(d.numel() == q.size(0) * (q.size(1) / kQK) && s.numel() == d.numel(), ValueError)
+      << "d8 and s8 must be [M, K/32]";
+  return {static_cast<const int8_t*>(base_of(q)), static_cast<const float*>(base_of(d)),
+          static_cast<const float*>(base_of(s)), q.size(0), q.size(1)};
+}
+
+void check_weight(const TensorView& w, int64_t k) {
+  check_contiguous(w, "w");
+  TVM_FFI_CHECK(w.ndim() == 2 && w.size(1) == k / kQK * kBlockBytes, ValueError)
+      << "w must be [N, K/32*18] Q4_0 blocks matching the activations' K";
+}
+
+}  // namespace
+
+void quantize_q4_0(TensorView x, TensorView out) {
+  check_contiguous(x, "x");
+  check_contiguous(out, "out");
+  const int64_t nb = x.numel() / kQK;
+  TVM_FFI_CHECK(x.numel() % kQK == 0 && out.numel() == nb * kBlockBytes, ValueError)
+      << "out must hold numel(x)/32 blocks of 18 bytes";
+  if (nb == 0) return;
+  switch (fp_of(x, "x")) {
+    case Fp::f32: launch_quantize<f32_t>(x, out, nb); break;
+    case Fp::f16: launch_quantize<f16_t>(x, out, nb); break;
+    case Fp::bf16: launch_quantize<bf16_t>(x, out, nb); break;
+  }
+  check_launch("quantize_q4_0_kernel");
+}
+
+void dequantize_q4_0(TensorView w, TensorView out) {
+  check_contiguous(w, "w");
+  check_contiguous(out, "out");
+  const int64_t nb = out.numel() / kQK;
+  TVM_FFI_CHECK(out.numel() % kQK == 0 && w.numel() == nb * kBlockBytes, ValueError)
+      << "w must hold numel(out)/32 blocks of 18 bytes";
+  if (nb == 0) return;
+  switch (fp_of(out, "out")) {
+    case Fp::f32: launch_dequantize<f32_t>(w, out, nb); break;
+    case Fp::f16: launch_dequantize<f16_t>(w, out, nb); break;
+    case Fp::bf16: launch_dequantize<bf16_t>(w, out, nb); break;
+  }
+  check_launch("dequantize_q4_0_kernel");
+}
+
+void quantize_q8_1(TensorView x, TensorView q, TensorView d, TensorView s) {
+  TVM_FFI_CHECK(x.ndim() == 2 && x.size(1) % kQK == 0 && (x.size(1) <= 1 || x.stride(1) == 1), ValueError)
+      << "x must be [M, K] with contiguous rows and K % 32 == 0";
+  const Q8Args a = q8_args(q, d, s);
+  TVM_FFI_CHECK(a.m == x.size(0) && a.k == x.size(1), ValueError) << "q8 must match x's shape";
+  if (a.m == 0 || a.k == 0) return;
+  switch (fp_of(x, "x")) {
+    case Fp::f32: launch_q8_1<f32_t>(x, q, d, s); break;
+    case Fp::f16: launch_q8_1<f16_t>(x, q, d, s); break;
+    case Fp::bf16: launch_q8_1<bf16_t>(x, q, d, s); break;
+  }
+  check_launch("quantize_q8_1_kernel");
+}
+
+// y [M, N] fp32 = int8 dot of Q8_1 activations (M <= 8) with Q4_0 weights w [N, K/32*18].
+void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  const Q8Args a = q8_args(q, d, s);
+  check_weight(w, a.k);
+  const int64_t n = w.size(0);
+  check_contiguous(y, "y");
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == a.m && y.size(1) == n, ValueError) << "y must be [M, N]";
+  TVM_FFI_CHECK(a.m >= 1 && a.m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << a.m;
+  TVM_FFI_CHECK((a.k / kQK) % 2 == 0 && reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0, ValueError)
+      << "the matvec needs an even number of blocks per row and a 4-byte aligned w";
+  if (n == 0) return;
+  const dim3 block(kGroup, kRowsPerBlock);
+  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock));
+  const uint8_t* wp = static_cast<const uint8_t*>(base_of(w));
+  float* yp = static_cast<float*>(base_of(y));
+  const int64_t rb = w.size(1);
+  port_stream_t st = stream_of(y);
+  switch (a.m) {
+#define FTLAB_MV_CASE(M)                                                                    \
+  case M:                                                                                   \
+    q4_0_mv_kernel<M><<<grid, block, 0, st>>>(wp, rb, a.q, a.d, a.s, yp, n, a.k); \
+    break;
+    FTLAB_MV_CASE(1)
+    FTLAB_MV_CASE(2)
+    FTLAB_MV_CASE(3)
+    FTLAB_MV_CASE(4)
+    FTLAB_MV_CASE(5)
+    FTLAB_MV_CASE(6)
+    FTLAB_MV_CASE(7)
+    FTLAB_MV_CASE(8)
+#undef FTLAB_MV_CASE
+  }
+  check_launch("q4_0_mv_kernel");
+}
+
+// y [M, N] fp32, any M: the dp4a-tiled GEMM.
+void q4_0_gemm(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  const Q8Args a = q8_args(q, d, s);
+  check_weight(w, a.k);
+  const int64_t n = w.size(0);
+  check_contiguous(y, "y");
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == a.m && y.size(1) == n, ValueError) << "y must be [M, N]";
+  if (n == 0 || a.m == 0) return;
+  const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((a.m + kTileM - 1) / kTileM));
+  q4_0_gemm_kernel<<<grid, kThreads, 0, stream_of(y)>>>(static_cast<const uint8_t*>(base_of(w)), w.size(1),
+                                                       a.q, a.d, a.s, static_cast<float*>(base_of(y)), a.m, n, a.k);
+  check_launch("q4_0_gemm_kernel");
+}
+
+}  // namespace ftlab
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_q4_0, ftlab::quantize_q4_0);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(dequantize_q4_0, ftlab::dequantize_q4_0);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_q8_1, ftlab::quantize_q8_1);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv, ftlab::q4_0_mv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_gemm, ftlab::q4_0_gemm);

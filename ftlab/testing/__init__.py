@@ -1,0 +1,64 @@
+"""Property-testing kit: hypothesis strategies and one cross-backend case function per op.
+
+A case is drawn once on the CPU; the case function moves it to the device, runs every
+backend that can serve it (the built-in ones and any registered with
+:func:`ftlab.backends.register`), and holds each to the reference: bit-exact for copies and
+quantizers, within the op's documented tolerance for matmuls. A researcher's new kernel is
+checked in a few lines::
+
+    from hypothesis import given
+    import ftlab.backends, ftlab.testing as ft
+
+    ftlab.backends.register("index", "my_gather", my_gather, platforms=["cuda"])
+
+    @given(ft.index_cases())
+    def test_my_gather(case):
+        ft.check_index_case(case, "cuda", backends=["my_gather"])
+
+Needs the ``dev`` extra (hypothesis).
+"""
+
+from ftlab.bitview import bits_equal, random_rows
+from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride
+from ftlab.testing.index_store import (
+    IndexCase,
+    StoreCase,
+    check_index_case,
+    check_store_case,
+    index_cases,
+    store_cases,
+)
+from ftlab.testing.q4_0 import (
+    MatmulCase,
+    check_dequantize_case,
+    check_matmul_case,
+    check_q8_1_case,
+    check_quantize_case,
+    matmul_cases,
+    matmul_tolerance,
+    q4_0_weight_values,
+    q8_1_inputs,
+)
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "IndexCase",
+    "MatmulCase",
+    "StoreCase",
+    "backends_for",
+    "bits_equal",
+    "check_dequantize_case",
+    "check_index_case",
+    "check_matmul_case",
+    "check_q8_1_case",
+    "check_quantize_case",
+    "check_store_case",
+    "index_cases",
+    "matmul_cases",
+    "matmul_tolerance",
+    "q4_0_weight_values",
+    "q8_1_inputs",
+    "random_rows",
+    "restride",
+    "store_cases",
+]

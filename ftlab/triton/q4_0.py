@@ -1,0 +1,396 @@
+"""GGUF Q4_0 in Triton (OPS.md section 2; reference: ftlab/reference/q4_0.py).
+
+Kernels:
+- ``quantize_q4_0_kernel``   fp -> Q4_0 blocks, byte-identical to gguf-py.
+- ``dequantize_q4_0_kernel`` Q4_0 -> fp32/fp16/bf16.
+- ``quantize_q8_1_kernel``   activations -> Q8_1 (q int8, d, s per 32-block).
+- ``q4_0_mv_kernel``         the int8-dot matvec for small M (decode), split-K.
+- ``q4_0_dequant_gemm_kernel`` large M (prefill): dequantize a weight tile in registers,
+  then ``tl.dot`` on it.
+
+Exactness: the quantizers must match the reference bit for bit, so they divide with
+``div_rn`` (Triton's ``/`` is approximate on NVIDIA) and launch with
+``enable_fp_fusion=False`` (``x * id + 8.5`` must round the product before the add).
+
+Layout trick shared by the GEMM: a Q4_0 byte j holds elements j (low nibble) and j+16
+(high nibble). ``tl.join(lo, hi)`` interleaves them, so the weight tile's K order is
+(0, 16, 1, 17, ...); the activation tile is loaded in that same order, and the dot, a sum
+over K, is unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ftlab.platform import current
+from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
+
+# Tuned launch configurations, one table. sm_90 entries were timed on an H200
+# (benchmarks/results/*q4_0*); gfx entries are wave32/wave64-sized starting points,
+# compile-checked but not timed (no AMD GPU was available).
+CONFIGS: dict[str, dict[str, dict[str, int]]] = {
+    "sm_90": {
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+    },
+    "gfx1100": {
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    },
+    "gfx1201": {
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    },
+    "gfx942": {  # wave64; BLOCK_KB 8 spills SGPRs at M = 8
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    },
+    "default": {
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    },
+}
+CONFIGS["gfx1151"] = CONFIGS["gfx1100"]
+
+#: the int8-dot matvec handles up to this many activation rows in one pass over W
+MV_MAX_M = 8
+
+
+def config(kernel: str, device: torch.device) -> dict[str, int]:
+    arch = current(device).arch if device.type != "cpu" else None
+    return dict(CONFIGS.get(arch or "default", CONFIGS["default"])[kernel])
+
+
+# ------------------------------------------------------------------ quantize / dequantize
+
+
+@triton.jit
+def _round_half_away(v):
+    t = v.to(tl.int32).to(tl.float32)  # truncation toward zero; v - t is exact
+    return tl.where(tl.abs(v - t) >= 0.5, t + tl.where(v < 0, -1.0, 1.0), t)
+
+
+@triton.jit
+def quantize_q4_0_kernel(x_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
+    b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [B] block ids
+    j = tl.arange(0, 16)
+    ok = b < NB
+    m2 = ok[:, None]
+    base = b.to(tl.int64)[:, None] * 32 + j[None, :]
+    lo = tl.load(x_ptr + base, mask=m2, other=0.0).to(tl.float32)  # elements 0..15
+    hi = tl.load(x_ptr + base + 16, mask=m2, other=0.0).to(tl.float32)  # elements 16..31
+    # the element of largest magnitude, the first one on ties, and its sign bit
+    alo, ahi = tl.abs(lo), tl.abs(hi)
+    mlo, mhi = tl.max(alo, axis=1), tl.max(ahi, axis=1)
+    ilo = tl.argmax(alo, axis=1, tie_break_left=True)
+    ihi = tl.argmax(ahi, axis=1, tie_break_left=True)
+    slo = tl.sum(
+        tl.where(j[None, :] == ilo[:, None], (lo.to(tl.int32, bitcast=True) >> 31) & 1, 0), axis=1
+    )
+    shi = tl.sum(
+        tl.where(j[None, :] == ihi[:, None], (hi.to(tl.int32, bitcast=True) >> 31) & 1, 0), axis=1
+    )
+    use_hi = mhi > mlo
+    amax = tl.where(use_hi, mhi, mlo)
+    negative = tl.where(use_hi, shi, slo) != 0
+    d = tl.where(negative, amax * 0.125, -amax * 0.125)  # (signed amax) / -8, exact
+    inv = tl.where(
+        d == 0, 0.0, tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(d == 0, 1.0, d))
+    )
+    qlo = tl.minimum((lo * inv[:, None] + 8.5).to(tl.int32), 15)  # no FMA: see launch
+    qhi = tl.minimum((hi * inv[:, None] + 8.5).to(tl.int32), 15)
+    byte = (qlo | (qhi << 4)).to(tl.uint8)
+    dbits = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    ob = out_ptr + b.to(tl.int64) * 18
+    tl.store(ob, (dbits & 0xFF).to(tl.uint8), mask=ok)
+    tl.store(ob + 1, (dbits >> 8).to(tl.uint8), mask=ok)
+    tl.store(ob[:, None] + 2 + j[None, :], byte, mask=m2)
+
+
+@triton.jit
+def _load_d(w_ptr, offset, mask):
+    """fp16 scale at byte ``offset`` (2-byte aligned, little-endian) as fp32."""
+    b0 = tl.load(w_ptr + offset, mask=mask, other=0).to(tl.int32)
+    b1 = tl.load(w_ptr + offset + 1, mask=mask, other=0).to(tl.int32)
+    return (b0 | (b1 << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def dequantize_q4_0_kernel(w_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
+    b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    j = tl.arange(0, 16)
+    ok = b < NB
+    wb = w_ptr + b.to(tl.int64) * 18
+    d = _load_d(wb, 0, ok)
+    qs = tl.load(wb[:, None] + 2 + j[None, :], mask=ok[:, None], other=0).to(tl.int32)
+    lo = d[:, None] * ((qs & 15) - 8).to(tl.float32)  # exact in fp32
+    hi = d[:, None] * ((qs >> 4) - 8).to(tl.float32)
+    ob = out_ptr + b.to(tl.int64)[:, None] * 32 + j[None, :]
+    tl.store(ob, lo.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    tl.store(ob + 16, hi.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def quantize_q8_1_kernel(x_ptr, x_stride, q_ptr, d_ptr, s_ptr, K, NBK, BLOCK_B: tl.constexpr):
+    m = tl.program_id(0)
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    i = tl.arange(0, 32)
+    ok = b < NBK
+    col = b[:, None] * 32 + i[None, :]
+    x = tl.load(x_ptr + m.to(tl.int64) * x_stride + col, mask=ok[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    safe = tl.where(d == 0, 1.0, d)
+    q = tl.where(amax[:, None] == 0, 0.0, _round_half_away(tl.math.div_rn(x, safe[:, None])))
+    qi = q.to(tl.int32)
+    s = d * tl.sum(qi, axis=1).to(tl.float32)
+    tl.store(q_ptr + m.to(tl.int64) * K + col, qi.to(tl.int8), mask=ok[:, None])
+    tl.store(d_ptr + m * NBK + b, d, mask=ok)
+    tl.store(s_ptr + m * NBK + b, s, mask=ok)
+
+
+# ------------------------------------------------------------------ int8-dot matvec
+
+
+@triton.jit
+def q4_0_mv_kernel(
+    w16_ptr, row_words, q8_ptr, d8_ptr, s8_ptr, part_ptr,
+    M, N, K, NBK, KB_PER_SPLIT,
+    MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
+):  # fmt: skip
+    """partial[split, m, n] = sum over this split's blocks of d4 * (d8 * sumi - 8 * s8).
+
+    The weight tile is read as 16-bit words ``[BLOCK_N, BLOCK_KB, 8]`` (the 16 ``qs`` bytes
+    of each block; the ``d`` word is read apart), so neighbouring lanes read neighbouring
+    words and a warp's loads stay contiguous within a row.
+    """
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    i = tl.arange(0, 8)
+    mrange = tl.arange(0, MP)
+    acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
+    row = n.to(tl.int64) * row_words
+    kb_lo = split * KB_PER_SPLIT
+    kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, NBK)
+    for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
+        kb = kb0 + tl.arange(0, BLOCK_KB)
+        kb_ok = kb < kb_hi
+        wmask = n_ok[:, None, None] & kb_ok[None, :, None]
+        w = tl.load(
+            w16_ptr + row[:, None, None] + kb[None, :, None] * 9 + 1 + i[None, None, :],
+            mask=wmask,
+            other=0,
+        )
+        w = w.to(tl.int32) & 0xFFFF  # bytes 2i (low) and 2i+1 (high) of qs
+        e0 = w & 15  # element 2i
+        e1 = (w >> 8) & 15  # element 2i + 1
+        e16 = (w >> 4) & 15  # element 2i + 16
+        e17 = (w >> 12) & 15  # element 2i + 17
+        dm = n_ok[:, None] & kb_ok[None, :]
+        d4 = tl.load(w16_ptr + row[:, None] + kb[None, :] * 9, mask=dm, other=0)
+        d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)  # [BN, KB]
+        for m in tl.static_range(MP):
+            if m < M:
+                xb = q8_ptr + m * K + kb[:, None] * 32 + 2 * i[None, :]  # [KB, 8]
+                xm = kb_ok[:, None]
+                x0 = tl.load(xb, mask=xm, other=0).to(tl.int32)
+                x1 = tl.load(xb + 1, mask=xm, other=0).to(tl.int32)
+                x16 = tl.load(xb + 16, mask=xm, other=0).to(tl.int32)
+                x17 = tl.load(xb + 17, mask=xm, other=0).to(tl.int32)
+                prod = e0 * x0[None] + e1 * x1[None] + e16 * x16[None] + e17 * x17[None]
+                sumi = tl.sum(prod, axis=2)  # [BN, KB], exact
+                d8 = tl.load(d8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
+                s8 = tl.load(s8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
+                part = tl.sum(d4 * (d8[None, :] * sumi.to(tl.float32) - 8.0 * s8[None, :]), axis=1)
+                acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
+    out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
+    tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
+
+
+# ------------------------------------------------------------------ prefill GEMM
+
+
+@triton.jit
+def q4_0_dequant_gemm_kernel(
+    x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride,
+    M, N, NBK,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """y = x @ dequantize(W).T: per Q4_0 block (32 of K), dequantize a ``[32, BLOCK_N]``
+    tile in registers to x's dtype and accumulate ``tl.dot`` in fp32.
+
+    ``DOT_F32``: keep both operands in fp32 (the CPU interpreter computes bf16 wrongly)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = rm < M, rn < N
+    j = tl.arange(0, 16)
+    c = tl.arange(0, 32)
+    kcol = c // 2 + 16 * (c % 2)  # the join order of the weight tile: 0, 16, 1, 17, ...
+    wrow = w_ptr + rn.to(tl.int64) * row_bytes
+    xrow = x_ptr + rm.to(tl.int64)[:, None] * x_stride
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, NBK):
+        d = _load_d(wrow + kb * 18, 0, n_ok)  # [BN]
+        qs = tl.load(wrow[None, :] + kb * 18 + 2 + j[:, None], mask=n_ok[None, :], other=0).to(
+            tl.int32
+        )
+        wlo = ((qs & 15) - 8).to(tl.float32) * d[None, :]  # [16, BN], exact
+        whi = ((qs >> 4) - 8).to(tl.float32) * d[None, :]
+        a = tl.load(xrow + kb * 32 + kcol[None, :], mask=m_ok[:, None], other=0.0)
+        if DOT_F32:
+            a = a.to(tl.float32)
+        else:
+            wlo = wlo.to(x_ptr.dtype.element_ty)
+            whi = whi.to(x_ptr.dtype.element_ty)
+        b = tl.reshape(tl.permute(tl.join(wlo, whi), (0, 2, 1)), (32, BLOCK_N))
+        acc = tl.dot(a, b, acc)
+    out = y_ptr + rm.to(tl.int64)[:, None] * y_stride + rn[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+# ------------------------------------------------------------------ backend entries
+
+_BLOCKS_PER_PROGRAM = 64
+
+
+def quantize_q4_0(w: torch.Tensor) -> Q4_0Weight:
+    """Backend entry of :func:`ftlab.ops.quantize_q4_0` (w contiguous, K % 32 == 0)."""
+    nb = w.numel() // QK
+    out = torch.empty(nb * Q4_0_BLOCK_BYTES, dtype=torch.uint8, device=w.device)
+    if nb:
+        grid = (triton.cdiv(nb, _BLOCKS_PER_PROGRAM),)
+        quantize_q4_0_kernel[grid](w, out, nb, BLOCK_B=_BLOCKS_PER_PROGRAM, enable_fp_fusion=False)
+    k = w.shape[-1]
+    return Q4_0Weight(out.view(*w.shape[:-1], k // QK * Q4_0_BLOCK_BYTES), tuple(w.shape))
+
+
+def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.dequantize_q4_0`."""
+    out = torch.empty(w.shape, dtype=dtype, device=w.device)
+    nb = out.numel() // QK
+    if nb:
+        grid = (triton.cdiv(nb, _BLOCKS_PER_PROGRAM),)
+        dequantize_q4_0_kernel[grid](w.data, out, nb, BLOCK_B=_BLOCKS_PER_PROGRAM)
+    return out
+
+
+def quantize_q8_1(x: torch.Tensor) -> Q8_1:
+    """Backend entry of :func:`ftlab.ops.quantize_q8_1` (x [M, K], rows contiguous)."""
+    m, k = x.shape
+    nbk = k // QK
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    d = torch.empty((m, nbk), dtype=torch.float32, device=x.device)
+    s = torch.empty((m, nbk), dtype=torch.float32, device=x.device)
+    if m and nbk:
+        grid = (m, triton.cdiv(nbk, 16))
+        quantize_q8_1_kernel[grid](
+            x, x.stride(0), q, d, s, k, nbk, BLOCK_B=16, enable_fp_fusion=False
+        )
+    return Q8_1(q, d, s)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cpu":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def q4_0_matvec(x8: Q8_1, w: Q4_0Weight, out_dtype: torch.dtype) -> torch.Tensor:
+    """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]``; split-K when N alone would leave SMs idle."""
+    m, k = x8.q.shape
+    n = w.shape[0]
+    nbk = k // QK
+    cfg = config("mv", w.device)
+    programs_n = triton.cdiv(n, cfg["BLOCK_N"])
+    splits = max(
+        1, min(triton.cdiv(2 * _sm_count(w.device), programs_n), triton.cdiv(nbk, cfg["BLOCK_KB"]))
+    )
+    kb_per_split = triton.cdiv(triton.cdiv(nbk, splits), cfg["BLOCK_KB"]) * cfg["BLOCK_KB"]
+    splits = triton.cdiv(nbk, kb_per_split)
+    parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
+    q4_0_mv_kernel[(programs_n, splits)](
+        w.data.view(torch.int16), w.data.shape[-1] // 2, x8.q, x8.d, x8.s, parts,
+        m, n, k, nbk, kb_per_split,
+        MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
+        num_warps=cfg["num_warps"],
+    )  # fmt: skip
+    y = parts[0] if splits == 1 else parts.sum(0)
+    return y.to(out_dtype)
+
+
+def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    cfg = config("gemm", x.device)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    q4_0_dequant_gemm_kernel[grid](
+        x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k // QK,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        DOT_F32=x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    return y
+
+
+def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.q4_0_matmul` (path already resolved)."""
+    if path == "int8":
+        x8 = quantize_q8_1(x)
+        outs = [q4_0_matvec(Q8_1(x8.q[i : i + MV_MAX_M], x8.d[i : i + MV_MAX_M], x8.s[i : i + MV_MAX_M]), w, x.dtype)
+                for i in range(0, x.shape[0], MV_MAX_M)]  # fmt: skip
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+    return q4_0_dequant_gemm(x, w)
+
+
+def compile_specs(target: str) -> list:
+    """The configurations ftlab launches on ``target``, for ftlab.compile_check."""
+    from ftlab.compile_check import TritonSpec
+
+    cfg = CONFIGS.get(target, CONFIGS["default"])
+    ptr = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
+    exact = {"enable_fp_fusion": False}
+    specs = []
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        name = str(dt).removeprefix("torch.")
+        specs += [
+            TritonSpec(f"quantize_q4_0_kernel[{name}]", quantize_q4_0_kernel,
+                       {"x_ptr": ptr[dt], "out_ptr": "*u8", "NB": "i32", "BLOCK_B": "constexpr"},
+                       {"BLOCK_B": _BLOCKS_PER_PROGRAM}, options=exact),
+            TritonSpec(f"dequantize_q4_0_kernel[{name}]", dequantize_q4_0_kernel,
+                       {"w_ptr": "*u8", "out_ptr": ptr[dt], "NB": "i32", "BLOCK_B": "constexpr"},
+                       {"BLOCK_B": _BLOCKS_PER_PROGRAM}),
+            TritonSpec(f"quantize_q8_1_kernel[{name}]", quantize_q8_1_kernel,
+                       {"x_ptr": ptr[dt], "x_stride": "i32", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32",
+                        "K": "i32", "NBK": "i32", "BLOCK_B": "constexpr"},
+                       {"BLOCK_B": 16}, options=exact),
+        ]  # fmt: skip
+    mv = cfg["mv"]
+    for mp in (1, 8):
+        specs.append(TritonSpec(
+            f"q4_0_mv_kernel[M<={mp}, {mv['BLOCK_N']}x{mv['BLOCK_KB']} blocks]", q4_0_mv_kernel,
+            {"w16_ptr": "*i16", "row_words": "i32", "q8_ptr": "*i8", "d8_ptr": "*fp32", "s8_ptr": "*fp32",
+             "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "NBK": "i32", "KB_PER_SPLIT": "i32",
+             "MP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr"},
+            {"MP": mp, "BLOCK_N": mv["BLOCK_N"], "BLOCK_KB": mv["BLOCK_KB"]}, num_warps=mv["num_warps"],
+        ))  # fmt: skip
+    gemm = cfg["gemm"]
+    for dt in (torch.float16, torch.bfloat16):
+        specs.append(TritonSpec(
+            f"q4_0_dequant_gemm_kernel[{str(dt).removeprefix('torch.')}, {gemm['BLOCK_M']}x{gemm['BLOCK_N']}]",
+            q4_0_dequant_gemm_kernel,
+            {"x_ptr": ptr[dt], "x_stride": "i32", "w_ptr": "*u8", "row_bytes": "i32", "y_ptr": ptr[dt],
+             "y_stride": "i32", "M": "i32", "N": "i32", "NBK": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+             "DOT_F32": "constexpr"},
+            {"BLOCK_M": gemm["BLOCK_M"], "BLOCK_N": gemm["BLOCK_N"], "DOT_F32": False},
+            num_warps=gemm["num_warps"], options={"num_stages": gemm["num_stages"]},
+        ))  # fmt: skip
+    return specs

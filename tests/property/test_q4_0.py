@@ -1,0 +1,251 @@
+"""GGUF Q4_0: every available backend against the reference (OPS.md section 2).
+
+Quantizers byte-exact (and the reference byte-exact with gguf-py), dequantize bit-exact,
+q4_0_matmul within ftlab.testing.matmul_tolerance. CPU: reference + Triton interpreter;
+GPU (``gpu``): Triton and HIP, graph capture included.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ftlab.testing as ft
+from ftlab import backends, ops
+from ftlab.quant import Q4_0Weight
+from ftlab.reference import q4_0 as ref
+
+gguf = pytest.importorskip("gguf")
+GPU = ["triton", "hip"]
+
+
+def gguf_bytes(w: torch.Tensor) -> np.ndarray:
+    return gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q4_0)
+
+
+# ------------------------------------------------------------------ reference == gguf-py
+
+
+@given(ft.q4_0_weight_values())
+def test_reference_quantize_matches_gguf(w):
+    assert np.array_equal(ref.quantize_q4_0(w).data.numpy(), gguf_bytes(w))
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        torch.zeros(32),
+        -torch.zeros(32),
+        torch.full((32,), 7.25),
+        torch.full((32,), -1e-30),
+        torch.tensor([3.0, -3.0] + [1.0] * 30),  # tie: the first (+3) wins
+        torch.tensor([-3.0, 3.0] + [1.0] * 30),
+        torch.linspace(-1e6, 1e6, 32),  # d overflows fp16 to inf
+        torch.linspace(-1e-6, 2e-6, 32),  # subnormal fp16 scale
+        torch.arange(32.0) - 16,
+    ],
+    ids=["zero", "neg-zero", "constant", "tiny-const", "tie+", "tie-", "huge", "tiny", "ramp"],
+)
+def test_reference_quantize_edge_blocks(block):
+    w = block.view(1, 32)
+    assert np.array_equal(ref.quantize_q4_0(w).data.numpy(), gguf_bytes(w))
+
+
+@given(st.integers(0, 2**31 - 1))
+def test_reference_dequantize_matches_gguf(seed):
+    w = ref.quantize_q4_0(torch.randn(5, 96, generator=torch.Generator().manual_seed(seed)))
+    ours = ref.dequantize_q4_0(w, torch.float32).numpy()
+    theirs = gguf.quants.dequantize(w.data.numpy(), gguf.GGMLQuantizationType.Q4_0)
+    assert np.array_equal(ours, theirs)
+
+
+def test_int8_identity():
+    """d4 * (d8 * sum(q4 * q8) - 8 * s8) equals the dot of the dequantized vectors."""
+    g = torch.Generator().manual_seed(0)
+    w = ref.quantize_q4_0(torch.randn(3, 64, generator=g))
+    x8 = ref.quantize_q8_1(torch.randn(2, 64, generator=g))
+    via_int = ref.q4_0_block_dots(x8, w).sum(-1).double()
+    via_float = x8.dequantize().double() @ ref.dequantize_q4_0(w, torch.float32).double().T
+    torch.testing.assert_close(via_int, via_float, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ every backend, CPU
+
+
+@given(ft.q4_0_weight_values())
+def test_quantize_cpu(w):
+    ft.check_quantize_case(w, "cpu")
+
+
+@given(ft.q4_0_weight_values(), st.sampled_from(ft.FLOAT_DTYPES))
+def test_dequantize_cpu(w, dtype):
+    ft.check_dequantize_case(ref.quantize_q4_0(w), dtype, "cpu")
+
+
+@given(ft.q8_1_inputs())
+def test_q8_1_cpu(x):
+    ft.check_q8_1_case(x, "cpu")
+
+
+@settings(max_examples=15)
+@given(ft.matmul_cases())
+def test_matmul_cpu(case):
+    ft.check_matmul_case(case, "cpu")
+
+
+def test_expert_bank_quantizes_per_expert():
+    bank = torch.randn(3, 8, 64)
+    q = ops.quantize_q4_0(bank)
+    assert q.shape == (3, 8, 64) and q[1].shape == (8, 64)
+    assert torch.equal(q[1].data, ops.quantize_q4_0(bank[1]).data)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+BAD = [
+    (
+        "quantize int",
+        lambda: ops.quantize_q4_0(torch.zeros(2, 32, dtype=torch.int32)),
+        TypeError,
+        "w must be one of",
+    ),
+    ("quantize K", lambda: ops.quantize_q4_0(torch.zeros(2, 33)), ValueError, "multiple of 32"),
+    ("quantize 1-D", lambda: ops.quantize_q4_0(torch.zeros(64)), ValueError, r"\[\.\.\., N, K\]"),
+    (
+        "dequant not Q4",
+        lambda: ops.dequantize_q4_0(torch.zeros(2, 18, dtype=torch.uint8)),
+        TypeError,
+        "Q4_0Weight",
+    ),
+    (
+        "dequant dtype",
+        lambda: ops.dequantize_q4_0(ref.quantize_q4_0(torch.zeros(1, 32)), torch.int8),
+        TypeError,
+        "dtype must be",
+    ),
+    ("q8 K", lambda: ops.quantize_q8_1(torch.zeros(2, 48)), ValueError, "multiple of 32"),
+    (
+        "matmul K",
+        lambda: ops.q4_0_matmul(torch.zeros(2, 64), ref.quantize_q4_0(torch.zeros(3, 32))),
+        ValueError,
+        "K = 32 columns",
+    ),
+    (
+        "matmul bank",
+        lambda: ops.q4_0_matmul(torch.zeros(2, 32), ref.quantize_q4_0(torch.zeros(2, 3, 32))),
+        ValueError,
+        "2-D Q4_0Weight",
+    ),
+    (
+        "matmul path",
+        lambda: ops.q4_0_matmul(
+            torch.zeros(2, 32), ref.quantize_q4_0(torch.zeros(3, 32)), path="int4"
+        ),
+        ValueError,
+        "path must be",
+    ),
+    (
+        "matmul x dtype",
+        lambda: ops.q4_0_matmul(
+            torch.zeros(2, 32, dtype=torch.int8), ref.quantize_q4_0(torch.zeros(3, 32))
+        ),
+        TypeError,
+        "x must be one of",
+    ),
+    (
+        "weight bytes",
+        lambda: Q4_0Weight(torch.zeros(2, 17, dtype=torch.uint8), (2, 32)),
+        ValueError,
+        r"\(2, 18\)",
+    ),
+    (
+        "weight K",
+        lambda: Q4_0Weight(torch.zeros(2, 18, dtype=torch.uint8), (2, 31)),
+        ValueError,
+        "multiple of 32",
+    ),
+]
+
+
+@pytest.mark.parametrize("label, call, exc, msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_input(label, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+def test_hip_has_no_dequant_path():
+    impl = backends._TABLE["q4_0_matmul"]["hip"]
+    with pytest.raises(backends.BackendUnavailable, match="int8 path"):
+        ops.q4_0_path(impl, 512, "dequant")
+    assert ops.q4_0_path(impl, 512, "auto") == "int8"
+    assert ops.q4_0_path(backends._TABLE["q4_0_matmul"]["triton"], 512, "auto") == "dequant"
+    assert ops.q4_0_path(backends._TABLE["q4_0_matmul"]["triton"], 8, "auto") == "int8"
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@given(ft.q4_0_weight_values(max_rows=200, max_k=1024))
+def test_quantize_gpu(w):
+    ft.check_quantize_case(w, "cuda", backends=["reference", *GPU])
+
+
+@pytest.mark.gpu
+@given(ft.q4_0_weight_values(max_rows=200, max_k=1024), st.sampled_from(ft.FLOAT_DTYPES))
+def test_dequantize_gpu(w, dtype):
+    ft.check_dequantize_case(ref.quantize_q4_0(w), dtype, "cuda", backends=["reference", *GPU])
+
+
+@pytest.mark.gpu
+@given(ft.q8_1_inputs(max_rows=300, max_k=2048))
+def test_q8_1_gpu(x):
+    ft.check_q8_1_case(x, "cuda", backends=["reference", *GPU])
+
+
+@pytest.mark.gpu
+@settings(max_examples=40)
+@given(ft.matmul_cases(max_n=700, max_k=1536))
+def test_matmul_gpu(case):
+    ft.check_matmul_case(case, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU)
+@pytest.mark.parametrize("m", [1, 4, 64])
+def test_matmul_graph_replay_gpu(backend, m):
+    """A captured q4_0_matmul replayed with new activations matches the eager result."""
+    g = torch.Generator(device="cuda").manual_seed(m)
+    w = ops.quantize_q4_0(torch.randn(384, 512, device="cuda", generator=g))
+    x = torch.randn(m, 512, device="cuda", generator=g, dtype=torch.float16)
+    path = "int8"
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.q4_0_matmul(x, w, path=path, backend=backend)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.q4_0_matmul(x, w, path=path, backend=backend)
+    for _ in range(5):
+        x.copy_(torch.randn(m, 512, device="cuda", generator=g, dtype=torch.float16))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = ops.q4_0_matmul(x, w, path=path, backend=backend)
+        assert torch.equal(y, eager)
+
+
+@pytest.mark.gpu
+def test_llama_shape_gpu():
+    """The 4096 x 14336 shape of the benchmark, M = 1 and 512, against the reference."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = ops.quantize_q4_0(torch.randn(4096, 14336, device="cuda", generator=g) * 0.02)
+    for m in (1, 512):
+        case = ft.MatmulCase(
+            torch.randn(m, 14336, generator=torch.Generator().manual_seed(m)).half(),
+            ref.dequantize_q4_0(w.to("cpu"), torch.float32),
+            "int8",
+        )
+        ft.check_matmul_case(case, "cuda", backends=["hip", "triton"])
