@@ -33,6 +33,11 @@ class Measurement:
     bytes_moved: int
     validated: bool  # output checked against the reference before timing
     mode: str = "eager"  # "eager": host launch included; "graph": replayed from a captured graph
+    flops: int = 0  # arithmetic of one call, where compute matters
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / (self.time_us * 1e-6) / 1e12
 
     @property
     def gbps(self) -> float:
@@ -49,7 +54,7 @@ class Report:
 
     @classmethod
     def from_json(cls, data: dict) -> Report:
-        keep = {"case", "backend", "time_us", "bytes_moved", "validated", "mode"}
+        keep = {"case", "backend", "time_us", "bytes_moved", "validated", "mode", "flops"}
         rows = [Measurement(**{k: v for k, v in r.items() if k in keep}) for r in data["results"]]
         return cls(data["name"], data["device"], data["copy_gbps"], rows, data.get("notes", []))
 
@@ -61,6 +66,7 @@ class Report:
                     asdict(m),
                     gbps=round(m.gbps, 1),
                     pct_of_copy=round(100 * m.gbps / self.copy_gbps, 1),
+                    **({"tflops": round(m.tflops, 1)} if m.flops else {}),
                 )
             )
         return {
@@ -82,13 +88,18 @@ class Report:
             f"- device-to-device copy bandwidth measured in this run: **{self.copy_gbps:.0f} GB/s** "
             "(bytes read + written)",
             "",
-            "| case | backend | mode | time (us) | GB/s | % of copy | validated |",
-            "|---|---|---|---:|---:|---:|---|",
         ]
+        with_flops = any(m.flops for m in self.measurements)
+        extra = " TFLOP/s |" if with_flops else ""
+        lines.append(
+            "| case | backend | mode | time (us) | GB/s | % of copy |" + extra + " validated |"
+        )
+        lines.append("|---|---|---|---:|---:|---:|" + ("---:|" if with_flops else "") + "---|")
         for m in self.measurements:
+            tf = f" {m.tflops:.1f} |" if with_flops else ""
             lines.append(
                 f"| {m.case} | {m.backend} | {m.mode} | {m.time_us:.2f} | {m.gbps:.0f} | "
-                f"{100 * m.gbps / self.copy_gbps:.1f} | {'yes' if m.validated else 'no'} |"
+                f"{100 * m.gbps / self.copy_gbps:.1f} |{tf} {'yes' if m.validated else 'no'} |"
             )
         if self.notes:
             lines += [""] + [f"- {n}" for n in self.notes]
