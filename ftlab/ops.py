@@ -232,7 +232,8 @@ def q4_0_matmul(
     Paths (OPS.md section 2):
       ``"int8"``: x is quantized to Q8_1; per block ``d4 * (d8 * sum(q4 * q8) - 8 * s8)``
       with an exact integer dot (dp4a / sudot4 / sdot4), summed in fp32. Backends agree
-      to fp32 rounding of that sum: ``|y - y_ref| <= 64 * eps32 * sum_b |term_b|``.
+      to fp32 rounding: ``|y - y_ref| <= (K/32 + 4) * eps32 * sum_b |d4| (|d8 sumi| + 8 |s8|)``
+      (see ``ftlab.testing.matmul_tolerance``).
       ``"dequant"``: ``x @ dequantize(W).T`` with the weights rounded to x's dtype in the
       tile (Triton) -- within one rounding of each weight of the fp32 result.
       ``"auto"``: int8 for M <= 8 (decode); for more rows the backend's prefill path.

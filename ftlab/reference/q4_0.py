@@ -6,7 +6,7 @@ quantize_q4_0, per 32-block (as llama.cpp and gguf-py do, bit for bit):
     id   = 1 / d, or 0 when d == 0                    (a reciprocal, then a multiply)
     q    = min(15, trunc(x * id + 8.5))               (x * id rounded before the add)
 quantize_q8_1, per 32-block of activations:
-    d = amax / 127 (amax = max |x|);  q = round_half_away(x / d) (0 when amax == 0);  s = d * sum(q)
+    d = amax / torch.full_like(amax, 127.0)  # tensor / tensor: correctly rounded on every device (amax = max |x|);  q = round_half_away(x / d) (0 when amax == 0);  s = d * sum(q)
 int8 dot of a Q4_0 block (d4, q4) with a Q8_1 block (d8, q8, s8):
     d4 * (d8 * sum_i(q4_i * q8_i) - 8 * s8)      == d4 * d8 * sum_i((q4_i - 8) * q8_i)
 """
@@ -32,8 +32,12 @@ def quantize_q4_0(w: torch.Tensor) -> Q4_0Weight:
     blocks = w.float().reshape(-1, QK)  # [B, 32]
     first = blocks.abs().argmax(dim=1, keepdim=True)  # first index of the largest |x|
     amax = blocks.gather(1, first)  # [B, 1], signed
-    d = amax / -8
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    # Divisions tensor by tensor: torch on CUDA turns a division by a Python scalar into a
+    # multiply by its reciprocal, which is not the correctly rounded quotient.
+    d = amax / torch.full_like(amax, -8.0)
+    inv = torch.where(
+        d == 0, torch.zeros_like(d), torch.ones_like(d) / torch.where(d == 0, torch.ones_like(d), d)
+    )
     scaled = blocks * inv  # rounded to fp32 here, before the add: no fused multiply-add
     q = torch.trunc(scaled + 8.5).clamp(0, 15).to(torch.uint8)  # [B, 32]
     qs = q[:, :16] | (q[:, 16:] << 4)  # [B, 16]
@@ -63,7 +67,7 @@ def quantize_q8_1(x: torch.Tensor) -> Q8_1:
     m, k = x.shape
     blocks = x.float().reshape(m, k // QK, QK)
     amax = blocks.abs().amax(dim=-1)  # [M, nb]
-    d = amax / 127
+    d = amax / torch.full_like(amax, 127.0)  # tensor / tensor: correctly rounded on every device
     safe = torch.where(d == 0, torch.ones_like(d), d)
     q = torch.where(
         amax[..., None] == 0, torch.zeros_like(blocks), round_half_away(blocks / safe[..., None])
@@ -73,19 +77,28 @@ def quantize_q8_1(x: torch.Tensor) -> Q8_1:
     return Q8_1(q.reshape(m, k), d, s)
 
 
-def q4_0_block_dots(x8: Q8_1, w: Q4_0Weight) -> torch.Tensor:
-    """Every block's contribution ``d4 * (d8 * sumi - 8 * s8)``: fp32 ``[M, N, K/32]``.
+def q4_0_block_terms(x8: Q8_1, w: Q4_0Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every block's contribution ``d4 * (d8 * sumi - 8 * s8)`` and the magnitude of its
+    parts ``|d4| * (|d8 * sumi| + 8 |s8|)``, both fp32 ``[M, N, K/32]``.
 
     ``sumi`` is the exact integer dot of the block's nibbles (0..15) with its int8
-    activations, what dp4a / sudot4 / sdot4 compute."""
+    activations, what dp4a / sudot4 / sdot4 compute. The two products nearly cancel when
+    the block's values centre on 8, so the magnitude, not the contribution, bounds the
+    rounding of evaluating this in fp32 (with or without a fused multiply-add)."""
     d4, q4 = unpack_q4_0(w)  # [N, nb], [N, nb, 32]
     m, k = x8.q.shape
     q8 = x8.q.view(m, k // QK, QK).to(torch.int32)  # [M, nb, 32]
     sumi = torch.einsum("mbi,nbi->mnb", q8.double(), q4.double()).to(
         torch.int32
     )  # exact: |sum| < 2^17
-    inner = x8.d[:, None, :] * sumi.float() - 8 * x8.s[:, None, :]  # [M, N, nb]
-    return d4[None] * inner
+    scaled = x8.d[:, None, :] * sumi.float()  # [M, N, nb]
+    shift = 8 * x8.s[:, None, :]
+    return d4[None] * (scaled - shift), d4.abs()[None] * (scaled.abs() + shift.abs())
+
+
+def q4_0_block_dots(x8: Q8_1, w: Q4_0Weight) -> torch.Tensor:
+    """Every block's contribution ``d4 * (d8 * sumi - 8 * s8)``: fp32 ``[M, N, K/32]``."""
+    return q4_0_block_terms(x8, w)[0]
 
 
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str = "int8") -> torch.Tensor:

@@ -170,22 +170,26 @@ def matmul_tolerance(
 ) -> torch.Tensor:
     """Per-element bound ``[M, N]`` on |backend - reference| for q4_0_matmul.
 
-    int8: the same integer dots and per-block terms; only the order of the fp32 sum differs,
-    so the bound is ``64 * eps32 * sum_b |term_b|``. dequant: each weight may be rounded to
-    x's dtype in the tile (``DEQUANT_WEIGHT_ROUNDING``), so ``rounding * sum_k |x_k w_k|``
-    plus the fp32 sum. Both add one ulp of the output dtype (the two results may round to
-    neighbours).
+    Both are sums of n fp32 roundings in some order (n = K/32 blocks for int8, K products
+    for dequant), so the classic bound ``(n + 4) * eps32 * sum |parts|`` holds for any
+    summation order and with or without fused multiply-adds. int8: the parts of each block
+    are ``|d4| * (|d8 * sumi| + 8 |s8|)`` (the same integer dots in every backend). dequant:
+    ``|x_k w_k|``, plus the rounding of each weight to x's dtype in the tile
+    (``DEQUANT_WEIGHT_ROUNDING``). One ulp of the output dtype is added: the two fp32
+    results may round to neighbours.
     """
     xf = x.float().cpu()
     wc = w.to("cpu")
+    n_blocks = w.shape[-1] // QK
     if path == "int8":
-        terms = ref.q4_0_block_dots(ref.quantize_q8_1(xf.to(x.dtype)), wc)  # [M, N, nb]
-        bound = 64 * EPS32 * terms.abs().sum(-1)
+        terms, parts = ref.q4_0_block_terms(ref.quantize_q8_1(xf.to(x.dtype)), wc)  # [M, N, nb]
+        bound = (n_blocks + 4) * EPS32 * parts.sum(-1)
         exact = terms.sum(-1)
     else:
-        absdot = xf.abs().double() @ ref.dequantize_q4_0(wc, torch.float32).abs().double().T
-        bound = (DEQUANT_WEIGHT_ROUNDING[x.dtype] + 64 * EPS32) * absdot.float()
-        exact = xf @ ref.dequantize_q4_0(wc, torch.float32).T
+        wf = ref.dequantize_q4_0(wc, torch.float32)
+        absdot = (xf.abs().double() @ wf.abs().double().T).float()
+        bound = (DEQUANT_WEIGHT_ROUNDING[x.dtype] + (w.shape[-1] + 4) * EPS32) * absdot
+        exact = xf @ wf.T
     if out_dtype != torch.float32:
         bound = bound + _ulp(exact, out_dtype)
     return bound

@@ -33,8 +33,8 @@ from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 # (benchmarks/results/*q4_0*); gfx entries are wave32/wave64-sized starting points,
 # compile-checked but not timed (no AMD GPU was available).
 CONFIGS: dict[str, dict[str, dict[str, int]]] = {
-    "sm_90": {
-        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+    "sm_90": {  # mv: best of BLOCK_N 16/32/64 x BLOCK_KB 4/8 x 4/8 warps on lm_head
+        "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
     },
     "gfx1100": {

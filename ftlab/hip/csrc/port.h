@@ -24,6 +24,10 @@ typedef cudaError_t port_error_t;
 #define port_success cudaSuccess
 #define port_get_last_error cudaGetLastError
 #define port_error_string cudaGetErrorString
+#define port_get_device cudaGetDevice
+inline void port_sm_count(int* count, int device) {
+  cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+}
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
@@ -41,6 +45,10 @@ typedef hipError_t port_error_t;
 #define port_success hipSuccess
 #define port_get_last_error hipGetLastError
 #define port_error_string hipGetErrorString
+#define port_get_device hipGetDevice
+inline void port_sm_count(int* count, int device) {
+  hipDeviceGetAttribute(count, hipDeviceAttributeMultiprocessorCount, device);
+}
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) { return __shfl_xor(v, lane_mask); }
 __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
   return __shfl_xor(v, lane_mask);
@@ -114,7 +122,6 @@ __device__ __forceinline__ float port_half_to_float(uint16_t h) {
 __device__ __forceinline__ uint16_t port_float_to_half(float f) {
   return __half_as_ushort(__float2half_rn(f));
 }
-__device__ __forceinline__ void port_sync_group() { __syncwarp(); }
 #else
 __device__ __forceinline__ float port_mul_rn(float a, float b) {
 #pragma clang fp contract(off)
@@ -135,13 +142,6 @@ __device__ __forceinline__ float port_half_to_float(uint16_t h) {
 }
 __device__ __forceinline__ uint16_t port_float_to_half(float f) {
   return __builtin_bit_cast(uint16_t, static_cast<_Float16>(f));
-}
-// A 32-thread group lies within one wave (wave32 or wave64): a wave barrier with
-// fences orders its LDS writes before the other lanes' reads.
-__device__ __forceinline__ void port_sync_group() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
-  __builtin_amdgcn_wave_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
 #endif
 __device__ __forceinline__ float port_bf16_to_float(uint16_t b) {

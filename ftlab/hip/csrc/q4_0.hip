@@ -67,18 +67,23 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float d = amax / -8.0f;  // exact
   const float inv = d == 0.0f ? 0.0f : port_div_rn(1.0f, d);
-  uint8_t* ob = out + b * kBlockBytes;
-  const uint16_t dh = port_float_to_half(d);
-  ob[0] = static_cast<uint8_t>(dh & 0xff);
-  ob[1] = static_cast<uint8_t>(dh >> 8);
+  // 18 bytes as nine 16-bit stores (blocks start at even offsets): d, then qs pairs
+  uint16_t* ob = reinterpret_cast<uint16_t*>(out + b * kBlockBytes);
+  ob[0] = port_float_to_half(d);
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    // trunc(x * id + 8.5) with the product rounded first, then clamped to 15
-    int lo = static_cast<int>(port_add_rn(port_mul_rn(v[j], inv), 8.5f));
-    int hi = static_cast<int>(port_add_rn(port_mul_rn(v[j + 16], inv), 8.5f));
-    lo = lo > 15 ? 15 : lo;
-    hi = hi > 15 ? 15 : hi;
-    ob[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+  for (int i = 0; i < 8; ++i) {
+    uint32_t two = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = 2 * i + h;
+      // trunc(x * id + 8.5) with the product rounded first, then clamped to 15
+      int lo = static_cast<int>(port_add_rn(port_mul_rn(v[j], inv), 8.5f));
+      int hi = static_cast<int>(port_add_rn(port_mul_rn(v[j + 16], inv), 8.5f));
+      lo = lo > 15 ? 15 : lo;
+      hi = hi > 15 ? 15 : hi;
+      two |= static_cast<uint32_t>(lo | (hi << 4)) << (8 * h);
+    }
+    ob[1 + i] = static_cast<uint16_t>(two);
   }
 }
 
@@ -149,46 +154,96 @@ constexpr int kGroup = 32;         // threads that share one weight row
 constexpr int kRowsPerBlock = 4;   // row groups per 128-thread block
 constexpr int kChunkBlocks = 64;   // Q4_0 blocks a row group stages per step (32 pairs)
 constexpr int kChunkWords = kChunkBlocks * kBlockBytes / 4;  // 288
+constexpr int kPairWords = 17;     // 16 words of activations per block pair, +1 of padding
+
+// Prefetched weight words of one chunk: lane l holds words 32t + l.
+struct ChunkRegs {
+  uint32_t w[kChunkWords / kGroup];
+};
+
+__device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint32_t* src, int words, bool ok, int lane) {
+#pragma unroll
+  for (int t = 0; t < kChunkWords / kGroup; ++t) {
+    const int word = t * kGroup + lane;
+    r.w[t] = ok && word < words ? src[word] : 0u;
+  }
+}
 
 // y[m, n] = sum_b d4 * (d8 * sumi - 8 * s8), for M = MV_M rows of activations.
 //
-// Memory: a row group loads a 64-block chunk of its row (1152 bytes, 288 words) with each
-// load instruction covering 128 contiguous bytes (lane l takes word 32t + l), stages it in
-// LDS, then lane p reads the 9 words of block pair p (banks 9p mod 32: no conflicts).
-// Loading the 18-byte blocks lane by lane instead makes every load instruction span the
-// whole chunk, which caps a row's bandwidth far below the card's.
+// Every load from memory is coalesced, and every LDS read is free of bank conflicts:
+// - weights: a row group loads a 64-block chunk of its row (1152 bytes, 288 words), each
+//   load instruction covering 128 contiguous bytes (lane l takes word 32t + l), stages it
+//   in LDS, and lane p then reads the 9 words of block pair p (banks 9p mod 32: distinct).
+//   Loading the 18-byte blocks lane by lane instead makes every instruction span the chunk.
+// - activations: the block stages the chunk's int8 activations once for its 4 rows, pair p
+//   at word 17p (banks 17p mod 32: distinct), instead of every lane reading its own 64
+//   bytes from memory, which made each load instruction span 2 KiB.
+// Each row group walks rows_per_group rows (block-interleaved, so the block's 4 groups read
+// 4 neighbouring rows at a time) chunk by chunk, and loads the next chunk's weights into
+// registers before it computes on the current one, so memory stays busy during the math.
 // Needs an even number of blocks per row (4-byte aligned pairs) and a 4-byte aligned base;
 // the launcher checks both.
 template <int MV_M>
 __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     q4_0_mv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                    const float* __restrict__ d8, const float* __restrict__ s8,
-                   float* __restrict__ y, int64_t n_rows, int64_t k) {
+                   float* __restrict__ y, int64_t n_rows, int64_t k, int rows_per_group) {
   __shared__ uint32_t stage[kRowsPerBlock][kChunkWords];
+  __shared__ int xstage[MV_M][kChunkBlocks / 2 * kPairWords];
   const int lane = threadIdx.x;
   const int group = threadIdx.y;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + group;
-  const bool row_ok = n < n_rows;  // no early return: every lane takes part in the syncs
+  const int tid = group * kGroup + lane;
   const int64_t nb = k / kQK;
-  const uint32_t* row = reinterpret_cast<const uint32_t*>(w + (row_ok ? n : 0) * row_bytes);
+  const int64_t chunks = (nb + kChunkBlocks - 1) / kChunkBlocks;
+  const int64_t items = chunks * rows_per_group;  // the same for every group: syncs are uniform
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock * rows_per_group + group;
+
+  auto row_of = [&](int64_t item) { return first_row + (item / chunks) * kRowsPerBlock; };
+  auto chunk_src = [&](int64_t item, int* words, bool* ok) {
+    const int64_t n = row_of(item), b0 = (item % chunks) * kChunkBlocks;
+    const int64_t blocks = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
+    *words = static_cast<int>(blocks * kBlockBytes / 4);
+    *ok = n < n_rows;
+    return reinterpret_cast<const uint32_t*>(w + (*ok ? n : 0) * row_bytes) + b0 * kBlockBytes / 4;
+  };
+
   float acc[MV_M];
 #pragma unroll
   for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
-
-  for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
+  ChunkRegs r;
+  {
+    int words;
+    bool ok;
+    const uint32_t* src = chunk_src(0, &words, &ok);
+    load_chunk(r, src, words, ok, lane);
+  }
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t n = row_of(item);
+    const int64_t c = item % chunks;
+    const int64_t b0 = c * kChunkBlocks;
     const int64_t blocks = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
-    const int words = static_cast<int>(blocks * kBlockBytes / 4);
-    const uint32_t* src = row + b0 * kBlockBytes / 4;
-    uint32_t r[kChunkWords / kGroup];
+    __syncthreads();  // the previous item's LDS reads are done
 #pragma unroll
-    for (int t = 0; t < kChunkWords / kGroup; ++t) {
-      const int word = t * kGroup + lane;
-      r[t] = row_ok && word < words ? src[word] : 0u;
+    for (int t = 0; t < kChunkWords / kGroup; ++t) stage[group][t * kGroup + lane] = r.w[t];
+    // the chunk's activations (L2-resident: every block reads them): 128 threads x 4 words
+    // per row, pair p at word 17p. Not unrolled over m: that runs AMD out of SGPRs at M = 8.
+#pragma unroll 1
+    for (int m = 0; m < MV_M; ++m) {
+      const int* xsrc = reinterpret_cast<const int*>(q8 + m * k + b0 * kQK);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int word = t * kGroup * kRowsPerBlock + tid;  // 16 words per pair
+        xstage[m][(word >> 4) * kPairWords + (word & 15)] = word < blocks * 8 ? xsrc[word] : 0;
+      }
     }
-    port_sync_group();  // the previous chunk's reads are done
-#pragma unroll
-    for (int t = 0; t < kChunkWords / kGroup; ++t) stage[group][t * kGroup + lane] = r[t];
-    port_sync_group();
+    __syncthreads();
+    if (item + 1 < items) {  // next chunk's weights: in flight while this one is computed
+      int words;
+      bool ok;
+      const uint32_t* src = chunk_src(item + 1, &words, &ok);
+      load_chunk(r, src, words, ok, lane);
+    }
     if (2 * lane < blocks) {
       const uint32_t* p = &stage[group][9 * lane];
       uint32_t pw[9];
@@ -207,26 +262,28 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
       const int64_t ba = b0 + 2 * lane;
 #pragma unroll
       for (int m = 0; m < MV_M; ++m) {
-        const int* xa = reinterpret_cast<const int*>(q8 + m * k + ba * kQK);
+        const int* xa = &xstage[m][lane * kPairWords];
         int va[8], vb[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           va[i] = xa[i];
           vb[i] = xa[8 + i];
         }
-        const float* dm = d8 + m * nb + ba;
-        const float* sm = s8 + m * nb + ba;
-        acc[m] += da * (dm[0] * static_cast<float>(block_dot(qa, va)) - 8.0f * sm[0]);
-        acc[m] += db * (dm[1] * static_cast<float>(block_dot(qb, vb)) - 8.0f * sm[1]);
+        const int64_t at = m * nb + ba;
+        acc[m] += da * (d8[at] * static_cast<float>(block_dot(qa, va)) - 8.0f * s8[at]);
+        acc[m] += db * (d8[at + 1] * static_cast<float>(block_dot(qb, vb)) - 8.0f * s8[at + 1]);
       }
     }
-  }
+    if (c == chunks - 1) {  // the row is done: reduce over the group, write, start the next
 #pragma unroll
-  for (int m = 0; m < MV_M; ++m) {
-    float v = acc[m];
+      for (int m = 0; m < MV_M; ++m) {
+        float v = acc[m];
 #pragma unroll
-    for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
-    if (lane == 0 && row_ok) y[m * n_rows + n] = v;
+        for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+        if (lane == 0 && n < n_rows) y[m * n_rows + n] = v;
+        acc[m] = 0.0f;
+      }
+    }
   }
 }
 
@@ -340,7 +397,7 @@ FTLAB_Q4_0_INSTANTIATE(bf16_t)
 #define FTLAB_Q4_0_MV_INSTANTIATE(M)                                                           \
   template __global__ void q4_0_mv_kernel<M>(const uint8_t*, int64_t, const int8_t*,          \
                                              const float*, const float*, float*, int64_t,     \
-                                             int64_t);
+                                             int64_t, int);
 FTLAB_Q4_0_MV_INSTANTIATE(1)
 FTLAB_Q4_0_MV_INSTANTIATE(2)
 FTLAB_Q4_0_MV_INSTANTIATE(3)
