@@ -189,8 +189,9 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     q4_0_mv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                    const float* __restrict__ d8, const float* __restrict__ s8,
                    float* __restrict__ y, int64_t n_rows, int64_t k, int rows_per_group) {
-  __shared__ uint32_t stage[kRowsPerBlock][kChunkWords];
-  __shared__ int xstage[MV_M][kChunkBlocks / 2 * kPairWords];
+  // double-buffered: item i writes buffer i % 2, so one barrier per item suffices
+  __shared__ uint32_t stage[2][kRowsPerBlock][kChunkWords];
+  __shared__ int xstage[2][MV_M][kChunkBlocks / 2 * kPairWords];
   const int lane = threadIdx.x;
   const int group = threadIdx.y;
   const int tid = group * kGroup + lane;
@@ -223,18 +224,21 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     const int64_t c = item % chunks;
     const int64_t b0 = c * kChunkBlocks;
     const int64_t blocks = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
-    __syncthreads();  // the previous item's LDS reads are done
+    const int buf = static_cast<int>(item & 1);
 #pragma unroll
-    for (int t = 0; t < kChunkWords / kGroup; ++t) stage[group][t * kGroup + lane] = r.w[t];
+    for (int t = 0; t < kChunkWords / kGroup; ++t) stage[buf][group][t * kGroup + lane] = r.w[t];
     // the chunk's activations (L2-resident: every block reads them): 128 threads x 4 words
-    // per row, pair p at word 17p. Not unrolled over m: that runs AMD out of SGPRs at M = 8.
+    // per row, pair p at word 17p; staged again only when the chunk changes. Not unrolled
+    // over m: that runs AMD out of SGPRs at M = 8.
+    if (item < 2 || chunks > 1) {
 #pragma unroll 1
-    for (int m = 0; m < MV_M; ++m) {
-      const int* xsrc = reinterpret_cast<const int*>(q8 + m * k + b0 * kQK);
+      for (int m = 0; m < MV_M; ++m) {
+        const int* xsrc = reinterpret_cast<const int*>(q8 + m * k + b0 * kQK);
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int word = t * kGroup * kRowsPerBlock + tid;  // 16 words per pair
-        xstage[m][(word >> 4) * kPairWords + (word & 15)] = word < blocks * 8 ? xsrc[word] : 0;
+        for (int t = 0; t < 4; ++t) {
+          const int word = t * kGroup * kRowsPerBlock + tid;  // 16 words per pair
+          xstage[buf][m][(word >> 4) * kPairWords + (word & 15)] = word < blocks * 8 ? xsrc[word] : 0;
+        }
       }
     }
     __syncthreads();
@@ -245,7 +249,7 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
       load_chunk(r, src, words, ok, lane);
     }
     if (2 * lane < blocks) {
-      const uint32_t* p = &stage[group][9 * lane];
+      const uint32_t* p = &stage[buf][group][9 * lane];
       uint32_t pw[9];
 #pragma unroll
       for (int i = 0; i < 9; ++i) pw[i] = p[i];
@@ -262,7 +266,7 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
       const int64_t ba = b0 + 2 * lane;
 #pragma unroll
       for (int m = 0; m < MV_M; ++m) {
-        const int* xa = &xstage[m][lane * kPairWords];
+        const int* xa = &xstage[buf][m][lane * kPairWords];
         int va[8], vb[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
