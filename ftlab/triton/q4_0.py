@@ -75,30 +75,6 @@ def _round_half_away(v):
 
 
 @triton.jit
-def _f32_to_f16_bits(x):
-    """fp32 -> fp16 bits, round to nearest even, in integer arithmetic: overflow to inf and
-    fp16 subnormals come out the same on every target (a hardware cast did not, on sm_90)."""
-    bits = x.to(tl.int32, bitcast=True)
-    sign = (bits >> 16) & 0x8000
-    a = bits & 0x7FFFFFFF
-    # normal fp16 range (and overflow, which carries into the inf pattern)
-    rounded = a + 0x0FFF + ((a >> 13) & 1)
-    normal = tl.minimum((rounded - 0x38000000) >> 13, 0x7C00)
-    # subnormal fp16: round(mantissa * 2^(e - 126)) with ties to even
-    e = a >> 23
-    mant = (a & 0x7FFFFF) | 0x800000
-    shift = tl.minimum(126 - e, 31)
-    q = mant >> shift
-    rem = mant - (q << shift)
-    half = 1 << tl.maximum(shift - 1, 0)
-    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
-    sub = tl.where(shift > 24, 0, q)
-    h = tl.where(a < 0x38800000, sub, normal)
-    h = tl.where(a > 0x7F800000, 0x7E00, h)  # NaN
-    return sign | h
-
-
-@triton.jit
 def quantize_q4_0_kernel(x_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [B] block ids
     j = tl.arange(0, 16)
@@ -121,14 +97,16 @@ def quantize_q4_0_kernel(x_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
     use_hi = mhi > mlo
     amax = tl.where(use_hi, mhi, mlo)
     negative = tl.where(use_hi, shi, slo) != 0
-    d = tl.where(negative, amax * 0.125, -amax * 0.125)  # (signed amax) / -8, exact
+    # (signed amax) / -8, exact. Multiply by -0.125 rather than negate: Triton lowers -x to
+    # 0 - x, which turns the -0.0 of an all-zero block into +0.0 on GPUs.
+    d = tl.where(negative, amax * 0.125, amax * -0.125)
     inv = tl.where(
         d == 0, 0.0, tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(d == 0, 1.0, d))
     )
     qlo = tl.minimum((lo * inv[:, None] + 8.5).to(tl.int32), 15)  # no FMA: see launch
     qhi = tl.minimum((hi * inv[:, None] + 8.5).to(tl.int32), 15)
     byte = (qlo | (qhi << 4)).to(tl.uint8)
-    dbits = _f32_to_f16_bits(d)
+    dbits = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     ob = out_ptr + b.to(tl.int64) * 18
     tl.store(ob, (dbits & 0xFF).to(tl.uint8), mask=ok)
     tl.store(ob + 1, (dbits >> 8).to(tl.uint8), mask=ok)
