@@ -28,6 +28,10 @@ typedef cudaError_t port_error_t;
 inline void port_sm_count(int* count, int device) {
   cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
 }
+template <typename K>
+inline void port_occupancy(int* blocks_per_sm, K kernel, int threads) {
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, 0);
+}
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
@@ -48,6 +52,10 @@ typedef hipError_t port_error_t;
 #define port_get_device hipGetDevice
 inline void port_sm_count(int* count, int device) {
   hipDeviceGetAttribute(count, hipDeviceAttributeMultiprocessorCount, device);
+}
+template <typename K>
+inline void port_occupancy(int* blocks_per_sm, K kernel, int threads) {
+  hipOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, 0);
 }
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) { return __shfl_xor(v, lane_mask); }
 __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
@@ -92,6 +100,14 @@ struct port_block_dim {
   __declspec(property(get = get_y)) uint32_t y;
   __declspec(property(get = get_z)) uint32_t z;
 };
+// gridDim in workgroups: the dispatch's grid size in work-items over the workgroup size
+struct port_grid_dim {
+  __device__ uint32_t get_x() const {
+    return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x();
+  }
+  __declspec(property(get = get_x)) uint32_t x;
+};
+static constexpr __device__ port_grid_dim gridDim{};
 static constexpr __device__ port_thread_idx threadIdx{};
 static constexpr __device__ port_block_idx blockIdx{};
 static constexpr __device__ port_block_dim blockDim{};

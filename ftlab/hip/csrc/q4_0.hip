@@ -179,16 +179,17 @@ __device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint32_t* src, in
 // - activations: the block stages the chunk's int8 activations once for its 4 rows, pair p
 //   at word 17p (banks 17p mod 32: distinct), instead of every lane reading its own 64
 //   bytes from memory, which made each load instruction span 2 KiB.
-// Each row group walks rows_per_group rows (block-interleaved, so the block's 4 groups read
-// 4 neighbouring rows at a time) chunk by chunk, and loads the next chunk's weights into
-// registers before it computes on the current one, so memory stays busy during the math.
+// The grid is persistent (as many blocks as fit on the device at once): block b's groups take
+// rows 4b..4b+3, then 4(b + gridDim) on, chunk by chunk, so no partial last wave of blocks
+// leaves SMs idle; each group loads the next chunk's weights into registers before it
+// computes on the current one, so memory stays busy during the math.
 // Needs an even number of blocks per row (4-byte aligned pairs) and a 4-byte aligned base;
 // the launcher checks both.
 template <int MV_M>
 __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     q4_0_mv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                    const float* __restrict__ d8, const float* __restrict__ s8,
-                   float* __restrict__ y, int64_t n_rows, int64_t k, int rows_per_group) {
+                   float* __restrict__ y, int64_t n_rows, int64_t k) {
   // double-buffered: item i writes buffer i % 2, so one barrier per item suffices
   __shared__ uint32_t stage[2][kRowsPerBlock][kChunkWords];
   __shared__ int xstage[2][MV_M][kChunkBlocks / 2 * kPairWords];
@@ -197,10 +198,12 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
   const int tid = group * kGroup + lane;
   const int64_t nb = k / kQK;
   const int64_t chunks = (nb + kChunkBlocks - 1) / kChunkBlocks;
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  const int64_t rows_per_group = (n_rows + row_step - 1) / row_step;
   const int64_t items = chunks * rows_per_group;  // the same for every group: syncs are uniform
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock * rows_per_group + group;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + group;
 
-  auto row_of = [&](int64_t item) { return first_row + (item / chunks) * kRowsPerBlock; };
+  auto row_of = [&](int64_t item) { return first_row + (item / chunks) * row_step; };
   auto chunk_src = [&](int64_t item, int* words, bool* ok) {
     const int64_t n = row_of(item), b0 = (item % chunks) * kChunkBlocks;
     const int64_t blocks = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
@@ -401,7 +404,7 @@ FTLAB_Q4_0_INSTANTIATE(bf16_t)
 #define FTLAB_Q4_0_MV_INSTANTIATE(M)                                                           \
   template __global__ void q4_0_mv_kernel<M>(const uint8_t*, int64_t, const int8_t*,          \
                                              const float*, const float*, float*, int64_t,     \
-                                             int64_t, int);
+                                             int64_t);
 FTLAB_Q4_0_MV_INSTANTIATE(1)
 FTLAB_Q4_0_MV_INSTANTIATE(2)
 FTLAB_Q4_0_MV_INSTANTIATE(3)

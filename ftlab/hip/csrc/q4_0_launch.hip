@@ -146,26 +146,26 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
   TVM_FFI_CHECK((a.k / kQK) % 2 == 0 && reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0, ValueError)
       << "the matvec needs an even number of blocks per row and a 4-byte aligned w";
   if (n == 0) return;
-  // rows per row group: enough blocks for every SM several times over, then longer walks
-  // (more rows per block keep each group's next loads in flight while it computes)
+  // a persistent grid: as many blocks as are resident at once, each walking rows
   int device = 0, sms = 1;
   port_get_device(&device);
   port_sm_count(&sms, device);
-  int rows_per_group = 1;
-  while (rows_per_group < 8 && n / (kRowsPerBlock * rows_per_group * 2) >= 8 * static_cast<int64_t>(sms))
-    rows_per_group *= 2;
   const dim3 block(kGroup, kRowsPerBlock);
-  const int64_t per_block = kRowsPerBlock * rows_per_group;
-  const dim3 grid(static_cast<unsigned>((n + per_block - 1) / per_block));
+  const int64_t row_blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   const uint8_t* wp = static_cast<const uint8_t*>(base_of(w));
   float* yp = static_cast<float*>(base_of(y));
   const int64_t rb = w.size(1);
   port_stream_t st = stream_of(y);
   switch (a.m) {
-#define FTLAB_MV_CASE(M)                                                                    \
-  case M:                                                                                   \
-    q4_0_mv_kernel<M><<<grid, block, 0, st>>>(wp, rb, a.q, a.d, a.s, yp, n, a.k, rows_per_group); \
-    break;
+#define FTLAB_MV_CASE(M)                                                                       \
+  case M: {                                                                                    \
+    int resident = 1;                                                                          \
+    port_occupancy(&resident, q4_0_mv_kernel<M>, kGroup * kRowsPerBlock);                     \
+    const int64_t blocks = static_cast<int64_t>(resident > 0 ? resident : 1) * sms;            \
+    const dim3 grid(static_cast<unsigned>(row_blocks < blocks ? row_blocks : blocks));         \
+    q4_0_mv_kernel<M><<<grid, block, 0, st>>>(wp, rb, a.q, a.d, a.s, yp, n, a.k);             \
+    break;                                                                                     \
+  }
     FTLAB_MV_CASE(1)
     FTLAB_MV_CASE(2)
     FTLAB_MV_CASE(3)
