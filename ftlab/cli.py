@@ -105,10 +105,49 @@ def cmd_demo(args) -> int:
             print(f"{op:<6} {name:<10} {'yes' if same else 'NO':<24} {ms:>8.1f}")
             if not same:
                 return 1
+    if not _demo_q4_0(device):
+        return 1
     print(
         "\n(first-call times include Triton compilation / HIP JIT build; see `ftlab bench` for timings)"
     )
     return 0
+
+
+def _demo_q4_0(device) -> bool:
+    """Quantize, dequantize and the int8-dot matmul through every backend."""
+    import torch
+
+    from ftlab import backends, ops
+
+    print(f"\n== GGUF Q4_0 on {device} ==")
+    gen = torch.Generator().manual_seed(1)
+    w = (torch.randn(384, 512, generator=gen) * 0.05).to(device)
+    x = torch.randn(4, 512, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ref_q = ops.quantize_q4_0(w, backend="reference")
+    ref_y = ops.q4_0_matmul(x, ref_q, path="int8", backend="reference").float()
+    ref_d = ops.dequantize_q4_0(ref_q, backend="reference")
+    print(
+        f"{'backend':<10} {'quantize bytes':<15} {'dequantize':<11} {'int8 matmul max rel diff':<25} {'wall ms':>8}"
+    )
+    ok = True
+    for name, why in backends.availability("q4_0_matmul", device, torch.bfloat16).items():
+        if why is not None:
+            print(f"{name:<10} n/a: {why}")
+            continue
+        start = time.perf_counter()
+        same_q = torch.equal(ops.quantize_q4_0(w, backend=name).data.cpu(), ref_q.data.cpu())
+        same_d = torch.equal(ops.dequantize_q4_0(ref_q, backend=name), ref_d)
+        y = ops.q4_0_matmul(x, ref_q, path="int8", backend=name).float()
+        rel = float((y - ref_y).abs().max() / ref_y.abs().max())
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) * 1e3
+        print(
+            f"{name:<10} {'identical' if same_q else 'DIFFERENT':<15} {'bit-exact' if same_d else 'DIFFERENT':<11} "
+            f"{rel:<25.2e} {ms:>8.1f}"
+        )
+        ok = ok and same_q and same_d and rel < 1e-2  # bf16 outputs: a few ulps at most
+    return ok
 
 
 def cmd_compile_check(args) -> int:
