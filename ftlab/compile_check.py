@@ -139,15 +139,7 @@ def hip_gfx_rows(source: Path, gfx: str) -> list[Row]:
     ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
-        return [
-            Row(
-                "hip",
-                source.stem,
-                gfx,
-                error=f"clang-19 failed: {res.stderr.strip()[-2000:]}",
-                module=source.stem,
-            )
-        ]
+        return [_compile_failure(source, gfx, "clang-19", res.stderr)]
     rows: dict[str, Row] = {}
     current = None
     for line in res.stderr.splitlines():
@@ -191,15 +183,7 @@ def hip_sm_rows(source: Path, sm: str) -> list[Row]:
         ]
         res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
-        return [
-            Row(
-                "hip",
-                source.stem,
-                sm,
-                error=f"nvcc failed: {res.stderr.strip()[-2000:]}",
-                module=source.stem,
-            )
-        ]
+        return [_compile_failure(source, sm, "nvcc", res.stderr)]
     rows: dict[str, Row] = {}
     current = None
     for line in (res.stdout + res.stderr).splitlines():
@@ -220,6 +204,16 @@ def hip_sm_rows(source: Path, sm: str) -> list[Row]:
             s = re.search(r"(\d+) bytes smem", line)
             current.lds = int(s.group(1)) if s else 0
     return _finish(rows, source, sm)
+
+
+def _compile_failure(source: Path, target: str, tool: str, stderr: str) -> Row:
+    return Row(
+        "hip",
+        source.stem,
+        target,
+        error=f"{tool} failed: {stderr.strip()[-2000:]}",
+        module=source.stem,
+    )
 
 
 def _finish(rows: dict[str, Row], source: Path, target: str) -> list[Row]:

@@ -11,39 +11,18 @@ import torch
 from ftlab.bitview import as_bits
 from ftlab.hip import loader
 
-_modules: dict[int, object] = {}
-
-
-def _module(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    module = _modules.get(index)
-    if module is None:
-        from ftlab import platform as ftplatform
-
-        module = _modules[index] = loader.load("index_store", ftplatform.current(device))
-    return module
-
 
 def _dl(t: torch.Tensor) -> torch.Tensor:
     # The kernels move bytes; fp8 goes through DLPack as same-width integers.
     return as_bits(t) if t.element_size() == 1 else t
 
 
-def _on_device(device: torch.device, launch) -> None:
-    # switching devices costs microseconds on every decode-step call: only when needed
-    if device.index is None or device.index == torch.cuda.current_device():
-        launch()
-    else:
-        with torch.cuda.device(device):
-            launch()
-
-
 def index(
     weights: torch.Tensor, indices: torch.Tensor, out: torch.Tensor, mask_start: int, mask_len: int
 ) -> None:
     """Backend entry of :func:`ftlab.ops.index` (arguments already validated)."""
-    module = _module(weights.device)
-    _on_device(
+    module = loader.module_for("index_store", weights.device)
+    loader.on_device(
         weights.device,
         lambda: module.index_rows(_dl(weights), indices, _dl(out), mask_start, mask_len),
     )
@@ -57,8 +36,8 @@ def store(
     v: torch.Tensor,
 ) -> None:
     """Backend entry of :func:`ftlab.ops.store` (arguments already validated)."""
-    module = _module(k_cache.device)
-    _on_device(
+    module = loader.module_for("index_store", k_cache.device)
+    loader.on_device(
         k_cache.device,
         lambda: module.store_rows(_dl(k_cache), _dl(v_cache), indices, _dl(k), _dl(v)),
     )

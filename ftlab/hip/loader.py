@@ -19,8 +19,11 @@ import hashlib
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from ftlab import platform as ftplatform
 
@@ -181,3 +184,25 @@ def _build(name: str, plat: ftplatform.Platform, build_dir: Path) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+_device_modules: dict[tuple[str, int], object] = {}
+
+
+def module_for(name: str, device: torch.device):
+    """:func:`load` for a tensor's device, memoized per device: the per-call path of the ops."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    module = _device_modules.get((name, index))
+    if module is None:
+        module = _device_modules[(name, index)] = load(name, ftplatform.current(device))
+    return module
+
+
+def on_device(device: torch.device, launch: Callable[[], object]) -> None:
+    """Run ``launch`` with ``device`` current; switching devices costs microseconds on every
+    decode-step call, so only when it is not current already."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        launch()
+    else:
+        with torch.cuda.device(device):
+            launch()

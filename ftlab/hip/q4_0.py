@@ -12,25 +12,6 @@ from ftlab.hip import loader
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
 MV_MAX_M = 8
-_modules: dict[int, object] = {}
-
-
-def _module(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    module = _modules.get(index)
-    if module is None:
-        from ftlab import platform as ftplatform
-
-        module = _modules[index] = loader.load("q4_0", ftplatform.current(device))
-    return module
-
-
-def _run(device: torch.device, fn) -> None:
-    if device.index is None or device.index == torch.cuda.current_device():
-        fn()
-    else:
-        with torch.cuda.device(device):
-            fn()
 
 
 def quantize_q4_0(w: torch.Tensor) -> Q4_0Weight:
@@ -39,16 +20,16 @@ def quantize_q4_0(w: torch.Tensor) -> Q4_0Weight:
     out = torch.empty(
         (*w.shape[:-1], k // QK * Q4_0_BLOCK_BYTES), dtype=torch.uint8, device=w.device
     )
-    module = _module(w.device)
-    _run(w.device, lambda: module.quantize_q4_0(w, out))
+    module = loader.module_for("q4_0", w.device)
+    loader.on_device(w.device, lambda: module.quantize_q4_0(w, out))
     return Q4_0Weight(out, tuple(w.shape))
 
 
 def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.dequantize_q4_0`."""
     out = torch.empty(w.shape, dtype=dtype, device=w.device)
-    module = _module(w.device)
-    _run(w.device, lambda: module.dequantize_q4_0(w.data, out))
+    module = loader.module_for("q4_0", w.device)
+    loader.on_device(w.device, lambda: module.dequantize_q4_0(w.data, out))
     return out
 
 
@@ -58,8 +39,8 @@ def quantize_q8_1(x: torch.Tensor) -> Q8_1:
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     d = torch.empty((m, k // QK), dtype=torch.float32, device=x.device)
     s = torch.empty((m, k // QK), dtype=torch.float32, device=x.device)
-    module = _module(x.device)
-    _run(x.device, lambda: module.quantize_q8_1(x, q, d, s))
+    module = loader.module_for("q4_0", x.device)
+    loader.on_device(x.device, lambda: module.quantize_q8_1(x, q, d, s))
     return Q8_1(q, d, s)
 
 
@@ -77,9 +58,9 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
     x8 = quantize_q8_1(x)
     m, n = x.shape[0], w.shape[0]
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    module = _module(x.device)
+    module = loader.module_for("q4_0", x.device)
     if m <= MV_MAX_M and matvec_ok(w):
-        _run(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
+        loader.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
     else:
-        _run(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))
+        loader.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)
