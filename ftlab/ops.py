@@ -259,3 +259,127 @@ def q4_0_matmul(
     if x.shape[1] > 1 and x.stride(1) != 1:
         x = x.contiguous()
     return impl.fn(x, w, chosen)
+
+
+# ------------------------------------------------------------------ routed MoE (OPS.md section 3)
+
+
+def route_topk(
+    logits: torch.Tensor, top_k: int, renormalize: bool = True, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router of Qwen3-MoE: ``logits [T, E]`` (fp32/fp16/bf16) -> (weights fp32 ``[T, k]``,
+    ids int32 ``[T, k]``). Softmax over all E in fp32, the k largest (ties: the lower expert
+    id first), renormalized to sum 1 when ``renormalize`` (Qwen3's ``norm_topk_prob``)."""
+    _float_tensor("logits", logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [T, E], got shape {tuple(logits.shape)}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= logits.shape[1]:
+        raise ValueError(f"top_k must be an int in [1, {logits.shape[1]}] (E), got {top_k!r}")
+    impl = backends.resolve("route_topk", backend, logits.device, logits.dtype)
+    return impl.fn(logits, top_k, renormalize)
+
+
+def moe_align(
+    ids: torch.Tensor, num_experts: int, block_m: int, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group the (token, slot) pairs of ``ids [T, k]`` by expert for a grouped GEMM.
+
+    Returns ``sorted_token_ids`` int32 ``[capacity]`` (flat pair index ``t * k + j``, groups
+    in expert order, pairs in flat order within a group, each group padded to a multiple of
+    ``block_m`` with the sentinel ``T * k``), ``expert_ids`` int32 ``[capacity / block_m]``
+    (-1 past the end) and ``num_tokens_post_padded`` int32 ``[1]``. ``capacity`` is the static
+    bound :func:`ftlab.reference.moe.align_capacity`. Ids outside ``[0, E)`` are skipped.
+    """
+    argcheck.tensor("ids", ids)
+    argcheck.dtype_in("ids", ids, argcheck.INDEX_DTYPES)
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be 2-D [T, k], got shape {tuple(ids.shape)}")
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    if not isinstance(block_m, int) or block_m < 1:
+        raise ValueError(f"block_m must be a positive int, got {block_m!r}")
+    impl = backends.resolve("moe_align", backend, ids.device, None)
+    return impl.fn(ids, num_experts, block_m)
+
+
+def _bank(name: str, w: object, dims: int = 3) -> tuple[int, ...]:
+    if isinstance(w, Q4_0Weight):
+        shape = tuple(w.shape)
+    elif isinstance(w, torch.Tensor):
+        argcheck.dtype_in(name, w, backends.FLOAT_DTYPES)
+        shape = tuple(w.shape)
+    else:
+        raise TypeError(f"{name} must be a tensor or a Q4_0Weight bank, got {type(w).__name__}")
+    if len(shape) != dims:
+        raise ValueError(f"{name} must be an expert bank [E, N, K], got shape {shape}")
+    return shape
+
+
+def moe_experts(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor | Q4_0Weight,
+    w_down: torch.Tensor | Q4_0Weight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    path: str = "dequant",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """SwiGLU experts: ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``.
+
+    x ``[T, H]`` fp32/fp16/bf16; ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and
+    ``w_down [E, H, I]``, dense (x's dtype family) or Q4_0Weight banks; ``topk_weights``
+    fp32 ``[T, k]``; ``topk_ids`` int32/int64 ``[T, k]`` -- ids outside ``[0, E)``, -1 in
+    particular, contribute nothing. ``path`` ("dequant" | "int8") applies to Q4_0 banks.
+    Returns ``[T, H]`` in x's dtype.
+    """
+    _float_tensor("x", x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [T, H], got shape {tuple(x.shape)}")
+    e, two_i, h = _bank("w_gate_up", w_gate_up)
+    e2, h2, i = _bank("w_down", w_down)
+    if (e2, h2, 2 * i) != (e, x.shape[1], two_i) or h != x.shape[1]:
+        raise ValueError(
+            f"banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] with H = {x.shape[1]}, "
+            f"got {tuple(w_gate_up.shape)} and {tuple(w_down.shape)}"
+        )
+    argcheck.tensor("topk_weights", topk_weights)
+    argcheck.tensor("topk_ids", topk_ids)
+    argcheck.dtype_in("topk_ids", topk_ids, argcheck.INDEX_DTYPES)
+    if topk_weights.dtype != torch.float32:
+        raise TypeError(f"topk_weights must be float32, got {topk_weights.dtype}")
+    if (
+        topk_ids.dim() != 2
+        or topk_ids.shape[0] != x.shape[0]
+        or topk_weights.shape != topk_ids.shape
+    ):
+        raise ValueError(
+            f"topk_weights and topk_ids must both be [T, k] with T = {x.shape[0]}, "
+            f"got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
+        )
+    if path not in ("dequant", "int8"):
+        raise ValueError(f"path must be 'dequant' or 'int8', got {path!r}")
+    for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down), ("topk_weights", topk_weights),
+                    ("topk_ids", topk_ids)):  # fmt: skip
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
+    impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
+    return impl.fn(x, w_gate_up, w_down, topk_weights, topk_ids, path)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w_gate_up: torch.Tensor | Q4_0Weight,
+    w_down: torch.Tensor | Q4_0Weight,
+    top_k: int,
+    renormalize: bool = True,
+    *,
+    path: str = "dequant",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """One Qwen3-MoE layer's experts: :func:`route_topk` then :func:`moe_experts`.
+
+    x ``[T, H]``, router_logits ``[T, E]`` -> ``[T, H]`` in x's dtype."""
+    weights, ids = route_topk(router_logits, top_k, renormalize, backend=backend)
+    return moe_experts(x, w_gate_up, w_down, weights, ids, path=path, backend=backend)

@@ -1,0 +1,225 @@
+"""Routed MoE (OPS.md section 3): the reference's contract, checked by properties.
+
+The Triton and HIP kernels of this op have not landed yet; their cross-backend tests will
+join these when they do.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftlab import ops
+from ftlab.reference.moe import align_capacity
+
+
+@st.composite
+def routing(draw):
+    t = draw(st.sampled_from([1, 2, 5, 64, 300]))
+    e = draw(st.sampled_from([8, 60, 128]))
+    k = draw(st.sampled_from([1, 2, 8]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    kind = draw(st.sampled_from(["random", "ties", "one-expert", "invalid"]))
+    logits = torch.randn(t, e, generator=gen)
+    if kind == "ties":
+        logits = torch.randint(0, 3, (t, e), generator=gen).float()  # many equal logits
+    if kind == "one-expert":
+        logits[:, 3] = 50.0
+    weights, ids = ops.route_topk(logits, k)
+    if kind == "invalid":
+        ids = ids.clone()
+        ids[torch.rand(ids.shape, generator=gen) < 0.3] = -1
+        ids[torch.rand(ids.shape, generator=gen) < 0.05] = e + 7
+    return logits, weights, ids, e, k
+
+
+@given(routing())
+def test_route_topk_contract(case):
+    logits, weights, ids, e, k = case
+    probs = torch.softmax(logits.float(), -1)
+    w, i = ops.route_topk(logits, k)
+    assert i.dtype == torch.int32 and w.dtype == torch.float32
+    torch.testing.assert_close(w.sum(-1), torch.ones(len(w)), rtol=0, atol=1e-6)
+    chosen = probs.gather(1, i.long())
+    assert bool((chosen[:, :-1] >= chosen[:, 1:]).all()), "best first"
+    kth = chosen[:, -1:]
+    assert bool(((probs > kth).sum(-1) <= k - 1).all()), "no better expert left out"
+    # ties: among equal probabilities the lower ids are taken, in ascending order
+    for t in range(len(i)):
+        for j in range(k - 1):
+            if chosen[t, j] == chosen[t, j + 1]:
+                assert i[t, j] < i[t, j + 1]
+        left_out = [x for x in range(e) if x not in i[t].tolist() and probs[t, x] == kth[t, 0]]
+        assert all(x > int(i[t, -1]) for x in left_out), "a tie went to a higher id"
+    raw, _ = ops.route_topk(logits, k, renormalize=False)
+    torch.testing.assert_close(raw, chosen)
+
+
+def test_route_topk_ties_by_example():
+    w, i = ops.route_topk(torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.0]]), 2)
+    assert i.tolist() == [[1, 2]] and torch.allclose(w, torch.tensor([[0.5, 0.5]]))
+
+
+@given(routing(), st.sampled_from([1, 4, 16, 64]))
+def test_moe_align_invariants(case, block_m):
+    _, _, ids, e, k = case
+    t = ids.shape[0]
+    sorted_ids, expert_ids, post = ops.moe_align(ids, e, block_m)
+    total = int(post[0])
+    flat = ids.flatten().long()
+    valid = ((flat >= 0) & (flat < e)).nonzero().flatten()
+    assert sorted_ids.numel() == align_capacity(t * k, e, block_m)
+    assert total % block_m == 0 and total <= sorted_ids.numel()
+    rows = sorted_ids[:total].long()
+    real = rows[rows != t * k]
+    assert sorted(real.tolist()) == valid.tolist(), "every valid (token, slot) exactly once"
+    assert bool((sorted_ids[total:] == t * k).all()), "sentinel past the end"
+    assert bool((expert_ids[total // block_m :] == -1).all())
+    for b in range(total // block_m):
+        block = rows[b * block_m : (b + 1) * block_m]
+        members = block[block != t * k]
+        assert members.numel() > 0, "no all-padding blocks"
+        assert bool((flat[members] == int(expert_ids[b])).all()), "a block holds one expert's pairs"
+        assert members.tolist() == sorted(members.tolist()), "flat order within a group"
+    used = expert_ids[: total // block_m].tolist()
+    assert used == sorted(used), "groups in expert order"
+    assert set(used) == set(flat[valid].tolist()), "experts with no tokens take no rows"
+
+
+def vectorized_experts(x, w_gate_up, w_down, weights, ids):
+    """An independent formulation: gather every slot's expert weights at once."""
+    e = w_gate_up.shape[0]
+    ok = (ids >= 0) & (ids < e)
+    safe = ids.long().clamp(0, e - 1)
+    gu = torch.einsum("th,tknh->tkn", x.float(), w_gate_up.float()[safe])
+    inter = w_down.shape[-1]
+    h = F.silu(gu[..., :inter]) * gu[..., inter:]
+    y = torch.einsum("tki,tkhi->tkh", h, w_down.float()[safe])
+    return (y * (weights * ok)[..., None]).sum(1)
+
+
+@settings(max_examples=20)
+@given(routing(), st.sampled_from([torch.float32, torch.bfloat16]), st.integers(0, 2**31 - 1))
+def test_moe_experts_matches_vectorized(case, dtype, seed):
+    logits, weights, ids, e, k = case
+    if ids.shape[0] > 64:
+        ids, weights = ids[:64], weights[:64]
+    t = ids.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    h, inter = 64, 32
+    x = torch.randn(t, h, generator=gen).to(dtype)
+    w_gate_up = (torch.randn(e, 2 * inter, h, generator=gen) * 0.1).to(dtype)
+    w_down = (torch.randn(e, h, inter, generator=gen) * 0.1).to(dtype)
+    got = ops.moe_experts(x, w_gate_up, w_down, weights, ids)
+    want = vectorized_experts(x, w_gate_up, w_down, weights, ids)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+def test_invalid_ids_contribute_nothing_and_read_nothing():
+    """-1 and >= E slots add nothing; the expert they would name could hold NaN."""
+    x = torch.randn(3, 32)
+    w_gate_up = torch.randn(4, 16, 32) * 0.1
+    w_down = torch.randn(4, 32, 8) * 0.1
+    ids = torch.tensor([[0, -1], [4, 1], [-1, -1]], dtype=torch.int32)
+    weights = torch.full((3, 2), 0.5)
+    w_nan_up, w_nan_down = w_gate_up.clone(), w_down.clone()
+    w_nan_up[2:], w_nan_down[2:] = float("nan"), float("nan")  # experts 2, 3: never named
+    y = ops.moe_experts(x, w_nan_up, w_nan_down, weights, ids)
+    assert torch.isfinite(y).all() and bool((y[2] == 0).all())
+    only_valid = ops.moe_experts(
+        x,
+        w_gate_up,
+        w_down,
+        weights,
+        torch.tensor([[0, 0], [1, 1], [0, 0]]).int(),
+    )
+    assert not torch.equal(y, only_valid)
+
+
+def test_q4_0_banks_dequant_path_equals_dense_dequantized():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 64, generator=gen)
+    gu = ops.quantize_q4_0(torch.randn(8, 64, 64, generator=gen) * 0.1)
+    dn = ops.quantize_q4_0(torch.randn(8, 64, 32, generator=gen) * 0.1)
+    weights, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
+    q = ops.moe_experts(x, gu, dn, weights, ids)
+    dense = ops.moe_experts(x, gu.dequantize(), dn.dequantize(), weights, ids)
+    torch.testing.assert_close(q, dense, rtol=1e-6, atol=1e-6)
+    int8 = ops.moe_experts(x, gu, dn, weights, ids, path="int8")
+    torch.testing.assert_close(int8, dense, rtol=0.05, atol=0.02)  # Q8_1 rounding of x and h
+
+
+def test_fused_moe_is_route_then_experts():
+    gen = torch.Generator().manual_seed(1)
+    x, logits = torch.randn(6, 32, generator=gen), torch.randn(6, 8, generator=gen)
+    gu, dn = (
+        torch.randn(8, 32, 32, generator=gen) * 0.1,
+        torch.randn(8, 32, 16, generator=gen) * 0.1,
+    )
+    w, i = ops.route_topk(logits, 2, renormalize=False)
+    torch.testing.assert_close(
+        ops.fused_moe(x, logits, gu, dn, 2, renormalize=False), ops.moe_experts(x, gu, dn, w, i)
+    )
+
+
+BAD = [
+    ("top_k 0", lambda: ops.route_topk(torch.randn(2, 8), 0), ValueError, "top_k must be"),
+    ("top_k > E", lambda: ops.route_topk(torch.randn(2, 8), 9), ValueError, r"\[1, 8\]"),
+    (
+        "logits int",
+        lambda: ops.route_topk(torch.zeros(2, 8, dtype=torch.int32), 1),
+        TypeError,
+        "logits must be",
+    ),
+    ("align float ids", lambda: ops.moe_align(torch.zeros(2, 2), 8, 4), TypeError, "ids must be"),
+    (
+        "align block_m",
+        lambda: ops.moe_align(torch.zeros(2, 2, dtype=torch.int32), 8, 0),
+        ValueError,
+        "block_m",
+    ),
+    (
+        "bank shapes",
+        lambda: ops.moe_experts(
+            torch.randn(2, 32),
+            torch.randn(4, 16, 32),
+            torch.randn(4, 32, 9),
+            torch.ones(2, 1),
+            torch.zeros(2, 1, dtype=torch.int32),
+        ),
+        ValueError,
+        "banks must be",
+    ),
+    (
+        "weights dtype",
+        lambda: ops.moe_experts(
+            torch.randn(2, 32),
+            torch.randn(4, 16, 32),
+            torch.randn(4, 32, 8),
+            torch.ones(2, 1).half(),
+            torch.zeros(2, 1, dtype=torch.int32),
+        ),
+        TypeError,
+        "topk_weights must be float32",
+    ),
+    (
+        "ids rows",
+        lambda: ops.moe_experts(
+            torch.randn(2, 32),
+            torch.randn(4, 16, 32),
+            torch.randn(4, 32, 8),
+            torch.ones(3, 1),
+            torch.zeros(3, 1, dtype=torch.int32),
+        ),
+        ValueError,
+        "T = 2",
+    ),
+]
+
+
+@pytest.mark.parametrize("label, call, exc, msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_input(label, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
