@@ -286,9 +286,18 @@ _register_builtin("store", "index_store", COPY_DTYPES)
 _register_builtin("quantize_q4_0", "q4_0", FLOAT_DTYPES)
 _register_builtin("dequantize_q4_0", "q4_0", FLOAT_DTYPES)
 _register_builtin("quantize_q8_1", "q4_0", FLOAT_DTYPES)
-# Routed MoE: the reference so far; kernels register here as they land.
-for _op in ("route_topk", "moe_align", "moe_experts"):
-    register(_op, "reference", f"ftlab.reference.moe:{_op}")
+# Routed MoE: router and align in Triton so far; the experts run on the reference.
+register("route_topk", "reference", "ftlab.reference.moe:route_topk")
+register(
+    "route_topk",
+    "triton",
+    "ftlab.triton.moe:route_topk",
+    dtypes=FLOAT_DTYPES,
+    available=triton_unavailable,
+)
+register("moe_align", "reference", "ftlab.reference.moe:moe_align")
+register("moe_align", "triton", "ftlab.triton.moe:moe_align", available=triton_unavailable)
+register("moe_experts", "reference", "ftlab.reference.moe:moe_experts")
 # q4_0_matmul paths: "int8" (Q8_1 activations, int8 dot) and "dequant" (dequantized
 # weights, float matmul). "prefill" is what path="auto" takes for more than 8 rows.
 _register_builtin(

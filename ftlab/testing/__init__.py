@@ -28,6 +28,7 @@ from ftlab.testing.index_store import (
     index_cases,
     store_cases,
 )
+from ftlab.testing.moe import check_align_case, check_route_case
 from ftlab.testing.q4_0 import (
     MatmulCase,
     check_dequantize_case,
@@ -47,11 +48,13 @@ __all__ = [
     "StoreCase",
     "backends_for",
     "bits_equal",
+    "check_align_case",
     "check_dequantize_case",
     "check_index_case",
     "check_matmul_case",
     "check_q8_1_case",
     "check_quantize_case",
+    "check_route_case",
     "check_store_case",
     "index_cases",
     "matmul_cases",

@@ -1,7 +1,5 @@
-"""Routed MoE (OPS.md section 3): the reference's contract, checked by properties.
-
-The Triton and HIP kernels of this op have not landed yet; their cross-backend tests will
-join these when they do.
+"""Routed MoE (OPS.md section 3): the reference's contract, checked by properties, and the
+router / align kernels against it (Triton so far; the expert kernels and HIP have not landed).
 """
 
 import pytest
@@ -10,6 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ftlab.testing as ft
 from ftlab import ops
 from ftlab.reference.moe import align_capacity
 
@@ -223,3 +222,32 @@ BAD = [
 def test_bad_input(label, call, exc, msg):
     with pytest.raises(exc, match=msg):
         call()
+
+
+# ------------------------------------------------------------------ kernels vs reference
+
+
+@given(routing(), st.booleans(), st.sampled_from([torch.float32, torch.bfloat16]))
+def test_route_backends_cpu(case, renormalize, dtype):
+    logits, _, _, _, k = case
+    ft.check_route_case(logits.to(dtype), k, renormalize, "cpu")
+
+
+@given(routing(), st.sampled_from([1, 4, 16, 64]))
+def test_align_backends_cpu(case, block_m):
+    _, _, ids, e, _ = case
+    ft.check_align_case(ids, e, block_m, "cpu")
+
+
+@pytest.mark.gpu
+@given(routing(), st.booleans(), st.sampled_from([torch.float32, torch.bfloat16]))
+def test_route_gpu(case, renormalize, dtype):
+    logits, _, _, _, k = case
+    ft.check_route_case(logits.to(dtype), k, renormalize, "cuda", backends=["reference", "triton"])
+
+
+@pytest.mark.gpu
+@given(routing(), st.sampled_from([1, 4, 16, 64]))
+def test_align_gpu(case, block_m):
+    _, _, ids, e, _ = case
+    ft.check_align_case(ids, e, block_m, "cuda", backends=["reference", "triton"])
