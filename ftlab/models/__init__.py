@@ -1,0 +1,1 @@
+"""Models built from ftlab ops: Qwen3-MoE."""

@@ -1,0 +1,206 @@
+"""Qwen3-MoE (the ``qwen3_moe`` architecture of Qwen3-30B-A3B) as plain PyTorch over ftlab ops.
+
+Per layer: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k, RoPE, GQA,
+the KV cache written with ``ops.store`` and read with ``ops.index``) -> residual -> RMSNorm
+-> MoE (router + SwiGLU experts through ``ops.fused_moe``; no shared expert) -> residual.
+Embedding through ``ops.index``, final RMSNorm, lm_head (tied or not).
+
+The KV cache is static and slot-indexed: sequence b's position p lives in slot
+``b * max_seq_len + p`` of every layer's ``[slots, kv_heads * head_dim]`` buffer, so a decode
+step has fixed shapes and addresses (what a captured graph needs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from ftlab import ops
+from ftlab.quant import Q4_0Weight
+
+
+@dataclass
+class Qwen3MoeConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    norm_topk_prob: bool = True
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> Qwen3MoeConfig:
+        """From a HF ``config.json`` dict (model_type ``qwen3_moe``)."""
+        if hf.get("model_type") != "qwen3_moe":
+            raise ValueError(
+                f"config.json: model_type must be 'qwen3_moe', got {hf.get('model_type')!r}"
+            )
+        values = dict(hf)
+        rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
+        values.setdefault("rope_theta", rope.get("rope_theta", 1_000_000.0))
+        if "num_experts" not in values and "num_local_experts" in values:  # newer transformers' name
+            values["num_experts"] = values["num_local_experts"]
+        if "hidden_size" in values and "num_attention_heads" in values:
+            values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
+        if values.get("attention_bias"):
+            raise ValueError("config.json: attention_bias = true is not supported")
+        if values.get("mlp_only_layers") or values.get("decoder_sparse_step", 1) != 1:
+            raise ValueError(
+                "config.json: dense (mlp_only) layers are not supported; every layer must be MoE"
+            )
+        names = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: values[k] for k in names if k in values})
+        except TypeError as e:
+            raise ValueError(
+                f"config.json: missing key ({e}); needs {sorted(names - set(values))}"
+            ) from e
+
+
+@dataclass
+class LayerWeights:
+    q_proj: torch.Tensor | Q4_0Weight  # [heads * hd, H]
+    k_proj: torch.Tensor | Q4_0Weight  # [kv_heads * hd, H]
+    v_proj: torch.Tensor | Q4_0Weight
+    o_proj: torch.Tensor | Q4_0Weight  # [H, heads * hd]
+    q_norm: torch.Tensor  # [hd]
+    k_norm: torch.Tensor
+    input_norm: torch.Tensor  # [H]
+    post_attention_norm: torch.Tensor
+    router: torch.Tensor  # [E, H]
+    w_gate_up: torch.Tensor | Q4_0Weight  # [E, 2I, H], gate rows then up rows
+    w_down: torch.Tensor | Q4_0Weight  # [E, H, I]
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor | Q4_0Weight  # [V, H] (the embedding when tied)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32, returned in x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | Q4_0Weight, backend: str = "auto") -> torch.Tensor:
+    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul``."""
+    if isinstance(w, Q4_0Weight):
+        return ops.q4_0_matmul(x.reshape(-1, x.shape[-1]), w, backend=backend).view(
+            *x.shape[:-1], -1
+        )
+    return F.linear(x, w)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of ``x [B, T, heads, hd]`` at ``positions [B, T]``."""
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
+    emb = torch.cat([angles, angles], dim=-1)[:, :, None, :]  # [B, T, 1, hd]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    half = hd // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Qwen3Moe:
+    """The model over ftlab ops. ``backends`` maps "index", "store", "moe", "linear" to a
+    backend name (default "auto" for each)."""
+
+    def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
+                 max_seq_len: int = 512, backends: dict[str, str] | None = None):  # fmt: skip
+        self.config = config
+        self.weights = weights
+        self.max_batch = max_batch
+        self.max_seq_len = max_seq_len
+        self.backends = {
+            "index": "auto",
+            "store": "auto",
+            "moe": "auto",
+            "linear": "auto",
+            **(backends or {}),
+        }
+        c = config
+        device, dtype = weights.embed.device, weights.embed.dtype
+        kv = c.num_key_value_heads * c.head_dim
+        slots = max_batch * max_seq_len
+        self.k_cache = [
+            torch.zeros(slots, kv, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)
+        ]
+        self.v_cache = [
+            torch.zeros(slots, kv, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)
+        ]
+
+    def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
+        return batch * self.max_seq_len + positions
+
+    def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x ``[B, T, H]`` at ``positions [B, T]`` -> ``[B, T, H]``; writes the layer's KV cache."""
+        c, lw = self.config, self.weights.layers[i]
+        b, t, _ = x.shape
+        hd = c.head_dim
+        q = linear(x, lw.q_proj, self.backends["linear"]).view(b, t, c.num_attention_heads, hd)
+        k = linear(x, lw.k_proj, self.backends["linear"]).view(b, t, c.num_key_value_heads, hd)
+        v = linear(x, lw.v_proj, self.backends["linear"]).view(b, t, c.num_key_value_heads, hd)
+        q = rope(rms_norm(q, lw.q_norm, c.rms_norm_eps), positions, c.rope_theta)
+        k = rope(rms_norm(k, lw.k_norm, c.rms_norm_eps), positions, c.rope_theta)
+        seq = torch.arange(b, device=x.device)[:, None].expand(b, t)
+        slots = self.slots(seq, positions).reshape(-1)  # [B*T]
+        ops.store(self.k_cache[i], self.v_cache[i], slots, k.reshape(b * t, -1), v.reshape(b * t, -1),
+                  check=False, backend=self.backends["store"])  # fmt: skip
+        # read back every position up to the last one written, for every sequence
+        span = int(positions.max()) + 1
+        read = self.slots(
+            torch.arange(b, device=x.device)[:, None], torch.arange(span, device=x.device)[None, :]
+        )
+        keys = ops.index(
+            self.k_cache[i], read.reshape(-1), check=False, backend=self.backends["index"]
+        )
+        vals = ops.index(
+            self.v_cache[i], read.reshape(-1), check=False, backend=self.backends["index"]
+        )
+        keys = keys.view(b, span, c.num_key_value_heads, hd).transpose(1, 2)  # [B, kvh, S, hd]
+        vals = vals.view(b, span, c.num_key_value_heads, hd).transpose(1, 2)
+        visible = (
+            torch.arange(span, device=x.device)[None, None, :] <= positions[:, :, None]
+        )  # [B, T, S]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, vals, attn_mask=visible[:, None], enable_gqa=True
+        )  # [B, heads, T, hd]
+        return linear(out.transpose(1, 2).reshape(b, t, -1), lw.o_proj, self.backends["linear"])
+
+    def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        c, lw = self.config, self.weights.layers[i]
+        flat = x.reshape(-1, x.shape[-1])
+        logits = F.linear(flat, lw.router)  # [B*T, E]
+        y = ops.fused_moe(flat, logits, lw.w_gate_up, lw.w_down, c.num_experts_per_tok, c.norm_topk_prob,
+                          backend=self.backends["moe"])  # fmt: skip
+        return y.view_as(x)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]``."""
+        c, w = self.config, self.weights
+        x = ops.index(w.embed, tokens.reshape(-1), backend=self.backends["index"]).view(
+            *tokens.shape, -1
+        )
+        for i in range(c.num_hidden_layers):
+            lw = w.layers[i]
+            x = x + self.attention(i, rms_norm(x, lw.input_norm, c.rms_norm_eps), positions)
+            x = x + self.moe(i, rms_norm(x, lw.post_attention_norm, c.rms_norm_eps))
+        x = rms_norm(x, w.norm, c.rms_norm_eps)
+        return linear(x, w.lm_head, self.backends["linear"]).float()
