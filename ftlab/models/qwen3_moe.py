@@ -48,7 +48,9 @@ class Qwen3MoeConfig:
         values = dict(hf)
         rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
         values.setdefault("rope_theta", rope.get("rope_theta", 1_000_000.0))
-        if "num_experts" not in values and "num_local_experts" in values:  # newer transformers' name
+        if (
+            "num_experts" not in values and "num_local_experts" in values
+        ):  # newer transformers' name
             values["num_experts"] = values["num_local_experts"]
         if "hidden_size" in values and "num_attention_heads" in values:
             values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
@@ -96,12 +98,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | Q4_0Weight, backend: str = "auto") -> torch.Tensor:
-    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul``."""
+def linear(
+    x: torch.Tensor, w: torch.Tensor | Q4_0Weight, backend: str = "auto", path: str = "auto"
+) -> torch.Tensor:
+    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``path``)."""
     if isinstance(w, Q4_0Weight):
-        return ops.q4_0_matmul(x.reshape(-1, x.shape[-1]), w, backend=backend).view(
-            *x.shape[:-1], -1
-        )
+        flat = x.reshape(-1, x.shape[-1])
+        return ops.q4_0_matmul(flat, w, path=path, backend=backend).view(*x.shape[:-1], -1)
     return F.linear(x, w)
 
 
@@ -119,10 +122,12 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 class Qwen3Moe:
     """The model over ftlab ops. ``backends`` maps "index", "store", "moe", "linear" to a
-    backend name (default "auto" for each)."""
+    backend name (default "auto" for each). ``q4_0_path`` is the path of Q4_0 weights
+    ("auto" | "int8" | "dequant"; the experts take "dequant" for "auto")."""
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
-                 max_seq_len: int = 512, backends: dict[str, str] | None = None):  # fmt: skip
+                 max_seq_len: int = 512, backends: dict[str, str] | None = None,
+                 q4_0_path: str = "auto"):  # fmt: skip
         self.config = config
         self.weights = weights
         self.max_batch = max_batch
@@ -134,6 +139,7 @@ class Qwen3Moe:
             "linear": "auto",
             **(backends or {}),
         }
+        self.q4_0_path = q4_0_path
         c = config
         device, dtype = weights.embed.device, weights.embed.dtype
         kv = c.num_key_value_heads * c.head_dim
@@ -145,6 +151,9 @@ class Qwen3Moe:
             torch.zeros(slots, kv, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)
         ]
 
+    def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight) -> torch.Tensor:
+        return linear(x, w, self.backends["linear"], self.q4_0_path)
+
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
         return batch * self.max_seq_len + positions
@@ -154,9 +163,9 @@ class Qwen3Moe:
         c, lw = self.config, self.weights.layers[i]
         b, t, _ = x.shape
         hd = c.head_dim
-        q = linear(x, lw.q_proj, self.backends["linear"]).view(b, t, c.num_attention_heads, hd)
-        k = linear(x, lw.k_proj, self.backends["linear"]).view(b, t, c.num_key_value_heads, hd)
-        v = linear(x, lw.v_proj, self.backends["linear"]).view(b, t, c.num_key_value_heads, hd)
+        q = self.linear(x, lw.q_proj).view(b, t, c.num_attention_heads, hd)
+        k = self.linear(x, lw.k_proj).view(b, t, c.num_key_value_heads, hd)
+        v = self.linear(x, lw.v_proj).view(b, t, c.num_key_value_heads, hd)
         q = rope(rms_norm(q, lw.q_norm, c.rms_norm_eps), positions, c.rope_theta)
         k = rope(rms_norm(k, lw.k_norm, c.rms_norm_eps), positions, c.rope_theta)
         seq = torch.arange(b, device=x.device)[:, None].expand(b, t)
@@ -182,14 +191,15 @@ class Qwen3Moe:
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, vals, attn_mask=visible[:, None], enable_gqa=True
         )  # [B, heads, T, hd]
-        return linear(out.transpose(1, 2).reshape(b, t, -1), lw.o_proj, self.backends["linear"])
+        return self.linear(out.transpose(1, 2).reshape(b, t, -1), lw.o_proj)
 
     def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
         c, lw = self.config, self.weights.layers[i]
         flat = x.reshape(-1, x.shape[-1])
         logits = F.linear(flat, lw.router)  # [B*T, E]
+        path = "dequant" if self.q4_0_path == "auto" else self.q4_0_path
         y = ops.fused_moe(flat, logits, lw.w_gate_up, lw.w_down, c.num_experts_per_tok, c.norm_topk_prob,
-                          backend=self.backends["moe"])  # fmt: skip
+                          path=path, backend=self.backends["moe"])  # fmt: skip
         return y.view_as(x)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -203,4 +213,4 @@ class Qwen3Moe:
             x = x + self.attention(i, rms_norm(x, lw.input_norm, c.rms_norm_eps), positions)
             x = x + self.moe(i, rms_norm(x, lw.post_attention_norm, c.rms_norm_eps))
         x = rms_norm(x, w.norm, c.rms_norm_eps)
-        return linear(x, w.lm_head, self.backends["linear"]).float()
+        return self.linear(x, w.lm_head).float()

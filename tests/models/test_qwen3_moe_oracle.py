@@ -25,10 +25,9 @@ CONFIGS = {
 
 def make_checkpoint(tmp_path, seed: int, **overrides):
     torch.manual_seed(seed)
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
-        head_dim=16, num_experts=8, max_position_embeddings=256, rope_theta=10000.0, **overrides,
-    )  # fmt: skip
+    base = dict(vocab_size=320, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
+                head_dim=16, num_experts=8, max_position_embeddings=256, rope_theta=10000.0)  # fmt: skip
+    cfg = transformers.Qwen3MoeConfig(**{**base, **overrides})
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()
     with torch.no_grad():  # a larger router spread so that routing really varies token to token
         for layer in model.model.layers:
