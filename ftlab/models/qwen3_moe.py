@@ -2,7 +2,8 @@
 
 Per layer: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k, RoPE, GQA,
 the KV cache written with ``ops.store`` and read with ``ops.index``) -> residual -> RMSNorm
--> MoE (router + SwiGLU experts through ``ops.fused_moe``; no shared expert) -> residual.
+-> MoE (``ops.route_topk`` then the SwiGLU experts of ``ops.moe_experts``, which together are
+``ops.fused_moe``; no shared expert) -> residual.
 Embedding through ``ops.index``, final RMSNorm, lm_head (tied or not).
 
 The KV cache is static and slot-indexed: sequence b's position p lives in slot
@@ -12,6 +13,7 @@ step has fixed shapes and addresses (what a captured graph needs).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -19,6 +21,15 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.quant import Q4_0Weight
+
+
+@dataclass
+class Stage:
+    """One named step of a forward pass and the tensors it produced."""
+
+    name: str
+    tensors: dict[str, torch.Tensor]
+    main: str  # the tensor that backend comparisons look at
 
 
 @dataclass
@@ -193,24 +204,51 @@ class Qwen3Moe:
         )  # [B, heads, T, hd]
         return self.linear(out.transpose(1, 2).reshape(b, t, -1), lw.o_proj)
 
-    def moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x ``[N, H]`` -> (router logits ``[N, E]``, top-k weights fp32, top-k ids int32)."""
         c, lw = self.config, self.weights.layers[i]
-        flat = x.reshape(-1, x.shape[-1])
-        logits = F.linear(flat, lw.router)  # [B*T, E]
-        path = "dequant" if self.q4_0_path == "auto" else self.q4_0_path
-        y = ops.fused_moe(flat, logits, lw.w_gate_up, lw.w_down, c.num_experts_per_tok, c.norm_topk_prob,
-                          path=path, backend=self.backends["moe"])  # fmt: skip
-        return y.view_as(x)
+        logits = F.linear(x, lw.router)  # [N, E]
+        weights, ids = ops.route_topk(
+            logits, c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["moe"]
+        )
+        return logits, weights, ids
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]``."""
+    def experts(
+        self, i: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        lw = self.weights.layers[i]
+        path = "dequant" if self.q4_0_path == "auto" else self.q4_0_path
+        return ops.moe_experts(
+            x, lw.w_gate_up, lw.w_down, weights, ids, path=path, backend=self.backends["moe"]
+        )
+
+    def stages(self, tokens: torch.Tensor, positions: torch.Tensor) -> Iterator[Stage]:
+        """The forward pass of tokens ``[B, T]`` at ``positions [B, T]``, one named stage at a
+        time: embed, layer i attention / router / experts, norm, logits. Each stage's
+        ``main`` tensor is what comparisons between backends look at."""
         c, w = self.config, self.weights
         x = ops.index(w.embed, tokens.reshape(-1), backend=self.backends["index"]).view(
             *tokens.shape, -1
         )
+        yield Stage("embed", {"hidden": x}, "hidden")
         for i in range(c.num_hidden_layers):
             lw = w.layers[i]
-            x = x + self.attention(i, rms_norm(x, lw.input_norm, c.rms_norm_eps), positions)
-            x = x + self.moe(i, rms_norm(x, lw.post_attention_norm, c.rms_norm_eps))
+            attn = self.attention(i, rms_norm(x, lw.input_norm, c.rms_norm_eps), positions)
+            x = x + attn
+            yield Stage(f"layer {i} attention", {"attention": attn, "hidden": x}, "attention")
+            h = rms_norm(x, lw.post_attention_norm, c.rms_norm_eps).reshape(-1, x.shape[-1])
+            logits, weights, ids = self.router(i, h)
+            yield Stage(
+                f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights"
+            )
+            moe = self.experts(i, h, weights, ids).view_as(x)
+            x = x + moe
+            yield Stage(f"layer {i} experts", {"experts": moe, "hidden": x}, "experts")
         x = rms_norm(x, w.norm, c.rms_norm_eps)
-        return self.linear(x, w.lm_head).float()
+        yield Stage("norm", {"hidden": x}, "hidden")
+        yield Stage("logits", {"logits": self.linear(x, w.lm_head).float()}, "logits")
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]``."""
+        *_, last = self.stages(tokens, positions)
+        return last.tensors["logits"]

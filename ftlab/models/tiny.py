@@ -1,0 +1,139 @@
+"""Built-in tiny Qwen3-MoE checkpoints: deterministic, written on first use.
+
+Each tiny model exists as a HF directory (``config.json``, ``model.safetensors`` with the
+per-expert tensor names of real Qwen3-MoE checkpoints, a byte-level BPE ``tokenizer.json``
+trained on a small built-in text) and as GGUF files (``model-f32.gguf``, ``model-q4_0.gguf``)
+with the tokenizer in ``tokenizer.ggml.*`` metadata. Router weights are drawn, not zero, so
+routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny`` (``FTLAB_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+TINY_MODELS: dict[str, dict] = {
+    "tiny-qwen3-moe": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                           norm_topk_prob=True, tie_word_embeddings=False, seed=0),
+    "tiny-qwen3-moe-wide": dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
+                                head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64,
+                                norm_topk_prob=False, tie_word_embeddings=True, seed=1),
+}  # fmt: skip
+DEFAULT = "tiny-qwen3-moe"
+VOCAB_SIZE = 384
+CORPUS = """\
+The lab measures kernels for a mixture of experts model. Every operator has a reference, a
+Triton kernel and a HIP kernel, and the tests hold each kernel to the reference. A router sends
+every token to a few experts; the experts are small feed-forward networks. Quantized weights
+keep four bits per value and one scale per block of thirty-two. The cache keeps keys and values
+for every position, so a decode step reads what earlier steps wrote. Hello world! Radeon and
+Instinct GPUs, NVIDIA GPUs and the CPU all run the same model, step by step.
+"""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FTLAB_CACHE_DIR", Path.home() / ".cache" / "ftlab")) / "tiny"
+
+
+def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
+    """The directory of tiny model ``name``, written first if absent."""
+    if name not in TINY_MODELS:
+        raise ValueError(f"tiny model must be one of {sorted(TINY_MODELS)}, got {name!r}")
+    path = (root or cache_dir()) / name
+    if (path / "model-q4_0.gguf").is_file():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer()
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = hf_config(name)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    from safetensors.torch import save_file
+
+    save_file(random_weights(name), str(path / "model.safetensors"), metadata={"format": "pt"})
+    from ftlab.models.loader import load_hf, save_gguf
+    from ftlab.models.tokenizer import gguf_metadata
+
+    cfg, weights = load_hf(path, dtype=torch.float32, progress=False)
+    meta = gguf_metadata(tokenizer)
+    save_gguf(path / "model-f32.gguf", cfg, weights, metadata=meta)
+    save_gguf(
+        path / "model-q4_0.gguf", cfg, weights, quantize=True, metadata=meta
+    )  # written last: the marker
+    return path
+
+
+def hf_config(name: str) -> dict:
+    spec = {k: v for k, v in TINY_MODELS[name].items() if k != "seed"}
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": VOCAB_SIZE,
+        "intermediate_size": 4 * spec["hidden_size"],
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+        **spec,
+    }
+
+
+def random_weights(name: str) -> dict[str, torch.Tensor]:
+    """Deterministic weights in HF names. Scales keep activations O(1) through the layers."""
+    spec = TINY_MODELS[name]
+    g = torch.Generator().manual_seed(1000 + spec["seed"])
+    h, hd, e, inter = (
+        spec["hidden_size"],
+        spec["head_dim"],
+        spec["num_experts"],
+        spec["moe_intermediate_size"],
+    )
+    q_out, kv_out = spec["num_attention_heads"] * hd, spec["num_key_value_heads"] * hd
+
+    def w(*shape: int, scale: float | None = None) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * (
+            scale if scale is not None else shape[-1] ** -0.5
+        )
+
+    def norm(n: int) -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+    out = {"model.embed_tokens.weight": w(VOCAB_SIZE, h, scale=1.0), "model.norm.weight": norm(h)}
+    if not spec["tie_word_embeddings"]:
+        out["lm_head.weight"] = w(VOCAB_SIZE, h)
+    for i in range(spec["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out |= {
+            p + "self_attn.q_proj.weight": w(q_out, h), p + "self_attn.k_proj.weight": w(kv_out, h),
+            p + "self_attn.v_proj.weight": w(kv_out, h), p + "self_attn.o_proj.weight": w(h, q_out),
+            p + "self_attn.q_norm.weight": norm(hd), p + "self_attn.k_norm.weight": norm(hd),
+            p + "input_layernorm.weight": norm(h), p + "post_attention_layernorm.weight": norm(h),
+            p + "mlp.gate.weight": w(e, h, scale=1.0),  # drawn, and wide: routing must vary
+        }  # fmt: skip
+        for j in range(e):
+            x = f"{p}mlp.experts.{j}."
+            out |= {x + "gate_proj.weight": w(inter, h), x + "up_proj.weight": w(inter, h),
+                    x + "down_proj.weight": w(h, inter)}  # fmt: skip
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def train_tokenizer():
+    """A byte-level BPE of VOCAB_SIZE tokens trained on CORPUS (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )  # fmt: skip
+    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    return tok
