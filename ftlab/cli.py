@@ -1,4 +1,4 @@
-"""``ftlab env | demo | compile-check | bench``."""
+"""``ftlab env | demo | run | compile-check | bench``."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def cmd_demo(args) -> int:
     print(
         "\n(first-call times include Triton compilation / HIP JIT build; see `ftlab bench` for timings)"
     )
-    return 0
+    return _demo_pipeline(device)
 
 
 def _demo_q4_0(device) -> bool:
@@ -148,6 +148,88 @@ def _demo_q4_0(device) -> bool:
         )
         ok = ok and same_q and same_d and rel < 1e-2  # bf16 outputs: a few ulps at most
     return ok
+
+
+def _demo_pipeline(device) -> int:
+    """The built-in tiny Qwen3-MoE, stage by stage, then backends compared, then text."""
+    import torch
+
+    from ftlab import backends as ftbackends
+    from ftlab.models.pipeline import Pipeline, format_compare
+
+    print("\n== tiny Qwen3-MoE pipeline ==")
+    pipe = Pipeline.load("tiny-qwen3-moe", device, quant="q4_0")
+    prompt = "The router sends every token"
+    c = pipe.config
+    print(f"model: {pipe.name} (Q4_0 GGUF), {c.num_hidden_layers} layers, {c.num_experts} experts, "
+          f"top-{c.num_experts_per_tok}; prompt: {prompt!r}")  # fmt: skip
+    print(f"{'stage':<22} {'tensor':<10} {'shape':<16} {'mean':>9} {'std':>9}")
+    for stage in pipe.stages(prompt):
+        t = stage.tensors[stage.main]
+        extra = ""
+        if stage.name.endswith("router"):
+            extra = (
+                "  experts "
+                + " ".join(str(i) for i in stage.tensors["ids"][-1].tolist())
+                + " (last token)"
+            )
+        if stage.name == "sample":
+            print(f"{'sample':<22} {'token':<10} {int(t)} {pipe.tokenizer.decode([int(t)])!r}")
+            continue
+        tf = t.float()
+        std = float(tf.std()) if tf.numel() > 1 else 0.0
+        print(
+            f"{stage.name:<22} {stage.main:<10} {str(tuple(t.shape)):<16} {float(tf.mean()):>9.4f} {std:>9.4f}{extra}"
+        )
+    print("\ndecode steps:")
+    logits = pipe.prefill(pipe.tokenizer.encode(prompt))
+    for _ in range(3):
+        token = int(logits.argmax())
+        logits = pipe.decode_step(token)
+        print(f"  position {pipe.position - 1}: token {token} {pipe.tokenizer.decode([token])!r}, "
+              f"next-token logit max {float(logits.max()):.3f}")  # fmt: skip
+    sets = []
+    for b in ("triton", "hip"):
+        linear_ok = b in ftbackends.available_backends("q4_0_matmul", device, torch.float32)
+        moe_ok = b in ftbackends.available_backends("route_topk", device, torch.float32)
+        if linear_ok or moe_ok:
+            sets.append(
+                {"linear": b if linear_ok else "reference", "router": b if moe_ok else "reference"}
+            )
+    if sets:
+        print("\nbackends against the reference, stage by stage:")
+        print(format_compare(pipe.compare(prompt, sets)))
+    print(
+        "\ngenerated (greedy, 24 tokens; the tiny model's weights are random, and so is its text):"
+    )
+    print(f"  {prompt}{''.join(pipe.generate(prompt, max_new_tokens=24))!r}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    """Generate with a model, printing tokens as they come and the tokens/s."""
+    import torch
+
+    from ftlab.models.pipeline import Pipeline, format_compare, timed_generate
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    pipe = Pipeline.load(
+        args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len
+    )
+    if args.stages:
+        for stage in pipe.stages(args.prompt):
+            shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in stage.tensors.items())
+            print(f"[{stage.name}] {shapes}")
+    print(args.prompt, end="", flush=True)
+    rate = 0.0
+    for piece, rate_so_far in timed_generate(pipe, args.prompt, args.max_new_tokens, temperature=args.temperature,
+                                      top_p=args.top_p, seed=args.seed):  # fmt: skip
+        print(piece, end="", flush=True)
+        rate = rate_so_far
+    print(f"\n[{rate:.1f} tokens/s, {args.backend} backends, {device}]")
+    if args.compare:
+        print(format_compare(pipe.compare(args.prompt, args.compare)))
+    return 0
 
 
 def cmd_compile_check(args) -> int:
@@ -191,6 +273,32 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="run index/store through every available backend").set_defaults(
         fn=cmd_demo
     )
+    p = sub.add_parser(
+        "run", help="generate text with a model (a tiny model name, a HF directory or a .gguf)"
+    )
+    p.add_argument(
+        "--model", default="tiny-qwen3-moe", help="tiny-qwen3-moe | tiny-qwen3-moe-wide | PATH"
+    )
+    p.add_argument("--prompt", default="The router sends every token")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument(
+        "--backend", default="auto", help="backend for every op: auto | reference | triton | hip"
+    )
+    p.add_argument(
+        "--quant", default="q4_0", choices=["hf", "f32", "q4_0"], help="which file of a tiny model"
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--device", help="cpu | cuda (default: cuda when there is a GPU)")
+    p.add_argument(
+        "--stages", action="store_true", help="print every stage of the prompt's forward pass first"
+    )
+    p.add_argument(
+        "--compare", nargs="*", help="backends to compare stage by stage against the reference"
+    )
+    p.set_defaults(fn=cmd_run)
     p = sub.add_parser(
         "compile-check", help="compile every kernel for every gfx/sm target, report resources"
     )

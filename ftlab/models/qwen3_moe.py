@@ -132,8 +132,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 
 class Qwen3Moe:
-    """The model over ftlab ops. ``backends`` maps "index", "store", "moe", "linear" to a
-    backend name (default "auto" for each). ``q4_0_path`` is the path of Q4_0 weights
+    """The model over ftlab ops. ``backends`` maps "index", "store", "router", "experts" and
+    "linear" to a backend name (default "auto" for each). ``q4_0_path`` is the path of Q4_0 weights
     ("auto" | "int8" | "dequant"; the experts take "dequant" for "auto")."""
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
@@ -146,7 +146,8 @@ class Qwen3Moe:
         self.backends = {
             "index": "auto",
             "store": "auto",
-            "moe": "auto",
+            "router": "auto",
+            "experts": "auto",
             "linear": "auto",
             **(backends or {}),
         }
@@ -209,7 +210,7 @@ class Qwen3Moe:
         c, lw = self.config, self.weights.layers[i]
         logits = F.linear(x, lw.router)  # [N, E]
         weights, ids = ops.route_topk(
-            logits, c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["moe"]
+            logits, c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["router"]
         )
         return logits, weights, ids
 
@@ -219,7 +220,7 @@ class Qwen3Moe:
         lw = self.weights.layers[i]
         path = "dequant" if self.q4_0_path == "auto" else self.q4_0_path
         return ops.moe_experts(
-            x, lw.w_gate_up, lw.w_down, weights, ids, path=path, backend=self.backends["moe"]
+            x, lw.w_gate_up, lw.w_down, weights, ids, path=path, backend=self.backends["experts"]
         )
 
     def stages(self, tokens: torch.Tensor, positions: torch.Tensor) -> Iterator[Stage]:

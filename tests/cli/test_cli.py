@@ -25,8 +25,13 @@ def test_env_with_faked_arch(monkeypatch):
     assert "gfx1151" in text and "RDNA3.5" in text and "UMA" in text and "wave32" in text
 
 
-def test_demo_runs_every_backend():
-    res = run("demo")
+@pytest.fixture(scope="module")
+def demo():
+    return run("demo")
+
+
+def test_demo_runs_every_backend(demo):
+    res = demo
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lines = res.stdout.splitlines()
     assert any(line.startswith("index  reference  yes") for line in lines)
@@ -44,3 +49,27 @@ def test_bench_refuses_without_gpu():
 def test_unknown_bench_op():
     res = run("bench", "nope")
     assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+def test_demo_runs_the_tiny_pipeline(demo):
+    res = demo
+    assert "== tiny Qwen3-MoE pipeline ==" in res.stdout
+    for stage in (
+        "embed",
+        "layer 1 router",
+        "layer 1 experts",
+        "logits",
+        "sample",
+        "decode steps",
+        "generated",
+    ):
+        assert stage in res.stdout, stage
+
+
+def test_run_streams_tokens_and_rate(tmp_path):
+    res = run("run", "--model", "tiny-qwen3-moe", "--prompt", "Hello world", "--max-new-tokens", "5", "--stages",
+              "--quant", "f32", "--compare", "reference")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (
+        "[layer 0 router]" in res.stdout and "tokens/s" in res.stdout and "max |diff|" in res.stdout
+    )

@@ -1,0 +1,190 @@
+"""Run Qwen3-MoE step by step: load, prefill, decode, generate, look at every stage, and
+compare backends stage by stage.
+
+    pipe = Pipeline.load("tiny-qwen3-moe")                 # or a HF directory, or a .gguf file
+    for piece in pipe.generate("The router", max_new_tokens=16):
+        print(piece, end="")
+    for stage in pipe.stages("The router"):                 # embed, layer i attention/router/experts, ...
+        print(stage.name, {k: tuple(v.shape) for k, v in stage.tensors.items()})
+    pipe.compare("The router", backends=["reference", "triton"])
+
+Decode runs eagerly (graph capture of the decode step is not part of this module yet).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ftlab.models import tiny
+from ftlab.models.loader import load_gguf, load_hf
+from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
+from ftlab.models.tokenizer import Tokenizer
+
+OPS = ("index", "store", "router", "experts", "linear")
+
+
+def backend_map(backends: str | dict[str, str]) -> dict[str, str]:
+    """``"triton"`` -> that backend for every op; a dict sets some ops (the rest "auto")."""
+    if isinstance(backends, str):
+        return dict.fromkeys(OPS, backends)
+    unknown = set(backends) - set(OPS)
+    if unknown:
+        raise ValueError(f"backends keys must be among {OPS}, got {sorted(unknown)}")
+    return {**dict.fromkeys(OPS, "auto"), **backends}
+
+
+@dataclass
+class StageDiff:
+    stage: str
+    backend: str
+    max_abs: float
+    rel: float  # ||a - b|| / ||b|| over the stage's main tensor
+
+
+class Pipeline:
+    """A loaded model, its tokenizer and one sequence's decoding state (batch 1)."""
+
+    def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, tokenizer: Tokenizer, *,
+                 backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
+                 q4_0_path: str = "auto"):  # fmt: skip
+        self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
+        self.max_seq_len = max_seq_len
+        self.q4_0_path = q4_0_path
+        self.model = self._model(backend_map(backends))
+        self.position = 0
+
+    @classmethod
+    def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
+             backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
+             quant: str = "f32") -> Pipeline:  # fmt: skip
+        """A tiny model by name (``quant`` picks its HF ``"hf"``, ``"f32"`` or ``"q4_0"`` GGUF
+        file), a HF directory, or a ``.gguf`` file."""
+        name = str(path_or_tiny)
+        if name in tiny.TINY_MODELS:
+            root = tiny.ensure(name)
+            path = root if quant == "hf" else root / f"model-{quant}.gguf"
+        else:
+            path = Path(path_or_tiny)
+        if path.is_dir():
+            config, weights = load_hf(path, device=device, dtype=dtype)
+            tokenizer = Tokenizer.from_dir(path)
+        elif path.suffix == ".gguf":
+            config, weights = load_gguf(path, device=device, dtype=dtype)
+            from ftlab.formats.gguf import open_reader
+
+            tokenizer = Tokenizer.from_gguf(open_reader(path))
+        else:
+            raise FileNotFoundError(f"model must be a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory "
+                                    f"or a .gguf file, got {str(path_or_tiny)!r}")  # fmt: skip
+        return cls(
+            config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name
+        )
+
+    def _model(self, backends: dict[str, str]) -> Qwen3Moe:
+        return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
+                        q4_0_path=self.q4_0_path)  # fmt: skip
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.embed.device
+
+    def reset(self) -> None:
+        self.position = 0
+
+    def prefill(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Start a sequence with ``ids``; returns the next-token logits fp32 ``[V]``."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        if ids.shape[1] > self.max_seq_len:
+            raise ValueError(f"prompt has {ids.shape[1]} tokens; max_seq_len is {self.max_seq_len}")
+        self.position = ids.shape[1]
+        return self.model.forward(ids, torch.arange(ids.shape[1], device=self.device)[None])[0, -1]
+
+    def decode_step(self, token: int) -> torch.Tensor:
+        """Append one token; returns the next-token logits fp32 ``[V]``."""
+        if self.position >= self.max_seq_len:
+            raise ValueError(f"the sequence reached max_seq_len = {self.max_seq_len}")
+        pos = torch.tensor([[self.position]], device=self.device)
+        self.position += 1
+        return self.model.forward(torch.tensor([[token]], device=self.device), pos)[0, -1]
+
+    @staticmethod
+    def sample(
+        logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None
+    ) -> int:
+        """Greedy when ``temperature == 0``, else nucleus sampling over ``softmax(logits / T)``."""
+        if temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float().cpu() / temperature, -1)
+        order = probs.argsort(descending=True)
+        keep = probs[order].cumsum(0) - probs[order] < top_p  # the smallest set reaching top_p
+        choice = torch.multinomial(probs[order] * keep, 1, generator=gen)
+        return int(order[choice])
+
+    def generate(self, prompt: str, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int = 0) -> Iterator[str]:  # fmt: skip
+        """Stream the text of up to ``max_new_tokens`` new tokens (stops at end-of-text)."""
+        gen = torch.Generator().manual_seed(seed)
+        ids = self.tokenizer.encode(prompt)
+        logits = self.prefill(ids)
+        new: list[int] = []
+        shown = ""
+        for _ in range(max_new_tokens):
+            token = self.sample(logits, temperature, top_p, gen)
+            if token == self.tokenizer.eos_token_id:
+                break
+            new.append(token)
+            text = self.tokenizer.decode(new)
+            yield text[len(shown) :]
+            shown = text
+            if self.position >= self.max_seq_len:
+                break
+            logits = self.decode_step(token)
+
+    def stages(self, prompt: str) -> Iterator[Stage]:
+        """The prefill of ``prompt``, stage by stage, then the sampled next token."""
+        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)
+        self.position = ids.shape[1]
+        for stage in self.model.stages(ids, torch.arange(ids.shape[1], device=self.device)[None]):
+            yield stage
+            last = stage
+        token = int(last.tensors["logits"][0, -1].argmax())
+        yield Stage("sample", {"token": torch.tensor([token])}, "token")
+
+    def compare(self, prompt: str, backends: list[str | dict[str, str]], reference: str = "reference"
+                ) -> list[StageDiff]:  # fmt: skip
+        """Per-stage max-abs and relative difference of each backend set against ``reference``,
+        on the same prompt and weights."""
+        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)
+        pos = torch.arange(ids.shape[1], device=self.device)[None]
+        base = {s.name: s for s in self._model(backend_map(reference)).stages(ids, pos)}
+        rows = []
+        for b in backends:
+            label = b if isinstance(b, str) else ",".join(f"{k}={v}" for k, v in b.items())
+            for stage in self._model(backend_map(b)).stages(ids, pos):
+                want = base[stage.name].tensors[stage.main].float()
+                got = stage.tensors[stage.main].float()
+                diff = (got - want).abs()
+                rows.append(StageDiff(stage.name, label, float(diff.max()),
+                                      float(diff.norm() / want.norm().clamp(min=1e-30))))  # fmt: skip
+        return rows
+
+
+def format_compare(rows: list[StageDiff]) -> str:
+    width = max([len("backend"), *(len(r.backend) for r in rows)])
+    lines = [f"{'stage':<22} {'backend':<{width}} {'max |diff|':>11} {'rel':>10}"]
+    lines += [f"{r.stage:<22} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows]
+    return "\n".join(lines)
+
+
+def timed_generate(
+    pipe: Pipeline, prompt: str, max_new_tokens: int, **kw
+) -> Iterator[tuple[str, float]]:
+    """generate(), with the tokens/s so far beside each piece."""
+    start = time.perf_counter()
+    for n, piece in enumerate(pipe.generate(prompt, max_new_tokens, **kw), start=1):
+        yield piece, n / (time.perf_counter() - start)

@@ -1,0 +1,96 @@
+"""The step-by-step pipeline on the built-in tiny models (CPU)."""
+
+import pytest
+import torch
+
+from ftlab.models import tiny
+from ftlab.models.pipeline import Pipeline, backend_map, format_compare
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_cache(tmp_path_factory, monkeypatch_module=None):
+    import os
+
+    old = os.environ.get("FTLAB_CACHE_DIR")
+    os.environ["FTLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("FTLAB_CACHE_DIR")
+    else:
+        os.environ["FTLAB_CACHE_DIR"] = old
+
+
+def test_tiny_models_are_deterministic(tmp_path):
+    a = tiny.ensure("tiny-qwen3-moe", tmp_path / "a")
+    b = tiny.ensure("tiny-qwen3-moe", tmp_path / "b")
+    for name in ("model.safetensors", "tokenizer.json", "model-q4_0.gguf"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("quant", ["hf", "f32", "q4_0"])
+def test_generate_is_greedy_and_stops(quant):
+    pipe = Pipeline.load("tiny-qwen3-moe", quant=quant)
+    pieces = list(pipe.generate("The router sends", max_new_tokens=12))
+    assert pieces == list(pipe.generate("The router sends", max_new_tokens=12))
+    assert (
+        1 <= len(pieces) <= 12
+        and pipe.position <= len(pipe.tokenizer.encode("The router sends")) + 12
+    )
+
+
+def test_hf_and_gguf_f32_agree():
+    hf = Pipeline.load("tiny-qwen3-moe", quant="hf")
+    gg = Pipeline.load("tiny-qwen3-moe", quant="f32")
+    ids = hf.tokenizer.encode("Hello world")
+    assert ids == gg.tokenizer.encode("Hello world")
+    assert torch.equal(hf.prefill(ids), gg.prefill(ids))
+
+
+def test_decode_steps_equal_prefill():
+    pipe = Pipeline.load("tiny-qwen3-moe-wide")
+    ids = pipe.tokenizer.encode("Every operator has a reference")
+    full = pipe.prefill(ids)
+    pipe.prefill(ids[:3])
+    for t in ids[3:]:
+        step = pipe.decode_step(t)
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+
+
+def test_stages_cover_the_forward_pass():
+    pipe = Pipeline.load("tiny-qwen3-moe")
+    stages = list(pipe.stages("Hello world"))
+    names = [s.name for s in stages]
+    assert names[0] == "embed" and names[-2:] == ["logits", "sample"]
+    assert "layer 1 router" in names and "layer 0 experts" in names
+    router = next(s for s in stages if s.name == "layer 0 router")
+    ids = router.tensors["ids"]
+    assert ids.shape[1] == 2 and len(set(ids.flatten().tolist())) > 2, (
+        "routing uses several experts"
+    )
+    logits = stages[-2].tensors["logits"]
+    assert int(stages[-1].tensors["token"]) == int(logits[0, -1].argmax())
+
+
+def test_compare_against_itself_is_zero_and_backends_are_listed():
+    pipe = Pipeline.load("tiny-qwen3-moe")
+    rows = pipe.compare("Hello world", backends=["reference", {"experts": "reference"}])
+    assert rows and all(r.max_abs == 0.0 for r in rows)
+    assert "layer 0 experts" in format_compare(rows)
+
+
+def test_sampling_is_seeded():
+    pipe = Pipeline.load("tiny-qwen3-moe")
+    a = "".join(pipe.generate("The", 10, temperature=1.0, top_p=0.9, seed=3))
+    b = "".join(pipe.generate("The", 10, temperature=1.0, top_p=0.9, seed=3))
+    assert a == b
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="backends keys"):
+        backend_map({"attention": "triton"})
+    with pytest.raises(FileNotFoundError, match="tiny model name"):
+        Pipeline.load("no-such-model")
+    pipe = Pipeline.load("tiny-qwen3-moe")
+    pipe.max_seq_len = 4
+    with pytest.raises(ValueError, match="max_seq_len"):
+        pipe.prefill(list(range(5)))
