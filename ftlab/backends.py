@@ -56,6 +56,7 @@ class Impl:
     available: Callable[[ftplatform.Platform, str], str | None] | None = None
     experimental: bool = False
     info: dict = field(default_factory=dict)  # op-specific capabilities, e.g. {"paths": (...)}
+    auto: bool = True  # may "auto" pick it (False: by name only, e.g. not yet run on a GPU)
     _fn: Callable | None = field(default=None, repr=False)
 
     @property
@@ -105,6 +106,7 @@ def register(
     available: Callable[[ftplatform.Platform, str], str | None] | None = None,
     replace: bool = False,
     info: dict | None = None,
+    auto: bool = True,
 ) -> Impl:
     """Add an implementation of ``op`` under the name ``backend``.
 
@@ -132,6 +134,7 @@ def register(
         available,
         experimental=backend not in BUILTIN_BACKENDS,
         info=dict(info or {}),
+        auto=auto and backend in BUILTIN_BACKENDS,
     )
     entries[backend] = impl
     _RESOLVED.clear()
@@ -203,7 +206,7 @@ def _resolve(
     reasons = []
     for name in order:
         impl = entries.get(name)
-        if impl is None:
+        if impl is None or not impl.auto:
             continue
         reason = impl.cannot_serve(plat, device.type, dtype)
         if reason is None:

@@ -43,7 +43,9 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
     """The directory of tiny model ``name``, written first if absent."""
     if name not in TINY_MODELS:
         raise ValueError(f"tiny model must be one of {sorted(TINY_MODELS)}, got {name!r}")
-    path = (root or cache_dir()) / f"{name}-{spec_digest(name)}"  # a changed recipe gets a new directory
+    path = (
+        root or cache_dir()
+    ) / f"{name}-{spec_digest(name)}"  # a changed recipe gets a new directory
     if (path / "model-q4_0.gguf").is_file():
         return path
     path.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,9 @@ def spec_digest(name: str) -> str:
     import hashlib
     import inspect
 
-    recipe = json.dumps([TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(random_weights)], sort_keys=True)
+    recipe = json.dumps(
+        [TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(random_weights)], sort_keys=True
+    )
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 

@@ -153,3 +153,15 @@ def test_researcher_registers_a_variant():
         assert "my_index" in backends.available_backends("index", CPU, torch.float32)
     finally:
         backends.unregister("index", "my_index")
+
+
+def test_by_name_only_backends_are_not_auto(fake_op):
+    fake_op["hip"] = "off"
+    backends.register("fake", "triton", fake("gpu-unverified"), auto=False, replace=True)
+    assert (
+        backends.resolve("fake", "auto", GPU, torch.float16, plat("sm_90")).backend == "reference"
+    )
+    assert (
+        backends.resolve("fake", "triton", GPU, torch.float16, plat("sm_90")).fn()
+        == "gpu-unverified"
+    )
