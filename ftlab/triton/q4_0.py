@@ -29,9 +29,9 @@ import triton.language as tl
 from ftlab.platform import current
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
-# Tuned launch configurations, one table. sm_90 entries were timed on an H200
-# (benchmarks/results/*q4_0*); gfx entries are wave32/wave64-sized starting points,
-# compile-checked but not timed (no AMD GPU was available).
+# Launch configurations, one table. sm_90's matvec entry is the best of a sweep on an H200
+# (benchmarks/NOTES.md); its GEMM entry and every gfx entry are untimed starting points
+# (wave32 / wave64 sized), compile-checked for their targets.
 CONFIGS: dict[str, dict[str, dict[str, int]]] = {
     "sm_90": {  # mv: best of BLOCK_N 16/32/64 x BLOCK_KB 4/8 x 4/8 warps on lm_head
         "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
