@@ -300,7 +300,14 @@ register(
 )
 register("moe_align", "reference", "ftlab.reference.moe:moe_align")
 register("moe_align", "triton", "ftlab.triton.moe:moe_align", available=triton_unavailable)
-register("moe_experts", "reference", "ftlab.reference.moe:moe_experts")
+register(
+    "moe_experts",
+    "reference",
+    "ftlab.reference.moe:moe_experts",
+    info={"paths": ("dequant", "int8")},
+)
+register("moe_experts", "triton", "ftlab.triton.moe:moe_experts", dtypes=FLOAT_DTYPES, available=triton_unavailable,
+         auto=False, info={"paths": ("dequant",)})  # fmt: skip
 # q4_0_matmul paths: "int8" (Q8_1 activations, int8 dot) and "dequant" (dequantized
 # weights, float matmul). "prefill" is what path="auto" takes for more than 8 rows.
 _register_builtin(

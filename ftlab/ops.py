@@ -364,6 +364,10 @@ def moe_experts(
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
     impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
+    paths = impl.info.get("paths", ("dequant", "int8"))
+    if path not in paths and isinstance(w_gate_up, Q4_0Weight):
+        raise backends.BackendUnavailable(f"moe_experts: backend {impl.backend!r} implements the {' and '.join(paths)} "
+                                          f"path(s) for Q4_0 banks, not {path!r}")  # fmt: skip
     return impl.fn(x, w_gate_up, w_down, topk_weights, topk_ids, path)
 
 

@@ -28,7 +28,7 @@ from ftlab.testing.index_store import (
     index_cases,
     store_cases,
 )
-from ftlab.testing.moe import check_align_case, check_route_case
+from ftlab.testing.moe import check_align_case, check_experts_case, check_route_case
 from ftlab.testing.q4_0 import (
     MatmulCase,
     check_dequantize_case,
@@ -50,6 +50,7 @@ __all__ = [
     "bits_equal",
     "check_align_case",
     "check_dequantize_case",
+    "check_experts_case",
     "check_index_case",
     "check_matmul_case",
     "check_q8_1_case",

@@ -60,3 +60,29 @@ def check_align_case(ids: torch.Tensor, num_experts: int, block_m: int, device: 
         for part, g, e in zip(("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, expected,
                               strict=True):  # fmt: skip
             assert torch.equal(g.cpu(), e.cpu()), f"{name}: moe_align {part} differs"
+
+
+def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
+                       path: str = "dequant", device: torch.device | str = "cpu",
+                       backends: Sequence[str] | None = None) -> None:  # fmt: skip
+    """Every backend's moe_experts against the reference: fp32 sums over H and I in another
+    order (bound ``2e-5 * max |y|``), plus one ulp of the output dtype."""
+    from ftlab.quant import Q4_0Weight
+
+    device = torch.device(device)
+
+    def move(w):
+        return w.to(device) if isinstance(w, Q4_0Weight) else w.to(device)
+
+    args = (x.to(device), move(w_gate_up), move(w_down), weights.to(device), ids.to(device))
+    expected = ops.moe_experts(*args, path=path, backend="reference").float().cpu()
+    bound = 2e-5 * expected.abs().max() + expected.abs() * {torch.float32: 0.0, torch.float16: 2.0**-10,
+                                                            torch.bfloat16: 2.0**-7}[x.dtype]  # fmt: skip
+    for name in backends_for("moe_experts", device, x.dtype, backends):
+        if name == "reference":
+            continue
+        got = ops.moe_experts(*args, path=path, backend=name).float().cpu()
+        err = (got - expected).abs()
+        assert bool((err <= bound).all()), (
+            f"{name}: moe_experts off by {float(err.max()):.3g} (bound {float(bound.max()):.3g})"
+        )

@@ -251,3 +251,41 @@ def test_route_gpu(case, renormalize, dtype):
 def test_align_gpu(case, block_m):
     _, _, ids, e, _ = case
     ft.check_align_case(ids, e, block_m, "cuda", backends=["reference", "triton"])
+
+
+@st.composite
+def expert_cases(draw, max_tokens: int = 64):
+    logits, weights, ids, e, k = draw(routing())
+    ids, weights = ids[:max_tokens], weights[:max_tokens]
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    h = 32 * draw(st.sampled_from([1, 3, 5]))
+    inter = 32 * draw(st.sampled_from([1, 2, 3]))
+    x = torch.randn(ids.shape[0], h, generator=gen).to(dtype)
+    gu = torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5
+    dn = torch.randn(e, h, inter, generator=gen) * inter**-0.5
+    if draw(st.booleans()):
+        return x, ops.quantize_q4_0(gu), ops.quantize_q4_0(dn), weights, ids
+    return x, gu.to(dtype), dn.to(dtype), weights, ids
+
+
+@settings(max_examples=15)
+@given(expert_cases(max_tokens=6))  # the interpreter runs every program in Python
+def test_experts_backends_cpu(case):
+    ft.check_experts_case(*case, device="cpu", backends=["reference", "triton"])
+
+
+def test_triton_experts_read_no_memory_for_invalid_ids():
+    x = torch.randn(3, 32)
+    w_gate_up, w_down = torch.randn(4, 64, 32) * 0.1, torch.randn(4, 32, 32) * 0.1
+    w_gate_up[2:], w_down[2:] = float("nan"), float("nan")  # named only by invalid slots
+    ids = torch.tensor([[0, -1], [4, 1], [-1, -1]], dtype=torch.int32)
+    y = ops.moe_experts(x, w_gate_up, w_down, torch.full((3, 2), 0.5), ids, backend="triton")
+    assert torch.isfinite(y).all() and bool((y[2] == 0).all())
+
+
+@pytest.mark.gpu
+@settings(max_examples=30)
+@given(expert_cases())
+def test_experts_gpu(case):
+    ft.check_experts_case(*case, device="cuda", backends=["reference", "triton"])
