@@ -94,3 +94,25 @@ def test_bad_inputs():
     pipe.max_seq_len = 4
     with pytest.raises(ValueError, match="max_seq_len"):
         pipe.prefill(list(range(5)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "backends, q4_0_path",
+    [
+        ({"index": "triton", "store": "triton"}, "dequant"),
+        ({"index": "hip", "store": "hip"}, "dequant"),
+        ({"linear": "triton"}, "dequant"),
+        ({"linear": "triton"}, "int8"),
+        ({"linear": "hip"}, "int8"),
+        ({"router": "triton", "experts": "triton"}, "dequant"),
+    ],
+)
+def test_backends_agree_with_reference_on_gpu(backends, q4_0_path):
+    """Every stage of the tiny Q4_0 model on the GPU, each op set against the all-reference
+    run of the same Q4_0 path (int8 paths differ from dequant ones by the Q8_1 rounding)."""
+    pipe = Pipeline.load("tiny-qwen3-moe", "cuda", quant="q4_0")
+    pipe.q4_0_path = q4_0_path
+    rows = pipe.compare("The router sends every token", [backends])
+    worst = max(rows, key=lambda r: r.rel)
+    assert worst.rel < 1e-4, format_compare(rows)
