@@ -35,23 +35,23 @@ from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 CONFIGS: dict[str, dict[str, dict[str, int]]] = {
     "sm_90": {  # mv: best of BLOCK_N 16/32/64 x BLOCK_KB 4/8 x 4/8 warps on lm_head
         "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 3},
     },
     "gfx1100": {
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
     "gfx1201": {
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
     "gfx942": {  # wave64; BLOCK_KB 8 spills SGPRs at M = 8
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
     "default": {
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
 }
 CONFIGS["gfx1151"] = CONFIGS["gfx1100"]
@@ -222,10 +222,11 @@ def q4_0_mv_kernel(
 def q4_0_dequant_gemm_kernel(
     x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride,
     M, N, NBK,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
-    """y = x @ dequantize(W).T: per Q4_0 block (32 of K), dequantize a ``[32, BLOCK_N]``
-    tile in registers to x's dtype and accumulate ``tl.dot`` in fp32.
+    """y = x @ dequantize(W).T: per step, BLOCK_KB Q4_0 blocks (32 * BLOCK_KB of K) of a
+    ``[*, BLOCK_N]`` weight tile are dequantized in registers to x's dtype, and ``tl.dot``
+    accumulates in fp32.
 
     ``DOT_F32``: keep both operands in fp32 (the CPU interpreter computes bf16 wrongly)."""
     pid_m = tl.program_id(0)
@@ -233,26 +234,31 @@ def q4_0_dequant_gemm_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = rm < M, rn < N
-    j = tl.arange(0, 16)
-    c = tl.arange(0, 32)
-    kcol = c // 2 + 16 * (c % 2)  # the join order of the weight tile: 0, 16, 1, 17, ...
+    r = tl.arange(0, BLOCK_KB * 16)  # byte row of the tile: block r // 16, byte r % 16
+    c = tl.arange(0, BLOCK_KB * 32)  # K column of the tile, in the join order of the weights:
+    kcol = (c // 32) * 32 + (c % 32) // 2 + 16 * (c % 2)  # 0, 16, 1, 17, ... within each block
     wrow = w_ptr + rn.to(tl.int64) * row_bytes
     xrow = x_ptr + rm.to(tl.int64)[:, None] * x_stride
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, NBK):
-        d = _load_d(wrow + kb * 18, 0, n_ok)  # [BN]
-        qs = tl.load(wrow[None, :] + kb * 18 + 2 + j[:, None], mask=n_ok[None, :], other=0).to(
-            tl.int32
+    for kb0 in range(0, NBK, BLOCK_KB):
+        blk = kb0 + r // 16
+        wm = (blk < NBK)[:, None] & n_ok[None, :]
+        boff = (blk * 18)[:, None]
+        d = _load_d(wrow[None, :] + boff, 0, wm)  # [KB*16, BN]: each byte row's block scale
+        qs = tl.load(wrow[None, :] + boff + 2 + (r % 16)[:, None], mask=wm, other=0).to(tl.int32)
+        wlo = ((qs & 15) - 8).to(tl.float32) * d  # exact
+        whi = ((qs >> 4) - 8).to(tl.float32) * d
+        a = tl.load(
+            xrow + kb0 * 32 + kcol[None, :],
+            mask=m_ok[:, None] & (kb0 + c // 32 < NBK)[None, :],
+            other=0.0,
         )
-        wlo = ((qs & 15) - 8).to(tl.float32) * d[None, :]  # [16, BN], exact
-        whi = ((qs >> 4) - 8).to(tl.float32) * d[None, :]
-        a = tl.load(xrow + kb * 32 + kcol[None, :], mask=m_ok[:, None], other=0.0)
         if DOT_F32:
             a = a.to(tl.float32)
         else:
             wlo = wlo.to(x_ptr.dtype.element_ty)
             whi = whi.to(x_ptr.dtype.element_ty)
-        b = tl.reshape(tl.permute(tl.join(wlo, whi), (0, 2, 1)), (32, BLOCK_N))
+        b = tl.reshape(tl.permute(tl.join(wlo, whi), (0, 2, 1)), (BLOCK_KB * 32, BLOCK_N))
         acc = tl.dot(a, b, acc)
     out = y_ptr + rm.to(tl.int64)[:, None] * y_stride + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -336,7 +342,7 @@ def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     q4_0_dequant_gemm_kernel[grid](
         x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k // QK,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
         DOT_F32=x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
@@ -386,13 +392,15 @@ def compile_specs(target: str) -> list:
         ))  # fmt: skip
     gemm = cfg["gemm"]
     for dt in (torch.float16, torch.bfloat16):
+        label = f"q4_0_dequant_gemm_kernel[{str(dt).removeprefix('torch.')}, {gemm['BLOCK_M']}x{gemm['BLOCK_N']}"
         specs.append(TritonSpec(
-            f"q4_0_dequant_gemm_kernel[{str(dt).removeprefix('torch.')}, {gemm['BLOCK_M']}x{gemm['BLOCK_N']}]",
+            f"{label}, {gemm['BLOCK_KB']} blocks]",
             q4_0_dequant_gemm_kernel,
             {"x_ptr": ptr[dt], "x_stride": "i32", "w_ptr": "*u8", "row_bytes": "i32", "y_ptr": ptr[dt],
-             "y_stride": "i32", "M": "i32", "N": "i32", "NBK": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-             "DOT_F32": "constexpr"},
-            {"BLOCK_M": gemm["BLOCK_M"], "BLOCK_N": gemm["BLOCK_N"], "DOT_F32": False},
+             "y_stride": "i32", "M": "i32", "N": "i32", "NBK": "i32", "BLOCK_M": "constexpr",
+             "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr", "DOT_F32": "constexpr"},
+            {"BLOCK_M": gemm["BLOCK_M"], "BLOCK_N": gemm["BLOCK_N"], "BLOCK_KB": gemm["BLOCK_KB"],
+             "DOT_F32": False},
             num_warps=gemm["num_warps"], options={"num_stages": gemm["num_stages"]},
         ))  # fmt: skip
     return specs

@@ -249,3 +249,18 @@ def test_llama_shape_gpu():
             "int8",
         )
         ft.check_matmul_case(case, "cuda", backends=["hip", "triton"])
+
+
+@pytest.mark.parametrize("blocks_per_step", [2, 4])
+def test_dequant_gemm_multi_block_steps_cpu(blocks_per_step, monkeypatch):
+    """The GEMM's K step of several Q4_0 blocks (a tuning knob), tails included."""
+    from ftlab.triton import q4_0 as triton_q4_0
+
+    monkeypatch.setitem(triton_q4_0.CONFIGS["default"], "gemm",
+                        {**triton_q4_0.CONFIGS["default"]["gemm"], "BLOCK_KB": blocks_per_step})  # fmt: skip
+    g = torch.Generator().manual_seed(blocks_per_step)
+    for k in (32, 96, 160):
+        case = ft.MatmulCase(
+            torch.randn(40, k, generator=g).half(), torch.randn(70, k, generator=g), "dequant"
+        )
+        ft.check_matmul_case(case, "cpu", backends=["triton"])
