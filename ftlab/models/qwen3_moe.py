@@ -133,13 +133,17 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 class Qwen3Moe:
     """The model over ftlab ops. ``backends`` maps "index", "store", "router", "experts" and
-    "linear" to a backend name (default "auto" for each). ``q4_0_path`` is the path of Q4_0 weights
+    "linear" to a backend name (default "auto" for each). ``static=True`` keeps every shape
+    fixed and the host out of the forward pass (what graph capture of a decode step needs). ``q4_0_path`` is the path of Q4_0 weights
     ("auto" | "int8" | "dequant"; the experts take "dequant" for "auto")."""
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
                  max_seq_len: int = 512, backends: dict[str, str] | None = None,
-                 q4_0_path: str = "auto"):  # fmt: skip
+                 q4_0_path: str = "auto", static: bool = False):  # fmt: skip
         self.config = config
+        # static: no host synchronization in a forward pass (attention reads all max_seq_len
+        # slots under a mask, index checks off), so a decode step can be captured in a graph
+        self.static = static
         self.weights = weights
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
@@ -185,7 +189,7 @@ class Qwen3Moe:
         ops.store(self.k_cache[i], self.v_cache[i], slots, k.reshape(b * t, -1), v.reshape(b * t, -1),
                   check=False, backend=self.backends["store"])  # fmt: skip
         # read back every position up to the last one written, for every sequence
-        span = int(positions.max()) + 1
+        span = self.max_seq_len if self.static else int(positions.max()) + 1
         read = self.slots(
             torch.arange(b, device=x.device)[:, None], torch.arange(span, device=x.device)[None, :]
         )
@@ -228,9 +232,9 @@ class Qwen3Moe:
         time: embed, layer i attention / router / experts, norm, logits. Each stage's
         ``main`` tensor is what comparisons between backends look at."""
         c, w = self.config, self.weights
-        x = ops.index(w.embed, tokens.reshape(-1), backend=self.backends["index"]).view(
-            *tokens.shape, -1
-        )
+        x = ops.index(
+            w.embed, tokens.reshape(-1), check=not self.static, backend=self.backends["index"]
+        ).view(*tokens.shape, -1)
         yield Stage("embed", {"hidden": x}, "hidden")
         for i in range(c.num_hidden_layers):
             lw = w.layers[i]

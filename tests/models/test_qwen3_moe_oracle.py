@@ -103,3 +103,20 @@ def test_loader_errors_name_the_problem(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(raw[: len(raw) // 3])
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_hf(tmp_path, progress=False)
+
+
+def test_static_forward_equals_dynamic(tmp_path):
+    """static=True reads every cache slot under a mask (no host sync, graph-capturable)."""
+    make_checkpoint(tmp_path, seed=9, **CONFIGS["gqa2-top2-norm"])
+    config, weights = load_hf(tmp_path, dtype=torch.float32, progress=False)
+    tokens = torch.randint(0, 320, (1, 9), generator=torch.Generator().manual_seed(5))
+    dynamic, static = (
+        Qwen3Moe(config, weights, max_seq_len=24),
+        Qwen3Moe(config, weights, max_seq_len=24, static=True),
+    )
+    a = [dynamic.forward(tokens[:, :4], torch.arange(4)[None])]
+    b = [static.forward(tokens[:, :4], torch.arange(4)[None])]
+    for p in range(4, 9):
+        a.append(dynamic.forward(tokens[:, p : p + 1], torch.tensor([[p]])))
+        b.append(static.forward(tokens[:, p : p + 1], torch.tensor([[p]])))
+    torch.testing.assert_close(torch.cat(b, 1), torch.cat(a, 1), rtol=1e-5, atol=1e-6)
