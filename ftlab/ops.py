@@ -302,7 +302,7 @@ def moe_align(
     return impl.fn(ids, num_experts, block_m)
 
 
-def _bank(name: str, w: object, dims: int = 3) -> tuple[int, ...]:
+def _bank(name: str, w: object) -> tuple[int, ...]:
     if isinstance(w, Q4_0Weight):
         shape = tuple(w.shape)
     elif isinstance(w, torch.Tensor):
@@ -310,7 +310,7 @@ def _bank(name: str, w: object, dims: int = 3) -> tuple[int, ...]:
         shape = tuple(w.shape)
     else:
         raise TypeError(f"{name} must be a tensor or a Q4_0Weight bank, got {type(w).__name__}")
-    if len(shape) != dims:
+    if len(shape) != 3:
         raise ValueError(f"{name} must be an expert bank [E, N, K], got shape {shape}")
     return shape
 

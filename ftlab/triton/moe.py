@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ftlab.reference.moe import align_capacity
+from ftlab.triton.q4_0 import load_q4_0_scale
 
 _CHUNK = 256
 # expert matvec tiles: 16 output rows (32 ran RDNA out of SGPRs) x 64 of the reduction
@@ -168,9 +169,7 @@ def _weight_tile(w_ptr, e, rows, cols, row_ok, col_ok, W_ESTRIDE, ROW_STRIDE, Q4
         j = cols % 32
         byte = tl.load(base + (block * 18 + 2 + j % 16)[None, :], mask=m, other=0).to(tl.int32)
         q = (byte >> (4 * (j // 16))[None, :]) & 15
-        d0 = tl.load(base + (block * 18)[None, :], mask=m, other=0).to(tl.int32)
-        d1 = tl.load(base + (block * 18 + 1)[None, :], mask=m, other=0).to(tl.int32)
-        d = (d0 | (d1 << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        d = load_q4_0_scale(base + (block * 18)[None, :], m)
         return d * (q - 8).to(tl.float32)
     return tl.load(base + cols[None, :], mask=m, other=0.0).to(tl.float32)
 

@@ -114,10 +114,10 @@ def quantize_q4_0_kernel(x_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
-def _load_d(w_ptr, offset, mask):
-    """fp16 scale at byte ``offset`` (2-byte aligned, little-endian) as fp32."""
-    b0 = tl.load(w_ptr + offset, mask=mask, other=0).to(tl.int32)
-    b1 = tl.load(w_ptr + offset + 1, mask=mask, other=0).to(tl.int32)
+def load_q4_0_scale(ptr, mask):
+    """The fp16 scale at ``ptr`` (little-endian bytes) as fp32."""
+    b0 = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+    b1 = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
     return (b0 | (b1 << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
@@ -127,7 +127,7 @@ def dequantize_q4_0_kernel(w_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
     j = tl.arange(0, 16)
     ok = b < NB
     wb = w_ptr + b.to(tl.int64) * 18
-    d = _load_d(wb, 0, ok)
+    d = load_q4_0_scale(wb, ok)
     qs = tl.load(wb[:, None] + 2 + j[None, :], mask=ok[:, None], other=0).to(tl.int32)
     lo = d[:, None] * ((qs & 15) - 8).to(tl.float32)  # exact in fp32
     hi = d[:, None] * ((qs >> 4) - 8).to(tl.float32)
@@ -244,7 +244,7 @@ def q4_0_dequant_gemm_kernel(
         blk = kb0 + r // 16
         wm = (blk < NBK)[:, None] & n_ok[None, :]
         boff = (blk * 18)[:, None]
-        d = _load_d(wrow[None, :] + boff, 0, wm)  # [KB*16, BN]: each byte row's block scale
+        d = load_q4_0_scale(wrow[None, :] + boff, wm)  # [KB*16, BN]: each byte row's block scale
         qs = tl.load(wrow[None, :] + boff + 2 + (r % 16)[:, None], mask=wm, other=0).to(tl.int32)
         wlo = ((qs & 15) - 8).to(tl.float32) * d  # exact
         whi = ((qs >> 4) - 8).to(tl.float32) * d
