@@ -6,6 +6,8 @@ the same bad input with the same message, and a rejected call has written nothin
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ftlab import argcheck, backends
@@ -224,6 +226,17 @@ def q4_0_path(impl: backends.Impl, rows: int, path: str) -> str:
     return path
 
 
+def _auto_with_path(x: torch.Tensor, path: str, first: backends.Impl) -> backends.Impl:
+    """``backend="auto"`` with a path the preferred backend lacks (HIP has no dequant path):
+    the next available backend, in auto order, that has it."""
+    available = backends.available_backends("q4_0_matmul", x.device, x.dtype)
+    for name in [n for n in backends.AUTO_ORDER_GPU if n in available]:
+        impl = backends.resolve("q4_0_matmul", name, x.device, x.dtype)
+        if impl.auto and path in impl.info.get("paths", (path,)):
+            return impl
+    return first
+
+
 def q4_0_matmul(
     x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto"
 ) -> torch.Tensor:
@@ -237,6 +250,8 @@ def q4_0_matmul(
       ``"dequant"``: ``x @ dequantize(W).T`` with the weights rounded to x's dtype in the
       tile (Triton) -- within one rounding of each weight of the fp32 result.
       ``"auto"``: int8 for M <= 8 (decode); for more rows the backend's prefill path.
+    With ``backend="auto"`` and an explicit path, the first backend in auto order that
+    implements that path serves the call.
 
     x may be non-contiguous (row stride > K); fp32 / fp16 / bf16.
     """
@@ -253,6 +268,9 @@ def q4_0_matmul(
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
     impl = backends.resolve("q4_0_matmul", backend, x.device, x.dtype)
+    if path in ("int8", "dequant") and path not in impl.info.get("paths", (path,)):
+        if backend == "auto" and not os.environ.get("FTLAB_BACKEND"):
+            impl = _auto_with_path(x, path, impl)
     chosen = q4_0_path(impl, x.shape[0], path)
     if x.shape[0] == 0 or w.shape[0] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)

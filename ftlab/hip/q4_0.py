@@ -1,7 +1,9 @@
 """GGUF Q4_0 through the HIP kernels of ``csrc/q4_0.hip`` (JIT-built, cached).
 
-q4_0_matmul implements the int8 path only: Q8_1 activations, then the LDS-staged int8-dot
-matvec for up to 8 rows (decode) or the dp4a-tiled GEMM for more (prefill).
+q4_0_matmul implements the int8 path only. Up to 4 rows (decode): one launch that quantizes
+the activations to Q8_1, takes the int8 dot and writes the result in the activations' dtype,
+where K is a multiple of 256 and the activations fit its LDS; else Q8_1 activations, then the
+LDS-staged int8-dot matvec (up to 8 rows) or the dp4a-tiled GEMM (prefill).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from ftlab.hip import loader
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
 MV_MAX_M = 8
+FUSED_MAX_M = 4
 
 
 def quantize_q4_0(w: torch.Tensor) -> Q4_0Weight:
@@ -49,16 +52,36 @@ def matvec_ok(w: Q4_0Weight) -> bool:
     return (w.shape[-1] // QK) % 2 == 0 and w.data.data_ptr() % 4 == 0
 
 
+FUSED_X_BYTES = 28 * 1024  # kFusedXBytes: LDS for the activation records of the fused matvec
+SUPER_K = 256  # 8 Q4_0 blocks: the fused matvec's unit of K
+
+
+def fused_matvec_ok(x: torch.Tensor, w: Q4_0Weight) -> bool:
+    """Whether the one-launch matvec (Q8_1 quantize + int8 dot + cast) serves ``x @ w.T``:
+    K a multiple of 256, 16-byte aligned blocks, and M x K small enough for its LDS."""
+    m, k = x.shape
+    return (
+        1 <= m <= FUSED_MAX_M
+        and k % SUPER_K == 0
+        and w.data.data_ptr() % 16 == 0
+        and m * (k // SUPER_K) * 84 * 4 <= FUSED_X_BYTES
+    )
+
+
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (``path == "int8"``)."""
     if path != "int8":
         raise ValueError(
             f"the hip backend implements q4_0_matmul's int8 path only, got path={path!r}"
         )
-    x8 = quantize_q8_1(x)
     m, n = x.shape[0], w.shape[0]
-    y = torch.empty((m, n), dtype=torch.float32, device=x.device)
     module = loader.module_for("q4_0", x.device)
+    if fused_matvec_ok(x, w):
+        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        loader.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
+        return y
+    x8 = quantize_q8_1(x)
+    y = torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m <= MV_MAX_M and matvec_ok(w):
         loader.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
     else:

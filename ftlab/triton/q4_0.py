@@ -33,8 +33,12 @@ from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 # (benchmarks/NOTES.md); its GEMM entry and every gfx entry are untimed starting points
 # (wave32 / wave64 sized), compile-checked for their targets.
 CONFIGS: dict[str, dict[str, dict[str, int]]] = {
-    "sm_90": {  # mv: best of BLOCK_N 16/32/64 x BLOCK_KB 4/8 x 4/8 warps on lm_head
+    # mv4 (the dp4a matvec over 32-bit words) where PTX dp4a exists (asm: 1); the gfx targets
+    # keep mv, the int16-word matvec. sm_90 mv4: best of 12 (BLOCK_N 2-16, BLOCK_KB 32/64,
+    # 2-8 warps, 4-32 programs per SM) on lm_head, 71.6% of copy (benchmarks/NOTES.md).
+    "sm_90": {
         "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
+        "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 1, "progs_per_sm": 8},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 3},
     },
     "gfx1100": {
@@ -51,6 +55,7 @@ CONFIGS: dict[str, dict[str, dict[str, int]]] = {
     },
     "default": {
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 0, "progs_per_sm": 8},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
 }
@@ -215,6 +220,161 @@ def q4_0_mv_kernel(
     tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
 
 
+@triton.jit
+def _dp4a(a, b, c, ASM: tl.constexpr):
+    """c + the dot of the four signed bytes of a and of b (int32 tensors).
+
+    ``ASM``: PTX ``dp4a`` (NVIDIA); else the same sum from sign-extended bytes (any target,
+    and the CPU interpreter, which runs no inline assembly)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;",
+            "=r,r,r,r",
+            [a, b, c],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        r = c
+        for j in tl.static_range(4):
+            r += ((a << (24 - 8 * j)) >> 24) * ((b << (24 - 8 * j)) >> 24)
+        return r
+
+
+@triton.jit
+def _qs_word(w_lo, w_hi, odd):
+    """qs word i of a block from the row's 32-bit words j and j + 1 (j = 9b/2 + i): an odd
+    block's qs are word-aligned (word j + 1), an even block's straddle two words."""
+    lo = w_lo.to(tl.uint32, bitcast=True)
+    hi = w_hi.to(tl.uint32, bitcast=True)
+    return tl.where(odd, hi, (lo >> 16) | (hi << 16)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def q4_0_mv4_kernel(
+    w32_ptr, w16_ptr, row_words, q8w_ptr, d8_ptr, s8_ptr, part_ptr,
+    M, N, K, NBK, KB_PER_SPLIT,
+    MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, ASM: tl.constexpr,
+    HOIST: tl.constexpr,
+):  # fmt: skip
+    """partial[split, m, n] as q4_0_mv_kernel computes it, a block's int8 dot taken as eight
+    4-byte dots of 32-bit words (dp4a) over ``[BLOCK_N, BLOCK_KB]`` tiles of blocks.
+
+    Rows hold an even number of blocks, so they are read as 32-bit words: block b's bytes
+    start at word 9b/2 (its fp16 scale in the low half for even b, the high half for odd b);
+    five word loads per block give its four qs words, nibbles masked as the HIP kernel does:
+    (w & 0x0F0F0F0F) are elements 4i..4i+3, ((w >> 4) & 0x0F0F0F0F) elements 4i+16..4i+19.
+
+    ``HOIST`` (M = 1, K in one tile): y[n] is written straight to ``part_ptr`` (of the output
+    dtype) by a persistent grid that keeps the activations in registers.
+    """
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    if HOIST:
+        # M = 1 and all of K in one tile: the activations are loaded once, then the program
+        # walks row tiles pid_n, pid_n + programs, ... (a persistent grid)
+        kb = tl.arange(0, BLOCK_KB)
+        kb_ok = kb < NBK
+        xp = q8w_ptr + kb * 8
+        x0 = tl.load(xp, mask=kb_ok, other=0)[None, :]
+        x1 = tl.load(xp + 1, mask=kb_ok, other=0)[None, :]
+        x2 = tl.load(xp + 2, mask=kb_ok, other=0)[None, :]
+        x3 = tl.load(xp + 3, mask=kb_ok, other=0)[None, :]
+        x4 = tl.load(xp + 4, mask=kb_ok, other=0)[None, :]
+        x5 = tl.load(xp + 5, mask=kb_ok, other=0)[None, :]
+        x6 = tl.load(xp + 6, mask=kb_ok, other=0)[None, :]
+        x7 = tl.load(xp + 7, mask=kb_ok, other=0)[None, :]
+        x_d = tl.load(d8_ptr + kb, mask=kb_ok, other=0.0)[None, :]
+        x_s = tl.load(s8_ptr + kb, mask=kb_ok, other=0.0)[None, :]
+        odd = (kb % 2 == 1)[None, :]
+        for tile in range(pid_n, tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
+            n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = n < N
+            row32 = n.to(tl.int64) * row_words
+            wm = n_ok[:, None] & kb_ok[None, :]
+            wp = w32_ptr + row32[:, None] + ((kb * 9) // 2)[None, :]
+            w0 = tl.load(wp, mask=wm, other=0)
+            w1 = tl.load(wp + 1, mask=wm, other=0)
+            w2 = tl.load(wp + 2, mask=wm, other=0)
+            w3 = tl.load(wp + 3, mask=wm, other=0)
+            w4 = tl.load(wp + 4, mask=wm, other=0)
+            d4 = tl.load(w16_ptr + 2 * row32[:, None] + (kb * 9)[None, :], mask=wm, other=0)
+            d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)
+            q0 = _qs_word(w0, w1, odd)
+            q1 = _qs_word(w1, w2, odd)
+            q2 = _qs_word(w2, w3, odd)
+            q3 = _qs_word(w3, w4, odd)
+            sumi = tl.zeros((BLOCK_N, BLOCK_KB), dtype=tl.int32)
+            sumi = _dp4a(q0 & 0x0F0F0F0F, x0, sumi, ASM)
+            sumi = _dp4a(q1 & 0x0F0F0F0F, x1, sumi, ASM)
+            sumi = _dp4a(q2 & 0x0F0F0F0F, x2, sumi, ASM)
+            sumi = _dp4a(q3 & 0x0F0F0F0F, x3, sumi, ASM)
+            sumi = _dp4a((q0 >> 4) & 0x0F0F0F0F, x4, sumi, ASM)
+            sumi = _dp4a((q1 >> 4) & 0x0F0F0F0F, x5, sumi, ASM)
+            sumi = _dp4a((q2 >> 4) & 0x0F0F0F0F, x6, sumi, ASM)
+            sumi = _dp4a((q3 >> 4) & 0x0F0F0F0F, x7, sumi, ASM)
+            y = tl.sum(d4 * (x_d * sumi.to(tl.float32) - 8.0 * x_s), axis=1)
+            tl.store(part_ptr + n, y.to(part_ptr.dtype.element_ty), mask=n_ok)
+        return
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    mrange = tl.arange(0, MP)
+    acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
+    row32 = n.to(tl.int64) * row_words
+    kb_lo = split * KB_PER_SPLIT
+    kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, NBK)
+    for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
+        kb = kb0 + tl.arange(0, BLOCK_KB)
+        kb_ok = kb < kb_hi
+        wm = n_ok[:, None] & kb_ok[None, :]
+        wp = w32_ptr + row32[:, None] + ((kb * 9) // 2)[None, :]  # [BN, KB]
+        w0 = tl.load(wp, mask=wm, other=0)
+        w1 = tl.load(wp + 1, mask=wm, other=0)
+        w2 = tl.load(wp + 2, mask=wm, other=0)
+        w3 = tl.load(wp + 3, mask=wm, other=0)
+        w4 = tl.load(wp + 4, mask=wm, other=0)
+        odd = (kb % 2 == 1)[None, :]
+        q0 = _qs_word(w0, w1, odd)
+        q1 = _qs_word(w1, w2, odd)
+        q2 = _qs_word(w2, w3, odd)
+        q3 = _qs_word(w3, w4, odd)
+        d4 = tl.load(w16_ptr + 2 * row32[:, None] + (kb * 9)[None, :], mask=wm, other=0)
+        d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)  # [BN, KB]
+        for m in tl.static_range(MP):
+            if m < M:
+                xp = q8w_ptr + m * (K // 4) + kb * 8  # [KB]: the block's 8 words of q8
+                sumi = tl.zeros((BLOCK_N, BLOCK_KB), dtype=tl.int32)
+                sumi = _dp4a(q0 & 0x0F0F0F0F, tl.load(xp, mask=kb_ok, other=0)[None, :], sumi, ASM)
+                sumi = _dp4a(
+                    q1 & 0x0F0F0F0F, tl.load(xp + 1, mask=kb_ok, other=0)[None, :], sumi, ASM
+                )
+                sumi = _dp4a(
+                    q2 & 0x0F0F0F0F, tl.load(xp + 2, mask=kb_ok, other=0)[None, :], sumi, ASM
+                )
+                sumi = _dp4a(
+                    q3 & 0x0F0F0F0F, tl.load(xp + 3, mask=kb_ok, other=0)[None, :], sumi, ASM
+                )
+                sumi = _dp4a(
+                    (q0 >> 4) & 0x0F0F0F0F, tl.load(xp + 4, mask=kb_ok, other=0)[None, :], sumi, ASM
+                )
+                sumi = _dp4a(
+                    (q1 >> 4) & 0x0F0F0F0F, tl.load(xp + 5, mask=kb_ok, other=0)[None, :], sumi, ASM
+                )
+                sumi = _dp4a(
+                    (q2 >> 4) & 0x0F0F0F0F, tl.load(xp + 6, mask=kb_ok, other=0)[None, :], sumi, ASM
+                )
+                sumi = _dp4a(
+                    (q3 >> 4) & 0x0F0F0F0F, tl.load(xp + 7, mask=kb_ok, other=0)[None, :], sumi, ASM
+                )
+                d8 = tl.load(d8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
+                s8 = tl.load(s8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
+                part = tl.sum(d4 * (d8[None, :] * sumi.to(tl.float32) - 8.0 * s8[None, :]), axis=1)
+                acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
+    out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
+    tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
+
+
 # ------------------------------------------------------------------ prefill GEMM
 
 
@@ -311,25 +471,60 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _use_mv4(w: Q4_0Weight) -> bool:
+    """The dp4a matvec reads 32-bit words: rows of an even number of blocks, an aligned base,
+    and a target whose table has an ``mv4`` entry."""
+    nbk = w.shape[-1] // QK
+    arch = current(w.device).arch if w.device.type != "cpu" else None
+    return (
+        nbk % 2 == 0
+        and w.data.data_ptr() % 4 == 0
+        and "mv4" in CONFIGS.get(arch or "default", CONFIGS["default"])
+    )
+
+
 def q4_0_matvec(x8: Q8_1, w: Q4_0Weight, out_dtype: torch.dtype) -> torch.Tensor:
     """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]``; split-K when N alone would leave SMs idle."""
     m, k = x8.q.shape
     n = w.shape[0]
     nbk = k // QK
-    cfg = config("mv", w.device)
+    dot = _use_mv4(w)
+    cfg = config("mv4" if dot else "mv", w.device)
     programs_n = triton.cdiv(n, cfg["BLOCK_N"])
     splits = max(
         1, min(triton.cdiv(2 * _sm_count(w.device), programs_n), triton.cdiv(nbk, cfg["BLOCK_KB"]))
     )
     kb_per_split = triton.cdiv(triton.cdiv(nbk, splits), cfg["BLOCK_KB"]) * cfg["BLOCK_KB"]
     splits = triton.cdiv(nbk, kb_per_split)
+    if dot and m == 1 and nbk <= cfg["BLOCK_KB"]:
+        y = torch.empty((1, n), dtype=out_dtype, device=w.device)
+        programs = min(programs_n, _sm_count(w.device) * cfg["progs_per_sm"])
+        q4_0_mv4_kernel[(programs, 1)](
+            w.data.view(torch.int32), w.data.view(torch.int16), w.data.shape[-1] // 4,
+            x8.q.view(torch.int32), x8.d, x8.s, y, m, n, k, nbk, nbk,
+            MP=1, BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
+            ASM=bool(cfg["asm"]) and not _interpreted(), HOIST=True, num_warps=cfg["num_warps"],
+        )  # fmt: skip
+        return y
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
-    q4_0_mv_kernel[(programs_n, splits)](
-        w.data.view(torch.int16), w.data.shape[-1] // 2, x8.q, x8.d, x8.s, parts,
-        m, n, k, nbk, kb_per_split,
-        MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
-        num_warps=cfg["num_warps"],
-    )  # fmt: skip
+    if dot:
+        q4_0_mv4_kernel[(programs_n, splits)](
+            w.data.view(torch.int32), w.data.view(torch.int16), w.data.shape[-1] // 4,
+            x8.q.view(torch.int32), x8.d, x8.s, parts, m, n, k, nbk, kb_per_split,
+            MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
+            ASM=bool(cfg["asm"]) and not _interpreted(), HOIST=False, num_warps=cfg["num_warps"],
+        )  # fmt: skip
+    else:
+        q4_0_mv_kernel[(programs_n, splits)](
+            w.data.view(torch.int16), w.data.shape[-1] // 2, x8.q, x8.d, x8.s, parts,
+            m, n, k, nbk, kb_per_split,
+            MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
+            num_warps=cfg["num_warps"],
+        )  # fmt: skip
     y = parts[0] if splits == 1 else parts.sum(0)
     return y.to(out_dtype)
 
@@ -390,6 +585,20 @@ def compile_specs(target: str) -> list:
              "MP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr"},
             {"MP": mp, "BLOCK_N": mv["BLOCK_N"], "BLOCK_KB": mv["BLOCK_KB"]}, num_warps=mv["num_warps"],
         ))  # fmt: skip
+    if "mv4" in cfg:
+        mv4 = cfg["mv4"]
+        for mp, hoist in ((1, True), (1, False), (8, False)):
+            specs.append(TritonSpec(
+                f"q4_0_mv4_kernel[M<={mp}{', hoisted' if hoist else ''}, {mv4['BLOCK_N']}x{mv4['BLOCK_KB']} blocks]",
+                q4_0_mv4_kernel,
+                {"w32_ptr": "*i32", "w16_ptr": "*i16", "row_words": "i32", "q8w_ptr": "*i32", "d8_ptr": "*fp32",
+                 "s8_ptr": "*fp32", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "NBK": "i32",
+                 "KB_PER_SPLIT": "i32", "MP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr",
+                 "ASM": "constexpr", "HOIST": "constexpr"},
+                {"MP": mp, "BLOCK_N": mv4["BLOCK_N"], "BLOCK_KB": mv4["BLOCK_KB"], "ASM": bool(mv4["asm"]),
+                 "HOIST": hoist},
+                num_warps=mv4["num_warps"],
+            ))  # fmt: skip
     gemm = cfg["gemm"]
     for dt in (torch.float16, torch.bfloat16):
         label = f"q4_0_dequant_gemm_kernel[{str(dt).removeprefix('torch.')}, {gemm['BLOCK_M']}x{gemm['BLOCK_N']}"

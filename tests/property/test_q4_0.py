@@ -238,6 +238,19 @@ def test_matmul_graph_replay_gpu(backend, m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k", [256, 768, 2048, 4096, 14336])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_decode_shapes_gpu(m, k):
+    """Decode-size matmuls over the K of the model (the HIP one-launch matvec where M x K fits
+    its LDS, the two-launch one where not), row counts that leave partial row sets."""
+    gen = torch.Generator().manual_seed(m * k)
+    for n, dtype in ((1, torch.float32), (37, torch.float16), (4103, torch.bfloat16)):
+        x = (torch.randn(m, k + 32, generator=gen) * 3).to(dtype)[:, :k]
+        case = ft.MatmulCase(x, torch.randn(n, k, generator=gen) * 0.02, "int8")
+        ft.check_matmul_case(case, "cuda", backends=GPU)
+
+
+@pytest.mark.gpu
 def test_llama_shape_gpu():
     """The 4096 x 14336 shape of the benchmark, M = 1 and 512, against the reference."""
     g = torch.Generator(device="cuda").manual_seed(0)

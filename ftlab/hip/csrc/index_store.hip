@@ -67,6 +67,22 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// Small copies (a decode step's rows, fewer than 65536 vectors in all): one vector per thread,
+// no loop, 32-bit positions; the first instructions are the index load and the data load.
+template <typename Vec, typename Idx>
+__global__ void __launch_bounds__(kCopyThreads)
+    index_rows_small_kernel(const Vec* __restrict__ weights, int64_t w_stride,
+                            const Idx* __restrict__ indices, Vec* __restrict__ out,
+                            int64_t out_stride, int num_indices, int row_vecs, int64_t num_rows,
+                            int64_t mask_start, int64_t mask_len) {
+  const int i = blockIdx.x * blockDim.y + threadIdx.y;
+  const int c = threadIdx.x;
+  if (i >= num_indices || c >= row_vecs) return;
+  const int64_t src = static_cast<int64_t>(indices[i]) - (mask_len >= 0 ? mask_start : 0);
+  const bool inside = src >= 0 && src < (mask_len >= 0 ? mask_len : num_rows);
+  out[i * out_stride + c] = inside ? weights[src * w_stride + c] : Vec{};
+}
+
 template <typename Vec, typename Idx>
 __global__ void __launch_bounds__(kCopyThreads)
     store_rows_kernel(Vec* __restrict__ k_cache, int64_t kc_stride, Vec* __restrict__ v_cache,
@@ -85,6 +101,9 @@ __global__ void __launch_bounds__(kCopyThreads)
 // Every configuration the launcher uses, instantiated here so that a device-only
 // compile emits machine code for each (and the compile check sees all of them).
 #define FTLAB_INDEX_STORE_INSTANTIATE(Vec, Idx)                                               \
+  template __global__ void index_rows_small_kernel<Vec, Idx>(const Vec*, int64_t, const Idx*, \
+                                                             Vec*, int64_t, int, int, int64_t,  \
+                                                             int64_t, int64_t);                 \
   template __global__ void index_rows_kernel<Vec, Idx>(const Vec*, int64_t, const Idx*, Vec*, \
                                                        int64_t, int64_t, int64_t, int64_t,    \
                                                        int64_t, int64_t);                     \

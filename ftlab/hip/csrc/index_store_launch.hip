@@ -70,6 +70,15 @@ void launch_index(const TensorView& weights, const TensorView& indices, const Te
   const int64_t L = indices.size(0);
   const int64_t row_vecs = weights.size(1) * eb / static_cast<int64_t>(sizeof(Vec));
   const CopyShape s = copy_shape(L, row_vecs);
+  if (L * row_vecs < (int64_t{1} << 16) && row_vecs <= static_cast<int64_t>(s.block.x)) {
+    index_rows_small_kernel<Vec, Idx><<<s.grid, s.block, 0, stream_of(out)>>>(
+        reinterpret_cast<const Vec*>(base_of(weights)), weights.stride(0) * eb / sizeof(Vec),
+        reinterpret_cast<const Idx*>(base_of(indices)), reinterpret_cast<Vec*>(base_of(out)),
+        out.stride(0) * eb / sizeof(Vec), static_cast<int>(L), static_cast<int>(row_vecs),
+        weights.size(0), mask_start, mask_len);
+    check_launch("index_rows_small_kernel");
+    return;
+  }
   index_rows_kernel<Vec, Idx><<<s.grid, s.block, 0, stream_of(out)>>>(
       reinterpret_cast<const Vec*>(base_of(weights)), weights.stride(0) * eb / sizeof(Vec),
       reinterpret_cast<const Idx*>(base_of(indices)), reinterpret_cast<Vec*>(base_of(out)),

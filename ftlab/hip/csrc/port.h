@@ -197,6 +197,18 @@ __device__ __forceinline__ int port_dp4a(int a, int b, int c) {
 #endif
 }
 
+// Orders LDS traffic among the 32 threads of one warp-sized group (threads 32g..32g+31 of a
+// block): a warp on NVIDIA and RDNA, half a wave on CDNA, which runs in lockstep anyway.
+__device__ __forceinline__ void port_sync_group() {
+#if defined(PORT_CUDA)
+  __syncwarp();
+#else
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+#endif
+}
+
 // Raw byte vectors for copies: a row is moved in the widest of these that its size,
 // strides and addresses allow, so a copy never depends on the element type.
 // Register vector types rather than structs holding arrays: arrays inside structs can keep

@@ -106,6 +106,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Q8_1 of one 32-element block: d = amax / 127, q = round(x / d) (half away from zero),
+// packed four to a word (element 4i + c in byte c of word i), and s = d * sum(q).
+template <typename T>
+__device__ __forceinline__ void q8_1_block(const typename T::storage* xb, uint32_t qw[8], float* d_out,
+                                           float* s_out) {
+  float v[kQK];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kQK; ++i) {
+    v[i] = T::load(xb + i);
+    amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
+  }
+  const float d = port_div_rn(amax, 127.0f);
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[4 * i + c], d)));
+      word |= static_cast<uint32_t>(qi & 0xff) << (8 * c);
+      sum += qi;
+    }
+    qw[i] = word;
+  }
+  *d_out = d;
+  *s_out = d * static_cast<float>(sum);
+}
+
 // One thread per (row, 32-block) of activations.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -116,25 +145,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= rows * nb) return;
   const int64_t m = t / nb, b = t % nb;
-  const typename T::storage* xb = x + m * x_stride + b * kQK;
-  float v[kQK];
-  float amax = 0.0f;
+  uint32_t qw[8];
+  float d, sum;
+  q8_1_block<T>(x + m * x_stride + b * kQK, qw, &d, &sum);
+  uint32_t* qb = reinterpret_cast<uint32_t*>(q + m * k + b * kQK);  // k % 32 == 0: aligned
 #pragma unroll
-  for (int i = 0; i < kQK; ++i) {
-    v[i] = T::load(xb + i);
-    amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
-  }
-  const float d = port_div_rn(amax, 127.0f);
-  int sum = 0;
-  int8_t* qb = q + m * k + b * kQK;
-#pragma unroll
-  for (int i = 0; i < kQK; ++i) {
-    const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[i], d)));
-    qb[i] = static_cast<int8_t>(qi);
-    sum += qi;
-  }
+  for (int i = 0; i < 8; ++i) qb[i] = qw[i];
   d_out[m * nb + b] = d;
-  s_out[m * nb + b] = d * static_cast<float>(sum);
+  s_out[m * nb + b] = sum;
 }
 
 // ------------------------------------------------------------------ int8-dot matvec
@@ -294,6 +312,198 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
   }
 }
 
+// ------------------------------------------------------------------ fused matvec
+
+// y[m, n] = sum_b d4 * (d8 * sumi - 8 * s8) for M = MV_M <= 4 rows of activations x (more
+// spill on RDNA: q4_0_mv_kernel takes them), in one launch:
+// the Q8_1 quantization of x and the cast of y to x's dtype happen inside the kernel.
+//
+// The weights are read in superblocks of 8 Q4_0 blocks (144 bytes = 9 x 16 bytes, so a row
+// whose block count is a multiple of 8 keeps every superblock 16-byte aligned). A group of
+// 32 threads (a warp; half a wave on CDNA) owns a region of 32 superblocks: 32/G rows times
+// G consecutive superblocks of each. It loads the region with 16-byte loads, lane l taking
+// piece 32t + l (t = 0..8), so every load instruction covers 512 contiguous bytes; stores it
+// to its own 4608 bytes of LDS; and lane l then reads back superblock l, 144 bytes at a
+// 144-byte stride (36 words: 8 lanes of a 16-byte LDS phase hit banks 4l mod 32, all
+// distinct). The region after is loaded into registers before this one is computed.
+//
+// Every block quantizes all of x (M x K, at most kFusedXBytes of LDS) once, in the same
+// arithmetic as quantize_q8_1_kernel (bit for bit), into one 84-word record per (row, superblock): 64 words
+// of q8, 8 of d8, 8 of s8, 4 of padding so that 8 lanes reading 8 consecutive superblocks
+// land on distinct banks (84 = 20 mod 32). The grid is persistent; groups walk regions
+// rowset by rowset, K-step by K-step, then reduce over the G lanes of a row.
+constexpr int kFusedGroups = 4;                   // 32-thread groups per block
+constexpr int kSuperBlocks = 8;                   // Q4_0 blocks per superblock
+constexpr int kSuperPieces = 9;                   // 16-byte pieces per superblock
+constexpr int kRecordWords = 84;                  // activation words per (row, superblock)
+constexpr int kFusedXWords = 7168;                // 28 KiB of activation records
+constexpr int kFusedXBytes = kFusedXWords * 4;
+
+// The four words of a 16-byte vector (uint4 on CUDA, an ext_vector on HIP).
+__device__ __forceinline__ void words_of(const bytes16& v, uint32_t out[4]) {
+#if defined(PORT_CUDA)
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+#else
+  out[0] = v[0];
+  out[1] = v[1];
+  out[2] = v[2];
+  out[3] = v[3];
+#endif
+}
+
+template <typename T, int MV_M>
+__global__ void __launch_bounds__(kGroup * kFusedGroups)
+    q4_0_mv_fused_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
+                         const uint8_t* __restrict__ w, int64_t row_bytes,
+                         typename T::storage* __restrict__ y, int64_t n_rows, int64_t k, int g_lanes) {
+  __shared__ bytes16 region[kFusedGroups][kGroup * kSuperPieces];
+  __shared__ bytes16 xrec_v[kFusedXWords / 4];  // 16-byte aligned: records are read as vectors
+  uint32_t* xrec = reinterpret_cast<uint32_t*>(xrec_v);
+  const int lane = threadIdx.x;
+  const int group = threadIdx.y;
+  const int tid = group * kGroup + lane;
+  const int64_t nb = k / kQK;
+  const int64_t supers = nb / kSuperBlocks;           // per row
+  const int rows_per_set = kGroup / g_lanes;
+  const int set_pieces = g_lanes * kSuperPieces;      // pieces of one row in a region
+  const int64_t k_steps = (supers + g_lanes - 1) / g_lanes;
+  const int64_t row_sets = (n_rows + rows_per_set - 1) / rows_per_set;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kFusedGroups;
+  const int64_t first_set = static_cast<int64_t>(blockIdx.x) * kFusedGroups + group;
+  const int64_t items = first_set < row_sets ? ((row_sets - 1 - first_set) / groups + 1) * k_steps : 0;
+
+  bytes16 r[kSuperPieces];
+  auto load_region = [&](int64_t item) {
+    const int64_t set = first_set + (item / k_steps) * groups;
+    const int64_t ks = item % k_steps;
+#pragma unroll
+    for (int t = 0; t < kSuperPieces; ++t) {
+      const int p = t * kGroup + lane;
+      const int rr = p / set_pieces, q = p - rr * set_pieces;
+      const int64_t row = set * rows_per_set + rr;
+      const int64_t sb = ks * g_lanes + q / kSuperPieces;
+      r[t] = bytes16{};
+      if (row < n_rows && sb < supers) {
+        r[t] = reinterpret_cast<const bytes16*>(w + row * row_bytes)[ks * g_lanes * kSuperPieces + q];
+      }
+    }
+  };
+  if (items > 0) load_region(0);  // in flight while the activations are quantized
+
+  // Q8_1 of x, four threads a block (8 elements each; amax over the four by shuffles): the
+  // same arithmetic as q8_1_block, a quarter of its serial divisions per thread. The loop
+  // runs the same trip count in every thread, so the shuffles always see all 32 lanes.
+  for (int64_t t0 = 0; t0 < 4 * MV_M * nb; t0 += kGroup * kFusedGroups) {
+    const int64_t t = t0 + tid;
+    const bool active = t < 4 * MV_M * nb;
+    const int64_t mb = active ? t / 4 : 0;
+    const int quarter = static_cast<int>(t % 4);
+    const int64_t m = mb / nb, b = mb % nb;
+    const typename T::storage* xb = x + m * x_stride + b * kQK + 8 * quarter;
+    float v[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = active ? T::load(xb + i) : 0.0f;
+      amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
+    }
+    amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 1));
+    amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 2));
+    const float d = port_div_rn(amax, 127.0f);
+    int sum = 0;
+    uint32_t qw[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[4 * h + c], d)));
+        word |= static_cast<uint32_t>(qi & 0xff) << (8 * c);
+        sum += qi;
+      }
+      qw[h] = word;
+    }
+    sum += port_shfl_xor(sum, 1);
+    sum += port_shfl_xor(sum, 2);
+    if (active) {
+      uint32_t* rec = xrec + (m * supers + b / kSuperBlocks) * kRecordWords;
+      const int j = static_cast<int>(b % kSuperBlocks);
+      rec[8 * j + 2 * quarter] = qw[0];
+      rec[8 * j + 2 * quarter + 1] = qw[1];
+      if (quarter == 0) {
+        rec[64 + j] = port_float_to_bits(d);
+        rec[72 + j] = port_float_to_bits(d * static_cast<float>(sum));
+      }
+    }
+  }
+  __syncthreads();
+
+  float acc[MV_M];
+#pragma unroll
+  for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t set = first_set + (item / k_steps) * groups;
+    const int64_t ks = item % k_steps;
+#pragma unroll
+    for (int t = 0; t < kSuperPieces; ++t) region[group][t * kGroup + lane] = r[t];
+    port_sync_group();
+    uint32_t pw[4 * kSuperPieces];
+#pragma unroll
+    for (int t = 0; t < kSuperPieces; ++t) {
+      words_of(region[group][lane * kSuperPieces + t], &pw[4 * t]);
+    }
+    port_sync_group();
+    if (item + 1 < items) load_region(item + 1);
+    const int64_t row = set * rows_per_set + lane / g_lanes;
+    const int64_t sb = ks * g_lanes + lane % g_lanes;
+    if (row < n_rows && sb < supers) {
+#pragma unroll
+      for (int p = 0; p < kSuperBlocks / 2; ++p) {  // block pairs, as in q4_0_mv_kernel
+        uint32_t qa[4], qb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          qa[i] = (pw[9 * p + i] >> 16) | (pw[9 * p + i + 1] << 16);
+          qb[i] = pw[9 * p + 5 + i];
+        }
+        const float da = port_half_to_float(static_cast<uint16_t>(pw[9 * p] & 0xffff));
+        const float db = port_half_to_float(static_cast<uint16_t>(pw[9 * p + 4] >> 16));
+#pragma unroll
+        for (int m = 0; m < MV_M; ++m) {
+          const uint32_t* rec = xrec + (m * supers + sb) * kRecordWords;
+          const bytes16* qv = reinterpret_cast<const bytes16*>(rec + 16 * p);
+          uint32_t ua[8], ub[8];
+          words_of(qv[0], &ua[0]);
+          words_of(qv[1], &ua[4]);
+          words_of(qv[2], &ub[0]);
+          words_of(qv[3], &ub[4]);
+          int va[8], vb[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            va[i] = static_cast<int>(ua[i]);
+            vb[i] = static_cast<int>(ub[i]);
+          }
+          const float d8a = port_bits_to_float(rec[64 + 2 * p]), d8b = port_bits_to_float(rec[65 + 2 * p]);
+          const float s8a = port_bits_to_float(rec[72 + 2 * p]), s8b = port_bits_to_float(rec[73 + 2 * p]);
+          acc[m] += da * (d8a * static_cast<float>(block_dot(qa, va)) - 8.0f * s8a);
+          acc[m] += db * (d8b * static_cast<float>(block_dot(qb, vb)) - 8.0f * s8b);
+        }
+      }
+    }
+    if (ks == k_steps - 1) {  // the row set is done: reduce over the G lanes of each row
+#pragma unroll
+      for (int m = 0; m < MV_M; ++m) {
+        float v = acc[m];
+        for (int off = g_lanes / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+        if (lane % g_lanes == 0 && row < n_rows) y[m * n_rows + row] = T::from_float(v);
+        acc[m] = 0.0f;
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------ dp4a tiled GEMM
 
 constexpr int kTileM = 64;
@@ -413,5 +623,18 @@ FTLAB_Q4_0_MV_INSTANTIATE(5)
 FTLAB_Q4_0_MV_INSTANTIATE(6)
 FTLAB_Q4_0_MV_INSTANTIATE(7)
 FTLAB_Q4_0_MV_INSTANTIATE(8)
+
+#define FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, M)                                                  \
+  template __global__ void q4_0_mv_fused_kernel<T, M>(const T::storage*, int64_t,              \
+                                                      const uint8_t*, int64_t, T::storage*,    \
+                                                      int64_t, int64_t, int);
+#define FTLAB_Q4_0_MV_FUSED_ALL_M(T)        \
+  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 1)     \
+  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 2)     \
+  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 3)     \
+  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 4)
+FTLAB_Q4_0_MV_FUSED_ALL_M(f32_t)
+FTLAB_Q4_0_MV_FUSED_ALL_M(f16_t)
+FTLAB_Q4_0_MV_FUSED_ALL_M(bf16_t)
 
 }  // namespace ftlab

@@ -179,6 +179,66 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
   check_launch("q4_0_mv_kernel");
 }
 
+namespace {
+template <typename T, int M>
+void launch_mv_fused(const TensorView& w, const TensorView& x, const TensorView& y, int g_lanes) {
+  int device = 0, sms = 1, resident = 1;
+  port_get_device(&device);
+  port_sm_count(&sms, device);
+  port_occupancy(&resident, q4_0_mv_fused_kernel<T, M>, kGroup * kFusedGroups);
+  const int64_t n = w.size(0), k = x.size(1);
+  const int64_t row_sets = (n + kGroup / g_lanes - 1) / (kGroup / g_lanes);
+  const int64_t needed = (row_sets + kFusedGroups - 1) / kFusedGroups;
+  const int64_t blocks = static_cast<int64_t>(resident > 0 ? resident : 1) * sms;
+  const dim3 grid(static_cast<unsigned>(needed < blocks ? needed : blocks));
+  q4_0_mv_fused_kernel<T, M><<<grid, dim3(kGroup, kFusedGroups), 0, stream_of(y)>>>(
+      static_cast<const typename T::storage*>(base_of(x)), x.stride(0),
+      static_cast<const uint8_t*>(base_of(w)), w.size(1),
+      static_cast<typename T::storage*>(base_of(y)), n, k, g_lanes);
+}
+
+template <typename T>
+void dispatch_mv_fused(const TensorView& w, const TensorView& x, const TensorView& y, int g_lanes) {
+  switch (x.size(0)) {
+    case 1: launch_mv_fused<T, 1>(w, x, y, g_lanes); break;
+    case 2: launch_mv_fused<T, 2>(w, x, y, g_lanes); break;
+    case 3: launch_mv_fused<T, 3>(w, x, y, g_lanes); break;
+    case 4: launch_mv_fused<T, 4>(w, x, y, g_lanes); break;
+  }
+}
+}  // namespace
+
+// y [M, N] in x's dtype = int8 dot of x [M, K] (quantized to Q8_1 inside the kernel, M <= 8)
+// with Q4_0 weights w [N, K/32*18]; K a multiple of 256, w 16-byte aligned, and M * K small
+// enough for the activation records to fit in LDS (ops.q4_0_matmul checks; else it takes
+// quantize_q8_1 + q4_0_mv).
+void q4_0_mv_fused(TensorView w, TensorView x, TensorView y) {
+  TVM_FFI_CHECK(x.ndim() == 2 && x.size(1) % kQK == 0 && (x.size(1) <= 1 || x.stride(1) == 1), ValueError)
+      << "x must be [M, K] with contiguous rows and K % 32 == 0";
+  const int64_t m = x.size(0), k = x.size(1);
+  check_weight(w, k);
+  const int64_t n = w.size(0);
+  check_contiguous(y, "y");
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m && y.size(1) == n, ValueError) << "y must be [M, N]";
+  TVM_FFI_CHECK(fp_of(y, "y") == fp_of(x, "x"), TypeError) << "y must have x's dtype";
+  TVM_FFI_CHECK(m >= 1 && m <= 4, ValueError) << "the fused matvec takes 1 to 4 rows, got " << m;
+  const int64_t supers = k / kQK / kSuperBlocks;
+  TVM_FFI_CHECK(k % (kQK * kSuperBlocks) == 0 && reinterpret_cast<uintptr_t>(base_of(w)) % 16 == 0, ValueError)
+      << "the fused matvec needs K % 256 == 0 and a 16-byte aligned w, got K = " << k;
+  TVM_FFI_CHECK(m * supers * kRecordWords * 4 <= kFusedXBytes, ValueError)
+      << "the fused matvec holds at most " << kFusedXBytes << " bytes of activation records, M x K = "
+      << m << " x " << k << " needs " << m * supers * kRecordWords * 4;
+  if (n == 0) return;
+  int g_lanes = 1;
+  while (g_lanes < kGroup && g_lanes < supers) g_lanes *= 2;
+  switch (fp_of(x, "x")) {
+    case Fp::f32: dispatch_mv_fused<f32_t>(w, x, y, g_lanes); break;
+    case Fp::f16: dispatch_mv_fused<f16_t>(w, x, y, g_lanes); break;
+    case Fp::bf16: dispatch_mv_fused<bf16_t>(w, x, y, g_lanes); break;
+  }
+  check_launch("q4_0_mv_fused_kernel");
+}
+
 // y [M, N] fp32, any M: the dp4a-tiled GEMM.
 void q4_0_gemm(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
   const Q8Args a = q8_args(q, d, s);
@@ -199,4 +259,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_q4_0, ftlab::quantize_q4_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dequantize_q4_0, ftlab::dequantize_q4_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_q8_1, ftlab::quantize_q8_1);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv, ftlab::q4_0_mv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv_fused, ftlab::q4_0_mv_fused);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_gemm, ftlab::q4_0_gemm);
