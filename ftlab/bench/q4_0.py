@@ -36,6 +36,9 @@ SHAPES = {  # name: (N, K)
     "lm_head 2048->151936": (151936, 2048),
     "llama.cpp 4096x14336": (4096, 14336),
 }
+# at least this many calls per captured graph, so that the gap between graph replays is
+# spread thin (it added ~4 us per call at 2 calls a graph on the lm_head shape)
+MIN_INNER = 8
 ROTATE_BYTES = 256 << 20  # rotate copies until the weights read per graph exceed L2 many times
 
 NOTES = [
@@ -99,7 +102,7 @@ def _bench_rows(
         add(
             name,
             lambda nm=name, t=turn: ops.q4_0_matmul(x, banks[next(t) % reps], backend=nm),
-            reps,
+            reps * -(-MIN_INNER // reps),
             ok=ok,
         )
         if hot:

@@ -54,15 +54,19 @@ def matvec_ok(w: Q4_0Weight) -> bool:
 
 FUSED_X_BYTES = 28 * 1024  # kFusedXBytes: LDS for the activation records of the fused matvec
 SUPER_K = 256  # 8 Q4_0 blocks: the fused matvec's unit of K
+# Longer rows go to the two-launch matvec: every block of the fused one quantizes all of x
+# first, which at K = 14336 (4096 rows) made it slower (39 us) than quantize + q4_0_mv (30 us).
+FUSED_MAX_K = 8192
 
 
 def fused_matvec_ok(x: torch.Tensor, w: Q4_0Weight) -> bool:
     """Whether the one-launch matvec (Q8_1 quantize + int8 dot + cast) serves ``x @ w.T``:
-    K a multiple of 256, 16-byte aligned blocks, and M x K small enough for its LDS."""
+    K a multiple of 256 up to 8192, 16-byte aligned blocks, and M x K small enough for its LDS."""
     m, k = x.shape
     return (
         1 <= m <= FUSED_MAX_M
         and k % SUPER_K == 0
+        and k <= FUSED_MAX_K
         and w.data.data_ptr() % 16 == 0
         and m * (k // SUPER_K) * 84 * 4 <= FUSED_X_BYTES
     )

@@ -40,23 +40,35 @@ CONFIGS: dict[str, dict[str, dict[str, int]]] = {
         "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
         "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 1, "progs_per_sm": 8},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 3},
+        "gemm_f32": {
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "BLOCK_KB": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+            "f32_precision": "tf32x3",
+        },
     },
     "gfx1100": {
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
     "gfx1201": {
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
     "gfx942": {  # wave64; BLOCK_KB 8 spills SGPRs at M = 8
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
     "default": {
         "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
         "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 0, "progs_per_sm": 8},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
     },
 }
 CONFIGS["gfx1151"] = CONFIGS["gfx1100"]
@@ -383,12 +395,16 @@ def q4_0_dequant_gemm_kernel(
     x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride,
     M, N, NBK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, DOT_F32: tl.constexpr,
+    IEEE: tl.constexpr, F32_PRECISION: tl.constexpr = "ieee",
 ):  # fmt: skip
     """y = x @ dequantize(W).T: per step, BLOCK_KB Q4_0 blocks (32 * BLOCK_KB of K) of a
     ``[*, BLOCK_N]`` weight tile are dequantized in registers to x's dtype, and ``tl.dot``
     accumulates in fp32.
 
-    ``DOT_F32``: keep both operands in fp32 (the CPU interpreter computes bf16 wrongly)."""
+    ``DOT_F32``: keep both operands in fp32 (the CPU interpreter computes bf16 wrongly).
+    ``IEEE``: the operands are fp32 (x's dtype, or DOT_F32): ask for fp32-accurate products
+    (``F32_PRECISION``: "ieee", or "tf32x3" on NVIDIA, where the IEEE dot needs stack), since
+    ``tl.dot`` would round fp32 operands to TF32 on NVIDIA tensor cores."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -419,7 +435,10 @@ def q4_0_dequant_gemm_kernel(
             wlo = wlo.to(x_ptr.dtype.element_ty)
             whi = whi.to(x_ptr.dtype.element_ty)
         b = tl.reshape(tl.permute(tl.join(wlo, whi), (0, 2, 1)), (BLOCK_KB * 32, BLOCK_N))
-        acc = tl.dot(a, b, acc)
+        if IEEE:  # fp32 operands: fp32-accurate products, not TF32 (the dequant path's contract)
+            acc = tl.dot(a, b, acc, input_precision=F32_PRECISION)
+        else:
+            acc = tl.dot(a, b, acc)
     out = y_ptr + rm.to(tl.int64)[:, None] * y_stride + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -533,12 +552,14 @@ def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    cfg = config("gemm", x.device)
+    cfg = config("gemm_f32" if x.dtype == torch.float32 else "gemm", x.device)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     q4_0_dequant_gemm_kernel[grid](
         x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k // QK,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
-        DOT_F32=x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+        DOT_F32=x.dtype == torch.bfloat16 and _interpreted(),
+        IEEE=x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _interpreted()),
+        F32_PRECISION=cfg.get("f32_precision", "ieee") if not _interpreted() else "ieee",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return y
@@ -600,16 +621,19 @@ def compile_specs(target: str) -> list:
                 num_warps=mv4["num_warps"],
             ))  # fmt: skip
     gemm = cfg["gemm"]
-    for dt in (torch.float16, torch.bfloat16):
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        gemm = cfg["gemm_f32" if dt == torch.float32 else "gemm"]
         label = f"q4_0_dequant_gemm_kernel[{str(dt).removeprefix('torch.')}, {gemm['BLOCK_M']}x{gemm['BLOCK_N']}"
         specs.append(TritonSpec(
             f"{label}, {gemm['BLOCK_KB']} blocks]",
             q4_0_dequant_gemm_kernel,
             {"x_ptr": ptr[dt], "x_stride": "i32", "w_ptr": "*u8", "row_bytes": "i32", "y_ptr": ptr[dt],
              "y_stride": "i32", "M": "i32", "N": "i32", "NBK": "i32", "BLOCK_M": "constexpr",
-             "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr", "DOT_F32": "constexpr"},
+             "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr", "DOT_F32": "constexpr", "IEEE": "constexpr",
+             "F32_PRECISION": "constexpr"},
             {"BLOCK_M": gemm["BLOCK_M"], "BLOCK_N": gemm["BLOCK_N"], "BLOCK_KB": gemm["BLOCK_KB"],
-             "DOT_F32": False},
+             "DOT_F32": False, "IEEE": dt == torch.float32,
+             "F32_PRECISION": gemm.get("f32_precision", "ieee")},
             num_warps=gemm["num_warps"], options={"num_stages": gemm["num_stages"]},
         ))  # fmt: skip
     return specs
