@@ -77,9 +77,13 @@ CONFIGS["gfx1151"] = CONFIGS["gfx1100"]
 MV_MAX_M = 8
 
 
-def config(kernel: str, device: torch.device) -> dict[str, int]:
+def _table(device: torch.device) -> dict[str, dict[str, int]]:
     arch = current(device).arch if device.type != "cpu" else None
-    return dict(CONFIGS.get(arch or "default", CONFIGS["default"])[kernel])
+    return CONFIGS.get(arch or "default", CONFIGS["default"])
+
+
+def config(kernel: str, device: torch.device) -> dict[str, int]:
+    return dict(_table(device)[kernel])
 
 
 # ------------------------------------------------------------------ quantize / dequantize
@@ -264,6 +268,46 @@ def _qs_word(w_lo, w_hi, odd):
 
 
 @triton.jit
+def _load_blocks(w32_ptr, w16_ptr, row32, kb, mask):
+    """The four qs words and the fp32 scale of blocks ``kb`` of rows ``row32`` (word offsets
+    of the rows), ``[BN, KB]`` each: five word loads per block (block b starts at word 9b/2)."""
+    wp = w32_ptr + row32[:, None] + ((kb * 9) // 2)[None, :]
+    w0 = tl.load(wp, mask=mask, other=0)
+    w1 = tl.load(wp + 1, mask=mask, other=0)
+    w2 = tl.load(wp + 2, mask=mask, other=0)
+    w3 = tl.load(wp + 3, mask=mask, other=0)
+    w4 = tl.load(wp + 4, mask=mask, other=0)
+    odd = (kb % 2 == 1)[None, :]
+    d4 = tl.load(w16_ptr + 2 * row32[:, None] + (kb * 9)[None, :], mask=mask, other=0)
+    d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)
+    return (_qs_word(w0, w1, odd), _qs_word(w1, w2, odd), _qs_word(w2, w3, odd),
+            _qs_word(w3, w4, odd), d4)  # fmt: skip
+
+
+@triton.jit
+def _load_x_words(xp, mask):
+    """The eight q8 words of blocks at ``xp`` (``[KB]`` word pointers), each ``[1, KB]``."""
+    return (tl.load(xp, mask=mask, other=0)[None, :], tl.load(xp + 1, mask=mask, other=0)[None, :],
+            tl.load(xp + 2, mask=mask, other=0)[None, :], tl.load(xp + 3, mask=mask, other=0)[None, :],
+            tl.load(xp + 4, mask=mask, other=0)[None, :], tl.load(xp + 5, mask=mask, other=0)[None, :],
+            tl.load(xp + 6, mask=mask, other=0)[None, :], tl.load(xp + 7, mask=mask, other=0)[None, :])  # fmt: skip
+
+
+@triton.jit
+def _block_sums(q0, q1, q2, q3, x0, x1, x2, x3, x4, x5, x6, x7, ASM: tl.constexpr):
+    """Exact int8 sums of blocks: low nibbles (elements 4i..4i+3) against q8 words 0..3, high
+    nibbles (elements 4i+16..4i+19) against words 4..7."""
+    s = _dp4a(q0 & 0x0F0F0F0F, x0, tl.zeros(q0.shape, dtype=tl.int32), ASM)
+    s = _dp4a(q1 & 0x0F0F0F0F, x1, s, ASM)
+    s = _dp4a(q2 & 0x0F0F0F0F, x2, s, ASM)
+    s = _dp4a(q3 & 0x0F0F0F0F, x3, s, ASM)
+    s = _dp4a((q0 >> 4) & 0x0F0F0F0F, x4, s, ASM)
+    s = _dp4a((q1 >> 4) & 0x0F0F0F0F, x5, s, ASM)
+    s = _dp4a((q2 >> 4) & 0x0F0F0F0F, x6, s, ASM)
+    return _dp4a((q3 >> 4) & 0x0F0F0F0F, x7, s, ASM)
+
+
+@triton.jit
 def q4_0_mv4_kernel(
     w32_ptr, w16_ptr, row_words, q8w_ptr, d8_ptr, s8_ptr, part_ptr,
     M, N, K, NBK, KB_PER_SPLIT,
@@ -284,107 +328,50 @@ def q4_0_mv4_kernel(
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     if HOIST:
-        # M = 1 and all of K in one tile: the activations are loaded once, then the program
-        # walks row tiles pid_n, pid_n + programs, ... (a persistent grid)
+        # the activations are loaded once; the program walks row tiles pid_n, pid_n + programs..
         kb = tl.arange(0, BLOCK_KB)
         kb_ok = kb < NBK
-        xp = q8w_ptr + kb * 8
-        x0 = tl.load(xp, mask=kb_ok, other=0)[None, :]
-        x1 = tl.load(xp + 1, mask=kb_ok, other=0)[None, :]
-        x2 = tl.load(xp + 2, mask=kb_ok, other=0)[None, :]
-        x3 = tl.load(xp + 3, mask=kb_ok, other=0)[None, :]
-        x4 = tl.load(xp + 4, mask=kb_ok, other=0)[None, :]
-        x5 = tl.load(xp + 5, mask=kb_ok, other=0)[None, :]
-        x6 = tl.load(xp + 6, mask=kb_ok, other=0)[None, :]
-        x7 = tl.load(xp + 7, mask=kb_ok, other=0)[None, :]
+        x0, x1, x2, x3, x4, x5, x6, x7 = _load_x_words(q8w_ptr + kb * 8, kb_ok)
         x_d = tl.load(d8_ptr + kb, mask=kb_ok, other=0.0)[None, :]
         x_s = tl.load(s8_ptr + kb, mask=kb_ok, other=0.0)[None, :]
-        odd = (kb % 2 == 1)[None, :]
         for tile in range(pid_n, tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
             n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             n_ok = n < N
             row32 = n.to(tl.int64) * row_words
-            wm = n_ok[:, None] & kb_ok[None, :]
-            wp = w32_ptr + row32[:, None] + ((kb * 9) // 2)[None, :]
-            w0 = tl.load(wp, mask=wm, other=0)
-            w1 = tl.load(wp + 1, mask=wm, other=0)
-            w2 = tl.load(wp + 2, mask=wm, other=0)
-            w3 = tl.load(wp + 3, mask=wm, other=0)
-            w4 = tl.load(wp + 4, mask=wm, other=0)
-            d4 = tl.load(w16_ptr + 2 * row32[:, None] + (kb * 9)[None, :], mask=wm, other=0)
-            d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)
-            q0 = _qs_word(w0, w1, odd)
-            q1 = _qs_word(w1, w2, odd)
-            q2 = _qs_word(w2, w3, odd)
-            q3 = _qs_word(w3, w4, odd)
-            sumi = tl.zeros((BLOCK_N, BLOCK_KB), dtype=tl.int32)
-            sumi = _dp4a(q0 & 0x0F0F0F0F, x0, sumi, ASM)
-            sumi = _dp4a(q1 & 0x0F0F0F0F, x1, sumi, ASM)
-            sumi = _dp4a(q2 & 0x0F0F0F0F, x2, sumi, ASM)
-            sumi = _dp4a(q3 & 0x0F0F0F0F, x3, sumi, ASM)
-            sumi = _dp4a((q0 >> 4) & 0x0F0F0F0F, x4, sumi, ASM)
-            sumi = _dp4a((q1 >> 4) & 0x0F0F0F0F, x5, sumi, ASM)
-            sumi = _dp4a((q2 >> 4) & 0x0F0F0F0F, x6, sumi, ASM)
-            sumi = _dp4a((q3 >> 4) & 0x0F0F0F0F, x7, sumi, ASM)
+            q0, q1, q2, q3, d4 = _load_blocks(
+                w32_ptr, w16_ptr, row32, kb, n_ok[:, None] & kb_ok[None, :]
+            )
+            sumi = _block_sums(q0, q1, q2, q3, x0, x1, x2, x3, x4, x5, x6, x7, ASM)
             y = tl.sum(d4 * (x_d * sumi.to(tl.float32) - 8.0 * x_s), axis=1)
             tl.store(part_ptr + n, y.to(part_ptr.dtype.element_ty), mask=n_ok)
-        return
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    mrange = tl.arange(0, MP)
-    acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
-    row32 = n.to(tl.int64) * row_words
-    kb_lo = split * KB_PER_SPLIT
-    kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, NBK)
-    for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
-        kb = kb0 + tl.arange(0, BLOCK_KB)
-        kb_ok = kb < kb_hi
-        wm = n_ok[:, None] & kb_ok[None, :]
-        wp = w32_ptr + row32[:, None] + ((kb * 9) // 2)[None, :]  # [BN, KB]
-        w0 = tl.load(wp, mask=wm, other=0)
-        w1 = tl.load(wp + 1, mask=wm, other=0)
-        w2 = tl.load(wp + 2, mask=wm, other=0)
-        w3 = tl.load(wp + 3, mask=wm, other=0)
-        w4 = tl.load(wp + 4, mask=wm, other=0)
-        odd = (kb % 2 == 1)[None, :]
-        q0 = _qs_word(w0, w1, odd)
-        q1 = _qs_word(w1, w2, odd)
-        q2 = _qs_word(w2, w3, odd)
-        q3 = _qs_word(w3, w4, odd)
-        d4 = tl.load(w16_ptr + 2 * row32[:, None] + (kb * 9)[None, :], mask=wm, other=0)
-        d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)  # [BN, KB]
-        for m in tl.static_range(MP):
-            if m < M:
-                xp = q8w_ptr + m * (K // 4) + kb * 8  # [KB]: the block's 8 words of q8
-                sumi = tl.zeros((BLOCK_N, BLOCK_KB), dtype=tl.int32)
-                sumi = _dp4a(q0 & 0x0F0F0F0F, tl.load(xp, mask=kb_ok, other=0)[None, :], sumi, ASM)
-                sumi = _dp4a(
-                    q1 & 0x0F0F0F0F, tl.load(xp + 1, mask=kb_ok, other=0)[None, :], sumi, ASM
-                )
-                sumi = _dp4a(
-                    q2 & 0x0F0F0F0F, tl.load(xp + 2, mask=kb_ok, other=0)[None, :], sumi, ASM
-                )
-                sumi = _dp4a(
-                    q3 & 0x0F0F0F0F, tl.load(xp + 3, mask=kb_ok, other=0)[None, :], sumi, ASM
-                )
-                sumi = _dp4a(
-                    (q0 >> 4) & 0x0F0F0F0F, tl.load(xp + 4, mask=kb_ok, other=0)[None, :], sumi, ASM
-                )
-                sumi = _dp4a(
-                    (q1 >> 4) & 0x0F0F0F0F, tl.load(xp + 5, mask=kb_ok, other=0)[None, :], sumi, ASM
-                )
-                sumi = _dp4a(
-                    (q2 >> 4) & 0x0F0F0F0F, tl.load(xp + 6, mask=kb_ok, other=0)[None, :], sumi, ASM
-                )
-                sumi = _dp4a(
-                    (q3 >> 4) & 0x0F0F0F0F, tl.load(xp + 7, mask=kb_ok, other=0)[None, :], sumi, ASM
-                )
-                d8 = tl.load(d8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
-                s8 = tl.load(s8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
-                part = tl.sum(d4 * (d8[None, :] * sumi.to(tl.float32) - 8.0 * s8[None, :]), axis=1)
-                acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
-    out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
-    tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
+    else:
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < N
+        mrange = tl.arange(0, MP)
+        acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
+        row32 = n.to(tl.int64) * row_words
+        kb_lo = split * KB_PER_SPLIT
+        kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, NBK)
+        for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
+            kb = kb0 + tl.arange(0, BLOCK_KB)
+            kb_ok = kb < kb_hi
+            q0, q1, q2, q3, d4 = _load_blocks(
+                w32_ptr, w16_ptr, row32, kb, n_ok[:, None] & kb_ok[None, :]
+            )
+            for m in tl.static_range(MP):
+                if m < M:
+                    x0, x1, x2, x3, x4, x5, x6, x7 = _load_x_words(
+                        q8w_ptr + m * (K // 4) + kb * 8, kb_ok
+                    )
+                    sumi = _block_sums(q0, q1, q2, q3, x0, x1, x2, x3, x4, x5, x6, x7, ASM)
+                    d8 = tl.load(d8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
+                    s8 = tl.load(s8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
+                    part = tl.sum(
+                        d4 * (d8[None, :] * sumi.to(tl.float32) - 8.0 * s8[None, :]), axis=1
+                    )
+                    acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
+        out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
+        tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
 
 
 # ------------------------------------------------------------------ prefill GEMM
@@ -497,13 +484,7 @@ def _interpreted() -> bool:
 def _use_mv4(w: Q4_0Weight) -> bool:
     """The dp4a matvec reads 32-bit words: rows of an even number of blocks, an aligned base,
     and a target whose table has an ``mv4`` entry."""
-    nbk = w.shape[-1] // QK
-    arch = current(w.device).arch if w.device.type != "cpu" else None
-    return (
-        nbk % 2 == 0
-        and w.data.data_ptr() % 4 == 0
-        and "mv4" in CONFIGS.get(arch or "default", CONFIGS["default"])
-    )
+    return (w.shape[-1] // QK) % 2 == 0 and w.data.data_ptr() % 4 == 0 and "mv4" in _table(w.device)
 
 
 def q4_0_matvec(x8: Q8_1, w: Q4_0Weight, out_dtype: torch.dtype) -> torch.Tensor:

@@ -40,6 +40,7 @@ int vec_width(std::initializer_list<uint64_t> quantities) {
 
 struct CopyShape {
   dim3 grid, block;
+  bool one_vector;  // small, and blockDim.x covers a row: one vector per thread, no loop
 };
 
 // blockDim.x threads per row (power of two), blockDim.y rows per block.
@@ -52,7 +53,7 @@ CopyShape copy_shape(int64_t rows, int64_t row_vecs) {
   int tpr = 1;
   while (tpr * per_thread < row_vecs && tpr < kCopyThreads) tpr <<= 1;
   const int rpb = small && tpr >= 64 ? 1 : kCopyThreads / tpr;
-  return {dim3(static_cast<unsigned>((rows + rpb - 1) / rpb)), dim3(tpr, rpb)};
+  return {dim3(static_cast<unsigned>((rows + rpb - 1) / rpb)), dim3(tpr, rpb), small && row_vecs <= tpr};
 }
 
 port_stream_t stream_of(const TensorView& t) {
@@ -70,7 +71,7 @@ void launch_index(const TensorView& weights, const TensorView& indices, const Te
   const int64_t L = indices.size(0);
   const int64_t row_vecs = weights.size(1) * eb / static_cast<int64_t>(sizeof(Vec));
   const CopyShape s = copy_shape(L, row_vecs);
-  if (L * row_vecs < (int64_t{1} << 16) && row_vecs <= static_cast<int64_t>(s.block.x)) {
+  if (s.one_vector) {
     index_rows_small_kernel<Vec, Idx><<<s.grid, s.block, 0, stream_of(out)>>>(
         reinterpret_cast<const Vec*>(base_of(weights)), weights.stride(0) * eb / sizeof(Vec),
         reinterpret_cast<const Idx*>(base_of(indices)), reinterpret_cast<Vec*>(base_of(out)),

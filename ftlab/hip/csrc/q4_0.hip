@@ -106,6 +106,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Four Q8_1 values, q = round(v / d) (half away from zero; 0 for an all-zero block), packed
+// into a word (v[c] in byte c); their sum is added to *sum.
+__device__ __forceinline__ uint32_t q8_1_word(const float v[4], float amax, float d, int* sum) {
+  uint32_t word = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[c], d)));
+    word |= static_cast<uint32_t>(qi & 0xff) << (8 * c);
+    *sum += qi;
+  }
+  return word;
+}
+
 // Q8_1 of one 32-element block: d = amax / 127, q = round(x / d) (half away from zero),
 // packed four to a word (element 4i + c in byte c of word i), and s = d * sum(q).
 template <typename T>
@@ -121,16 +134,7 @@ __device__ __forceinline__ void q8_1_block(const typename T::storage* xb, uint32
   const float d = port_div_rn(amax, 127.0f);
   int sum = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[4 * i + c], d)));
-      word |= static_cast<uint32_t>(qi & 0xff) << (8 * c);
-      sum += qi;
-    }
-    qw[i] = word;
-  }
+  for (int i = 0; i < 8; ++i) qw[i] = q8_1_word(&v[4 * i], amax, d, &sum);
   *d_out = d;
   *s_out = d * static_cast<float>(sum);
 }
@@ -393,8 +397,8 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   };
   if (items > 0) load_region(0);  // in flight while the activations are quantized
 
-  // Q8_1 of x, four threads a block (8 elements each; amax over the four by shuffles): the
-  // same arithmetic as q8_1_block, a quarter of its serial divisions per thread. The loop
+  // Q8_1 of x, four threads a block (8 elements each; amax and the sum over the four by
+  // shuffles): q8_1_block's arithmetic (q8_1_word), a quarter of its divisions per thread. The loop
   // runs the same trip count in every thread, so the shuffles always see all 32 lanes.
   for (int64_t t0 = 0; t0 < 4 * MV_M * nb; t0 += kGroup * kFusedGroups) {
     const int64_t t = t0 + tid;
@@ -414,18 +418,7 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
     amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 2));
     const float d = port_div_rn(amax, 127.0f);
     int sum = 0;
-    uint32_t qw[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[4 * h + c], d)));
-        word |= static_cast<uint32_t>(qi & 0xff) << (8 * c);
-        sum += qi;
-      }
-      qw[h] = word;
-    }
+    const uint32_t qw[2] = {q8_1_word(&v[0], amax, d, &sum), q8_1_word(&v[4], amax, d, &sum)};
     sum += port_shfl_xor(sum, 1);
     sum += port_shfl_xor(sum, 2);
     if (active) {

@@ -83,6 +83,17 @@ Q8Args q8_args(const TensorView& q, const TensorView& d, const TensorView& s) {
           static_cast<const float*>(base_of(s)), q.size(0), q.size(1)};
 }
 
+// A persistent grid: as many blocks of `kernel` as are resident at once, at most `needed`.
+template <typename K>
+unsigned persistent_grid(K kernel, int threads, int64_t needed) {
+  int device = 0, sms = 1, resident = 1;
+  port_get_device(&device);
+  port_sm_count(&sms, device);
+  port_occupancy(&resident, kernel, threads);
+  const int64_t blocks = static_cast<int64_t>(resident > 0 ? resident : 1) * sms;
+  return static_cast<unsigned>(needed < blocks ? needed : blocks);
+}
+
 void check_weight(const TensorView& w, int64_t k) {
   check_contiguous(w, "w");
   TVM_FFI_CHECK(w.ndim() == 2 && w.size(1) == k / kQK * kBlockBytes, ValueError)
@@ -147,9 +158,6 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
       << "the matvec needs an even number of blocks per row and a 4-byte aligned w";
   if (n == 0) return;
   // a persistent grid: as many blocks as are resident at once, each walking rows
-  int device = 0, sms = 1;
-  port_get_device(&device);
-  port_sm_count(&sms, device);
   const dim3 block(kGroup, kRowsPerBlock);
   const int64_t row_blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   const uint8_t* wp = static_cast<const uint8_t*>(base_of(w));
@@ -159,10 +167,7 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
   switch (a.m) {
 #define FTLAB_MV_CASE(M)                                                                       \
   case M: {                                                                                    \
-    int resident = 1;                                                                          \
-    port_occupancy(&resident, q4_0_mv_kernel<M>, kGroup * kRowsPerBlock);                     \
-    const int64_t blocks = static_cast<int64_t>(resident > 0 ? resident : 1) * sms;            \
-    const dim3 grid(static_cast<unsigned>(row_blocks < blocks ? row_blocks : blocks));         \
+    const dim3 grid(persistent_grid(q4_0_mv_kernel<M>, kGroup * kRowsPerBlock, row_blocks));   \
     q4_0_mv_kernel<M><<<grid, block, 0, st>>>(wp, rb, a.q, a.d, a.s, yp, n, a.k);             \
     break;                                                                                     \
   }
@@ -182,15 +187,10 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
 namespace {
 template <typename T, int M>
 void launch_mv_fused(const TensorView& w, const TensorView& x, const TensorView& y, int g_lanes) {
-  int device = 0, sms = 1, resident = 1;
-  port_get_device(&device);
-  port_sm_count(&sms, device);
-  port_occupancy(&resident, q4_0_mv_fused_kernel<T, M>, kGroup * kFusedGroups);
   const int64_t n = w.size(0), k = x.size(1);
   const int64_t row_sets = (n + kGroup / g_lanes - 1) / (kGroup / g_lanes);
-  const int64_t needed = (row_sets + kFusedGroups - 1) / kFusedGroups;
-  const int64_t blocks = static_cast<int64_t>(resident > 0 ? resident : 1) * sms;
-  const dim3 grid(static_cast<unsigned>(needed < blocks ? needed : blocks));
+  const dim3 grid(persistent_grid(q4_0_mv_fused_kernel<T, M>, kGroup * kFusedGroups,
+                                  (row_sets + kFusedGroups - 1) / kFusedGroups));
   q4_0_mv_fused_kernel<T, M><<<grid, dim3(kGroup, kFusedGroups), 0, stream_of(y)>>>(
       static_cast<const typename T::storage*>(base_of(x)), x.stride(0),
       static_cast<const uint8_t*>(base_of(w)), w.size(1),
