@@ -303,25 +303,21 @@ _register_builtin("store", "index_store", COPY_DTYPES)
 _register_builtin("quantize_q4_0", "q4_0", FLOAT_DTYPES)
 _register_builtin("dequantize_q4_0", "q4_0", FLOAT_DTYPES)
 _register_builtin("quantize_q8_1", "q4_0", FLOAT_DTYPES)
-# Routed MoE: router and align in Triton so far; the experts run on the reference.
-register("route_topk", "reference", "ftlab.reference.moe:route_topk")
-register(
-    "route_topk",
-    "triton",
-    "ftlab.triton.moe:route_topk",
-    dtypes=FLOAT_DTYPES,
-    available=triton_unavailable,
-)
-register("moe_align", "reference", "ftlab.reference.moe:moe_align")
-register("moe_align", "triton", "ftlab.triton.moe:moe_align", available=triton_unavailable)
-register(
-    "moe_experts",
-    "reference",
-    "ftlab.reference.moe:moe_experts",
-    info={"paths": ("dequant", "int8")},
-)
-register("moe_experts", "triton", "ftlab.triton.moe:moe_experts", dtypes=FLOAT_DTYPES, available=triton_unavailable,
-         auto=False, info={"paths": ("dequant",)})  # fmt: skip
+# Routed MoE. moe_experts paths (Q4_0 banks; see ops.moe_experts): "int8" and "dequant";
+# "prefill" is what path="auto" takes for more than 8 tokens.
+for _op in ("route_topk", "moe_align", "moe_experts"):
+    _register_builtin(
+        _op,
+        "moe",
+        FLOAT_DTYPES,
+        info={
+            "reference": {"paths": ("int8", "dequant"), "prefill": "dequant"},
+            "triton": {"paths": ("int8", "dequant"), "prefill": "dequant"},
+            "hip": {"paths": ("int8",), "prefill": "int8"},
+        }
+        if _op == "moe_experts"
+        else None,
+    )
 # q4_0_matmul paths: "int8" (Q8_1 activations, int8 dot) and "dequant" (dequantized
 # weights, float matmul). "prefill" is what path="auto" takes for more than 8 rows.
 _register_builtin(

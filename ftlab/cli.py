@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = {"index_store": "ftlab.bench.index_store", "q4_0": "ftlab.bench.q4_0"}
+BENCHES = {"index_store": "ftlab.bench.index_store", "q4_0": "ftlab.bench.q4_0", "moe": "ftlab.bench.moe"}
 
 
 def cmd_env(_args=None) -> int:

@@ -340,7 +340,7 @@ def moe_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
-    path: str = "dequant",
+    path: str = "auto",
     backend: str = "auto",
 ) -> torch.Tensor:
     """SwiGLU experts: ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``.
@@ -348,8 +348,14 @@ def moe_experts(
     x ``[T, H]`` fp32/fp16/bf16; ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and
     ``w_down [E, H, I]``, dense (x's dtype family) or Q4_0Weight banks; ``topk_weights``
     fp32 ``[T, k]``; ``topk_ids`` int32/int64 ``[T, k]`` -- ids outside ``[0, E)``, -1 in
-    particular, contribute nothing. ``path`` ("dequant" | "int8") applies to Q4_0 banks.
-    Returns ``[T, H]`` in x's dtype.
+    particular, contribute nothing. Returns ``[T, H]`` in x's dtype.
+
+    ``path`` applies to Q4_0 banks, as in :func:`q4_0_matmul`: ``"int8"`` (x and the SwiGLU
+    output h quantized to Q8_1, int8 block dots), ``"dequant"`` (weights dequantized; a
+    backend may round them, and h, to x's dtype for its matrix units), ``"auto"`` (int8
+    for up to 8 tokens, else the backend's prefill path: reference and triton ``"dequant"``,
+    hip ``"int8"``). Dense banks ignore it. The routing weight multiplies each expert's
+    down output before the sum over the k slots, in every backend.
     """
     _float_tensor("x", x)
     if x.dim() != 2:
@@ -375,14 +381,16 @@ def moe_experts(
             f"topk_weights and topk_ids must both be [T, k] with T = {x.shape[0]}, "
             f"got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
         )
-    if path not in ("dequant", "int8"):
-        raise ValueError(f"path must be 'dequant' or 'int8', got {path!r}")
+    if path not in ("auto", "dequant", "int8"):
+        raise ValueError(f"path must be 'auto', 'dequant' or 'int8', got {path!r}")
     for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down), ("topk_weights", topk_weights),
                     ("topk_ids", topk_ids)):  # fmt: skip
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
     impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
-    paths = impl.info.get("paths", ("dequant", "int8"))
+    paths = impl.info.get("paths", ("int8", "dequant"))
+    if path == "auto":
+        path = "int8" if x.shape[0] <= MATVEC_MAX_M else impl.info.get("prefill", paths[0])
     if path not in paths and isinstance(w_gate_up, Q4_0Weight):
         raise backends.BackendUnavailable(f"moe_experts: backend {impl.backend!r} implements the {' and '.join(paths)} "
                                           f"path(s) for Q4_0 banks, not {path!r}")  # fmt: skip
@@ -397,7 +405,7 @@ def fused_moe(
     top_k: int,
     renormalize: bool = True,
     *,
-    path: str = "dequant",
+    path: str = "auto",
     backend: str = "auto",
 ) -> torch.Tensor:
     """One Qwen3-MoE layer's experts: :func:`route_topk` then :func:`moe_experts`.

@@ -222,9 +222,8 @@ class Qwen3Moe:
         self, i: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         lw = self.weights.layers[i]
-        path = "dequant" if self.q4_0_path == "auto" else self.q4_0_path
         return ops.moe_experts(
-            x, lw.w_gate_up, lw.w_down, weights, ids, path=path, backend=self.backends["experts"]
+            x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path, backend=self.backends["experts"]
         )
 
     def stages(self, tokens: torch.Tensor, positions: torch.Tensor) -> Iterator[Stage]:

@@ -28,7 +28,12 @@ from ftlab.testing.index_store import (
     index_cases,
     store_cases,
 )
-from ftlab.testing.moe import check_align_case, check_experts_case, check_route_case
+from ftlab.testing.moe import (
+    check_align_case,
+    check_experts_case,
+    check_route_case,
+    experts_tolerance,
+)
 from ftlab.testing.q4_0 import (
     MatmulCase,
     check_dequantize_case,
@@ -51,6 +56,7 @@ __all__ = [
     "check_align_case",
     "check_dequantize_case",
     "check_experts_case",
+    "experts_tolerance",
     "check_index_case",
     "check_matmul_case",
     "check_q8_1_case",

@@ -62,27 +62,191 @@ def check_align_case(ids: torch.Tensor, num_experts: int, block_m: int, device: 
             assert torch.equal(g.cpu(), e.cpu()), f"{name}: moe_align {part} differs"
 
 
+EPS32 = 2.0**-23
+#: relative rounding of a backend's dot operands on the dequant path, by x's dtype: Q4_0
+#: weights (fp16 scale times a nibble) and the SwiGLU output h rounded to x's dtype for
+#: the matrix units (bf16 may truncate: the CPU interpreter); fp32 operands as 3xTF32
+OPERAND_ROUNDING = {torch.float32: 2.0**-22, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7}
+
+
+def _round_half_away(r: torch.Tensor) -> torch.Tensor:
+    return torch.sign(r) * torch.floor(r.abs() + 0.5)
+
+
+def _q8_1_range(h: torch.Tensor, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bounds ``[a_lo, a_hi]`` (f64, h's shape ``[R, I]``) on the dequantized Q8_1 values
+    ``d8 * q`` of any fp32 vector within ``eta`` of ``h``: the block scale ``d8 = amax / 127``
+    ranges with amax, and ``q = round(v / d8)`` may round either way near a half."""
+    r_, i_ = h.shape
+    hb, eb = h.view(r_, i_ // 32, 32), eta.view(r_, i_ // 32, 32)
+    amax_lo = (hb.abs() - eb).clamp(min=0).amax(-1, keepdim=True)
+    amax_hi = (hb.abs() + eb).amax(-1, keepdim=True)
+    d_lo = amax_lo / 127 * (1 - 2 * EPS32)
+    d_hi = amax_hi / 127 * (1 + 2 * EPS32)
+    corners = torch.stack([(hb - eb) / d_lo, (hb - eb) / d_hi, (hb + eb) / d_lo, (hb + eb) / d_hi])
+    corners = corners.nan_to_num(nan=0.0, posinf=127.0, neginf=-127.0)
+    slack = corners.abs().amax(0) * 2 * EPS32 + 1e-12
+    q_lo = _round_half_away(corners.amin(0) - slack).clamp(-127, 127)
+    q_hi = _round_half_away(corners.amax(0) + slack).clamp(-127, 127)
+    q_lo = torch.where(amax_hi == 0, 0.0, q_lo)
+    q_hi = torch.where(amax_hi == 0, 0.0, q_hi)
+    prods = torch.stack([d_lo * q_lo, d_hi * q_lo, d_lo * q_hi, d_hi * q_hi])
+    return prods.amin(0).view(r_, i_), prods.amax(0).view(r_, i_)
+
+
+def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
+                      path: str, expected: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Per-element bound ``[T, H]`` on |backend - reference| for moe_experts, derived in f64.
+
+    Both compute, per valid (token, slot), g and u (dots over H), h = silu(g) * u, the down
+    dot over I, then the weighted sum over the slots, each within a rounding bound of the
+    exact value (Higham's ``(n + 4) * eps32 * sum |parts|``, for any order and fused or not):
+    - dequant path (and dense banks): dot operands may be rounded to x's dtype
+      (``OPERAND_ROUNDING``): Q4_0 weights, h, and fp32 operands of 3xTF32 dots; the h error
+      is carried through SwiGLU to first order, plus the second-order terms (|silu'| <= 1.1,
+      |silu''| <= 0.5) and 8 fp32 roundings of h itself.
+    - int8 path: x's Q8_1 is the same in every backend; g and u follow the Q4_0 int8 bound;
+      h is quantized to Q8_1 again, and a q of h within its error may round the other way or
+      see another block scale: ``_q8_1_range`` bounds the dequantized activations, and the
+      down dot of any two choices differs by at most ``sum |W_d| (a_hi - a_lo)``.
+    One ulp of the output dtype is added: the two fp32 results may round to neighbours (the
+    ulp at ``|expected| + bound``, the reference's output, when given).
+    """
+    from ftlab.quant import Q4_0Weight
+    from ftlab.reference import q4_0 as ref
+
+    q4 = isinstance(w_gate_up, Q4_0Weight)
+    int8 = q4 and path == "int8"
+    if path == "auto":
+        int8 = q4 and x.shape[0] <= 8
+    cpu = torch.device("cpu")
+    xf = x.float().to(cpu)
+    gu = w_gate_up.to(cpu) if q4 else w_gate_up.to(cpu)
+    dn = w_down.to(cpu) if isinstance(w_down, Q4_0Weight) else w_down.to(cpu)
+    num_experts, inter, hidden = gu.shape[0], w_down.shape[-1], x.shape[1]
+    u_op = OPERAND_ROUNDING[x.dtype]
+    u_w = u_op if (q4 or x.dtype == torch.float32) and not int8 else 0.0
+    u_h = u_op if x.dtype != torch.float32 and not int8 else 0.0
+    ids_c, w_c = ids.to(cpu).long(), weights.to(cpu).double()
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    exact = torch.zeros(x.shape, dtype=torch.float64)
+
+    def dense(w):
+        return ref.dequantize_q4_0(w, torch.float32).double() if isinstance(w, Q4_0Weight) else w.double()
+
+    for e in ids_c.unique().tolist():
+        if not 0 <= e < num_experts:
+            continue
+        tok, slot = (ids_c == e).nonzero(as_tuple=True)
+        wg = dense(gu[e])  # [2I, H]
+        wd = dense(dn[e])  # [H, I]
+        if int8:
+            xs = ref.quantize_q8_1(xf[tok])
+            a = (xs.q.view(len(tok), -1, 32).double() * xs.d.double()[..., None]).view(len(tok), hidden)
+            gu_exact = a @ wg.T
+            _, parts = ref.q4_0_block_terms(xs, gu[e])
+            eta = 2 * (hidden // 32 + 5) * EPS32 * parts.double().sum(-1)  # backend and reference
+        else:
+            xa = xf[tok].double()
+            gu_exact = xa @ wg.T
+            absdot = xa.abs() @ wg.abs().T
+            eta = (u_w + 2 * (hidden + 4) * EPS32) * absdot
+        g, u = gu_exact[:, :inter], gu_exact[:, inter:]
+        eg, eu = eta[:, :inter], eta[:, inter:]
+        sig = torch.sigmoid(g)
+        silu = g * sig
+        h = silu * u
+        dsilu = (sig * (1 + g * (1 - sig))).abs()
+        eh = dsilu * u.abs() * eg + silu.abs() * eu + 1.1 * eg * eu + 0.5 * u.abs() * eg**2
+        eh = eh + 8 * EPS32 * h.abs()
+        if int8:
+            a_lo, a_hi = _q8_1_range(h, eh)
+            amag = torch.maximum(a_lo.abs(), a_hi.abs())
+            d4 = ref.unpack_q4_0(dn[e])[0].double().abs()  # [H, I/32]
+            wabs = wd.abs() + 16 * d4.repeat_interleave(32, dim=1)
+            y_exact = h @ wd.T
+            ey = (a_hi - a_lo) @ wd.abs().T + 2 * (inter // 32 + 5) * EPS32 * (amag @ wabs.T)
+        else:
+            eh = eh + u_h * (h.abs() + eh)
+            y_exact = h @ wd.T
+            habs = h.abs() + eh
+            ey = eh @ wd.abs().T + (u_w + 2 * (inter + 4) * EPS32) * (habs @ wd.abs().T)
+        wj = w_c[tok, slot][:, None]
+        out.index_add_(0, tok, wj.abs() * (ey + (ids.shape[1] + 4) * 2 * EPS32 * y_exact.abs()))
+        exact.index_add_(0, tok, wj * y_exact)
+    bound = out
+    if x.dtype != torch.float32:
+        from ftlab.testing.q4_0 import _ulp
+
+        centre = exact.abs() if expected is None else expected.double().abs().cpu()
+        bound = bound + _ulp((centre + bound).float(), x.dtype).double()  # the upper binade's ulp
+    return bound.float()
+
+
 def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
-                       path: str = "dequant", device: torch.device | str = "cpu",
+                       path: str = "auto", device: torch.device | str = "cpu",
                        backends: Sequence[str] | None = None) -> None:  # fmt: skip
-    """Every backend's moe_experts against the reference: fp32 sums over H and I in another
-    order (bound ``2e-5 * max |y|``), plus one ulp of the output dtype."""
+    """Every backend's moe_experts against the reference of the same path, within
+    :func:`experts_tolerance`. Backends lacking the path for Q4_0 banks are skipped when
+    ``backends`` is None."""
+    from ftlab.backends import resolve
     from ftlab.quant import Q4_0Weight
 
     device = torch.device(device)
-
-    def move(w):
-        return w.to(device) if isinstance(w, Q4_0Weight) else w.to(device)
-
-    args = (x.to(device), move(w_gate_up), move(w_down), weights.to(device), ids.to(device))
-    expected = ops.moe_experts(*args, path=path, backend="reference").float().cpu()
-    bound = 2e-5 * expected.abs().max() + expected.abs() * {torch.float32: 0.0, torch.float16: 2.0**-10,
-                                                            torch.bfloat16: 2.0**-7}[x.dtype]  # fmt: skip
-    for name in backends_for("moe_experts", device, x.dtype, backends):
+    q4 = isinstance(w_gate_up, Q4_0Weight)
+    args = (x.to(device), w_gate_up.to(device), w_down.to(device), weights.to(device), ids.to(device))
+    names = backends_for("moe_experts", device, x.dtype, backends)
+    for name in names:
         if name == "reference":
             continue
-        got = ops.moe_experts(*args, path=path, backend=name).float().cpu()
-        err = (got - expected).abs()
-        assert bool((err <= bound).all()), (
-            f"{name}: moe_experts off by {float(err.max()):.3g} (bound {float(bound.max()):.3g})"
-        )
+        impl = resolve("moe_experts", name, device, x.dtype)
+        paths = impl.info.get("paths", ("int8", "dequant"))
+        chosen = path
+        if path == "auto":
+            chosen = "int8" if x.shape[0] <= 8 else impl.info.get("prefill", paths[0])
+        if q4 and chosen not in paths:
+            if backends is None:
+                continue
+            raise AssertionError(f"{name}: no {chosen} path for Q4_0 banks")
+        chosen = chosen if q4 else "dequant"
+        expected = ops.moe_experts(*args, path=chosen, backend="reference").float().cpu()
+        bound = experts_tolerance(x, w_gate_up, w_down, weights, ids, chosen, expected)
+        got = ops.moe_experts(*args, path=chosen, backend=name)
+        assert got.shape == x.shape and got.dtype == x.dtype, f"{name}: {got.shape} {got.dtype}"
+        err = (got.float().cpu() - expected).abs()
+        bad = ~(err <= bound)  # NaN fails too
+        if bool(bad.any()):
+            i, j = (int(v) for v in bad.nonzero()[0])
+            raise AssertionError(
+                f"{name}: moe_experts ({chosen}) off at [{i}, {j}]: got {float(got[i, j])}, reference "
+                f"{float(expected[i, j])}, |diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} "
+                f"({int(bad.sum())} of {bad.numel()} elements)"
+            )
+
+
+def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "cpu") -> None:
+    """Slots with id -1 or >= E contribute exactly nothing and read no expert memory: the
+    experts only invalid slots name hold NaN (dense) or NaN scales (Q4_0), on every path
+    (decode: 3 tokens; prefill: 12) of ``backend``."""
+    from ftlab.backends import resolve
+
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    e, h, inter = 6, 64, 64
+    gu = torch.randn(e, 2 * inter, h, generator=gen) * 0.1
+    dn = torch.randn(e, h, inter, generator=gen) * 0.1
+    q_gu, q_dn = ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)
+    gu[2:4], dn[2:4] = float("nan"), float("nan")  # named only by invalid slots
+    q_gu.data[2:4], q_dn.data[2:4] = 0xFF, 0xFF  # fp16 scale 0xFFFF: NaN
+    paths = resolve("moe_experts", backend, device, torch.float32).info.get("paths", ("int8", "dequant"))
+    for t in (3, 12):
+        ids = torch.tensor([[0, -1], [6, 1], [-1, -1]] * (t // 3), dtype=torch.int32)
+        ids[ids == 6] = e + 3 if t > 3 else e  # >= E
+        weights = torch.full((t, 2), 0.5)
+        x = torch.randn(t, h, generator=gen)
+        banks = [(gu, dn, "dequant")] + [(q_gu, q_dn, p) for p in paths]
+        for w_gu, w_dn, path in banks:
+            args = (x.to(device), w_gu.to(device), w_dn.to(device), weights.to(device), ids.to(device))
+            y = ops.moe_experts(*args, path=path, backend=backend).cpu()
+            assert bool(torch.isfinite(y).all()), f"{backend} {path} T={t}: an invalid slot read expert memory"
+            assert bool((y[2::3] == 0).all()), f"{backend} {path} T={t}: invalid slots contributed"

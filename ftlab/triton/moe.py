@@ -1,15 +1,23 @@
-"""Routed MoE in Triton (OPS.md section 3; reference: ftlab/reference/moe.py): the router,
-the align step and the decode-path experts (dequant path) so far.
+"""Routed MoE in Triton (OPS.md section 3; reference: ftlab/reference/moe.py).
 
 - ``route_topk_kernel``: one program per token: softmax over all E in fp32, then k rounds of
   ``argmax`` (``tie_break_left``: the lower expert id wins a tie), then renormalization.
 - ``moe_align_*``: deterministic grouping by expert (no atomics, so the order within a
   group is the flat order t * k + j, as in the reference): count per expert, a prefix sum
   of the padded counts, then each expert's program writes its pairs' rows.
-- ``moe_gate_up_kernel`` / ``moe_down_kernel``: per (token, slot) gate/up matvecs with the
+- Decode (at most ``DECODE_MAX_TOKENS`` tokens): per (token, slot) gate/up matvecs with the
   SwiGLU fused, then per token the down matvecs weighted and summed over the k slots in
-  order; dense banks or Q4_0 banks dequantized in registers. Slots with an invalid id load
-  nothing (masked loads).
+  order. ``moe_gate_up_kernel`` / ``moe_down_kernel``: dense banks, or Q4_0 banks
+  dequantized in registers (fp32). ``moe_gate_up_q8_kernel`` / ``moe_down_q8_kernel``: Q4_0
+  banks on the int8 path: Q8_1 activations (x, then the SwiGLU output h) and the dp4a block
+  dots of ``ftlab.triton.q4_0``. Slots with an invalid id load nothing (masked loads).
+- Prefill: ``moe_align``, then ``moe_gemm_kernel`` twice over the sorted rows, one program
+  per (block_m rows of one expert, BLOCK_N columns): gate/up with the SwiGLU fused (row r
+  reads activation ``sorted[r] // k``), writing h per pair in x's dtype; then down, scaled
+  by the routing weight (applied after down, in every backend), per pair in fp32; the k
+  slots are summed last. Q4_0 banks are dequantized tile by tile to x's dtype (the
+  dequant path); padding rows (the sentinel) load and store nothing, and blocks past
+  ``num_tokens_post_padded`` return at once.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.platform import current
 from ftlab.reference.moe import align_capacity
-from ftlab.triton.q4_0 import load_q4_0_scale
+from ftlab.triton import q4_0 as tq
+from ftlab.triton.q4_0 import _block_sums, _load_blocks, load_q4_0_scale
 
 _CHUNK = 256
 # expert matvec tiles: 16 output rows (32 ran RDNA out of SGPRs) x 64 of the reduction
@@ -151,6 +161,44 @@ def compile_specs(target: str) -> list:
                                  "INTER": "i32", "TOP_K": "i32", "Q4": "constexpr", "BLOCK_N": "constexpr",
                                  "BLOCK_I": "constexpr"},
                                 {"Q4": q4, "BLOCK_N": _EXPERT_ROWS, "BLOCK_I": _EXPERT_COLS}))  # fmt: skip
+    table = tq.CONFIGS.get(target, tq.CONFIGS["default"])
+    mv = table.get("mv4", table["mv"])
+    asm = bool(mv.get("asm", 0))
+    q8_common = {"q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32", "w32_ptr": "*i32", "w16_ptr": "*i16",
+                 "E_H": "i64", "ROW_H": "i64", "ids_ptr": "*i32"}  # fmt: skip
+    tiles = {"BLOCK_N": mv["BLOCK_N"], "BLOCK_KB": mv["BLOCK_KB"], "ASM": asm}
+    for words in (True, False):
+        specs.append(TritonSpec(f"moe_gate_up_q8_kernel[{'words' if words else 'halfwords'}]", moe_gate_up_q8_kernel,
+                                {**q8_common, "h_ptr": "*fp32", "E": "i32", "NBK": "i32", "INTER": "i32", "TOP_K": "i32",
+                                 "WORDS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr", "ASM": "constexpr"},
+                                {"WORDS": words, **tiles}, num_warps=mv["num_warps"]))  # fmt: skip
+    for kp in (1, 8):
+        specs.append(TritonSpec(f"moe_down_q8_kernel[k<={kp}, words, bf16 out]", moe_down_q8_kernel,
+                                {**q8_common, "wts_ptr": "*fp32", "y_ptr": "*bf16", "y_stride": "i32", "E": "i32",
+                                 "H": "i32", "NBI": "i32", "TOP_K": "i32", "KP": "constexpr", "WORDS": "constexpr",
+                                 "BLOCK_N": "constexpr", "BLOCK_KB": "constexpr", "ASM": "constexpr"},
+                                {"KP": kp, "WORDS": True, "BLOCK_N": DOWN_TILE_ROWS // kp,
+                                 "BLOCK_KB": DOWN_TILE_ITEMS // DOWN_TILE_ROWS, "ASM": asm},
+                                num_warps=mv["num_warps"]))  # fmt: skip
+    big = GEMM_CONFIGS.get(target, GEMM_CONFIGS["default"])
+    for dt, cfg in (("bf16", big), ("bf16", {**big, "BLOCK_M": 16}), ("fp32", GEMM_F32_CONFIG)):
+        prec = "tf32x3" if dt == "fp32" and target.startswith("sm_") else "ieee"
+        for q4 in (False, True):
+            for gated in (True, False):
+                specs.append(TritonSpec(
+                    f"moe_gemm_kernel[{'gate_up' if gated else 'down'}, {'Q4_0' if q4 else dt} bank, {dt}, "
+                    f"block_m {cfg['BLOCK_M']}]",
+                    moe_gemm_kernel,
+                    {"a_ptr": f"*{dt}", "a_stride": "i32", "w_ptr": "*u8" if q4 else f"*{dt}", "W_ESTRIDE": "i64",
+                     "ROW_STRIDE": "i64", "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "npad_ptr": "*i32",
+                     "out_ptr": f"*{dt}" if gated else "*fp32", "out_stride": "i32", "wts_ptr": "*fp32", "P": "i32",
+                     "TOP_K": "i32", "N": "i32", "K": "i32", "GATED": "constexpr", "Q4": "constexpr",
+                     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "DT": "constexpr",
+                     "F32_PRECISION": "constexpr"},
+                    {"GATED": gated, "Q4": q4, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
+                     "BLOCK_K": cfg["BLOCK_K"], "DT": tl.bfloat16 if dt == "bf16" else tl.float32,
+                     "F32_PRECISION": prec},
+                    num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]}))  # fmt: skip
     return specs
 
 
@@ -236,21 +284,246 @@ def _bank_args(w) -> tuple[torch.Tensor, int, int, bool]:
     return w, w.stride(0), w.stride(1), False
 
 
-def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.moe_experts` (dense banks, or Q4_0 banks on the
-    dequant path): two launches, per-(token, slot) gate/up then per-token down + sum."""
-    if path != "dequant" and not isinstance(w_gate_up, torch.Tensor):
-        raise ValueError(f"the triton experts implement the dequant path only, got path={path!r}")
+@triton.jit
+def _load_blocks_h16(w16_ptr, row16, kb, mask):
+    """``_load_blocks`` for rows of an odd number of blocks (not word-aligned): block b is
+    halfwords 9b (the fp16 scale) .. 9b + 8 (qs), nine halfword loads."""
+    hp = w16_ptr + row16[:, None] + (kb * 9)[None, :]
+    d4 = tl.load(hp, mask=mask, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    h1 = tl.load(hp + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h2 = tl.load(hp + 2, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h3 = tl.load(hp + 3, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h4 = tl.load(hp + 4, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h5 = tl.load(hp + 5, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h6 = tl.load(hp + 6, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h7 = tl.load(hp + 7, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h8 = tl.load(hp + 8, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return h1 | (h2 << 16), h3 | (h4 << 16), h5 | (h6 << 16), h7 | (h8 << 16), d4
+
+
+@triton.jit
+def _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, xrow, w32_ptr, w16_ptr, row16, rows_ok, NBK,
+                 WORDS: tl.constexpr, BLOCK_KB: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """Int8 dots of Q4_0 rows (halfword offsets ``row16``, ``[R]``) with rows ``xrow`` (``[R]``)
+    of Q8_1 activations: per row, the sum over blocks of d4 * (d8 * sumi - 8 * s8), fp32."""
+    acc = tl.zeros(row16.shape, dtype=tl.float32)
+    xbase = (xrow * NBK)[:, None]
+    for kb0 in range(0, NBK, BLOCK_KB):
+        kb = kb0 + tl.arange(0, BLOCK_KB)
+        m = rows_ok[:, None] & (kb < NBK)[None, :]
+        xp = q8w_ptr + (xbase + kb[None, :]) * 8
+        x0 = tl.load(xp, mask=m, other=0)
+        x1 = tl.load(xp + 1, mask=m, other=0)
+        x2 = tl.load(xp + 2, mask=m, other=0)
+        x3 = tl.load(xp + 3, mask=m, other=0)
+        x4 = tl.load(xp + 4, mask=m, other=0)
+        x5 = tl.load(xp + 5, mask=m, other=0)
+        x6 = tl.load(xp + 6, mask=m, other=0)
+        x7 = tl.load(xp + 7, mask=m, other=0)
+        xd = tl.load(d8_ptr + xbase + kb[None, :], mask=m, other=0.0)
+        xs = tl.load(s8_ptr + xbase + kb[None, :], mask=m, other=0.0)
+        if WORDS:
+            q0, q1, q2, q3, d4 = _load_blocks(w32_ptr, w16_ptr, row16 // 2, kb, m)
+        else:
+            q0, q1, q2, q3, d4 = _load_blocks_h16(w16_ptr, row16, kb, m)
+        sumi = _block_sums(q0, q1, q2, q3, x0, x1, x2, x3, x4, x5, x6, x7, ASM)
+        acc += tl.sum(d4 * (xd * sumi.to(tl.float32) - 8.0 * xs), axis=1)
+    return acc
+
+
+@triton.jit
+def moe_gate_up_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H, ids_ptr, h_ptr,
+                          E, NBK, INTER, TOP_K, WORDS: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_KB: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """h[pair, n] = silu(g) * u, g and u the int8 dots of Q8_1 x[t] with Q4_0 rows n and
+    n + I of expert ids[pair] (``E_H``, ``ROW_H``: expert and row strides in halfwords): one
+    tile of 2 * BLOCK_N rows, the gate rows then the up rows, so their loads go out together."""
+    pair = tl.program_id(0)
+    r = tl.arange(0, 2 * BLOCK_N)
+    up = r // BLOCK_N
+    n = tl.program_id(1) * BLOCK_N + r % BLOCK_N
+    e = tl.load(ids_ptr + pair)
+    valid = (e >= 0) & (e < E)
+    rows_ok = (n < INTER) & (tl.zeros((2 * BLOCK_N,), dtype=tl.int32) + valid.to(tl.int32) != 0)
+    row16 = tl.where(valid, e, 0).to(tl.int64) * E_H + (n + up * INTER).to(tl.int64) * ROW_H
+    xrow = tl.zeros((2 * BLOCK_N,), dtype=tl.int64) + (pair // TOP_K)
+    acc = _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, xrow, w32_ptr, w16_ptr, row16, rows_ok, NBK, WORDS, BLOCK_KB, ASM)
+    both = tl.reshape(acc, (2, BLOCK_N))
+    half = tl.arange(0, 2)[:, None]
+    g = tl.sum(tl.where(half == 0, both, 0.0), axis=0)
+    u = tl.sum(tl.where(half == 1, both, 0.0), axis=0)
+    h = g / (1.0 + tl.exp(-g)) * u
+    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(h_ptr + pair.to(tl.int64) * INTER + nn, tl.where(valid, h, 0.0), mask=nn < INTER)
+
+
+@triton.jit
+def moe_down_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H, ids_ptr, wts_ptr, y_ptr,
+                       y_stride, E, H, NBI, TOP_K, KP: tl.constexpr, WORDS: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_KB: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """y[t, n] = sum_j w[t, j] * (int8 dot of Q8_1 h[t * k + j] with Q4_0 row n of expert
+    ids[t, j]): the k slots (KP >= k) are rows of one tile, so all their loads go out
+    together; the weighted parts are summed over the slots last."""
+    t = tl.program_id(0)
+    r = tl.arange(0, KP * BLOCK_N)
+    j = r // BLOCK_N
+    n = tl.program_id(1) * BLOCK_N + r % BLOCK_N
+    j_ok = j < TOP_K
+    pair = t.to(tl.int64) * TOP_K + j
+    e = tl.load(ids_ptr + pair, mask=j_ok, other=-1)
+    valid = (e >= 0) & (e < E) & j_ok
+    rows_ok = (n < H) & valid
+    row16 = tl.where(valid, e, 0).to(tl.int64) * E_H + n.to(tl.int64) * ROW_H
+    acc = _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, pair, w32_ptr, w16_ptr, row16, rows_ok, NBI, WORDS, BLOCK_KB, ASM)
+    part = tl.where(rows_ok, tl.load(wts_ptr + pair, mask=valid, other=0.0) * acc, 0.0)
+    y = tl.sum(tl.reshape(part, (KP, BLOCK_N)), axis=0)
+    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + t.to(tl.int64) * y_stride + nn, y.to(y_ptr.dtype.element_ty), mask=nn < H)
+
+
+@triton.jit
+def _gemm_b_tile(w_ptr, e_off, rn, n_ok, k0, K, ROW_STRIDE, Q4: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DT: tl.constexpr):  # fmt: skip
+    """The ``[BLOCK_K, BLOCK_N]`` tile ``W[e][rn, k0:k0+BLOCK_K].T`` in dtype DT. Q4_0: the
+    tile's K order is that of ``q4_0_dequant_gemm_kernel`` (0, 16, 1, 17, ... per block:
+    ``tl.join`` of the low and high nibbles), values ``d * (q - 8)`` rounded to DT."""
+    wrow = w_ptr + e_off + rn.to(tl.int64) * ROW_STRIDE
+    if Q4:
+        r = tl.arange(0, BLOCK_K // 2)  # byte row: block r // 16, byte r % 16
+        blk = k0 // 32 + r // 16
+        wm = (blk < K // 32)[:, None] & n_ok[None, :]
+        boff = (blk * 18)[:, None]
+        d = load_q4_0_scale(wrow[None, :] + boff, wm)
+        qs = tl.load(wrow[None, :] + boff + 2 + (r % 16)[:, None], mask=wm, other=0).to(tl.int32)
+        wlo = (((qs & 15) - 8).to(tl.float32) * d).to(DT)
+        whi = (((qs >> 4) - 8).to(tl.float32) * d).to(DT)
+        return tl.reshape(tl.permute(tl.join(wlo, whi), (0, 2, 1)), (BLOCK_K, rn.shape[0]))
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        m = (kk < K)[:, None] & n_ok[None, :]
+        return tl.load(wrow[None, :] + kk[:, None], mask=m, other=0.0).to(DT)
+
+
+@triton.jit
+def moe_gemm_kernel(a_ptr, a_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, sorted_ptr, expert_ids_ptr, npad_ptr,
+                    out_ptr, out_stride, wts_ptr, P, TOP_K, N, K,
+                    GATED: tl.constexpr, Q4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DT: tl.constexpr, F32_PRECISION: tl.constexpr):  # fmt: skip
+    """One grouped-GEMM step over the rows of ``moe_align`` (``BLOCK_M`` = its block_m).
+
+    ``GATED``: out[pair, n] = silu(a[pair // k] . W[e][n]) * (a[pair // k] . W[e][N + n]),
+    the gate/up SwiGLU; else out[pair, n] = w[pair] * (a[pair] . W[e][n]), the weighted
+    down. Operands in DT (x's dtype; fp32 asks ``F32_PRECISION`` of tl.dot), fp32 sums."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(npad_ptr):
+        return
+    e = tl.load(expert_ids_ptr + pid_m)
+    e_off = e.to(tl.int64) * W_ESTRIDE
+    rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    r_ok = rows < P
+    if GATED:
+        arow = rows // TOP_K
+    else:
+        arow = rows
+    arow_ptr = a_ptr + arow.to(tl.int64)[:, None] * a_stride
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    c = tl.arange(0, BLOCK_K)
+    if Q4:  # the K order of the dequantized tile: 0, 16, 1, 17, ... within each block
+        kcol = (c // 32) * 32 + (c % 32) // 2 + 16 * (c % 2)
+    else:
+        kcol = c
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(arow_ptr + (k0 + kcol)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0)
+        a = a.to(DT)
+        b = _gemm_b_tile(w_ptr, e_off, rn, n_ok, k0, K, ROW_STRIDE, Q4, BLOCK_K, DT)
+        acc = tl.dot(a, b, acc, input_precision=F32_PRECISION)
+        if GATED:
+            b_up = _gemm_b_tile(w_ptr, e_off, rn + N, n_ok, k0, K, ROW_STRIDE, Q4, BLOCK_K, DT)
+            acc_up = tl.dot(a, b_up, acc_up, input_precision=F32_PRECISION)
+    if GATED:
+        res = acc / (1.0 + tl.exp(-acc)) * acc_up
+    else:
+        res = acc * tl.load(wts_ptr + rows, mask=r_ok, other=0.0)[:, None]
+    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + rn[None, :]
+    tl.store(out, res.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & n_ok[None, :])
+
+
+#: up to this many tokens the experts run as per-(token, slot) matvecs; beyond, as the
+#: grouped GEMM over moe_align's rows
+DECODE_MAX_TOKENS = 8
+
+GEMM_CONFIGS: dict[str, dict[str, int]] = {
+    # untimed starting points but for sm_90 (see benchmarks/NOTES.md)
+    "sm_90": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+    "default": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
+}
+GEMM_F32_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2}
+
+
+def _gemm_config(x: torch.Tensor, pairs: int, num_experts: int) -> dict[str, int]:
+    """The table's tiles; rows per program (moe_align's block_m) no more than twice the mean
+    rows an expert gets (at least 16, tl.dot's least), so few-token batches waste less."""
+    if x.dtype == torch.float32:
+        cfg = dict(GEMM_F32_CONFIG)
+    else:
+        arch = current(x.device).arch if x.device.type != "cpu" else None
+        cfg = dict(GEMM_CONFIGS.get(arch or "default", GEMM_CONFIGS["default"]))
+    mean_rows = max(1, pairs // num_experts)
+    cfg["BLOCK_M"] = min(cfg["BLOCK_M"], max(16, triton.next_power_of_2(2 * mean_rows)))
+    return cfg
+
+
+def _words_ok(w) -> bool:
+    """Q4_0 rows readable as 32-bit words: an even number of blocks and an aligned base."""
+    return (w.shape[-1] // 32) % 2 == 0 and w.data.data_ptr() % 4 == 0
+
+
+DOWN_TILE_ROWS = 16  # rows (slot, output row) of a down program's tile
+DOWN_TILE_ITEMS = 512  # (row, block) items of its tile per K step
+
+
+def _experts_q8(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
+    """Decode experts on the int8 path: Q8_1 x -> gate/up + SwiGLU -> Q8_1 h -> down + sum."""
     t, hidden = x.shape
-    top_k = topk_ids.shape[1]
+    top_k = ids.shape[1]
     num_experts, inter = w_gate_up.shape[0], w_down.shape[-1]
-    x = x if x.stride(1) == 1 else x.contiguous()
-    ids = topk_ids.to(torch.int32).contiguous()
-    wts = topk_weights.contiguous()
+    cfg = tq.config("mv4" if "mv4" in tq._table(x.device) else "mv", x.device)
+    asm = bool(cfg.get("asm", 0)) and not tq._interpreted()
+    block_n, block_kb = cfg["BLOCK_N"], cfg["BLOCK_KB"]
+    x8 = tq.quantize_q8_1(x)
+    h = torch.empty((t * top_k, inter), dtype=torch.float32, device=x.device)
+    gu = w_gate_up.data
+    moe_gate_up_q8_kernel[(t * top_k, triton.cdiv(inter, block_n))](
+        x8.q.view(torch.int32), x8.d, x8.s, gu.view(torch.int32) if _words_ok(w_gate_up) else gu.view(torch.int16),
+        gu.view(torch.int16), gu.stride(0) // 2, gu.stride(1) // 2, ids, h, num_experts, hidden // 32, inter, top_k,
+        WORDS=_words_ok(w_gate_up), BLOCK_N=block_n, BLOCK_KB=block_kb, ASM=asm, num_warps=cfg["num_warps"],
+    )  # fmt: skip
+    h8 = tq.quantize_q8_1(h)
+    y = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
+    dn = w_down.data
+    kp = triton.next_power_of_2(top_k)
+    rows = max(kp, DOWN_TILE_ROWS)  # KP * BLOCK_N rows a program, the slots folded in
+    moe_down_q8_kernel[(t, triton.cdiv(hidden, rows // kp))](
+        h8.q.view(torch.int32), h8.d, h8.s, dn.view(torch.int32) if _words_ok(w_down) else dn.view(torch.int16),
+        dn.view(torch.int16), dn.stride(0) // 2, dn.stride(1) // 2, ids, wts, y, y.stride(0), num_experts, hidden,
+        inter // 32, top_k, KP=kp, WORDS=_words_ok(w_down), BLOCK_N=rows // kp,
+        BLOCK_KB=max(1, min(DOWN_TILE_ITEMS // rows, triton.next_power_of_2(inter // 32))), ASM=asm,
+        num_warps=cfg["num_warps"],
+    )  # fmt: skip
+    return y
+
+
+def _experts_decode(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
+    """Decode experts, dense banks or Q4_0 dequantized in registers, fp32 throughout."""
+    t, hidden = x.shape
+    top_k = ids.shape[1]
+    num_experts, inter = w_gate_up.shape[0], w_down.shape[-1]
     h = torch.empty((t * top_k, inter), dtype=torch.float32, device=x.device)
     y = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
-    if t == 0:
-        return y
     gu, gu_e, gu_r, q4 = _bank_args(w_gate_up)
     moe_gate_up_kernel[(t * top_k, triton.cdiv(inter, _EXPERT_ROWS))](
         x, x.stride(0), gu, gu_e, gu_r, ids, h, num_experts, hidden, inter, top_k,
@@ -262,3 +535,50 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
         TOP_K=top_k, Q4=q4d, BLOCK_N=_EXPERT_ROWS, BLOCK_I=_EXPERT_COLS,
     )  # fmt: skip
     return y
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def _experts_gemm(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
+    """Prefill experts: moe_align, then the grouped GEMMs (gate/up + SwiGLU, weighted down),
+    then the sum over the k slots."""
+    t, hidden = x.shape
+    top_k = ids.shape[1]
+    num_experts, inter = w_gate_up.shape[0], w_down.shape[-1]
+    cfg = _gemm_config(x, t * top_k, num_experts)
+    bm = cfg["BLOCK_M"]
+    sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
+    # the CPU interpreter computes bf16 dots wrongly: fp32 operands there (exact casts)
+    dt = torch.float32 if (tq._interpreted() and x.dtype == torch.bfloat16) else x.dtype
+    prec = "ieee" if tq._interpreted() or current(x.device).kind != "cuda" else "tf32x3"
+    pairs = t * top_k
+    h = torch.empty((pairs, inter), dtype=dt, device=x.device)
+    out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
+    blocks = sorted_ids.numel() // bm
+    common = dict(BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], DT=_TL_DTYPES[dt],
+                  F32_PRECISION=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
+    for a, w, dst, n, k, gated in ((x, w_gate_up, h, inter, hidden, True), (h, w_down, out, hidden, inter, False)):
+        wt, w_e, w_r, q4 = _bank_args(w)
+        moe_gemm_kernel[(blocks, triton.cdiv(n, cfg["BLOCK_N"]))](
+            a, a.stride(0), wt, w_e, w_r, sorted_ids, expert_ids, npad, dst, dst.stride(0), wts, pairs, top_k,
+            n, k, GATED=gated, Q4=q4, **common,
+        )  # fmt: skip
+    return out.view(t, top_k, hidden).sum(1).to(x.dtype)
+
+
+def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.moe_experts` (``path`` resolved: "int8" or
+    "dequant"). Q4_0 banks on the int8 path: the int8 decode kernels (any T); else up to
+    ``DECODE_MAX_TOKENS`` tokens the fp32 decode kernels, beyond the grouped GEMM."""
+    t, hidden = x.shape
+    if t == 0:
+        return torch.empty((0, hidden), dtype=x.dtype, device=x.device)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    ids = topk_ids.to(torch.int32).contiguous()
+    wts = topk_weights.contiguous()
+    if path == "int8" and not isinstance(w_gate_up, torch.Tensor):
+        return _experts_q8(x, w_gate_up, w_down, wts, ids)
+    if t <= DECODE_MAX_TOKENS:
+        return _experts_decode(x, w_gate_up, w_down, wts, ids)
+    return _experts_gemm(x, w_gate_up, w_down, wts, ids)

@@ -106,6 +106,8 @@ def test_bad_inputs():
         ({"linear": "triton"}, "int8"),
         ({"linear": "hip"}, "int8"),
         ({"router": "triton", "experts": "triton"}, "dequant"),
+        ({"router": "triton", "experts": "triton"}, "int8"),
+        ({"router": "hip", "experts": "hip"}, "int8"),
     ],
 )
 def test_backends_agree_with_reference_on_gpu(backends, q4_0_path):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import ftlab.testing as ft
 from ftlab import ops
 from ftlab.reference.moe import align_capacity
+from ftlab.testing.moe import check_invalid_ids_read_nothing
 
 
 @st.composite
@@ -143,7 +144,7 @@ def test_q4_0_banks_dequant_path_equals_dense_dequantized():
     gu = ops.quantize_q4_0(torch.randn(8, 64, 64, generator=gen) * 0.1)
     dn = ops.quantize_q4_0(torch.randn(8, 64, 32, generator=gen) * 0.1)
     weights, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
-    q = ops.moe_experts(x, gu, dn, weights, ids)
+    q = ops.moe_experts(x, gu, dn, weights, ids, path="dequant")
     dense = ops.moe_experts(x, gu.dequantize(), dn.dequantize(), weights, ids)
     torch.testing.assert_close(q, dense, rtol=1e-6, atol=1e-6)
     int8 = ops.moe_experts(x, gu, dn, weights, ids, path="int8")
@@ -243,20 +244,23 @@ def test_align_backends_cpu(case, block_m):
 @given(routing(), st.booleans(), st.sampled_from([torch.float32, torch.bfloat16]))
 def test_route_gpu(case, renormalize, dtype):
     logits, _, _, _, k = case
-    ft.check_route_case(logits.to(dtype), k, renormalize, "cuda", backends=["reference", "triton"])
+    ft.check_route_case(logits.to(dtype), k, renormalize, "cuda")
 
 
 @pytest.mark.gpu
 @given(routing(), st.sampled_from([1, 4, 16, 64]))
 def test_align_gpu(case, block_m):
     _, _, ids, e, _ = case
-    ft.check_align_case(ids, e, block_m, "cuda", backends=["reference", "triton"])
+    ft.check_align_case(ids, e, block_m, "cuda")
 
 
 @st.composite
-def expert_cases(draw, max_tokens: int = 64):
+def expert_cases(draw, max_tokens: int = 64, min_tokens: int = 1):
     logits, weights, ids, e, k = draw(routing())
     ids, weights = ids[:max_tokens], weights[:max_tokens]
+    if ids.shape[0] < min_tokens:  # more tokens, with the same routing repeated
+        reps = -(-min_tokens // ids.shape[0])
+        ids, weights = ids.repeat(reps, 1)[:min_tokens], weights.repeat(reps, 1)[:min_tokens]
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
     h = 32 * draw(st.sampled_from([1, 3, 5]))
@@ -264,9 +268,10 @@ def expert_cases(draw, max_tokens: int = 64):
     x = torch.randn(ids.shape[0], h, generator=gen).to(dtype)
     gu = torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5
     dn = torch.randn(e, h, inter, generator=gen) * inter**-0.5
+    path = draw(st.sampled_from(["auto", "dequant", "int8"]))
     if draw(st.booleans()):
-        return x, ops.quantize_q4_0(gu), ops.quantize_q4_0(dn), weights, ids
-    return x, gu.to(dtype), dn.to(dtype), weights, ids
+        return x, ops.quantize_q4_0(gu), ops.quantize_q4_0(dn), weights, ids, path
+    return x, gu.to(dtype), dn.to(dtype), weights, ids, path
 
 
 @settings(max_examples=15)
@@ -275,17 +280,76 @@ def test_experts_backends_cpu(case):
     ft.check_experts_case(*case, device="cpu", backends=["reference", "triton"])
 
 
+@settings(max_examples=8)
+@given(expert_cases(max_tokens=24, min_tokens=9))  # past DECODE_MAX_TOKENS: the grouped GEMM
+def test_experts_prefill_backends_cpu(case):
+    from ftlab.triton.moe import DECODE_MAX_TOKENS
+
+    assert case[0].shape[0] > DECODE_MAX_TOKENS
+    ft.check_experts_case(*case, device="cpu", backends=["reference", "triton"])
+
+
+def test_experts_tolerance_catches_a_wrong_slot_weight():
+    """The bound is tight enough to fail a kernel that mixes up two slots' weights."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 64, generator=gen)
+    gu = ops.quantize_q4_0(torch.randn(8, 64, 64, generator=gen) * 0.125)
+    dn = ops.quantize_q4_0(torch.randn(8, 64, 32, generator=gen) * 0.18)
+    weights, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
+    for path in ("int8", "dequant"):
+        good = ops.moe_experts(x, gu, dn, weights, ids, path=path)
+        swapped = ops.moe_experts(x, gu, dn, weights.flip(1), ids, path=path)
+        bound = ft.experts_tolerance(x, gu, dn, weights, ids, path)
+        assert bool(((swapped - good).abs() > bound).any())
+        assert float(bound.max()) < 0.05 * float(good.abs().max()), path
+
+
 def test_triton_experts_read_no_memory_for_invalid_ids():
-    x = torch.randn(3, 32)
-    w_gate_up, w_down = torch.randn(4, 64, 32) * 0.1, torch.randn(4, 32, 32) * 0.1
-    w_gate_up[2:], w_down[2:] = float("nan"), float("nan")  # named only by invalid slots
-    ids = torch.tensor([[0, -1], [4, 1], [-1, -1]], dtype=torch.int32)
-    y = ops.moe_experts(x, w_gate_up, w_down, torch.full((3, 2), 0.5), ids, backend="triton")
-    assert torch.isfinite(y).all() and bool((y[2] == 0).all())
+    check_invalid_ids_read_nothing("triton")
 
 
 @pytest.mark.gpu
-@settings(max_examples=30)
-@given(expert_cases())
+@settings(max_examples=60)
+@given(expert_cases(max_tokens=300))
 def test_experts_gpu(case):
-    ft.check_experts_case(*case, device="cuda", backends=["reference", "triton"])
+    ft.check_experts_case(*case, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+def test_invalid_ids_read_nothing_gpu(backend):
+    check_invalid_ids_read_nothing(backend, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+@pytest.mark.parametrize("tokens", [1, 4, 64])
+@pytest.mark.parametrize("q4", [True, False])
+def test_fused_moe_graph_replay_gpu(backend, tokens, q4):
+    """fused_moe captured in a CUDA graph (router, align, experts: no host synchronization)
+    replays to the eager result, for new inputs written into the captured buffers."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(tokens)
+    e, k, h, inter = 16, 4, 256, 128
+    gu = torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5
+    dn = torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5
+    gu, dn = (ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)) if q4 else (gu.bfloat16(), dn.bfloat16())
+    x = torch.randn(tokens, h, device=dev, generator=gen, dtype=torch.bfloat16)
+    logits = torch.randn(tokens, e, device=dev, generator=gen)
+
+    def step():
+        return ops.fused_moe(x, logits, gu, dn, k, backend=backend)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(5):
+        x.copy_(torch.randn(x.shape, device=dev, generator=gen))
+        logits.copy_(torch.randn(logits.shape, device=dev, generator=gen))
+        graph.replay()
+        torch.testing.assert_close(out, step(), rtol=0, atol=0)

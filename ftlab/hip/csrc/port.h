@@ -123,6 +123,13 @@ __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
 #error "port.h: compile with nvcc, hipcc, or clang -x hip"
 #endif
 
+// ---------------------------------------------------------------- exp
+#if defined(PORT_BARE_CLANG)
+__device__ __forceinline__ float port_expf(float x) { return __builtin_expf(x); }
+#else
+__device__ __forceinline__ float port_expf(float x) { return expf(x); }
+#endif
+
 // ---------------------------------------------------------------- scalar helpers
 // Exact float arithmetic where results must match the PyTorch reference bit for bit.
 // nvcc and clang contract a * b + c into an FMA by default; the *_rn helpers never do.

@@ -12,37 +12,12 @@
 // With 32-bit words of qs: (w & 0x0F0F0F0F) are four low nibbles = elements 4i..4i+3, and
 // ((w >> 4) & 0x0F0F0F0F) the matching high nibbles = elements 4i+16..4i+19.
 //
-// Only port.h is included: the gfx compile check compiles this file alone.
-#include "port.h"
+// Includes q4_0_common.h and port.h only: the gfx compile check compiles this file alone.
+#include "q4_0_common.h"
 
 namespace ftlab {
 
-// Element loaders for the activation / weight dtypes (bits in, fp32 out).
-struct f32_t {
-  typedef float storage;
-  static __device__ __forceinline__ float load(const storage* p) { return *p; }
-  static __device__ __forceinline__ storage from_float(float f) { return f; }
-};
-struct f16_t {
-  typedef uint16_t storage;
-  static __device__ __forceinline__ float load(const storage* p) { return port_half_to_float(*p); }
-  static __device__ __forceinline__ storage from_float(float f) { return port_float_to_half(f); }
-};
-struct bf16_t {
-  typedef uint16_t storage;
-  static __device__ __forceinline__ float load(const storage* p) { return port_bf16_to_float(*p); }
-  static __device__ __forceinline__ storage from_float(float f) { return port_float_to_bf16(f); }
-};
-
-constexpr int kQK = 32;
-constexpr int kBlockBytes = 18;
 constexpr int kThreads = 256;
-
-// C's roundf: v - trunc(v) is exact, so there is no double rounding.
-__device__ __forceinline__ float round_half_away(float v) {
-  const float t = __builtin_truncf(v);
-  return __builtin_fabsf(v - t) >= 0.5f ? t + __builtin_copysignf(1.0f, v) : t;
-}
 
 // ------------------------------------------------------------------ quantize / dequantize
 
@@ -106,39 +81,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Four Q8_1 values, q = round(v / d) (half away from zero; 0 for an all-zero block), packed
-// into a word (v[c] in byte c); their sum is added to *sum.
-__device__ __forceinline__ uint32_t q8_1_word(const float v[4], float amax, float d, int* sum) {
-  uint32_t word = 0;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(v[c], d)));
-    word |= static_cast<uint32_t>(qi & 0xff) << (8 * c);
-    *sum += qi;
-  }
-  return word;
-}
-
-// Q8_1 of one 32-element block: d = amax / 127, q = round(x / d) (half away from zero),
-// packed four to a word (element 4i + c in byte c of word i), and s = d * sum(q).
-template <typename T>
-__device__ __forceinline__ void q8_1_block(const typename T::storage* xb, uint32_t qw[8], float* d_out,
-                                           float* s_out) {
-  float v[kQK];
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kQK; ++i) {
-    v[i] = T::load(xb + i);
-    amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
-  }
-  const float d = port_div_rn(amax, 127.0f);
-  int sum = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) qw[i] = q8_1_word(&v[4 * i], amax, d, &sum);
-  *d_out = d;
-  *s_out = d * static_cast<float>(sum);
-}
-
 // One thread per (row, 32-block) of activations.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -160,17 +102,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ------------------------------------------------------------------ int8-dot matvec
-
-// sum over one block of nibbles (4 qs words) times int8 activations (8 words).
-__device__ __forceinline__ int block_dot(const uint32_t qs[4], const int q8[8]) {
-  int sumi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    sumi = port_dp4a(static_cast<int>(qs[i] & 0x0F0F0F0Fu), q8[i], sumi);
-    sumi = port_dp4a(static_cast<int>((qs[i] >> 4) & 0x0F0F0F0Fu), q8[i + 4], sumi);
-  }
-  return sumi;
-}
 
 constexpr int kGroup = 32;         // threads that share one weight row
 constexpr int kRowsPerBlock = 4;   // row groups per 128-thread block

@@ -1,0 +1,635 @@
+// moe.hip — device code of the routed MoE of Qwen3-MoE: the top-k router, the align step,
+// the decode experts (per (token, slot) matvecs) and the prefill grouped GEMM, for dense
+// banks and for Q4_0 banks through the int8 dot.
+//
+// Contract: OPS.md section 3; reference: ftlab/reference/moe.py.
+//
+// Wave-size generic: block-wide reductions go through LDS, and the 32-lane row groups
+// reduce with xor shuffles below 32, which stay inside a 32-lane half of a wave64.
+// Includes q4_0_common.h and port.h only: the gfx compile check compiles this file alone.
+#include "q4_0_common.h"
+
+namespace ftlab {
+
+constexpr int kMoeThreads = 256;
+constexpr int kMoeGroup = 32;                      // lanes that share one output row
+constexpr int kMoeRows = kMoeThreads / kMoeGroup;  // output rows per decode block
+constexpr int kMaxExperts = 1024;                  // the router stages a row of logits in LDS
+constexpr int kMaxQ8Blocks = 256;                  // decode: x (H) or k x I of h, in Q8_1 blocks
+constexpr int kDecodeFloats = kMaxQ8Blocks * kQK;  // decode: ... or as fp32 (32 KiB)
+constexpr int kQ8Stride = 9;                       // LDS words per Q8_1 block: 8, +1 of padding
+
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a > b ? a : b; }
+};
+struct SumOp {
+  template <typename V>
+  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+};
+
+// The reduction of v over the block (a tree in LDS; every thread gets the result).
+template <typename V, typename Op>
+__device__ V block_reduce(V v, V* red, Op op) {
+  const int tid = threadIdx.x;
+  red[tid] = v;
+  __syncthreads();
+  for (int s = kMoeThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) red[tid] = op(red[tid], red[tid + s]);
+    __syncthreads();
+  }
+  const V r = red[0];
+  __syncthreads();
+  return r;
+}
+
+// Sum over a 32-lane group (xor shuffles below 32 stay inside a wave64 half).
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int off = kMoeGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+  return v;
+}
+
+// ------------------------------------------------------------------ router
+
+constexpr int kRouteTokens = kMoeThreads / kMoeGroup;  // tokens per block, a 32-lane group each
+
+// A 32-lane group per token, no block barriers: the group stages the row of logits in LDS,
+// takes max and sum by shuffles, p = exp(x - max) / sum in fp32, then k rounds of argmax
+// (each lane its strided experts, then a shuffle tree; the lower id wins a tie) and the
+// renormalization.
+template <typename T>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_route_topk_kernel(const typename T::storage* __restrict__ logits, int64_t stride,
+                          float* __restrict__ w_out, int32_t* __restrict__ ids_out, int64_t tokens,
+                          int num_experts, int top_k, int renorm) {
+  __shared__ float rows[kRouteTokens][kMaxExperts];
+  const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteTokens + group;
+  if (t >= tokens) return;  // whole groups: no barrier below
+  float* p = rows[group];
+  const typename T::storage* row = logits + t * stride;
+  float m = -__builtin_inff();
+  for (int e = lane; e < num_experts; e += kMoeGroup) {
+    p[e] = T::load(row + e);
+    m = p[e] > m ? p[e] : m;
+  }
+#pragma unroll
+  for (int off = kMoeGroup / 2; off > 0; off >>= 1) m = __builtin_fmaxf(m, port_shfl_xor(m, off));
+  float s = 0.0f;
+  for (int e = lane; e < num_experts; e += kMoeGroup) {
+    p[e] = port_expf(p[e] - m);
+    s += p[e];
+  }
+  s = group_sum(s);
+  for (int e = lane; e < num_experts; e += kMoeGroup) p[e] = port_div_rn(p[e], s);
+  float wsum = 0.0f, mine = 0.0f;  // lane j keeps slot j's weight (top_k <= 32)
+  for (int j = 0; j < top_k; ++j) {
+    float best = -1.0f;
+    int besti = num_experts;
+    for (int e = lane; e < num_experts; e += kMoeGroup) {
+      if (p[e] > best) {  // ascending e: strict keeps the lower id of a tie
+        best = p[e];
+        besti = e;
+      }
+    }
+#pragma unroll
+    for (int off = kMoeGroup / 2; off > 0; off >>= 1) {
+      const float ov = port_shfl_xor(best, off);
+      const int oi = port_shfl_xor(besti, off);
+      if (ov > best || (ov == best && oi < besti)) {
+        best = ov;
+        besti = oi;
+      }
+    }
+    // every lane holds the winner; the lane that owns its slot in LDS marks it taken
+    if (besti % kMoeGroup == lane) p[besti] = -1.0f;
+    if (lane == 0) ids_out[t * top_k + j] = besti;
+    if (lane == j) mine = best;
+    wsum += best;  // in slot order
+  }
+  if (lane < top_k) w_out[t * top_k + lane] = renorm ? port_div_rn(mine, wsum) : mine;
+}
+
+// ------------------------------------------------------------------ align
+
+// counts[e] = number of (token, slot) pairs routed to expert e; one block per expert.
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_align_count_kernel(const int32_t* __restrict__ ids, int64_t pairs, int32_t* __restrict__ counts) {
+  __shared__ int red[kMoeThreads];
+  const int e = blockIdx.x;
+  int c = 0;
+  for (int64_t p = threadIdx.x; p < pairs; p += kMoeThreads) c += ids[p] == e;
+  c = block_reduce(c, red, SumOp{});
+  if (threadIdx.x == 0) counts[e] = c;
+}
+
+// Expert e (one block) writes its pairs in flat order from its row offset (the padded counts
+// of the experts before it), the sentinel `pairs` in its padding rows and its id for its
+// blocks of block_m rows; the blocks share the rows past the end (sentinel, expert id -1).
+// Deterministic, no atomics, no host synchronization.
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_align_scatter_kernel(const int32_t* __restrict__ ids, int64_t pairs,
+                             const int32_t* __restrict__ counts, int num_experts, int block_m,
+                             int32_t* __restrict__ sorted, int32_t* __restrict__ expert_ids,
+                             int32_t* __restrict__ npad, int64_t capacity) {
+  __shared__ int red[kMoeThreads];
+  __shared__ int scan[kMoeThreads];
+  const int tid = threadIdx.x;
+  const int e = blockIdx.x;
+  int before = 0, total = 0;
+  for (int x = tid; x < num_experts; x += kMoeThreads) {
+    const int padded = (counts[x] + block_m - 1) / block_m * block_m;
+    total += padded;
+    if (x < e) before += padded;
+  }
+  before = block_reduce(before, red, SumOp{});
+  total = block_reduce(total, red, SumOp{});
+  const int count = counts[e];
+  int rank = 0;
+  for (int64_t p0 = 0; p0 < pairs && rank < count; p0 += kMoeThreads) {
+    const int64_t p = p0 + tid;
+    const int mine = p < pairs && ids[p] == e;
+    scan[tid] = mine;
+    __syncthreads();
+    for (int off = 1; off < kMoeThreads; off <<= 1) {  // inclusive scan (Hillis-Steele)
+      const int v = tid >= off ? scan[tid - off] : 0;
+      __syncthreads();
+      scan[tid] += v;
+      __syncthreads();
+    }
+    if (mine) sorted[before + rank + scan[tid] - 1] = static_cast<int32_t>(p);
+    rank += scan[kMoeThreads - 1];
+    __syncthreads();
+  }
+  const int padded = (count + block_m - 1) / block_m * block_m;
+  for (int r = count + tid; r < padded; r += kMoeThreads) sorted[before + r] = static_cast<int32_t>(pairs);
+  for (int b = tid; b < padded / block_m; b += kMoeThreads) expert_ids[before / block_m + b] = e;
+  const int64_t spread = static_cast<int64_t>(num_experts) * kMoeThreads;
+  for (int64_t r = total + static_cast<int64_t>(e) * kMoeThreads + tid; r < capacity; r += spread) {
+    sorted[r] = static_cast<int32_t>(pairs);
+  }
+  for (int64_t b = total / block_m + static_cast<int64_t>(e) * kMoeThreads + tid; b < capacity / block_m;
+       b += spread) {
+    expert_ids[b] = -1;
+  }
+  if (e == 0 && tid == 0) *npad = total;
+}
+
+// ------------------------------------------------------------------ decode experts, Q4_0
+
+constexpr int kLanesPerRow = 4;                        // lanes sharing a Q4_0 weight row
+constexpr int kGroupRows = kMoeGroup / kLanesPerRow;   // rows per 32-lane group (8)
+constexpr int kMaxSlots = 32;                          // top_k of the decode kernels
+
+// Q8_1 of one row of nb blocks into LDS (block b's q at words 9b..9b+7, d[b], s[b]), four
+// threads a block, eight elements each, amax and sum by shuffles: q8_1_block's arithmetic
+// (q8_1_word), so bit-identical to quantize_q8_1_kernel. Same trip count in every thread.
+template <typename T>
+__device__ void stage_q8_1_row(const typename T::storage* src, int nb, uint32_t* q, float* d, float* s) {
+  for (int t0 = 0; t0 < 4 * nb; t0 += kMoeThreads) {
+    const int t = t0 + threadIdx.x;
+    const bool active = t < 4 * nb;
+    const int b = active ? t / 4 : 0, quarter = t % 4;
+    const typename T::storage* xb = src + b * kQK + 8 * quarter;
+    float v[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = active ? T::load(xb + i) : 0.0f;
+      amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
+    }
+    amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 1));
+    amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 2));
+    const float dd = port_div_rn(amax, 127.0f);
+    int sum = 0;
+    const uint32_t w0 = q8_1_word(&v[0], amax, dd, &sum), w1 = q8_1_word(&v[4], amax, dd, &sum);
+    sum += port_shfl_xor(sum, 1);
+    sum += port_shfl_xor(sum, 2);
+    if (active) {
+      q[b * kQ8Stride + 2 * quarter] = w0;
+      q[b * kQ8Stride + 2 * quarter + 1] = w1;
+      if (quarter == 0) {
+        d[b] = dd;
+        s[b] = dd * static_cast<float>(sum);
+      }
+    }
+  }
+}
+
+// The int8 dot of a Q4_0 row (nb blocks) with Q8_1 activations (block b's words at
+// q + b * QS), over the 4 lanes `sub` = 0..3 of the row (blocks sub, sub + 4, ...: independent
+// loads in flight), reduced over those lanes. `live` false: no memory read, 0 (the shuffles
+// still run: all 32 lanes take part).
+template <int QS>
+__device__ __forceinline__ float q4_row_dot4(const uint8_t* row, int nb, const uint32_t* q, const float* d,
+                                             const float* s, int sub, bool live) {
+  float acc = 0.0f;
+  if (live) {
+#pragma unroll 4
+    for (int b = sub; b < nb; b += kLanesPerRow) {
+      const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + static_cast<int64_t>(b) * kBlockBytes);
+      uint32_t qs[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        qs[i] = static_cast<uint32_t>(blk[1 + 2 * i]) | (static_cast<uint32_t>(blk[2 + 2 * i]) << 16);
+      }
+      int q8[8];
+#pragma unroll
+      for (int w = 0; w < 8; ++w) q8[w] = static_cast<int>(q[b * QS + w]);
+      acc += port_half_to_float(blk[0]) * (d[b] * static_cast<float>(block_dot(qs, q8)) - 8.0f * s[b]);
+    }
+  }
+  acc += port_shfl_xor(acc, 1);
+  acc += port_shfl_xor(acc, 2);
+  return acc;
+}
+
+// One block per (pair, 32 rows of h): 64 weight rows (32 gate, 32 up) of expert ids[pair],
+// 4 lanes a row, against x[pair / k] quantized to Q8_1 in LDS; then one group forms
+// h = silu(g) * u for the 32 rows and writes it as one Q8_1 block (q int8 [pairs, I], d and
+// s fp32 [pairs, I/32]), the arithmetic of quantize_q8_1_kernel on fp32 h. An invalid id
+// reads no expert memory and writes the zero block.
+template <typename T>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_gate_up_q4_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
+                          const uint8_t* __restrict__ bank, int64_t e_stride, int64_t row_bytes,
+                          const int32_t* __restrict__ ids, int8_t* __restrict__ hq, float* __restrict__ hd,
+                          float* __restrict__ hs, int num_experts, int hidden, int inter, int top_k) {
+  __shared__ uint32_t xq[kMaxQ8Blocks * kQ8Stride];
+  __shared__ float xd[kMaxQ8Blocks], xs[kMaxQ8Blocks];
+  __shared__ float gu[2 * kQK];
+  const int64_t pair = blockIdx.x;
+  const int e = ids[pair];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kQK;
+  const int64_t hb = pair * (inter / kQK) + blockIdx.y;  // h's Q8_1 block
+  if (e < 0 || e >= num_experts) {
+    if (threadIdx.x < kQK / 4) reinterpret_cast<uint32_t*>(hq + pair * inter + n0)[threadIdx.x] = 0u;
+    if (threadIdx.x == 0) hd[hb] = hs[hb] = 0.0f;
+    return;
+  }
+  const int nb = hidden / kQK;
+  stage_q8_1_row<T>(x + (pair / top_k) * x_stride, nb, xq, xd, xs);
+  __syncthreads();
+  const int lane = threadIdx.x % kMoeGroup;
+  const int r = (threadIdx.x / kMoeGroup) * kGroupRows + lane / kLanesPerRow;  // 0..31 gate, 32..63 up
+  const int64_t wrow = r < kQK ? n0 + r : inter + n0 + (r - kQK);
+  const float v = q4_row_dot4<kQ8Stride>(bank + e * e_stride + wrow * row_bytes, nb, xq, xd, xs,
+                                         lane % kLanesPerRow, true);
+  if (lane % kLanesPerRow == 0) gu[r] = v;
+  __syncthreads();
+  if (threadIdx.x < kQK) {  // a whole 32-lane group
+    const int i = threadIdx.x;
+    const float g = gu[i];
+    const float h = g / (1.0f + port_expf(-g)) * gu[kQK + i];
+    float amax = __builtin_fabsf(h);
+#pragma unroll
+    for (int off = kMoeGroup / 2; off > 0; off >>= 1) amax = __builtin_fmaxf(amax, port_shfl_xor(amax, off));
+    const float dd = port_div_rn(amax, 127.0f);
+    int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(h, dd)));
+    hq[pair * inter + n0 + i] = static_cast<int8_t>(qi);
+#pragma unroll
+    for (int off = kMoeGroup / 2; off > 0; off >>= 1) qi += port_shfl_xor(qi, off);
+    if (i == 0) {
+      hd[hb] = dd;
+      hs[hb] = dd * static_cast<float>(qi);
+    }
+  }
+}
+
+// One block per (token, 8 rows of y): group g takes slots g, g + 8, ..., 4 lanes a row, each
+// slot's int8 dot of its expert's down row with that pair's Q8_1 h (read from memory); then
+// y[t, n] = sum_j w[t, j] * part_j, the slots in order. Invalid ids read nothing.
+template <typename T>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_down_q4_kernel(const int8_t* __restrict__ hq, const float* __restrict__ hd, const float* __restrict__ hs,
+                       const uint8_t* __restrict__ bank, int64_t e_stride, int64_t row_bytes,
+                       const int32_t* __restrict__ ids, const float* __restrict__ wts,
+                       typename T::storage* __restrict__ y, int64_t y_stride, int num_experts, int hidden,
+                       int inter, int top_k) {
+  __shared__ float parts[kMaxSlots][kGroupRows];
+  const int64_t t = blockIdx.x;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kGroupRows;
+  const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
+  const int r = lane / kLanesPerRow;
+  const int64_t n = n0 + r;
+  const int nb = inter / kQK;
+  for (int j = group; j < top_k; j += kMoeRows) {
+    const int64_t pair = t * top_k + j;
+    const int e = ids[pair];
+    const bool valid = e >= 0 && e < num_experts;
+    const float v = q4_row_dot4<8>(bank + (valid ? e : 0) * e_stride + (n < hidden ? n : 0) * row_bytes, nb,
+                                   reinterpret_cast<const uint32_t*>(hq + pair * inter), hd + pair * nb,
+                                   hs + pair * nb, lane % kLanesPerRow, valid && n < hidden);
+    if (lane % kLanesPerRow == 0) parts[j][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < kGroupRows && n0 + threadIdx.x < hidden) {
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      const int e = ids[t * top_k + j];
+      if (e >= 0 && e < num_experts) acc += wts[t * top_k + j] * parts[j][threadIdx.x];
+    }
+    y[t * y_stride + n0 + threadIdx.x] = T::from_float(acc);
+  }
+}
+
+// ------------------------------------------------------------------ decode experts, dense
+
+template <typename T>
+__device__ void stage_f32(const typename T::storage* src, int64_t stride, int rows, int len, float* dst) {
+  for (int i = threadIdx.x; i < rows * len; i += kMoeThreads) dst[i] = T::load(src + (i / len) * stride + i % len);
+}
+
+template <typename W>
+__device__ __forceinline__ float dense_row_dot(const typename W::storage* row, int len, const float* x, int lane) {
+  float acc = 0.0f;
+  for (int i = lane; i < len; i += kMoeGroup) acc += W::load(row + i) * x[i];
+  return group_sum(acc);
+}
+
+// h[pair, n] = silu(g) * u, g and u row n and row I + n of expert ids[pair] (dtype T)
+// applied to x[pair / k] (fp32 in LDS); one block per (pair, 8 rows), a 32-lane group per
+// row. An invalid id reads nothing and writes h = 0.
+template <typename T>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_gate_up_dense_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
+                             const typename T::storage* __restrict__ bank, int64_t e_stride, int64_t row_stride,
+                             const int32_t* __restrict__ ids, float* __restrict__ h, int num_experts, int hidden,
+                             int inter, int top_k) {
+  __shared__ float xs[kDecodeFloats];
+  const int pair = blockIdx.x;
+  const int e = ids[pair];
+  const int n = blockIdx.y * kMoeRows + threadIdx.x / kMoeGroup;
+  const int lane = threadIdx.x % kMoeGroup;
+  if (e < 0 || e >= num_experts) {  // the whole block: no expert memory is read
+    if (lane == 0 && n < inter) h[static_cast<int64_t>(pair) * inter + n] = 0.0f;
+    return;
+  }
+  stage_f32<T>(x + static_cast<int64_t>(pair / top_k) * x_stride, 0, 1, hidden, xs);
+  __syncthreads();
+  if (n >= inter) return;
+  const typename T::storage* w = bank + e * e_stride;
+  const float g = dense_row_dot<T>(w + n * row_stride, hidden, xs, lane);
+  const float u = dense_row_dot<T>(w + (inter + n) * row_stride, hidden, xs, lane);
+  if (lane == 0) h[static_cast<int64_t>(pair) * inter + n] = g / (1.0f + port_expf(-g)) * u;
+}
+
+// y[t, n] = sum_j w[t, j] * (row n of expert ids[t, j] applied to h[t * k + j]), the slots
+// in order; one block per (token, 8 rows), h's k rows staged in LDS.
+template <typename T>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_down_dense_kernel(const float* __restrict__ h, const typename T::storage* __restrict__ bank,
+                          int64_t e_stride, int64_t row_stride, const int32_t* __restrict__ ids,
+                          const float* __restrict__ wts, typename T::storage* __restrict__ y, int64_t y_stride,
+                          int num_experts, int hidden, int inter, int top_k) {
+  __shared__ float hs[kDecodeFloats];
+  const int64_t t = blockIdx.x;
+  const int n = blockIdx.y * kMoeRows + threadIdx.x / kMoeGroup;
+  const int lane = threadIdx.x % kMoeGroup;
+  stage_f32<f32_t>(h + t * top_k * inter, inter, top_k, inter, hs);
+  __syncthreads();
+  if (n >= hidden) return;
+  float acc = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    const int64_t pair = t * top_k + j;
+    const int e = ids[pair];
+    if (e < 0 || e >= num_experts) continue;  // contributes nothing, reads nothing
+    acc += wts[pair] * dense_row_dot<T>(bank + e * e_stride + n * row_stride, inter, hs + j * inter, lane);
+  }
+  if (lane == 0) y[t * y_stride + n] = T::from_float(acc);
+}
+
+// ------------------------------------------------------------------ prefill grouped GEMM
+
+// Both GEMMs walk moe_align's rows: a block takes 64 sorted rows (one expert: block_m = 64)
+// and 64 output columns, 256 threads with 4 x 4 outputs each; blocks past
+// num_tokens_post_padded return at once, sentinel rows load zeros and store nothing.
+// GATED: out[pair, n] = silu(a[pair / k] . W[n]) * (a[pair / k] . W[N + n]) (gate/up + SwiGLU);
+// else out[pair, n] = w[pair] * (a[pair] . W[n]) (down, weighted). out is fp32 [pairs, N].
+constexpr int kGemmTile = 64;
+constexpr int kGemmKB = 4;   // Q4_0 blocks per step (int8 GEMM)
+constexpr int kGemmK = 16;   // K per step (dense GEMM)
+
+struct TileRows {
+  int32_t pair[kGemmTile];
+};
+
+__device__ __forceinline__ void store_tile(const float (&acc)[4][4], const float (&acc_up)[4][4], bool gated,
+                                           const TileRows& rows, const float* wts, float* out, int64_t pairs,
+                                           int64_t n_out, int64_t n0, int tx, int ty) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t pair = rows.pair[ty + 16 * i];
+    if (pair >= pairs) continue;
+    const float scale = gated ? 1.0f : wts[pair];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (n >= n_out) continue;
+      const float g = acc[i][j];
+      out[pair * n_out + n] = gated ? g / (1.0f + port_expf(-g)) * acc_up[i][j] : scale * g;
+    }
+  }
+}
+
+// Q4_0 banks, int8 path: Q8_1 activations (rows of K) and nibble words of the weights in LDS.
+template <bool GATED>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_gemm_q4_kernel(const uint8_t* __restrict__ bank, int64_t e_stride, int64_t row_bytes,
+                       const int8_t* __restrict__ q8, const float* __restrict__ d8, const float* __restrict__ s8,
+                       const int32_t* __restrict__ sorted, const int32_t* __restrict__ expert_ids,
+                       const int32_t* __restrict__ npad, const float* __restrict__ wts, float* __restrict__ out,
+                       int64_t pairs, int top_k, int64_t n_out, int64_t k) {
+  __shared__ TileRows rows;
+  __shared__ int xs[kGemmKB][kGemmTile][8 + 1];
+  __shared__ float xd[kGemmKB][kGemmTile], xsum[kGemmKB][kGemmTile];
+  __shared__ int ws[GATED ? 2 : 1][kGemmKB][kGemmTile][8 + 1];
+  __shared__ float wd[GATED ? 2 : 1][kGemmKB][kGemmTile];
+  if (static_cast<int64_t>(blockIdx.y) * kGemmTile >= *npad) return;
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int e = expert_ids[blockIdx.y];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kGemmTile;
+  const int64_t nb = k / kQK;
+  const uint8_t* w = bank + e * e_stride;
+  if (tid < kGemmTile) rows.pair[tid] = sorted[static_cast<int64_t>(blockIdx.y) * kGemmTile + tid];
+  __syncthreads();
+  float acc[4][4], acc_up[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = acc_up[i][j] = 0.0f;
+
+  for (int64_t b0 = 0; b0 < nb; b0 += kGemmKB) {
+    {  // activations: thread -> (row, block), 8 words each
+      const int r = tid / kGemmKB, kb = tid % kGemmKB;
+      const int64_t pair = rows.pair[r], b = b0 + kb;
+      const bool ok = pair < pairs && b < nb;
+      const int64_t arow = GATED ? pair / top_k : pair;
+      const int* src = reinterpret_cast<const int*>(q8 + (ok ? arow * k + b * kQK : 0));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xs[kb][r][i] = ok ? src[i] : 0;
+      xd[kb][r] = ok ? d8[arow * nb + b] : 0.0f;
+      xsum[kb][r] = ok ? s8[arow * nb + b] : 0.0f;
+    }
+#pragma unroll
+    for (int half = 0; half < (GATED ? 2 : 1); ++half) {  // weights, unpacked to nibble words
+      const int r = tid / kGemmKB, kb = tid % kGemmKB;
+      const int64_t n = n0 + r, b = b0 + kb;
+      const bool ok = n < n_out && b < nb;
+      const uint16_t* src =
+          reinterpret_cast<const uint16_t*>(w + (ok ? (n + half * n_out) * row_bytes + b * kBlockBytes : 0));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t word =
+            ok ? (static_cast<uint32_t>(src[1 + 2 * i]) | (static_cast<uint32_t>(src[2 + 2 * i]) << 16)) : 0u;
+        ws[half][kb][r][i] = static_cast<int>(word & 0x0F0F0F0Fu);
+        ws[half][kb][r][4 + i] = static_cast<int>((word >> 4) & 0x0F0F0F0Fu);
+      }
+      wd[half][kb][r] = ok ? port_half_to_float(src[0]) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kb = 0; kb < kGemmKB; ++kb) {
+#pragma unroll
+      for (int half = 0; half < (GATED ? 2 : 1); ++half) {
+        int wv[4][8];
+        float wdv[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wv[j][i] = ws[half][kb][tx + 16 * j][i];
+          wdv[j] = wd[half][kb][tx + 16 * j];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = ty + 16 * i;
+          int xv[8];
+#pragma unroll
+          for (int q = 0; q < 8; ++q) xv[q] = xs[kb][r][q];
+          const float dx = xd[kb][r], sx = xsum[kb][r];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            int sumi = 0;
+#pragma unroll
+            for (int q = 0; q < 8; ++q) sumi = port_dp4a(wv[j][q], xv[q], sumi);
+            const float v = wdv[j] * (dx * static_cast<float>(sumi) - 8.0f * sx);
+            if (half == 0) {
+              acc[i][j] += v;
+            } else {
+              acc_up[i][j] += v;
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  store_tile(acc, acc_up, GATED, rows, wts, out, pairs, n_out, n0, tx, ty);
+}
+
+// Dense banks: fp32 FMA tiles. A: the activations' dtype (x for gate/up, fp32 h for down).
+template <typename A, typename W, bool GATED>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_gemm_dense_kernel(const typename A::storage* __restrict__ a, int64_t a_stride,
+                          const typename W::storage* __restrict__ bank, int64_t e_stride, int64_t row_stride,
+                          const int32_t* __restrict__ sorted, const int32_t* __restrict__ expert_ids,
+                          const int32_t* __restrict__ npad, const float* __restrict__ wts, float* __restrict__ out,
+                          int64_t pairs, int top_k, int64_t n_out, int64_t k) {
+  __shared__ TileRows rows;
+  __shared__ float as[kGemmK][kGemmTile + 1];
+  __shared__ float bs[GATED ? 2 : 1][kGemmK][kGemmTile + 1];
+  if (static_cast<int64_t>(blockIdx.y) * kGemmTile >= *npad) return;
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int e = expert_ids[blockIdx.y];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kGemmTile;
+  const typename W::storage* w = bank + e * e_stride;
+  if (tid < kGemmTile) rows.pair[tid] = sorted[static_cast<int64_t>(blockIdx.y) * kGemmTile + tid];
+  __syncthreads();
+  float acc[4][4], acc_up[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = acc_up[i][j] = 0.0f;
+  for (int64_t k0 = 0; k0 < k; k0 += kGemmK) {
+    // 64 rows x 16 of K each for A and B: thread -> (row tid / 4, 4 consecutive k)
+    const int r = tid / 4, c0 = (tid % 4) * 4;
+    {
+      const int64_t pair = rows.pair[r];
+      const bool ok = pair < pairs;
+      const int64_t arow = GATED ? pair / top_k : pair;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t kk = k0 + c0 + c;
+        as[c0 + c][r] = ok && kk < k ? A::load(a + arow * a_stride + kk) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < (GATED ? 2 : 1); ++half) {
+      const int64_t n = n0 + r;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t kk = k0 + c0 + c;
+        bs[half][c0 + c][r] = n < n_out && kk < k ? W::load(w + (n + half * n_out) * row_stride + kk) : 0.0f;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kGemmK; ++c) {
+      float av[4], bv[4], uv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) av[i] = as[c][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        bv[j] = bs[0][c][tx + 16 * j];
+        uv[j] = GATED ? bs[GATED ? 1 : 0][c][tx + 16 * j] : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[i][j] += av[i] * bv[j];
+          if (GATED) acc_up[i][j] += av[i] * uv[j];
+        }
+    }
+    __syncthreads();
+  }
+  store_tile(acc, acc_up, GATED, rows, wts, out, pairs, n_out, n0, tx, ty);
+}
+
+// Every configuration the launcher uses.
+#define FTLAB_MOE_INSTANTIATE(T)                                                                        \
+  template __global__ void moe_route_topk_kernel<T>(const T::storage*, int64_t, float*, int32_t*, int64_t, \
+                                                    int, int, int);                                     \
+  template __global__ void moe_gate_up_q4_kernel<T>(const T::storage*, int64_t, const uint8_t*, int64_t, \
+                                                    int64_t, const int32_t*, int8_t*, float*, float*, int, \
+                                                    int, int, int);                                     \
+  template __global__ void moe_down_q4_kernel<T>(const int8_t*, const float*, const float*, const uint8_t*, \
+                                                 int64_t, int64_t, const int32_t*, const float*, T::storage*, \
+                                                 int64_t, int, int, int, int);                          \
+  template __global__ void moe_gate_up_dense_kernel<T>(const T::storage*, int64_t, const T::storage*,    \
+                                                       int64_t, int64_t, const int32_t*, float*, int, int, \
+                                                       int, int);                                       \
+  template __global__ void moe_down_dense_kernel<T>(const float*, const T::storage*, int64_t, int64_t,   \
+                                                    const int32_t*, const float*, T::storage*, int64_t, int, \
+                                                    int, int, int);                                     \
+  template __global__ void moe_gemm_dense_kernel<T, T, true>(                                           \
+      const T::storage*, int64_t, const T::storage*, int64_t, int64_t, const int32_t*, const int32_t*,  \
+      const int32_t*, const float*, float*, int64_t, int, int64_t, int64_t);                            \
+  template __global__ void moe_gemm_dense_kernel<f32_t, T, false>(                                      \
+      const float*, int64_t, const T::storage*, int64_t, int64_t, const int32_t*, const int32_t*,       \
+      const int32_t*, const float*, float*, int64_t, int, int64_t, int64_t);
+FTLAB_MOE_INSTANTIATE(f32_t)
+FTLAB_MOE_INSTANTIATE(f16_t)
+FTLAB_MOE_INSTANTIATE(bf16_t)
+
+#define FTLAB_MOE_GEMM_Q4_INSTANTIATE(G)                                                                   \
+  template __global__ void moe_gemm_q4_kernel<G>(const uint8_t*, int64_t, int64_t, const int8_t*,         \
+                                                 const float*, const float*, const int32_t*, const int32_t*, \
+                                                 const int32_t*, const float*, float*, int64_t, int, int64_t, \
+                                                 int64_t);
+FTLAB_MOE_GEMM_Q4_INSTANTIATE(true)
+FTLAB_MOE_GEMM_Q4_INSTANTIATE(false)
+
+}  // namespace ftlab

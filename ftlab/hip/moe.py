@@ -1,0 +1,134 @@
+"""Routed MoE through the HIP kernels of ``csrc/moe.hip`` (JIT-built, cached).
+
+- ``route_topk``: one block per token (softmax in fp32, k rounds of argmax, lower id wins a
+  tie, renormalization); at most 1024 experts.
+- ``moe_align``: a count kernel and a scatter kernel, one block per expert, deterministic
+  and without host synchronization (graph-safe).
+- ``moe_experts``: up to ``DECODE_MAX_TOKENS`` tokens, per (token, slot) matvecs in two
+  launches (gate/up + SwiGLU into h fp32, then down weighted and summed over the slots in
+  order); for Q4_0 banks (the int8 path) x is quantized to Q8_1 in LDS and the gate/up
+  kernel writes h as Q8_1 blocks (a block of 32 rows of h per thread block); beyond,
+  moe_align (block_m 64) and the grouped GEMMs (Q4_0: dp4a tiles over Q8_1 rows; dense:
+  fp32 FMA tiles), the routing weight applied after down, then the sum over the k slots.
+  Q4_0 banks take the int8 path only; dense banks in another dtype than x are cast per call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab.hip import loader
+from ftlab.quant import Q4_0Weight
+from ftlab.reference.moe import align_capacity
+
+DECODE_MAX_TOKENS = 8
+DECODE_MAX_FLOATS = 8192  # kDecodeFloats: H and k * I staged in LDS by the decode kernels
+MAX_EXPERTS = 1024  # kMaxExperts: the router's LDS row
+MAX_TOP_K = 32  # a slot per lane of the router's 32-lane group
+GEMM_BLOCK_M = 64  # kGemmTile: the grouped GEMM's rows per block, moe_align's block_m
+
+
+def _module(device: torch.device):
+    return loader.module_for("moe", device)
+
+
+def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backend entry of :func:`ftlab.ops.route_topk`."""
+    t, e = logits.shape
+    if e > MAX_EXPERTS or top_k > MAX_TOP_K:
+        raise ValueError(
+            f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = {e}, top_k = {top_k}"
+        )
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=logits.device)
+    logits = logits if logits.shape[1] <= 1 or logits.stride(1) == 1 else logits.contiguous()
+    module = _module(logits.device)
+    loader.on_device(logits.device, lambda: module.moe_route_topk(logits, weights, ids, top_k, renormalize))
+    return weights, ids
+
+
+def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backend entry of :func:`ftlab.ops.moe_align`."""
+    flat = ids.reshape(-1).to(torch.int32).contiguous()
+    capacity = align_capacity(flat.numel(), num_experts, block_m)
+    dev = ids.device
+    sorted_ids = torch.empty((capacity,), dtype=torch.int32, device=dev)
+    expert_ids = torch.empty((capacity // block_m,), dtype=torch.int32, device=dev)
+    npad = torch.empty((1,), dtype=torch.int32, device=dev)
+    counts = torch.empty((num_experts,), dtype=torch.int32, device=dev)
+    module = _module(dev)
+    loader.on_device(dev, lambda: module.moe_align(flat, counts, sorted_ids, expert_ids, npad, block_m))
+    return sorted_ids, expert_ids, npad
+
+
+def _bank(w, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(w, Q4_0Weight):
+        return w.data if w.data.is_contiguous() else w.data.contiguous()
+    return w.to(dtype).contiguous()
+
+
+def decode_ok(x: torch.Tensor, top_k: int, inter: int) -> bool:
+    """Whether the decode kernels serve: few tokens, and x and k rows of h fit their LDS."""
+    return (
+        x.shape[0] <= DECODE_MAX_TOKENS
+        and x.shape[1] <= DECODE_MAX_FLOATS
+        and top_k * inter <= DECODE_MAX_FLOATS
+        and top_k <= MAX_TOP_K
+    )
+
+
+def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.moe_experts` (Q4_0 banks: ``path == "int8"``)."""
+    q4 = isinstance(w_gate_up, Q4_0Weight)
+    if q4 and path != "int8":
+        raise ValueError(f"the hip experts implement the int8 path for Q4_0 banks, got path={path!r}")
+    if q4 != isinstance(w_down, Q4_0Weight):
+        raise ValueError("w_gate_up and w_down must both be Q4_0 banks or both dense for the hip experts")
+    t, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    inter = w_down.shape[-1]
+    dev = x.device
+    y = torch.empty((t, hidden), dtype=x.dtype, device=dev)
+    if t == 0:
+        return y
+    x = x if x.stride(1) == 1 else x.contiguous()
+    ids = topk_ids.to(torch.int32).contiguous()
+    wts = topk_weights.contiguous()
+    gu, dn = _bank(w_gate_up, x.dtype), _bank(w_down, x.dtype)
+    module = _module(dev)
+    if decode_ok(x, top_k, inter):
+        if q4:  # h as Q8_1, written by the gate/up kernel
+            hq = torch.empty((t * top_k, inter), dtype=torch.int8, device=dev)
+            hd = torch.empty((t * top_k, inter // 32), dtype=torch.float32, device=dev)
+            hs = torch.empty_like(hd)
+            loader.on_device(dev, lambda: module.moe_experts_decode_q4(x, gu, dn, ids, wts, hq, hd, hs, y))
+        else:
+            h = torch.empty((t * top_k, inter), dtype=torch.float32, device=dev)
+            loader.on_device(dev, lambda: module.moe_experts_decode_dense(x, gu, dn, ids, wts, h, y))
+        return y
+    return _experts_gemm(module, x, gu, dn, ids, wts, q4, inter)
+
+
+def _experts_gemm(module, x, gu, dn, ids, wts, q4: bool, inter: int) -> torch.Tensor:
+    from ftlab.hip.q4_0 import quantize_q8_1
+
+    t, hidden = x.shape
+    top_k = ids.shape[1]
+    pairs = t * top_k
+    dev = x.device
+    sorted_ids, expert_ids, npad = moe_align(ids, gu.shape[0], GEMM_BLOCK_M)
+    h = torch.empty((pairs, inter), dtype=torch.float32, device=dev)
+    out = torch.zeros((pairs, hidden), dtype=torch.float32, device=dev)
+    flat_w = wts.view(-1)
+    if q4:
+        x8 = quantize_q8_1(x)
+        loader.on_device(dev, lambda: module.moe_gemm_q4(gu, x8.q, x8.d, x8.s, sorted_ids, expert_ids, npad, flat_w, h,
+                                                         top_k, True))  # fmt: skip
+        h8 = quantize_q8_1(h)
+        loader.on_device(dev, lambda: module.moe_gemm_q4(dn, h8.q, h8.d, h8.s, sorted_ids, expert_ids, npad, flat_w, out,
+                                                         top_k, False))  # fmt: skip
+    else:
+        loader.on_device(dev, lambda: module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h, top_k, True))
+        loader.on_device(dev, lambda: module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat_w, out, top_k,
+                                                            False))  # fmt: skip
+    return out.view(t, top_k, hidden).sum(1).to(x.dtype)
