@@ -14,7 +14,7 @@ namespace ftlab {
 constexpr int kMoeThreads = 256;
 constexpr int kMoeGroup = 32;                      // lanes that share one output row
 constexpr int kMoeRows = kMoeThreads / kMoeGroup;  // output rows per decode block
-constexpr int kMaxExperts = 1024;                  // the router stages a row of logits in LDS
+constexpr int kMaxExperts = 1024;                  // the router: 32 logits a lane at most
 constexpr int kMaxQ8Blocks = 256;                  // decode: x (H) or k x I of h, in Q8_1 blocks
 constexpr int kDecodeFloats = kMaxQ8Blocks * kQK;  // decode: ... or as fp32 (32 KiB)
 constexpr int kQ8Stride = 9;                       // LDS words per Q8_1 block: 8, +1 of padding
@@ -53,43 +53,48 @@ __device__ __forceinline__ float group_sum(float v) {
 
 constexpr int kRouteTokens = kMoeThreads / kMoeGroup;  // tokens per block, a 32-lane group each
 
-// A 32-lane group per token, no block barriers: the group stages the row of logits in LDS,
-// takes max and sum by shuffles, p = exp(x - max) / sum in fp32, then k rounds of argmax
-// (each lane its strided experts, then a shuffle tree; the lower id wins a tie) and the
-// renormalization.
-template <typename T>
+// A 32-lane group per token, no block barriers: lane l holds the logits of experts
+// l, l + 32, ... (PER of them, in registers), max and sum by shuffles, p = exp(x - max) / sum
+// in fp32, then k rounds of argmax (each lane over its experts in ascending order, then a
+// shuffle tree; the lower id wins a tie) and the renormalization, the k weights summed in
+// slot order. PER * 32 >= E.
+template <typename T, int PER>
 __global__ void __launch_bounds__(kMoeThreads)
     moe_route_topk_kernel(const typename T::storage* __restrict__ logits, int64_t stride,
                           float* __restrict__ w_out, int32_t* __restrict__ ids_out, int64_t tokens,
                           int num_experts, int top_k, int renorm) {
-  __shared__ float rows[kRouteTokens][kMaxExperts];
   const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteTokens + group;
   if (t >= tokens) return;  // whole groups: no barrier below
-  float* p = rows[group];
   const typename T::storage* row = logits + t * stride;
+  float p[PER];
   float m = -__builtin_inff();
-  for (int e = lane; e < num_experts; e += kMoeGroup) {
-    p[e] = T::load(row + e);
-    m = p[e] > m ? p[e] : m;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = lane + i * kMoeGroup;
+    p[i] = e < num_experts ? T::load(row + e) : -__builtin_inff();
+    m = __builtin_fmaxf(m, p[i]);
   }
 #pragma unroll
   for (int off = kMoeGroup / 2; off > 0; off >>= 1) m = __builtin_fmaxf(m, port_shfl_xor(m, off));
   float s = 0.0f;
-  for (int e = lane; e < num_experts; e += kMoeGroup) {
-    p[e] = port_expf(p[e] - m);
-    s += p[e];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    p[i] = lane + i * kMoeGroup < num_experts ? port_expf(p[i] - m) : 0.0f;
+    s += p[i];
   }
   s = group_sum(s);
-  for (int e = lane; e < num_experts; e += kMoeGroup) p[e] = port_div_rn(p[e], s);
+#pragma unroll
+  for (int i = 0; i < PER; ++i) p[i] = lane + i * kMoeGroup < num_experts ? port_div_rn(p[i], s) : -1.0f;
   float wsum = 0.0f, mine = 0.0f;  // lane j keeps slot j's weight (top_k <= 32)
   for (int j = 0; j < top_k; ++j) {
     float best = -1.0f;
     int besti = num_experts;
-    for (int e = lane; e < num_experts; e += kMoeGroup) {
-      if (p[e] > best) {  // ascending e: strict keeps the lower id of a tie
-        best = p[e];
-        besti = e;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      if (p[i] > best) {  // ascending expert ids: strict keeps the lower id of a tie
+        best = p[i];
+        besti = lane + i * kMoeGroup;
       }
     }
 #pragma unroll
@@ -101,11 +106,13 @@ __global__ void __launch_bounds__(kMoeThreads)
         besti = oi;
       }
     }
-    // every lane holds the winner; the lane that owns its slot in LDS marks it taken
-    if (besti % kMoeGroup == lane) p[besti] = -1.0f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      if (lane + i * kMoeGroup == besti) p[i] = -1.0f;  // taken
+    }
     if (lane == 0) ids_out[t * top_k + j] = besti;
     if (lane == j) mine = best;
-    wsum += best;  // in slot order
+    wsum += best;
   }
   if (lane < top_k) w_out[t * top_k + lane] = renorm ? port_div_rn(mine, wsum) : mine;
 }
@@ -177,25 +184,45 @@ __global__ void __launch_bounds__(kMoeThreads)
 
 // ------------------------------------------------------------------ decode experts, Q4_0
 
-constexpr int kLanesPerRow = 4;                        // lanes sharing a Q4_0 weight row
-constexpr int kGroupRows = kMoeGroup / kLanesPerRow;   // rows per 32-lane group (8)
+constexpr int kLanesPerRow = 8;                        // lanes sharing a Q4_0 weight row
+constexpr int kGateUpThreads = 2 * kQK * kLanesPerRow; // 64 weight rows (32 gate + 32 up): 512
 constexpr int kMaxSlots = 32;                          // top_k of the decode kernels
 
 // Q8_1 of one row of nb blocks into LDS (block b's q at words 9b..9b+7, d[b], s[b]), four
 // threads a block, eight elements each, amax and sum by shuffles: q8_1_block's arithmetic
 // (q8_1_word), so bit-identical to quantize_q8_1_kernel. Same trip count in every thread.
+// Eight consecutive elements at p as fp32: 16-byte loads when `vec` (p 16-byte aligned).
 template <typename T>
+__device__ __forceinline__ void load8(const typename T::storage* p, bool vec, float v[8]) {
+  if (vec) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(typename T::storage));  // elements a load
+    typename T::storage e[8];
+#pragma unroll
+    for (int c = 0; c < 8 / kPer; ++c) {
+      const bytes16 raw = reinterpret_cast<const bytes16*>(p)[c];
+      __builtin_memcpy(&e[c * kPer], &raw, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = T::load(&e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = T::load(p + i);
+  }
+}
+
+template <typename T, int THREADS>
 __device__ void stage_q8_1_row(const typename T::storage* src, int nb, uint32_t* q, float* d, float* s) {
-  for (int t0 = 0; t0 < 4 * nb; t0 += kMoeThreads) {
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0;  // then every 8-element piece is
+  for (int t0 = 0; t0 < 4 * nb; t0 += THREADS) {
     const int t = t0 + threadIdx.x;
     const bool active = t < 4 * nb;
     const int b = active ? t / 4 : 0, quarter = t % 4;
-    const typename T::storage* xb = src + b * kQK + 8 * quarter;
     float v[8];
+    load8<T>(src + b * kQK + 8 * quarter, vec, v);
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      v[i] = active ? T::load(xb + i) : 0.0f;
+      v[i] = active ? v[i] : 0.0f;
       amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
     }
     amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 1));
@@ -216,45 +243,113 @@ __device__ void stage_q8_1_row(const typename T::storage* src, int nb, uint32_t*
   }
 }
 
-// The int8 dot of a Q4_0 row (nb blocks) with Q8_1 activations (block b's words at
-// q + b * QS), over the 4 lanes `sub` = 0..3 of the row (blocks sub, sub + 4, ...: independent
-// loads in flight), reduced over those lanes. `live` false: no memory read, 0 (the shuffles
-// still run: all 32 lanes take part).
+// One Q4_0 block in registers: the fp16 scale as fp32 and the four qs words.
+struct Q4Block {
+  float d;
+  uint32_t qs[4];
+};
+
+__device__ __forceinline__ Q4Block load_q4_block(const uint8_t* row, int b) {
+  const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + static_cast<int64_t>(b) * kBlockBytes);
+  Q4Block r;
+  r.d = port_half_to_float(blk[0]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.qs[i] = static_cast<uint32_t>(blk[1 + 2 * i]) | (static_cast<uint32_t>(blk[2 + 2 * i]) << 16);
+  return r;
+}
+
+// d4 * (d8 * sumi - 8 * s8) of block b against Q8_1 activations (block b's words at q + b * QS).
 template <int QS>
-__device__ __forceinline__ float q4_row_dot4(const uint8_t* row, int nb, const uint32_t* q, const float* d,
-                                             const float* s, int sub, bool live) {
+__device__ __forceinline__ float q4_block_term(const Q4Block& w, int b, const uint32_t* q, const float* d,
+                                               const float* s) {
+  int q8[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) q8[i] = static_cast<int>(q[b * QS + i]);
+  return w.d * (d[b] * static_cast<float>(block_dot(w.qs, q8)) - 8.0f * s[b]);
+}
+
+// Superblocks: 8 consecutive blocks, 144 bytes = 9 x 16; rows whose block count is a
+// multiple of 8 (and a 16-byte aligned bank) keep them 16-byte aligned, so a lane reads
+// its superblock with nine 16-byte loads. Other rows are read block by block.
+constexpr int kSbBlocks = 8;
+constexpr int kSbBytes = kSbBlocks * kBlockBytes;  // 144
+
+struct Super {
+  uint32_t w[kSbBytes / 4];
+};
+
+__device__ __forceinline__ void load_super(Super& s, const uint8_t* row, int sb) {
+  const bytes16* p = reinterpret_cast<const bytes16*>(row + static_cast<int64_t>(sb) * kSbBytes);
+#pragma unroll
+  for (int t = 0; t < kSbBytes / 16; ++t) words_of(p[t], &s.w[4 * t]);
+}
+
+// The 8 block terms of superblock sb: block pair p is words 9p..9p+8 (block A's scale in the
+// low half of word 9p and its qs straddling words 9p..9p+4; block B's scale in the high half
+// of word 9p + 4, its qs words 9p + 5..9p + 8).
+template <int QS>
+__device__ __forceinline__ float super_terms(const Super& sp, int sb, const uint32_t* q, const float* d,
+                                             const float* s) {
   float acc = 0.0f;
-  if (live) {
-#pragma unroll 4
-    for (int b = sub; b < nb; b += kLanesPerRow) {
-      const uint16_t* blk = reinterpret_cast<const uint16_t*>(row + static_cast<int64_t>(b) * kBlockBytes);
-      uint32_t qs[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        qs[i] = static_cast<uint32_t>(blk[1 + 2 * i]) | (static_cast<uint32_t>(blk[2 + 2 * i]) << 16);
-      }
-      int q8[8];
+  for (int p = 0; p < kSbBlocks / 2; ++p) {
+    Q4Block a, b;
 #pragma unroll
-      for (int w = 0; w < 8; ++w) q8[w] = static_cast<int>(q[b * QS + w]);
-      acc += port_half_to_float(blk[0]) * (d[b] * static_cast<float>(block_dot(qs, q8)) - 8.0f * s[b]);
+    for (int i = 0; i < 4; ++i) {
+      a.qs[i] = (sp.w[9 * p + i] >> 16) | (sp.w[9 * p + i + 1] << 16);
+      b.qs[i] = sp.w[9 * p + 5 + i];
     }
+    a.d = port_half_to_float(static_cast<uint16_t>(sp.w[9 * p] & 0xffff));
+    b.d = port_half_to_float(static_cast<uint16_t>(sp.w[9 * p + 4] >> 16));
+    const int blk = sb * kSbBlocks + 2 * p;
+    acc += q4_block_term<QS>(a, blk, q, d, s);
+    acc += q4_block_term<QS>(b, blk + 1, q, d, s);
   }
-  acc += port_shfl_xor(acc, 1);
-  acc += port_shfl_xor(acc, 2);
   return acc;
 }
 
-// One block per (pair, 32 rows of h): 64 weight rows (32 gate, 32 up) of expert ids[pair],
-// 4 lanes a row, against x[pair / k] quantized to Q8_1 in LDS; then one group forms
+// The int8 dot of a Q4_0 row with Q8_1 activations over the row's LANES lanes: superblocks
+// sub, sub + LANES, ... (`wide`: the row is superblock-aligned; `first`: the lane's first
+// superblock, already loaded, when `have_first`), then the blocks past the last whole superblock (all of them
+// when not `wide`), reduced over the lanes. `live` false: 0 (the shuffles still run).
+template <int LANES, int QS>
+__device__ __forceinline__ float q4_row_dot(const Super& first, bool have_first, const uint8_t* row, int nb,
+                                            const uint32_t* q, const float* d, const float* s, int sub, bool wide,
+                                            bool live) {
+  float acc = 0.0f;
+  if (live) {
+    const int nsb = wide ? nb / kSbBlocks : 0;
+    int sb = sub;
+    if (have_first && sb < nsb) {
+      acc += super_terms<QS>(first, sb, q, d, s);
+      sb += LANES;
+    }
+    for (; sb < nsb; sb += LANES) {
+      Super w;
+      load_super(w, row, sb);
+      acc += super_terms<QS>(w, sb, q, d, s);
+    }
+    for (int b = nsb * kSbBlocks + sub; b < nb; b += LANES) {
+      acc += q4_block_term<QS>(load_q4_block(row, b), b, q, d, s);
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < LANES; off <<= 1) acc += port_shfl_xor(acc, off);
+  return acc;
+}
+
+// One block of 512 threads per (pair, 32 rows of h): 64 weight rows (32 gate, 32 up) of
+// expert ids[pair], 8 lanes a row; each lane loads its first blocks, then x[pair / k] is
+// quantized to Q8_1 in LDS (the loads in flight meanwhile), then the dots; one group forms
 // h = silu(g) * u for the 32 rows and writes it as one Q8_1 block (q int8 [pairs, I], d and
 // s fp32 [pairs, I/32]), the arithmetic of quantize_q8_1_kernel on fp32 h. An invalid id
 // reads no expert memory and writes the zero block.
 template <typename T>
-__global__ void __launch_bounds__(kMoeThreads)
+__global__ void __launch_bounds__(kGateUpThreads)
     moe_gate_up_q4_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
                           const uint8_t* __restrict__ bank, int64_t e_stride, int64_t row_bytes,
                           const int32_t* __restrict__ ids, int8_t* __restrict__ hq, float* __restrict__ hd,
-                          float* __restrict__ hs, int num_experts, int hidden, int inter, int top_k) {
+                          float* __restrict__ hs, int num_experts, int hidden, int inter, int top_k, bool wide) {
   __shared__ uint32_t xq[kMaxQ8Blocks * kQ8Stride];
   __shared__ float xd[kMaxQ8Blocks], xs[kMaxQ8Blocks];
   __shared__ float gu[2 * kQK];
@@ -268,14 +363,16 @@ __global__ void __launch_bounds__(kMoeThreads)
     return;
   }
   const int nb = hidden / kQK;
-  stage_q8_1_row<T>(x + (pair / top_k) * x_stride, nb, xq, xd, xs);
+  const int r = threadIdx.x / kLanesPerRow;  // 0..31 gate, 32..63 up
+  const int sub = threadIdx.x % kLanesPerRow;
+  const uint8_t* row = bank + e * e_stride + (r < kQK ? n0 + r : inter + n0 + (r - kQK)) * row_bytes;
+  Super pre;  // the lane's first superblock: in flight while x is quantized
+  const bool pre_ok = wide && sub < nb / kSbBlocks;
+  if (pre_ok) load_super(pre, row, sub);
+  stage_q8_1_row<T, kGateUpThreads>(x + (pair / top_k) * x_stride, nb, xq, xd, xs);
   __syncthreads();
-  const int lane = threadIdx.x % kMoeGroup;
-  const int r = (threadIdx.x / kMoeGroup) * kGroupRows + lane / kLanesPerRow;  // 0..31 gate, 32..63 up
-  const int64_t wrow = r < kQK ? n0 + r : inter + n0 + (r - kQK);
-  const float v = q4_row_dot4<kQ8Stride>(bank + e * e_stride + wrow * row_bytes, nb, xq, xd, xs,
-                                         lane % kLanesPerRow, true);
-  if (lane % kLanesPerRow == 0) gu[r] = v;
+  const float v = q4_row_dot<kLanesPerRow, kQ8Stride>(pre, pre_ok, row, nb, xq, xd, xs, sub, wide, true);
+  if (sub == 0) gu[r] = v;
   __syncthreads();
   if (threadIdx.x < kQK) {  // a whole 32-lane group
     const int i = threadIdx.x;
@@ -299,31 +396,35 @@ __global__ void __launch_bounds__(kMoeThreads)
 // One block per (token, 8 rows of y): group g takes slots g, g + 8, ..., 4 lanes a row, each
 // slot's int8 dot of its expert's down row with that pair's Q8_1 h (read from memory); then
 // y[t, n] = sum_j w[t, j] * part_j, the slots in order. Invalid ids read nothing.
+constexpr int kDownLanes = 4;
+constexpr int kDownRows = kMoeGroup / kDownLanes;  // 8 rows of y per block
+
 template <typename T>
 __global__ void __launch_bounds__(kMoeThreads)
     moe_down_q4_kernel(const int8_t* __restrict__ hq, const float* __restrict__ hd, const float* __restrict__ hs,
                        const uint8_t* __restrict__ bank, int64_t e_stride, int64_t row_bytes,
                        const int32_t* __restrict__ ids, const float* __restrict__ wts,
                        typename T::storage* __restrict__ y, int64_t y_stride, int num_experts, int hidden,
-                       int inter, int top_k) {
-  __shared__ float parts[kMaxSlots][kGroupRows];
+                       int inter, int top_k, bool wide) {
+  __shared__ float parts[kMaxSlots][kDownRows];
   const int64_t t = blockIdx.x;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kGroupRows;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kDownRows;
   const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
-  const int r = lane / kLanesPerRow;
+  const int r = lane / kDownLanes, sub = lane % kDownLanes;
   const int64_t n = n0 + r;
   const int nb = inter / kQK;
   for (int j = group; j < top_k; j += kMoeRows) {
     const int64_t pair = t * top_k + j;
     const int e = ids[pair];
-    const bool valid = e >= 0 && e < num_experts;
-    const float v = q4_row_dot4<8>(bank + (valid ? e : 0) * e_stride + (n < hidden ? n : 0) * row_bytes, nb,
-                                   reinterpret_cast<const uint32_t*>(hq + pair * inter), hd + pair * nb,
-                                   hs + pair * nb, lane % kLanesPerRow, valid && n < hidden);
-    if (lane % kLanesPerRow == 0) parts[j][r] = v;
+    const bool live = e >= 0 && e < num_experts && n < hidden;
+    const uint8_t* row = bank + (live ? e * e_stride + n * row_bytes : 0);
+    const Super none{};
+    const float v = q4_row_dot<kDownLanes, 8>(none, false, row, nb, reinterpret_cast<const uint32_t*>(hq + pair * inter),
+                                               hd + pair * nb, hs + pair * nb, sub, wide, live);
+    if (sub == 0) parts[j][r] = v;
   }
   __syncthreads();
-  if (threadIdx.x < kGroupRows && n0 + threadIdx.x < hidden) {
+  if (threadIdx.x < kDownRows && n0 + threadIdx.x < hidden) {
     float acc = 0.0f;
     for (int j = 0; j < top_k; ++j) {
       const int e = ids[t * top_k + j];
@@ -600,14 +701,16 @@ __global__ void __launch_bounds__(kMoeThreads)
 
 // Every configuration the launcher uses.
 #define FTLAB_MOE_INSTANTIATE(T)                                                                        \
-  template __global__ void moe_route_topk_kernel<T>(const T::storage*, int64_t, float*, int32_t*, int64_t, \
-                                                    int, int, int);                                     \
+  template __global__ void moe_route_topk_kernel<T, 4>(const T::storage*, int64_t, float*, int32_t*,   \
+                                                       int64_t, int, int, int);                         \
+  template __global__ void moe_route_topk_kernel<T, 32>(const T::storage*, int64_t, float*, int32_t*,  \
+                                                        int64_t, int, int, int);                        \
   template __global__ void moe_gate_up_q4_kernel<T>(const T::storage*, int64_t, const uint8_t*, int64_t, \
                                                     int64_t, const int32_t*, int8_t*, float*, float*, int, \
-                                                    int, int, int);                                     \
+                                                    int, int, int, bool);                               \
   template __global__ void moe_down_q4_kernel<T>(const int8_t*, const float*, const float*, const uint8_t*, \
                                                  int64_t, int64_t, const int32_t*, const float*, T::storage*, \
-                                                 int64_t, int, int, int, int);                          \
+                                                 int64_t, int, int, int, int, bool);                    \
   template __global__ void moe_gate_up_dense_kernel<T>(const T::storage*, int64_t, const T::storage*,    \
                                                        int64_t, int64_t, const int32_t*, float*, int, int, \
                                                        int, int);                                       \

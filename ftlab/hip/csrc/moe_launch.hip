@@ -71,8 +71,13 @@ void moe_route_topk(TensorView logits, TensorView w, TensorView ids, int64_t top
   switch (fp_of(logits, "logits")) {
 #define FTLAB_ROUTE_CASE(F, T)                                                                              \
   case Fp::F:                                                                                               \
-    moe_route_topk_kernel<T><<<cdiv(t, kRouteTokens), kMoeThreads, 0, st>>>(                                \
-        static_cast<const T::storage*>(base_of(logits)), logits.stride(0), wp, ip, t, ke, kk, rn);          \
+    if (e <= 4 * kMoeGroup) {                                                                               \
+      moe_route_topk_kernel<T, 4><<<cdiv(t, kRouteTokens), kMoeThreads, 0, st>>>(                           \
+          static_cast<const T::storage*>(base_of(logits)), logits.stride(0), wp, ip, t, ke, kk, rn);        \
+    } else {                                                                                                \
+      moe_route_topk_kernel<T, kMaxExperts / kMoeGroup><<<cdiv(t, kRouteTokens), kMoeThreads, 0, st>>>(     \
+          static_cast<const T::storage*>(base_of(logits)), logits.stride(0), wp, ip, t, ke, kk, rn);        \
+    }                                                                                                       \
     break;
     FTLAB_ROUTE_CASE(f32, f32_t)
     FTLAB_ROUTE_CASE(f16, f16_t)
@@ -138,6 +143,11 @@ DecodeArgs decode_args(const TensorView& x, const TensorView& w_gate_up, const T
   return {t, hidden, inter, top_k, gu, dn};
 }
 
+// Whether a Q4_0 bank's rows are superblock-aligned (16-byte aligned rows of 8k blocks).
+bool wide(const Bank& b) {
+  return b.row_stride % kSbBytes == 0 && reinterpret_cast<uintptr_t>(b.data) % 16 == 0;
+}
+
 template <typename T>
 void launch_decode_q4(const DecodeArgs& a, const TensorView& x, const TensorView& ids, const TensorView& wts,
                       const TensorView& hq, const TensorView& hd, const TensorView& hs, const TensorView& y) {
@@ -148,13 +158,14 @@ void launch_decode_q4(const DecodeArgs& a, const TensorView& x, const TensorView
   int8_t* qp = static_cast<int8_t*>(base_of(hq));
   float* dp = static_cast<float*>(base_of(hd));
   float* sp = static_cast<float*>(base_of(hs));
-  moe_gate_up_q4_kernel<T><<<dim3(static_cast<unsigned>(a.t * a.top_k), cdiv(a.inter, kQK)), kMoeThreads, 0, st>>>(
+  moe_gate_up_q4_kernel<T><<<dim3(static_cast<unsigned>(a.t * a.top_k), cdiv(a.inter, kQK)), kGateUpThreads, 0,
+                             st>>>(
       static_cast<const typename T::storage*>(base_of(x)), x.stride(0), static_cast<const uint8_t*>(a.gu.data),
-      a.gu.e_stride, a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k);
-  moe_down_q4_kernel<T><<<dim3(static_cast<unsigned>(a.t), cdiv(a.hidden, kGroupRows)), kMoeThreads, 0, st>>>(
+      a.gu.e_stride, a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, wide(a.gu));
+  moe_down_q4_kernel<T><<<dim3(static_cast<unsigned>(a.t), cdiv(a.hidden, kDownRows)), kMoeThreads, 0, st>>>(
       qp, dp, sp, static_cast<const uint8_t*>(a.dn.data), a.dn.e_stride, a.dn.row_stride, ip,
       static_cast<const float*>(base_of(wts)), static_cast<typename T::storage*>(base_of(y)), y.stride(0), experts,
-      hidden, inter, k);
+      hidden, inter, k, wide(a.dn));
 }
 
 template <typename T>

@@ -274,21 +274,6 @@ constexpr int kRecordWords = 84;                  // activation words per (row, 
 constexpr int kFusedXWords = 7168;                // 28 KiB of activation records
 constexpr int kFusedXBytes = kFusedXWords * 4;
 
-// The four words of a 16-byte vector (uint4 on CUDA, an ext_vector on HIP).
-__device__ __forceinline__ void words_of(const bytes16& v, uint32_t out[4]) {
-#if defined(PORT_CUDA)
-  out[0] = v.x;
-  out[1] = v.y;
-  out[2] = v.z;
-  out[3] = v.w;
-#else
-  out[0] = v[0];
-  out[1] = v[1];
-  out[2] = v[2];
-  out[3] = v[3];
-#endif
-}
-
 template <typename T, int MV_M>
 __global__ void __launch_bounds__(kGroup * kFusedGroups)
     q4_0_mv_fused_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,

@@ -79,4 +79,19 @@ __device__ __forceinline__ int block_dot(const uint32_t qs[4], const int q8[8]) 
   return sumi;
 }
 
+// The four words of a 16-byte vector (uint4 on CUDA, an ext_vector on HIP).
+__device__ __forceinline__ void words_of(const bytes16& v, uint32_t out[4]) {
+#if defined(PORT_CUDA)
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+#else
+  out[0] = v[0];
+  out[1] = v[1];
+  out[2] = v[2];
+  out[3] = v[3];
+#endif
+}
+
 }  // namespace ftlab
