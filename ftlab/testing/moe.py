@@ -64,9 +64,10 @@ def check_align_case(ids: torch.Tensor, num_experts: int, block_m: int, device: 
 
 EPS32 = 2.0**-23
 #: relative rounding of a backend's dot operands on the dequant path, by x's dtype: Q4_0
-#: weights (fp16 scale times a nibble) and the SwiGLU output h rounded to x's dtype for
-#: the matrix units (bf16 may truncate: the CPU interpreter); fp32 operands as 3xTF32
-OPERAND_ROUNDING = {torch.float32: 2.0**-22, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7}
+#: weights (fp16 scale times a nibble) and the SwiGLU output h rounded to nearest in x's
+#: dtype for the matrix units; fp32 operands as 3xTF32. (The Triton grouped GEMM keeps bf16
+#: operands in fp32 under the CPU interpreter, whose bf16 casts truncate.)
+OPERAND_ROUNDING = {torch.float32: 2.0**-22, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 def _round_half_away(r: torch.Tensor) -> torch.Tensor:
