@@ -9,7 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = {"index_store": "ftlab.bench.index_store", "q4_0": "ftlab.bench.q4_0", "moe": "ftlab.bench.moe"}
+BENCHES = {
+    "index_store": "ftlab.bench.index_store",
+    "q4_0": "ftlab.bench.q4_0",
+    "moe": "ftlab.bench.moe",
+    "model": "ftlab.bench.model",
+}
 
 
 def cmd_env(_args=None) -> int:

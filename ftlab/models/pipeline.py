@@ -8,7 +8,9 @@ compare backends stage by stage.
         print(stage.name, {k: tuple(v.shape) for k, v in stage.tensors.items()})
     pipe.compare("The router", backends=["reference", "triton"])
 
-Decode runs eagerly (graph capture of the decode step is not part of this module yet).
+On a GPU, ``Pipeline.load(..., graphs=True)`` runs the decode step from a captured CUDA/HIP graph
+(:class:`DecodeGraph`; the model then runs in its static mode); ``graphs=False`` is the eager
+fallback.
 """
 
 from __future__ import annotations
@@ -46,22 +48,63 @@ class StageDiff:
     rel: float  # ||a - b|| / ||b|| over the stage's main tensor
 
 
+class DecodeGraph:
+    """One decode step of a static :class:`Qwen3Moe` (tokens ``[B, 1]``), captured in a CUDA/HIP
+    graph: ``graph(tokens, positions)`` copies the inputs into the captured buffers, replays,
+    and returns the captured logits buffer fp32 ``[B, 1, V]`` (overwritten by the next replay).
+
+    Warm-up and capture run at position ``max_seq_len - 1`` of every sequence: that cache slot
+    is written by a step before any step reads it, so capturing mid-sequence corrupts nothing."""
+
+    def __init__(self, model: Qwen3Moe, batch: int):
+        if not model.static:
+            raise ValueError("model must be built with static=True to be captured in a graph")
+        if not 1 <= batch <= model.max_batch:
+            raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
+        device = model.weights.embed.device
+        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # compile, build and allocate outside the capture
+            for _ in range(2):
+                model.forward(self.tokens, self.positions)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = model.forward(self.tokens, self.positions)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        self.graph.replay()
+        return self.logits
+
+
 class Pipeline:
-    """A loaded model, its tokenizer and one sequence's decoding state (batch 1)."""
+    """A loaded model, its tokenizer and one sequence's decoding state (batch 1).
+
+    ``graphs=True`` (CUDA/HIP devices): the decode step replays a captured graph, built at the
+    first decode step; the model runs in its static mode (attention over every cache slot
+    under a mask). ``graphs=False``: eager."""
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
-                 q4_0_path: str = "auto"):  # fmt: skip
+                 q4_0_path: str = "auto", graphs: bool = False):  # fmt: skip
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
         self.max_seq_len = max_seq_len
         self.q4_0_path = q4_0_path
+        if graphs and weights.embed.device.type != "cuda":
+            raise ValueError(f"graphs=True needs a CUDA or ROCm device, the weights are on {weights.embed.device}")
+        self.graphs = graphs
         self.model = self._model(backend_map(backends))
+        self._graph: DecodeGraph | None = None
         self.position = 0
 
     @classmethod
     def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
-             quant: str = "f32") -> Pipeline:  # fmt: skip
+             quant: str = "f32", graphs: bool = False) -> Pipeline:  # fmt: skip
         """A tiny model by name (``quant`` picks its HF ``"hf"``, ``"f32"`` or ``"q4_0"`` GGUF
         file), a HF directory, or a ``.gguf`` file."""
         name = str(path_or_tiny)
@@ -81,13 +124,12 @@ class Pipeline:
         else:
             raise FileNotFoundError(f"model must be a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory "
                                     f"or a .gguf file, got {str(path_or_tiny)!r}")  # fmt: skip
-        return cls(
-            config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name
-        )
+        return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
+                   graphs=graphs)  # fmt: skip
 
     def _model(self, backends: dict[str, str]) -> Qwen3Moe:
         return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                        q4_0_path=self.q4_0_path)  # fmt: skip
+                        q4_0_path=self.q4_0_path, static=self.graphs)  # fmt: skip
 
     @property
     def device(self) -> torch.device:
@@ -102,15 +144,21 @@ class Pipeline:
         if ids.shape[1] > self.max_seq_len:
             raise ValueError(f"prompt has {ids.shape[1]} tokens; max_seq_len is {self.max_seq_len}")
         self.position = ids.shape[1]
-        return self.model.forward(ids, torch.arange(ids.shape[1], device=self.device)[None])[0, -1]
+        pos = torch.arange(ids.shape[1], device=self.device)[None]
+        return self.model.forward(ids, pos)[0, -1]
 
     def decode_step(self, token: int) -> torch.Tensor:
         """Append one token; returns the next-token logits fp32 ``[V]``."""
         if self.position >= self.max_seq_len:
             raise ValueError(f"the sequence reached max_seq_len = {self.max_seq_len}")
         pos = torch.tensor([[self.position]], device=self.device)
+        tok = torch.tensor([[token]], device=self.device)
         self.position += 1
-        return self.model.forward(torch.tensor([[token]], device=self.device), pos)[0, -1]
+        if self.graphs:
+            if self._graph is None:
+                self._graph = DecodeGraph(self.model, 1)
+            return self._graph(tok, pos)[0, -1].clone()
+        return self.model.forward(tok, pos)[0, -1]
 
     @staticmethod
     def sample(

@@ -134,8 +134,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 class Qwen3Moe:
     """The model over ftlab ops. ``backends`` maps "index", "store", "router", "experts" and
     "linear" to a backend name (default "auto" for each). ``static=True`` keeps every shape
-    fixed and the host out of the forward pass (what graph capture of a decode step needs). ``q4_0_path`` is the path of Q4_0 weights
-    ("auto" | "int8" | "dequant"; the experts take "dequant" for "auto")."""
+    fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    ``q4_0_path`` is the path of Q4_0 weights, linears and experts ("auto" | "int8" | "dequant":
+    see ops.q4_0_matmul and ops.moe_experts)."""
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
                  max_seq_len: int = 512, backends: dict[str, str] | None = None,
@@ -226,10 +227,11 @@ class Qwen3Moe:
             x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path, backend=self.backends["experts"]
         )
 
-    def stages(self, tokens: torch.Tensor, positions: torch.Tensor) -> Iterator[Stage]:
+    def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
         """The forward pass of tokens ``[B, T]`` at ``positions [B, T]``, one named stage at a
         time: embed, layer i attention / router / experts, norm, logits. Each stage's
-        ``main`` tensor is what comparisons between backends look at."""
+        ``main`` tensor is what comparisons between backends look at. ``last_only``: the final
+        norm and the logits for the last position only (``[B, 1, V]``), as a prefill needs."""
         c, w = self.config, self.weights
         x = ops.index(
             w.embed, tokens.reshape(-1), check=not self.static, backend=self.backends["index"]
@@ -248,11 +250,14 @@ class Qwen3Moe:
             moe = self.experts(i, h, weights, ids).view_as(x)
             x = x + moe
             yield Stage(f"layer {i} experts", {"experts": moe, "hidden": x}, "experts")
+        if last_only:
+            x = x[:, -1:]
         x = rms_norm(x, w.norm, c.rms_norm_eps)
         yield Stage("norm", {"hidden": x}, "hidden")
         yield Stage("logits", {"logits": self.linear(x, w.lm_head).float()}, "logits")
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]``."""
-        *_, last = self.stages(tokens, positions)
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``
+        with ``last_only``)."""
+        *_, last = self.stages(tokens, positions, last_only)
         return last.tensors["logits"]
