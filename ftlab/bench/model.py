@@ -46,12 +46,16 @@ NOTES = [
 
 
 def random_q4_0(shape: tuple[int, ...], device: torch.device, gen: torch.Generator) -> Q4_0Weight:
-    """Uniform random nibbles, scales so a row's dot with a unit-RMS input has unit RMS (the
-    nibbles minus 8 have RMS ~4.6 over 0..15)."""
+    """Nibbles uniform over 1..15 (centred on 8: codes 0..15 would give every weight a mean of
+    -d/2, a common offset in every output that piles up in the residual and collapses routing
+    onto a few experts), scales so a row's dot with a unit-RMS input has unit RMS (the codes
+    minus 8 have RMS ~4.32)."""
     *lead, k = shape
     nb = k // QK
-    data = torch.randint(0, 256, (*lead, nb, 18), dtype=torch.uint8, device=device, generator=gen)
-    scale = torch.full((*lead, nb, 1), 1.0 / (4.6 * k**0.5), dtype=torch.float16, device=device)
+    lo = torch.randint(1, 16, (*lead, nb, 18), dtype=torch.uint8, device=device, generator=gen)
+    hi = torch.randint(1, 16, (*lead, nb, 18), dtype=torch.uint8, device=device, generator=gen)
+    data = lo | (hi << 4)
+    scale = torch.full((*lead, nb, 1), 1.0 / (4.32 * k**0.5), dtype=torch.float16, device=device)
     data[..., :2] = scale.view(torch.uint8)
     return Q4_0Weight(data.view(*lead, nb * 18), tuple(shape))
 

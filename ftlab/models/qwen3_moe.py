@@ -104,9 +104,9 @@ class ModelWeights:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32, returned in x's dtype."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32, returned in x's dtype (one
+    fused kernel where torch has one: a decode step runs 4 norms a layer)."""
+    return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight  # fp32 inside for 16-bit x
 
 
 def linear(
@@ -119,16 +119,22 @@ def linear(
     return F.linear(x, w)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of ``x [B, T, heads, hd]`` at ``positions [B, T]``."""
-    hd = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin ``[B, T, 1, hd]`` in ``dtype`` of the rotary angles at ``positions
+    [B, T]`` (computed once a forward pass, shared by the layers): ``sin`` carries the sign of
+    rotate-half, -sin on the first half."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))
     angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
     emb = torch.cat([angles, angles], dim=-1)[:, :, None, :]  # [B, T, 1, hd]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    half = hd // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    sign = torch.cat([-torch.ones(hd // 2, device=positions.device), torch.ones(hd // 2, device=positions.device)])
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of ``x [B, T, heads, hd]`` with ``rope_tables``:
+    ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = (-x2, x1), here (x2, x1) times the
+    signed sin (the same products: (-a) * b == a * (-b))."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
 
 class Qwen3Moe:
@@ -175,38 +181,46 @@ class Qwen3Moe:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
         return batch * self.max_seq_len + positions
 
-    def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x ``[B, T, H]`` at ``positions [B, T]`` -> ``[B, T, H]``; writes the layer's KV cache."""
+    def geometry(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """What every layer's attention needs of ``positions [B, T]``, computed once a forward
+        pass: rope tables, the cache slots written, the slots read and the causal mask."""
+        c = self.config
+        b, t = positions.shape
+        dev = positions.device
+        cos, sin = rope_tables(positions, c.head_dim, c.rope_theta, dtype)
+        seq = torch.arange(b, device=dev)[:, None].expand(b, t)
+        # read back every position up to the last one written, for every sequence
+        span = self.max_seq_len if self.static else int(positions.max()) + 1
+        read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
+        visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
+                "mask": visible[:, None], "span": span}  # fmt: skip
+
+    def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor, geo: dict | None = None) -> torch.Tensor:
+        """x ``[B, T, H]`` at ``positions [B, T]`` -> ``[B, T, H]``; writes the layer's KV cache.
+        ``geo``: :meth:`geometry` of the positions (computed here when not given)."""
         c, lw = self.config, self.weights.layers[i]
+        geo = geo or self.geometry(positions, x.dtype)
         b, t, _ = x.shape
         hd = c.head_dim
         q = self.linear(x, lw.q_proj).view(b, t, c.num_attention_heads, hd)
         k = self.linear(x, lw.k_proj).view(b, t, c.num_key_value_heads, hd)
         v = self.linear(x, lw.v_proj).view(b, t, c.num_key_value_heads, hd)
-        q = rope(rms_norm(q, lw.q_norm, c.rms_norm_eps), positions, c.rope_theta)
-        k = rope(rms_norm(k, lw.k_norm, c.rms_norm_eps), positions, c.rope_theta)
-        seq = torch.arange(b, device=x.device)[:, None].expand(b, t)
-        slots = self.slots(seq, positions).reshape(-1)  # [B*T]
-        ops.store(self.k_cache[i], self.v_cache[i], slots, k.reshape(b * t, -1), v.reshape(b * t, -1),
+        q = rope(rms_norm(q, lw.q_norm, c.rms_norm_eps), geo["cos"], geo["sin"])
+        k = rope(rms_norm(k, lw.k_norm, c.rms_norm_eps), geo["cos"], geo["sin"])
+        ops.store(self.k_cache[i], self.v_cache[i], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
                   check=False, backend=self.backends["store"])  # fmt: skip
-        # read back every position up to the last one written, for every sequence
-        span = self.max_seq_len if self.static else int(positions.max()) + 1
-        read = self.slots(
-            torch.arange(b, device=x.device)[:, None], torch.arange(span, device=x.device)[None, :]
-        )
-        keys = ops.index(
-            self.k_cache[i], read.reshape(-1), check=False, backend=self.backends["index"]
-        )
-        vals = ops.index(
-            self.v_cache[i], read.reshape(-1), check=False, backend=self.backends["index"]
-        )
-        keys = keys.view(b, span, c.num_key_value_heads, hd).transpose(1, 2)  # [B, kvh, S, hd]
-        vals = vals.view(b, span, c.num_key_value_heads, hd).transpose(1, 2)
-        visible = (
-            torch.arange(span, device=x.device)[None, None, :] <= positions[:, :, None]
-        )  # [B, T, S]
+        span = geo["span"]
+        if self.static:  # every slot of each sequence, in order: the cache itself, no copy
+            keys = self.k_cache[i].view(self.max_batch, span, -1)[:b]
+            vals = self.v_cache[i].view(self.max_batch, span, -1)[:b]
+        else:
+            keys = ops.index(self.k_cache[i], geo["read"], check=False, backend=self.backends["index"])
+            vals = ops.index(self.v_cache[i], geo["read"], check=False, backend=self.backends["index"])
+        keys = keys.reshape(b, span, c.num_key_value_heads, hd).transpose(1, 2)  # [B, kvh, S, hd]
+        vals = vals.reshape(b, span, c.num_key_value_heads, hd).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, vals, attn_mask=visible[:, None], enable_gqa=True
+            q.transpose(1, 2), keys, vals, attn_mask=geo["mask"], enable_gqa=True
         )  # [B, heads, T, hd]
         return self.linear(out.transpose(1, 2).reshape(b, t, -1), lw.o_proj)
 
@@ -237,9 +251,10 @@ class Qwen3Moe:
             w.embed, tokens.reshape(-1), check=not self.static, backend=self.backends["index"]
         ).view(*tokens.shape, -1)
         yield Stage("embed", {"hidden": x}, "hidden")
+        geo = self.geometry(positions, x.dtype)
         for i in range(c.num_hidden_layers):
             lw = w.layers[i]
-            attn = self.attention(i, rms_norm(x, lw.input_norm, c.rms_norm_eps), positions)
+            attn = self.attention(i, rms_norm(x, lw.input_norm, c.rms_norm_eps), positions, geo)
             x = x + attn
             yield Stage(f"layer {i} attention", {"attention": attn, "hidden": x}, "attention")
             h = rms_norm(x, lw.post_attention_norm, c.rms_norm_eps).reshape(-1, x.shape[-1])
