@@ -103,6 +103,17 @@ class ModelWeights:
     lm_head: torch.Tensor | Q4_0Weight  # [V, H] (the embedding when tied)
 
 
+def _concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weight | None:
+    """Weights ``[N_i, K]`` stacked along N when all are Q4_0 or all dense of one dtype; None
+    for a mix (they then stay separate, each on its own path)."""
+    if all(isinstance(w, Q4_0Weight) for w in ws):
+        data = torch.cat([w.data for w in ws])
+        return Q4_0Weight(data, (data.shape[0], ws[0].shape[-1]))
+    if all(isinstance(w, torch.Tensor) and w.dtype == ws[0].dtype for w in ws):
+        return torch.cat(ws)
+    return None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32, returned in x's dtype (one
     fused kernel where torch has one: a decode step runs 4 norms a layer)."""
@@ -167,6 +178,9 @@ class Qwen3Moe:
         device, dtype = weights.embed.device, weights.embed.dtype
         kv = c.num_key_value_heads * c.head_dim
         slots = max_batch * max_seq_len
+        # q, k and v projections as one matrix per layer (one matvec a decode step instead of
+        # three; each output row is computed exactly as in its own projection)
+        self.qkv = [_concat_rows([lw.q_proj, lw.k_proj, lw.v_proj]) for lw in weights.layers]
         self.k_cache = [
             torch.zeros(slots, kv, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)
         ]
@@ -203,9 +217,14 @@ class Qwen3Moe:
         geo = geo or self.geometry(positions, x.dtype)
         b, t, _ = x.shape
         hd = c.head_dim
-        q = self.linear(x, lw.q_proj).view(b, t, c.num_attention_heads, hd)
-        k = self.linear(x, lw.k_proj).view(b, t, c.num_key_value_heads, hd)
-        v = self.linear(x, lw.v_proj).view(b, t, c.num_key_value_heads, hd)
+        nq, nkv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+        if self.qkv[i] is not None:
+            q, k, v = self.linear(x, self.qkv[i]).split([nq, nkv, nkv], dim=-1)
+        else:
+            q, k, v = (self.linear(x, w) for w in (lw.q_proj, lw.k_proj, lw.v_proj))
+        q = q.reshape(b, t, c.num_attention_heads, hd)
+        k = k.reshape(b, t, c.num_key_value_heads, hd)
+        v = v.reshape(b, t, c.num_key_value_heads, hd)
         q = rope(rms_norm(q, lw.q_norm, c.rms_norm_eps), geo["cos"], geo["sin"])
         k = rope(rms_norm(k, lw.k_norm, c.rms_norm_eps), geo["cos"], geo["sin"])
         ops.store(self.k_cache[i], self.v_cache[i], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
