@@ -32,14 +32,20 @@ $(VENV)/.test: pyproject.toml $(VENV)/.base
 
 venv: $(VENV)/.test
 
-# clang-19 compiles the HIP kernels for gfx targets without ROCm. Installed with apt when
-# missing; where that cannot be done, the gfx compile checks skip and say why.
+# clang-19 compiles the HIP kernels for gfx targets without ROCm; a C++ compiler with OpenMP
+# builds the CPU expert kernels (ftlab/cpu). Installed with apt when missing; where that cannot
+# be done, the tests that need them skip and say why.
 toolchain:
 	@if command -v clang-19 >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing clang-19 lld-19 clang-tools-19"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-19 lld-19 clang-tools-19 >/dev/null; \
 	else echo "clang-19 is missing and apt-get (as root) is not available: gfx compile checks will be skipped"; fi
+	@if echo 'int main(){return 0;}' | c++ -fopenmp -x c++ - -o /dev/null 2>/dev/null; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing g++ (OpenMP)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; \
+	else echo "no C++ compiler with OpenMP and apt-get (as root) is not available: CPU kernel tests will be skipped"; fi
 
 demo: $(VENV)/.base
 	$(VENV)/bin/ftlab demo

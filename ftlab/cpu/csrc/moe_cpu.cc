@@ -1,0 +1,247 @@
+// moe_cpu.cc — routed SwiGLU experts on the CPU, for the hybrid executor's CPU-routed slots.
+//
+// y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = ids[t, j] in [0, E);
+// other ids (-1: a slot routed to the GPU) contribute nothing and read nothing.
+// Contract: OPS.md sections 3 and 4; reference: ftlab/reference/moe.py (moe_experts).
+//
+// Banks: Q4_0 (uint8 [E, N, K/32*18]) on the int8 path -- x and h quantized to Q8_1 with the
+// reference's arithmetic (d = amax / 127, q = round-half-away(v / d), s = d * sum q) and the
+// block dot d4 * (d8 * sumi - 8 * s8) with an exact integer sumi -- or dense fp32 / bf16 / fp16
+// banks in fp32 arithmetic. x and y are fp32 (the Python side casts). OpenMP threads take
+// (pair, row chunk) items for gate/up and (token, row chunk) items for down; the inner loops
+// are written for the compiler's vectorizer (built with -O3 -march=native: AVX2 / AVX-512 on
+// x86 hosts that have them, NEON on arm64, scalar code elsewhere).
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace ftlab {
+namespace cpu {
+
+using tvm::ffi::TensorView;
+
+constexpr int kQK = 32;
+constexpr int kBlockBytes = 18;
+constexpr int kRowChunk = 16;  // output rows a work item
+
+inline float bits_to_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) {
+    if (man == 0) return bits_to_float(sign);
+    int shift = 0;
+    while (!(man & 0x400u)) {
+      man <<= 1;
+      ++shift;
+    }
+    return bits_to_float(sign | (static_cast<uint32_t>(113 - shift) << 23) | ((man & 0x3ffu) << 13));
+  }
+  return bits_to_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// Q8_1 of a row of nb blocks: q int8 [nb * 32], d and s fp32 [nb].
+void q8_1_row(const float* x, int nb, int8_t* q, float* d, float* s) {
+  for (int b = 0; b < nb; ++b) {
+    const float* v = x + b * kQK;
+    float amax = 0.0f;
+    for (int i = 0; i < kQK; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+    const float dd = amax / 127.0f;
+    int sum = 0;
+    for (int i = 0; i < kQK; ++i) {
+      const int qi = amax == 0.0f ? 0 : static_cast<int>(std::round(v[i] / dd));
+      q[b * kQK + i] = static_cast<int8_t>(qi);
+      sum += qi;
+    }
+    d[b] = dd;
+    s[b] = dd * static_cast<float>(sum);
+  }
+}
+
+// The int8 dot of one Q4_0 row with a Q8_1 row.
+inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float* d, const float* s) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * kBlockBytes;
+    uint16_t dbits;
+    std::memcpy(&dbits, blk, 2);
+    const int8_t* qb = q + b * kQK;
+    int sumi = 0;
+    for (int j = 0; j < 16; ++j) {  // byte j: element j (low nibble), element j + 16 (high)
+      sumi += static_cast<int>(blk[2 + j] & 15) * qb[j] + static_cast<int>(blk[2 + j] >> 4) * qb[j + 16];
+    }
+    acc += half_to_float(dbits) * (d[b] * static_cast<float>(sumi) - 8.0f * s[b]);
+  }
+  return acc;
+}
+
+enum class Kind { q4, f32, bf16, f16 };
+
+template <Kind K>
+inline float dense_row_dot(const void* row, int k, const float* x) {
+  float acc = 0.0f;
+  if constexpr (K == Kind::f32) {
+    const float* r = static_cast<const float*>(row);
+#pragma omp simd reduction(+ : acc)
+    for (int i = 0; i < k; ++i) acc += r[i] * x[i];
+  } else if constexpr (K == Kind::bf16) {
+    const uint16_t* r = static_cast<const uint16_t*>(row);
+#pragma omp simd reduction(+ : acc)
+    for (int i = 0; i < k; ++i) acc += bf16_to_float(r[i]) * x[i];
+  } else {
+    const uint16_t* r = static_cast<const uint16_t*>(row);
+    for (int i = 0; i < k; ++i) acc += half_to_float(r[i]) * x[i];
+  }
+  return acc;
+}
+
+Kind kind_of(const TensorView& w, const char* name) {
+  const DLDataType dt = w.dtype();
+  if (dt.code == kDLUInt && dt.bits == 8) return Kind::q4;
+  if (dt.code == kDLFloat && dt.bits == 32) return Kind::f32;
+  if (dt.code == kDLBfloat && dt.bits == 16) return Kind::bf16;
+  if (dt.code == kDLFloat && dt.bits == 16) return Kind::f16;
+  TVM_FFI_THROW(TypeError) << name << " must be a Q4_0 (uint8) or float32 / bfloat16 / float16 bank";
+  return Kind::f32;
+}
+
+const char* base(const TensorView& t) { return static_cast<const char*>(t.data_ptr()) + t.byte_offset(); }
+
+template <Kind K>
+void run(const TensorView& x, const TensorView& gu, const TensorView& dn, const TensorView& ids,
+         const TensorView& wts, const TensorView& y, int64_t inter) {
+  const int64_t t = x.size(0), hidden = x.size(1), top_k = ids.size(1), experts = gu.size(0);
+  const int64_t pairs = t * top_k;
+  const float* xp = reinterpret_cast<const float*>(base(x));
+  const int32_t* ip = reinterpret_cast<const int32_t*>(base(ids));
+  const float* wp = reinterpret_cast<const float*>(base(wts));
+  float* yp = reinterpret_cast<float*>(const_cast<char*>(base(y)));
+  const char* gup = base(gu);
+  const char* dnp = base(dn);
+  const int64_t elem = K == Kind::q4 ? 1 : (K == Kind::f32 ? 4 : 2);
+  const int64_t gu_row = gu.size(2) * elem, dn_row = dn.size(2) * elem;
+  const int64_t gu_e = gu.size(1) * gu_row, dn_e = dn.size(1) * dn_row;
+  const int nbh = static_cast<int>(hidden / kQK), nbi = static_cast<int>(inter / kQK);
+
+  std::vector<int8_t> xq, hq;
+  std::vector<float> xd, xs, hd, hs;
+  if constexpr (K == Kind::q4) {
+    xq.resize(t * hidden);
+    xd.resize(t * nbh);
+    xs.resize(t * nbh);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < t; ++r) q8_1_row(xp + r * hidden, nbh, &xq[r * hidden], &xd[r * nbh], &xs[r * nbh]);
+  }
+  std::vector<float> h(pairs * inter, 0.0f);
+  const int64_t chunks = (inter + kRowChunk - 1) / kRowChunk;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t item = 0; item < pairs * chunks; ++item) {
+    const int64_t p = item / chunks, n0 = (item % chunks) * kRowChunk;
+    const int e = ip[p];
+    if (e < 0 || e >= experts) continue;  // reads nothing
+    const int64_t tok = p / top_k;
+    const char* we = gup + e * gu_e;
+    for (int64_t n = n0; n < n0 + kRowChunk && n < inter; ++n) {
+      float g, u;
+      if constexpr (K == Kind::q4) {
+        const int8_t* q = &xq[tok * hidden];
+        g = q4_row_dot(reinterpret_cast<const uint8_t*>(we + n * gu_row), nbh, q, &xd[tok * nbh], &xs[tok * nbh]);
+        u = q4_row_dot(reinterpret_cast<const uint8_t*>(we + (inter + n) * gu_row), nbh, q, &xd[tok * nbh],
+                       &xs[tok * nbh]);
+      } else {
+        g = dense_row_dot<K>(we + n * gu_row, static_cast<int>(hidden), xp + tok * hidden);
+        u = dense_row_dot<K>(we + (inter + n) * gu_row, static_cast<int>(hidden), xp + tok * hidden);
+      }
+      h[p * inter + n] = g / (1.0f + std::exp(-g)) * u;
+    }
+  }
+  if constexpr (K == Kind::q4) {
+    hq.resize(pairs * inter);
+    hd.resize(pairs * nbi);
+    hs.resize(pairs * nbi);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pairs; ++p) q8_1_row(&h[p * inter], nbi, &hq[p * inter], &hd[p * nbi], &hs[p * nbi]);
+  }
+  const int64_t ychunks = (hidden + kRowChunk - 1) / kRowChunk;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t item = 0; item < t * ychunks; ++item) {
+    const int64_t tok = item / ychunks, n0 = (item % ychunks) * kRowChunk;
+    for (int64_t n = n0; n < n0 + kRowChunk && n < hidden; ++n) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < top_k; ++j) {  // the slots in order, as the reference sums them
+        const int64_t p = tok * top_k + j;
+        const int e = ip[p];
+        if (e < 0 || e >= experts) continue;
+        const char* row = dnp + e * dn_e + n * dn_row;
+        float part;
+        if constexpr (K == Kind::q4) {
+          part = q4_row_dot(reinterpret_cast<const uint8_t*>(row), nbi, &hq[p * inter], &hd[p * nbi], &hs[p * nbi]);
+        } else {
+          part = dense_row_dot<K>(row, static_cast<int>(inter), &h[p * inter]);
+        }
+        acc += wp[p] * part;
+      }
+      yp[tok * hidden + n] = acc;
+    }
+  }
+}
+
+void check_f32(const TensorView& t, const char* name) {
+  TVM_FFI_CHECK(t.IsContiguous() && t.dtype().code == kDLFloat && t.dtype().bits == 32, TypeError)
+      << name << " must be contiguous float32";
+}
+
+}  // namespace cpu
+
+using tvm::ffi::TensorView;
+
+// x fp32 [T, H], w_gate_up [E, 2I, *] and w_down [E, H, *] (both Q4_0 or both dense of one
+// dtype), ids int32 [T, k], wts fp32 [T, k] -> y fp32 [T, H].
+void moe_experts_cpu(TensorView x, TensorView w_gate_up, TensorView w_down, TensorView ids, TensorView wts,
+                     TensorView y) {
+  using namespace cpu;
+  check_f32(x, "x");
+  check_f32(wts, "wts");
+  check_f32(y, "y");
+  TVM_FFI_CHECK(ids.IsContiguous() && ids.dtype().code == kDLInt && ids.dtype().bits == 32, TypeError)
+      << "ids must be contiguous int32";
+  TVM_FFI_CHECK(x.ndim() == 2 && ids.ndim() == 2 && ids.size(0) == x.size(0) && wts.numel() == ids.numel() &&
+                    y.ndim() == 2 && y.size(0) == x.size(0) && y.size(1) == x.size(1),
+                ValueError)
+      << "x and y must be [T, H], ids and wts [T, k]";
+  TVM_FFI_CHECK(w_gate_up.IsContiguous() && w_down.IsContiguous() && w_gate_up.ndim() == 3 && w_down.ndim() == 3,
+                ValueError)
+      << "banks must be contiguous [E, N, *]";
+  const Kind k = kind_of(w_gate_up, "w_gate_up");
+  TVM_FFI_CHECK(kind_of(w_down, "w_down") == k, TypeError) << "w_gate_up and w_down must be of one kind";
+  const int64_t hidden = x.size(1), inter = w_gate_up.size(1) / 2;
+  const int64_t gk = k == Kind::q4 ? hidden / kQK * kBlockBytes : hidden;
+  const int64_t dk = k == Kind::q4 ? inter / kQK * kBlockBytes : inter;
+  TVM_FFI_CHECK(w_gate_up.size(0) == w_down.size(0) && w_gate_up.size(2) == gk && w_down.size(1) == hidden &&
+                    w_down.size(2) == dk && (k != Kind::q4 || (hidden % kQK == 0 && inter % kQK == 0)),
+                ValueError)
+      << "banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] (Q4_0: K a multiple of 32)";
+  switch (k) {
+    case Kind::q4: run<Kind::q4>(x, w_gate_up, w_down, ids, wts, y, inter); break;
+    case Kind::f32: run<Kind::f32>(x, w_gate_up, w_down, ids, wts, y, inter); break;
+    case Kind::bf16: run<Kind::bf16>(x, w_gate_up, w_down, ids, wts, y, inter); break;
+    case Kind::f16: run<Kind::f16>(x, w_gate_up, w_down, ids, wts, y, inter); break;
+  }
+}
+
+}  // namespace ftlab
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_experts_cpu, ftlab::moe_experts_cpu);

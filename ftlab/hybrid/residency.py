@@ -1,0 +1,66 @@
+"""The residency policy of the hybrid executor: which experts occupy the GPU's expert slots."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+
+class LruResidency:
+    """``slots`` GPU expert slots over ``num_experts`` experts, least recently used out.
+
+    :meth:`update` takes a step's routed ids (between steps, never inside a captured region),
+    counts each distinct valid expert as a hit (resident when the step ran) or a miss, and
+    makes the step's experts the most recently used, loading missed ones into free slots or
+    the slots of the least recently used experts. It returns the loads ``[(expert, slot)]``
+    the caller must copy into the slot banks before the next step. When a step routes to
+    more experts than there are slots, the most recently seen ones (in flat order) win."""
+
+    def __init__(self, num_experts: int, slots: int):
+        if not isinstance(num_experts, int) or num_experts < 1:
+            raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+        if not isinstance(slots, int) or not 0 <= slots <= num_experts:
+            raise ValueError(f"slots must be an int in [0, {num_experts}], got {slots!r}")
+        self.num_experts, self.slots = num_experts, slots
+        self.slot_of = [-1] * num_experts  # expert -> slot or -1
+        self.expert_in = [-1] * slots  # slot -> expert or -1
+        self._recent: OrderedDict[int, None] = OrderedDict()  # resident experts, least recent first
+        self.hits = 0
+        self.misses = 0
+
+    def resident(self) -> set[int]:
+        return set(self._recent)
+
+    def table(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """int32 ``[E]``: the slot of each expert, -1 where it is not resident."""
+        return torch.tensor(self.slot_of, dtype=torch.int32, device=device)
+
+    def update(self, ids: torch.Tensor) -> list[tuple[int, int]]:
+        seen: list[int] = []
+        for e in ids.reshape(-1).tolist():
+            if 0 <= e < self.num_experts and e not in seen:
+                seen.append(e)
+        for e in seen:
+            if self.slot_of[e] >= 0:
+                self.hits += 1
+            else:
+                self.misses += 1
+        window = seen[-self.slots :] if self.slots else []
+        for e in window:  # the step's resident experts first become the most recent,
+            if self.slot_of[e] >= 0:  # so that no miss of the step evicts one of them
+                self._recent.move_to_end(e)
+        loads = []
+        for e in window:
+            if self.slot_of[e] >= 0:
+                continue
+            if len(self._recent) < self.slots:
+                slot = self.expert_in.index(-1)
+            else:
+                old, _ = self._recent.popitem(last=False)
+                slot = self.slot_of[old]
+                self.slot_of[old] = -1
+            self.slot_of[e], self.expert_in[slot] = slot, e
+            self._recent[e] = None
+            loads.append((e, slot))
+        return loads

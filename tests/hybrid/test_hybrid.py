@@ -1,0 +1,161 @@
+"""Hybrid CPU/GPU MoE (OPS.md section 4), the parts a CPU runs: the native CPU expert kernels
+against the reference, the LRU residency policy as a state machine, and the split math (GPU
+part + CPU part == all experts) with the GPU part simulated on the CPU."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+import ftlab.testing as ft
+from ftlab import ops
+from ftlab.cpu import unavailable_reason
+from ftlab.hybrid import HybridDecodeExecutor, LruResidency
+
+needs_cpu_build = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+
+
+@st.composite
+def expert_case(draw):
+    t = draw(st.sampled_from([1, 2, 5, 64]))
+    e = draw(st.sampled_from([8, 60, 128]))
+    k = draw(st.sampled_from([1, 2, 8]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    h = 32 * draw(st.sampled_from([1, 3, 5]))
+    inter = 32 * draw(st.sampled_from([1, 2, 3]))
+    logits = torch.randn(t, e, generator=gen)
+    if draw(st.booleans()):
+        logits = torch.randint(0, 3, (t, e), generator=gen).float()  # ties
+    weights, ids = ops.route_topk(logits, k)
+    ids[torch.rand(ids.shape, generator=gen) < 0.3] = -1
+    ids[torch.rand(ids.shape, generator=gen) < 0.05] = e + 2
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    x = torch.randn(t, h, generator=gen).to(dtype)
+    gu = torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5
+    dn = torch.randn(e, h, inter, generator=gen) * inter**-0.5
+    if draw(st.booleans()):
+        return x, ops.quantize_q4_0(gu), ops.quantize_q4_0(dn), weights, ids, "int8"
+    return x, gu.to(dtype), dn.to(dtype), weights, ids, "dequant"
+
+
+@needs_cpu_build
+@settings(max_examples=40, deadline=None)
+@given(expert_case())
+def test_cpu_experts_match_reference(case):
+    from ftlab.cpu.moe import moe_experts
+
+    x, gu, dn, w, ids, path = case
+    want = ops.moe_experts(x, gu, dn, w, ids, path=path, backend="reference")
+    got = moe_experts(x, gu, dn, w, ids)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    bound = ft.experts_tolerance(x, gu, dn, w, ids, path, want)
+    err = (got.float() - want.float()).abs()
+    assert bool((err <= bound).all()), f"off by {float(err.max()):.3g}, bound {float(bound.max()):.3g}"
+
+
+@needs_cpu_build
+def test_cpu_experts_read_nothing_for_invalid_ids():
+    from ftlab.cpu.moe import moe_experts
+
+    x = torch.randn(3, 64)
+    gu, dn = torch.randn(6, 64, 64) * 0.1, torch.randn(6, 64, 32) * 0.1
+    q_gu, q_dn = ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)
+    gu[2:4], dn[2:4] = float("nan"), float("nan")
+    q_gu.data[2:4], q_dn.data[2:4] = 0xFF, 0xFF  # NaN scales
+    ids = torch.tensor([[0, -1], [7, 1], [-1, -1]], dtype=torch.int32)
+    for a, b in ((gu, dn), (q_gu, q_dn)):
+        y = moe_experts(x, a, b, torch.full((3, 2), 0.5), ids)
+        assert torch.isfinite(y).all() and bool((y[2] == 0).all())
+
+
+class LruMachine(RuleBasedStateMachine):
+    """The policy against a plain model of LRU: residency within the slots, the table and the
+    slot map agree, hits and misses counted per distinct expert a step, the loads are exactly
+    the experts that became resident."""
+
+    def __init__(self):
+        super().__init__()
+        self.policy = None
+
+    @rule(experts=st.integers(1, 16), slots=st.integers(0, 16))
+    def start(self, experts, slots):
+        slots = min(slots, experts)
+        self.policy = LruResidency(experts, slots)
+        self.model: list[int] = []  # resident experts, least recent first
+        self.hits = self.misses = 0
+
+    @rule(data=st.data())
+    def step(self, data):
+        if self.policy is None:
+            return
+        e = self.policy.num_experts
+        ids = data.draw(st.lists(st.integers(-1, e + 1), min_size=1, max_size=12))
+        seen = list(dict.fromkeys(i for i in ids if 0 <= i < e))
+        self.hits += sum(i in self.model for i in seen)
+        self.misses += sum(i not in self.model for i in seen)
+        before = set(self.model)
+        window = seen[-self.policy.slots :] if self.policy.slots else []
+        for i in window:  # the step's resident experts become the most recent
+            if i in self.model:
+                self.model.remove(i)
+                self.model.append(i)
+        for i in window:  # then each miss takes a free slot or the least recent one's
+            if i not in self.model:
+                if len(self.model) == self.policy.slots:
+                    self.model.pop(0)
+                self.model.append(i)
+        loads = self.policy.update(torch.tensor(ids))
+        assert {x for x, _ in loads} == set(self.model) - before
+        assert self.policy.resident() == set(self.model)
+
+    @invariant()
+    def consistent(self):
+        p = self.policy
+        if p is None:
+            return
+        assert len(p.resident()) <= p.slots
+        assert (p.hits, p.misses) == (self.hits, self.misses)
+        table = p.table().tolist()
+        for e, s in enumerate(table):
+            assert (s >= 0) == (e in p.resident())
+            if s >= 0:
+                assert p.expert_in[s] == e
+        assert sorted(s for s in table if s >= 0) == sorted(s for s, e in enumerate(p.expert_in) if e >= 0)
+
+
+TestLru = LruMachine.TestCase
+TestLru.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+
+
+@needs_cpu_build
+@pytest.mark.parametrize("cpu_share", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("q4", [True, False])
+def test_split_math_equals_all_experts(cpu_share, q4):
+    """GPU part (simulated: the reference on the CPU over the slot banks) + CPU part (native
+    kernels) == all experts through the reference, within the experts bound, as routes move
+    between the parts step by step."""
+    gen = torch.Generator().manual_seed(int(cpu_share * 10) + q4)
+    e, k, h, inter, t = 16, 4, 96, 64, 3
+    gu = torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5
+    dn = torch.randn(e, h, inter, generator=gen) * inter**-0.5
+    if q4:
+        gu, dn = ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)
+    slots = round(e * (1 - cpu_share))
+    ex = HybridDecodeExecutor(gu, dn, slots, "cpu", backend="reference", path="int8" if q4 else "dequant")
+    for _ in range(6):
+        x = torch.randn(t, h, generator=gen)
+        w, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
+        ids[0, 0] = -1
+        gpu_ids, cpu_ids = ex.split(ids)
+        routed = (ids >= 0) & (ids < e)
+        assert bool(((gpu_ids >= 0) ^ (cpu_ids >= 0) | ~routed).all()), "each route goes to exactly one part"
+        assert bool(((gpu_ids < 0) & (cpu_ids < 0) | routed).all()), "invalid ids go to neither"
+        got = ex(x, w, ids)
+        path = "int8" if q4 else "dequant"
+        want = ops.moe_experts(x, gu, dn, w, ids, path=path, backend="reference")
+        bound = ft.experts_tolerance(x, gu, dn, w, ids, path, want)
+        assert bool(((got - want).abs() <= bound).all())
+        ex.end_step(ids)
+    if cpu_share == 1.0:
+        assert ex.policy.hits == 0
