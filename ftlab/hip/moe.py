@@ -1,13 +1,15 @@
 """Routed MoE through the HIP kernels of ``csrc/moe.hip`` (JIT-built, cached).
 
-- ``route_topk``: one block per token (softmax in fp32, k rounds of argmax, lower id wins a
-  tie, renormalization); at most 1024 experts.
+- ``route_topk``: a 32-lane group per token, the probabilities in registers (softmax in
+  fp32, k rounds of argmax by shuffles, lower id wins a tie, renormalization); at most 1024
+  experts and top_k <= 32.
 - ``moe_align``: a count kernel and a scatter kernel, one block per expert, deterministic
   and without host synchronization (graph-safe).
 - ``moe_experts``: up to ``DECODE_MAX_TOKENS`` tokens, per (token, slot) matvecs in two
-  launches (gate/up + SwiGLU into h fp32, then down weighted and summed over the slots in
-  order); for Q4_0 banks (the int8 path) x is quantized to Q8_1 in LDS and the gate/up
-  kernel writes h as Q8_1 blocks (a block of 32 rows of h per thread block); beyond,
+  launches (gate/up + SwiGLU, then down weighted and summed over the slots in order); for
+  Q4_0 banks (the int8 path) x is quantized to Q8_1 in LDS, the weights are read as 144-byte
+  superblocks where rows allow, and the gate/up kernel writes h as Q8_1 blocks (32 rows of
+  h per thread block); dense banks keep h in fp32; beyond,
   moe_align (block_m 64) and the grouped GEMMs (Q4_0: dp4a tiles over Q8_1 rows; dense:
   fp32 FMA tiles), the routing weight applied after down, then the sum over the k slots.
   Q4_0 banks take the int8 path only; dense banks in another dtype than x are cast per call.
