@@ -198,9 +198,8 @@ def _demo_pipeline(device) -> int:
         linear_ok = b in ftbackends.available_backends("q4_0_matmul", device, torch.float32)
         moe_ok = b in ftbackends.available_backends("route_topk", device, torch.float32)
         if linear_ok or moe_ok:
-            sets.append(
-                {"linear": b if linear_ok else "reference", "router": b if moe_ok else "reference"}
-            )
+            moe = b if moe_ok else "reference"
+            sets.append({"linear": b if linear_ok else "reference", "router": moe, "experts": moe})
     if sets:
         print("\nbackends against the reference, stage by stage:")
         print(format_compare(pipe.compare(prompt, sets)))
