@@ -22,6 +22,9 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent / "csrc"
 CACHE_ROOT = Path(os.environ.get("FTLAB_CACHE_DIR", Path.home() / ".cache" / "ftlab")) / "jit"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
+# FTLAB_CPU_ISA=portable builds without -march=native: the baseline ISA, so the scalar code
+# paths run (the tests compare them with the native build)
+ISA_ENV = "FTLAB_CPU_ISA"
 _loaded: dict[str, object] = {}
 _lock = threading.Lock()
 
@@ -70,8 +73,9 @@ def load(name: str):
         import tvm_ffi.cpp
 
         src = CSRC / f"{name}.cc"
+        flags = FLAGS if os.environ.get(ISA_ENV, "native") != "portable" else [f for f in FLAGS if f != "-march=native"]
         h = hashlib.sha256()
-        for part in (src.read_bytes(), shutil.which(os.environ.get("CXX", "c++")).encode(), " ".join(FLAGS).encode(),
+        for part in (src.read_bytes(), shutil.which(os.environ.get("CXX", "c++")).encode(), " ".join(flags).encode(),
                      tvm_ffi.__version__.encode(), _host_flags().encode()):  # fmt: skip
             h.update(part)
             h.update(b"\0")
@@ -80,10 +84,10 @@ def load(name: str):
         if not so.exists():
             build_dir.mkdir(parents=True, exist_ok=True)
             try:
-                tvm_ffi.cpp.build(name, cpp_files=[str(src)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                tvm_ffi.cpp.build(name, cpp_files=[str(src)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                   build_directory=str(build_dir))  # fmt: skip
             except RuntimeError:  # a compiler without -march=native for this host: portable code
-                portable = [f for f in FLAGS if f != "-march=native"]
+                portable = [f for f in flags if f != "-march=native"]
                 tvm_ffi.cpp.build(name, cpp_files=[str(src)], extra_cflags=portable, extra_ldflags=["-fopenmp"],
                                   build_directory=str(build_dir))  # fmt: skip
         module = tvm_ffi.load_module(str(so))

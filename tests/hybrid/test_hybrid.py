@@ -159,3 +159,35 @@ def test_split_math_equals_all_experts(cpu_share, q4):
         ex.end_step(ids)
     if cpu_share == 1.0:
         assert ex.policy.hits == 0
+
+
+@needs_cpu_build
+def test_portable_build_equals_native_on_q4_0(tmp_path):
+    """The scalar code (a build without -march=native) and the native one (AVX2 block dots,
+    FMA contraction where the host has them) both hold to the reference on Q4_0 banks."""
+    import os
+    import subprocess
+    import sys
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 160, generator=gen)
+    gu = ops.quantize_q4_0(torch.randn(8, 192, 160, generator=gen) * 0.1)
+    dn = ops.quantize_q4_0(torch.randn(8, 160, 96, generator=gen) * 0.1)
+    w, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
+    torch.save({"x": x, "gu": gu.data, "dn": dn.data, "w": w, "ids": ids}, tmp_path / "case.pt")
+    code = (
+        "import sys, torch; from ftlab.quant import Q4_0Weight; from ftlab.cpu.moe import moe_experts; "
+        "c = torch.load(sys.argv[1]); "
+        "y = moe_experts(c['x'], Q4_0Weight(c['gu'], (8, 192, 160)), Q4_0Weight(c['dn'], (8, 160, 96)), c['w'], c['ids']); "
+        "torch.save(y, sys.argv[2])"
+    )
+    outs = []
+    for isa in ("native", "portable"):
+        out = tmp_path / f"{isa}.pt"
+        env = {**os.environ, "FTLAB_CPU_ISA": isa}
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True)
+        outs.append(torch.load(out))
+    want = ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="reference")
+    bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
+    for isa, got in zip(("native", "portable"), outs, strict=True):
+        assert bool(((got - want).abs() <= bound).all()), isa

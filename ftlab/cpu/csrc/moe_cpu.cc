@@ -8,12 +8,16 @@
 // reference's arithmetic (d = amax / 127, q = round-half-away(v / d), s = d * sum q) and the
 // block dot d4 * (d8 * sumi - 8 * s8) with an exact integer sumi -- or dense fp32 / bf16 / fp16
 // banks in fp32 arithmetic. x and y are fp32 (the Python side casts). OpenMP threads take
-// (pair, row chunk) items for gate/up and (token, row chunk) items for down; the inner loops
-// are written for the compiler's vectorizer (built with -O3 -march=native: AVX2 / AVX-512 on
-// x86 hosts that have them, NEON on arm64, scalar code elsewhere).
+// (pair, row chunk) items for gate/up and (token, row chunk) items for down. The Q4_0 block
+// dot is AVX2 (maddubs + madd, an exact integer sum) where the build targets it (-march=native
+// on an AVX2 host), scalar code elsewhere; the dense loops are left to the vectorizer.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -71,6 +75,27 @@ void q8_1_row(const float* x, int nb, int8_t* q, float* d, float* s) {
   }
 }
 
+// sumi of one block: the exact integer dot of its 32 nibbles (0..15) with 32 int8 activations.
+// Byte j of qs holds element j (low nibble) and element j + 16 (high nibble).
+inline int block_sumi(const uint8_t* qs, const int8_t* qb) {
+#if defined(__AVX2__)
+  // low nibbles in the low 128 bits (elements 0..15), high nibbles in the high 128 (16..31);
+  // maddubs: unsigned nibble x signed int8, pairs summed in int16 (|sum| <= 2 * 15 * 128: exact)
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+  const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb));
+  const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q8), _mm256_set1_epi16(1));
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+#else
+  int sumi = 0;
+  for (int j = 0; j < 16; ++j) sumi += static_cast<int>(qs[j] & 15) * qb[j] + static_cast<int>(qs[j] >> 4) * qb[j + 16];
+  return sumi;
+#endif
+}
+
 // The int8 dot of one Q4_0 row with a Q8_1 row.
 inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float* d, const float* s) {
   float acc = 0.0f;
@@ -78,11 +103,7 @@ inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float
     const uint8_t* blk = row + b * kBlockBytes;
     uint16_t dbits;
     std::memcpy(&dbits, blk, 2);
-    const int8_t* qb = q + b * kQK;
-    int sumi = 0;
-    for (int j = 0; j < 16; ++j) {  // byte j: element j (low nibble), element j + 16 (high)
-      sumi += static_cast<int>(blk[2 + j] & 15) * qb[j] + static_cast<int>(blk[2 + j] >> 4) * qb[j + 16];
-    }
+    const int sumi = block_sumi(blk + 2, q + b * kQK);
     acc += half_to_float(dbits) * (d[b] * static_cast<float>(sumi) - 8.0f * s[b]);
   }
   return acc;
