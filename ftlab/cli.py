@@ -14,6 +14,7 @@ BENCHES = {
     "q4_0": "ftlab.bench.q4_0",
     "moe": "ftlab.bench.moe",
     "model": "ftlab.bench.model",
+    "hybrid": "ftlab.bench.hybrid",
 }
 
 

@@ -51,6 +51,7 @@ class Report:
     copy_gbps: float
     measurements: list[Measurement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    copy_what: str = "device-to-device"  # whose copy bandwidth copy_gbps is
 
     @classmethod
     def from_json(cls, data: dict) -> Report:
@@ -85,7 +86,7 @@ class Report:
             f"- device: {d['name']} ({d['arch']}), driver {d.get('driver', '?')}",
             f"- torch {d['torch']}, triton {d.get('triton', '-')}, ftlab commit {d.get('commit', '?')}",
             f"- date: {d['date']}",
-            f"- device-to-device copy bandwidth measured in this run: **{self.copy_gbps:.0f} GB/s** "
+            f"- {self.copy_what} copy bandwidth measured in this run: **{self.copy_gbps:.0f} GB/s** "
             "(bytes read + written)",
             "",
         ]

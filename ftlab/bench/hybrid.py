@@ -1,0 +1,132 @@
+"""``ftlab bench hybrid``: the hybrid CPU/GPU MoE at one Qwen3-30B-A3B layer (H 2048, I 768, 128
+experts top-8, Q4_0), with 100%, 50% and 25% of the experts resident on the GPU.
+
+Measured so far (the graph mechanisms are not built; every step here is eager):
+- the CPU expert kernels (``ftlab.cpu.moe``) on the routes a step sends to the CPU, their GB/s
+  (expert weight bytes read) against this machine's memory copy bandwidth (``torch`` copy of
+  512 MiB, bytes read + written), with the thread count in the notes;
+- on a GPU: the eager decode step of ``HybridDecodeExecutor`` (split, CPU part, GPU part, sum)
+  and the CPU part's share of it.
+
+At T = 1 the 8 routes of a step go to the CPU in proportion to the experts not resident:
+0, 4 and 6 routes for 100%, 50% and 25% resident.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from ftlab.bench.harness import Measurement, Report, device_info
+
+HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
+RESIDENT = (1.0, 0.5, 0.25)
+
+
+def host_copy_gbps(nbytes: int = 512 << 20) -> float:
+    """Host memory copy bandwidth in GB/s (bytes read + written), median of 5."""
+    src = torch.empty(nbytes, dtype=torch.uint8).random_(0, 255)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def _validate(y: torch.Tensor, x: torch.Tensor, gu, dn, w: torch.Tensor, ids: torch.Tensor) -> bool:
+    """y against the reference's int8 path over all experts, within ``experts_tolerance``."""
+    import ftlab.testing as ft
+    from ftlab import ops
+
+    x, w, ids = x.cpu(), w.cpu(), ids.cpu()
+    want = ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="reference")
+    bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
+    return bool(((y.cpu().float() - want.float()).abs() <= bound).all())
+
+
+def _median_s(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run(quick: bool = False) -> Report:
+    from ftlab import ops
+    from ftlab.bench.model import random_q4_0
+    from ftlab.cpu.moe import moe_experts as cpu_experts
+
+    copy = host_copy_gbps()
+    report = Report("hybrid", device_info(), copy, copy_what="host memory", notes=[
+        "copy bandwidth: host memory (torch copy of 512 MiB, bytes read + written) -- the CPU part's limit.",
+        f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
+        f"{os.cpu_count()} cores visible.",
+        "cpu experts rows: the native CPU kernels on the routes of one token sent to the CPU (eager, wall clock); "
+        "GB/s counts the Q4_0 bytes of those experts.",
+    ])  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    cpu = torch.device("cpu")
+    gu = random_q4_0((EXPERTS, 2 * INTER, HIDDEN), cpu, gen)
+    dn = random_q4_0((EXPERTS, HIDDEN, INTER), cpu, gen)
+    per_expert = (gu.nbytes + dn.nbytes) // EXPERTS
+    x = torch.randn(1, HIDDEN, generator=gen).to(torch.bfloat16)
+    w = torch.full((1, TOP_K), 1.0 / TOP_K)
+    for resident in RESIDENT:
+        routes = round(TOP_K * (1 - resident))
+        if routes == 0:
+            continue
+        ids = torch.full((1, TOP_K), -1, dtype=torch.int32)
+
+        def step(ids=ids, routes=routes):
+            ids[0, :routes] = torch.randperm(EXPERTS, generator=gen)[:routes].to(torch.int32)
+            return cpu_experts(x, gu, dn, w, ids)
+
+        ok = _validate(step(), x, gu, dn, w, ids)
+        t = _median_s(step, 5 if quick else 30)
+        report.measurements.append(Measurement(f"T=1, {resident:.0%} resident: {routes} routes on the CPU",
+                                               "cpu experts", t * 1e6, routes * per_expert, ok, "eager"))  # fmt: skip
+    if torch.cuda.is_available():
+        _gpu_steps(report, gu, dn, ops, quick)
+    return report
+
+
+def _gpu_steps(report: Report, gu, dn, ops, quick: bool) -> None:
+    """The eager executor's decode step on the GPU at each residency."""
+    from ftlab.hybrid import HybridDecodeExecutor
+
+    dev = torch.device("cuda")
+    for resident in RESIDENT:
+        slots = round(EXPERTS * resident)
+        ex = HybridDecodeExecutor(gu, dn, slots, dev)
+        for e in range(slots):  # fill the slots with experts 0..slots-1
+            ex.policy.update(torch.tensor([e]))
+        for e, s in enumerate(ex.policy.slot_of):
+            if s >= 0:
+                ex.slot_gate_up.data[s].copy_(gu.data[e])
+                ex.slot_down.data[s].copy_(dn.data[e])
+        ex.table.copy_(ex.policy.table(dev))
+        x = torch.randn(1, HIDDEN, device=dev, dtype=torch.bfloat16)
+        logits = torch.randn(1, EXPERTS, device=dev)
+        w, ids = ops.route_topk(logits, TOP_K)
+
+        def step(w=w, ids=ids, ex=ex, x=x):
+            y = ex(x, w, ids)
+            torch.cuda.synchronize()
+            return y
+
+        ok = _validate(step(), x, gu, dn, w, ids)
+        t = _median_s(step, 5 if quick else 20)
+        cpu_routes = int((ex.split(ids)[1] >= 0).sum())
+        report.measurements.append(Measurement(f"T=1, {resident:.0%} resident: {cpu_routes} routes on the CPU",
+                                               "hybrid executor (eager)", t * 1e6, 0, ok, "eager"))  # fmt: skip
+        del ex
+        torch.cuda.empty_cache()
