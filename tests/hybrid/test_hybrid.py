@@ -191,3 +191,16 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
     bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
     for isa, got in zip(("native", "portable"), outs, strict=True):
         assert bool(((got - want).abs() <= bound).all()), isa
+
+
+@needs_cpu_build
+def test_bench_hybrid_cpu_rows_are_validated():
+    """``ftlab bench hybrid`` on a CPU: a row per residency with CPU routes, each checked against
+    the reference before timing."""
+    from ftlab.bench import hybrid
+
+    report = hybrid.run(quick=True)
+    rows = [m for m in report.measurements if m.backend == "cpu experts"]
+    assert [m.case.split(":")[0] for m in rows] == ["T=1, 50% resident", "T=1, 25% resident"]
+    assert all(m.validated and m.time_us > 0 and m.bytes_moved > 0 for m in rows)
+    assert report.copy_what == "host memory" and report.copy_gbps > 0
