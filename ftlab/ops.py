@@ -212,8 +212,9 @@ MATVEC_MAX_M = 8  # rows up to which path="auto" takes the int8-dot matvec (deco
 
 
 def q4_0_path(impl: backends.Impl, rows: int, path: str) -> str:
-    """The path ``q4_0_matmul`` takes: ``"int8"`` for up to 8 rows, else the backend's
-    prefill path (reference, triton: ``"dequant"``; hip: ``"int8"``)."""
+    """The Q4_0 path ``impl`` takes (q4_0_matmul, and moe_experts on Q4_0 banks): ``"int8"``
+    for up to 8 rows (tokens), else the backend's prefill path (reference, triton:
+    ``"dequant"``; hip: ``"int8"``)."""
     paths = impl.info.get("paths", ("int8", "dequant"))
     if path == "auto":
         path = "int8" if rows <= MATVEC_MAX_M else impl.info.get("prefill", paths[0])
@@ -221,7 +222,8 @@ def q4_0_path(impl: backends.Impl, rows: int, path: str) -> str:
         raise ValueError(f"path must be 'auto', 'int8' or 'dequant', got {path!r}")
     if path not in paths:
         raise backends.BackendUnavailable(
-            f"q4_0_matmul: backend {impl.backend!r} implements the {' and '.join(paths)} path(s), not {path!r}"
+            f"{impl.op}: backend {impl.backend!r} implements the {' and '.join(paths)} path(s) for Q4_0 weights, "
+            f"not {path!r}"
         )
     return path
 
@@ -381,19 +383,15 @@ def moe_experts(
             f"topk_weights and topk_ids must both be [T, k] with T = {x.shape[0]}, "
             f"got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
         )
-    if path not in ("auto", "dequant", "int8"):
-        raise ValueError(f"path must be 'auto', 'dequant' or 'int8', got {path!r}")
     for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down), ("topk_weights", topk_weights),
                     ("topk_ids", topk_ids)):  # fmt: skip
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
     impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
-    paths = impl.info.get("paths", ("int8", "dequant"))
-    if path == "auto":
-        path = "int8" if x.shape[0] <= MATVEC_MAX_M else impl.info.get("prefill", paths[0])
-    if path not in paths and isinstance(w_gate_up, Q4_0Weight):
-        raise backends.BackendUnavailable(f"moe_experts: backend {impl.backend!r} implements the {' and '.join(paths)} "
-                                          f"path(s) for Q4_0 banks, not {path!r}")  # fmt: skip
+    if isinstance(w_gate_up, Q4_0Weight):
+        path = q4_0_path(impl, x.shape[0], path)
+    elif path not in ("auto", "dequant", "int8"):
+        raise ValueError(f"path must be 'auto', 'dequant' or 'int8', got {path!r}")
     return impl.fn(x, w_gate_up, w_down, topk_weights, topk_ids, path)
 
 

@@ -61,7 +61,6 @@ def _median_s(fn, reps: int) -> float:
 
 
 def run(quick: bool = False) -> Report:
-    from ftlab import ops
     from ftlab.bench.model import random_q4_0
     from ftlab.cpu.moe import moe_experts as cpu_experts
 
@@ -95,25 +94,20 @@ def run(quick: bool = False) -> Report:
         report.measurements.append(Measurement(f"T=1, {resident:.0%} resident: {routes} routes on the CPU",
                                                "cpu experts", t * 1e6, routes * per_expert, ok, "eager"))  # fmt: skip
     if torch.cuda.is_available():
-        _gpu_steps(report, gu, dn, ops, quick)
+        _gpu_steps(report, gu, dn, quick)
     return report
 
 
-def _gpu_steps(report: Report, gu, dn, ops, quick: bool) -> None:
+def _gpu_steps(report: Report, gu, dn, quick: bool) -> None:
     """The eager executor's decode step on the GPU at each residency."""
+    from ftlab import ops
     from ftlab.hybrid import HybridDecodeExecutor
 
     dev = torch.device("cuda")
     for resident in RESIDENT:
         slots = round(EXPERTS * resident)
         ex = HybridDecodeExecutor(gu, dn, slots, dev)
-        for e in range(slots):  # fill the slots with experts 0..slots-1
-            ex.policy.update(torch.tensor([e]))
-        for e, s in enumerate(ex.policy.slot_of):
-            if s >= 0:
-                ex.slot_gate_up.data[s].copy_(gu.data[e])
-                ex.slot_down.data[s].copy_(dn.data[e])
-        ex.table.copy_(ex.policy.table(dev))
+        ex.end_step(torch.arange(slots))  # experts 0..slots-1 resident
         x = torch.randn(1, HIDDEN, device=dev, dtype=torch.bfloat16)
         logits = torch.randn(1, EXPERTS, device=dev)
         w, ids = ops.route_topk(logits, TOP_K)

@@ -49,9 +49,10 @@ class HybridDecodeExecutor:
         self.slot_down = _slot_bank(w_down, max(slots, 1), self.device)
         self.table = self.policy.table(self.device)  # read live by every step (and by a replayed graph)
         self.backend, self.path = backend, path
-        for e, s in ((e, s) for s, e in enumerate(self.policy.expert_in) if e >= 0):
-            _copy_expert(self.slot_gate_up, s, w_gate_up, e)
-            _copy_expert(self.slot_down, s, w_down, e)
+        for slot, e in enumerate(self.policy.expert_in):  # a policy that arrives with residents
+            if e >= 0:
+                _copy_expert(self.slot_gate_up, slot, w_gate_up, e)
+                _copy_expert(self.slot_down, slot, w_down, e)
 
     def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(GPU slot ids, CPU expert ids), both int32 ``[T, k]`` on ids' device."""

@@ -94,6 +94,14 @@ class LayerWeights:
     w_gate_up: torch.Tensor | Q4_0Weight  # [E, 2I, H], gate rows then up rows
     w_down: torch.Tensor | Q4_0Weight  # [E, H, I]
 
+    def qkv(self) -> torch.Tensor | Q4_0Weight | None:
+        """q, k and v projections stacked along N (built once, kept): one matvec a decode step
+        instead of three, each output row computed as in its own projection. None when they
+        mix Q4_0 and dense weights."""
+        if not hasattr(self, "_qkv"):
+            self._qkv = _concat_rows([self.q_proj, self.k_proj, self.v_proj])
+        return self._qkv
+
 
 @dataclass
 class ModelWeights:
@@ -178,9 +186,6 @@ class Qwen3Moe:
         device, dtype = weights.embed.device, weights.embed.dtype
         kv = c.num_key_value_heads * c.head_dim
         slots = max_batch * max_seq_len
-        # q, k and v projections as one matrix per layer (one matvec a decode step instead of
-        # three; each output row is computed exactly as in its own projection)
-        self.qkv = [_concat_rows([lw.q_proj, lw.k_proj, lw.v_proj]) for lw in weights.layers]
         self.k_cache = [
             torch.zeros(slots, kv, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)
         ]
@@ -218,8 +223,9 @@ class Qwen3Moe:
         b, t, _ = x.shape
         hd = c.head_dim
         nq, nkv = c.num_attention_heads * hd, c.num_key_value_heads * hd
-        if self.qkv[i] is not None:
-            q, k, v = self.linear(x, self.qkv[i]).split([nq, nkv, nkv], dim=-1)
+        qkv = lw.qkv()
+        if qkv is not None:
+            q, k, v = self.linear(x, qkv).split([nq, nkv, nkv], dim=-1)
         else:
             q, k, v = (self.linear(x, w) for w in (lw.q_proj, lw.k_proj, lw.v_proj))
         q = q.reshape(b, t, c.num_attention_heads, hd)

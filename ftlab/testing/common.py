@@ -28,3 +28,16 @@ def backends_for(
     for name in names:  # an explicit name that cannot serve is an error, not a skip
         ftbackends.resolve(op, name, device, dtype)
     return list(names)
+
+
+def assert_within(name: str, what: str, got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> None:
+    """``|got - expected| <= bound`` elementwise (2-D, on any device; NaN fails), else an
+    AssertionError naming the first element off, its values and how many are off."""
+    err = (got.float().cpu() - expected.float().cpu()).abs()
+    bad = ~(err <= bound)
+    if bool(bad.any()):
+        i, j = (int(v) for v in bad.nonzero()[0])
+        raise AssertionError(
+            f"{name}: {what} off at [{i}, {j}]: got {float(got[i, j])}, reference {float(expected[i, j])}, "
+            f"|diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} ({int(bad.sum())} of {bad.numel()} elements)"
+        )

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ftlab import ops
-from ftlab.testing.common import backends_for
+from ftlab.testing.common import assert_within, backends_for
 
 ROUTE_SLACK = 1e-6  # relative, on probabilities
 
@@ -113,17 +113,17 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
     One ulp of the output dtype is added: the two fp32 results may round to neighbours (the
     ulp at ``|expected| + bound``, the reference's output, when given).
     """
+    from ftlab.backends import resolve
     from ftlab.quant import Q4_0Weight
     from ftlab.reference import q4_0 as ref
 
     q4 = isinstance(w_gate_up, Q4_0Weight)
+    if path == "auto":  # the reference's choice
+        path = ops.q4_0_path(resolve("moe_experts", "reference", torch.device("cpu"), None), x.shape[0], path)
     int8 = q4 and path == "int8"
-    if path == "auto":
-        int8 = q4 and x.shape[0] <= 8
     cpu = torch.device("cpu")
     xf = x.float().to(cpu)
-    gu = w_gate_up.to(cpu) if q4 else w_gate_up.to(cpu)
-    dn = w_down.to(cpu) if isinstance(w_down, Q4_0Weight) else w_down.to(cpu)
+    gu, dn = w_gate_up.to(cpu), w_down.to(cpu)  # tensors and Q4_0Weight alike
     num_experts, inter, hidden = gu.shape[0], w_down.shape[-1], x.shape[1]
     u_op = OPERAND_ROUNDING[x.dtype]
     u_w = u_op if (q4 or x.dtype == torch.float32) and not int8 else 0.0
@@ -190,7 +190,7 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
     """Every backend's moe_experts against the reference of the same path, within
     :func:`experts_tolerance`. Backends lacking the path for Q4_0 banks are skipped when
     ``backends`` is None."""
-    from ftlab.backends import resolve
+    from ftlab.backends import BackendUnavailable, resolve
     from ftlab.quant import Q4_0Weight
 
     device = torch.device(device)
@@ -200,29 +200,19 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
     for name in names:
         if name == "reference":
             continue
-        impl = resolve("moe_experts", name, device, x.dtype)
-        paths = impl.info.get("paths", ("int8", "dequant"))
-        chosen = path
-        if path == "auto":
-            chosen = "int8" if x.shape[0] <= 8 else impl.info.get("prefill", paths[0])
-        if q4 and chosen not in paths:
-            if backends is None:
-                continue
-            raise AssertionError(f"{name}: no {chosen} path for Q4_0 banks")
-        chosen = chosen if q4 else "dequant"
+        chosen = "dequant"  # dense banks: the path is moot, the dequant bound applies
+        if q4:
+            try:
+                chosen = ops.q4_0_path(resolve("moe_experts", name, device, x.dtype), x.shape[0], path)
+            except BackendUnavailable:
+                if backends is None:  # all backends: those that implement this path
+                    continue
+                raise
         expected = ops.moe_experts(*args, path=chosen, backend="reference").float().cpu()
         bound = experts_tolerance(x, w_gate_up, w_down, weights, ids, chosen, expected)
         got = ops.moe_experts(*args, path=chosen, backend=name)
         assert got.shape == x.shape and got.dtype == x.dtype, f"{name}: {got.shape} {got.dtype}"
-        err = (got.float().cpu() - expected).abs()
-        bad = ~(err <= bound)  # NaN fails too
-        if bool(bad.any()):
-            i, j = (int(v) for v in bad.nonzero()[0])
-            raise AssertionError(
-                f"{name}: moe_experts ({chosen}) off at [{i}, {j}]: got {float(got[i, j])}, reference "
-                f"{float(expected[i, j])}, |diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} "
-                f"({int(bad.sum())} of {bad.numel()} elements)"
-            )
+        assert_within(name, f"moe_experts ({chosen})", got, expected, bound)
 
 
 def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "cpu") -> None:

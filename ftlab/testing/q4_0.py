@@ -18,7 +18,7 @@ from ftlab.backends import resolve
 from ftlab.bitview import bits_equal
 from ftlab.quant import QK, Q4_0Weight
 from ftlab.reference import q4_0 as ref
-from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride
+from ftlab.testing.common import FLOAT_DTYPES, assert_within, backends_for, restride
 
 EPS32 = torch.finfo(torch.float32).eps
 #: per-weight relative rounding of the dequant path's tile, by activation dtype: fp32 runs
@@ -226,14 +226,6 @@ def check_matmul_case(case: MatmulCase, device: torch.device | str = "cpu",
         assert got.shape == expected.shape and got.dtype == x.dtype, (
             f"{name}: {got.shape} {got.dtype}"
         )
-        err = (got.float().cpu() - expected.float().cpu()).abs()
-        bad = ~(err <= bound)  # NaN fails too
-        if bool(bad.any()):
-            i, j = (int(v) for v in bad.nonzero()[0])
-            raise AssertionError(
-                f"{name}: q4_0_matmul {case!r} off at [{i}, {j}]: got {float(got[i, j])}, "
-                f"reference {float(expected[i, j])}, |diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} "
-                f"({int(bad.sum())} of {bad.numel()} elements)"
-            )
+        assert_within(name, f"q4_0_matmul {case!r}", got, expected, bound)
         outputs[name] = got
     return outputs

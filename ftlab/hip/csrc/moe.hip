@@ -19,9 +19,6 @@ constexpr int kMaxQ8Blocks = 256;                  // decode: x (H) or k x I of 
 constexpr int kDecodeFloats = kMaxQ8Blocks * kQK;  // decode: ... or as fp32 (32 KiB)
 constexpr int kQ8Stride = 9;                       // LDS words per Q8_1 block: 8, +1 of padding
 
-struct MaxOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a > b ? a : b; }
-};
 struct SumOp {
   template <typename V>
   __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
