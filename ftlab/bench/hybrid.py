@@ -1,12 +1,13 @@
 """``ftlab bench hybrid``: the hybrid CPU/GPU MoE at one Qwen3-30B-A3B layer (H 2048, I 768, 128
 experts top-8, Q4_0), with 100%, 50% and 25% of the experts resident on the GPU.
 
-Measured so far (the graph mechanisms are not built; every step here is eager):
+Measured:
 - the CPU expert kernels (``ftlab.cpu.moe``) on the routes a step sends to the CPU, their GB/s
   (expert weight bytes read) against this machine's memory copy bandwidth (``torch`` copy of
   512 MiB, bytes read + written), with the thread count in the notes;
-- on a GPU: the eager decode step of ``HybridDecodeExecutor`` (split, CPU part, GPU part, sum)
-  and the CPU part's share of it.
+- on a GPU: the decode step of ``HybridDecodeExecutor`` eager (split, synchronous CPU part, GPU
+  part, sum) and replayed from a captured graph through each graph handshake (10 steps a graph,
+  device time a step), and the CPU worker's mean job time as a share of the graph step.
 
 At T = 1 the 8 routes of a step go to the CPU in proportion to the experts not resident:
 0, 4 and 6 routes for 100%, 50% and 25% resident.
@@ -39,14 +40,19 @@ def host_copy_gbps(nbytes: int = 512 << 20) -> float:
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
-def _validate(y: torch.Tensor, x: torch.Tensor, gu, dn, w: torch.Tensor, ids: torch.Tensor) -> bool:
-    """y against the reference's int8 path over all experts, within ``experts_tolerance``."""
+def _validate(y: torch.Tensor, x: torch.Tensor, gu, dn, w: torch.Tensor, ids: torch.Tensor,
+              gpu_ids: torch.Tensor | None = None) -> bool:  # fmt: skip
+    """y against the reference's int8 path over all experts, within ``experts_tolerance`` (a
+    hybrid step's, ``hybrid_tolerance`` with its GPU slot ids)."""
     import ftlab.testing as ft
     from ftlab import ops
 
     x, w, ids = x.cpu(), w.cpu(), ids.cpu()
     want = ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="reference")
-    bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
+    if gpu_ids is None:
+        bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
+    else:
+        bound = ft.hybrid_tolerance(x, gu, dn, w, ids, gpu_ids, "int8", want)
     return bool(((y.cpu().float() - want.float()).abs() <= bound).all())
 
 
@@ -98,29 +104,62 @@ def run(quick: bool = False) -> Report:
     return report
 
 
+def _route_ids(slots: int, routes: int, dev: torch.device) -> torch.Tensor:
+    """[1, TOP_K] ids with ``routes`` of them on non-resident experts (resident: 0..slots-1)."""
+    cpu = [slots + i for i in range(routes)]
+    gpu = [(3 * i) % max(slots, 1) for i in range(TOP_K - routes)]
+    return torch.tensor([cpu + gpu], dtype=torch.int32, device=dev)
+
+
 def _gpu_steps(report: Report, gu, dn, quick: bool) -> None:
-    """The eager executor's decode step on the GPU at each residency."""
-    from ftlab import ops
+    """The executor's decode step on the GPU at each residency: eager (split, synchronous CPU
+    part, GPU part, sum) and replayed from a captured graph through each graph handshake, with
+    the CPU worker's mean job time and its share of the step."""
+    from ftlab.bench.harness import time_graph_us
     from ftlab.hybrid import HybridDecodeExecutor
 
     dev = torch.device("cuda")
+    x = torch.randn(1, HIDDEN, device=dev, dtype=torch.bfloat16)
+    w = torch.softmax(torch.randn(1, TOP_K, device=dev), -1)
     for resident in RESIDENT:
         slots = round(EXPERTS * resident)
-        ex = HybridDecodeExecutor(gu, dn, slots, dev)
-        ex.end_step(torch.arange(slots))  # experts 0..slots-1 resident
-        x = torch.randn(1, HIDDEN, device=dev, dtype=torch.bfloat16)
-        logits = torch.randn(1, EXPERTS, device=dev)
-        w, ids = ops.route_topk(logits, TOP_K)
+        routes = round(TOP_K * (1 - resident))
+        ids = _route_ids(slots, routes, dev)
+        case = f"T=1, {resident:.0%} resident: {routes} routes on the CPU"
+        for mechanism in ("eager", "stream_memop", "host_func"):
+            ex = HybridDecodeExecutor(gu, dn, slots, dev, mechanism=mechanism)
+            ex.end_step(torch.arange(slots))  # experts 0..slots-1 resident
+            if ex.mechanism != mechanism:
+                report.notes.append(f"{case}: {mechanism} unavailable ({ex.mechanism_reason})")
+                ex.close()
+                continue
 
-        def step(w=w, ids=ids, ex=ex, x=x):
-            y = ex(x, w, ids)
+            def step(ex=ex, ids=ids):
+                return ex(x, w, ids)
+
+            y = step()
             torch.cuda.synchronize()
-            return y
+            ok = _validate(y, x, gu, dn, w, ids, ex.split(ids)[0])
+            if mechanism == "eager":
 
-        ok = _validate(step(), x, gu, dn, w, ids)
-        t = _median_s(step, 5 if quick else 20)
-        cpu_routes = int((ex.split(ids)[1] >= 0).sum())
-        report.measurements.append(Measurement(f"T=1, {resident:.0%} resident: {cpu_routes} routes on the CPU",
-                                               "hybrid executor (eager)", t * 1e6, 0, ok, "eager"))  # fmt: skip
-        del ex
+                def synced(step=step):
+                    step()
+                    torch.cuda.synchronize()
+
+                t = _median_s(synced, 5 if quick else 20) * 1e6
+                mode = "eager"
+            else:
+                ch = ex.handshake.cpu.channel(1, TOP_K)
+                before = ch.stats()
+                t = time_graph_us(step, inner=10, reps=5 if quick else 20)
+                after = ch.stats()
+                ex.check()
+                mode = "graph"
+                jobs = after["jobs"] - before["jobs"]
+                if routes and jobs:
+                    cpu_us = (after["cpu_ns"] - before["cpu_ns"]) / jobs / 1e3
+                    report.notes.append(f"{case}, {mechanism} graph: CPU job {cpu_us:.0f} us mean over {jobs} jobs, "
+                                        f"{cpu_us / t:.0%} of the {t:.0f} us step")  # fmt: skip
+            report.measurements.append(Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, mode))
+            ex.close()
         torch.cuda.empty_cache()

@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
+# cpu_job.h: the plain-C job the hybrid handshakes' worker threads hand to the CPU kernel
+JOB_HEADER_DIR = Path(__file__).resolve().parents[1] / "hip" / "csrc"
 CACHE_ROOT = Path(os.environ.get("FTLAB_CACHE_DIR", Path.home() / ".cache" / "ftlab")) / "jit"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
 # FTLAB_CPU_ISA=portable builds without -march=native: the baseline ISA, so the scalar code
@@ -75,7 +77,7 @@ def load(name: str):
         src = CSRC / f"{name}.cc"
         flags = FLAGS if os.environ.get(ISA_ENV, "native") != "portable" else [f for f in FLAGS if f != "-march=native"]
         h = hashlib.sha256()
-        for part in (src.read_bytes(), shutil.which(os.environ.get("CXX", "c++")).encode(), " ".join(flags).encode(),
+        for part in (src.read_bytes(), (JOB_HEADER_DIR / "cpu_job.h").read_bytes(), shutil.which(os.environ.get("CXX", "c++")).encode(), " ".join(flags).encode(),
                      tvm_ffi.__version__.encode(), _host_flags().encode()):  # fmt: skip
             h.update(part)
             h.update(b"\0")
@@ -85,11 +87,11 @@ def load(name: str):
             build_dir.mkdir(parents=True, exist_ok=True)
             try:
                 tvm_ffi.cpp.build(name, cpp_files=[str(src)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                                  build_directory=str(build_dir))  # fmt: skip
+                                  extra_include_paths=[str(JOB_HEADER_DIR)], build_directory=str(build_dir))  # fmt: skip
             except RuntimeError:  # a compiler without -march=native for this host: portable code
                 portable = [f for f in flags if f != "-march=native"]
                 tvm_ffi.cpp.build(name, cpp_files=[str(src)], extra_cflags=portable, extra_ldflags=["-fopenmp"],
-                                  build_directory=str(build_dir))  # fmt: skip
+                                  extra_include_paths=[str(JOB_HEADER_DIR)], build_directory=str(build_dir))  # fmt: skip
         module = tvm_ffi.load_module(str(so))
         _loaded[name] = module
         return module

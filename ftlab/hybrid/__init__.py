@@ -7,12 +7,32 @@ on the CPU, summed.
   ``expert -> slot | -1`` table -> CPU routes (ids of GPU-resident experts set to -1) through
   ``ftlab.cpu.moe`` -> GPU routes (ids mapped to slots, CPU-routed ones -1) through
   ``ops.moe_experts`` on the slot banks -> ``y = y_gpu + y_cpu``.
-
-Mechanism so far: eager (``executor.mechanism == "eager"``). The graph handshakes (host-function
-node, stream memory operations) and the capability probe are not built yet.
+- The handshakes (``ftlab.hybrid.handshake``), one interface, three classes: host-function
+  nodes, stream memory operations with a step counter (both capturable in a CUDA/HIP graph,
+  through :class:`CpuMoeExecutor`'s pinned per-batch-size staging and CPU worker thread), and
+  eager. A capability probe at construction (capture, replay with changing inputs and splits,
+  compare with eager) picks the first that passes; ``executor.mechanism`` says which and why.
+  ``FTLAB_HYBRID_MECHANISM`` forces one, ``FTLAB_HYBRID_PROBE_FAIL`` fails probes (tests).
 """
 
-from ftlab.hybrid.executor import HybridDecodeExecutor
+from ftlab.hybrid.executor import HybridDecodeExecutor, choose_mechanism, probe
+from ftlab.hybrid.handshake import (
+    CpuMoeExecutor,
+    EagerHandshake,
+    HandshakeError,
+    HostFuncHandshake,
+    StreamMemOpHandshake,
+)
 from ftlab.hybrid.residency import LruResidency
 
-__all__ = ["HybridDecodeExecutor", "LruResidency"]
+__all__ = [
+    "CpuMoeExecutor",
+    "EagerHandshake",
+    "HandshakeError",
+    "HostFuncHandshake",
+    "HybridDecodeExecutor",
+    "LruResidency",
+    "StreamMemOpHandshake",
+    "choose_mechanism",
+    "probe",
+]

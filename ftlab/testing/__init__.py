@@ -33,6 +33,7 @@ from ftlab.testing.moe import (
     check_experts_case,
     check_route_case,
     experts_tolerance,
+    hybrid_tolerance,
 )
 from ftlab.testing.q4_0 import (
     MatmulCase,
@@ -57,6 +58,7 @@ __all__ = [
     "check_dequantize_case",
     "check_experts_case",
     "experts_tolerance",
+    "hybrid_tolerance",
     "check_index_case",
     "check_matmul_case",
     "check_q8_1_case",

@@ -184,6 +184,28 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
     return bound.float()
 
 
+def hybrid_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
+                     gpu_ids: torch.Tensor, path: str, expected: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """:func:`experts_tolerance` for a hybrid step ``y = y_gpu + y_cpu`` in x's dtype: the GPU part
+    (the routes whose ``gpu_ids`` slot is >= 0) and the CPU part (the other valid routes) are each
+    rounded to x's dtype before their sum is, so a 16-bit x adds one ulp at each part's magnitude
+    (its reference plus the bound). fp32 x adds nothing (the parts are fp32 already)."""
+    bound = experts_tolerance(x, w_gate_up, w_down, weights, ids, path, expected)
+    if x.dtype == torch.float32:
+        return bound
+    from ftlab.testing.q4_0 import _ulp
+
+    cpu = torch.device("cpu")
+    ids_c, gpu_c = ids.to(cpu).long(), gpu_ids.to(cpu)
+    on_gpu = torch.where(gpu_c >= 0, ids_c, -1)
+    on_cpu = torch.where(gpu_c >= 0, -1, ids_c)
+    xf, wf = x.to(cpu).float(), weights.to(cpu).float()
+    for part in (on_gpu, on_cpu):
+        y = ops.moe_experts(xf, w_gate_up.to(cpu), w_down.to(cpu), wf, part, path=path, backend="reference")
+        bound = bound + _ulp(y.abs() + bound, x.dtype)
+    return bound
+
+
 def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
                        path: str = "auto", device: torch.device | str = "cpu",
                        backends: Sequence[str] | None = None) -> None:  # fmt: skip

@@ -42,6 +42,9 @@ def test_hip_gfx(gfx):
         # 2 Q4_0 GEMMs, 2 align kernels
         if source.stem == "moe":
             assert len(rows) == 28, [r.kernel for r in rows]
+        # handshakes: 3 dtypes x (pack, combine), the signal kernel
+        if source.stem == "handshake":
+            assert len(rows) == 7, [r.kernel for r in rows]
         assert all(r.vgpr and r.sgpr for r in rows)
 
 
@@ -51,7 +54,7 @@ def test_hip_nvcc(sm):
     for source in compile_check.device_sources():
         rows = compile_check.hip_sm_rows(source, sm)
         _assert_clean(rows)
-        assert len(rows) == {"index_store": 30, "q4_0": 30, "moe": 28}[source.stem]
+        assert len(rows) == {"index_store": 30, "q4_0": 30, "moe": 28, "handshake": 7}[source.stem]
 
 
 def test_triton_every_target(triton_rows):

@@ -204,3 +204,35 @@ def test_bench_hybrid_cpu_rows_are_validated():
     assert [m.case.split(":")[0] for m in rows] == ["T=1, 50% resident", "T=1, 25% resident"]
     assert all(m.validated and m.time_us > 0 and m.bytes_moved > 0 for m in rows)
     assert report.copy_what == "host memory" and report.copy_gbps > 0
+
+
+def test_mechanism_on_cpu_is_eager_without_warning(monkeypatch):
+    """No GPU: the probe fails with its reason, the executor runs eagerly, nothing is warned."""
+    import warnings
+
+    from ftlab.hybrid import executor as hx
+
+    gu = torch.randn(4, 64, 32)
+    dn = torch.randn(4, 32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ex = HybridDecodeExecutor(gu, dn, 2, "cpu", backend="reference", path="dequant")
+    assert ex.mechanism == "eager" and not ex.capturable
+    assert [(n, ok) for n, ok, _ in ex.probe_results] == [(n, False) for n in hx.PROBE_ORDER]
+    assert all("no GPU" in why for _, _, why in ex.probe_results)
+    monkeypatch.setenv(hx.ENV_PROBE_FAIL, "host_func")
+    assert hx.probe("host_func", "cpu") == (False, f"forced to fail by {hx.ENV_PROBE_FAIL}")
+    monkeypatch.setenv(hx.ENV_MECHANISM, "eager")
+    ex = HybridDecodeExecutor(gu, dn, 2, "cpu", backend="reference", path="dequant")
+    assert ex.mechanism == "eager" and "forced" in ex.mechanism_reason and ex.probe_results == []
+    monkeypatch.setenv(hx.ENV_MECHANISM, "bogus")
+    with pytest.raises(ValueError, match="mechanism must be"):
+        HybridDecodeExecutor(gu, dn, 2, "cpu", backend="reference", path="dequant")
+
+
+@needs_cpu_build
+def test_cpu_job_entry_is_exported():
+    """The handshakes' worker threads call the CPU kernel through a C entry point."""
+    from ftlab.cpu import load
+
+    assert int(load("moe_cpu").moe_job_entry()) != 0

@@ -19,6 +19,10 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu_job.h"
+
+#include <omp.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -109,7 +113,7 @@ inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float
   return acc;
 }
 
-enum class Kind { q4, f32, bf16, f16 };
+enum class Kind { q4 = FTLAB_BANK_Q4_0, f32 = FTLAB_BANK_F32, bf16 = FTLAB_BANK_BF16, f16 = FTLAB_BANK_F16 };
 
 template <Kind K>
 inline float dense_row_dot(const void* row, int k, const float* x) {
@@ -142,19 +146,19 @@ Kind kind_of(const TensorView& w, const char* name) {
 const char* base(const TensorView& t) { return static_cast<const char*>(t.data_ptr()) + t.byte_offset(); }
 
 template <Kind K>
-void run(const TensorView& x, const TensorView& gu, const TensorView& dn, const TensorView& ids,
-         const TensorView& wts, const TensorView& y, int64_t inter) {
-  const int64_t t = x.size(0), hidden = x.size(1), top_k = ids.size(1), experts = gu.size(0);
+void run(const FtlabCpuMoeJob& job) {
+  const int64_t t = job.tokens, hidden = job.hidden, top_k = job.top_k, experts = job.experts, inter = job.inter;
   const int64_t pairs = t * top_k;
-  const float* xp = reinterpret_cast<const float*>(base(x));
-  const int32_t* ip = reinterpret_cast<const int32_t*>(base(ids));
-  const float* wp = reinterpret_cast<const float*>(base(wts));
-  float* yp = reinterpret_cast<float*>(const_cast<char*>(base(y)));
-  const char* gup = base(gu);
-  const char* dnp = base(dn);
+  const float* xp = job.x;
+  const int32_t* ip = job.ids;
+  const float* wp = job.w;
+  float* yp = job.y;
+  const char* gup = static_cast<const char*>(job.gate_up);
+  const char* dnp = static_cast<const char*>(job.down);
   const int64_t elem = K == Kind::q4 ? 1 : (K == Kind::f32 ? 4 : 2);
-  const int64_t gu_row = gu.size(2) * elem, dn_row = dn.size(2) * elem;
-  const int64_t gu_e = gu.size(1) * gu_row, dn_e = dn.size(1) * dn_row;
+  const int64_t gu_row = (K == Kind::q4 ? hidden / kQK * kBlockBytes : hidden) * elem;
+  const int64_t dn_row = (K == Kind::q4 ? inter / kQK * kBlockBytes : inter) * elem;
+  const int64_t gu_e = 2 * inter * gu_row, dn_e = hidden * dn_row;
   const int nbh = static_cast<int>(hidden / kQK), nbi = static_cast<int>(inter / kQK);
 
   std::vector<int8_t> xq, hq;
@@ -220,6 +224,15 @@ void run(const TensorView& x, const TensorView& gu, const TensorView& dn, const 
   }
 }
 
+void dispatch(const FtlabCpuMoeJob& job) {
+  switch (static_cast<Kind>(job.kind)) {
+    case Kind::q4: run<Kind::q4>(job); break;
+    case Kind::f32: run<Kind::f32>(job); break;
+    case Kind::bf16: run<Kind::bf16>(job); break;
+    case Kind::f16: run<Kind::f16>(job); break;
+  }
+}
+
 void check_f32(const TensorView& t, const char* name) {
   TVM_FFI_CHECK(t.IsContiguous() && t.dtype().code == kDLFloat && t.dtype().bits == 32, TypeError)
       << name << " must be contiguous float32";
@@ -255,14 +268,35 @@ void moe_experts_cpu(TensorView x, TensorView w_gate_up, TensorView w_down, Tens
                     w_down.size(2) == dk && (k != Kind::q4 || (hidden % kQK == 0 && inter % kQK == 0)),
                 ValueError)
       << "banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] (Q4_0: K a multiple of 32)";
-  switch (k) {
-    case Kind::q4: run<Kind::q4>(x, w_gate_up, w_down, ids, wts, y, inter); break;
-    case Kind::f32: run<Kind::f32>(x, w_gate_up, w_down, ids, wts, y, inter); break;
-    case Kind::bf16: run<Kind::bf16>(x, w_gate_up, w_down, ids, wts, y, inter); break;
-    case Kind::f16: run<Kind::f16>(x, w_gate_up, w_down, ids, wts, y, inter); break;
-  }
+  FtlabCpuMoeJob job{FTLAB_CPU_JOB_VERSION, static_cast<int32_t>(k), 0, 0, x.size(0), hidden, ids.size(1),
+                     w_gate_up.size(0), inter, reinterpret_cast<const float*>(base(x)),
+                     reinterpret_cast<const int32_t*>(base(ids)), reinterpret_cast<const float*>(base(wts)),
+                     reinterpret_cast<float*>(const_cast<char*>(base(y))), base(w_gate_up), base(w_down)};
+  dispatch(job);
 }
 
 }  // namespace ftlab
 
+// The C entry of the hybrid handshakes' worker threads (cpu_job.h): no tvm-ffi objects, no
+// exceptions across the boundary; 1 for a job of another version or kind, 0 when done.
+extern "C" int ftlab_cpu_moe_job(const FtlabCpuMoeJob* job) noexcept {
+  if (job == nullptr || job->version != FTLAB_CPU_JOB_VERSION || job->kind < FTLAB_BANK_Q4_0 ||
+      job->kind > FTLAB_BANK_F16)
+    return 1;
+  // the worker thread's own ICV: the handshake leaves cores to the threads that feed the GPU
+  if (job->threads > 0) omp_set_num_threads(job->threads);
+  try {
+    ftlab::cpu::dispatch(*job);
+  } catch (...) {
+    return 2;
+  }
+  return 0;
+}
+
+namespace ftlab {
+// The address of ftlab_cpu_moe_job, for a handshake module of this process.
+int64_t moe_job_entry() { return reinterpret_cast<int64_t>(&ftlab_cpu_moe_job); }
+}  // namespace ftlab
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_experts_cpu, ftlab::moe_experts_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_job_entry, ftlab::moe_job_entry);

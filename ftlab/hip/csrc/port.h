@@ -35,6 +35,40 @@ inline void port_occupancy(int* blocks_per_sm, K kernel, int threads) {
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
+// Host runtime of the hybrid handshakes (handshake_launch.hip): host-function nodes, mapped
+// pinned memory, and the stream memory operations, which CUDA has in the driver API only; they
+// are resolved from libcuda at run time (the v2 entry points, on by default since CUDA 11.7),
+// so nothing links against the driver.
+typedef cudaHostFn_t port_host_fn_t;
+#define port_launch_host_func cudaLaunchHostFunc
+#define port_memcpy_async cudaMemcpyAsync
+#define port_memcpy_d2h cudaMemcpyDeviceToHost
+#define port_memcpy_h2d cudaMemcpyHostToDevice
+#define port_malloc cudaMalloc
+#define port_free cudaFree
+#define port_memset cudaMemset
+#define port_host_free cudaFreeHost
+#define port_set_device cudaSetDevice
+inline port_error_t port_host_alloc_mapped(void** p, size_t n) {
+  return cudaHostAlloc(p, n, cudaHostAllocMapped | cudaHostAllocPortable);
+}
+inline port_error_t port_host_device_pointer(void** dev, void* host) { return cudaHostGetDevicePointer(dev, host, 0); }
+#include <dlfcn.h>
+typedef int (*port_cu_stream_value32_fn)(cudaStream_t, unsigned long long, uint32_t, unsigned int);
+inline port_cu_stream_value32_fn port_cu_entry(const char* name) {
+  static void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  return lib ? reinterpret_cast<port_cu_stream_value32_fn>(dlsym(lib, name)) : nullptr;
+}
+// 0 on success; -1 when the driver lacks the entry point; else the CUresult.
+inline int port_stream_write_value32(port_stream_t s, void* dev_addr, uint32_t v) {
+  static port_cu_stream_value32_fn fn = port_cu_entry("cuStreamWriteValue32_v2");
+  return fn ? fn(s, reinterpret_cast<unsigned long long>(dev_addr), v, 0 /* CU_STREAM_WRITE_VALUE_DEFAULT */) : -1;
+}
+// Waits until (*dev_addr & mask) != 0.
+inline int port_stream_wait_value32_and(port_stream_t s, void* dev_addr, uint32_t mask) {
+  static port_cu_stream_value32_fn fn = port_cu_entry("cuStreamWaitValue32_v2");
+  return fn ? fn(s, reinterpret_cast<unsigned long long>(dev_addr), mask, 0x2 /* CU_STREAM_WAIT_VALUE_AND */) : -1;
+}
 __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
@@ -58,6 +92,27 @@ inline void port_occupancy(int* blocks_per_sm, K kernel, int threads) {
   hipOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, 0);
 }
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) { return __shfl_xor(v, lane_mask); }
+// Host runtime of the hybrid handshakes (handshake_launch.hip).
+typedef hipHostFn_t port_host_fn_t;
+#define port_launch_host_func hipLaunchHostFunc
+#define port_memcpy_async hipMemcpyAsync
+#define port_memcpy_d2h hipMemcpyDeviceToHost
+#define port_memcpy_h2d hipMemcpyHostToDevice
+#define port_malloc hipMalloc
+#define port_free hipFree
+#define port_memset hipMemset
+#define port_host_free hipHostFree
+#define port_set_device hipSetDevice
+inline port_error_t port_host_alloc_mapped(void** p, size_t n) {
+  return hipHostMalloc(p, n, hipHostMallocMapped | hipHostMallocPortable);
+}
+inline port_error_t port_host_device_pointer(void** dev, void* host) { return hipHostGetDevicePointer(dev, host, 0); }
+inline int port_stream_write_value32(port_stream_t s, void* dev_addr, uint32_t v) {
+  return static_cast<int>(hipStreamWriteValue32(s, dev_addr, v, 0));
+}
+inline int port_stream_wait_value32_and(port_stream_t s, void* dev_addr, uint32_t mask) {
+  return static_cast<int>(hipStreamWaitValue32(s, dev_addr, mask, hipStreamWaitValueAnd, 0xffffffffu));
+}
 __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
   return __shfl_xor(v, lane_mask);
 }
