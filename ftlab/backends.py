@@ -318,6 +318,7 @@ for _op in ("route_topk", "moe_align", "moe_experts"):
         if _op == "moe_experts"
         else None,
     )
+_register_builtin("qk_norm_rope", "norm_rope", FLOAT_DTYPES)
 # q4_0_matmul paths: "int8" (Q8_1 activations, int8 dot) and "dequant" (dequantized
 # weights, float matmul). "prefill" is what path="auto" takes for more than 8 rows.
 _register_builtin(

@@ -49,7 +49,7 @@ def _trace_eager(ex, x, weights, ids, steps: int) -> list[Span]:
 
     for _ in range(steps):
         gpu_ids, cpu_ids = span("device stream", "split", lambda: ex.split(ids))
-        xh, wh, ch = span("copies", "to host", lambda: (x.cpu(), weights.cpu(), cpu_ids.cpu()))
+        xh, wh, ch = span("copies", "to host", lambda cpu_ids=cpu_ids: (x.cpu(), weights.cpu(), cpu_ids.cpu()))
         y_cpu = span("CPU", "CPU experts", lambda xh=xh, wh=wh, ch=ch: cpu_experts(xh, ex.host_gate_up, ex.host_down,
                                                                                      wh, ch))  # fmt: skip
         y_gpu = span("device stream", "GPU experts", lambda gpu_ids=gpu_ids: ex._gpu_part(x, weights)(gpu_ids))

@@ -27,7 +27,7 @@ from ftlab.models.loader import load_gguf, load_hf
 from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
 from ftlab.models.tokenizer import Tokenizer
 
-OPS = ("index", "store", "router", "experts", "linear")
+OPS = ("index", "store", "router", "experts", "linear", "norm_rope")
 
 
 def backend_map(backends: str | dict[str, str]) -> dict[str, str]:

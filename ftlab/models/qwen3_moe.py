@@ -123,9 +123,10 @@ def _concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32, returned in x's dtype (one
-    fused kernel where torch has one: a decode step runs 4 norms a layer)."""
-    return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight  # fp32 inside for 16-bit x
+    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32 and rounded once to x's dtype
+    (one fused kernel where torch has one: a decode step runs 2 of these a layer, and the q / k
+    head norms inside ``ops.qk_norm_rope``)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # fp32 inside for 16-bit x, weight included
 
 
 def linear(
@@ -149,17 +150,10 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of ``x [B, T, heads, hd]`` with ``rope_tables``:
-    ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = (-x2, x1), here (x2, x1) times the
-    signed sin (the same products: (-a) * b == a * (-b))."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
-
-
 class Qwen3Moe:
-    """The model over ftlab ops. ``backends`` maps "index", "store", "router", "experts" and
-    "linear" to a backend name (default "auto" for each). ``static=True`` keeps every shape
-    fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    """The model over ftlab ops. ``backends`` maps "index", "store", "router", "experts",
+    "linear" and "norm_rope" (``ops.qk_norm_rope``) to a backend name (default "auto" for
+    each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
     ``q4_0_path`` is the path of Q4_0 weights, linears and experts ("auto" | "int8" | "dequant":
     see ops.q4_0_matmul and ops.moe_experts)."""
 
@@ -179,6 +173,7 @@ class Qwen3Moe:
             "router": "auto",
             "experts": "auto",
             "linear": "auto",
+            "norm_rope": "auto",
             **(backends or {}),
         }
         self.q4_0_path = q4_0_path
@@ -228,11 +223,13 @@ class Qwen3Moe:
             q, k, v = self.linear(x, qkv).split([nq, nkv, nkv], dim=-1)
         else:
             q, k, v = (self.linear(x, w) for w in (lw.q_proj, lw.k_proj, lw.v_proj))
-        q = q.reshape(b, t, c.num_attention_heads, hd)
-        k = k.reshape(b, t, c.num_key_value_heads, hd)
         v = v.reshape(b, t, c.num_key_value_heads, hd)
-        q = rope(rms_norm(q, lw.q_norm, c.rms_norm_eps), geo["cos"], geo["sin"])
-        k = rope(rms_norm(k, lw.k_norm, c.rms_norm_eps), geo["cos"], geo["sin"])
+        # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope)
+        q, k = ops.qk_norm_rope(q.reshape(b * t, c.num_attention_heads, hd), k.reshape(b * t, c.num_key_value_heads, hd),
+                                lw.q_norm, lw.k_norm, geo["cos"], geo["sin"], c.rms_norm_eps,
+                                backend=self.backends["norm_rope"])  # fmt: skip
+        q = q.view(b, t, c.num_attention_heads, hd)
+        k = k.view(b, t, c.num_key_value_heads, hd)
         ops.store(self.k_cache[i], self.v_cache[i], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
                   check=False, backend=self.backends["store"])  # fmt: skip
         span = geo["span"]

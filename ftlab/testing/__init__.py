@@ -35,6 +35,7 @@ from ftlab.testing.moe import (
     experts_tolerance,
     hybrid_tolerance,
 )
+from ftlab.testing.norm_rope import check_qk_norm_rope_case, qk_norm_rope_tolerance
 from ftlab.testing.q4_0 import (
     MatmulCase,
     check_dequantize_case,
@@ -59,6 +60,8 @@ __all__ = [
     "check_experts_case",
     "experts_tolerance",
     "hybrid_tolerance",
+    "check_qk_norm_rope_case",
+    "qk_norm_rope_tolerance",
     "check_index_case",
     "check_matmul_case",
     "check_q8_1_case",

@@ -42,6 +42,9 @@ def test_hip_gfx(gfx):
         # 2 Q4_0 GEMMs, 2 align kernels
         if source.stem == "moe":
             assert len(rows) == 28, [r.kernel for r in rows]
+        # qk_norm_rope: 3 dtypes
+        if source.stem == "norm_rope":
+            assert len(rows) == 3, [r.kernel for r in rows]
         # handshakes: 3 dtypes x (pack, combine), the signal kernel
         if source.stem == "handshake":
             assert len(rows) == 7, [r.kernel for r in rows]
@@ -54,7 +57,7 @@ def test_hip_nvcc(sm):
     for source in compile_check.device_sources():
         rows = compile_check.hip_sm_rows(source, sm)
         _assert_clean(rows)
-        assert len(rows) == {"index_store": 30, "q4_0": 30, "moe": 28, "handshake": 7}[source.stem]
+        assert len(rows) == {"index_store": 30, "q4_0": 30, "moe": 28, "handshake": 7, "norm_rope": 3}[source.stem]
 
 
 def test_triton_every_target(triton_rows):

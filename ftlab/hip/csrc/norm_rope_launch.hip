@@ -1,0 +1,77 @@
+// norm_rope_launch.hip — host glue for norm_rope.hip (tvm-ffi entry, torch's current stream).
+// ftlab.ops checked the layouts; the checks here keep a direct caller in bounds.
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include "launch_common.h"
+#include "norm_rope.hip"
+
+namespace ftlab {
+
+using tvm::ffi::TensorView;
+using namespace launch;
+
+namespace {
+
+// [N, heads, D] with contiguous heads and elements; any token stride.
+void check_rows(const TensorView& t, const char* name, int64_t d) {
+  TVM_FFI_CHECK(t.ndim() == 3 && t.size(2) == d && t.stride(2) == 1 && (t.size(1) <= 1 || t.stride(1) == d),
+                ValueError)
+      << name << " must be [N, heads, " << d << "] with contiguous heads";
+}
+
+template <typename T>
+void launch_rows(const TensorView& q, const TensorView& k, const TensorView& qw, const TensorView& kw,
+                 const TensorView& cos, const TensorView& sin, const TensorView& qo, const TensorView& ko, float eps) {
+  using S = typename T::storage;
+  const int tokens = static_cast<int>(q.size(0)), hq = static_cast<int>(q.size(1)), hk = static_cast<int>(k.size(1));
+  const int d = static_cast<int>(q.size(2));
+  const int64_t rows = static_cast<int64_t>(tokens) * (hq + hk);
+  const unsigned blocks = static_cast<unsigned>((rows + kNormRopeWaves - 1) / kNormRopeWaves);
+  qk_norm_rope_kernel<T, T><<<blocks, kNormRopeWaves * PORT_WARP_SIZE, 0, stream_of(q)>>>(
+      static_cast<const S*>(base_of(q)), q.stride(0), static_cast<const S*>(base_of(k)), k.stride(0),
+      static_cast<const S*>(base_of(qw)), static_cast<const S*>(base_of(kw)), static_cast<const S*>(base_of(cos)),
+      static_cast<const S*>(base_of(sin)), static_cast<S*>(base_of(qo)), static_cast<S*>(base_of(ko)), eps, tokens,
+      hq, hk, d);
+  check_launch("qk_norm_rope_kernel");
+}
+
+}  // namespace
+
+// q [N, Hq, D], k [N, Hk, D] (token stride free), weights [D], cos / sin [N, D], outputs
+// contiguous [N, Hq, D] / [N, Hk, D]; all of q's dtype; D even.
+void qk_norm_rope(TensorView q, TensorView k, TensorView qw, TensorView kw, TensorView cos, TensorView sin,
+                  TensorView qo, TensorView ko, double eps) {
+  const int64_t d = q.ndim() == 3 ? q.size(2) : 0;
+  TVM_FFI_CHECK(d > 0 && d % 2 == 0, ValueError) << "q must be [N, heads, D] with D even";
+  check_rows(q, "q", d);
+  check_rows(k, "k", d);
+  check_rows(qo, "q_out", d);
+  check_rows(ko, "k_out", d);
+  TVM_FFI_CHECK(k.size(0) == q.size(0) && qo.size(0) == q.size(0) && ko.size(0) == q.size(0) &&
+                    qo.size(1) == q.size(1) && ko.size(1) == k.size(1),
+                ValueError)
+      << "q, k and the outputs must agree in tokens and heads";
+  for (const TensorView* t : {&qw, &kw}) {
+    check_contiguous(*t, "weight");
+    TVM_FFI_CHECK(t->numel() == d, ValueError) << "the norm weights must hold D = " << d << " elements";
+  }
+  for (const TensorView* t : {&cos, &sin}) {
+    check_contiguous(*t, "cos / sin");
+    TVM_FFI_CHECK(t->numel() == q.size(0) * d, ValueError) << "cos and sin must be [N, D]";
+  }
+  const Fp fp = fp_of(q, "q");
+  for (const TensorView* t : {&k, &qw, &kw, &cos, &sin, &qo, &ko})
+    TVM_FFI_CHECK(fp_of(*t, "operand") == fp, TypeError) << "every operand must have q's dtype";
+  if (q.size(0) == 0) return;
+  switch (fp) {
+    case Fp::f32: launch_rows<f32_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps)); break;
+    case Fp::f16: launch_rows<f16_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps)); break;
+    case Fp::bf16: launch_rows<bf16_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps)); break;
+  }
+}
+
+}  // namespace ftlab
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_rope, ftlab::qk_norm_rope);

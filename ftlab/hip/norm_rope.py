@@ -1,0 +1,18 @@
+"""qk_norm_rope through the HIP kernel of ``csrc/norm_rope.hip`` (JIT-built, cached): one wave
+per (token, head) row, lanes over the (p, p + D/2) rotation pairs."""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab.hip import loader
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.qk_norm_rope` (ops checked the layouts)."""
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    module = loader.module_for("norm_rope", q.device)
+    loader.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps)))
+    return qo, ko

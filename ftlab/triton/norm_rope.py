@@ -1,0 +1,55 @@
+"""qk_norm_rope in Triton (reference: ftlab/reference/norm_rope.py).
+
+One program per (token, head) row of q and k together: the row and its rotation partner
+(element ``(d + D/2) % D``, loaded a second time rather than permuted in registers) are
+normalized in fp32 with the row's mean square, scaled by the weight, rotated with the token's
+cos / signed sin, and rounded once to the output dtype. Decode runs this as one launch where
+the torch form takes a dozen.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def qk_norm_rope_kernel(q_ptr, q_row, k_ptr, k_row, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+                        eps, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    mask = d < D
+    partner = (d + D // 2) % D
+    is_q = h < HQ
+    if is_q:
+        src = q_ptr + n * q_row + h * D
+        w_ptr = qw_ptr
+        dst = qo_ptr + (n * HQ + h) * D
+    else:
+        src = k_ptr + n * k_row + (h - HQ) * D
+        w_ptr = kw_ptr
+        dst = ko_ptr + (n * HK + h - HQ) * D
+    x = tl.load(src + d, mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(src + partner, mask=mask, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    y = x * r * tl.load(w_ptr + d, mask=mask, other=0.0).to(tl.float32)
+    yp = xp * r * tl.load(w_ptr + partner, mask=mask, other=0.0).to(tl.float32)
+    c = tl.load(cos_ptr + n * D + d, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + n * D + d, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst + d, (y * c + yp * s).to(qo_ptr.dtype.element_ty), mask=mask)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.qk_norm_rope` (ops checked the layouts)."""
+    n, hq, d = q.shape
+    hk = k.shape[1]
+    qo = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
+    ko = torch.empty((n, hk, d), dtype=k.dtype, device=k.device)
+    if n:
+        qk_norm_rope_kernel[(n, hq + hk)](q, q.stride(0), k, k.stride(0), q_weight, k_weight, cos, sin, qo, ko,
+                                         float(eps), HQ=hq, HK=hk, D=d, BLOCK_D=triton.next_power_of_2(d),
+                                         num_warps=1 if d <= 256 else 4)  # fmt: skip
+    return qo, ko

@@ -1,0 +1,82 @@
+"""qk_norm_rope (per-head RMSNorm of q and k, then RoPE): every backend against the reference
+within the derived bound, on views of a fused q/k/v projection and on contiguous rows, in the
+Triton interpreter on the CPU and on a GPU; bad arguments name themselves."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import ftlab.testing as ft
+from ftlab import ops
+from ftlab.models.qwen3_moe import rope_tables
+
+
+@st.composite
+def norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
+    n = draw(st.sampled_from([1, 2, 5, 17]))
+    hq = draw(st.sampled_from([1, 2, 4, 8]))
+    hk = draw(st.sampled_from([1, 2]))
+    d = draw(st.sampled_from([6, 16, 64, 128]))
+    dtype = draw(st.sampled_from(dtypes))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    scale = draw(st.sampled_from([1e-3, 1.0, 300.0]))
+    qkv = (torch.randn(n, (hq + 2 * hk) * d, generator=gen) * scale).to(dtype)
+    if draw(st.booleans()):  # views of the fused projection, as the model passes them
+        q, k = qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+    else:
+        q, k = qkv[:, : hq * d].reshape(n, hq, d).clone(), qkv[:, hq * d : (hq + hk) * d].reshape(n, hk, d).clone()
+    qw = (1 + 0.5 * torch.randn(d, generator=gen)).to(dtype)
+    kw = (1 + 0.5 * torch.randn(d, generator=gen)).to(dtype)
+    positions = torch.randint(0, 40000, (1, n), generator=gen)
+    cos, sin = rope_tables(positions, d, draw(st.sampled_from([1e4, 1e6])), dtype)
+    eps = draw(st.sampled_from([1e-6, 1e-5]))
+    return q, k, qw, kw, cos.reshape(n, d), sin.reshape(n, d), eps
+
+
+@given(norm_rope_case())
+def test_qk_norm_rope_cpu(case):
+    ft.check_qk_norm_rope_case(*case)
+
+
+@pytest.mark.gpu
+@given(norm_rope_case())
+def test_qk_norm_rope_gpu(case):
+    ft.check_qk_norm_rope_case(*case, device="cuda")
+
+
+def test_reference_is_the_model_formula():
+    """The reference equals RMSNorm then rotate-half RoPE written out plainly, in f64."""
+    gen = torch.Generator().manual_seed(0)
+    n, h, d = 3, 2, 8
+    x = torch.randn(n, h, d, generator=gen, dtype=torch.float64)
+    w = torch.randn(d, generator=gen, dtype=torch.float64)
+    cos, sin = rope_tables(torch.arange(n)[None], d, 1e4, torch.float64)
+    got, _ = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), cos.float(), sin.float(), 1e-6,
+                              backend="reference")  # fmt: skip
+    y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    half = d // 2
+    rotate_half = torch.cat([-y[..., half:], y[..., :half]], -1)
+    plain_sin = sin.reshape(n, 1, d) * torch.cat([-torch.ones(half), torch.ones(half)]).double()  # unsigned
+    want = y * cos.reshape(n, 1, d) + rotate_half * plain_sin
+    assert torch.allclose(got.double(), want, atol=1e-5), float((got.double() - want).abs().max())
+
+
+def test_bad_arguments_name_themselves():
+    q = torch.randn(2, 4, 8)
+    k = torch.randn(2, 1, 8)
+    w = torch.ones(8)
+    cos = torch.ones(2, 8)
+    with pytest.raises(ValueError, match="k must be"):
+        ops.qk_norm_rope(q, torch.randn(3, 1, 8), w, w, cos, cos, 1e-6)
+    with pytest.raises(ValueError, match="D must be even"):
+        ops.qk_norm_rope(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(7), torch.ones(7), torch.ones(2, 7),
+                         torch.ones(2, 7), 1e-6)  # fmt: skip
+    with pytest.raises(ValueError, match="k_weight must hold 8 elements"):
+        ops.qk_norm_rope(q, k, w, torch.ones(4), cos, cos, 1e-6)
+    with pytest.raises(ValueError, match="sin must hold 16 elements"):
+        ops.qk_norm_rope(q, k, w, w, cos, torch.ones(3, 8), 1e-6)
+    with pytest.raises(TypeError, match="k must have q's dtype"):
+        ops.qk_norm_rope(q, k.half(), w, w, cos, cos, 1e-6)
+    with pytest.raises(ValueError, match="eps"):
+        ops.qk_norm_rope(q, k, w, w, cos, cos, -1.0)
