@@ -21,8 +21,14 @@ import torch
 Span = tuple[str, str, float, float]
 
 
-def trace(executor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, steps: int = 3) -> list[Span]:
-    """Spans of ``steps`` decode steps of ``executor`` on (x, weights, ids)."""
+def trace(executor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, steps: int = 3,
+          warmup: int = 2) -> list[Span]:  # fmt: skip
+    """Spans of ``steps`` decode steps of ``executor`` on (x, weights, ids), after ``warmup``
+    untraced ones (the first steps after a pause pay for waking the CPU worker's OpenMP team)."""
+    for _ in range(warmup):
+        executor(x, weights, ids)
+    _sync(x.device)
+    executor.check()
     if executor.mechanism == "eager":
         return _trace_eager(executor, x, weights, ids, steps)
     return _trace_channel(executor, x, weights, ids, steps)
