@@ -28,7 +28,7 @@ from pathlib import Path
 from ftlab import platform as ftplatform
 
 CSRC = Path(__file__).resolve().parent / "hip" / "csrc"
-TRITON_MODULES = ("ftlab.triton.index_store", "ftlab.triton.q4_0", "ftlab.triton.moe")
+TRITON_MODULES = ("ftlab.triton.index_store", "ftlab.triton.q4_0", "ftlab.triton.moe", "ftlab.triton.norm_rope")
 TARGETS = ftplatform.GFX_CHECK_TARGETS + ftplatform.SM_CHECK_TARGETS
 #: kernel name prefix -> allowed scratch bytes (none so far: every kernel must not spill)
 BUDGETS: dict[str, int] = {}

@@ -53,3 +53,19 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                                          float(eps), HQ=hq, HK=hk, D=d, BLOCK_D=triton.next_power_of_2(d),
                                          num_warps=1 if d <= 256 else 4)  # fmt: skip
     return qo, ko
+
+
+def compile_specs(target: str) -> list:
+    """The configurations compile-checked for ``target`` (see ftlab.compile_check): Qwen3's
+    head size 128 with 32 q and 4 kv heads, in each float dtype."""
+    from ftlab.compile_check import TritonSpec
+
+    specs = []
+    for dt in ("fp32", "fp16", "bf16"):
+        ptr = f"*{dt}"
+        sig = {"q_ptr": ptr, "q_row": "i32", "k_ptr": ptr, "k_row": "i32", "qw_ptr": ptr, "kw_ptr": ptr,
+               "cos_ptr": ptr, "sin_ptr": ptr, "qo_ptr": ptr, "ko_ptr": ptr, "eps": "fp32", "HQ": "constexpr",
+               "HK": "constexpr", "D": "constexpr", "BLOCK_D": "constexpr"}  # fmt: skip
+        specs.append(TritonSpec(f"qk_norm_rope_kernel[{dt}, D 128, 32 + 4 heads]", qk_norm_rope_kernel, sig,
+                                {"HQ": 32, "HK": 4, "D": 128, "BLOCK_D": 128}, num_warps=1))  # fmt: skip
+    return specs
