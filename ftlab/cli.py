@@ -218,9 +218,12 @@ def cmd_run(args) -> int:
     from ftlab.models.pipeline import Pipeline, format_compare, timed_generate
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    pipe = Pipeline.load(
-        args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len
-    )
+    pipe = Pipeline.load(args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len,
+                         hybrid_slots=args.hybrid_slots, graphs=args.graphs and device.type == "cuda")  # fmt: skip
+    if pipe.hybrid:
+        ex = pipe.hybrid[0]
+        print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {device}, the rest on "
+              f"the CPU; handshake {ex.mechanism}: {ex.mechanism_reason}]")  # fmt: skip
     if args.stages:
         for stage in pipe.stages(args.prompt):
             shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in stage.tensors.items())
@@ -231,7 +234,12 @@ def cmd_run(args) -> int:
                                       top_p=args.top_p, seed=args.seed):  # fmt: skip
         print(piece, end="", flush=True)
         rate = rate_so_far
-    print(f"\n[{rate:.1f} tokens/s, {args.backend} backends, {device}]")
+    print(f"\n[{rate:.1f} tokens/s, {args.backend} backends, {device}"
+          f"{', graph-captured decode' if pipe.graph_capturable else ''}]")  # fmt: skip
+    if pipe.hybrid:
+        hits = sum(ex.policy.hits for ex in pipe.hybrid)
+        misses = sum(ex.policy.misses for ex in pipe.hybrid)
+        print(f"[hybrid residency over all layers: {hits} hits, {misses} misses]")
     if args.compare:
         print(format_compare(pipe.compare(args.prompt, args.compare)))
     return 0
@@ -300,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--stages", action="store_true", help="print every stage of the prompt's forward pass first"
     )
+    p.add_argument("--hybrid-slots", type=int, default=None,
+                   help="hybrid CPU/GPU experts: this many experts a layer on the device, the rest on the CPU")  # fmt: skip
+    p.add_argument("--graphs", action="store_true", help="capture the decode step in a CUDA/HIP graph (GPU only)")
     p.add_argument(
         "--compare", nargs="*", help="backends to compare stage by stage against the reference"
     )

@@ -86,25 +86,33 @@ class Pipeline:
 
     ``graphs=True`` (CUDA/HIP devices): the decode step replays a captured graph, built at the
     first decode step; the model runs in its static mode (attention over every cache slot
-    under a mask). ``graphs=False``: eager."""
+    under a mask). ``graphs=False``: eager.
+
+    ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``): each layer keeps that many
+    experts in GPU slots (least recently used out, moved between steps) and runs the others
+    on the CPU, from host copies of the banks (the device banks stay loaded, for
+    :meth:`compare`). A graph is captured only if every layer's handshake passed its probe;
+    otherwise decode runs eagerly, with the probe's warning."""
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
-                 q4_0_path: str = "auto", graphs: bool = False):  # fmt: skip
+                 q4_0_path: str = "auto", graphs: bool = False, hybrid_slots: int | None = None):  # fmt: skip
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
         self.max_seq_len = max_seq_len
         self.q4_0_path = q4_0_path
         if graphs and weights.embed.device.type != "cuda":
             raise ValueError(f"graphs=True needs a CUDA or ROCm device, the weights are on {weights.embed.device}")
         self.graphs = graphs
-        self.model = self._model(backend_map(backends))
+        self.hybrid = self._hybrid(hybrid_slots, backend_map(backends)) if hybrid_slots is not None else None
+        self.model = self._model(backend_map(backends), self.hybrid)
         self._graph: DecodeGraph | None = None
         self.position = 0
 
     @classmethod
     def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
-             quant: str = "f32", graphs: bool = False) -> Pipeline:  # fmt: skip
+             quant: str = "f32", graphs: bool = False, hybrid_slots: int | None = None,
+             q4_0_path: str = "auto") -> Pipeline:  # fmt: skip
         """A tiny model by name (``quant`` picks its HF ``"hf"``, ``"f32"`` or ``"q4_0"`` GGUF
         file), a HF directory, or a ``.gguf`` file."""
         name = str(path_or_tiny)
@@ -125,11 +133,26 @@ class Pipeline:
             raise FileNotFoundError(f"model must be a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory "
                                     f"or a .gguf file, got {str(path_or_tiny)!r}")  # fmt: skip
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
-                   graphs=graphs)  # fmt: skip
+                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path)  # fmt: skip
 
-    def _model(self, backends: dict[str, str]) -> Qwen3Moe:
+    def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe:
         return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                        q4_0_path=self.q4_0_path, static=self.graphs)  # fmt: skip
+                        q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid)  # fmt: skip
+
+    def _hybrid(self, slots: int, backends: dict[str, str]) -> list:
+        from ftlab.hybrid import HybridDecodeExecutor
+
+        if not isinstance(slots, int) or not 0 <= slots <= self.config.num_experts:
+            raise ValueError(f"hybrid_slots must be an int in [0, {self.config.num_experts}], got {slots!r}")
+        return [HybridDecodeExecutor(lw.w_gate_up.to("cpu"), lw.w_down.to("cpu"), slots, self.device,
+                                     backend=backends["experts"], path=self.q4_0_path)
+                for lw in self.weights.layers]  # fmt: skip
+
+    @property
+    def graph_capturable(self) -> bool:
+        """Whether decode steps are captured: ``graphs=True`` and every hybrid layer's handshake
+        (if any) can run inside a graph."""
+        return self.graphs and all(ex.capturable for ex in self.hybrid or [])
 
     @property
     def device(self) -> torch.device:
@@ -145,7 +168,9 @@ class Pipeline:
             raise ValueError(f"prompt has {ids.shape[1]} tokens; max_seq_len is {self.max_seq_len}")
         self.position = ids.shape[1]
         pos = torch.arange(ids.shape[1], device=self.device)[None]
-        return self.model.forward(ids, pos)[0, -1]
+        logits = self.model.forward(ids, pos)[0, -1]
+        self.model.end_step()
+        return logits
 
     def decode_step(self, token: int) -> torch.Tensor:
         """Append one token; returns the next-token logits fp32 ``[V]``."""
@@ -154,11 +179,14 @@ class Pipeline:
         pos = torch.tensor([[self.position]], device=self.device)
         tok = torch.tensor([[token]], device=self.device)
         self.position += 1
-        if self.graphs:
+        if self.graph_capturable:
             if self._graph is None:
                 self._graph = DecodeGraph(self.model, 1)
-            return self._graph(tok, pos)[0, -1].clone()
-        return self.model.forward(tok, pos)[0, -1]
+            logits = self._graph(tok, pos)[0, -1].clone()
+        else:
+            logits = self.model.forward(tok, pos)[0, -1]
+        self.model.end_step()
+        return logits
 
     @staticmethod
     def sample(

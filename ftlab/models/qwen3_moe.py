@@ -150,17 +150,29 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
+# Hybrid layers run up to this many tokens through their executor's handshake (a channel, with
+# pinned staging, per batch size); longer passes (prefill) through its eager schedule.
+HYBRID_HANDSHAKE_TOKENS = 8
+
+
 class Qwen3Moe:
     """The model over ftlab ops. ``backends`` maps "index", "store", "router", "experts",
     "linear" and "norm_rope" (``ops.qk_norm_rope``) to a backend name (default "auto" for
     each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
     ``q4_0_path`` is the path of Q4_0 weights, linears and experts ("auto" | "int8" | "dequant":
-    see ops.q4_0_matmul and ops.moe_experts)."""
+    see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
+    a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
+    the rest on the CPU; :meth:`end_step` moves their residency between steps."""
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
                  max_seq_len: int = 512, backends: dict[str, str] | None = None,
-                 q4_0_path: str = "auto", static: bool = False):  # fmt: skip
+                 q4_0_path: str = "auto", static: bool = False, hybrid: list | None = None):  # fmt: skip
         self.config = config
+        if hybrid is not None and len(hybrid) != config.num_hidden_layers:
+            raise ValueError(f"hybrid must hold one executor (or None) a layer: {config.num_hidden_layers}, got "
+                             f"{len(hybrid)}")  # fmt: skip
+        self.hybrid = hybrid
+        self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
         # static: no host synchronization in a forward pass (attention reads all max_seq_len
         # slots under a mask, index checks off), so a decode step can be captured in a graph
         self.static = static
@@ -259,9 +271,25 @@ class Qwen3Moe:
         self, i: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         lw = self.weights.layers[i]
+        ex = self.hybrid[i] if self.hybrid else None
+        if ex is not None:
+            self._routed[i] = ids
+            if x.shape[0] <= HYBRID_HANDSHAKE_TOKENS:  # decode: the executor's handshake (graph-capturable)
+                return ex(x, weights, ids)
+            return ex.eager(x, weights, ids)  # prefill: synchronous, no channel per prompt length
         return ops.moe_experts(
             x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path, backend=self.backends["experts"]
         )
+
+    def end_step(self) -> None:
+        """Between steps (never inside a captured graph): each hybrid layer's residency follows
+        the routes of the last forward pass (one synchronization for all layers)."""
+        if not self._routed:
+            return
+        layers = sorted(self._routed)
+        routed = torch.stack([self._routed[i].reshape(-1) for i in layers]).cpu()
+        for row, i in zip(routed, layers, strict=True):
+            self.hybrid[i].end_step(row)
 
     def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
         """The forward pass of tokens ``[B, T]`` at ``positions [B, T]``, one named stage at a

@@ -164,3 +164,49 @@ def test_decode_graph_replays_equal_eager_gpu(batch):
         positions = torch.randint(0, 63, (batch, 1), device="cuda", generator=gen)
         replayed = graph(tokens, positions).clone()
         assert torch.equal(replayed, model.forward(tokens, positions))
+
+
+def _hybrid_against_base(device: str, quant: str, graphs: bool, steps: int = 16) -> tuple[Pipeline, list[float]]:
+    """A hybrid pipeline (half the experts of each layer in device slots, the rest on the CPU)
+    against the plain one, both on the int8 path: the same greedy tokens, and each step's
+    next-token logits with their max-abs difference."""
+    base = Pipeline.load("tiny-qwen3-moe", device, quant=quant, q4_0_path="int8", graphs=graphs)
+    hyb = Pipeline.load("tiny-qwen3-moe", device, quant=quant, q4_0_path="int8", graphs=graphs, hybrid_slots=4)
+    ids = base.tokenizer.encode("The router sends every token")
+    a, b = base.prefill(ids), hyb.prefill(ids)
+    diffs = [float((a - b).abs().max())]
+    for _ in range(steps):
+        token = int(a.argmax())
+        assert int(b.argmax()) == token
+        a, b = base.decode_step(token), hyb.decode_step(token)
+        diffs.append(float((a - b).abs().max()))
+    return hyb, diffs
+
+
+@pytest.mark.parametrize("quant", ["f32", "q4_0"])
+def test_hybrid_experts_decode_like_the_plain_model(quant):
+    """CPU: the hybrid layers (GPU part simulated on the CPU, CPU part the native kernels)
+    decode what the plain model does, logits within fp32 rounding, while the residency moves."""
+    hyb, diffs = _hybrid_against_base("cpu", quant, graphs=False)
+    assert max(diffs) <= 1e-4, diffs
+    for ex in hyb.hybrid:
+        assert ex.mechanism == "eager" and len(ex.policy.resident()) <= 4
+        assert ex.policy.hits > 0 and ex.policy.misses > 0
+
+
+def test_hybrid_slots_must_fit():
+    with pytest.raises(ValueError, match="hybrid_slots must be an int in"):
+        Pipeline.load("tiny-qwen3-moe", "cpu", hybrid_slots=9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["f32", "q4_0"])
+def test_hybrid_graph_decode_like_the_plain_model_gpu(quant):
+    """GPU: the decode step with hybrid layers is captured in one graph (every layer's
+    handshake passed its probe) and decodes what the plain graph-captured model does."""
+    hyb, diffs = _hybrid_against_base("cuda", quant, graphs=True, steps=24)
+    assert hyb.graph_capturable and hyb._graph is not None
+    assert max(diffs) <= 1e-4, diffs
+    for ex in hyb.hybrid:
+        ex.check()
+        assert ex.policy.hits > 0 and ex.policy.misses > 0
