@@ -8,7 +8,7 @@ end_us)`` on one clock (microseconds from the first span):
   ``hs_submit`` (pack, D2H copy, signal), the GPU experts, and ``hs_join`` (wait, H2D copy,
   combine); the CPU worker's phases come from its own steady-clock log (saw the step, computed
   it). The two clocks are aligned once per step through an event the host waits for, so the
-  GPU spans are placed within a few microseconds;
+  GPU spans are placed within some tens of microseconds (the synchronization's latency);
 - eager (any device): each phase is timed on the host, with a synchronization after it.
 """
 
