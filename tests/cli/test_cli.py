@@ -73,3 +73,11 @@ def test_run_streams_tokens_and_rate(tmp_path):
     assert (
         "[layer 0 router]" in res.stdout and "tokens/s" in res.stdout and "max |diff|" in res.stdout
     )
+
+
+def test_run_with_hybrid_experts():
+    res = run("run", "--model", "tiny-qwen3-moe", "--prompt", "Hello world", "--max-new-tokens", "5",
+              "--hybrid-slots", "4", "--graphs")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[hybrid experts: 4 of 8 a layer" in res.stdout and "handshake" in res.stdout
+    assert "hybrid residency over all layers:" in res.stdout and "tokens/s" in res.stdout
