@@ -163,3 +163,46 @@ def _gpu_steps(report: Report, gu, dn, quick: bool) -> None:
             report.measurements.append(Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, mode))
             ex.close()
         torch.cuda.empty_cache()
+    _layers_in_one_graph(report, gu, dn, x, w, quick)
+
+
+def _layers_in_one_graph(report: Report, gu, dn, x: torch.Tensor, w: torch.Tensor, quick: bool, layers: int = 8,
+                         resident: float = 0.5) -> None:  # fmt: skip
+    """``layers`` hybrid layers (the same banks, each its own executor) one after another in one
+    graph, as a decode step runs them: one CPU worker serves every layer's channel."""
+    from ftlab.bench.harness import time_graph_us
+    from ftlab.hybrid import HybridDecodeExecutor
+
+    dev = x.device
+    slots = round(EXPERTS * resident)
+    routes = round(TOP_K * (1 - resident))
+    ids = _route_ids(slots, routes, dev)
+    for mechanism in ("stream_memop", "host_func"):
+        exs = [HybridDecodeExecutor(gu, dn, slots, dev, mechanism=mechanism) for _ in range(layers)]
+        if any(ex.mechanism != mechanism for ex in exs):
+            for ex in exs:
+                ex.close()
+            continue
+        for ex in exs:
+            ex.end_step(torch.arange(slots))
+
+        def step(exs=exs):
+            h = x
+            for ex in exs:
+                h = ex(h, w, ids)
+            return h
+
+        want = x
+        for ex in exs:
+            want = ex.eager(want, w, ids)
+        ok = bool(torch.equal(step(), want))
+        t = time_graph_us(step, inner=2, reps=5 if quick else 20)
+        for ex in exs:
+            ex.check()
+        case = f"{layers} layers in one graph, {resident:.0%} resident: {routes} routes a layer on the CPU"
+        report.measurements.append(Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, "graph"))
+        report.notes.append(f"{case}, {mechanism}: {t / layers:.0f} us a layer (equal to the eager schedule bit for "
+                            f"bit: {ok})")  # fmt: skip
+        for ex in exs:
+            ex.close()
+        torch.cuda.empty_cache()

@@ -13,7 +13,8 @@ where ``gpu_part(gpu_ids) -> y_gpu`` runs the GPU experts on the resident slots:
 
 The first two run through a :class:`CpuMoeExecutor` (``ftlab/hip/csrc/handshake_launch.hip``):
 pinned staging per batch size at stable addresses (so a graph can bake them in), a step counter
-on the device, and a worker thread running the native CPU kernel (``ftlab/cpu``, OpenMP). The
+on the device, and the process's one worker thread running the native CPU kernel (``ftlab/cpu``,
+OpenMP). The
 staged input and output both carry the step counter; the combine kernel turns any answer of
 another step into NaN plus a recorded error, and :meth:`check` raises :class:`HandshakeError`
 for it: a stale host buffer or flag is never returned as a result.
@@ -94,8 +95,9 @@ def _free_channels(module, device: torch.device, channels: dict) -> None:
 class CpuMoeExecutor:
     """The CPU side of the graph handshakes: the host banks, and per batch size a channel with
     pinned input ``[seq, T, k, H | ids | w | x fp32 | seq]`` and output ``[seq, status | y fp32 |
-    seq]`` staging at stable addresses, a device step counter and a worker thread that runs the
-    native CPU kernel (OpenMP over the machine's cores) for the CPU-routed slots.
+    seq]`` staging at stable addresses and a device step counter. One worker thread of the
+    process serves every channel (every layer): it runs the native CPU kernel (OpenMP over the
+    machine's cores) for the CPU-routed slots, job after job.
 
     ``mechanism`` is 0 (host-function nodes) or 1 (stream memory operations). ``threads``: the
     worker's OpenMP threads, by default ``FTLAB_CPU_THREADS`` or the usable cores less two (the

@@ -1,5 +1,6 @@
 // handshake_launch.hip — host side of the hybrid MoE handshakes (OPS.md section 4): a channel per
-// (layer, batch size) with its staging buffers, step counter and CPU worker thread, and the two
+// (layer, batch size) with its staging buffers and step counter, one CPU worker thread for all
+// channels, and the two
 // graph-capturable handshakes that order the GPU stream against the CPU work:
 //
 //   host function (mechanism 0): after the D2H copy a host-function node posts the job to the
@@ -23,6 +24,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <vector>
 #include <mutex>
 #include <thread>
 
@@ -80,12 +83,9 @@ struct Channel {
   int32_t *host_in = nullptr, *host_out = nullptr;  // pinned
   int32_t *dev_in = nullptr, *dev_out = nullptr, *seq = nullptr;
   Control *ctl = nullptr, *ctl_dev = nullptr;
-  // worker
-  std::thread worker;
-  std::mutex mu;
-  std::condition_variable cv;
-  int64_t posted = 0, taken = 0, finished = 0;  // host-function jobs
-  std::atomic<bool> stop{false};
+  // the shared worker's bookkeeping of this channel
+  int64_t posted = 0, taken = 0, finished = 0;  // host-function jobs (under the worker's mutex)
+  int32_t last_ready = 0;                        // the last step seen in `ready` (the worker's)
   std::atomic<int> fault{kNoFault};
   std::atomic<int64_t> jobs{0}, stale_inputs{0}, failures{0}, cpu_ns{0};
   int64_t timeline[kTimeline][4] = {};  // seq, seen, start, end (steady-clock ns)
@@ -132,61 +132,7 @@ struct Channel {
     jobs.fetch_add(1);
   }
 
-  void run_host_func() {
-    for (;;) {
-      std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return stop.load() || posted > taken; });
-      if (posted == taken) return;  // stopping
-      const int64_t j = ++taken;
-      lk.unlock();
-      process(static_cast<int32_t>(j), now_ns());
-      lk.lock();
-      finished = j;
-      cv.notify_all();
-    }
-  }
-
-  void run_mem_op() {
-    int32_t last = 0;
-    int64_t idle = 0;
-    while (!stop.load(std::memory_order_relaxed)) {
-      const int32_t r = ctl->ready;
-      if (r == last) {
-        if (++idle < 200000) {
-          HS_PAUSE();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
-        continue;
-      }
-      idle = 0;
-      last = r;
-      process(r, now_ns());
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      ctl->done = kDoneBit | (static_cast<uint32_t>(r) & ~kDoneBit);
-    }
-  }
-
-  static void post(void* self) {
-    Channel* c = static_cast<Channel*>(self);
-    std::lock_guard<std::mutex> lk(c->mu);
-    ++c->posted;
-    c->cv.notify_all();
-  }
-
-  static void join(void* self) {
-    Channel* c = static_cast<Channel*>(self);
-    std::unique_lock<std::mutex> lk(c->mu);
-    c->cv.wait(lk, [&] { return c->finished >= c->posted || c->stop.load(); });
-  }
-
   ~Channel() {
-    stop.store(true);
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      cv.notify_all();
-    }
-    if (worker.joinable()) worker.join();
     port_set_device(device);
     if (host_in) port_host_free(host_in);
     if (host_out) port_host_free(host_out);
@@ -195,6 +141,108 @@ struct Channel {
     if (dev_out) port_free(dev_out);
     if (seq) port_free(seq);
   }
+};
+
+// One CPU worker for every channel of the process: one thread, and so one OpenMP team, takes
+// the jobs in the order they come (a decode step's layers follow each other anyway), polling
+// the ready words of the stream-memory-operation channels and taking the jobs the host-function
+// channels post. Per-channel threads would spin one core each and start one OpenMP team each:
+// 48 layers' worth on 16 cores. It spins while jobs keep coming, then sleeps in 20 us naps.
+class Worker {
+ public:
+  static Worker& get() {
+    static Worker* worker = new Worker();  // lives until the process ends (never joined at exit)
+    return *worker;
+  }
+
+  void add(Channel* c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (c->mechanism == kStreamMemOp) polled_.push_back(c);
+    cv_.notify_all();
+  }
+
+  // Called once the device is synchronized: no job of c is pending or running.
+  void remove(Channel* c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    polled_.erase(std::remove(polled_.begin(), polled_.end(), c), polled_.end());
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), c), queue_.end());
+  }
+
+  // Host-function callbacks: post a job / wait for every job the channel posted.
+  static void post(void* self) {
+    Worker& w = get();
+    Channel* c = static_cast<Channel*>(self);
+    std::lock_guard<std::mutex> lk(w.mu_);
+    ++c->posted;
+    w.queue_.push_back(c);
+    w.cv_.notify_all();
+  }
+
+  static void join(void* self) {
+    Worker& w = get();
+    Channel* c = static_cast<Channel*>(self);
+    std::unique_lock<std::mutex> lk(w.mu_);
+    w.done_.wait(lk, [&] { return c->finished >= c->posted; });
+  }
+
+  void release(Channel* c) {  // a probe's deadline passed: pending joins return
+    std::lock_guard<std::mutex> lk(mu_);
+    c->finished = c->posted;
+    done_.notify_all();
+  }
+
+ private:
+  Worker() : thread_(&Worker::run, this) { thread_.detach(); }
+
+  void run() {
+    int64_t idle = 0;
+    for (;;) {
+      Channel* c = nullptr;
+      int32_t ready = 0;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (!queue_.empty()) {
+          c = queue_.front();
+          queue_.pop_front();
+        } else {
+          for (Channel* p : polled_) {
+            const int32_t r = p->ctl->ready;
+            if (r != p->last_ready) {
+              c = p, ready = r;
+              break;
+            }
+          }
+        }
+        if (c == nullptr) {
+          if (++idle >= kSpins) cv_.wait_for(lk, std::chrono::microseconds(20));
+        }
+      }
+      if (c == nullptr) {
+        HS_PAUSE();
+        continue;
+      }
+      idle = 0;
+      if (c->mechanism == kHostFunc) {
+        const int64_t j = ++c->taken;  // the worker's own count: the device's step counter
+        c->process(static_cast<int32_t>(j), now_ns());
+        std::lock_guard<std::mutex> lk(mu_);
+        c->finished = j;
+        done_.notify_all();
+      } else {
+        c->last_ready = ready;
+        c->process(ready, now_ns());
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        c->ctl->done = kDoneBit | (static_cast<uint32_t>(ready) & ~kDoneBit);
+      }
+    }
+  }
+
+  static constexpr int64_t kSpins = 200000;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  std::vector<Channel*> polled_;
+  std::deque<Channel*> queue_;
+  std::thread thread_;
 };
 
 Channel* channel_of(int64_t handle) {
@@ -276,12 +324,16 @@ int64_t hs_new(int64_t mechanism, int64_t cpu_fn, TensorView gate_up, TensorView
                           reinterpret_cast<float*>(c->host_out + kOutHeader),
                           base_of(gate_up),
                           base_of(down)};
-  c->worker = std::thread(c->mechanism == kHostFunc ? &Channel::run_host_func : &Channel::run_mem_op, c);
+  Worker::get().add(c);
   return reinterpret_cast<int64_t>(c);
 }
 
-// Stops the worker and frees the buffers; the caller has synchronized the device.
-void hs_free(int64_t handle) { delete channel_of(handle); }
+// Takes the channel off the worker and frees its buffers; the caller has synchronized the device.
+void hs_free(int64_t handle) {
+  Channel* c = channel_of(handle);
+  Worker::get().remove(c);
+  delete c;
+}
 
 // Stage the CPU part of a step and hand it over: gpu_ids int32 [T, k] receives the slot ids of
 // the GPU routes (-1 elsewhere), read through the live table int32 [E].
@@ -329,7 +381,7 @@ void hs_submit(int64_t handle, TensorView x, TensorView ids, TensorView w, Tenso
     hs_signal_kernel<<<1, 32, 0, stream>>>(c->seq, &c->ctl_dev->ready);
     check_launch("hs_signal_kernel");
   } else {
-    check(port_launch_host_func(stream, &Channel::post, c), "host function (post)");
+    check(port_launch_host_func(stream, &Worker::post, c), "host function (post)");
   }
 }
 
@@ -347,7 +399,7 @@ void hs_join(int64_t handle, TensorView y_gpu, TensorView y) {
     const int rc = port_stream_wait_value32_and(stream, const_cast<uint32_t*>(&c->ctl_dev->done), kDoneBit);
     TVM_FFI_CHECK(rc == 0, RuntimeError) << "stream wait-value (done) failed: " << rc;
   } else {
-    check(port_launch_host_func(stream, &Channel::join, c), "host function (join)");
+    check(port_launch_host_func(stream, &Worker::join, c), "host function (join)");
   }
   check(port_memcpy_async(c->dev_out, c->host_out, c->out_words * 4, port_memcpy_h2d, stream), "H2D staging copy");
   const volatile uint32_t* done = c->mechanism == kStreamMemOp ? &c->ctl_dev->done : nullptr;
@@ -426,9 +478,7 @@ void hs_timeline(int64_t handle, TensorView out) {
 void hs_release(int64_t handle) {
   Channel* c = channel_of(handle);
   c->ctl->done = kDoneBit | 0x7fffffffu;
-  std::lock_guard<std::mutex> lk(c->mu);
-  c->finished = c->posted;
-  c->cv.notify_all();
+  Worker::get().release(c);
 }
 
 int64_t hs_now_ns() { return now_ns(); }
