@@ -9,8 +9,10 @@
 // block dot d4 * (d8 * sumi - 8 * s8) with an exact integer sumi -- or dense fp32 / bf16 / fp16
 // banks in fp32 arithmetic. x and y are fp32 (the Python side casts). OpenMP threads take
 // (pair, row chunk) items for gate/up and (token, row chunk) items for down. The Q4_0 block
-// dot is AVX2 (maddubs + madd, an exact integer sum) where the build targets it (-march=native
-// on an AVX2 host), scalar code elsewhere; the dense loops are left to the vectorizer.
+// dot is AVX2 (maddubs + madd, exact integer lane sums) where the build targets it (-march=native
+// on an AVX2 host); with FMA and F16C as well, the lane sums are scaled and accumulated in 8 fp32
+// lanes a row (one horizontal sum a row, not a block) and gate and up share the activation loads;
+// scalar code elsewhere. The dense loops are left to the vectorizer.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
@@ -100,8 +102,48 @@ inline int block_sumi(const uint8_t* qs, const int8_t* qb) {
 #endif
 }
 
-// The int8 dot of one Q4_0 row with a Q8_1 row.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define FTLAB_CPU_VECTOR_DOT 1
+// The 8 lane sums of one block's exact integer dot (each lane: 4 products, exact in int32).
+inline __m256i block_lanes(const __m256i nib, const __m256i q8) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q8), _mm256_set1_epi16(1));
+}
+
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float block_scale(const uint8_t* blk) {
+  uint16_t bits;
+  std::memcpy(&bits, blk, 2);
+  return _cvtsh_ss(bits);
+}
+#endif
+
+// The int8 dot of one Q4_0 row with a Q8_1 row: sum_b d4 * (d8 * sumi - 8 * s8), as
+// sum_b (d4 * d8) * sumi - 8 * sum_b d4 * s8. With AVX2 + FMA + F16C the block sums stay in 8
+// int32 lanes (exact), scaled and accumulated in 8 fp32 lanes, added up once a row.
 inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float* d, const float* s) {
+#if defined(FTLAB_CPU_VECTOR_DOT)
+  __m256 acc = _mm256_setzero_ps();
+  float corr = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * kBlockBytes;
+    const float d4 = block_scale(blk);
+    const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kQK));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d4 * d[b]), _mm256_cvtepi32_ps(block_lanes(nibbles(blk + 2), q8)), acc);
+    corr += d4 * s[b];
+  }
+  return hsum(acc) - 8.0f * corr;
+#else
   float acc = 0.0f;
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * kBlockBytes;
@@ -111,6 +153,31 @@ inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float
     acc += half_to_float(dbits) * (d[b] * static_cast<float>(sumi) - 8.0f * s[b]);
   }
   return acc;
+#endif
+}
+
+// Two rows against one Q8_1 row (gate and up): the activations loaded once a block.
+inline void q4_rows_dot2(const uint8_t* r0, const uint8_t* r1, int nb, const int8_t* q, const float* d, const float* s,
+                         float* out0, float* out1) {
+#if defined(FTLAB_CPU_VECTOR_DOT)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float corr0 = 0.0f, corr1 = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* b0 = r0 + b * kBlockBytes;
+    const uint8_t* b1 = r1 + b * kBlockBytes;
+    const float d0 = block_scale(b0), d1 = block_scale(b1);
+    const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kQK));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * d[b]), _mm256_cvtepi32_ps(block_lanes(nibbles(b0 + 2), q8)), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * d[b]), _mm256_cvtepi32_ps(block_lanes(nibbles(b1 + 2), q8)), acc1);
+    corr0 += d0 * s[b];
+    corr1 += d1 * s[b];
+  }
+  *out0 = hsum(acc0) - 8.0f * corr0;
+  *out1 = hsum(acc1) - 8.0f * corr1;
+#else
+  *out0 = q4_row_dot(r0, nb, q, d, s);
+  *out1 = q4_row_dot(r1, nb, q, d, s);
+#endif
 }
 
 enum class Kind { q4 = FTLAB_BANK_Q4_0, f32 = FTLAB_BANK_F32, bf16 = FTLAB_BANK_BF16, f16 = FTLAB_BANK_F16 };
@@ -183,9 +250,9 @@ void run(const FtlabCpuMoeJob& job) {
       float g, u;
       if constexpr (K == Kind::q4) {
         const int8_t* q = &xq[tok * hidden];
-        g = q4_row_dot(reinterpret_cast<const uint8_t*>(we + n * gu_row), nbh, q, &xd[tok * nbh], &xs[tok * nbh]);
-        u = q4_row_dot(reinterpret_cast<const uint8_t*>(we + (inter + n) * gu_row), nbh, q, &xd[tok * nbh],
-                       &xs[tok * nbh]);
+        q4_rows_dot2(reinterpret_cast<const uint8_t*>(we + n * gu_row),
+                     reinterpret_cast<const uint8_t*>(we + (inter + n) * gu_row), nbh, q, &xd[tok * nbh],
+                     &xs[tok * nbh], &g, &u);
       } else {
         g = dense_row_dot<K>(we + n * gu_row, static_cast<int>(hidden), xp + tok * hidden);
         u = dense_row_dot<K>(we + (inter + n) * gu_row, static_cast<int>(hidden), xp + tok * hidden);
