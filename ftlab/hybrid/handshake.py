@@ -210,7 +210,11 @@ class _ChannelHandshake:
         self.cpu = CpuMoeExecutor(w_gate_up, w_down, self.mechanism_id, device)
         self.device = self.cpu.device
 
-    def __call__(self, x, weights, ids, table, gpu_part: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def __call__(self, x, weights, ids, table, gpu_part: Callable[[torch.Tensor], torch.Tensor],
+                 mark: Callable[[int], None] | None = None) -> torch.Tensor:  # fmt: skip
+        """``mark(i)``, if given, runs before the submit (0), the GPU part (1), the join (2) and
+        after it (3): where ``ftlab.hybrid.timeline`` records its events."""
+        mark = mark or (lambda i: None)
         if x.dim() != 2 or ids.dim() != 2 or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
             raise ValueError(f"x must be [T, H] and ids, weights [T, k], got {tuple(x.shape)}, {tuple(ids.shape)}, "
                              f"{tuple(weights.shape)}")  # fmt: skip
@@ -220,10 +224,14 @@ class _ChannelHandshake:
         x = x.contiguous()
         ids = ids.to(torch.int32).contiguous()
         weights = weights.to(torch.float32).contiguous()
+        mark(0)
         self.cpu.module.hs_submit(ch.handle, x, ids, weights, table, ch.gpu_ids)
+        mark(1)
         y_gpu = gpu_part(ch.gpu_ids).contiguous()
         y = torch.empty_like(x)
+        mark(2)
         self.cpu.module.hs_join(ch.handle, y_gpu, y)
+        mark(3)
         return y
 
     def check(self) -> None:

@@ -4,9 +4,9 @@ notebooks (``notebooks/04_graph_replay_moe.ipynb``).
 :func:`trace` runs ``steps`` steps of an executor and returns spans ``(lane, label, start_us,
 end_us)`` on one clock (microseconds from the first span):
 
-- graph handshakes (on a GPU): the stream's phases are timed with CUDA events around
-  ``hs_submit`` (pack, D2H copy, signal), the GPU experts, and ``hs_join`` (wait, H2D copy,
-  combine); the CPU worker's phases come from its own steady-clock log (saw the step, computed
+- graph handshakes (on a GPU): the stream's phases are timed with CUDA events the handshake
+  records through its ``mark`` hook around the submit (pack, D2H copy, signal), the GPU experts
+  and the join (wait, H2D copy, combine); the CPU worker's phases come from its own steady-clock log (saw the step, computed
   it). The two clocks are aligned once per step through an event the host waits for, so the
   GPU spans are placed within some tens of microseconds (the synchronization's latency);
 - eager (any device): each phase is timed on the host, with a synchronization after it.
@@ -66,10 +66,7 @@ def _trace_eager(ex, x, weights, ids, steps: int) -> list[Span]:
 
 def _trace_channel(ex, x, weights, ids, steps: int) -> list[Span]:
     hs = ex.handshake
-    module = hs.cpu.module
     ch = hs.cpu.channel(x.shape[0], ids.shape[1])
-    ids32, w32, xc = ids.to(torch.int32).contiguous(), weights.float().contiguous(), x.contiguous()
-    y = torch.empty_like(xc)
     spans: list[Span] = []
     origin = None
     for _ in range(steps):
@@ -77,14 +74,8 @@ def _trace_channel(ex, x, weights, ids, steps: int) -> list[Span]:
         events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         anchor.record()
         torch.cuda.synchronize()
-        host_anchor = int(module.hs_now_ns())  # the anchor completed just before this
-        events[0].record()
-        module.hs_submit(ch.handle, xc, ids32, w32, ex.table, ch.gpu_ids)
-        events[1].record()
-        y_gpu = ex._gpu_part(xc, w32)(ch.gpu_ids).contiguous()
-        events[2].record()
-        module.hs_join(ch.handle, y_gpu, y)
-        events[3].record()
+        host_anchor = int(hs.cpu.module.hs_now_ns())  # the anchor completed just before this
+        hs(x, weights, ids, ex.table, ex._gpu_part(x, weights), mark=lambda i, events=events: events[i].record())
         torch.cuda.synchronize()
         at = [host_anchor + anchor.elapsed_time(e) * 1e6 for e in events]
         origin = at[0] if origin is None else origin
@@ -92,9 +83,8 @@ def _trace_channel(ex, x, weights, ids, steps: int) -> list[Span]:
         spans += [("device stream", "pack + D2H + signal", us[0], us[1]),
                   ("device stream", "GPU experts", us[1], us[2]),
                   ("device stream", "wait + H2D + combine", us[2], us[3])]  # fmt: skip
-        log = ch.timeline()
         step = int(ch.stats()["last_step"])
-        row = next((r for r in log.tolist() if r[0] == step and r[3] > 0), None)
+        row = next((r for r in ch.timeline().tolist() if r[0] == step and r[3] > 0), None)
         if row is not None:
             _, seen, start, end = row
             spans.append(("CPU", "picked up", (seen - origin) / 1e3, (start - origin) / 1e3 + 0.5))

@@ -236,3 +236,30 @@ def test_cpu_job_entry_is_exported():
     from ftlab.cpu import load
 
     assert int(load("moe_cpu").moe_job_entry()) != 0
+
+
+def test_channel_handshake_marks_its_phases_in_order():
+    """The graph handshakes' step (submit, GPU part, join) with the native calls stubbed: the
+    phase marks the timeline records come before the submit, the GPU part and the join, and
+    after it."""
+    from types import SimpleNamespace
+
+    from ftlab.hybrid.handshake import StreamMemOpHandshake
+
+    calls = []
+    module = SimpleNamespace(hs_submit=lambda *a: calls.append("submit"),
+                             hs_join=lambda h, y_gpu, y: (calls.append("join"), y.copy_(y_gpu)))  # fmt: skip
+    channel = SimpleNamespace(handle=1, gpu_ids=torch.full((2, 3), -1, dtype=torch.int32))
+    hs = object.__new__(StreamMemOpHandshake)
+    hs.cpu = SimpleNamespace(module=module, hidden=8, channel=lambda t, k: channel)
+
+    def gpu_part(gpu_ids):
+        calls.append("gpu")
+        return torch.ones(2, 8)
+
+    y = hs(torch.zeros(2, 8), torch.ones(2, 3), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(4, dtype=torch.int32),
+           gpu_part, mark=lambda i: calls.append(i))  # fmt: skip
+    assert calls == [0, "submit", 1, "gpu", 2, "join", 3]
+    assert torch.equal(y, torch.ones(2, 8))
+    with pytest.raises(ValueError, match="hidden size 8"):
+        hs(torch.zeros(2, 4), torch.ones(2, 3), torch.zeros(2, 3), torch.zeros(4), gpu_part)

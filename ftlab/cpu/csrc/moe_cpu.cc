@@ -81,16 +81,25 @@ void q8_1_row(const float* x, int nb, int8_t* q, float* d, float* s) {
   }
 }
 
+#if defined(__AVX2__)
+// Low nibbles in the low 128 bits (elements 0..15), high nibbles in the high 128 (16..31).
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
+
+// The 8 lane sums of one block's exact integer dot: maddubs (unsigned nibble x signed int8,
+// pairs summed in int16: |sum| <= 2 * 15 * 128, exact), then pairs of those in int32.
+inline __m256i block_lanes(const __m256i nib, const __m256i q8) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q8), _mm256_set1_epi16(1));
+}
+#endif
+
 // sumi of one block: the exact integer dot of its 32 nibbles (0..15) with 32 int8 activations.
 // Byte j of qs holds element j (low nibble) and element j + 16 (high nibble).
 inline int block_sumi(const uint8_t* qs, const int8_t* qb) {
 #if defined(__AVX2__)
-  // low nibbles in the low 128 bits (elements 0..15), high nibbles in the high 128 (16..31);
-  // maddubs: unsigned nibble x signed int8, pairs summed in int16 (|sum| <= 2 * 15 * 128: exact)
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
-  const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb));
-  const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q8), _mm256_set1_epi16(1));
+  const __m256i s32 = block_lanes(nibbles(qs), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb)));
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
@@ -104,16 +113,6 @@ inline int block_sumi(const uint8_t* qs, const int8_t* qb) {
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define FTLAB_CPU_VECTOR_DOT 1
-// The 8 lane sums of one block's exact integer dot (each lane: 4 products, exact in int32).
-inline __m256i block_lanes(const __m256i nib, const __m256i q8) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(nib, q8), _mm256_set1_epi16(1));
-}
-
-inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
-}
-
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
