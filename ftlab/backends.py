@@ -27,6 +27,9 @@ from ftlab import platform as ftplatform
 
 BUILTIN_BACKENDS = ("reference", "triton", "hip")
 AUTO_ORDER_GPU = ("hip", "triton", "reference")
+#: The decode/prefill boundary: ops on up to this many rows (tokens) take their decode path
+#: (matvecs, per-(token, slot) expert kernels, the hybrid handshake); longer passes prefill.
+DECODE_MAX_TOKENS = 8
 
 FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 COPY_DTYPES = frozenset(

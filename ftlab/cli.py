@@ -200,7 +200,7 @@ def _demo_pipeline(device) -> int:
         moe_ok = b in ftbackends.available_backends("route_topk", device, torch.float32)
         if linear_ok or moe_ok:
             moe = b if moe_ok else "reference"
-            sets.append({"linear": b if linear_ok else "reference", "router": moe, "experts": moe})
+            sets.append({"q4_0_matmul": b if linear_ok else "reference", "route_topk": moe, "moe_experts": moe})
     if sets:
         print("\nbackends against the reference, stage by stage:")
         print(format_compare(pipe.compare(prompt, sets)))

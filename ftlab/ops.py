@@ -208,16 +208,13 @@ def quantize_q8_1(x: torch.Tensor, *, backend: str = "auto") -> Q8_1:
     return impl.fn(x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous())
 
 
-MATVEC_MAX_M = 8  # rows up to which path="auto" takes the int8-dot matvec (decode)
-
-
 def q4_0_path(impl: backends.Impl, rows: int, path: str) -> str:
     """The Q4_0 path ``impl`` takes (q4_0_matmul, and moe_experts on Q4_0 banks): ``"int8"``
     for up to 8 rows (tokens), else the backend's prefill path (reference, triton:
     ``"dequant"``; hip: ``"int8"``)."""
     paths = impl.info.get("paths", ("int8", "dequant"))
     if path == "auto":
-        path = "int8" if rows <= MATVEC_MAX_M else impl.info.get("prefill", paths[0])
+        path = "int8" if rows <= backends.DECODE_MAX_TOKENS else impl.info.get("prefill", paths[0])
     if path not in ("int8", "dequant"):
         raise ValueError(f"path must be 'auto', 'int8' or 'dequant', got {path!r}")
     if path not in paths:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.hip import loader
 from ftlab.quant import Q4_0Weight
 from ftlab.reference.moe import align_capacity
 
-DECODE_MAX_TOKENS = 8
 DECODE_MAX_FLOATS = 8192  # kDecodeFloats: H and k * I staged in LDS by the decode kernels
 MAX_EXPERTS = 1024  # kMaxExperts: the router's LDS row
 MAX_TOP_K = 32  # a slot per lane of the router's 32-lane group

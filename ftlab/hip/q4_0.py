@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.hip import loader
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
-MV_MAX_M = 8
 FUSED_MAX_M = 4
 
 
@@ -86,7 +86,7 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
         return y
     x8 = quantize_q8_1(x)
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    if m <= MV_MAX_M and matvec_ok(w):
+    if m <= DECODE_MAX_TOKENS and matvec_ok(w):
         loader.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
     else:
         loader.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))

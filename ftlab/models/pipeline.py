@@ -24,20 +24,19 @@ import torch
 
 from ftlab.models import tiny
 from ftlab.models.loader import load_gguf, load_hf
-from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
+from ftlab.models.qwen3_moe import MODEL_OPS, ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
 from ftlab.models.tokenizer import Tokenizer
-
-OPS = ("index", "store", "router", "experts", "linear", "norm_rope")
 
 
 def backend_map(backends: str | dict[str, str]) -> dict[str, str]:
-    """``"triton"`` -> that backend for every op; a dict sets some ops (the rest "auto")."""
+    """``"triton"`` -> that backend for every op; a dict (keys: op names, :data:`MODEL_OPS`) sets
+    some ops (the rest "auto")."""
     if isinstance(backends, str):
-        return dict.fromkeys(OPS, backends)
-    unknown = set(backends) - set(OPS)
+        return dict.fromkeys(MODEL_OPS, backends)
+    unknown = set(backends) - set(MODEL_OPS)
     if unknown:
-        raise ValueError(f"backends keys must be among {OPS}, got {sorted(unknown)}")
-    return {**dict.fromkeys(OPS, "auto"), **backends}
+        raise ValueError(f"backends keys must be op names among {MODEL_OPS}, got {sorted(unknown)}")
+    return {**dict.fromkeys(MODEL_OPS, "auto"), **backends}
 
 
 @dataclass
@@ -145,7 +144,7 @@ class Pipeline:
         if not isinstance(slots, int) or not 0 <= slots <= self.config.num_experts:
             raise ValueError(f"hybrid_slots must be an int in [0, {self.config.num_experts}], got {slots!r}")
         return [HybridDecodeExecutor(lw.w_gate_up.to("cpu"), lw.w_down.to("cpu"), slots, self.device,
-                                     backend=backends["experts"], path=self.q4_0_path)
+                                     backend=backends["moe_experts"], path=self.q4_0_path)
                 for lw in self.weights.layers]  # fmt: skip
 
     @property

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ftlab import ops
+from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.quant import Q4_0Weight
 
 
@@ -150,15 +151,14 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
-# Hybrid layers run up to this many tokens through their executor's handshake (a channel, with
-# pinned staging, per batch size); longer passes (prefill) through its eager schedule.
-HYBRID_HANDSHAKE_TOKENS = 8
+#: The ops a model's ``backends`` map names (each "auto" unless set).
+MODEL_OPS = ("index", "store", "route_topk", "moe_experts", "q4_0_matmul", "qk_norm_rope")
 
 
 class Qwen3Moe:
-    """The model over ftlab ops. ``backends`` maps "index", "store", "router", "experts",
-    "linear" and "norm_rope" (``ops.qk_norm_rope``) to a backend name (default "auto" for
-    each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    """The model over ftlab ops. ``backends`` maps op names -- "index", "store", "route_topk",
+    "moe_experts", "q4_0_matmul" (the Q4_0 projections; dense ones are ``F.linear``) and
+    "qk_norm_rope" -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
     ``q4_0_path`` is the path of Q4_0 weights, linears and experts ("auto" | "int8" | "dequant":
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
@@ -179,15 +179,10 @@ class Qwen3Moe:
         self.weights = weights
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
-        self.backends = {
-            "index": "auto",
-            "store": "auto",
-            "router": "auto",
-            "experts": "auto",
-            "linear": "auto",
-            "norm_rope": "auto",
-            **(backends or {}),
-        }
+        unknown = set(backends or {}) - set(MODEL_OPS)
+        if unknown:
+            raise ValueError(f"backends keys must be op names among {MODEL_OPS}, got {sorted(unknown)}")
+        self.backends = {**dict.fromkeys(MODEL_OPS, "auto"), **(backends or {})}
         self.q4_0_path = q4_0_path
         c = config
         device, dtype = weights.embed.device, weights.embed.dtype
@@ -201,7 +196,7 @@ class Qwen3Moe:
         ]
 
     def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight) -> torch.Tensor:
-        return linear(x, w, self.backends["linear"], self.q4_0_path)
+        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path)
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
@@ -239,7 +234,7 @@ class Qwen3Moe:
         # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope)
         q, k = ops.qk_norm_rope(q.reshape(b * t, c.num_attention_heads, hd), k.reshape(b * t, c.num_key_value_heads, hd),
                                 lw.q_norm, lw.k_norm, geo["cos"], geo["sin"], c.rms_norm_eps,
-                                backend=self.backends["norm_rope"])  # fmt: skip
+                                backend=self.backends["qk_norm_rope"])  # fmt: skip
         q = q.view(b, t, c.num_attention_heads, hd)
         k = k.view(b, t, c.num_key_value_heads, hd)
         ops.store(self.k_cache[i], self.v_cache[i], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
@@ -263,7 +258,7 @@ class Qwen3Moe:
         c, lw = self.config, self.weights.layers[i]
         logits = F.linear(x, lw.router)  # [N, E]
         weights, ids = ops.route_topk(
-            logits, c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["router"]
+            logits, c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["route_topk"]
         )
         return logits, weights, ids
 
@@ -274,11 +269,13 @@ class Qwen3Moe:
         ex = self.hybrid[i] if self.hybrid else None
         if ex is not None:
             self._routed[i] = ids
-            if x.shape[0] <= HYBRID_HANDSHAKE_TOKENS:  # decode: the executor's handshake (graph-capturable)
+            # decode: the executor's handshake (a channel with pinned staging per batch size,
+            # graph-capturable); longer passes (prefill) through its eager schedule
+            if x.shape[0] <= DECODE_MAX_TOKENS:
                 return ex(x, weights, ids)
             return ex.eager(x, weights, ids)  # prefill: synchronous, no channel per prompt length
         return ops.moe_experts(
-            x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path, backend=self.backends["experts"]
+            x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path, backend=self.backends["moe_experts"]
         )
 
     def end_step(self) -> None:

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.platform import current
 from ftlab.reference.moe import align_capacity
 from ftlab.triton import q4_0 as tq
@@ -436,10 +437,6 @@ def moe_gemm_kernel(a_ptr, a_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, sorted_ptr, e
     out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + rn[None, :]
     tl.store(out, res.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & n_ok[None, :])
 
-
-#: up to this many tokens the experts run as per-(token, slot) matvecs; beyond, as the
-#: grouped GEMM over moe_align's rows
-DECODE_MAX_TOKENS = 8
 
 GEMM_CONFIGS: dict[str, dict[str, int]] = {
     # untimed starting points but for sm_90 (see benchmarks/NOTES.md)

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.platform import current
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
@@ -75,8 +76,6 @@ CONFIGS: dict[str, dict[str, dict[str, int]]] = {
 }
 CONFIGS["gfx1151"] = CONFIGS["gfx1100"]
 
-#: the int8-dot matvec handles up to this many activation rows in one pass over W
-MV_MAX_M = 8
 
 
 def _table(device: torch.device) -> dict[str, dict[str, int]]:
@@ -550,10 +549,10 @@ def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
 
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (path already resolved)."""
-    if path == "int8":
-        x8 = quantize_q8_1(x)
-        outs = [q4_0_matvec(Q8_1(x8.q[i : i + MV_MAX_M], x8.d[i : i + MV_MAX_M], x8.s[i : i + MV_MAX_M]), w, x.dtype)
-                for i in range(0, x.shape[0], MV_MAX_M)]  # fmt: skip
+    if path == "int8":  # the matvec takes up to DECODE_MAX_TOKENS rows a pass over W
+        x8, rows = quantize_q8_1(x), DECODE_MAX_TOKENS
+        outs = [q4_0_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
+                for i in range(0, x.shape[0], rows)]  # fmt: skip
         return outs[0] if len(outs) == 1 else torch.cat(outs)
     return q4_0_dequant_gemm(x, w)
 

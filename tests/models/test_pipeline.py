@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from ftlab.models import tiny
-from ftlab.models.pipeline import OPS, DecodeGraph, Pipeline, backend_map, format_compare
+from ftlab.models.pipeline import DecodeGraph, Pipeline, backend_map, format_compare
+from ftlab.models.qwen3_moe import MODEL_OPS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,7 +74,7 @@ def test_stages_cover_the_forward_pass():
 
 def test_compare_against_itself_is_zero_and_backends_are_listed():
     pipe = Pipeline.load("tiny-qwen3-moe")
-    rows = pipe.compare("Hello world", backends=["reference", {"experts": "reference"}])
+    rows = pipe.compare("Hello world", backends=["reference", {"moe_experts": "reference"}])
     assert rows and all(r.max_abs == 0.0 for r in rows)
     assert "layer 0 experts" in format_compare(rows)
 
@@ -102,12 +103,12 @@ def test_bad_inputs():
     [
         ({"index": "triton", "store": "triton"}, "dequant"),
         ({"index": "hip", "store": "hip"}, "dequant"),
-        ({"linear": "triton"}, "dequant"),
-        ({"linear": "triton"}, "int8"),
-        ({"linear": "hip"}, "int8"),
-        ({"router": "triton", "experts": "triton"}, "dequant"),
-        ({"router": "triton", "experts": "triton"}, "int8"),
-        ({"router": "hip", "experts": "hip"}, "int8"),
+        ({"q4_0_matmul": "triton"}, "dequant"),
+        ({"q4_0_matmul": "triton"}, "int8"),
+        ({"q4_0_matmul": "hip"}, "int8"),
+        ({"route_topk": "triton", "moe_experts": "triton"}, "dequant"),
+        ({"route_topk": "triton", "moe_experts": "triton"}, "int8"),
+        ({"route_topk": "hip", "moe_experts": "hip"}, "int8"),
     ],
 )
 def test_backends_agree_with_reference_on_gpu(backends, q4_0_path):
@@ -117,7 +118,7 @@ def test_backends_agree_with_reference_on_gpu(backends, q4_0_path):
     pipe.q4_0_path = q4_0_path
     # the ops not named stay on the reference, so each row measures the named ops alone
     rows = pipe.compare(
-        "The router sends every token", [{**dict.fromkeys(OPS, "reference"), **backends}]
+        "The router sends every token", [{**dict.fromkeys(MODEL_OPS, "reference"), **backends}]
     )
     worst = max(rows, key=lambda r: r.rel)
     assert worst.rel < 1e-4, format_compare(rows)

@@ -283,7 +283,7 @@ def test_experts_backends_cpu(case):
 @settings(max_examples=8)
 @given(expert_cases(max_tokens=24, min_tokens=9))  # past DECODE_MAX_TOKENS: the grouped GEMM
 def test_experts_prefill_backends_cpu(case):
-    from ftlab.triton.moe import DECODE_MAX_TOKENS
+    from ftlab.backends import DECODE_MAX_TOKENS
 
     assert case[0].shape[0] > DECODE_MAX_TOKENS
     ft.check_experts_case(*case, device="cpu", backends=["reference", "triton"])
