@@ -4,11 +4,15 @@ expected and what came, e.g. ``TypeError("indices must be int32 or int64, got to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
+from ftlab.quant import Q4_0Weight
+
 INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _names(dtypes: Iterable[torch.dtype]) -> str:
@@ -25,6 +29,45 @@ def dtype_in(name: str, t: torch.Tensor, dtypes: Iterable[torch.dtype]) -> None:
     dtypes = tuple(dtypes)
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must be one of {_names(dtypes)}, got {t.dtype}")
+
+
+def float_tensor(name: str, t: object) -> torch.Tensor:
+    """A tensor of fp32 / fp16 / bf16."""
+    tensor(name, t)
+    dtype_in(name, t, FLOAT_DTYPES)
+    return t
+
+
+def q4_0_weight(name: str, w: object) -> Q4_0Weight:
+    """A :class:`~ftlab.quant.Q4_0Weight`."""
+    if not isinstance(w, Q4_0Weight):
+        raise TypeError(f"{name} must be a ftlab.quant.Q4_0Weight, got {type(w).__name__}")
+    return w
+
+
+def is_int(v: object) -> bool:
+    """A Python int that is not a bool (``True`` is an int to Python, never a count here)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def int_in(name: str, v: object, low: int, high: int | None = None) -> int:
+    """An int (not a bool) in ``[low, high]`` (no upper bound when ``high`` is None)."""
+    if not is_int(v) or v < low or (high is not None and v > high):
+        where = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an int {where}, got {v!r}")
+    return v
+
+
+def finite_float(name: str, v: object, low: float = -math.inf, *, low_open: bool = False) -> float:
+    """A finite real number (int or float, not a bool) at least ``low`` (above it with
+    ``low_open``)."""
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if ok and (v < low or (low_open and v == low)):
+        ok = False
+    if not ok:
+        bound = f" {'>' if low_open else '>='} {low}" if low != -math.inf else ""
+        raise ValueError(f"{name} must be a finite number{bound}, got {v!r}")
+    return float(v)
 
 
 def same_dtype(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
@@ -65,13 +108,11 @@ def shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
 
 
-def data_checks_allowed(op: str) -> None:
+def data_checks_allowed(op: str, what: str = "check=True reads the indices",
+                        instead: str = "validate the inputs before capture and pass check=False") -> None:  # fmt: skip
     """Data-dependent checks read the tensors on the host: impossible inside graph capture."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"{op}: check=True reads the indices on the host, which cannot happen during CUDA/HIP "
-            "graph capture; validate the inputs before capture and pass check=False"
-        )
+        raise RuntimeError(f"{op}: {what} on the host, which cannot happen during CUDA/HIP graph capture; {instead}")
 
 
 def first_position(mask: torch.Tensor) -> int:

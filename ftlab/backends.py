@@ -1,16 +1,26 @@
-"""Backend registry and routing: one table says who can serve which call.
+"""The routing table: one spec per op, and the one resolver that picks an implementation.
 
-Every op has entries for ``reference``, ``triton`` and ``hip``; researchers add their own
-with :func:`register`. Routing rules (ARCHITECTURE.md, "Routing"):
+Each :class:`OpSpec` names the op, its family (the module name it has in ``ftlab/reference``,
+``ftlab/triton``, ``ftlab/hip``, ``ftlab/ops``, ``ftlab/testing``, ``ftlab/bench`` and
+``tests/property/test_<family>.py``; :mod:`ftlab.catalog` lists them), the Q4_0 paths it takes,
+and its implementations per backend, each with a typed :class:`Capability`: the platforms and
+dtypes it serves, the paths it implements and its prefill path. The built-in backends are
+``reference`` (the specification, plain PyTorch), ``triton``, ``hip`` and ``cpu`` (native CPU
+kernels: ``moe_experts`` only, picked by name); researchers add their own with :func:`register`.
 
-- an explicit backend that cannot serve the call raises :class:`BackendUnavailable`
-  naming why (no GPU, arch not built, dtype unsupported) -- never a silent fallback;
-- ``auto`` on a GPU tensor: ``hip`` if it can serve, else ``triton``, else ``reference``;
-  on a CPU tensor: ``reference`` (Triton runs on the CPU only in interpreter mode, and
-  only when asked for by name);
-- on ROCm an entry marked ``nvidia_only`` is never selected, whatever the flags;
-- ``FTLAB_BACKEND=<name>`` replaces ``auto`` with that backend (then it is explicit: it
-  raises if it cannot serve); ``FTLAB_ARCH`` fakes the platform (see :mod:`ftlab.platform`).
+Routing rules (docs/ARCHITECTURE.md, "Routing"):
+
+- an explicit backend that cannot serve the call raises :class:`BackendUnavailable` naming why
+  (no GPU, arch not built, dtype unsupported, path not implemented) -- never a silent fallback;
+- ``auto`` on a GPU tensor: ``hip`` if it can serve, else ``triton``, else ``reference``; on a
+  CPU tensor: ``reference`` (Triton runs on the CPU only in its slow interpreter, for tests, and
+  the native ``cpu`` kernels only when asked for by name). With an explicit Q4_0 path, ``auto``
+  takes the first of these that implements it;
+- ``path="auto"``: ``"int8"`` (the int8-dot decode kernels) up to :data:`DECODE_MAX_TOKENS` rows,
+  else the implementation's prefill path;
+- on ROCm an implementation marked ``nvidia_only`` is never selected, whatever the flags;
+- ``FTLAB_BACKEND=<name>`` replaces ``auto`` with that backend (then it is explicit: it raises if
+  it cannot serve); ``FTLAB_ARCH`` fakes the platform (see :mod:`ftlab.platform`).
 """
 
 from __future__ import annotations
@@ -25,42 +35,70 @@ import torch
 
 from ftlab import platform as ftplatform
 
-BUILTIN_BACKENDS = ("reference", "triton", "hip")
+BUILTIN_BACKENDS = ("reference", "triton", "hip", "cpu")
 AUTO_ORDER_GPU = ("hip", "triton", "reference")
+AUTO_ORDER_CPU = ("reference",)
+ALL_PLATFORMS = frozenset({"cpu", "cuda", "rocm"})
 #: The decode/prefill boundary: ops on up to this many rows (tokens) take their decode path
 #: (matvecs, per-(token, slot) expert kernels, the hybrid handshake); longer passes prefill.
 DECODE_MAX_TOKENS = 8
+#: How Q4_0 weights are multiplied: "int8" (Q8_1 activations, exact int8 block dots) or
+#: "dequant" (weights dequantized, float matmul). docs/OPS.md section 2.
+Q4_0_PATHS = ("int8", "dequant")
 
 FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 COPY_DTYPES = frozenset(
     {torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz}
 )
 
+Availability = Callable[[ftplatform.Platform, str], "str | None"]
+
 
 class BackendUnavailable(RuntimeError):
     """An explicitly requested backend cannot serve this call; the message says why."""
 
 
+@dataclass(frozen=True)
+class Capability:
+    """What one implementation of an op can serve.
+
+    ``platforms``: platform kinds whose tensors it takes (``"cpu"``, ``"cuda"``, ``"rocm"``);
+    ``dtypes``: None for any dtype the op accepts; ``paths``: the Q4_0 paths it implements (empty
+    for ops without paths) and ``prefill_path`` the one ``path="auto"`` takes above
+    :data:`DECODE_MAX_TOKENS` rows; ``auto``: whether ``backend="auto"`` may pick it;
+    ``available(platform, device_type)``: why it cannot run here (a missing compiler, say), or
+    None."""
+
+    platforms: frozenset[str] = ALL_PLATFORMS
+    dtypes: frozenset[torch.dtype] | None = None
+    nvidia_only: bool = False
+    paths: tuple[str, ...] = ()
+    prefill_path: str | None = None
+    auto: bool = True
+    available: Availability | None = None
+
+    def path_for(self, rows: int, path: str) -> str:
+        """The path a call on ``rows`` rows takes when asked for ``path`` (``"auto"`` or one)."""
+        if path != "auto":
+            return path
+        return "int8" if rows <= DECODE_MAX_TOKENS else (self.prefill_path or self.paths[0])
+
+
 @dataclass
 class Impl:
-    """One implementation of one op.
-
-    ``target`` is the function itself or ``"module:function"`` (imported on first use, so
-    ``import ftlab`` never imports Triton or builds HIP code). ``platforms`` lists platform
-    kinds (``"cpu"``, ``"cuda"``, ``"rocm"``) whose tensors it accepts.
-    """
+    """One implementation of one op. ``target`` is the function itself or ``"module:function"``
+    (imported on first use, so ``import ftlab`` never imports Triton or builds native code)."""
 
     op: str
     backend: str
     target: Callable | str
-    platforms: frozenset[str]
-    dtypes: frozenset[torch.dtype] | None = None  # None: any dtype the op accepts
-    nvidia_only: bool = False
-    available: Callable[[ftplatform.Platform, str], str | None] | None = None
-    experimental: bool = False
-    info: dict = field(default_factory=dict)  # op-specific capabilities, e.g. {"paths": (...)}
-    auto: bool = True  # may "auto" pick it (False: by name only, e.g. not yet run on a GPU)
+    caps: Capability
     _fn: Callable | None = field(default=None, repr=False)
+
+    @property
+    def experimental(self) -> bool:
+        """Registered under a name other than the built-in ones."""
+        return self.backend not in BUILTIN_BACKENDS
 
     @property
     def fn(self) -> Callable:
@@ -72,30 +110,59 @@ class Impl:
                 self._fn = getattr(importlib.import_module(module), name)
         return self._fn
 
-    def cannot_serve(
-        self, plat: ftplatform.Platform, device_type: str, dtype: torch.dtype | None
-    ) -> str | None:
+    def cannot_serve(self, plat: ftplatform.Platform, device_type: str, dtype: torch.dtype | None,
+                     path: str | None = None) -> str | None:  # fmt: skip
         """Why this implementation cannot serve a call (None when it can)."""
-        if self.nvidia_only and plat.is_rocm:
+        caps = self.caps
+        if caps.nvidia_only and plat.is_rocm:
             return "it is NVIDIA-only and is never used on ROCm"
-        kind = "cpu" if device_type == "cpu" else plat.kind
-        if device_type != "cpu" and not plat.is_gpu:
-            kind = "cpu"
-        if kind not in self.platforms:
+        kind = "cpu" if device_type == "cpu" or not plat.is_gpu else plat.kind
+        if kind not in caps.platforms:
             where = "CPU tensors" if kind == "cpu" else f"{kind} devices"
-            return f"it does not run on {where} (runs on: {', '.join(sorted(self.platforms))})"
-        if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
-            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
+            return f"it does not run on {where} (runs on: {', '.join(sorted(caps.platforms))})"
+        if caps.dtypes is not None and dtype is not None and dtype not in caps.dtypes:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in caps.dtypes))
             return f"dtype {dtype} is unsupported (supported: {names})"
-        if self.available is not None:
-            return self.available(plat, device_type)
+        if path is not None and caps.paths and path not in caps.paths:
+            return f"it implements the {' and '.join(caps.paths)} path(s) for Q4_0 weights, not {path!r}"
+        if caps.available is not None:
+            return caps.available(plat, device_type)
         return None
 
 
-_TABLE: dict[str, dict[str, Impl]] = {}
-# resolve() results, keyed by the call's device, dtype and routing environment. Ops are
+@dataclass
+class OpSpec:
+    """One op: its name, family (module name in every backend folder), a one-line summary, the
+    Q4_0 paths it takes (empty: none) and its implementations by backend name."""
+
+    name: str
+    family: str
+    summary: str = ""
+    paths: tuple[str, ...] = ()
+    impls: dict[str, Impl] = field(default_factory=dict)
+
+
+#: op name -> spec: the routing table.
+SPECS: dict[str, OpSpec] = {}
+# resolve() results, keyed by the call's device, dtype, path and routing environment: ops are
 # called on every decode step, and availability is probed once per process anyway.
 _RESOLVED: dict[tuple, Impl] = {}
+
+
+def spec(op: str) -> OpSpec:
+    """The spec of ``op``; KeyError naming the known ops otherwise."""
+    found = SPECS.get(op)
+    if found is None:
+        raise KeyError(f"op must be one of {sorted(SPECS)}, got {op!r}")
+    return found
+
+
+def define_op(name: str, family: str, summary: str = "", paths: tuple[str, ...] = ()) -> OpSpec:
+    """Add an op to the table (its implementations come through :func:`register`)."""
+    if name in SPECS:
+        raise ValueError(f"op {name!r} is already defined")
+    SPECS[name] = OpSpec(name, family, summary, tuple(paths))
+    return SPECS[name]
 
 
 def register(
@@ -103,43 +170,53 @@ def register(
     backend: str,
     fn: Callable | str,
     *,
-    platforms: Iterable[str] = ("cpu", "cuda", "rocm"),
+    platforms: Iterable[str] = ALL_PLATFORMS,
     dtypes: Iterable[torch.dtype] | None = None,
     nvidia_only: bool = False,
-    available: Callable[[ftplatform.Platform, str], str | None] | None = None,
-    replace: bool = False,
-    info: dict | None = None,
+    available: Availability | None = None,
+    paths: Iterable[str] | None = None,
+    prefill_path: str | None = None,
     auto: bool = True,
+    replace: bool = False,
 ) -> Impl:
     """Add an implementation of ``op`` under the name ``backend``.
 
-    ``fn`` has the op's backend signature (see ``ftlab/reference/<op>.py``). A name other
-    than the built-in three is experimental: ``auto`` never picks it, but
-    ``backend="<name>"`` calls it and :mod:`ftlab.testing` checks it against the reference::
+    ``fn`` has the op's backend signature (see ``ftlab/reference/<family>.py``). A name other
+    than the built-in ones is experimental: ``auto`` never picks it, but ``backend="<name>"``
+    calls it and :mod:`ftlab.testing` checks it against the reference::
 
         ftlab.backends.register("index", "my_gather", my_gather, platforms=["cuda"])
         ftlab.ops.index(w, i, backend="my_gather")
+
+    ``paths`` (ops with Q4_0 paths): those it implements, default all of the op's;
+    ``prefill_path``: what ``path="auto"`` takes for prefill, default the first of ``paths``.
+    Registering a built-in backend name for an unknown op defines the op (family = its name).
     """
-    if op not in _TABLE and backend not in BUILTIN_BACKENDS:
-        raise KeyError(f"op must be one of {sorted(_TABLE)}, got {op!r}")
     if backend == "auto":
         raise ValueError("backend name 'auto' is reserved")
-    entries = _TABLE.setdefault(op, {})
-    if backend in entries and not replace:
+    if op not in SPECS:
+        if backend not in BUILTIN_BACKENDS:
+            raise KeyError(f"op must be one of {sorted(SPECS)}, got {op!r}")
+        define_op(op, op)
+    entry = SPECS[op]
+    if backend in entry.impls and not replace:
         raise ValueError(f"{op!r} already has a backend {backend!r}; pass replace=True")
-    impl = Impl(
-        op,
-        backend,
-        fn,
+    impl_paths = tuple(entry.paths if paths is None else paths)
+    unknown = set(impl_paths) - set(entry.paths)
+    if unknown:
+        raise ValueError(f"paths must be among {entry.paths} for {op}, got {sorted(unknown)}")
+    if prefill_path is not None and prefill_path not in impl_paths:
+        raise ValueError(f"prefill_path must be one of {impl_paths}, got {prefill_path!r}")
+    caps = Capability(
         frozenset(platforms),
         frozenset(dtypes) if dtypes is not None else None,
         nvidia_only,
+        impl_paths,
+        prefill_path or (impl_paths[0] if impl_paths else None),
+        auto and backend in BUILTIN_BACKENDS,
         available,
-        experimental=backend not in BUILTIN_BACKENDS,
-        info=dict(info or {}),
-        auto=auto and backend in BUILTIN_BACKENDS,
     )
-    entries[backend] = impl
+    entry.impls[backend] = impl = Impl(op, backend, fn, caps)
     _RESOLVED.clear()
     return impl
 
@@ -148,103 +225,89 @@ def unregister(op: str, backend: str) -> None:
     """Remove an experimental backend (built-in ones stay)."""
     if backend in BUILTIN_BACKENDS:
         raise ValueError(f"built-in backend {backend!r} cannot be removed")
-    _TABLE.get(op, {}).pop(backend, None)
+    if op in SPECS:
+        SPECS[op].impls.pop(backend, None)
     _RESOLVED.clear()
 
 
 def ops() -> list[str]:
-    return sorted(_TABLE)
+    return sorted(SPECS)
 
 
 def backends_of(op: str) -> list[str]:
-    if op not in _TABLE:
-        raise KeyError(f"op must be one of {sorted(_TABLE)}, got {op!r}")
-    return list(_TABLE[op])
+    return list(spec(op).impls)
 
 
 _ENV_KEYS = ("FTLAB_BACKEND", "FTLAB_ARCH", "TRITON_INTERPRET")
-# os.environ's own mapping (bytes keys on POSIX): three lookups there cost ~0.2 us against
-# ~4 us through os.environ.get, which encodes each key; this runs on every op call.
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_BYTES = tuple(k.encode() for k in _ENV_KEYS)
 
 
-def _routing_env() -> tuple:
-    """The environment variables that change routing, as they are now."""
-    if isinstance(_ENV_DATA, dict) and os.name == "posix":
-        return tuple(_ENV_DATA.get(k) for k in _ENV_BYTES)
-    return tuple(os.environ.get(k) for k in _ENV_KEYS)
-
-
-def resolve(
-    op: str,
-    backend: str,
-    device: torch.device,
-    dtype: torch.dtype | None = None,
-    plat: ftplatform.Platform | None = None,
-) -> Impl:
-    """The implementation that serves ``op`` for tensors on ``device`` of ``dtype``."""
+def resolve(op: str, backend: str, device: torch.device, dtype: torch.dtype | None = None,
+            plat: ftplatform.Platform | None = None, *, path: str | None = None) -> Impl:  # fmt: skip
+    """The implementation that serves ``op`` for tensors on ``device`` of ``dtype``; with
+    ``path``, one that implements that Q4_0 path."""
     key = None
     if plat is None:
-        env = _routing_env()
-        key = (op, backend, device.type, device.index, dtype, env)
+        key = (op, backend, device.type, device.index, dtype, path, *map(os.environ.get, _ENV_KEYS))
         hit = _RESOLVED.get(key)
         if hit is not None:
             return hit
-    impl = _resolve(op, backend, device, dtype, plat or ftplatform.current(device))
+    impl = _resolve(spec(op), backend, device, dtype, plat or ftplatform.current(device), path)
     if key is not None:
         _RESOLVED[key] = impl
     return impl
 
 
-def _resolve(
-    op: str,
-    backend: str,
-    device: torch.device,
-    dtype: torch.dtype | None,
-    plat: ftplatform.Platform,
-) -> Impl:
-    if op not in _TABLE:
-        raise KeyError(f"op must be one of {sorted(_TABLE)}, got {op!r}")
-    entries = _TABLE[op]
+def resolve_path(op: str, backend: str, device: torch.device, dtype: torch.dtype | None, rows: int,
+                 path: str = "auto") -> tuple[Impl, str]:  # fmt: skip
+    """(implementation, path) for a call of ``op`` on Q4_0 weights with ``rows`` rows of
+    activations (tokens): ``path="auto"`` takes int8 up to :data:`DECODE_MAX_TOKENS` rows, else
+    the implementation's prefill path; an explicit path must be implemented by the backend
+    (``auto``: the first in auto order that implements it)."""
+    paths = spec(op).paths
+    if path != "auto" and path not in paths:
+        raise ValueError(f"path must be 'auto' or one of {paths}, got {path!r}")
+    impl = resolve(op, backend, device, dtype, path=None if path == "auto" else path)
+    return impl, impl.caps.path_for(rows, path)
+
+
+def _resolve(entry: OpSpec, backend: str, device: torch.device, dtype: torch.dtype | None,
+             plat: ftplatform.Platform, path: str | None) -> Impl:  # fmt: skip
+    op = entry.name
     if backend == "auto":
-        backend = os.environ.get("FTLAB_BACKEND", "auto") or "auto"
+        backend = os.environ.get("FTLAB_BACKEND") or "auto"
     if backend != "auto":
-        impl = entries.get(backend)
+        impl = entry.impls.get(backend)
         if impl is None:
-            raise ValueError(
-                f"backend must be 'auto' or one of {list(entries)} for {op}, got {backend!r}"
-            )
-        reason = impl.cannot_serve(plat, device.type, dtype)
+            raise ValueError(f"backend must be 'auto' or one of {list(entry.impls)} for {op}, got {backend!r}")
+        reason = impl.cannot_serve(plat, device.type, dtype, path)
         if reason:
             raise BackendUnavailable(f"{op}: backend {backend!r} cannot serve this call: {reason}")
         return impl
-    order = AUTO_ORDER_GPU if device.type != "cpu" and plat.is_gpu else ("reference",)
+    order = AUTO_ORDER_GPU if device.type != "cpu" and plat.is_gpu else AUTO_ORDER_CPU
     reasons = []
     for name in order:
-        impl = entries.get(name)
-        if impl is None or not impl.auto:
+        impl = entry.impls.get(name)
+        if impl is None or not impl.caps.auto:
             continue
-        reason = impl.cannot_serve(plat, device.type, dtype)
+        reason = impl.cannot_serve(plat, device.type, dtype, path)
         if reason is None:
             return impl
         reasons.append(f"{name}: {reason}")
     raise BackendUnavailable(f"{op}: no backend can serve this call ({'; '.join(reasons)})")
 
 
-def availability(
-    op: str, device: torch.device, dtype: torch.dtype | None = None
-) -> dict[str, str | None]:
+def availability(op: str, device: torch.device, dtype: torch.dtype | None = None,
+                 path: str | None = None) -> dict[str, str | None]:  # fmt: skip
     """``{backend: None if it can serve, else why not}`` for every backend of ``op``."""
     plat = ftplatform.current(device)
-    return {name: impl.cannot_serve(plat, device.type, dtype) for name, impl in _TABLE[op].items()}
+    return {name: impl.cannot_serve(plat, device.type, dtype, path) for name, impl in spec(op).impls.items()}
 
 
-def available_backends(
-    op: str, device: torch.device, dtype: torch.dtype | None = None
-) -> list[str]:
-    """Names of the backends that can serve ``op`` on ``device`` now."""
-    return [name for name, why in availability(op, device, dtype).items() if why is None]
+def available_backends(op: str, device: torch.device, dtype: torch.dtype | None = None,
+                       path: str | None = None) -> list[str]:  # fmt: skip
+    """Names of the backends that can serve ``op`` on ``device`` now (with ``path``: that
+    implement it)."""
+    return [name for name, why in availability(op, device, dtype, path).items() if why is None]
 
 
 # ------------------------------------------------------------------ availability rules
@@ -258,7 +321,8 @@ def triton_unavailable(plat: ftplatform.Platform, device_type: str) -> str | Non
         return "triton is not installed"
     if device_type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
-            return "CPU tensors need Triton's interpreter (set TRITON_INTERPRET=1 before import)"
+            return ("CPU tensors need Triton's interpreter (set TRITON_INTERPRET=1 before importing triton; it is "
+                    "slow, for tests: backend='auto' uses the reference on the CPU)")  # fmt: skip
         return None
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "TRITON_INTERPRET=1 is set: Triton kernels run on the CPU only in this process"
@@ -268,69 +332,55 @@ def triton_unavailable(plat: ftplatform.Platform, device_type: str) -> str | Non
 def hip_unavailable(plat: ftplatform.Platform, device_type: str) -> str | None:
     if device_type == "cpu":
         return "HIP kernels need a GPU tensor"
-    return _hip_reason(plat)
+    return _gpu_build_reason(plat)
 
 
 @functools.cache
-def _hip_reason(plat: ftplatform.Platform) -> str | None:
+def _gpu_build_reason(plat: ftplatform.Platform) -> str | None:
     # looks for compilers on disk: once per platform and process, not on every call
-    from ftlab.hip.loader import unavailable_reason
+    from ftlab import jit
 
-    return unavailable_reason(plat)
-
-
-def _register_builtin(
-    op: str, module: str, dtypes: frozenset[torch.dtype], info: dict | None = None
-) -> None:
-    info = info or {}
-    register(
-        op, "reference", f"ftlab.reference.{module}:{op}", dtypes=dtypes, info=info.get("reference")
-    )
-    register(
-        op, "triton", f"ftlab.triton.{module}:{op}", dtypes=dtypes, available=triton_unavailable,
-        info=info.get("triton"),
-    )  # fmt: skip
-    register(
-        op,
-        "hip",
-        f"ftlab.hip.{module}:{op}",
-        platforms=("cuda", "rocm"),
-        dtypes=dtypes,
-        available=hip_unavailable,
-        info=info.get("hip"),
-    )
+    return jit.gpu_unavailable_reason(plat)
 
 
-_register_builtin("index", "index_store", COPY_DTYPES)
-_register_builtin("store", "index_store", COPY_DTYPES)
-_register_builtin("quantize_q4_0", "q4_0", FLOAT_DTYPES)
-_register_builtin("dequantize_q4_0", "q4_0", FLOAT_DTYPES)
-_register_builtin("quantize_q8_1", "q4_0", FLOAT_DTYPES)
-# Routed MoE. moe_experts paths (Q4_0 banks; see ops.moe_experts): "int8" and "dequant";
-# "prefill" is what path="auto" takes for more than 8 tokens.
-for _op in ("route_topk", "moe_align", "moe_experts"):
-    _register_builtin(
-        _op,
-        "moe",
-        FLOAT_DTYPES,
-        info={
-            "reference": {"paths": ("int8", "dequant"), "prefill": "dequant"},
-            "triton": {"paths": ("int8", "dequant"), "prefill": "dequant"},
-            "hip": {"paths": ("int8",), "prefill": "int8"},
-        }
-        if _op == "moe_experts"
-        else None,
-    )
-_register_builtin("qk_norm_rope", "norm_rope", FLOAT_DTYPES)
-# q4_0_matmul paths: "int8" (Q8_1 activations, int8 dot) and "dequant" (dequantized
-# weights, float matmul). "prefill" is what path="auto" takes for more than 8 rows.
-_register_builtin(
-    "q4_0_matmul",
-    "q4_0",
-    FLOAT_DTYPES,
-    info={
-        "reference": {"paths": ("int8", "dequant"), "prefill": "dequant"},
-        "triton": {"paths": ("int8", "dequant"), "prefill": "dequant"},
-        "hip": {"paths": ("int8",), "prefill": "int8"},
-    },
-)
+def cpu_unavailable(plat: ftplatform.Platform, device_type: str) -> str | None:
+    from ftlab import jit
+
+    return jit.cpu_unavailable_reason()
+
+
+# ------------------------------------------------------------------ the built-in ops
+
+_INT8_ONLY = {"paths": ("int8",), "prefill_path": "int8"}
+_BOTH_PATHS = {"paths": Q4_0_PATHS, "prefill_path": "dequant"}
+
+
+def _builtin(op: str, family: str, summary: str, dtypes: frozenset[torch.dtype], *,
+             paths: tuple[str, ...] = (), cpu: bool = False) -> None:  # fmt: skip
+    """reference + triton + hip (+ the native cpu kernels) of ``op`` from
+    ``ftlab/<backend>/<family>.py``. Ops with Q4_0 paths: reference and triton implement both,
+    hip and cpu the int8 path only (their prefill kernels are int8 too)."""
+    define_op(op, family, summary, paths)
+    both = _BOTH_PATHS if paths else {}
+    int8 = _INT8_ONLY if paths else {}
+    register(op, "reference", f"ftlab.reference.{family}:{op}", dtypes=dtypes, **both)
+    register(op, "triton", f"ftlab.triton.{family}:{op}", dtypes=dtypes, available=triton_unavailable, **both)
+    register(op, "hip", f"ftlab.hip.{family}:{op}", platforms=("cuda", "rocm"), dtypes=dtypes,
+             available=hip_unavailable, **int8)  # fmt: skip
+    if cpu:
+        register(op, "cpu", f"ftlab.cpu.{family}:{op}", platforms=("cpu",), dtypes=dtypes,
+                 available=cpu_unavailable, **int8)  # fmt: skip
+
+
+_builtin("index", "index_store", "gather rows (embedding lookup, KV-cache read)", COPY_DTYPES)
+_builtin("store", "index_store", "scatter rows into a KV cache in place", COPY_DTYPES)
+_builtin("quantize_q4_0", "q4_0", "float weights to GGUF Q4_0 blocks", FLOAT_DTYPES)
+_builtin("dequantize_q4_0", "q4_0", "GGUF Q4_0 blocks to float", FLOAT_DTYPES)
+_builtin("quantize_q8_1", "q4_0", "activations to Q8_1 blocks (the int8 dot's other side)", FLOAT_DTYPES)
+_builtin("q4_0_matmul", "q4_0", "x @ W.T for Q4_0 weights: int8-dot matvec, prefill GEMM", FLOAT_DTYPES,
+         paths=Q4_0_PATHS)  # fmt: skip
+_builtin("route_topk", "moe", "router: softmax, top-k, renormalize", FLOAT_DTYPES)
+_builtin("moe_align", "moe", "group (token, slot) pairs by expert for the grouped GEMM", FLOAT_DTYPES)
+_builtin("moe_experts", "moe", "routed SwiGLU experts, dense or Q4_0 banks", FLOAT_DTYPES, paths=Q4_0_PATHS,
+         cpu=True)  # fmt: skip
+_builtin("qk_norm_rope", "qk_norm_rope", "per-head RMSNorm of q and k, then RoPE", FLOAT_DTYPES)

@@ -4,7 +4,8 @@
   device-only with clang-19 for each gfx target (bare-clang branch of port.h, no ROCm)
   and with nvcc for sm_90.
 - Triton kernels are compiled with ``triton.compile(ASTSource(...), target=GPUTarget(...))``
-  for the same targets, for the configurations listed in each module's ``COMPILE_SPECS``.
+  for the same targets, for the configurations each ``ftlab/triton/*.py`` module lists in its
+  ``compile_specs(target)`` (built from the kernels' own signatures, ``ftlab.triton.compile_spec``).
   That must happen in a process where TRITON_INTERPRET is unset: :func:`triton_rows`
   runs in a child process.
 
@@ -17,21 +18,41 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import pkgutil
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ftlab import platform as ftplatform
 
 CSRC = Path(__file__).resolve().parent / "hip" / "csrc"
-TRITON_MODULES = ("ftlab.triton.index_store", "ftlab.triton.q4_0", "ftlab.triton.moe", "ftlab.triton.norm_rope")
 TARGETS = ftplatform.GFX_CHECK_TARGETS + ftplatform.SM_CHECK_TARGETS
 #: kernel name prefix -> allowed scratch bytes (none so far: every kernel must not spill)
 BUDGETS: dict[str, int] = {}
+
+
+def triton_modules() -> list[str]:
+    """Every ``ftlab.triton`` module that lists compile specs (a ``compile_specs`` function),
+    found in the package rather than listed by hand."""
+    import ftlab.triton
+
+    names = [f"ftlab.triton.{info.name}" for info in pkgutil.iter_modules(ftlab.triton.__path__)]
+    return sorted(n for n in names if hasattr(importlib.import_module(n), "compile_specs"))
+
+
+def family(stem: str) -> str:
+    """The op family a kernel source or Triton module belongs to (``moe_gemm`` -> ``moe``,
+    ``q4_0_matvec`` -> ``q4_0``): the longest family name of the routing table it starts with;
+    a source of no op family (the hybrid handshake) is its own."""
+    from ftlab import backends
+
+    names = {backends.spec(op).family for op in backends.ops()}
+    found = [f for f in names if stem == f or stem.startswith(f + "_")]
+    return max(found, key=len) if found else stem
 
 
 @dataclass
@@ -45,9 +66,7 @@ class Row:
     scratch: int = 0  # private / stack bytes per thread
     lds: int = 0  # shared memory bytes per block
     error: str = ""
-    module: str = (
-        ""  # kernel family: "index_store" for csrc/index_store.hip and triton/index_store.py
-    )
+    module: str = ""  # op family: "moe" for csrc/moe_gemm.hip and triton/moe_route.py
 
     @property
     def lds_limit(self) -> int:
@@ -78,11 +97,11 @@ def clang() -> str | None:
 
 
 def nvcc() -> str | None:
-    from ftlab.hip.loader import HipToolchainError, find_toolchain
+    from ftlab import jit
 
     try:
-        return str(find_toolchain("cuda").compiler)
-    except HipToolchainError:
+        return str(jit.find_gpu_toolchain("cuda").compiler)
+    except jit.ToolchainError:
         return shutil.which("nvcc")
 
 
@@ -212,7 +231,7 @@ def _compile_failure(source: Path, target: str, tool: str, stderr: str) -> Row:
         source.stem,
         target,
         error=f"{tool} failed: {stderr.strip()[-2000:]}",
-        module=source.stem,
+        module=family(source.stem),
     )
 
 
@@ -220,9 +239,9 @@ def _finish(rows: dict[str, Row], source: Path, target: str) -> list[Row]:
     names = _demangle(list(rows))
     for mangled, row in rows.items():
         row.kernel = names[mangled]
-        row.module = source.stem
+        row.module = family(source.stem)
     return list(rows.values()) or [
-        Row("hip", source.stem, target, error="no kernels were emitted", module=source.stem)
+        Row("hip", source.stem, target, error="no kernels were emitted", module=family(source.stem))
     ]
 
 
@@ -292,11 +311,11 @@ def triton_rows_here(targets: tuple[str, ...] = TARGETS) -> list[Row]:
     from triton.compiler import ASTSource
 
     rows = []
-    for module_name in TRITON_MODULES:
+    for module_name in triton_modules():
         module = importlib.import_module(module_name)
         for target in targets:
             for spec in module.compile_specs(target):
-                row = Row("triton", spec.label, target, module=module_name.rsplit(".", 1)[-1])
+                row = Row("triton", spec.label, target, module=family(module_name.rsplit(".", 1)[-1]))
                 try:
                     src = ASTSource(spec.kernel, spec.signature, constexprs=spec.constexprs)
                     compiled = triton.compile(
@@ -338,18 +357,6 @@ def triton_rows(targets: tuple[str, ...] = TARGETS) -> list[Row]:
             for t in targets
         ]
     return [Row(**r) for r in json.loads(res.stdout)]
-
-
-@dataclass(frozen=True)
-class TritonSpec:
-    """One configuration of a Triton kernel as ftlab launches it, for compile checks."""
-
-    label: str
-    kernel: object
-    signature: dict[str, str]
-    constexprs: dict[str, object]
-    num_warps: int = 4
-    options: dict = field(default_factory=dict)  # further triton.compile options
 
 
 # ------------------------------------------------------------------ report

@@ -1,4 +1,4 @@
-"""Quantized tensor types: GGUF Q4_0 weights and Q8_1 activations (OPS.md section 2).
+"""Quantized tensor types: GGUF Q4_0 weights and Q8_1 activations (docs/OPS.md section 2).
 
 Q4_0 block (GGUF / llama.cpp ``block_q4_0``): 18 bytes for 32 weights -- ``d`` fp16
 (2 bytes) then ``qs[16]``; byte j holds element j in its low nibble and element j+16 in its
@@ -69,12 +69,6 @@ class Q4_0Weight:
 
     def to(self, device: torch.device | str) -> Q4_0Weight:
         return Q4_0Weight(self.data.to(device), self.shape)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32, backend: str = "auto") -> torch.Tensor:
-        """``[..., N, K]`` values ``d * (q - 8)`` in ``dtype``."""
-        from ftlab import ops
-
-        return ops.dequantize_q4_0(self, dtype, backend=backend)
 
     def __getitem__(self, index: int) -> Q4_0Weight:
         """One expert of a bank: ``bank[e]`` is ``[N, K]``."""

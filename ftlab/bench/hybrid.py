@@ -2,7 +2,7 @@
 experts top-8, Q4_0), with 100%, 50% and 25% of the experts resident on the GPU.
 
 Measured:
-- the CPU expert kernels (``ftlab.cpu.moe``) on the routes a step sends to the CPU, their GB/s
+- the CPU expert kernels (the ``cpu`` backend of ``moe_experts``, ``ftlab/cpu``) on the routes a step sends to the CPU, their GB/s
   (expert weight bytes read) against this machine's memory copy bandwidth (``torch`` copy of
   512 MiB, bytes read + written), with the thread count in the notes;
 - on a GPU: the decode step of ``HybridDecodeExecutor`` eager (split, synchronous CPU part, GPU
@@ -67,8 +67,8 @@ def _median_s(fn, reps: int) -> float:
 
 
 def run(quick: bool = False) -> Report:
+    from ftlab import backends
     from ftlab.bench.model import random_q4_0
-    from ftlab.cpu.moe import moe_experts as cpu_experts
 
     copy = host_copy_gbps()
     report = Report("hybrid", device_info(), copy, copy_what="host memory", notes=[
@@ -80,6 +80,8 @@ def run(quick: bool = False) -> Report:
     ])  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     cpu = torch.device("cpu")
+    # the backend entry itself: the kernel's time, without ops' argument checks
+    cpu_experts = backends.resolve("moe_experts", "cpu", cpu, torch.bfloat16).fn
     gu = random_q4_0((EXPERTS, 2 * INTER, HIDDEN), cpu, gen)
     dn = random_q4_0((EXPERTS, HIDDEN, INTER), cpu, gen)
     per_expert = (gu.nbytes + dn.nbytes) // EXPERTS
@@ -93,7 +95,7 @@ def run(quick: bool = False) -> Report:
 
         def step(ids=ids, routes=routes):
             ids[0, :routes] = torch.randperm(EXPERTS, generator=gen)[:routes].to(torch.int32)
-            return cpu_experts(x, gu, dn, w, ids)
+            return cpu_experts(x, gu, dn, w, ids, "int8")
 
         ok = _validate(step(), x, gu, dn, w, ids)
         t = _median_s(step, 5 if quick else 30)

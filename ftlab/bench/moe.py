@@ -130,8 +130,8 @@ def _validate(x, logits, w_gate_up, w_down, backend: str) -> bool:
     """The backend's fused_moe against the reference of the same path, on the first tokens
     (experts are per token, so a prefix of the batch is a valid check): relative error of
     fp32 sums (int8) or of bf16 operand rounding (dequant, dense)."""
-    impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
-    path = ops.q4_0_path(impl, x.shape[0], "auto") if isinstance(w_gate_up, Q4_0Weight) else "dequant"
+    q4 = isinstance(w_gate_up, Q4_0Weight)
+    path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0])[1] if q4 else "dequant"
     got = ops.fused_moe(x, logits, w_gate_up, w_down, TOP_K, path=path, backend=backend)[:8].float()
     want = ops.fused_moe(x[:8].float(), logits[:8], w_gate_up, w_down, TOP_K, path=path, backend="reference")
     rel = float((got - want).norm() / want.norm().clamp(min=1e-30))

@@ -119,8 +119,7 @@ def _bench_rows(
 def _validate(x: torch.Tensor, w: Q4_0Weight, backend: str) -> bool:
     """The backend's output against the reference of the same path, computed on the GPU:
     int8 must agree to fp32 rounding, dequant to bf16 rounding of the weights."""
-    impl = backends.resolve("q4_0_matmul", backend, x.device, x.dtype)
-    path = ops.q4_0_path(impl, x.shape[0], "auto")
+    path = backends.resolve_path("q4_0_matmul", backend, x.device, x.dtype, x.shape[0])[1]
     # fp32 activations, so that no bf16 output rounding hides or fakes a difference; at most
     # 64 rows of the reference's int8 einsum ([M, N, K/32] doubles)
     xf = x.float()

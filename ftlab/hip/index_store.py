@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ftlab import jit
 from ftlab.bitview import as_bits
-from ftlab.hip import loader
 
 
 def _dl(t: torch.Tensor) -> torch.Tensor:
@@ -21,8 +21,8 @@ def index(
     weights: torch.Tensor, indices: torch.Tensor, out: torch.Tensor, mask_start: int, mask_len: int
 ) -> None:
     """Backend entry of :func:`ftlab.ops.index` (arguments already validated)."""
-    module = loader.module_for("index_store", weights.device)
-    loader.on_device(
+    module = jit.module_for("index_store", weights.device)
+    jit.on_device(
         weights.device,
         lambda: module.index_rows(_dl(weights), indices, _dl(out), mask_start, mask_len),
     )
@@ -36,8 +36,8 @@ def store(
     v: torch.Tensor,
 ) -> None:
     """Backend entry of :func:`ftlab.ops.store` (arguments already validated)."""
-    module = loader.module_for("index_store", k_cache.device)
-    loader.on_device(
+    module = jit.module_for("index_store", k_cache.device)
+    jit.on_device(
         k_cache.device,
         lambda: module.store_rows(_dl(k_cache), _dl(v_cache), indices, _dl(k), _dl(v)),
     )

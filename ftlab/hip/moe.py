@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ftlab import jit
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.hip import loader
 from ftlab.quant import Q4_0Weight
 from ftlab.reference.moe import align_capacity
 
@@ -31,7 +31,7 @@ GEMM_BLOCK_M = 64  # kGemmTile: the grouped GEMM's rows per block, moe_align's b
 
 
 def _module(device: torch.device):
-    return loader.module_for("moe", device)
+    return jit.module_for("moe", device)
 
 
 def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +45,7 @@ def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[tor
     ids = torch.empty((t, top_k), dtype=torch.int32, device=logits.device)
     logits = logits if logits.shape[1] <= 1 or logits.stride(1) == 1 else logits.contiguous()
     module = _module(logits.device)
-    loader.on_device(logits.device, lambda: module.moe_route_topk(logits, weights, ids, top_k, renormalize))
+    jit.on_device(logits.device, lambda: module.moe_route_topk(logits, weights, ids, top_k, renormalize))
     return weights, ids
 
 
@@ -59,7 +59,7 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     npad = torch.empty((1,), dtype=torch.int32, device=dev)
     counts = torch.empty((num_experts,), dtype=torch.int32, device=dev)
     module = _module(dev)
-    loader.on_device(dev, lambda: module.moe_align(flat, counts, sorted_ids, expert_ids, npad, block_m))
+    jit.on_device(dev, lambda: module.moe_align(flat, counts, sorted_ids, expert_ids, npad, block_m))
     return sorted_ids, expert_ids, npad
 
 
@@ -103,10 +103,10 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
             hq = torch.empty((t * top_k, inter), dtype=torch.int8, device=dev)
             hd = torch.empty((t * top_k, inter // 32), dtype=torch.float32, device=dev)
             hs = torch.empty_like(hd)
-            loader.on_device(dev, lambda: module.moe_experts_decode_q4(x, gu, dn, ids, wts, hq, hd, hs, y))
+            jit.on_device(dev, lambda: module.moe_experts_decode_q4(x, gu, dn, ids, wts, hq, hd, hs, y))
         else:
             h = torch.empty((t * top_k, inter), dtype=torch.float32, device=dev)
-            loader.on_device(dev, lambda: module.moe_experts_decode_dense(x, gu, dn, ids, wts, h, y))
+            jit.on_device(dev, lambda: module.moe_experts_decode_dense(x, gu, dn, ids, wts, h, y))
         return y
     return _experts_gemm(module, x, gu, dn, ids, wts, q4, inter)
 
@@ -124,13 +124,13 @@ def _experts_gemm(module, x, gu, dn, ids, wts, q4: bool, inter: int) -> torch.Te
     flat_w = wts.view(-1)
     if q4:
         x8 = quantize_q8_1(x)
-        loader.on_device(dev, lambda: module.moe_gemm_q4(gu, x8.q, x8.d, x8.s, sorted_ids, expert_ids, npad, flat_w, h,
+        jit.on_device(dev, lambda: module.moe_gemm_q4(gu, x8.q, x8.d, x8.s, sorted_ids, expert_ids, npad, flat_w, h,
                                                          top_k, True))  # fmt: skip
         h8 = quantize_q8_1(h)
-        loader.on_device(dev, lambda: module.moe_gemm_q4(dn, h8.q, h8.d, h8.s, sorted_ids, expert_ids, npad, flat_w, out,
+        jit.on_device(dev, lambda: module.moe_gemm_q4(dn, h8.q, h8.d, h8.s, sorted_ids, expert_ids, npad, flat_w, out,
                                                          top_k, False))  # fmt: skip
     else:
-        loader.on_device(dev, lambda: module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h, top_k, True))
-        loader.on_device(dev, lambda: module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat_w, out, top_k,
+        jit.on_device(dev, lambda: module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h, top_k, True))
+        jit.on_device(dev, lambda: module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat_w, out, top_k,
                                                             False))  # fmt: skip
     return out.view(t, top_k, hidden).sum(1).to(x.dtype)

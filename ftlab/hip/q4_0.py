@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ftlab import jit
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.hip import loader
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
 FUSED_MAX_M = 4
@@ -23,16 +23,16 @@ def quantize_q4_0(w: torch.Tensor) -> Q4_0Weight:
     out = torch.empty(
         (*w.shape[:-1], k // QK * Q4_0_BLOCK_BYTES), dtype=torch.uint8, device=w.device
     )
-    module = loader.module_for("q4_0", w.device)
-    loader.on_device(w.device, lambda: module.quantize_q4_0(w, out))
+    module = jit.module_for("q4_0", w.device)
+    jit.on_device(w.device, lambda: module.quantize_q4_0(w, out))
     return Q4_0Weight(out, tuple(w.shape))
 
 
 def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.dequantize_q4_0`."""
     out = torch.empty(w.shape, dtype=dtype, device=w.device)
-    module = loader.module_for("q4_0", w.device)
-    loader.on_device(w.device, lambda: module.dequantize_q4_0(w.data, out))
+    module = jit.module_for("q4_0", w.device)
+    jit.on_device(w.device, lambda: module.dequantize_q4_0(w.data, out))
     return out
 
 
@@ -42,8 +42,8 @@ def quantize_q8_1(x: torch.Tensor) -> Q8_1:
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     d = torch.empty((m, k // QK), dtype=torch.float32, device=x.device)
     s = torch.empty((m, k // QK), dtype=torch.float32, device=x.device)
-    module = loader.module_for("q4_0", x.device)
-    loader.on_device(x.device, lambda: module.quantize_q8_1(x, q, d, s))
+    module = jit.module_for("q4_0", x.device)
+    jit.on_device(x.device, lambda: module.quantize_q8_1(x, q, d, s))
     return Q8_1(q, d, s)
 
 
@@ -79,15 +79,15 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
             f"the hip backend implements q4_0_matmul's int8 path only, got path={path!r}"
         )
     m, n = x.shape[0], w.shape[0]
-    module = loader.module_for("q4_0", x.device)
+    module = jit.module_for("q4_0", x.device)
     if fused_matvec_ok(x, w):
         y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        loader.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
+        jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
         return y
     x8 = quantize_q8_1(x)
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m <= DECODE_MAX_TOKENS and matvec_ok(w):
-        loader.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
+        jit.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
     else:
-        loader.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))
+        jit.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)

@@ -1,11 +1,11 @@
-"""Hybrid CPU/GPU MoE decode (OPS.md section 4): some experts resident on the GPU, the rest run
+"""Hybrid CPU/GPU MoE decode (docs/OPS.md section 4): some experts resident on the GPU, the rest run
 on the CPU, summed.
 
 - :class:`LruResidency`: which experts occupy the GPU's slots; least recently used out; updated
   between steps only, with hit / miss counters.
 - :class:`HybridDecodeExecutor`: the schedule, one place: router ids -> the live
   ``expert -> slot | -1`` table -> CPU routes (ids of GPU-resident experts set to -1) through
-  ``ftlab.cpu.moe`` -> GPU routes (ids mapped to slots, CPU-routed ones -1) through
+  ``ops.moe_experts(..., backend="cpu")`` -> GPU routes (ids mapped to slots, CPU-routed ones -1) through
   ``ops.moe_experts`` on the slot banks -> ``y = y_gpu + y_cpu``.
 - The handshakes (``ftlab.hybrid.handshake``), one interface, three classes: host-function
   nodes, stream memory operations with a step counter (both capturable in a CUDA/HIP graph,

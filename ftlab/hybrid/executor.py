@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -76,11 +77,10 @@ def _run_probe(name: str, device: torch.device, backend: str, forced: set[str]) 
         return False, f"forced to fail by {ENV_PROBE_FAIL}"
     if device.type != "cuda":
         return False, "no GPU: graph capture needs a CUDA/HIP device"
+    from ftlab import jit
     from ftlab import platform as ftplatform
-    from ftlab.cpu import unavailable_reason as cpu_reason
-    from ftlab.hip.loader import unavailable_reason as hip_reason
 
-    reason = cpu_reason() or hip_reason(ftplatform.current(device))
+    reason = jit.cpu_unavailable_reason() or jit.gpu_unavailable_reason(ftplatform.current(device))
     if reason:
         return False, reason
     gen = torch.Generator().manual_seed(1234)
@@ -99,7 +99,7 @@ def _run_probe(name: str, device: torch.device, backend: str, forced: set[str]) 
         with torch.cuda.stream(stream):
             ex(x, w, ids)  # warm-up: the channel of this batch size
             if not _wait(stream, PROBE_DEADLINE_S):
-                ex.handshake.cpu.module.hs_release(ex.handshake.cpu.channel(t, k).handle)
+                ex.handshake.cpu.release(t, k)
                 return False, f"an eager step through it did not finish within {PROBE_DEADLINE_S:.0f} s"
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
@@ -113,7 +113,7 @@ def _run_probe(name: str, device: torch.device, backend: str, forced: set[str]) 
             with torch.cuda.stream(stream):
                 graph.replay()
             if not _wait(stream, PROBE_DEADLINE_S):
-                ex.handshake.cpu.module.hs_release(ex.handshake.cpu.channel(t, k).handle)
+                ex.handshake.cpu.release(t, k)
                 _wait(stream, PROBE_DEADLINE_S)
                 return False, f"replay {r} did not finish within {PROBE_DEADLINE_S:.0f} s"
             ex.check()
@@ -126,6 +126,13 @@ def _run_probe(name: str, device: torch.device, backend: str, forced: set[str]) 
     finally:
         if ex is not None:
             ex.close()
+
+
+def reset_probes() -> None:
+    """Forget the cached probe verdicts and the warnings already given, so the next executor
+    probes (and warns) afresh: for tests, and after the environment changed."""
+    _probe_cache.clear()
+    _warned.clear()
 
 
 def choose_mechanism(requested: str, device: torch.device, backend: str = "auto"
@@ -208,7 +215,11 @@ class HybridDecodeExecutor:
         """(GPU slot ids, CPU expert ids), both int32 ``[T, k]`` on ids' device."""
         return EagerHandshake.split(ids, self.table)
 
-    def _gpu_part(self, x: torch.Tensor, weights: torch.Tensor):
+    def gpu_part(self, x: torch.Tensor, weights: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The step's GPU part as a function of the GPU slot ids (what a handshake calls between
+        handing the CPU routes over and joining them): the resident experts through
+        ``ops.moe_experts`` on the slot banks, -1 ids skipped."""
+
         def run(gpu_ids: torch.Tensor) -> torch.Tensor:
             return ops.moe_experts(x, self.slot_gate_up, self.slot_down, weights, gpu_ids, path=self.path,
                                    backend=self.backend)  # fmt: skip
@@ -218,11 +229,11 @@ class HybridDecodeExecutor:
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` on the device (float32 / bfloat16 / float16), router weights fp32 and ids
         int ``[T, k]`` -> ``[T, H]`` in x's dtype, through the chosen handshake."""
-        return self.handshake(x, weights, ids, self.table, self._gpu_part(x, weights))
+        return self.handshake(x, weights, ids, self.table, self.gpu_part(x, weights))
 
     def eager(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The same step through the eager handshake (the answer a replay must equal)."""
-        return self._eager(x, weights, ids, self.table, self._gpu_part(x, weights))
+        return self._eager(x, weights, ids, self.table, self.gpu_part(x, weights))
 
     def check(self) -> None:
         """Raise ``HandshakeError`` if a step since the last check combined a CPU answer that was

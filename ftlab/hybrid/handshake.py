@@ -1,4 +1,4 @@
-"""The handshakes of the hybrid executor (OPS.md section 4): how a decode step's CPU routes get
+"""The handshakes of the hybrid executor (docs/OPS.md section 4): how a decode step's CPU routes get
 from the GPU stream to the CPU and back, inside a captured CUDA/HIP graph or not.
 
 One interface, three classes, each called as ``handshake(x, weights, ids, table, gpu_part) -> y``
@@ -13,9 +13,8 @@ where ``gpu_part(gpu_ids) -> y_gpu`` runs the GPU experts on the resident slots:
 
 The first two run through a :class:`CpuMoeExecutor` (``ftlab/hip/csrc/handshake_launch.hip``):
 pinned staging per batch size at stable addresses (so a graph can bake them in), a step counter
-on the device, and the process's one worker thread running the native CPU kernel (``ftlab/cpu``,
-OpenMP). The
-staged input and output both carry the step counter; the combine kernel turns any answer of
+on the device, and the process's one worker thread running the native CPU kernel (the ``cpu``
+backend of ``moe_experts``, ``ftlab/cpu``, OpenMP). The staged input and output both carry the step counter; the combine kernel turns any answer of
 another step into NaN plus a recorded error, and :meth:`check` raises :class:`HandshakeError`
 for it: a stale host buffer or flag is never returned as a result.
 """
@@ -28,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from ftlab import ops
 from ftlab.quant import Q4_0Weight
 
 BANK_KINDS = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}  # cpu_job.h; Q4_0 is 0
@@ -107,8 +107,8 @@ class CpuMoeExecutor:
     size eagerly first, as a graph capture does anyway."""
 
     def __init__(self, w_gate_up, w_down, mechanism: int, device: torch.device | str, threads: int | None = None):
-        from ftlab.cpu import load as load_cpu
-        from ftlab.hip import loader
+        from ftlab import jit
+        from ftlab.cpu.moe import job_entry
 
         self.device = torch.device(device)
         self.gate_up, self.down, self.kind = _bank_parts(w_gate_up, w_down)
@@ -119,8 +119,8 @@ class CpuMoeExecutor:
         self.hidden = self.down.shape[1]
         self.mechanism = mechanism
         self.threads = threads or default_threads()
-        self.cpu_fn = int(load_cpu("moe_cpu").moe_job_entry())
-        self.module = loader.module_for("handshake", self.device)
+        self.cpu_fn = job_entry()
+        self.module = jit.module_for("handshake", self.device)
         self.channels: dict[tuple[int, int], _Channel] = {}
         self._finalizer = weakref.finalize(self, _free_channels, self.module, self.device, self.channels)
 
@@ -136,6 +136,11 @@ class CpuMoeExecutor:
                                         self.hidden, self.inter, self.num_experts, index, self.threads)  # fmt: skip
             ch = self.channels[key] = _Channel(self.module, int(handle), tokens, top_k, self.device)
         return ch
+
+    def release(self, tokens: int, top_k: int) -> None:
+        """Let a stream stuck waiting on batch size ``tokens``'s done flag go on (its step's output
+        is then NaN and recorded as failed): how a probe with a deadline frees a handshake that never answered."""
+        self.module.hs_release(self.channel(tokens, top_k).handle)
 
     def errors(self) -> list[tuple[int, int, int]]:
         """``[(batch size, what failed, step)]`` of the channels with a recorded error."""
@@ -168,7 +173,7 @@ class CpuMoeExecutor:
 
 class EagerHandshake:
     """No graph: split on the device, the CPU routes copied to the host and computed there
-    (``ftlab.cpu.moe``) while nothing else runs, the result copied back and added."""
+    (``ops.moe_experts(..., backend="cpu")``) while nothing else runs, the result copied back and added."""
 
     name = "eager"
     capturable = False
@@ -186,12 +191,11 @@ class EagerHandshake:
         return torch.where(valid & (slot >= 0), slot, -1), torch.where(valid & (slot < 0), ids, -1)
 
     def __call__(self, x, weights, ids, table, gpu_part: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        from ftlab.cpu.moe import moe_experts as cpu_experts
-
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("the eager handshake cannot run inside a graph capture (it synchronizes)")
         gpu_ids, cpu_ids = self.split(ids.to(x.device), table)
-        y_cpu = cpu_experts(x.cpu(), self.host_gate_up, self.host_down, weights.cpu(), cpu_ids.cpu())
+        y_cpu = ops.moe_experts(x.cpu(), self.host_gate_up, self.host_down, weights.cpu(), cpu_ids.cpu(),
+                                path="int8", backend="cpu")
         return gpu_part(gpu_ids) + y_cpu.to(x.device)
 
     def check(self) -> None:

@@ -40,7 +40,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _trace_eager(ex, x, weights, ids, steps: int) -> list[Span]:
-    from ftlab.cpu.moe import moe_experts as cpu_experts
+    from ftlab import ops
 
     spans: list[Span] = []
     clock = time.perf_counter_ns
@@ -56,9 +56,9 @@ def _trace_eager(ex, x, weights, ids, steps: int) -> list[Span]:
     for _ in range(steps):
         gpu_ids, cpu_ids = span("device stream", "split", lambda: ex.split(ids))
         xh, wh, ch = span("copies", "to host", lambda cpu_ids=cpu_ids: (x.cpu(), weights.cpu(), cpu_ids.cpu()))
-        y_cpu = span("CPU", "CPU experts", lambda xh=xh, wh=wh, ch=ch: cpu_experts(xh, ex.host_gate_up, ex.host_down,
-                                                                                     wh, ch))  # fmt: skip
-        y_gpu = span("device stream", "GPU experts", lambda gpu_ids=gpu_ids: ex._gpu_part(x, weights)(gpu_ids))
+        y_cpu = span("CPU", "CPU experts", lambda xh=xh, wh=wh, ch=ch: ops.moe_experts(
+            xh, ex.host_gate_up, ex.host_down, wh, ch, path="int8", backend="cpu"))  # fmt: skip
+        y_gpu = span("device stream", "GPU experts", lambda gpu_ids=gpu_ids: ex.gpu_part(x, weights)(gpu_ids))
         back = span("copies", "to device", lambda y_cpu=y_cpu: y_cpu.to(x.device))
         span("device stream", "sum", lambda y_gpu=y_gpu, back=back: y_gpu + back)
     return spans
@@ -75,7 +75,7 @@ def _trace_channel(ex, x, weights, ids, steps: int) -> list[Span]:
         anchor.record()
         torch.cuda.synchronize()
         host_anchor = int(hs.cpu.module.hs_now_ns())  # the anchor completed just before this
-        hs(x, weights, ids, ex.table, ex._gpu_part(x, weights), mark=lambda i, events=events: events[i].record())
+        hs(x, weights, ids, ex.table, ex.gpu_part(x, weights), mark=lambda i, events=events: events[i].record())
         torch.cuda.synchronize()
         at = [host_anchor + anchor.elapsed_time(e) * 1e6 for e in events]
         origin = at[0] if origin is None else origin

@@ -151,6 +151,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
     file. Q4_0 tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`, expert banks included);
     F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense."""
+    from ftlab import ops
     from ftlab.formats.gguf import GGUFError, open_reader, tensor_from_reader
     from ftlab.quant import Q4_0Weight
 
@@ -188,7 +189,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
                 f"{path}: tensor {name!r} has shape {tuple(value.shape)}, expected {tuple(shape)}"
             )
         if isinstance(value, Q4_0Weight):
-            return value.dequantize(dtype).to(device) if dense else value.to(device)
+            return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
         return value.to(device=device, dtype=dtype)
 
     embd = by_name.get("token_embd.weight")

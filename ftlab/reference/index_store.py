@@ -1,4 +1,4 @@
-"""index / store, the readable way (OPS.md section 1).
+"""index / store, the readable way (docs/OPS.md section 1).
 
 These are the oracles for the Triton and HIP kernels: plain PyTorch indexing on any
 device. Arguments arrive validated by :mod:`ftlab.ops`; the signature is the one every

@@ -1,4 +1,4 @@
-"""Routed MoE (Qwen3-MoE experts), the readable way (OPS.md section 3). The oracle of the kernels.
+"""Routed MoE (Qwen3-MoE experts), the readable way (docs/OPS.md section 3). The oracle of the kernels.
 
 route_topk:  p = softmax(logits) in fp32 over all E experts; the k largest, ties broken
              toward the lower expert id; renormalized to sum 1 when ``renormalize``.

@@ -1,4 +1,4 @@
-"""GGUF Q4_0 and Q8_1, the readable way (OPS.md section 2). The oracle of every kernel.
+"""GGUF Q4_0 and Q8_1, the readable way (docs/OPS.md section 2). The oracle of every kernel.
 
 quantize_q4_0, per 32-block (as llama.cpp and gguf-py do, bit for bit):
     amax = the element of largest magnitude, with its sign (the first one on ties)

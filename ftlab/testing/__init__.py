@@ -35,7 +35,6 @@ from ftlab.testing.moe import (
     experts_tolerance,
     hybrid_tolerance,
 )
-from ftlab.testing.norm_rope import check_qk_norm_rope_case, qk_norm_rope_tolerance
 from ftlab.testing.q4_0 import (
     MatmulCase,
     check_dequantize_case,
@@ -47,6 +46,7 @@ from ftlab.testing.q4_0 import (
     q4_0_weight_values,
     q8_1_inputs,
 )
+from ftlab.testing.qk_norm_rope import check_qk_norm_rope_case, qk_norm_rope_tolerance
 
 __all__ = [
     "FLOAT_DTYPES",

@@ -19,15 +19,24 @@ def restride(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return moved[:, : t.shape[1]] if t.dim() == 2 else moved
 
 
-def backends_for(
-    op: str, device: torch.device, dtype: torch.dtype, names: Sequence[str] | None
-) -> list[str]:
-    """The backends a case runs: ``names`` (each must be able to serve), else all that can."""
+def backends_for(op: str, device: torch.device, dtype: torch.dtype, names: Sequence[str] | None,
+                 path: str | None = None) -> list[str]:  # fmt: skip
+    """The backends a case runs: ``names`` (each must be able to serve, ``path`` too when given),
+    else all that can (and implement ``path``)."""
     if names is None:
-        return ftbackends.available_backends(op, device, dtype)
+        return ftbackends.available_backends(op, device, dtype, path)
     for name in names:  # an explicit name that cannot serve is an error, not a skip
-        ftbackends.resolve(op, name, device, dtype)
+        ftbackends.resolve(op, name, device, dtype, path=path)
     return list(names)
+
+
+_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+
+
+def ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One unit in the last place of ``dtype`` at |v| (at least the smallest normal's)."""
+    exponent = torch.floor(torch.log2(v.abs().clamp(min=torch.finfo(dtype).tiny)))
+    return torch.exp2(exponent - _MANTISSA_BITS[dtype])
 
 
 def assert_within(name: str, what: str, got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Cross-backend case functions of the routed-MoE ops (OPS.md section 3).
+"""Cross-backend case functions of the routed-MoE ops (docs/OPS.md section 3).
 
 route_topk: kernels compute exp() with their own rounding, so probabilities may differ in
 the last bits from the reference's; a backend's choice is accepted when it is a top-k of the
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from ftlab import ops
-from ftlab.testing.common import assert_within, backends_for
+from ftlab.backends import BackendUnavailable, resolve, resolve_path
+from ftlab.testing.common import assert_within, backends_for, ulp
 
 ROUTE_SLACK = 1e-6  # relative, on probabilities
 
@@ -113,13 +114,12 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
     One ulp of the output dtype is added: the two fp32 results may round to neighbours (the
     ulp at ``|expected| + bound``, the reference's output, when given).
     """
-    from ftlab.backends import resolve
     from ftlab.quant import Q4_0Weight
     from ftlab.reference import q4_0 as ref
 
     q4 = isinstance(w_gate_up, Q4_0Weight)
     if path == "auto":  # the reference's choice
-        path = ops.q4_0_path(resolve("moe_experts", "reference", torch.device("cpu"), None), x.shape[0], path)
+        path = resolve_path("moe_experts", "reference", torch.device("cpu"), None, x.shape[0])[1]
     int8 = q4 and path == "int8"
     cpu = torch.device("cpu")
     xf = x.float().to(cpu)
@@ -177,10 +177,8 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
         exact.index_add_(0, tok, wj * y_exact)
     bound = out
     if x.dtype != torch.float32:
-        from ftlab.testing.q4_0 import _ulp
-
         centre = exact.abs() if expected is None else expected.double().abs().cpu()
-        bound = bound + _ulp((centre + bound).float(), x.dtype).double()  # the upper binade's ulp
+        bound = bound + ulp((centre + bound).float(), x.dtype).double()  # the upper binade's ulp
     return bound.float()
 
 
@@ -193,8 +191,6 @@ def hybrid_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, 
     bound = experts_tolerance(x, w_gate_up, w_down, weights, ids, path, expected)
     if x.dtype == torch.float32:
         return bound
-    from ftlab.testing.q4_0 import _ulp
-
     cpu = torch.device("cpu")
     ids_c, gpu_c = ids.to(cpu).long(), gpu_ids.to(cpu)
     on_gpu = torch.where(gpu_c >= 0, ids_c, -1)
@@ -202,7 +198,7 @@ def hybrid_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, 
     xf, wf = x.to(cpu).float(), weights.to(cpu).float()
     for part in (on_gpu, on_cpu):
         y = ops.moe_experts(xf, w_gate_up.to(cpu), w_down.to(cpu), wf, part, path=path, backend="reference")
-        bound = bound + _ulp(y.abs() + bound, x.dtype)
+        bound = bound + ulp(y.abs() + bound, x.dtype)
     return bound
 
 
@@ -212,7 +208,6 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
     """Every backend's moe_experts against the reference of the same path, within
     :func:`experts_tolerance`. Backends lacking the path for Q4_0 banks are skipped when
     ``backends`` is None."""
-    from ftlab.backends import BackendUnavailable, resolve
     from ftlab.quant import Q4_0Weight
 
     device = torch.device(device)
@@ -225,7 +220,7 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
         chosen = "dequant"  # dense banks: the path is moot, the dequant bound applies
         if q4:
             try:
-                chosen = ops.q4_0_path(resolve("moe_experts", name, device, x.dtype), x.shape[0], path)
+                chosen = resolve_path("moe_experts", name, device, x.dtype, x.shape[0], path)[1]
             except BackendUnavailable:
                 if backends is None:  # all backends: those that implement this path
                     continue
@@ -241,8 +236,6 @@ def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "c
     """Slots with id -1 or >= E contribute exactly nothing and read no expert memory: the
     experts only invalid slots name hold NaN (dense) or NaN scales (Q4_0), on every path
     (decode: 3 tokens; prefill: 12) of ``backend``."""
-    from ftlab.backends import resolve
-
     device = torch.device(device)
     gen = torch.Generator().manual_seed(0)
     e, h, inter = 6, 64, 64
@@ -251,7 +244,7 @@ def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "c
     q_gu, q_dn = ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)
     gu[2:4], dn[2:4] = float("nan"), float("nan")  # named only by invalid slots
     q_gu.data[2:4], q_dn.data[2:4] = 0xFF, 0xFF  # fp16 scale 0xFFFF: NaN
-    paths = resolve("moe_experts", backend, device, torch.float32).info.get("paths", ("int8", "dequant"))
+    paths = resolve("moe_experts", backend, device, torch.float32).caps.paths
     for t in (3, 12):
         ids = torch.tensor([[0, -1], [6, 1], [-1, -1]] * (t // 3), dtype=torch.int32)
         ids[ids == 6] = e + 3 if t > 3 else e  # >= E

@@ -1,4 +1,4 @@
-"""Strategies and cross-backend case functions of GGUF Q4_0 (OPS.md section 2).
+"""Strategies and cross-backend case functions of GGUF Q4_0 (docs/OPS.md section 2).
 
 Exactness per op: quantize_q4_0 and quantize_q8_1 bytes equal; dequantize_q4_0 bit-exact
 (bf16 within one ulp in Triton's CPU interpreter, whose fp32 -> bf16 casts truncate);
@@ -14,11 +14,10 @@ import torch
 from hypothesis import strategies as st
 
 from ftlab import ops
-from ftlab.backends import resolve
 from ftlab.bitview import bits_equal
 from ftlab.quant import QK, Q4_0Weight
 from ftlab.reference import q4_0 as ref
-from ftlab.testing.common import FLOAT_DTYPES, assert_within, backends_for, restride
+from ftlab.testing.common import FLOAT_DTYPES, assert_within, backends_for, restride, ulp
 
 EPS32 = torch.finfo(torch.float32).eps
 #: per-weight relative rounding of the dequant path's tile, by activation dtype: fp32 runs
@@ -192,17 +191,8 @@ def matmul_tolerance(
         bound = (DEQUANT_WEIGHT_ROUNDING[x.dtype] + (w.shape[-1] + 4) * EPS32) * absdot
         exact = xf @ wf.T
     if out_dtype != torch.float32:
-        bound = bound + _ulp(exact, out_dtype)
+        bound = bound + ulp(exact, out_dtype)
     return bound
-
-
-_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
-
-
-def _ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """One unit in the last place of ``dtype`` at |v| (at least the smallest normal's)."""
-    exponent = torch.floor(torch.log2(v.abs().clamp(min=torch.finfo(dtype).tiny)))
-    return torch.exp2(exponent - _MANTISSA_BITS[dtype])
 
 
 def check_matmul_case(case: MatmulCase, device: torch.device | str = "cpu",
@@ -214,13 +204,7 @@ def check_matmul_case(case: MatmulCase, device: torch.device | str = "cpu",
     expected = ops.q4_0_matmul(x, w, path=case.path, backend="reference")
     bound = matmul_tolerance(case.x, w, case.path, x.dtype)
     outputs = {"reference": expected}
-    names = backends_for("q4_0_matmul", device, x.dtype, backends)
-    if backends is None:  # all backends: those that implement this path
-        names = [
-            n
-            for n in names
-            if case.path in resolve("q4_0_matmul", n, device, x.dtype).info.get("paths", ())
-        ]
+    names = backends_for("q4_0_matmul", device, x.dtype, backends, path=case.path)
     for name in names:
         got = ops.q4_0_matmul(x, w, path=case.path, backend=name)
         assert got.shape == expected.shape and got.dtype == x.dtype, (

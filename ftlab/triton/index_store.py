@@ -1,4 +1,4 @@
-"""index / store in Triton (OPS.md section 1; reference: ftlab/reference/index_store.py).
+"""index / store in Triton (docs/OPS.md section 1; reference: ftlab/reference/index_store.py).
 
 Both ops are copies, so the kernels move the raw bits: tensors are viewed as same-width
 integers (fp32 -> int32, fp16/bf16 -> int16, fp8 -> int8) before launch. The copy is then
@@ -155,54 +155,22 @@ def store(
     )
 
 
-def _specs():
-    from ftlab.compile_check import TritonSpec
+def compile_specs(target: str) -> list:
+    """The configurations compile-checked for ``target`` (see ftlab.compile_check): the same
+    tiles on every target."""
+    from ftlab.triton.compile_spec import spec
 
     def index_spec(bits: int, idx: int, has_mask: bool, d: int, rows: int = 1 << 16):
         block_l, block_d = tile(d, bits // 8, rows)
-        ptr = f"*i{bits}"
-        sig = {
-            "w_ptr": ptr,
-            "w_stride": "i32",
-            "idx_ptr": f"*i{idx}",
-            "out_ptr": ptr,
-            "out_stride": "i32",
-            "L": "i32",
-            "D": "i32",
-            "N": "i32",
-            "mask_start": "i32",
-            "mask_len": "i32",
-            "HAS_MASK": "constexpr",
-            "BLOCK_L": "constexpr",
-            "BLOCK_D": "constexpr",
-        }
         label = f"index_kernel[i{bits} rows, i{idx} idx, mask={has_mask}, {block_l}x{block_d}]"
-        return TritonSpec(
-            label, index_kernel, sig, {"HAS_MASK": has_mask, "BLOCK_L": block_l, "BLOCK_D": block_d}
-        )
+        return spec(index_kernel, label, types={"w_ptr": f"*i{bits}", "idx_ptr": f"*i{idx}", "out_ptr": f"*i{bits}"},
+                    constexprs={"HAS_MASK": has_mask, "BLOCK_L": block_l, "BLOCK_D": block_d})  # fmt: skip
 
     def store_spec(bits: int, idx: int, d: int, rows: int = 1 << 16):
         block_l, block_d = tile(d, bits // 8, rows)
-        ptr = f"*i{bits}"
-        sig = {
-            "kc_ptr": ptr,
-            "kc_stride": "i32",
-            "vc_ptr": ptr,
-            "vc_stride": "i32",
-            "idx_ptr": f"*i{idx}",
-            "k_ptr": ptr,
-            "k_stride": "i32",
-            "v_ptr": ptr,
-            "v_stride": "i32",
-            "L": "i32",
-            "S": "i32",
-            "DK": "i32",
-            "DV": "i32",
-            "BLOCK_L": "constexpr",
-            "BLOCK_D": "constexpr",
-        }
-        label = f"store_kernel[i{bits} rows, i{idx} idx, {block_l}x{block_d}]"
-        return TritonSpec(label, store_kernel, sig, {"BLOCK_L": block_l, "BLOCK_D": block_d})
+        rows_ptr = {name: f"*i{bits}" for name in ("kc_ptr", "vc_ptr", "k_ptr", "v_ptr")}
+        return spec(store_kernel, f"store_kernel[i{bits} rows, i{idx} idx, {block_l}x{block_d}]",
+                    types={**rows_ptr, "idx_ptr": f"*i{idx}"}, constexprs={"BLOCK_L": block_l, "BLOCK_D": block_d})  # fmt: skip
 
     return [
         index_spec(16, 64, False, 1024),  # bf16 KV rows / embeddings, the benchmark's shape
@@ -214,8 +182,3 @@ def _specs():
         store_spec(16, 64, 1024, rows=64),
         store_spec(32, 32, 128),
     ]
-
-
-def compile_specs(target: str) -> list:
-    """The configurations compile-checked for ``target`` (see ftlab.compile_check)."""
-    return _specs()

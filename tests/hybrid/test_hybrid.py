@@ -1,4 +1,4 @@
-"""Hybrid CPU/GPU MoE (OPS.md section 4), the parts a CPU runs: the native CPU expert kernels
+"""Hybrid CPU/GPU MoE (docs/OPS.md section 4), the parts a CPU runs: the native CPU expert kernels
 against the reference, the LRU residency policy as a state machine, and the split math (GPU
 part + CPU part == all experts) with the GPU part simulated on the CPU."""
 
@@ -10,10 +10,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import ftlab.testing as ft
 from ftlab import ops
-from ftlab.cpu import unavailable_reason
 from ftlab.hybrid import HybridDecodeExecutor, LruResidency
+from ftlab.jit import cpu_unavailable_reason
 
-needs_cpu_build = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+needs_cpu_build = pytest.mark.skipif(cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason()))
 
 
 @st.composite
@@ -43,11 +43,9 @@ def expert_case(draw):
 @settings(max_examples=40, deadline=None)
 @given(expert_case())
 def test_cpu_experts_match_reference(case):
-    from ftlab.cpu.moe import moe_experts
-
     x, gu, dn, w, ids, path = case
     want = ops.moe_experts(x, gu, dn, w, ids, path=path, backend="reference")
-    got = moe_experts(x, gu, dn, w, ids)
+    got = ops.moe_experts(x, gu, dn, w, ids, path=path, backend="cpu")
     assert got.dtype == x.dtype and got.shape == x.shape
     bound = ft.experts_tolerance(x, gu, dn, w, ids, path, want)
     err = (got.float() - want.float()).abs()
@@ -56,8 +54,6 @@ def test_cpu_experts_match_reference(case):
 
 @needs_cpu_build
 def test_cpu_experts_read_nothing_for_invalid_ids():
-    from ftlab.cpu.moe import moe_experts
-
     x = torch.randn(3, 64)
     gu, dn = torch.randn(6, 64, 64) * 0.1, torch.randn(6, 64, 32) * 0.1
     q_gu, q_dn = ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)
@@ -65,7 +61,7 @@ def test_cpu_experts_read_nothing_for_invalid_ids():
     q_gu.data[2:4], q_dn.data[2:4] = 0xFF, 0xFF  # NaN scales
     ids = torch.tensor([[0, -1], [7, 1], [-1, -1]], dtype=torch.int32)
     for a, b in ((gu, dn), (q_gu, q_dn)):
-        y = moe_experts(x, a, b, torch.full((3, 2), 0.5), ids)
+        y = ops.moe_experts(x, a, b, torch.full((3, 2), 0.5), ids, path="int8", backend="cpu")
         assert torch.isfinite(y).all() and bool((y[2] == 0).all())
 
 
@@ -176,9 +172,10 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
     w, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
     torch.save({"x": x, "gu": gu.data, "dn": dn.data, "w": w, "ids": ids}, tmp_path / "case.pt")
     code = (
-        "import sys, torch; from ftlab.quant import Q4_0Weight; from ftlab.cpu.moe import moe_experts; "
+        "import sys, torch; from ftlab import ops; from ftlab.quant import Q4_0Weight; "
         "c = torch.load(sys.argv[1]); "
-        "y = moe_experts(c['x'], Q4_0Weight(c['gu'], (8, 192, 160)), Q4_0Weight(c['dn'], (8, 160, 96)), c['w'], c['ids']); "
+        "y = ops.moe_experts(c['x'], Q4_0Weight(c['gu'], (8, 192, 160)), Q4_0Weight(c['dn'], (8, 160, 96)), c['w'], "
+        "c['ids'], path='int8', backend='cpu'); "
         "torch.save(y, sys.argv[2])"
     )
     outs = []
@@ -233,9 +230,9 @@ def test_mechanism_on_cpu_is_eager_without_warning(monkeypatch):
 @needs_cpu_build
 def test_cpu_job_entry_is_exported():
     """The handshakes' worker threads call the CPU kernel through a C entry point."""
-    from ftlab.cpu import load
+    from ftlab.cpu.moe import job_entry
 
-    assert int(load("moe_cpu").moe_job_entry()) != 0
+    assert job_entry() != 0
 
 
 def test_channel_handshake_marks_its_phases_in_order():

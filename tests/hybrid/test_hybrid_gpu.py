@@ -1,4 +1,4 @@
-"""Hybrid MoE inside captured CUDA/HIP graphs (OPS.md section 4), on a GPU: every graph handshake
+"""Hybrid MoE inside captured CUDA/HIP graphs (docs/OPS.md section 4), on a GPU: every graph handshake
 replayed >= 500 times with changing inputs and CPU/GPU splits (0%, 50%, 100% of the routes on the
 CPU) and changing residency, each replay equal to the eager handshake bit for bit and to the
 all-experts reference within the derived bound; a forced probe failure falls back to eager with a
@@ -133,7 +133,7 @@ def test_failing_handshake_raises_not_stale(handshake):
 
 def test_forced_probe_failure_falls_back_to_eager(monkeypatch):
     monkeypatch.setenv(hx.ENV_PROBE_FAIL, "all")
-    hx._warned.clear()
+    hx.reset_probes()
     gu, dn = _banks(2)
     with pytest.warns(RuntimeWarning, match="no graph handshake passed"):
         ex = HybridDecodeExecutor(gu, dn, SLOTS, "cuda")

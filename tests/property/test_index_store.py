@@ -1,4 +1,4 @@
-"""index / store: every available backend against the reference, bit-exact (OPS.md section 1).
+"""index / store: every available backend against the reference, bit-exact (docs/OPS.md section 1).
 
 On a CPU machine the backends are the reference and Triton (interpreter); on a GPU the
 ``gpu`` tests run Triton and HIP, including launches on a side stream and replays of a

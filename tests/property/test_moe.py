@@ -1,4 +1,4 @@
-"""Routed MoE (OPS.md section 3): the reference's contract, checked by properties, and the
+"""Routed MoE (docs/OPS.md section 3): the reference's contract, checked by properties, and the
 router / align kernels against it (Triton so far; the expert kernels and HIP have not landed).
 """
 
@@ -145,7 +145,7 @@ def test_q4_0_banks_dequant_path_equals_dense_dequantized():
     dn = ops.quantize_q4_0(torch.randn(8, 64, 32, generator=gen) * 0.1)
     weights, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
     q = ops.moe_experts(x, gu, dn, weights, ids, path="dequant")
-    dense = ops.moe_experts(x, gu.dequantize(), dn.dequantize(), weights, ids)
+    dense = ops.moe_experts(x, ops.dequantize_q4_0(gu), ops.dequantize_q4_0(dn), weights, ids)
     torch.testing.assert_close(q, dense, rtol=1e-6, atol=1e-6)
     int8 = ops.moe_experts(x, gu, dn, weights, ids, path="int8")
     torch.testing.assert_close(int8, dense, rtol=0.05, atol=0.02)  # Q8_1 rounding of x and h

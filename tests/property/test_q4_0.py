@@ -1,9 +1,11 @@
-"""GGUF Q4_0: every available backend against the reference (OPS.md section 2).
+"""GGUF Q4_0: every available backend against the reference (docs/OPS.md section 2).
 
 Quantizers byte-exact (and the reference byte-exact with gguf-py), dequantize bit-exact,
 q4_0_matmul within ftlab.testing.matmul_tolerance. CPU: reference + Triton interpreter;
 GPU (``gpu``): Triton and HIP, graph capture included.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import backends, ops
+from ftlab import platform as ftplatform
 from ftlab.quant import Q4_0Weight
 from ftlab.reference import q4_0 as ref
 
@@ -176,12 +179,35 @@ def test_bad_input(label, call, exc, msg):
 
 
 def test_hip_has_no_dequant_path():
-    impl = backends._TABLE["q4_0_matmul"]["hip"]
+    hip = backends.spec("q4_0_matmul").impls["hip"]
+    gpu = torch.device("cuda")
     with pytest.raises(backends.BackendUnavailable, match="int8 path"):
-        ops.q4_0_path(impl, 512, "dequant")
-    assert ops.q4_0_path(impl, 512, "auto") == "int8"
-    assert ops.q4_0_path(backends._TABLE["q4_0_matmul"]["triton"], 512, "auto") == "dequant"
-    assert ops.q4_0_path(backends._TABLE["q4_0_matmul"]["triton"], 8, "auto") == "int8"
+        backends.resolve("q4_0_matmul", "hip", gpu, torch.bfloat16, ftplatform.platform_from_arch("sm_90"),
+                         path="dequant")  # fmt: skip
+    assert hip.caps.path_for(512, "auto") == "int8"
+    triton = backends.spec("q4_0_matmul").impls["triton"].caps
+    assert triton.path_for(512, "auto") == "dequant"
+    assert triton.path_for(backends.DECODE_MAX_TOKENS, "auto") == "int8"
+    assert triton.path_for(backends.DECODE_MAX_TOKENS + 1, "auto") == "dequant"
+    with pytest.raises(ValueError, match="path must be 'auto' or one of"):
+        ops.q4_0_matmul(torch.zeros(1, 32), ops.quantize_q4_0(torch.zeros(4, 32)), path="fp8")
+
+
+def test_auto_with_an_explicit_path_takes_the_first_that_implements_it():
+    """backend="auto", path="dequant" on a GPU whose HIP backend serves: HIP lacks the dequant
+    path, so Triton takes the call (the resolver folds the path into the choice)."""
+    sm90 = ftplatform.platform_from_arch("sm_90")
+    gpu = torch.device("cuda")
+    hip = backends.spec("q4_0_matmul").impls["hip"]
+    real = hip.caps
+    hip.caps = dataclasses.replace(real, available=None)
+    try:
+        assert backends.resolve("q4_0_matmul", "auto", gpu, torch.bfloat16, sm90).backend == "hip"
+        chosen = backends.resolve("q4_0_matmul", "auto", gpu, torch.bfloat16, sm90, path="dequant").backend
+        assert chosen == ("triton" if backends.spec("q4_0_matmul").impls["triton"].cannot_serve(
+            sm90, "cuda", torch.bfloat16) is None else "reference")  # fmt: skip
+    finally:
+        hip.caps = real
 
 
 # ------------------------------------------------------------------ GPU

@@ -24,7 +24,7 @@ def fake_op():
     )
     backends.register("fake", "marlin", fake("marlin"), platforms=("cuda",), nvidia_only=True)
     yield state
-    del backends._TABLE["fake"]
+    del backends.SPECS["fake"]
 
 
 def plat(arch):
@@ -86,7 +86,7 @@ def test_rocm_never_selects_nvidia_only(fake_op, arch, monkeypatch):
     )
     monkeypatch.delenv("FTLAB_BACKEND")
     chosen = backends.resolve("fake", "auto", GPU, torch.float16, p)
-    assert not chosen.nvidia_only and chosen.backend == "triton"
+    assert not chosen.caps.nvidia_only and chosen.backend == "triton"
 
 
 def test_nvidia_only_is_usable_on_cuda(fake_op, monkeypatch):
@@ -123,7 +123,7 @@ def test_register_rules(fake_op):
 @pytest.mark.parametrize("op", ["index", "store"])
 def test_real_table_has_three_backends(op):
     assert set(backends.backends_of(op)) >= {"reference", "triton", "hip"}
-    assert not any(backends._TABLE[op][b].nvidia_only for b in ("reference", "triton", "hip"))
+    assert not any(backends.spec(op).impls[b].caps.nvidia_only for b in ("reference", "triton", "hip"))
 
 
 def test_unknown_gfx_arch_is_not_built(monkeypatch):
@@ -165,3 +165,34 @@ def test_by_name_only_backends_are_not_auto(fake_op):
         backends.resolve("fake", "triton", GPU, torch.float16, plat("sm_90")).fn()
         == "gpu-unverified"
     )
+
+
+def test_every_op_spec_is_complete():
+    """Each built-in op: a family, reference + triton + hip implementations whose targets
+    import, capability records with consistent paths."""
+    for name in backends.ops():
+        spec = backends.spec(name)
+        assert spec.family and spec.summary, name
+        assert {"reference", "triton", "hip"} <= set(spec.impls), name
+        for impl in spec.impls.values():
+            assert callable(impl.fn), (name, impl.backend)
+            assert set(impl.caps.paths) <= set(spec.paths), (name, impl.backend)
+            if spec.paths:
+                assert impl.caps.prefill_path in impl.caps.paths, (name, impl.backend)
+
+
+def test_cpu_backend_is_by_name_for_cpu_tensors_only():
+    """The native CPU experts are moe_experts' ``cpu`` backend: never auto, never on a GPU tensor."""
+    cpu_impl = backends.spec("moe_experts").impls["cpu"]
+    assert cpu_impl.caps.platforms == {"cpu"} and cpu_impl.caps.paths == ("int8",)
+    assert backends.resolve("moe_experts", "auto", CPU, torch.float32, plat("cpu")).backend == "reference"
+    with pytest.raises(backends.BackendUnavailable, match="does not run on cuda devices"):
+        backends.resolve("moe_experts", "cpu", GPU, torch.float32, plat("sm_90"))
+    with pytest.raises(backends.BackendUnavailable, match="int8 path"):
+        backends.resolve("moe_experts", "cpu", CPU, torch.float32, plat("cpu"), path="dequant")
+
+
+def test_triton_on_cpu_says_how_and_that_it_is_slow(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    why = backends.triton_unavailable(plat("cpu"), "cpu")
+    assert "TRITON_INTERPRET=1" in why and "slow" in why and "reference" in why

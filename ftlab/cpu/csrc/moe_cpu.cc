@@ -2,7 +2,7 @@
 //
 // y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = ids[t, j] in [0, E);
 // other ids (-1: a slot routed to the GPU) contribute nothing and read nothing.
-// Contract: OPS.md sections 3 and 4; reference: ftlab/reference/moe.py (moe_experts).
+// Contract: docs/OPS.md sections 3 and 4; reference: ftlab/reference/moe.py (moe_experts).
 //
 // Banks: Q4_0 (uint8 [E, N, K/32*18]) on the int8 path -- x and h quantized to Q8_1 with the
 // reference's arithmetic (d = amax / 127, q = round-half-away(v / d), s = d * sum q) and the

@@ -1,4 +1,4 @@
-// handshake.hip — device side of the hybrid MoE handshakes (OPS.md section 4).
+// handshake.hip — device side of the hybrid MoE handshakes (docs/OPS.md section 4).
 //
 // One decode step of a hybrid layer, in stream order (handshake_launch.hip issues it):
 //   pack     one block: seq := seq + 1 (a device counter, one per channel); the router ids are

@@ -1,6 +1,6 @@
 // index_store.hip — device code of index (row gather) and store (KV-cache row scatter).
 //
-// Contract: OPS.md section 1; reference: ftlab/reference/index_store.py.
+// Contract: docs/OPS.md section 1; reference: ftlab/reference/index_store.py.
 //
 // Both ops are pure copies, so the kernels move raw bytes: the launcher picks the widest
 // vector type (16/8/4/2/1 bytes) that divides the row size, every row stride and every

@@ -1,4 +1,4 @@
-// moe_launch.hip — host glue for moe.hip: tvm-ffi entry points taking torch tensors (via
+// moe_launch.hip — host glue for moe_route.hip, moe.hip and moe_gemm.hip: tvm-ffi entry points taking torch tensors (via
 // DLPack) and launching on torch's current stream. ftlab.hip.moe allocates the outputs and
 // picks decode or grouped GEMM; the checks here keep a direct caller in bounds.
 #include <tvm/ffi/container/tensor.h>
@@ -7,6 +7,8 @@
 
 #include "launch_common.h"
 #include "moe.hip"
+#include "moe_gemm.hip"
+#include "moe_route.hip"
 
 namespace ftlab {
 

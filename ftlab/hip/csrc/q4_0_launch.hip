@@ -1,4 +1,4 @@
-// q4_0_launch.hip — host glue for q4_0.hip: tvm-ffi entry points taking torch tensors
+// q4_0_launch.hip — host glue for q4_0.hip, q4_0_matvec.hip and q4_0_gemm.hip: tvm-ffi entry points taking torch tensors
 // (via DLPack) and launching on torch's current stream.
 //
 // ftlab.ops validates shapes, dtypes and devices before calling in here; the checks below
@@ -10,6 +10,8 @@
 
 #include "launch_common.h"
 #include "q4_0.hip"
+#include "q4_0_gemm.hip"
+#include "q4_0_matvec.hip"
 
 namespace ftlab {
 
@@ -224,7 +226,7 @@ void q4_0_gemm(TensorView w, TensorView q, TensorView d, TensorView s, TensorVie
   TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == a.m && y.size(1) == n, ValueError) << "y must be [M, N]";
   if (n == 0 || a.m == 0) return;
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((a.m + kTileM - 1) / kTileM));
-  q4_0_gemm_kernel<<<grid, kThreads, 0, stream_of(y)>>>(static_cast<const uint8_t*>(base_of(w)), w.size(1),
+  q4_0_gemm_kernel<<<grid, kGemmThreads, 0, stream_of(y)>>>(static_cast<const uint8_t*>(base_of(w)), w.size(1),
                                                        a.q, a.d, a.s, static_cast<float*>(base_of(y)), a.m, n, a.k);
   check_launch("q4_0_gemm_kernel");
 }

@@ -1,11 +1,11 @@
-"""qk_norm_rope through the HIP kernel of ``csrc/norm_rope.hip`` (JIT-built, cached): one wave
+"""qk_norm_rope through the HIP kernel of ``csrc/qk_norm_rope.hip`` (JIT-built, cached): one wave
 per (token, head) row, lanes over the (p, p + D/2) rotation pairs."""
 
 from __future__ import annotations
 
 import torch
 
-from ftlab.hip import loader
+from ftlab import jit
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -13,6 +13,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     """Backend entry of :func:`ftlab.ops.qk_norm_rope` (ops checked the layouts)."""
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    module = loader.module_for("norm_rope", q.device)
-    loader.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps)))
+    module = jit.module_for("qk_norm_rope", q.device)
+    jit.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps)))
     return qo, ko

@@ -1,4 +1,4 @@
-"""qk_norm_rope in Triton (reference: ftlab/reference/norm_rope.py).
+"""qk_norm_rope in Triton (reference: ftlab/reference/qk_norm_rope.py).
 
 One program per (token, head) row of q and k together: the row and its rotation partner
 (element ``(d + D/2) % D``, loaded a second time rather than permuted in registers) are
@@ -58,14 +58,10 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 def compile_specs(target: str) -> list:
     """The configurations compile-checked for ``target`` (see ftlab.compile_check): Qwen3's
     head size 128 with 32 q and 4 kv heads, in each float dtype."""
-    from ftlab.compile_check import TritonSpec
+    from ftlab.triton.compile_spec import spec
 
-    specs = []
-    for dt in ("fp32", "fp16", "bf16"):
-        ptr = f"*{dt}"
-        sig = {"q_ptr": ptr, "q_row": "i32", "k_ptr": ptr, "k_row": "i32", "qw_ptr": ptr, "kw_ptr": ptr,
-               "cos_ptr": ptr, "sin_ptr": ptr, "qo_ptr": ptr, "ko_ptr": ptr, "eps": "fp32", "HQ": "constexpr",
-               "HK": "constexpr", "D": "constexpr", "BLOCK_D": "constexpr"}  # fmt: skip
-        specs.append(TritonSpec(f"qk_norm_rope_kernel[{dt}, D 128, 32 + 4 heads]", qk_norm_rope_kernel, sig,
-                                {"HQ": 32, "HK": 4, "D": 128, "BLOCK_D": 128}, num_warps=1))  # fmt: skip
-    return specs
+    names = ("q_ptr", "k_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")
+    return [spec(qk_norm_rope_kernel, f"qk_norm_rope_kernel[{dt}, D 128, 32 + 4 heads]",
+                 types={**dict.fromkeys(names, f"*{dt}"), "eps": "fp32"},
+                 constexprs={"HQ": 32, "HK": 4, "D": 128, "BLOCK_D": 128}, num_warps=1)
+            for dt in ("fp32", "fp16", "bf16")]  # fmt: skip

@@ -1,11 +1,11 @@
-// norm_rope_launch.hip — host glue for norm_rope.hip (tvm-ffi entry, torch's current stream).
+// qk_norm_rope_launch.hip — host glue for qk_norm_rope.hip (tvm-ffi entry, torch's current stream).
 // ftlab.ops checked the layouts; the checks here keep a direct caller in bounds.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
 
 #include "launch_common.h"
-#include "norm_rope.hip"
+#include "qk_norm_rope.hip"
 
 namespace ftlab {
 

@@ -1,5 +1,5 @@
-// norm_rope.hip — qk_norm_rope: per-head RMSNorm of q and k, then RoPE (rotate-half form).
-// Contract: ftlab/ops.py qk_norm_rope; reference: ftlab/reference/norm_rope.py.
+// qk_norm_rope.hip — qk_norm_rope: per-head RMSNorm of q and k, then RoPE (rotate-half form).
+// Contract: ftlab/ops/qk_norm_rope.py; reference: ftlab/reference/qk_norm_rope.py.
 //
 // One wave per (token, head) row, rows of q then rows of k: lane l takes the element pairs
 // (p, p + D/2) for p = l, l + W, ... < D/2 -- a pair holds each other's rotation partner, so

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ftlab import ops
-from ftlab.testing.common import assert_within, backends_for
-from ftlab.testing.q4_0 import _ulp
+from ftlab.testing.common import assert_within, backends_for, ulp
 
 EPS32 = 2.0**-23
 
@@ -34,7 +33,7 @@ def qk_norm_rope_tolerance(x: torch.Tensor, weight: torch.Tensor, cos: torch.Ten
     rel = ((d + 4) / 2 + 2 + 4 + 2) * EPS32 * 2  # both sides
     bound = rel * (y.abs() * cf.abs() + yp.abs() * sf.abs())
     if x.dtype != torch.float32:
-        bound = bound + 1.5 * _ulp((exact.abs() + bound).float(), x.dtype).double()
+        bound = bound + 1.5 * ulp((exact.abs() + bound).float(), x.dtype).double()
     return bound.float()
 
 

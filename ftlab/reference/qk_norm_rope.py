@@ -1,4 +1,4 @@
-"""qk_norm_rope, the reference (OPS.md section 5: per-head RMSNorm on q and k, then RoPE).
+"""qk_norm_rope, the reference (docs/OPS.md section 5: per-head RMSNorm on q and k, then RoPE).
 
 For each row ``x`` of ``D`` elements (a head of a token) with the token's rotary tables:
 ``y = x / sqrt(mean(x^2) + eps) * weight`` and ``out[d] = y[d] * cos[d] + y[(d + D/2) % D] *

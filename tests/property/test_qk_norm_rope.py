@@ -13,7 +13,7 @@ from ftlab.models.qwen3_moe import rope_tables
 
 
 @st.composite
-def norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
+def qk_norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
     n = draw(st.sampled_from([1, 2, 5, 17]))
     hq = draw(st.sampled_from([1, 2, 4, 8]))
     hk = draw(st.sampled_from([1, 2]))
@@ -34,13 +34,13 @@ def norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
     return q, k, qw, kw, cos.reshape(n, d), sin.reshape(n, d), eps
 
 
-@given(norm_rope_case())
+@given(qk_norm_rope_case())
 def test_qk_norm_rope_cpu(case):
     ft.check_qk_norm_rope_case(*case)
 
 
 @pytest.mark.gpu
-@given(norm_rope_case())
+@given(qk_norm_rope_case())
 def test_qk_norm_rope_gpu(case):
     ft.check_qk_norm_rope_case(*case, device="cuda")
 

@@ -1,0 +1,34 @@
+"""The public ops. Each validates its arguments, routes to a backend through the one routing
+table (:mod:`ftlab.backends`), and calls it.
+
+Validation happens here, once, before any backend runs, so every backend path rejects the same
+bad input with the same message, and a rejected call has written nothing. One module per op
+family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family>.py``):
+
+- ``index_store``: :func:`index`, :func:`store`;
+- ``q4_0``: :func:`quantize_q4_0`, :func:`dequantize_q4_0`, :func:`quantize_q8_1`,
+  :func:`q4_0_matmul`;
+- ``moe``: :func:`route_topk`, :func:`moe_align`, :func:`moe_experts`, :func:`fused_moe`;
+- ``qk_norm_rope``: :func:`qk_norm_rope`.
+
+``ftlab ops`` (or :func:`ftlab.catalog.describe`) lists where everything about an op lives.
+"""
+
+from ftlab.ops.index_store import index, store
+from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk
+from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
+from ftlab.ops.qk_norm_rope import qk_norm_rope
+
+__all__ = [
+    "dequantize_q4_0",
+    "fused_moe",
+    "index",
+    "moe_align",
+    "moe_experts",
+    "q4_0_matmul",
+    "qk_norm_rope",
+    "quantize_q4_0",
+    "quantize_q8_1",
+    "route_topk",
+    "store",
+]

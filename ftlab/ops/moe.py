@@ -1,0 +1,155 @@
+"""Routed MoE (docs/OPS.md section 3): the router, the grouping of routes by expert, the
+SwiGLU experts, and the two composed as one layer's MoE."""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab import argcheck, backends
+from ftlab.quant import Q4_0Weight
+
+
+def route_topk(
+    logits: torch.Tensor, top_k: int, renormalize: bool = True, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router of Qwen3-MoE: ``logits [T, E]`` (fp32/fp16/bf16) -> (weights fp32 ``[T, k]``,
+    ids int32 ``[T, k]``). Softmax over all E in fp32, the k largest (ties: the lower expert
+    id first), renormalized to sum 1 when ``renormalize`` (Qwen3's ``norm_topk_prob``)."""
+    argcheck.float_tensor("logits", logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [T, E], got shape {tuple(logits.shape)}")
+    argcheck.int_in("top_k", top_k, 1, logits.shape[1])
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    impl = backends.resolve("route_topk", backend, logits.device, logits.dtype)
+    return impl.fn(logits, top_k, renormalize)
+
+
+def moe_align(
+    ids: torch.Tensor, num_experts: int, block_m: int, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group the (token, slot) pairs of ``ids [T, k]`` by expert for a grouped GEMM.
+
+    Returns ``sorted_token_ids`` int32 ``[capacity]`` (flat pair index ``t * k + j``, groups
+    in expert order, pairs in flat order within a group, each group padded to a multiple of
+    ``block_m`` with the sentinel ``T * k``), ``expert_ids`` int32 ``[capacity / block_m]``
+    (-1 past the end) and ``num_tokens_post_padded`` int32 ``[1]``. ``capacity`` is the static
+    bound :func:`ftlab.reference.moe.align_capacity`. Ids outside ``[0, E)`` are skipped.
+    """
+    argcheck.tensor("ids", ids)
+    argcheck.dtype_in("ids", ids, argcheck.INDEX_DTYPES)
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be 2-D [T, k], got shape {tuple(ids.shape)}")
+    argcheck.int_in("num_experts", num_experts, 1)
+    argcheck.int_in("block_m", block_m, 1)
+    impl = backends.resolve("moe_align", backend, ids.device, None)
+    return impl.fn(_valid_ids(ids, num_experts), num_experts, block_m)
+
+
+def _valid_ids(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``ids`` as contiguous int32, ids outside ``[0, E)`` as -1: the kernels read int32, and an
+    int64 id such as 2**32 + 1 must not wrap into a valid expert. No host synchronization."""
+    if ids.dtype == torch.int64:
+        ids = torch.where((ids >= 0) & (ids < num_experts), ids, -1).to(torch.int32)
+    return ids.contiguous()
+
+
+def _bank(name: str, w: object) -> tuple[int, ...]:
+    if isinstance(w, Q4_0Weight):
+        shape = tuple(w.shape)
+    elif isinstance(w, torch.Tensor):
+        argcheck.dtype_in(name, w, argcheck.FLOAT_DTYPES)
+        shape = tuple(w.shape)
+    else:
+        raise TypeError(f"{name} must be a tensor or a Q4_0Weight bank, got {type(w).__name__}")
+    if len(shape) != 3:
+        raise ValueError(f"{name} must be an expert bank [E, N, K], got shape {shape}")
+    return shape
+
+
+def moe_experts(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor | Q4_0Weight,
+    w_down: torch.Tensor | Q4_0Weight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    path: str = "auto",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """SwiGLU experts: ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``.
+
+    x ``[T, H]`` fp32/fp16/bf16; ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and
+    ``w_down [E, H, I]``, both dense (fp32/fp16/bf16) or both Q4_0Weight banks; ``topk_weights``
+    fp32 ``[T, k]``; ``topk_ids`` int32/int64 ``[T, k]`` -- ids outside ``[0, E)``, -1 in
+    particular, contribute nothing. Returns ``[T, H]`` in x's dtype.
+
+    ``path`` applies to Q4_0 banks, as in :func:`~ftlab.ops.q4_0_matmul`: ``"int8"`` (x and the
+    SwiGLU output h quantized to Q8_1, int8 block dots), ``"dequant"`` (weights dequantized; a
+    backend may round them, and h, to x's dtype for its matrix units), ``"auto"`` (int8
+    up to ``backends.DECODE_MAX_TOKENS`` tokens, else the backend's prefill path: reference and
+    triton ``"dequant"``, hip and cpu ``"int8"``). Dense banks ignore it. The routing weight
+    multiplies each expert's down output before the sum over the k slots, in every backend.
+    ``backend="cpu"``: the native CPU kernels (CPU tensors; what the hybrid executor runs).
+    """
+    argcheck.float_tensor("x", x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [T, H], got shape {tuple(x.shape)}")
+    e, two_i, h = _bank("w_gate_up", w_gate_up)
+    e2, h2, i = _bank("w_down", w_down)
+    if (e2, h2, 2 * i) != (e, x.shape[1], two_i) or h != x.shape[1]:
+        raise ValueError(
+            f"banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] with H = {x.shape[1]}, "
+            f"got {tuple(w_gate_up.shape)} and {tuple(w_down.shape)}"
+        )
+    q4 = isinstance(w_gate_up, Q4_0Weight)
+    if q4 != isinstance(w_down, Q4_0Weight):
+        raise TypeError(f"w_gate_up and w_down must both be Q4_0Weight banks or both dense tensors, got "
+                        f"{type(w_gate_up).__name__} and {type(w_down).__name__}")  # fmt: skip
+    argcheck.tensor("topk_weights", topk_weights)
+    argcheck.tensor("topk_ids", topk_ids)
+    argcheck.dtype_in("topk_ids", topk_ids, argcheck.INDEX_DTYPES)
+    if topk_weights.dtype != torch.float32:
+        raise TypeError(f"topk_weights must be float32, got {topk_weights.dtype}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights and topk_ids must both be [T, k] with T = {x.shape[0]}, "
+            f"got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
+        )
+    for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down), ("topk_weights", topk_weights),
+                    ("topk_ids", topk_ids)):  # fmt: skip
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
+    if q4:
+        impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
+    else:
+        if path != "auto" and path not in backends.Q4_0_PATHS:
+            raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")
+        impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
+    return impl.fn(x, w_gate_up, w_down, topk_weights, _valid_ids(topk_ids, e), path)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w_gate_up: torch.Tensor | Q4_0Weight,
+    w_down: torch.Tensor | Q4_0Weight,
+    top_k: int,
+    renormalize: bool = True,
+    *,
+    path: str = "auto",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """One Qwen3-MoE layer's experts: :func:`route_topk` then :func:`moe_experts`.
+
+    x ``[T, H]``, router_logits ``[T, E]`` (E the banks' experts) -> ``[T, H]`` in x's dtype."""
+    argcheck.float_tensor("x", x)
+    argcheck.float_tensor("router_logits", router_logits)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [T, H], got shape {tuple(x.shape)}")
+    experts = _bank("w_gate_up", w_gate_up)[0]
+    if router_logits.dim() != 2 or router_logits.shape != (x.shape[0], experts):
+        raise ValueError(f"router_logits must be [T, E] = [{x.shape[0]}, {experts}] (x's tokens, the banks' "
+                         f"experts), got {tuple(router_logits.shape)}")  # fmt: skip
+    weights, ids = route_topk(router_logits, top_k, renormalize, backend=backend)
+    return moe_experts(x, w_gate_up, w_down, weights, ids, path=path, backend=backend)

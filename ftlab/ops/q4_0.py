@@ -1,0 +1,89 @@
+"""GGUF Q4_0 (docs/OPS.md section 2): quantize, dequantize, Q8_1 activations and the matmul."""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab import argcheck, backends
+from ftlab.quant import Q8_1, QK, Q4_0Weight
+
+
+def quantize_q4_0(w: torch.Tensor, *, backend: str = "auto") -> Q4_0Weight:
+    """Quantize ``w [..., N, K]`` (fp32/fp16/bf16, K % 32 == 0) to GGUF Q4_0 blocks.
+
+    Byte-identical to ``gguf.quants.quantize(w, GGMLQuantizationType.Q4_0)`` in every backend,
+    infinities included (an infinite block's scale is infinite, its finite values quantize to 8).
+    NaN is refused (ValueError naming the first): gguf-py would pick it as the block's largest
+    magnitude and write a NaN scale, and the kernels' max reductions do not order NaN the way
+    numpy's argmax does. The check reads w on the host (not inside a graph capture; quantizing is
+    load-time work). Returns a :class:`~ftlab.quant.Q4_0Weight` on w's device.
+    """
+    argcheck.float_tensor("w", w)
+    if w.dim() < 2 or w.shape[-1] % QK:
+        raise ValueError(f"w must be [..., N, K] with K a multiple of {QK}, got shape {tuple(w.shape)}")
+    if w.numel():
+        argcheck.data_checks_allowed("quantize_q4_0", "its NaN check reads w", "quantize before capturing")
+        bad = torch.isnan(w)
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"w must not hold NaN, got NaN at {where} (a NaN weight has no Q4_0 value)")
+    impl = backends.resolve("quantize_q4_0", backend, w.device, w.dtype)
+    return impl.fn(w.contiguous())
+
+
+def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype = torch.float32, *, backend: str = "auto") -> torch.Tensor:
+    """``[..., N, K]`` values ``d * (q - 8)`` of a Q4_0Weight, in ``dtype`` (fp32/fp16/bf16).
+
+    Exact in fp32 (an fp16 scale times a small integer), hence bit-identical across
+    backends; fp16/bf16 outputs are that value rounded to nearest even.
+    """
+    argcheck.q4_0_weight("w", w)
+    if dtype not in backends.FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    impl = backends.resolve("dequantize_q4_0", backend, w.device, dtype)
+    return impl.fn(w, dtype)
+
+
+def quantize_q8_1(x: torch.Tensor, *, backend: str = "auto") -> Q8_1:
+    """Q8_1 activations of ``x [M, K]`` (fp32/fp16/bf16, K % 32 == 0): per 32-block
+    ``d = amax / 127``, ``q = round(x / d)`` (halves away from zero), ``s = d * sum(q)``."""
+    argcheck.float_tensor("x", x)
+    if x.dim() != 2 or x.shape[1] % QK:
+        raise ValueError(f"x must be [M, K] with K a multiple of {QK}, got shape {tuple(x.shape)}")
+    impl = backends.resolve("quantize_q8_1", backend, x.device, x.dtype)
+    return impl.fn(x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous())
+
+
+def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto") -> torch.Tensor:
+    """``x [M, K] @ W.T -> [M, N]`` for Q4_0 weights ``W [N, K]``, in x's dtype.
+
+    Paths (docs/OPS.md section 2):
+      ``"int8"``: x is quantized to Q8_1; per block ``d4 * (d8 * sum(q4 * q8) - 8 * s8)``
+      with an exact integer dot (dp4a / sudot4 / sdot4), summed in fp32. Backends agree
+      to fp32 rounding: ``|y - y_ref| <= (K/32 + 4) * eps32 * sum_b |d4| (|d8 sumi| + 8 |s8|)``
+      (see ``ftlab.testing.matmul_tolerance``).
+      ``"dequant"``: ``x @ dequantize(W).T`` with the weights rounded to x's dtype in the
+      tile (Triton) -- within one rounding of each weight of the fp32 result.
+      ``"auto"``: int8 up to ``backends.DECODE_MAX_TOKENS`` rows (decode); for more rows the
+      backend's prefill path (reference, triton: dequant; hip: int8).
+    With ``backend="auto"`` and an explicit path, the first backend in auto order that
+    implements that path serves the call.
+
+    x may be non-contiguous (row stride > K); fp32 / fp16 / bf16.
+    """
+    argcheck.float_tensor("x", x)
+    argcheck.q4_0_weight("w", w)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    if len(w.shape) != 2:
+        raise ValueError(f"w must be a 2-D Q4_0Weight [N, K], got shape {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x must have K = {w.shape[1]} columns (w is {tuple(w.shape)}), got {x.shape[1]}")
+    if x.device != w.device:
+        raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
+    impl, chosen = backends.resolve_path("q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
+    if x.shape[0] == 0 or w.shape[0] == 0:
+        return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    return impl.fn(x, w, chosen)

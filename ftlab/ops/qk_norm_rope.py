@@ -1,0 +1,55 @@
+"""qk_norm_rope (docs/OPS.md section 5): Qwen3's per-head q/k RMSNorm and RoPE in one pass."""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab import argcheck, backends
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float, *, backend: str = "auto"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Qwen3's per-head RMSNorm of q and k followed by RoPE, one pass over both.
+
+    ``q [N, Hq, D]`` and ``k [N, Hk, D]`` (fp32 / fp16 / bf16, one dtype; D even; the views of
+    a fused q/k/v projection are taken as they are: any token stride, contiguous heads),
+    ``q_weight`` / ``k_weight [D]``, ``cos`` / ``sin [N, D]`` (or any shape of N * D elements,
+    e.g. ``[B, T, 1, D]``) from ``ftlab.models.qwen3_moe.rope_tables``: ``sin`` is signed, -sin on
+    the first half. Each row: ``y = x / sqrt(mean(x^2) + eps) * weight``, then ``out[d] =
+    y[d] * cos[d] + y[(d + D/2) % D] * sin[d]``, in fp32, rounded once. Returns new contiguous
+    ``(q_out [N, Hq, D], k_out [N, Hk, D])`` in q's dtype. Weights and tables of another float
+    dtype are cast to q's.
+    """
+    argcheck.float_tensor("q", q)
+    argcheck.float_tensor("k", k)
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D [N, heads, D], got shape {tuple(t.shape)}")
+    n, _, d = q.shape
+    if d % 2 or d == 0:
+        raise ValueError(f"q's head size D must be even and positive, got {d}")
+    if k.shape[0] != n or k.shape[2] != d:
+        raise ValueError(f"k must be [{n}, Hk, {d}] like q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    eps = argcheck.finite_float("eps", eps, 0.0)
+    rows = []
+    for name, t, shape in (("q_weight", q_weight, (d,)), ("k_weight", k_weight, (d,)), ("cos", cos, (n, d)),
+                           ("sin", sin, (n, d))):  # fmt: skip
+        argcheck.float_tensor(name, t)
+        want = shape[0] * shape[-1] if len(shape) == 2 else d
+        if t.numel() != want:
+            raise ValueError(f"{name} must hold {want} elements ({'N * D' if len(shape) == 2 else 'D'}), got shape "
+                             f"{tuple(t.shape)}")  # fmt: skip
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+        rows.append(t.reshape(shape).to(q.dtype).contiguous())
+    if k.device != q.device:
+        raise ValueError(f"k must be on q's device {q.device}, got {k.device}")
+
+    def rows_layout(t: torch.Tensor) -> torch.Tensor:  # contiguous heads and elements, any token stride
+        return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
+
+    impl = backends.resolve("qk_norm_rope", backend, q.device, q.dtype)
+    return impl.fn(rows_layout(q), rows_layout(k), *rows, eps)

@@ -1,0 +1,199 @@
+"""Shared Triton helpers of the Q4_0 kernels: the Triton twin of ``hip/csrc/q4_0_common.h``.
+
+Used by ``ftlab/triton/q4_0.py`` (quantizers, matvecs, GEMM) and ``ftlab/triton/moe.py`` (the
+int8-path expert kernels):
+
+- block access: :func:`load_q4_0_scale` (the fp16 scale of a block), :func:`load_blocks` /
+  :func:`load_blocks_h16` (a tile of blocks as four ``qs`` words and the scale, rows of an even
+  / odd number of blocks), :func:`load_x_words` (eight words of Q8_1 activations);
+- arithmetic: :func:`dp4a` (PTX dp4a on NVIDIA, byte sums elsewhere and in the interpreter),
+  :func:`block_sums` (the exact int8 dot of a Q4_0 block with a Q8_1 block),
+  :func:`round_half_away` (C's roundf);
+- launch: ``CONFIGS`` (the per-arch launch configurations, one table), :func:`config`,
+  :func:`launch_table`, :func:`sm_count`, :func:`interpreted`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ftlab.platform import current
+
+# Launch configurations, one table. sm_90's matvec entry is the best of a sweep on an H200
+# (benchmarks/NOTES.md); its GEMM entry and every gfx entry are untimed starting points
+# (wave32 / wave64 sized), compile-checked for their targets.
+CONFIGS: dict[str, dict[str, dict[str, int]]] = {
+    # mv4 (the dp4a matvec over 32-bit words) where PTX dp4a exists (asm: 1); the gfx targets
+    # keep mv, the int16-word matvec. sm_90 mv4: best of 12 (BLOCK_N 2-16, BLOCK_KB 32/64,
+    # 2-8 warps, 4-32 programs per SM) on lm_head, 71.6% of copy (benchmarks/NOTES.md).
+    "sm_90": {
+        "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
+        "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 1, "progs_per_sm": 8},
+        # the MoE decode experts' int8 matvecs (ftlab/triton/moe.py): best of 9 at T = 1
+        "moe_mv": {"BLOCK_N": 4, "BLOCK_KB": 32, "num_warps": 2, "asm": 1},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 3},
+        "gemm_f32": {
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "BLOCK_KB": 1,
+            "num_warps": 4,
+            "num_stages": 2,
+            "f32_precision": "tf32x3",
+        },
+    },
+    "gfx1100": {
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+    },
+    "gfx1201": {
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+    },
+    "gfx942": {  # wave64; BLOCK_KB 8 spills SGPRs at M = 8
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+    },
+    "default": {
+        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
+        "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 0, "progs_per_sm": 8},
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
+    },
+}
+CONFIGS["gfx1151"] = CONFIGS["gfx1100"]
+
+
+
+def launch_table(device: torch.device) -> dict[str, dict[str, int]]:
+    """The launch configurations for ``device``'s arch (``default`` on the CPU and unknown archs)."""
+    arch = current(device).arch if device.type != "cpu" else None
+    return CONFIGS.get(arch or "default", CONFIGS["default"])
+
+
+def config(kernel: str, device: torch.device) -> dict[str, int]:
+    """A copy of the launch configuration of ``kernel`` on ``device``'s arch."""
+    return dict(launch_table(device)[kernel])
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors (SMs / CUs) of ``device``; 4 in the CPU interpreter."""
+    if device.type == "cpu":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def interpreted() -> bool:
+    """Whether Triton runs in its CPU interpreter (no inline assembly, wrong bf16 arithmetic)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ------------------------------------------------------------------ device helpers
+
+
+@triton.jit
+def round_half_away(v):
+    t = v.to(tl.int32).to(tl.float32)  # truncation toward zero; v - t is exact
+    return tl.where(tl.abs(v - t) >= 0.5, t + tl.where(v < 0, -1.0, 1.0), t)
+
+
+@triton.jit
+def load_q4_0_scale(ptr, mask):
+    """The fp16 scale at ``ptr`` (little-endian bytes) as fp32."""
+    b0 = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+    b1 = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
+    return (b0 | (b1 << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def dp4a(a, b, c, ASM: tl.constexpr):
+    """c + the dot of the four signed bytes of a and of b (int32 tensors).
+
+    ``ASM``: PTX ``dp4a`` (NVIDIA); else the same sum from sign-extended bytes (any target,
+    and the CPU interpreter, which runs no inline assembly)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;",
+            "=r,r,r,r",
+            [a, b, c],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        r = c
+        for j in tl.static_range(4):
+            r += ((a << (24 - 8 * j)) >> 24) * ((b << (24 - 8 * j)) >> 24)
+        return r
+
+
+@triton.jit
+def qs_word(w_lo, w_hi, odd):
+    """qs word i of a block from the row's 32-bit words j and j + 1 (j = 9b/2 + i): an odd
+    block's qs are word-aligned (word j + 1), an even block's straddle two words."""
+    lo = w_lo.to(tl.uint32, bitcast=True)
+    hi = w_hi.to(tl.uint32, bitcast=True)
+    return tl.where(odd, hi, (lo >> 16) | (hi << 16)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def load_blocks(w32_ptr, w16_ptr, row32, kb, mask):
+    """The four qs words and the fp32 scale of blocks ``kb`` of rows ``row32`` (word offsets
+    of the rows), ``[BN, KB]`` each: five word loads per block (block b starts at word 9b/2)."""
+    wp = w32_ptr + row32[:, None] + ((kb * 9) // 2)[None, :]
+    w0 = tl.load(wp, mask=mask, other=0)
+    w1 = tl.load(wp + 1, mask=mask, other=0)
+    w2 = tl.load(wp + 2, mask=mask, other=0)
+    w3 = tl.load(wp + 3, mask=mask, other=0)
+    w4 = tl.load(wp + 4, mask=mask, other=0)
+    odd = (kb % 2 == 1)[None, :]
+    d4 = tl.load(w16_ptr + 2 * row32[:, None] + (kb * 9)[None, :], mask=mask, other=0)
+    d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)
+    return (qs_word(w0, w1, odd), qs_word(w1, w2, odd), qs_word(w2, w3, odd),
+            qs_word(w3, w4, odd), d4)  # fmt: skip
+
+
+@triton.jit
+def load_x_words(xp, mask):
+    """The eight q8 words of blocks at ``xp`` (``[KB]`` word pointers), each ``[1, KB]``."""
+    return (tl.load(xp, mask=mask, other=0)[None, :], tl.load(xp + 1, mask=mask, other=0)[None, :],
+            tl.load(xp + 2, mask=mask, other=0)[None, :], tl.load(xp + 3, mask=mask, other=0)[None, :],
+            tl.load(xp + 4, mask=mask, other=0)[None, :], tl.load(xp + 5, mask=mask, other=0)[None, :],
+            tl.load(xp + 6, mask=mask, other=0)[None, :], tl.load(xp + 7, mask=mask, other=0)[None, :])  # fmt: skip
+
+
+@triton.jit
+def block_sums(q0, q1, q2, q3, x0, x1, x2, x3, x4, x5, x6, x7, ASM: tl.constexpr):
+    """Exact int8 sums of blocks: low nibbles (elements 4i..4i+3) against q8 words 0..3, high
+    nibbles (elements 4i+16..4i+19) against words 4..7."""
+    s = dp4a(q0 & 0x0F0F0F0F, x0, tl.zeros(q0.shape, dtype=tl.int32), ASM)
+    s = dp4a(q1 & 0x0F0F0F0F, x1, s, ASM)
+    s = dp4a(q2 & 0x0F0F0F0F, x2, s, ASM)
+    s = dp4a(q3 & 0x0F0F0F0F, x3, s, ASM)
+    s = dp4a((q0 >> 4) & 0x0F0F0F0F, x4, s, ASM)
+    s = dp4a((q1 >> 4) & 0x0F0F0F0F, x5, s, ASM)
+    s = dp4a((q2 >> 4) & 0x0F0F0F0F, x6, s, ASM)
+    return dp4a((q3 >> 4) & 0x0F0F0F0F, x7, s, ASM)
+
+
+@triton.jit
+def load_blocks_h16(w16_ptr, row16, kb, mask):
+    """``load_blocks`` for rows of an odd number of blocks (not word-aligned): block b is
+    halfwords 9b (the fp16 scale) .. 9b + 8 (qs), nine halfword loads."""
+    hp = w16_ptr + row16[:, None] + (kb * 9)[None, :]
+    d4 = tl.load(hp, mask=mask, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    h1 = tl.load(hp + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h2 = tl.load(hp + 2, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h3 = tl.load(hp + 3, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h4 = tl.load(hp + 4, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h5 = tl.load(hp + 5, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h6 = tl.load(hp + 6, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h7 = tl.load(hp + 7, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    h8 = tl.load(hp + 8, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return h1 | (h2 << 16), h3 | (h4 << 16), h5 | (h6 << 16), h7 | (h8 << 16), d4

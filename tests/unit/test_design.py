@@ -1,0 +1,192 @@
+"""The shape of the code, checked: no import cycle between ftlab modules, no module reaching into
+another's private names, files a reader can hold in mind, every document a source cites present,
+and every op's pieces found from its one name."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from ftlab import backends, catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "ftlab"
+MAX_LINES = 450
+SOURCES = sorted(p for ext in ("py", "hip", "h", "cc") for p in PACKAGE.rglob(f"*.{ext}"))
+PY_MODULES = {
+    ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+    for p in sorted(PACKAGE.rglob("*.py"))
+}
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(imported ftlab module, names taken from it, line) for every import in the file, at any
+    depth (imports inside functions count: they are still a dependency)."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("ftlab")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("ftlab"):
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in PY_MODULES:  # `from ftlab import ops`: the submodule itself
+                    out.append((sub, [], node.lineno))
+                else:
+                    out.append((base, [alias.name], node.lineno))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in PY_MODULES}
+    for module, path in PY_MODULES.items():
+        for target, _, _ in _imports(module, path):
+            if target in PY_MODULES and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    """Package ``__init__`` re-exports aside (a package importing its own submodules), no two
+    ftlab modules depend on each other, directly or through others, lazily or not."""
+    graph = _graph()
+    for module in graph:  # a package's __init__ importing its submodules is how it exports them
+        graph[module] = {t for t in graph[module] if not (PY_MODULES[module].name == "__init__.py"
+                                                          and t.startswith(module + "."))}  # fmt: skip
+    assert _cycles(graph) == []
+
+
+def test_the_checker_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _where(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def _private_uses(path: Path, module: str) -> list[str]:
+    """Private names of another module: ``from ftlab.x import _y``, and ``alias._y`` where
+    ``alias`` is an imported module (ftlab's or any other: ``os.environ._data`` too)."""
+    tree = ast.parse(path.read_text())
+    bad = [f"{_where(path)}:{line}: from {target} import {name}"
+           for target, names, line in _imports(module, path) for name in names
+           if name.startswith("_") and not name.startswith("__") and target != module]  # fmt: skip
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            for a in node.names:
+                if f"{base}.{a.name}" in PY_MODULES or base in ("os", "sys") or a.name in ("environ",):
+                    aliases.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in aliases:
+                bad.append(f"{_where(path)}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_no_private_cross_imports():
+    bad = []
+    for module, path in PY_MODULES.items():
+        bad += _private_uses(path, module)
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        bad += _private_uses(path, "tests." + path.stem)
+    assert bad == []
+
+
+def test_the_private_checker_sees_both_forms(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import os\nfrom ftlab.triton import q4_0 as tq\nfrom ftlab.ops.q4_0 import _hidden\n"
+                   "x = tq._table(1)\ny = os.environ._data\nz = self._fine\n")  # fmt: skip
+    bad = _private_uses(src, "m")
+    assert sorted(b.split(": ", 1)[1] for b in bad) == ["from ftlab.ops.q4_0 import _hidden", "os.environ._data",
+                                                        "tq._table"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", SOURCES + sorted((ROOT / "tests").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))  # fmt: skip
+def test_files_are_short(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}: split it)"
+
+
+def test_cited_documents_exist():
+    """Every design document a source, test, notebook or the README names (``docs/<name>.md``,
+    or an upper-case document name such as OPS, README or NOTES) is in the repository."""
+    cited = {}
+    texts = [*SOURCES, *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
+             ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # fmt: skip
+    for path in texts:
+        for m in re.finditer(r"docs/([\w-]+\.md)|\b([A-Z][A-Z_]+\.md)\b", path.read_text()):
+            cited.setdefault(m.group(1) or m.group(2), str(path.relative_to(ROOT)))
+    known = {p.name for p in (ROOT / "docs").glob("*.md")} | {p.name for p in ROOT.glob("*.md")}
+    known |= {p.name for p in (ROOT / "benchmarks").rglob("*.md")}
+    missing = {name: where for name, where in cited.items() if name not in known}
+    assert missing == {}
+
+
+@pytest.mark.parametrize("op", backends.ops())
+def test_everything_about_an_op_is_found_by_its_name(op):
+    """The reviewer's test: reference, Triton, HIP, case functions, property tests, docs."""
+    d = catalog.describe(op)
+    fam = d["family"]
+    impls = d["implementations"]
+    assert f"ftlab/reference/{fam}.py" in impls["reference"]["files"]
+    assert f"ftlab/triton/{fam}.py" in impls["triton"]["files"]
+    assert f"ftlab/hip/{fam}.py" in impls["hip"]["files"]
+    assert any(f.startswith(f"ftlab/hip/csrc/{fam}") and f.endswith(".hip") for f in impls["hip"]["files"])
+    assert d["case functions"] == [f"ftlab/testing/{fam}.py"]
+    assert f"tests/property/test_{fam}.py" in d["tests"]
+    assert (ROOT / "ftlab" / "ops" / f"{fam}.py").is_file()
+    ops_md = (ROOT / "docs" / "OPS.md").read_text()
+    assert re.search(rf"^#+ .*`{op}`", ops_md, re.M), f"docs/OPS.md has no heading naming `{op}`"
+    for f in (f for impl in impls.values() for f in impl["files"]):
+        assert (ROOT / f).is_file(), f
+    assert op in catalog.format_op(op)
