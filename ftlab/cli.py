@@ -316,7 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``ftlab`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = parser().parse_args(argv)
     try:
-        return args.fn(args)
+        status = args.fn(args)
+        sys.stdout.flush()  # a reader gone away (ftlab run | head) shows here, not at exit
+        return status
+    except BrokenPipeError:
+        # stop quietly, as other commands in a pipe do: nothing more can reach the reader
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command ended by SIGPIPE
     except KeyboardInterrupt:
         if args.debug:
             raise

@@ -201,3 +201,12 @@ def test_run_help_documents_defaults_and_environment():
     assert "environment variables:" in text
     for name in cli.ENV_VARS:
         assert name in res.stdout, name
+
+
+def test_a_closed_pipe_ends_quietly():
+    """ftlab run ... | head: the reader goes away; no error line, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "ftlab", "env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    proc.stdout.close()  # before the command writes anything
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == "", err
