@@ -29,8 +29,8 @@ BENCHES = {
     "model": "ftlab.bench.model",
     "hybrid": "ftlab.bench.hybrid",
 }
-#: The environment variables ftlab reads, and what each changes (``ftlab run --help``; the
-#: README's "Environment variables" says the same at more length).
+#: The environment variables that change what ``ftlab run`` does, for its ``--help`` (the
+#: README's "Environment variables" lists every one ftlab reads).
 ENV_VARS = {
     "FTLAB_BACKEND": "replaces backend 'auto' of every op (reference | triton | hip); it then "
                      "raises where that backend cannot serve, as an explicit one does",
@@ -271,7 +271,7 @@ def parser() -> argparse.ArgumentParser:
     """The ``ftlab`` argument parser."""
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="on an error, show the full traceback instead of one line")  # fmt: skip
+                       help="on an error, show the full traceback instead of one line (default: off)")  # fmt: skip
     top = _Parser(prog="ftlab", formatter_class=_HelpFormatter, epilog="'ftlab COMMAND --help' shows a command's options.",
                   description="The kernels of a hybrid CPU/GPU MoE inference engine, from the shell. An error prints "
                               "one line and exits 2 (a bad option) or 1; --debug shows its traceback.")
