@@ -1,4 +1,9 @@
-"""``ftlab env | demo | run | compile-check | bench``."""
+"""``ftlab env | demo | run | compile-check | bench``: ftlab's command line.
+
+An error prints one line, ``ftlab: error: <message>``, to stderr and exits 2 for a usage error
+(a bad option, as argparse does) or 1 for an error while running; ``--debug``, before or after
+the subcommand, shows the full traceback instead. ``python -m ftlab`` is the same command.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,16 @@ import argparse
 import json
 import os
 import sys
-import time
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import ftlab
+from ftlab.models import pipeline_args as check
+
+if TYPE_CHECKING:
+    import torch
 
 BENCHES = {
     "index_store": "ftlab.bench.index_store",
@@ -16,6 +29,22 @@ BENCHES = {
     "model": "ftlab.bench.model",
     "hybrid": "ftlab.bench.hybrid",
 }
+#: The environment variables that change what ``ftlab run`` does, for its ``--help`` (the
+#: README's "Environment variables" lists every one ftlab reads).
+ENV_VARS = {
+    "FTLAB_BACKEND": "replaces backend 'auto' of every op (reference | triton | hip); it then "
+                     "raises where that backend cannot serve, as an explicit one does",
+    "FTLAB_ARCH": "fakes the GPU platform for routing, e.g. gfx1201",
+    "TRITON_INTERPRET": "1: Triton kernels run on CPU tensors in Triton's interpreter (slow; "
+                        "set before ftlab is imported)",
+    "FTLAB_CACHE_DIR": "where tiny models and JIT-built kernels are kept (default ~/.cache/ftlab)",
+    "FTLAB_CPU_THREADS": "OpenMP threads of the hybrid CPU expert worker (default: cores - 2)",
+    "FTLAB_CPU_ISA": "portable: build the CPU kernels without -march=native",
+    "FTLAB_HYBRID_MECHANISM": "host_func | stream_memop | eager: force the hybrid handshake",
+    "FTLAB_HYBRID_PROBE_FAIL": "handshakes (comma-separated, or all) whose probe is made to fail",
+    "CUDA_HOME, ROCM_HOME": "where nvcc / hipcc are, for the HIP JIT (or CUDA_PATH, ROCM_PATH)",
+    "CXX": "the C++ compiler (with OpenMP) of the CPU kernels (default c++)",
+}  # fmt: skip
 
 
 def cmd_env(_args=None) -> int:
@@ -67,148 +96,10 @@ def env_report() -> str:
     return "\n".join(lines)
 
 
-def cmd_demo(args) -> int:
-    import torch
+def cmd_demo(_args=None) -> int:
+    from ftlab import demo
 
-    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-        os.environ["TRITON_INTERPRET"] = "1"  # show the Triton path on the CPU, via its interpreter
-    from ftlab import backends, ops
-    from ftlab.bitview import bits_equal, random_rows
-
-    print("== ftlab env ==")
-    print(env_report())
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16
-    gen = torch.Generator().manual_seed(0)
-    print(f"\n== index / store on {device}, {dtype} ==")
-    weights = random_rows(gen, 4096, 256, 8, dtype).to(device)  # [4096, 256], row stride 264
-    indices = torch.randint(0, 4096, (512,), generator=gen).to(device)
-    slots = torch.randperm(8192, generator=gen)[:512].to(device)
-    slots[::7] = -1  # padding tokens: skipped
-    k, v = weights[indices], weights[indices.flip(0)]
-    ref_out = ops.index(weights, indices, backend="reference")
-    ref_kc, ref_vc = (
-        torch.zeros(8192, 256, dtype=dtype, device=device),
-        torch.zeros(8192, 256, dtype=dtype, device=device),
-    )
-    ops.store(ref_kc, ref_vc, slots, k, v, backend="reference")
-    print(f"{'op':<6} {'backend':<10} {'bit-exact vs reference':<24} {'wall ms':>8}")
-    for op in ("index", "store"):
-        for name, why in backends.availability(op, device, dtype).items():
-            if why is not None:
-                print(f"{op:<6} {name:<10} {'n/a: ' + why}")
-                continue
-            start = time.perf_counter()
-            if op == "index":
-                same = bits_equal(ops.index(weights, indices, backend=name), ref_out)
-            else:
-                kc, vc = torch.zeros_like(ref_kc), torch.zeros_like(ref_vc)
-                ops.store(kc, vc, slots, k, v, backend=name)
-                same = bits_equal(kc, ref_kc) and bits_equal(vc, ref_vc)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            ms = (time.perf_counter() - start) * 1e3
-            print(f"{op:<6} {name:<10} {'yes' if same else 'NO':<24} {ms:>8.1f}")
-            if not same:
-                return 1
-    if not _demo_q4_0(device):
-        return 1
-    print(
-        "\n(first-call times include Triton compilation / HIP JIT build; see `ftlab bench` for timings)"
-    )
-    return _demo_pipeline(device)
-
-
-def _demo_q4_0(device) -> bool:
-    """Quantize, dequantize and the int8-dot matmul through every backend."""
-    import torch
-
-    from ftlab import backends, ops
-
-    print(f"\n== GGUF Q4_0 on {device} ==")
-    gen = torch.Generator().manual_seed(1)
-    w = (torch.randn(384, 512, generator=gen) * 0.05).to(device)
-    x = torch.randn(4, 512, generator=gen).to(device=device, dtype=torch.bfloat16)
-    ref_q = ops.quantize_q4_0(w, backend="reference")
-    ref_y = ops.q4_0_matmul(x, ref_q, path="int8", backend="reference").float()
-    ref_d = ops.dequantize_q4_0(ref_q, backend="reference")
-    print(
-        f"{'backend':<10} {'quantize bytes':<15} {'dequantize':<11} {'int8 matmul max rel diff':<25} {'wall ms':>8}"
-    )
-    ok = True
-    for name, why in backends.availability("q4_0_matmul", device, torch.bfloat16).items():
-        if why is not None:
-            print(f"{name:<10} n/a: {why}")
-            continue
-        start = time.perf_counter()
-        same_q = torch.equal(ops.quantize_q4_0(w, backend=name).data.cpu(), ref_q.data.cpu())
-        same_d = torch.equal(ops.dequantize_q4_0(ref_q, backend=name), ref_d)
-        y = ops.q4_0_matmul(x, ref_q, path="int8", backend=name).float()
-        rel = float((y - ref_y).abs().max() / ref_y.abs().max())
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        ms = (time.perf_counter() - start) * 1e3
-        print(
-            f"{name:<10} {'identical' if same_q else 'DIFFERENT':<15} {'bit-exact' if same_d else 'DIFFERENT':<11} "
-            f"{rel:<25.2e} {ms:>8.1f}"
-        )
-        ok = ok and same_q and same_d and rel < 1e-2  # bf16 outputs: a few ulps at most
-    return ok
-
-
-def _demo_pipeline(device) -> int:
-    """The built-in tiny Qwen3-MoE, stage by stage, then backends compared, then text."""
-    import torch
-
-    from ftlab import backends as ftbackends
-    from ftlab.models.pipeline import Pipeline, format_compare
-
-    print("\n== tiny Qwen3-MoE pipeline ==")
-    pipe = Pipeline.load("tiny-qwen3-moe", device, quant="q4_0")
-    prompt = "The router sends every token"
-    c = pipe.config
-    print(f"model: {pipe.name} (Q4_0 GGUF), {c.num_hidden_layers} layers, {c.num_experts} experts, "
-          f"top-{c.num_experts_per_tok}; prompt: {prompt!r}")  # fmt: skip
-    print(f"{'stage':<22} {'tensor':<10} {'shape':<16} {'mean':>9} {'std':>9}")
-    for stage in pipe.stages(prompt):
-        t = stage.tensors[stage.main]
-        extra = ""
-        if stage.name.endswith("router"):
-            extra = (
-                "  experts "
-                + " ".join(str(i) for i in stage.tensors["ids"][-1].tolist())
-                + " (last token)"
-            )
-        if stage.name == "sample":
-            print(f"{'sample':<22} {'token':<10} {int(t)} {pipe.tokenizer.decode([int(t)])!r}")
-            continue
-        tf = t.float()
-        std = float(tf.std()) if tf.numel() > 1 else 0.0
-        print(
-            f"{stage.name:<22} {stage.main:<10} {str(tuple(t.shape)):<16} {float(tf.mean()):>9.4f} {std:>9.4f}{extra}"
-        )
-    print("\ndecode steps:")
-    logits = pipe.prefill(pipe.tokenizer.encode(prompt))
-    for _ in range(3):
-        token = int(logits.argmax())
-        logits = pipe.decode_step(token)
-        print(f"  position {pipe.position - 1}: token {token} {pipe.tokenizer.decode([token])!r}, "
-              f"next-token logit max {float(logits.max()):.3f}")  # fmt: skip
-    sets = []
-    for b in ("triton", "hip"):
-        linear_ok = b in ftbackends.available_backends("q4_0_matmul", device, torch.float32)
-        moe_ok = b in ftbackends.available_backends("route_topk", device, torch.float32)
-        if linear_ok or moe_ok:
-            moe = b if moe_ok else "reference"
-            sets.append({"q4_0_matmul": b if linear_ok else "reference", "route_topk": moe, "moe_experts": moe})
-    if sets:
-        print("\nbackends against the reference, stage by stage:")
-        print(format_compare(pipe.compare(prompt, sets)))
-    print(
-        "\ngenerated (greedy, 24 tokens; the tiny model's weights are random, and so is its text):"
-    )
-    print(f"  {prompt}{''.join(pipe.generate(prompt, max_new_tokens=24))!r}")
-    return 0
+    return demo.run()
 
 
 def cmd_run(args) -> int:
@@ -217,25 +108,29 @@ def cmd_run(args) -> int:
 
     from ftlab.models.pipeline import Pipeline, format_compare, timed_generate
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = args.device
+    if device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pipe = Pipeline.load(args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len,
-                         hybrid_slots=args.hybrid_slots, graphs=args.graphs and device.type == "cuda")  # fmt: skip
+                         hybrid_slots=args.hybrid_slots, graphs=args.graphs)  # fmt: skip
     if pipe.hybrid:
         ex = pipe.hybrid[0]
-        print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {device}, the rest on "
+        print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device}, the rest on "
               f"the CPU; handshake {ex.mechanism}: {ex.mechanism_reason}]")  # fmt: skip
+    check.backend_sets(args.compare or [], pipe.device)  # refused now, not after generating
     if args.stages:
         for stage in pipe.stages(args.prompt):
             shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in stage.tensors.items())
             print(f"[{stage.name}] {shapes}")
+    pieces = timed_generate(pipe, args.prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed)  # fmt: skip
     print(args.prompt, end="", flush=True)
     rate = 0.0
-    for piece, rate_so_far in timed_generate(pipe, args.prompt, args.max_new_tokens, temperature=args.temperature,
-                                      top_p=args.top_p, seed=args.seed):  # fmt: skip
+    for piece, rate_so_far in pieces:
         print(piece, end="", flush=True)
         rate = rate_so_far
-    print(f"\n[{rate:.1f} tokens/s, {args.backend} backends, {device}"
-          f"{', graph-captured decode' if pipe.graph_capturable else ''}]")  # fmt: skip
+    decode = "graph-captured decode" if pipe.graph_capturable else "eager decode"
+    print(f"\n[{rate:.1f} tokens/s, {args.backend} backends, {pipe.device}, {decode}]")
     if pipe.hybrid:
         hits = sum(ex.policy.hits for ex in pipe.hybrid)
         misses = sum(ex.policy.misses for ex in pipe.hybrid)
@@ -277,67 +172,167 @@ def cmd_bench(args) -> int:
     return 0 if all(m.validated for m in report.measurements) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ftlab", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("env", help="print the platform and what ftlab can use here").set_defaults(
-        fn=cmd_env
-    )
-    sub.add_parser("demo", help="run index/store through every available backend").set_defaults(
-        fn=cmd_demo
-    )
+class _Parser(argparse.ArgumentParser):
+    """argparse with a usage error on one line, ``ftlab: error: <message>``, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"ftlab: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's default after its help, except a None default, which the help words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _option(convert: Callable[[str], object], what: str, rule: Callable[[object], object]):
+    """An argparse ``type``: the text as ``what`` (through ``convert``), then through ``rule``,
+    the check that the Python API applies to the same argument."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        try:
+            return rule(value)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def _device(text: str) -> str | torch.device:
+    """``auto`` (resolved when the command runs) or a device the Python API accepts."""
+    return text if text == "auto" else check.device(text)
+
+
+def _backend_set(text: str) -> str | dict[str, str]:
+    """``NAME`` (every op) or ``OP=NAME[,OP=NAME...]`` (those ops; the others auto), checked as
+    ``Pipeline.compare`` checks it."""
+    value: str | dict[str, str] = text
+    if "=" in text:
+        pairs = [part.split("=", 1) for part in text.split(",")]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"a backend set must be NAME or OP=NAME[,OP=NAME...], got {text!r}")
+        value = dict(pairs)
+    check.backend_map(value)
+    return value
+
+
+def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
+    env = "\n".join(textwrap.fill(what, 100, initial_indent=f"  {name:<25}", subsequent_indent=" " * 27)
+                    for name, what in ENV_VARS.items())  # fmt: skip
     p = sub.add_parser(
-        "run", help="generate text with a model (a tiny model name, a HF directory or a .gguf)"
-    )
-    p.add_argument(
-        "--model", default="tiny-qwen3-moe", help="tiny-qwen3-moe | tiny-qwen3-moe-wide | PATH"
-    )
-    p.add_argument("--prompt", default="The router sends every token")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument(
-        "--backend", default="auto", help="backend for every op: auto | reference | triton | hip"
-    )
-    p.add_argument(
-        "--quant", default="q4_0", choices=["hf", "f32", "q4_0"], help="which file of a tiny model"
-    )
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-seq-len", type=int, default=512)
-    p.add_argument("--device", help="cpu | cuda (default: cuda when there is a GPU)")
-    p.add_argument(
-        "--stages", action="store_true", help="print every stage of the prompt's forward pass first"
-    )
-    p.add_argument("--hybrid-slots", type=int, default=None,
-                   help="hybrid CPU/GPU experts: this many experts a layer on the device, the rest on the CPU")  # fmt: skip
-    p.add_argument("--graphs", action="store_true", help="capture the decode step in a CUDA/HIP graph (GPU only)")
-    p.add_argument(
-        "--compare", nargs="*", help="backends to compare stage by stage against the reference"
-    )
-    p.set_defaults(fn=cmd_run)
-    p = sub.add_parser(
-        "compile-check", help="compile every kernel for every gfx/sm target, report resources"
-    )
-    p.add_argument(
-        "--targets",
-        nargs="*",
-        help="subset of targets (default: gfx1100 gfx1151 gfx1201 gfx942 sm_90)",
-    )
-    p.add_argument("--json", help="also write the rows as JSON here")
-    p.add_argument(
-        "--write", help="write the support matrix (Markdown) here, e.g. docs/support-matrix.md"
-    )
-    p.set_defaults(fn=cmd_compile_check)
-    p = sub.add_parser("bench", help="time an op on the GPU beside torch and the copy bandwidth")
-    p.add_argument("op", choices=sorted(BENCHES))
-    p.add_argument(
-        "--out", default="benchmarks/results", help="directory for the JSON + Markdown results"
-    )
+        "run", parents=common, formatter_class=_HelpFormatter,
+        help="generate text with a model (a tiny model name, a HF directory or a .gguf)",
+        description="Generate text with a Qwen3-MoE model, printing tokens as they come and the tokens/s.",
+        epilog=f"environment variables:\n{env}\n\nexample:\n  ftlab run --model tiny-qwen3-moe --stages "
+               "--compare triton q4_0_matmul=triton,route_topk=reference",
+    )  # fmt: skip
+    p.add_argument("--model", default="tiny-qwen3-moe",
+                   help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide), a HF directory or a .gguf file")
+    p.add_argument("--prompt", default="The router sends every token", type=_option(str, "text", check.prompt),
+                   help="the text to continue")
+    p.add_argument("--max-new-tokens", type=_option(int, "an int", check.max_new_tokens), default=32,
+                   help="generate at most this many tokens (fewer at end-of-text or max-seq-len)")
+    p.add_argument("--backend", default="auto", choices=["auto", *check.backend_names()],
+                   help="backend of every op; auto: hip, else triton, else the reference on a GPU, the "
+                        "reference on the CPU")
+    p.add_argument("--quant", default="q4_0", choices=check.TINY_QUANTS,
+                   help="which file of a tiny model: its HF directory (hf) or the fp32 / Q4_0 GGUF file "
+                        "(not used for a path)")
+    p.add_argument("--temperature", type=_option(float, "a number", check.temperature), default=0.0,
+                   help="sampling temperature, >= 0; 0 is greedy")
+    p.add_argument("--top-p", type=_option(float, "a number", check.top_p), default=1.0,
+                   help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=_option(int, "an int", check.seed), default=0, help="seed of the sampler")
+    p.add_argument("--max-seq-len", type=_option(int, "an int", check.max_seq_len), default=512,
+                   help="KV-cache positions: the prompt and generated tokens together")
+    p.add_argument("--device", type=_option(str, "a device", _device), default="auto",
+                   help="cpu | cuda | cuda:N; auto: cuda when torch sees a GPU, else cpu")
+    p.add_argument("--stages", action="store_true", help="print every stage of the prompt's forward pass first")
+    p.add_argument("--hybrid-slots", type=_option(int, "an int", check.hybrid_slots), default=None,
+                   help="hybrid CPU/GPU experts: this many experts a layer on the device, the rest on the CPU "
+                        "(default: off, every expert on the device)")
+    p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=check.GRAPHS_AUTO,
+                   help="capture the decode step in a CUDA/HIP graph; auto: on a CUDA/ROCm device, not on "
+                        "the CPU (--graphs on the CPU is an error)")
+    p.add_argument("--compare", nargs="*", metavar="SET", type=_option(str, "a backend set", _backend_set),
+                   help="backend sets to compare stage by stage against the reference: NAME (every op) or "
+                        "OP=NAME[,OP=NAME...] (default: none)")
+    p.set_defaults(fn=cmd_run)  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``ftlab`` argument parser."""
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, show the full traceback instead of one line (default: off)")  # fmt: skip
+    top = _Parser(prog="ftlab", formatter_class=_HelpFormatter, epilog="'ftlab COMMAND --help' shows a command's options.",
+                  description="The kernels of a hybrid CPU/GPU MoE inference engine, from the shell. An error prints "
+                              "one line and exits 2 (a bad option) or 1; --debug shows its traceback.")
+    top.add_argument("--version", action="version", version=f"ftlab {ftlab.__version__}")
+    top.add_argument("--debug", action="store_true", help="on an error, show the full traceback instead of one line")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, fn: Callable, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[debug], formatter_class=_HelpFormatter, help=text, description=text)
+        p.set_defaults(fn=fn)
+        return p
+
+    command("env", cmd_env, "print the platform and what ftlab can use here")
+    command("demo", cmd_demo, "every backend of the ops against the reference, then the tiny Qwen3-MoE step by step")
+    _run_parser(sub, [debug])
+    p = command("compile-check", cmd_compile_check, "compile every kernel for every gfx/sm target, report resources")
+    p.add_argument("--targets", nargs="*", help="subset of targets (default: gfx1100 gfx1151 gfx1201 gfx942 sm_90)")
+    p.add_argument("--json", help="also write the rows as JSON here (default: not written)")
+    p.add_argument("--write", help="write the support matrix (Markdown) here, e.g. docs/support-matrix.md "
+                                   "(default: not written)")
+    p = command("bench", cmd_bench, "time an op on the GPU beside torch and the copy bandwidth")
+    p.add_argument("op", choices=sorted(BENCHES), help="what to time")
+    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON + Markdown results")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-write", action="store_true", help="print only")
-    p.set_defaults(fn=cmd_bench)
-    args = parser.parse_args(argv)
-    return args.fn(args)
+    return top  # fmt: skip
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception as one line: its first line of text, led by its type where the type says
+    more than ValueError / TypeError / RuntimeError do."""
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    kind = "" if type(err) in (ValueError, TypeError, RuntimeError) else f"{type(err).__name__}: "
+    if not lines:
+        return type(err).__name__
+    more = f" (+{len(lines) - 1} more lines: --debug shows them)" if len(lines) > 1 else ""
+    return f"{kind}{lines[0]}{more}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ftlab`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    args = parser().parse_args(argv)
+    try:
+        status = args.fn(args)
+        sys.stdout.flush()  # a reader gone away (ftlab run | head) shows here, not at exit
+        return status
+    except BrokenPipeError:
+        # stop quietly, as other commands in a pipe do: nothing more can reach the reader
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command ended by SIGPIPE
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("ftlab: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if args.debug:
+            raise
+        print(f"ftlab: error: {_one_line(err)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ compare backends stage by stage.
         print(stage.name, {k: tuple(v.shape) for k, v in stage.tensors.items()})
     pipe.compare("The router", backends=["reference", "triton"])
 
-On a GPU, ``Pipeline.load(..., graphs=True)`` runs the decode step from a captured CUDA/HIP graph
-(:class:`DecodeGraph`; the model then runs in its static mode); ``graphs=False`` is the eager
-fallback.
+On a CUDA/ROCm device the decode step replays a captured CUDA/HIP graph by default
+(``graphs="auto"``; :class:`DecodeGraph`, the model then runs in its static mode); on the CPU it
+runs eagerly, and ``graphs=False`` asks for eager decode on a GPU too. Arguments are checked
+when given (:mod:`ftlab.models.pipeline_args`): a bad one raises ``TypeError`` or ``ValueError``
+naming it, before any work.
 """
 
 from __future__ import annotations
@@ -22,21 +24,14 @@ from pathlib import Path
 
 import torch
 
+from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
 from ftlab.models.loader import load_gguf, load_hf
-from ftlab.models.qwen3_moe import MODEL_OPS, ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
+from ftlab.models.pipeline_args import backend_map
+from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
 from ftlab.models.tokenizer import Tokenizer
 
-
-def backend_map(backends: str | dict[str, str]) -> dict[str, str]:
-    """``"triton"`` -> that backend for every op; a dict (keys: op names, :data:`MODEL_OPS`) sets
-    some ops (the rest "auto")."""
-    if isinstance(backends, str):
-        return dict.fromkeys(MODEL_OPS, backends)
-    unknown = set(backends) - set(MODEL_OPS)
-    if unknown:
-        raise ValueError(f"backends keys must be op names among {MODEL_OPS}, got {sorted(unknown)}")
-    return {**dict.fromkeys(MODEL_OPS, "auto"), **backends}
+__all__ = ["DecodeGraph", "Pipeline", "StageDiff", "backend_map", "format_compare", "timed_generate"]
 
 
 @dataclass
@@ -83,9 +78,10 @@ class DecodeGraph:
 class Pipeline:
     """A loaded model, its tokenizer and one sequence's decoding state (batch 1).
 
-    ``graphs=True`` (CUDA/HIP devices): the decode step replays a captured graph, built at the
-    first decode step; the model runs in its static mode (attention over every cache slot
-    under a mask). ``graphs=False``: eager.
+    ``graphs``: ``"auto"`` (default) captures the decode step on a CUDA/ROCm device and runs it
+    eagerly on the CPU; ``True`` captures (CUDA/ROCm only: an error on the CPU); ``False`` runs
+    eagerly. When captured, the decode step replays a graph built at the first decode step, and
+    the model runs in its static mode (attention over every cache slot under a mask).
 
     ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``): each layer keeps that many
     experts in GPU slots (least recently used out, moved between steps) and runs the others
@@ -95,42 +91,57 @@ class Pipeline:
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
-                 q4_0_path: str = "auto", graphs: bool = False, hybrid_slots: int | None = None):  # fmt: skip
+                 q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None):  # fmt: skip
+        ops = check.usable(backend_map(backends), weights.embed.device)
+        self.max_seq_len = check.max_seq_len(max_seq_len)
+        self.q4_0_path = check.q4_0_path(q4_0_path)
+        self.graphs = check.graphs(graphs, weights.embed.device)
+        hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
-        self.max_seq_len = max_seq_len
-        self.q4_0_path = q4_0_path
-        if graphs and weights.embed.device.type != "cuda":
-            raise ValueError(f"graphs=True needs a CUDA or ROCm device, the weights are on {weights.embed.device}")
-        self.graphs = graphs
-        self.hybrid = self._hybrid(hybrid_slots, backend_map(backends)) if hybrid_slots is not None else None
-        self.model = self._model(backend_map(backends), self.hybrid)
+        self.hybrid = self._hybrid(hybrid_slots, ops) if hybrid_slots is not None else None
+        self.model = self._model(ops, self.hybrid)
         self._graph: DecodeGraph | None = None
         self.position = 0
 
     @classmethod
     def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
-             quant: str = "f32", graphs: bool = False, hybrid_slots: int | None = None,
+             quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
              q4_0_path: str = "auto") -> Pipeline:  # fmt: skip
-        """A tiny model by name (``quant`` picks its HF ``"hf"``, ``"f32"`` or ``"q4_0"`` GGUF
-        file), a HF directory, or a ``.gguf`` file."""
+        """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF ``"hf"``,
+        ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF directory, or a
+        ``.gguf`` file, on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``) with dense weights in
+        ``dtype`` (float32, bfloat16 or float16); the other arguments are the class's. Every
+        argument is checked before anything is read, but for the upper bound of
+        ``hybrid_slots`` (the model's expert count)."""
+        if not isinstance(path_or_tiny, (str, Path)):
+            raise TypeError(f"path_or_tiny must be a tiny model name or a path, got {type(path_or_tiny).__name__}")
+        quant, dev, dtype = check.quant(quant), check.device(device), check.dtype(dtype)
+        check.usable(backend_map(backends), dev)
+        check.max_seq_len(max_seq_len)
+        check.graphs(graphs, dev)
+        check.hybrid_slots(hybrid_slots)
+        check.q4_0_path(q4_0_path)
         name = str(path_or_tiny)
-        if name in tiny.TINY_MODELS:
+        tiny_model = name in tiny.TINY_MODELS
+        if tiny_model:
             root = tiny.ensure(name)
             path = root if quant == "hf" else root / f"model-{quant}.gguf"
         else:
             path = Path(path_or_tiny)
+        expected = f"a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory or a .gguf file"
+        if not path.exists():
+            raise FileNotFoundError(f"model must be {expected}; {str(path_or_tiny)!r} is none of these")
         if path.is_dir():
-            config, weights = load_hf(path, device=device, dtype=dtype)
+            config, weights = load_hf(path, device=dev, dtype=dtype, progress=not tiny_model)
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
-            config, weights = load_gguf(path, device=device, dtype=dtype)
+            config, weights = load_gguf(path, device=dev, dtype=dtype, progress=not tiny_model)
             from ftlab.formats.gguf import open_reader
 
             tokenizer = Tokenizer.from_gguf(open_reader(path))
         else:
-            raise FileNotFoundError(f"model must be a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory "
-                                    f"or a .gguf file, got {str(path_or_tiny)!r}")  # fmt: skip
+            raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
                    graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path)  # fmt: skip
 
@@ -141,16 +152,14 @@ class Pipeline:
     def _hybrid(self, slots: int, backends: dict[str, str]) -> list:
         from ftlab.hybrid import HybridDecodeExecutor
 
-        if not isinstance(slots, int) or not 0 <= slots <= self.config.num_experts:
-            raise ValueError(f"hybrid_slots must be an int in [0, {self.config.num_experts}], got {slots!r}")
         return [HybridDecodeExecutor(lw.w_gate_up.to("cpu"), lw.w_down.to("cpu"), slots, self.device,
                                      backend=backends["moe_experts"], path=self.q4_0_path)
                 for lw in self.weights.layers]  # fmt: skip
 
     @property
     def graph_capturable(self) -> bool:
-        """Whether decode steps are captured: ``graphs=True`` and every hybrid layer's handshake
-        (if any) can run inside a graph."""
+        """Whether decode steps are captured: graphs on (``"auto"`` on a GPU, or ``True``) and
+        every hybrid layer's handshake (if any) can run inside a graph."""
         return self.graphs and all(ex.capturable for ex in self.hybrid or [])
 
     @property
@@ -160,21 +169,29 @@ class Pipeline:
     def reset(self) -> None:
         self.position = 0
 
+    def _prompt_ids(self, prompt: str) -> list[int]:
+        """The token ids of a checked prompt: a non-empty str of at most max_seq_len tokens."""
+        ids = self.tokenizer.encode(check.prompt(prompt))
+        if not ids:
+            raise ValueError(f"prompt must encode to at least one token, got none from {prompt!r}")
+        check.fits("prompt", len(ids), self.max_seq_len)
+        return ids
+
     def prefill(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
-        """Start a sequence with ``ids``; returns the next-token logits fp32 ``[V]``."""
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(1, -1)
-        if ids.shape[1] > self.max_seq_len:
-            raise ValueError(f"prompt has {ids.shape[1]} tokens; max_seq_len is {self.max_seq_len}")
-        self.position = ids.shape[1]
-        pos = torch.arange(ids.shape[1], device=self.device)[None]
-        logits = self.model.forward(ids, pos)[0, -1]
+        """Start a sequence with ``ids`` (int token ids, ``[T]`` or ``[1, T]``, 1 <= T <=
+        max_seq_len); returns the next-token logits fp32 ``[V]``."""
+        ids = check.token_ids("ids", ids, self.config.vocab_size, self.max_seq_len, self.device)
+        self.position = ids.numel()
+        pos = torch.arange(ids.numel(), device=self.device)[None]
+        logits = self.model.forward(ids[None], pos)[0, -1]
         self.model.end_step()
         return logits
 
     def decode_step(self, token: int) -> torch.Tensor:
-        """Append one token; returns the next-token logits fp32 ``[V]``."""
+        """Append one token id (an int); returns the next-token logits fp32 ``[V]``."""
+        token = check.token_id("token", token, self.config.vocab_size)
         if self.position >= self.max_seq_len:
-            raise ValueError(f"the sequence reached max_seq_len = {self.max_seq_len}")
+            raise ValueError(f"the sequence reached max_seq_len = {self.max_seq_len}; start another with prefill")
         pos = torch.tensor([[self.position]], device=self.device)
         tok = torch.tensor([[token]], device=self.device)
         self.position += 1
@@ -191,8 +208,10 @@ class Pipeline:
     def sample(
         logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None
     ) -> int:
-        """Greedy when ``temperature == 0``, else nucleus sampling over ``softmax(logits / T)``."""
-        if temperature <= 0:
+        """A token id from logits ``[V]``: greedy when ``temperature == 0``, else nucleus
+        sampling (``top_p`` in (0, 1]) over ``softmax(logits / temperature)``."""
+        temperature, top_p = check.temperature(temperature), check.top_p(top_p)
+        if temperature == 0:
             return int(logits.argmax())
         probs = torch.softmax(logits.float().cpu() / temperature, -1)
         order = probs.argsort(descending=True)
@@ -202,9 +221,16 @@ class Pipeline:
 
     def generate(self, prompt: str, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int = 0) -> Iterator[str]:  # fmt: skip
-        """Stream the text of up to ``max_new_tokens`` new tokens (stops at end-of-text)."""
-        gen = torch.Generator().manual_seed(seed)
-        ids = self.tokenizer.encode(prompt)
+        """Stream the text of up to ``max_new_tokens`` new tokens (stops at end-of-text or at
+        max_seq_len). The arguments are checked here, before the first token is asked for."""
+        ids = self._prompt_ids(prompt)
+        max_new_tokens = check.max_new_tokens(max_new_tokens)
+        temperature, top_p = check.temperature(temperature), check.top_p(top_p)
+        gen = torch.Generator().manual_seed(check.seed(seed))
+        return self._generate(ids, max_new_tokens, temperature, top_p, gen)
+
+    def _generate(self, ids: list[int], max_new_tokens: int, temperature: float, top_p: float,
+                  gen: torch.Generator) -> Iterator[str]:  # fmt: skip
         logits = self.prefill(ids)
         new: list[int] = []
         shown = ""
@@ -221,8 +247,12 @@ class Pipeline:
             logits = self.decode_step(token)
 
     def stages(self, prompt: str) -> Iterator[Stage]:
-        """The prefill of ``prompt``, stage by stage, then the sampled next token."""
-        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)
+        """The prefill of ``prompt``, stage by stage, then the sampled next token. The prompt is
+        checked here (a non-empty str of at most max_seq_len tokens)."""
+        ids = torch.tensor([self._prompt_ids(prompt)], device=self.device)
+        return self._stages(ids)
+
+    def _stages(self, ids: torch.Tensor) -> Iterator[Stage]:
         self.position = ids.shape[1]
         for stage in self.model.stages(ids, torch.arange(ids.shape[1], device=self.device)[None]):
             yield stage
@@ -230,15 +260,18 @@ class Pipeline:
         token = int(last.tensors["logits"][0, -1].argmax())
         yield Stage("sample", {"token": torch.tensor([token])}, "token")
 
-    def compare(self, prompt: str, backends: list[str | dict[str, str]], reference: str = "reference"
+    def compare(self, prompt: str, backends: list[str | dict[str, str]], reference: str | dict[str, str] = "reference"
                 ) -> list[StageDiff]:  # fmt: skip
-        """Per-stage max-abs and relative difference of each backend set against ``reference``,
-        on the same prompt and weights."""
-        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)
+        """Per-stage max-abs and relative difference of each backend set (a name, or a dict
+        ``{op: backend}``) against ``reference``, on the same prompt and weights. Every set is
+        checked (names known, backends able to run on this device) before any is run."""
+        ids = torch.tensor([self._prompt_ids(prompt)], device=self.device)
+        sets = check.backend_sets(backends, self.device)
+        base_ops = check.usable(backend_map(reference), self.device)
         pos = torch.arange(ids.shape[1], device=self.device)[None]
-        base = {s.name: s for s in self._model(backend_map(reference)).stages(ids, pos)}
+        base = {s.name: s for s in self._model(base_ops).stages(ids, pos)}
         rows = []
-        for b in backends:
+        for b in sets:
             label = b if isinstance(b, str) else ",".join(f"{k}={v}" for k, v in b.items())
             for stage in self._model(backend_map(b)).stages(ids, pos):
                 want = base[stage.name].tensors[stage.main].float()
@@ -259,7 +292,11 @@ def format_compare(rows: list[StageDiff]) -> str:
 def timed_generate(
     pipe: Pipeline, prompt: str, max_new_tokens: int, **kw
 ) -> Iterator[tuple[str, float]]:
-    """generate(), with the tokens/s so far beside each piece."""
+    """generate(), with the tokens/s so far beside each piece (the arguments checked here)."""
+    return _timed(pipe.generate(prompt, max_new_tokens, **kw))
+
+
+def _timed(pieces: Iterator[str]) -> Iterator[tuple[str, float]]:
     start = time.perf_counter()
-    for n, piece in enumerate(pipe.generate(prompt, max_new_tokens, **kw), start=1):
+    for n, piece in enumerate(pieces, start=1):
         yield piece, n / (time.perf_counter() - start)

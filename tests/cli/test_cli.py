@@ -1,16 +1,23 @@
+import argparse
 import subprocess
 import sys
 
 import pytest
 import torch
 
+import ftlab
 from ftlab import cli
 
 
-def run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "ftlab.cli", *args], capture_output=True, text=True
-    )
+def run(*args, module="ftlab.cli"):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+
+
+def one_error_line(stderr: str) -> str:
+    """The single line an error prints (progress bars aside), checked for its form."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ftlab: error: "), stderr
+    return lines[0]
 
 
 def test_env():
@@ -77,7 +84,129 @@ def test_run_streams_tokens_and_rate(tmp_path):
 
 def test_run_with_hybrid_experts():
     res = run("run", "--model", "tiny-qwen3-moe", "--prompt", "Hello world", "--max-new-tokens", "5",
-              "--hybrid-slots", "4", "--graphs")  # fmt: skip
+              "--hybrid-slots", "4")  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[hybrid experts: 4 of 8 a layer" in res.stdout and "handshake" in res.stdout
     assert "hybrid residency over all layers:" in res.stdout and "tokens/s" in res.stdout
+
+
+def test_version_from_both_entry_points():
+    for module in ("ftlab", "ftlab.cli"):
+        res = run("--version", module=module)
+        assert res.returncode == 0 and res.stdout.strip() == f"ftlab {ftlab.__version__}", res
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--top-p", "0"], "ftlab: error: argument --top-p: top_p must be in (0, 1], got 0.0"),
+    (["--max-new-tokens", "-1"], "ftlab: error: argument --max-new-tokens: max_new_tokens must be an int >= 0, got -1"),
+])  # fmt: skip
+def test_usage_errors_are_one_line_and_exit_2(args, message):
+    res = run("run", *args, module="ftlab")
+    assert res.returncode == 2 and one_error_line(res.stderr).startswith(message), res.stderr
+
+
+def test_runtime_errors_are_one_line_and_exit_1():
+    res = run("run", "--model", "/nonexistent.gguf")
+    assert res.returncode == 1 and res.stdout == ""
+    line = one_error_line(res.stderr)
+    assert "'/nonexistent.gguf' is none of these" in line and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback(where):
+    args = ["run", "--model", "/nonexistent.gguf"]
+    res = run(*(["--debug", *args] if where == "before" else [*args, "--debug"]))
+    assert res.returncode == 1
+    assert "Traceback (most recent call last)" in res.stderr and "FileNotFoundError: model must be" in res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "cuda"], "argument --backend: invalid choice: 'cuda'"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+    (["--top-p", "x"], "argument --top-p: expected a number, got 'x'"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0 (0: greedy), got nan"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--max-new-tokens", "2.5"], "argument --max-new-tokens: expected an int, got '2.5'"),
+    (["--max-seq-len", "0"], "max_seq_len must be an int >= 1, got 0"),
+    (["--seed", "-1"], "seed must be an int in [0, 18446744073709551615], got -1"),
+    (["--hybrid-slots", "-2"], "hybrid_slots must be an int >= 0, got -2"),
+    (["--device", "gpu"], "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (["--prompt", ""], "prompt must be a non-empty string, got ''"),
+    (["--quant", "q8_0"], "argument --quant: invalid choice: 'q8_0'"),
+    (["--compare", "moe_experts=nope"], "backends['moe_experts'] must be 'auto' or one of"),
+    (["--compare", "moe_experts"], "backends must be 'auto', one of"),
+    (["--compare", "index=triton,hip"], "a backend set must be NAME or OP=NAME[,OP=NAME...], got 'index=triton,hip'"),
+])  # fmt: skip
+def test_bad_options_are_usage_errors(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", *args])
+    assert exit_.value.code == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert message in line and line.endswith("(see ftlab run --help)"), line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-seq-len", "3"], "ftlab: error: prompt must fit in max_seq_len = 3 tokens, got"),
+    (["--hybrid-slots", "9"], "ftlab: error: hybrid_slots must be an int in [0, 8], got 9"),
+    (["--backend", "hip", "--device", "cpu"], "ftlab: error: BackendUnavailable: index: backend 'hip' cannot serve"),
+])  # fmt: skip
+def test_errors_while_running_exit_1_before_any_output(capsys, args, message):
+    assert cli.main(["run", *args]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and one_error_line(err).startswith(message), err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of --graphs on the CPU")
+def test_graphs_on_the_cpu_is_an_error(capsys):
+    assert cli.main(["run", "--graphs"]) == 1
+    assert "graphs=True needs a CUDA or ROCm device" in one_error_line(capsys.readouterr().err)
+
+
+def test_an_unexpected_error_names_its_type(monkeypatch, capsys):
+    def broken(_args):
+        raise KeyError("no such thing\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_env", broken)
+    assert cli.main(["env"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line == "ftlab: error: KeyError: no such thing (+1 more lines: --debug shows them)"
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def test_every_option_has_help_and_its_default_shows(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: no wrap inside a default
+    top = cli.parser()
+    for name, sub in {"ftlab": top, **_subparsers(top)}.items():
+        help_text = sub.format_help()
+        for action in sub._actions:
+            if not action.option_strings or action.default == argparse.SUPPRESS:
+                continue  # positionals, --help, --version, the subcommands' --debug
+            assert action.help, (name, action.option_strings)
+            if action.default is None:  # the help words what happens when it is not given
+                assert "(default: " in action.help, (name, action.option_strings)
+            else:
+                assert f"(default: {action.default})" in help_text, (name, action.option_strings)
+
+
+def test_run_help_documents_defaults_and_environment():
+    res = run("run", "--help", module="ftlab")
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    assert "--graphs, --no-graphs" in text and "(default: auto)" in text and "(default: 32)" in text
+    assert "{auto,reference,triton,hip}" in text
+    assert "environment variables:" in text
+    for name in cli.ENV_VARS:
+        assert name in res.stdout, name
+
+
+def test_a_closed_pipe_ends_quietly():
+    """ftlab run ... | head: the reader goes away; no error line, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "ftlab", "env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    proc.stdout.close()  # before the command writes anything
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == "", err
