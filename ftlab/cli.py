@@ -48,52 +48,25 @@ ENV_VARS = {
 
 
 def cmd_env(_args=None) -> int:
-    print(env_report())
+    from ftlab.environment import report
+
+    print(report())
     return 0
 
 
-def env_report() -> str:
-    import torch
+def cmd_ops(args) -> int:
+    """The ops of the routing table; with names, where everything about each lives."""
+    from ftlab import backends, catalog
 
-    from ftlab import platform as ftplatform
-    from ftlab.hip import loader
-
-    plat = ftplatform.current()
-    lines = [f"platform : {plat.describe()}"]
-    if plat.info:
-        lines.append(f"           LDS {plat.info.lds_bytes // 1024} KiB per workgroup")
-    build = (
-        torch.version.hip
-        and f"ROCm/HIP {torch.version.hip}"
-        or (torch.version.cuda and f"CUDA {torch.version.cuda}")
-    )
-    lines.append(f"torch    : {torch.__version__} ({build or 'CPU build'})")
-    try:
-        import triton
-
-        mode = (
-            " (CPU interpreter: TRITON_INTERPRET=1)"
-            if os.environ.get("TRITON_INTERPRET") == "1"
-            else ""
-        )
-        lines.append(f"triton   : {triton.__version__}{mode}")
-    except ImportError:
-        lines.append("triton   : not installed")
-    why = loader.unavailable_reason(plat) if plat.is_gpu else None
-    if plat.is_gpu:
-        lines.append(f"HIP JIT  : {'available' if why is None else 'unavailable: ' + why}")
-    else:
-        tc = []
-        for kind in ("cuda", "rocm"):
-            try:
-                tc.append(f"{kind}: {loader.find_toolchain(kind).compiler}")
-            except loader.HipToolchainError as e:
-                tc.append(f"{kind}: {e}")
-        lines.append("HIP JIT  : no GPU to run on (" + "; ".join(tc) + ")")
-    from ftlab import compile_check
-
-    lines.append(f"clang-19 : {compile_check.clang() or 'not found (gfx compile checks skipped)'}")
-    return "\n".join(lines)
+    if not args.names:
+        print(catalog.table())
+        print("\n'ftlab ops NAME' shows where everything about an op lives.")
+        return 0
+    unknown = [n for n in args.names if n not in backends.SPECS]
+    if unknown:
+        raise ValueError(f"op must be one of {backends.ops()}, got {unknown[0]!r}")
+    print("\n\n".join(catalog.format_op(n) for n in args.names))
+    return 0
 
 
 def cmd_demo(_args=None) -> int:
@@ -285,6 +258,8 @@ def parser() -> argparse.ArgumentParser:
         return p
 
     command("env", cmd_env, "print the platform and what ftlab can use here")
+    p = command("ops", cmd_ops, "list the ops, or where everything about an op lives (reference, kernels, tests, docs)")
+    p.add_argument("names", nargs="*", metavar="OP", help="op names (default: list them all)")
     command("demo", cmd_demo, "every backend of the ops against the reference, then the tiny Qwen3-MoE step by step")
     _run_parser(sub, [debug])
     p = command("compile-check", cmd_compile_check, "compile every kernel for every gfx/sm target, report resources")

@@ -12,7 +12,7 @@ def run() -> int:
     reference, then walk the tiny Qwen3-MoE; returns the exit status (1 when a backend differs)."""
     import torch
 
-    from ftlab.cli import env_report
+    from ftlab.environment import report as env_report
 
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"  # show the Triton path on the CPU, via its interpreter

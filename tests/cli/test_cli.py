@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ftlab
-from ftlab import cli
+from ftlab import cli, environment
 
 
 def run(*args, module="ftlab.cli"):
@@ -28,7 +28,7 @@ def test_env():
 
 def test_env_with_faked_arch(monkeypatch):
     monkeypatch.setenv("FTLAB_ARCH", "gfx1151")
-    text = cli.env_report()
+    text = environment.report()
     assert "gfx1151" in text and "RDNA3.5" in text and "UMA" in text and "wave32" in text
 
 
@@ -210,3 +210,16 @@ def test_a_closed_pipe_ends_quietly():
     proc.stdout.close()  # before the command writes anything
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == "", err
+
+
+def test_ops_lists_and_describes():
+    res = subprocess.run([sys.executable, "-m", "ftlab", "ops"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "moe_experts      moe           reference, triton, hip, cpu" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "ftlab", "ops", "q4_0_matmul"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for piece in ("ftlab/ops/q4_0.py", "ftlab/reference/q4_0.py", "ftlab/triton/q4_0.py", "ftlab/hip/csrc/q4_0.hip",
+                  "tests/property/test_q4_0.py", "docs/OPS.md#q4_0_matmul", "paths int8, prefill int8"):  # fmt: skip
+        assert piece in res.stdout, piece
+    res = subprocess.run([sys.executable, "-m", "ftlab", "ops", "nope"], capture_output=True, text=True)
+    assert res.returncode == 1 and res.stderr.startswith("ftlab: error: op must be one of")
