@@ -306,7 +306,7 @@ def _amd_meta(asm: str, key: str) -> int:
 
 
 def triton_rows_here(targets: tuple[str, ...] = TARGETS) -> list[Row]:
-    """Compile every COMPILE_SPECS entry in this process (TRITON_INTERPRET must be unset)."""
+    """Compile every spec of :func:`triton_modules` in this process (TRITON_INTERPRET must be unset)."""
     import triton
     from triton.compiler import ASTSource
 

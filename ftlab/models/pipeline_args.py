@@ -25,7 +25,7 @@ TINY_QUANTS = ("hf", "f32", "q4_0")
 #: The dtypes dense weights and activations can take.
 MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: The paths of Q4_0 weights (see ``ops.q4_0_matmul``).
-Q4_0_PATHS = ("auto", "int8", "dequant")
+Q4_0_PATHS = ("auto", *ftbackends.Q4_0_PATHS)
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
 GRAPHS_AUTO = "auto"
 

@@ -10,14 +10,10 @@ from ftlab import ops
 CPU_BACKENDS = ["reference", "triton"]  # triton: its CPU interpreter (tests/conftest.py)
 
 
-def _devices_and_backends():
-    cases = [("cpu", b) for b in CPU_BACKENDS]
-    if torch.cuda.is_available():
-        cases += [("cuda", b) for b in ("reference", "triton", "hip")]
-    return cases
-
-
-CASES = _devices_and_backends()
+# the GPU cases carry the gpu marker: skipped without a GPU, run by `pytest -m gpu`
+CASES = [("cpu", b) for b in CPU_BACKENDS] + [
+    pytest.param("cuda", b, marks=pytest.mark.gpu, id=f"cuda-{b}") for b in ("reference", "triton", "hip")
+]
 
 
 @pytest.mark.parametrize("device, backend", CASES)
