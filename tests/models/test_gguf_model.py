@@ -7,6 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from ftlab import ops  # noqa: E402
 from ftlab.formats.gguf import read_tensors  # noqa: E402
 from ftlab.models.loader import CheckpointError, load_gguf, load_hf, save_gguf  # noqa: E402
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe  # noqa: E402
@@ -39,7 +40,7 @@ def prompt():
 
 def dequantized(weights: ModelWeights) -> ModelWeights:
     def d(t):
-        return t.dequantize(torch.float32) if isinstance(t, Q4_0Weight) else t
+        return ops.dequantize_q4_0(t, torch.float32) if isinstance(t, Q4_0Weight) else t
 
     layers = [
         LayerWeights(**{f: d(getattr(lw, f)) for f in lw.__dataclass_fields__})
