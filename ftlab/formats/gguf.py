@@ -48,6 +48,8 @@ _SCALAR_BYTES = {VT.UINT8: 1, VT.INT8: 1, VT.UINT16: 2, VT.INT16: 2, VT.UINT32: 
                  VT.FLOAT32: 4, VT.BOOL: 1, VT.UINT64: 8, VT.INT64: 8, VT.FLOAT64: 8}  # fmt: skip
 _INT_TYPES = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
 _FLOAT_TYPES = {VT.FLOAT32, VT.FLOAT64}
+_KINDS = {"int": (_INT_TYPES, "an integer"), "float": (_FLOAT_TYPES, "a float"),
+          "str": ({VT.STRING}, "a string")}  # fmt: skip
 
 
 class GGUFError(CheckpointError):
@@ -138,7 +140,7 @@ class _Cursor:
     def text(self, what: str) -> str:
         """A GGUF string (uint64 length, then UTF-8 bytes) that must decode."""
         n = self.u64(f"{what} (length)")
-        start = self.skip(n, f"{what} ({n} bytes)")
+        start = self.skip(n, what)
         try:
             return bytes(self.buf[start : start + n]).decode("utf-8")
         except UnicodeDecodeError as e:
@@ -238,7 +240,7 @@ def _walk(cur: _Cursor) -> GGUFLayout:
         metadata.append(MetadataEntry(key, start, vtype, value_start, cur.pos))
         if key == "general.alignment":
             if vtype != VT.UINT32:
-                raise cur.fail(f"metadata 'general.alignment' must be a UINT32, got type {vtype}")
+                raise cur.fail(f"metadata 'general.alignment' must be a UINT32, got {VT(vtype).name}")
             alignment = struct.unpack_from("<I", cur.buf, value_start)[0]
             if alignment == 0 or alignment & (alignment - 1):
                 raise cur.fail(f"metadata 'general.alignment' must be a power of two, got {alignment}")
@@ -333,10 +335,10 @@ def field_value(reader: gguf.GGUFReader, key: str, kind: str):
     vtype = field.types[0]
     item = VT(int(field.parts[3][0])) if vtype == VT.ARRAY else None  # key len, key, type, item
     scalar, array = kind.removesuffix("[]"), kind.endswith("[]")
-    allowed = {"int": _INT_TYPES, "float": _FLOAT_TYPES, "str": {VT.STRING}}[scalar]
+    allowed, noun = _KINDS[scalar]
     if (item if array else vtype) not in allowed or (vtype == VT.ARRAY) != array:
         got = f"an array of {item.name}" if item is not None else vtype.name
-        want = f"an array of {scalar}" if array else f"a {scalar}"
+        want = f"an array of {noun.split()[-1]}s" if array else noun
         raise GGUFError(f"{where} must be {want}, got {got}")
     values = []
     for i in field.data:
