@@ -101,7 +101,10 @@ class Qwen3MoeConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise ValueError(f"rope type {rope_type!r} is not supported (default RoPE only)")
-        values.setdefault("rope_theta", rope.get("rope_theta", 1_000_000.0))
+        # a key config.json lacks means what transformers' Qwen3MoeConfig defaults to, not what
+        # this dataclass defaults to (Qwen3-30B-A3B's values): the two differ on these
+        values.setdefault("rope_theta", rope.get("rope_theta", 10_000.0))
+        values.setdefault("norm_topk_prob", False)
         if (
             "num_experts" not in values and "num_local_experts" in values
         ):  # newer transformers' name

@@ -198,3 +198,14 @@ def test_config_checks_are_shared_by_direct_construction():
         Qwen3MoeConfig(**fields, rms_norm_eps=math.nan)
     with pytest.raises(ValueError, match="num_experts_per_tok must be <= num_experts"):
         Qwen3MoeConfig(**{**fields, "num_experts_per_tok": 3})
+
+
+def test_keys_config_json_lacks_mean_what_transformers_reads(tmp_path, source):
+    """Not this dataclass's defaults (Qwen3-30B-A3B's rope base 1e6, renormalized top-k):
+    transformers' Qwen3MoeConfig reads a missing rope_theta as 10000, norm_topk_prob as false."""
+    config = json.loads((source / "config.json").read_text())
+    del config["rope_theta"], config["norm_topk_prob"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(source / "model.safetensors", tmp_path / "model.safetensors")
+    loaded, _ = load_hf(tmp_path, progress=False)
+    assert loaded.rope_theta == 10_000.0 and loaded.norm_topk_prob is False
