@@ -78,13 +78,13 @@ def encode_entry(key: str, vtype: int, value) -> bytes:
 
 
 def splice(raw: bytes, layout: GGUFLayout, start: int, end: int, new: bytes,
-           kv_delta: int = 0, tensor_delta: int = 0) -> bytes:  # fmt: skip
-    """``raw`` with header bytes ``[start, end)`` replaced by ``new``, the key/value and tensor
-    counts moved by the deltas, and the data section re-padded to the file's alignment (tensor
+           kv_delta: int = 0) -> bytes:  # fmt: skip
+    """``raw`` with header bytes ``[start, end)`` replaced by ``new``, the key/value count
+    moved by ``kv_delta``, and the data section re-padded to the file's alignment (tensor
     offsets are relative to it, so they stay right)."""
     header = bytearray(raw[:start] + new + raw[end : layout.header_end])
-    n_tensors, n_kv = struct.unpack_from("<QQ", header, 8)
-    struct.pack_into("<QQ", header, 8, n_tensors + tensor_delta, n_kv + kv_delta)
+    n_kv = struct.unpack_from("<Q", header, 16)[0]
+    struct.pack_into("<Q", header, 16, n_kv + kv_delta)
     pad = -len(header) % layout.alignment
     return bytes(header) + b"\0" * pad + raw[layout.data_start :]
 
@@ -116,13 +116,16 @@ def read_layout_of(raw: bytes) -> GGUFLayout:
 
 
 def _u64(rng: random.Random, current: int, size: int) -> int:
-    return rng.choice([*_BAD_U64, current - 1, current + 1, 2 * current, rng.randrange(size)])
+    """A uint64 other than ``current`` that a parser may trust too far."""
+    values = (*_BAD_U64, current - 1, current + 1, 2 * current, rng.randrange(size))
+    return rng.choice([v % 2**64 for v in values if v % 2**64 != current])
 
 
 def _flip(data: bytearray, rng: random.Random, lo: int, hi: int, count: int) -> list[int]:
     at = sorted(rng.randrange(lo, hi) for _ in range(count))
     for i in at:
-        data[i] = rng.choice([data[i] ^ (1 << rng.randrange(8)), 0x00, 0xFF, rng.randrange(256)])
+        new = {data[i] ^ (1 << rng.randrange(8)), 0x00, 0xFF, rng.randrange(256)} - {data[i]}
+        data[i] = rng.choice(sorted(new))
     return at
 
 
@@ -160,8 +163,8 @@ class GGUFMutator:
             return data, f"version -> {v:#x}"
         at = 8 if field == "tensor_count" else 16
         v = _u64(rng, struct.unpack_from("<Q", data, at)[0], len(data))
-        struct.pack_into("<Q", data, at, v % 2**64)
-        return data, f"{field} -> {v % 2**64}"
+        struct.pack_into("<Q", data, at, v)
+        return data, f"{field} -> {v}"
 
     def _entry(self, rng) -> MetadataEntry:
         return rng.choice(self.layout.metadata)
@@ -190,7 +193,7 @@ class GGUFMutator:
                     at += 8 + struct.unpack_from("<Q", data, at)[0]
                 targets.append(("a string item's length", at))
         what, at = rng.choice(targets)
-        v = _u64(rng, struct.unpack_from("<Q", data, at)[0], len(data)) % 2**64
+        v = _u64(rng, struct.unpack_from("<Q", data, at)[0], len(data))
         struct.pack_into("<Q", data, at, v)
         return data, f"metadata '{e.key}': {what} -> {v}"
 
@@ -300,7 +303,7 @@ class GGUFMutator:
             new = rng.choice([u for u in self.layout.tensors if u != t]).name.encode()
         else:
             data = bytearray(self.raw)
-            v = _u64(rng, len(name), len(data)) % 2**64
+            v = _u64(rng, len(name), len(data))
             struct.pack_into("<Q", data, t.start, v)
             return data, f"tensor '{t.name}': name length {len(name)} -> {v}"
         data = splice(self.raw, self.layout, t.start, t.n_dims_at, encode_value(VT.STRING, new))
@@ -436,7 +439,7 @@ class HFMutator:
         elif how == "metadata":
             header["__metadata__"] = rng.choice([[], "x", {"format": 1}, None])
         else:
-            v = _u64(rng, self.header_len, len(self.weights_raw)) % 2**64
+            v = _u64(rng, self.header_len, len(self.weights_raw))
             return struct.pack("<Q", v) + self.weights_raw[8:], f"safetensors: header length -> {v}"
         return self._with_header(json.dumps(header).encode()), f"safetensors: {how} of '{name}'"
 
