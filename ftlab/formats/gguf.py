@@ -146,6 +146,14 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise self.fail(f"{what} at offset {start} is not valid UTF-8 ({e.reason})") from e
 
+    def name(self, what: str, seen: set[str], kind: str) -> str:
+        """A key or tensor name: a string not in ``seen`` (then added to it)."""
+        name = self.text(what)
+        if name in seen:
+            raise self.fail(f"{kind} '{name}' appears twice")
+        seen.add(name)
+        return name
+
     def value(self, value_type: int, where: str) -> None:
         """Step over one value of ``value_type``, arrays (of arrays) included, with an explicit
         stack of ``[type, values left, nesting]`` frames instead of recursion."""
@@ -208,9 +216,20 @@ def read_layout(path: str | Path) -> GGUFLayout:
 
 
 def _walk(cur: _Cursor) -> GGUFLayout:
-    path = cur.path
-    magic = bytes(cur.buf[0:4])
-    cur.skip(4, "magic")
+    version, n_tensors, n_kv = _header(cur)
+    metadata, alignment = _metadata(cur, n_kv)
+    names: set[str] = set()
+    tensors = tuple(_tensor_entry(cur, i, names) for i in range(n_tensors))
+    layout = GGUFLayout(cur.path, cur.size, version, alignment, metadata, tensors, cur.pos,
+                        _align(cur.pos, alignment))  # fmt: skip
+    _check_extents(layout)
+    return layout
+
+
+def _header(cur: _Cursor) -> tuple[int, int, int]:
+    """Magic, version, tensor count, key/value count: (version, n_tensors, n_kv)."""
+    at = cur.skip(4, "magic")
+    magic = bytes(cur.buf[at : at + 4])
     if magic != b"GGUF":
         raise cur.fail(f"magic must be b'GGUF', got {magic!r} (not a GGUF file)")
     version = cur.u32("version")
@@ -219,61 +238,59 @@ def _walk(cur: _Cursor) -> GGUFLayout:
             raise cur.fail("big-endian GGUF files are not supported (the version reads "
                            f"{version:#x})")  # fmt: skip
         raise cur.fail(f"GGUF version must be 2 or 3, got {version}")
-    n_tensors = cur.u64("tensor count")
-    n_kv = cur.u64("metadata count")
+    n_tensors = cur.u64("GGUF.tensor_count")
+    n_kv = cur.u64("GGUF.kv_count")
     # the smallest key/value entry is 13 bytes (empty key, type, one byte), the smallest
     # tensor entry 32 (empty name, n_dims, one dim, type, offset)
     if n_kv * 13 + n_tensors * 32 > cur.size - cur.pos:
         raise cur.fail(f"GGUF.kv_count {n_kv} and GGUF.tensor_count {n_tensors} cannot fit in "
                        f"the {cur.size - cur.pos} bytes after the header")  # fmt: skip
-    metadata, keys = [], set()
+    return version, n_tensors, n_kv
+
+
+def _metadata(cur: _Cursor, n_kv: int) -> tuple[tuple[MetadataEntry, ...], int]:
+    """The key/value entries and the alignment they set (``general.alignment``, default 32)."""
+    entries, keys = [], set()
     alignment = gguf.GGUF_DEFAULT_ALIGNMENT
     for i in range(n_kv):
         start = cur.pos
-        key = cur.text(f"key of metadata entry {i}")
-        if key in keys:
-            raise cur.fail(f"metadata '{key}' appears twice")
-        keys.add(key)
+        key = cur.name(f"key of metadata entry {i}", keys, "metadata")
         vtype = cur.u32(f"metadata '{key}': value type")
         value_start = cur.pos
         cur.value(vtype, f"metadata '{key}'")
-        metadata.append(MetadataEntry(key, start, vtype, value_start, cur.pos))
+        entries.append(MetadataEntry(key, start, vtype, value_start, cur.pos))
         if key == "general.alignment":
             if vtype != VT.UINT32:
                 raise cur.fail(f"metadata 'general.alignment' must be a UINT32, got {VT(vtype).name}")
             alignment = struct.unpack_from("<I", cur.buf, value_start)[0]
             if alignment == 0 or alignment & (alignment - 1):
                 raise cur.fail(f"metadata 'general.alignment' must be a power of two, got {alignment}")
-    tensors, names = [], set()
-    for i in range(n_tensors):
-        start = cur.pos
-        name = cur.text(f"name of tensor {i}")
-        if name in names:
-            raise cur.fail(f"tensor '{name}' appears twice")
-        names.add(name)
-        where = f"tensor '{name}'"
-        n_dims = cur.u32(f"{where}: n_dims")
-        if not 1 <= n_dims <= MAX_DIMS:
-            raise cur.fail(f"{where}: n_dims must be in 1..{MAX_DIMS}, got {n_dims}")
-        dims = tuple(cur.u64(f"{where}: dimension {d}") for d in range(n_dims))
-        if min(dims) < 1:
-            raise cur.fail(f"{where}: every dimension must be >= 1, got {list(dims)}")
-        raw_type = cur.u32(f"{where}: type")
-        try:
-            qtype = QT(raw_type)
-            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise cur.fail(f"{where}: type {raw_type} is not a GGML tensor type") from None
-        if dims[0] % block:
-            raise cur.fail(f"{where}: {qtype.name} row length {dims[0]} is not a multiple of "
-                           f"its block size {block}")  # fmt: skip
-        nbytes = math.prod(dims) // block * type_size
-        offset = cur.u64(f"{where}: data offset")
-        tensors.append(TensorEntry(name, start, dims, qtype, offset, nbytes))
-    layout = GGUFLayout(path, cur.size, version, alignment, tuple(metadata), tuple(tensors),
-                        cur.pos, _align(cur.pos, alignment))  # fmt: skip
-    _check_extents(layout)
-    return layout
+    return tuple(entries), alignment
+
+
+def _tensor_entry(cur: _Cursor, i: int, names: set[str]) -> TensorEntry:
+    """Tensor-info entry ``i``: name, 1..4 dims each >= 1, a known type, rows of whole
+    blocks, the data offset (checked against the data section later)."""
+    start = cur.pos
+    name = cur.name(f"name of tensor {i}", names, "tensor")
+    where = f"tensor '{name}'"
+    n_dims = cur.u32(f"{where}: n_dims")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise cur.fail(f"{where}: n_dims must be in 1..{MAX_DIMS}, got {n_dims}")
+    dims = tuple(cur.u64(f"{where}: dimension {d}") for d in range(n_dims))
+    if min(dims) < 1:
+        raise cur.fail(f"{where}: every dimension must be >= 1, got {list(dims)}")
+    raw_type = cur.u32(f"{where}: type")
+    try:
+        qtype = QT(raw_type)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise cur.fail(f"{where}: type {raw_type} is not a GGML tensor type") from None
+    if dims[0] % block:
+        raise cur.fail(f"{where}: {qtype.name} row length {dims[0]} is not a multiple of its "
+                       f"block size {block}")  # fmt: skip
+    offset = cur.u64(f"{where}: data offset")
+    return TensorEntry(name, start, dims, qtype, offset, math.prod(dims) // block * type_size)
 
 
 def _describe(t: TensorEntry) -> str:

@@ -59,7 +59,8 @@ _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 def read_config(reader, path: Path) -> Qwen3MoeConfig:
-    """The model config of a GGUFReader's ``qwen3moe.*`` metadata and tensor table."""
+    """The model config of a GGUFReader's ``qwen3moe.*`` metadata and tensor table, checked
+    against the tensors the file holds and its tokenizer's token count."""
     arch = field_value(reader, "general.architecture", "str")
     if arch != GGUF_ARCH:
         raise GGUFError(f"{path}: general.architecture must be '{GGUF_ARCH}', got {arch!r}")
@@ -70,49 +71,56 @@ def read_config(reader, path: Path) -> Qwen3MoeConfig:
             raise GGUFError(f"{path}: missing metadata key '{GGUF_ARCH}.{key}'")
         if v is not None:
             values[name] = v
-    value_length = field_value(reader, f"{GGUF_ARCH}.attention.value_length", "int")
-    if value_length is not None and value_length != values.get("head_dim", value_length):
-        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.attention.value_length' ({value_length}) "
-                        f"must equal '{GGUF_ARCH}.attention.key_length' ({values['head_dim']})")  # fmt: skip
-    names = {t.name: t for t in reader.tensors}
-    embd = names.get("token_embd.weight")
+    tensors = {t.name: t for t in reader.tensors}
+    embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2:
         got = "none" if embd is None else f"shape {list(reversed(embd.shape.tolist()))}"
         raise GGUFError(f"{path}: tensor 'token_embd.weight' must be [vocab, hidden], got {got}")
     values["vocab_size"] = int(embd.shape[-1])
-    keys = {f: f"metadata '{GGUF_ARCH}.{k}'" for f, k in _GGUF_KEYS.items()}
-    keys["vocab_size"] = "the rows of tensor 'token_embd.weight'"
+    source = {f: f"metadata '{GGUF_ARCH}.{k}'" for f, k in _GGUF_KEYS.items()}
+    source["vocab_size"] = "the rows of tensor 'token_embd.weight'"
     if "head_dim" not in values:
-        keys["head_dim"] = f"{keys['hidden_size']} / {keys['num_attention_heads']}"
+        source["head_dim"] = f"{source['hidden_size']} / {source['num_attention_heads']}"
         # a head count < 1 is the config's to report, by name, not a ZeroDivisionError here
         values["head_dim"] = values["hidden_size"] // max(values["num_attention_heads"], 1)
-    values["tie_word_embeddings"] = "output.weight" not in names
+    values["tie_word_embeddings"] = "output.weight" not in tensors
     values["norm_topk_prob"] = True  # llama.cpp's qwen3moe always renormalizes the top-k weights
     try:
         config = Qwen3MoeConfig(**values)
     except ValueError as e:  # the message names the field: say where in the file it came from
-        named = [k for f, k in keys.items() if re.search(rf"\b{f}\b", str(e))]
+        named = [k for f, k in source.items() if re.search(rf"\b{f}\b", str(e))]
         raise GGUFError(f"{path}: {e} (from {' and '.join(named)})") from e
+    value_length = field_value(reader, f"{GGUF_ARCH}.attention.value_length", "int")
+    if value_length not in (None, config.head_dim):  # ftlab's attention has one head dim
+        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.attention.value_length' ({value_length}) "
+                        f"must equal the key head dim ({config.head_dim}, from "
+                        f"{source['head_dim']})")  # fmt: skip
     tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
     if tokens is not None and len(tokens) != config.vocab_size:
         raise GGUFError(f"{path}: tensor 'token_embd.weight' has {config.vocab_size} rows but "
                         f"metadata 'tokenizer.ggml.tokens' has {len(tokens)} tokens")  # fmt: skip
+    _check_tensor_names(set(tensors), config, path)
+    return config
+
+
+def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> None:
+    """``blk.N`` groups for exactly N < block_count, and no tensor the model does not use."""
+    layers = config.num_hidden_layers
     blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
-    beyond = sorted(n for n in blocks if n >= config.num_hidden_layers)
+    beyond = sorted(n for n in blocks if n >= layers)
     if beyond:
         raise GGUFError(f"{path}: there are tensors of blk.{beyond[0]}, beyond metadata "
-                        f"'{GGUF_ARCH}.block_count' ({config.num_hidden_layers})")  # fmt: skip
-    if len(blocks) < config.num_hidden_layers:  # the first absent block: at most len + 1 probes
+                        f"'{GGUF_ARCH}.block_count' ({layers})")  # fmt: skip
+    if len(blocks) < layers:  # the first absent block: at most len + 1 probes
         absent = next(n for n in range(len(blocks) + 1) if n not in blocks)
-        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.block_count' is "
-                        f"{config.num_hidden_layers}, but there are no tensors of blk.{absent}")  # fmt: skip
+        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.block_count' is {layers}, but there are "
+                        f"no tensors of blk.{absent}")  # fmt: skip
     wanted = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
-        f"blk.{i}.{n}.weight" for i in range(config.num_hidden_layers) for n in _BLOCK_TENSORS}
-    extra = sorted(set(names) - wanted)
+        f"blk.{i}.{n}.weight" for i in range(layers) for n in _BLOCK_TENSORS}
+    extra = sorted(names - wanted)
     if extra:  # llama.cpp refuses these too ("wrong number of tensors")
         raise GGUFError(f"{path}: tensor '{extra[0]}' is not part of a {GGUF_ARCH} model "
                         f"({len(extra)} such tensors)")  # fmt: skip
-    return config
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,

@@ -89,6 +89,7 @@ class SafetensorsShards:
             self._check_index(index_file, weight_map)
 
     def _check_index(self, index_file: Path, weight_map: dict[str, str]) -> None:
+        """The index and the shards agree, tensor by tensor."""
         for tensor, shard in weight_map.items():
             if self.where.get(tensor) != shard:
                 found = f"it is in {self.where[tensor]}" if tensor in self.where else "no shard has it"

@@ -78,7 +78,7 @@ METADATA = {
     "head_dim against attn_q": (A + "attention.key_length", VT.UINT32, 8,
                                 ["tensor 'blk.0.attn_q.weight' has shape (64, 64), expected (32, 64)"]),
     "value_length != key_length": (A + "attention.value_length", VT.UINT32, 8,
-                                   [f"'{A}attention.value_length' (8)", f"'{A}attention.key_length' (16)"]),
+                                   [f"'{A}attention.value_length' (8) must equal the key head dim (16, from metadata '{A}attention.key_length')"]),
     "architecture": ("general.architecture", VT.STRING, "llama",
                      ["general.architecture must be 'qwen3moe', got 'llama'"]),
     "architecture not UTF-8": ("general.architecture", VT.STRING, b"qwen\xff",
