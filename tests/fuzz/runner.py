@@ -147,7 +147,7 @@ def worker(target: str, source: Path, seeds: list[int], work: Path, case_seconds
                 outcome = check_case(target, path, mutation.values_only)
         except CaseTimeout:
             outcome, error = "failed: timeout", f"ran past {case_seconds} s"
-        except BaseException as e:  # noqa: BLE001 - every other exception fails the case
+        except BaseException as e:  # every other exception fails the case
             outcome, error = f"failed: {type(e).__name__}", traceback.format_exc(limit=-8)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -209,7 +209,7 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
 
     def start(i: int, todo: list[int]) -> None:
         if todo:
-            log = open(work / f"worker-{i}.log", "a")  # noqa: SIM115 - closed with the worker
+            log = open(work / f"worker-{i}.log", "a")  # closed when the worker ends
             proc = _spawn(target, source, todo, work / f"worker-{i}", case_seconds, headroom_gib,
                           inject or {}, log)  # fmt: skip
             state = {"i": i, "todo": todo, "current": None, "seen": time.monotonic(), "log": log}
