@@ -364,7 +364,8 @@ def field_value(reader: gguf.GGUFReader, key: str, kind: str):
             try:
                 values.append(bytes(part).decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise GGUFError(f"{where}: item {len(values)} is not valid UTF-8 ({e.reason})") from e
+                which = f"item {len(values)}" if array else "the string"
+                raise GGUFError(f"{where}: {which} is not valid UTF-8 ({e.reason})") from e
         elif part.dtype == np.float32:
             values.append(float(str(part[0])))
         else:

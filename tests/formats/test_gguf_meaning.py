@@ -82,7 +82,7 @@ METADATA = {
     "architecture": ("general.architecture", VT.STRING, "llama",
                      ["general.architecture must be 'qwen3moe', got 'llama'"]),
     "architecture not UTF-8": ("general.architecture", VT.STRING, b"qwen\xff",
-                               ["'general.architecture': item 0 is not valid UTF-8"]),
+                               ["'general.architecture': the string is not valid UTF-8"]),
     "fewer tokens than rows": ("tokenizer.ggml.tokens", VT.ARRAY, (VT.STRING, ["a", "b"]),
                                ["tensor 'token_embd.weight' has 384 rows",
                                 "'tokenizer.ggml.tokens' has 2 tokens"]),
