@@ -33,8 +33,35 @@ class Stage:
     main: str  # the tensor that backend comparisons look at
 
 
+_BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
+_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+
+
+def _check_field(name: str, value: object) -> None:
+    """ValueError naming config field ``name`` unless ``value`` is of its kind: a count (an
+    int >= 1, not a bool), a bool, or a finite float > 0 (``rope_theta`` > 1: the RoPE
+    frequencies ``theta^(-2i/d)`` must fall with i; a base <= 1 makes them grow, and a
+    subnormal base makes them overflow to inf)."""
+    import math
+
+    if name in _BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+    elif name in _FLOAT_FIELDS:
+        least = 1.0 if name == "rope_theta" else 0.0
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= least:
+            raise ValueError(f"{name} must be a finite number > {least:g}, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
 @dataclass
 class Qwen3MoeConfig:
+    """The shape and constants of a Qwen3-MoE model. Checked on construction (ValueError
+    naming the field): counts are ints >= 1, eps and rope_theta finite and > 0 (rope_theta
+    > 1), the flags bools, heads a multiple of kv heads, 1 <= experts per token <= experts."""
+
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -50,35 +77,60 @@ class Qwen3MoeConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(f.name, getattr(self, f.name))
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                             f"of num_key_value_heads ({self.num_key_value_heads})")  # fmt: skip
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be <= num_experts ({self.num_experts}), "
+                             f"got {self.num_experts_per_tok}")  # fmt: skip
+
     @classmethod
     def from_hf(cls, hf: dict) -> Qwen3MoeConfig:
-        """From a HF ``config.json`` dict (model_type ``qwen3_moe``)."""
+        """From a HF ``config.json`` dict (model_type ``qwen3_moe``); ValueError naming the key
+        for a missing key, a value of the wrong type or range, or a feature ftlab lacks
+        (attention bias, dense layers, RoPE scaling)."""
         if hf.get("model_type") != "qwen3_moe":
-            raise ValueError(
-                f"config.json: model_type must be 'qwen3_moe', got {hf.get('model_type')!r}"
-            )
+            raise ValueError(f"model_type must be 'qwen3_moe', got {hf.get('model_type')!r}")
         values = dict(hf)
+        for key in ("rope_parameters", "rope_scaling"):
+            if not isinstance(values.get(key) or {}, dict):
+                raise ValueError(f"{key} must be an object or null, got {values[key]!r}")
         rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
-        values.setdefault("rope_theta", rope.get("rope_theta", 1_000_000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope type {rope_type!r} is not supported (default RoPE only)")
+        # a key config.json lacks means what transformers' Qwen3MoeConfig defaults to, not what
+        # this dataclass defaults to (Qwen3-30B-A3B's values): the two differ on these
+        values.setdefault("rope_theta", rope.get("rope_theta", 10_000.0))
+        values.setdefault("norm_topk_prob", False)
         if (
             "num_experts" not in values and "num_local_experts" in values
         ):  # newer transformers' name
             values["num_experts"] = values["num_local_experts"]
-        if "hidden_size" in values and "num_attention_heads" in values:
-            values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
+        if "head_dim" not in values and "hidden_size" in values and "num_attention_heads" in values:
+            _check_field("hidden_size", values["hidden_size"])
+            _check_field("num_attention_heads", values["num_attention_heads"])
+            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+        if not isinstance(values.get("attention_bias", False), bool):
+            raise ValueError(f"attention_bias must be a bool, got {values['attention_bias']!r}")
         if values.get("attention_bias"):
-            raise ValueError("config.json: attention_bias = true is not supported")
-        if values.get("mlp_only_layers") or values.get("decoder_sparse_step", 1) != 1:
-            raise ValueError(
-                "config.json: dense (mlp_only) layers are not supported; every layer must be MoE"
-            )
+            raise ValueError("attention_bias = true is not supported")
+        dense, step = values.get("mlp_only_layers"), values.get("decoder_sparse_step", 1)
+        dense = [] if dense is None else dense
+        if not isinstance(dense, list) or isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError("mlp_only_layers must be a list and decoder_sparse_step an int, got "
+                             f"{dense!r} and {step!r}")  # fmt: skip
+        if dense or step != 1:
+            raise ValueError("dense (mlp_only) layers are not supported: mlp_only_layers must be "
+                             "[] and decoder_sparse_step 1, every layer MoE")  # fmt: skip
         names = {f.name for f in fields(cls)}
         try:
             return cls(**{k: values[k] for k in names if k in values})
-        except TypeError as e:
-            raise ValueError(
-                f"config.json: missing key ({e}); needs {sorted(names - set(values))}"
-            ) from e
+        except TypeError as e:  # a required field absent: the constructor names it
+            raise ValueError(f"missing key ({e})") from e
 
 
 @dataclass

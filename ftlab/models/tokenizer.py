@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
+
+from ftlab.formats import CheckpointError
+from ftlab.formats.gguf import GGUFError, field_value, reader_path
 
 
 class Tokenizer:
@@ -36,47 +40,68 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
-        """``tokenizer.json`` (+ ``tokenizer_config.json`` for eos and the chat template)."""
+        """``tokenizer.json`` (+ ``tokenizer_config.json`` for eos and the chat template);
+        CheckpointError naming the file when one is missing or unreadable."""
         path = Path(path)
         file = path / "tokenizer.json"
         if not file.is_file():
-            raise FileNotFoundError(f"{path}: no tokenizer.json")
-        backend = HFTokenizer.from_file(str(file))
+            raise CheckpointError(f"{path}: no tokenizer.json")
+        try:
+            backend = HFTokenizer.from_file(str(file))
+        except Exception as e:  # the tokenizers package raises a plain Exception
+            raise CheckpointError(f"{file}: not a readable tokenizer: {e}") from e
         extra = {}
-        if (path / "tokenizer_config.json").is_file():
-            extra = json.loads((path / "tokenizer_config.json").read_text())
+        config_file = path / "tokenizer_config.json"
+        if config_file.is_file():
+            try:
+                extra = json.loads(config_file.read_bytes())
+            except (ValueError, RecursionError) as e:
+                raise CheckpointError(f"{config_file}: not valid JSON: {e}") from e
+            if not isinstance(extra, dict):
+                raise CheckpointError(f"{config_file}: must hold a JSON object")
         eos = extra.get("eos_token")
         eos_id = backend.token_to_id(eos if isinstance(eos, str) else "<|endoftext|>")
-        return cls(backend, eos_id, extra.get("chat_template"))
+        template = extra.get("chat_template")
+        return cls(backend, eos_id, template if isinstance(template, str) else None)
 
     @classmethod
-    def from_gguf(cls, reader) -> Tokenizer:
-        """From a GGUFReader's ``tokenizer.ggml.*`` fields (model ``gpt2``: byte-level BPE)."""
-        from ftlab.models.loader import CheckpointError
-
-        def field(key: str):
-            f = reader.fields.get(key)
-            if f is None:
-                return None
-            return [bytes(f.parts[i]).decode("utf-8") if f.types[-1].name == "STRING" else f.parts[i].tolist()[0]
-                    for i in f.data]  # fmt: skip
-
-        kind = field("tokenizer.ggml.model")
+    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+        """From a GGUFReader's ``tokenizer.ggml.*`` fields (model ``gpt2``: byte-level BPE).
+        GGUFError naming the file and the field for a value of the wrong type, a token that is
+        not UTF-8 or appears twice, a merge not of the form ``"a b"`` over tokens of the
+        vocabulary, an eos id out of range."""
+        path = reader_path(reader)
+        kind = field_value(reader, "tokenizer.ggml.model", "str")
         if kind is None:
-            raise CheckpointError("GGUF file has no tokenizer (tokenizer.ggml.model)")
-        if kind[0] != "gpt2":
-            raise CheckpointError(
-                f"tokenizer.ggml.model {kind[0]!r} is not supported (byte-level BPE 'gpt2' only)"
-            )
-        tokens = field("tokenizer.ggml.tokens")
-        merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges") or []]
-        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
-        backend = HFTokenizer(bpe)
+            raise GGUFError(f"{path}: no tokenizer (metadata 'tokenizer.ggml.model')")
+        if kind != "gpt2":
+            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.model' {kind!r} is not supported "
+                            "(byte-level BPE 'gpt2' only)")  # fmt: skip
+        tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
+        if not tokens:
+            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.tokens' is missing or empty")
+        vocab = {}
+        for i, t in enumerate(tokens):
+            if vocab.setdefault(t, i) != i:
+                raise GGUFError(f"{path}: metadata 'tokenizer.ggml.tokens': token {t!r} appears "
+                                f"twice (ids {vocab[t]} and {i})")  # fmt: skip
+        merges, stored = [], field_value(reader, "tokenizer.ggml.merges", "str[]")
+        if stored is None:  # a BPE without its merges splits every word into bytes
+            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.merges' is missing")
+        for i, m in enumerate(stored):
+            pair = tuple(m.split(" "))
+            if len(pair) != 2 or not all(pair) or any(t not in vocab for t in (*pair, m.replace(" ", ""))):
+                raise GGUFError(f"{path}: metadata 'tokenizer.ggml.merges': merge {i} {m!r} must "
+                                "be 'a b' with a, b and ab tokens of the vocabulary")  # fmt: skip
+            merges.append(pair)
+        eos = field_value(reader, "tokenizer.ggml.eos_token_id", "int")
+        if eos is not None and not 0 <= eos < len(tokens):
+            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.eos_token_id' must be in "
+                            f"[0, {len(tokens)}), got {eos}")  # fmt: skip
+        backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
-        eos = field("tokenizer.ggml.eos_token_id")
-        template = field("tokenizer.chat_template")
-        return cls(backend, eos[0] if eos else None, template[0] if template else None)
+        return cls(backend, eos, field_value(reader, "tokenizer.chat_template", "str"))
 
 
 def gguf_metadata(tokenizer: HFTokenizer) -> dict:

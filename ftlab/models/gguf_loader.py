@@ -1,0 +1,223 @@
+"""Qwen3-MoE <-> llama.cpp GGUF files (``qwen3moe.*`` metadata, ``blk.N.*`` tensors).
+
+Loading checks the file in two steps. Structure first, before anything is allocated:
+:func:`ftlab.formats.gguf.open_reader` validates every count, length, type and tensor extent
+of the header, then reads through the ``gguf`` package. Then meaning, here: every metadata
+value of the type ftlab expects, the config's ranges (:class:`Qwen3MoeConfig` checks them),
+``block_count`` equal to the ``blk.N`` groups present, every tensor of the shape the config
+implies, the vocabulary of ``token_embd`` equal to the tokenizer's token count. Every refusal
+is a :class:`~ftlab.formats.gguf.GGUFError` naming the file and the key or tensor.
+
+Stored values are not scanned (a Q4_0 file would be read whole to check its block scales):
+a NaN or inf weight loads, and shows as non-finite logits.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ftlab import ops
+from ftlab.formats.gguf import (
+    GGUFError,
+    field_value,
+    open_reader,
+    tensor_from_reader,
+    write_tensors,
+)
+from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
+from ftlab.quant import Q4_0Weight
+
+GGUF_ARCH = "qwen3moe"
+_GGUF_KEYS = {  # Qwen3MoeConfig field -> qwen3moe.* metadata key
+    "num_hidden_layers": "block_count",
+    "hidden_size": "embedding_length",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "num_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "moe_intermediate_size": "expert_feed_forward_length",
+    "rope_theta": "rope.freq_base",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "max_position_embeddings": "context_length",
+}
+# head_dim defaults to hidden / heads, as in llama.cpp; rope base and eps have no default
+# here: llama.cpp's (10000) and the config's (1e6) differ, and a silent pick is a wrong model
+_OPTIONAL = ("max_position_embeddings", "head_dim")
+_FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
+_LAYER_NAMES = {  # LayerWeights field -> blk.N.* tensor (the banks are handled apart)
+    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+    "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "input_norm": "attn_norm",
+    "post_attention_norm": "ffn_norm", "router": "ffn_gate_inp",
+}  # fmt: skip
+_BLOCK_TENSORS = (*_LAYER_NAMES.values(), "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def read_config(reader, path: Path) -> Qwen3MoeConfig:
+    """The model config of a GGUFReader's ``qwen3moe.*`` metadata and tensor table, checked
+    against the tensors the file holds and its tokenizer's token count."""
+    arch = field_value(reader, "general.architecture", "str")
+    if arch != GGUF_ARCH:
+        raise GGUFError(f"{path}: general.architecture must be '{GGUF_ARCH}', got {arch!r}")
+    values = {}
+    for name, key in _GGUF_KEYS.items():
+        v = field_value(reader, f"{GGUF_ARCH}.{key}", "float" if name in _FLOAT_FIELDS else "int")
+        if v is None and name not in _OPTIONAL:
+            raise GGUFError(f"{path}: missing metadata key '{GGUF_ARCH}.{key}'")
+        if v is not None:
+            values[name] = v
+    tensors = {t.name: t for t in reader.tensors}
+    embd = tensors.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2:
+        got = "none" if embd is None else f"shape {list(reversed(embd.shape.tolist()))}"
+        raise GGUFError(f"{path}: tensor 'token_embd.weight' must be [vocab, hidden], got {got}")
+    values["vocab_size"] = int(embd.shape[-1])
+    source = {f: f"metadata '{GGUF_ARCH}.{k}'" for f, k in _GGUF_KEYS.items()}
+    source["vocab_size"] = "the rows of tensor 'token_embd.weight'"
+    if "head_dim" not in values:
+        source["head_dim"] = f"{source['hidden_size']} / {source['num_attention_heads']}"
+        # a head count < 1 is the config's to report, by name, not a ZeroDivisionError here
+        values["head_dim"] = values["hidden_size"] // max(values["num_attention_heads"], 1)
+    values["tie_word_embeddings"] = "output.weight" not in tensors
+    values["norm_topk_prob"] = True  # llama.cpp's qwen3moe always renormalizes the top-k weights
+    try:
+        config = Qwen3MoeConfig(**values)
+    except ValueError as e:  # the message names the field: say where in the file it came from
+        named = [k for f, k in source.items() if re.search(rf"\b{f}\b", str(e))]
+        raise GGUFError(f"{path}: {e} (from {' and '.join(named)})") from e
+    value_length = field_value(reader, f"{GGUF_ARCH}.attention.value_length", "int")
+    if value_length not in (None, config.head_dim):  # ftlab's attention has one head dim
+        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.attention.value_length' ({value_length}) "
+                        f"must equal the key head dim ({config.head_dim}, from "
+                        f"{source['head_dim']})")  # fmt: skip
+    tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
+    if tokens is not None and len(tokens) != config.vocab_size:
+        raise GGUFError(f"{path}: tensor 'token_embd.weight' has {config.vocab_size} rows but "
+                        f"metadata 'tokenizer.ggml.tokens' has {len(tokens)} tokens")  # fmt: skip
+    _check_tensor_names(set(tensors), config, path)
+    return config
+
+
+def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> None:
+    """``blk.N`` groups for exactly N < block_count, and no tensor the model does not use."""
+    layers = config.num_hidden_layers
+    blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
+    beyond = sorted(n for n in blocks if n >= layers)
+    if beyond:
+        raise GGUFError(f"{path}: there are tensors of blk.{beyond[0]}, beyond metadata "
+                        f"'{GGUF_ARCH}.block_count' ({layers})")  # fmt: skip
+    if len(blocks) < layers:  # the first absent block: at most len + 1 probes
+        absent = next(n for n in range(len(blocks) + 1) if n not in blocks)
+        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.block_count' is {layers}, but there are "
+                        f"no tensors of blk.{absent}")  # fmt: skip
+    wanted = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+        f"blk.{i}.{n}.weight" for i in range(layers) for n in _BLOCK_TENSORS}
+    extra = sorted(names - wanted)
+    if extra:  # llama.cpp refuses these too ("wrong number of tensors")
+        raise GGUFError(f"{path}: tensor '{extra[0]}' is not part of a {GGUF_ARCH} model "
+                        f"({len(extra)} such tensors)")  # fmt: skip
+
+
+def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+              progress: bool = True) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+    """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
+    file. Q4_0 tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`, expert banks included);
+    F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense. GGUFError
+    naming the file and the key or tensor for anything ftlab cannot load (module docstring)."""
+    path = Path(path)
+    reader = open_reader(path)
+    c = read_config(reader, path)
+    by_name = {t.name: t for t in reader.tensors}
+    device = torch.device(device)
+
+    def get(name: str, shape: tuple[int, ...], dense: bool = False):
+        t = by_name.get(name)
+        if t is None:
+            raise GGUFError(f"{path}: missing tensor {name!r}")
+        value = tensor_from_reader(t, path)
+        if tuple(value.shape) != tuple(shape):
+            raise GGUFError(
+                f"{path}: tensor {name!r} has shape {tuple(value.shape)}, expected {tuple(shape)}"
+            )
+        if isinstance(value, Q4_0Weight):
+            return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
+        return value.to(device=device, dtype=dtype)
+
+    h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
+    shapes = {"q_proj": (c.num_attention_heads * hd, h), "k_proj": (c.num_key_value_heads * hd, h),
+              "v_proj": (c.num_key_value_heads * hd, h), "o_proj": (h, c.num_attention_heads * hd),
+              "q_norm": (hd,), "k_norm": (hd,), "input_norm": (h,), "post_attention_norm": (h,), "router": (e, h)}  # fmt: skip
+    dense = {"q_norm", "k_norm", "input_norm", "post_attention_norm", "router"}
+    layers = []
+    for i in tqdm(
+        range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
+    ):
+        p = f"blk.{i}."
+        parts = {f: get(p + n + ".weight", shapes[f], f in dense) for f, n in _LAYER_NAMES.items()}
+        gate = get(p + "ffn_gate_exps.weight", (e, inter, h))
+        up = get(p + "ffn_up_exps.weight", (e, inter, h))
+        if isinstance(gate, Q4_0Weight) != isinstance(up, Q4_0Weight):
+            raise GGUFError(f"{path}: tensors '{p}ffn_gate_exps.weight' and '{p}ffn_up_exps.weight' "
+                            "must share one type")  # fmt: skip
+        if isinstance(
+            gate, Q4_0Weight
+        ):  # rows are independent: stacking gate and up rows keeps the blocks
+            w_gate_up = Q4_0Weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h))
+        else:
+            w_gate_up = torch.cat([gate, up], dim=1)
+        layers.append(
+            LayerWeights(
+                **parts, w_gate_up=w_gate_up, w_down=get(p + "ffn_down_exps.weight", (e, h, inter))
+            )
+        )
+    embed = get("token_embd.weight", (c.vocab_size, h), dense=True)
+    lm_head = embed if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
+    return c, ModelWeights(embed, layers, get("output_norm.weight", (h,), dense=True), lm_head)
+
+
+def save_gguf(path: str | Path, config: Qwen3MoeConfig, weights: ModelWeights, quantize: bool = False,
+              metadata: dict | None = None) -> Path:  # fmt: skip
+    """Write a llama.cpp-style ``qwen3moe`` GGUF file. ``quantize``: the projections, expert
+    banks and lm_head as Q4_0 (norms, router and embedding stay F32), as a Q4_0 llama.cpp
+    file keeps small tensors in float."""
+
+    def out(t, q: bool):
+        if isinstance(t, Q4_0Weight):
+            return t
+        if q and t.shape[-1] % 32 == 0:  # rows of whole blocks only, as llama.cpp falls back to F32
+            return ops.quantize_q4_0(t.float(), backend="reference")
+        return t.float()
+
+    c = config
+    tensors = {
+        "token_embd.weight": weights.embed.float(),
+        "output_norm.weight": weights.norm.float(),
+    }
+    if not c.tie_word_embeddings:
+        tensors["output.weight"] = out(weights.lm_head, quantize)
+    for i, lw in enumerate(weights.layers):
+        p = f"blk.{i}."
+        for field, name in _LAYER_NAMES.items():
+            value = getattr(lw, field)
+            tensors[p + name + ".weight"] = out(value, quantize and field.endswith("_proj"))
+        inter = c.moe_intermediate_size
+        gu = lw.w_gate_up
+        if isinstance(gu, Q4_0Weight):
+            tensors[p + "ffn_gate_exps.weight"] = Q4_0Weight(
+                gu.data[:, :inter].contiguous(), (c.num_experts, inter, c.hidden_size)
+            )
+            tensors[p + "ffn_up_exps.weight"] = Q4_0Weight(
+                gu.data[:, inter:].contiguous(), (c.num_experts, inter, c.hidden_size)
+            )
+        else:
+            tensors[p + "ffn_gate_exps.weight"] = out(gu[:, :inter], quantize)
+            tensors[p + "ffn_up_exps.weight"] = out(gu[:, inter:], quantize)
+        tensors[p + "ffn_down_exps.weight"] = out(lw.w_down, quantize)
+    meta = {f"{GGUF_ARCH}.{key}": getattr(c, name) for name, key in _GGUF_KEYS.items()}
+    meta.update(metadata or {})
+    return write_tensors(path, tensors, arch=GGUF_ARCH, metadata=meta)

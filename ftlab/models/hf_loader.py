@@ -1,0 +1,202 @@
+"""Load a HF Qwen3-MoE directory into :class:`~ftlab.models.qwen3_moe.ModelWeights`.
+
+``config.json`` + safetensors shards (memory-mapped through safetensors' ``safe_open``),
+per-expert tensors ``mlp.experts.{e}.{gate,up,down}_proj.weight`` stacked into banks
+``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and ``w_down [E, H, I]``.
+
+Which shards: with ``model.safetensors.index.json``, only those its ``weight_map`` names, and
+each tensor must be in the shard the index says (a stale extra shard in the folder is not
+read); without an index, every ``*.safetensors``. Either way a tensor found in two shards is
+refused instead of one copy silently winning. Every refusal is a
+:class:`~ftlab.formats.CheckpointError` naming the file and the key or tensor: a config value
+of the wrong type or range, a missing, misshapen or non-float tensor, an unreadable file.
+
+Stored values are not scanned (that would read every byte of a checkpoint that is otherwise
+memory-mapped lazily): a NaN or inf weight loads, and shows as non-finite logits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from ftlab.formats import CheckpointError
+from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
+
+INDEX = "model.safetensors.index.json"
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _read_json(file: Path) -> object:
+    try:
+        return json.loads(file.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
+        raise CheckpointError(f"{file}: not valid JSON: {e}") from e
+
+
+def _weight_map(index_file: Path) -> dict[str, str]:
+    """``tensor -> shard file name`` of an index, each shard a plain file name."""
+    index = _read_json(index_file)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_file}: 'weight_map' must be a non-empty object "
+                              f"{{tensor: shard file}}, got {weight_map!r:.80}")  # fmt: skip
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or shard in ("", ".", "..") or Path(shard).name != shard:
+            raise CheckpointError(f"{index_file}: weight_map['{tensor}'] must be a file name in "
+                                  f"the directory, got {shard!r}")  # fmt: skip
+    return weight_map
+
+
+class SafetensorsShards:
+    """Name -> tensor over a directory's safetensors shards (module docstring: which shards),
+    read lazily."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        index_file = path / INDEX
+        weight_map = _weight_map(index_file) if index_file.is_file() else None
+        if weight_map is not None:
+            names = sorted(set(weight_map.values()))
+        else:
+            names = sorted(f.name for f in path.glob("*.safetensors"))
+            if not names:
+                raise CheckpointError(f"{path}: no *.safetensors files")
+        self.handles = {}
+        for name in names:
+            file = path / name
+            if not file.is_file():
+                raise CheckpointError(f"{index_file}: shard '{name}' is missing")
+            try:
+                self.handles[name] = safe_open(str(file), framework="pt", device="cpu")
+            except Exception as e:  # SafetensorError on a truncated or corrupt header
+                raise CheckpointError(f"{file}: not a readable safetensors file: {e}") from e
+        self.where: dict[str, str] = {}  # tensor -> shard name
+        for name, handle in self.handles.items():
+            for tensor in handle.keys():
+                if tensor in self.where:
+                    raise CheckpointError(f"{path}: tensor '{tensor}' is in two shards, "
+                                          f"{self.where[tensor]} and {name}")  # fmt: skip
+                self.where[tensor] = name
+        if weight_map is not None:
+            self._check_index(index_file, weight_map)
+
+    def _check_index(self, index_file: Path, weight_map: dict[str, str]) -> None:
+        """The index and the shards agree, tensor by tensor."""
+        for tensor, shard in weight_map.items():
+            if self.where.get(tensor) != shard:
+                found = f"it is in {self.where[tensor]}" if tensor in self.where else "no shard has it"
+                raise CheckpointError(f"{index_file}: tensor '{tensor}' is mapped to {shard}, which "
+                                      f"does not hold it ({found})")  # fmt: skip
+        for tensor, shard in self.where.items():
+            if tensor not in weight_map:
+                raise CheckpointError(f"{index_file}: tensor '{tensor}' of {shard} is not in "
+                                      f"'weight_map' (a stale index or shard?)")  # fmt: skip
+
+    def check_counts(self, config: Qwen3MoeConfig, config_file: Path) -> None:
+        """The layers (``model.layers.N``) and experts (``mlp.experts.J``) stored are those the
+        config counts: a config that counts fewer would silently drop some, one that counts
+        more fails on the first missing tensor only after loading all before it."""
+        layers = {int(m[1]) for t in self.where if (m := _LAYER.match(t))}
+        experts = {int(m[1]) for t in self.where if (m := _EXPERT.match(t))}
+        for key, count, stored, what in (
+            ("num_hidden_layers", config.num_hidden_layers, layers, "layers"),
+            ("num_experts", config.num_experts, experts, "experts"),
+        ):
+            if len(stored) != count or max(stored) != count - 1:  # i.e. stored != {0..count-1}
+                have = f"{what} {min(stored)}..{max(stored)} ({len(stored)})" if stored else f"no {what}"
+                raise CheckpointError(f"{config_file}: {key} is {count}, but the shards in "
+                                      f"{self.path} hold {have}")  # fmt: skip
+
+    def get(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """Tensor ``name``, checked to be a float tensor of ``shape``, in ``dtype`` on
+        ``device``."""
+        shard = self.where.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.path}: missing tensor {name!r}")
+        file = self.path / shard
+        try:
+            t = self.handles[shard].get_tensor(name)
+        except Exception as e:  # SafetensorError
+            raise CheckpointError(f"{file}: tensor {name!r} cannot be read: {e}") from e
+        if not t.dtype.is_floating_point:
+            raise CheckpointError(f"{file}: tensor {name!r} has dtype {t.dtype}, expected a "
+                                  "floating-point dtype")  # fmt: skip
+        if tuple(t.shape) != tuple(shape):
+            raise CheckpointError(
+                f"{file}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}"
+            )
+        return t.to(device=device, dtype=dtype)
+
+
+def read_config(path: Path) -> tuple[Qwen3MoeConfig, torch.dtype]:
+    """The model config of ``path/config.json`` and its stored dtype (``torch_dtype`` or
+    ``dtype``; bf16 when it names none)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{path}: no config.json")
+    hf = _read_json(config_file)
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{config_file}: must hold a JSON object, got {type(hf).__name__}")
+    try:
+        config = Qwen3MoeConfig.from_hf(hf)
+    except ValueError as e:
+        raise CheckpointError(f"{config_file}: {e}") from e
+    key = "torch_dtype" if hf.get("torch_dtype") is not None else "dtype"
+    stored = "bfloat16" if hf.get(key) is None else hf[key]
+    if not isinstance(stored, str) or stored not in DTYPES:
+        raise CheckpointError(f"{config_file}: {key} must be one of {sorted(DTYPES)}, got {stored!r}")
+    return config, DTYPES[stored]
+
+
+def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+            progress: bool = True) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+    """Config and weights of a HF Qwen3-MoE directory, on ``device`` in ``dtype`` (default:
+    the config's ``torch_dtype``/``dtype``, else bf16). CheckpointError naming the file and
+    the key or tensor for anything ftlab cannot load."""
+    path = Path(path)
+    config, stored = read_config(path)
+    dtype = dtype or stored
+    device = torch.device(device)
+    tensors = SafetensorsShards(path)
+    tensors.check_counts(config, path / "config.json")
+    c = config
+    h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
+    q_out, kv_out = c.num_attention_heads * hd, c.num_key_value_heads * hd
+
+    def get(name: str, *shape: int) -> torch.Tensor:
+        return tensors.get(name, shape, dtype, device)
+
+    layers = []
+    for i in tqdm(
+        range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
+    ):
+        p = f"model.layers.{i}."
+        experts = p + "mlp.experts."
+        gate = torch.stack([get(f"{experts}{j}.gate_proj.weight", inter, h) for j in range(e)])
+        up = torch.stack([get(f"{experts}{j}.up_proj.weight", inter, h) for j in range(e)])
+        layers.append(LayerWeights(
+            q_proj=get(p + "self_attn.q_proj.weight", q_out, h),
+            k_proj=get(p + "self_attn.k_proj.weight", kv_out, h),
+            v_proj=get(p + "self_attn.v_proj.weight", kv_out, h),
+            o_proj=get(p + "self_attn.o_proj.weight", h, q_out),
+            q_norm=get(p + "self_attn.q_norm.weight", hd),
+            k_norm=get(p + "self_attn.k_norm.weight", hd),
+            input_norm=get(p + "input_layernorm.weight", h),
+            post_attention_norm=get(p + "post_attention_layernorm.weight", h),
+            router=get(p + "mlp.gate.weight", e, h),
+            w_gate_up=torch.cat([gate, up], dim=1),  # [E, 2I, H]
+            w_down=torch.stack([get(f"{experts}{j}.down_proj.weight", h, inter) for j in range(e)]),
+        ))  # fmt: skip
+    embed = get("model.embed_tokens.weight", c.vocab_size, h)
+    lm_head = embed if c.tie_word_embeddings else get("lm_head.weight", c.vocab_size, h)
+    return config, ModelWeights(embed, layers, get("model.norm.weight", h), lm_head)
