@@ -77,7 +77,8 @@ def check_case(target: str, path: Path, values_only: bool) -> str:
 
 
 def _mutator(target: str, source: Path):
-    from ftlab.testing.checkpoint_fuzz import GGUFMutator, HFMutator
+    from ftlab.testing.checkpoint_fuzz import GGUFMutator
+    from ftlab.testing.hf_fuzz import HFMutator
 
     return HFMutator(source) if target == "hf" else GGUFMutator(source / TARGETS[target])
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from ftlab import backends as ftbackends
 from ftlab.models import tiny
 from ftlab.models.pipeline import DecodeGraph, Pipeline, backend_map, format_compare
 from ftlab.models.qwen3_moe import MODEL_OPS
@@ -109,7 +110,7 @@ LOAD_ERRORS = [
     (dict(backends="cuda"), ValueError, "backends must be 'auto', one of ['reference', 'triton', 'hip'] (every op) "
                                         "or a dict {op: backend}, got 'cuda'"),
     (dict(backends={"moe_experts": "nope"}), ValueError,
-     "backends['moe_experts'] must be 'auto' or one of ['reference', 'triton', 'hip'], got 'nope'"),
+     f"backends['moe_experts'] must be 'auto' or one of {ftbackends.backends_of('moe_experts')}, got 'nope'"),
     (dict(backends={"attention": "triton"}), ValueError, "backends keys must be op names among"),
     (dict(backends=["triton"]), TypeError, "backends must be a backend name or a dict {op: backend}, got list"),
     (dict(dtype="bf16"), TypeError, "dtype must be a torch.dtype (torch.float32, torch.bfloat16, torch.float16), "
