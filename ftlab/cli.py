@@ -98,12 +98,12 @@ def cmd_run(args) -> int:
     pieces = timed_generate(pipe, args.prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed)  # fmt: skip
     print(args.prompt, end="", flush=True)
-    rate = 0.0
-    for piece, rate_so_far in pieces:
+    timing = None
+    for piece, now in pieces:
         print(piece, end="", flush=True)
-        rate = rate_so_far
-    decode = "graph-captured decode" if pipe.graph_capturable else "eager decode"
-    print(f"\n[{rate:.1f} tokens/s, {args.backend} backends, {pipe.device}, {decode}]")
+        timing = now
+    decode = "graph-captured decode (its capture in the first decode step)" if pipe.graph_capturable else "eager decode"
+    print(f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, {pipe.device}, {decode}]")
     if pipe.hybrid:
         hits = sum(ex.policy.hits for ex in pipe.hybrid)
         misses = sum(ex.policy.misses for ex in pipe.hybrid)
