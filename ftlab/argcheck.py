@@ -9,10 +9,10 @@ from collections.abc import Iterable
 
 import torch
 
+from ftlab.backends import FLOAT_DTYPES
 from ftlab.quant import Q4_0Weight
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _names(dtypes: Iterable[torch.dtype]) -> str:
@@ -51,21 +51,23 @@ def is_int(v: object) -> bool:
 
 
 def int_in(name: str, v: object, low: int, high: int | None = None) -> int:
-    """An int (not a bool) in ``[low, high]`` (no upper bound when ``high`` is None)."""
-    if not is_int(v) or v < low or (high is not None and v > high):
-        where = f"[{low}, {high}]" if high is not None else f">= {low}"
+    """An int (not a bool: TypeError) in ``[low, high]`` (ValueError; no upper bound when ``high``
+    is None)."""
+    where = f"[{low}, {high}]" if high is not None else f">= {low}"
+    if not is_int(v):
+        raise TypeError(f"{name} must be an int {where}, got {type(v).__name__} {v!r}")
+    if v < low or (high is not None and v > high):
         raise ValueError(f"{name} must be an int {where}, got {v!r}")
     return v
 
 
-def finite_float(name: str, v: object, low: float = -math.inf, *, low_open: bool = False) -> float:
-    """A finite real number (int or float, not a bool) at least ``low`` (above it with
-    ``low_open``)."""
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    if ok and (v < low or (low_open and v == low)):
-        ok = False
-    if not ok:
-        bound = f" {'>' if low_open else '>='} {low}" if low != -math.inf else ""
+def finite_float(name: str, v: object, low: float = -math.inf) -> float:
+    """A real number (int or float, not a bool: TypeError) that is finite and at least ``low``
+    (ValueError)."""
+    bound = f" >= {low}" if low != -math.inf else ""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise TypeError(f"{name} must be a finite number{bound}, got {type(v).__name__} {v!r}")
+    if not math.isfinite(v) or v < low:
         raise ValueError(f"{name} must be a finite number{bound}, got {v!r}")
     return float(v)
 

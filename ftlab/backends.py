@@ -46,10 +46,10 @@ DECODE_MAX_TOKENS = 8
 #: "dequant" (weights dequantized, float matmul). docs/OPS.md section 2.
 Q4_0_PATHS = ("int8", "dequant")
 
-FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
-COPY_DTYPES = frozenset(
-    {torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz}
-)
+#: The float dtypes of activations and dense weights, in the order messages name them.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: What the copies (index / store) move: the float dtypes and fp8 e4m3.
+COPY_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 Availability = Callable[[ftplatform.Platform, str], "str | None"]
 
@@ -66,8 +66,9 @@ class Capability:
     ``dtypes``: None for any dtype the op accepts; ``paths``: the Q4_0 paths it implements (empty
     for ops without paths) and ``prefill_path`` the one ``path="auto"`` takes above
     :data:`DECODE_MAX_TOKENS` rows; ``auto``: whether ``backend="auto"`` may pick it;
-    ``available(platform, device_type)``: why it cannot run here (a missing compiler, say), or
-    None."""
+    ``capturable``: whether it may run inside a CUDA/HIP graph capture (the reference reads
+    tensors on the host, so it may not); ``available(platform, device_type)``: why it cannot run
+    here (a missing compiler, say), or None."""
 
     platforms: frozenset[str] = ALL_PLATFORMS
     dtypes: frozenset[torch.dtype] | None = None
@@ -76,12 +77,17 @@ class Capability:
     prefill_path: str | None = None
     auto: bool = True
     available: Availability | None = None
+    capturable: bool = True
 
     def path_for(self, rows: int, path: str) -> str:
-        """The path a call on ``rows`` rows takes when asked for ``path`` (``"auto"`` or one)."""
+        """The path a call on ``rows`` rows takes when asked for ``path`` (``"auto"`` or one):
+        for ``"auto"``, int8 up to :data:`DECODE_MAX_TOKENS` rows where implemented, else the
+        prefill path."""
         if path != "auto":
             return path
-        return "int8" if rows <= DECODE_MAX_TOKENS else (self.prefill_path or self.paths[0])
+        if rows <= DECODE_MAX_TOKENS and "int8" in self.paths:
+            return "int8"
+        return self.prefill_path or self.paths[0]
 
 
 @dataclass
@@ -94,11 +100,6 @@ class Impl:
     target: Callable | str
     caps: Capability
     _fn: Callable | None = field(default=None, repr=False)
-
-    @property
-    def experimental(self) -> bool:
-        """Registered under a name other than the built-in ones."""
-        return self.backend not in BUILTIN_BACKENDS
 
     @property
     def fn(self) -> Callable:
@@ -123,7 +124,7 @@ class Impl:
         if caps.dtypes is not None and dtype is not None and dtype not in caps.dtypes:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in caps.dtypes))
             return f"dtype {dtype} is unsupported (supported: {names})"
-        if path is not None and caps.paths and path not in caps.paths:
+        if path is not None and path != "auto" and caps.paths and path not in caps.paths:
             return f"it implements the {' and '.join(caps.paths)} path(s) for Q4_0 weights, not {path!r}"
         if caps.available is not None:
             return caps.available(plat, device_type)
@@ -177,6 +178,7 @@ def register(
     paths: Iterable[str] | None = None,
     prefill_path: str | None = None,
     auto: bool = True,
+    capturable: bool = True,
     replace: bool = False,
 ) -> Impl:
     """Add an implementation of ``op`` under the name ``backend``.
@@ -189,7 +191,8 @@ def register(
         ftlab.ops.index(w, i, backend="my_gather")
 
     ``paths`` (ops with Q4_0 paths): those it implements, default all of the op's;
-    ``prefill_path``: what ``path="auto"`` takes for prefill, default the first of ``paths``.
+    ``prefill_path``: what ``path="auto"`` takes for prefill, default the first of ``paths``;
+    ``capturable``: False for code that reads tensors on the host (no graph capture then).
     Registering a built-in backend name for an unknown op defines the op (family = its name).
     """
     if backend == "auto":
@@ -205,6 +208,8 @@ def register(
     unknown = set(impl_paths) - set(entry.paths)
     if unknown:
         raise ValueError(f"paths must be among {entry.paths} for {op}, got {sorted(unknown)}")
+    if entry.paths and not impl_paths:
+        raise ValueError(f"paths must name at least one of {entry.paths} for {op}, got none")
     if prefill_path is not None and prefill_path not in impl_paths:
         raise ValueError(f"prefill_path must be one of {impl_paths}, got {prefill_path!r}")
     caps = Capability(
@@ -215,6 +220,7 @@ def register(
         prefill_path or (impl_paths[0] if impl_paths else None),
         auto and backend in BUILTIN_BACKENDS,
         available,
+        capturable,
     )
     entry.impls[backend] = impl = Impl(op, backend, fn, caps)
     _RESOLVED.clear()
@@ -267,7 +273,7 @@ def resolve_path(op: str, backend: str, device: torch.device, dtype: torch.dtype
     if path != "auto" and path not in paths:
         raise ValueError(f"path must be 'auto' or one of {paths}, got {path!r}")
     impl = resolve(op, backend, device, dtype, path=None if path == "auto" else path)
-    return impl, impl.caps.path_for(rows, path)
+    return impl, impl.caps.path_for(rows, path)  # in impl.caps.paths: resolve checked an explicit one
 
 
 def _resolve(entry: OpSpec, backend: str, device: torch.device, dtype: torch.dtype | None,
@@ -357,19 +363,20 @@ _BOTH_PATHS = {"paths": Q4_0_PATHS, "prefill_path": "dequant"}
 
 def _builtin(op: str, family: str, summary: str, dtypes: frozenset[torch.dtype], *,
              paths: tuple[str, ...] = (), cpu: bool = False) -> None:  # fmt: skip
-    """reference + triton + hip (+ the native cpu kernels) of ``op`` from
+    """reference + triton + hip (+ the native cpu kernels, by name only) of ``op`` from
     ``ftlab/<backend>/<family>.py``. Ops with Q4_0 paths: reference and triton implement both,
-    hip and cpu the int8 path only (their prefill kernels are int8 too)."""
+    hip and cpu the int8 path only (their prefill kernels are int8 too). The reference reads
+    tensors on the host (ids, masks): not capturable in a graph."""
     define_op(op, family, summary, paths)
     both = _BOTH_PATHS if paths else {}
     int8 = _INT8_ONLY if paths else {}
-    register(op, "reference", f"ftlab.reference.{family}:{op}", dtypes=dtypes, **both)
+    register(op, "reference", f"ftlab.reference.{family}:{op}", dtypes=dtypes, capturable=False, **both)
     register(op, "triton", f"ftlab.triton.{family}:{op}", dtypes=dtypes, available=triton_unavailable, **both)
     register(op, "hip", f"ftlab.hip.{family}:{op}", platforms=("cuda", "rocm"), dtypes=dtypes,
              available=hip_unavailable, **int8)  # fmt: skip
     if cpu:
         register(op, "cpu", f"ftlab.cpu.{family}:{op}", platforms=("cpu",), dtypes=dtypes,
-                 available=cpu_unavailable, **int8)  # fmt: skip
+                 available=cpu_unavailable, auto=False, capturable=False, **int8)  # fmt: skip
 
 
 _builtin("index", "index_store", "gather rows (embedding lookup, KV-cache read)", COPY_DTYPES)

@@ -24,10 +24,13 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
-def _family_files(folder: Path, family: str, suffix: str) -> list[str]:
-    """``<family><suffix>`` and ``<family>_*<suffix>`` in ``folder`` (``moe.py``, ``moe_gemm.py``)."""
-    found = [folder / f"{family}{suffix}", *sorted(folder.glob(f"{family}_*{suffix}"))]
-    return [_rel(p) for p in found if p.is_file() and not p.stem.endswith("_launch")]
+def _family_files(folder: Path, family: str, *suffixes: str) -> list[str]:
+    """``<family><suffix>`` and ``<family>_*<suffix>`` in ``folder`` for each suffix (``moe.py``,
+    ``moe_gemm.py``; ``moe.hip``, ``moe_launch.hip``, ``moe_common.h``)."""
+    found = []
+    for suffix in suffixes:
+        found += [folder / f"{family}{suffix}", *sorted(folder.glob(f"{family}_*{suffix}"))]
+    return [_rel(p) for p in found if p.is_file()]
 
 
 def describe(op: str) -> dict[str, object]:
@@ -42,10 +45,11 @@ def describe(op: str) -> dict[str, object]:
         caps = impl.caps
         target = impl.target if isinstance(impl.target, str) else f"{impl.target.__module__}:{impl.target.__name__}"
         files: list[str] = []
-        if name in ("reference", "triton", "cpu"):
+        if name in ("reference", "triton"):
             files = _family_files(PACKAGE / name, fam, ".py")
-        elif name == "hip":
-            files = _family_files(PACKAGE / "hip", fam, ".py") + _family_files(PACKAGE / "hip" / "csrc", fam, ".hip")
+        elif name in ("hip", "cpu"):  # the launch wrapper, then the native sources
+            files = _family_files(PACKAGE / name, fam, ".py") + _family_files(PACKAGE / name / "csrc", fam, ".hip",
+                                                                              ".h", ".cc")  # fmt: skip
         elif isinstance(impl.target, str):
             module = impl.target.partition(":")[0]
             path = ROOT / (module.replace(".", "/") + ".py")

@@ -1,4 +1,4 @@
-"""``ftlab env | demo | run | compile-check | bench``: ftlab's command line.
+"""``ftlab env | ops | demo | run | compile-check | bench``: ftlab's command line.
 
 An error prints one line, ``ftlab: error: <message>``, to stderr and exits 2 for a usage error
 (a bad option, as argparse does) or 1 for an error while running; ``--debug``, before or after

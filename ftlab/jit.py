@@ -221,6 +221,10 @@ def _load_cached(key: tuple, so: Path, build: Callable[[], None]):
         return _loaded[key]
 
 
+def _cpu_key(name: str, flags: list[str]) -> tuple:
+    return ("cpu", name, tuple(flags))
+
+
 def load_gpu(name: str, plat: ftplatform.Platform | None = None):
     """Build (once) and load the tvm-ffi module of ``hip/csrc/<name>_launch.hip`` for ``plat``
     (default: the current device). Its functions take torch tensors directly and launch on
@@ -259,10 +263,13 @@ def load_gpu(name: str, plat: ftplatform.Platform | None = None):
 def load_cpu(name: str):
     """Build (once) and load the tvm-ffi module of ``cpu/csrc/<name>.cc``. Raises
     ToolchainError when this machine cannot build it."""
+    flags = cpu_flags()
+    loaded = _loaded.get(_cpu_key(name, flags))
+    if loaded is not None:  # the per-call path (the cpu backend's every call): no hashing
+        return loaded
     reason = cpu_unavailable_reason()
     if reason:
         raise ToolchainError(f"cannot build CPU module {name!r}: {reason}")
-    flags = cpu_flags()
     build_dir = cpu_build_dir(name)
     src = CPU_CSRC / f"{name}.cc"
 
@@ -273,7 +280,7 @@ def load_cpu(name: str):
         except RuntimeError:  # a compiler without -march=native for this host: portable code
             _build(name, build_dir, extra_cflags=[f for f in flags if f != "-march=native"], **common)
 
-    return _load_cached(("cpu", name, tuple(flags)), build_dir / f"{name}.so", build)
+    return _load_cached(_cpu_key(name, flags), build_dir / f"{name}.so", build)
 
 
 def module_for(name: str, device: torch.device):

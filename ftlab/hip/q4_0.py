@@ -11,10 +11,12 @@ from __future__ import annotations
 import torch
 
 from ftlab import jit
-from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
 FUSED_MAX_M = 4
+#: rows q4_0_mv_kernel is instantiated for (1..8, csrc/q4_0_matvec.hip): a kernel's capacity,
+#: at least backends.DECODE_MAX_TOKENS (the rows the int8 path is taken for); more go to the GEMM
+MATVEC_ROWS = 8
 
 
 def quantize_q4_0(w: torch.Tensor) -> Q4_0Weight:
@@ -86,7 +88,7 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
         return y
     x8 = quantize_q8_1(x)
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    if m <= DECODE_MAX_TOKENS and matvec_ok(w):
+    if m <= MATVEC_ROWS and matvec_ok(w):
         jit.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
     else:
         jit.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))

@@ -11,7 +11,8 @@ where ``gpu_part(gpu_ids) -> y_gpu`` runs the GPU experts on the resident slots:
   a valid bit), the stream waits on it (``WaitValue32``) before the copy back.
 - :class:`EagerHandshake`: no graph; split, copy to the host, compute, copy back, synchronously.
 
-The first two run through a :class:`CpuMoeExecutor` (``ftlab/hip/csrc/handshake_launch.hip``):
+The first two run through a :class:`CpuMoeExecutor` (``ftlab/hip/csrc/handshake_launch.hip``, the
+channels and the worker in ``handshake_host.h``):
 pinned staging per batch size at stable addresses (so a graph can bake them in), a step counter
 on the device, and the process's one worker thread running the native CPU kernel (the ``cpu``
 backend of ``moe_experts``, ``ftlab/cpu``, OpenMP). The staged input and output both carry the step counter; the combine kernel turns any answer of

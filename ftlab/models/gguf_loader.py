@@ -45,9 +45,10 @@ _GGUF_KEYS = {  # Qwen3MoeConfig field -> qwen3moe.* metadata key
     "rms_norm_eps": "attention.layer_norm_rms_epsilon",
     "max_position_embeddings": "context_length",
 }
-# head_dim defaults to hidden / heads, as in llama.cpp; rope base and eps have no default
-# here: llama.cpp's (10000) and the config's (1e6) differ, and a silent pick is a wrong model
-_OPTIONAL = ("max_position_embeddings", "head_dim")
+# head_dim defaults to hidden / heads and the rope base to 10000, as in llama.cpp (whose
+# qwen3moe loader requires the eps); a missing context length is the config's default
+_OPTIONAL = ("max_position_embeddings", "head_dim", "rope_theta")
+_ROPE_BASE_DEFAULT = 10000.0
 _FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
 _LAYER_NAMES = {  # LayerWeights field -> blk.N.* tensor (the banks are handled apart)
     "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -71,6 +72,7 @@ def read_config(reader, path: Path) -> Qwen3MoeConfig:
             raise GGUFError(f"{path}: missing metadata key '{GGUF_ARCH}.{key}'")
         if v is not None:
             values[name] = v
+    values.setdefault("rope_theta", _ROPE_BASE_DEFAULT)
     tensors = {t.name: t for t in reader.tensors}
     embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2:

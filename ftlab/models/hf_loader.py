@@ -138,7 +138,7 @@ class SafetensorsShards:
         return t.to(device=device, dtype=dtype)
 
 
-def read_config(path: Path) -> tuple[Qwen3MoeConfig, torch.dtype]:
+def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeConfig, torch.dtype]:
     """The model config of ``path/config.json`` and its stored dtype (``torch_dtype`` or
     ``dtype``; bf16 when it names none)."""
     config_file = path / "config.json"
@@ -153,8 +153,11 @@ def read_config(path: Path) -> tuple[Qwen3MoeConfig, torch.dtype]:
         raise CheckpointError(f"{config_file}: {e}") from e
     key = "torch_dtype" if hf.get("torch_dtype") is not None else "dtype"
     stored = "bfloat16" if hf.get(key) is None else hf[key]
+    if dtype is not None:  # the caller's dtype: the stored one is not used
+        return config, dtype
     if not isinstance(stored, str) or stored not in DTYPES:
-        raise CheckpointError(f"{config_file}: {key} must be one of {sorted(DTYPES)}, got {stored!r}")
+        raise CheckpointError(f"{config_file}: {key} must be one of {sorted(DTYPES)} (or pass dtype=), got "
+                              f"{stored!r}")  # fmt: skip
     return config, DTYPES[stored]
 
 
@@ -164,8 +167,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     the config's ``torch_dtype``/``dtype``, else bf16). CheckpointError naming the file and
     the key or tensor for anything ftlab cannot load."""
     path = Path(path)
-    config, stored = read_config(path)
-    dtype = dtype or stored
+    config, dtype = read_config(path, dtype)
     device = torch.device(device)
     tensors = SafetensorsShards(path)
     tensors.check_counts(config, path / "config.json")

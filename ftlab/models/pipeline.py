@@ -78,9 +78,10 @@ class DecodeGraph:
 class Pipeline:
     """A loaded model, its tokenizer and one sequence's decoding state (batch 1).
 
-    ``graphs``: ``"auto"`` (default) captures the decode step on a CUDA/ROCm device and runs it
-    eagerly on the CPU; ``True`` captures (CUDA/ROCm only: an error on the CPU); ``False`` runs
-    eagerly. When captured, the decode step replays a graph built at the first decode step, and
+    ``graphs``: ``"auto"`` (default) captures the decode step on a CUDA/ROCm device when every
+    op's backend can run inside a capture (the reference cannot: it reads tensors on the host),
+    and runs it eagerly otherwise and on the CPU; ``True`` captures (an error on the CPU, or with
+    a backend that cannot be captured); ``False`` runs eagerly. When captured, the decode step replays a graph built at the first decode step, and
     the model runs in its static mode (attention over every cache slot under a mask).
 
     ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``): each layer keeps that many
@@ -96,6 +97,12 @@ class Pipeline:
         self.max_seq_len = check.max_seq_len(max_seq_len)
         self.q4_0_path = check.q4_0_path(q4_0_path)
         self.graphs = check.graphs(graphs, weights.embed.device)
+        blocking = check.not_capturable(ops, weights.embed.device, weights.embed.dtype, self.q4_0_path)
+        if self.graphs and blocking:
+            if graphs is True:
+                raise ValueError(f"graphs=True: {', '.join(blocking)} cannot run inside a graph capture (it reads "
+                                 "tensors on the host); pick other backends for them, or graphs=False")  # fmt: skip
+            self.graphs = False  # "auto": eager decode with these backends
         hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
         self.hybrid = self._hybrid(hybrid_slots, ops) if hybrid_slots is not None else None
@@ -299,11 +306,6 @@ class Timing:
     seconds: float
     first_token_s: float
     first_step_s: float | None = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Every token over all the time, prefill and capture included."""
-        return self.tokens / self.seconds
 
     @property
     def decode_tokens_per_s(self) -> float | None:

@@ -17,13 +17,14 @@ from collections.abc import Mapping
 import torch
 
 from ftlab import backends as ftbackends
-from ftlab.models.qwen3_moe import MODEL_OPS
 
+#: The ops a model's ``backends`` map names (each "auto" unless set).
+MODEL_OPS = ("index", "store", "route_topk", "moe_experts", "q4_0_matmul", "qk_norm_rope")
 #: Which file of a built-in tiny model ``Pipeline.load`` reads: its HF directory, or the GGUF
 #: file with fp32 or Q4_0 weights.
 TINY_QUANTS = ("hf", "f32", "q4_0")
 #: The dtypes dense weights and activations can take.
-MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MODEL_DTYPES = ftbackends.FLOAT_DTYPES
 #: The paths of Q4_0 weights (see ``ops.q4_0_matmul``).
 Q4_0_PATHS = ("auto", *ftbackends.Q4_0_PATHS)
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
@@ -192,6 +193,18 @@ def graphs(value: object, dev: torch.device) -> bool:
     if value and dev.type != "cuda":
         raise ValueError(f"graphs=True needs a CUDA or ROCm device, the weights are on {dev}")
     return value
+
+
+def not_capturable(ops: dict[str, str], dev: torch.device, dtype: torch.dtype, q4_0_path: str) -> list[str]:
+    """``"op (backend)"`` for every op of ``ops`` (a :func:`backend_map`) whose backend on ``dev``
+    cannot run inside a CUDA/HIP graph capture (the reference reads tensors on the host)."""
+    out = []
+    for op, name in ops.items():
+        path = q4_0_path if q4_0_path != "auto" and ftbackends.spec(op).paths else None
+        impl = ftbackends.resolve(op, name, dev, dtype, path=path)
+        if not impl.caps.capturable:
+            out.append(f"{op} ({impl.backend})")
+    return out
 
 
 def _backend_known(op: str, name: object) -> bool:

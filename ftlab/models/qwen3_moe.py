@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.models.pipeline_args import backend_map
 from ftlab.quant import Q4_0Weight
 
 
@@ -203,8 +204,6 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
-#: The ops a model's ``backends`` map names (each "auto" unless set).
-MODEL_OPS = ("index", "store", "route_topk", "moe_experts", "q4_0_matmul", "qk_norm_rope")
 
 
 class Qwen3Moe:
@@ -231,10 +230,7 @@ class Qwen3Moe:
         self.weights = weights
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
-        unknown = set(backends or {}) - set(MODEL_OPS)
-        if unknown:
-            raise ValueError(f"backends keys must be op names among {MODEL_OPS}, got {sorted(unknown)}")
-        self.backends = {**dict.fromkeys(MODEL_OPS, "auto"), **(backends or {})}
+        self.backends = backend_map(backends or {})  # keys: MODEL_OPS; every name checked
         self.q4_0_path = q4_0_path
         c = config
         device, dtype = weights.embed.device, weights.embed.dtype

@@ -39,7 +39,8 @@ def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype = torch.float32, *, backen
     """
     argcheck.q4_0_weight("w", w)
     if dtype not in backends.FLOAT_DTYPES:
-        raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        names = ", ".join(str(d).removeprefix("torch.") for d in backends.FLOAT_DTYPES)
+        raise TypeError(f"dtype must be one of {names}, got {dtype}")
     impl = backends.resolve("dequantize_q4_0", backend, w.device, dtype)
     return impl.fn(w, dtype)
 

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 import torch
 
 from ftlab import backends as ftbackends
+from ftlab.backends import FLOAT_DTYPES
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+__all__ = ["FLOAT_DTYPES", "assert_within", "backends_for", "restride", "ulp"]
+
 
 
 def restride(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -24,10 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 from ftlab.triton.q4_0_common import CONFIGS, config, interpreted, load_q4_0_scale, round_half_away
-from ftlab.triton.q4_0_matvec import matvec_specs, q4_0_matvec
+from ftlab.triton.q4_0_matvec import MATVEC_ROWS, matvec_specs, q4_0_matvec
 
 # ------------------------------------------------------------------ quantize / dequantize
 
@@ -221,8 +220,8 @@ def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
 
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (path already resolved)."""
-    if path == "int8":  # the matvec takes up to DECODE_MAX_TOKENS rows a pass over W
-        x8, rows = quantize_q8_1(x), DECODE_MAX_TOKENS
+    if path == "int8":  # the matvec takes up to MATVEC_ROWS rows a pass over W
+        x8, rows = quantize_q8_1(x), MATVEC_ROWS
         outs = [q4_0_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
                 for i in range(0, x.shape[0], rows)]  # fmt: skip
         return outs[0] if len(outs) == 1 else torch.cat(outs)

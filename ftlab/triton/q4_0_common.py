@@ -1,7 +1,8 @@
 """Shared Triton helpers of the Q4_0 kernels: the Triton twin of ``hip/csrc/q4_0_common.h``.
 
-Used by ``ftlab/triton/q4_0.py`` (quantizers, matvecs, GEMM) and ``ftlab/triton/moe.py`` (the
-int8-path expert kernels):
+Used by ``ftlab/triton/q4_0.py`` (quantizers, GEMM), ``ftlab/triton/q4_0_matvec.py`` (the int8
+matvecs), ``ftlab/triton/moe.py`` (the int8-path expert kernels) and ``ftlab/triton/moe_gemm.py``
+(the grouped GEMM's dequantized tiles):
 
 - block access: :func:`load_q4_0_scale` (the fp16 scale of a block), :func:`load_blocks` /
   :func:`load_blocks_h16` (a tile of blocks as four ``qs`` words and the scale, rows of an even

@@ -1,4 +1,4 @@
-"""The int8-dot Q4_0 matvecs in Triton (decode: up to ``DECODE_MAX_TOKENS`` rows of Q8_1
+"""The int8-dot Q4_0 matvecs in Triton (decode: up to ``MATVEC_ROWS`` rows of Q8_1
 activations; docs/OPS.md section 2; reference: ``ftlab/reference/q4_0.py``), used by
 ``q4_0_matmul``'s int8 path (``ftlab/triton/q4_0.py``).
 
@@ -25,6 +25,10 @@ from ftlab.triton.q4_0_common import (
     load_x_words,
     sm_count,
 )
+
+#: rows one matvec pass takes (MP, a power of two up to 8: the compile-checked configurations);
+#: q4_0_matmul's int8 path runs more rows pass by pass
+MATVEC_ROWS = 8
 
 
 @triton.jit

@@ -69,8 +69,8 @@ METADATA = {
     "rope base inf": (A + "rope.freq_base", VT.FLOAT32, math.inf, [f"'{A}rope.freq_base'"]),
     "rope base as an int": (A + "rope.freq_base", VT.UINT32, 10000,
                             [f"'{A}rope.freq_base' must be a float, got UINT32"]),
-    "rope base missing": (A + "rope.freq_base", None, None,
-                          [f"missing metadata key '{A}rope.freq_base'"]),
+    "eps missing": (A + "attention.layer_norm_rms_epsilon", None, None,
+                    [f"missing metadata key '{A}attention.layer_norm_rms_epsilon'"]),
     "eps NaN": (A + "attention.layer_norm_rms_epsilon", VT.FLOAT32, math.nan,
                 ["rms_norm_eps must be a finite number > 0, got nan",
                  f"'{A}attention.layer_norm_rms_epsilon'"]),
@@ -101,6 +101,14 @@ def test_metadata_is_refused_naming_the_key(raw, tmp_path, name):
     message = refusal(path, lambda p: load_gguf(p, progress=False))
     for part in expected:
         assert part in message, message
+
+
+def test_a_missing_rope_base_is_llama_cpps_default(raw, tmp_path):
+    """llama.cpp's qwen3moe loader reads rope.freq_base as optional, with 10000 for a missing key."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(with_metadata(raw, A + "rope.freq_base", None, None))
+    config, _ = load_gguf(path, progress=False)
+    assert config.rope_theta == 10000.0
 
 
 def renamed(raw: bytes, old: str, new: str) -> bytes:

@@ -153,7 +153,7 @@ CONFIG = [
     ("rope_scaling", "none", "rope_scaling must be an object or null, got 'none'"),
     ("attention_bias", "false", "attention_bias must be a bool, got 'false'"),
     ("mlp_only_layers", "[]", "mlp_only_layers must be a list"),
-    ("torch_dtype", "int8", "torch_dtype must be one of ['bfloat16', 'float16', 'float32'], got 'int8'"),
+    ("torch_dtype", "int8", "torch_dtype must be one of ['bfloat16', 'float16', 'float32'] (or pass dtype=), got 'int8'"),
     ("torch_dtype", ["float32"], "torch_dtype must be one of"),
     ("model_type", "llama", "model_type must be 'qwen3_moe', got 'llama'"),
 ]  # fmt: skip
@@ -169,6 +169,20 @@ def test_config_values_are_refused_naming_the_key(tmp_path, source, key, value, 
     shutil.copy(source / "model.safetensors", tmp_path / "model.safetensors")
     message = refusal(tmp_path)
     assert message.startswith(f"{tmp_path / 'config.json'}: ") and expected in message, message
+
+
+def test_an_explicit_dtype_does_not_need_the_stored_one(tmp_path, source):
+    """A config whose torch_dtype ftlab does not load (float64) loads when the caller names the
+    dtype: the stored one is not used then."""
+    import torch
+
+    config = json.loads((source / "config.json").read_text())
+    config["torch_dtype"] = "float64"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shutil.copy(source / "model.safetensors", tmp_path / "model.safetensors")
+    assert "float64" in refusal(tmp_path)
+    _, weights = load_hf(tmp_path, dtype=torch.float32, progress=False)
+    assert weights.embed.dtype == torch.float32
 
 
 def test_config_counts_must_match_the_shards(tmp_path, source):

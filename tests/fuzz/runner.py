@@ -137,7 +137,14 @@ def worker(target: str, source: Path, seeds: list[int], work: Path, case_seconds
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     signal.signal(signal.SIGALRM, _alarm)
     for seed in seeds:
-        path, mutation = _prepare(target, mutator, seed, work / "case")
+        # the seed is in flight from here: a worker lost while mutating fails this seed, not the run
+        _emit({"start": seed, "kind": "mutating", "detail": "writing the mutated copy"})
+        try:
+            path, mutation = _prepare(target, mutator, seed, work / "case")
+        except Exception:
+            _emit({"seed": seed, "kind": "mutating", "detail": "writing the mutated copy",
+                   "outcome": "failed: mutating", "error": traceback.format_exc(limit=-8), "seconds": 0.0})  # fmt: skip
+            continue
         _emit({"start": seed, "kind": mutation.kind, "detail": mutation.detail})
         t0, error = time.perf_counter(), None
         signal.setitimer(signal.ITIMER_REAL, case_seconds)

@@ -9,7 +9,7 @@ import torch
 from ftlab import backends as ftbackends
 from ftlab.models import tiny
 from ftlab.models.pipeline import DecodeGraph, Pipeline, backend_map, format_compare
-from ftlab.models.qwen3_moe import MODEL_OPS
+from ftlab.models.pipeline_args import MODEL_OPS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,9 +113,9 @@ LOAD_ERRORS = [
      f"backends['moe_experts'] must be 'auto' or one of {ftbackends.backends_of('moe_experts')}, got 'nope'"),
     (dict(backends={"attention": "triton"}), ValueError, "backends keys must be op names among"),
     (dict(backends=["triton"]), TypeError, "backends must be a backend name or a dict {op: backend}, got list"),
-    (dict(dtype="bf16"), TypeError, "dtype must be a torch.dtype (torch.float32, torch.bfloat16, torch.float16), "
+    (dict(dtype="bf16"), TypeError, "dtype must be a torch.dtype (torch.float32, torch.float16, torch.bfloat16), "
                                     "got 'bf16' (str)"),
-    (dict(dtype=torch.int8), ValueError, "dtype must be one of torch.float32, torch.bfloat16, torch.float16, got "
+    (dict(dtype=torch.int8), ValueError, "dtype must be one of torch.float32, torch.float16, torch.bfloat16, got "
                                          "torch.int8"),
     (dict(quant="q8_0"), ValueError, "quant must be one of ['hf', 'f32', 'q4_0'], got 'q8_0'"),
     (dict(max_seq_len=0), ValueError, "max_seq_len must be an int >= 1, got 0"),
@@ -332,6 +332,22 @@ def test_graphs_need_a_gpu_and_a_static_model():
     pipe = Pipeline.load("tiny-qwen3-moe", "cpu")
     with pytest.raises(ValueError, match="static=True"):
         DecodeGraph(pipe.model, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backends", ["reference", {"moe_experts": "reference"}, {"store": "reference"}])
+def test_reference_backends_decode_eagerly_by_default_gpu(backends):
+    """The reference reads tensors on the host, which a graph capture forbids: with it on any op,
+    graphs="auto" decodes eagerly (and gives the text the all-triton graph gives), and
+    graphs=True is refused naming the op."""
+    prompt = "The router sends every token"
+    pipe = Pipeline.load("tiny-qwen3-moe", "cuda", quant="f32", backends=backends)
+    assert not pipe.graphs and not pipe.graph_capturable
+    graphed = Pipeline.load("tiny-qwen3-moe", "cuda", quant="f32", backends="triton")
+    assert graphed.graph_capturable
+    assert "".join(pipe.generate(prompt, 12)) == "".join(graphed.generate(prompt, 12))
+    with pytest.raises(ValueError, match=r"graphs=True: .*\(reference\) cannot run inside a graph capture"):
+        Pipeline.load("tiny-qwen3-moe", "cuda", quant="f32", backends=backends, graphs=True)
 
 
 @pytest.mark.gpu

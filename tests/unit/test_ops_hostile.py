@@ -88,11 +88,12 @@ def test_fused_moe_router_logits_must_match_the_banks():
         ops.fused_moe(x, torch.randn(2, 4), gu, dn, 2)
 
 
-@pytest.mark.parametrize("eps", [float("nan"), float("inf"), -1e-6, "1e-6", True, None])
-def test_qk_norm_rope_eps_must_be_finite_and_non_negative(eps):
+@pytest.mark.parametrize("eps, exc", [(float("nan"), ValueError), (float("inf"), ValueError), (-1e-6, ValueError),
+                                      ("1e-6", TypeError), (True, TypeError), (None, TypeError)])  # fmt: skip
+def test_qk_norm_rope_eps_must_be_finite_and_non_negative(eps, exc):
     q, k = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
     ones, table = torch.ones(8), torch.ones(2, 8)
-    with pytest.raises(ValueError, match="eps must be a finite number >= 0.0"):
+    with pytest.raises(exc, match="eps must be a finite number >= 0.0"):
         ops.qk_norm_rope(q, k, ones, ones, table, table, eps)
 
 
@@ -111,8 +112,8 @@ def test_quantize_refuses_nan_and_matches_gguf_on_infinities(device, backend):
 
 
 @pytest.mark.parametrize("top_k, renormalize, exc, match", [
-    (True, True, ValueError, "top_k must be an int"),
-    (2.0, True, ValueError, "top_k must be an int"),
+    (True, True, TypeError, "top_k must be an int"),
+    (2.0, True, TypeError, "top_k must be an int"),
     (0, True, ValueError, "top_k must be an int"),
     (9, True, ValueError, r"top_k must be an int \[1, 8\]"),
     (2, "yes", TypeError, "renormalize must be a bool"),
@@ -122,9 +123,10 @@ def test_route_topk_arguments(top_k, renormalize, exc, match):
         ops.route_topk(torch.randn(3, 8), top_k, renormalize)
 
 
-@pytest.mark.parametrize("num_experts, block_m", [(0, 16), (True, 16), (4, 0), (4, 2.0)])
-def test_moe_align_arguments(num_experts, block_m):
-    with pytest.raises(ValueError, match="num_experts|block_m"):
+@pytest.mark.parametrize("num_experts, block_m, exc", [(0, 16, ValueError), (True, 16, TypeError), (4, 0, ValueError),
+                                                       (4, 2.0, TypeError)])  # fmt: skip
+def test_moe_align_arguments(num_experts, block_m, exc):
+    with pytest.raises(exc, match="num_experts|block_m"):
         ops.moe_align(torch.zeros(2, 2, dtype=torch.int32), num_experts, block_m)
 
 

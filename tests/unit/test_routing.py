@@ -181,10 +181,35 @@ def test_every_op_spec_is_complete():
                 assert impl.caps.prefill_path in impl.caps.paths, (name, impl.backend)
 
 
+def test_only_kernels_are_capturable():
+    """A graph may capture the Triton and HIP kernels; the reference (host reads) and the CPU
+    kernels may not -- Pipeline decides its graphs from this."""
+    for op in backends.ops():
+        caps = {name: impl.caps.capturable for name, impl in backends.spec(op).impls.items()}
+        assert caps["reference"] is False and caps["triton"] and caps["hip"], op
+        assert caps.get("cpu", False) is False
+
+
+def test_registered_paths_are_honoured():
+    """A backend that implements only some Q4_0 paths gets only those: auto takes its prefill path
+    for every row count when it has no int8 path, and an explicit path it lacks is refused."""
+    backends.register("q4_0_matmul", "dq_only", lambda x, w, path: path, paths=("dequant",))
+    try:
+        impl = backends.spec("q4_0_matmul").impls["dq_only"]
+        assert impl.caps.path_for(1, "auto") == "dequant" and impl.caps.path_for(512, "auto") == "dequant"
+        assert backends.resolve_path("q4_0_matmul", "dq_only", CPU, torch.float32, 2)[1] == "dequant"
+        with pytest.raises(backends.BackendUnavailable, match="implements the dequant path"):
+            backends.resolve_path("q4_0_matmul", "dq_only", CPU, torch.float32, 2, "int8")
+        with pytest.raises(ValueError, match="paths must name at least one"):
+            backends.register("q4_0_matmul", "none", lambda x, w, path: path, paths=())
+    finally:
+        backends.unregister("q4_0_matmul", "dq_only")
+
+
 def test_cpu_backend_is_by_name_for_cpu_tensors_only():
     """The native CPU experts are moe_experts' ``cpu`` backend: never auto, never on a GPU tensor."""
     cpu_impl = backends.spec("moe_experts").impls["cpu"]
-    assert cpu_impl.caps.platforms == {"cpu"} and cpu_impl.caps.paths == ("int8",)
+    assert cpu_impl.caps.platforms == {"cpu"} and cpu_impl.caps.paths == ("int8",) and not cpu_impl.caps.auto
     assert backends.resolve("moe_experts", "auto", CPU, torch.float32, plat("cpu")).backend == "reference"
     with pytest.raises(backends.BackendUnavailable, match="does not run on cuda devices"):
         backends.resolve("moe_experts", "cpu", GPU, torch.float32, plat("sm_90"))
@@ -196,3 +221,11 @@ def test_triton_on_cpu_says_how_and_that_it_is_slow(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     why = backends.triton_unavailable(plat("cpu"), "cpu")
     assert "TRITON_INTERPRET=1" in why and "slow" in why and "reference" in why
+
+
+def test_the_decode_boundary_fits_the_matvec_kernels():
+    """The int8 path is taken for up to DECODE_MAX_TOKENS rows: both matvecs must take that many."""
+    from ftlab.hip.q4_0 import MATVEC_ROWS as HIP_ROWS
+    from ftlab.triton.q4_0_matvec import MATVEC_ROWS as TRITON_ROWS
+
+    assert backends.DECODE_MAX_TOKENS <= min(HIP_ROWS, TRITON_ROWS)

@@ -30,6 +30,7 @@
 
 namespace ftlab {
 namespace hs {
+namespace {  // internal linkage: one translation unit (handshake_launch.hip) includes this
 
 using tvm::ffi::TensorView;
 using namespace launch;
@@ -245,5 +246,6 @@ int32_t* i32_of(const TensorView& t, const char* name) {
 }
 
 
+}  // namespace
 }  // namespace hs
 }  // namespace ftlab
