@@ -2,7 +2,9 @@
 
 Q4_0 tensors load as :class:`~ftlab.quant.Q4_0Weight` straight from the memory-mapped file
 (copy-on-write: nothing is re-quantized and nothing is read until used); F32 / F16 / BF16
-tensors load as torch tensors. Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
+tensors load as torch tensors; tensors of the other quantized types (Q8_0, the K-quants,
+Q4_1, the IQ types, ...), which have no ftlab kernel yet, load dequantized to fp32 by gguf-py
+(:func:`dequantized_types` lists them, so a loader can say so). Writing: ``gguf_write``. Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
 dimensions innermost first, and the ``gguf`` package does the reversal.
 
 Files are read with the ``gguf`` package, never with a parser of ours. But GGUFReader trusts
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 import mmap
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +40,9 @@ except ImportError as e:  # pragma: no cover - gguf is a runtime dependency
 
 QT = gguf.GGMLQuantizationType
 VT = gguf.GGUFValueType
-SUPPORTED = (QT.F32, QT.F16, QT.BF16, QT.Q4_0)
+#: Types read as they are stored: floats as torch tensors, Q4_0 as a Q4_0Weight (ftlab's
+#: kernels). Every other type gguf-py can dequantize loads dequantized (:func:`tensor_from_reader`).
+KERNEL_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q4_0)
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp's tensors have at most four dimensions
 # GGUFReader walks nested arrays recursively, one Python frame a level; no GGUF key needs more
 # than an array of arrays, and a bound keeps a file of nested array headers from exhausting
@@ -374,13 +378,17 @@ def field_value(reader: gguf.GGUFReader, key: str, kind: str):
 
 
 def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | Q4_0Weight:
-    """One ``ReaderTensor`` as a torch tensor or a Q4_0Weight (zero-copy)."""
-    where = f"{path}: tensor {t.name!r}"
+    """One ``ReaderTensor`` as a torch tensor or a Q4_0Weight (zero-copy), or -- a type without
+    an ftlab kernel -- fp32 values dequantized by ``gguf.quants.dequantize``."""
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-    if t.tensor_type not in SUPPORTED:
-        names = ", ".join(q.name for q in SUPPORTED)
-        raise GGUFError(f"{where} has type {t.tensor_type.name}; supported: {names}")
     data = np.asarray(t.data)
+    if t.tensor_type not in KERNEL_TYPES:
+        try:
+            values = gguf.quants.dequantize(data, t.tensor_type)
+        except NotImplementedError as e:  # integer tensors (I8 ... I64), F64, Q8_1, Q8_K
+            raise GGUFError(f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which neither ftlab nor "
+                            "gguf-py can dequantize") from e  # fmt: skip
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
     if t.tensor_type == QT.Q4_0:  # rows of whole blocks: read_layout checked
         return Q4_0Weight(torch.from_numpy(data).view(torch.uint8).reshape(*shape[:-1], -1), shape)
     if t.tensor_type == QT.BF16:
@@ -388,6 +396,16 @@ def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | Q4_0Weight:
             torch.from_numpy(data).view(torch.uint8).reshape(-1).view(torch.bfloat16).reshape(shape)
         )
     return torch.from_numpy(data).reshape(shape)
+
+
+def dequantized_types(reader) -> dict[str, list[str]]:
+    """``{type name: [tensor names]}`` of the reader's tensors that load dequantized (no ftlab
+    kernel for their type)."""
+    out: dict[str, list[str]] = {}
+    for t in reader.tensors:
+        if t.tensor_type not in KERNEL_TYPES:
+            out.setdefault(t.tensor_type.name, []).append(t.name)
+    return out
 
 
 def read_tensors(
@@ -403,46 +421,3 @@ def read_tensors(
             f"{path}: no tensor named {missing[0]!r} (the file has {len(by_name)} tensors)"
         )
     return {n: tensor_from_reader(by_name[n], path) for n in wanted}
-
-
-def write_tensors(
-    path: str | Path,
-    tensors: Mapping[str, torch.Tensor | Q4_0Weight],
-    arch: str = "ftlab",
-    metadata: Mapping[str, object] | None = None,
-) -> Path:
-    """Write ``tensors`` (Q4_0Weight, or fp32/fp16/bf16 tensors) and string/int/float
-    ``metadata`` to a GGUF file that llama.cpp and GGUFReader can read."""
-    path = Path(path)
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in (metadata or {}).items():
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value) if value >= 0 else writer.add_int32(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, (list, tuple)):
-            writer.add_array(key, list(value))
-        else:
-            raise TypeError(f"metadata {key!r}: unsupported type {type(value).__name__}")
-    for name, t in tensors.items():
-        if isinstance(t, Q4_0Weight):
-            writer.add_tensor(name, t.data.cpu().numpy(), raw_dtype=QT.Q4_0)
-        elif isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16:
-            raw = t.detach().cpu().contiguous().view(torch.uint8).numpy()
-            writer.add_tensor(name, raw, raw_dtype=QT.BF16)
-        elif isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float16):
-            writer.add_tensor(name, t.detach().cpu().contiguous().numpy())
-        else:
-            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise GGUFError(
-                f"{path}: tensor {name!r}: cannot write {got} (Q4_0Weight, float32, float16, bfloat16)"
-            )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path

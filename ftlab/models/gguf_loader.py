@@ -10,28 +10,42 @@ is a :class:`~ftlab.formats.gguf.GGUFError` naming the file and the key or tenso
 
 Stored values are not scanned (a Q4_0 file would be read whole to check its block scales):
 a NaN or inf weight loads, and shows as non-finite logits.
+
+A file never fails for its quantization mix alone: tensors of a type without an ftlab kernel
+(Q8_0, the K-quants, Q4_1, the IQ types, ...: llama.cpp's default Q4_0 files keep
+``output.weight`` in Q6_K or Q8_0) load dequantized by gguf-py, cast to ``dtype``, with one
+:class:`DequantizedWarning` a file naming them; a layer whose expert banks mix Q4_0 and
+dequantized ones runs them all dense.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import torch
+from gguf import quants as gguf_quants
 from tqdm import tqdm
 
 from ftlab import ops
 from ftlab.formats.gguf import (
     GGUFError,
+    dequantized_types,
     field_value,
     open_reader,
     tensor_from_reader,
-    write_tensors,
 )
+from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
 from ftlab.quant import Q4_0Weight
 
 GGUF_ARCH = "qwen3moe"
+
+
+class DequantizedWarning(UserWarning):
+    """Some tensors of a GGUF file have a type with no ftlab kernel and were loaded dequantized
+    (dense, in the model's dtype: more memory, and the dense matmul instead of the quantized one)."""
 _GGUF_KEYS = {  # Qwen3MoeConfig field -> qwen3moe.* metadata key
     "num_hidden_layers": "block_count",
     "hidden_size": "embedding_length",
@@ -135,6 +149,12 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     reader = open_reader(path)
     c = read_config(reader, path)
     by_name = {t.name: t for t in reader.tensors}
+    slow = dequantized_types(reader)
+    if slow:
+        listed = "; ".join(f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+                           for kind, names in sorted(slow.items()))  # fmt: skip
+        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type with no ftlab kernel and load "
+                      f"dequantized through gguf-py ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
     device = torch.device(device)
 
     def get(name: str, shape: tuple[int, ...], dense: bool = False):
@@ -163,30 +183,28 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
         parts = {f: get(p + n + ".weight", shapes[f], f in dense) for f, n in _LAYER_NAMES.items()}
         gate = get(p + "ffn_gate_exps.weight", (e, inter, h))
         up = get(p + "ffn_up_exps.weight", (e, inter, h))
-        if isinstance(gate, Q4_0Weight) != isinstance(up, Q4_0Weight):
-            raise GGUFError(f"{path}: tensors '{p}ffn_gate_exps.weight' and '{p}ffn_up_exps.weight' "
-                            "must share one type")  # fmt: skip
-        if isinstance(
-            gate, Q4_0Weight
-        ):  # rows are independent: stacking gate and up rows keeps the blocks
+        down = get(p + "ffn_down_exps.weight", (e, h, inter))
+        banks = [gate, up, down]
+        if any(isinstance(b, Q4_0Weight) for b in banks) and not all(isinstance(b, Q4_0Weight) for b in banks):
+            # the expert kernels take all-Q4_0 or all-dense banks: a mix runs dense
+            gate, up, down = (ops.dequantize_q4_0(b, dtype) if isinstance(b, Q4_0Weight) else b for b in banks)
+        if isinstance(gate, Q4_0Weight):  # rows are independent: stacking gate and up rows keeps the blocks
             w_gate_up = Q4_0Weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h))
         else:
             w_gate_up = torch.cat([gate, up], dim=1)
-        layers.append(
-            LayerWeights(
-                **parts, w_gate_up=w_gate_up, w_down=get(p + "ffn_down_exps.weight", (e, h, inter))
-            )
-        )
+        layers.append(LayerWeights(**parts, w_gate_up=w_gate_up, w_down=down))
     embed = get("token_embd.weight", (c.vocab_size, h), dense=True)
     lm_head = embed if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
     return c, ModelWeights(embed, layers, get("output_norm.weight", (h,), dense=True), lm_head)
 
 
 def save_gguf(path: str | Path, config: Qwen3MoeConfig, weights: ModelWeights, quantize: bool = False,
-              metadata: dict | None = None) -> Path:  # fmt: skip
+              metadata: dict | None = None, types: dict | None = None) -> Path:  # fmt: skip
     """Write a llama.cpp-style ``qwen3moe`` GGUF file. ``quantize``: the projections, expert
     banks and lm_head as Q4_0 (norms, router and embedding stay F32), as a Q4_0 llama.cpp
-    file keeps small tensors in float."""
+    file keeps small tensors in float. ``types``: ``{tensor name: gguf.GGMLQuantizationType}``,
+    tensors written in another type, quantized by gguf-py from their float values (a quant
+    mix, as llama.cpp's files have: ``{"output.weight": Q8_0}``)."""
 
     def out(t, q: bool):
         if isinstance(t, Q4_0Weight):
@@ -220,6 +238,12 @@ def save_gguf(path: str | Path, config: Qwen3MoeConfig, weights: ModelWeights, q
             tensors[p + "ffn_gate_exps.weight"] = out(gu[:, :inter], quantize)
             tensors[p + "ffn_up_exps.weight"] = out(gu[:, inter:], quantize)
         tensors[p + "ffn_down_exps.weight"] = out(lw.w_down, quantize)
+    for name, qtype in (types or {}).items():
+        if name not in tensors:
+            raise ValueError(f"types names {name!r}, which is not a tensor of this model")
+        value = tensors[name]
+        value = ops.dequantize_q4_0(value) if isinstance(value, Q4_0Weight) else value
+        tensors[name] = Blocks(gguf_quants.quantize(value.float().cpu().numpy(), qtype), qtype)
     meta = {f"{GGUF_ARCH}.{key}": getattr(c, name) for name, key in _GGUF_KEYS.items()}
     meta.update(metadata or {})
     return write_tensors(path, tensors, arch=GGUF_ARCH, metadata=meta)

@@ -7,7 +7,7 @@ directory (:mod:`ftlab.models.hf_loader`) or a llama.cpp GGUF file
 
 from ftlab.formats import CheckpointError
 from ftlab.formats.gguf import GGUFError
-from ftlab.models.gguf_loader import GGUF_ARCH, load_gguf, save_gguf
+from ftlab.models.gguf_loader import GGUF_ARCH, DequantizedWarning, load_gguf, save_gguf
 from ftlab.models.hf_loader import load_hf
 
-__all__ = ["GGUF_ARCH", "CheckpointError", "GGUFError", "load_gguf", "load_hf", "save_gguf"]
+__all__ = ["GGUF_ARCH", "CheckpointError", "DequantizedWarning", "GGUFError", "load_gguf", "load_hf", "save_gguf"]

@@ -100,7 +100,7 @@ def test_gguf_errors_name_the_problem(hf_dir, tmp_path):
     (tmp_path / "trunc.gguf").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(ValueError, match="trunc.gguf"):
         load_gguf(tmp_path / "trunc.gguf", progress=False)
-    from ftlab.formats.gguf import write_tensors
+    from ftlab.formats.gguf_write import write_tensors
 
     write_tensors(tmp_path / "llama.gguf", {"token_embd.weight": torch.zeros(4, 32)}, arch="llama")
     with pytest.raises(CheckpointError, match="general.architecture must be 'qwen3moe'"):
