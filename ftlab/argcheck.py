@@ -38,6 +38,13 @@ def float_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
+def float_dtype(name: str, dtype: object) -> torch.dtype:
+    """One of the float dtypes (a torch.dtype: TypeError otherwise)."""
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be one of {_names(FLOAT_DTYPES)}, got {dtype}")
+    return dtype
+
+
 def q4_0_weight(name: str, w: object) -> Q4_0Weight:
     """A :class:`~ftlab.quant.Q4_0Weight`."""
     if not isinstance(w, Q4_0Weight):

@@ -391,3 +391,5 @@ _builtin("moe_align", "moe", "group (token, slot) pairs by expert for the groupe
 _builtin("moe_experts", "moe", "routed SwiGLU experts, dense or Q4_0 banks", FLOAT_DTYPES, paths=Q4_0_PATHS,
          cpu=True)  # fmt: skip
 _builtin("qk_norm_rope", "qk_norm_rope", "per-head RMSNorm of q and k, then RoPE", FLOAT_DTYPES)
+_builtin("dequantize", "quants", "GGUF Q8_0 / Q4_K / Q5_K / Q6_K blocks to float (Q4_0: dequantize_q4_0)",
+         FLOAT_DTYPES)  # fmt: skip

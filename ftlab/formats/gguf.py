@@ -1,10 +1,11 @@
 """GGUF tensors <-> ftlab, through the ``gguf`` package (GGUFReader / GGUFWriter).
 
-Q4_0 tensors load as :class:`~ftlab.quant.Q4_0Weight` straight from the memory-mapped file
-(copy-on-write: nothing is re-quantized and nothing is read until used); F32 / F16 / BF16
-tensors load as torch tensors; tensors of the other quantized types (Q8_0, the K-quants,
-Q4_1, the IQ types, ...), which have no ftlab kernel yet, load dequantized to fp32 by gguf-py
-(:func:`dequantized_types` lists them, so a loader can say so). Writing: ``gguf_write``. Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
+Tensors of the packed types ftlab knows (:data:`ftlab.quant.QTYPES`: Q4_0, Q8_0, Q4_K, Q5_K,
+Q6_K) load as :class:`~ftlab.quant.QuantWeight` (Q4_0: :class:`~ftlab.quant.Q4_0Weight`)
+straight from the memory-mapped file (copy-on-write: nothing is re-quantized and nothing is
+read until used); F32 / F16 / BF16 tensors load as torch tensors; the other quantized types
+(Q4_1, Q5_0, Q2_K, the IQ types, ...) load dequantized to fp32 by gguf-py.
+:func:`dequantized_types` lists what a model runs dense. Writing: ``gguf_write``. Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
 dimensions innermost first, and the ``gguf`` package does the reversal.
 
 Files are read with the ``gguf`` package, never with a parser of ours. But GGUFReader trusts
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from ftlab.formats import CheckpointError
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import QTYPES, QuantWeight, quant_weight
 
 try:
     import gguf
@@ -40,9 +41,13 @@ except ImportError as e:  # pragma: no cover - gguf is a runtime dependency
 
 QT = gguf.GGMLQuantizationType
 VT = gguf.GGUFValueType
-#: Types read as they are stored: floats as torch tensors, Q4_0 as a Q4_0Weight (ftlab's
-#: kernels). Every other type gguf-py can dequantize loads dequantized (:func:`tensor_from_reader`).
-KERNEL_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q4_0)
+#: Types read as torch tensors.
+FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
+#: Types read packed, as QuantWeight: those ftlab has kernels for (ftlab.quant.QTYPES).
+PACKED_TYPES = tuple(QT[name] for name in QTYPES)
+#: Types a model multiplies as they are stored (floats, and Q4_0 through its int8-dot kernels);
+#: tensors of the others run dequantized (:func:`dequantized_types`).
+MATMUL_TYPES = (*FLOAT_TYPES, QT.Q4_0)
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp's tensors have at most four dimensions
 # GGUFReader walks nested arrays recursively, one Python frame a level; no GGUF key needs more
 # than an array of arrays, and a bound keeps a file of nested array headers from exhausting
@@ -377,20 +382,21 @@ def field_value(reader: gguf.GGUFReader, key: str, kind: str):
     return values if array else values[0]
 
 
-def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | Q4_0Weight:
-    """One ``ReaderTensor`` as a torch tensor or a Q4_0Weight (zero-copy), or -- a type without
-    an ftlab kernel -- fp32 values dequantized by ``gguf.quants.dequantize``."""
+def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | QuantWeight:
+    """One ``ReaderTensor`` as a torch tensor or a QuantWeight (zero-copy), or -- a type ftlab
+    has no kernel for -- fp32 values dequantized by ``gguf.quants.dequantize``."""
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     data = np.asarray(t.data)
-    if t.tensor_type not in KERNEL_TYPES:
+    if t.tensor_type in PACKED_TYPES:  # rows of whole blocks: read_layout checked
+        blocks = torch.from_numpy(data).view(torch.uint8).reshape(*shape[:-1], -1)
+        return quant_weight(blocks, shape, t.tensor_type.name)
+    if t.tensor_type not in FLOAT_TYPES:
         try:
             values = gguf.quants.dequantize(data, t.tensor_type)
         except NotImplementedError as e:  # integer tensors (I8 ... I64), F64, Q8_1, Q8_K
             raise GGUFError(f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which neither ftlab nor "
                             "gguf-py can dequantize") from e  # fmt: skip
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
-    if t.tensor_type == QT.Q4_0:  # rows of whole blocks: read_layout checked
-        return Q4_0Weight(torch.from_numpy(data).view(torch.uint8).reshape(*shape[:-1], -1), shape)
     if t.tensor_type == QT.BF16:
         return (
             torch.from_numpy(data).view(torch.uint8).reshape(-1).view(torch.bfloat16).reshape(shape)
@@ -399,18 +405,18 @@ def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | Q4_0Weight:
 
 
 def dequantized_types(reader) -> dict[str, list[str]]:
-    """``{type name: [tensor names]}`` of the reader's tensors that load dequantized (no ftlab
-    kernel for their type)."""
+    """``{type name: [tensor names]}`` of the reader's tensors a model runs dequantized: every
+    type but the floats and Q4_0 (no ftlab matmul kernel for it yet)."""
     out: dict[str, list[str]] = {}
     for t in reader.tensors:
-        if t.tensor_type not in KERNEL_TYPES:
+        if t.tensor_type not in MATMUL_TYPES:
             out.setdefault(t.tensor_type.name, []).append(t.name)
     return out
 
 
 def read_tensors(
     path: str | Path, names: Iterable[str] | None = None
-) -> dict[str, torch.Tensor | Q4_0Weight]:
+) -> dict[str, torch.Tensor | QuantWeight]:
     """``{name: tensor}`` for every tensor of the file (or those in ``names``)."""
     reader = open_reader(path)
     by_name = {t.name: t for t in reader.tensors}

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ftlab.formats.gguf import QT, GGUFError
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import QuantWeight
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,14 @@ class Blocks:
 
 def write_tensors(
     path: str | Path,
-    tensors: Mapping[str, torch.Tensor | Q4_0Weight],
+    tensors: Mapping[str, torch.Tensor | QuantWeight | Blocks],
     arch: str = "ftlab",
     metadata: Mapping[str, object] | None = None,
 ) -> Path:
     """Write ``tensors`` and string/int/float/list ``metadata`` to a GGUF file that llama.cpp and
-    GGUFReader can read. A tensor is a Q4_0Weight, an fp32/fp16/bf16 tensor, or a :class:`Blocks`
-    (the bytes of any GGUF quantized type, e.g. from ``gguf.quants.quantize``)."""
+    GGUFReader can read. A tensor is a QuantWeight (written byte for byte), an fp32/fp16/bf16
+    tensor, or a :class:`Blocks` (the bytes of any GGUF quantized type, e.g. from
+    ``gguf.quants.quantize``)."""
     path = Path(path)
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in (metadata or {}).items():
@@ -48,8 +49,8 @@ def write_tensors(
         else:
             raise TypeError(f"metadata {key!r}: unsupported type {type(value).__name__}")
     for name, t in tensors.items():
-        if isinstance(t, Q4_0Weight):
-            writer.add_tensor(name, t.data.cpu().numpy(), raw_dtype=QT.Q4_0)
+        if isinstance(t, QuantWeight):
+            writer.add_tensor(name, t.data.cpu().numpy(), raw_dtype=QT[t.qtype])
         elif isinstance(t, Blocks):
             writer.add_tensor(name, np.ascontiguousarray(t.data, dtype=np.uint8), raw_dtype=t.qtype)
         elif isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16:
@@ -60,7 +61,7 @@ def write_tensors(
         else:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise GGUFError(
-                f"{path}: tensor {name!r}: cannot write {got} (Q4_0Weight, Blocks, float32, float16, bfloat16)"
+                f"{path}: tensor {name!r}: cannot write {got} (QuantWeight, Blocks, float32, float16, bfloat16)"
             )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

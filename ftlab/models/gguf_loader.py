@@ -11,11 +11,11 @@ is a :class:`~ftlab.formats.gguf.GGUFError` naming the file and the key or tenso
 Stored values are not scanned (a Q4_0 file would be read whole to check its block scales):
 a NaN or inf weight loads, and shows as non-finite logits.
 
-A file never fails for its quantization mix alone: tensors of a type without an ftlab kernel
-(Q8_0, the K-quants, Q4_1, the IQ types, ...: llama.cpp's default Q4_0 files keep
-``output.weight`` in Q6_K or Q8_0) load dequantized by gguf-py, cast to ``dtype``, with one
-:class:`DequantizedWarning` a file naming them; a layer whose expert banks mix Q4_0 and
-dequantized ones runs them all dense.
+A file never fails for its quantization mix alone: tensors of a type without an ftlab matmul
+kernel (Q8_0 and the K-quants, dequantized by ``ops.dequantize`` on the target device; Q4_1,
+the IQ types, ..., by gguf-py: llama.cpp's default Q4_0 files keep ``output.weight`` in Q6_K
+or Q8_0) run dense in ``dtype``, with one :class:`DequantizedWarning` a file naming them; a
+layer whose expert banks mix Q4_0 and dequantized ones runs them all dense.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ftlab.formats.gguf import (
 )
 from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import Q4_0Weight, QuantWeight
 
 GGUF_ARCH = "qwen3moe"
 
@@ -153,8 +153,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     if slow:
         listed = "; ".join(f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
                            for kind, names in sorted(slow.items()))  # fmt: skip
-        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type with no ftlab kernel and load "
-                      f"dequantized through gguf-py ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul kernel for "
+                      f"yet and run dense, dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
     device = torch.device(device)
 
     def get(name: str, shape: tuple[int, ...], dense: bool = False):
@@ -168,6 +168,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             )
         if isinstance(value, Q4_0Weight):
             return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
+        if isinstance(value, QuantWeight):  # no matmul kernel for its type yet: dense, on the device
+            return ops.dequantize(value.to(device), dtype)
         return value.to(device=device, dtype=dtype)
 
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
@@ -242,7 +244,7 @@ def save_gguf(path: str | Path, config: Qwen3MoeConfig, weights: ModelWeights, q
         if name not in tensors:
             raise ValueError(f"types names {name!r}, which is not a tensor of this model")
         value = tensors[name]
-        value = ops.dequantize_q4_0(value) if isinstance(value, Q4_0Weight) else value
+        value = ops.dequantize(value) if isinstance(value, QuantWeight) else value
         tensors[name] = Blocks(gguf_quants.quantize(value.float().cpu().numpy(), qtype), qtype)
     meta = {f"{GGUF_ARCH}.{key}": getattr(c, name) for name, key in _GGUF_KEYS.items()}
     meta.update(metadata or {})

@@ -9,7 +9,8 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
 - ``q4_0``: :func:`quantize_q4_0`, :func:`dequantize_q4_0`, :func:`quantize_q8_1`,
   :func:`q4_0_matmul`;
 - ``moe``: :func:`route_topk`, :func:`moe_align`, :func:`moe_experts`, :func:`fused_moe`;
-- ``qk_norm_rope``: :func:`qk_norm_rope`.
+- ``qk_norm_rope``: :func:`qk_norm_rope`;
+- ``quants``: :func:`dequantize` (Q8_0 and the K-quants; Q4_0 through ``dequantize_q4_0``).
 
 ``ftlab ops`` (or :func:`ftlab.catalog.describe`) lists where everything about an op lives.
 """
@@ -18,8 +19,10 @@ from ftlab.ops.index_store import index, store
 from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk
 from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
 from ftlab.ops.qk_norm_rope import qk_norm_rope
+from ftlab.ops.quants import dequantize
 
 __all__ = [
+    "dequantize",
     "dequantize_q4_0",
     "fused_moe",
     "index",

@@ -38,9 +38,7 @@ def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype = torch.float32, *, backen
     backends; fp16/bf16 outputs are that value rounded to nearest even.
     """
     argcheck.q4_0_weight("w", w)
-    if dtype not in backends.FLOAT_DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in backends.FLOAT_DTYPES)
-        raise TypeError(f"dtype must be one of {names}, got {dtype}")
+    argcheck.float_dtype("dtype", dtype)
     impl = backends.resolve("dequantize_q4_0", backend, w.device, dtype)
     return impl.fn(w, dtype)
 

@@ -1,6 +1,7 @@
-"""A GGUF file never fails for its quantization mix alone: every type gguf-py can dequantize
-loads (types without an ftlab kernel dequantized, with one warning naming them), and a model
-from such a file computes what its dequantized weights say."""
+"""A GGUF file never fails for its quantization mix alone: the packed types ftlab knows load
+as QuantWeight (zero-copy, written back byte for byte), every other type gguf-py can
+dequantize loads dequantized, a model runs what has no matmul kernel yet dense (one warning
+naming it), and a model from such a file computes what its dequantized weights say."""
 
 import gguf
 import numpy as np
@@ -13,7 +14,7 @@ from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models import tiny
 from ftlab.models.loader import DequantizedWarning, load_gguf, save_gguf
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import QTYPES, Q4_0Weight, QuantWeight
 
 QT = gguf.GGMLQuantizationType
 # gguf-py quantizes these; the K-quants and IQ types it only dequantizes
@@ -35,6 +36,11 @@ def test_every_type_loads_as_gguf_py_dequantizes_it(tmp_path, qtype):
     path = write_tensors(tmp_path / "t.gguf", {"w": Blocks(data, qtype), "norm": torch.ones(8)})
     got = read_tensors(path)["w"]
     want = torch.from_numpy(gguf.quants.dequantize(data, qtype).astype(np.float32))
+    if qtype.name in QTYPES:  # packed, zero-copy; ftlab's dequantize gives gguf-py's values
+        assert isinstance(got, QuantWeight) and got.qtype == qtype.name and got.shape == (3, 512)
+        again = write_tensors(tmp_path / "again.gguf", {"w": got, "norm": torch.ones(8)})
+        assert again.read_bytes() == path.read_bytes()  # written back byte for byte
+        got = ops.dequantize(got, backend="reference")
     assert got.dtype == torch.float32 and got.shape == (3, 512)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 

@@ -1,0 +1,77 @@
+"""Strategies and the cross-backend case function of ``dequantize`` (GGUF Q8_0 and the
+K-quants; docs/OPS.md section 7).
+
+Blocks are random bytes -- every byte pattern is a valid block -- with their fp16 scales
+(``d``, and ``dmin`` for Q4_K / Q5_K) drawn apart: ordinary, zero, subnormal, the largest
+finite, infinite or NaN, so the kernels meet every kind of scale gguf-py meets. fp32 outputs
+must equal the reference bit for bit, NaN payloads aside (a NaN where the reference has one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from ftlab import ops
+from ftlab.quant import QTYPES, QuantWeight
+from ftlab.testing.common import backends_for
+
+#: the types of ``ops.dequantize`` beside Q4_0, and the byte offsets of their fp16 scales
+KQUANT_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
+SCALE_OFFSETS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_SPECIAL_F16 = (0x0000, 0x8000, 0x0001, 0x03FF, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0xFE01)
+
+
+@st.composite
+def quant_weights(draw, qtypes: Sequence[str] = KQUANT_TYPES, max_rows: int = 12, max_blocks: int = 4):
+    """A :class:`~ftlab.quant.QuantWeight` ``[N, K]`` or ``[E, N, K]`` of random blocks of one of
+    ``qtypes``, a quarter of whose scales are special fp16 values (zero, subnormal, the largest
+    finite, infinite, NaN)."""
+    qtype = draw(st.sampled_from(list(qtypes)))
+    qt = QTYPES[qtype]
+    lead = (draw(st.integers(1, 3)),) if draw(st.booleans()) else ()
+    n = draw(st.integers(1, max_rows))
+    k = qt.block * draw(st.integers(1, max_blocks if qt.block > 32 else 4 * max_blocks))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    data = rng.integers(0, 256, (*lead, n, qt.row_bytes(k)), dtype=np.uint8)
+    blocks = data.reshape(-1, qt.nbytes)
+    for off in SCALE_OFFSETS[qtype]:
+        ordinary = rng.uniform(1e-3, 1.0, blocks.shape[0]).astype(np.float16).view(np.uint16)
+        special = rng.choice(np.array(_SPECIAL_F16, dtype=np.uint16), blocks.shape[0])
+        scale = np.where(rng.random(blocks.shape[0]) < 0.25, special, ordinary)
+        blocks[:, off : off + 2] = scale.astype("<u2").view(np.uint8).reshape(-1, 2)
+    return QuantWeight(torch.from_numpy(data), (*lead, n, k), qtype)
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Bit for bit, but any NaN matches any NaN (payloads are not part of the contract)."""
+    g, w = got.cpu(), want.cpu()
+    nan = torch.isnan(w)
+    if not torch.equal(torch.isnan(g), nan):
+        return False
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[g.element_size()]
+    return torch.equal(g[~nan].view(width), w[~nan].view(width))
+
+
+def check_quant_dequantize_case(w: QuantWeight, dtype: torch.dtype = torch.float32,
+                                device: torch.device | str = "cpu",
+                                backends: Sequence[str] | None = None) -> torch.Tensor:  # fmt: skip
+    """Every backend's ``ops.dequantize`` of ``w`` against the reference's: bit-exact (NaN as
+    NaN); bf16 within one ulp in Triton's CPU interpreter (its bf16 stores truncate)."""
+    device = torch.device(device)
+    w = w.to(device)
+    expected = ops.dequantize(w, dtype, backend="reference")
+    for name in backends_for("dequantize", device, dtype, backends):
+        got = ops.dequantize(w, dtype, backend=name)
+        assert got.shape == w.shape and got.dtype == dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
+        if dtype == torch.bfloat16 and name == "triton" and device.type == "cpu":
+            torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=0, equal_nan=True)
+        elif not _same(got, expected):
+            bad = (got.cpu().float() != expected.cpu().float()) & ~torch.isnan(expected.cpu().float())
+            where = bad.nonzero()[:3].tolist()
+            raise AssertionError(f"{name}: dequantize {w.qtype} to {dtype} differs from the reference at {where}")
+    return expected
+
