@@ -393,3 +393,4 @@ _builtin("moe_experts", "moe", "routed SwiGLU experts, dense or Q4_0 banks", FLO
 _builtin("qk_norm_rope", "qk_norm_rope", "per-head RMSNorm of q and k, then RoPE", FLOAT_DTYPES)
 _builtin("dequantize", "quants", "GGUF Q8_0 / Q4_K / Q5_K / Q6_K blocks to float (Q4_0: dequantize_q4_0)",
          FLOAT_DTYPES)  # fmt: skip
+_builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)

@@ -1,4 +1,5 @@
-"""Dequantizing GGUF blocks of Q8_0 and the K-quants, the readable way (docs/OPS.md section 7).
+"""Dequantizing GGUF blocks of Q8_0 and the K-quants, and quantizing to Q8_0, the readable way
+(docs/OPS.md section 7).
 The oracle of the kernels, and bit-exact against gguf-py's ``gguf.quants.dequantize``: each
 value is computed in fp32 in the order gguf-py (and llama.cpp's ``dequantize_row_*``) does,
 every product rounded before the next operation.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ftlab.quant import QTYPES, QuantWeight
+from ftlab.reference.q4_0 import round_half_away
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -75,6 +77,22 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:  # [..., 210] -> [..., 256]
 
 _DEQUANT = {"Q8_0": _q8_0, "Q4_K": lambda b: _q4_k(b, False), "Q5_K": lambda b: _q4_k(b, True),
             "Q6_K": _q6_k}  # fmt: skip
+
+
+def quantize(w: torch.Tensor, qtype: str) -> QuantWeight:
+    """Backend entry of :func:`ftlab.ops.quantize` (``qtype`` "Q8_0"; w ``[..., N, K]``, K % 32
+    == 0, finite): per 32-block ``d = amax / 127`` (amax = max |x|), ``id = 1 / d`` (0 when
+    d == 0), ``q = round_half_away(x * id)``, d stored as fp16 -- llama.cpp's
+    ``quantize_row_q8_0_ref`` and gguf-py's ``quantize``, byte for byte."""
+    blocks = w.float().reshape(-1, 32)  # [B, 32]
+    amax = blocks.abs().amax(dim=1, keepdim=True)  # [B, 1]
+    # tensor / tensor: torch on CUDA turns a division by a Python scalar into a multiply
+    d = amax / torch.full_like(amax, 127.0)
+    inv = torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / torch.where(d == 0, torch.ones_like(d), d))
+    q = round_half_away(blocks * inv).to(torch.int8)  # |x * id| <= 127.0000x: no overflow
+    packed = torch.cat([d.to(torch.float16).view(torch.uint8), q.view(torch.uint8)], dim=1)  # [B, 34]
+    k = w.shape[-1]
+    return QuantWeight(packed.reshape(*w.shape[:-1], QTYPES[qtype].row_bytes(k)), tuple(w.shape), qtype)
 
 
 def dequantize(w: QuantWeight, dtype: torch.dtype) -> torch.Tensor:

@@ -47,12 +47,20 @@ from ftlab.testing.q4_0 import (
     q8_1_inputs,
 )
 from ftlab.testing.qk_norm_rope import check_qk_norm_rope_case, qk_norm_rope_tolerance
-from ftlab.testing.quants import KQUANT_TYPES, check_quant_dequantize_case, quant_weights
+from ftlab.testing.quants import (
+    KQUANT_TYPES,
+    check_q8_0_quantize_case,
+    check_quant_dequantize_case,
+    q8_0_values,
+    quant_weights,
+)
 
 __all__ = [
     "FLOAT_DTYPES",
     "KQUANT_TYPES",
+    "check_q8_0_quantize_case",
     "check_quant_dequantize_case",
+    "q8_0_values",
     "quant_weights",
     "IndexCase",
     "MatmulCase",

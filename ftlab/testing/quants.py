@@ -46,6 +46,39 @@ def quant_weights(draw, qtypes: Sequence[str] = KQUANT_TYPES, max_rows: int = 12
     return QuantWeight(torch.from_numpy(data), (*lead, n, k), qtype)
 
 
+@st.composite
+def q8_0_values(draw, dtypes: Sequence[torch.dtype] = (torch.float32, torch.float16, torch.bfloat16),
+                max_rows: int = 24, max_blocks: int = 10):  # fmt: skip
+    """``[N, K]`` finite float weights for Q8_0: random blocks, zero blocks, and blocks whose
+    values land on exact halves after scaling (amax 127 -> d = 1 -> q = round(x))."""
+    n = draw(st.integers(1, max_rows))
+    k = 32 * draw(st.integers(1, max_blocks))
+    dtype = draw(st.sampled_from(list(dtypes)))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    w = torch.randn(n, k, generator=gen) * draw(st.sampled_from([1.0, 1e-3, 40.0, 1e-6]))
+    blocks = w.view(n, k // 32, 32)
+    blocks[torch.rand(n, k // 32, generator=gen) < 0.15] = 0.0
+    halves = torch.rand(n, k // 32, generator=gen) < 0.2
+    blocks[halves] = torch.randint(-254, 255, (int(halves.sum()), 32), generator=gen).float() / 2
+    blocks[halves, 0] = 127.0
+    return w.to(dtype)
+
+
+def check_q8_0_quantize_case(w: torch.Tensor, device: torch.device | str = "cpu",
+                             backends: Sequence[str] | None = None) -> QuantWeight:  # fmt: skip
+    """Every backend's ``ops.quantize(w, "Q8_0")`` must equal the reference byte for byte."""
+    device = torch.device(device)
+    w = w.to(device)
+    expected = ops.quantize(w, "Q8_0", backend="reference")
+    for name in backends_for("quantize", device, w.dtype, backends):
+        got = ops.quantize(w, "Q8_0", backend=name)
+        assert got.qtype == "Q8_0" and got.shape == expected.shape, f"{name}: {got!r}"
+        if not torch.equal(got.data.cpu(), expected.data.cpu()):
+            where = (got.data.cpu() != expected.data.cpu()).nonzero()[:4].tolist()
+            raise AssertionError(f"{name}: Q8_0 bytes differ at {where} for {tuple(w.shape)} {w.dtype}")
+    return expected
+
+
 def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
     """Bit for bit, but any NaN matches any NaN (payloads are not part of the contract)."""
     g, w = got.cpu(), want.cpu()

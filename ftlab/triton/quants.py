@@ -1,4 +1,5 @@
-"""GGUF Q8_0 and K-quant (Q4_K, Q5_K, Q6_K) dequantization in Triton (docs/OPS.md section 7;
+"""GGUF Q8_0 and K-quant (Q4_K, Q5_K, Q6_K) dequantization, and Q8_0 quantization
+(``quantize_q8_0_kernel``), in Triton (docs/OPS.md section 7;
 the specification is the reference, ftlab/reference/quants.py).
 
 Blocks are independent and a row's blocks are consecutive, so the packed tensor is one flat
@@ -36,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ftlab.quant import QTYPES, QuantWeight
-from ftlab.triton.q4_0_common import load_q4_0_scale
+from ftlab.triton.q4_0_common import load_q4_0_scale, round_half_away
 
 
 @triton.jit
@@ -140,6 +141,40 @@ def q6_k_kernel(w_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
     q6_k_quarter(ob + 96, wb, ql1 >> 4, qh >> 6, d, j + 6, ok)
 
 
+@triton.jit
+def quantize_q8_0_kernel(x_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
+    """Q8_0 of ``BLOCK_B`` 32-blocks of x: ``d = amax / 127``, ``q = round_half_away(x * (1 / d))``
+    (0 when d == 0), the quotients correctly rounded (``div_rn``: Triton's ``/`` is approximate
+    on NVIDIA), d stored as fp16, then the 32 int8 -- gguf-py's bytes."""
+    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)  # [B]
+    i = tl.arange(0, 32)[None, :]
+    ok = (b < NB)[:, None]
+    x = tl.load(x_ptr + b[:, None] * 32 + i, mask=ok, other=0.0).to(tl.float32)  # [B, 32]
+    amax = tl.max(tl.abs(x), axis=1)
+    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    inv = tl.where(d == 0, 0.0, tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(d == 0, 1.0, d)))
+    q = round_half_away(x * inv[:, None]).to(tl.int32)
+    bits = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    ob = out_ptr + b * 34
+    tl.store(ob, (bits & 0xFF).to(tl.uint8), mask=b < NB)
+    tl.store(ob + 1, (bits >> 8).to(tl.uint8), mask=b < NB)
+    tl.store(ob[:, None] + 2 + i, (q & 0xFF).to(tl.uint8), mask=ok)
+
+
+QUANTIZE_BLOCKS = 32  # 32-blocks a program of quantize_q8_0_kernel
+
+
+def quantize(w: torch.Tensor, qtype: str) -> QuantWeight:
+    """Backend entry of :func:`ftlab.ops.quantize` (``qtype`` "Q8_0"; w contiguous, finite)."""
+    qt = QTYPES[qtype]
+    nb = w.numel() // qt.block
+    out = torch.empty(nb * qt.nbytes, dtype=torch.uint8, device=w.device)
+    if nb:
+        quantize_q8_0_kernel[(triton.cdiv(nb, QUANTIZE_BLOCKS),)](w, out, nb, BLOCK_B=QUANTIZE_BLOCKS, num_warps=NUM_WARPS,
+                                                                   enable_fp_fusion=False)  # fmt: skip
+    return QuantWeight(out.view(*w.shape[:-1], qt.row_bytes(w.shape[-1])), tuple(w.shape), qtype)
+
+
 #: qtype -> (kernel, its constexprs); BLOCK_B makes each program's tile ~1024 quantized bytes.
 LAUNCH: dict[str, tuple[object, dict[str, int]]] = {
     "Q8_0": (q8_0_kernel, {"BLOCK_B": 32}),  # [32, 32] int8
@@ -166,7 +201,13 @@ def compile_specs(target: str) -> list:
     ``ftlab compile-check``; the same on every ``target``."""
     from ftlab.triton.compile_spec import spec
 
-    return [spec(kernel, f"{kernel.__name__}[{qtype}, {dt}, {constexprs['BLOCK_B']} blocks]",
-                 types={"w_ptr": "*u8", "out_ptr": f"*{dt}"}, constexprs=constexprs, num_warps=NUM_WARPS,
-                 options={"enable_fp_fusion": False})
-            for qtype, (kernel, constexprs) in LAUNCH.items() for dt in ("fp32", "fp16", "bf16")]  # fmt: skip
+    exact = {"enable_fp_fusion": False}
+    dequant = [spec(kernel, f"{kernel.__name__}[{qtype}, {dt}, {constexprs['BLOCK_B']} blocks]",
+                    types={"w_ptr": "*u8", "out_ptr": f"*{dt}"}, constexprs=constexprs, num_warps=NUM_WARPS,
+                    options=exact)
+               for qtype, (kernel, constexprs) in LAUNCH.items() for dt in ("fp32", "fp16", "bf16")]  # fmt: skip
+    quant = [spec(quantize_q8_0_kernel, f"quantize_q8_0_kernel[{dt}, {QUANTIZE_BLOCKS} blocks]",
+                  types={"x_ptr": f"*{dt}", "out_ptr": "*u8"}, constexprs={"BLOCK_B": QUANTIZE_BLOCKS},
+                  num_warps=NUM_WARPS, options=exact)
+             for dt in ("fp32", "fp16", "bf16")]  # fmt: skip
+    return dequant + quant

@@ -48,7 +48,7 @@ KERNELS = {
     "moe_gemm": 8,  # 3 dtypes x 2 dense GEMMs, 2 Q4_0 GEMMs
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes
-    "quants": 12,  # 3 dtypes x (Q8_0, Q4_K, Q5_K, Q6_K)
+    "quants": 15,  # 3 dtypes x (dequantize Q8_0, Q4_K, Q5_K, Q6_K; quantize Q8_0)
 }
 
 

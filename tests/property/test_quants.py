@@ -36,6 +36,41 @@ def test_dequantize_gpu(w, dtype):
     ft.check_quant_dequantize_case(w, dtype, "cuda", backends=["reference", *GPU])
 
 
+@given(ft.q8_0_values())
+def test_q8_0_quantize_reference_equals_gguf_py(w):
+    want = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(ops.quantize(w, "Q8_0", backend="reference").data.numpy(), want)
+
+
+@given(ft.q8_0_values())
+def test_q8_0_quantize_cpu(w):
+    q = ft.check_q8_0_quantize_case(w, "cpu")
+    # the round trip: within half a step of the fp32 scale, plus 127 times the scale's fp16
+    # rounding (q is computed with d in fp32, the block stores d in fp16)
+    back = ops.dequantize(q, backend="reference").view(*q.blocks.shape[:-1], 32).double()
+    x = w.float().view_as(back).double()
+    d32 = x.abs().amax(-1, keepdim=True) / 127
+    d16 = q.blocks[..., :2].contiguous().view(torch.float16).double()
+    bound = d32 * 0.5 * (1 + 1e-6) + 127 * (d32 - d16).abs() + 1e-45
+    assert bool(((back - x).abs() <= bound).all())
+
+
+@pytest.mark.gpu
+@given(ft.q8_0_values(max_rows=200, max_blocks=40))
+def test_q8_0_quantize_gpu(w):
+    ft.check_q8_0_quantize_case(w, "cuda", backends=["reference", *GPU])
+
+
+def test_q8_0_refuses_non_finite_and_names_the_types():
+    w = torch.randn(2, 64)
+    w[1, 40] = float("inf")
+    with pytest.raises(ValueError, match=r"w must be finite for Q8_0, got inf at \(1, 40\)"):
+        ops.quantize(w, "Q8_0")
+    with pytest.raises(ValueError, match=r"qtype must be one of \('Q4_0', 'Q8_0'\), got 'Q6_K'"):
+        ops.quantize(torch.randn(2, 256), "Q6_K")
+    assert isinstance(ops.quantize(torch.randn(2, 64), "Q4_0"), Q4_0Weight)
+
+
 def test_q4_0_goes_to_its_own_op():
     w = ops.quantize_q4_0(torch.randn(3, 64))
     assert torch.equal(ops.dequantize(w), ops.dequantize_q4_0(w))

@@ -1,4 +1,5 @@
-// quants.hip — device code for dequantizing GGUF Q8_0 and the K-quants (Q4_K, Q5_K, Q6_K).
+// quants.hip — device code for dequantizing GGUF Q8_0 and the K-quants (Q4_K, Q5_K, Q6_K), and
+// for quantizing to Q8_0.
 //
 // Contract: docs/OPS.md section 7; reference (the specification): ftlab/reference/quants.py.
 // fp32 values are bit-identical to the reference and to llama.cpp's dequantize_row_*: every
@@ -185,7 +186,38 @@ __global__ void __launch_bounds__(kThreads)
   store8(out + c * kChunk, s);
 }
 
-// Every configuration the launcher uses: 4 block types x 3 output dtypes.
+// ------------------------------------------------------------------ quantize to Q8_0
+
+// One thread per 32-block: d = amax / 127, q = round_half_away(x * (1 / d)) (0 when d == 0),
+// each quotient and product rounded on its own -- llama.cpp's quantize_row_q8_0_ref and
+// gguf-py, byte for byte. The 34-byte block is written as 17 16-bit words (out 2-byte aligned).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_q8_0_kernel(const typename T::storage* __restrict__ x, uint8_t* __restrict__ out, int64_t num_blocks) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= num_blocks) return;
+  const typename T::storage* xb = x + b * 32;
+  float v[32];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    v[i] = T::load(xb + i);
+    amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
+  }
+  const float d = port_div_rn(amax, 127.0f);
+  const float inv = d == 0.0f ? 0.0f : port_div_rn(1.0f, d);
+  uint16_t* ob = reinterpret_cast<uint16_t*>(out + b * Q8_0::kBytes);
+  ob[0] = port_float_to_half(d);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int lo = static_cast<int>(round_half_away(port_mul_rn(v[2 * i], inv)));
+    const int hi = static_cast<int>(round_half_away(port_mul_rn(v[2 * i + 1], inv)));
+    ob[1 + i] = static_cast<uint16_t>((lo & 0xFF) | ((hi & 0xFF) << 8));
+  }
+}
+
+// Every configuration the launcher uses: 4 block types x 3 output dtypes, and the quantizer
+// of 3 input dtypes.
 #define FTLAB_QUANTS_INSTANTIATE(T)                                                                                \
   template __global__ void dequantize_kernel<T, Q8_0>(const uint8_t* __restrict__, T::storage* __restrict__,       \
                                                   int64_t);                                                        \
@@ -199,6 +231,10 @@ FTLAB_QUANTS_INSTANTIATE(f32_t)
 FTLAB_QUANTS_INSTANTIATE(f16_t)
 FTLAB_QUANTS_INSTANTIATE(bf16_t)
 #undef FTLAB_QUANTS_INSTANTIATE
+template __global__ void quantize_q8_0_kernel<f32_t>(const f32_t::storage* __restrict__, uint8_t* __restrict__, int64_t);
+template __global__ void quantize_q8_0_kernel<f16_t>(const f16_t::storage* __restrict__, uint8_t* __restrict__, int64_t);
+template __global__ void quantize_q8_0_kernel<bf16_t>(const bf16_t::storage* __restrict__, uint8_t* __restrict__,
+                                                      int64_t);
 
 }  // namespace quants
 }  // namespace ftlab

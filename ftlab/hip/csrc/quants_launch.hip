@@ -55,7 +55,36 @@ void dequantize(const TensorView& w, const TensorView& out, const char* what) {
   check_launch("dequantize_kernel");
 }
 
+template <typename T>
+void launch_quantize(const TensorView& x, const TensorView& out, int64_t nb) {
+  quantize_q8_0_kernel<T><<<static_cast<unsigned>((nb + kThreads - 1) / kThreads), kThreads, 0, stream_of(out)>>>(
+      static_cast<const typename T::storage*>(base_of(x)), static_cast<uint8_t*>(base_of(out)), nb);
+}
+
 }  // namespace
+
+// out (contiguous uint8, numel(x) / 32 blocks of 34 bytes, 2-byte aligned) = Q8_0 of x
+// (contiguous fp32 / fp16 / bf16).
+void quantize_q8_0(TensorView x, TensorView out) {
+  check_contiguous(x, "x");
+  check_contiguous(out, "out");
+  TVM_FFI_CHECK(out.dtype().code == kDLUInt && out.dtype().bits == 8 && out.dtype().lanes == 1, TypeError)
+      << "out must be uint8";
+  const int64_t nb = x.numel() / Q8_0::kBlock;
+  TVM_FFI_CHECK(x.numel() % Q8_0::kBlock == 0 && out.numel() == nb * Q8_0::kBytes, ValueError)
+      << "out must hold numel(x)/32 Q8_0 blocks of 34 bytes: got " << out.numel() << " bytes for " << x.numel()
+      << " values";
+  const Fp fp = fp_of(x, "x");
+  if (nb == 0) return;
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(out)) % 2 == 0, ValueError) << "out must be 2-byte aligned";
+  TVM_FFI_CHECK((nb + kThreads - 1) / kThreads <= 0x7fffffff, ValueError) << "x is too large for one launch";
+  switch (fp) {
+    case Fp::f32: launch_quantize<f32_t>(x, out, nb); break;
+    case Fp::f16: launch_quantize<f16_t>(x, out, nb); break;
+    case Fp::bf16: launch_quantize<bf16_t>(x, out, nb); break;
+  }
+  check_launch("quantize_q8_0_kernel");
+}
 
 void dequantize_q8_0(TensorView w, TensorView out) { dequantize<Q8_0>(w, out, "Q8_0"); }
 void dequantize_q4_k(TensorView w, TensorView out) { dequantize<QK4<false>>(w, out, "Q4_K"); }
@@ -65,6 +94,7 @@ void dequantize_q6_k(TensorView w, TensorView out) { dequantize<Q6_K>(w, out, "Q
 }  // namespace quants
 }  // namespace ftlab
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_q8_0, ftlab::quants::quantize_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dequantize_q8_0, ftlab::quants::dequantize_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dequantize_q4_k, ftlab::quants::dequantize_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dequantize_q5_k, ftlab::quants::dequantize_q5_k);
