@@ -5,7 +5,8 @@ Q6_K) load as :class:`~ftlab.quant.QuantWeight` (Q4_0: :class:`~ftlab.quant.Q4_0
 straight from the memory-mapped file (copy-on-write: nothing is re-quantized and nothing is
 read until used); F32 / F16 / BF16 tensors load as torch tensors; the other quantized types
 (Q4_1, Q5_0, Q2_K, the IQ types, ...) load dequantized to fp32 by gguf-py.
-:func:`dequantized_types` lists what a model runs dense. Writing: ``gguf_write``. Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
+:func:`dequantized_types` lists what a model runs dense. Writing: ``gguf_write``.
+Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
 dimensions innermost first, and the ``gguf`` package does the reversal.
 
 Files are read with the ``gguf`` package, never with a parser of ours. But GGUFReader trusts
