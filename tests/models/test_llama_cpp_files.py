@@ -1,0 +1,131 @@
+"""GGUF files written by llama.cpp's own ``llama-quantize`` (the files people download), from
+a random Qwen3-MoE whose rows are multiples of 256 (tests/data/llama_cpp/README.md): each holds
+the type mix llama.cpp gives its ftype, loads (types without an ftlab kernel dequantized, one
+DequantizedWarning), and computes what transformers' Qwen3MoeForCausalLM computes with the same
+file's weights dequantized by gguf-py."""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from ftlab.formats.gguf import open_reader  # noqa: E402
+from ftlab.models.loader import DequantizedWarning, load_gguf  # noqa: E402
+from ftlab.models.pipeline import Pipeline, format_compare  # noqa: E402
+from ftlab.models.pipeline_args import MODEL_OPS  # noqa: E402
+from ftlab.models.qwen3_moe import Qwen3Moe  # noqa: E402
+from ftlab.quant import Q4_0Weight  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "llama_cpp"
+FTYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+LAYERS = 2
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+FLOAT = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm", "ffn_gate_inp")  # never quantized
+
+
+def path(ftype: str) -> Path:
+    return DATA / f"qwen3moe-{ftype.lower()}.gguf"
+
+
+def expected_types(ftype: str) -> dict[str, str]:
+    """llama.cpp's choice (src/llama-quant.cpp) for this 2-layer model: the ftype's base type;
+    the output in Q6_K (kept in Q8_0 by Q8_0); Q4_K_M and Q5_K_M give attn_v and ffn_down Q6_K
+    in the layers of ``use_more_bits`` (i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2: layer 1 of 2);
+    norms and the router stay F32."""
+    base = {"Q4_0": "Q4_0", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}[ftype]
+    types = {"token_embd.weight": base, "output.weight": "Q8_0" if ftype == "Q8_0" else "Q6_K",
+             "output_norm.weight": "F32"}  # fmt: skip
+    for i in range(LAYERS):
+        more_bits = ftype in ("Q4_K_M", "Q5_K_M") and i == 1
+        for m in MATRICES:
+            types[f"blk.{i}.{m}.weight"] = "Q6_K" if more_bits and m in ("attn_v", "ffn_down_exps") else base
+        types |= {f"blk.{i}.{n}.weight": "F32" for n in FLOAT}
+    return types
+
+
+@pytest.mark.parametrize("ftype", FTYPES)
+def test_each_file_holds_the_types_llama_cpp_gives_its_ftype(ftype):
+    reader = open_reader(path(ftype))
+    got = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert got == expected_types(ftype)
+    assert reader.fields["general.file_type"].contents() == getattr(gguf.LlamaFileType, f"MOSTLY_{ftype}")
+
+
+def hf_state_dict(file: Path) -> dict[str, torch.Tensor]:
+    """transformers' Qwen3-MoE tensors from the file's, dequantized by gguf-py. llama.cpp's
+    converter stores Qwen3-MoE unpermuted (NeoX RoPE): the one transformation is the experts,
+    stacked per bank (gate, up, down) where transformers stacks gate and up as one."""
+    raw = {}
+    for t in open_reader(file).tensors:
+        values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        raw[t.name] = torch.from_numpy(values).reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+    out = {"model.embed_tokens.weight": raw["token_embd.weight"], "model.norm.weight": raw["output_norm.weight"],
+           "lm_head.weight": raw["output.weight"]}  # fmt: skip
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp"}  # fmt: skip
+    for i in range(LAYERS):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        out |= {f"{p}{hf}.weight": raw[f"{b}{g}.weight"] for hf, g in names.items()}
+        gate, up = raw[f"{b}ffn_gate_exps.weight"], raw[f"{b}ffn_up_exps.weight"]
+        out[p + "mlp.experts.gate_up_proj"] = torch.cat([gate, up], dim=1)
+        out[p + "mlp.experts.down_proj"] = raw[f"{b}ffn_down_exps.weight"]
+    return out
+
+
+def oracle(file: Path, config) -> torch.nn.Module:
+    c = config
+    hf = transformers.Qwen3MoeConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
+        num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+        moe_intermediate_size=c.moe_intermediate_size, intermediate_size=4 * c.hidden_size,
+        norm_topk_prob=c.norm_topk_prob, rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=False,
+        max_position_embeddings=c.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+    )  # fmt: skip
+    model = transformers.Qwen3MoeForCausalLM(hf).eval()
+    model.load_state_dict(hf_state_dict(file), strict=True)
+    return model
+
+
+def prompt(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randint(0, vocab, (1, 13), generator=torch.Generator().manual_seed(5)), torch.arange(13)[None]
+
+
+@pytest.mark.parametrize("ftype", FTYPES)
+def test_logits_match_transformers_on_the_files_dequantized_weights(ftype):
+    """ftlab (reference backends, fp32) against transformers (fp32) on gguf-py's dequantized
+    values of every tensor: the same weights, so only fp32 rounding separates them (2e-3)."""
+    with pytest.warns(DequantizedWarning) as caught:
+        config, weights = load_gguf(path(ftype), dtype=torch.float32, progress=False)
+    assert len(caught) == 1
+    assert isinstance(weights.layers[0].q_proj, Q4_0Weight) == (ftype == "Q4_0")  # Q4_0 stays packed
+    tokens, positions = prompt(config.vocab_size)
+    ours = Qwen3Moe(config, weights, backends=dict.fromkeys(MODEL_OPS, "reference"), q4_0_path="dequant")
+    got = ours.forward(tokens, positions)
+    with torch.no_grad():
+        want = oracle(path(ftype), config)(tokens).logits.float()
+    assert want.abs().max() > 1.0  # logits of a model that computes something
+    assert (got - want).abs().max().item() <= 2e-3
+
+
+@pytest.mark.parametrize("ftype", ["Q4_0", "Q4_K_M"])
+def test_pipeline_loads_the_file_and_the_triton_backends_agree(ftype):
+    """Pipeline.load reads the file and its tokenizer and generates; every Triton kernel the model
+    runs (under the interpreter on CPU) against the reference, stage by stage: fp32 throughout,
+    the kernels differ from the reference in summation order only, so 1e-4 relative (the bound
+    the GPU gate of tests/models/test_pipeline.py holds the same kernels to)."""
+    with pytest.warns(DequantizedWarning):
+        pipe = Pipeline.load(str(path(ftype)), backends="reference")
+    logits = pipe.prefill(pipe.tokenizer.encode("The router sends"))
+    assert logits.shape == (pipe.config.vocab_size,) and torch.isfinite(logits).all()
+    assert isinstance("".join(pipe.generate("The router sends", max_new_tokens=4)), str)
+    pipe.q4_0_path = "dequant"
+    rows = pipe.compare("The router sends every token", ["triton"])
+    worst = max(rows, key=lambda r: r.rel)
+    assert worst.rel < 1e-4, format_compare(rows)
