@@ -23,7 +23,15 @@ from ftlab.quant import Q4_0Weight  # noqa: E402
 DATA = Path(__file__).resolve().parents[1] / "data" / "llama_cpp"
 FTYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 LAYERS = 2
-MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+MATRICES = (
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate_exps",
+    "ffn_up_exps",
+    "ffn_down_exps",
+)
 FLOAT = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm", "ffn_gate_inp")  # never quantized
 
 
@@ -36,13 +44,17 @@ def expected_types(ftype: str) -> dict[str, str]:
     the output in Q6_K (kept in Q8_0 by Q8_0); Q4_K_M and Q5_K_M give attn_v and ffn_down Q6_K
     in the layers of ``use_more_bits`` (i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2: layer 1 of 2);
     norms and the router stay F32."""
-    base = {"Q4_0": "Q4_0", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}[ftype]
+    base = {"Q4_0": "Q4_0", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}[
+        ftype
+    ]
     types = {"token_embd.weight": base, "output.weight": "Q8_0" if ftype == "Q8_0" else "Q6_K",
              "output_norm.weight": "F32"}  # fmt: skip
     for i in range(LAYERS):
         more_bits = ftype in ("Q4_K_M", "Q5_K_M") and i == 1
         for m in MATRICES:
-            types[f"blk.{i}.{m}.weight"] = "Q6_K" if more_bits and m in ("attn_v", "ffn_down_exps") else base
+            types[f"blk.{i}.{m}.weight"] = (
+                "Q6_K" if more_bits and m in ("attn_v", "ffn_down_exps") else base
+            )
         types |= {f"blk.{i}.{n}.weight": "F32" for n in FLOAT}
     return types
 
@@ -52,7 +64,9 @@ def test_each_file_holds_the_types_llama_cpp_gives_its_ftype(ftype):
     reader = open_reader(path(ftype))
     got = {t.name: t.tensor_type.name for t in reader.tensors}
     assert got == expected_types(ftype)
-    assert reader.fields["general.file_type"].contents() == getattr(gguf.LlamaFileType, f"MOSTLY_{ftype}")
+    assert reader.fields["general.file_type"].contents() == getattr(
+        gguf.LlamaFileType, f"MOSTLY_{ftype}"
+    )
 
 
 def hf_state_dict(file: Path) -> dict[str, torch.Tensor]:
@@ -62,7 +76,9 @@ def hf_state_dict(file: Path) -> dict[str, torch.Tensor]:
     raw = {}
     for t in open_reader(file).tensors:
         values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
-        raw[t.name] = torch.from_numpy(values).reshape(tuple(int(d) for d in reversed(t.shape.tolist())))
+        raw[t.name] = torch.from_numpy(values).reshape(
+            tuple(int(d) for d in reversed(t.shape.tolist()))
+        )
     out = {"model.embed_tokens.weight": raw["token_embd.weight"], "model.norm.weight": raw["output_norm.weight"],
            "lm_head.weight": raw["output.weight"]}  # fmt: skip
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -94,7 +110,9 @@ def oracle(file: Path, config) -> torch.nn.Module:
 
 
 def prompt(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randint(0, vocab, (1, 13), generator=torch.Generator().manual_seed(5)), torch.arange(13)[None]
+    return torch.randint(
+        0, vocab, (1, 13), generator=torch.Generator().manual_seed(5)
+    ), torch.arange(13)[None]
 
 
 @pytest.mark.parametrize("ftype", FTYPES)
@@ -104,9 +122,13 @@ def test_logits_match_transformers_on_the_files_dequantized_weights(ftype):
     with pytest.warns(DequantizedWarning) as caught:
         config, weights = load_gguf(path(ftype), dtype=torch.float32, progress=False)
     assert len(caught) == 1
-    assert isinstance(weights.layers[0].q_proj, Q4_0Weight) == (ftype == "Q4_0")  # Q4_0 stays packed
+    assert isinstance(weights.layers[0].q_proj, Q4_0Weight) == (
+        ftype == "Q4_0"
+    )  # Q4_0 stays packed
     tokens, positions = prompt(config.vocab_size)
-    ours = Qwen3Moe(config, weights, backends=dict.fromkeys(MODEL_OPS, "reference"), q4_0_path="dequant")
+    ours = Qwen3Moe(
+        config, weights, backends=dict.fromkeys(MODEL_OPS, "reference"), q4_0_path="dequant"
+    )
     got = ours.forward(tokens, positions)
     with torch.no_grad():
         want = oracle(path(ftype), config)(tokens).logits.float()
@@ -114,18 +136,46 @@ def test_logits_match_transformers_on_the_files_dequantized_weights(ftype):
     assert (got - want).abs().max().item() <= 2e-3
 
 
-@pytest.mark.parametrize("ftype", ["Q4_0", "Q4_K_M"])
-def test_pipeline_loads_the_file_and_the_triton_backends_agree(ftype):
-    """Pipeline.load reads the file and its tokenizer and generates; every Triton kernel the model
-    runs (under the interpreter on CPU) against the reference, stage by stage: fp32 throughout,
-    the kernels differ from the reference in summation order only, so 1e-4 relative (the bound
-    the GPU gate of tests/models/test_pipeline.py holds the same kernels to)."""
+@pytest.mark.parametrize("ftype", FTYPES)
+def test_pipeline_loads_each_file_and_generates(ftype):
+    """Pipeline.load reads the model and its tokenizer from the file; its prefill gives the
+    logits of the model load_gguf gives (same backends and weights: equal)."""
     with pytest.warns(DequantizedWarning):
-        pipe = Pipeline.load(str(path(ftype)), backends="reference")
-    logits = pipe.prefill(pipe.tokenizer.encode("The router sends"))
-    assert logits.shape == (pipe.config.vocab_size,) and torch.isfinite(logits).all()
+        pipe = Pipeline.load(str(path(ftype)), backends="reference", q4_0_path="dequant")
+    ids = pipe.tokenizer.encode("The router sends")
+    logits = pipe.prefill(ids)
+    with pytest.warns(DequantizedWarning):
+        config, weights = load_gguf(path(ftype), dtype=torch.float32, progress=False)
+    model = Qwen3Moe(
+        config, weights, backends=dict.fromkeys(MODEL_OPS, "reference"), q4_0_path="dequant"
+    )
+    want = model.forward(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]
+    assert pipe.config == config and torch.equal(logits, want)
     assert isinstance("".join(pipe.generate("The router sends", max_new_tokens=4)), str)
-    pipe.q4_0_path = "dequant"
+
+
+@pytest.mark.parametrize("ftype", ["Q4_0", "Q4_K_M"])
+def test_triton_backends_agree_with_the_reference(ftype):
+    """Every Triton kernel the model runs (under the interpreter on CPU) against the reference,
+    stage by stage, on the Q4_0 file (Q4_0 matmuls, Q6_K output dense) and the Q4_K_M file (all
+    dense): fp32 throughout, the kernels differ from the reference in summation order only, so
+    1e-4 relative (the bound the GPU gate of tests/models/test_pipeline.py holds them to)."""
+    with pytest.warns(DequantizedWarning):
+        pipe = Pipeline.load(str(path(ftype)), backends="reference", q4_0_path="dequant")
     rows = pipe.compare("The router sends every token", ["triton"])
+    worst = max(rows, key=lambda r: r.rel)
+    assert worst.rel < 1e-4, format_compare(rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+@pytest.mark.parametrize("ftype", ["Q4_0", "Q4_K_M"])
+def test_gpu_backends_agree_with_the_reference_gpu(ftype, backend):
+    """The same on the GPU, for each kernel backend (the K-quant weights dequantized there; the
+    Q4_0 path the backend implements, the reference on the same path: HIP has the int8 one only)."""
+    q4_0_path = "int8" if backend == "hip" else "dequant"
+    with pytest.warns(DequantizedWarning):
+        pipe = Pipeline.load(str(path(ftype)), "cuda", backends="reference", q4_0_path=q4_0_path)
+    rows = pipe.compare("The router sends every token", [backend])
     worst = max(rows, key=lambda r: r.rel)
     assert worst.rel < 1e-4, format_compare(rows)
