@@ -122,6 +122,8 @@ def test_logits_match_transformers_on_the_files_dequantized_weights(ftype):
     with pytest.warns(DequantizedWarning) as caught:
         config, weights = load_gguf(path(ftype), dtype=torch.float32, progress=False)
     assert len(caught) == 1
+    dense = sorted({t for t in expected_types(ftype).values() if t not in ("F32", "Q4_0")})
+    assert all(f"{t}: " in str(caught[0].message) for t in dense), str(caught[0].message)
     assert isinstance(weights.layers[0].q_proj, Q4_0Weight) == (
         ftype == "Q4_0"
     )  # Q4_0 stays packed
