@@ -111,7 +111,7 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     b, c = x.shape
     weight, bias = _weights(weight, bias, c, x.device)
     _state(state, b, c, weight.shape[1], x)
-    if state.numel() and state.stride(2) != 1:
+    if state.numel() and state.shape[2] > 1 and state.stride(2) != 1:
         raise ValueError(f"state must have a unit last stride (it is updated in place), got strides {state.stride()}")
     if x.stride(1) != 1:
         x = x.contiguous()
