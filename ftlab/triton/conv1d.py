@@ -1,6 +1,6 @@
 """conv1d in Triton (reference: ftlab/reference/conv1d.py).
 
-``causal_conv1d``: one program per (sequence, block of tokens, block of channels); each output
+``causal_conv1d``: one program per (block of tokens, sequence, block of channels); each output
 reads its W inputs straight from x, or from the carried state for the first W-1 tokens, sums
 them into the bias in fp32 (taps in order), applies SiLU and rounds once. The programs of the
 first token block also write their channels' new state. ``causal_conv1d_update``: one program
@@ -19,8 +19,8 @@ import triton.language as tl
 def causal_conv1d_kernel(x_ptr, x_sb, x_st, w_ptr, b_ptr, s_ptr, len_ptr, y_ptr, ns_ptr, T, C,
                          W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_LENGTHS: tl.constexpr,
                          SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
-    b = tl.program_id(0)
-    tb = tl.program_id(1)
+    tb = tl.program_id(0)
+    b = tl.program_id(1)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
     t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -101,7 +101,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if b and c:
         block_t = min(triton.next_power_of_2(max(t, 1)), 8)
         block_c = _block_c(c, 64)
-        grid = (b, max(triton.cdiv(t, block_t), 1), triton.cdiv(c, block_c))
+        grid = (max(triton.cdiv(t, block_t), 1), b, triton.cdiv(c, block_c))
         causal_conv1d_kernel[grid](x, x.stride(0), x.stride(1), weight, weight if bias is None else bias,
                                    x if state is None else state, weight if lengths is None else lengths, y,
                                    new_state, t, c, W=w, HAS_BIAS=bias is not None, HAS_STATE=state is not None,

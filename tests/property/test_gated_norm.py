@@ -125,3 +125,32 @@ def test_bad_arguments_name_themselves():
         ops.output_gate(a, torch.randn(4, 8))
     with pytest.raises(TypeError, match="gate must have attn's dtype"):
         ops.output_gate(a, a.half())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+def test_graph_capturable(backend):
+    """Both ops capture in a CUDA graph (no host work) and replay on new inputs."""
+    from ftlab import backends
+
+    dev = torch.device("cuda")
+    for op in ("gated_rmsnorm", "output_gate"):
+        if backend not in backends.available_backends(op, dev, torch.bfloat16):
+            pytest.skip(f"{backend} cannot serve {op} on this GPU")
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 2, 128, generator=gen).bfloat16().to(dev)
+    z = torch.randn(4, 2, 128, generator=gen).bfloat16().to(dev)
+    w = torch.randn(128, generator=gen).to(dev)
+    ops.gated_rmsnorm(x, z, w, 1e-6, backend=backend)  # build and load before capture
+    ops.output_gate(x[:, 0], z[:, 0], backend=backend)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.gated_rmsnorm(x, z, w, 1e-6, backend=backend)
+        g = ops.output_gate(x[:, 0], z[:, 0], backend=backend)
+    x.copy_(torch.randn(4, 2, 128, generator=gen).bfloat16().to(dev))
+    graph.replay()
+    torch.cuda.synchronize()
+    want_y = ops.gated_rmsnorm(x, z, w, 1e-6, backend="reference")
+    want_g = ops.output_gate(x[:, 0], z[:, 0], backend="reference")
+    torch.testing.assert_close(y.float(), want_y.float(), rtol=2**-7, atol=1e-3)
+    torch.testing.assert_close(g.float(), want_g.float(), rtol=2**-7, atol=1e-3)

@@ -121,3 +121,24 @@ def test_bad_arguments_name_themselves():
         ops.qk_norm_rope(q, k, w, w, cos, cos, 1e-6, rotary_dim=4)
     ops.qk_norm_rope(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(7), torch.ones(7), short, short, 1e-6,
                      rotary_dim=4)  # odd D with an even rotary part  # fmt: skip
+
+
+def test_qwen3_5_mrope_is_plain_rope_for_text():
+    """Qwen3.5's multimodal RoPE (mrope_section) on text positions -- three equal rows -- gives
+    exactly the 1-D tables of rope_tables over the rotary dim; distinct rows would not."""
+    hf = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+
+    cfg = Qwen3_5MoeTextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                               vocab_size=10, num_hidden_layers=1,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                                "mrope_section": [11, 11, 10]})  # fmt: skip
+    emb = hf.Qwen3_5MoeTextRotaryEmbedding(cfg)
+    positions = torch.tensor([[0, 5, 100, 40000]])
+    x = torch.zeros(1, 4, 64)
+    cos, sin = emb(x, positions)
+    want_cos, want_sin = rope_tables(positions, 64, 1e7, torch.float32)
+    assert torch.equal(cos, want_cos[:, :, 0])
+    assert torch.equal(sin * torch.cat([-torch.ones(32), torch.ones(32)]), want_sin[:, :, 0])  # ours is signed
+    spatial, _ = emb(x, torch.stack([positions, 2 * positions, 3 * positions]))
+    assert not torch.equal(spatial, want_cos[:, :, 0])
