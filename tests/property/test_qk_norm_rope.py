@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ftlab.testing as ft
-from ftlab import ops
+from ftlab import backends, ops
 from ftlab.models.qwen3_moe import rope_tables
 
 
@@ -85,7 +85,7 @@ def test_partial_rotary_is_the_model_formula():
     want = torch.cat([yr * cos.reshape(n, 1, r) + rotate_half * plain_sin, y[..., r:]], -1)
     assert torch.allclose(got.double(), want, atol=1e-5), float((got.double() - want).abs().max())
     full_cos, full_sin = rope_tables(torch.arange(n)[None], d, 1e4, torch.float32)
-    for backend in ("reference", "triton"):
+    for backend in backends.available_backends("qk_norm_rope", torch.device("cpu"), torch.float32):
         a = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), full_cos, full_sin, 1e-6, backend=backend)
         b = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), full_cos, full_sin, 1e-6, rotary_dim=d,
                              backend=backend)  # fmt: skip
