@@ -14,6 +14,13 @@ EPS32 = 2.0**-23
 GATE_EPS = 6  # a sigmoid or SiLU in fp32 (exp, add, divide; or torch's sigmoid and a product), in eps32
 
 
+def _gate_eps(g: torch.Tensor) -> torch.Tensor:
+    """Relative error of a sigmoid / SiLU of ``g`` in fp32, in eps32: :data:`GATE_EPS`, and
+    |g|/2 more where the exponential is exp2 of g * log2(e) (Triton's on GPUs): the rounding of
+    that product moves the result by |g| eps32 / 2 relatively."""
+    return GATE_EPS + g.abs() / 2
+
+
 def _rounded(exact: torch.Tensor, err: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``err`` (each side's fp32 error; the two sides differ by twice it) plus the two roundings
     to ``dtype`` (up to one ulp apart: half an ulp each; Triton's interpreter truncates bf16,
@@ -28,19 +35,20 @@ def gated_rmsnorm_tolerance(x: torch.Tensor, z: torch.Tensor, weight: torch.Tens
     """Per-element bound ``[N, H, D]`` on |backend - reference|, derived in f64 from the exact
     result: the mean square (a sum of D squares) within ``(D + 4) eps32`` relatively, so the
     reciprocal square root within half that plus 2 eps32; the three products add 3 eps32 and
-    the SiLU :data:`GATE_EPS`, all relative to |exact| (no cancellation anywhere)."""
+    the SiLU :func:`_gate_eps`, all relative to |exact| (no cancellation anywhere)."""
     d = x.shape[-1]
     xf, zf = x.double().cpu(), z.double().cpu()
     exact = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.double().cpu() * zf * torch.sigmoid(zf)
-    rel = ((d + 4) / 2 + 2 + 3 + GATE_EPS) * EPS32
+    rel = ((d + 4) / 2 + 2 + 3 + _gate_eps(zf)) * EPS32
     return _rounded(exact, rel * exact.abs(), x.dtype)
 
 
 def output_gate_tolerance(attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """Per-element bound ``[N, F]``: the sigmoid within :data:`GATE_EPS` and the product 1 eps32
+    """Per-element bound ``[N, F]``: the sigmoid within :func:`_gate_eps` and the product 1 eps32
     more, relative to |exact|, then the rounding to attn's dtype."""
-    exact = attn.double().cpu() * torch.sigmoid(gate.double().cpu())
-    return _rounded(exact, (GATE_EPS + 1) * EPS32 * exact.abs(), attn.dtype)
+    g = gate.double().cpu()
+    exact = attn.double().cpu() * torch.sigmoid(g)
+    return _rounded(exact, (_gate_eps(g) + 1) * EPS32 * exact.abs(), attn.dtype)
 
 
 def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
