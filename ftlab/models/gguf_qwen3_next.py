@@ -72,7 +72,9 @@ def read_config(reader, path: Path) -> dict:
     table (``config.json`` fields), every value checked; GGUFError naming the key."""
     arch = field_value(reader, "general.architecture", "str")
     if arch not in ARCHS:
-        raise GGUFError(f"{path}: metadata 'general.architecture' must be one of {sorted(ARCHS)}, got {arch!r}")
+        raise GGUFError(
+            f"{path}: metadata 'general.architecture' must be one of {sorted(ARCHS)}, got {arch!r}"
+        )
 
     def get(key: str, kind: str = "int", required: bool = True):
         v = field_value(reader, f"{arch}.{key}", kind)
@@ -92,16 +94,26 @@ def read_config(reader, path: Path) -> dict:
                         f"'{arch}.block_count' ({c['num_hidden_layers']})")  # fmt: skip
     block_count, c["num_hidden_layers"] = c["num_hidden_layers"], c["num_hidden_layers"] - nextn
     _check_heads(c, get, arch, path)
-    c["layer_types"], interval = _layer_types(reader, arch, c["num_hidden_layers"], block_count, get, path)
+    c["layer_types"], interval = _layer_types(
+        reader, arch, c["num_hidden_layers"], block_count, get, path
+    )
     rope_dims = get("rope.dimension_count")
     if rope_dims > c["head_dim"] or rope_dims % 2:
         raise GGUFError(f"{path}: metadata '{arch}.rope.dimension_count' ({rope_dims}) must be even and at most "
                         f"'{arch}.attention.key_length' ({c['head_dim']})")  # fmt: skip
-    rope = {"rope_type": "default", "rope_theta": c.pop("rope_theta"), "partial_rotary_factor": rope_dims / c["head_dim"]}
+    rope = {
+        "rope_type": "default",
+        "rope_theta": c.pop("rope_theta"),
+        "partial_rotary_factor": rope_dims / c["head_dim"],
+    }
     if arch == "qwen35moe":
         sections = get("rope.dimension_sections", "int[]")
-        if len(sections) != 4 or min(sections) < 0:  # the converter writes [11, 11, 10, 0] for any head dim
-            raise GGUFError(f"{path}: metadata '{arch}.rope.dimension_sections' must be 4 sizes >= 0, got {sections}")
+        if (
+            len(sections) != 4 or min(sections) < 0
+        ):  # the converter writes [11, 11, 10, 0] for any head dim
+            raise GGUFError(
+                f"{path}: metadata '{arch}.rope.dimension_sections' must be 4 sizes >= 0, got {sections}"
+            )
         rope |= {"mrope_section": sections[:3], "mrope_interleaved": True}
     cls, model_type = ARCHS[arch]
     config = {"architectures": [cls], "model_type": model_type, **c, "rope_parameters": rope,
@@ -116,7 +128,9 @@ def read_config(reader, path: Path) -> dict:
     embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != c["hidden_size"]:
         got = "none" if embd is None else f"shape {list(reversed(embd.shape.tolist()))}"
-        raise GGUFError(f"{path}: tensor 'token_embd.weight' must be [vocab, {c['hidden_size']}], got {got}")
+        raise GGUFError(
+            f"{path}: tensor 'token_embd.weight' must be [vocab, {c['hidden_size']}], got {got}"
+        )
     config["vocab_size"] = int(embd.shape[-1])
     config["tie_word_embeddings"] = "output.weight" not in tensors
     tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
@@ -140,7 +154,10 @@ def _check_heads(c: dict, get, arch: str, path: Path) -> None:
     if value_length not in (None, c["head_dim"]):
         raise GGUFError(f"{path}: metadata '{arch}.attention.value_length' ({value_length}) must equal "
                         f"'{arch}.attention.key_length' ({c['head_dim']})")  # fmt: skip
-    for big, small in (("num_attention_heads", "num_key_value_heads"), ("linear_num_value_heads", "linear_num_key_heads")):
+    for big, small in (
+        ("num_attention_heads", "num_key_value_heads"),
+        ("linear_num_value_heads", "linear_num_key_heads"),
+    ):
         if c[big] % c[small]:
             raise GGUFError(f"{path}: metadata '{arch}.{INT_KEYS[big]}' ({c[big]}) must be a multiple of "
                             f"'{arch}.{INT_KEYS[small]}' ({c[small]})")  # fmt: skip
@@ -154,7 +171,9 @@ def _check_heads(c: dict, get, arch: str, path: Path) -> None:
     c["linear_value_head_dim"] = inner // hv
 
 
-def _layer_types(reader, arch: str, layers: int, block_count: int, get, path: Path) -> tuple[list[str], int]:
+def _layer_types(
+    reader, arch: str, layers: int, block_count: int, get, path: Path
+) -> tuple[list[str], int]:
     """``layer_types`` from ``attention.recurrent_layers`` (BOOL per block) or, without it,
     ``full_attention_interval`` as llama.cpp derives them; and the interval."""
     interval = get("full_attention_interval")
@@ -164,12 +183,18 @@ def _layer_types(reader, arch: str, layers: int, block_count: int, get, path: Pa
         recurrent = [(i + 1) % interval != 0 for i in range(layers)]
     else:
         if [int(t) for t in field.types] != [9, 7]:  # ARRAY of BOOL
-            raise GGUFError(f"{path}: metadata '{key}' must be an array of BOOL, got {[t.name for t in field.types]}")
+            raise GGUFError(
+                f"{path}: metadata '{key}' must be an array of BOOL, got {[t.name for t in field.types]}"
+            )
         recurrent = [bool(field.parts[i][0]) for i in field.data]
         if len(recurrent) != block_count:
-            raise GGUFError(f"{path}: metadata '{key}' has {len(recurrent)} entries, '{arch}.block_count' is {block_count}")
+            raise GGUFError(
+                f"{path}: metadata '{key}' has {len(recurrent)} entries, '{arch}.block_count' is {block_count}"
+            )
         if any(recurrent[layers:]):
-            raise GGUFError(f"{path}: metadata '{key}': the multi-token-prediction blocks must not be recurrent")
+            raise GGUFError(
+                f"{path}: metadata '{key}': the multi-token-prediction blocks must not be recurrent"
+            )
         recurrent = recurrent[:layers]
     return ["linear_attention" if r else "full_attention" for r in recurrent], interval
 
@@ -180,12 +205,18 @@ def gguf_shapes(arch: str, config: dict) -> dict[str, tuple[int, ...]]:
     out = {}
     for name, shape in hf_shapes(arch, config).items():
         if name.endswith("in_proj_qkvz.weight"):
-            p = name.removesuffix("linear_attn.in_proj_qkvz.weight").replace("model.layers.", "blk.")
+            p = name.removesuffix("linear_attn.in_proj_qkvz.weight").replace(
+                "model.layers.", "blk."
+            )
             out[p + "attn_qkv.weight"] = (d.qk_rows + d.value_rows, d.hidden)
             out[p + "attn_gate.weight"] = (d.value_rows, d.hidden)
         elif name.endswith("experts.gate_up_proj"):
             p = name.removesuffix("mlp.experts.gate_up_proj").replace("model.layers.", "blk.")
-            out[p + "ffn_gate_exps.weight"] = out[p + "ffn_up_exps.weight"] = (d.experts, d.inter, d.hidden)
+            out[p + "ffn_gate_exps.weight"] = out[p + "ffn_up_exps.weight"] = (
+                d.experts,
+                d.inter,
+                d.hidden,
+            )
         elif name.endswith("conv1d.weight"):
             out[gguf_name(name)] = (shape[0], shape[2])
         else:
@@ -209,7 +240,11 @@ def row_perm(arch: str, name: str, d: Dims) -> torch.Tensor | None:
 
 def col_perm(arch: str, name: str, d: Dims) -> torch.Tensor | None:
     """``stored = hf[:, perm]`` for HF tensor ``name`` (only ``out_proj`` of a reordered model)."""
-    if arch == "qwen35moe" and d.v_heads != d.k_heads and name.endswith("linear_attn.out_proj.weight"):
+    if (
+        arch == "qwen35moe"
+        and d.v_heads != d.k_heads
+        and name.endswith("linear_attn.out_proj.weight")
+    ):
         return v_perm(d.k_heads, d.v_heads, d.v_dim)
     return None
 
@@ -218,7 +253,9 @@ def gather_rows(t, perm: torch.Tensor):
     """``t[perm]`` along the rows (dim -2 of a matrix, dim 0 of a vector or conv kernel); a
     QuantWeight keeps its blocks (whole rows move)."""
     if isinstance(t, QuantWeight):
-        return quant_weight(t.data.index_select(-2, perm.to(t.device)).contiguous(), t.shape, t.qtype)
+        return quant_weight(
+            t.data.index_select(-2, perm.to(t.device)).contiguous(), t.shape, t.qtype
+        )
     return t.index_select(0, perm.to(t.device))
 
 
@@ -232,7 +269,9 @@ def gather_cols(t, perm: torch.Tensor, width: int):
         return None
     groups = perm.view(-1, width)[:, 0] // width
     rows, cols = t.shape
-    data = t.data.view(rows, cols // width, -1).index_select(1, groups.to(t.device)).reshape(rows, -1)
+    data = (
+        t.data.view(rows, cols // width, -1).index_select(1, groups.to(t.device)).reshape(rows, -1)
+    )
     return quant_weight(data.contiguous(), t.shape, t.qtype)
 
 
@@ -245,13 +284,19 @@ def _check_names(names: set[str], shapes: dict, config: dict, block_count: int, 
                         "metadata (block_count)")  # fmt: skip
     absent = sorted(set(range(block_count)) - blocks)
     if absent:
-        raise GGUFError(f"{path}: metadata block_count is {block_count}, but there are no tensors of blk.{absent[0]}")
+        raise GGUFError(
+            f"{path}: metadata block_count is {block_count}, but there are no tensors of blk.{absent[0]}"
+        )
     missing = sorted(set(shapes) - names)
     if missing:
         raise GGUFError(f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing)")
-    extra = sorted(n for n in names - set(shapes) if not ((m := _BLOCK.match(n)) and int(m[1]) >= layers))
+    extra = sorted(
+        n for n in names - set(shapes) if not ((m := _BLOCK.match(n)) and int(m[1]) >= layers)
+    )
     if extra:
-        raise GGUFError(f"{path}: tensor '{extra[0]}' is not part of this model ({len(extra)} such tensors)")
+        raise GGUFError(
+            f"{path}: tensor '{extra[0]}' is not part of this model ({len(extra)} such tensors)"
+        )
 
 
 def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
@@ -287,7 +332,9 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
         value = tensor_from_reader(t, path)
         got = tuple(value.shape)
         if got != shape and not (name.endswith("ffn_gate_inp_shexp.weight") and got == shape[1:]):
-            raise GGUFError(f"{path}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+            raise GGUFError(
+                f"{path}: tensor {name!r} has shape {list(got)}, expected {list(shape)}"
+            )
         if not isinstance(value, QuantWeight) and t.tensor_type not in FLOAT_TYPES:
             dequantized.setdefault(t.tensor_type.name, []).append(name)
         loaded[name] = value.to(device)
@@ -320,7 +367,9 @@ def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
                 isinstance(qkv, QuantWeight) and qkv.qtype != z.qtype):  # fmt: skip
             qkv, z = _dense(qkv), _dense(z)
         if isinstance(qkv, QuantWeight):
-            both = quant_weight(torch.cat([qkv.data, z.data]), (qkv.shape[0] + z.shape[0], qkv.shape[1]), qkv.qtype)
+            both = quant_weight(
+                torch.cat([qkv.data, z.data]), (qkv.shape[0] + z.shape[0], qkv.shape[1]), qkv.qtype
+            )
         else:
             both = torch.cat([qkv, z.to(qkv.dtype)])
         return gather_rows(both, qkvz_perm(d))

@@ -42,7 +42,10 @@ _MROPE_DEFAULT = [11, 11, 10, 0]  # the converter's default for Qwen3.5 / 3.6
 def arch_of(config: Mapping) -> str:
     """The GGUF architecture of an HF config (its ``architectures`` or ``model_type``)."""
     for arch, (cls, model_type) in ARCHS.items():
-        if cls in (config.get("architectures") or []) or config.get("model_type") in (model_type, model_type.removesuffix("_text")):
+        if cls in (config.get("architectures") or []) or config.get("model_type") in (
+            model_type,
+            model_type.removesuffix("_text"),
+        ):
             return arch
     raise ValueError(f"hf_config must describe one of {[c for c, _ in ARCHS.values()]} (architectures / "
                      f"model_type), got {config.get('architectures')!r} / {config.get('model_type')!r}")  # fmt: skip
@@ -63,7 +66,10 @@ def normalized_config(config: Mapping) -> dict:
     if c.get("layer_types") is None:
         c["layer_types"] = ["linear_attention" if (i + 1) % interval else "full_attention"
                             for i in range(c["num_hidden_layers"])]  # fmt: skip
-    if len(c["layer_types"]) != c["num_hidden_layers"] or set(c["layer_types"]) - {"linear_attention", "full_attention"}:
+    if len(c["layer_types"]) != c["num_hidden_layers"] or set(c["layer_types"]) - {
+        "linear_attention",
+        "full_attention",
+    }:
         raise ValueError(f"hf_config['layer_types'] must be {c['num_hidden_layers']} of 'linear_attention' / "
                          f"'full_attention', got {c['layer_types']!r}")  # fmt: skip
     return c
@@ -75,7 +81,10 @@ def gguf_metadata_of(arch: str, c: dict) -> dict:
     theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
     partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))
     meta = {f"{arch}.{k}": c[f] for f, k in INT_KEYS.items()}
-    meta |= {f"{arch}.{FLOAT_KEYS['rms_norm_eps']}": float(c["rms_norm_eps"]), f"{arch}.{FLOAT_KEYS['rope_theta']}": float(theta)}
+    meta |= {
+        f"{arch}.{FLOAT_KEYS['rms_norm_eps']}": float(c["rms_norm_eps"]),
+        f"{arch}.{FLOAT_KEYS['rope_theta']}": float(theta),
+    }
     meta |= {
         f"{arch}.attention.value_length": c["head_dim"],
         f"{arch}.ssm.inner_size": c["linear_value_head_dim"] * c["linear_num_value_heads"],
@@ -96,11 +105,15 @@ def tokenizer_metadata(arch: str, tokenizer, vocab_size: int) -> dict:
     tokens of type UNUSED as the converter does."""
     backend = tokenizer.backend if isinstance(tokenizer, Tokenizer) else tokenizer
     if not isinstance(backend, HFTokenizer):
-        raise TypeError(f"tokenizer must be a ftlab Tokenizer or a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+        raise TypeError(
+            f"tokenizer must be a ftlab Tokenizer or a tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+        )
     meta = gguf_metadata(backend)
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
     if len(tokens) > vocab_size:
-        raise ValueError(f"the tokenizer has {len(tokens)} tokens, more than hf_config['vocab_size'] ({vocab_size})")
+        raise ValueError(
+            f"the tokenizer has {len(tokens)} tokens, more than hf_config['vocab_size'] ({vocab_size})"
+        )
     tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
     types += [int(gguf.TokenType.UNUSED)] * (vocab_size - len(types))
     meta["tokenizer.ggml.pre"] = TOKENIZER_PRE[arch]
@@ -117,15 +130,21 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
     extra = sorted(set(tensors) - set(shapes))
     if missing or extra:
         which = f"misses {missing[0]!r}" if missing else f"has {extra[0]!r}, which is not"
-        raise ValueError(f"tensors {which} a tensor of this {arch} model ({len(missing)} missing, {len(extra)} extra)")
+        raise ValueError(
+            f"tensors {which} a tensor of this {arch} model ({len(missing)} missing, {len(extra)} extra)"
+        )
     out = {}
     for name, shape in shapes.items():
         t = tensors[name]
-        if not isinstance(t, QuantWeight) and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+        if not isinstance(t, QuantWeight) and not (
+            isinstance(t, torch.Tensor) and t.is_floating_point()
+        ):
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise TypeError(f"tensors[{name!r}] must be a float tensor or a QuantWeight, got {got}")
         if tuple(t.shape) != shape:
-            raise ValueError(f"tensors[{name!r}] must have shape {list(shape)}, got {list(t.shape)}")
+            raise ValueError(
+                f"tensors[{name!r}] must have shape {list(shape)}, got {list(t.shape)}"
+            )
         if isinstance(t, QuantWeight):
             if not name.endswith(MATMUL):
                 t = ops.dequantize(t.to("cpu"), torch.float32)
@@ -142,7 +161,9 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
         if (perm := col_perm(arch, name, d)) is not None:
             given = (input_perms or {}).get(name)
             if given is not None and not torch.equal(given.cpu(), perm):
-                raise ValueError(f"input_perms[{name!r}] is not the converter's V-head order of this model")
+                raise ValueError(
+                    f"input_perms[{name!r}] is not the converter's V-head order of this model"
+                )
             moved = t if given is not None else gather_cols(t, perm, d.v_dim)
             if moved is None:
                 raise ValueError(f"tensors[{name!r}]: the columns of a {t.qtype} weight cannot be reordered (value head "
@@ -158,7 +179,10 @@ def _split(arch: str, name: str, t, d: Dims) -> dict:
     if name.endswith("in_proj_qkvz.weight"):
         t = gather_rows(t, inverse(qkvz_perm(d)))
         n = d.qk_rows + d.value_rows
-        return {p + "attn_qkv.weight": _rows(t, 0, n), p + "attn_gate.weight": _rows(t, n, n + d.value_rows)}
+        return {
+            p + "attn_qkv.weight": _rows(t, 0, n),
+            p + "attn_gate.weight": _rows(t, n, n + d.value_rows),
+        }
     if name.endswith("experts.gate_up_proj"):
         if isinstance(t, QuantWeight):
             e, _, h = t.shape
@@ -185,7 +209,9 @@ def _quantize(t, qtype: QT):
         return t
     values = ops.dequantize(t, torch.float32) if isinstance(t, QuantWeight) else t
     if qtype in (QT.F32, QT.F16, QT.BF16):
-        return values.to({QT.F32: torch.float32, QT.F16: torch.float16, QT.BF16: torch.bfloat16}[qtype])
+        return values.to(
+            {QT.F32: torch.float32, QT.F16: torch.float16, QT.BF16: torch.bfloat16}[qtype]
+        )
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     if values.shape[-1] % block:
         return values
@@ -213,11 +239,15 @@ def write_gguf_hf(path: str | Path, hf_config: Mapping, tensors: Mapping[str, to
     c = normalized_config(hf_config)
     out = gguf_tensors(arch, c, tensors, input_perms)
     if isinstance(types, QT):
-        matmul = {n for hf in hf_shapes(arch, c) if hf.endswith(MATMUL) for n in _split_names(arch, hf, c)}
+        matmul = {
+            n for hf in hf_shapes(arch, c) if hf.endswith(MATMUL) for n in _split_names(arch, hf, c)
+        }
         types = dict.fromkeys(sorted(matmul), types)
     for name, qtype in (types or {}).items():
         if name not in out:
-            raise ValueError(f"types names {name!r}, which is not a tensor of this model's GGUF file")
+            raise ValueError(
+                f"types names {name!r}, which is not a tensor of this model's GGUF file"
+            )
         if not isinstance(qtype, QT):
             raise TypeError(f"types[{name!r}] must be a gguf.GGMLQuantizationType, got {qtype!r}")
         try:

@@ -46,7 +46,9 @@ def make_model(arch: str, overrides: dict, seed: int):
     import transformers
 
     if arch == "Qwen3_5MoeForCausalLM":
-        from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig as cls
+        from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (
+            Qwen3_5MoeTextConfig as cls,
+        )
     else:
         cls = transformers.Qwen3NextConfig
     torch.manual_seed(seed)
