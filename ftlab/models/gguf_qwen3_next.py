@@ -49,11 +49,12 @@ from ftlab.models.gguf_qwen3_next_layout import (
     DEFAULTS,
     FLOAT_KEYS,
     INT_KEYS,
-    PLUS_ONE,
     Dims,
+    block_prefix,
     gguf_name,
     hf_shapes,
     inverse,
+    plus_one,
     qkvz_perm,
     v_perm,
 )
@@ -201,26 +202,24 @@ def _layer_types(
 
 def gguf_shapes(arch: str, config: dict) -> dict[str, tuple[int, ...]]:
     """``{GGUF tensor name: shape (PyTorch order)}`` the converter writes for ``config``."""
-    d = Dims.of(config)
+    d, layers = Dims.of(config), config["num_hidden_layers"]
     out = {}
     for name, shape in hf_shapes(arch, config).items():
         if name.endswith("in_proj_qkvz.weight"):
-            p = name.removesuffix("linear_attn.in_proj_qkvz.weight").replace(
-                "model.layers.", "blk."
-            )
+            p = block_prefix(name, layers)
             out[p + "attn_qkv.weight"] = (d.qk_rows + d.value_rows, d.hidden)
             out[p + "attn_gate.weight"] = (d.value_rows, d.hidden)
         elif name.endswith("experts.gate_up_proj"):
-            p = name.removesuffix("mlp.experts.gate_up_proj").replace("model.layers.", "blk.")
+            p = block_prefix(name, layers)
             out[p + "ffn_gate_exps.weight"] = out[p + "ffn_up_exps.weight"] = (
                 d.experts,
                 d.inter,
                 d.hidden,
             )
         elif name.endswith("conv1d.weight"):
-            out[gguf_name(name)] = (shape[0], shape[2])
+            out[gguf_name(name, layers)] = (shape[0], shape[2])
         else:
-            out[gguf_name(name)] = shape
+            out[gguf_name(name, layers)] = shape
     return out
 
 
@@ -275,8 +274,7 @@ def gather_cols(t, perm: torch.Tensor, width: int):
     return quant_weight(data.contiguous(), t.shape, t.qtype)
 
 
-def _check_names(names: set[str], shapes: dict, config: dict, block_count: int, path: Path) -> None:
-    layers = config["num_hidden_layers"]
+def _check_names(names: set[str], shapes: dict, block_count: int, path: Path) -> None:
     blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
     beyond = sorted(n for n in blocks if n >= block_count)
     if beyond:
@@ -290,9 +288,7 @@ def _check_names(names: set[str], shapes: dict, config: dict, block_count: int, 
     missing = sorted(set(shapes) - names)
     if missing:
         raise GGUFError(f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing)")
-    extra = sorted(
-        n for n in names - set(shapes) if not ((m := _BLOCK.match(n)) and int(m[1]) >= layers)
-    )
+    extra = sorted(names - set(shapes))
     if extra:
         raise GGUFError(
             f"{path}: tensor '{extra[0]}' is not part of this model ({len(extra)} such tensors)"
@@ -324,7 +320,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     block_count = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
     shapes = gguf_shapes(arch, config)
     by_name = {t.name: t for t in reader.tensors}
-    _check_names(set(by_name), shapes, config, block_count, path)
+    _check_names(set(by_name), shapes, block_count, path)
     device, d = torch.device(device), Dims.of(config)
     loaded, dequantized = {}, {}
     for name, shape in shapes.items():
@@ -361,7 +357,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
 def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
     """The HF tensor ``name`` from the loaded GGUF tensors, its V heads still in file order."""
     if name.endswith("in_proj_qkvz.weight"):
-        p = name.removesuffix("linear_attn.in_proj_qkvz.weight").replace("model.layers.", "blk.")
+        p = block_prefix(name, config["num_hidden_layers"])
         qkv, z = loaded[p + "attn_qkv.weight"], loaded[p + "attn_gate.weight"]
         if isinstance(qkv, QuantWeight) != isinstance(z, QuantWeight) or (
                 isinstance(qkv, QuantWeight) and qkv.qtype != z.qtype):  # fmt: skip
@@ -374,13 +370,13 @@ def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
             both = torch.cat([qkv, z.to(qkv.dtype)])
         return gather_rows(both, qkvz_perm(d))
     if name.endswith("experts.gate_up_proj"):
-        p = name.removesuffix("mlp.experts.gate_up_proj").replace("model.layers.", "blk.")
+        p = block_prefix(name, config["num_hidden_layers"])
         gate, up = loaded[p + "ffn_gate_exps.weight"], loaded[p + "ffn_up_exps.weight"]
         if isinstance(gate, QuantWeight) and isinstance(up, QuantWeight) and gate.qtype == up.qtype:
             e, i, h = gate.shape
             return quant_weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * i, h), gate.qtype)
         return torch.cat([_dense(gate), _dense(up)], dim=1)
-    value = loaded[gguf_name(name)]
+    value = loaded[gguf_name(name, config["num_hidden_layers"])]
     if name.endswith("conv1d.weight"):
         return _dense(value).unsqueeze(1)
     if name.endswith("shared_expert_gate.weight"):
@@ -398,7 +394,7 @@ def _finish(name: str, value, dtype: torch.dtype):
     if isinstance(value, QuantWeight) and not name.endswith(_DENSE):
         return value
     value = _dense(value)
-    if name.endswith(PLUS_ONE) or name == "model.norm.weight":
+    if plus_one(name):
         return (value.double() - 1).to(dtype)
     if name.endswith("A_log"):
         return torch.log(-value.double()).to(dtype)

@@ -44,6 +44,13 @@ DEFAULTS = {"rope.freq_base": 10000.0, "full_attention_interval": 4, "nextn_pred
 #: linear attention (``linear_attn.norm``, ``ssm_norm``) is stored as it is.
 PLUS_ONE = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
             "self_attn.k_norm.weight")  # fmt: skip
+_PLUS_ONE_GLOBAL = ("model.norm.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+                    "mtp.pre_fc_norm_hidden.weight")  # fmt: skip
+
+
+def plus_one(name: str) -> bool:
+    """Whether HF tensor ``name`` is a zero-centred norm, stored as ``w + 1``."""
+    return name.endswith(PLUS_ONE) or name in _PLUS_ONE_GLOBAL
 
 
 @dataclass(frozen=True)
@@ -88,8 +95,12 @@ def hf_shapes(arch: str, c: dict) -> dict[str, tuple[int, ...]]:
     out = {"model.embed_tokens.weight": (d.vocab, h), "model.norm.weight": (h,)}
     if not c.get("tie_word_embeddings", False):
         out["lm_head.weight"] = (d.vocab, h)
-    for i, kind in enumerate(c["layer_types"]):
-        p = f"model.layers.{i}."
+    n_mtp = c.get("mtp_num_hidden_layers") or 0
+    if n_mtp:
+        out |= {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}  # fmt: skip
+    kinds = [(f"model.layers.{i}.", kind) for i, kind in enumerate(c["layer_types"])]
+    for p, kind in kinds + [(f"mtp.layers.{i}.", "full_attention") for i in range(n_mtp)]:
         out |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
         if kind == "linear_attention":
             a = p + "linear_attn."
@@ -144,14 +155,28 @@ LAYER_NAMES = {
 }
 GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                 "lm_head.weight": "output.weight"}  # fmt: skip
+#: The multi-token-prediction head's own tensors -> ``blk.<first MTP block>.*``.
+MTP_NAMES = {"mtp.fc.weight": "nextn.eh_proj.weight", "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
+             "mtp.pre_fc_norm_hidden.weight": "nextn.hnorm.weight", "mtp.norm.weight": "nextn.shared_head_norm.weight"}  # fmt: skip
 
 
-def gguf_name(hf: str) -> str:
-    """The GGUF tensor of an HF tensor the converter renames one to one."""
+def block_prefix(hf: str, layers: int) -> str:
+    """``blk.N.`` of an HF layer tensor (``model.layers.N.*``; ``mtp.layers.i.*`` and the MTP
+    head's tensors are blocks ``layers + i``, after the decoder's ``layers``)."""
+    if hf in MTP_NAMES:
+        return f"blk.{layers}."
+    _, _, i, _ = hf.split(".", 3)
+    return f"blk.{int(i) + (layers if hf.startswith('mtp.') else 0)}."
+
+
+def gguf_name(hf: str, layers: int) -> str:
+    """The GGUF tensor of an HF tensor the converter renames one to one (``layers``: the
+    decoder layers, before the MTP blocks)."""
     if hf in GLOBAL_NAMES:
         return GLOBAL_NAMES[hf]
-    _, _, i, rest = hf.split(".", 3)
-    return f"blk.{i}.{LAYER_NAMES[rest]}"
+    if hf in MTP_NAMES:
+        return block_prefix(hf, layers) + MTP_NAMES[hf]
+    return block_prefix(hf, layers) + LAYER_NAMES[hf.split(".", 3)[3]]
 
 
 def v_perm(k_heads: int, v_heads: int, width: int) -> torch.Tensor:

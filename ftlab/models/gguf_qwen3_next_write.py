@@ -20,12 +20,13 @@ from ftlab.models.gguf_qwen3_next_layout import (
     ARCHS,
     FLOAT_KEYS,
     INT_KEYS,
-    PLUS_ONE,
     TOKENIZER_PRE,
     Dims,
+    block_prefix,
     gguf_name,
     hf_shapes,
     inverse,
+    plus_one,
     qkvz_perm,
 )
 from ftlab.models.tokenizer import Tokenizer, gguf_metadata
@@ -35,7 +36,7 @@ from ftlab.quant import QuantWeight, quant_weight
 MATMUL = ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_qkvz.weight", "in_proj_a.weight", "in_proj_b.weight",
           "in_proj_ba.weight", "out_proj.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
           "o_proj.weight", "experts.gate_up_proj", "experts.down_proj", "shared_expert.gate_proj.weight",
-          "shared_expert.up_proj.weight", "shared_expert.down_proj.weight", "lm_head.weight")  # fmt: skip
+          "shared_expert.up_proj.weight", "shared_expert.down_proj.weight", "lm_head.weight", "mtp.fc.weight")  # fmt: skip
 _MROPE_DEFAULT = [11, 11, 10, 0]  # the converter's default for Qwen3.5 / 3.6
 
 
@@ -80,7 +81,9 @@ def gguf_metadata_of(arch: str, c: dict) -> dict:
     rope = c.get("rope_parameters") or {}
     theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
     partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))
+    n_mtp = c.get("mtp_num_hidden_layers") or 0
     meta = {f"{arch}.{k}": c[f] for f, k in INT_KEYS.items()}
+    meta[f"{arch}.block_count"] += n_mtp
     meta |= {
         f"{arch}.{FLOAT_KEYS['rms_norm_eps']}": float(c["rms_norm_eps"]),
         f"{arch}.{FLOAT_KEYS['rope_theta']}": float(theta),
@@ -88,12 +91,15 @@ def gguf_metadata_of(arch: str, c: dict) -> dict:
     meta |= {
         f"{arch}.attention.value_length": c["head_dim"],
         f"{arch}.ssm.inner_size": c["linear_value_head_dim"] * c["linear_num_value_heads"],
-        f"{arch}.attention.recurrent_layers": [t == "linear_attention" for t in c["layer_types"]],
+        f"{arch}.attention.recurrent_layers": [t == "linear_attention" for t in c["layer_types"]]
+        + [False] * n_mtp,
         f"{arch}.full_attention_interval": c.get("full_attention_interval", 4),
         f"{arch}.rope.dimension_count": int(c["head_dim"] * partial),
     }
     if c.get("intermediate_size") is not None:
         meta[f"{arch}.feed_forward_length"] = c["intermediate_size"]
+    if n_mtp:
+        meta[f"{arch}.nextn_predict_layers"] = n_mtp
     if arch == "qwen35moe":
         sections = list(rope.get("mrope_section", _MROPE_DEFAULT))
         meta[f"{arch}.rope.dimension_sections"] = (sections + [0] * 4)[:4]
@@ -152,7 +158,7 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
                 t = t.to("cpu")
         if isinstance(t, torch.Tensor):
             t = t.detach().cpu().float()
-            if name.endswith(PLUS_ONE) or name == "model.norm.weight":
+            if plus_one(name):
                 t = t + 1
             elif name.endswith("A_log"):
                 t = -torch.exp(t)
@@ -169,13 +175,13 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
                 raise ValueError(f"tensors[{name!r}]: the columns of a {t.qtype} weight cannot be reordered (value head "
                                  f"dim {d.v_dim} is not a multiple of its block): pass it with its input_perms entry")  # fmt: skip
             t = moved
-        out |= _split(arch, name, t, d)
+        out |= _split(name, t, d, c["num_hidden_layers"])
     return out
 
 
-def _split(arch: str, name: str, t, d: Dims) -> dict:
+def _split(name: str, t, d: Dims, layers: int) -> dict:
     """The GGUF tensors of HF tensor ``name`` (already transformed)."""
-    p = name.split("mlp.")[0].split("linear_attn.")[0].replace("model.layers.", "blk.")
+    p = block_prefix(name, layers) if "layers." in name else ""
     if name.endswith("in_proj_qkvz.weight"):
         t = gather_rows(t, inverse(qkvz_perm(d)))
         n = d.qk_rows + d.value_rows
@@ -193,7 +199,7 @@ def _split(arch: str, name: str, t, d: Dims) -> dict:
         return {p + "ffn_gate_exps.weight": gate, p + "ffn_up_exps.weight": up}
     if name.endswith("conv1d.weight"):
         t = t.squeeze(1)
-    return {gguf_name(name): t.contiguous() if isinstance(t, torch.Tensor) else t}
+    return {gguf_name(name, layers): t.contiguous() if isinstance(t, torch.Tensor) else t}
 
 
 def _rows(t, start: int, stop: int):
@@ -262,9 +268,10 @@ def write_gguf_hf(path: str | Path, hf_config: Mapping, tensors: Mapping[str, to
 
 
 def _split_names(arch: str, hf: str, c: dict) -> list[str]:
-    p = hf.split("mlp.")[0].split("linear_attn.")[0].replace("model.layers.", "blk.")
+    layers = c["num_hidden_layers"]
+    p = block_prefix(hf, layers) if "layers." in hf else ""
     if hf.endswith("in_proj_qkvz.weight"):
         return [p + "attn_qkv.weight", p + "attn_gate.weight"]
     if hf.endswith("experts.gate_up_proj"):
         return [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"]
-    return [gguf_name(hf)]
+    return [gguf_name(hf, layers)]
