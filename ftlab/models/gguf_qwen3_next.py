@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken
 
-from ftlab import ops
+from ftlab import argcheck, ops
 from ftlab.formats.gguf import FLOAT_TYPES, GGUFError, field_value, open_reader, tensor_from_reader
 from ftlab.models.gguf_loader import DequantizedWarning
 from ftlab.models.gguf_qwen3_next_layout import (
@@ -313,6 +313,8 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     stored, and the model must permute its activation before the matmul,
     ``F.linear(x[..., perm], W) == F.linear(x, W_hf)``.
     """
+    argcheck.float_dtype("dtype", dtype)
+    device = torch.device(device)
     path = Path(path)
     reader = open_reader(path)
     config = read_config(reader, path)
@@ -321,7 +323,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     shapes = gguf_shapes(arch, config)
     by_name = {t.name: t for t in reader.tensors}
     _check_names(set(by_name), shapes, block_count, path)
-    device, d = torch.device(device), Dims.of(config)
+    d = Dims.of(config)
     loaded, dequantized = {}, {}
     for name, shape in shapes.items():
         t = by_name[name]

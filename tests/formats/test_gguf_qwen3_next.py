@@ -333,3 +333,23 @@ def test_dense_reads_follow_dtype_and_pack_nothing_but_matmul_weights(tmp_path):
     assert torch.equal(tensors["model.norm.weight"], (ref["model.norm.weight"] + 1 - 1).bfloat16())
     assert torch.equal(ops.dequantize(tensors["lm_head.weight"]),
                        torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(ref["lm_head.weight"].numpy(), QT.Q4_0), QT.Q4_0)))  # fmt: skip
+
+
+def test_dtype_is_checked_first():
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        read_gguf_hf(DATA / "missing.gguf", dtype=torch.int8)
+
+
+@pytest.mark.gpu
+def test_reads_onto_the_gpu(tmp_path):
+    hf_config, ref = _fixture("qwen35moe-hv2")
+    path = write_gguf_hf(tmp_path / "q.gguf", hf_config, ref, types=QT.Q4_0)
+    _, on_cpu, _ = read_gguf_hf(path)
+    _, on_gpu, _ = read_gguf_hf(path, device="cuda")
+    for k, t in on_gpu.items():
+        assert t.device.type == "cuda", k
+        want = on_cpu[k]
+        if isinstance(t, QuantWeight):
+            assert torch.equal(t.data.cpu(), want.data), k
+        else:
+            assert torch.equal(t.cpu(), want), k
