@@ -327,7 +327,10 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     loaded, dequantized = {}, {}
     for name, shape in shapes.items():
         t = by_name[name]
-        value = tensor_from_reader(t, path)
+        try:
+            value = tensor_from_reader(t, path)
+        except ValueError as e:  # a packed type on a tensor that cannot be one (a vector)
+            raise GGUFError(f"{path}: tensor {name!r} ({t.tensor_type.name}): {e}") from e
         got = tuple(value.shape)
         if got != shape and not (name.endswith("ffn_gate_inp_shexp.weight") and got == shape[1:]):
             raise GGUFError(

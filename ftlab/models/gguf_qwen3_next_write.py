@@ -157,11 +157,13 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
             else:
                 t = t.to("cpu")
         if isinstance(t, torch.Tensor):
-            t = t.detach().cpu().float()
+            t = t.detach().cpu()  # the converter computes in fp16 or fp32 (bf16 widened)
+            t = t if t.dtype == torch.float16 else t.float()
             if plus_one(name):
                 t = t + 1
             elif name.endswith("A_log"):
                 t = -torch.exp(t)
+            t = t.float()
         if (perm := row_perm(arch, name, d)) is not None:
             t = gather_rows(t, perm)
         if (perm := col_perm(arch, name, d)) is not None:

@@ -111,7 +111,9 @@ def test_transformers_runs_what_was_read(name):
             if k not in ("architectures", "model_type", "transformers_version")
         }
         model = getattr(transformers, hf_config["architectures"][0])(cls(**cfg)).eval()
-        dense = {k: v for k, v in weights.items() if not k.startswith("mtp.")}  # transformers has no MTP
+        dense = {
+            k: v for k, v in weights.items() if not k.startswith("mtp.")
+        }  # transformers has no MTP
         model.load_state_dict(dense, strict=not cfg.get("tie_word_embeddings"))
         with torch.no_grad():
             return model(torch.arange(1, 9)[None]).logits.double()
@@ -353,3 +355,21 @@ def test_reads_onto_the_gpu(tmp_path):
             assert torch.equal(t.data.cpu(), want.data), k
         else:
             assert torch.equal(t.cpu(), want), k
+
+
+def test_a_packed_vector_is_refused(tmp_path):
+    from ftlab.formats.gguf_write import Blocks
+
+    q8 = gguf.quants.quantize(np.ones((1, 64), np.float32), QT.Q8_0).reshape(-1)
+    path = _hostile(tmp_path, replace={"output_norm.weight": Blocks(q8, QT.Q8_0)})
+    with pytest.raises(GGUFError, match=rf"{path}: tensor 'output_norm.weight' \(Q8_0\)"):
+        read_gguf_hf(path)
+
+
+def test_fp16_checkpoints_are_transformed_in_fp16_as_the_converter_does(tmp_path):
+    hf_config, ref = _fixture("qwen35moe-hv2")
+    half = {k: v.half() for k, v in ref.items()}
+    stored = gguf_tensors("qwen35moe", normalized_config(hf_config), half)
+    want = (half["model.norm.weight"] + 1).float()
+    assert stored["output_norm.weight"].dtype == torch.float32
+    assert torch.equal(stored["output_norm.weight"], want)
