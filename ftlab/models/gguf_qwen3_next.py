@@ -63,6 +63,7 @@ from ftlab.quant import QTYPES, QuantWeight, quant_weight
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 _CONTROL = 3  # gguf.TokenType.CONTROL
+QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 #: Tensors returned dense in ``dtype`` whatever their stored type (values changed, or not matmul weights).
 _DENSE = ("layernorm.weight", "norm.weight", "A_log", "dt_bias", "conv1d.weight", "mlp.gate.weight",
           "shared_expert_gate.weight", "model.embed_tokens.weight")  # fmt: skip
@@ -200,12 +201,23 @@ def _layer_types(
     return ["linear_attention" if r else "full_attention" for r in recurrent], interval
 
 
-def gguf_shapes(arch: str, config: dict) -> dict[str, tuple[int, ...]]:
-    """``{GGUF tensor name: shape (PyTorch order)}`` the converter writes for ``config``."""
+def gguf_shapes(arch: str, config: dict, fuse_gate_up_exps: bool = False, fuse_qkv: bool = False
+                ) -> dict[str, tuple[int, ...]]:  # fmt: skip
+    """``{GGUF tensor name: shape (PyTorch order)}`` the converter writes for ``config`` (with
+    its ``--fuse-gate-up-exps``: ``ffn_gate_up_exps``; ``--fuse-qkv``: the full-attention
+    blocks' ``attn_qkv``, rows of q (with its gate), k, v)."""
     d, layers = Dims.of(config), config["num_hidden_layers"]
     out = {}
     for name, shape in hf_shapes(arch, config).items():
-        if name.endswith("in_proj_qkvz.weight"):
+        if fuse_qkv and name.endswith(QKV):
+            q_rows = 2 * d.heads * d.head_dim
+            out[block_prefix(name, layers) + "attn_qkv.weight"] = (
+                q_rows + 2 * d.kv_heads * d.head_dim,
+                d.hidden,
+            )
+        elif fuse_gate_up_exps and name.endswith("experts.gate_up_proj"):
+            out[block_prefix(name, layers) + "ffn_gate_up_exps.weight"] = shape
+        elif name.endswith("in_proj_qkvz.weight"):
             p = block_prefix(name, layers)
             out[p + "attn_qkv.weight"] = (d.qk_rows + d.value_rows, d.hidden)
             out[p + "attn_gate.weight"] = (d.value_rows, d.hidden)
@@ -320,8 +332,12 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     config = read_config(reader, path)
     arch = field_value(reader, "general.architecture", "str")
     block_count = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
-    shapes = gguf_shapes(arch, config)
     by_name = {t.name: t for t in reader.tensors}
+    full = [i for i, kind in enumerate(config["layer_types"]) if kind == "full_attention"]
+    full += range(config["num_hidden_layers"], block_count)
+    fused = (any(t.name.endswith(".ffn_gate_up_exps.weight") for t in reader.tensors),
+             any(f"blk.{i}.attn_qkv.weight" in by_name for i in full))  # fmt: skip
+    shapes = gguf_shapes(arch, config, *fused)
     _check_names(set(by_name), shapes, block_count, path)
     d = Dims.of(config)
     loaded, dequantized = {}, {}
@@ -374,8 +390,20 @@ def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
         else:
             both = torch.cat([qkv, z.to(qkv.dtype)])
         return gather_rows(both, qkvz_perm(d))
+    p = block_prefix(name, config["num_hidden_layers"]) if "layers." in name else ""
+    if p + "attn_qkv.weight" in loaded and name.endswith(QKV):
+        qkv, q_rows, kv_rows = (
+            loaded[p + "attn_qkv.weight"],
+            2 * d.heads * d.head_dim,
+            d.kv_heads * d.head_dim,
+        )
+        start = {"q": 0, "k": q_rows, "v": q_rows + kv_rows}[name.split(".")[-2][0]]
+        return _row_slice(
+            qkv, start, start + (q_rows if name.endswith("q_proj.weight") else kv_rows)
+        )
+    if p + "ffn_gate_up_exps.weight" in loaded and name.endswith("experts.gate_up_proj"):
+        return loaded[p + "ffn_gate_up_exps.weight"]
     if name.endswith("experts.gate_up_proj"):
-        p = block_prefix(name, config["num_hidden_layers"])
         gate, up = loaded[p + "ffn_gate_exps.weight"], loaded[p + "ffn_up_exps.weight"]
         if isinstance(gate, QuantWeight) and isinstance(up, QuantWeight) and gate.qtype == up.qtype:
             e, i, h = gate.shape
@@ -387,6 +415,13 @@ def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
     if name.endswith("shared_expert_gate.weight"):
         return _dense(value).reshape(1, d.hidden)
     return value
+
+
+def _row_slice(t, start: int, stop: int):
+    """Rows ``start:stop`` of a matrix or QuantWeight (whole rows: the blocks stay)."""
+    if isinstance(t, QuantWeight):
+        return quant_weight(t.data[start:stop].contiguous(), (stop - start, t.shape[-1]), t.qtype)
+    return t[start:stop]
 
 
 def _dense(t) -> torch.Tensor:

@@ -37,6 +37,13 @@ MATMUL = ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_qkvz.weight", "in_p
           "in_proj_ba.weight", "out_proj.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
           "o_proj.weight", "experts.gate_up_proj", "experts.down_proj", "shared_expert.gate_proj.weight",
           "shared_expert.up_proj.weight", "shared_expert.down_proj.weight", "lm_head.weight", "mtp.fc.weight")  # fmt: skip
+#: GGUF matrices a single ``types`` entry leaves in float: the embedding, routers, conv kernel.
+_NOT_MATMUL = (
+    "token_embd.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_inp_shexp.weight",
+    "ssm_conv1d.weight",
+)
 _MROPE_DEFAULT = [11, 11, 10, 0]  # the converter's default for Qwen3.5 / 3.6
 
 
@@ -128,9 +135,11 @@ def tokenizer_metadata(arch: str, tokenizer, vocab_size: int) -> dict:
     return meta
 
 
-def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | None = None) -> dict:
+def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | None = None,
+                 fuse_gate_up_exps: bool = False, fuse_qkv: bool = False) -> dict:  # fmt: skip
     """``{GGUF name: tensor | QuantWeight}`` of the HF state dict ``tensors``, transformed as
-    the converter does (float values in fp32)."""
+    the converter does (float values in fp32; ``fuse_*``: its ``--fuse-gate-up-exps`` and
+    ``--fuse-qkv``)."""
     d, shapes = Dims.of(c), hf_shapes(arch, c)
     missing = sorted(set(shapes) - set(tensors))
     extra = sorted(set(tensors) - set(shapes))
@@ -177,13 +186,32 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
                 raise ValueError(f"tensors[{name!r}]: the columns of a {t.qtype} weight cannot be reordered (value head "
                                  f"dim {d.v_dim} is not a multiple of its block): pass it with its input_perms entry")  # fmt: skip
             t = moved
-        out |= _split(name, t, d, c["num_hidden_layers"])
+        out |= _split(name, t, d, c["num_hidden_layers"], fuse_gate_up_exps)
+    if fuse_qkv:
+        for q in [n for n in out if n.endswith(".attn_q.weight")]:
+            p = q.removesuffix("attn_q.weight")
+            parts = [out.pop(p + f"attn_{x}.weight") for x in "qkv"]
+            out[p + "attn_qkv.weight"] = _cat_rows(parts)
     return out
 
 
-def _split(name: str, t, d: Dims, layers: int) -> dict:
+def _cat_rows(parts: list):
+    """The rows of ``parts`` stacked: packed when all are QuantWeights of one type, else fp32."""
+    if all(isinstance(t, QuantWeight) for t in parts) and len({t.qtype for t in parts}) == 1:
+        rows = sum(t.shape[0] for t in parts)
+        return quant_weight(
+            torch.cat([t.data for t in parts]), (rows, parts[0].shape[1]), parts[0].qtype
+        )
+    return torch.cat(
+        [ops.dequantize(t, torch.float32) if isinstance(t, QuantWeight) else t for t in parts]
+    )
+
+
+def _split(name: str, t, d: Dims, layers: int, fuse_gate_up_exps: bool) -> dict:
     """The GGUF tensors of HF tensor ``name`` (already transformed)."""
     p = block_prefix(name, layers) if "layers." in name else ""
+    if fuse_gate_up_exps and name.endswith("experts.gate_up_proj"):
+        return {p + "ffn_gate_up_exps.weight": t}
     if name.endswith("in_proj_qkvz.weight"):
         t = gather_rows(t, inverse(qkvz_perm(d)))
         n = d.qk_rows + d.value_rows
@@ -229,28 +257,30 @@ def _quantize(t, qtype: QT):
 def write_gguf_hf(path: str | Path, hf_config: Mapping, tensors: Mapping[str, torch.Tensor | QuantWeight], *,
                   tokenizer=None, types: Mapping[str, QT] | QT | None = None,
                   input_perms: Mapping[str, torch.Tensor] | None = None,
-                  metadata: Mapping[str, object] | None = None) -> Path:  # fmt: skip
+                  metadata: Mapping[str, object] | None = None, fuse_gate_up_exps: bool = False,
+                  fuse_qkv: bool = False) -> Path:  # fmt: skip
     """Write the HF state dict ``tensors`` (what ``read_gguf_hf`` returns: transformers' names,
     float tensors or packed :class:`~ftlab.quant.QuantWeight` matmul weights) of the model
     ``hf_config`` describes as the ``qwen35moe`` / ``qwen3next`` GGUF file llama.cpp's converter
-    makes (``--no-mtp``): same tensor names, shapes and, for the same float checkpoint written
+    makes: same tensor names, shapes and, for the same float checkpoint written
     as fp32, the same bytes. Float tensors are written fp32; a QuantWeight as its blocks.
 
     ``tokenizer``: a ftlab :class:`~ftlab.models.tokenizer.Tokenizer` or ``tokenizers.Tokenizer``
     (byte-level BPE) for ``tokenizer.ggml.*``, padded to the vocabulary. ``types``: one
-    ``gguf.GGMLQuantizationType`` for every matmul weight (:data:`MATMUL`: projections, expert
-    banks, shared expert, ``lm_head``) whose rows are whole blocks of it, or ``{GGUF tensor name:
+    ``gguf.GGMLQuantizationType`` for every matmul weight (projections, expert banks, shared
+    expert, ``lm_head``, the MTP ``eh_proj``) whose rows are whole blocks of it, or ``{GGUF tensor name:
     type}``; quantized by gguf-py after the transformations. ``input_perms``: as ``read_gguf_hf``
     returns them, for out_proj weights kept in the file's column order. ``metadata``: more keys.
+    ``fuse_gate_up_exps`` / ``fuse_qkv``: as the converter's ``--fuse-gate-up-exps`` /
+    ``--fuse-qkv`` (one expert bank ``ffn_gate_up_exps``; ``attn_qkv`` in full-attention blocks).
+    A config with ``mtp_num_hidden_layers`` writes the ``mtp.*`` tensors as the ``nextn`` blocks.
     ValueError / TypeError naming the argument before anything is written."""
     arch = arch_of(hf_config)
     c = normalized_config(hf_config)
-    out = gguf_tensors(arch, c, tensors, input_perms)
+    out = gguf_tensors(arch, c, tensors, input_perms, fuse_gate_up_exps, fuse_qkv)
     if isinstance(types, QT):
-        matmul = {
-            n for hf in hf_shapes(arch, c) if hf.endswith(MATMUL) for n in _split_names(arch, hf, c)
-        }
-        types = dict.fromkeys(sorted(matmul), types)
+        matmul = [n for n, t in out.items() if len(t.shape) >= 2 and not n.endswith(_NOT_MATMUL)]
+        types = dict.fromkeys(matmul, types)
     for name, qtype in (types or {}).items():
         if name not in out:
             raise ValueError(
@@ -267,13 +297,3 @@ def write_gguf_hf(path: str | Path, hf_config: Mapping, tensors: Mapping[str, to
         meta |= tokenizer_metadata(arch, tokenizer, c["vocab_size"])
     meta |= dict(metadata or {})
     return write_tensors(path, out, arch=arch, metadata=meta)
-
-
-def _split_names(arch: str, hf: str, c: dict) -> list[str]:
-    layers = c["num_hidden_layers"]
-    p = block_prefix(hf, layers) if "layers." in hf else ""
-    if hf.endswith("in_proj_qkvz.weight"):
-        return [p + "attn_qkv.weight", p + "attn_gate.weight"]
-    if hf.endswith("experts.gate_up_proj"):
-        return [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"]
-    return [gguf_name(hf, layers)]

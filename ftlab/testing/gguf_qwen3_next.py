@@ -2,7 +2,8 @@
 checkpoints with random weights, and their conversion by llama.cpp's own converter.
 
 ``python -m ftlab.testing.gguf_qwen3_next LLAMA_CPP_DIR OUT_DIR`` writes, for every entry of
-:data:`FIXTURES`, ``OUT_DIR/<name>.gguf`` (converted with ``--outtype f32``, and ``--no-mtp`` for those without an MTP head) and
+:data:`FIXTURES`, ``OUT_DIR/<name>.gguf`` (converted with ``--outtype f32``, ``--no-mtp`` for those without an MTP head, and the
+fixture's own flags) and
 ``OUT_DIR/<name>.safetensors`` (the HF state dict, transformers' names), plus
 ``OUT_DIR/<name>.json`` (the HF config): the files ``tests/data`` holds.
 
@@ -30,14 +31,15 @@ _COMMON = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attentio
                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                layer_types=["linear_attention", "full_attention"], rms_norm_eps=1e-6, max_position_embeddings=4096,
                eos_token_id=0)  # fmt: skip
-#: name -> (transformers class name, config overrides, seed).
-FIXTURES: dict[str, tuple[str, dict, int]] = {
-    "qwen35moe-hv2": ("Qwen3_5MoeForCausalLM", dict(linear_num_key_heads=2, linear_num_value_heads=4), 0),
+#: name -> (transformers class name, config overrides, seed, more converter flags).
+FIXTURES: dict[str, tuple[str, dict, int, tuple[str, ...]]] = {
+    "qwen35moe-hv2": ("Qwen3_5MoeForCausalLM", dict(linear_num_key_heads=2, linear_num_value_heads=4), 0, ()),
     "qwen35moe-hv1": ("Qwen3_5MoeForCausalLM", dict(linear_num_key_heads=2, linear_num_value_heads=2,
-                                                    tie_word_embeddings=True, mtp_num_hidden_layers=1), 1),
+                                                    tie_word_embeddings=True, mtp_num_hidden_layers=1), 1,
+                      ("--fuse-gate-up-exps", "--fuse-qkv")),
     "qwen3next-hv2": ("Qwen3NextForCausalLM", dict(linear_num_key_heads=2, linear_num_value_heads=4,
                                                    full_attention_interval=2, decoder_sparse_step=1,
-                                                   intermediate_size=64), 2),
+                                                   intermediate_size=64), 2, ()),
 }  # fmt: skip
 _PRE = {"Qwen3_5MoeForCausalLM": "qwen35", "Qwen3NextForCausalLM": "qwen2"}
 GGUF_ARCH = {"Qwen3_5MoeForCausalLM": "qwen35moe", "Qwen3NextForCausalLM": "qwen3next"}
@@ -115,7 +117,8 @@ def write_checkpoint(directory: Path, arch: str, overrides: dict, seed: int) -> 
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))  # fmt: skip
 
 
-def convert(llama_cpp: Path, directory: Path, out: Path, arch: str, outtype: str = "f32") -> None:
+def convert(llama_cpp: Path, directory: Path, out: Path, arch: str, outtype: str = "f32",
+            flags: tuple[str, ...] = ()) -> None:  # fmt: skip
     """Run llama.cpp's ``convert_hf_to_gguf.py`` (with its own gguf-py) on ``directory``."""
     script = (
         "import sys; sys.argv = sys.argv[1:]; import runpy, conversion.base as b; "
@@ -127,6 +130,7 @@ def convert(llama_cpp: Path, directory: Path, out: Path, arch: str, outtype: str
            "--outtype", outtype, "--outfile", str(out)]  # fmt: skip
     if not json.loads((directory / "config.json").read_text()).get("mtp_num_hidden_layers"):
         cmd.append("--no-mtp")
+    cmd += flags
     subprocess.run(cmd, env=env, check=True, capture_output=True)
 
 
@@ -138,11 +142,11 @@ def main(argv: list[str]) -> None:
 
     llama_cpp, out_dir = Path(argv[0]), Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, (arch, overrides, seed) in FIXTURES.items():
+    for name, (arch, overrides, seed, flags) in FIXTURES.items():
         with tempfile.TemporaryDirectory() as tmp:
             hf = Path(tmp) / name
             write_checkpoint(hf, arch, overrides, seed)
-            convert(llama_cpp, hf, out_dir / f"{name}.gguf", arch)
+            convert(llama_cpp, hf, out_dir / f"{name}.gguf", arch, flags=flags)
             model = make_model(arch, overrides, seed)
             state = {k: v.contiguous() for k, v in model.state_dict().items()}
             if model.config.tie_word_embeddings:

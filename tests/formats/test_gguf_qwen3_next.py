@@ -126,9 +126,9 @@ def test_transformers_runs_what_was_read(name):
 @pytest.mark.parametrize("name", FIXTURES)
 def test_write_makes_the_converters_file(tmp_path, name):
     hf_config, ref = _fixture(name)
-    path = write_gguf_hf(
-        tmp_path / "w.gguf", hf_config, ref, tokenizer=read_gguf_tokenizer(DATA / f"{name}.gguf")
-    )
+    fused = name == "qwen35moe-hv1"  # converted with --fuse-gate-up-exps --fuse-qkv
+    path = write_gguf_hf(tmp_path / "w.gguf", hf_config, ref, tokenizer=read_gguf_tokenizer(DATA / f"{name}.gguf"),
+                         fuse_gate_up_exps=fused, fuse_qkv=fused)  # fmt: skip
     want, got = gguf.GGUFReader(DATA / f"{name}.gguf"), gguf.GGUFReader(path)
     assert [t.name for t in sorted(got.tensors, key=lambda t: t.name)] == sorted(
         t.name for t in want.tensors
@@ -373,3 +373,23 @@ def test_fp16_checkpoints_are_transformed_in_fp16_as_the_converter_does(tmp_path
     want = (half["model.norm.weight"] + 1).float()
     assert stored["output_norm.weight"].dtype == torch.float32
     assert torch.equal(stored["output_norm.weight"], want)
+
+
+def test_fused_packed_files_read_as_the_split_ones(tmp_path):
+    hf_config, ref = _fixture("qwen35moe-hv1")
+    split = write_gguf_hf(tmp_path / "s.gguf", hf_config, ref, types=QT.Q8_0)
+    fused = write_gguf_hf(
+        tmp_path / "f.gguf", hf_config, ref, types=QT.Q8_0, fuse_gate_up_exps=True, fuse_qkv=True
+    )
+    names = {t.name for t in gguf.GGUFReader(fused).tensors}
+    assert "blk.2.attn_qkv.weight" in names and "blk.2.attn_q.weight" not in names
+    assert "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_gate_exps.weight" not in names
+    (_, want, _), (_, got, _) = read_gguf_hf(split), read_gguf_hf(fused)
+    assert set(got) == set(want)
+    for k, t in got.items():
+        if isinstance(t, QuantWeight):
+            assert (
+                t.qtype == "Q8_0" and t.shape == want[k].shape and torch.equal(t.data, want[k].data)
+            ), k
+        else:
+            assert torch.equal(t, want[k]), k
