@@ -49,21 +49,26 @@ from ftlab.models.gguf_qwen3_next_layout import (
     DEFAULTS,
     FLOAT_KEYS,
     INT_KEYS,
+    QKV,
     Dims,
     block_prefix,
+    col_perm,
+    gather_cols,
+    gather_rows,
     gguf_name,
+    gguf_shapes,
     hf_shapes,
     inverse,
     plus_one,
     qkvz_perm,
-    v_perm,
+    row_perm,
+    row_slice,
 )
 from ftlab.models.tokenizer import Tokenizer
-from ftlab.quant import QTYPES, QuantWeight, quant_weight
+from ftlab.quant import QuantWeight, quant_weight
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 _CONTROL = 3  # gguf.TokenType.CONTROL
-QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 #: Tensors returned dense in ``dtype`` whatever their stored type (values changed, or not matmul weights).
 _DENSE = ("layernorm.weight", "norm.weight", "A_log", "dt_bias", "conv1d.weight", "mlp.gate.weight",
           "shared_expert_gate.weight", "model.embed_tokens.weight")  # fmt: skip
@@ -201,91 +206,6 @@ def _layer_types(
     return ["linear_attention" if r else "full_attention" for r in recurrent], interval
 
 
-def gguf_shapes(arch: str, config: dict, fuse_gate_up_exps: bool = False, fuse_qkv: bool = False
-                ) -> dict[str, tuple[int, ...]]:  # fmt: skip
-    """``{GGUF tensor name: shape (PyTorch order)}`` the converter writes for ``config`` (with
-    its ``--fuse-gate-up-exps``: ``ffn_gate_up_exps``; ``--fuse-qkv``: the full-attention
-    blocks' ``attn_qkv``, rows of q (with its gate), k, v)."""
-    d, layers = Dims.of(config), config["num_hidden_layers"]
-    out = {}
-    for name, shape in hf_shapes(arch, config).items():
-        if fuse_qkv and name.endswith(QKV):
-            q_rows = 2 * d.heads * d.head_dim
-            out[block_prefix(name, layers) + "attn_qkv.weight"] = (
-                q_rows + 2 * d.kv_heads * d.head_dim,
-                d.hidden,
-            )
-        elif fuse_gate_up_exps and name.endswith("experts.gate_up_proj"):
-            out[block_prefix(name, layers) + "ffn_gate_up_exps.weight"] = shape
-        elif name.endswith("in_proj_qkvz.weight"):
-            p = block_prefix(name, layers)
-            out[p + "attn_qkv.weight"] = (d.qk_rows + d.value_rows, d.hidden)
-            out[p + "attn_gate.weight"] = (d.value_rows, d.hidden)
-        elif name.endswith("experts.gate_up_proj"):
-            p = block_prefix(name, layers)
-            out[p + "ffn_gate_exps.weight"] = out[p + "ffn_up_exps.weight"] = (
-                d.experts,
-                d.inter,
-                d.hidden,
-            )
-        elif name.endswith("conv1d.weight"):
-            out[gguf_name(name, layers)] = (shape[0], shape[2])
-        else:
-            out[gguf_name(name, layers)] = shape
-    return out
-
-
-def row_perm(arch: str, name: str, d: Dims) -> torch.Tensor | None:
-    """``stored = hf[perm]`` along the rows of HF tensor ``name`` (None: not reordered)."""
-    if arch != "qwen35moe" or d.v_heads == d.k_heads or ".linear_attn." not in name:
-        return None
-    v = v_perm(d.k_heads, d.v_heads, d.v_dim)
-    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-        return torch.cat([torch.arange(d.qk_rows), d.qk_rows + v])
-    if name.endswith("in_proj_z.weight"):
-        return v
-    if name.endswith(("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias")):
-        return v_perm(d.k_heads, d.v_heads, 1)
-    return None
-
-
-def col_perm(arch: str, name: str, d: Dims) -> torch.Tensor | None:
-    """``stored = hf[:, perm]`` for HF tensor ``name`` (only ``out_proj`` of a reordered model)."""
-    if (
-        arch == "qwen35moe"
-        and d.v_heads != d.k_heads
-        and name.endswith("linear_attn.out_proj.weight")
-    ):
-        return v_perm(d.k_heads, d.v_heads, d.v_dim)
-    return None
-
-
-def gather_rows(t, perm: torch.Tensor):
-    """``t[perm]`` along the rows (dim -2 of a matrix, dim 0 of a vector or conv kernel); a
-    QuantWeight keeps its blocks (whole rows move)."""
-    if isinstance(t, QuantWeight):
-        return quant_weight(
-            t.data.index_select(-2, perm.to(t.device)).contiguous(), t.shape, t.qtype
-        )
-    return t.index_select(0, perm.to(t.device))
-
-
-def gather_cols(t, perm: torch.Tensor, width: int):
-    """``t[:, perm]`` where ``perm`` moves whole groups of ``width`` columns; None for a
-    QuantWeight whose blocks would be split (``width`` not a multiple of its block)."""
-    if not isinstance(t, QuantWeight):
-        return t.index_select(1, perm.to(t.device))
-    block = QTYPES[t.qtype].block
-    if width % block:
-        return None
-    groups = perm.view(-1, width)[:, 0] // width
-    rows, cols = t.shape
-    data = (
-        t.data.view(rows, cols // width, -1).index_select(1, groups.to(t.device)).reshape(rows, -1)
-    )
-    return quant_weight(data.contiguous(), t.shape, t.qtype)
-
-
 def _check_names(names: set[str], shapes: dict, block_count: int, path: Path) -> None:
     blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
     beyond = sorted(n for n in blocks if n >= block_count)
@@ -398,7 +318,7 @@ def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
             d.kv_heads * d.head_dim,
         )
         start = {"q": 0, "k": q_rows, "v": q_rows + kv_rows}[name.split(".")[-2][0]]
-        return _row_slice(
+        return row_slice(
             qkv, start, start + (q_rows if name.endswith("q_proj.weight") else kv_rows)
         )
     if p + "ffn_gate_up_exps.weight" in loaded and name.endswith("experts.gate_up_proj"):
@@ -415,13 +335,6 @@ def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
     if name.endswith("shared_expert_gate.weight"):
         return _dense(value).reshape(1, d.hidden)
     return value
-
-
-def _row_slice(t, start: int, stop: int):
-    """Rows ``start:stop`` of a matrix or QuantWeight (whole rows: the blocks stay)."""
-    if isinstance(t, QuantWeight):
-        return quant_weight(t.data[start:stop].contiguous(), (stop - start, t.shape[-1]), t.qtype)
-    return t[start:stop]
 
 
 def _dense(t) -> torch.Tensor:

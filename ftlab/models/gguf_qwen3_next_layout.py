@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ftlab.quant import QTYPES, QuantWeight, quant_weight
+
 #: GGUF architecture -> (transformers class, HF ``model_type``).
 ARCHS = {
     "qwen35moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
@@ -125,6 +127,7 @@ def hf_shapes(arch: str, c: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
+QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
 #: HF name suffix -> GGUF ``blk.N`` tensor, for the tensors the converter only renames (and
 #: perhaps reorders rows of, or adds one to): the split/fused ones are handled apart.
 LAYER_NAMES = {
@@ -205,3 +208,95 @@ def qkvz_perm(d: Dims) -> torch.Tensor:
         rows += [torch.arange(q0 + h * dk, q0 + (h + 1) * dk), torch.arange(k0 + h * dk, k0 + (h + 1) * dk),
                  torch.arange(v0 + h * rv, v0 + (h + 1) * rv), torch.arange(z0 + h * rv, z0 + (h + 1) * rv)]  # fmt: skip
     return torch.cat(rows)
+
+
+def gguf_shapes(arch: str, config: dict, fuse_gate_up_exps: bool = False, fuse_qkv: bool = False
+                ) -> dict[str, tuple[int, ...]]:  # fmt: skip
+    """``{GGUF tensor name: shape (PyTorch order)}`` the converter writes for ``config`` (with
+    its ``--fuse-gate-up-exps``: ``ffn_gate_up_exps``; ``--fuse-qkv``: the full-attention
+    blocks' ``attn_qkv``, rows of q (with its gate), k, v)."""
+    d, layers = Dims.of(config), config["num_hidden_layers"]
+    out = {}
+    for name, shape in hf_shapes(arch, config).items():
+        if fuse_qkv and name.endswith(QKV):
+            q_rows = 2 * d.heads * d.head_dim
+            out[block_prefix(name, layers) + "attn_qkv.weight"] = (
+                q_rows + 2 * d.kv_heads * d.head_dim,
+                d.hidden,
+            )
+        elif fuse_gate_up_exps and name.endswith("experts.gate_up_proj"):
+            out[block_prefix(name, layers) + "ffn_gate_up_exps.weight"] = shape
+        elif name.endswith("in_proj_qkvz.weight"):
+            p = block_prefix(name, layers)
+            out[p + "attn_qkv.weight"] = (d.qk_rows + d.value_rows, d.hidden)
+            out[p + "attn_gate.weight"] = (d.value_rows, d.hidden)
+        elif name.endswith("experts.gate_up_proj"):
+            p = block_prefix(name, layers)
+            out[p + "ffn_gate_exps.weight"] = out[p + "ffn_up_exps.weight"] = (
+                d.experts,
+                d.inter,
+                d.hidden,
+            )
+        elif name.endswith("conv1d.weight"):
+            out[gguf_name(name, layers)] = (shape[0], shape[2])
+        else:
+            out[gguf_name(name, layers)] = shape
+    return out
+
+
+def row_perm(arch: str, name: str, d: Dims) -> torch.Tensor | None:
+    """``stored = hf[perm]`` along the rows of HF tensor ``name`` (None: not reordered)."""
+    if arch != "qwen35moe" or d.v_heads == d.k_heads or ".linear_attn." not in name:
+        return None
+    v = v_perm(d.k_heads, d.v_heads, d.v_dim)
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        return torch.cat([torch.arange(d.qk_rows), d.qk_rows + v])
+    if name.endswith("in_proj_z.weight"):
+        return v
+    if name.endswith(("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias")):
+        return v_perm(d.k_heads, d.v_heads, 1)
+    return None
+
+
+def col_perm(arch: str, name: str, d: Dims) -> torch.Tensor | None:
+    """``stored = hf[:, perm]`` for HF tensor ``name`` (only ``out_proj`` of a reordered model)."""
+    if (
+        arch == "qwen35moe"
+        and d.v_heads != d.k_heads
+        and name.endswith("linear_attn.out_proj.weight")
+    ):
+        return v_perm(d.k_heads, d.v_heads, d.v_dim)
+    return None
+
+
+def gather_rows(t, perm: torch.Tensor):
+    """``t[perm]`` along the rows (dim -2 of a matrix, dim 0 of a vector or conv kernel); a
+    QuantWeight keeps its blocks (whole rows move)."""
+    if isinstance(t, QuantWeight):
+        return quant_weight(
+            t.data.index_select(-2, perm.to(t.device)).contiguous(), t.shape, t.qtype
+        )
+    return t.index_select(0, perm.to(t.device))
+
+
+def gather_cols(t, perm: torch.Tensor, width: int):
+    """``t[:, perm]`` where ``perm`` moves whole groups of ``width`` columns; None for a
+    QuantWeight whose blocks would be split (``width`` not a multiple of its block)."""
+    if not isinstance(t, QuantWeight):
+        return t.index_select(1, perm.to(t.device))
+    block = QTYPES[t.qtype].block
+    if width % block:
+        return None
+    groups = perm.view(-1, width)[:, 0] // width
+    rows, cols = t.shape
+    data = (
+        t.data.view(rows, cols // width, -1).index_select(1, groups.to(t.device)).reshape(rows, -1)
+    )
+    return quant_weight(data.contiguous(), t.shape, t.qtype)
+
+
+def row_slice(t, start: int, stop: int):
+    """Rows ``start:stop`` of a matrix or QuantWeight (whole rows: the blocks stay)."""
+    if isinstance(t, QuantWeight):
+        return quant_weight(t.data[start:stop].contiguous(), (stop - start, t.shape[-1]), t.qtype)
+    return t[start:stop]

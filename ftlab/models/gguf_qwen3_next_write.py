@@ -15,7 +15,6 @@ from tokenizers import Tokenizer as HFTokenizer
 from ftlab import ops
 from ftlab.formats.gguf import QT
 from ftlab.formats.gguf_write import Blocks, write_tensors
-from ftlab.models.gguf_qwen3_next import col_perm, gather_cols, gather_rows, row_perm
 from ftlab.models.gguf_qwen3_next_layout import (
     ARCHS,
     FLOAT_KEYS,
@@ -23,11 +22,15 @@ from ftlab.models.gguf_qwen3_next_layout import (
     TOKENIZER_PRE,
     Dims,
     block_prefix,
+    col_perm,
+    gather_cols,
+    gather_rows,
     gguf_name,
     hf_shapes,
     inverse,
     plus_one,
     qkvz_perm,
+    row_perm,
 )
 from ftlab.models.tokenizer import Tokenizer, gguf_metadata
 from ftlab.quant import QuantWeight, quant_weight
