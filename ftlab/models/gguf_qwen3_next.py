@@ -16,7 +16,12 @@ The converter (``conversion/qwen.py``) changes these, and reading undoes each:
   all k, all v) and ``attn_gate`` (all z); ``in_proj_ba`` is kept as it is (``ssm_ba``), and
   no V head is reordered;
 - the fused expert bank ``gate_up_proj`` ``[E, 2I, H]`` is split into ``ffn_gate_exps`` and
-  ``ffn_up_exps``.
+  ``ffn_up_exps`` (kept whole, ``ffn_gate_up_exps``, with ``--fuse-gate-up-exps``; with
+  ``--fuse-qkv`` the full-attention q, k, v projections are one ``attn_qkv``);
+- the multi-token-prediction head (``mtp.*``, ``nextn_predict_layers`` > 0) becomes the last
+  blocks: ``mtp.layers.i.*`` block ``num_hidden_layers + i``, ``mtp.fc`` /
+  ``mtp.pre_fc_norm_embedding`` / ``mtp.pre_fc_norm_hidden`` / ``mtp.norm`` its
+  ``nextn.eh_proj`` / ``enorm`` / ``hnorm`` / ``shared_head_norm`` (norms ``w + 1`` too).
 
 The full-attention ``q_proj`` (query and output gate interleaved per head) and everything else
 keep HF's layout. A FLOAT32 norm ``w + 1`` gives back ``w`` to within half an ulp of 1 (what
@@ -28,8 +33,7 @@ Validation follows the Qwen3-MoE loader (``gguf_loader``): the structure by
 :func:`~ftlab.formats.gguf.open_reader`, then every metadata value of its type, the sizes
 consistent, ``block_count`` equal to the ``blk.N`` groups, every tensor present and of the shape
 the config implies, none extra. Refusals are :class:`~ftlab.formats.gguf.GGUFError` naming the
-file and the key or tensor. Multi-token-prediction blocks (``nextn_predict_layers`` > 0, the
-last blocks) are validated as present and not returned.
+file and the key or tensor.
 """
 
 from __future__ import annotations

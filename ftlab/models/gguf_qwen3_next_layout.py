@@ -1,7 +1,8 @@
 """What llama.cpp's converter does to a Qwen3.6 (``qwen35moe``) or Qwen3-Next (``qwen3next``)
 checkpoint, as data: the config <-> ``<arch>.*`` metadata keys, the HF <-> ``blk.N.*`` tensor
-names and shapes, and the V-head permutations (``conversion/qwen.py``: ``Qwen3NextModel``,
-``_LinearAttentionVReorderBase``). Reading (``gguf_qwen3_next``) and writing
+names and shapes, the V-head permutations (``conversion/qwen.py``: ``Qwen3NextModel``,
+``_LinearAttentionVReorderBase``) and the row / column gathers that apply them to float tensors
+and packed QuantWeights. Reading (``gguf_qwen3_next``) and writing
 (``gguf_qwen3_next_write``) both use these tables, one direction each.
 """
 
