@@ -210,16 +210,17 @@ def _layer_types(
     return ["linear_attention" if r else "full_attention" for r in recurrent], interval
 
 
-def _check_names(names: set[str], shapes: dict, block_count: int, path: Path) -> None:
+def _check_names(names: set[str], shapes: dict, block_count: int, key: str, path: Path) -> None:
+    """``blk.N`` groups for exactly N < ``block_count``, every tensor of ``shapes``, nothing else."""
     blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
     beyond = sorted(n for n in blocks if n >= block_count)
     if beyond:
-        raise GGUFError(f"{path}: there are tensors of blk.{beyond[0]}, beyond the {block_count} blocks of the "
-                        "metadata (block_count)")  # fmt: skip
+        raise GGUFError(f"{path}: there are tensors of blk.{beyond[0]}, beyond the {block_count} blocks of "
+                        f"metadata '{key}'")  # fmt: skip
     absent = sorted(set(range(block_count)) - blocks)
     if absent:
         raise GGUFError(
-            f"{path}: metadata block_count is {block_count}, but there are no tensors of blk.{absent[0]}"
+            f"{path}: metadata '{key}' is {block_count}, but there are no tensors of blk.{absent[0]}"
         )
     missing = sorted(set(shapes) - names)
     if missing:
@@ -262,7 +263,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     fused = (any(t.name.endswith(".ffn_gate_up_exps.weight") for t in reader.tensors),
              any(f"blk.{i}.attn_qkv.weight" in by_name for i in full))  # fmt: skip
     shapes = gguf_shapes(arch, config, *fused)
-    _check_names(set(by_name), shapes, block_count, path)
+    _check_names(set(by_name), shapes, block_count, f"{arch}.block_count", path)
     d = Dims.of(config)
     loaded, dequantized = {}, {}
     for name, shape in shapes.items():

@@ -271,8 +271,8 @@ A = "qwen35moe."
     ({A + "attention.recurrent_layers": [1, 0]}, "'qwen35moe.attention.recurrent_layers' must be an array of BOOL"),
     ({A + "attention.recurrent_layers": [True]}, "has 1 entries, 'qwen35moe.block_count' is 2"),
     ({A + "ssm.time_step_rank": 3}, "'qwen35moe.ssm.time_step_rank' \\(3\\) must be a multiple"),
-    ({A + "block_count": 3, A + "attention.recurrent_layers": [True, False, False]}, "no tensors of blk.2"),
-    ({A + "block_count": 1, A + "attention.recurrent_layers": [True]}, "tensors of blk.1, beyond the 1 blocks"),
+    ({A + "block_count": 3, A + "attention.recurrent_layers": [True, False, False]}, "'qwen35moe.block_count' is 3, but there are no tensors of blk.2"),
+    ({A + "block_count": 1, A + "attention.recurrent_layers": [True]}, "tensors of blk.1, beyond the 1 blocks of metadata 'qwen35moe.block_count'"),
     ({A + "expert_count": 0}, "'qwen35moe.expert_count' must be >= 1, got 0"),
     ({A + "attention.value_length": 16}, "'qwen35moe.attention.value_length' \\(16\\) must equal"),
 ])  # fmt: skip
