@@ -46,7 +46,14 @@ import torch
 from tokenizers import AddedToken
 
 from ftlab import argcheck, ops
-from ftlab.formats.gguf import FLOAT_TYPES, GGUFError, field_value, open_reader, tensor_from_reader
+from ftlab.formats.gguf import (
+    FLOAT_TYPES,
+    PACKED_TYPES,
+    GGUFError,
+    field_value,
+    open_reader,
+    tensor_from_reader,
+)
 from ftlab.models.gguf_loader import DequantizedWarning
 from ftlab.models.gguf_qwen3_next_layout import (
     ARCHS,
@@ -265,26 +272,25 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     shapes = gguf_shapes(arch, config, *fused)
     _check_names(set(by_name), shapes, block_count, f"{arch}.block_count", path)
     d = Dims.of(config)
-    loaded, dequantized = {}, {}
-    for name, shape in shapes.items():
+    dequantized = {}
+    for name, shape in shapes.items():  # from the tensor table: nothing is read yet
         t = by_name[name]
-        try:
-            value = tensor_from_reader(t, path)
-        except ValueError as e:  # a packed type on a tensor that cannot be one (a vector)
-            raise GGUFError(f"{path}: tensor {name!r} ({t.tensor_type.name}): {e}") from e
-        got = tuple(value.shape)
+        got = tuple(int(n) for n in reversed(t.shape.tolist()))
         if got != shape and not (name.endswith("ffn_gate_inp_shexp.weight") and got == shape[1:]):
             raise GGUFError(
                 f"{path}: tensor {name!r} has shape {list(got)}, expected {list(shape)}"
             )
-        if not isinstance(value, QuantWeight) and t.tensor_type not in FLOAT_TYPES:
+        if t.tensor_type in PACKED_TYPES and len(got) < 2:
+            raise GGUFError(f"{path}: tensor {name!r} is a vector of {t.tensor_type.name} blocks (packed "
+                            "types are matrices)")  # fmt: skip
+        if t.tensor_type not in FLOAT_TYPES and t.tensor_type not in PACKED_TYPES:
             dequantized.setdefault(t.tensor_type.name, []).append(name)
-        loaded[name] = value.to(device)
     if dequantized:
         listed = "; ".join(f"{k}: {', '.join(v[:3])}{f' and {len(v) - 3} more' if len(v) > 3 else ''}"
                            for k, v in sorted(dequantized.items()))  # fmt: skip
         warnings.warn(f"{path}: {sum(map(len, dequantized.values()))} tensors have a type ftlab has no kernel for "
                       f"and are loaded dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
+    loaded = _Lazy(by_name, shapes, path, device)
     tensors, input_perms = {}, {}
     for name in hf_shapes(arch, config):
         value = _hf_value(arch, name, loaded, d, config)
@@ -300,7 +306,37 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     return config, tensors, input_perms
 
 
-def _hf_value(arch: str, name: str, loaded: dict, d: Dims, config: dict):
+class _Lazy:
+    """The file's tensors by GGUF name, each read (zero-copy) and moved to ``device`` when first
+    asked for and dropped once used: a fused ``attn_qkv`` of a full-attention block serves three
+    HF tensors, every other one a single one; peak memory stays about one tensor above the result."""
+
+    def __init__(self, by_name: dict, shapes: dict, path: Path, device: torch.device):
+        self.by_name, self.shapes, self.path, self.device = by_name, shapes, path, device
+        self.cache: dict[str, tuple[object, int]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.shapes
+
+    def __getitem__(self, name: str):
+        if name not in self.cache:
+            uses = (
+                3
+                if name.endswith(".attn_qkv.weight")
+                and name.replace("attn_qkv", "attn_q_norm") in self.shapes
+                else 1
+            )
+            self.cache[name] = (
+                tensor_from_reader(self.by_name[name], self.path).to(self.device),
+                uses,
+            )
+        value, uses = self.cache.pop(name)
+        if uses > 1:
+            self.cache[name] = (value, uses - 1)
+        return value
+
+
+def _hf_value(arch: str, name: str, loaded: _Lazy, d: Dims, config: dict):
     """The HF tensor ``name`` from the loaded GGUF tensors, its V heads still in file order."""
     if name.endswith("in_proj_qkvz.weight"):
         p = block_prefix(name, config["num_hidden_layers"])
