@@ -395,3 +395,35 @@ def test_fused_packed_files_read_as_the_split_ones(tmp_path):
             ), k
         else:
             assert torch.equal(t, want[k]), k
+
+
+def test_llama_quantize_files_read_packed_in_hf_order(tmp_path):
+    hf_config, ref = _fixture("qwen35moe-hv2")
+    path = DATA / "qwen35moe-hv2-q4_0.gguf"
+    _, tensors, perms = read_gguf_hf(path, dtype=torch.float32)
+    assert perms == {} and set(tensors) == set(ref)
+    packed = {k: t for k, t in tensors.items() if isinstance(t, QuantWeight)}
+    assert {t.qtype for t in packed.values()} == {"Q4_0", "Q8_0"} and len(packed) == 20
+    for k, t in packed.items():  # llama.cpp's quantizers are gguf-py's, block for block
+        want = gguf.quants.quantize(ref[k].numpy(), QT[t.qtype])
+        assert np.array_equal(t.data.numpy(), want), k
+    types = {
+        t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors if t.tensor_type != QT.F32
+    }
+    mine = write_gguf_hf(tmp_path / "m.gguf", hf_config, ref, types=types)
+    stored = _stored(mine)
+    for t in gguf.GGUFReader(path).tensors:
+        assert stored[t.name].tensor_type == t.tensor_type, t.name
+        assert np.asarray(stored[t.name].data).tobytes() == np.asarray(t.data).tobytes(), t.name
+
+
+def test_llama_quantize_fallback_types_load_dense():
+    _, ref = _fixture("qwen35moe-hv2")
+    with pytest.warns(DequantizedWarning, match="Q5_0"):
+        _, tensors, _ = read_gguf_hf(DATA / "qwen35moe-hv2-q4_k_m.gguf", dtype=torch.float32)
+    for k, t in tensors.items():
+        got = ops.dequantize(t) if isinstance(t, QuantWeight) else t
+        # Q5_0 (the coarsest here): d = amax / 16 with the 32 levels clamped, so a value of the
+        # other sign than the block's extreme is off by up to d; plus the fp16 rounding of d
+        # times at most 16 steps: amax * (1/16 + 2^-11) <= amax * (1/16 + 1/1024)
+        assert (got - ref[k]).abs().max() <= ref[k].abs().max() * (1 / 16 + 1 / 1024), k
