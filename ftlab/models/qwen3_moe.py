@@ -20,7 +20,15 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.models.layers import KVCache, Stage, check_field, concat_rows, linear, rms_norm, rope_tables
+from ftlab.models.layers import (
+    KVCache,
+    Stage,
+    check_field,
+    concat_rows,
+    linear,
+    rms_norm,
+    rope_tables,
+)
 from ftlab.models.pipeline_args import backend_map
 from ftlab.quant import Q4_0Weight
 
