@@ -10,12 +10,14 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
   :func:`q4_0_matmul`;
 - ``moe``: :func:`route_topk`, :func:`moe_align`, :func:`moe_experts`, :func:`fused_moe`;
 - ``qk_norm_rope``: :func:`qk_norm_rope`;
+- ``deltanet``: :func:`gated_delta_rule` (prefill), :func:`gated_delta_step` (decode);
 - ``quants``: :func:`dequantize` (Q8_0 and the K-quants; Q4_0 through ``dequantize_q4_0``),
   :func:`quantize` (Q8_0; Q4_0 through ``quantize_q4_0``).
 
 ``ftlab ops`` (or :func:`ftlab.catalog.describe`) lists where everything about an op lives.
 """
 
+from ftlab.ops.deltanet import gated_delta_rule, gated_delta_step
 from ftlab.ops.index_store import index, store
 from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk
 from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
@@ -26,6 +28,8 @@ __all__ = [
     "dequantize",
     "dequantize_q4_0",
     "fused_moe",
+    "gated_delta_rule",
+    "gated_delta_step",
     "index",
     "moe_align",
     "moe_experts",
