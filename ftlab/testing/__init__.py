@@ -20,6 +20,12 @@ Needs the ``dev`` extra (hypothesis).
 
 from ftlab.bitview import bits_equal, random_rows
 from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride
+from ftlab.testing.deltanet import (
+    check_gated_delta_rule_case,
+    check_gated_delta_step_case,
+    gated_delta_exact,
+    gated_delta_tolerance,
+)
 from ftlab.testing.index_store import (
     IndexCase,
     StoreCase,
@@ -72,6 +78,10 @@ __all__ = [
     "check_experts_case",
     "experts_tolerance",
     "hybrid_tolerance",
+    "check_gated_delta_rule_case",
+    "check_gated_delta_step_case",
+    "gated_delta_exact",
+    "gated_delta_tolerance",
     "check_qk_norm_rope_case",
     "qk_norm_rope_tolerance",
     "check_index_case",
