@@ -29,7 +29,7 @@ from ftlab.models.layers import (
     rms_norm,
     rope_tables,
 )
-from ftlab.models.pipeline_args import backend_map
+from ftlab.models.pipeline_args import QWEN3_MOE_OPS, backend_map
 from ftlab.quant import Q4_0Weight
 
 __all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe", "Qwen3MoeConfig", "Stage", "linear", "rms_norm", "rope_tables"]
@@ -151,6 +151,8 @@ class Qwen3Moe:
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
     the rest on the CPU; :meth:`end_step` moves their residency between steps."""
+
+    OPS = QWEN3_MOE_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
                  max_seq_len: int = 512, backends: dict[str, str] | None = None,

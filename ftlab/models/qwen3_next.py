@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.models.layers import KVCache, Stage, concat_rows, linear, rms_norm
-from ftlab.models.pipeline_args import backend_map
+from ftlab.models.pipeline_args import MODEL_OPS, backend_map
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight
 
@@ -125,6 +125,8 @@ class Qwen3Next:
     backend name ("auto" for each unset). ``static=True`` keeps every shape fixed and the host out
     of the forward pass (what graph capture of a decode step needs). ``q4_0_path``: the path of
     Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts)."""
+
+    OPS = MODEL_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3NextConfig, weights: NextWeights, *, max_batch: int = 1, max_seq_len: int = 512,
                  backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False):  # fmt: skip
