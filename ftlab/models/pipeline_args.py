@@ -215,19 +215,20 @@ def _backend_known(op: str, name: object) -> bool:
 
 
 def backend_names() -> list[str]:
-    """The backends that every op of the model has (besides "auto")."""
-    return [n for n in ftbackends.backends_of(MODEL_OPS[0]) if all(_backend_known(op, n) for op in MODEL_OPS)]
+    """The backends that every op of Qwen3-MoE has (besides "auto")."""
+    return [n for n in ftbackends.backends_of(MODEL_OPS[0]) if all(_backend_known(op, n) for op in QWEN3_MOE_OPS)]
 
 
 def backend_map(value: object) -> dict[str, str]:
-    """A backend for every op of the model (:data:`MODEL_OPS`): ``"triton"`` -> that backend for
-    every op; a dict ``{op: backend}`` sets some ops (the rest "auto"). Each name must be
-    "auto" or one of ``ftlab.backends.backends_of(op)``."""
+    """A backend for every op of the models (:data:`MODEL_OPS`): ``"triton"`` -> that backend for
+    every op of Qwen3-MoE (:data:`QWEN3_MOE_OPS`, which must all have it) and for every op of the
+    hybrid models that has it ("auto" for one that has not); a dict ``{op: backend}`` sets some
+    ops (the rest "auto"). Each name must be "auto" or one of ``ftlab.backends.backends_of(op)``."""
     if isinstance(value, str):
-        if not all(_backend_known(op, value) for op in MODEL_OPS):
+        if value != "auto" and not all(_backend_known(op, value) for op in QWEN3_MOE_OPS):
             raise ValueError(f"backends must be 'auto', one of {backend_names()} (every op) or a dict {{op: backend}}, "
                              f"got {value!r}")  # fmt: skip
-        return dict.fromkeys(MODEL_OPS, value)
+        return {op: value if _backend_known(op, value) else "auto" for op in MODEL_OPS}
     if not isinstance(value, Mapping):
         raise TypeError(f"backends must be a backend name or a dict {{op: backend}}, got {type(value).__name__}")
     unknown = set(value) - set(MODEL_OPS)
