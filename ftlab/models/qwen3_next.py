@@ -49,7 +49,9 @@ class DeltaNetWeights:
     """A linear-attention layer's mixer: the input projection's parts (rows of q, k, v -- the
     conv's channels, ``[conv_dim, H]`` -- then z ``[value_dim, H]``, b and a ``[Hv, H]``), the conv
     ``[conv_dim, W]``, ``dt_bias`` and ``a_neg = -exp(A_log)`` fp32 ``[Hv]``, the gated norm's
-    weight ``[Dv]`` and out_proj ``[H, value_dim]``."""
+    weight ``[Dv]`` and out_proj ``[H, value_dim]``; ``out_perm`` int64 ``[value_dim]`` or None:
+    out_proj's columns are stored permuted (column j is HF's column ``out_perm[j]``, as a packed
+    weight must stay), so it is fed ``y[..., out_perm]``."""
 
     in_proj_qkv: Weight
     in_proj_z: Weight
@@ -60,6 +62,7 @@ class DeltaNetWeights:
     a_neg: torch.Tensor
     norm: torch.Tensor
     out_proj: Weight
+    out_perm: torch.Tensor | None = None
 
     def in_proj(self) -> Weight | None:
         """The four input projections stacked along N (built once, kept); None for a mix of Q4_0
@@ -199,7 +202,8 @@ class Qwen3Next:
         y = ops.gated_rmsnorm(o.reshape(b * t, hv, dv), z.reshape(b * t, hv, dv), lw.norm, c.rms_norm_eps,
                               backend=self.backends["gated_rmsnorm"])  # fmt: skip
         yield Stage(f"layer {i} gated_norm", {"out": y}, "out")
-        return self.linear(y.view(b, t, c.value_dim), lw.out_proj)
+        y = y.view(b, t, c.value_dim)
+        return self.linear(y if lw.out_perm is None else y[..., lw.out_perm], lw.out_proj)
 
     @staticmethod
     def _state(name: str, state: torch.Tensor, snapshot: bool) -> dict[str, torch.Tensor]:

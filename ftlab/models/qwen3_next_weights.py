@@ -19,6 +19,11 @@ checkpoint's ``model.language_model.`` is renamed before): ``model.embed_tokens.
   ``mlp.experts.up_proj [E, I, H]``; ``mlp.experts.down_proj [E, H, I]``),
   ``mlp.shared_expert.{gate,up,down}_proj.weight``, ``mlp.shared_expert_gate.weight``.
 
+``input_perms`` may give, for a ``linear_attn.out_proj.weight``, the permutation ``p``
+(``[value_dim]`` int) of its stored columns: column j is HF's column ``p[j]`` (a GGUF file's
+value heads in another order). A dense weight is put back in HF order at load; a Q4_0 one stays
+as stored and the model permutes its input instead.
+
 Values are HF's: the zero-centred norms (``input_layernorm``, ``post_attention_layernorm``,
 ``model.norm``, ``q_norm``, ``k_norm``) hold ``w`` of ``(1 + w)``, ``A_log`` is the log of A.
 Each tensor is a float tensor or a :class:`~ftlab.quant.QuantWeight`: Q4_0 projections and
@@ -128,7 +133,24 @@ def _qkvz_rows(c: Qwen3NextConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return torch.cat([q, k, v]), z, (ba + torch.arange(r)).flatten(), (ba + r + torch.arange(r)).flatten()
 
 
-def _delta_net(rd: _Reader, c: Qwen3NextConfig, p: str) -> DeltaNetWeights:
+def _out_proj(rd: _Reader, c: Qwen3NextConfig, name: str, perm: object) -> tuple[Weight, torch.Tensor | None]:
+    """out_proj in HF column order when dense; a packed one with the permutation it needs."""
+    w = rd.weight(name, c.hidden_size, c.value_dim)
+    if perm is None:
+        return w, None
+    perm = torch.as_tensor(perm)
+    if perm.dtype.is_floating_point or tuple(perm.shape) != (c.value_dim,) or not torch.equal(
+        perm.sort().values.cpu(), torch.arange(c.value_dim)
+    ):  # fmt: skip
+        raise CheckpointError(f"{rd.where}: the input permutation of {name!r} must be a permutation of "
+                              f"range({c.value_dim}), got {perm!r:.80}")  # fmt: skip
+    perm = perm.to(device=rd.device, dtype=torch.long)
+    if isinstance(w, Q4_0Weight):
+        return w, perm
+    return w[:, perm.argsort()].contiguous(), None
+
+
+def _delta_net(rd: _Reader, c: Qwen3NextConfig, p: str, perms: Mapping) -> DeltaNetWeights:
     h, hv = c.hidden_size, c.linear_num_value_heads
     if rd.has(p + "in_proj_qkvz.weight"):
         qkvz = rd.weight(p + "in_proj_qkvz.weight", c.conv_dim + c.value_dim, h)
@@ -144,9 +166,9 @@ def _delta_net(rd: _Reader, c: Qwen3NextConfig, p: str) -> DeltaNetWeights:
     conv_shape = (c.conv_dim, 1, width) if len(rd.shape(p + "conv1d.weight")) == 3 else (c.conv_dim, width)
     conv = rd.dense(p + "conv1d.weight", *conv_shape).reshape(c.conv_dim, width)
     a_log = rd.dense(p + "A_log", hv, dtype=torch.float32)
+    out_proj, out_perm = _out_proj(rd, c, p + "out_proj.weight", perms.get(p + "out_proj.weight"))
     return DeltaNetWeights(qkv, z, b, a, conv, rd.dense(p + "dt_bias", hv, dtype=torch.float32), -a_log.exp(),
-                           rd.norm(p + "norm.weight", c.linear_value_head_dim, False),
-                           rd.weight(p + "out_proj.weight", h, c.value_dim))  # fmt: skip
+                           rd.norm(p + "norm.weight", c.linear_value_head_dim, False), out_proj, out_perm)  # fmt: skip
 
 
 def _attention(rd: _Reader, c: Qwen3NextConfig, p: str) -> AttentionWeights:
@@ -200,10 +222,12 @@ def _bank(w: Weight) -> Weight:
 
 
 def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | torch.device = "cpu",
-                  dtype: torch.dtype = torch.float32, where: str = "checkpoint", progress=None) -> NextWeights:  # fmt: skip
+                  dtype: torch.dtype = torch.float32, where: str = "checkpoint", input_perms: Mapping | None = None,
+                  progress=None) -> NextWeights:  # fmt: skip
     """:class:`NextWeights` of ``config`` from ``tensors`` (HF name -> float tensor or
     :class:`~ftlab.quant.QuantWeight`; module docstring) on ``device``, dense weights in
-    ``dtype``. CheckpointError naming ``where`` and the tensor for one missing or misshapen.
+    ``dtype``; ``input_perms``: ``{out_proj name: permutation}`` (module docstring). CheckpointError
+    naming ``where`` and the tensor for one missing or misshapen.
     ``progress``: wraps the range of layers (a tqdm), or None."""
     c, device = config, torch.device(device)
     rd = _Reader(tensors, where, device, dtype)
@@ -212,7 +236,7 @@ def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | to
     for i in progress(range(c.num_hidden_layers)) if progress else range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         if c.layer_types[i] == "linear_attention":
-            mixer = _delta_net(rd, c, p + "linear_attn.")
+            mixer = _delta_net(rd, c, p + "linear_attn.", input_perms or {})
         else:
             mixer = _attention(rd, c, p + "self_attn.")
         layers.append(NextLayerWeights(rd.norm(p + "input_layernorm.weight", h, True),
