@@ -1,5 +1,6 @@
-"""Run Qwen3-MoE step by step: load, prefill, decode, generate, look at every stage, and
-compare backends stage by stage.
+"""Run Qwen3-MoE -- or the hybrid Qwen3.5-MoE / Qwen3-Next (:mod:`ftlab.models.qwen3_next`) -- step
+by step: load, prefill, decode, generate, look at every stage, and compare backends stage by
+stage.
 
     pipe = Pipeline.load("tiny-qwen3-moe")                 # or a HF directory, or a .gguf file
     for piece in pipe.generate("The router", max_new_tokens=16):
@@ -131,7 +132,10 @@ class Pipeline:
              quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
              q4_0_path: str = "auto") -> Pipeline:  # fmt: skip
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF ``"hf"``,
-        ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF directory, or a
+        ``"f32"`` or ``"q4_0"`` GGUF file -- a tiny hybrid model has its HF directory only, read
+        as it is for ``"hf"`` and ``"f32"`` and with projections and expert banks quantized to
+        Q4_0 for ``"q4_0"`` -- and is not used for a path), a HF directory (Qwen3-MoE, Qwen3-Next
+        or Qwen3.5-MoE, by its config's ``model_type``), or a
         ``.gguf`` file, on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``) with dense weights in
         ``dtype`` (float32, bfloat16 or float16); the other arguments are the class's. Every
         argument is checked before anything is read, but for the upper bound of
