@@ -196,7 +196,8 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     bv = _block_v(dv, b * hv)
     chunk_scan_kernel[(b * hv, triton.cdiv(dv, bv))](q, k, g, w, u, state if state is not None else final, o, final,
                                                      float(scale), t, nt, BLOCK_V=bv, HAS_STATE=state is not None,
-                                                     **common, num_warps=4)  # fmt: skip
+                                                     **common, num_warps=8 if prec == "tf32x3" else 4,
+                                                     num_stages=1)  # fmt: skip
     return o, final
 
 
@@ -234,6 +235,6 @@ def compile_specs(target: str) -> list:
                           types={"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "g_ptr": "*fp32", "w_ptr": "*fp32",
                                  "u_ptr": "*fp32", "s0_ptr": "*fp32", "o_ptr": f"*{dt}", "sn_ptr": "*fp32",
                                  "scale": "fp32"},
-                          constexprs={**heads, "C": 64, "BLOCK_V": 64, "HAS_STATE": True,
-                                      "PRECISION": prec}))  # fmt: skip
+                          constexprs={**heads, "C": 64, "BLOCK_V": 32, "HAS_STATE": True, "PRECISION": prec},
+                          num_warps=8 if prec == "tf32x3" else 4, options={"num_stages": 1}))  # fmt: skip
     return specs
