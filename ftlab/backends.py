@@ -394,13 +394,6 @@ _builtin("qk_norm_rope", "qk_norm_rope", "per-head RMSNorm of q and k, then RoPE
 _builtin("dequantize", "quants", "GGUF Q8_0 / Q4_K / Q5_K / Q6_K blocks to float (Q4_0: dequantize_q4_0)",
          FLOAT_DTYPES)  # fmt: skip
 _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)
-define_op("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill, chunked)")
-register("gated_delta_rule", "triton", "ftlab.triton.deltanet:gated_delta_rule", dtypes=FLOAT_DTYPES,
-         available=triton_unavailable)  # fmt: skip
-register("gated_delta_rule", "reference", "ftlab.reference.deltanet:gated_delta_rule", dtypes=FLOAT_DTYPES,
-         capturable=False)  # fmt: skip
-define_op("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place")
-register("gated_delta_step", "triton", "ftlab.triton.deltanet:gated_delta_step", dtypes=FLOAT_DTYPES,
-         available=triton_unavailable)  # fmt: skip
-register("gated_delta_step", "reference", "ftlab.reference.deltanet:gated_delta_step", dtypes=FLOAT_DTYPES,
-         capturable=False)  # fmt: skip
+_builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill)", FLOAT_DTYPES)
+_builtin("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place",
+         FLOAT_DTYPES)  # fmt: skip
