@@ -8,10 +8,11 @@ the state, and stores it back in place: one pass over the state, no host work, c
 Prefill (:func:`gated_delta_rule`), chunks of C tokens, two kernels:
 
 - ``chunk_prepare_kernel``, one program per (chunk, sequence and value head), all in parallel:
-  the chunk's normalised keys ``K``, cumulative log decay ``c``, the strictly lower
-  ``L = beta_i (k_i . k_j) exp(c_i - c_j)``, the inverse of ``I + L`` by forward substitution
-  row by row, and the WY form ``W = (I + L)^-1 (beta exp(c) K)``, ``U = (I + L)^-1 (beta V)``
-  (fp32 scratch);
+  with the chunk's normalised keys ``K``, cumulative log decay ``c`` and the strictly lower
+  ``L = beta_i (k_i . k_j) exp(c_i - c_j)``, the WY form ``W = (I + L)^-1 (beta exp(c) K)``,
+  ``U = (I + L)^-1 (beta V)`` (fp32 scratch) by block forward substitution over blocks of 16
+  rows: a block's right-hand sides less ``L_ij`` times the blocks above (dots), then the
+  inverse of its unit-triangular diagonal block (row by row on a 16 x 16 tile) applied;
 - ``chunk_scan_kernel``, one program per (sequence and value head, block of BLOCK_V columns),
   chunk after chunk with the state slice in registers: the chunk's deltas ``X = U - W S``, its
   output ``O = (Q exp(c)) S + (Q K^T * D) X`` (``D[i, j] = exp(c_i - c_j)``, j <= i) and the
@@ -87,39 +88,62 @@ def _chunk_rows(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, C: tl.con
 
 
 @triton.jit
+def _block_decay(g_ptr, g_chunk, b, t0, i, T, h, HV: tl.constexpr, C: tl.constexpr):
+    """The cumulative log decay from the chunk's start (at t0) of the 16 rows of its block ``i``
+    (``g_chunk``: the chunk's C log decays)."""
+    rows = tl.arange(0, 16)
+    t = t0 + i * 16 + rows
+    g = tl.load(g_ptr + (b * T + t).to(tl.int64) * HV + h, mask=t < T, other=0.0)
+    before = tl.sum(tl.where(tl.arange(0, C) < i * 16, g_chunk, 0.0), axis=0)
+    return before + tl.cumsum(g, axis=0)
+
+
+@triton.jit
 def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
                          DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, BLOCK_K: tl.constexpr,
-                         BLOCK_V: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+                         BLOCK_DV: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HV
     h = bh % HV
+    kh = h // (HV // HK)
     t0 = n * C
-    rows = tl.arange(0, C)
-    live = t0 + rows < T
-    k = _unit_rows(_chunk_rows(k_ptr, b, t0, T, h // (HV // HK), HK, DK, C, BLOCK_K, 0), L2NORM)
-    g = tl.load(g_ptr + (b * T + t0 + rows).to(tl.int64) * HV + h, mask=live, other=0.0)
-    beta = tl.load(beta_ptr + (b * T + t0 + rows).to(tl.int64) * HV + h, mask=live, other=0.0)
-    c = tl.cumsum(g, axis=0)
-    below = rows[:, None] > rows[None, :]
-    gap = tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0))
-    lower = tl.where(
-        below, tl.dot(k, tl.trans(k), input_precision=PRECISION) * gap * beta[:, None], 0.0
-    )
-    inv = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for i in range(1, C):
-        a = tl.sum(tl.where(rows[:, None] == i, lower, 0.0), axis=0)
-        row = tl.sum(a[:, None] * inv, axis=0)
-        inv = tl.where(rows[:, None] == i, inv - row[None, :], inv)
-    w = tl.dot(inv, k * (beta * tl.exp(c))[:, None], input_precision=PRECISION)
-    base = bh.to(tl.int64) * NT * C + t0 + rows
+    rows = tl.arange(0, 16)
     dk = tl.arange(0, BLOCK_K)
-    tl.store(w_ptr + base[:, None] * DK + dk[None, :], w, mask=(dk < DK)[None, :])
-    for v0 in range(0, DV, BLOCK_V):
-        v = _chunk_rows(v_ptr, b, t0, T, h, HV, DV, C, BLOCK_V, v0)
-        u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
-        dv = v0 + tl.arange(0, BLOCK_V)
-        tl.store(u_ptr + base[:, None] * DV + dv[None, :], u, mask=(dv < DV)[None, :])
+    dv = tl.arange(0, BLOCK_DV)
+    below = rows[:, None] > rows[None, :]
+    crow = tl.arange(0, C)
+    g_chunk = tl.load(g_ptr + (b * T + t0 + crow).to(tl.int64) * HV + h, mask=t0 + crow < T, other=0.0)
+    base = bh.to(tl.int64) * NT * C + t0
+    for i in range(C // 16):
+        ti = t0 + i * 16
+        ki = _unit_rows(_chunk_rows(k_ptr, b, ti, T, kh, HK, DK, 16, BLOCK_K, 0), L2NORM)
+        beta = tl.load(beta_ptr + (b * T + ti + rows).to(tl.int64) * HV + h, mask=ti + rows < T, other=0.0)
+        ci = _block_decay(g_ptr, g_chunk, b, t0, i, T, h, HV, C)
+        rw = ki * (beta * tl.exp(ci))[:, None]
+        ru = _chunk_rows(v_ptr, b, ti, T, h, HV, DV, 16, BLOCK_DV, 0) * beta[:, None]
+        for j in range(i):
+            kj = _unit_rows(_chunk_rows(k_ptr, b, t0 + j * 16, T, kh, HK, DK, 16, BLOCK_K, 0), L2NORM)
+            cj = _block_decay(g_ptr, g_chunk, b, t0, j, T, h, HV, C)
+            lij = tl.dot(ki, tl.trans(kj), input_precision=PRECISION) * tl.exp(ci[:, None] - cj[None, :])
+            lij = lij * beta[:, None]
+            rj = base + j * 16 + rows
+            wj = tl.load(w_ptr + rj[:, None] * DK + dk[None, :], mask=(dk < DK)[None, :], other=0.0)
+            uj = tl.load(u_ptr + rj[:, None] * DV + dv[None, :], mask=(dv < DV)[None, :], other=0.0)
+            rw -= tl.dot(lij, wj, input_precision=PRECISION)
+            ru -= tl.dot(lij, uj, input_precision=PRECISION)
+        gap = tl.exp(tl.where(below, ci[:, None] - ci[None, :], 0.0))
+        lii = tl.where(below, tl.dot(ki, tl.trans(ki), input_precision=PRECISION) * gap * beta[:, None], 0.0)
+        inv = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+        for r in range(1, 16):
+            a = tl.sum(tl.where(rows[:, None] == r, lii, 0.0), axis=0)
+            inv = tl.where(rows[:, None] == r, inv - tl.sum(a[:, None] * inv, axis=0)[None, :], inv)
+        ri = base + i * 16 + rows
+        tl.store(w_ptr + ri[:, None] * DK + dk[None, :], tl.dot(inv, rw, input_precision=PRECISION),
+                 mask=(dk < DK)[None, :])  # fmt: skip
+        tl.store(u_ptr + ri[:, None] * DV + dv[None, :], tl.dot(inv, ru, input_precision=PRECISION),
+                 mask=(dv < DV)[None, :])  # fmt: skip
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -189,7 +213,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     w = torch.empty(b, hv, nt * c, dk, dtype=torch.float32, device=q.device)
     u = torch.empty(b, hv, nt * c, dv, dtype=torch.float32, device=q.device)
     common = dict(HK=hk, HV=hv, DK=dk, DV=dv, C=c, BLOCK_K=bk, L2NORM=l2norm_qk, PRECISION=prec)
-    chunk_prepare_kernel[(nt, b * hv)](k, v, g, beta, w, u, t, nt, BLOCK_V=min(64, max(16, triton.next_power_of_2(dv))),
+    chunk_prepare_kernel[(nt, b * hv)](k, v, g, beta, w, u, t, nt, BLOCK_DV=max(16, triton.next_power_of_2(dv)),
                                        **common, num_warps=4)  # fmt: skip
     o = torch.empty(b, t, hv, dv, dtype=v.dtype, device=v.device)
     final = torch.empty(b, hv, dk, dv, dtype=torch.float32, device=v.device)
@@ -230,7 +254,7 @@ def compile_specs(target: str) -> list:
         specs.append(spec(chunk_prepare_kernel, f"chunk_prepare_kernel[{dt}, chunk 64, 16/32 heads of 128]",
                           types={"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32", "beta_ptr": "*fp32",
                                  "w_ptr": "*fp32", "u_ptr": "*fp32"},
-                          constexprs={**heads, "C": 64, "BLOCK_V": 64, "PRECISION": prec}))  # fmt: skip
+                          constexprs={**heads, "C": 64, "BLOCK_DV": 128, "PRECISION": prec}))  # fmt: skip
         specs.append(spec(chunk_scan_kernel, f"chunk_scan_kernel[{dt}, chunk 64, 16/32 heads of 128]",
                           types={"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "g_ptr": "*fp32", "w_ptr": "*fp32",
                                  "u_ptr": "*fp32", "s0_ptr": "*fp32", "o_ptr": f"*{dt}", "sn_ptr": "*fp32",
