@@ -399,9 +399,6 @@ _builtin("causal_conv1d_update", "conv1d", "one decode token of causal_conv1d, s
 _builtin("gated_rmsnorm", "gated_norm", "per-head RMSNorm times SiLU of a gate (gated deltanet output)", FLOAT_DTYPES)
 _builtin("output_gate", "gated_norm", "attention output times sigmoid of a gate", FLOAT_DTYPES)
 _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)
-define_op("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill, chunked)")
-register("gated_delta_rule", "reference", "ftlab.reference.deltanet:gated_delta_rule", dtypes=FLOAT_DTYPES,
-         capturable=False)  # fmt: skip
-define_op("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place")
-register("gated_delta_step", "reference", "ftlab.reference.deltanet:gated_delta_step", dtypes=FLOAT_DTYPES,
-         capturable=False)  # fmt: skip
+_builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill)", FLOAT_DTYPES)
+_builtin("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place",
+         FLOAT_DTYPES)  # fmt: skip

@@ -14,8 +14,9 @@ import torch
 def _conv(xin: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool, t: int) -> torch.Tensor:
     """``xin [B, W-1+T, C]`` in fp32 -> ``[B, T, C]`` in fp32."""
     w = weight.shape[1]
-    acc = bias.float().expand(xin.shape[0], t, -1).clone() if bias is not None else xin.new_zeros(xin.shape[0], t,
-                                                                                                   xin.shape[2])  # fmt: skip
+    acc = xin.new_zeros(xin.shape[0], t, xin.shape[2])
+    if bias is not None:
+        acc = acc + bias.float()
     for j in range(w):
         acc = acc + weight[:, j].float() * xin[:, j : j + t, :]
     return acc * torch.sigmoid(acc) if silu else acc

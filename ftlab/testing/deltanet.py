@@ -35,7 +35,9 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     dot products of up to ``Dk`` (state read) plus ``chunk_size`` (the triangular solve: the
     solve's inverse is the recurrence itself, so an error in one row reaches the later rows
     through the same contractive map) terms, the L2 norm and scale (Dk / 2 + a few), the
-    products and sums (16); with ``rho = Dk + 2 chunk + 16`` -- and the state formed at a
+    products and sums (16); each term of a dot within 2 eps32 (tensor cores' tf32x3 splits each
+    product into three, dropping a 2^-22 part, and may truncate as they accumulate), so ``rho =
+    2 (Dk + 2 chunk) + 16`` -- and the state formed at a
     chunk's end adds ``rho`` eps32 of ``A``. In chunks the decays are ``exp(c_i - c_j)`` of fp32
     cumulative sums over the chunk, whose exponents are off by up to ``(chunk + 2) eps32 (|c_i|
     + |c_j|)``: ``rho`` adds ``2 (chunk + 2) G`` with ``G`` the chunk's sum of |g|. The carried
@@ -70,7 +72,7 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk):
     err = torch.zeros_like(amag)
     o = torch.empty(b, t, hv, dv, dtype=torch.float64)
     o_bound = torch.empty_like(o)
-    base = dk + 2 * chunk + 16
+    base = 2 * (dk + 2 * chunk) + 16
     for i in range(t):
         start = i - i % chunk
         gsum = (

@@ -1,6 +1,6 @@
 """conv1d in Triton (reference: ftlab/reference/conv1d.py).
 
-``causal_conv1d``: one program per (sequence, block of tokens, block of channels); each output
+``causal_conv1d``: one program per (block of tokens, sequence, block of channels); each output
 reads its W inputs straight from x, or from the carried state for the first W-1 tokens, sums
 them into the bias in fp32 (taps in order), applies SiLU and rounds once. The programs of the
 first token block also write their channels' new state. ``causal_conv1d_update``: one program
@@ -19,8 +19,8 @@ import triton.language as tl
 def causal_conv1d_kernel(x_ptr, x_sb, x_st, w_ptr, b_ptr, s_ptr, len_ptr, y_ptr, ns_ptr, T, C,
                          W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_LENGTHS: tl.constexpr,
                          SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
-    b = tl.program_id(0)
-    tb = tl.program_id(1)
+    tb = tl.program_id(0)
+    b = tl.program_id(1)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
     t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -87,8 +87,8 @@ def causal_conv1d_update_kernel(x_ptr, x_sb, w_ptr, b_ptr, s_ptr, s_sb, s_sc, y_
     tl.store(y_ptr + b.to(tl.int64) * C + c, acc.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
-def _block_c(c: int) -> int:
-    return min(triton.next_power_of_2(max(c, 1)), 128)
+def _block_c(c: int, most: int = 128) -> int:
+    return min(triton.next_power_of_2(max(c, 1)), most)
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor | None,
@@ -99,9 +99,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     y = torch.empty((b, t, c), dtype=x.dtype, device=x.device)
     new_state = torch.empty((b, c, w - 1), dtype=x.dtype, device=x.device)
     if b and c:
-        block_t = min(triton.next_power_of_2(max(t, 1)), 16)
-        block_c = _block_c(c)
-        grid = (b, max(triton.cdiv(t, block_t), 1), triton.cdiv(c, block_c))
+        block_t = min(triton.next_power_of_2(max(t, 1)), 8)
+        block_c = _block_c(c, 64)
+        grid = (max(triton.cdiv(t, block_t), 1), b, triton.cdiv(c, block_c))
         causal_conv1d_kernel[grid](x, x.stride(0), x.stride(1), weight, weight if bias is None else bias,
                                    x if state is None else state, weight if lengths is None else lengths, y,
                                    new_state, t, c, W=w, HAS_BIAS=bias is not None, HAS_STATE=state is not None,
@@ -136,7 +136,7 @@ def compile_specs(target: str) -> list:
                                  "s_ptr": f"*{dt}", "len_ptr": "*i32", "y_ptr": f"*{dt}", "ns_ptr": f"*{dt}",
                                  "T": "i32", "C": "i32"},
                           constexprs={"W": 4, "HAS_BIAS": True, "HAS_STATE": True, "HAS_LENGTHS": True, "SILU": True,
-                                      "BLOCK_T": 16, "BLOCK_C": 128}, num_warps=4))  # fmt: skip
+                                      "BLOCK_T": 8, "BLOCK_C": 64}, num_warps=4))  # fmt: skip
         specs.append(spec(causal_conv1d_update_kernel, f"causal_conv1d_update_kernel[{dt}, W 4]",
                           types={"x_ptr": f"*{dt}", "x_sb": "i64", "w_ptr": "*fp32", "b_ptr": "*fp32",
                                  "s_ptr": f"*{dt}", "s_sb": "i64", "s_sc": "i64", "y_ptr": f"*{dt}", "C": "i32"},

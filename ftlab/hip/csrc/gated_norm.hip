@@ -3,7 +3,8 @@
 //
 // gated_rmsnorm_kernel: one wave per (token, head) row; lanes stride over the D elements, the
 // sum of squares reduced by shuffles, then each element normalized, scaled by the weight and
-// by SiLU of its gate, rounded once. output_gate_kernel: one thread per element. fp32
+// by SiLU of its gate, rounded once. output_gate_kernel: one thread per element,
+// a row's blocks side by side on a 1-D grid (no 65535 limit on the rows). fp32
 // throughout. Wave-size generic (PORT_WARP_SIZE).
 #pragma once
 #include "q4_0_common.h"
@@ -47,9 +48,9 @@ template <typename T>
 __global__ void __launch_bounds__(kGateThreads)
     output_gate_kernel(const typename T::storage* __restrict__ attn, int64_t a_row,
                        const typename T::storage* __restrict__ gate, int64_t g_row, typename T::storage* __restrict__ y,
-                       int features) {
-  const int f = blockIdx.x * kGateThreads + threadIdx.x;
-  const int64_t n = blockIdx.y;
+                       int features, int blocks_per_row) {
+  const int64_t n = blockIdx.x / blocks_per_row;
+  const int f = (blockIdx.x % blocks_per_row) * kGateThreads + threadIdx.x;
   if (f >= features) return;
   const float g = T::load(gate + n * g_row + f);
   y[n * features + f] = T::from_float(T::load(attn + n * a_row + f) / (1.0f + port_expf(-g)));
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kGateThreads)
   FTLAB_GATED_NORM_INSTANTIATE(T, f32_t) FTLAB_GATED_NORM_INSTANTIATE(T, f16_t)                     \
   FTLAB_GATED_NORM_INSTANTIATE(T, bf16_t)                                                           \
   template __global__ void output_gate_kernel<T>(const T::storage*, int64_t, const T::storage*, int64_t, \
-                                                 T::storage*, int);
+                                                 T::storage*, int, int);
 FTLAB_GATED_NORM_GATES(f32_t)
 FTLAB_GATED_NORM_GATES(f16_t)
 FTLAB_GATED_NORM_GATES(bf16_t)

@@ -48,10 +48,11 @@ template <typename T>
 void launch_gate(const TensorView& a, const TensorView& g, const TensorView& y) {
   using S = typename T::storage;
   const int f = static_cast<int>(a.size(1));
-  const dim3 grid((f + kGateThreads - 1) / kGateThreads, static_cast<unsigned>(a.size(0)));
-  output_gate_kernel<T><<<grid, kGateThreads, 0, stream_of(a)>>>(static_cast<const S*>(base_of(a)), a.stride(0),
-                                                                  static_cast<const S*>(base_of(g)), g.stride(0),
-                                                                  static_cast<S*>(base_of(y)), f);
+  const int per_row = (f + kGateThreads - 1) / kGateThreads;
+  const unsigned blocks = static_cast<unsigned>(a.size(0) * per_row);
+  output_gate_kernel<T><<<blocks, kGateThreads, 0, stream_of(a)>>>(static_cast<const S*>(base_of(a)), a.stride(0),
+                                                                    static_cast<const S*>(base_of(g)), g.stride(0),
+                                                                    static_cast<S*>(base_of(y)), f, per_row);
   check_launch("output_gate_kernel");
 }
 
