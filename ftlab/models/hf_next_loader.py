@@ -34,7 +34,8 @@ _Q4_0_NAMES = re.compile(r"(_proj(\.weight)?|lm_head\.weight)$")
 
 def is_next(hf: dict) -> bool:
     """Whether a HF config dict is of a model this module loads."""
-    return hf.get("model_type") in MODEL_TYPES
+    model_type = hf.get("model_type")
+    return isinstance(model_type, str) and model_type in MODEL_TYPES
 
 
 class HFTensors(Mapping):

@@ -111,7 +111,7 @@ class Qwen3NextConfig:
         for a missing key, a value of the wrong type or range, or a feature ftlab lacks
         (attention bias, dense layers, RoPE scaling, an activation other than SiLU)."""
         model_type = hf.get("model_type")
-        if model_type not in MODEL_TYPES:
+        if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {sorted(MODEL_TYPES)}, got {model_type!r}")
         values = dict(hf)
         if model_type == "qwen3_5_moe":

@@ -180,7 +180,8 @@ def test_triton_backends_under_the_interpreter_match_reference(tmp_path):
     make_checkpoint(tmp_path, "next-r2-partial", seed=13)
     config, weights = load_hf(tmp_path, dtype=torch.float32, progress=False)
     triton = {op: "triton" for op in Qwen3Next.OPS if "triton" in ftbackends.backends_of(op)}
-    assert {"causal_conv1d", "gated_rmsnorm", "output_gate", "qk_norm_rope"} <= set(triton)
+    assert {"causal_conv1d", "causal_conv1d_update", "gated_delta_rule", "gated_delta_step", "gated_rmsnorm",
+            "output_gate", "qk_norm_rope"} <= set(triton)  # fmt: skip
     tokens = _tokens(1, 20, 4)
     results = []
     for backends in ({}, triton):
