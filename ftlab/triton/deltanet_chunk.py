@@ -214,9 +214,17 @@ def precision(device: torch.device) -> str:
     return "ieee" if interpreted() or current(device).kind != "cuda" else "tf32x3"
 
 
-#: (BS, BV, num_warps) of the kernels: head dimensions BS columns at a time, BV state columns a
-#: program in the state and output kernels.
-CONFIG = {"BS": 32, "BV": 32, "num_warps": 4}
+_RDNA = {"BS": 16, "BV": 16, "num_warps": 8}
+#: Per target: head dimensions BS columns at a time, BV state columns a program in the state and
+#: output kernels, warps a program; each free of spills in the compile check.
+CONFIGS: dict[str, dict[str, int]] = {
+    "default": {"BS": 32, "BV": 32, "num_warps": 8},
+    "sm_90": {"BS": 32, "BV": 32, "num_warps": 8},
+    "gfx942": {"BS": 32, "BV": 32, "num_warps": 4},
+    "gfx1100": _RDNA,
+    "gfx1151": _RDNA,
+    "gfx1201": _RDNA,
+}
 
 
 def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
@@ -227,7 +235,8 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     nt = triton.cdiv(t, c)
     bhv = b * hv
     dev = q.device
-    bs, bv, nw = CONFIG["BS"], CONFIG["BV"], CONFIG["num_warps"]
+    cfg = CONFIGS.get(current(dev).arch if dev.type != "cpu" else "default", CONFIGS["default"])
+    bs, bv, nw = cfg["BS"], cfg["BV"], cfg["num_warps"]
     common = dict(HK=hk, HV=hv, DK=dk, C=c, BS=bs, L2NORM=l2norm_qk, PRECISION=precision(dev), num_warps=nw)
     a = torch.empty(bhv, nt * c, c, dtype=torch.float32, device=dev)
     w = torch.empty(bhv, nt * c, dk, dtype=torch.float32, device=dev)
@@ -252,7 +261,8 @@ def compile_specs(target: str) -> list:
     from ftlab.triton.compile_spec import spec
 
     prec = "tf32x3" if target.startswith("sm_") else "ieee"
-    bs, bv, nw = CONFIG["BS"], CONFIG["BV"], CONFIG["num_warps"]
+    cfg = CONFIGS.get(target, CONFIGS["default"])
+    bs, bv, nw = cfg["BS"], cfg["BV"], cfg["num_warps"]
     base = {"HK": 16, "HV": 32, "DK": 128, "C": 64, "BS": bs, "L2NORM": True, "PRECISION": prec}
     f32 = "*fp32"
     specs = []
