@@ -28,6 +28,7 @@ BENCHES = {
     "moe": "ftlab.bench.moe",
     "model": "ftlab.bench.model",
     "hybrid": "ftlab.bench.hybrid",
+    "deltanet": "ftlab.bench.deltanet",
 }
 #: The environment variables that change what ``ftlab run`` does, for its ``--help`` (the
 #: README's "Environment variables" lists every one ftlab reads).
