@@ -315,8 +315,9 @@ class Pipeline:
 
 def format_compare(rows: list[StageDiff]) -> str:
     width = max([len("backend"), *(len(r.backend) for r in rows)])
-    lines = [f"{'stage':<22} {'backend':<{width}} {'max |diff|':>11} {'rel':>10}"]
-    lines += [f"{r.stage:<22} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows]
+    stage = max([22, *(len(r.stage) for r in rows)])
+    lines = [f"{'stage':<{stage}} {'backend':<{width}} {'max |diff|':>11} {'rel':>10}"]
+    lines += [f"{r.stage:<{stage}} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows]
     return "\n".join(lines)
 
 
