@@ -399,3 +399,6 @@ _builtin("causal_conv1d_update", "conv1d", "one decode token of causal_conv1d, s
 _builtin("gated_rmsnorm", "gated_norm", "per-head RMSNorm times SiLU of a gate (gated deltanet output)", FLOAT_DTYPES)
 _builtin("output_gate", "gated_norm", "attention output times sigmoid of a gate", FLOAT_DTYPES)
 _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)
+_builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill)", FLOAT_DTYPES)
+_builtin("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place",
+         FLOAT_DTYPES)  # fmt: skip

@@ -25,6 +25,12 @@ from ftlab.testing.conv1d import (
     check_causal_conv1d_case,
     check_causal_conv1d_update_case,
 )
+from ftlab.testing.deltanet import (
+    check_gated_delta_rule_case,
+    check_gated_delta_step_case,
+    gated_delta_exact,
+    gated_delta_tolerance,
+)
 from ftlab.testing.gated_norm import (
     check_gated_rmsnorm_case,
     check_output_gate_case,
@@ -83,6 +89,10 @@ __all__ = [
     "check_experts_case",
     "experts_tolerance",
     "hybrid_tolerance",
+    "check_gated_delta_rule_case",
+    "check_gated_delta_step_case",
+    "gated_delta_exact",
+    "gated_delta_tolerance",
     "check_qk_norm_rope_case",
     "qk_norm_rope_tolerance",
     "causal_conv1d_tolerance",
