@@ -13,7 +13,9 @@ from ftlab.quant import Q4_0Weight, QuantWeight
 MATMUL_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
-def quant_matmul(x: torch.Tensor, w: QuantWeight, *, path: str = "auto", backend: str = "auto") -> torch.Tensor:
+def quant_matmul(
+    x: torch.Tensor, w: QuantWeight, *, path: str = "auto", backend: str = "auto"
+) -> torch.Tensor:
     """``x [M, K] @ W.T -> [M, N]`` in x's dtype (fp32 / fp16 / bf16) for a packed weight
     ``W [N, K]`` of any :data:`ftlab.quant.QTYPES` type.
 
@@ -40,10 +42,14 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, *, path: str = "auto", backend
     if len(w.shape) != 2:
         raise ValueError(f"w must be a 2-D QuantWeight [N, K], got shape {tuple(w.shape)}")
     if x.shape[1] != w.shape[1]:
-        raise ValueError(f"x must have K = {w.shape[1]} columns (w is {tuple(w.shape)}), got {x.shape[1]}")
+        raise ValueError(
+            f"x must have K = {w.shape[1]} columns (w is {tuple(w.shape)}), got {x.shape[1]}"
+        )
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
-    impl, chosen = backends.resolve_path("quant_matmul", backend, x.device, x.dtype, x.shape[0], path)
+    impl, chosen = backends.resolve_path(
+        "quant_matmul", backend, x.device, x.dtype, x.shape[0], path
+    )
     if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:

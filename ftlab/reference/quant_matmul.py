@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ftlab.quant import QTYPES, Q8_1, QuantWeight
+from ftlab.quant import Q8_1, QTYPES, QuantWeight
 from ftlab.reference.q4_0 import quantize_q8_1
 from ftlab.reference.quants import dequantize, scale_min_k4
 
@@ -56,10 +56,17 @@ def unpack_ints(w: QuantWeight) -> dict[str, torch.Tensor]:
             q = q | (torch.stack([(qh >> j) & 1 for j in range(8)], dim=-2) << 4)
         rep = {"d": _f16(b[..., 0:2]), "dmin": _f16(b[..., 2:4])}
         out = {key: v[..., None].expand(n, nb, 8).reshape(n, nb * 8) for key, v in rep.items()}
-        return {"q": q.reshape(n, nb * 8, 32), "sc": sc.reshape(n, nb * 8), "m": mn.reshape(n, nb * 8), **out}
+        return {
+            "q": q.reshape(n, nb * 8, 32),
+            "sc": sc.reshape(n, nb * 8),
+            "m": mn.reshape(n, nb * 8),
+            **out,
+        }
     ql = b[..., 0:128].reshape(n, nb, 2, 2, 32).int()
     qh = b[..., 128:192].reshape(n, nb, 2, 32).int()
-    low = torch.stack([ql[..., 0, :] & 0x0F, ql[..., 1, :] & 0x0F, ql[..., 0, :] >> 4, ql[..., 1, :] >> 4], dim=-2)
+    low = torch.stack(
+        [ql[..., 0, :] & 0x0F, ql[..., 1, :] & 0x0F, ql[..., 0, :] >> 4, ql[..., 1, :] >> 4], dim=-2
+    )
     high = torch.stack([(qh >> s) & 0x03 for s in (0, 2, 4, 6)], dim=-2)
     q = ((low | (high << 4)) - 32).reshape(n, nb * 16, 16)
     scales = b[..., 192:208].contiguous().view(torch.int8).float().reshape(n, nb * 16)

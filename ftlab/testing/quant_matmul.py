@@ -74,7 +74,10 @@ def quant_matmul_cases(draw, qtypes: Sequence[str] = KQUANT_TYPES, ms: Sequence[
     qtype = draw(st.sampled_from(list(qtypes)))
     m = draw(st.sampled_from(list(ms)))
     n = draw(st.sampled_from([1, 31, max_n]) | st.integers(1, max_n))
-    k = draw(st.sampled_from(list(ks)) | (st.sampled_from([32, 96, 160]) if qtype == "Q8_0" else st.nothing()))
+    k = draw(
+        st.sampled_from(list(ks))
+        | (st.sampled_from([32, 96, 160]) if qtype == "Q8_0" else st.nothing())
+    )
     dtype = draw(st.sampled_from(list(FLOAT_DTYPES)))
     path = draw(st.sampled_from(list(paths)))
     specials = FINITE_SPECIAL_F16
@@ -114,13 +117,17 @@ def quant_matmul_tolerance(x: torch.Tensor, w: QuantWeight, path: str,
         wf = dequantize(wc, torch.float32).double()
         exact = (xc.double() @ wf.T).float()
         absdot = xc.double().abs() @ wf.abs().T
-        bound = ((DEQUANT_WEIGHT_ROUNDING[x.dtype] + (w.shape[-1] + 4) * EPS32) * absdot + 2.0**-140).float()
+        bound = (
+            (DEQUANT_WEIGHT_ROUNDING[x.dtype] + (w.shape[-1] + 4) * EPS32) * absdot + 2.0**-140
+        ).float()
     if out_dtype != torch.float32:
         bound = bound + ulp(exact, out_dtype)
     return exact, bound
 
 
-def _assert_within(name: str, what: str, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> None:
+def _assert_within(
+    name: str, what: str, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor
+) -> None:
     g, w = got.float().cpu(), want.float().cpu()
     big = torch.finfo(got.dtype).max
     overflow = torch.isinf(g) | torch.isinf(w)
@@ -149,7 +156,9 @@ def check_quant_matmul_case(case: QuantMatmulCase, device: torch.device | str = 
     outputs = {"reference": expected}
     for name in backends_for("quant_matmul", device, x.dtype, backends, path=case.path):
         got = ops.quant_matmul(x, w, path=case.path, backend=name)
-        assert got.shape == expected.shape and got.dtype == x.dtype, f"{name}: {got.shape} {got.dtype}"
+        assert got.shape == expected.shape and got.dtype == x.dtype, (
+            f"{name}: {got.shape} {got.dtype}"
+        )
         _assert_within(name, repr(case), got, want, bound)
         outputs[name] = got
     return outputs

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import backends, ops
-from ftlab.quant import QuantWeight
+from ftlab.quant import QTYPES, QuantWeight
 from ftlab.reference import q4_0 as ref_q4_0
 from ftlab.reference import quant_matmul as ref
 from ftlab.reference.quants import dequantize
@@ -41,31 +41,27 @@ def test_quant_matmul_cpu(case):
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize("path", ["int8", "dequant"])
 def test_zero_weights_give_zero(qtype, path):
-    w = QuantWeight(torch.zeros(5, torch.tensor(0).new_empty(0).numel() + ft_row_bytes(qtype), dtype=torch.uint8),
-                    (5, 256), qtype)
+    w = QuantWeight(
+        torch.zeros(5, QTYPES[qtype].row_bytes(256), dtype=torch.uint8), (5, 256), qtype
+    )
     x = torch.randn(3, 256)
     for name in backends.available_backends("quant_matmul", x.device, x.dtype, path):
         assert torch.equal(ops.quant_matmul(x, w, path=path, backend=name), torch.zeros(3, 5))
-
-
-def ft_row_bytes(qtype):
-    from ftlab.quant import QTYPES
-
-    return QTYPES[qtype].row_bytes(256)
 
 
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 def test_extreme_scales_fp32(qtype):
     """Every scale the largest finite fp16: outputs far beyond fp16's range stay finite in fp32."""
     w = random_quant_weight(3, qtype, 9, 256, specials=(0x7BFF,), zero_rows=0)
-    w.data.view(-1, w.blocks.shape[-1])  # blocks are contiguous rows
     for path in ("int8", "dequant"):
         case = ft.QuantMatmulCase(torch.randn(2, 256) * 30, w, path)
         outs = ft.check_quant_matmul_case(case, "cpu")
         assert all(bool(torch.isfinite(o).all()) for o in outs.values())
 
 
-@pytest.mark.parametrize("rows, path", [(1, "auto"), (8, "auto"), (9, "auto"), (2, "dequant"), (20, "int8")])
+@pytest.mark.parametrize(
+    "rows, path", [(1, "auto"), (8, "auto"), (9, "auto"), (2, "dequant"), (20, "int8")]
+)
 def test_auto_path_and_q4_0_delegation(rows, path):
     x = torch.randn(rows, 64)
     w4 = ops.quantize_q4_0(torch.randn(6, 64))
@@ -108,7 +104,9 @@ def test_bad_arguments(call, exc, match):
 @settings(max_examples=40)
 @given(ft.quant_matmul_cases(ms=(1, 2, 5, 8, 17, 64), max_n=300, ks=(256, 512, 2048, 4096)))
 def test_quant_matmul_gpu(case):
-    ft.check_quant_matmul_case(case, "cuda", backends=["reference", *GPU] if case.path == "int8" else None)
+    ft.check_quant_matmul_case(
+        case, "cuda", backends=["reference", *GPU] if case.path == "int8" else None
+    )
 
 
 @pytest.mark.gpu
