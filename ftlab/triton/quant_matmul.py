@@ -27,7 +27,7 @@ QTYPE_CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 #: GEMM tiles by activation dtype (untimed starting points; BLOCK_K one Q8_0 pair / quarter K-block)
 GEMM_CONFIGS: dict[str, dict[str, int]] = {
     "half": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
-    "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
+    "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2},
 }
 
 
