@@ -66,8 +66,16 @@ def run(quick: bool = False) -> Report:
     require_gpu()
     dev = torch.device("cuda")
     report = Report("quant", device_info(), copy_bandwidth(), notes=NOTES)
-    names = [b for b in ("hip", "triton") if b in backends.available_backends("quant_matmul", dev, torch.bfloat16)]
-    deq = [b for b in ("hip", "triton") if b in backends.available_backends("dequantize", dev, torch.bfloat16)]
+    names = [
+        b
+        for b in ("hip", "triton")
+        if b in backends.available_backends("quant_matmul", dev, torch.bfloat16)
+    ]
+    deq = [
+        b
+        for b in ("hip", "triton")
+        if b in backends.available_backends("dequantize", dev, torch.bfloat16)
+    ]
     cases = [(t, s) for t in TYPES for s in SHAPES]
     for qtype, label in tqdm(cases, desc="quant", unit="case"):
         n, k = SHAPES[label]
@@ -76,7 +84,9 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def _timed(report: Report, case: str, backend: str, fn, inner: int, nbytes: int, ok: bool, flops: int) -> None:
+def _timed(
+    report: Report, case: str, backend: str, fn, inner: int, nbytes: int, ok: bool, flops: int
+) -> None:
     t = time_graph_us(fn, inner=inner)
     report.measurements.append(Measurement(case, backend, t, nbytes, ok, "graph", flops))
 

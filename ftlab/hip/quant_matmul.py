@@ -17,13 +17,20 @@ from ftlab.quant import QuantWeight
 
 #: rows quant_mv_kernel is instantiated for (1..8)
 MATVEC_ROWS = 8
-_ENTRY = {"Q8_0": "quant_mv_q8_0", "Q4_K": "quant_mv_q4_k", "Q5_K": "quant_mv_q5_k", "Q6_K": "quant_mv_q6_k"}
+_ENTRY = {
+    "Q8_0": "quant_mv_q8_0",
+    "Q4_K": "quant_mv_q4_k",
+    "Q5_K": "quant_mv_q5_k",
+    "Q6_K": "quant_mv_q6_k",
+}
 
 
 def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.quant_matmul` (``path == "int8"``)."""
     if path != "int8":
-        raise ValueError(f"the hip backend implements quant_matmul's int8 path only, got path={path!r}")
+        raise ValueError(
+            f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"
+        )
     m, n = x.shape[0], w.shape[0]
     x8 = quantize_q8_1(x)
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)

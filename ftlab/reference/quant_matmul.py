@@ -45,7 +45,7 @@ def unpack_ints(w: QuantWeight) -> dict[str, torch.Tensor]:
     nb = k // qt.block
     if w.qtype == "Q8_0":
         q = b[..., 2:].contiguous().view(torch.int8).int()
-        return {"q": q, "d": _f16(b[..., :2]), "sc": torch.ones(n, nb)}
+        return {"q": q, "d": _f16(b[..., :2]), "sc": torch.ones(n, nb, device=w.device)}
     if w.qtype in ("Q4_K", "Q5_K"):
         fifth = w.qtype == "Q5_K"
         sc, mn = scale_min_k4(b[..., 4:16])  # [N, nb, 8]

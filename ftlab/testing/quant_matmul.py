@@ -105,9 +105,9 @@ def quant_matmul_tolerance(x: torch.Tensor, w: QuantWeight, path: str,
     (``DEQUANT_WEIGHT_ROUNDING``) and K products summed in fp32:
     ``(rounding + (K + 4) * eps32) * |x| @ |W|.T``.
     One ulp of the output dtype is added for fp16 / bf16: the two fp32 results may round to
-    neighbours."""
-    xc = x.cpu()
-    wc = w.to("cpu")
+    neighbours. Computed on w's device."""
+    xc = x.to(w.device)
+    wc = w
     if path == "int8":
         terms, parts = ref.block_terms(ref_q4_0.quantize_q8_1(xc), wc)
         s = terms.shape[-1]
@@ -128,7 +128,7 @@ def quant_matmul_tolerance(x: torch.Tensor, w: QuantWeight, path: str,
 def _assert_within(
     name: str, what: str, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor
 ) -> None:
-    g, w = got.float().cpu(), want.float().cpu()
+    g, w, bound = got.float().cpu(), want.float().cpu(), bound.cpu()
     big = torch.finfo(got.dtype).max
     overflow = torch.isinf(g) | torch.isinf(w)
     same_side = (g.abs() >= big) & (w.abs() >= big) & (torch.sign(g) == torch.sign(w))
@@ -149,7 +149,7 @@ def check_quant_matmul_case(case: QuantMatmulCase, device: torch.device | str = 
     w = case.w.to(device)
     x = restride(case.x, device)
     expected = ops.quant_matmul(x, w, path=case.path, backend="reference")
-    exact, bound = quant_matmul_tolerance(case.x, case.w, case.path, x.dtype)
+    exact, bound = quant_matmul_tolerance(x, w, case.path, x.dtype)
     want = expected if case.path == "int8" else exact
     if case.path == "dequant":
         _assert_within("reference", repr(case), expected, exact, bound)

@@ -3,6 +3,8 @@ the dot of the dequantized weights with the Q8_1 activations; every backend with
 ftlab.testing.quant_matmul_tolerance of the reference (int8) or of the f64 product (dequant).
 CPU: reference + Triton interpreter on small shapes; GPU (``gpu``): Triton and HIP, big shapes."""
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -109,12 +111,17 @@ def test_quant_matmul_gpu(case):
     )
 
 
+@functools.cache
+def _big_weight(qtype, n, k):
+    return random_quant_weight(n + k, qtype, n, k).to("cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize("n, k", [(2048, 4096), (5120, 2048), (151936, 2048)])
 @pytest.mark.parametrize("m", [1, 8, 512])
 def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
-    w = random_quant_weight(n + k + m, qtype, n, k)
+    w = _big_weight(qtype, n, k)
     x = torch.randn(m, k, dtype=torch.bfloat16)
     for path in ("int8", "dequant"):
         if m == 512 and path == "int8" and n > 8192:
