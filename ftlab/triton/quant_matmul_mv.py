@@ -29,13 +29,13 @@ from ftlab.triton.quants import scale_min_k4
 
 #: rows one matvec pass takes (MP up to 8); more rows run pass by pass
 MATVEC_ROWS = 8
-#: per type: rows and blocks of a program's tile, warps. Untimed starting points: ~1024 weights
-#: a tile, 8 a thread at 4 warps.
+#: per type: rows and blocks of a program's tile, warps. Untimed starting points: 2048 weights
+#: a tile (4 rows of 512), 16 a thread at 4 warps.
 MV_CONFIGS: dict[str, dict[str, int]] = {
-    "Q8_0": {"BLOCK_N": 8, "BLOCK_SB": 4, "num_warps": 4},
-    "Q4_K": {"BLOCK_N": 4, "BLOCK_SB": 1, "num_warps": 4},
-    "Q5_K": {"BLOCK_N": 4, "BLOCK_SB": 1, "num_warps": 4},
-    "Q6_K": {"BLOCK_N": 4, "BLOCK_SB": 1, "num_warps": 4},
+    "Q8_0": {"BLOCK_N": 4, "BLOCK_SB": 16, "num_warps": 4},
+    "Q4_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
+    "Q5_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
+    "Q6_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
 }
 
 

@@ -118,6 +118,17 @@ struct Q6_K {
   }
 };
 
+// The term of unit u of a row of activations (q8 row, its d8 / s8).
+template <typename Q>
+__device__ __forceinline__ float unit_term(const Q& blk, const int8_t* q8, const float* d8, const float* s8,
+                                           int64_t u) {
+  const int* xw = reinterpret_cast<const int*>(q8 + u * 32);
+  int x[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = xw[i];
+  return blk.term(x, d8[u], s8[u]);
+}
+
 // y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
 // activations q8 [M, K] (int8, rows contiguous), d8 / s8 [M, K/32].
 template <typename Q, int MV_M>
@@ -129,21 +140,22 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (n >= n_rows) return;  // a whole group leaves together: the shuffles below stay in-group
   const uint8_t* row = w + n * row_bytes;
-  const int64_t units = k / 32;
-  const int64_t xblocks = k / 32;
+  const int64_t units = k / 32;  // also the Q8_1 blocks of an activation row
   float acc[MV_M];
 #pragma unroll
   for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
-  for (int64_t u = lane; u < units; u += kGroup) {
-    Q blk;
-    blk.load(row + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+  // two units a step, both loaded before either is used: twice the weight loads in flight
+  for (int64_t u = lane; u < units; u += 2 * kGroup) {
+    const int64_t v = u + kGroup;
+    const bool has_v = v < units;
+    Q a, b;
+    a.load(row + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+    if (has_v) b.load(row + (v / Q::kUnits) * Q::kBytes, static_cast<int>(v % Q::kUnits));
 #pragma unroll
-    for (int m = 0; m < MV_M; ++m) {
-      const int* xw = reinterpret_cast<const int*>(q8 + m * k + u * 32);
-      int x[8];
+    for (int m = 0; m < MV_M; ++m) acc[m] += unit_term(a, q8 + m * k, d8 + m * units, s8 + m * units, u);
+    if (has_v) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = xw[i];
-      acc[m] += blk.term(x, d8[m * xblocks + u], s8[m * xblocks + u]);
+      for (int m = 0; m < MV_M; ++m) acc[m] += unit_term(b, q8 + m * k, d8 + m * units, s8 + m * units, v);
     }
   }
 #pragma unroll
