@@ -402,3 +402,5 @@ _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantiz
 _builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill)", FLOAT_DTYPES)
 _builtin("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place",
          FLOAT_DTYPES)  # fmt: skip
+_builtin("quant_matmul", "quant_matmul", "x @ W.T for Q8_0 / Q4_K / Q5_K / Q6_K weights (Q4_0: q4_0_matmul)",
+         FLOAT_DTYPES, paths=Q4_0_PATHS)  # fmt: skip

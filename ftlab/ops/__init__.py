@@ -13,6 +13,7 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
 - ``deltanet``: :func:`gated_delta_rule` (prefill), :func:`gated_delta_step` (decode);
 - ``conv1d``: :func:`causal_conv1d`, :func:`causal_conv1d_update`;
 - ``gated_norm``: :func:`gated_rmsnorm`, :func:`output_gate`;
+- ``quant_matmul``: :func:`quant_matmul` (Q8_0 and the K-quants; Q4_0 through ``q4_0_matmul``);
 - ``quants``: :func:`dequantize` (Q8_0 and the K-quants; Q4_0 through ``dequantize_q4_0``),
   :func:`quantize` (Q8_0; Q4_0 through ``quantize_q4_0``).
 
@@ -26,6 +27,7 @@ from ftlab.ops.index_store import index, store
 from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk
 from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
 from ftlab.ops.qk_norm_rope import qk_norm_rope
+from ftlab.ops.quant_matmul import quant_matmul
 from ftlab.ops.quants import dequantize, quantize
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "output_gate",
     "q4_0_matmul",
     "qk_norm_rope",
+    "quant_matmul",
     "quantize",
     "quantize_q4_0",
     "quantize_q8_1",
