@@ -140,3 +140,18 @@ def test_other_architectures_are_refused(tmp_path):
         message = str(e.value)
         assert str(path) in message and "'llama'" in message, message
         assert all(arch in message for arch in GGUF_ARCHS), message
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", HYBRID)
+def test_tiny_gguf_forms_on_gpu(name):
+    """On the GPU (default backends, eager): the f32 GGUF form equals the HF form as on the CPU,
+    and the Q4_0 form, read onto the device packed, generates."""
+    hf = Pipeline.load(name, "cuda", quant="hf", graphs=False)
+    f32 = Pipeline.load(name, "cuda", quant="f32", graphs=False)
+    assert f32.weights.embed.device.type == "cuda"
+    assert_same_model(hf, f32)
+    q4 = Pipeline.load(name, "cuda", quant="q4_0")
+    assert isinstance(q4.weights.layers[0].moe.w_gate_up, Q4_0Weight)
+    assert q4.weights.layers[0].moe.w_gate_up.data.device.type == "cuda"
+    assert 1 <= len(list(q4.generate(PROMPT, max_new_tokens=8))) <= 8
