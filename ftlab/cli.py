@@ -211,7 +211,7 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     p.add_argument("--model", default="tiny-qwen3-moe",
                    help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, tiny-qwen3-next), a HF "
-                        "directory or a .gguf file")
+                        "directory or a .gguf file (qwen3moe, qwen35moe or qwen3next)")
     p.add_argument("--prompt", default="The router sends every token", type=_option(str, "text", check.prompt),
                    help="the text to continue")
     p.add_argument("--max-new-tokens", type=_option(int, "an int", check.max_new_tokens), default=32,
@@ -220,8 +220,8 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
                    help="backend of every op; auto: hip, else triton, else the reference on a GPU, the "
                         "reference on the CPU")
     p.add_argument("--quant", default="q4_0", choices=check.TINY_QUANTS,
-                   help="which file of a tiny model: its HF directory (hf) or the fp32 / Q4_0 GGUF file; a tiny "
-                        "hybrid model's HF directory, q4_0 quantizing it at load (not used for a path)")
+                   help="which file of a tiny model: its HF directory (hf) or the fp32 / Q4_0 GGUF file (not "
+                        "used for a path)")
     p.add_argument("--temperature", type=_option(float, "a number", check.temperature), default=0.0,
                    help="sampling temperature, >= 0; 0 is greedy")
     p.add_argument("--top-p", type=_option(float, "a number", check.top_p), default=1.0,

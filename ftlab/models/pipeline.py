@@ -27,7 +27,7 @@ import torch
 
 from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
-from ftlab.models.loader import load_gguf, load_hf
+from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline_args import backend_map
 from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
 from ftlab.models.qwen3_next import NextWeights, Qwen3Next
@@ -131,15 +131,14 @@ class Pipeline:
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
              quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
              q4_0_path: str = "auto") -> Pipeline:  # fmt: skip
-        """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF ``"hf"``,
-        ``"f32"`` or ``"q4_0"`` GGUF file -- a tiny hybrid model has its HF directory only, read
-        as it is for ``"hf"`` and ``"f32"`` and with projections and expert banks quantized to
-        Q4_0 for ``"q4_0"`` -- and is not used for a path), a HF directory (Qwen3-MoE, Qwen3-Next
-        or Qwen3.5-MoE, by its config's ``model_type``), or a
-        ``.gguf`` file, on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``) with dense weights in
-        ``dtype`` (float32, bfloat16 or float16); the other arguments are the class's. Every
-        argument is checked before anything is read, but for the upper bound of
-        ``hybrid_slots`` (the model's expert count)."""
+        """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
+        ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
+        directory (Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE, by its config's ``model_type``), or a
+        ``.gguf`` file (``qwen3moe``, ``qwen35moe`` or ``qwen3next``, by its
+        ``general.architecture``; the tokenizer from its metadata), on ``device`` (``"cpu"``,
+        ``"cuda"``, ``"cuda:N"``) with dense weights in ``dtype`` (float32, bfloat16 or float16);
+        the other arguments are the class's. Every argument is checked before anything is read,
+        but for the upper bound of ``hybrid_slots`` (the model's expert count)."""
         if not isinstance(path_or_tiny, (str, Path)):
             raise TypeError(f"path_or_tiny must be a tiny model name or a path, got {type(path_or_tiny).__name__}")
         quant, dev, dtype = check.quant(quant), check.device(device), check.dtype(dtype)
@@ -152,22 +151,17 @@ class Pipeline:
         tiny_model = name in tiny.TINY_MODELS
         if tiny_model:
             root = tiny.ensure(name)
-            hybrid_arch = tiny.TINY_MODELS[name].get("arch") is not None
-            path = root if quant == "hf" or hybrid_arch else root / f"model-{quant}.gguf"
+            path = root if quant == "hf" else root / f"model-{quant}.gguf"
         else:
             path = Path(path_or_tiny)
         expected = f"a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory or a .gguf file"
         if not path.exists():
             raise FileNotFoundError(f"model must be {expected}; {str(path_or_tiny)!r} is none of these")
         if path.is_dir():
-            quantize = tiny_model and quant == "q4_0"  # a hybrid tiny model's Q4_0 form: quantized at load
-            config, weights = load_hf(path, device=dev, dtype=dtype, progress=not tiny_model, quantize=quantize)
+            config, weights = load_hf(path, device=dev, dtype=dtype, progress=not tiny_model)
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
-            config, weights = load_gguf(path, device=dev, dtype=dtype, progress=not tiny_model)
-            from ftlab.formats.gguf import open_reader
-
-            tokenizer = Tokenizer.from_gguf(open_reader(path))
+            config, weights, tokenizer = load_gguf_model(path, device=dev, dtype=dtype, progress=not tiny_model)
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,

@@ -2,11 +2,13 @@
 
 Each tiny model exists as a HF directory (``config.json``, ``model.safetensors`` with the
 per-expert tensor names of real Qwen3-MoE checkpoints, a byte-level BPE ``tokenizer.json``
-trained on a small built-in text) and as GGUF files (``model-f32.gguf``, ``model-q4_0.gguf``)
-with the tokenizer in ``tokenizer.ggml.*`` metadata. The tiny hybrid models
-(:data:`ftlab.models.tiny_next.HYBRID_MODELS`: Qwen3.5-MoE, Qwen3-Next) exist as HF directories
-only (their ``q4_0`` form is quantized at load). Router weights are drawn, not zero, so
-routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny`` (``FTLAB_CACHE_DIR``).
+trained on a small built-in text) and as GGUF files (``model-f32.gguf``, ``model-q4_0.gguf``
+with its matmul weights Q4_0) with the tokenizer in ``tokenizer.ggml.*`` metadata. The tiny
+hybrid models (:data:`ftlab.models.tiny_next.HYBRID_MODELS`: Qwen3.5-MoE, Qwen3-Next) are HF
+checkpoints of their own layout, and their GGUF files are what llama.cpp's converter makes of
+them (``qwen35moe`` / ``qwen3next``, written by
+:func:`~ftlab.models.gguf_qwen3_next_write.write_gguf_hf`). Router weights are drawn, not zero,
+so routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny`` (``FTLAB_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ftlab.models.tiny_next import HYBRID_MODELS, hybrid_config, hybrid_weights
+from ftlab.models.tiny_next import HYBRID_MODELS, hybrid_config, hybrid_weights, write_hybrid_gguf
 
 QWEN3_MOE_MODELS: dict[str, dict] = {
     "tiny-qwen3-moe": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -52,7 +54,7 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
         root or cache_dir()
     ) / f"{name}-{spec_digest(name)}"  # a changed recipe gets a new directory
     hybrid = name in HYBRID_MODELS
-    if (path / ("model.safetensors" if hybrid else "model-q4_0.gguf")).is_file():
+    if (path / "model-q4_0.gguf").is_file():
         return path
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
@@ -61,8 +63,13 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
     (path / "config.json").write_text(json.dumps(config, indent=2))
     from safetensors.torch import save_file
 
-    if hybrid:  # written last: the marker
-        save_file(hybrid_weights(name, VOCAB_SIZE), str(path / "model.safetensors"), metadata={"format": "pt"})
+    if hybrid:
+        from gguf import GGMLQuantizationType as QT
+
+        weights = hybrid_weights(name, VOCAB_SIZE)
+        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+        write_hybrid_gguf(path / "model-f32.gguf", config, weights, tokenizer, QT.F32)
+        write_hybrid_gguf(path / "model-q4_0.gguf", config, weights, tokenizer, QT.Q4_0)  # written last: the marker
         return path
 
     save_file(random_weights(name), str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -85,8 +92,10 @@ def spec_digest(name: str) -> str:
 
     weights = hybrid_weights if name in HYBRID_MODELS else random_weights
     recipe = json.dumps([TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(weights)], sort_keys=True)
-    if name in HYBRID_MODELS:
-        recipe += inspect.getsource(hybrid_config)
+    if name in HYBRID_MODELS:  # and what makes its GGUF files
+        from ftlab.models import gguf_qwen3_next_layout, gguf_qwen3_next_write, tiny_next
+
+        recipe += "".join(inspect.getsource(m) for m in (tiny_next, gguf_qwen3_next_write, gguf_qwen3_next_layout))
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+TEXT_PREFIX = "model.language_model."
 HYBRID_MODELS: dict[str, dict] = {
     "tiny-qwen35-moe": dict(arch="qwen3_5_moe", hidden_size=256, num_hidden_layers=4, full_attention_interval=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=64, partial_rotary_factor=0.25,
@@ -59,7 +60,7 @@ def hybrid_weights(name: str, vocab_size: int) -> dict[str, torch.Tensor]:
     n, interval = spec["num_hidden_layers"], spec["full_attention_interval"]
     nq, nkv = spec["num_attention_heads"] * hd, spec["num_key_value_heads"] * hd
     next_arch = spec["arch"] == "qwen3_next"
-    model = "model." if next_arch else "model.language_model."
+    model = "model." if next_arch else TEXT_PREFIX
 
     def w(*shape: int, scale: float | None = None) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * (scale if scale is not None else shape[-1] ** -0.5)
@@ -98,3 +99,44 @@ def hybrid_weights(name: str, vocab_size: int) -> dict[str, torch.Tensor]:
             out |= {x + "gate_proj.weight": w(inter, h), x + "up_proj.weight": w(inter, h),
                     x + "down_proj.weight": w(h, inter)}  # fmt: skip
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def causal_lm_config(config: dict) -> dict:
+    """The text model's ``*ForCausalLM`` config dict of a tiny hybrid model's ``config.json`` (a
+    ``Qwen3_5MoeForConditionalGeneration`` one's ``text_config``), with its
+    ``full_attention_interval``: what the GGUF writer reads."""
+    if config["model_type"] == "qwen3_5_moe":
+        config = {"architectures": ["Qwen3_5MoeForCausalLM"], **config["text_config"]}
+    types = config["layer_types"]
+    return {**config, "full_attention_interval": types.index("full_attention") + 1}
+
+
+def fused_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint-named state dict in transformers' in-memory names: the text model's tensors
+    under ``model.`` (not ``model.language_model.``), each layer's per-expert
+    ``mlp.experts.{j}.{gate,up,down}_proj.weight`` fused into ``mlp.experts.gate_up_proj``
+    ``[E, 2I, H]`` (gate rows, then up rows) and ``mlp.experts.down_proj`` ``[E, H, I]``."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name, t in weights.items():
+        name = "model." + name.removeprefix(TEXT_PREFIX) if name.startswith(TEXT_PREFIX) else name
+        bank, sep, rest = name.partition(".experts.")
+        if sep and bank.endswith(".mlp"):
+            j, proj, _ = rest.split(".")
+            experts.setdefault(bank, {}).setdefault(int(j), {})[proj] = t
+        else:
+            out[name] = t
+    for bank, by_expert in experts.items():
+        order = [by_expert[j] for j in range(len(by_expert))]
+        out[bank + ".experts.gate_up_proj"] = torch.stack([torch.cat([e["gate_proj"], e["up_proj"]]) for e in order])
+        out[bank + ".experts.down_proj"] = torch.stack([e["down_proj"] for e in order])
+    return out
+
+
+def write_hybrid_gguf(path, config: dict, weights: dict[str, torch.Tensor], tokenizer, qtype) -> None:
+    """A tiny hybrid model (its HF ``config.json`` dict and checkpoint-named ``weights``) as the
+    GGUF file llama.cpp's converter would make of the checkpoint, its matmul weights of ``qtype``
+    (a ``gguf.GGMLQuantizationType``; F32: all float), ``tokenizer`` in the metadata."""
+    from ftlab.models.gguf_qwen3_next_write import write_gguf_hf
+
+    write_gguf_hf(path, causal_lm_config(config), fused_state(weights), tokenizer=tokenizer, types=qtype)

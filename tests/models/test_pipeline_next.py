@@ -31,15 +31,15 @@ def tiny_cache(tmp_path_factory):
 def test_tiny_hybrid_models_are_deterministic(tmp_path):
     a = tiny.ensure("tiny-qwen35-moe", tmp_path / "a")
     b = tiny.ensure("tiny-qwen35-moe", tmp_path / "b")
-    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "model-f32.gguf", "model-q4_0.gguf"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("name, quant, tokens", [("tiny-qwen35-moe", "hf", 12), ("tiny-qwen3-next", "hf", 12),
                                                   ("tiny-qwen3-next", "q4_0", 4)])  # fmt: skip
 def test_generate_is_greedy_and_stops(name, quant, tokens):
-    """The HF form, and the Q4_0 form (projections and banks quantized at load; the reference
-    int8 matmul on the CPU is slow, hence few tokens)."""
+    """The HF form, and the Q4_0 GGUF form (projections and banks Q4_0; the reference int8
+    matmul on the CPU is slow, hence few tokens)."""
     pipe = Pipeline.load(name, quant=quant)
     assert isinstance(pipe.model, Qwen3Next)
     pieces = list(pipe.generate(PROMPT, max_new_tokens=tokens))
