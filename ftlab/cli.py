@@ -143,6 +143,8 @@ _QWEN35_OPTIONS = ("small", "layers", "experts", "vocab", "write_gguf", "device"
 def cmd_bench(args) -> int:
     import importlib
 
+    if args.op != "model" and args.arch != "qwen3moe":
+        raise ValueError("--arch is an option of 'ftlab bench model' only")
     given = [name for name in _QWEN35_OPTIONS if getattr(args, name) not in (None, False)]
     if given and (args.op != "model" or args.arch != "qwen35moe"):
         flag = "--" + given[0].replace("_", "-")

@@ -22,9 +22,22 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ftlab.bench.harness import Measurement, Report, copy_bandwidth, device_info, require_gpu, time_us
+from ftlab.bench.harness import (
+    Measurement,
+    Report,
+    copy_bandwidth,
+    device_info,
+    require_gpu,
+    time_us,
+)
 from ftlab.bench.qwen35moe_gguf import write_random_gguf
-from ftlab.bench.qwen35moe_random import QWEN35_35B_A3B, RandomTensors, Shape, byte_tokenizer, hf_config
+from ftlab.bench.qwen35moe_random import (
+    QWEN35_35B_A3B,
+    RandomTensors,
+    Shape,
+    byte_tokenizer,
+    hf_config,
+)
 from ftlab.models.pipeline import DecodeGraph, Pipeline
 from ftlab.models.qwen3_next import NextWeights, Qwen3Next
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
@@ -62,8 +75,14 @@ def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda"
     tensors = RandomTensors(hf, dev)
     if write_gguf is not None:
         print(f"writing {write_gguf}")
-        write_random_gguf(write_gguf, hf, tensors, progress=lambda r: tqdm(r, desc="GGUF layers", unit="layer"))
-    gbps, what = (copy_bandwidth(), "device-to-device") if dev.type == "cuda" else (_host_copy_gbps(), "host")
+        write_random_gguf(
+            write_gguf, hf, tensors, progress=lambda r: tqdm(r, desc="GGUF layers", unit="layer")
+        )
+    gbps, what = (
+        (copy_bandwidth(), "device-to-device")
+        if dev.type == "cuda"
+        else (_host_copy_gbps(), "host")
+    )
     report = Report("model-qwen35moe", device_info(), gbps, notes=list(NOTES), copy_what=what)
     config = Qwen3NextConfig.from_hf(hf)
     weights = build_weights(config, tensors, device=dev, dtype=dtype, where="random qwen35moe",
@@ -85,7 +104,9 @@ def _timer(dev: torch.device, quick: bool) -> Callable[..., float]:
     """``timer(fn, warmup, reps)``: median microseconds of ``fn()`` -- device events on a GPU, the
     host clock on the CPU (one warm-up and three repeats there; ``quick``: one call)."""
     if dev.type == "cuda":
-        return lambda fn, warmup, reps: time_us(fn, warmup=warmup, reps=max(3, reps // 2) if quick else reps)
+        return lambda fn, warmup, reps: time_us(
+            fn, warmup=warmup, reps=max(3, reps // 2) if quick else reps
+        )
 
     def host(fn: Callable[[], object], warmup: int, reps: int) -> float:
         if not quick:
@@ -117,7 +138,9 @@ def _nbytes(w) -> int:
 
 
 def _shape_note(c: Qwen3NextConfig, w: NextWeights) -> str:
-    total = sum(_nbytes(x) for lw in w.layers for x in (lw.moe.w_gate_up, lw.moe.w_down)) + _nbytes(w.lm_head)
+    total = sum(_nbytes(x) for lw in w.layers for x in (lw.moe.w_gate_up, lw.moe.w_down)) + _nbytes(
+        w.lm_head
+    )
     return (f"shape: {c.num_hidden_layers} layers ({len(c.linear_layers)} Gated DeltaNet + {len(c.attention_layers)} "
             f"gated attention), hidden {c.hidden_size}, attention {c.num_attention_heads} / {c.num_key_value_heads} "
             f"heads x {c.head_dim} (rotary {c.rotary_dim}), linear attention {c.linear_num_key_heads} key / "
@@ -164,7 +187,9 @@ def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, 
     t = timer(lambda: pipe.prefill(tokens), 2, 5)
     report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s", "auto",
                                            t, 0, finite, "eager"))  # fmt: skip
-    report.notes.append(f"prefill logits: finite {finite}, RMS {float(logits.float().pow(2).mean().sqrt()):.2f}")
+    report.notes.append(
+        f"prefill logits: finite {finite}, RMS {float(logits.float().pow(2).mean().sqrt()):.2f}"
+    )
     mean = length * c.num_experts_per_tok / c.num_experts
     report.notes.append(
         f"prefill expert load over {len(loads)} layers (routes per expert, mean {mean:.1f}): min {load.min():.0f}, "
@@ -172,10 +197,14 @@ def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, 
         f"experts with no route {int((load == 0).sum())} of {load.numel()}"
     )
     hist = torch.histc(load / mean, bins=8, min=0, max=4).int().tolist()
-    report.notes.append(f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}")
+    report.notes.append(
+        f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}"
+    )
 
 
-def _same_step(model: Qwen3Next, first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor]) -> bool:
+def _same_step(
+    model: Qwen3Next, first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor]
+) -> bool:
     """Whether two ways of running one decode step from the same recurrent state give identical,
     finite logits (the state is put back after each)."""
     saved = [t.clone() for t in model.recurrent_state()]
@@ -191,10 +220,14 @@ def _same_step(model: Qwen3Next, first: Callable[[], torch.Tensor], second: Call
     return bool(torch.isfinite(a).all()) and torch.equal(a, b)
 
 
-def _decode(report: Report, pipe: Pipeline, length: int, batch: int, gen: torch.Generator, timer) -> None:
+def _decode(
+    report: Report, pipe: Pipeline, length: int, batch: int, gen: torch.Generator, timer
+) -> None:
     """Decode steps of ``batch`` sequences at position ``length``: graph (on a GPU) and eager."""
     c, dev = pipe.config, pipe.device
-    steps = [torch.randint(0, c.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)]
+    steps = [
+        torch.randint(0, c.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)
+    ]
     positions = torch.full((batch, 1), length, device=dev)
     it = iter(range(1 << 62))
     if batch == 1:
@@ -207,20 +240,28 @@ def _decode(report: Report, pipe: Pipeline, length: int, batch: int, gen: torch.
             return pipe.decode_step(ids[next(it) % 8])
 
         pipe.position = length
-        ok = _same_step(model, lambda: pipe.decode_step(ids[0]), lambda: model.forward(steps[0], positions)[0, -1])
+        ok = _same_step(
+            model,
+            lambda: pipe.decode_step(ids[0]),
+            lambda: model.forward(steps[0], positions)[0, -1],
+        )
         pipe.position = length
     else:
         model = Qwen3Next(c, pipe.weights, max_batch=batch, max_seq_len=pipe.max_seq_len, backends=pipe.model.backends,
                           q4_0_path=pipe.q4_0_path, static=pipe.graph_capturable)  # fmt: skip
         graph = DecodeGraph(model, batch) if pipe.graph_capturable else None
         eager = lambda: model.forward(steps[0], positions)  # noqa: E731
-        ok = _same_step(model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager)
+        ok = _same_step(
+            model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager
+        )
 
         def graph_step() -> torch.Tensor:
             return graph(steps[next(it) % 8], positions)
 
     k, e = c.num_experts_per_tok, c.num_experts
-    used = e * (1 - (1 - k / e) ** batch)  # distinct experts a layer, expected under uniform routing
+    used = e * (
+        1 - (1 - k / e) ** batch
+    )  # distinct experts a layer, expected under uniform routing
     attended = pipe.max_seq_len if model.static else length + 1
     weight, state = decode_bytes(c, pipe.weights, used, batch, attended)
     nbytes = int(weight + state)

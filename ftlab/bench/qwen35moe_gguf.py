@@ -53,10 +53,14 @@ def _declare(writer: gguf.GGUFWriter, name: str, shape: tuple[int, ...]) -> None
     if kind == QT.Q4_0:
         *lead, k = shape
         byte_shape = (*lead, k // QK * 18)
-        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=kind)
+        writer.add_tensor_info(
+            name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=kind
+        )
     elif kind == QT.BF16:
         byte_shape = (*shape[:-1], 2 * shape[-1])
-        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=kind)
+        writer.add_tensor_info(
+            name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=kind
+        )
     else:
         writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
 
@@ -84,7 +88,9 @@ def _layer(c: dict, tensors: Mapping, i: int) -> dict:
     one.pop("mtp_num_hidden_layers", None)
     h = c["hidden_size"]
     sub = {"model.embed_tokens.weight": torch.zeros(1, h), "model.norm.weight": torch.zeros(h)}
-    sub |= {"model.layers.0." + n[len(prefix) :]: tensors[n] for n in tensors if n.startswith(prefix)}
+    sub |= {
+        "model.layers.0." + n[len(prefix) :]: tensors[n] for n in tensors if n.startswith(prefix)
+    }
     out = gguf_tensors(ARCH, one, sub)
     return {_BLOCK.sub(f"blk.{i}.", n): t for n, t in out.items() if n.startswith("blk.0.")}
 
@@ -127,7 +133,9 @@ def write_random_gguf(path: str | Path, config: dict, tensors: Mapping, progress
             packed = isinstance(t, QuantWeight) and t.qtype == "Q4_0"
             if packed != (_kind(name) == QT.Q4_0) or (not packed and (t.dtype == torch.bfloat16) != (
                     _kind(name) == QT.BF16)):  # fmt: skip
-                raise RuntimeError(f"tensor {name!r} is not of the type declared for it ({_kind(name).name})")
+                raise RuntimeError(
+                    f"tensor {name!r} is not of the type declared for it ({_kind(name).name})"
+                )
             array = _array(t)
             if array.nbytes != writer.tensors[0][name].nbytes:
                 raise RuntimeError(f"tensor {name!r} has {array.nbytes} bytes, the table declared "

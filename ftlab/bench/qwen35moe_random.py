@@ -67,7 +67,9 @@ class Shape:
         if self.top_k > self.experts:
             raise ValueError(f"top_k must be <= experts ({self.experts}), got {self.top_k}")
 
-    def with_overrides(self, layers: int | None = None, experts: int | None = None, vocab: int | None = None) -> Shape:
+    def with_overrides(
+        self, layers: int | None = None, experts: int | None = None, vocab: int | None = None
+    ) -> Shape:
         """This shape with fewer layers / experts (top-k capped at them) / a smaller vocabulary."""
         experts = experts if experts is not None else self.experts
         return replace(self, layers=layers if layers is not None else self.layers, experts=experts,
@@ -132,7 +134,9 @@ class RandomTensors(Mapping):
             return torch.empty(shape, device=dev).uniform_(1.0, 16.0, generator=gen).log()
         if name.endswith("dt_bias"):
             return torch.full(shape, -4.0, device=dev)
-        return torch.randn(shape, device=dev, generator=gen) * shape[-1] ** -0.5  # conv, router, shared gate
+        return (
+            torch.randn(shape, device=dev, generator=gen) * shape[-1] ** -0.5
+        )  # conv, router, shared gate
 
 
 def byte_tokenizer() -> Tokenizer:
