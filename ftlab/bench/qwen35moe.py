@@ -259,9 +259,8 @@ def _decode(
             return graph(steps[next(it) % 8], positions)
 
     k, e = c.num_experts_per_tok, c.num_experts
-    used = e * (
-        1 - (1 - k / e) ** batch
-    )  # distinct experts a layer, expected under uniform routing
+    # distinct experts a layer, expected under uniform routing
+    used = e * (1 - (1 - k / e) ** batch)
     attended = pipe.max_seq_len if model.static else length + 1
     weight, state = decode_bytes(c, pipe.weights, used, batch, attended)
     nbytes = int(weight + state)

@@ -134,9 +134,8 @@ class RandomTensors(Mapping):
             return torch.empty(shape, device=dev).uniform_(1.0, 16.0, generator=gen).log()
         if name.endswith("dt_bias"):
             return torch.full(shape, -4.0, device=dev)
-        return (
-            torch.randn(shape, device=dev, generator=gen) * shape[-1] ** -0.5
-        )  # conv, router, shared gate
+        # the conv kernel, the router, the shared-expert gate
+        return torch.randn(shape, device=dev, generator=gen) * shape[-1] ** -0.5
 
 
 def byte_tokenizer() -> Tokenizer:

@@ -74,9 +74,7 @@ def test_gguf_reads_back_as_the_benched_model(cpu_run):
                 and got.qtype == "Q4_0"
                 and torch.equal(got.data, want.data)
             ), name
-        elif name.endswith(
-            "A_log"
-        ):  # stored as -exp(A_log): back to within the f32 rounding of exp
+        elif name.endswith("A_log"):  # stored as -exp(A_log): back within the f32 rounding of exp
             torch.testing.assert_close(got, want, rtol=2**-23, atol=0)
         else:
             assert torch.equal(got, want.float()), name
