@@ -61,8 +61,10 @@ NOTES = [
 
 def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda",
         write_gguf: str | Path | None = None) -> Report:  # fmt: skip
-    """The bench on ``device`` (``"cuda"``: a GPU is required; ``"cpu"``: eager, a smoke run);
-    ``quick``: fewer repetitions; ``write_gguf``: a path to write the model's GGUF file to."""
+    """The bench of ``shape`` on ``device`` (``"cuda"``: a GPU is required; ``"cpu"``: eager, a
+    smoke run); ``quick``: fewer repetitions; ``write_gguf``: a path to write the model's GGUF
+    file to. The report is ``model-qwen35moe``, or ``model-qwen35moe-scaled`` for another shape
+    than the released model's."""
     if not isinstance(shape, Shape):
         raise TypeError(f"shape must be a Shape, got {type(shape).__name__}")
     dev = torch.device(device)
@@ -83,7 +85,8 @@ def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda"
         if dev.type == "cuda"
         else (_host_copy_gbps(), "host")
     )
-    report = Report("model-qwen35moe", device_info(), gbps, notes=list(NOTES), copy_what=what)
+    name = "model-qwen35moe" if shape == QWEN35_35B_A3B else "model-qwen35moe-scaled"
+    report = Report(name, device_info(), gbps, notes=list(NOTES), copy_what=what)
     config = Qwen3NextConfig.from_hf(hf)
     weights = build_weights(config, tensors, device=dev, dtype=dtype, where="random qwen35moe",
                             progress=lambda r: tqdm(r, desc="random Q4_0 layers", unit="layer"))  # fmt: skip

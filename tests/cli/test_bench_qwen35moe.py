@@ -27,7 +27,7 @@ def bench(tmp_path, *extra: str) -> tuple[int, dict]:
             *extra,
         ]
     )
-    (path,) = tmp_path.glob("*-model-qwen35moe.json")
+    (path,) = tmp_path.glob("*-model-qwen35moe-scaled.json")
     return status, json.loads(path.read_text())
 
 
@@ -40,7 +40,7 @@ def cpu_run(tmp_path_factory):
 
 def test_report_rows_and_notes(cpu_run):
     status, report, _ = cpu_run
-    assert status == 0 and report["name"] == "model-qwen35moe" and report["copy_gbps"] > 0
+    assert status == 0 and report["name"] == "model-qwen35moe-scaled" and report["copy_gbps"] > 0
     rows = report["results"]
     assert [r["case"].split(":")[0] for r in rows] == [
         "prefill 32 tokens",
