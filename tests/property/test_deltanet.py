@@ -48,8 +48,8 @@ def step_case(draw, dims=(16, 32, 64), dtypes=(torch.float32, torch.bfloat16, to
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     hk = draw(st.sampled_from([1, 2, 4]))
     hv = hk * draw(st.sampled_from([1, 2]))
-    q, k, v, g, beta, state = _inputs(gen, draw(st.sampled_from([1, 3])), 1, hk, hv, draw(st.sampled_from(dims)),
-                                      draw(st.sampled_from(dims)), draw(st.sampled_from(dtypes)), with_state=True)  # fmt: skip
+    b, dk, dv = draw(st.sampled_from([1, 3])), draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
+    q, k, v, g, beta, state = _inputs(gen, b, 1, hk, hv, dk, dv, draw(st.sampled_from(dtypes)), with_state=True)
     return q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state
 
 
