@@ -15,11 +15,12 @@
 
 namespace ftlab {
 
-constexpr int kDnCols = 32;                   // state columns a block
+constexpr int kDnCols = 16;                   // state columns a block
 constexpr int kDnRows = 8;                    // threads along Dk
 constexpr int kDnMaxPer = 16;                 // state rows a thread: Dk <= 128
 constexpr int kDnMaxDk = kDnRows * kDnMaxPer;
 constexpr int kDnThreads = kDnRows * kDnCols;
+static_assert(kDnThreads >= kDnMaxDk, "a thread a row of q and k when a token is fetched");
 
 struct DnShared {
   float q[kDnMaxDk], k[kDnMaxDk];
