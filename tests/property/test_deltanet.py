@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ftlab.testing as ft
-from ftlab import ops
+from ftlab import backends, ops
 from ftlab.reference import deltanet as ref
 
 
@@ -240,3 +240,17 @@ def test_gated_delta_step_graph_replays(backend):
         want = step(eager_state)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
         torch.testing.assert_close(state, eager_state, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx1100"])
+def test_triton_prefill_every_target_config(monkeypatch, target):
+    """The Triton prefill with each target's tiles (head dimensions and state columns a program
+    not dividing Dk / Dv, chunks past T), on the CPU: the configurations the GPUs launch."""
+    if "triton" not in backends.available_backends("gated_delta_rule", torch.device("cpu"), torch.float32):
+        pytest.skip("Triton's interpreter is off in this process")
+    from ftlab.triton import deltanet_chunk
+
+    monkeypatch.setitem(deltanet_chunk.CONFIGS, "default", deltanet_chunk.CONFIGS[target])
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, g, beta, state = _inputs(gen, 1, 70, 2, 4, 48, 40, torch.bfloat16, with_state=True)
+    ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=32, backends=["triton"])
