@@ -142,13 +142,12 @@ def _decode(report: Report, b: int, names: list[str], fla, dev: torch.device) ->
         s = states[0].clone()
         o = ops.gated_delta_step(q, k, v, g, beta, s, backend=name)
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-5)
-        turn = iter(range(1 << 62))
-        fn = lambda nm=name, it=turn: ops.gated_delta_step(
-            q, k, v, g, beta, states[next(it) % copies], backend=nm
-        )  # noqa: E731
-        report.measurements.append(
-            Measurement(case, name, time_graph_us(fn, inner=copies), nbytes, ok, "graph")
-        )
+        turn = iter(range(1 << 62))  # each captured call advances the next state copy
+
+        def step(nm=name, it=turn):
+            return ops.gated_delta_step(q, k, v, g, beta, states[next(it) % copies], backend=nm)
+
+        report.measurements.append(Measurement(case, name, time_graph_us(step, inner=copies), nbytes, ok, "graph"))
     if fla is not None:
         recurrent = fla[1]
         turn = iter(range(1 << 62))
