@@ -219,11 +219,12 @@ def precision(device: torch.device) -> str:
 
 _RDNA = {"BS": 16, "BV": 16, "num_warps": 8}
 #: Per target: head dimensions BS columns at a time, BV state columns a program in the state and
-#: output kernels, warps a program; each free of spills in the compile check.
+#: output kernels (STATE_BV in the state kernel: narrower, so that more programs share the
+#: chunk-after-chunk work), warps a program; each free of spills in the compile check.
 CONFIGS: dict[str, dict[str, int]] = {
-    "default": {"BS": 32, "BV": 32, "num_warps": 8},
-    "sm_90": {"BS": 32, "BV": 32, "num_warps": 8},
-    "gfx942": {"BS": 32, "BV": 32, "num_warps": 4},
+    "default": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 8},
+    "sm_90": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 8},
+    "gfx942": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 4},
     "gfx1100": _RDNA,
     "gfx1151": _RDNA,
     "gfx1201": _RDNA,
@@ -252,8 +253,9 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     rk = torch.empty(bhv, nt * c, dtype=torch.float32, device=dev)
     chunk_kkt_kernel[(nt, bhv)](k, g, beta, a, rk, t, nt, **common)
     chunk_solve_kernel[(nt, bhv)](k, v, g, beta, a, w, u, t, nt, DV=dv, **common)
+    sbv = cfg.get("STATE_BV", bv)
+    chunk_state_kernel[(bhv, triton.cdiv(dv, sbv))](k, g, w, u, hs, rk, t, nt, DV=dv, BV=sbv, **common)
     vb = triton.cdiv(dv, bv)
-    chunk_state_kernel[(bhv, vb)](k, g, w, u, hs, rk, t, nt, DV=dv, BV=bv, **common)
     o = torch.empty(b, t, hv, dv, dtype=v.dtype, device=dev)
     chunk_output_kernel[(nt, bhv, vb)](q, k, g, u, hs, o, float(scale), t, nt, DV=dv, BV=bv, **common)
     return o, hs[:, nt].reshape(b, hv, dk, dv).contiguous()
@@ -277,7 +279,7 @@ def compile_specs(target: str) -> list:
             (chunk_solve_kernel, {"k_ptr": x, "v_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "w_ptr": f32,
                                   "u_ptr": f32}, {"DV": 128}),
             (chunk_state_kernel, {"k_ptr": x, "g_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32, "rk_ptr": f32},
-             {"DV": 128, "BV": bv}),
+             {"DV": 128, "BV": cfg.get("STATE_BV", bv)}),
             (chunk_output_kernel, {"q_ptr": x, "k_ptr": x, "g_ptr": f32, "u_ptr": f32, "h_ptr": f32, "o_ptr": x,
                                    "scale": "fp32"}, {"DV": 128, "BV": bv}),
         ):  # fmt: skip
