@@ -5,7 +5,7 @@ Chunks of C tokens; with a chunk's keys ``K`` (L2-normalised when asked), cumula
 on tiles of at most ``[C, C]`` or ``[C, BS]`` (head dimensions taken BS columns at a time):
 
 - ``chunk_kkt_kernel`` (chunks in parallel): ``L``, fp32 scratch ``[C, C]`` a chunk, and the
-  keys' L2-norm factors for the state kernel;
+  keys' L2-norm factors for the solve and state kernels;
 - ``chunk_solve_kernel`` (chunks in parallel): the WY form ``W = (I + L)^-1 (beta exp(c) K)``,
   ``U = (I + L)^-1 (beta V)`` by block forward substitution over blocks of 16 rows (a block's
   right-hand sides less ``L_ij`` times the solved blocks above, then its unit-triangular
@@ -110,7 +110,7 @@ def _solve_columns(x_ptr, a_ptr, row0, i, rhs, inv, D: tl.constexpr, C: tl.const
 
 
 @triton.jit
-def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr,
+def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr,
                        HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
                        L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
@@ -130,7 +130,7 @@ def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, w_ptr, u_ptr, T, NT
             inv = tl.where(rows[:, None] == r, inv - tl.sum(a[:, None] * inv, axis=0)[None, :], inv)
         beta = tl.load(beta_ptr + (b * T + ti + rows).to(tl.int64) * HV + h, mask=ti + rows < T, other=0.0)
         c = _decay(g_ptr, b, ti, T, h, HV, 16, _sum_before(g_ptr, b, t0, i * 16, T, h, HV, C))
-        wk = beta * tl.exp(c) * _inv_norms(k_ptr, b, ti, T, kh, HK, DK, 16, BS, L2NORM)
+        wk = beta * tl.exp(c) * tl.load(rk_ptr + row0 + i * 16 + rows)
         for s0 in range(0, DK, BS):
             rhs = _rows(k_ptr, b, ti, T, kh, HK, DK, 16, BS, s0) * wk[:, None]
             _solve_columns(w_ptr, a_ptr, row0, i, rhs, inv, DK, C, s0, BS, PRECISION)
@@ -252,7 +252,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
         hs[:, 0].copy_(state.reshape(bhv, dk, dv))
     rk = torch.empty(bhv, nt * c, dtype=torch.float32, device=dev)
     chunk_kkt_kernel[(nt, bhv)](k, g, beta, a, rk, t, nt, **common)
-    chunk_solve_kernel[(nt, bhv)](k, v, g, beta, a, w, u, t, nt, DV=dv, **common)
+    chunk_solve_kernel[(nt, bhv)](k, v, g, beta, a, rk, w, u, t, nt, DV=dv, **common)
     sbv = cfg.get("STATE_BV", bv)
     chunk_state_kernel[(bhv, triton.cdiv(dv, sbv))](k, g, w, u, hs, rk, t, nt, DV=dv, BV=sbv, **common)
     vb = triton.cdiv(dv, bv)
@@ -276,8 +276,8 @@ def compile_specs(target: str) -> list:
         x = f"*{dt}"
         for kernel, types, extra in (
             (chunk_kkt_kernel, {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "rk_ptr": f32}, {}),
-            (chunk_solve_kernel, {"k_ptr": x, "v_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "w_ptr": f32,
-                                  "u_ptr": f32}, {"DV": 128}),
+            (chunk_solve_kernel, {"k_ptr": x, "v_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "rk_ptr": f32,
+                                  "w_ptr": f32, "u_ptr": f32}, {"DV": 128}),
             (chunk_state_kernel, {"k_ptr": x, "g_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32, "rk_ptr": f32},
              {"DV": 128, "BV": cfg.get("STATE_BV", bv)}),
             (chunk_output_kernel, {"q_ptr": x, "k_ptr": x, "g_ptr": f32, "u_ptr": f32, "h_ptr": f32, "o_ptr": x,
