@@ -1,5 +1,5 @@
 """The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` (JIT-built, cached):
-a block per (sequence, value head, 32 state columns) with its state slice in registers. Decode
+a block per (sequence, value head, 16 state columns) with its state slice in registers. Decode
 is one step written back in place; prefill is the recurrence scanned token by token over the
 sequence (not the chunked form; ``chunk_size`` does not change it). Dk up to 128."""
 

@@ -38,10 +38,13 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     products and sums (16); each term of a dot within 2 eps32 (tensor cores' tf32x3 splits each
     product into three, dropping a 2^-22 part, and may truncate as they accumulate), so ``rho =
     2 (Dk + 2 chunk) + 16`` -- and the state formed at a
-    chunk's end adds ``rho`` eps32 of ``A``. In chunks the decays are ``exp(c_i - c_j)`` of fp32
+    chunk's end adds ``rho`` eps32 of ``A``, a state formed token by token 6 eps32 of ``A`` a
+    token (the decay, its exp, the outer product and the sum, each rounded once; added at
+    every token, so that the bound of any chunk size also covers the recurrence, which HIP's
+    prefill runs whatever the chunk size). In chunks the decays are ``exp(c_i - c_j)`` of fp32
     cumulative sums over the chunk, whose exponents are off by up to ``(chunk + 2) eps32 (|c_i|
     + |c_j|)``: ``rho`` adds ``2 (chunk + 2) G`` with ``G`` the chunk's sum of |g|. The carried
-    error ``E_t = growth_t E_{t-1} + rho (|k_t| m_t + [chunk end] A_t)`` then bounds the
+    error ``E_t = growth_t E_{t-1} + rho (|k_t| m_t + [chunk end] A_t) + 6 A_t`` then bounds the
     state's column error, the output's ``|q_t| (E_t + rho A_t)`` eps32 (q scaled), the final
     state's ``(E_T + rho A_T)`` eps32. Outputs of fp16 / bf16 add the rounding to v's dtype,
     one ulp (Triton's interpreter truncates) at ``|exact| + bound``.
@@ -89,7 +92,7 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk):
         amag = e * amag + knorm * delta.abs()
         growth = e * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
         end = (i % chunk == chunk - 1) or i == t - 1
-        err = growth * err + rho * (knorm * m + (amag if end else 0.0))
+        err = growth * err + rho * (knorm * m + (amag if end else 0.0)) + 6 * amag
         o[:, i] = (s * qt[..., None]).sum(-2)
         o_bound[:, i] = EPS32 * qt.norm(dim=-1, keepdim=True) * (err + rho * amag)
     s_bound = (EPS32 * (err + rho * amag) if t else torch.zeros_like(amag))[..., None, :].expand(

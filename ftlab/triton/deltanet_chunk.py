@@ -4,7 +4,8 @@ Chunks of C tokens; with a chunk's keys ``K`` (L2-normalised when asked), cumula
 ``c`` from its start and ``L = beta_i (k_i . k_j) exp(c_i - c_j)`` (j < i), four kernels, each
 on tiles of at most ``[C, C]`` or ``[C, BS]`` (head dimensions taken BS columns at a time):
 
-- ``chunk_kkt_kernel`` (chunks in parallel): ``L``, fp32 scratch ``[C, C]`` a chunk;
+- ``chunk_kkt_kernel`` (chunks in parallel): ``L``, fp32 scratch ``[C, C]`` a chunk, and the
+  keys' L2-norm factors for the solve and state kernels;
 - ``chunk_solve_kernel`` (chunks in parallel): the WY form ``W = (I + L)^-1 (beta exp(c) K)``,
   ``U = (I + L)^-1 (beta V)`` by block forward substitution over blocks of 16 rows (a block's
   right-hand sides less ``L_ij`` times the solved blocks above, then its unit-triangular
@@ -69,8 +70,9 @@ def _sum_before(g_ptr, b, t0, n, T, h, HV: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def chunk_kkt_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                     C: tl.constexpr, BS: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+def chunk_kkt_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
+                     DK: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, L2NORM: tl.constexpr,
+                     PRECISION: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HV
@@ -89,6 +91,7 @@ def chunk_kkt_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, T, NT, HK: tl.constexpr, HV:
     gap = tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0))
     lower = tl.where(below, acc * r[:, None] * r[None, :] * gap * beta[:, None], 0.0)
     tl.store(a_ptr + (bh.to(tl.int64) * NT * C + t0 + rows)[:, None] * C + rows[None, :], lower)
+    tl.store(rk_ptr + bh.to(tl.int64) * NT * C + t0 + rows, r)
 
 
 @triton.jit
@@ -107,7 +110,7 @@ def _solve_columns(x_ptr, a_ptr, row0, i, rhs, inv, D: tl.constexpr, C: tl.const
 
 
 @triton.jit
-def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr,
+def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr,
                        HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
                        L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
@@ -127,7 +130,7 @@ def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, w_ptr, u_ptr, T, NT
             inv = tl.where(rows[:, None] == r, inv - tl.sum(a[:, None] * inv, axis=0)[None, :], inv)
         beta = tl.load(beta_ptr + (b * T + ti + rows).to(tl.int64) * HV + h, mask=ti + rows < T, other=0.0)
         c = _decay(g_ptr, b, ti, T, h, HV, 16, _sum_before(g_ptr, b, t0, i * 16, T, h, HV, C))
-        wk = beta * tl.exp(c) * _inv_norms(k_ptr, b, ti, T, kh, HK, DK, 16, BS, L2NORM)
+        wk = beta * tl.exp(c) * tl.load(rk_ptr + row0 + i * 16 + rows)
         for s0 in range(0, DK, BS):
             rhs = _rows(k_ptr, b, ti, T, kh, HK, DK, 16, BS, s0) * wk[:, None]
             _solve_columns(w_ptr, a_ptr, row0, i, rhs, inv, DK, C, s0, BS, PRECISION)
@@ -138,7 +141,7 @@ def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, w_ptr, u_ptr, T, NT
 
 
 @triton.jit
-def chunk_state_kernel(k_ptr, g_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
+def chunk_state_kernel(k_ptr, g_ptr, w_ptr, u_ptr, h_ptr, rk_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
                        DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
                        L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     bh = tl.program_id(0)
@@ -162,7 +165,7 @@ def chunk_state_kernel(k_ptr, g_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constexp
         tl.store(u_ptr + row[:, None] * DV + dv[None, :], x, mask=mv[None, :])
         c = _decay(g_ptr, b, t0, T, h, HV, C, 0.0)
         c_last = _sum_before(g_ptr, b, t0, C, T, h, HV, C)
-        wk = tl.exp(c_last - c) * _inv_norms(k_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM)
+        wk = tl.exp(c_last - c) * tl.load(rk_ptr + row)
         for s0 in range(0, DK, BS):
             d = s0 + ds
             smask = (d < DK)[:, None] & mv[None, :]
@@ -216,11 +219,12 @@ def precision(device: torch.device) -> str:
 
 _RDNA = {"BS": 16, "BV": 16, "num_warps": 8}
 #: Per target: head dimensions BS columns at a time, BV state columns a program in the state and
-#: output kernels, warps a program; each free of spills in the compile check.
+#: output kernels (STATE_BV in the state kernel: narrower, so that more programs share the
+#: chunk-after-chunk work), warps a program; each free of spills in the compile check.
 CONFIGS: dict[str, dict[str, int]] = {
-    "default": {"BS": 32, "BV": 32, "num_warps": 8},
-    "sm_90": {"BS": 32, "BV": 32, "num_warps": 8},
-    "gfx942": {"BS": 32, "BV": 32, "num_warps": 4},
+    "default": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 8},
+    "sm_90": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 8},
+    "gfx942": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 4},
     "gfx1100": _RDNA,
     "gfx1151": _RDNA,
     "gfx1201": _RDNA,
@@ -246,10 +250,12 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
         hs[:, 0].zero_()
     else:
         hs[:, 0].copy_(state.reshape(bhv, dk, dv))
-    chunk_kkt_kernel[(nt, bhv)](k, g, beta, a, t, nt, **common)
-    chunk_solve_kernel[(nt, bhv)](k, v, g, beta, a, w, u, t, nt, DV=dv, **common)
+    rk = torch.empty(bhv, nt * c, dtype=torch.float32, device=dev)
+    chunk_kkt_kernel[(nt, bhv)](k, g, beta, a, rk, t, nt, **common)
+    chunk_solve_kernel[(nt, bhv)](k, v, g, beta, a, rk, w, u, t, nt, DV=dv, **common)
+    sbv = cfg.get("STATE_BV", bv)
+    chunk_state_kernel[(bhv, triton.cdiv(dv, sbv))](k, g, w, u, hs, rk, t, nt, DV=dv, BV=sbv, **common)
     vb = triton.cdiv(dv, bv)
-    chunk_state_kernel[(bhv, vb)](k, g, w, u, hs, t, nt, DV=dv, BV=bv, **common)
     o = torch.empty(b, t, hv, dv, dtype=v.dtype, device=dev)
     chunk_output_kernel[(nt, bhv, vb)](q, k, g, u, hs, o, float(scale), t, nt, DV=dv, BV=bv, **common)
     return o, hs[:, nt].reshape(b, hv, dk, dv).contiguous()
@@ -269,11 +275,11 @@ def compile_specs(target: str) -> list:
     for dt in ("fp32", "fp16", "bf16"):
         x = f"*{dt}"
         for kernel, types, extra in (
-            (chunk_kkt_kernel, {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32}, {}),
-            (chunk_solve_kernel, {"k_ptr": x, "v_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "w_ptr": f32,
-                                  "u_ptr": f32}, {"DV": 128}),
-            (chunk_state_kernel, {"k_ptr": x, "g_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32},
-             {"DV": 128, "BV": bv}),
+            (chunk_kkt_kernel, {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "rk_ptr": f32}, {}),
+            (chunk_solve_kernel, {"k_ptr": x, "v_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "rk_ptr": f32,
+                                  "w_ptr": f32, "u_ptr": f32}, {"DV": 128}),
+            (chunk_state_kernel, {"k_ptr": x, "g_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32, "rk_ptr": f32},
+             {"DV": 128, "BV": cfg.get("STATE_BV", bv)}),
             (chunk_output_kernel, {"q_ptr": x, "k_ptr": x, "g_ptr": f32, "u_ptr": f32, "h_ptr": f32, "o_ptr": x,
                                    "scale": "fp32"}, {"DV": 128, "BV": bv}),
         ):  # fmt: skip

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ftlab.testing as ft
-from ftlab import ops
+from ftlab import backends, ops
 from ftlab.reference import deltanet as ref
 
 
@@ -48,8 +48,8 @@ def step_case(draw, dims=(16, 32, 64), dtypes=(torch.float32, torch.bfloat16, to
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     hk = draw(st.sampled_from([1, 2, 4]))
     hv = hk * draw(st.sampled_from([1, 2]))
-    q, k, v, g, beta, state = _inputs(gen, draw(st.sampled_from([1, 3])), 1, hk, hv, draw(st.sampled_from(dims)),
-                                      draw(st.sampled_from(dims)), draw(st.sampled_from(dtypes)), with_state=True)  # fmt: skip
+    b, dk, dv = draw(st.sampled_from([1, 3])), draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
+    q, k, v, g, beta, state = _inputs(gen, b, 1, hk, hv, dk, dv, draw(st.sampled_from(dtypes)), with_state=True)
     return q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state
 
 
@@ -131,10 +131,11 @@ def test_chunked_equals_recurrence_without_l2norm():
     r_o_bound, r_s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, chunk_size=1, **kw)
     assert bool(((o - rec_o).abs() <= o_bound + r_o_bound).all())
     assert bool(((s - rec_s).abs() <= s_bound + r_s_bound).all())
-    exact_o, _ = ft.gated_delta_exact(q, k, v, g, beta, state, **kw)
-    assert (
-        float((o.double() - exact_o).abs().max()) > 0
-    )  # the bound is not vacuous: fp32 does round
+    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, **kw)
+    assert float((o.double() - exact_o).abs().max()) > 0  # fp32 does round
+    # a chunk size's bound covers the recurrence too (HIP's prefill scans token by token)
+    assert bool(((rec_o.double() - exact_o).abs() <= o_bound).all())
+    assert bool(((rec_s.double() - exact_s).abs() <= s_bound).all())
 
 
 def test_step_continues_the_sequence():
@@ -239,3 +240,17 @@ def test_gated_delta_step_graph_replays(backend):
         want = step(eager_state)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
         torch.testing.assert_close(state, eager_state, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx1100"])
+def test_triton_prefill_every_target_config(monkeypatch, target):
+    """The Triton prefill with each target's tiles (head dimensions and state columns a program
+    not dividing Dk / Dv, chunks past T), on the CPU: the configurations the GPUs launch."""
+    if "triton" not in backends.available_backends("gated_delta_rule", torch.device("cpu"), torch.float32):
+        pytest.skip("Triton's interpreter is off in this process")
+    from ftlab.triton import deltanet_chunk
+
+    monkeypatch.setitem(deltanet_chunk.CONFIGS, "default", deltanet_chunk.CONFIGS[target])
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, g, beta, state = _inputs(gen, 1, 70, 2, 4, 48, 40, torch.bfloat16, with_state=True)
+    ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=32, backends=["triton"])

@@ -15,74 +15,91 @@
 
 namespace ftlab {
 
-constexpr int kDnCols = 32;                   // state columns a block
+constexpr int kDnCols = 16;                   // state columns a block
 constexpr int kDnRows = 8;                    // threads along Dk
 constexpr int kDnMaxPer = 16;                 // state rows a thread: Dk <= 128
 constexpr int kDnMaxDk = kDnRows * kDnMaxPer;
 constexpr int kDnThreads = kDnRows * kDnCols;
+static_assert(kDnThreads >= kDnMaxDk, "a thread a row of q and k when a token is fetched");
 
 struct DnShared {
   float q[kDnMaxDk], k[kDnMaxDk];
   float part[kDnRows][kDnCols], part_o[kDnRows][kDnCols];
-  float qscale, kscale;
+  float kk[kDnRows], qq[kDnRows];
 };
 
-// Loads token t's q and k (already offset to the key head) into shared memory and their
-// normalising factors (times scale for q); ends with a barrier.
+// One token's operands in registers: thread tid's element of q and k (0 past Dk), its column's v,
+// the head's g and beta.
+struct DnToken {
+  float q, k, v, g, beta;
+};
+
 template <typename T>
-__device__ __forceinline__ void dn_load_qk(DnShared& sh, const typename T::storage* q, const typename T::storage* k,
-                                           int dk, float scale, bool l2norm) {
+__device__ __forceinline__ DnToken dn_fetch(const typename T::storage* q, const typename T::storage* k,
+                                            const typename T::storage* v, const float* g, const float* beta, int dk,
+                                            bool live) {
   const int tid = threadIdx.x;
-  for (int i = tid; i < kDnMaxDk; i += kDnThreads) {  // zeros past Dk: the rows there stay 0
-    sh.q[i] = i < dk ? T::load(q + i) : 0.0f;
-    sh.k[i] = i < dk ? T::load(k + i) : 0.0f;
-  }
-  __syncthreads();
-  if (tid == 0 || tid == kDnCols) {  // two threads, one sum each (Dk <= 256 shared reads)
-    const float* x = tid == 0 ? sh.q : sh.k;
-    float ss = 0.0f;
-    for (int i = 0; i < kDnMaxDk; ++i) ss += x[i] * x[i];
-    const float r = l2norm ? 1.0f / port_sqrtf(ss + 1e-6f) : 1.0f;
-    if (tid == 0)
-      sh.qscale = r * scale;
-    else
-      sh.kscale = r;
-  }
-  __syncthreads();
+  DnToken tok;
+  tok.q = tid < dk ? T::load(q + tid) : 0.0f;
+  tok.k = tid < dk ? T::load(k + tid) : 0.0f;
+  tok.v = live ? T::load(v) : 0.0f;
+  tok.g = *g;
+  tok.beta = *beta;
+  return tok;
 }
 
-// One token on the registers s[] of thread (r, c) (rows past Dk hold 0 and meet k = q = 0);
+// One token on the registers s[] of thread (r, c) (rows past Dk hold 0 and meet k = q = 0):
+// the sums over Dk (k^T S, |k|^2, q^T S, |q|^2) reduced through shared memory, three barriers;
 // returns o for column c in thread r == 0.
-template <typename T>
-__device__ __forceinline__ float dn_token(DnShared& sh, float (&s)[kDnMaxPer], int r, int c, float v,
-                                          float decay, float beta) {
-  float kv = 0.0f;
+__device__ __forceinline__ float dn_token(DnShared& sh, float (&s)[kDnMaxPer], int r, int c, const DnToken& tok,
+                                          float scale, bool l2norm) {
+  const int tid = threadIdx.x;
+  if (tid < kDnMaxDk) {
+    sh.q[tid] = tok.q;
+    sh.k[tid] = tok.k;
+  }
+  __syncthreads();
+  const float decay = port_expf(tok.g);
+  float kv = 0.0f, kk = 0.0f;
 #pragma unroll
   for (int m = 0; m < kDnMaxPer; ++m) {
+    const float ki = sh.k[r + m * kDnRows];
     s[m] *= decay;
-    kv += sh.k[r + m * kDnRows] * s[m];
+    kv += ki * s[m];
+    kk += ki * ki;
   }
   sh.part[r][c] = kv;
+  if (c == 0) sh.kk[r] = kk;
   __syncthreads();
   kv = 0.0f;
+  kk = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kDnRows; ++j) kv += sh.part[j][c];
-  const float ks = sh.kscale;
-  const float delta = (v - kv * ks) * beta;
-  float o = 0.0f;
+  for (int j = 0; j < kDnRows; ++j) {
+    kv += sh.part[j][c];
+    kk += sh.kk[j];
+  }
+  const float ks = l2norm ? 1.0f / port_sqrtf(kk + 1e-6f) : 1.0f;
+  const float delta = (tok.v - kv * ks) * tok.beta;
+  float o = 0.0f, qq = 0.0f;
 #pragma unroll
   for (int m = 0; m < kDnMaxPer; ++m) {
+    const float qi = sh.q[r + m * kDnRows];
     s[m] += sh.k[r + m * kDnRows] * ks * delta;
-    o += sh.q[r + m * kDnRows] * s[m];
+    o += qi * s[m];
+    qq += qi * qi;
   }
   sh.part_o[r][c] = o;
+  if (c == 0) sh.qq[r] = qq;
   __syncthreads();
+  if (r != 0) return 0.0f;
   o = 0.0f;
-  if (r == 0) {
+  qq = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kDnRows; ++j) o += sh.part_o[j][c];
+  for (int j = 0; j < kDnRows; ++j) {
+    o += sh.part_o[j][c];
+    qq += sh.qq[j];
   }
-  return o * sh.qscale;
+  return o * (l2norm ? 1.0f / port_sqrtf(qq + 1e-6f) : 1.0f) * scale;
 }
 
 // q, k [B, Hk, Dk]; v, o [B, Hv, Dv]; g, beta [B, Hv] fp32; state [B, Hv, Dk, Dv] fp32 in place.
@@ -101,7 +118,8 @@ __global__ void __launch_bounds__(kDnThreads)
   const int col = blockIdx.y * kDnCols + c;
   const bool live = col < dv;
   const int64_t head = static_cast<int64_t>(b) * hk + kh;
-  dn_load_qk<T>(sh, q + head * dk, k + head * dk, dk, scale, l2norm != 0);
+  const DnToken tok = dn_fetch<T>(q + head * dk, k + head * dk, v + static_cast<int64_t>(bh) * dv + col, g + bh,
+                                  beta + bh, dk, live);
   float* s_col = state + static_cast<int64_t>(bh) * dk * dv + col;
   float s[kDnMaxPer];
 #pragma unroll
@@ -109,8 +127,7 @@ __global__ void __launch_bounds__(kDnThreads)
     const int i = r + m * kDnRows;
     s[m] = live && i < dk ? s_col[static_cast<int64_t>(i) * dv] : 0.0f;
   }
-  const float vv = live ? T::load(v + static_cast<int64_t>(bh) * dv + col) : 0.0f;
-  const float out = dn_token<T>(sh, s, r, c, vv, port_expf(g[bh]), beta[bh]);
+  const float out = dn_token(sh, s, r, c, tok, scale, l2norm != 0);
   if (!live) return;
 #pragma unroll
   for (int m = 0; m < kDnMaxPer; ++m) {
@@ -151,17 +168,20 @@ __global__ void __launch_bounds__(kDnThreads)
   const float* gt = g + vh0;
   const float* bt = beta + vh0;
   const int qk_step = hk * dk, vo_step = hv * dv;
+  DnToken tok = dn_fetch<T>(qt, kt, vt, gt, bt, dk, live);
   for (int t = 0; t < tokens; ++t) {
-    dn_load_qk<T>(sh, qt, kt, dk, scale, l2norm != 0);
-    const float vv = live ? T::load(vt) : 0.0f;
-    const float out = dn_token<T>(sh, s, r, c, vv, port_expf(*gt), *bt);
+    const DnToken now = tok;
+    if (t + 1 < tokens) {  // the next token's loads overlap this token's work
+      qt += qk_step;
+      kt += qk_step;
+      vt += vo_step;
+      gt += hv;
+      bt += hv;
+      tok = dn_fetch<T>(qt, kt, vt, gt, bt, dk, live);
+    }
+    const float out = dn_token(sh, s, r, c, now, scale, l2norm != 0);
     if (live && r == 0) *ot = T::from_float(out);
-    qt += qk_step;
-    kt += qk_step;
-    vt += vo_step;
     ot += vo_step;
-    gt += hv;
-    bt += hv;
   }
   if (!live) return;
 #pragma unroll

@@ -1,0 +1,39 @@
+// Runs deltanet.hip's kernels on the CPU (see q4_0_common.h here), one std::thread per GPU
+// thread of a block, fp32 operands.
+#include <thread>
+#include <vector>
+
+#include "deltanet.hip"
+
+using namespace ftlab;
+
+template <typename F>
+void run_grid(int blocks_x, int blocks_y, F kernel) {
+  for (int by = 0; by < blocks_y; ++by)
+    for (int bx = 0; bx < blocks_x; ++bx) {
+      std::barrier<> bar(kDnThreads);
+      host_barrier = &bar;
+      std::vector<std::thread> pool;
+      for (int t = 0; t < kDnThreads; ++t)
+        pool.emplace_back([=] {
+          blockIdx = {bx, by};
+          threadIdx = {t, 0};
+          kernel();
+          host_barrier->arrive_and_drop();
+        });
+      for (auto& th : pool) th.join();
+    }
+}
+
+// tokens == 0: the decode step (q, k [B, Hk, Dk] ...); else the prefill scan over tokens.
+extern "C" void run(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                    float* o, int b, int tokens, int hk, int hv, int dk, int dv, float scale, int l2norm) {
+  const int cols = (dv + kDnCols - 1) / kDnCols;
+  if (tokens == 0)
+    run_grid(b * hv, cols,
+             [=] { gated_delta_step_kernel<f32_t>(q, k, v, g, beta, state, o, hk, hv, dk, dv, scale, l2norm); });
+  else
+    run_grid(b * hv, cols, [=] {
+      gated_delta_scan_kernel<f32_t>(q, k, v, g, beta, state, o, tokens, hk, hv, dk, dv, scale, l2norm);
+    });
+}

@@ -1,0 +1,56 @@
+// Host stand-ins for the device helpers deltanet.hip uses, so its kernels compile with a host
+// C++20 compiler and run on the CPU: one std::thread per GPU thread of a block (blocks run one
+// after another), __syncthreads a barrier, __shared__ variables function statics. A thread that
+// returns leaves the barrier (arrive_and_drop), as a finished GPU thread stops counting.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __restrict__
+#define __launch_bounds__(...)
+#define __shared__ static
+struct HostIdx {
+  int x, y;
+};
+inline thread_local HostIdx threadIdx, blockIdx;
+inline std::barrier<>* host_barrier;
+inline void __syncthreads() { host_barrier->arrive_and_wait(); }
+inline float port_sqrtf(float x) { return std::sqrt(x); }
+inline float port_expf(float x) { return std::exp(x); }
+struct f32_t {
+  using storage = float;
+  static float load(const storage* p) { return *p; }
+  static storage from_float(float f) { return f; }
+};
+struct f16_t {
+  using storage = uint16_t;
+  static float load(const storage* p) {
+    _Float16 h;
+    std::memcpy(&h, p, 2);
+    return static_cast<float>(h);
+  }
+  static storage from_float(float f) {
+    const _Float16 h = static_cast<_Float16>(f);
+    storage s;
+    std::memcpy(&s, &h, 2);
+    return s;
+  }
+};
+struct bf16_t {
+  using storage = uint16_t;
+  static float load(const storage* p) {
+    const uint32_t u = static_cast<uint32_t>(*p) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static storage from_float(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<storage>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+};

@@ -1,0 +1,64 @@
+"""The gated delta rule's HIP kernels (ftlab/hip/csrc/deltanet.hip) run on the CPU: the device
+code compiled by the host C++ compiler against stand-ins for the GPU helpers
+(tests/unit/deltanet_host), a thread per GPU thread, fp32, held to the exact recurrence within
+ftlab.testing.gated_delta_tolerance. Catches indexing and reduction mistakes without a GPU; the
+GPU tests (tests/property/test_deltanet.py, ``gpu``) run the real thing."""
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import ftlab.testing as ft
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    build = tmp_path_factory.mktemp("deltanet_host")
+    for src in (ROOT / "ftlab/hip/csrc/deltanet.hip", *(ROOT / "tests/unit/deltanet_host").iterdir()):
+        shutil.copy(src, build / src.name)  # beside the stand-in q4_0_common.h, which it then includes
+    lib = build / "harness.so"
+    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-x", "c++",
+                          str(build / "harness.cpp"), "-o", str(lib)], capture_output=True, text=True)  # fmt: skip
+    if res.returncode:
+        if "_Float16" in res.stderr or "barrier" in res.stderr:
+            pytest.skip(f"{cxx} lacks C++20 barriers or _Float16")
+        raise AssertionError(res.stderr[-3000:])
+    return ctypes.CDLL(str(lib))
+
+
+def _ptr(t: torch.Tensor):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+@pytest.mark.parametrize(
+    "b, t, hk, hv, dk, dv, l2norm",
+    [(1, 0, 1, 2, 16, 40, True), (2, 0, 2, 4, 128, 32, True), (1, 9, 1, 2, 32, 48, True), (2, 5, 2, 2, 100, 16, False)],
+)
+def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm):
+    """t = 0: the decode step on one token; else the prefill scan over t tokens."""
+    gen = torch.Generator().manual_seed(b + t + dk)
+    steps = max(t, 1)
+    q = torch.randn(b, steps, hk, dk, generator=gen)
+    k = torch.randn(b, steps, hk, dk, generator=gen) * (1.0 if l2norm else dk**-0.5)
+    v = torch.randn(b, steps, hv, dv, generator=gen)
+    g = -torch.nn.functional.softplus(torch.randn(b, steps, hv, generator=gen))
+    beta = torch.sigmoid(torch.randn(b, steps, hv, generator=gen))
+    state = torch.randn(b, hv, dk, dv, generator=gen) * 0.5
+    scale = dk**-0.5
+    got_state = state.clone()
+    o = torch.full((b, steps, hv, dv), float("nan"))
+    harness.run(_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(got_state), _ptr(o), b, t, hk, hv, dk, dv,
+                ctypes.c_float(scale), int(l2norm))  # fmt: skip
+    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, l2norm)
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, l2norm, chunk_size=1)
+    assert bool(((o.double() - exact_o).abs() <= o_bound).all()), float((o.double() - exact_o).abs().max())
+    assert bool(((got_state.double() - exact_s).abs() <= s_bound).all())
