@@ -310,13 +310,13 @@ def parser() -> argparse.ArgumentParser:
                    help="qwen3moe: the Qwen3-30B-A3B shape; qwen35moe: the Qwen3.6-35B-A3B shape (hybrid DeltaNet)")
     m.add_argument("--small", action="store_true", help="every width scaled down (hidden 256, 4 layers, 8 experts, "
                                                        "vocab 1024, prompt 32): a CPU smoke run")
-    m.add_argument("--layers", type=_option(int, "an int", _at_least_one("--layers")), help="this many layers")
+    m.add_argument("--layers", type=_option(int, "an int", _at_least_one("--layers")), help="this many layers (default: the shape's, 40; --small: 4)")
     m.add_argument("--experts", type=_option(int, "an int", _at_least_one("--experts")),
-                   help="this many experts a layer (top-k capped at them)")
-    m.add_argument("--vocab", type=_option(int, "an int", _at_least_one("--vocab")), help="this vocabulary size")
-    m.add_argument("--device", choices=["cuda", "cpu"], help="cuda (default) or cpu: eager, host-timed, a smoke run")
+                   help="this many experts a layer, top-k capped at them (default: the shape's, 256; --small: 8)")
+    m.add_argument("--vocab", type=_option(int, "an int", _at_least_one("--vocab")), help="this vocabulary size (default: the shape's, 248320; --small: 1024)")
+    m.add_argument("--device", choices=["cuda", "cpu"], help="cuda or cpu: eager, host-timed, a smoke run (default: cuda)")
     m.add_argument("--write-gguf", metavar="FILE", help="first write the random model as a qwen35moe GGUF file "
-                                                        "(Q4_0 matmul weights) for llama-bench")
+                                                        "(Q4_0 matmul weights) for llama-bench (default: none written)")
     return top  # fmt: skip
 
 
