@@ -394,3 +394,5 @@ _builtin("qk_norm_rope", "qk_norm_rope", "per-head RMSNorm of q and k, then RoPE
 _builtin("dequantize", "quants", "GGUF Q8_0 / Q4_K / Q5_K / Q6_K blocks to float (Q4_0: dequantize_q4_0)",
          FLOAT_DTYPES)  # fmt: skip
 _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)
+_builtin("quant_matmul", "quant_matmul", "x @ W.T for Q8_0 / Q4_K / Q5_K / Q6_K weights (Q4_0: q4_0_matmul)",
+         FLOAT_DTYPES, paths=Q4_0_PATHS)  # fmt: skip

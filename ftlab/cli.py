@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 BENCHES = {
     "index_store": "ftlab.bench.index_store",
     "q4_0": "ftlab.bench.q4_0",
+    "quant": "ftlab.bench.quant",
     "moe": "ftlab.bench.moe",
     "model": "ftlab.bench.model",
     "hybrid": "ftlab.bench.hybrid",

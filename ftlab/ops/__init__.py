@@ -10,6 +10,7 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
   :func:`q4_0_matmul`;
 - ``moe``: :func:`route_topk`, :func:`moe_align`, :func:`moe_experts`, :func:`fused_moe`;
 - ``qk_norm_rope``: :func:`qk_norm_rope`;
+- ``quant_matmul``: :func:`quant_matmul` (Q8_0 and the K-quants; Q4_0 through ``q4_0_matmul``);
 - ``quants``: :func:`dequantize` (Q8_0 and the K-quants; Q4_0 through ``dequantize_q4_0``),
   :func:`quantize` (Q8_0; Q4_0 through ``quantize_q4_0``).
 
@@ -20,6 +21,7 @@ from ftlab.ops.index_store import index, store
 from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk
 from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
 from ftlab.ops.qk_norm_rope import qk_norm_rope
+from ftlab.ops.quant_matmul import quant_matmul
 from ftlab.ops.quants import dequantize, quantize
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "moe_experts",
     "q4_0_matmul",
     "qk_norm_rope",
+    "quant_matmul",
     "quantize",
     "quantize_q4_0",
     "quantize_q8_1",

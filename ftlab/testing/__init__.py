@@ -47,6 +47,12 @@ from ftlab.testing.q4_0 import (
     q8_1_inputs,
 )
 from ftlab.testing.qk_norm_rope import check_qk_norm_rope_case, qk_norm_rope_tolerance
+from ftlab.testing.quant_matmul import (
+    QuantMatmulCase,
+    check_quant_matmul_case,
+    quant_matmul_cases,
+    quant_matmul_tolerance,
+)
 from ftlab.testing.quants import (
     KQUANT_TYPES,
     check_q8_0_quantize_case,
@@ -58,6 +64,10 @@ from ftlab.testing.quants import (
 __all__ = [
     "FLOAT_DTYPES",
     "KQUANT_TYPES",
+    "QuantMatmulCase",
+    "check_quant_matmul_case",
+    "quant_matmul_cases",
+    "quant_matmul_tolerance",
     "check_q8_0_quantize_case",
     "check_quant_dequantize_case",
     "q8_0_values",

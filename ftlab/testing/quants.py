@@ -23,16 +23,20 @@ from ftlab.testing.common import backends_for
 KQUANT_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 SCALE_OFFSETS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 _SPECIAL_F16 = (0x0000, 0x8000, 0x0001, 0x03FF, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0xFE01)
+#: the finite ones: zero, subnormal, the largest finite
+FINITE_SPECIAL_F16 = (0x0000, 0x8000, 0x0001, 0x03FF, 0x7BFF)
 
 
 @st.composite
-def quant_weights(draw, qtypes: Sequence[str] = KQUANT_TYPES, max_rows: int = 12, max_blocks: int = 4):
-    """A :class:`~ftlab.quant.QuantWeight` ``[N, K]`` or ``[E, N, K]`` of random blocks of one of
-    ``qtypes``, a quarter of whose scales are special fp16 values (zero, subnormal, the largest
-    finite, infinite, NaN)."""
+def quant_weights(draw, qtypes: Sequence[str] = KQUANT_TYPES, max_rows: int = 12, max_blocks: int = 4,
+                  specials: Sequence[int] = _SPECIAL_F16, banks: bool = True):  # fmt: skip
+    """A :class:`~ftlab.quant.QuantWeight` ``[N, K]`` (or ``[E, N, K]`` with ``banks``) of random
+    blocks of one of ``qtypes``, a quarter of whose scales are drawn from ``specials`` (fp16 bit
+    patterns; by default zero, subnormal, the largest finite, infinite, NaN;
+    :data:`FINITE_SPECIAL_F16` for the finite ones)."""
     qtype = draw(st.sampled_from(list(qtypes)))
     qt = QTYPES[qtype]
-    lead = (draw(st.integers(1, 3)),) if draw(st.booleans()) else ()
+    lead = (draw(st.integers(1, 3)),) if banks and draw(st.booleans()) else ()
     n = draw(st.integers(1, max_rows))
     k = qt.block * draw(st.integers(1, max_blocks if qt.block > 32 else 4 * max_blocks))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -40,7 +44,7 @@ def quant_weights(draw, qtypes: Sequence[str] = KQUANT_TYPES, max_rows: int = 12
     blocks = data.reshape(-1, qt.nbytes)
     for off in SCALE_OFFSETS[qtype]:
         ordinary = rng.uniform(1e-3, 1.0, blocks.shape[0]).astype(np.float16).view(np.uint16)
-        special = rng.choice(np.array(_SPECIAL_F16, dtype=np.uint16), blocks.shape[0])
+        special = rng.choice(np.array(specials, dtype=np.uint16), blocks.shape[0])
         scale = np.where(rng.random(blocks.shape[0]) < 0.25, special, ordinary)
         blocks[:, off : off + 2] = scale.astype("<u2").view(np.uint8).reshape(-1, 2)
     return QuantWeight(torch.from_numpy(data), (*lead, n, k), qtype)

@@ -1,0 +1,173 @@
+// quant_matmul.hip — device code of the int8-dot matvecs of GGUF Q8_0, Q4_K, Q5_K and Q6_K
+// weights with Q8_1 activations (up to 8 rows).
+//
+// Contract: docs/OPS.md section 11 (quant_matmul, int8 path); reference:
+// ftlab/reference/quant_matmul.py. A "unit" is 32 consecutive weights of a row, the span of one
+// Q8_1 block (d8, q8[32], s8 = d8 * sum(q8)): a Q8_0 block, a Q4_K / Q5_K sub-block, a Q6_K
+// quarter (two 16-sub-blocks). Per unit, with dp4a / sudot4 / sdot4 (port_dp4a) on 32-bit words
+// of four weights and four activations:
+//   Q8_0:        d * (d8 * sumi)
+//   Q4_K / Q5_K: d * (d8 * (sc * sumi)) - dmin * (m * s8)            (q 0..15 / 0..31)
+//   Q6_K:        d * (d8 * (sc_a * sumi_a)) + d * (d8 * (sc_b * sumi_b))   (16 weights each;
+//                sumi = dot(q, q8) - 32 * sum(q8), q 0..63 unsigned in the bytes)
+//
+// A group of 32 threads (a warp; half a wave on CDNA) owns one weight row: lane l takes units
+// l, l + 32, ..., so the 32 lanes of a step read 32 consecutive units (for the K-quants, four
+// consecutive super-blocks), and the partial sums meet through port_shfl_xor within the group.
+// Blocks of 34 and 210 bytes are only 2-byte aligned: those are read as 16-bit words.
+//
+// Includes q4_0_common.h and port.h only: the gfx compile check compiles this file alone.
+#include "q4_0_common.h"
+
+namespace ftlab {
+namespace qmm {
+
+constexpr int kGroup = 32;        // threads per weight row
+constexpr int kRowsPerBlock = 4;  // rows per 128-thread block
+
+__device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ uint32_t load_w16(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
+__device__ __forceinline__ uint32_t load_w32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ float half_at(const uint8_t* p) { return port_half_to_float(static_cast<uint16_t>(load_u16(p))); }
+
+// Q8_0 (34 bytes / 32): d fp16, q[32] int8.
+struct Q8_0 {
+  static constexpr int kBlock = 32, kBytes = 34, kUnits = 1;
+  uint32_t q[8];
+  float d;
+  __device__ __forceinline__ void load(const uint8_t* blk, int) {
+    d = half_at(blk);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = load_w16(blk + 2 + 4 * i);
+  }
+  __device__ __forceinline__ float term(const int x[8], float d8, float) const {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x[i], sumi);
+    return d * (d8 * static_cast<float>(sumi));
+  }
+};
+
+// Q4_K (144 bytes / 256) and Q5_K (176: qh[32] before qs): unit j is sub-block j, the low
+// (j even) or high (j odd) nibbles of qs bytes 32 (j / 2) ..; Q5_K's fifth bit is bit j of qh[l].
+template <bool kFifth>
+struct QK4 {
+  static constexpr int kBlock = 256, kBytes = kFifth ? 176 : 144, kUnits = 8;
+  static constexpr int kQs = kFifth ? 48 : 16;
+  uint32_t q[8];
+  float d, dmin, sc, mn;
+  __device__ __forceinline__ void load(const uint8_t* blk, int j) {
+    d = half_at(blk);
+    dmin = half_at(blk + 2);
+    const uint8_t* s = blk + 4;  // llama.cpp's get_scale_min_k4
+    if (j < 4) {
+      sc = static_cast<float>(s[j] & 63);
+      mn = static_cast<float>(s[j + 4] & 63);
+    } else {
+      sc = static_cast<float>((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+      mn = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+    const uint8_t* qs = blk + kQs + 32 * (j >> 1);
+    const int shift = 4 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = (load_w32(qs + 4 * i) >> shift) & 0x0F0F0F0Fu;
+      if (kFifth) q[i] |= ((load_w32(blk + 16 + 4 * i) >> j) & 0x01010101u) << 4;
+    }
+  }
+  __device__ __forceinline__ float term(const int x[8], float d8, float s8) const {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x[i], sumi);
+    return d * (d8 * (sc * static_cast<float>(sumi))) - dmin * (mn * s8);
+  }
+};
+
+// Q6_K (210 bytes / 256): unit u is quarter t = u % 4 of half h = u / 4: weight l (0..31) is
+// nibble t / 2 of ql byte 64h + 32 (t % 2) + l with bits 2t, 2t + 1 of qh byte 128 + 32h + l;
+// weights 0..15 take scale 8h + 2t, 16..31 scale 8h + 2t + 1.
+struct Q6_K {
+  static constexpr int kBlock = 256, kBytes = 210, kUnits = 8;
+  uint32_t q[8];  // q + 32, 0..63
+  float d, sc_a, sc_b;
+  __device__ __forceinline__ void load(const uint8_t* blk, int u) {
+    const int h = u >> 2, t = u & 3;
+    d = half_at(blk + 208);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+    sc_a = static_cast<float>(scales[8 * h + 2 * t]);
+    sc_b = static_cast<float>(scales[8 * h + 2 * t + 1]);
+    const uint8_t* ql = blk + 64 * h + 32 * (t & 1);
+    const uint8_t* qh = blk + 128 + 32 * h;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = ((load_w16(ql + 4 * i) >> (4 * (t >> 1))) & 0x0F0F0F0Fu) |
+             (((load_w16(qh + 4 * i) >> (2 * t)) & 0x03030303u) << 4);
+    }
+  }
+  __device__ __forceinline__ float term(const int x[8], float d8, float) const {
+    int a = 0, b = 0, xa = 0, xb = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a = port_dp4a(static_cast<int>(q[i]), x[i], a);
+      xa = port_dp4a(0x01010101, x[i], xa);
+      b = port_dp4a(static_cast<int>(q[i + 4]), x[i + 4], b);
+      xb = port_dp4a(0x01010101, x[i + 4], xb);
+    }
+    const float sa = static_cast<float>(a - 32 * xa), sb = static_cast<float>(b - 32 * xb);
+    return d * (d8 * (sc_a * sa)) + d * (d8 * (sc_b * sb));
+  }
+};
+
+// y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
+// activations q8 [M, K] (int8, rows contiguous), d8 / s8 [M, K/32].
+template <typename Q, int MV_M>
+__global__ void __launch_bounds__(kGroup * kRowsPerBlock)
+    quant_mv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
+                    const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
+                    int64_t n_rows, int64_t k) {
+  const int lane = threadIdx.x;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (n >= n_rows) return;  // a whole group leaves together: the shuffles below stay in-group
+  const uint8_t* row = w + n * row_bytes;
+  const int64_t units = k / 32;
+  const int64_t xblocks = k / 32;
+  float acc[MV_M];
+#pragma unroll
+  for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
+  for (int64_t u = lane; u < units; u += kGroup) {
+    Q blk;
+    blk.load(row + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+#pragma unroll
+    for (int m = 0; m < MV_M; ++m) {
+      const int* xw = reinterpret_cast<const int*>(q8 + m * k + u * 32);
+      int x[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = xw[i];
+      acc[m] += blk.term(x, d8[m * xblocks + u], s8[m * xblocks + u]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MV_M; ++m) {
+    float v = acc[m];
+#pragma unroll
+    for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+    if (lane == 0) y[m * n_rows + n] = v;
+  }
+}
+
+#define FTLAB_QMM_INSTANTIATE(Q, M)                                                              \
+  template __global__ void quant_mv_kernel<Q, M>(const uint8_t*, int64_t, const int8_t*, const float*, \
+                                                 const float*, float*, int64_t, int64_t);
+#define FTLAB_QMM_ROWS(Q)                                                                        \
+  FTLAB_QMM_INSTANTIATE(Q, 1) FTLAB_QMM_INSTANTIATE(Q, 2) FTLAB_QMM_INSTANTIATE(Q, 3)            \
+  FTLAB_QMM_INSTANTIATE(Q, 4) FTLAB_QMM_INSTANTIATE(Q, 5) FTLAB_QMM_INSTANTIATE(Q, 6)            \
+  FTLAB_QMM_INSTANTIATE(Q, 7) FTLAB_QMM_INSTANTIATE(Q, 8)
+FTLAB_QMM_ROWS(Q8_0)
+FTLAB_QMM_ROWS(QK4<false>)
+FTLAB_QMM_ROWS(QK4<true>)
+FTLAB_QMM_ROWS(Q6_K)
+#undef FTLAB_QMM_ROWS
+#undef FTLAB_QMM_INSTANTIATE
+
+}  // namespace qmm
+}  // namespace ftlab

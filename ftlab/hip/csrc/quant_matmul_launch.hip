@@ -1,0 +1,95 @@
+// quant_matmul_launch.hip — host glue for quant_matmul.hip: tvm-ffi entry points of the
+// int8-dot matvecs of GGUF Q8_0, Q4_K, Q5_K and Q6_K weights (uint8 tensors) with Q8_1
+// activations (up to 8 rows), launched on torch's current stream. One entry point per block
+// type (the Python wrapper picks it by the weight's qtype).
+//
+// ftlab.ops validates shapes, dtypes and devices before calling in here; the checks below
+// only keep a direct caller from reading or writing out of bounds (or misaligned).
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+#include "launch_common.h"
+#include "quant_matmul.hip"
+
+namespace ftlab {
+namespace qmm {
+
+using tvm::ffi::TensorView;
+using namespace launch;
+
+namespace {
+
+// y [M, N] fp32 = the int8 dots of q8 [M, K] int8 (d8, s8 [M, K/32] fp32) with w [N, row bytes].
+template <typename Q>
+void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
+            const char* what) {
+  check_contiguous(w, "w");
+  check_contiguous(q, "q8");
+  check_contiguous(d, "d8");
+  check_contiguous(s, "s8");
+  check_contiguous(y, "y");
+  TVM_FFI_CHECK(q.ndim() == 2 && q.size(1) % Q::kBlock == 0, ValueError)
+      << "q8 must be [M, K] with K a multiple of " << Q::kBlock << " for " << what;
+  const int64_t m = q.size(0), k = q.size(1);
+  TVM_FFI_CHECK(d.numel() == m * (k / 32) && s.numel() == d.numel(), ValueError) << "d8 and s8 must be [M, K/32]";
+  TVM_FFI_CHECK(w.ndim() == 2 && w.size(1) == k / Q::kBlock * Q::kBytes, ValueError)
+      << "w must be [N, K/" << Q::kBlock << "*" << Q::kBytes << "] " << what << " blocks matching the activations' K";
+  TVM_FFI_CHECK(w.dtype().code == kDLUInt && w.dtype().bits == 8, TypeError) << "w must be uint8";
+  const int64_t n = w.size(0);
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m && y.size(1) == n, ValueError) << "y must be [M, N]";
+  TVM_FFI_CHECK(m >= 1 && m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << m;
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0 && reinterpret_cast<uintptr_t>(base_of(q)) % 4 == 0,
+                ValueError)
+      << "w and q8 must be 4-byte aligned";
+  if (n == 0 || k == 0) return;
+  const int64_t grid = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  TVM_FFI_CHECK(grid <= 0x7fffffff, ValueError) << "w has too many rows for one launch: " << n;
+  const dim3 block(kGroup, kRowsPerBlock);
+  const uint8_t* wp = static_cast<const uint8_t*>(base_of(w));
+  const int8_t* qp = static_cast<const int8_t*>(base_of(q));
+  const float* dp = static_cast<const float*>(base_of(d));
+  const float* sp = static_cast<const float*>(base_of(s));
+  float* yp = static_cast<float*>(base_of(y));
+  port_stream_t st = stream_of(y);
+  switch (m) {
+#define FTLAB_QMM_CASE(M)                                                                                  \
+  case M:                                                                                                  \
+    quant_mv_kernel<Q, M><<<static_cast<unsigned>(grid), block, 0, st>>>(wp, w.size(1), qp, dp, sp, yp, n, k); \
+    break;
+    FTLAB_QMM_CASE(1)
+    FTLAB_QMM_CASE(2)
+    FTLAB_QMM_CASE(3)
+    FTLAB_QMM_CASE(4)
+    FTLAB_QMM_CASE(5)
+    FTLAB_QMM_CASE(6)
+    FTLAB_QMM_CASE(7)
+    FTLAB_QMM_CASE(8)
+#undef FTLAB_QMM_CASE
+  }
+  check_launch("quant_mv_kernel");
+}
+
+}  // namespace
+
+void quant_mv_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<Q8_0>(w, q, d, s, y, "Q8_0");
+}
+void quant_mv_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<QK4<false>>(w, q, d, s, y, "Q4_K");
+}
+void quant_mv_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<QK4<true>>(w, q, d, s, y, "Q5_K");
+}
+void quant_mv_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<Q6_K>(w, q, d, s, y, "Q6_K");
+}
+
+}  // namespace qmm
+}  // namespace ftlab
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q8_0, ftlab::qmm::quant_mv_q8_0);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q4_k, ftlab::qmm::quant_mv_q4_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);

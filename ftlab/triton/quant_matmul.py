@@ -1,0 +1,160 @@
+"""Matmul on GGUF Q8_0 and the K-quants in Triton (docs/OPS.md section 11; reference:
+ftlab/reference/quant_matmul.py).
+
+- path "int8": x quantized to Q8_1 by the Q4_0 family's kernel, then the int8-dot matvecs of
+  ``ftlab/triton/quant_matmul_mv.py``, ``MATVEC_ROWS`` rows a pass.
+- path "dequant": ``quant_dequant_gemm_kernel``, a ``[BLOCK_M, BLOCK_N]`` output tile per
+  program: each ``BLOCK_K`` step dequantizes the ``[BLOCK_N, BLOCK_K]`` weight tile in registers
+  (:func:`dequant_tile`, each value computed as ``ops.dequantize`` computes it, then rounded to
+  x's dtype) and ``tl.dot``s it with the activation tile, accumulating in fp32 (fp32 x: tf32x3
+  on NVIDIA, IEEE elsewhere).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ftlab.quant import Q8_1, QuantWeight
+from ftlab.triton.q4_0 import quantize_q8_1
+from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale
+from ftlab.triton.quant_matmul_mv import MATVEC_ROWS, matvec_specs, quant_matvec
+from ftlab.triton.quants import scale_min_k4
+
+#: constexpr codes of the types in the GEMM kernel
+QTYPE_CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
+#: GEMM tiles by activation dtype (untimed starting points; BLOCK_K one Q8_0 pair / quarter K-block)
+GEMM_CONFIGS: dict[str, dict[str, int]] = {
+    "half": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
+    "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2},
+}
+
+
+@triton.jit
+def dequant_tile(w_ptr, row, kg, mask, QTYPE: tl.constexpr):
+    """fp32 values ``[BN, BK]`` of weights ``kg`` ``[BK]`` (column indices) of rows at byte offsets
+    ``row`` ``[BN]``, computed in the reference's order (``ftlab/reference/quants.py``)."""
+    if QTYPE == 0:  # Q8_0: d * q
+        wb = w_ptr + row[:, None] + ((kg // 32) * 34)[None, :]
+        d = load_q4_0_scale(wb, mask)
+        q = tl.load(wb + 2 + (kg % 32)[None, :], mask=mask, other=0).to(tl.int8, bitcast=True)
+        return d * q.to(tl.float32)
+    elif QTYPE == 3:  # Q6_K: (d * scales[e // 16]) * q
+        e = (kg % 256)[None, :]
+        wb = w_ptr + row[:, None] + ((kg // 256) * 210)[None, :]
+        h = e // 128
+        t = (e % 128) // 32
+        li = e % 32
+        ql = tl.load(wb + 64 * h + 32 * (t % 2) + li, mask=mask, other=0).to(tl.int32)
+        qh = tl.load(wb + 128 + 32 * h + li, mask=mask, other=0).to(tl.int32)
+        q = (((ql >> (4 * (t // 2))) & 0x0F) | (((qh >> (2 * t)) & 3) << 4)) - 32
+        sc = (
+            tl.load(wb + 192 + e // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        )
+        d = load_q4_0_scale(wb + 208, mask)
+        return (d * sc) * q.to(tl.float32)
+    else:  # Q4_K / Q5_K: (d * sc[j]) * q - (dmin * m[j])
+        NBYTES: tl.constexpr = 176 if QTYPE == 2 else 144
+        QS: tl.constexpr = 48 if QTYPE == 2 else 16
+        e = (kg % 256)[None, :]
+        wb = w_ptr + row[:, None] + ((kg // 256) * NBYTES)[None, :]
+        j = e // 32
+        li = e % 32
+        byte = tl.load(wb + QS + 32 * (j // 2) + li, mask=mask, other=0).to(tl.int32)
+        q = (byte >> (4 * (j % 2))) & 0x0F
+        if QTYPE == 2:
+            qh = tl.load(wb + 16 + li, mask=mask, other=0).to(tl.int32)
+            q = q | (((qh >> j) & 1) << 4)
+        sc, mn = scale_min_k4(wb + 4, j, mask)
+        d = load_q4_0_scale(wb, mask)
+        dmin = load_q4_0_scale(wb + 2, mask)
+        return (d * sc) * q.to(tl.float32) - dmin * mn
+
+
+@triton.jit
+def quant_dequant_gemm_kernel(
+    x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride, M, N, K,
+    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_F32: tl.constexpr, F32_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """y = x @ dequantize(W).T; ``DOT_F32``: the dot in fp32 (fp32 x; bf16 in the interpreter,
+    whose bf16 dot is not the GPU's), else in x's dtype with an fp32 accumulator."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    row = rn.to(tl.int64) * row_bytes
+    xrow = x_ptr + rm.to(tl.int64)[:, None] * x_stride
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kg = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kg < K
+        xt = tl.load(xrow + kg[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(
+            x_ptr.dtype.element_ty
+        )
+        if DOT_F32:
+            acc = tl.dot(
+                xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=F32_PRECISION
+            )
+        else:
+            acc = tl.dot(xt, tl.trans(wt), acc)
+    out = y_ptr + rm.to(tl.int64)[:, None] * y_stride + rn[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _gemm_config(dtype: torch.dtype) -> dict[str, int]:
+    return GEMM_CONFIGS["f32" if dtype == torch.float32 else "half"]
+
+
+def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    cfg = _gemm_config(x.dtype)
+    f32 = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreted())
+    precision = (
+        "tf32x3"
+        if x.device.type == "cuda" and torch.version.hip is None and not interpreted()
+        else "ieee"
+    )
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    quant_dequant_gemm_kernel[grid](
+        x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k,
+        QTYPE=QTYPE_CODE[w.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        DOT_F32=f32, F32_PRECISION=precision if x.dtype == torch.float32 else "ieee",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    return y
+
+
+def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.quant_matmul` (arguments validated, path resolved)."""
+    if path == "int8":
+        x8, rows = quantize_q8_1(x), MATVEC_ROWS
+        outs = [quant_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
+                for i in range(0, x.shape[0], rows)]  # fmt: skip
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+    return quant_dequant_gemm(x, w)
+
+
+def compile_specs(target: str) -> list:
+    """The configurations ftlab launches on ``target``, for ftlab.compile_check."""
+    from ftlab.triton.compile_spec import spec
+
+    precision = "tf32x3" if target.startswith("sm_") else "ieee"
+    specs = matvec_specs(target)
+    for qtype, code in QTYPE_CODE.items():
+        for dt in ("fp32", "fp16", "bf16"):
+            cfg = _gemm_config(torch.float32 if dt == "fp32" else torch.float16)
+            label = f"quant_dequant_gemm_kernel[{qtype}, {dt}, {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}]"
+            specs.append(spec(quant_dequant_gemm_kernel, label,
+                              types={"x_ptr": f"*{dt}", "w_ptr": "*u8", "y_ptr": f"*{dt}"},
+                              constexprs={"QTYPE": code, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
+                                          "BLOCK_K": cfg["BLOCK_K"], "DOT_F32": dt == "fp32",
+                                          "F32_PRECISION": precision if dt == "fp32" else "ieee"},
+                              num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]}))  # fmt: skip
+    return specs
