@@ -34,6 +34,7 @@ from ftlab.testing.moe import (
     check_route_case,
     experts_tolerance,
     hybrid_tolerance,
+    random_quant_bank,
 )
 from ftlab.testing.q4_0 import (
     MatmulCase,
@@ -81,6 +82,7 @@ __all__ = [
     "check_dequantize_case",
     "check_experts_case",
     "experts_tolerance",
+    "random_quant_bank",
     "hybrid_tolerance",
     "check_qk_norm_rope_case",
     "qk_norm_rope_tolerance",

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import ops
+from ftlab.backends import BackendUnavailable
 from ftlab.reference.moe import align_capacity
 from ftlab.testing.moe import check_invalid_ids_read_nothing
 
@@ -287,6 +288,69 @@ def test_experts_prefill_backends_cpu(case):
 
     assert case[0].shape[0] > DECODE_MAX_TOKENS
     ft.check_experts_case(*case, device="cpu", backends=["reference", "triton"])
+
+
+#: (gate_up, down) bank types: Q4_K_M's two mixes, the others alone, and Q4_0 beside a K-quant
+KQUANT_PAIRS = [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q6_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q5_K", "Q6_K"),
+                ("Q4_0", "Q6_K")]  # fmt: skip
+
+
+@st.composite
+def kquant_expert_cases(draw, tokens=(1, 3, 9)):
+    """Small K-quant / Q8_0 banks (H and I multiples of 256, E <= 4) and a routing of T tokens."""
+    gate, down = draw(st.sampled_from(KQUANT_PAIRS))
+    e, t = draw(st.integers(1, 4)), draw(st.sampled_from(list(tokens)))
+    k = draw(st.integers(1, min(e, 2)))
+    h, inter = (256 * draw(st.sampled_from([1, 2])) for _ in range(2))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
+    ids[torch.rand(ids.shape, generator=gen) < 0.2] = -1
+    x = (torch.randn(t, h, generator=gen) * draw(st.sampled_from([1.0, 0.05, 8.0])))
+    x = x.to(draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])))
+    if gate == "Q4_0":
+        gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5)
+    else:
+        gu = ft.random_quant_bank(seed, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
+    dn = ft.random_quant_bank(seed + 7, down, e, h, inter, magnitude=4 * inter**-0.5)
+    return x, gu, dn, weights, ids, draw(st.sampled_from(["auto", "int8"]))
+
+
+@settings(max_examples=12, deadline=None)
+@given(kquant_expert_cases())
+def test_kquant_experts_backends_cpu(case):
+    """The native CPU kernels (the hybrid's) against the reference on K-quant / Q8_0 banks."""
+    from ftlab.jit import cpu_unavailable_reason
+
+    if cpu_unavailable_reason() is not None:
+        pytest.skip(str(cpu_unavailable_reason()))
+    ft.check_experts_case(*case, device="cpu", backends=["reference", "cpu"])
+
+
+@settings(max_examples=6, deadline=None)
+@given(kquant_expert_cases(tokens=(1, 3)))
+def test_kquant_reference_paths(case):
+    """dequant is the dense reference on the dequantized banks; int8 stays within the Q8_1
+    rounding of x and h of it, and the bound of the two paths holds the dense one."""
+    x, gu, dn, w, ids, _ = case
+    dense = ops.moe_experts(x.float(), ops.dequantize(gu), ops.dequantize(dn), w, ids)
+    deq = ops.moe_experts(x.float(), gu, dn, w, ids, path="dequant", backend="reference")
+    torch.testing.assert_close(deq, dense, rtol=0, atol=0)
+    int8 = ops.moe_experts(x.float(), gu, dn, w, ids, path="int8", backend="reference")
+    scale = float(dense.abs().max()) + 1e-30
+    assert float((int8 - dense).abs().max()) <= 0.05 * scale
+
+
+def test_kquant_banks_on_backends_without_them():
+    gu = ft.random_quant_bank(0, "Q4_K", 2, 512, 256)
+    dn = ft.random_quant_bank(1, "Q6_K", 2, 256, 256)
+    x, w, ids = torch.randn(1, 256), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(BackendUnavailable, match="Q4_K / Q6_K"):
+        ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="triton")
+    with pytest.raises(TypeError, match="both be QuantWeight banks or both dense"):
+        ops.moe_experts(x, gu, torch.randn(2, 256, 256), w, ids)
+    with pytest.raises(TypeError, match="w_gate_up must be one of"):
+        ops.moe_experts(x, gu.data, dn, w, ids)
 
 
 def test_experts_tolerance_catches_a_wrong_slot_weight():

@@ -146,7 +146,9 @@ inline float q45_k_row_dot(const uint8_t* row, int nb32, const int8_t* q, const 
 #if defined(FTLAB_KQ_VECTOR)
       __m256i w = shr_mask(load32(qs + 32 * (j / 2)), 4 * (j & 1), 0x0F);
       if (FIFTH) w = _mm256_or_si256(w, _mm256_slli_epi16(shr_mask(qh, j, 1), 4));
-      const __m256i lanes = _mm256_mullo_epi32(lanes_u8(w, load32(q + b * 32)), _mm256_set1_epi32(sc));
+      // pairs in int16 (|.| <= 2 * 31 * 127), then pairs of those times sc in int32: sc * sumi exact
+      const __m256i lanes =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(q + b * 32)), _mm256_set1_epi16(static_cast<int16_t>(sc)));
       acc = _mm256_fmadd_ps(_mm256_set1_ps(dd * d[b]), _mm256_cvtepi32_ps(lanes), acc);
 #else
       int sumi = 0;
