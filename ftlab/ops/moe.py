@@ -8,8 +8,22 @@ import torch
 from ftlab import argcheck, backends
 from ftlab.quant import QTYPES, Q4_0Weight, QuantWeight
 
-#: backends of moe_experts on QuantWeight banks of other types than Q4_0 (Q8_0, K-quants)
-KQUANT_BACKENDS = ("reference", "cpu")
+#: the paths of moe_experts on QuantWeight banks of other types than Q4_0 (Q8_0, the K-quants),
+#: by backend; a backend not named has none
+KQUANT_PATHS = {"reference": ("int8", "dequant"), "cpu": ("int8",), "triton": ("int8",)}
+
+
+def kquant_path(backend: str, requested: str, resolved: str, qtypes: str) -> str:
+    """The path ``backend`` takes on Q8_0 / K-quant banks (``qtypes`` names them for the message):
+    ``resolved`` (what "auto" or the request resolved to) where it has it, else int8 for a
+    request of "auto"; else ``BackendUnavailable``."""
+    paths = KQUANT_PATHS.get(backend, ())
+    if resolved in paths:
+        return resolved
+    if requested == "auto" and paths:
+        return paths[0]
+    raise backends.BackendUnavailable(f"moe_experts: backend {backend!r} cannot serve {qtypes} banks on path "
+                                      f"{resolved!r} (paths on banks other than Q4_0: {KQUANT_PATHS})")  # fmt: skip
 
 
 def route_topk(
@@ -96,7 +110,8 @@ def moe_experts(
     and h, to x's dtype for its matrix units), ``"auto"`` (int8 up to
     ``backends.DECODE_MAX_TOKENS`` tokens, else the backend's prefill path: reference and triton
     ``"dequant"``, hip and cpu ``"int8"``). Dense banks ignore it. Banks of other types than
-    Q4_0 are served by :data:`KQUANT_BACKENDS` (the others raise ``BackendUnavailable``). The routing weight
+    Q4_0 take the paths of :data:`KQUANT_PATHS` (``"auto"`` falls back to int8 where the
+    backend's prefill path is missing; the others raise ``BackendUnavailable``). The routing weight
     multiplies each expert's down output before the sum over the k slots, in every backend.
     ``backend="cpu"``: the native CPU kernels (CPU tensors; what the hybrid executor runs).
     """
@@ -129,13 +144,13 @@ def moe_experts(
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
     if quant:
+        requested = path
         impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
-        kquant = not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight))
-        if kquant and impl.backend not in KQUANT_BACKENDS:
-            raise backends.BackendUnavailable(
-                f"moe_experts: backend {impl.backend!r} cannot serve {w_gate_up.qtype} / {w_down.qtype} banks "
-                f"(backends of banks other than Q4_0: {KQUANT_BACKENDS})"
-            )
+        if not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)):
+            if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
+                impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
+                                                   requested)  # fmt: skip
+            path = kquant_path(impl.backend, requested, path, f"{w_gate_up.qtype} / {w_down.qtype}")
     else:
         if path != "auto" and path not in backends.Q4_0_PATHS:
             raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")

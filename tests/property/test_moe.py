@@ -327,7 +327,28 @@ def test_kquant_experts_backends_cpu(case):
     ft.check_experts_case(*case, device="cpu", backends=["reference", "cpu"])
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=2, deadline=None)
+@given(kquant_expert_cases(tokens=(1, 9)))
+def test_kquant_experts_triton_cpu(case):
+    """The Triton K-quant expert kernels (under the interpreter) against the reference."""
+    ft.check_experts_case(*case, device="cpu", backends=["triton"])
+
+
+@pytest.mark.parametrize("gate, down", [p for p in KQUANT_PAIRS if p != ("Q4_K", "Q4_K")])
+def test_kquant_experts_triton_each_type_cpu(gate, down):
+    """Every type's branch of the Triton kernels once: a token of top-2 over 2 experts, and a
+    token with one slot invalid."""
+    gen = torch.Generator().manual_seed(len(gate + down))
+    x = torch.randn(2, 256, generator=gen)
+    weights, ids = ops.route_topk(torch.randn(2, 2, generator=gen), 2)
+    ids[1, 0] = -1
+    gu = (ops.quantize_q4_0(torch.randn(2, 512, 256, generator=gen) / 16) if gate == "Q4_0"
+          else ft.random_quant_bank(1, gate, 2, 512, 256, magnitude=0.25))  # fmt: skip
+    dn = ft.random_quant_bank(2, down, 2, 256, 256, magnitude=0.25)
+    ft.check_experts_case(x, gu, dn, weights, ids, "int8", device="cpu", backends=["triton"])
+
+
+@settings(max_examples=4, deadline=None)
 @given(kquant_expert_cases(tokens=(1, 3)))
 def test_kquant_reference_paths(case):
     """dequant is the dense reference on the dequantized banks; int8 stays within the Q8_1
@@ -345,8 +366,8 @@ def test_kquant_banks_on_backends_without_them():
     gu = ft.random_quant_bank(0, "Q4_K", 2, 512, 256)
     dn = ft.random_quant_bank(1, "Q6_K", 2, 256, 256)
     x, w, ids = torch.randn(1, 256), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32)
-    with pytest.raises(BackendUnavailable, match="Q4_K / Q6_K"):
-        ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="triton")
+    with pytest.raises(BackendUnavailable, match="cannot serve Q4_K / Q6_K banks on path 'dequant'"):
+        ops.moe_experts(x, gu, dn, w, ids, path="dequant", backend="triton")
     with pytest.raises(TypeError, match="both be QuantWeight banks or both dense"):
         ops.moe_experts(x, gu, torch.randn(2, 256, 256), w, ids)
     with pytest.raises(TypeError, match="w_gate_up must be one of"):
