@@ -23,8 +23,12 @@ from ftlab.triton.quants import scale_min_k4
 
 #: the ``QT`` of each bank type in the kernels
 QT_CODES = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4}
-#: output rows a program (gate/up: each of gate and up)
-BLOCK_ROWS = 16
+#: output rows a program (gate/up: each of gate and up): a [4, 8, 32] tile of weights a step, 8 a
+#: thread at 4 warps (16 rows spilled on RDNA)
+BLOCK_ROWS = 4
+#: warps a program by bank type (4 otherwise): Q6_K's down kernel ran RDNA 3.5 / 4 out of SGPRs
+#: at 4 (spills) and fits at 8
+NUM_WARPS = {"Q6_K": 8}
 
 
 @triton.jit
@@ -142,14 +146,14 @@ def experts_kquant(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
     gu = w_gate_up.data
     moe_gate_up_kq_kernel[(t * top_k, triton.cdiv(inter, BLOCK_ROWS))](
         x8.q, x8.d, x8.s, gu, gu.stride(0), gu.stride(1), ids, h, num_experts, hidden, inter, top_k,
-        QT=QT_CODES[w_gate_up.qtype], BLOCK_N=BLOCK_ROWS,
+        QT=QT_CODES[w_gate_up.qtype], BLOCK_N=BLOCK_ROWS, num_warps=NUM_WARPS.get(w_gate_up.qtype, 4),
     )  # fmt: skip
     h8 = quantize_q8_1(h)
     y = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     dn = w_down.data
     moe_down_kq_kernel[(t, triton.cdiv(hidden, BLOCK_ROWS))](
         h8.q, h8.d, h8.s, dn, dn.stride(0), dn.stride(1), ids, wts, y, y.stride(0), num_experts, hidden, inter,
-        top_k, QT=QT_CODES[w_down.qtype], BLOCK_N=BLOCK_ROWS,
+        top_k, QT=QT_CODES[w_down.qtype], BLOCK_N=BLOCK_ROWS, num_warps=NUM_WARPS.get(w_down.qtype, 4),
     )  # fmt: skip
     return y
 
@@ -162,9 +166,10 @@ def compile_specs(target: str) -> list:
           "ROW_BYTES": "i64", "ids_ptr": "*i32"}  # fmt: skip
     specs = []
     for qtype, code in QT_CODES.items():
+        warps = NUM_WARPS.get(qtype, 4)
         specs.append(spec(moe_gate_up_kq_kernel, f"moe_gate_up_kq_kernel[{qtype}]", types={**q8, "h_ptr": "*fp32"},
-                          constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}))  # fmt: skip
+                          constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
         specs.append(spec(moe_down_kq_kernel, f"moe_down_kq_kernel[{qtype}, bf16 out]",
                           types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
-                          constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}))  # fmt: skip
+                          constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
     return specs

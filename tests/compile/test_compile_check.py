@@ -49,6 +49,7 @@ KERNELS = {
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes
     "quants": 15,  # 3 dtypes x (dequantize Q8_0, Q4_K, Q5_K, Q6_K; quantize Q8_0)
+    "moe_kquant": 42,  # 5 bank types x 2 expert kernels, and quant_matmul.hip's 32 it includes
     "quant_matmul": 32,  # 4 types (Q8_0, Q4_K, Q5_K, Q6_K) x 8 matvec widths
 }
 
