@@ -273,6 +273,34 @@ def test_cpu_job_entry_is_exported():
     assert job_entry() != 0
 
 
+@needs_cpu_build
+def test_cpu_job_entry_runs_q4_k_m_banks():
+    """The handshakes' plain-C entry on a job of Q4_K gate_up and Q6_K down (cpu_job.h's two
+    kinds) gives the cpu backend's answer; a job of a dense gate_up beside a quantized down, or
+    of another version, is refused with nothing written."""
+    import ctypes
+
+    from ftlab.cpu.moe import job_entry, job_kind
+
+    class Job(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_int32) for n in ("version", "kind", "threads", "reserved")] + [
+            (n, ctypes.c_int64) for n in ("tokens", "hidden", "top_k", "experts", "inter")
+        ] + [(n, ctypes.c_void_p) for n in ("x", "ids", "w", "y", "gate_up", "down")]  # fmt: skip
+
+    gu = ft.random_quant_bank(3, "Q4_K", 4, 512, 256)
+    dn = ft.random_quant_bank(4, "Q6_K", 4, 256, 256)
+    x = torch.randn(2, 256)
+    w, ids = ops.route_topk(torch.randn(2, 4), 2)
+    y = torch.full((2, 256), 7.0)
+    args = [x.data_ptr(), ids.data_ptr(), w.data_ptr(), y.data_ptr(), gu.data.data_ptr(), dn.data.data_ptr()]
+    fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Job))(job_entry())
+    for version, kind in ((2, job_kind(gu, dn)), (3, 1 | job_kind(gu, dn) & ~0xFF)):
+        assert fn(ctypes.byref(Job(version, kind, 0, 0, 2, 256, 2, 4, 256, *args))) == 1
+    assert bool((y == 7.0).all())
+    assert fn(ctypes.byref(Job(3, job_kind(gu, dn), 0, 0, 2, 256, 2, 4, 256, *args))) == 0
+    assert torch.equal(y, ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="cpu"))
+
+
 def test_channel_handshake_marks_its_phases_in_order():
     """The graph handshakes' step (submit, GPU part, join) with the native calls stubbed: the
     phase marks the timeline records come before the submit, the GPU part and the join, and
