@@ -124,46 +124,55 @@ template <bool FIFTH>
 inline float q45_k_row_dot(const uint8_t* row, int nb32, const int8_t* q, const float* d, const float* s) {
   constexpr int bytes = FIFTH ? kQ5KBytes : kQ4KBytes;
   constexpr int qs_off = FIFTH ? 48 : 16;
-  float corr = 0.0f;
 #if defined(FTLAB_KQ_VECTOR)
-  __m256 acc = _mm256_setzero_ps();
+  // two accumulators (the even and the odd sub-blocks) and the dmin * (m * s8) terms in 8 lanes
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), corr = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int blk = 0; blk < nb32 / 8; ++blk) {
+    const uint8_t* p = row + blk * bytes;
+    const float dd = f16_at(p);
+    alignas(32) int sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) scale_min(j, p + 4, &sc[j], &mn[j]);
+    const __m256 mins = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mn)));
+    corr = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p + 2)), _mm256_mul_ps(mins, _mm256_loadu_ps(s + blk * 8)), corr);
+    const __m256i qh = FIFTH ? load32(p + 16) : _mm256_setzero_si256();
+    for (int pr = 0; pr < 4; ++pr) {
+      const int b = blk * 8 + 2 * pr;
+      const __m256i raw = load32(p + qs_off + 32 * pr);
+      __m256i w0 = _mm256_and_si256(raw, low4), w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      if (FIFTH) {
+        w0 = _mm256_or_si256(w0, _mm256_slli_epi16(shr_mask(qh, 2 * pr, 1), 4));
+        w1 = _mm256_or_si256(w1, _mm256_slli_epi16(shr_mask(qh, 2 * pr + 1, 1), 4));
+      }
+      // pairs in int16 (|.| <= 2 * 31 * 127), then pairs of those times sc in int32: sc * sumi exact
+      const __m256i l0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, load32(q + b * 32)),
+                                           _mm256_set1_epi16(static_cast<int16_t>(sc[2 * pr])));
+      const __m256i l1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, load32(q + (b + 1) * 32)),
+                                           _mm256_set1_epi16(static_cast<int16_t>(sc[2 * pr + 1])));
+      acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dd * d[b]), _mm256_cvtepi32_ps(l0), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dd * d[b + 1]), _mm256_cvtepi32_ps(l1), acc1);
+    }
+  }
+  return hsum8(_mm256_add_ps(acc0, acc1)) - hsum8(corr);
 #else
-  float acc = 0.0f;
-#endif
+  float acc = 0.0f, corr = 0.0f;
   for (int blk = 0; blk < nb32 / 8; ++blk) {
     const uint8_t* p = row + blk * bytes;
     const float dd = f16_at(p), dmin = f16_at(p + 2);
-    const uint8_t* scales = p + 4;
-    const uint8_t* qs = p + qs_off;
-#if defined(FTLAB_KQ_VECTOR)
-    const __m256i qh = FIFTH ? load32(p + 16) : _mm256_setzero_si256();
-#endif
     for (int j = 0; j < 8; ++j) {
       const int b = blk * 8 + j;
       int sc, m;
-      scale_min(j, scales, &sc, &m);
+      scale_min(j, p + 4, &sc, &m);
       corr += dmin * (static_cast<float>(m) * s[b]);
-#if defined(FTLAB_KQ_VECTOR)
-      __m256i w = shr_mask(load32(qs + 32 * (j / 2)), 4 * (j & 1), 0x0F);
-      if (FIFTH) w = _mm256_or_si256(w, _mm256_slli_epi16(shr_mask(qh, j, 1), 4));
-      // pairs in int16 (|.| <= 2 * 31 * 127), then pairs of those times sc in int32: sc * sumi exact
-      const __m256i lanes =
-          _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(q + b * 32)), _mm256_set1_epi16(static_cast<int16_t>(sc)));
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(dd * d[b]), _mm256_cvtepi32_ps(lanes), acc);
-#else
       int sumi = 0;
       for (int l = 0; l < 32; ++l) {
-        int v = (qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 0x0F;
+        int v = (p[qs_off + 32 * (j / 2) + l] >> (4 * (j & 1))) & 0x0F;
         if (FIFTH) v |= ((p[16 + l] >> j) & 1) << 4;
         sumi += v * q[b * 32 + l];
       }
       acc += dd * (d[b] * static_cast<float>(sc * sumi));
-#endif
     }
   }
-#if defined(FTLAB_KQ_VECTOR)
-  return hsum8(acc) - corr;
-#else
   return acc - corr;
 #endif
 }
