@@ -10,7 +10,8 @@ from ftlab.quant import QTYPES, Q4_0Weight, QuantWeight
 
 #: the paths of moe_experts on QuantWeight banks of other types than Q4_0 (Q8_0, the K-quants),
 #: by backend; a backend not named has none
-KQUANT_PATHS = {"reference": ("int8", "dequant"), "cpu": ("int8",), "triton": ("int8",), "hip": ("int8",)}
+KQUANT_PATHS = {"reference": ("int8", "dequant"), "cpu": ("int8",), "triton": ("int8", "dequant"),
+                "hip": ("int8",)}  # fmt: skip
 
 
 def kquant_path(backend: str, requested: str, resolved: str, qtypes: str) -> str:

@@ -9,6 +9,10 @@ x and h as Q8_1 (``ftlab.triton.q4_0.quantize_q8_1``). ``_kq_dot`` walks a row 2
 Q8_1 blocks) at a time: each 32- (Q6_K: 16-) sub-block's exact integer dot with its Q8_1 block
 is a sum of int32 products, scaled in fp32 as the reference scales it. Slots with an invalid id
 load nothing (masked loads); no host synchronization, so a launch can be captured.
+
+The dequant path (prefill): ``moe_kq_gemm_kernel``, the grouped GEMM of ``moe_gemm.py`` over
+``moe_align``'s rows with each weight tile dequantized in registers (``dequant_tile`` of
+``ftlab/triton/quant_matmul.py``; Q4_0 as ``d * (q - 8)``) and rounded to x's dtype for tl.dot.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.platform import current
+from ftlab.triton.moe_gemm import GEMM_CONFIGS, GEMM_F32_CONFIG
+from ftlab.triton.moe_route import moe_align
 from ftlab.triton.q4_0 import quantize_q8_1
-from ftlab.triton.q4_0_common import load_q4_0_scale
+from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale
+from ftlab.triton.quant_matmul import dequant_tile
 from ftlab.triton.quants import scale_min_k4
 
 #: the ``QT`` of each bank type in the kernels
@@ -135,6 +143,91 @@ def moe_down_kq_kernel(q8_ptr, d8_ptr, s8_ptr, w_ptr, E_BYTES, ROW_BYTES, ids_pt
     tl.store(y_ptr + t.to(tl.int64) * y_stride + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+@triton.jit
+def _kq_b_tile(w_ptr, row, n_ok, k0, K, QT: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr):
+    """``[BLOCK_K, BLOCK_N]`` tile of the rows at byte offsets ``row``, columns k0.., in DT."""
+    kg = k0 + tl.arange(0, BLOCK_K)
+    m = n_ok[:, None] & (kg < K)[None, :]
+    if QT == 4:  # Q4_0: d * (q - 8), element l of a block in byte l % 16, nibble l // 16
+        wb = w_ptr + row[:, None] + ((kg // 32) * 18)[None, :]
+        byte = tl.load(wb + 2 + (kg % 16)[None, :], mask=m, other=0).to(tl.int32)
+        q = (byte >> (4 * ((kg % 32) // 16))[None, :]) & 0x0F
+        w = load_q4_0_scale(wb, m) * (q - 8).to(tl.float32)
+    else:
+        w = dequant_tile(w_ptr, row, kg, m, QT)
+    return tl.trans(w.to(DT))
+
+
+@triton.jit
+def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, expert_ids_ptr, npad_ptr, out_ptr,
+                       out_stride, wts_ptr, P, TOP_K, N, K, GATED: tl.constexpr, QT: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
+                       F32_PRECISION: tl.constexpr):  # fmt: skip
+    """``moe_gemm_kernel`` (``ftlab/triton/moe_gemm.py``) on a bank of type ``QT``: ``GATED``
+    out[pair, n] = silu(a[pair // k] . W[e][n]) * (a[pair // k] . W[e][N + n]); else
+    out[pair, n] = w[pair] * (a[pair] . W[e][n]). Operands in DT, fp32 sums."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(npad_ptr):
+        return
+    e = tl.load(expert_ids_ptr + pid_m)
+    rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    r_ok = rows < P
+    arow = rows // TOP_K if GATED else rows
+    arow_ptr = a_ptr + arow.to(tl.int64)[:, None] * a_stride
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    row = e.to(tl.int64) * E_BYTES + rn.to(tl.int64) * ROW_BYTES
+    c = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0).to(DT)
+        acc = tl.dot(a, _kq_b_tile(w_ptr, row, n_ok, k0, K, QT, BLOCK_K, DT), acc, input_precision=F32_PRECISION)
+        if GATED:
+            b_up = _kq_b_tile(w_ptr, row + N * ROW_BYTES, n_ok, k0, K, QT, BLOCK_K, DT)
+            acc_up = tl.dot(a, b_up, acc_up, input_precision=F32_PRECISION)
+    if GATED:
+        res = acc / (1.0 + tl.exp(-acc)) * acc_up
+    else:
+        res = acc * tl.load(wts_ptr + rows, mask=r_ok, other=0.0)[:, None]
+    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + rn[None, :]
+    tl.store(out, res.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & n_ok[None, :])
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
+    """The dequant path: moe_align, the grouped GEMMs (gate/up + SwiGLU, weighted down) on tiles
+    dequantized in registers, then the sum over the k slots."""
+    t, hidden = x.shape
+    top_k = ids.shape[1]
+    num_experts, inter = w_gate_up.shape[0], w_down.shape[-1]
+    pairs = t * top_k
+    if x.dtype == torch.float32:
+        cfg = dict(GEMM_F32_CONFIG)
+    else:
+        arch = current(x.device).arch if x.device.type != "cpu" else None
+        cfg = dict(GEMM_CONFIGS.get(arch or "default", GEMM_CONFIGS["default"]))
+    cfg["BLOCK_M"] = min(cfg["BLOCK_M"], max(16, triton.next_power_of_2(2 * max(1, pairs // num_experts))))
+    bm = cfg["BLOCK_M"]
+    sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
+    # the CPU interpreter computes bf16 dots wrongly: fp32 operands there (exact casts)
+    dt = torch.float32 if (interpreted() and x.dtype == torch.bfloat16) else x.dtype
+    prec = "ieee" if interpreted() or current(x.device).kind != "cuda" else "tf32x3"
+    h = torch.empty((pairs, inter), dtype=dt, device=x.device)
+    out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
+    common = dict(BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], DT=_TL_DTYPES[dt],
+                  F32_PRECISION=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
+    for a, w, dst, n, k, gated in ((x, w_gate_up, h, inter, hidden, True), (h, w_down, out, hidden, inter, False)):
+        moe_kq_gemm_kernel[(sorted_ids.numel() // bm, triton.cdiv(n, cfg["BLOCK_N"]))](
+            a, a.stride(0), w.data, w.data.stride(0), w.data.stride(1), sorted_ids, expert_ids, npad, dst,
+            dst.stride(0), wts, pairs, top_k, n, k, GATED=gated, QT=QT_CODES[w.qtype], **common,
+        )  # fmt: skip
+    return out.view(t, top_k, hidden).sum(1).to(x.dtype)
+
+
 def experts_kquant(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
     """The int8 path on quantized banks of any two :data:`QT_CODES` types, any T: Q8_1 x ->
     gate/up + SwiGLU -> Q8_1 h -> down + the weighted sum over the slots."""
@@ -172,4 +265,15 @@ def compile_specs(target: str) -> list:
         specs.append(spec(moe_down_kq_kernel, f"moe_down_kq_kernel[{qtype}, bf16 out]",
                           types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
                           constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
+    big = GEMM_CONFIGS.get(target, GEMM_CONFIGS["default"])
+    for qtype in ("Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q4_0"):
+        for gated in (True, False):
+            specs.append(spec(
+                moe_kq_gemm_kernel, f"moe_kq_gemm_kernel[{'gate_up' if gated else 'down'}, {qtype} bank, bf16]",
+                types={"a_ptr": "*bf16", "w_ptr": "*u8", "E_BYTES": "i64", "ROW_BYTES": "i64", "sorted_ptr": "*i32",
+                       "expert_ids_ptr": "*i32", "npad_ptr": "*i32", "out_ptr": "*bf16" if gated else "*fp32",
+                       "wts_ptr": "*fp32"},
+                constexprs={"GATED": gated, "QT": QT_CODES[qtype], "BLOCK_M": big["BLOCK_M"], "BLOCK_N": big["BLOCK_N"],
+                            "BLOCK_K": big["BLOCK_K"], "DT": tl.bfloat16, "F32_PRECISION": "ieee"},
+                num_warps=big["num_warps"], options={"num_stages": big["num_stages"]}))  # fmt: skip
     return specs
