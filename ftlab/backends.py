@@ -393,6 +393,14 @@ _builtin("moe_experts", "moe", "routed SwiGLU experts, dense or Q4_0 banks", FLO
 _builtin("qk_norm_rope", "qk_norm_rope", "per-head RMSNorm of q and k, then RoPE", FLOAT_DTYPES)
 _builtin("dequantize", "quants", "GGUF Q8_0 / Q4_K / Q5_K / Q6_K blocks to float (Q4_0: dequantize_q4_0)",
          FLOAT_DTYPES)  # fmt: skip
+_builtin("causal_conv1d", "conv1d", "causal depthwise conv1d with a carried state (gated deltanet prefill)",
+         FLOAT_DTYPES)  # fmt: skip
+_builtin("causal_conv1d_update", "conv1d", "one decode token of causal_conv1d, state updated in place", FLOAT_DTYPES)
+_builtin("gated_rmsnorm", "gated_norm", "per-head RMSNorm times SiLU of a gate (gated deltanet output)", FLOAT_DTYPES)
+_builtin("output_gate", "gated_norm", "attention output times sigmoid of a gate", FLOAT_DTYPES)
 _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)
+_builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill)", FLOAT_DTYPES)
+_builtin("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place",
+         FLOAT_DTYPES)  # fmt: skip
 _builtin("quant_matmul", "quant_matmul", "x @ W.T for Q8_0 / Q4_K / Q5_K / Q6_K weights (Q4_0: q4_0_matmul)",
          FLOAT_DTYPES, paths=Q4_0_PATHS)  # fmt: skip

@@ -29,6 +29,7 @@ BENCHES = {
     "moe": "ftlab.bench.moe",
     "model": "ftlab.bench.model",
     "hybrid": "ftlab.bench.hybrid",
+    "deltanet": "ftlab.bench.deltanet",
 }
 #: The environment variables that change what ``ftlab run`` does, for its ``--help`` (the
 #: README's "Environment variables" lists every one ftlab reads).
@@ -134,11 +135,31 @@ def cmd_compile_check(args) -> int:
     return 1 if failed else 0
 
 
+#: ``ftlab bench model --arch``: the model shapes, each its module.
+MODEL_ARCHS = {"qwen3moe": "ftlab.bench.model", "qwen35moe": "ftlab.bench.qwen35moe"}
+#: Options of ``ftlab bench model --arch qwen35moe`` only.
+_QWEN35_OPTIONS = ("small", "layers", "experts", "vocab", "write_gguf", "device")
+
+
 def cmd_bench(args) -> int:
     import importlib
 
-    module = importlib.import_module(BENCHES[args.op])
-    report = module.run(quick=args.quick)
+    if args.op != "model" and args.arch != "qwen3moe":
+        raise ValueError("--arch is an option of 'ftlab bench model' only")
+    given = [name for name in _QWEN35_OPTIONS if getattr(args, name) not in (None, False)]
+    if given and (args.op != "model" or args.arch != "qwen35moe"):
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} is an option of 'ftlab bench model --arch qwen35moe' only")
+    if args.op == "model" and args.arch == "qwen35moe":
+        from ftlab.bench import qwen35moe_random as shapes
+
+        shape = (shapes.SMALL if args.small else shapes.QWEN35_35B_A3B).with_overrides(args.layers, args.experts,
+                                                                                      args.vocab)  # fmt: skip
+        module = importlib.import_module(MODEL_ARCHS[args.arch])
+        report = module.run(quick=args.quick, shape=shape, device=args.device or "cuda", write_gguf=args.write_gguf)
+    else:
+        module = importlib.import_module(MODEL_ARCHS[args.arch] if args.op == "model" else BENCHES[args.op])
+        report = module.run(quick=args.quick)
     print(report.table())
     if not args.no_write:
         for path in report.write(Path(args.out)):
@@ -179,6 +200,15 @@ def _option(convert: Callable[[str], object], what: str, rule: Callable[[object]
     return parse
 
 
+def _at_least_one(flag: str) -> Callable[[int], int]:
+    def rule(value: int) -> int:
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+        return value
+
+    return rule
+
+
 def _device(text: str) -> str | torch.device:
     """``auto`` (resolved when the command runs) or a device the Python API accepts."""
     return text if text == "auto" else check.device(text)
@@ -203,12 +233,14 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run", parents=common, formatter_class=_HelpFormatter,
         help="generate text with a model (a tiny model name, a HF directory or a .gguf)",
-        description="Generate text with a Qwen3-MoE model, printing tokens as they come and the tokens/s.",
+        description="Generate text with a Qwen3-MoE, Qwen3.5-MoE or Qwen3-Next model, printing tokens as they come "
+                    "and the tokens/s.",
         epilog=f"environment variables:\n{env}\n\nexample:\n  ftlab run --model tiny-qwen3-moe --stages "
                "--compare triton q4_0_matmul=triton,route_topk=reference",
     )  # fmt: skip
     p.add_argument("--model", default="tiny-qwen3-moe",
-                   help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide), a HF directory or a .gguf file")
+                   help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, tiny-qwen3-next), a HF "
+                        "directory or a .gguf file (qwen3moe, qwen35moe or qwen3next)")
     p.add_argument("--prompt", default="The router sends every token", type=_option(str, "text", check.prompt),
                    help="the text to continue")
     p.add_argument("--max-new-tokens", type=_option(int, "an int", check.max_new_tokens), default=32,
@@ -217,8 +249,8 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
                    help="backend of every op; auto: hip, else triton, else the reference on a GPU, the "
                         "reference on the CPU")
     p.add_argument("--quant", default="q4_0", choices=check.TINY_QUANTS,
-                   help="which file of a tiny model: its HF directory (hf) or the fp32 / Q4_0 GGUF file "
-                        "(not used for a path)")
+                   help="which file of a tiny model: its HF directory (hf) or the fp32 / Q4_0 GGUF file (not "
+                        "used for a path)")
     p.add_argument("--temperature", type=_option(float, "a number", check.temperature), default=0.0,
                    help="sampling temperature, >= 0; 0 is greedy")
     p.add_argument("--top-p", type=_option(float, "a number", check.top_p), default=1.0,
@@ -273,6 +305,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="benchmarks/results", help="directory for the JSON + Markdown results")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-write", action="store_true", help="print only")
+    m = p.add_argument_group("model", "options of 'bench model'; all but --arch for --arch qwen35moe only")
+    m.add_argument("--arch", default="qwen3moe", choices=sorted(MODEL_ARCHS),
+                   help="qwen3moe: the Qwen3-30B-A3B shape; qwen35moe: the Qwen3.6-35B-A3B shape (hybrid DeltaNet)")
+    m.add_argument("--small", action="store_true", help="every width scaled down (hidden 256, 4 layers, 8 experts, "
+                                                       "vocab 1024, prompt 32): a CPU smoke run")
+    m.add_argument("--layers", type=_option(int, "an int", _at_least_one("--layers")), help="this many layers")
+    m.add_argument("--experts", type=_option(int, "an int", _at_least_one("--experts")),
+                   help="this many experts a layer (top-k capped at them)")
+    m.add_argument("--vocab", type=_option(int, "an int", _at_least_one("--vocab")), help="this vocabulary size")
+    m.add_argument("--device", choices=["cuda", "cpu"], help="cuda (default) or cpu: eager, host-timed, a smoke run")
+    m.add_argument("--write-gguf", metavar="FILE", help="first write the random model as a qwen35moe GGUF file "
+                                                        "(Q4_0 matmul weights) for llama-bench")
     return top  # fmt: skip
 
 

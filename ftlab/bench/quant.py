@@ -42,7 +42,7 @@ NOTES = [
     "matmul GB/s counts only the packed weight bytes read; dequantize GB/s the packed bytes read plus the "
     "bf16 values written.",
     "int8 path = Q8_1 quantize of the activations + int8-dot matvec (both timed). M = 512: Triton's dequant-tile "
-    "tl.dot GEMM; HIP's 8-row matvec passes (no tiled GEMM for these types yet).",
+    "tl.dot GEMM; HIP's dp4a-tiled GEMM.",
 ]
 
 

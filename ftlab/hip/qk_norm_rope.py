@@ -1,5 +1,6 @@
 """qk_norm_rope through the HIP kernel of ``csrc/qk_norm_rope.hip`` (JIT-built, cached): one wave
-per (token, head) row, lanes over the (p, p + D/2) rotation pairs."""
+per (token, head) row, lanes over the (p, p + R/2) rotation pairs of the R = rotary_dim rotated
+dims and the D - R dims past them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from ftlab import jit
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.qk_norm_rope` (ops checked the layouts)."""
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float, rotary_dim: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.qk_norm_rope` (ops checked the layouts; ``rotary_dim``
+    None: all of D)."""
+    rot = q.shape[-1] if rotary_dim is None else rotary_dim
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     module = jit.module_for("qk_norm_rope", q.device)
-    jit.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps)))
+    jit.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps), rot))
     return qo, ko

@@ -138,27 +138,39 @@ class SafetensorsShards:
         return t.to(device=device, dtype=dtype)
 
 
-def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeConfig, torch.dtype]:
-    """The model config of ``path/config.json`` and its stored dtype (``torch_dtype`` or
-    ``dtype``; bf16 when it names none)."""
+def read_hf_config(path: Path) -> dict:
+    """The dict of ``path/config.json`` (CheckpointError when absent, not JSON or not an object)."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{path}: no config.json")
     hf = _read_json(config_file)
     if not isinstance(hf, dict):
         raise CheckpointError(f"{config_file}: must hold a JSON object, got {type(hf).__name__}")
+    return hf
+
+
+def stored_dtype(hf: dict, config_file: Path) -> torch.dtype:
+    """The dtype a config names (``torch_dtype`` or ``dtype``; bf16 when it names none)."""
+    key = "torch_dtype" if hf.get("torch_dtype") is not None else "dtype"
+    stored = "bfloat16" if hf.get(key) is None else hf[key]
+    if not isinstance(stored, str) or stored not in DTYPES:
+        raise CheckpointError(f"{config_file}: {key} must be one of {sorted(DTYPES)} (or pass dtype=), got "
+                              f"{stored!r}")  # fmt: skip
+    return DTYPES[stored]
+
+
+def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeConfig, torch.dtype]:
+    """The model config of ``path/config.json`` and its stored dtype (``torch_dtype`` or
+    ``dtype``; bf16 when it names none)."""
+    config_file = path / "config.json"
+    hf = read_hf_config(path)
     try:
         config = Qwen3MoeConfig.from_hf(hf)
     except ValueError as e:
         raise CheckpointError(f"{config_file}: {e}") from e
-    key = "torch_dtype" if hf.get("torch_dtype") is not None else "dtype"
-    stored = "bfloat16" if hf.get(key) is None else hf[key]
     if dtype is not None:  # the caller's dtype: the stored one is not used
         return config, dtype
-    if not isinstance(stored, str) or stored not in DTYPES:
-        raise CheckpointError(f"{config_file}: {key} must be one of {sorted(DTYPES)} (or pass dtype=), got "
-                              f"{stored!r}")  # fmt: skip
-    return config, DTYPES[stored]
+    return config, stored_dtype(hf, config_file)
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

@@ -1,13 +1,89 @@
-"""Load a Qwen3-MoE checkpoint into :class:`~ftlab.models.qwen3_moe.ModelWeights`: a HF
-directory (:mod:`ftlab.models.hf_loader`) or a llama.cpp GGUF file
-(:mod:`ftlab.models.gguf_loader`). A checkpoint ftlab cannot use raises
+"""Load a checkpoint: a HF directory of Qwen3-MoE (:mod:`ftlab.models.hf_loader`, into
+:class:`~ftlab.models.qwen3_moe.ModelWeights`) or of Qwen3-Next / Qwen3.5-MoE
+(:mod:`ftlab.models.hf_next_loader`, into :class:`~ftlab.models.qwen3_next.NextWeights`), chosen
+by its config's ``model_type``; or a llama.cpp GGUF file, chosen by its
+``general.architecture``: ``qwen3moe`` (:mod:`ftlab.models.gguf_loader`), ``qwen35moe`` (Qwen3.5 /
+Qwen3.6) or ``qwen3next`` (:mod:`ftlab.models.gguf_qwen3_next`, read into the HF state dict, then
+built as a HF directory's is). A checkpoint ftlab cannot use raises
 :class:`~ftlab.formats.CheckpointError` (GGUF files: its subclass
 :class:`~ftlab.formats.gguf.GGUFError`) naming the file and the key or tensor.
 """
 
-from ftlab.formats import CheckpointError
-from ftlab.formats.gguf import GGUFError
-from ftlab.models.gguf_loader import GGUF_ARCH, DequantizedWarning, load_gguf, save_gguf
-from ftlab.models.hf_loader import load_hf
+from pathlib import Path
 
-__all__ = ["GGUF_ARCH", "CheckpointError", "DequantizedWarning", "GGUFError", "load_gguf", "load_hf", "save_gguf"]
+import torch
+from tqdm import tqdm
+
+from ftlab import argcheck
+from ftlab.formats import CheckpointError
+from ftlab.formats.gguf import GGUFError, field_value, open_reader
+from ftlab.models import hf_loader
+from ftlab.models.gguf_loader import GGUF_ARCH, DequantizedWarning, load_gguf, save_gguf
+from ftlab.models.gguf_qwen3_next import read_gguf_hf, read_gguf_tokenizer
+from ftlab.models.gguf_qwen3_next_layout import ARCHS as NEXT_GGUF_ARCHS
+from ftlab.models.hf_next_loader import is_next, load_hf_next
+from ftlab.models.qwen3_moe import ModelWeights, Qwen3MoeConfig
+from ftlab.models.qwen3_next import NextWeights
+from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.models.tokenizer import Tokenizer
+
+__all__ = ["GGUF_ARCH", "GGUF_ARCHS", "CheckpointError", "DequantizedWarning", "GGUFError", "gguf_architecture",
+           "load_gguf", "load_gguf_model", "load_hf", "save_gguf"]  # fmt: skip
+
+#: The ``general.architecture`` values of the GGUF files ftlab loads.
+GGUF_ARCHS = (GGUF_ARCH, *NEXT_GGUF_ARCHS)
+
+
+def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+            progress: bool = True, quantize: bool = False):  # fmt: skip
+    """Config and weights of a HF directory (module docstring: which model), on ``device``, dense
+    weights in ``dtype`` (default: the config's stored dtype, else bf16). ``quantize``: a hybrid
+    model's projections and expert banks quantized to Q4_0 at load. CheckpointError naming the
+    file and the key or tensor for anything ftlab cannot load."""
+    if is_next(hf_loader.read_hf_config(Path(path))):
+        return load_hf_next(path, device, dtype, progress, quantize)
+    if quantize:
+        raise ValueError("quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
+                         "GGUF file)")  # fmt: skip
+    return hf_loader.load_hf(path, device, dtype, progress)
+
+
+def gguf_architecture(path: str | Path) -> str:
+    """The ``general.architecture`` of a GGUF file (its structure validated first), one of
+    :data:`GGUF_ARCHS`; GGUFError naming the file and the architecture otherwise."""
+    path = Path(path)
+    arch = field_value(open_reader(path), "general.architecture", "str")
+    if arch not in GGUF_ARCHS:
+        got = "no 'general.architecture'" if arch is None else f"architecture {arch!r}"
+        raise GGUFError(f"{path}: {got}; ftlab loads GGUF files of the architectures {sorted(GGUF_ARCHS)} "
+                        "(Qwen3-MoE, Qwen3.5-MoE / Qwen3.6, Qwen3-Next)")  # fmt: skip
+    return arch
+
+
+def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+                    progress: bool = True
+                    ) -> tuple[Qwen3MoeConfig | Qwen3NextConfig, ModelWeights | NextWeights, Tokenizer]:  # fmt: skip
+    """Config, weights and tokenizer of a llama.cpp GGUF file, by its ``general.architecture``:
+    ``qwen3moe`` as :func:`load_gguf` loads it (Q4_0 packed, the tokenizer of
+    :meth:`Tokenizer.from_gguf`); ``qwen35moe`` / ``qwen3next`` as :func:`read_gguf_hf` reads
+    them (the types ftlab computes on stay packed) into a :class:`Qwen3NextConfig` and
+    :class:`NextWeights` on ``device``, dense weights in ``dtype``, the tokenizer of
+    :func:`read_gguf_tokenizer` (CONTROL tokens special). ``progress``: a bar over the layers.
+    GGUFError naming the file and the architecture for any other, and the file and the key or
+    tensor for anything ftlab cannot load."""
+    argcheck.float_dtype("dtype", dtype)
+    path = Path(path)
+    arch = gguf_architecture(path)
+    if arch == GGUF_ARCH:
+        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress)
+        return config, weights, Tokenizer.from_gguf(open_reader(path))
+    hf, tensors, input_perms = read_gguf_hf(path, device, dtype)
+    try:
+        config = Qwen3NextConfig.from_hf(hf)
+    except ValueError as e:
+        raise GGUFError(f"{path}: {e}") from e
+    bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
+    weights = build_weights(config, tensors, device=device, dtype=dtype, where=str(path), input_perms=input_perms,
+                            progress=bar)  # fmt: skip
+    return config, weights, read_gguf_tokenizer(path)

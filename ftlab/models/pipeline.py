@@ -1,5 +1,6 @@
-"""Run Qwen3-MoE step by step: load, prefill, decode, generate, look at every stage, and
-compare backends stage by stage.
+"""Run Qwen3-MoE -- or the hybrid Qwen3.5-MoE / Qwen3-Next (:mod:`ftlab.models.qwen3_next`) -- step
+by step: load, prefill, decode, generate, look at every stage, and compare backends stage by
+stage.
 
     pipe = Pipeline.load("tiny-qwen3-moe")                 # or a HF directory, or a .gguf file
     for piece in pipe.generate("The router", max_new_tokens=16):
@@ -26,9 +27,11 @@ import torch
 
 from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
-from ftlab.models.loader import load_gguf, load_hf
+from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline_args import backend_map
 from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
+from ftlab.models.qwen3_next import NextWeights, Qwen3Next
+from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.models.tokenizer import Tokenizer
 
 __all__ = ["DecodeGraph", "Pipeline", "StageDiff", "backend_map", "format_compare", "timed_generate"]
@@ -43,14 +46,17 @@ class StageDiff:
 
 
 class DecodeGraph:
-    """One decode step of a static :class:`Qwen3Moe` (tokens ``[B, 1]``), captured in a CUDA/HIP
-    graph: ``graph(tokens, positions)`` copies the inputs into the captured buffers, replays,
-    and returns the captured logits buffer fp32 ``[B, 1, V]`` (overwritten by the next replay).
+    """One decode step of a static :class:`Qwen3Moe` or :class:`Qwen3Next` (tokens ``[B, 1]``),
+    captured in a CUDA/HIP graph: ``graph(tokens, positions)`` copies the inputs into the
+    captured buffers, replays, and returns the captured logits buffer fp32 ``[B, 1, V]``
+    (overwritten by the next replay).
 
     Warm-up and capture run at position ``max_seq_len - 1`` of every sequence: that cache slot
-    is written by a step before any step reads it, so capturing mid-sequence corrupts nothing."""
+    is written by a step before any step reads it, and the recurrent state a warm-up step
+    advances (a hybrid model's conv and delta states) is restored after it, so capturing
+    mid-sequence corrupts nothing."""
 
-    def __init__(self, model: Qwen3Moe, batch: int):
+    def __init__(self, model: Qwen3Moe | Qwen3Next, batch: int):
         if not model.static:
             raise ValueError("model must be built with static=True to be captured in a graph")
         if not 1 <= batch <= model.max_batch:
@@ -58,11 +64,15 @@ class DecodeGraph:
         device = model.weights.embed.device
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device)
+        state = model.recurrent_state() if isinstance(model, Qwen3Next) else []
+        saved = [t.clone() for t in state]
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # compile, build and allocate outside the capture
             for _ in range(2):
                 model.forward(self.tokens, self.positions)
+            for t, kept in zip(state, saved, strict=True):
+                t.copy_(kept)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -90,20 +100,26 @@ class Pipeline:
     :meth:`compare`). A graph is captured only if every layer's handshake passed its probe;
     otherwise decode runs eagerly, with the probe's warning."""
 
-    def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, tokenizer: Tokenizer, *,
+    def __init__(self, config: Qwen3MoeConfig | Qwen3NextConfig, weights: ModelWeights | NextWeights,
+                 tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
                  q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None):  # fmt: skip
         ops = check.usable(backend_map(backends), weights.embed.device)
+        self.model_class = Qwen3Next if isinstance(config, Qwen3NextConfig) else Qwen3Moe
         self.max_seq_len = check.max_seq_len(max_seq_len)
         self.q4_0_path = check.q4_0_path(q4_0_path)
         self.graphs = check.graphs(graphs, weights.embed.device)
-        blocking = check.not_capturable(ops, weights.embed.device, weights.embed.dtype, self.q4_0_path)
+        used = {op: ops[op] for op in self.model_class.OPS}
+        blocking = check.not_capturable(used, weights.embed.device, weights.embed.dtype, self.q4_0_path)
         if self.graphs and blocking:
             if graphs is True:
                 raise ValueError(f"graphs=True: {', '.join(blocking)} cannot run inside a graph capture (it reads "
                                  "tensors on the host); pick other backends for them, or graphs=False")  # fmt: skip
             self.graphs = False  # "auto": eager decode with these backends
         hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
+        if hybrid_slots is not None and self.model_class is Qwen3Next:
+            raise ValueError(f"hybrid_slots must be None for a {config.arch} model (hybrid CPU/GPU experts run "
+                             f"Qwen3-MoE models), got {hybrid_slots}")  # fmt: skip
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
         self.hybrid = self._hybrid(hybrid_slots, ops) if hybrid_slots is not None else None
         self.model = self._model(ops, self.hybrid)
@@ -115,12 +131,14 @@ class Pipeline:
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
              quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
              q4_0_path: str = "auto") -> Pipeline:  # fmt: skip
-        """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF ``"hf"``,
-        ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF directory, or a
-        ``.gguf`` file, on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``) with dense weights in
-        ``dtype`` (float32, bfloat16 or float16); the other arguments are the class's. Every
-        argument is checked before anything is read, but for the upper bound of
-        ``hybrid_slots`` (the model's expert count)."""
+        """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
+        ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
+        directory (Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE, by its config's ``model_type``), or a
+        ``.gguf`` file (``qwen3moe``, ``qwen35moe`` or ``qwen3next``, by its
+        ``general.architecture``; the tokenizer from its metadata), on ``device`` (``"cpu"``,
+        ``"cuda"``, ``"cuda:N"``) with dense weights in ``dtype`` (float32, bfloat16 or float16);
+        the other arguments are the class's. Every argument is checked before anything is read,
+        but for the upper bound of ``hybrid_slots`` (the model's expert count)."""
         if not isinstance(path_or_tiny, (str, Path)):
             raise TypeError(f"path_or_tiny must be a tiny model name or a path, got {type(path_or_tiny).__name__}")
         quant, dev, dtype = check.quant(quant), check.device(device), check.dtype(dtype)
@@ -143,16 +161,16 @@ class Pipeline:
             config, weights = load_hf(path, device=dev, dtype=dtype, progress=not tiny_model)
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
-            config, weights = load_gguf(path, device=dev, dtype=dtype, progress=not tiny_model)
-            from ftlab.formats.gguf import open_reader
-
-            tokenizer = Tokenizer.from_gguf(open_reader(path))
+            config, weights, tokenizer = load_gguf_model(path, device=dev, dtype=dtype, progress=not tiny_model)
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
                    graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path)  # fmt: skip
 
-    def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe:
+    def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
+        if self.model_class is Qwen3Next:
+            return Qwen3Next(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
+                             q4_0_path=self.q4_0_path, static=self.graphs)  # fmt: skip
         return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
                         q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid)  # fmt: skip
 
@@ -291,8 +309,9 @@ class Pipeline:
 
 def format_compare(rows: list[StageDiff]) -> str:
     width = max([len("backend"), *(len(r.backend) for r in rows)])
-    lines = [f"{'stage':<22} {'backend':<{width}} {'max |diff|':>11} {'rel':>10}"]
-    lines += [f"{r.stage:<22} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows]
+    stage = max([22, *(len(r.stage) for r in rows)])
+    lines = [f"{'stage':<{stage}} {'backend':<{width}} {'max |diff|':>11} {'rel':>10}"]
+    lines += [f"{r.stage:<{stage}} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows]
     return "\n".join(lines)
 
 

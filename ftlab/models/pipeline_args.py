@@ -18,8 +18,11 @@ import torch
 
 from ftlab import backends as ftbackends
 
-#: The ops a model's ``backends`` map names (each "auto" unless set).
-MODEL_OPS = ("index", "store", "route_topk", "moe_experts", "q4_0_matmul", "qk_norm_rope")
+#: The ops a model's ``backends`` map names (each "auto" unless set): Qwen3-MoE's, then those the
+#: hybrid models (Qwen3-Next, Qwen3.5-MoE) add.
+QWEN3_MOE_OPS = ("index", "store", "route_topk", "moe_experts", "q4_0_matmul", "qk_norm_rope")
+MODEL_OPS = (*QWEN3_MOE_OPS, "causal_conv1d", "causal_conv1d_update", "gated_delta_rule", "gated_delta_step",
+             "gated_rmsnorm", "output_gate")  # fmt: skip
 #: Which file of a built-in tiny model ``Pipeline.load`` reads: its HF directory, or the GGUF
 #: file with fp32 or Q4_0 weights.
 TINY_QUANTS = ("hf", "f32", "q4_0")
@@ -212,19 +215,20 @@ def _backend_known(op: str, name: object) -> bool:
 
 
 def backend_names() -> list[str]:
-    """The backends that every op of the model has (besides "auto")."""
-    return [n for n in ftbackends.backends_of(MODEL_OPS[0]) if all(_backend_known(op, n) for op in MODEL_OPS)]
+    """The backends that every op of Qwen3-MoE has (besides "auto")."""
+    return [n for n in ftbackends.backends_of(MODEL_OPS[0]) if all(_backend_known(op, n) for op in QWEN3_MOE_OPS)]
 
 
 def backend_map(value: object) -> dict[str, str]:
-    """A backend for every op of the model (:data:`MODEL_OPS`): ``"triton"`` -> that backend for
-    every op; a dict ``{op: backend}`` sets some ops (the rest "auto"). Each name must be
-    "auto" or one of ``ftlab.backends.backends_of(op)``."""
+    """A backend for every op of the models (:data:`MODEL_OPS`): ``"triton"`` -> that backend for
+    every op of Qwen3-MoE (:data:`QWEN3_MOE_OPS`, which must all have it) and for every op of the
+    hybrid models that has it ("auto" for one that has not); a dict ``{op: backend}`` sets some
+    ops (the rest "auto"). Each name must be "auto" or one of ``ftlab.backends.backends_of(op)``."""
     if isinstance(value, str):
-        if not all(_backend_known(op, value) for op in MODEL_OPS):
+        if value != "auto" and not all(_backend_known(op, value) for op in QWEN3_MOE_OPS):
             raise ValueError(f"backends must be 'auto', one of {backend_names()} (every op) or a dict {{op: backend}}, "
                              f"got {value!r}")  # fmt: skip
-        return dict.fromkeys(MODEL_OPS, value)
+        return {op: value if _backend_known(op, value) else "auto" for op in MODEL_OPS}
     if not isinstance(value, Mapping):
         raise TypeError(f"backends must be a backend name or a dict {{op: backend}}, got {type(value).__name__}")
     unknown = set(value) - set(MODEL_OPS)

@@ -6,9 +6,8 @@ the KV cache written with ``ops.store`` and read with ``ops.index``) -> residual
 ``ops.fused_moe``; no shared expert) -> residual.
 Embedding through ``ops.index``, final RMSNorm, lm_head (tied or not).
 
-The KV cache is static and slot-indexed: sequence b's position p lives in slot
-``b * max_seq_len + p`` of every layer's ``[slots, kv_heads * head_dim]`` buffer, so a decode
-step has fixed shapes and addresses (what a captured graph needs).
+The KV cache is static and slot-indexed (:class:`ftlab.models.layers.KVCache`), so a decode step
+has fixed shapes and addresses (what a captured graph needs).
 """
 
 from __future__ import annotations
@@ -21,40 +20,19 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.models.pipeline_args import backend_map
+from ftlab.models.layers import (
+    KVCache,
+    Stage,
+    check_field,
+    concat_rows,
+    linear,
+    rms_norm,
+    rope_tables,
+)
+from ftlab.models.pipeline_args import QWEN3_MOE_OPS, backend_map
 from ftlab.quant import Q4_0Weight
 
-
-@dataclass
-class Stage:
-    """One named step of a forward pass and the tensors it produced."""
-
-    name: str
-    tensors: dict[str, torch.Tensor]
-    main: str  # the tensor that backend comparisons look at
-
-
-_BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
-_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
-
-
-def _check_field(name: str, value: object) -> None:
-    """ValueError naming config field ``name`` unless ``value`` is of its kind: a count (an
-    int >= 1, not a bool), a bool, or a finite float > 0 (``rope_theta`` > 1: the RoPE
-    frequencies ``theta^(-2i/d)`` must fall with i; a base <= 1 makes them grow, and a
-    subnormal base makes them overflow to inf)."""
-    import math
-
-    if name in _BOOL_FIELDS:
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be a bool, got {value!r}")
-    elif name in _FLOAT_FIELDS:
-        least = 1.0 if name == "rope_theta" else 0.0
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or value <= least:
-            raise ValueError(f"{name} must be a finite number > {least:g}, got {value!r}")
-    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+__all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe", "Qwen3MoeConfig", "Stage", "linear", "rms_norm", "rope_tables"]
 
 
 @dataclass
@@ -80,7 +58,7 @@ class Qwen3MoeConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check_field(f.name, getattr(self, f.name))
+            check_field(f.name, getattr(self, f.name))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
                              f"of num_key_value_heads ({self.num_key_value_heads})")  # fmt: skip
@@ -112,8 +90,8 @@ class Qwen3MoeConfig:
         ):  # newer transformers' name
             values["num_experts"] = values["num_local_experts"]
         if "head_dim" not in values and "hidden_size" in values and "num_attention_heads" in values:
-            _check_field("hidden_size", values["hidden_size"])
-            _check_field("num_attention_heads", values["num_attention_heads"])
+            check_field("hidden_size", values["hidden_size"])
+            check_field("num_attention_heads", values["num_attention_heads"])
             values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
         if not isinstance(values.get("attention_bias", False), bool):
             raise ValueError(f"attention_bias must be a bool, got {values['attention_bias']!r}")
@@ -153,7 +131,7 @@ class LayerWeights:
         instead of three, each output row computed as in its own projection. None when they
         mix Q4_0 and dense weights."""
         if not hasattr(self, "_qkv"):
-            self._qkv = _concat_rows([self.q_proj, self.k_proj, self.v_proj])
+            self._qkv = concat_rows([self.q_proj, self.k_proj, self.v_proj])
         return self._qkv
 
 
@@ -165,47 +143,6 @@ class ModelWeights:
     lm_head: torch.Tensor | Q4_0Weight  # [V, H] (the embedding when tied)
 
 
-def _concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weight | None:
-    """Weights ``[N_i, K]`` stacked along N when all are Q4_0 or all dense of one dtype; None
-    for a mix (they then stay separate, each on its own path)."""
-    if all(isinstance(w, Q4_0Weight) for w in ws):
-        data = torch.cat([w.data for w in ws])
-        return Q4_0Weight(data, (data.shape[0], ws[0].shape[-1]))
-    if all(isinstance(w, torch.Tensor) and w.dtype == ws[0].dtype for w in ws):
-        return torch.cat(ws)
-    return None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32 and rounded once to x's dtype
-    (one fused kernel where torch has one: a decode step runs 2 of these a layer, and the q / k
-    head norms inside ``ops.qk_norm_rope``)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # fp32 inside for 16-bit x, weight included
-
-
-def linear(
-    x: torch.Tensor, w: torch.Tensor | Q4_0Weight, backend: str = "auto", path: str = "auto"
-) -> torch.Tensor:
-    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``path``)."""
-    if isinstance(w, Q4_0Weight):
-        flat = x.reshape(-1, x.shape[-1])
-        return ops.q4_0_matmul(flat, w, path=path, backend=backend).view(*x.shape[:-1], -1)
-    return F.linear(x, w)
-
-
-def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and signed sin ``[B, T, 1, hd]`` in ``dtype`` of the rotary angles at ``positions
-    [B, T]`` (computed once a forward pass, shared by the layers): ``sin`` carries the sign of
-    rotate-half, -sin on the first half."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))
-    angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
-    emb = torch.cat([angles, angles], dim=-1)[:, :, None, :]  # [B, T, 1, hd]
-    sign = torch.cat([-torch.ones(hd // 2, device=positions.device), torch.ones(hd // 2, device=positions.device)])
-    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
-
-
-
-
 class Qwen3Moe:
     """The model over ftlab ops. ``backends`` maps op names -- "index", "store", "route_topk",
     "moe_experts", "q4_0_matmul" (the Q4_0 projections; dense ones are ``F.linear``) and
@@ -214,6 +151,8 @@ class Qwen3Moe:
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
     the rest on the CPU; :meth:`end_step` moves their residency between steps."""
+
+    OPS = QWEN3_MOE_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
                  max_seq_len: int = 512, backends: dict[str, str] | None = None,
@@ -233,37 +172,21 @@ class Qwen3Moe:
         self.backends = backend_map(backends or {})  # keys: MODEL_OPS; every name checked
         self.q4_0_path = q4_0_path
         c = config
-        device, dtype = weights.embed.device, weights.embed.dtype
-        kv = c.num_key_value_heads * c.head_dim
-        slots = max_batch * max_seq_len
-        self.k_cache = [
-            torch.zeros(slots, kv, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)
-        ]
-        self.v_cache = [
-            torch.zeros(slots, kv, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)
-        ]
+        self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads * c.head_dim, max_batch, max_seq_len,
+                             static, weights.embed.device, weights.embed.dtype)  # fmt: skip
+        self.k_cache, self.v_cache = self.cache.k, self.cache.v
 
     def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight) -> torch.Tensor:
         return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path)
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
-        return batch * self.max_seq_len + positions
+        return self.cache.slots(batch, positions)
 
     def geometry(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """What every layer's attention needs of ``positions [B, T]``, computed once a forward
         pass: rope tables, the cache slots written, the slots read and the causal mask."""
-        c = self.config
-        b, t = positions.shape
-        dev = positions.device
-        cos, sin = rope_tables(positions, c.head_dim, c.rope_theta, dtype)
-        seq = torch.arange(b, device=dev)[:, None].expand(b, t)
-        # read back every position up to the last one written, for every sequence
-        span = self.max_seq_len if self.static else int(positions.max()) + 1
-        read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
-        visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-                "mask": visible[:, None], "span": span}  # fmt: skip
+        return self.cache.geometry(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
     def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor, geo: dict | None = None) -> torch.Tensor:
         """x ``[B, T, H]`` at ``positions [B, T]`` -> ``[B, T, H]``; writes the layer's KV cache.
@@ -283,23 +206,9 @@ class Qwen3Moe:
         q, k = ops.qk_norm_rope(q.reshape(b * t, c.num_attention_heads, hd), k.reshape(b * t, c.num_key_value_heads, hd),
                                 lw.q_norm, lw.k_norm, geo["cos"], geo["sin"], c.rms_norm_eps,
                                 backend=self.backends["qk_norm_rope"])  # fmt: skip
-        q = q.view(b, t, c.num_attention_heads, hd)
-        k = k.view(b, t, c.num_key_value_heads, hd)
-        ops.store(self.k_cache[i], self.v_cache[i], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
-                  check=False, backend=self.backends["store"])  # fmt: skip
-        span = geo["span"]
-        if self.static:  # every slot of each sequence, in order: the cache itself, no copy
-            keys = self.k_cache[i].view(self.max_batch, span, -1)[:b]
-            vals = self.v_cache[i].view(self.max_batch, span, -1)[:b]
-        else:
-            keys = ops.index(self.k_cache[i], geo["read"], check=False, backend=self.backends["index"])
-            vals = ops.index(self.v_cache[i], geo["read"], check=False, backend=self.backends["index"])
-        keys = keys.reshape(b, span, c.num_key_value_heads, hd).transpose(1, 2)  # [B, kvh, S, hd]
-        vals = vals.reshape(b, span, c.num_key_value_heads, hd).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, vals, attn_mask=geo["mask"], enable_gqa=True
-        )  # [B, heads, T, hd]
-        return self.linear(out.transpose(1, 2).reshape(b, t, -1), lw.o_proj)
+        out = self.cache.attend(i, q.view(b, t, c.num_attention_heads, hd), k.view(b, t, c.num_key_value_heads, hd),
+                                v, geo, self.backends)  # fmt: skip
+        return self.linear(out.reshape(b, t, -1), lw.o_proj)
 
     def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[N, H]`` -> (router logits ``[N, E]``, top-k weights fp32, top-k ids int32)."""

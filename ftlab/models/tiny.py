@@ -1,10 +1,14 @@
-"""Built-in tiny Qwen3-MoE checkpoints: deterministic, written on first use.
+"""Built-in tiny checkpoints: deterministic, written on first use.
 
 Each tiny model exists as a HF directory (``config.json``, ``model.safetensors`` with the
 per-expert tensor names of real Qwen3-MoE checkpoints, a byte-level BPE ``tokenizer.json``
-trained on a small built-in text) and as GGUF files (``model-f32.gguf``, ``model-q4_0.gguf``)
-with the tokenizer in ``tokenizer.ggml.*`` metadata. Router weights are drawn, not zero, so
-routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny`` (``FTLAB_CACHE_DIR``).
+trained on a small built-in text) and as GGUF files (``model-f32.gguf``, ``model-q4_0.gguf``
+with its matmul weights Q4_0) with the tokenizer in ``tokenizer.ggml.*`` metadata. The tiny
+hybrid models (:data:`ftlab.models.tiny_next.HYBRID_MODELS`: Qwen3.5-MoE, Qwen3-Next) are HF
+checkpoints of their own layout, and their GGUF files are what llama.cpp's converter makes of
+them (``qwen35moe`` / ``qwen3next``, written by
+:func:`~ftlab.models.gguf_qwen3_next_write.write_gguf_hf`). Router weights are drawn, not zero,
+so routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny`` (``FTLAB_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-TINY_MODELS: dict[str, dict] = {
+from ftlab.models.tiny_next import HYBRID_MODELS, hybrid_config, hybrid_weights, write_hybrid_gguf
+
+QWEN3_MOE_MODELS: dict[str, dict] = {
     "tiny-qwen3-moe": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                            head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                            norm_topk_prob=True, tie_word_embeddings=False, seed=0),
@@ -23,6 +29,7 @@ TINY_MODELS: dict[str, dict] = {
                                 head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64,
                                 norm_topk_prob=False, tie_word_embeddings=True, seed=1),
 }  # fmt: skip
+TINY_MODELS: dict[str, dict] = {**QWEN3_MOE_MODELS, **HYBRID_MODELS}
 DEFAULT = "tiny-qwen3-moe"
 VOCAB_SIZE = 384
 CORPUS = """\
@@ -46,14 +53,24 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
     path = (
         root or cache_dir()
     ) / f"{name}-{spec_digest(name)}"  # a changed recipe gets a new directory
+    hybrid = name in HYBRID_MODELS
     if (path / "model-q4_0.gguf").is_file():
         return path
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
     tokenizer.save(str(path / "tokenizer.json"))
-    config = hf_config(name)
+    config = hybrid_config(name, VOCAB_SIZE) if hybrid else hf_config(name)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     from safetensors.torch import save_file
+
+    if hybrid:
+        from gguf import GGMLQuantizationType as QT
+
+        weights = hybrid_weights(name, VOCAB_SIZE)
+        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+        write_hybrid_gguf(path / "model-f32.gguf", config, weights, tokenizer, QT.F32)
+        write_hybrid_gguf(path / "model-q4_0.gguf", config, weights, tokenizer, QT.Q4_0)  # written last: the marker
+        return path
 
     save_file(random_weights(name), str(path / "model.safetensors"), metadata={"format": "pt"})
     from ftlab.models.loader import load_hf, save_gguf
@@ -73,9 +90,12 @@ def spec_digest(name: str) -> str:
     import hashlib
     import inspect
 
-    recipe = json.dumps(
-        [TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(random_weights)], sort_keys=True
-    )
+    weights = hybrid_weights if name in HYBRID_MODELS else random_weights
+    recipe = json.dumps([TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(weights)], sort_keys=True)
+    if name in HYBRID_MODELS:  # and what makes its GGUF files
+        from ftlab.models import gguf_qwen3_next_layout, gguf_qwen3_next_write, tiny_next
+
+        recipe += "".join(inspect.getsource(m) for m in (tiny_next, gguf_qwen3_next_write, gguf_qwen3_next_layout))
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 

@@ -10,6 +10,9 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
   :func:`q4_0_matmul`;
 - ``moe``: :func:`route_topk`, :func:`moe_align`, :func:`moe_experts`, :func:`fused_moe`;
 - ``qk_norm_rope``: :func:`qk_norm_rope`;
+- ``deltanet``: :func:`gated_delta_rule` (prefill), :func:`gated_delta_step` (decode);
+- ``conv1d``: :func:`causal_conv1d`, :func:`causal_conv1d_update`;
+- ``gated_norm``: :func:`gated_rmsnorm`, :func:`output_gate`;
 - ``quant_matmul``: :func:`quant_matmul` (Q8_0 and the K-quants; Q4_0 through ``q4_0_matmul``);
 - ``quants``: :func:`dequantize` (Q8_0 and the K-quants; Q4_0 through ``dequantize_q4_0``),
   :func:`quantize` (Q8_0; Q4_0 through ``quantize_q4_0``).
@@ -17,6 +20,9 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
 ``ftlab ops`` (or :func:`ftlab.catalog.describe`) lists where everything about an op lives.
 """
 
+from ftlab.ops.conv1d import causal_conv1d, causal_conv1d_update
+from ftlab.ops.deltanet import gated_delta_rule, gated_delta_step
+from ftlab.ops.gated_norm import gated_rmsnorm, output_gate
 from ftlab.ops.index_store import index, store
 from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk
 from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
@@ -25,12 +31,18 @@ from ftlab.ops.quant_matmul import quant_matmul
 from ftlab.ops.quants import dequantize, quantize
 
 __all__ = [
+    "causal_conv1d",
+    "causal_conv1d_update",
     "dequantize",
     "dequantize_q4_0",
     "fused_moe",
+    "gated_delta_rule",
+    "gated_delta_step",
+    "gated_rmsnorm",
     "index",
     "moe_align",
     "moe_experts",
+    "output_gate",
     "q4_0_matmul",
     "qk_norm_rope",
     "quant_matmul",

@@ -8,16 +8,18 @@ from ftlab import argcheck, backends
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float, *, backend: str = "auto"
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float, *, rotary_dim: int | None = None,
+                 backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Qwen3's per-head RMSNorm of q and k followed by RoPE, one pass over both.
 
-    ``q [N, Hq, D]`` and ``k [N, Hk, D]`` (fp32 / fp16 / bf16, one dtype; D even; the views of
-    a fused q/k/v projection are taken as they are: any token stride, contiguous heads),
-    ``q_weight`` / ``k_weight [D]``, ``cos`` / ``sin [N, D]`` (or any shape of N * D elements,
-    e.g. ``[B, T, 1, D]``) from ``ftlab.models.qwen3_moe.rope_tables``: ``sin`` is signed, -sin on
-    the first half. Each row: ``y = x / sqrt(mean(x^2) + eps) * weight``, then ``out[d] =
-    y[d] * cos[d] + y[(d + D/2) % D] * sin[d]``, in fp32, rounded once. Returns new contiguous
+    ``q [N, Hq, D]`` and ``k [N, Hk, D]`` (fp32 / fp16 / bf16, one dtype; the views of a fused
+    q/k/v projection are taken as they are: any token stride, contiguous heads), ``q_weight`` /
+    ``k_weight [D]``, ``rotary_dim`` R (even, in [2, D]; None: R = D, then D must be even),
+    ``cos`` / ``sin [N, R]`` (or any shape of N * R elements, e.g. ``[B, T, 1, R]``) from
+    ``ftlab.models.qwen3_moe.rope_tables(positions, R, ...)``: ``sin`` is signed, -sin on the
+    first half. Each row: ``y = x / sqrt(mean(x^2) + eps) * weight`` over all D, then ``out[d] =
+    y[d] * cos[d] + y[(d + R/2) % R] * sin[d]`` for d < R (partial rotary: Qwen3-Next, Qwen3.5)
+    and ``out[d] = y[d]`` for d >= R, in fp32, rounded once. Returns new contiguous
     ``(q_out [N, Hq, D], k_out [N, Hk, D])`` in q's dtype. Weights and tables of another float
     dtype are cast to q's.
     """
@@ -27,20 +29,27 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [N, heads, D], got shape {tuple(t.shape)}")
     n, _, d = q.shape
-    if d % 2 or d == 0:
-        raise ValueError(f"q's head size D must be even and positive, got {d}")
+    if rotary_dim is None:
+        if d % 2 or d == 0:
+            raise ValueError(f"q's head size D must be even and positive, got {d}")
+        rot = d
+    else:
+        rot = argcheck.int_in("rotary_dim", rotary_dim, 2, max(d, 2))
+        if rot % 2:
+            raise ValueError(f"rotary_dim must be even, got {rot}")
     if k.shape[0] != n or k.shape[2] != d:
         raise ValueError(f"k must be [{n}, Hk, {d}] like q {tuple(q.shape)}, got {tuple(k.shape)}")
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     eps = argcheck.finite_float("eps", eps, 0.0)
     rows = []
-    for name, t, shape in (("q_weight", q_weight, (d,)), ("k_weight", k_weight, (d,)), ("cos", cos, (n, d)),
-                           ("sin", sin, (n, d))):  # fmt: skip
+    for name, t, shape in (("q_weight", q_weight, (d,)), ("k_weight", k_weight, (d,)), ("cos", cos, (n, rot)),
+                           ("sin", sin, (n, rot))):  # fmt: skip
         argcheck.float_tensor(name, t)
         want = shape[0] * shape[-1] if len(shape) == 2 else d
         if t.numel() != want:
-            raise ValueError(f"{name} must hold {want} elements ({'N * D' if len(shape) == 2 else 'D'}), got shape "
+            what = ("N * D" if rot == d else "N * rotary_dim") if len(shape) == 2 else "D"
+            raise ValueError(f"{name} must hold {want} elements ({what}), got shape "
                              f"{tuple(t.shape)}")  # fmt: skip
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
@@ -52,4 +61,4 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
 
     impl = backends.resolve("qk_norm_rope", backend, q.device, q.dtype)
-    return impl.fn(rows_layout(q), rows_layout(k), *rows, eps)
+    return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot)

@@ -20,6 +20,23 @@ Needs the ``dev`` extra (hypothesis).
 
 from ftlab.bitview import bits_equal, random_rows
 from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride
+from ftlab.testing.conv1d import (
+    causal_conv1d_tolerance,
+    check_causal_conv1d_case,
+    check_causal_conv1d_update_case,
+)
+from ftlab.testing.deltanet import (
+    check_gated_delta_rule_case,
+    check_gated_delta_step_case,
+    gated_delta_exact,
+    gated_delta_tolerance,
+)
+from ftlab.testing.gated_norm import (
+    check_gated_rmsnorm_case,
+    check_output_gate_case,
+    gated_rmsnorm_tolerance,
+    output_gate_tolerance,
+)
 from ftlab.testing.index_store import (
     IndexCase,
     StoreCase,
@@ -84,8 +101,19 @@ __all__ = [
     "experts_tolerance",
     "random_quant_bank",
     "hybrid_tolerance",
+    "check_gated_delta_rule_case",
+    "check_gated_delta_step_case",
+    "gated_delta_exact",
+    "gated_delta_tolerance",
     "check_qk_norm_rope_case",
     "qk_norm_rope_tolerance",
+    "causal_conv1d_tolerance",
+    "check_causal_conv1d_case",
+    "check_causal_conv1d_update_case",
+    "check_gated_rmsnorm_case",
+    "check_output_gate_case",
+    "gated_rmsnorm_tolerance",
+    "output_gate_tolerance",
     "check_index_case",
     "check_matmul_case",
     "check_q8_1_case",

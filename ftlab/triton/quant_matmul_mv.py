@@ -5,16 +5,18 @@ used by ``quant_matmul``'s int8 path (``ftlab/triton/quant_matmul.py``).
 One program takes ``BLOCK_N`` weight rows and walks its share of K (split-K over a second grid
 axis when the rows alone would leave SMs idle) ``BLOCK_SB`` blocks at a time, reading each
 weight byte once for all the M rows of activations: the blocks' integers are unpacked in
-registers, each sub-block's exact integer dot with its Q8_1 block is a sum of int32 products,
-and the terms are scaled in fp32 as the reference scales them:
+registers as 32-bit words of four weights, each sub-block's exact integer dot with its Q8_1
+block is a sum of 4-byte dots (PTX dp4a on NVIDIA, byte products elsewhere: ``dp4a`` of
+``q4_0_common``), and the terms are scaled in fp32 as the reference scales them:
 
-- ``q8_0_mv_kernel``: ``[BLOCK_N, BLOCK_SB, 32]`` int8 weights; ``d * (d8 * sumi)``.
-- ``q4_k_mv_kernel`` (Q4_K; Q5_K with ``FIFTH``): ``[BLOCK_N, BLOCK_SB, 4, 32]`` ``qs`` bytes
-  (sub-block pair p by byte i: low nibbles sub-block 2p, high 2p + 1);
+- ``q8_0_mv_kernel``: ``[BLOCK_N, BLOCK_SB, 8]`` words of int8 weights, read as halfword pairs
+  (34-byte blocks are 2-byte aligned); ``d * (d8 * sumi)``.
+- ``q4_k_mv_kernel`` (Q4_K; Q5_K with ``FIFTH``): ``[BLOCK_N, BLOCK_SB, 4, 8]`` ``qs`` words
+  (sub-block pair p by word i: low nibbles sub-block 2p, high 2p + 1; blocks are whole words);
   ``d * (d8 * (sc * sumi)) - dmin * (m * s8)``.
-- ``q6_k_mv_kernel``: ``[BLOCK_N, BLOCK_SB, 4, 16]`` (g = 2 * half + sixteen, by weight) of the
-  three bytes feeding four weights, one per quarter; ``d * (d8 * (scales * sumi))`` per
-  16-sub-block.
+- ``q6_k_mv_kernel``: ``[BLOCK_N, BLOCK_SB, 2, 2, 4]`` (half, sixteen, word) of the ``ql`` and
+  ``qh`` words feeding the four quarters, read as halfword pairs; ``d * (d8 * (scales * sumi))``
+  per 16-sub-block, the offset of 32 taken out as ``32 * sum(q8)``.
 """
 
 from __future__ import annotations
@@ -24,18 +26,18 @@ import triton
 import triton.language as tl
 
 from ftlab.quant import Q8_1, QTYPES, QuantWeight
-from ftlab.triton.q4_0_common import load_q4_0_scale, sm_count
+from ftlab.triton.q4_0_common import dp4a, interpreted, launch_table, sm_count
 from ftlab.triton.quants import scale_min_k4
 
 #: rows one matvec pass takes (MP up to 8); more rows run pass by pass
 MATVEC_ROWS = 8
-#: per type: rows and blocks of a program's tile, warps. Untimed starting points: ~1024 weights
-#: a tile, 8 a thread at 4 warps.
+#: per type: rows and blocks of a program's tile, warps. Untimed starting points: 2048 weights
+#: a tile (4 rows of 512), 16 a thread at 4 warps.
 MV_CONFIGS: dict[str, dict[str, int]] = {
-    "Q8_0": {"BLOCK_N": 8, "BLOCK_SB": 4, "num_warps": 4},
-    "Q4_K": {"BLOCK_N": 4, "BLOCK_SB": 1, "num_warps": 4},
-    "Q5_K": {"BLOCK_N": 4, "BLOCK_SB": 1, "num_warps": 4},
-    "Q6_K": {"BLOCK_N": 4, "BLOCK_SB": 1, "num_warps": 4},
+    "Q8_0": {"BLOCK_N": 4, "BLOCK_SB": 16, "num_warps": 4},
+    "Q4_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
+    "Q5_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
+    "Q6_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
 }
 
 
@@ -52,17 +54,39 @@ def _store_parts(part_ptr, acc, split, n, n_ok, M, N, MP: tl.constexpr):
 
 
 @triton.jit
+def _f16_bits(h):
+    """fp32 of fp16 bit patterns held in the low 16 bits of int32 ``h``."""
+    return (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _words16(p, mask):
+    """int32 words of two consecutive 16-bit loads at ``p`` (2-byte aligned data)."""
+    lo = tl.load(p, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    hi = tl.load(p + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return lo | (hi << 16)
+
+
+@triton.jit
+def _dot_words(q, x, axis: tl.constexpr, ASM: tl.constexpr):
+    """Exact int32 sum over ``axis`` of the 4-byte dots of words ``q`` and ``x`` (broadcast)."""
+    q, x = tl.broadcast(q, x)
+    return tl.sum(dp4a(q, x, tl.zeros(q.shape, dtype=tl.int32), ASM), axis=axis)
+
+
+@triton.jit
 def q8_0_mv_kernel(
-    w_ptr, row_bytes, q8_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
-    MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
+    w_ptr, w16_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
+    ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
 ):  # fmt: skip
-    """partial[split, m, n] = sum over this split's 32-blocks of d * (d8 * sumi)."""
+    """partial[split, m, n] = sum over this split's 32-blocks of d * (d8 * sumi). Block b is
+    halfwords 17b (d) .. 17b + 16 of the row: its q words are halfword pairs 17b + 1 + 2i."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    i = tl.arange(0, 32)
-    row = n.to(tl.int64) * row_bytes
+    i = tl.arange(0, 8)
+    row16 = n.to(tl.int64) * (row_bytes // 2)
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
     lo = split * SB_PER_SPLIT
     hi = tl.minimum(lo + SB_PER_SPLIT, NSB)
@@ -70,16 +94,17 @@ def q8_0_mv_kernel(
         b = b0 + tl.arange(0, BLOCK_SB)
         b_ok = b < hi
         mask = n_ok[:, None] & b_ok[None, :]
-        wb = w_ptr + row[:, None] + b[None, :] * 34  # [BN, SB]
-        d = load_q4_0_scale(wb, mask)
-        q = tl.load(wb[:, :, None] + 2 + i[None, None, :], mask=mask[:, :, None], other=0)
-        q = q.to(tl.int8, bitcast=True).to(tl.int32)  # [BN, SB, 32]
+        hb = w16_ptr + row16[:, None] + b[None, :] * 17  # [BN, SB]
+        d = _f16_bits(tl.load(hb, mask=mask, other=0).to(tl.int32))
+        q = _words16(hb[:, :, None] + 1 + 2 * i[None, None, :], mask[:, :, None])  # [BN, SB, 8]
         for m in tl.static_range(MP):
             if m < M:
-                xq = tl.load(
-                    q8_ptr + m * K + b[:, None] * 32 + i[None, :], mask=b_ok[:, None], other=0
+                xw = tl.load(
+                    q8w_ptr + m * (K // 4) + b[:, None] * 8 + i[None, :],
+                    mask=b_ok[:, None],
+                    other=0,
                 )
-                sumi = tl.sum(q * xq.to(tl.int32)[None], axis=2)  # [BN, SB], exact
+                sumi = _dot_words(q, xw[None], 2, ASM)  # [BN, SB], exact
                 d8 = tl.load(d8_ptr + m * (K // 32) + b, mask=b_ok, other=0.0)
                 part = tl.sum(d * (d8[None, :] * sumi.to(tl.float32)), axis=1)
                 acc = _accumulate(acc, part, m, MP)
@@ -87,11 +112,10 @@ def q8_0_mv_kernel(
 
 
 @triton.jit
-def _k4_half(q, xb, d8p, s8p, b_ok, d, dmin, sc, mn):
-    """The terms of sub-blocks ``[BN, SB, 4]`` (ints q ``[BN, SB, 4, 32]``, activations at ``xb``
-    ``[SB, 4, 32]``, their d8 / s8 at ``d8p`` / ``s8p`` ``[SB, 4]``)."""
-    x = tl.load(xb, mask=b_ok[:, None, None], other=0).to(tl.int32)
-    sumi = tl.sum(q * x[None], axis=3).to(tl.float32)  # [BN, SB, 4], exact
+def _k4_half(q, xw, d8p, s8p, b_ok, d, dmin, sc, mn, ASM: tl.constexpr):
+    """The terms of sub-blocks ``[BN, SB, 4]`` (weight words q ``[BN, SB, 4, 8]``, activation
+    words ``xw`` ``[SB, 4, 8]``, their d8 / s8 at ``d8p`` / ``s8p`` ``[SB, 4]``)."""
+    sumi = _dot_words(q, xw[None], 3, ASM).to(tl.float32)  # [BN, SB, 4], exact
     d8 = tl.load(d8p, mask=b_ok[:, None], other=0.0)[None]
     s8 = tl.load(s8p, mask=b_ok[:, None], other=0.0)[None]
     return d[:, :, None] * (d8 * (sc * sumi)) - dmin[:, :, None] * (mn * s8)
@@ -99,22 +123,26 @@ def _k4_half(q, xb, d8p, s8p, b_ok, d, dmin, sc, mn):
 
 @triton.jit
 def q4_k_mv_kernel(
-    w_ptr, row_bytes, q8_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
-    FIFTH: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
+    w_ptr, w32_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
+    FIFTH: tl.constexpr, ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
 ):  # fmt: skip
     """partial[split, m, n] = sum over this split's 32-sub-blocks of
-    d * (d8 * (sc * sumi)) - dmin * (m * s8); Q5_K with ``FIFTH``."""
-    NBYTES: tl.constexpr = 176 if FIFTH else 144
-    QS: tl.constexpr = 48 if FIFTH else 16
+    d * (d8 * (sc * sumi)) - dmin * (m * s8); Q5_K with ``FIFTH``. Blocks are whole 32-bit words
+    (36 / 44): word 0 holds d and dmin, ``qs`` word 8p + i holds bytes 4i.. of sub-block pair p
+    (low nibbles sub-block 2p, high 2p + 1), Q5_K's ``qh`` word i (words 4..11) the fifth bits of
+    weights 4i.. (bit j for sub-block j)."""
+    NWORDS: tl.constexpr = 44 if FIFTH else 36
+    QSW: tl.constexpr = 12 if FIFTH else 4
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     row = n.to(tl.int64) * row_bytes
+    row32 = n.to(tl.int64) * (row_bytes // 4)
     p4 = tl.arange(0, 4)[None, None, :, None]  # sub-block pair, [1, 1, 4, 1]
-    i4 = tl.arange(0, 32)[None, None, None, :]
-    p3 = tl.arange(0, 4)[None, :, None]  # [1, 4, 1] for the activations [SB, 4, 32]
-    i3 = tl.arange(0, 32)[None, None, :]
+    i4 = tl.arange(0, 8)[None, None, None, :]  # word of the pair
+    p3 = tl.arange(0, 4)[None, :, None]  # for the activation words [SB, 4, 8]
+    i3 = tl.arange(0, 8)[None, None, :]
     pj = tl.arange(0, 4)[None, None, :]  # [1, 1, 4] for the scales [BN, SB, 4]
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
     lo = split * SB_PER_SPLIT
@@ -123,29 +151,35 @@ def q4_k_mv_kernel(
         b = b0 + tl.arange(0, BLOCK_SB)
         b_ok = b < hi
         mask = n_ok[:, None] & b_ok[None, :]
-        wb = w_ptr + row[:, None] + b[None, :] * NBYTES  # [BN, SB]
-        d = load_q4_0_scale(wb, mask)
-        dmin = load_q4_0_scale(wb + 2, mask)
-        sc_lo, mn_lo = scale_min_k4(wb[:, :, None] + 4, 2 * pj, mask[:, :, None])  # [BN, SB, 4]
-        sc_hi, mn_hi = scale_min_k4(wb[:, :, None] + 4, 2 * pj + 1, mask[:, :, None])
+        wb32 = w32_ptr + row32[:, None] + b[None, :] * NWORDS  # [BN, SB]
+        head = tl.load(wb32, mask=mask, other=0)
+        d = _f16_bits(head)
+        dmin = _f16_bits(head >> 16)
+        wb = w_ptr + row[:, None, None] + b[None, :, None] * (4 * NWORDS) + 4  # the 12 scale bytes
+        sc_lo, mn_lo = scale_min_k4(wb, 2 * pj, mask[:, :, None])  # [BN, SB, 4]
+        sc_hi, mn_hi = scale_min_k4(wb, 2 * pj + 1, mask[:, :, None])
         m4 = mask[:, :, None, None]
-        qs = tl.load(wb[:, :, None, None] + QS + 32 * p4 + i4, mask=m4, other=0).to(tl.int32)
-        q_lo = qs & 0x0F
-        q_hi = qs >> 4
+        qs = tl.load(wb32[:, :, None, None] + QSW + 8 * p4 + i4, mask=m4, other=0)  # [BN, SB, 4, 8]
+        q_lo = qs & 0x0F0F0F0F
+        q_hi = (qs >> 4) & 0x0F0F0F0F
         if FIFTH:
-            qh_ptr = tl.broadcast_to(wb[:, :, None, None] + 16 + i4, (BLOCK_N, BLOCK_SB, 4, 32))
-            qh = tl.load(qh_ptr, mask=m4, other=0).to(tl.int32)
-            q_lo = q_lo | (((qh >> (2 * p4)) & 1) << 4)
-            q_hi = q_hi | (((qh >> (2 * p4 + 1)) & 1) << 4)
+            qh_ptr = tl.broadcast_to(wb32[:, :, None, None] + 4 + i4, (BLOCK_N, BLOCK_SB, 4, 8))
+            qh = tl.load(qh_ptr, mask=m4, other=0)
+            q_lo = q_lo | (((qh >> (2 * p4)) & 0x01010101) << 4)
+            q_hi = q_hi | (((qh >> (2 * p4 + 1)) & 0x01010101) << 4)
         for m in tl.static_range(MP):
             if m < M:
-                xb = q8_ptr + m * K + b[:, None, None] * 256 + 64 * p3 + i3  # [SB, 4, 32]
+                xp = (
+                    q8w_ptr + m * (K // 4) + b[:, None, None] * 64 + 16 * p3 + i3
+                )  # [SB, 4, 8]: sub-block 2p
+                x_lo = tl.load(xp, mask=b_ok[:, None, None], other=0)
+                x_hi = tl.load(xp + 8, mask=b_ok[:, None, None], other=0)
                 jb = (
                     m * (K // 32) + b[:, None] * 8 + 2 * tl.arange(0, 4)[None, :]
                 )  # [SB, 4]: Q8_1 block 2p
-                t = _k4_half(q_lo, xb, d8_ptr + jb, s8_ptr + jb, b_ok, d, dmin, sc_lo, mn_lo)
+                t = _k4_half(q_lo, x_lo, d8_ptr + jb, s8_ptr + jb, b_ok, d, dmin, sc_lo, mn_lo, ASM)
                 t += _k4_half(
-                    q_hi, xb + 32, d8_ptr + jb + 1, s8_ptr + jb + 1, b_ok, d, dmin, sc_hi, mn_hi
+                    q_hi, x_hi, d8_ptr + jb + 1, s8_ptr + jb + 1, b_ok, d, dmin, sc_hi, mn_hi, ASM
                 )
                 acc = _accumulate(acc, tl.sum(tl.sum(t, axis=2), axis=1), m, MP)
     _store_parts(part_ptr, acc, split, n, n_ok, M, N, MP)
@@ -153,43 +187,45 @@ def q4_k_mv_kernel(
 
 @triton.jit
 def _q6_quarter(
-    ql, qh, wb, sj, mask, xb, d8p, b_ok, d, SHIFT: tl.constexpr, QH_SHIFT: tl.constexpr
+    ql, qh, sc, xp, d8p, b_ok, d, NIB: tl.constexpr, T: tl.constexpr, ASM: tl.constexpr
 ):
-    """Quarter terms ``[BN, SB, 4]``: ints ``((ql >> SHIFT) & 15 | ((qh >> QH_SHIFT) & 3) << 4) - 32``,
-    scales at byte offsets ``sj`` ``[1, 1, 4]``, activations at ``xb`` ``[SB, 4, 16]``."""
-    q = (((ql >> SHIFT) & 0x0F) | (((qh >> QH_SHIFT) & 3) << 4)) - 32
-    sc = (
-        tl.load(wb[:, :, None] + sj, mask=mask[:, :, None], other=0)
-        .to(tl.int8, bitcast=True)
-        .to(tl.float32)
-    )
-    x = tl.load(xb, mask=b_ok[:, None, None], other=0).to(tl.int32)
-    sumi = tl.sum(q * x[None], axis=3).to(tl.float32)
-    d8 = tl.load(d8p, mask=b_ok[:, None], other=0.0)[None]
-    return d[:, :, None] * (d8 * (sc * sumi))
+    """Terms ``[BN, SB, 2, 2]`` (half, sixteen) of quarter ``T``: weight words
+    ``((ql >> 4 NIB) & 15 | ((qh >> 2T) & 3) << 4)`` (q + 32), scales ``sc``, activation words at
+    ``xp`` ``[SB, 2, 2, 4]``, d8 at ``d8p`` ``[SB, 2, 1]``. sumi = dot(q + 32, x) - 32 sum(x)."""
+    q = ((ql >> (4 * NIB)) & 0x0F0F0F0F) | (((qh >> (2 * T)) & 0x03030303) << 4)
+    x = tl.load(xp, mask=b_ok[:, None, None, None], other=0)
+    ones = tl.full(x.shape, 0x01010101, tl.int32)
+    sumx = _dot_words(ones, x, 3, ASM)[None]  # [1, SB, 2, 2]
+    sumi = (_dot_words(q, x[None], 4, ASM) - 32 * sumx).to(tl.float32)
+    d8 = tl.load(d8p, mask=b_ok[:, None, None], other=0.0)[None]
+    return d[:, :, None, None] * (d8 * (sc * sumi))
 
 
 @triton.jit
 def q6_k_mv_kernel(
-    w_ptr, row_bytes, q8_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
-    MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
+    w_ptr, w16_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
+    ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
 ):  # fmt: skip
     """partial[split, m, n] = sum over this split's 16-sub-blocks of d * (d8 * (scales * sumi)).
     Weight 128h + 32t + l (half h, quarter t, l < 32) is nibble t // 2 of ``ql`` byte
-    64h + 32 (t % 2) + l with bits 2t, 2t + 1 of ``qh`` byte 32h + l, scale 8h + 2t + l // 16."""
+    64h + 32 (t % 2) + l with bits 2t, 2t + 1 of ``qh`` byte 128 + 32h + l, scale 8h + 2t + l // 16.
+    Blocks are 105 halfwords (d: halfword 104): words are read as halfword pairs, tiles
+    ``[BN, SB, 2 (h), 2 (l // 16), 4 (word of the sixteen)]``."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     row = n.to(tl.int64) * row_bytes
-    g4 = tl.arange(0, 4)[None, None, :, None]  # half g // 2, sixteen g % 2
-    l4 = 16 * (g4 % 2) + tl.arange(0, 16)[None, None, None, :]
-    h4 = g4 // 2
-    g3 = tl.arange(0, 4)[None, :, None]  # for the activations [SB, 4, 16]
-    l3 = 16 * (g3 % 2) + tl.arange(0, 16)[None, None, :]
-    gj = tl.arange(0, 4)[None, None, :]  # for the scales [BN, SB, 4]
-    sj = 192 + 8 * (gj // 2) + gj % 2
-    g2 = tl.arange(0, 4)[None, :]  # Q8_1 block of quarter 0: 4 * half
+    row16 = n.to(tl.int64) * (row_bytes // 2)
+    h5 = tl.arange(0, 2)[None, None, :, None, None]
+    s5 = tl.arange(0, 2)[None, None, None, :, None]
+    i5 = tl.arange(0, 4)[None, None, None, None, :]
+    wl5 = 2 * (4 * s5 + i5)  # halfword of the word within a 32-byte run
+    h4 = tl.arange(0, 2)[None, :, None, None]  # activation words [SB, 2, 2, 4]
+    xw4 = 32 * h4 + 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
+    sj = (
+        192 + 8 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :]
+    )  # [1, 1, 2, 2]
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
     lo = split * SB_PER_SPLIT
     hi = tl.minimum(lo + SB_PER_SPLIT, NSB)
@@ -197,31 +233,50 @@ def q6_k_mv_kernel(
         b = b0 + tl.arange(0, BLOCK_SB)
         b_ok = b < hi
         mask = n_ok[:, None] & b_ok[None, :]
-        wb = w_ptr + row[:, None] + b[None, :] * 210  # [BN, SB]
-        d = load_q4_0_scale(wb + 208, mask)
+        hb = w16_ptr + row16[:, None] + b[None, :] * 105  # [BN, SB]
+        d = _f16_bits(tl.load(hb + 104, mask=mask, other=0).to(tl.int32))
+        m5 = mask[:, :, None, None, None]
+        h5p = hb[:, :, None, None, None]
+        ql0 = _words16(h5p + 32 * h5 + wl5, m5)  # quarters 0, 2
+        ql1 = _words16(h5p + 32 * h5 + 16 + wl5, m5)  # quarters 1, 3
+        qh = _words16(h5p + 64 + 16 * h5 + wl5, m5)
+        bp = w_ptr + row[:, None, None, None] + b[None, :, None, None] * 210 + sj  # [BN, SB, 2, 2]
         m4 = mask[:, :, None, None]
-        w4 = wb[:, :, None, None]
-        ql0 = tl.load(w4 + 64 * h4 + l4, mask=m4, other=0).to(tl.int32)  # quarters 0 and 2
-        ql1 = tl.load(w4 + 64 * h4 + 32 + l4, mask=m4, other=0).to(tl.int32)  # quarters 1 and 3
-        qh = tl.load(w4 + 128 + 32 * h4 + l4, mask=m4, other=0).to(tl.int32)
+        sc0 = tl.load(bp, mask=m4, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        sc1 = tl.load(bp + 2, mask=m4, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        sc2 = tl.load(bp + 4, mask=m4, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        sc3 = tl.load(bp + 6, mask=m4, other=0).to(tl.int8, bitcast=True).to(tl.float32)
         for m in tl.static_range(MP):
             if m < M:
-                xb = q8_ptr + m * K + b[:, None, None] * 256 + 128 * (g3 // 2) + l3  # [SB, 4, 16]
-                jb = d8_ptr + m * (K // 32) + b[:, None] * 8 + 4 * (g2 // 2)  # [SB, 4]
-                t = _q6_quarter(ql0, qh, wb, sj, mask, xb, jb, b_ok, d, 0, 0)
-                t += _q6_quarter(ql1, qh, wb, sj + 2, mask, xb + 32, jb + 1, b_ok, d, 0, 2)
-                t += _q6_quarter(ql0, qh, wb, sj + 4, mask, xb + 64, jb + 2, b_ok, d, 4, 4)
-                t += _q6_quarter(ql1, qh, wb, sj + 6, mask, xb + 96, jb + 3, b_ok, d, 4, 6)
-                acc = _accumulate(acc, tl.sum(tl.sum(t, axis=2), axis=1), m, MP)
+                xp = (
+                    q8w_ptr + m * (K // 4) + b[:, None, None, None] * 64 + xw4
+                )  # [SB, 2, 2, 4], quarter 0
+                d8p = (
+                    d8_ptr
+                    + m * (K // 32)
+                    + b[:, None, None] * 8
+                    + 4 * tl.arange(0, 2)[None, :, None]
+                )
+                t = _q6_quarter(ql0, qh, sc0, xp, d8p, b_ok, d, 0, 0, ASM)
+                t += _q6_quarter(ql1, qh, sc1, xp + 8, d8p + 1, b_ok, d, 0, 1, ASM)
+                t += _q6_quarter(ql0, qh, sc2, xp + 16, d8p + 2, b_ok, d, 1, 2, ASM)
+                t += _q6_quarter(ql1, qh, sc3, xp + 24, d8p + 3, b_ok, d, 1, 3, ASM)
+                acc = _accumulate(acc, tl.sum(tl.sum(tl.sum(t, axis=3), axis=2), axis=1), m, MP)
     _store_parts(part_ptr, acc, split, n, n_ok, M, N, MP)
 
 
 def _kernel(qtype: str):
+    """(kernel, its extra constexprs, the dtype of the wide view of the blocks it reads)."""
     if qtype == "Q8_0":
-        return q8_0_mv_kernel, {}
+        return q8_0_mv_kernel, {}, torch.int16
     if qtype == "Q6_K":
-        return q6_k_mv_kernel, {}
-    return q4_k_mv_kernel, {"FIFTH": qtype == "Q5_K"}
+        return q6_k_mv_kernel, {}, torch.int16
+    return q4_k_mv_kernel, {"FIFTH": qtype == "Q5_K"}, torch.int32
+
+
+def _asm(device: torch.device) -> bool:
+    """PTX dp4a where the target's launch table enables it (NVIDIA), never in the interpreter."""
+    return bool(launch_table(device).get("mv4", {}).get("asm", 0)) and not interpreted()
 
 
 def quant_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype) -> torch.Tensor:
@@ -237,35 +292,35 @@ def quant_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype) -> torch.Tens
     sb_per_split = triton.cdiv(triton.cdiv(nsb, splits), cfg["BLOCK_SB"]) * cfg["BLOCK_SB"]
     splits = triton.cdiv(nsb, sb_per_split)
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
-    kernel, extra = _kernel(w.qtype)
+    kernel, extra, wide = _kernel(w.qtype)
+    # the kernels read 16- / 32-bit words of the blocks: an unaligned view is copied
+    data = w.data if w.data.data_ptr() % 4 == 0 else w.data.clone()
     kernel[(programs_n, splits)](
-        w.data, w.data.shape[-1], x8.q, x8.d, x8.s, parts, m, n, k, nsb, sb_per_split,
-        **extra, MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_SB=cfg["BLOCK_SB"],
-        num_warps=cfg["num_warps"],
+        data, data.view(wide), data.shape[-1], x8.q.view(torch.int32), x8.d, x8.s, parts, m, n, k, nsb,
+        sb_per_split, **extra, ASM=_asm(w.device), MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_SB=cfg["BLOCK_SB"], num_warps=cfg["num_warps"],
     )  # fmt: skip
     y = parts[0] if splits == 1 else parts.sum(0)
     return y.to(out_dtype)
 
 
 def matvec_specs(target: str) -> list:
-    """The matvec configurations ftlab launches, for ftlab.compile_check (the same on every target)."""
+    """The matvec configurations ftlab launches on ``target``, for ftlab.compile_check."""
     from ftlab.triton.compile_spec import spec
 
-    types = {
-        "w_ptr": "*u8",
-        "q8_ptr": "*i8",
-        "d8_ptr": "*fp32",
-        "s8_ptr": "*fp32",
-        "part_ptr": "*fp32",
-    }
+    asm = target.startswith("sm_")
     specs = []
     for qtype, cfg in MV_CONFIGS.items():
-        kernel, extra = _kernel(qtype)
+        kernel, extra, wide = _kernel(qtype)
+        view = "w32_ptr" if wide == torch.int32 else "w16_ptr"
+        types = {"w_ptr": "*u8", view: "*i32" if wide == torch.int32 else "*i16", "q8w_ptr": "*i32",
+                 "d8_ptr": "*fp32", "s8_ptr": "*fp32", "part_ptr": "*fp32"}  # fmt: skip
         for mp in (1, 8):
             label = (
                 f"{kernel.__name__}[{qtype}, M<={mp}, {cfg['BLOCK_N']}x{cfg['BLOCK_SB']} blocks]"
             )
             specs.append(spec(kernel, label, types=types,
-                              constexprs={**extra, "MP": mp, "BLOCK_N": cfg["BLOCK_N"], "BLOCK_SB": cfg["BLOCK_SB"]},
+                              constexprs={**extra, "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
+                                          "BLOCK_SB": cfg["BLOCK_SB"]},
                               num_warps=cfg["num_warps"]))  # fmt: skip
     return specs

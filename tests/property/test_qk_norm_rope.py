@@ -1,6 +1,7 @@
 """qk_norm_rope (per-head RMSNorm of q and k, then RoPE): every backend against the reference
-within the derived bound, on views of a fused q/k/v projection and on contiguous rows, in the
-Triton interpreter on the CPU and on a GPU; bad arguments name themselves."""
+within the derived bound, on views of a fused q/k/v projection and on contiguous rows, with
+full and partial rotary (Qwen3-Next's 64 of 256 dims), in the Triton interpreter on the CPU and
+on a GPU; bad arguments name themselves."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ftlab.testing as ft
-from ftlab import ops
+from ftlab import backends, ops
 from ftlab.models.qwen3_moe import rope_tables
 
 
@@ -17,7 +18,8 @@ def qk_norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16
     n = draw(st.sampled_from([1, 2, 5, 17]))
     hq = draw(st.sampled_from([1, 2, 4, 8]))
     hk = draw(st.sampled_from([1, 2]))
-    d = draw(st.sampled_from([6, 16, 64, 128]))
+    d, rot = draw(st.sampled_from([(6, None), (16, None), (64, None), (128, None), (16, 4), (256, 64), (128, 32),
+                                   (10, 6), (128, 128)]))  # fmt: skip
     dtype = draw(st.sampled_from(dtypes))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     scale = draw(st.sampled_from([1e-3, 1.0, 300.0]))
@@ -29,20 +31,23 @@ def qk_norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16
     qw = (1 + 0.5 * torch.randn(d, generator=gen)).to(dtype)
     kw = (1 + 0.5 * torch.randn(d, generator=gen)).to(dtype)
     positions = torch.randint(0, 40000, (1, n), generator=gen)
-    cos, sin = rope_tables(positions, d, draw(st.sampled_from([1e4, 1e6])), dtype)
+    r = d if rot is None else rot
+    cos, sin = rope_tables(positions, r, draw(st.sampled_from([1e4, 1e6])), dtype)
     eps = draw(st.sampled_from([1e-6, 1e-5]))
-    return q, k, qw, kw, cos.reshape(n, d), sin.reshape(n, d), eps
+    return q, k, qw, kw, cos.reshape(n, r), sin.reshape(n, r), eps, rot
 
 
 @given(qk_norm_rope_case())
 def test_qk_norm_rope_cpu(case):
-    ft.check_qk_norm_rope_case(*case)
+    *args, rot = case
+    ft.check_qk_norm_rope_case(*args, rotary_dim=rot)
 
 
 @pytest.mark.gpu
 @given(qk_norm_rope_case())
 def test_qk_norm_rope_gpu(case):
-    ft.check_qk_norm_rope_case(*case, device="cuda")
+    *args, rot = case
+    ft.check_qk_norm_rope_case(*args, device="cuda", rotary_dim=rot)
 
 
 def test_reference_is_the_model_formula():
@@ -60,6 +65,31 @@ def test_reference_is_the_model_formula():
     plain_sin = sin.reshape(n, 1, d) * torch.cat([-torch.ones(half), torch.ones(half)]).double()  # unsigned
     want = y * cos.reshape(n, 1, d) + rotate_half * plain_sin
     assert torch.allclose(got.double(), want, atol=1e-5), float((got.double() - want).abs().max())
+
+
+def test_partial_rotary_is_the_model_formula():
+    """rotary_dim R < D: transformers' apply_rotary_pos_emb with cos / sin of R dims (Qwen3-Next,
+    Qwen3.5: partial_rotary_factor) rotates the first R dims rotate-half within R and passes the
+    rest; the norm is over all D. rotary_dim = D is the full form, bit for bit."""
+    gen = torch.Generator().manual_seed(0)
+    n, h, d, r = 3, 2, 16, 4
+    x = torch.randn(n, h, d, generator=gen, dtype=torch.float64)
+    w = torch.randn(d, generator=gen, dtype=torch.float64)
+    cos, sin = rope_tables(torch.arange(5, 5 + n)[None], r, 1e4, torch.float64)
+    got, _ = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), cos.float(), sin.float(), 1e-6,
+                              rotary_dim=r, backend="reference")  # fmt: skip
+    y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    yr = y[..., :r]
+    rotate_half = torch.cat([-yr[..., r // 2 :], yr[..., : r // 2]], -1)
+    plain_sin = sin.reshape(n, 1, r) * torch.cat([-torch.ones(r // 2), torch.ones(r // 2)]).double()
+    want = torch.cat([yr * cos.reshape(n, 1, r) + rotate_half * plain_sin, y[..., r:]], -1)
+    assert torch.allclose(got.double(), want, atol=1e-5), float((got.double() - want).abs().max())
+    full_cos, full_sin = rope_tables(torch.arange(n)[None], d, 1e4, torch.float32)
+    for backend in backends.available_backends("qk_norm_rope", torch.device("cpu"), torch.float32):
+        a = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), full_cos, full_sin, 1e-6, backend=backend)
+        b = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), full_cos, full_sin, 1e-6, rotary_dim=d,
+                             backend=backend)  # fmt: skip
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_bad_arguments_name_themselves():
@@ -80,3 +110,35 @@ def test_bad_arguments_name_themselves():
         ops.qk_norm_rope(q, k.half(), w, w, cos, cos, 1e-6)
     with pytest.raises(ValueError, match="eps"):
         ops.qk_norm_rope(q, k, w, w, cos, cos, -1.0)
+    short = torch.ones(2, 4)
+    with pytest.raises(ValueError, match="rotary_dim must be even"):
+        ops.qk_norm_rope(q, k, w, w, short, short, 1e-6, rotary_dim=3)
+    with pytest.raises(ValueError, match=r"rotary_dim must be an int \[2, 8\]"):
+        ops.qk_norm_rope(q, k, w, w, short, short, 1e-6, rotary_dim=10)
+    with pytest.raises(TypeError, match="rotary_dim must be an int"):
+        ops.qk_norm_rope(q, k, w, w, short, short, 1e-6, rotary_dim=4.0)
+    with pytest.raises(ValueError, match=r"cos must hold 8 elements \(N \* rotary_dim\)"):
+        ops.qk_norm_rope(q, k, w, w, cos, cos, 1e-6, rotary_dim=4)
+    ops.qk_norm_rope(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(7), torch.ones(7), short, short, 1e-6,
+                     rotary_dim=4)  # odd D with an even rotary part  # fmt: skip
+
+
+def test_qwen3_5_mrope_is_plain_rope_for_text():
+    """Qwen3.5's multimodal RoPE (mrope_section) on text positions -- three equal rows -- gives
+    exactly the 1-D tables of rope_tables over the rotary dim; distinct rows would not."""
+    hf = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+
+    cfg = Qwen3_5MoeTextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                               vocab_size=10, num_hidden_layers=1,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                                "mrope_section": [11, 11, 10]})  # fmt: skip
+    emb = hf.Qwen3_5MoeTextRotaryEmbedding(cfg)
+    positions = torch.tensor([[0, 5, 100, 40000]])
+    x = torch.zeros(1, 4, 64)
+    cos, sin = emb(x, positions)
+    want_cos, want_sin = rope_tables(positions, 64, 1e7, torch.float32)
+    assert torch.equal(cos, want_cos[:, :, 0])
+    assert torch.equal(sin * torch.cat([-torch.ones(32), torch.ones(32)]), want_sin[:, :, 0])  # ours is signed
+    spatial, _ = emb(x, torch.stack([positions, 2 * positions, 3 * positions]))
+    assert not torch.equal(spatial, want_cos[:, :, 0])

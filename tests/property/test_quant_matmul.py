@@ -127,3 +127,29 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
         if m == 512 and path == "int8" and n > 8192:
             continue  # the int8 reference of 512 x 151936 runs on the host for minutes
         ft.check_quant_matmul_case(ft.QuantMatmulCase(x, w, path), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
+@pytest.mark.parametrize(
+    "backend, path", [("triton", "int8"), ("triton", "dequant"), ("hip", "int8")]
+)
+@pytest.mark.parametrize("m", [1, 8, 64])
+def test_graph_replay_gpu(qtype, backend, path, m):
+    """A captured quant_matmul replayed with new activations equals the eager result, bit for bit."""
+    w = random_quant_weight(m, qtype, 200, 512).to("cuda")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 512, device="cuda", generator=g, dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.quant_matmul(x, w, path=path, backend=backend)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.quant_matmul(x, w, path=path, backend=backend)
+    for _ in range(3):
+        x.copy_(torch.randn(m, 512, device="cuda", generator=g, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, ops.quant_matmul(x, w, path=path, backend=backend))

@@ -2,9 +2,10 @@
 // Contract: ftlab/ops/qk_norm_rope.py; reference: ftlab/reference/qk_norm_rope.py.
 //
 // One wave per (token, head) row, rows of q then rows of k: lane l takes the element pairs
-// (p, p + D/2) for p = l, l + W, ... < D/2 -- a pair holds each other's rotation partner, so
-// nothing crosses lanes but the sum of squares (a shuffle reduction). fp32 throughout, one
-// rounding to the output dtype. Wave-size generic (PORT_WARP_SIZE).
+// (p, p + R/2) for p = l, l + W, ... < R/2 (R = rot, the rotated dims; R = D for full RoPE) --
+// a pair holds each other's rotation partner, so nothing crosses lanes but the sum of squares
+// (a shuffle reduction) -- and the elements R, ..., D-1 past them, which pass through normed.
+// fp32 throughout, one rounding to the output dtype. Wave-size generic (PORT_WARP_SIZE).
 #pragma once
 #include "q4_0_common.h"
 
@@ -19,7 +20,7 @@ __global__ void __launch_bounds__(kNormRopeWaves * PORT_WARP_SIZE)
                         const typename W::storage* __restrict__ qw, const typename W::storage* __restrict__ kw,
                         const typename T::storage* __restrict__ cos, const typename T::storage* __restrict__ sin,
                         typename T::storage* __restrict__ qo, typename T::storage* __restrict__ ko, float eps,
-                        int tokens, int hq, int hk, int d) {
+                        int tokens, int hq, int hk, int d, int rot) {
   const int lane = threadIdx.x % PORT_WARP_SIZE;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kNormRopeWaves + threadIdx.x / PORT_WARP_SIZE;
   const int heads = hq + hk;
@@ -31,29 +32,34 @@ __global__ void __launch_bounds__(kNormRopeWaves * PORT_WARP_SIZE)
   const typename W::storage* w = is_q ? qw : kw;
   typename T::storage* dst = is_q ? qo + (static_cast<int64_t>(n) * hq + h) * d
                                   : ko + (static_cast<int64_t>(n) * hk + h - hq) * d;
-  const int half = d / 2;
+  const int half = rot / 2;
   float ss = 0.0f;
   for (int p = lane; p < half; p += PORT_WARP_SIZE) {
     const float a = T::load(src + p), b = T::load(src + p + half);
     ss += a * a + b * b;
   }
+  for (int i = rot + lane; i < d; i += PORT_WARP_SIZE) {
+    const float a = T::load(src + i);
+    ss += a * a;
+  }
 #pragma unroll
   for (int m = PORT_WARP_SIZE / 2; m > 0; m >>= 1) ss += port_shfl_xor(ss, m);
   const float r = 1.0f / port_sqrtf(ss / static_cast<float>(d) + eps);
-  const typename T::storage* c = cos + static_cast<int64_t>(n) * d;
-  const typename T::storage* s = sin + static_cast<int64_t>(n) * d;
+  const typename T::storage* c = cos + static_cast<int64_t>(n) * rot;
+  const typename T::storage* s = sin + static_cast<int64_t>(n) * rot;
   for (int p = lane; p < half; p += PORT_WARP_SIZE) {
     const float ya = T::load(src + p) * r * W::load(w + p);
     const float yb = T::load(src + p + half) * r * W::load(w + p + half);
     dst[p] = T::from_float(ya * T::load(c + p) + yb * T::load(s + p));
     dst[p + half] = T::from_float(yb * T::load(c + p + half) + ya * T::load(s + p + half));
   }
+  for (int i = rot + lane; i < d; i += PORT_WARP_SIZE) dst[i] = T::from_float(T::load(src + i) * r * W::load(w + i));
 }
 
 #define FTLAB_NORM_ROPE_INSTANTIATE(T, W)                                                                  \
   template __global__ void qk_norm_rope_kernel<T, W>(                                                     \
       const T::storage*, int64_t, const T::storage*, int64_t, const W::storage*, const W::storage*,       \
-      const T::storage*, const T::storage*, T::storage*, T::storage*, float, int, int, int, int);
+      const T::storage*, const T::storage*, T::storage*, T::storage*, float, int, int, int, int, int);
 FTLAB_NORM_ROPE_INSTANTIATE(f32_t, f32_t)
 FTLAB_NORM_ROPE_INSTANTIATE(f16_t, f16_t)
 FTLAB_NORM_ROPE_INSTANTIATE(bf16_t, bf16_t)

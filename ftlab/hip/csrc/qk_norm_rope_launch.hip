@@ -23,7 +23,8 @@ void check_rows(const TensorView& t, const char* name, int64_t d) {
 
 template <typename T>
 void launch_rows(const TensorView& q, const TensorView& k, const TensorView& qw, const TensorView& kw,
-                 const TensorView& cos, const TensorView& sin, const TensorView& qo, const TensorView& ko, float eps) {
+                 const TensorView& cos, const TensorView& sin, const TensorView& qo, const TensorView& ko, float eps,
+                 int rot) {
   using S = typename T::storage;
   const int tokens = static_cast<int>(q.size(0)), hq = static_cast<int>(q.size(1)), hk = static_cast<int>(k.size(1));
   const int d = static_cast<int>(q.size(2));
@@ -33,18 +34,19 @@ void launch_rows(const TensorView& q, const TensorView& k, const TensorView& qw,
       static_cast<const S*>(base_of(q)), q.stride(0), static_cast<const S*>(base_of(k)), k.stride(0),
       static_cast<const S*>(base_of(qw)), static_cast<const S*>(base_of(kw)), static_cast<const S*>(base_of(cos)),
       static_cast<const S*>(base_of(sin)), static_cast<S*>(base_of(qo)), static_cast<S*>(base_of(ko)), eps, tokens,
-      hq, hk, d);
+      hq, hk, d, rot);
   check_launch("qk_norm_rope_kernel");
 }
 
 }  // namespace
 
-// q [N, Hq, D], k [N, Hk, D] (token stride free), weights [D], cos / sin [N, D], outputs
-// contiguous [N, Hq, D] / [N, Hk, D]; all of q's dtype; D even.
+// q [N, Hq, D], k [N, Hk, D] (token stride free), weights [D], cos / sin [N, R] (R = rotary_dim,
+// even, in [2, D]), outputs contiguous [N, Hq, D] / [N, Hk, D]; all of q's dtype.
 void qk_norm_rope(TensorView q, TensorView k, TensorView qw, TensorView kw, TensorView cos, TensorView sin,
-                  TensorView qo, TensorView ko, double eps) {
+                  TensorView qo, TensorView ko, double eps, int64_t rotary_dim) {
   const int64_t d = q.ndim() == 3 ? q.size(2) : 0;
-  TVM_FFI_CHECK(d > 0 && d % 2 == 0, ValueError) << "q must be [N, heads, D] with D even";
+  TVM_FFI_CHECK(d > 0 && rotary_dim >= 2 && rotary_dim <= d && rotary_dim % 2 == 0, ValueError)
+      << "q must be [N, heads, D] and rotary_dim even in [2, D]";
   check_rows(q, "q", d);
   check_rows(k, "k", d);
   check_rows(qo, "q_out", d);
@@ -59,16 +61,17 @@ void qk_norm_rope(TensorView q, TensorView k, TensorView qw, TensorView kw, Tens
   }
   for (const TensorView* t : {&cos, &sin}) {
     check_contiguous(*t, "cos / sin");
-    TVM_FFI_CHECK(t->numel() == q.size(0) * d, ValueError) << "cos and sin must be [N, D]";
+    TVM_FFI_CHECK(t->numel() == q.size(0) * rotary_dim, ValueError) << "cos and sin must be [N, rotary_dim]";
   }
   const Fp fp = fp_of(q, "q");
   for (const TensorView* t : {&k, &qw, &kw, &cos, &sin, &qo, &ko})
     TVM_FFI_CHECK(fp_of(*t, "operand") == fp, TypeError) << "every operand must have q's dtype";
   if (q.size(0) == 0) return;
+  const int rot = static_cast<int>(rotary_dim);
   switch (fp) {
-    case Fp::f32: launch_rows<f32_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps)); break;
-    case Fp::f16: launch_rows<f16_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps)); break;
-    case Fp::bf16: launch_rows<bf16_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps)); break;
+    case Fp::f32: launch_rows<f32_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps), rot); break;
+    case Fp::f16: launch_rows<f16_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps), rot); break;
+    case Fp::bf16: launch_rows<bf16_t>(q, k, qw, kw, cos, sin, qo, ko, static_cast<float>(eps), rot); break;
   }
 }
 

@@ -1,5 +1,5 @@
-// quant_matmul.hip — device code of the int8-dot matvecs of GGUF Q8_0, Q4_K, Q5_K and Q6_K
-// weights with Q8_1 activations (up to 8 rows).
+// quant_matmul.hip — device code of the int8-dot matvecs (up to 8 rows) and the prefill GEMM of
+// GGUF Q8_0, Q4_K, Q5_K and Q6_K weights with Q8_1 activations.
 //
 // Contract: docs/OPS.md section 11 (quant_matmul, int8 path); reference:
 // ftlab/reference/quant_matmul.py. A "unit" is 32 consecutive weights of a row, the span of one
@@ -35,6 +35,11 @@ struct Q8_0 {
   static constexpr int kBlock = 32, kBytes = 34, kUnits = 1;
   uint32_t q[8];
   float d;
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = 0;
+    d = 0.0f;
+  }
   __device__ __forceinline__ void load(const uint8_t* blk, int) {
     d = half_at(blk);
 #pragma unroll
@@ -56,6 +61,11 @@ struct QK4 {
   static constexpr int kQs = kFifth ? 48 : 16;
   uint32_t q[8];
   float d, dmin, sc, mn;
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = 0;
+    d = dmin = sc = mn = 0.0f;
+  }
   __device__ __forceinline__ void load(const uint8_t* blk, int j) {
     d = half_at(blk);
     dmin = half_at(blk + 2);
@@ -90,6 +100,11 @@ struct Q6_K {
   static constexpr int kBlock = 256, kBytes = 210, kUnits = 8;
   uint32_t q[8];  // q + 32, 0..63
   float d, sc_a, sc_b;
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = 0;
+    d = sc_a = sc_b = 0.0f;
+  }
   __device__ __forceinline__ void load(const uint8_t* blk, int u) {
     const int h = u >> 2, t = u & 3;
     d = half_at(blk + 208);
@@ -118,6 +133,17 @@ struct Q6_K {
   }
 };
 
+// The term of unit u of a row of activations (q8 row, its d8 / s8).
+template <typename Q>
+__device__ __forceinline__ float unit_term(const Q& blk, const int8_t* q8, const float* d8, const float* s8,
+                                           int64_t u) {
+  const int* xw = reinterpret_cast<const int*>(q8 + u * 32);
+  int x[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = xw[i];
+  return blk.term(x, d8[u], s8[u]);
+}
+
 // y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
 // activations q8 [M, K] (int8, rows contiguous), d8 / s8 [M, K/32].
 template <typename Q, int MV_M>
@@ -129,21 +155,22 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (n >= n_rows) return;  // a whole group leaves together: the shuffles below stay in-group
   const uint8_t* row = w + n * row_bytes;
-  const int64_t units = k / 32;
-  const int64_t xblocks = k / 32;
+  const int64_t units = k / 32;  // also the Q8_1 blocks of an activation row
   float acc[MV_M];
 #pragma unroll
   for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
-  for (int64_t u = lane; u < units; u += kGroup) {
-    Q blk;
-    blk.load(row + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+  // two units a step, both loaded before either is used: twice the weight loads in flight
+  for (int64_t u = lane; u < units; u += 2 * kGroup) {
+    const int64_t v = u + kGroup;
+    const bool has_v = v < units;
+    Q a, b;
+    a.load(row + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+    if (has_v) b.load(row + (v / Q::kUnits) * Q::kBytes, static_cast<int>(v % Q::kUnits));
 #pragma unroll
-    for (int m = 0; m < MV_M; ++m) {
-      const int* xw = reinterpret_cast<const int*>(q8 + m * k + u * 32);
-      int x[8];
+    for (int m = 0; m < MV_M; ++m) acc[m] += unit_term(a, q8 + m * k, d8 + m * units, s8 + m * units, u);
+    if (has_v) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = xw[i];
-      acc[m] += blk.term(x, d8[m * xblocks + u], s8[m * xblocks + u]);
+      for (int m = 0; m < MV_M; ++m) acc[m] += unit_term(b, q8 + m * k, d8 + m * units, s8 + m * units, v);
     }
   }
 #pragma unroll
@@ -152,6 +179,82 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
 #pragma unroll
     for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
     if (lane == 0) y[m * n_rows + n] = v;
+  }
+}
+
+constexpr int kGemmThreads = 256;
+constexpr int kTileM = 64;
+constexpr int kTileN = 64;
+constexpr int kTileU = 4;  // units (128 of K) per stage
+
+// y[M, N] (fp32) = the same unit terms for any M (prefill): 64x64 output tiles, 256 threads, 4x4
+// outputs per thread. Each stage unpacks 4 units of 64 weight rows into LDS (the decoded words
+// and scales of each unit, as the matvec holds them in registers) beside 4 Q8_1 blocks of 64
+// activation rows, so the inner loop is dp4a and the unit's scale arithmetic only.
+template <typename Q>
+__global__ void __launch_bounds__(kGemmThreads)
+    quant_gemm_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
+                      const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
+                      int64_t m_rows, int64_t n_rows, int64_t k) {
+  __shared__ int xs[kTileU][kTileM][8 + 1];  // +1: no bank conflicts on the strided reads
+  __shared__ float xd[kTileU][kTileM], xsum[kTileU][kTileM];
+  __shared__ Q ws[kTileU][kTileN];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int64_t units = k / 32;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+  for (int64_t u0 = 0; u0 < units; u0 += kTileU) {
+    const int r = tid / kTileU, ku = tid % kTileU;  // one (row, unit) of each tile per thread
+    {
+      const int64_t m = m0 + r, u = u0 + ku;
+      const bool ok = m < m_rows && u < units;
+      const int* src = reinterpret_cast<const int*>(q8 + (ok ? m * k + u * 32 : 0));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xs[ku][r][i] = ok ? src[i] : 0;
+      xd[ku][r] = ok ? d8[m * units + u] : 0.0f;
+      xsum[ku][r] = ok ? s8[m * units + u] : 0.0f;
+    }
+    {
+      const int64_t n = n0 + r, u = u0 + ku;
+      Q blk;
+      if (n < n_rows && u < units) {
+        blk.load(w + n * row_bytes + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+      } else {
+        blk.zero();
+      }
+      ws[ku][r] = blk;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int ku = 0; ku < kTileU; ++ku) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rm = ty + 16 * i;
+        int xv[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) xv[t] = xs[ku][rm][t];
+        const float dx = xd[ku][rm], sx = xsum[ku][rm];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += ws[ku][tx + 16 * j].term(xv, dx, sx);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t m = m0 + ty + 16 * i;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (m < m_rows && n < n_rows) y[m * n_rows + n] = acc[i][j];
+    }
   }
 }
 
@@ -166,6 +269,14 @@ FTLAB_QMM_ROWS(Q8_0)
 FTLAB_QMM_ROWS(QK4<false>)
 FTLAB_QMM_ROWS(QK4<true>)
 FTLAB_QMM_ROWS(Q6_K)
+template __global__ void quant_gemm_kernel<Q8_0>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
+                                                 float*, int64_t, int64_t, int64_t);
+template __global__ void quant_gemm_kernel<QK4<false>>(const uint8_t*, int64_t, const int8_t*, const float*,
+                                                       const float*, float*, int64_t, int64_t, int64_t);
+template __global__ void quant_gemm_kernel<QK4<true>>(const uint8_t*, int64_t, const int8_t*, const float*,
+                                                      const float*, float*, int64_t, int64_t, int64_t);
+template __global__ void quant_gemm_kernel<Q6_K>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
+                                                 float*, int64_t, int64_t, int64_t);
 #undef FTLAB_QMM_ROWS
 #undef FTLAB_QMM_INSTANTIATE
 

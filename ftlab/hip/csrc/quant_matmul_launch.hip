@@ -1,7 +1,7 @@
 // quant_matmul_launch.hip — host glue for quant_matmul.hip: tvm-ffi entry points of the
-// int8-dot matvecs of GGUF Q8_0, Q4_K, Q5_K and Q6_K weights (uint8 tensors) with Q8_1
-// activations (up to 8 rows), launched on torch's current stream. One entry point per block
-// type (the Python wrapper picks it by the weight's qtype).
+// int8-dot matvecs (up to 8 rows) and prefill GEMMs of GGUF Q8_0, Q4_K, Q5_K and Q6_K weights
+// (uint8 tensors) with Q8_1 activations, launched on torch's current stream. One entry point
+// per block type and kernel (the Python wrapper picks it by the weight's qtype).
 //
 // ftlab.ops validates shapes, dtypes and devices before calling in here; the checks below
 // only keep a direct caller from reading or writing out of bounds (or misaligned).
@@ -21,10 +21,20 @@ using namespace launch;
 
 namespace {
 
+struct Args {
+  const uint8_t* w;
+  int64_t row_bytes;
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  float* y;
+  int64_t m, n, k;
+};
+
 // y [M, N] fp32 = the int8 dots of q8 [M, K] int8 (d8, s8 [M, K/32] fp32) with w [N, row bytes].
 template <typename Q>
-void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
-            const char* what) {
+Args check(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
+           const char* what) {
   check_contiguous(w, "w");
   check_contiguous(q, "q8");
   check_contiguous(d, "d8");
@@ -39,24 +49,29 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
   TVM_FFI_CHECK(w.dtype().code == kDLUInt && w.dtype().bits == 8, TypeError) << "w must be uint8";
   const int64_t n = w.size(0);
   TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m && y.size(1) == n, ValueError) << "y must be [M, N]";
-  TVM_FFI_CHECK(m >= 1 && m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << m;
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0 && reinterpret_cast<uintptr_t>(base_of(q)) % 4 == 0,
                 ValueError)
       << "w and q8 must be 4-byte aligned";
+  return {static_cast<const uint8_t*>(base_of(w)), w.size(1), static_cast<const int8_t*>(base_of(q)),
+          static_cast<const float*>(base_of(d)), static_cast<const float*>(base_of(s)), static_cast<float*>(base_of(y)),
+          m, n, k};
+}
+
+template <typename Q>
+void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
+            const char* what) {
+  const Args a = check<Q>(w, q, d, s, y, what);
+  const int64_t m = a.m, n = a.n, k = a.k;
+  TVM_FFI_CHECK(m >= 1 && m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << m;
   if (n == 0 || k == 0) return;
   const int64_t grid = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   TVM_FFI_CHECK(grid <= 0x7fffffff, ValueError) << "w has too many rows for one launch: " << n;
   const dim3 block(kGroup, kRowsPerBlock);
-  const uint8_t* wp = static_cast<const uint8_t*>(base_of(w));
-  const int8_t* qp = static_cast<const int8_t*>(base_of(q));
-  const float* dp = static_cast<const float*>(base_of(d));
-  const float* sp = static_cast<const float*>(base_of(s));
-  float* yp = static_cast<float*>(base_of(y));
   port_stream_t st = stream_of(y);
   switch (m) {
 #define FTLAB_QMM_CASE(M)                                                                                  \
   case M:                                                                                                  \
-    quant_mv_kernel<Q, M><<<static_cast<unsigned>(grid), block, 0, st>>>(wp, w.size(1), qp, dp, sp, yp, n, k); \
+    quant_mv_kernel<Q, M><<<static_cast<unsigned>(grid), block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k); \
     break;
     FTLAB_QMM_CASE(1)
     FTLAB_QMM_CASE(2)
@@ -69,6 +84,20 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
 #undef FTLAB_QMM_CASE
   }
   check_launch("quant_mv_kernel");
+}
+
+template <typename Q>
+void gemm(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
+          const char* what) {
+  const Args a = check<Q>(w, q, d, s, y, what);
+  if (a.m == 0 || a.n == 0 || a.k == 0) return;
+  const int64_t gx = (a.n + kTileN - 1) / kTileN, gy = (a.m + kTileM - 1) / kTileM;
+  TVM_FFI_CHECK(gx <= 0x7fffffff && gy <= 65535, ValueError)
+      << "the GEMM takes at most " << 65535 * kTileM << " rows of activations, got " << a.m;
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  quant_gemm_kernel<Q><<<grid, kGemmThreads, 0, stream_of(y)>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, a.m, a.n,
+                                                                 a.k);
+  check_launch("quant_gemm_kernel");
 }
 
 }  // namespace
@@ -86,6 +115,19 @@ void quant_mv_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Tenso
   matvec<Q6_K>(w, q, d, s, y, "Q6_K");
 }
 
+void quant_gemm_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  gemm<Q8_0>(w, q, d, s, y, "Q8_0");
+}
+void quant_gemm_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  gemm<QK4<false>>(w, q, d, s, y, "Q4_K");
+}
+void quant_gemm_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  gemm<QK4<true>>(w, q, d, s, y, "Q5_K");
+}
+void quant_gemm_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  gemm<Q6_K>(w, q, d, s, y, "Q6_K");
+}
+
 }  // namespace qmm
 }  // namespace ftlab
 
@@ -93,3 +135,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q8_0, ftlab::qmm::quant_mv_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q4_k, ftlab::qmm::quant_mv_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_gemm_q8_0, ftlab::qmm::quant_gemm_q8_0);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_gemm_q4_k, ftlab::qmm::quant_gemm_q4_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_gemm_q5_k, ftlab::qmm::quant_gemm_q5_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_gemm_q6_k, ftlab::qmm::quant_gemm_q6_k);

@@ -1,0 +1,281 @@
+"""``ftlab bench model --arch qwen35moe``: the Qwen3.6-35B-A3B text shape (hybrid: 30 Gated
+DeltaNet + 10 gated-attention layers, 256 experts top-8; :mod:`ftlab.bench.qwen35moe_random`)
+with random Q4_0 weights made on the device, through :class:`~ftlab.models.pipeline.Pipeline`
+(graphs on a GPU): prefill tokens/s of one 512-token prompt, decode tokens/s at batch 1 (the
+pipeline's ``decode_step``) and batch 8 (a :class:`~ftlab.models.qwen3_next.Qwen3Next` of 8
+sequences over the same weights), graph against eager, beside the bound bytes-per-step / copy
+bandwidth measured in the same run; the per-layer expert load of the prefill shows the routing
+spread. ``write_gguf``: the same weights as a ``qwen35moe`` GGUF file first (llama-bench runs it).
+
+On the CPU (``device="cpu"``, for a scaled-down shape) every step runs eagerly, timed by the host
+clock, beside the host's copy bandwidth: a check that the bench runs, not a measurement.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ftlab.bench.harness import (
+    Measurement,
+    Report,
+    copy_bandwidth,
+    device_info,
+    require_gpu,
+    time_us,
+)
+from ftlab.bench.qwen35moe_gguf import write_random_gguf
+from ftlab.bench.qwen35moe_random import (
+    QWEN35_35B_A3B,
+    RandomTensors,
+    Shape,
+    byte_tokenizer,
+    hf_config,
+)
+from ftlab.models.pipeline import DecodeGraph, Pipeline
+from ftlab.models.qwen3_next import NextWeights, Qwen3Next
+from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.quant import QuantWeight
+
+DECODE_BATCHES = (1, 8)
+DECODE_ROOM = 64  # cache positions after the prompt: the decode steps timed
+NOTES = [
+    "prefill: one prompt through Pipeline.prefill (eager, host checks and launches included, logits of "
+    "every position as the pipeline returns them).",
+    "decode batch 1: Pipeline.decode_step after that prefill (graph: its captured CUDA graph, host copies of "
+    "the token and position included); batch 8: a Qwen3Next of 8 sequences at the prompt's length over the "
+    "same weights, DecodeGraph; eager: the same model's forward launched op by op.",
+    "bound: the bytes a decode step reads -- weights (projections, routers, shared experts, the routed "
+    "experts the step's tokens use, lm_head, one embedding row a token) plus the recurrent state (DeltaNet "
+    "state read and written, conv state) and the KV cache of every slot a static step attends over -- over "
+    "the copy bandwidth measured in this run.",
+]
+
+
+def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda",
+        write_gguf: str | Path | None = None) -> Report:  # fmt: skip
+    """The bench of ``shape`` on ``device`` (``"cuda"``: a GPU is required; ``"cpu"``: eager, a
+    smoke run); ``quick``: fewer repetitions; ``write_gguf``: a path to write the model's GGUF
+    file to. The report is ``model-qwen35moe``, or ``model-qwen35moe-scaled`` for another shape
+    than the released model's."""
+    if not isinstance(shape, Shape):
+        raise TypeError(f"shape must be a Shape, got {type(shape).__name__}")
+    dev = torch.device(device)
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if dev.type == "cuda":
+        require_gpu()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    hf = hf_config(shape)
+    tensors = RandomTensors(hf, dev)
+    if write_gguf is not None:
+        print(f"writing {write_gguf}")
+        write_random_gguf(
+            write_gguf, hf, tensors, progress=lambda r: tqdm(r, desc="GGUF layers", unit="layer")
+        )
+    gbps, what = (
+        (copy_bandwidth(), "device-to-device")
+        if dev.type == "cuda"
+        else (_host_copy_gbps(), "host")
+    )
+    name = "model-qwen35moe" if shape == QWEN35_35B_A3B else "model-qwen35moe-scaled"
+    report = Report(name, device_info(), gbps, notes=list(NOTES), copy_what=what)
+    config = Qwen3NextConfig.from_hf(hf)
+    weights = build_weights(config, tensors, device=dev, dtype=dtype, where="random qwen35moe",
+                            progress=lambda r: tqdm(r, desc="random Q4_0 layers", unit="layer"))  # fmt: skip
+    report.notes.insert(0, _shape_note(config, weights))
+    pipe = Pipeline(config, weights, byte_tokenizer(), max_seq_len=shape.prefill + DECODE_ROOM,
+                    name="random qwen35moe")  # fmt: skip
+    timer = _timer(dev, quick)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    _prefill(report, pipe, shape.prefill, gen, timer)
+    for batch in DECODE_BATCHES:
+        _decode(report, pipe, shape.prefill, batch, gen, timer)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return report
+
+
+def _timer(dev: torch.device, quick: bool) -> Callable[..., float]:
+    """``timer(fn, warmup, reps)``: median microseconds of ``fn()`` -- device events on a GPU, the
+    host clock on the CPU (one warm-up and three repeats there; ``quick``: one call)."""
+    if dev.type == "cuda":
+        return lambda fn, warmup, reps: time_us(
+            fn, warmup=warmup, reps=max(3, reps // 2) if quick else reps
+        )
+
+    def host(fn: Callable[[], object], warmup: int, reps: int) -> float:
+        if not quick:
+            fn()
+        samples = []
+        for _ in range(1 if quick else 3):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(samples)
+
+    return host
+
+
+def _host_copy_gbps(nbytes: int = 1 << 26) -> float:
+    """Host memory copy bandwidth in GB/s (bytes read + written), median of five copies."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        samples.append(time.perf_counter() - start)
+    return 2 * nbytes / statistics.median(samples) / 1e9
+
+
+def _nbytes(w) -> int:
+    return w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
+
+
+def _shape_note(c: Qwen3NextConfig, w: NextWeights) -> str:
+    total = sum(_nbytes(x) for lw in w.layers for x in (lw.moe.w_gate_up, lw.moe.w_down)) + _nbytes(
+        w.lm_head
+    )
+    return (f"shape: {c.num_hidden_layers} layers ({len(c.linear_layers)} Gated DeltaNet + {len(c.attention_layers)} "
+            f"gated attention), hidden {c.hidden_size}, attention {c.num_attention_heads} / {c.num_key_value_heads} "
+            f"heads x {c.head_dim} (rotary {c.rotary_dim}), linear attention {c.linear_num_key_heads} key / "
+            f"{c.linear_num_value_heads} value heads x {c.linear_key_head_dim}, conv {c.linear_conv_kernel_dim}, "
+            f"{c.num_experts} experts top-{c.num_experts_per_tok} of {c.moe_intermediate_size} + shared "
+            f"{c.shared_expert_intermediate_size}, vocab {c.vocab_size}; random Q4_0 matmul weights, dense "
+            f"{w.embed.dtype}; routed experts + lm_head {total / 1e9:.2f} GB")  # fmt: skip
+
+
+def decode_bytes(config: Qwen3NextConfig, weights: NextWeights, experts_used: float, batch: int,
+                 attended: int) -> tuple[float, float]:  # fmt: skip
+    """``(weight bytes, state bytes)`` one decode step of ``batch`` sequences reads (and, for the
+    state, writes) with ``experts_used`` distinct experts a layer and ``attended`` KV-cache
+    slots a full-attention layer."""
+    c, w = config, weights
+    weight = _nbytes(w.lm_head) + batch * c.hidden_size * w.embed.element_size()
+    for lw in w.layers:
+        m = lw.moe
+        per_expert = (_nbytes(m.w_gate_up) + _nbytes(m.w_down)) / c.num_experts
+        weight += experts_used * per_expert + sum(_nbytes(x) for x in (m.router, m.shared_gate_up, m.shared_down,
+                                                                        m.shared_gate))  # fmt: skip
+        mixer = lw.mixer
+        parts = [getattr(mixer, f.name) for f in fields(mixer)]
+        weight += sum(_nbytes(x) for x in parts if isinstance(x, (torch.Tensor, QuantWeight)))
+        weight += _nbytes(lw.input_norm) + _nbytes(lw.post_attention_norm)
+    delta = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+    conv = c.conv_dim * (c.linear_conv_kernel_dim - 1) * w.embed.element_size()
+    kv = 2 * c.num_key_value_heads * c.head_dim * attended * w.embed.element_size()
+    state = batch * (len(c.linear_layers) * 2 * (delta + conv) + len(c.attention_layers) * kv)
+    return weight, state
+
+
+def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, timer) -> None:
+    """One prompt of ``length`` random tokens: tokens/s, finite logits, and the expert load."""
+    c, dev = pipe.config, pipe.device
+    tokens = torch.randint(0, c.vocab_size, (length,), device=dev, generator=gen)
+    logits = pipe.prefill(tokens)
+    finite = bool(torch.isfinite(logits).all())
+    pos = torch.arange(length, device=dev)[None]
+    loads = [torch.bincount(stage.tensors["ids"].flatten().long(), minlength=c.num_experts)
+             for stage in pipe.model.stages(tokens[None], pos, last_only=True, snapshot=False)
+             if stage.name.endswith("router")]  # fmt: skip
+    load = torch.stack(loads).float()  # [layers, E]
+    t = timer(lambda: pipe.prefill(tokens), 2, 5)
+    report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s", "auto",
+                                           t, 0, finite, "eager"))  # fmt: skip
+    report.notes.append(
+        f"prefill logits: finite {finite}, RMS {float(logits.float().pow(2).mean().sqrt()):.2f}"
+    )
+    mean = length * c.num_experts_per_tok / c.num_experts
+    report.notes.append(
+        f"prefill expert load over {len(loads)} layers (routes per expert, mean {mean:.1f}): min {load.min():.0f}, "
+        f"max {load.max():.0f}, median per-layer max/mean {float((load.max(1).values / mean).median()):.2f}, "
+        f"experts with no route {int((load == 0).sum())} of {load.numel()}"
+    )
+    hist = torch.histc(load / mean, bins=8, min=0, max=4).int().tolist()
+    report.notes.append(
+        f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}"
+    )
+
+
+def _same_step(
+    model: Qwen3Next, first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor]
+) -> bool:
+    """Whether two ways of running one decode step from the same recurrent state give identical,
+    finite logits (the state is put back after each)."""
+    saved = [t.clone() for t in model.recurrent_state()]
+
+    def restore() -> None:
+        for t, kept in zip(model.recurrent_state(), saved, strict=True):
+            t.copy_(kept)
+
+    a = first().clone()
+    restore()
+    b = second().clone()
+    restore()
+    return bool(torch.isfinite(a).all()) and torch.equal(a, b)
+
+
+def _decode(
+    report: Report, pipe: Pipeline, length: int, batch: int, gen: torch.Generator, timer
+) -> None:
+    """Decode steps of ``batch`` sequences at position ``length``: graph (on a GPU) and eager."""
+    c, dev = pipe.config, pipe.device
+    steps = [
+        torch.randint(0, c.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)
+    ]
+    positions = torch.full((batch, 1), length, device=dev)
+    it = iter(range(1 << 62))
+    if batch == 1:
+        model = pipe.model  # its state: the prompt _prefill left
+        ids = [int(s) for s in steps]
+
+        def graph_step() -> torch.Tensor:
+            if pipe.position >= pipe.max_seq_len:
+                pipe.position = length
+            return pipe.decode_step(ids[next(it) % 8])
+
+        pipe.position = length
+        ok = _same_step(
+            model,
+            lambda: pipe.decode_step(ids[0]),
+            lambda: model.forward(steps[0], positions)[0, -1],
+        )
+        pipe.position = length
+    else:
+        model = Qwen3Next(c, pipe.weights, max_batch=batch, max_seq_len=pipe.max_seq_len, backends=pipe.model.backends,
+                          q4_0_path=pipe.q4_0_path, static=pipe.graph_capturable)  # fmt: skip
+        graph = DecodeGraph(model, batch) if pipe.graph_capturable else None
+        eager = lambda: model.forward(steps[0], positions)  # noqa: E731
+        ok = _same_step(
+            model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager
+        )
+
+        def graph_step() -> torch.Tensor:
+            return graph(steps[next(it) % 8], positions)
+
+    k, e = c.num_experts_per_tok, c.num_experts
+    # distinct experts a layer, expected under uniform routing
+    used = e * (1 - (1 - k / e) ** batch)
+    attended = pipe.max_seq_len if model.static else length + 1
+    weight, state = decode_bytes(c, pipe.weights, used, batch, attended)
+    nbytes = int(weight + state)
+    times = {}
+    if pipe.graph_capturable:
+        times["graph"] = timer(graph_step, 3, 20)
+    times["eager"] = timer(lambda: model.forward(steps[next(it) % 8], positions), 2, 10)
+    for mode, tm in times.items():
+        label = f"decode batch {batch}: {batch / (tm * 1e-6):.0f} tokens/s"
+        report.measurements.append(Measurement(label, "auto", tm, nbytes, ok, mode))
+    bound = batch / (nbytes / (report.copy_gbps * 1e9))
+    rates = ", ".join(f"{mode} {batch / (tm * 1e-6):.0f}" for mode, tm in times.items())
+    report.notes.append(f"decode batch {batch}: {weight / 1e9:.3f} GB of weights (~{used:.0f} experts a layer) + "
+                        f"{state / 1e9:.3f} GB of state a step: bound {bound:.0f} tokens/s at "
+                        f"{report.copy_gbps:.0f} GB/s; {rates} tokens/s")  # fmt: skip

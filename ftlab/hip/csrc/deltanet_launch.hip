@@ -1,0 +1,101 @@
+// deltanet_launch.hip — host glue for deltanet.hip (tvm-ffi entry, torch's current stream).
+// ftlab.ops checked shapes, dtypes and layouts; the checks here keep a direct caller in bounds.
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include "deltanet.hip"
+#include "launch_common.h"
+
+namespace ftlab {
+
+using tvm::ffi::TensorView;
+using namespace launch;
+
+namespace {
+
+struct DnDims {
+  int64_t b, t, hk, hv, dk, dv;
+};
+
+// q, k [B, (T,) Hk, Dk]; v, o [B, (T,) Hv, Dv]; g, beta [B, (T,) Hv] fp32; state [B, Hv, Dk, Dv]
+// fp32; all contiguous.
+DnDims check_all(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                 const TensorView& beta, const TensorView& state, const TensorView& o, bool seq) {
+  const int lead = seq ? 2 : 1;
+  TVM_FFI_CHECK(q.ndim() == lead + 2 && v.ndim() == lead + 2, ValueError) << "q and v must have " << lead + 2 << " dims";
+  DnDims d{q.size(0), seq ? q.size(1) : 1, q.size(lead), v.size(lead), q.size(lead + 1), v.size(lead + 1)};
+  TVM_FFI_CHECK(d.hk > 0 && d.hv % d.hk == 0, ValueError) << "Hv must be a multiple of Hk";
+  TVM_FFI_CHECK(d.dk > 0 && d.dk <= kDnMaxDk && d.dv > 0, ValueError)
+      << "Dk must be in [1, " << kDnMaxDk << "] and Dv >= 1";
+  for (const TensorView* x : {&q, &k, &v, &g, &beta, &state, &o}) check_contiguous(*x, "every operand");
+  const int64_t rows = d.b * d.t;
+  TVM_FFI_CHECK(k.numel() == q.numel() && q.numel() == rows * d.hk * d.dk, ValueError) << "q and k must match";
+  TVM_FFI_CHECK(o.numel() == v.numel() && v.numel() == rows * d.hv * d.dv, ValueError) << "o must match v";
+  TVM_FFI_CHECK(g.numel() == rows * d.hv && beta.numel() == rows * d.hv, ValueError) << "g and beta must be [B, T, Hv]";
+  TVM_FFI_CHECK(state.numel() == d.b * d.hv * d.dk * d.dv, ValueError) << "state must be [B, Hv, Dk, Dv]";
+  const Fp fp = fp_of(q, "q");
+  for (const TensorView* x : {&k, &v, &o}) TVM_FFI_CHECK(fp_of(*x, "operand") == fp, TypeError) << "q, k, v, o: one dtype";
+  for (const TensorView* x : {&g, &beta, &state})
+    TVM_FFI_CHECK(fp_of(*x, "g, beta, state") == Fp::f32, TypeError) << "g, beta and state must be float32";
+  return d;
+}
+
+template <typename T>
+void launch(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+            const TensorView& beta, const TensorView& state, const TensorView& o, const DnDims& d, float scale,
+            int l2norm, bool seq) {
+  using S = typename T::storage;
+  const dim3 grid(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + kDnCols - 1) / kDnCols));
+  const auto* qp = static_cast<const S*>(base_of(q));
+  const auto* kp = static_cast<const S*>(base_of(k));
+  const auto* vp = static_cast<const S*>(base_of(v));
+  const auto* gp = static_cast<const float*>(base_of(g));
+  const auto* bp = static_cast<const float*>(base_of(beta));
+  auto* sp = static_cast<float*>(base_of(state));
+  auto* op = static_cast<S*>(base_of(o));
+  const int hk = static_cast<int>(d.hk), hv = static_cast<int>(d.hv), dk = static_cast<int>(d.dk),
+            dv = static_cast<int>(d.dv);
+  if (seq) {
+    gated_delta_scan_kernel<T><<<grid, kDnThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op,
+                                                                      static_cast<int>(d.t), hk, hv, dk, dv, scale,
+                                                                      l2norm);
+    check_launch("gated_delta_scan_kernel");
+  } else {
+    gated_delta_step_kernel<T><<<grid, kDnThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op, hk, hv, dk, dv,
+                                                                      scale, l2norm);
+    check_launch("gated_delta_step_kernel");
+  }
+}
+
+void run(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state, TensorView o,
+         double scale, bool l2norm, bool seq) {
+  const DnDims d = check_all(q, k, v, g, beta, state, o, seq);
+  if (d.b * d.t == 0) return;
+  const float sc = static_cast<float>(scale);
+  switch (fp_of(q, "q")) {
+    case Fp::f32: launch<f32_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq); break;
+    case Fp::f16: launch<f16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq); break;
+    case Fp::bf16: launch<bf16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq); break;
+  }
+}
+
+}  // namespace
+
+// One token: q, k [B, Hk, Dk], v, o [B, Hv, Dv], g, beta [B, Hv], state [B, Hv, Dk, Dv] in place.
+void gated_delta_step(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
+                      TensorView o, double scale, bool l2norm) {
+  run(q, k, v, g, beta, state, o, scale, l2norm, false);
+}
+
+// A sequence: q, k [B, T, Hk, Dk], v, o [B, T, Hv, Dv], g, beta [B, T, Hv]; state holds the
+// initial state and receives the final one.
+void gated_delta_scan(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
+                      TensorView o, double scale, bool l2norm) {
+  run(q, k, v, g, beta, state, o, scale, l2norm, true);
+}
+
+}  // namespace ftlab
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gated_delta_step, ftlab::gated_delta_step);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gated_delta_scan, ftlab::gated_delta_scan);

@@ -1,0 +1,48 @@
+"""The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` (JIT-built, cached):
+a block per (sequence, value head, 32 state columns) with its state slice in registers. Decode
+is one step written back in place; prefill is the recurrence scanned token by token over the
+sequence (not the chunked form; ``chunk_size`` does not change it). Dk up to 128."""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab import jit
+
+MAX_DK = 128
+
+
+def _check_dk(dk: int) -> None:
+    if dk > MAX_DK:
+        raise ValueError(f"the HIP gated delta rule takes head sizes Dk <= {MAX_DK}, got {dk}")
+
+
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
+    """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32)."""
+    b, _, _, dk = q.shape
+    hv, dv = v.shape[2:]
+    _check_dk(dk)
+    final = (
+        state.clone()
+        if state is not None
+        else torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=q.device)
+    )
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    module = jit.module_for("deltanet", q.device)
+    jit.on_device(
+        q.device,
+        lambda: module.gated_delta_scan(q, k, v, g, beta, final, o, float(scale), l2norm_qk),
+    )
+    return o, final
+
+
+def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool):
+    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in place)."""
+    _check_dk(q.shape[-1])
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    module = jit.module_for("deltanet", q.device)
+    jit.on_device(
+        q.device,
+        lambda: module.gated_delta_step(q, k, v, g, beta, state, o, float(scale), l2norm_qk),
+    )
+    return o

@@ -1,0 +1,413 @@
+"""Qwen3.6 (``qwen35moe``) and Qwen3-Next (``qwen3next``) GGUF files, as llama.cpp's converter
+writes them, read back into the HF state dict and config (transformers' names and
+conventions: ``Qwen3_5MoeForCausalLM`` / ``Qwen3NextForCausalLM``). Writing: ``gguf_qwen3_next_write``.
+
+The converter (``conversion/qwen.py``) changes these, and reading undoes each:
+
+- the zero-centred RMSNorm weights (``input_layernorm``, ``post_attention_layernorm``,
+  ``self_attn.q_norm`` / ``k_norm``, ``model.norm``) are stored as ``w + 1``; the gated norm of
+  the linear attention (``linear_attn.norm``) as it is;
+- ``linear_attn.A_log`` is stored as ``A = -exp(A_log)``, ``dt_bias`` as ``ssm_dt.bias``,
+  ``conv1d.weight`` ``[C, 1, K]`` squeezed to ``[C, K]``;
+- Qwen3.6 with more V heads than K heads: the V heads are reordered from grouped by K head to
+  tiled (``v_perm``) along the rows of in_proj_qkv's V part, in_proj_z, in_proj_a, in_proj_b,
+  A_log, dt_bias, conv1d's V channels, and along the columns (the input) of ``out_proj``;
+- Qwen3-Next: ``in_proj_qkvz`` (per K head ``[q, k, v, z]``) is split into ``attn_qkv`` (all q,
+  all k, all v) and ``attn_gate`` (all z); ``in_proj_ba`` is kept as it is (``ssm_ba``), and
+  no V head is reordered;
+- the fused expert bank ``gate_up_proj`` ``[E, 2I, H]`` is split into ``ffn_gate_exps`` and
+  ``ffn_up_exps`` (kept whole, ``ffn_gate_up_exps``, with ``--fuse-gate-up-exps``; with
+  ``--fuse-qkv`` the full-attention q, k, v projections are one ``attn_qkv``);
+- the multi-token-prediction head (``mtp.*``, ``nextn_predict_layers`` > 0) becomes the last
+  blocks: ``mtp.layers.i.*`` block ``num_hidden_layers + i``, ``mtp.fc`` /
+  ``mtp.pre_fc_norm_embedding`` / ``mtp.pre_fc_norm_hidden`` / ``mtp.norm`` its
+  ``nextn.eh_proj`` / ``enorm`` / ``hnorm`` / ``shared_head_norm`` (norms ``w + 1`` too).
+
+The full-attention ``q_proj`` (query and output gate interleaved per head) and everything else
+keep HF's layout. A FLOAT32 norm ``w + 1`` gives back ``w`` to within half an ulp of 1 (what
+the addition rounded away; ``1 + w``, what the model computes, is exact), and ``A_log`` is
+``log(-A)`` (exact to the f32 rounding of ``exp``): these two are the only values not
+bit-identical to the checkpoint the file was made from.
+
+Validation follows the Qwen3-MoE loader (``gguf_loader``): the structure by
+:func:`~ftlab.formats.gguf.open_reader`, then every metadata value of its type, the sizes
+consistent, ``block_count`` equal to the ``blk.N`` groups, every tensor present and of the shape
+the config implies, none extra. Refusals are :class:`~ftlab.formats.gguf.GGUFError` naming the
+file and the key or tensor.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken
+
+from ftlab import argcheck, ops
+from ftlab.formats.gguf import (
+    FLOAT_TYPES,
+    PACKED_TYPES,
+    GGUFError,
+    field_value,
+    open_reader,
+    tensor_from_reader,
+)
+from ftlab.models.gguf_loader import DequantizedWarning
+from ftlab.models.gguf_qwen3_next_layout import (
+    ARCHS,
+    DEFAULTS,
+    FLOAT_KEYS,
+    INT_KEYS,
+    QKV,
+    Dims,
+    block_prefix,
+    col_perm,
+    gather_cols,
+    gather_rows,
+    gguf_name,
+    gguf_shapes,
+    hf_shapes,
+    inverse,
+    plus_one,
+    qkvz_perm,
+    row_perm,
+    row_slice,
+)
+from ftlab.models.tokenizer import Tokenizer
+from ftlab.quant import QuantWeight, quant_weight
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+_CONTROL = 3  # gguf.TokenType.CONTROL
+#: Tensors returned dense in ``dtype`` whatever their stored type (values changed, or not matmul weights).
+_DENSE = ("layernorm.weight", "norm.weight", "A_log", "dt_bias", "conv1d.weight", "mlp.gate.weight",
+          "shared_expert_gate.weight", "model.embed_tokens.weight")  # fmt: skip
+
+
+def read_config(reader, path: Path) -> dict:
+    """The HF config dict of a ``qwen35moe`` / ``qwen3next`` GGUFReader's metadata and tensor
+    table (``config.json`` fields), every value checked; GGUFError naming the key."""
+    arch = field_value(reader, "general.architecture", "str")
+    if arch not in ARCHS:
+        raise GGUFError(
+            f"{path}: metadata 'general.architecture' must be one of {sorted(ARCHS)}, got {arch!r}"
+        )
+
+    def get(key: str, kind: str = "int", required: bool = True):
+        v = field_value(reader, f"{arch}.{key}", kind)
+        if v is None:
+            if required and key not in DEFAULTS:
+                raise GGUFError(f"{path}: missing metadata key '{arch}.{key}'")
+            return DEFAULTS.get(key)
+        if kind == "int" and v < (0 if key == "nextn_predict_layers" else 1):
+            raise GGUFError(f"{path}: metadata '{arch}.{key}' must be >= 1, got {v}")
+        return v
+
+    c = {f: get(k) for f, k in INT_KEYS.items()}
+    c |= {f: get(k, "float") for f, k in FLOAT_KEYS.items()}
+    nextn = get("nextn_predict_layers")
+    if nextn >= c["num_hidden_layers"]:
+        raise GGUFError(f"{path}: metadata '{arch}.nextn_predict_layers' ({nextn}) must be less than "
+                        f"'{arch}.block_count' ({c['num_hidden_layers']})")  # fmt: skip
+    block_count, c["num_hidden_layers"] = c["num_hidden_layers"], c["num_hidden_layers"] - nextn
+    _check_heads(c, get, arch, path)
+    c["layer_types"], interval = _layer_types(
+        reader, arch, c["num_hidden_layers"], block_count, get, path
+    )
+    rope_dims = get("rope.dimension_count")
+    if rope_dims > c["head_dim"] or rope_dims % 2:
+        raise GGUFError(f"{path}: metadata '{arch}.rope.dimension_count' ({rope_dims}) must be even and at most "
+                        f"'{arch}.attention.key_length' ({c['head_dim']})")  # fmt: skip
+    rope = {
+        "rope_type": "default",
+        "rope_theta": c.pop("rope_theta"),
+        "partial_rotary_factor": rope_dims / c["head_dim"],
+    }
+    if arch == "qwen35moe":
+        sections = get("rope.dimension_sections", "int[]")
+        if (
+            len(sections) != 4 or min(sections) < 0
+        ):  # the converter writes [11, 11, 10, 0] for any head dim
+            raise GGUFError(
+                f"{path}: metadata '{arch}.rope.dimension_sections' must be 4 sizes >= 0, got {sections}"
+            )
+        rope |= {"mrope_section": sections[:3], "mrope_interleaved": True}
+    cls, model_type = ARCHS[arch]
+    config = {"architectures": [cls], "model_type": model_type, **c, "rope_parameters": rope,
+              "full_attention_interval": interval, "hidden_act": "silu", "attention_bias": False}  # fmt: skip
+    if arch == "qwen3next":
+        config |= {"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+        if (ff := get("feed_forward_length", required=False)) is not None:
+            config["intermediate_size"] = ff
+    if nextn:
+        config["mtp_num_hidden_layers"] = nextn
+    tensors = {t.name: t for t in reader.tensors}
+    embd = tensors.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != c["hidden_size"]:
+        got = "none" if embd is None else f"shape {list(reversed(embd.shape.tolist()))}"
+        raise GGUFError(
+            f"{path}: tensor 'token_embd.weight' must be [vocab, {c['hidden_size']}], got {got}"
+        )
+    config["vocab_size"] = int(embd.shape[-1])
+    config["tie_word_embeddings"] = "output.weight" not in tensors
+    tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
+    if tokens is not None and len(tokens) != config["vocab_size"]:
+        raise GGUFError(f"{path}: tensor 'token_embd.weight' has {config['vocab_size']} rows but "
+                        f"metadata 'tokenizer.ggml.tokens' has {len(tokens)} tokens")  # fmt: skip
+    for which in ("eos", "bos"):
+        tid = field_value(reader, f"tokenizer.ggml.{which}_token_id", "int")
+        if tid is not None:
+            if not 0 <= tid < config["vocab_size"]:
+                raise GGUFError(f"{path}: metadata 'tokenizer.ggml.{which}_token_id' must be in "
+                                f"[0, {config['vocab_size']}), got {tid}")  # fmt: skip
+            config[f"{which}_token_id"] = tid
+    return config
+
+
+def _check_heads(c: dict, get, arch: str, path: Path) -> None:
+    """Head counts that divide, the value length equal to the key length, and the linear
+    attention's value head dim from ``ssm.inner_size``."""
+    value_length = get("attention.value_length", required=False)
+    if value_length not in (None, c["head_dim"]):
+        raise GGUFError(f"{path}: metadata '{arch}.attention.value_length' ({value_length}) must equal "
+                        f"'{arch}.attention.key_length' ({c['head_dim']})")  # fmt: skip
+    for big, small in (
+        ("num_attention_heads", "num_key_value_heads"),
+        ("linear_num_value_heads", "linear_num_key_heads"),
+    ):
+        if c[big] % c[small]:
+            raise GGUFError(f"{path}: metadata '{arch}.{INT_KEYS[big]}' ({c[big]}) must be a multiple of "
+                            f"'{arch}.{INT_KEYS[small]}' ({c[small]})")  # fmt: skip
+    if c["num_experts_per_tok"] > c["num_experts"]:
+        raise GGUFError(f"{path}: metadata '{arch}.expert_used_count' ({c['num_experts_per_tok']}) exceeds "
+                        f"'{arch}.expert_count' ({c['num_experts']})")  # fmt: skip
+    inner, hv = get("ssm.inner_size"), c["linear_num_value_heads"]
+    if inner % hv:
+        raise GGUFError(f"{path}: metadata '{arch}.ssm.inner_size' ({inner}) must be a multiple of "
+                        f"'{arch}.ssm.time_step_rank' ({hv})")  # fmt: skip
+    c["linear_value_head_dim"] = inner // hv
+
+
+def _layer_types(
+    reader, arch: str, layers: int, block_count: int, get, path: Path
+) -> tuple[list[str], int]:
+    """``layer_types`` from ``attention.recurrent_layers`` (BOOL per block) or, without it,
+    ``full_attention_interval`` as llama.cpp derives them; and the interval."""
+    interval = get("full_attention_interval")
+    key = f"{arch}.attention.recurrent_layers"
+    field = reader.fields.get(key)
+    if field is None:
+        recurrent = [(i + 1) % interval != 0 for i in range(layers)]
+    else:
+        if [int(t) for t in field.types] != [9, 7]:  # ARRAY of BOOL
+            raise GGUFError(
+                f"{path}: metadata '{key}' must be an array of BOOL, got {[t.name for t in field.types]}"
+            )
+        recurrent = [bool(field.parts[i][0]) for i in field.data]
+        if len(recurrent) != block_count:
+            raise GGUFError(
+                f"{path}: metadata '{key}' has {len(recurrent)} entries, '{arch}.block_count' is {block_count}"
+            )
+        if any(recurrent[layers:]):
+            raise GGUFError(
+                f"{path}: metadata '{key}': the multi-token-prediction blocks must not be recurrent"
+            )
+        recurrent = recurrent[:layers]
+    return ["linear_attention" if r else "full_attention" for r in recurrent], interval
+
+
+def _check_names(names: set[str], shapes: dict, block_count: int, key: str, path: Path) -> None:
+    """``blk.N`` groups for exactly N < ``block_count``, every tensor of ``shapes``, nothing else."""
+    blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
+    beyond = sorted(n for n in blocks if n >= block_count)
+    if beyond:
+        raise GGUFError(f"{path}: there are tensors of blk.{beyond[0]}, beyond the {block_count} blocks of "
+                        f"metadata '{key}'")  # fmt: skip
+    absent = sorted(set(range(block_count)) - blocks)
+    if absent:
+        raise GGUFError(
+            f"{path}: metadata '{key}' is {block_count}, but there are no tensors of blk.{absent[0]}"
+        )
+    missing = sorted(set(shapes) - names)
+    if missing:
+        raise GGUFError(f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing)")
+    extra = sorted(names - set(shapes))
+    if extra:
+        raise GGUFError(
+            f"{path}: tensor '{extra[0]}' is not part of this model ({len(extra)} such tensors)"
+        )
+
+
+def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+                 ) -> tuple[dict, dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:  # fmt: skip
+    """``(hf_config, tensors, input_perms)`` of a ``qwen35moe`` / ``qwen3next`` GGUF file.
+
+    ``hf_config``: the ``config.json`` dict (:func:`read_config`). ``tensors``: ``{HF name:
+    value}`` exactly as transformers names and lays them out (module docstring): on ``device``;
+    float tensors in ``dtype``; the matmul weights (projections, expert banks, shared expert,
+    ``lm_head``) of a type ftlab computes on (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) stay packed
+    :class:`~ftlab.quant.QuantWeight` (whole rows move under the V-head reordering), those of other
+    quantized types come dequantized in ``dtype`` with one :class:`DequantizedWarning`;
+    norms, ``A_log``, ``dt_bias``, ``conv1d``, the routers and the embedding are always dense.
+
+    ``input_perms``: ``{HF name: LongTensor [K]}`` for a packed ``linear_attn.out_proj.weight``
+    whose columns the file holds in the converter's V-head order and which cannot be put back
+    because the value head dim is not a multiple of its type's block: that weight is returned as
+    stored, and the model must permute its activation before the matmul,
+    ``F.linear(x[..., perm], W) == F.linear(x, W_hf)``.
+    """
+    argcheck.float_dtype("dtype", dtype)
+    device = torch.device(device)
+    path = Path(path)
+    reader = open_reader(path)
+    config = read_config(reader, path)
+    arch = field_value(reader, "general.architecture", "str")
+    block_count = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
+    by_name = {t.name: t for t in reader.tensors}
+    full = [i for i, kind in enumerate(config["layer_types"]) if kind == "full_attention"]
+    full += range(config["num_hidden_layers"], block_count)
+    fused = (any(t.name.endswith(".ffn_gate_up_exps.weight") for t in reader.tensors),
+             any(f"blk.{i}.attn_qkv.weight" in by_name for i in full))  # fmt: skip
+    shapes = gguf_shapes(arch, config, *fused)
+    _check_names(set(by_name), shapes, block_count, f"{arch}.block_count", path)
+    d = Dims.of(config)
+    dequantized = {}
+    for name, shape in shapes.items():  # from the tensor table: nothing is read yet
+        t = by_name[name]
+        got = tuple(int(n) for n in reversed(t.shape.tolist()))
+        if got != shape and not (name.endswith("ffn_gate_inp_shexp.weight") and got == shape[1:]):
+            raise GGUFError(
+                f"{path}: tensor {name!r} has shape {list(got)}, expected {list(shape)}"
+            )
+        if t.tensor_type in PACKED_TYPES and len(got) < 2:
+            raise GGUFError(f"{path}: tensor {name!r} is a vector of {t.tensor_type.name} blocks (packed "
+                            "types are matrices)")  # fmt: skip
+        if t.tensor_type not in FLOAT_TYPES and t.tensor_type not in PACKED_TYPES:
+            dequantized.setdefault(t.tensor_type.name, []).append(name)
+    if dequantized:
+        listed = "; ".join(f"{k}: {', '.join(v[:3])}{f' and {len(v) - 3} more' if len(v) > 3 else ''}"
+                           for k, v in sorted(dequantized.items()))  # fmt: skip
+        warnings.warn(f"{path}: {sum(map(len, dequantized.values()))} tensors have a type ftlab has no kernel for "
+                      f"and are loaded dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
+    loaded = _Lazy(by_name, shapes, path, device)
+    tensors, input_perms = {}, {}
+    for name in hf_shapes(arch, config):
+        value = _hf_value(arch, name, loaded, d, config)
+        if (perm := row_perm(arch, name, d)) is not None:
+            value = gather_rows(value, inverse(perm))
+        if (perm := col_perm(arch, name, d)) is not None:
+            moved = gather_cols(value, inverse(perm), d.v_dim)
+            if moved is None:
+                input_perms[name] = perm.to(device)
+            else:
+                value = moved
+        tensors[name] = _finish(name, value, dtype)
+    return config, tensors, input_perms
+
+
+class _Lazy:
+    """The file's tensors by GGUF name, each read (zero-copy) and moved to ``device`` when first
+    asked for and dropped once used: a fused ``attn_qkv`` of a full-attention block serves three
+    HF tensors, every other one a single one; peak memory stays about one tensor above the result."""
+
+    def __init__(self, by_name: dict, shapes: dict, path: Path, device: torch.device):
+        self.by_name, self.shapes, self.path, self.device = by_name, shapes, path, device
+        self.cache: dict[str, tuple[object, int]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.shapes
+
+    def __getitem__(self, name: str):
+        if name not in self.cache:
+            uses = (
+                3
+                if name.endswith(".attn_qkv.weight")
+                and name.replace("attn_qkv", "attn_q_norm") in self.shapes
+                else 1
+            )
+            self.cache[name] = (
+                tensor_from_reader(self.by_name[name], self.path).to(self.device),
+                uses,
+            )
+        value, uses = self.cache.pop(name)
+        if uses > 1:
+            self.cache[name] = (value, uses - 1)
+        return value
+
+
+def _hf_value(arch: str, name: str, loaded: _Lazy, d: Dims, config: dict):
+    """The HF tensor ``name`` from the loaded GGUF tensors, its V heads still in file order."""
+    if name.endswith("in_proj_qkvz.weight"):
+        p = block_prefix(name, config["num_hidden_layers"])
+        qkv, z = loaded[p + "attn_qkv.weight"], loaded[p + "attn_gate.weight"]
+        if isinstance(qkv, QuantWeight) != isinstance(z, QuantWeight) or (
+                isinstance(qkv, QuantWeight) and qkv.qtype != z.qtype):  # fmt: skip
+            qkv, z = _dense(qkv), _dense(z)
+        if isinstance(qkv, QuantWeight):
+            both = quant_weight(
+                torch.cat([qkv.data, z.data]), (qkv.shape[0] + z.shape[0], qkv.shape[1]), qkv.qtype
+            )
+        else:
+            both = torch.cat([qkv, z.to(qkv.dtype)])
+        return gather_rows(both, qkvz_perm(d))
+    p = block_prefix(name, config["num_hidden_layers"]) if "layers." in name else ""
+    if p + "attn_qkv.weight" in loaded and name.endswith(QKV):
+        qkv, q_rows, kv_rows = (
+            loaded[p + "attn_qkv.weight"],
+            2 * d.heads * d.head_dim,
+            d.kv_heads * d.head_dim,
+        )
+        start = {"q": 0, "k": q_rows, "v": q_rows + kv_rows}[name.split(".")[-2][0]]
+        return row_slice(
+            qkv, start, start + (q_rows if name.endswith("q_proj.weight") else kv_rows)
+        )
+    if p + "ffn_gate_up_exps.weight" in loaded and name.endswith("experts.gate_up_proj"):
+        return loaded[p + "ffn_gate_up_exps.weight"]
+    if name.endswith("experts.gate_up_proj"):
+        gate, up = loaded[p + "ffn_gate_exps.weight"], loaded[p + "ffn_up_exps.weight"]
+        if isinstance(gate, QuantWeight) and isinstance(up, QuantWeight) and gate.qtype == up.qtype:
+            e, i, h = gate.shape
+            return quant_weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * i, h), gate.qtype)
+        return torch.cat([_dense(gate), _dense(up)], dim=1)
+    value = loaded[gguf_name(name, config["num_hidden_layers"])]
+    if name.endswith("conv1d.weight"):
+        return _dense(value).unsqueeze(1)
+    if name.endswith("shared_expert_gate.weight"):
+        return _dense(value).reshape(1, d.hidden)
+    return value
+
+
+def _dense(t) -> torch.Tensor:
+    return ops.dequantize(t, torch.float32) if isinstance(t, QuantWeight) else t
+
+
+def _finish(name: str, value, dtype: torch.dtype):
+    """Dense tensors in ``dtype`` with the stored values mapped back (norm ``w + 1`` -> ``w``,
+    ``A = -exp(A_log)`` -> ``A_log``, in float64, rounded once); matmul weights as they are."""
+    if isinstance(value, QuantWeight) and not name.endswith(_DENSE):
+        return value
+    value = _dense(value)
+    if plus_one(name):
+        return (value.double() - 1).to(dtype)
+    if name.endswith("A_log"):
+        return torch.log(-value.double()).to(dtype)
+    return value.to(dtype)
+
+
+def read_gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """The byte-level BPE tokenizer of the file's ``tokenizer.ggml.*`` metadata; its CONTROL
+    tokens (``tokenizer.ggml.token_type`` 3, e.g. ``<|endoftext|>``) are special tokens, matched
+    whole in text as llama.cpp does."""
+    reader = open_reader(path)
+    tok = Tokenizer.from_gguf(reader)
+    field = reader.fields.get("tokenizer.ggml.token_type")
+    if field is not None:
+        tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
+        types = field_value(reader, "tokenizer.ggml.token_type", "int[]")
+        if len(types) != len(tokens):
+            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.token_type' has {len(types)} entries for "
+                            f"{len(tokens)} tokens")  # fmt: skip
+        special = [t for t, k in zip(tokens, types, strict=True) if k == _CONTROL]
+        tok.backend.add_special_tokens([AddedToken(t, special=True) for t in special])
+    return tok

@@ -1,0 +1,113 @@
+"""Load a HF Qwen3-Next (``Qwen3NextForCausalLM``) or Qwen3.5-MoE directory
+(``Qwen3_5MoeForCausalLM``, or the text model of ``Qwen3_5MoeForConditionalGeneration``) into
+:class:`~ftlab.models.qwen3_next.NextWeights`.
+
+Shards as :class:`~ftlab.models.hf_loader.SafetensorsShards` reads them (memory-mapped, by the
+index when there is one). The text model's tensors under ``model.language_model.`` are read as
+``model.``; the vision tower (``model.visual.``) and the multi-token-prediction head (``mtp.``)
+are not read. Tensors become weights through
+:func:`~ftlab.models.qwen3_next_weights.build_weights`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ftlab import ops
+from ftlab.formats import CheckpointError
+from ftlab.models.hf_loader import SafetensorsShards, read_hf_config, stored_dtype
+from ftlab.models.qwen3_next import NextWeights
+from ftlab.models.qwen3_next_config import MODEL_TYPES, Qwen3NextConfig
+from ftlab.models.qwen3_next_weights import build_weights
+
+TEXT_PREFIX = "model.language_model."
+SKIPPED = ("model.visual.", "mtp.")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
+_Q4_0_NAMES = re.compile(r"(_proj(\.weight)?|lm_head\.weight)$")
+
+
+def is_next(hf: dict) -> bool:
+    """Whether a HF config dict is of a model this module loads."""
+    model_type = hf.get("model_type")
+    return isinstance(model_type, str) and model_type in MODEL_TYPES
+
+
+class HFTensors(Mapping):
+    """The text model's tensors of a directory's shards under their ``model.`` names, read when
+    asked for. ``quantize``: projections (``*_proj``, ``lm_head``) of whole Q4_0 blocks are
+    returned quantized to Q4_0 (what a tiny model's ``q4_0`` form is)."""
+
+    def __init__(self, shards: SafetensorsShards, quantize: bool = False):
+        self.shards, self.quantize = shards, quantize
+        self.names: dict[str, str] = {}
+        for stored in shards.where:
+            if stored.startswith(SKIPPED):
+                continue
+            name = "model." + stored.removeprefix(TEXT_PREFIX) if stored.startswith(TEXT_PREFIX) else stored
+            if name in self.names:
+                raise CheckpointError(f"{shards.path}: tensors '{self.names[name]}' and '{stored}' are both "
+                                      f"'{name}' of the text model")  # fmt: skip
+            self.names[name] = stored
+
+    def __getitem__(self, name: str):
+        stored = self.names[name]
+        shard = self.shards.where[stored]
+        try:
+            t = self.shards.handles[shard].get_tensor(stored)
+        except Exception as e:  # SafetensorError
+            raise CheckpointError(f"{self.shards.path / shard}: tensor {stored!r} cannot be read: {e}") from e
+        if self.quantize and t.dtype.is_floating_point and t.dim() >= 2 and t.shape[-1] % 32 == 0:
+            if _Q4_0_NAMES.search(name):
+                return ops.quantize_q4_0(t.float(), backend="reference")
+        return t
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def check_counts(self, config: Qwen3NextConfig, config_file: Path) -> None:
+        """The layers and experts stored are those the config counts."""
+        layers = {int(m[1]) for t in self.names if (m := _LAYER.match(t))}
+        if layers != set(range(config.num_hidden_layers)):
+            have = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layers"
+            raise CheckpointError(f"{config_file}: num_hidden_layers is {config.num_hidden_layers}, but the shards in "
+                                  f"{self.shards.path} hold {have}")  # fmt: skip
+        experts = {int(m[1]) for t in self.names if (m := _EXPERT.match(t))}
+        if experts and experts != set(range(config.num_experts)):
+            raise CheckpointError(f"{config_file}: num_experts is {config.num_experts}, but the shards in "
+                                  f"{self.shards.path} hold experts {min(experts)}..{max(experts)} "
+                                  f"({len(experts)})")  # fmt: skip
+
+
+def read_next_config(path: Path) -> Qwen3NextConfig:
+    config_file = path / "config.json"
+    try:
+        return Qwen3NextConfig.from_hf(read_hf_config(path))
+    except ValueError as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{config_file}: {e}") from e
+
+
+def load_hf_next(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                 progress: bool = True, quantize: bool = False) -> tuple[Qwen3NextConfig, NextWeights]:  # fmt: skip
+    """Config and weights of a HF Qwen3-Next / Qwen3.5-MoE directory on ``device``, dense weights
+    in ``dtype`` (default: the config's ``torch_dtype``/``dtype``, else bf16); ``quantize``: the
+    projections and expert banks as Q4_0. CheckpointError naming the file and the key or tensor
+    for anything ftlab cannot load."""
+    path = Path(path)
+    config = read_next_config(path)
+    if dtype is None:
+        dtype = stored_dtype(read_hf_config(path), path / "config.json")
+    tensors = HFTensors(SafetensorsShards(path), quantize)
+    tensors.check_counts(config, path / "config.json")
+    bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
+    return config, build_weights(config, tensors, device=device, dtype=dtype, where=str(path), progress=bar)

@@ -1,0 +1,141 @@
+"""What the Qwen models of :mod:`ftlab.models` share: the named stage of a forward pass, config
+field checks, RMSNorm, linears over dense or Q4_0 weights, RoPE tables, and attention over a
+static slot-indexed KV cache.
+
+The KV cache is static and slot-indexed: sequence b's position p lives in slot
+``b * max_seq_len + p`` of every attention layer's ``[slots, kv_heads * head_dim]`` buffer, so a
+decode step has fixed shapes and addresses (what a captured graph needs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ftlab import ops
+from ftlab.quant import Q4_0Weight
+
+
+@dataclass
+class Stage:
+    """One named step of a forward pass and the tensors it produced."""
+
+    name: str
+    tensors: dict[str, torch.Tensor]
+    main: str  # the tensor that backend comparisons look at
+
+
+BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
+FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+
+
+def check_field(name: str, value: object) -> None:
+    """ValueError naming config field ``name`` unless ``value`` is of its kind: a count (an
+    int >= 1, not a bool), a bool, or a finite float > 0 (``rope_theta`` > 1: the RoPE
+    frequencies ``theta^(-2i/d)`` must fall with i; a base <= 1 makes them grow, and a
+    subnormal base makes them overflow to inf)."""
+    if name in BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+    elif name in FLOAT_FIELDS:
+        least = 1.0 if name == "rope_theta" else 0.0
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= least:
+            raise ValueError(f"{name} must be a finite number > {least:g}, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weight | None:
+    """Weights ``[N_i, K]`` stacked along N when all are Q4_0 or all dense of one dtype; None
+    for a mix (they then stay separate, each on its own path)."""
+    if all(isinstance(w, Q4_0Weight) for w in ws):
+        data = torch.cat([w.data for w in ws])
+        return Q4_0Weight(data, (data.shape[0], ws[0].shape[-1]))
+    if all(isinstance(w, torch.Tensor) and w.dtype == ws[0].dtype for w in ws):
+        return torch.cat(ws)
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32 and rounded once to x's dtype
+    (one fused kernel where torch has one: a decode step runs 2 of these a layer, and the q / k
+    head norms inside ``ops.qk_norm_rope``)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # fp32 inside for 16-bit x, weight included
+
+
+def linear(
+    x: torch.Tensor, w: torch.Tensor | Q4_0Weight, backend: str = "auto", path: str = "auto"
+) -> torch.Tensor:
+    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``path``)."""
+    if isinstance(w, Q4_0Weight):
+        flat = x.reshape(-1, x.shape[-1])
+        return ops.q4_0_matmul(flat, w, path=path, backend=backend).view(*x.shape[:-1], -1)
+    return F.linear(x, w)
+
+
+def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin ``[B, T, 1, hd]`` in ``dtype`` of the rotary angles at ``positions
+    [B, T]`` (computed once a forward pass, shared by the layers); ``hd`` is the rotary dim (the
+    head dim, or its rotated part under partial rotary): ``sin`` carries the sign of
+    rotate-half, -sin on the first half."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))
+    angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
+    emb = torch.cat([angles, angles], dim=-1)[:, :, None, :]  # [B, T, 1, hd]
+    sign = torch.cat([-torch.ones(hd // 2, device=positions.device), torch.ones(hd // 2, device=positions.device)])
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
+
+
+class KVCache:
+    """The static KV cache of ``layers`` attention layers (module docstring): ``k[j]``, ``v[j]``
+    ``[max_batch * max_seq_len, kv_width]``. ``static``: no host synchronization in a forward
+    pass (attention reads all max_seq_len slots under a mask, index checks off)."""
+
+    def __init__(self, layers: int, kv_width: int, max_batch: int, max_seq_len: int, static: bool,
+                 device: torch.device, dtype: torch.dtype):  # fmt: skip
+        slots = max_batch * max_seq_len
+        self.k = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
+        self.max_batch, self.max_seq_len, self.static = max_batch, max_seq_len, static
+
+    def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
+        return batch * self.max_seq_len + positions
+
+    def geometry(self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> dict:
+        """What every attention layer needs of ``positions [B, T]``, computed once a forward
+        pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read and the
+        causal mask."""
+        b, t = positions.shape
+        dev = positions.device
+        cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
+        seq = torch.arange(b, device=dev)[:, None].expand(b, t)
+        # read back every position up to the last one written, for every sequence
+        span = self.max_seq_len if self.static else int(positions.max()) + 1
+        read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
+        visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
+                "mask": visible[:, None], "span": span}  # fmt: skip
+
+    def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
+               backends: dict[str, str]) -> torch.Tensor:  # fmt: skip
+        """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots, then
+        attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
+        positions; returns ``[B, T, heads, hd]``."""
+        b, t, kvh, hd = k.shape
+        ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
+                  check=False, backend=backends["store"])  # fmt: skip
+        span = geo["span"]
+        if self.static:  # every slot of each sequence, in order: the cache itself, no copy
+            keys = self.k[j].view(self.max_batch, span, -1)[:b]
+            vals = self.v[j].view(self.max_batch, span, -1)[:b]
+        else:
+            keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])
+            vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
+        keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
+        vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=geo["mask"], enable_gqa=True)
+        return out.transpose(1, 2)  # [B, T, heads, hd]

@@ -1,0 +1,290 @@
+"""The hybrid Qwen MoE models -- Qwen3-Next and Qwen3.5-MoE / Qwen3.6 (one config,
+:class:`~ftlab.models.qwen3_next_config.Qwen3NextConfig`, ``arch`` tells them apart) -- as plain
+PyTorch over ftlab ops.
+
+Per layer: RMSNorm -> a token mixer -> residual -> RMSNorm -> MoE -> residual. The mixer is
+either a gated-deltanet linear attention (``linear_attention`` layers: one input projection to
+q, k, v, z, b, a; the causal depthwise conv1d with SiLU over q, k, v (``ops.causal_conv1d``);
+the gated delta rule (``ops.gated_delta_rule``, one token at a time ``ops.gated_delta_step``)
+with ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, q and k
+L2-normalised; ``ops.gated_rmsnorm`` by z; out_proj) or a gated full attention
+(``full_attention`` layers: q with a per-head output gate, per-head RMSNorm of q and k and
+partial RoPE (``ops.qk_norm_rope``), GQA over the static KV cache, ``attn * sigmoid(gate)``
+(``ops.output_gate``), o_proj). The MoE: softmax top-k routed SwiGLU experts (``ops.route_topk``,
+``ops.moe_experts``) plus a shared SwiGLU expert scaled by ``sigmoid(shared_expert_gate(x))``
+(``ops.moe_experts`` over a one-expert bank, the gate as its routing weight).
+
+The norms of the checkpoints that scale by ``(1 + w)`` hold ``1 + w`` here (converted at load).
+
+State: per linear layer a conv state ``[max_batch, conv_dim, W-1]`` and a delta state
+``[max_batch, Hv, Dk, Dv]`` fp32, per full-attention layer its slots of the static KV cache
+(:class:`~ftlab.models.layers.KVCache`), all allocated at construction, so a decode step has
+fixed shapes and addresses (a captured graph). A forward pass of tokens at positions ``p ..
+p + T - 1`` continues each sequence's recurrent state when ``p > 0`` and starts it afresh at
+``p = 0`` (decided on the device: no host synchronization).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ftlab import ops
+from ftlab.models.layers import KVCache, Stage, concat_rows, linear, rms_norm
+from ftlab.models.pipeline_args import MODEL_OPS, backend_map
+from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.quant import Q4_0Weight
+
+Weight = torch.Tensor | Q4_0Weight
+
+__all__ = ["AttentionWeights", "DeltaNetWeights", "MoeWeights", "NextLayerWeights", "NextWeights", "Qwen3Next",
+           "Qwen3NextConfig"]  # fmt: skip
+
+
+@dataclass
+class DeltaNetWeights:
+    """A linear-attention layer's mixer: the input projection's parts (rows of q, k, v -- the
+    conv's channels, ``[conv_dim, H]`` -- then z ``[value_dim, H]``, b and a ``[Hv, H]``), the conv
+    ``[conv_dim, W]``, ``dt_bias`` and ``a_neg = -exp(A_log)`` fp32 ``[Hv]``, the gated norm's
+    weight ``[Dv]`` and out_proj ``[H, value_dim]``; ``out_perm`` int64 ``[value_dim]`` or None:
+    out_proj's columns are stored permuted (column j is HF's column ``out_perm[j]``, as a packed
+    weight must stay), so it is fed ``y[..., out_perm]``."""
+
+    in_proj_qkv: Weight
+    in_proj_z: Weight
+    in_proj_b: Weight
+    in_proj_a: Weight
+    conv: torch.Tensor
+    dt_bias: torch.Tensor
+    a_neg: torch.Tensor
+    norm: torch.Tensor
+    out_proj: Weight
+    out_perm: torch.Tensor | None = None
+
+    def in_proj(self) -> Weight | None:
+        """The four input projections stacked along N (built once, kept); None for a mix of Q4_0
+        and dense weights."""
+        if not hasattr(self, "_in_proj"):
+            self._in_proj = concat_rows([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
+        return self._in_proj
+
+
+@dataclass
+class AttentionWeights:
+    """A full-attention layer's mixer: ``q_proj`` and ``gate_proj [heads * hd, H]`` (the
+    checkpoint's q projection, its per-head query and gate rows apart), ``k_proj``, ``v_proj
+    [kv_heads * hd, H]``, ``o_proj [H, heads * hd]``, ``q_norm``, ``k_norm [hd]``."""
+
+    q_proj: Weight
+    gate_proj: Weight
+    k_proj: Weight
+    v_proj: Weight
+    o_proj: Weight
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+
+    def qgkv(self) -> Weight | None:
+        """q, gate, k and v stacked along N (built once, kept); None for a mix."""
+        if not hasattr(self, "_qgkv"):
+            self._qgkv = concat_rows([self.q_proj, self.gate_proj, self.k_proj, self.v_proj])
+        return self._qgkv
+
+
+@dataclass
+class MoeWeights:
+    """``router [E, H]``; the routed banks ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and
+    ``w_down [E, H, I]``; the shared expert as a one-expert bank ``shared_gate_up [1, 2Is, H]``,
+    ``shared_down [1, H, Is]``, and its gate ``shared_gate [1, H]``."""
+
+    router: torch.Tensor
+    w_gate_up: Weight
+    w_down: Weight
+    shared_gate_up: Weight
+    shared_down: Weight
+    shared_gate: torch.Tensor
+
+
+@dataclass
+class NextLayerWeights:
+    input_norm: torch.Tensor  # [H]
+    post_attention_norm: torch.Tensor
+    mixer: DeltaNetWeights | AttentionWeights
+    moe: MoeWeights
+
+
+@dataclass
+class NextWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: list[NextLayerWeights]
+    norm: torch.Tensor  # [H]
+    lm_head: Weight  # [V, H] (the embedding when tied)
+
+
+class Qwen3Next:
+    """The model over ftlab ops. ``backends`` maps op names (``pipeline_args.MODEL_OPS``) to a
+    backend name ("auto" for each unset). ``static=True`` keeps every shape fixed and the host out
+    of the forward pass (what graph capture of a decode step needs). ``q4_0_path``: the path of
+    Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts)."""
+
+    OPS = MODEL_OPS  # the ops of its backends map that it runs
+
+    def __init__(self, config: Qwen3NextConfig, weights: NextWeights, *, max_batch: int = 1, max_seq_len: int = 512,
+                 backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False):  # fmt: skip
+        c = self.config = config
+        self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
+        self.static, self.q4_0_path = static, q4_0_path
+        self.backends = backend_map(backends or {})
+        device, dtype = weights.embed.device, weights.embed.dtype
+        self.slot = {i: j for j, i in enumerate(c.attention_layers)}  # layer -> its KV cache index
+        self.cache = KVCache(len(self.slot), c.num_key_value_heads * c.head_dim, max_batch, max_seq_len, static,
+                             device, dtype)  # fmt: skip
+        width = c.linear_conv_kernel_dim - 1
+        hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        self.conv_state = {i: torch.zeros(max_batch, c.conv_dim, width, device=device, dtype=dtype)
+                           for i in c.linear_layers}  # fmt: skip
+        self.delta_state = {i: torch.zeros(max_batch, hv, dk, dv, device=device, dtype=torch.float32)
+                            for i in c.linear_layers}  # fmt: skip
+
+    def recurrent_state(self) -> list[torch.Tensor]:
+        """Every conv and delta state buffer (what a decode graph's warm-up saves and restores)."""
+        return [*self.conv_state.values(), *self.delta_state.values()]
+
+    def end_step(self) -> None:
+        """Nothing to do between steps (the interface of :class:`~ftlab.models.qwen3_moe.Qwen3Moe`)."""
+
+    def linear(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
+        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path)
+
+    def _proj(self, x: torch.Tensor, fused: Weight | None, parts: list[Weight]) -> list[torch.Tensor]:
+        """``x`` through each of ``parts``: one matmul over ``fused`` (their rows stacked) when it exists."""
+        if fused is None:
+            return [self.linear(x, w) for w in parts]
+        return list(self.linear(x, fused).split([w.shape[0] for w in parts], dim=-1))
+
+    def delta_net(self, i: int, x: torch.Tensor, fresh: torch.Tensor, snapshot: bool) -> Generator[Stage, None, torch.Tensor]:  # fmt: skip
+        """Linear-attention layer ``i`` on normed ``x [B, T, H]``; ``fresh [B]`` bool: the
+        sequences whose state starts afresh. Yields its stages, returns ``[B, T, H]``."""
+        c, lw = self.config, self.weights.layers[i].mixer
+        b, t, _ = x.shape
+        hk, hv = c.linear_num_key_heads, c.linear_num_value_heads
+        dk, dv, kd = c.linear_key_head_dim, c.linear_value_head_dim, c.key_dim
+        qkv, z, beta_in, a = self._proj(x, lw.in_proj(), [lw.in_proj_qkv, lw.in_proj_z, lw.in_proj_b, lw.in_proj_a])
+        yield Stage(f"layer {i} in_proj", {"qkv": qkv, "z": z, "b": beta_in, "a": a}, "qkv")
+        keep = (~fresh).to(x.dtype)[:, None, None]
+        conv_state = self.conv_state[i][:b]
+        if t == 1:  # decode: the state updated in place
+            conv_state.mul_(keep)
+            mixed = ops.causal_conv1d_update(qkv[:, 0], lw.conv, None, conv_state, activation="silu",
+                                             backend=self.backends["causal_conv1d_update"])[:, None]  # fmt: skip
+        else:
+            mixed, new = ops.causal_conv1d(qkv, lw.conv, None, state=conv_state * keep, activation="silu",
+                                           backend=self.backends["causal_conv1d"])  # fmt: skip
+            conv_state.copy_(new)
+        yield Stage(f"layer {i} conv", {"qkv": mixed, **self._state("state", conv_state, snapshot)}, "qkv")
+        q, k, v = mixed.split([kd, kd, c.value_dim], dim=-1)
+        q, k, v = q.reshape(b, t, hk, dk), k.reshape(b, t, hk, dk), v.reshape(b, t, hv, dv)
+        beta = torch.sigmoid(beta_in.float())
+        g = lw.a_neg * F.softplus(a.float() + lw.dt_bias)
+        state = self.delta_state[i][:b]
+        if t == 1:
+            state.mul_(keep[..., None].float())
+            o = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state,
+                                     backend=self.backends["gated_delta_step"])[:, None]  # fmt: skip
+        else:
+            o, final = ops.gated_delta_rule(q, k, v, g, beta, state=state * keep[..., None].float(),
+                                            backend=self.backends["gated_delta_rule"])  # fmt: skip
+            state.copy_(final)
+        yield Stage(f"layer {i} delta_rule", {"out": o, "g": g, "beta": beta, **self._state("state", state, snapshot)},
+                    "out")  # fmt: skip
+        y = ops.gated_rmsnorm(o.reshape(b * t, hv, dv), z.reshape(b * t, hv, dv), lw.norm, c.rms_norm_eps,
+                              backend=self.backends["gated_rmsnorm"])  # fmt: skip
+        yield Stage(f"layer {i} gated_norm", {"out": y}, "out")
+        y = y.view(b, t, c.value_dim)
+        return self.linear(y if lw.out_perm is None else y[..., lw.out_perm], lw.out_proj)
+
+    @staticmethod
+    def _state(name: str, state: torch.Tensor, snapshot: bool) -> dict[str, torch.Tensor]:
+        return {name: state.clone()} if snapshot else {}
+
+    def attention(self, i: int, x: torch.Tensor, geo: dict) -> Generator[Stage, None, torch.Tensor]:
+        """Full-attention layer ``i`` on normed ``x [B, T, H]`` (``geo``: the KV cache's geometry of
+        the positions). Yields its stages, returns ``[B, T, H]``."""
+        c, lw = self.config, self.weights.layers[i].mixer
+        b, t, _ = x.shape
+        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q, gate, k, v = self._proj(x, lw.qgkv(), [lw.q_proj, lw.gate_proj, lw.k_proj, lw.v_proj])
+        yield Stage(f"layer {i} q_gate", {"q": q, "gate": gate, "k": k, "v": v}, "q")
+        q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkv, hd), lw.q_norm, lw.k_norm, geo["cos"],
+                                geo["sin"], c.rms_norm_eps, rotary_dim=c.rotary_dim,
+                                backend=self.backends["qk_norm_rope"])  # fmt: skip
+        yield Stage(f"layer {i} qk_norm_rope", {"q": q, "k": k}, "q")
+        att = self.cache.attend(self.slot[i], q.view(b, t, nh, hd), k.view(b, t, nkv, hd), v.reshape(b, t, nkv, hd),
+                                geo, self.backends).reshape(b * t, nh * hd)  # fmt: skip
+        yield Stage(f"layer {i} attention", {"attention": att}, "attention")
+        gated = ops.output_gate(att, gate.reshape(b * t, nh * hd), backend=self.backends["output_gate"])
+        yield Stage(f"layer {i} output_gate", {"attention": gated}, "attention")
+        return self.linear(gated.view(b, t, -1), lw.o_proj)
+
+    def moe(self, i: int, h: torch.Tensor) -> Generator[Stage, None, torch.Tensor]:
+        """The MoE of layer ``i`` on normed ``h [N, H]``: router, routed experts, shared expert.
+        Yields their stages, returns ``[N, H]``."""
+        c, mw = self.config, self.weights.layers[i].moe
+        logits = F.linear(h, mw.router)
+        weights, ids = ops.route_topk(logits, c.num_experts_per_tok, c.norm_topk_prob,
+                                      backend=self.backends["route_topk"])  # fmt: skip
+        yield Stage(f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights")
+        kw = {"path": self.q4_0_path, "backend": self.backends["moe_experts"]}
+        routed = ops.moe_experts(h, mw.w_gate_up, mw.w_down, weights, ids, **kw)
+        yield Stage(f"layer {i} experts", {"experts": routed}, "experts")
+        gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the one expert's weight
+        zero = torch.zeros(h.shape[0], 1, dtype=torch.int32, device=h.device)
+        shared = ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, zero, **kw)
+        yield Stage(f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert")
+        return routed + shared
+
+    def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False,
+               snapshot: bool = True) -> Iterator[Stage]:  # fmt: skip
+        """The forward pass of tokens ``[B, T]`` at positions ``[B, T]`` (consecutive in each
+        sequence), one named stage at a time: embed; per layer its input norm, the mixer's stages
+        (linear: in_proj, conv, delta_rule, gated_norm, out_proj; full: q_gate, qk_norm_rope,
+        attention, output_gate, o_proj -- these two with the residual added), the post-attention
+        norm, router, experts, shared_expert, residual; then norm and logits. ``last_only``: the
+        final norm and logits of the last position only (``[B, 1, V]``). ``snapshot``: the conv and
+        delta states are copied into their stages (as they were after that stage)."""
+        c, w = self.config, self.weights
+        x = ops.index(w.embed, tokens.reshape(-1), check=not self.static,
+                      backend=self.backends["index"]).view(*tokens.shape, -1)  # fmt: skip
+        yield Stage("embed", {"hidden": x}, "hidden")
+        fresh = positions[:, 0] == 0
+        geo = self.cache.geometry(positions, c.rotary_dim, c.rope_theta, x.dtype) if self.slot else None
+        for i, kind in enumerate(c.layer_types):
+            lw = w.layers[i]
+            h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
+            yield Stage(f"layer {i} input_norm", {"hidden": h}, "hidden")
+            if kind == "linear_attention":
+                out = yield from self.delta_net(i, h, fresh, snapshot)
+                name = "out_proj"
+            else:
+                out = yield from self.attention(i, h, geo)
+                name = "o_proj"
+            x = x + out
+            yield Stage(f"layer {i} {name}", {name: out, "hidden": x}, name)
+            h = rms_norm(x, lw.post_attention_norm, c.rms_norm_eps)
+            yield Stage(f"layer {i} post_attention_norm", {"hidden": h}, "hidden")
+            moe = yield from self.moe(i, h.reshape(-1, h.shape[-1]))
+            x = x + moe.view_as(x)
+            yield Stage(f"layer {i} residual", {"hidden": x}, "hidden")
+        if last_only:
+            x = x[:, -1:]
+        x = rms_norm(x, w.norm, c.rms_norm_eps)
+        yield Stage("norm", {"hidden": x}, "hidden")
+        yield Stage("logits", {"logits": self.linear(x, w.lm_head).float()}, "logits")
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``
+        with ``last_only``)."""
+        *_, last = self.stages(tokens, positions, last_only, snapshot=False)
+        return last.tensors["logits"]

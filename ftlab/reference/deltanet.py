@@ -1,0 +1,104 @@
+"""The gated delta rule, the reference (docs/OPS.md section 9: Gated DeltaNet linear attention).
+
+Per batch row and value head ``h`` (key head ``h // (Hv // Hk)``), with the fp32 state ``S
+[Dk, Dv]`` and, for each token, ``q, k [Dk]`` (L2-normalised first when asked: ``x *
+rsqrt(sum x^2 + 1e-6)``), ``v [Dv]``, the log decay ``g`` and the write strength ``beta``::
+
+    S = S * exp(g)
+    delta = (v - k^T S) * beta
+    S = S + outer(k, delta)
+    o = (scale * q)^T S
+
+:func:`gated_delta_rule_recurrent` is that loop, token by token (transformers'
+``torch_recurrent_gated_delta_rule``). :func:`gated_delta_rule` computes the same in chunks of
+``chunk_size`` tokens: inside a chunk, with ``c`` the cumulative log decay from the chunk's
+start, the deltas solve the unit lower-triangular system ``(I + L) X = beta * (V - K_dec S0)``
+with ``L[i, j] = beta_i (k_i . k_j) exp(c_i - c_j)`` (j < i) and ``K_dec[i] = exp(c_i) k_i``;
+then ``O = (Q exp(c)) S0 + (Q K^T * D) X`` with ``D[i, j] = exp(c_i - c_j)`` (j <= i), and
+``S1 = exp(c_last) S0 + K^T (exp(c_last - c) X)``. All in fp32; outputs rounded once to v's
+dtype. Both read tensors on the host only as PyTorch does: not for graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+L2NORM_EPS = 1e-6
+
+
+def _prepare(q, k, v, g, beta, scale: float, l2norm_qk: bool):
+    """fp32 ``[B, Hv, T, *]`` views of the inputs, keys and queries per value head, q scaled."""
+    rep = v.shape[2] // k.shape[2]
+    q, k = q.float(), k.float()
+    if l2norm_qk:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
+    q = q * scale
+    if rep > 1:
+        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+    return (q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.float().transpose(1, 2),
+            beta.float().transpose(1, 2))  # fmt: skip
+
+
+def _initial(state: torch.Tensor | None, v: torch.Tensor, dk: int) -> torch.Tensor:
+    b, _, hv, dv = v.shape
+    if state is None:
+        return torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=v.device)
+    return state.float().clone()
+
+
+def gated_delta_rule_recurrent(q, k, v, g, beta, state, scale: float, l2norm_qk: bool):
+    """The recurrence token by token; same arguments and results as :func:`gated_delta_rule`."""
+    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, l2norm_qk)
+    s = _initial(state, v, k.shape[-1])
+    out = torch.empty_like(vf)
+    for t in range(vf.shape[2]):
+        s = s * gf[:, :, t].exp()[..., None, None]
+        kt = kf[:, :, t]
+        delta = (vf[:, :, t] - (s * kt[..., None]).sum(-2)) * bf[:, :, t, None]
+        s = s + kt[..., None] * delta[..., None, :]
+        out[:, :, t] = (s * qf[:, :, t, :, None]).sum(-2)
+    return out.transpose(1, 2).to(v.dtype).contiguous(), s
+
+
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
+    """Backend entry of :func:`ftlab.ops.gated_delta_rule`: ``(o [B, T, Hv, Dv] in v's dtype,
+    final_state [B, Hv, Dk, Dv] fp32)``, the chunked form."""
+    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, l2norm_qk)
+    b, hv, t, dv = vf.shape
+    dk = kf.shape[-1]
+    c = chunk_size
+    pad = (c - t % c) % c
+    qf, kf, vf = (F.pad(x, (0, 0, 0, pad)) for x in (qf, kf, vf))
+    gf, bf = F.pad(gf, (0, pad)), F.pad(bf, (0, pad))
+    n = (t + pad) // c
+    qf, kf, vf = (x.reshape(b, hv, n, c, x.shape[-1]) for x in (qf, kf, vf))
+    gf, bf = gf.reshape(b, hv, n, c), bf.reshape(b, hv, n, c)
+    cum = gf.cumsum(-1)
+    causal = torch.ones(c, c, dtype=torch.bool, device=v.device).tril()
+    gap = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    lower = ((kf @ kf.transpose(-1, -2)) * gap * bf[..., None]).tril(-1)
+    system = lower + torch.eye(c, dtype=torch.float32, device=v.device)
+    attn = (qf @ kf.transpose(-1, -2)) * gap
+    k_dec = kf * cum.exp()[..., None]
+    q_dec = qf * cum.exp()[..., None]
+    k_end = kf * (cum[..., -1:] - cum).exp()[..., None]
+    s = _initial(state, v, dk)
+    out = torch.empty_like(vf)
+    for i in range(n):
+        rhs = (vf[:, :, i] - k_dec[:, :, i] @ s) * bf[:, :, i, :, None]
+        x = torch.linalg.solve_triangular(system[:, :, i], rhs, upper=False, unitriangular=True)
+        out[:, :, i] = q_dec[:, :, i] @ s + attn[:, :, i] @ x
+        s = s * cum[:, :, i, -1].exp()[..., None, None] + k_end[:, :, i].transpose(-1, -2) @ x
+    o = out.reshape(b, hv, n * c, dv)[:, :, :t].transpose(1, 2).to(v.dtype).contiguous()
+    return o, s
+
+
+def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool):
+    """Backend entry of :func:`ftlab.ops.gated_delta_step`: one token per row, ``state``
+    updated in place; returns ``o [B, Hv, Dv]`` in v's dtype."""
+    o, s = gated_delta_rule_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state, scale,
+                                      l2norm_qk)  # fmt: skip
+    state.copy_(s)
+    return o[:, 0]

@@ -1,0 +1,165 @@
+"""Tolerance and case checks of the gated delta rule (``ops.gated_delta_rule``,
+``ops.gated_delta_step``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ftlab import ops
+from ftlab.reference.deltanet import L2NORM_EPS
+from ftlab.testing.common import assert_within, backends_for, ulp
+
+EPS32 = 2.0**-23
+
+
+def gated_delta_exact(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True):
+    """The recurrence in f64 on the CPU: ``(o [B, T, Hv, Dv], final_state)`` f64."""
+    return _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, 1)[:2]
+
+
+def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=1):
+    """Per-element bounds ``(o [B, T, Hv, Dv], final_state [B, Hv, Dk, Dv])`` on |computed -
+    exact| for one fp32 computation of the gated delta rule in chunks of ``chunk_size``
+    (1: the recurrence, token by token), derived in f64 from the exact recurrence.
+
+    The update is ``S_t = e_t S_{t-1} + k_t delta_t^T`` with ``e_t = exp(g_t)`` and ``delta_t =
+    beta_t (v_t - e_t S_{t-1}^T k_t)``, so each state column is bounded in 2-norm by ``A_t = e_t
+    A_{t-1} + |k_t| |delta_t|`` (``A_0`` the initial columns' norms): A bounds every state, every
+    in-chunk partial sum and, through it, every term of the chunked form. An error ``dS`` in the
+    state becomes ``e_t (I - beta_t k_t k_t^T) dS``, whose 2-norm grows by at most ``e_t max(1,
+    |1 - beta_t |k_t|^2|)`` (1 with L2-normalised keys and beta in [0, 2]): errors made at one
+    token are carried, never amplified, when the rule is contractive. Each token adds a
+    rounding error in its delta of ``rho`` eps32 times ``beta (|v| + |k| e A_{t-1})`` -- its
+    dot products of up to ``Dk`` (state read) plus ``chunk_size`` (the triangular solve: the
+    solve's inverse is the recurrence itself, so an error in one row reaches the later rows
+    through the same contractive map) terms, the L2 norm and scale (Dk / 2 + a few), the
+    products and sums (16); each term of a dot within 2 eps32 (tensor cores' tf32x3 splits each
+    product into three, dropping a 2^-22 part, and may truncate as they accumulate), so ``rho =
+    2 (Dk + 2 chunk) + 16`` -- and the state formed at a
+    chunk's end adds ``rho`` eps32 of ``A``. In chunks the decays are ``exp(c_i - c_j)`` of fp32
+    cumulative sums over the chunk, whose exponents are off by up to ``(chunk + 2) eps32 (|c_i|
+    + |c_j|)``: ``rho`` adds ``2 (chunk + 2) G`` with ``G`` the chunk's sum of |g|. The carried
+    error ``E_t = growth_t E_{t-1} + rho (|k_t| m_t + [chunk end] A_t)`` then bounds the
+    state's column error, the output's ``|q_t| (E_t + rho A_t)`` eps32 (q scaled), the final
+    state's ``(E_T + rho A_T)`` eps32. Outputs of fp16 / bf16 add the rounding to v's dtype,
+    one ulp (Triton's interpreter truncates) at ``|exact| + bound``.
+    """
+    _, _, o_bound, s_bound = _exact_and_bounds(
+        q, k, v, g, beta, state, scale, l2norm_qk, chunk_size
+    )
+    return o_bound, s_bound
+
+
+def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk):
+    qd, kd, vd = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    gd, bd = g.double().cpu(), beta.double().cpu()
+    b, t, hk, dk = qd.shape
+    hv, dv = vd.shape[-2:]
+    scale = dk**-0.5 if scale is None else scale
+    if l2norm_qk:
+        qd = qd * torch.rsqrt((qd * qd).sum(-1, keepdim=True) + L2NORM_EPS)
+        kd = kd * torch.rsqrt((kd * kd).sum(-1, keepdim=True) + L2NORM_EPS)
+    qd = (qd * scale).repeat_interleave(hv // hk, dim=2)
+    kd = kd.repeat_interleave(hv // hk, dim=2)
+    s = (
+        torch.zeros(b, hv, dk, dv, dtype=torch.float64)
+        if state is None
+        else state.double().cpu().clone()
+    )
+    amag = s.norm(dim=-2)
+    err = torch.zeros_like(amag)
+    o = torch.empty(b, t, hv, dv, dtype=torch.float64)
+    o_bound = torch.empty_like(o)
+    base = 2 * (dk + 2 * chunk) + 16
+    for i in range(t):
+        start = i - i % chunk
+        gsum = (
+            gd[:, start : start + chunk].abs().sum(1) if chunk > 1 else torch.zeros_like(gd[:, 0])
+        )
+        rho = (base + 2 * (chunk + 2) * gsum)[..., None]
+        e = gd[:, i].exp()[..., None]
+        kt, qt, bt = kd[:, i], qd[:, i], bd[:, i, :, None]
+        knorm = kt.norm(dim=-1, keepdim=True)
+        decayed = s * e[..., None]
+        delta = bt * (vd[:, i] - (decayed * kt[..., None]).sum(-2))
+        s = decayed + kt[..., None] * delta[..., None, :]
+        m = bt * (vd[:, i].abs() + knorm * e * amag)
+        amag = e * amag + knorm * delta.abs()
+        growth = e * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
+        end = (i % chunk == chunk - 1) or i == t - 1
+        err = growth * err + rho * (knorm * m + (amag if end else 0.0))
+        o[:, i] = (s * qt[..., None]).sum(-2)
+        o_bound[:, i] = EPS32 * qt.norm(dim=-1, keepdim=True) * (err + rho * amag)
+    s_bound = (EPS32 * (err + rho * amag) if t else torch.zeros_like(amag))[..., None, :].expand(
+        b, hv, dk, dv
+    )
+    if v.dtype != torch.float32:
+        o_bound = o_bound + ulp((o.abs() + 2 * o_bound).float(), v.dtype).double()
+    return o, s, o_bound.float(), s_bound.float().contiguous()
+
+
+def _assert_close(
+    name: str, what: str, got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor
+) -> None:
+    assert got.shape == want.shape, (
+        f"{name}: {what} shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
+    last = got.shape[-1]
+    assert_within(
+        name, what, got.reshape(-1, last), want.reshape(-1, last), bound.reshape(-1, last)
+    )
+
+
+def check_gated_delta_rule_case(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=64,
+                                device: torch.device | str = "cpu", backends: Sequence[str] | None = None
+                                ) -> None:  # fmt: skip
+    """Every backend's gated_delta_rule (the reference included) against the exact recurrence
+    within :func:`gated_delta_tolerance`, and against the reference within twice that; the
+    input state is left as it was."""
+    exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(
+        q, k, v, g, beta, state, scale, l2norm_qk, chunk_size
+    )
+    kw = {"scale": scale, "l2norm_qk": l2norm_qk, "chunk_size": chunk_size}
+    want_o, want_s = ops.gated_delta_rule(q, k, v, g, beta, state=state, **kw, backend="reference")
+    _assert_close("reference", "o", want_o, exact_o.to(v.dtype), o_bound)
+    _assert_close("reference", "final_state", want_s, exact_s.float(), s_bound)
+    for name in backends_for("gated_delta_rule", torch.device(device), q.dtype, backends):
+        if name == "reference":
+            continue
+        dev_state = None if state is None else state.to(device)
+        before = None if state is None else dev_state.clone()
+        moved = (x.to(device) for x in (q, k, v, g, beta))
+        got_o, got_s = ops.gated_delta_rule(*moved, state=dev_state, **kw, backend=name)
+        assert got_o.dtype == v.dtype and got_s.dtype == torch.float32
+        _assert_close(name, "o", got_o, want_o, 2 * o_bound)
+        _assert_close(name, "final_state", got_s, want_s, 2 * s_bound)
+        if state is not None:
+            assert torch.equal(dev_state, before), f"{name}: the input state was modified"
+
+
+def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=True,
+                                device: torch.device | str = "cpu", backends: Sequence[str] | None = None
+                                ) -> None:  # fmt: skip
+    """Every backend's gated_delta_step (one token, ``q [B, Hk, Dk]`` ...) against the exact
+    step within :func:`gated_delta_tolerance` (chunk 1), and against the reference within twice
+    that: the returned output and the state updated in place."""
+    seq = [x[:, None] for x in (q, k, v, g, beta)]
+    exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(*seq, state, scale, l2norm_qk, 1)
+    o_bound = o_bound[:, 0]
+    kw = {"scale": scale, "l2norm_qk": l2norm_qk}
+    want_s = state.clone()
+    want_o = ops.gated_delta_step(q, k, v, g, beta, want_s, **kw, backend="reference")
+    _assert_close("reference", "o", want_o, exact_o[:, 0].to(v.dtype), o_bound)
+    _assert_close("reference", "state", want_s, exact_s.float(), s_bound)
+    for name in backends_for("gated_delta_step", torch.device(device), q.dtype, backends):
+        if name == "reference":
+            continue
+        got_s = state.to(device).clone()
+        got_o = ops.gated_delta_step(
+            *(x.to(device) for x in (q, k, v, g, beta)), got_s, **kw, backend=name
+        )
+        assert got_o.dtype == v.dtype
+        _assert_close(name, "o", got_o, want_o, 2 * o_bound)
+        _assert_close(name, "state", got_s, want_s, 2 * s_bound)

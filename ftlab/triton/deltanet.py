@@ -1,0 +1,89 @@
+"""The gated delta rule in Triton (reference: ftlab/reference/deltanet.py).
+
+Decode (:func:`gated_delta_step`): one program per (sequence, value head, block of BLOCK_V
+state columns) holds its ``[Dk, BLOCK_V]`` slice of the fp32 state in registers, L2-normalises
+its query and key head (the key head ``h // (Hv // Hk)``), decays, reads, writes and reads out
+the state, and stores it back in place: one pass over the state, no host work, capturable.
+
+Prefill (:func:`gated_delta_rule`): the chunked kernels of :mod:`ftlab.triton.deltanet_chunk`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ftlab.triton import deltanet_chunk
+
+
+@triton.jit
+def _unit(x, L2NORM: tl.constexpr):
+    """``x [D]`` (fp32) times rsqrt(sum x^2 + 1e-6) when L2NORM."""
+    if L2NORM:
+        x = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6))
+    return x
+
+
+@triton.jit
+def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale, HK: tl.constexpr,
+                            HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+                            BLOCK_V: tl.constexpr, L2NORM: tl.constexpr):  # fmt: skip
+    bh = tl.program_id(0)
+    b = bh // HV
+    h = bh % HV
+    kh = h // (HV // HK)
+    dk = tl.arange(0, BLOCK_K)
+    dv = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mk = dk < DK
+    mv = dv < DV
+    q = tl.load(q_ptr + (b * HK + kh) * DK + dk, mask=mk, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + (b * HK + kh) * DK + dk, mask=mk, other=0.0).to(tl.float32)
+    q = _unit(q, L2NORM) * scale
+    k = _unit(k, L2NORM)
+    v = tl.load(v_ptr + bh * DV + dv, mask=mv, other=0.0).to(tl.float32)
+    decay = tl.exp(tl.load(g_ptr + bh))
+    beta = tl.load(beta_ptr + bh)
+    offs = bh.to(tl.int64) * DK * DV + dk[:, None] * DV + dv[None, :]
+    smask = mk[:, None] & mv[None, :]
+    s = tl.load(s_ptr + offs, mask=smask, other=0.0) * decay
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s + k[:, None] * delta[None, :]
+    tl.store(s_ptr + offs, s, mask=smask)
+    o = tl.sum(s * q[:, None], axis=0)
+    tl.store(o_ptr + bh * DV + dv, o.to(o_ptr.dtype.element_ty), mask=mv)
+
+
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
+    """Backend entry of :func:`ftlab.ops.gated_delta_rule`: the chunked kernels of
+    :mod:`ftlab.triton.deltanet_chunk`."""
+    return deltanet_chunk.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
+
+
+def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool):
+    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in place)."""
+    b, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    o = torch.empty(b, hv, dv, dtype=v.dtype, device=v.device)
+    bk = max(16, triton.next_power_of_2(dk))
+    bv = min(max(16, triton.next_power_of_2(dv)), max(16, 4096 // bk))
+    gated_delta_step_kernel[(b * hv, triton.cdiv(dv, bv))](q, k, v, g, beta, state, o, float(scale), HK=hk, HV=hv,
+                                                            DK=dk, DV=dv, BLOCK_K=bk, BLOCK_V=bv, L2NORM=l2norm_qk,
+                                                            num_warps=4)  # fmt: skip
+    return o
+
+
+def compile_specs(target: str) -> list:
+    """The decode configurations compile-checked for ``target`` (see ftlab.compile_check):
+    Qwen3-Next's 16 key / 32 value heads of 128, in each float dtype (the prefill's:
+    ftlab.triton.deltanet_chunk)."""
+    from ftlab.triton.compile_spec import spec
+
+    heads = {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "L2NORM": True}
+    specs = []
+    for dt in ("fp32", "fp16", "bf16"):
+        specs.append(spec(gated_delta_step_kernel, f"gated_delta_step_kernel[{dt}, 16/32 heads of 128]",
+                          types={"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32",
+                                 "beta_ptr": "*fp32", "s_ptr": "*fp32", "o_ptr": f"*{dt}", "scale": "fp32"},
+                          constexprs={**heads, "BLOCK_V": 32}))  # fmt: skip
+    return specs

@@ -1,0 +1,181 @@
+"""The step-by-step pipeline on the built-in tiny hybrid models (Qwen3.5-MoE, Qwen3-Next): CPU
+tests, and GPU tests under the gpu marker."""
+
+import pytest
+import torch
+
+from ftlab import backends as ftbackends
+from ftlab.models import tiny
+from ftlab.models.pipeline import Pipeline, format_compare
+from ftlab.models.pipeline_args import MODEL_OPS
+from ftlab.models.qwen3_next import Qwen3Next
+from ftlab.quant import Q4_0Weight
+
+HYBRID = ["tiny-qwen35-moe", "tiny-qwen3-next"]
+PROMPT = "The router sends every token to a few experts"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_cache(tmp_path_factory):
+    import os
+
+    old = os.environ.get("FTLAB_CACHE_DIR")
+    os.environ["FTLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("FTLAB_CACHE_DIR")
+    else:
+        os.environ["FTLAB_CACHE_DIR"] = old
+
+
+def test_tiny_hybrid_models_are_deterministic(tmp_path):
+    a = tiny.ensure("tiny-qwen35-moe", tmp_path / "a")
+    b = tiny.ensure("tiny-qwen35-moe", tmp_path / "b")
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "model-f32.gguf", "model-q4_0.gguf"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("name, quant, tokens", [("tiny-qwen35-moe", "hf", 12), ("tiny-qwen3-next", "hf", 12),
+                                                  ("tiny-qwen3-next", "q4_0", 4)])  # fmt: skip
+def test_generate_is_greedy_and_stops(name, quant, tokens):
+    """The HF form, and the Q4_0 GGUF form (projections and banks Q4_0; the reference int8
+    matmul on the CPU is slow, hence few tokens)."""
+    pipe = Pipeline.load(name, quant=quant)
+    assert isinstance(pipe.model, Qwen3Next)
+    pieces = list(pipe.generate(PROMPT, max_new_tokens=tokens))
+    assert pieces == list(pipe.generate(PROMPT, max_new_tokens=tokens))
+    assert 1 <= len(pieces) <= tokens
+    moe = pipe.weights.layers[0].moe
+    assert isinstance(moe.w_gate_up, Q4_0Weight) == (quant == "q4_0")
+    assert isinstance(moe.shared_down, Q4_0Weight) == (quant == "q4_0")
+
+
+@pytest.mark.parametrize("name", HYBRID)
+def test_decode_steps_equal_prefill(name):
+    """Three tokens prefilled (the chunked delta rule), the rest decoded one by one (the
+    recurrent step): the last logits equal the prefill of all of them."""
+    pipe = Pipeline.load(name, quant="hf")
+    ids = pipe.tokenizer.encode(PROMPT)
+    full = pipe.prefill(ids)
+    pipe.prefill(ids[:3])
+    for t in ids[3:]:
+        step = pipe.decode_step(t)
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
+def test_stages_cover_both_kinds_of_layer():
+    pipe = Pipeline.load("tiny-qwen35-moe", quant="hf")
+    assert pipe.config.layer_types == ("linear_attention", "full_attention") * 2
+    stages = list(pipe.stages("Hello world"))
+    names = [s.name for s in stages]
+    linear = ["input_norm", "in_proj", "conv", "delta_rule", "gated_norm", "out_proj"]
+    full = ["input_norm", "q_gate", "qk_norm_rope", "attention", "output_gate", "o_proj"]
+    moe = ["post_attention_norm", "router", "experts", "shared_expert", "residual"]
+    assert names == ["embed", *(f"layer {i} {s}" for i in range(4) for s in (linear if i % 2 == 0 else full) + moe),
+                     "norm", "logits", "sample"]  # fmt: skip
+    by_name = {s.name: s for s in stages}
+    c, t = pipe.config, len(pipe.tokenizer.encode("Hello world"))
+    state = by_name["layer 2 delta_rule"].tensors["state"]
+    assert state.shape == (1, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+    assert state.dtype == torch.float32 and state.abs().max() > 0
+    assert by_name["layer 0 conv"].tensors["state"].shape == (1, c.conv_dim, c.linear_conv_kernel_dim - 1)
+    assert by_name["layer 1 qk_norm_rope"].tensors["q"].shape == (t, c.num_attention_heads, c.head_dim)
+    assert by_name["layer 3 shared_expert"].tensors["gate"].shape == (t, 1)
+    assert int(stages[-1].tensors["token"]) == int(stages[-2].tensors["logits"][0, -1].argmax())
+
+
+def test_compare_against_itself_is_zero_and_triton_is_close():
+    pipe = Pipeline.load("tiny-qwen3-next", quant="hf")
+    rows = pipe.compare("Hello world", ["reference"])
+    assert rows and all(r.max_abs == 0 for r in rows), format_compare(rows)
+    triton = {op: "triton" for op in MODEL_OPS if "triton" in ftbackends.backends_of(op)}
+    assert {"causal_conv1d", "gated_delta_rule", "gated_delta_step", "gated_rmsnorm", "output_gate"} <= set(triton)
+    rows = pipe.compare("Hello world", [triton])
+    worst = max(rows, key=lambda r: r.rel)
+    assert worst.rel < 1e-4, format_compare(rows)
+
+
+def test_hybrid_experts_are_refused_for_hybrid_models():
+    with pytest.raises(ValueError, match="hybrid_slots must be None for a qwen3_5_moe model"):
+        Pipeline.load("tiny-qwen35-moe", quant="hf", hybrid_slots=2)
+
+
+def test_backend_name_covers_the_ops_that_have_it():
+    pipe = Pipeline.load("tiny-qwen35-moe", quant="hf", backends="reference")
+    assert set(pipe.model.backends) == set(MODEL_OPS) and set(pipe.model.backends.values()) == {"reference"}
+
+
+def test_cli_runs_a_tiny_hybrid_model(capsys):
+    from ftlab import cli
+
+    args = ["run", "--model", "tiny-qwen35-moe", "--max-new-tokens", "2", "--device", "cpu", "--stages"]
+    assert cli.main(args) == 0  # the Q4_0 form, the CLI's default
+    out = capsys.readouterr().out
+    assert "[layer 0 delta_rule]" in out and "[layer 1 output_gate]" in out and "eager decode" in out
+
+
+def _gpu_backends(name: str) -> dict[str, str]:
+    """``name`` for every op that has it, the reference for the others."""
+    return {op: name if name in ftbackends.backends_of(op) else "reference" for op in MODEL_OPS}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", HYBRID)
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+def test_backends_agree_with_reference_on_gpu(name, backend):
+    """Every stage of the tiny model on the GPU in fp32, each backend's ops against the
+    all-reference run."""
+    pipe = Pipeline.load(name, "cuda", quant="hf", graphs=False)
+    rows = pipe.compare(PROMPT, [_gpu_backends(backend)])
+    worst = max(rows, key=lambda r: r.rel)
+    assert worst.rel < 1e-4, format_compare(rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+def test_backends_are_close_to_reference_in_bf16_on_gpu(backend):
+    """bf16 weights and activations: each op rounds its output to bf16 (2^-8 relative) in every
+    backend, at other points of its sum; a stage's difference between two backends is a few such
+    roundings carried through the layers: within 8 bf16 ulps (3%) of the stage's norm."""
+    pipe = Pipeline.load("tiny-qwen35-moe", "cuda", quant="hf", dtype=torch.bfloat16, graphs=False)
+    rows = pipe.compare(PROMPT, [_gpu_backends(backend)])
+    worst = max(rows, key=lambda r: r.rel)
+    assert worst.rel < 8 * 2**-8, format_compare(rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", HYBRID)
+def test_bf16_is_close_to_fp32_on_gpu(name):
+    """The bf16 model's next-token logits against the fp32 one's: bf16 keeps 8 bits, so a
+    relative difference of a few percent after 4 layers is rounding, not a fault."""
+    ids = None
+    logits = []
+    for dtype in (torch.float32, torch.bfloat16):
+        pipe = Pipeline.load(name, "cuda", quant="hf", dtype=dtype, graphs=False)
+        ids = ids or pipe.tokenizer.encode(PROMPT)
+        logits.append(pipe.prefill(ids).float())
+    rel = float((logits[1] - logits[0]).norm() / logits[0].norm())
+    assert rel < 0.05, rel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", HYBRID)
+@pytest.mark.parametrize("quant", ["hf", "q4_0"])
+def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
+    """The captured decode step (the recurrent state in place, the KV cache read under a mask)
+    gives the eager step's logits and tokens; 512 steps of it stay finite."""
+    eager = Pipeline.load(name, "cuda", quant=quant, graphs=False, max_seq_len=600)
+    graphed = Pipeline.load(name, "cuda", quant=quant, max_seq_len=600)
+    assert graphed.graph_capturable and not eager.graph_capturable
+    ids = eager.tokenizer.encode(PROMPT)
+    a, b = eager.prefill(ids), graphed.prefill(ids)
+    for _ in range(24):
+        token = int(a.argmax())
+        assert token == int(b.argmax())
+        a, b = eager.decode_step(token), graphed.decode_step(token)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+    graphed.prefill(ids)
+    logits = None
+    for step in range(512):
+        logits = graphed.decode_step(int(logits.argmax()) if logits is not None else ids[-1])
+        assert torch.isfinite(logits).all(), step

@@ -1,0 +1,241 @@
+"""The gated delta rule (Gated DeltaNet linear attention): every backend against the exact
+recurrence and the reference within the derived bound (ftlab.testing.deltanet), prefill and
+decode, in the Triton interpreter on the CPU and on a GPU; the reference against transformers'
+Qwen3-Next functions; the chunked form against the recurrence; bad arguments name themselves."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ftlab.testing as ft
+from ftlab import ops
+from ftlab.reference import deltanet as ref
+
+
+def _inputs(gen, b, t, hk, hv, dk, dv, dtype, *, with_state, decay=1.0):
+    """q, k, v, g (log decay <= 0), beta in (0, 1), an initial state or None, as the model makes them."""
+    q = torch.randn(b, t, hk, dk, generator=gen).to(dtype)
+    k = torch.randn(b, t, hk, dk, generator=gen).to(dtype)
+    v = torch.randn(b, t, hv, dv, generator=gen).to(dtype)
+    g = -decay * torch.nn.functional.softplus(torch.randn(b, t, hv, generator=gen))
+    beta = torch.sigmoid(torch.randn(b, t, hv, generator=gen)).to(dtype)
+    state = torch.randn(b, hv, dk, dv, generator=gen) * 0.5 if with_state else None
+    return q, k, v, g, beta, state
+
+
+@st.composite
+def rule_case(
+    draw,
+    ts=(1, 3, 64, 65, 130),
+    dims=(16, 32, 64),
+    dtypes=(torch.float32, torch.bfloat16, torch.float16),
+):
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    b = draw(st.sampled_from([1, 2]))
+    t = draw(st.sampled_from(ts))
+    hk = draw(st.sampled_from([1, 2]))
+    hv = hk * draw(st.sampled_from([1, 2]))
+    dk, dv = draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
+    dtype = draw(st.sampled_from(dtypes))
+    decay = draw(st.sampled_from([0.01, 1.0, 8.0]))
+    case = _inputs(gen, b, t, hk, hv, dk, dv, dtype, with_state=draw(st.booleans()), decay=decay)
+    return case, draw(st.sampled_from([16, 32, 64]))
+
+
+@st.composite
+def step_case(draw, dims=(16, 32, 64), dtypes=(torch.float32, torch.bfloat16, torch.float16)):
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    hk = draw(st.sampled_from([1, 2, 4]))
+    hv = hk * draw(st.sampled_from([1, 2]))
+    q, k, v, g, beta, state = _inputs(gen, draw(st.sampled_from([1, 3])), 1, hk, hv, draw(st.sampled_from(dims)),
+                                      draw(st.sampled_from(dims)), draw(st.sampled_from(dtypes)), with_state=True)  # fmt: skip
+    return q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state
+
+
+@settings(max_examples=12)
+@given(rule_case())
+def test_gated_delta_rule_cpu(case):
+    (q, k, v, g, beta, state), chunk = case
+    ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=chunk)
+
+
+@settings(max_examples=12)
+@given(step_case())
+def test_gated_delta_step_cpu(case):
+    ft.check_gated_delta_step_case(*case)
+
+
+@pytest.mark.gpu
+@settings(max_examples=20)
+@given(rule_case(ts=(1, 63, 64, 200, 1000), dims=(32, 64, 128)))
+def test_gated_delta_rule_gpu(case):
+    (q, k, v, g, beta, state), chunk = case
+    ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=chunk, device="cuda")
+
+
+@pytest.mark.gpu
+@settings(max_examples=20)
+@given(step_case(dims=(32, 64, 128)))
+def test_gated_delta_step_gpu(case):
+    ft.check_gated_delta_step_case(*case, device="cuda")
+
+
+@pytest.mark.parametrize("hv", [2, 4])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_reference_matches_transformers(hv, with_state):
+    """The reference's chunked form and its recurrence against transformers' Qwen3-Next
+    torch_chunk_gated_delta_rule and torch_recurrent_gated_delta_rule (fp32, L2-normalised q
+    and k, grouped value heads), within the derived bound of two fp32 computations."""
+    tf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    gen = torch.Generator().manual_seed(hv + 10 * with_state)
+    q, k, v, g, beta, state = _inputs(
+        gen, 2, 100, 2, hv, 32, 16, torch.float32, with_state=with_state
+    )
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, chunk_size=64)
+    rec_o_bound, rec_s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, chunk_size=1)
+    for theirs, chunk in (
+        (tf.torch_chunk_gated_delta_rule, 64),
+        (tf.torch_recurrent_gated_delta_rule, 1),
+    ):
+        kw = {"chunk_size": 64} if chunk == 64 else {}
+        want_o, want_s = theirs(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                use_qk_l2norm_in_kernel=True, **kw)  # fmt: skip
+        theirs_o, theirs_s = (o_bound, s_bound) if chunk == 64 else (rec_o_bound, rec_s_bound)
+        got_o, got_s = ops.gated_delta_rule(q, k, v, g, beta, state=state, backend="reference")
+        for what, got, want, bound in (("o", got_o, want_o, o_bound + theirs_o), ("state", got_s, want_s,
+                                                                                   s_bound + theirs_s)):  # fmt: skip
+            err = (got - want).abs()
+            assert bool((err <= bound).all()), (
+                f"{theirs.__name__} {what}: max excess {float((err - bound).max())}"
+            )
+        rec_o, rec_s = ref.gated_delta_rule_recurrent(q, k, v, g, beta, state, 32**-0.5, True)
+        for what, got, want, bound in (("o", rec_o, want_o, rec_o_bound + theirs_o),
+                                       ("state", rec_s, want_s, rec_s_bound + theirs_s)):  # fmt: skip
+            err = (got - want).abs()
+            assert bool((err <= bound).all()), f"recurrent vs {theirs.__name__} {what}"
+
+
+def test_chunked_equals_recurrence_without_l2norm():
+    """Unnormalised keys (|k| up to about 1.4, beta |k|^2 < 2: still contractive), another
+    scale: the chunked reference and the recurrence agree within their two derived bounds."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, g, beta, state = _inputs(gen, 1, 150, 1, 2, 16, 16, torch.float32, with_state=True)
+    k = k / 4
+    kw = {"scale": 0.3, "l2norm_qk": False}
+    o, s = ops.gated_delta_rule(
+        q, k, v, g, beta, state=state, chunk_size=32, **kw, backend="reference"
+    )
+    rec_o, rec_s = ref.gated_delta_rule_recurrent(q, k, v, g, beta, state, 0.3, False)
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, chunk_size=32, **kw)
+    r_o_bound, r_s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, chunk_size=1, **kw)
+    assert bool(((o - rec_o).abs() <= o_bound + r_o_bound).all())
+    assert bool(((s - rec_s).abs() <= s_bound + r_s_bound).all())
+    exact_o, _ = ft.gated_delta_exact(q, k, v, g, beta, state, **kw)
+    assert (
+        float((o.double() - exact_o).abs().max()) > 0
+    )  # the bound is not vacuous: fp32 does round
+
+
+def test_step_continues_the_sequence():
+    """Prefill of T tokens then one decode step equals prefill of T + 1 tokens."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, g, beta, _ = _inputs(gen, 2, 9, 2, 4, 16, 32, torch.float32, with_state=False)
+    _, s = ops.gated_delta_rule(q[:, :8], k[:, :8], v[:, :8], g[:, :8], beta[:, :8], chunk_size=16)
+    o_last = ops.gated_delta_step(q[:, 8], k[:, 8], v[:, 8], g[:, 8], beta[:, 8], s)
+    o_all, s_all = ops.gated_delta_rule(q, k, v, g, beta, chunk_size=16)
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, chunk_size=16)
+    assert bool(((o_last - o_all[:, 8]).abs() <= 2 * o_bound[:, 8]).all())
+    assert bool(((s - s_all).abs() <= 2 * s_bound).all())
+
+
+def test_bad_arguments_name_themselves():
+    q = torch.randn(1, 4, 2, 16)
+    v = torch.randn(1, 4, 4, 8)
+    g = -torch.rand(1, 4, 4)
+    beta = torch.rand(1, 4, 4)
+    with pytest.raises(ValueError, match="k must have q's shape"):
+        ops.gated_delta_rule(q, q[:, :, :1], v, g, beta)
+    with pytest.raises(TypeError, match="v must have q's dtype"):
+        ops.gated_delta_rule(q, q, v.half(), g, beta)
+    with pytest.raises(ValueError, match="multiple of"):
+        ops.gated_delta_rule(q, q, torch.randn(1, 4, 3, 8), g[..., :3], beta[..., :3])
+    with pytest.raises(ValueError, match="g must be"):
+        ops.gated_delta_rule(q, q, v, g[..., :2], beta)
+    with pytest.raises(TypeError, match="beta must be a floating-point"):
+        ops.gated_delta_rule(q, q, v, g, beta.int())
+    with pytest.raises(TypeError, match="state must be float32"):
+        ops.gated_delta_rule(q, q, v, g, beta, state=torch.zeros(1, 4, 16, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="state must be"):
+        ops.gated_delta_rule(q, q, v, g, beta, state=torch.zeros(1, 4, 8, 16))
+    with pytest.raises(ValueError, match="chunk_size"):
+        ops.gated_delta_rule(q, q, v, g, beta, chunk_size=48)
+    with pytest.raises(TypeError, match="l2norm_qk"):
+        ops.gated_delta_rule(q, q, v, g, beta, l2norm_qk=1)
+    with pytest.raises(ValueError, match="scale"):
+        ops.gated_delta_rule(q, q, v, g, beta, scale=float("nan"))
+    state = torch.zeros(1, 4, 8, 16).transpose(-1, -2)
+    with pytest.raises(ValueError, match="state must be contiguous"):
+        ops.gated_delta_step(q[:, 0], q[:, 0], v[:, 0], g[:, 0], beta[:, 0], state)
+    with pytest.raises(ValueError, match="q must be 3-D"):
+        ops.gated_delta_step(q, q[:, 0], v[:, 0], g[:, 0], beta[:, 0], state.contiguous())
+
+
+def test_input_state_untouched_and_empty_sequences():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, g, beta, state = _inputs(gen, 1, 5, 1, 1, 16, 16, torch.float32, with_state=True)
+    before = state.clone()
+    _, s = ops.gated_delta_rule(q, k, v, g, beta, state=state)
+    assert torch.equal(state, before) and s.data_ptr() != state.data_ptr()
+    o, s = ops.gated_delta_rule(q[:, :0], k[:, :0], v[:, :0], g[:, :0], beta[:, :0], state=state)
+    assert o.shape == (1, 0, 1, 16) and torch.equal(s, state) and s.data_ptr() != state.data_ptr()
+
+
+@pytest.mark.parametrize("decay", [0.01, 1.0, 8.0])
+def test_bound_catches_mistakes(decay):
+    """The derived bound is tight enough to fail the usual mistakes: the decay one token off,
+    value heads mapped to key heads modulo Hk (not grouped), beta squared, g off by 5%."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, g, beta, state = _inputs(
+        gen, 1, 70, 2, 4, 32, 32, torch.float32, with_state=True, decay=decay
+    )
+    exact_o, _ = ft.gated_delta_exact(q, k, v, g, beta, state)
+    o_bound, _ = ft.gated_delta_tolerance(q, k, v, g, beta, state, chunk_size=64)
+    regrouped = torch.cat([v[:, :, 0::2], v[:, :, 1::2]], 2)
+    for what, args in (("g shifted", (q, k, v, g.roll(1, 1), beta)), ("heads modulo", (q, k, regrouped, g, beta)),
+                       ("beta squared", (q, k, v, g, beta**2)), ("g * 1.05", (q, k, v, g * 1.05, beta))):  # fmt: skip
+        o, _ = ops.gated_delta_rule(*args, state=state, backend="reference")
+        assert not bool(((o.double() - exact_o).abs() <= 2 * o_bound).all()), what
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+def test_gated_delta_step_graph_replays(backend):
+    """The decode step captured in a CUDA/HIP graph replays to the eager result, the state
+    advancing in place on every replay, for new inputs written into the captured buffers."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, g, beta, state = (x.to(dev) for x in _inputs(gen, 2, 1, 16, 32, 128, 128, torch.bfloat16,
+                                                          with_state=True))  # fmt: skip
+    q, k, v, g, beta = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0]
+    eager_state = state.clone()
+
+    def step(s):
+        return ops.gated_delta_step(q, k, v, g, beta, s, backend=backend)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(state.clone())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(state)
+    state.copy_(eager_state)
+    for _ in range(4):
+        for x in (q, k, v):
+            x.copy_(torch.randn(x.shape, generator=gen).to(x.dtype).to(dev))
+        graph.replay()
+        want = step(eager_state)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        torch.testing.assert_close(state, eager_state, rtol=0, atol=0)

@@ -1,0 +1,62 @@
+// Runs quant_matmul.hip's kernels on the CPU (see q4_0_common.h here), one std::thread per GPU
+// thread of a block.
+#include <thread>
+#include <vector>
+
+#include "quant_matmul.hip"
+
+using namespace ftlab::qmm;
+
+// Runs one block of `threads` host threads, each calling kernel() as GPU thread (tx, ty).
+template <typename F>
+void run_block(int threads, int width, int bx, int by, F kernel) {
+  std::barrier<> bar(threads);
+  host_barrier = &bar;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([=] {
+      blockIdx = {bx, by};
+      threadIdx = {t % width, t / width};
+      host_lane_base = 32 * (t / 32);
+      kernel();
+      host_barrier->arrive_and_drop();
+    });
+  for (auto& th : pool) th.join();
+}
+
+template <typename Q, int M>
+void mv(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t n,
+        int64_t k) {
+  for (int bx = 0; bx < (n + kRowsPerBlock - 1) / kRowsPerBlock; ++bx)
+    run_block(kGroup * kRowsPerBlock, kGroup, bx, 0, [=] { quant_mv_kernel<Q, M>(w, rb, q8, d8, s8, y, n, k); });
+}
+
+template <typename Q>
+void gemm(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t m,
+          int64_t n, int64_t k) {
+  for (int by = 0; by < (m + kTileM - 1) / kTileM; ++by)
+    for (int bx = 0; bx < (n + kTileN - 1) / kTileN; ++bx)
+      run_block(kGemmThreads, kGemmThreads, bx, by, [=] { quant_gemm_kernel<Q>(w, rb, q8, d8, s8, y, m, n, k); });
+}
+
+template <typename Q>
+void run_type(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t m,
+              int64_t n, int64_t k) {
+  switch (m) {
+    case 1: mv<Q, 1>(w, rb, q8, d8, s8, y, n, k); break;
+    case 3: mv<Q, 3>(w, rb, q8, d8, s8, y, n, k); break;
+    case 8: mv<Q, 8>(w, rb, q8, d8, s8, y, n, k); break;
+    default: gemm<Q>(w, rb, q8, d8, s8, y, m, n, k);
+  }
+}
+
+// qtype: 0 Q8_0, 1 Q4_K, 2 Q5_K, 3 Q6_K; m 1, 3 or 8 runs the matvec, any other m the GEMM.
+extern "C" void run(int qtype, const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8,
+                    float* y, int64_t m, int64_t n, int64_t k) {
+  switch (qtype) {
+    case 0: run_type<Q8_0>(w, rb, q8, d8, s8, y, m, n, k); break;
+    case 1: run_type<QK4<false>>(w, rb, q8, d8, s8, y, m, n, k); break;
+    case 2: run_type<QK4<true>>(w, rb, q8, d8, s8, y, m, n, k); break;
+    case 3: run_type<Q6_K>(w, rb, q8, d8, s8, y, m, n, k); break;
+  }
+}
