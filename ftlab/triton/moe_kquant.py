@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from ftlab.platform import current
-from ftlab.triton.moe_gemm import GEMM_CONFIGS, GEMM_F32_CONFIG
 from ftlab.triton.moe_route import moe_align
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale
@@ -196,6 +195,13 @@ def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, e
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+#: the dequant GEMM's tiles by operand dtype (untimed; moe_gemm's 64x64x64 at 8 warps, and
+#: 32x32x32 at 4 or 8, spilled on sm_90 or RDNA with the dequantized tiles, gate and up, in
+#: registers; 32x32x16 at 8 warps is clean on every target)
+KQ_GEMM_CONFIGS = {
+    "half": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
+    "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
+}
 
 
 def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
@@ -205,11 +211,7 @@ def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
     top_k = ids.shape[1]
     num_experts, inter = w_gate_up.shape[0], w_down.shape[-1]
     pairs = t * top_k
-    if x.dtype == torch.float32:
-        cfg = dict(GEMM_F32_CONFIG)
-    else:
-        arch = current(x.device).arch if x.device.type != "cpu" else None
-        cfg = dict(GEMM_CONFIGS.get(arch or "default", GEMM_CONFIGS["default"]))
+    cfg = dict(KQ_GEMM_CONFIGS["f32" if x.dtype == torch.float32 else "half"])
     cfg["BLOCK_M"] = min(cfg["BLOCK_M"], max(16, triton.next_power_of_2(2 * max(1, pairs // num_experts))))
     bm = cfg["BLOCK_M"]
     sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
@@ -265,15 +267,17 @@ def compile_specs(target: str) -> list:
         specs.append(spec(moe_down_kq_kernel, f"moe_down_kq_kernel[{qtype}, bf16 out]",
                           types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
                           constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
-    big = GEMM_CONFIGS.get(target, GEMM_CONFIGS["default"])
-    for qtype in ("Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q4_0"):
-        for gated in (True, False):
-            specs.append(spec(
-                moe_kq_gemm_kernel, f"moe_kq_gemm_kernel[{'gate_up' if gated else 'down'}, {qtype} bank, bf16]",
-                types={"a_ptr": "*bf16", "w_ptr": "*u8", "E_BYTES": "i64", "ROW_BYTES": "i64", "sorted_ptr": "*i32",
-                       "expert_ids_ptr": "*i32", "npad_ptr": "*i32", "out_ptr": "*bf16" if gated else "*fp32",
-                       "wts_ptr": "*fp32"},
-                constexprs={"GATED": gated, "QT": QT_CODES[qtype], "BLOCK_M": big["BLOCK_M"], "BLOCK_N": big["BLOCK_N"],
-                            "BLOCK_K": big["BLOCK_K"], "DT": tl.bfloat16, "F32_PRECISION": "ieee"},
-                num_warps=big["num_warps"], options={"num_stages": big["num_stages"]}))  # fmt: skip
+    for dt, cfg in (("bf16", KQ_GEMM_CONFIGS["half"]), ("fp32", KQ_GEMM_CONFIGS["f32"])):
+        prec = "tf32x3" if dt == "fp32" and target.startswith("sm_") else "ieee"
+        for qtype in QT_CODES:
+            for gated in (True, False):
+                specs.append(spec(
+                    moe_kq_gemm_kernel, f"moe_kq_gemm_kernel[{'gate_up' if gated else 'down'}, {qtype} bank, {dt}]",
+                    types={"a_ptr": f"*{dt}", "w_ptr": "*u8", "E_BYTES": "i64", "ROW_BYTES": "i64",
+                           "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "npad_ptr": "*i32",
+                           "out_ptr": f"*{dt}" if gated else "*fp32", "wts_ptr": "*fp32"},
+                    constexprs={"GATED": gated, "QT": QT_CODES[qtype], "BLOCK_M": cfg["BLOCK_M"],
+                                "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"],
+                                "DT": tl.bfloat16 if dt == "bf16" else tl.float32, "F32_PRECISION": prec},
+                    num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]}))  # fmt: skip
     return specs
