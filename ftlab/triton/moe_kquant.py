@@ -197,10 +197,10 @@ def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, e
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 #: the dequant GEMM's tiles by operand dtype (untimed; moe_gemm's 64x64x64 at 8 warps, and
 #: 32x32x32 at 4 or 8, spilled on sm_90 or RDNA with the dequantized tiles, gate and up, in
-#: registers; 32x32x16 at 8 warps is clean on every target)
+#: registers; 32x32x16 at 8 warps is clean on every target, fp32's 3xTF32 dots take 32x16x16)
 KQ_GEMM_CONFIGS = {
     "half": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
-    "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
+    "f32": {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
 }
 
 
