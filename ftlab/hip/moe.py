@@ -13,6 +13,9 @@
   moe_align (block_m 64) and the grouped GEMMs (Q4_0: dp4a tiles over Q8_1 rows; dense:
   fp32 FMA tiles), the routing weight applied after down, then the sum over the k slots.
   Q4_0 banks take the int8 path only; dense banks in another dtype than x are cast per call.
+- ``moe_experts`` on Q8_0 / K-quant banks (a Q4_0 bank beside one too), int8 path, any T:
+  ``csrc/moe_kquant.hip`` -- x and h quantized to Q8_1 by the Q4_0 family's kernel, a 32-thread
+  group per weight row through quant_matmul.hip's block types, h in fp32 between the launches.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 from ftlab import jit
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import Q4_0Weight, QuantWeight
 from ftlab.reference.moe import align_capacity
 
 DECODE_MAX_FLOATS = 8192  # kDecodeFloats: H and k * I staged in LDS by the decode kernels
@@ -79,8 +82,41 @@ def decode_ok(x: torch.Tensor, top_k: int, inter: int) -> bool:
     )
 
 
+#: the bank type codes of ``csrc/moe_kquant_launch.hip``
+KQ_CODES = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4}
+
+
+def _experts_kquant(x, w_gate_up, w_down, ids, wts) -> torch.Tensor:
+    """The int8 path on Q8_0 / K-quant banks (``csrc/moe_kquant.hip``), any T: Q8_1 x -> gate/up
+    + SwiGLU (a 32-thread group a row) -> Q8_1 h -> down + the weighted sum over the slots."""
+    from ftlab.hip.q4_0 import quantize_q8_1
+
+    t, hidden = x.shape
+    top_k, inter, dev = ids.shape[1], w_down.shape[-1], x.device
+    module = jit.module_for("moe_kquant", dev)
+    # the kernels read 32-bit words of the blocks: an unaligned view is copied
+    gu, dn = (w.data if w.data.is_contiguous() and w.data.data_ptr() % 4 == 0 else w.data.clone()
+              for w in (w_gate_up, w_down))  # fmt: skip
+    x8 = quantize_q8_1(x)
+    h = torch.empty((t * top_k, inter), dtype=torch.float32, device=dev)
+    jit.on_device(dev, lambda: module.moe_gate_up_kq(x8.q, x8.d, x8.s, gu, KQ_CODES[w_gate_up.qtype], ids, h))
+    h8 = quantize_q8_1(h)
+    y = torch.empty((t, hidden), dtype=torch.float32, device=dev)
+    jit.on_device(dev, lambda: module.moe_down_kq(h8.q, h8.d, h8.s, dn, KQ_CODES[w_down.qtype], ids, wts, y))
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
 def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.moe_experts` (Q4_0 banks: ``path == "int8"``)."""
+    """Backend entry of :func:`ftlab.ops.moe_experts` (quantized banks: ``path == "int8"``)."""
+    if isinstance(w_gate_up, QuantWeight) and not (isinstance(w_gate_up, Q4_0Weight)
+                                                   and isinstance(w_down, Q4_0Weight)):  # fmt: skip
+        if path != "int8":
+            raise ValueError(f"the hip experts implement the int8 path for quantized banks, got path={path!r}")
+        if x.shape[0] == 0:
+            return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        x = x if x.stride(1) == 1 else x.contiguous()
+        return _experts_kquant(x, w_gate_up, w_down, topk_ids.to(torch.int32).contiguous(),
+                               topk_weights.contiguous())  # fmt: skip
     q4 = isinstance(w_gate_up, Q4_0Weight)
     if q4 and path != "int8":
         raise ValueError(f"the hip experts implement the int8 path for Q4_0 banks, got path={path!r}")

@@ -12,7 +12,7 @@ import torch
 from ftlab import ops
 from ftlab.hybrid.handshake import HANDSHAKES, EagerHandshake
 from ftlab.hybrid.residency import LruResidency
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import QuantWeight, quant_weight
 
 # The graph-capturable handshakes in the order the probe tries them (the faster first: a polling
 # CPU thread answers sooner than a host-function callback wakes one; see benchmarks/NOTES.md).
@@ -28,14 +28,14 @@ _warned: set[tuple] = set()
 
 def _slot_bank(bank, slots: int, device: torch.device):
     """An empty bank of ``slots`` experts shaped like ``bank``'s experts, on ``device``."""
-    if isinstance(bank, Q4_0Weight):
+    if isinstance(bank, QuantWeight):
         data = torch.zeros((slots, *bank.data.shape[1:]), dtype=torch.uint8, device=device)
-        return Q4_0Weight(data, (slots, *bank.shape[1:]))
+        return quant_weight(data, (slots, *bank.shape[1:]), bank.qtype)
     return torch.zeros((slots, *bank.shape[1:]), dtype=bank.dtype, device=device)
 
 
 def _copy_expert(dst, slot: int, src, expert: int) -> None:
-    if isinstance(dst, Q4_0Weight):
+    if isinstance(dst, QuantWeight):
         dst.data[slot].copy_(src.data[expert], non_blocking=True)
     else:
         dst[slot].copy_(src[expert], non_blocking=True)
@@ -166,7 +166,7 @@ class HybridDecodeExecutor:
     """Routed experts with ``slots`` of them resident on ``device`` and the rest on the CPU.
 
     ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]`` are the full banks on the host (dense or
-    Q4_0). Each call: the router ids go through the live slot table (``expert -> slot | -1``,
+    quantized of any :data:`ftlab.quant.QTYPES` types). Each call: the router ids go through the live slot table (``expert -> slot | -1``,
     int32 ``[E]`` on the device, read at run time, so a replayed graph sees the current
     residency) into GPU slot ids and CPU expert ids (-1 where the other side or nobody takes the
     route); the CPU part is handed over by the handshake, the GPU part runs
@@ -177,7 +177,7 @@ class HybridDecodeExecutor:
     ``mechanism``: "auto" probes the graph handshakes (:data:`PROBE_ORDER`) and takes the first
     that passes, else "eager" with a warning; or a name. ``executor.mechanism`` is the choice,
     ``executor.mechanism_reason`` why, ``executor.probe_results`` each probe's verdict.
-    ``path`` is the Q4_0 path of the GPU part (the CPU part takes the int8 path)."""
+    ``path`` is the quantized banks' path of the GPU part (the CPU part takes the int8 path)."""
 
     def __init__(self, w_gate_up, w_down, slots: int, device: torch.device | str, *, policy: LruResidency | None = None,
                  backend: str = "auto", path: str = "int8", mechanism: str = "auto", probe: bool = True):  # fmt: skip

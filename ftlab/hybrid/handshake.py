@@ -29,9 +29,9 @@ from collections.abc import Callable
 import torch
 
 from ftlab import ops
-from ftlab.quant import Q4_0Weight
+from ftlab.cpu.moe import DENSE_KINDS, job_kind
+from ftlab.quant import QuantWeight
 
-BANK_KINDS = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}  # cpu_job.h; Q4_0 is 0
 FAULTS = {"none": 0, "stale": 1, "stale_unchecked": 2}
 
 
@@ -41,14 +41,14 @@ class HandshakeError(RuntimeError):
 
 
 def _bank_parts(w_gate_up, w_down) -> tuple[torch.Tensor, torch.Tensor, int]:
-    if isinstance(w_gate_up, Q4_0Weight) != isinstance(w_down, Q4_0Weight):
-        raise TypeError("w_gate_up and w_down must both be Q4_0 banks or both dense")
-    if isinstance(w_gate_up, Q4_0Weight):
-        return w_gate_up.data.contiguous(), w_down.data.contiguous(), 0
-    if w_gate_up.dtype != w_down.dtype or w_gate_up.dtype not in BANK_KINDS:
+    if isinstance(w_gate_up, QuantWeight) != isinstance(w_down, QuantWeight):
+        raise TypeError("w_gate_up and w_down must both be quantized banks or both dense")
+    if isinstance(w_gate_up, QuantWeight):
+        return w_gate_up.data.contiguous(), w_down.data.contiguous(), job_kind(w_gate_up, w_down)
+    if w_gate_up.dtype != w_down.dtype or w_gate_up.dtype not in DENSE_KINDS:
         raise TypeError(f"dense banks must share a float32 / bfloat16 / float16 dtype, got {w_gate_up.dtype} "
                         f"and {w_down.dtype}")  # fmt: skip
-    return w_gate_up.contiguous(), w_down.contiguous(), BANK_KINDS[w_gate_up.dtype]
+    return w_gate_up.contiguous(), w_down.contiguous(), job_kind(w_gate_up, w_down)
 
 
 def default_threads() -> int:

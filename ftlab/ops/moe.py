@@ -6,7 +6,25 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import QTYPES, Q4_0Weight, QuantWeight
+
+#: the paths of moe_experts on QuantWeight banks of other types than Q4_0 (Q8_0, the K-quants),
+#: by backend; a backend not named has none
+KQUANT_PATHS = {"reference": ("int8", "dequant"), "cpu": ("int8",), "triton": ("int8", "dequant"),
+                "hip": ("int8",)}  # fmt: skip
+
+
+def kquant_path(backend: str, requested: str, resolved: str, qtypes: str) -> str:
+    """The path ``backend`` takes on Q8_0 / K-quant banks (``qtypes`` names them for the message):
+    ``resolved`` (what "auto" or the request resolved to) where it has it, else int8 for a
+    request of "auto"; else ``BackendUnavailable``."""
+    paths = KQUANT_PATHS.get(backend, ())
+    if resolved in paths:
+        return resolved
+    if requested == "auto" and paths:
+        return paths[0]
+    raise backends.BackendUnavailable(f"moe_experts: backend {backend!r} cannot serve {qtypes} banks on path "
+                                      f"{resolved!r} (paths on banks other than Q4_0: {KQUANT_PATHS})")  # fmt: skip
 
 
 def route_topk(
@@ -55,13 +73,14 @@ def _valid_ids(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 def _bank(name: str, w: object) -> tuple[int, ...]:
-    if isinstance(w, Q4_0Weight):
+    if isinstance(w, QuantWeight):
         shape = tuple(w.shape)
     elif isinstance(w, torch.Tensor):
         argcheck.dtype_in(name, w, argcheck.FLOAT_DTYPES)
         shape = tuple(w.shape)
     else:
-        raise TypeError(f"{name} must be a tensor or a Q4_0Weight bank, got {type(w).__name__}")
+        raise TypeError(f"{name} must be a tensor or a QuantWeight bank ({'/'.join(QTYPES)}), got "
+                        f"{type(w).__name__}")  # fmt: skip
     if len(shape) != 3:
         raise ValueError(f"{name} must be an expert bank [E, N, K], got shape {shape}")
     return shape
@@ -69,8 +88,8 @@ def _bank(name: str, w: object) -> tuple[int, ...]:
 
 def moe_experts(
     x: torch.Tensor,
-    w_gate_up: torch.Tensor | Q4_0Weight,
-    w_down: torch.Tensor | Q4_0Weight,
+    w_gate_up: torch.Tensor | QuantWeight,
+    w_down: torch.Tensor | QuantWeight,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -80,15 +99,20 @@ def moe_experts(
     """SwiGLU experts: ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``.
 
     x ``[T, H]`` fp32/fp16/bf16; ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and
-    ``w_down [E, H, I]``, both dense (fp32/fp16/bf16) or both Q4_0Weight banks; ``topk_weights``
+    ``w_down [E, H, I]``, both dense (fp32/fp16/bf16) or both :class:`~ftlab.quant.QuantWeight`
+    banks of any :data:`~ftlab.quant.QTYPES` types, which may differ (Q4_K_M: Q4_K gate/up, Q6_K
+    or Q4_K down); ``topk_weights``
     fp32 ``[T, k]``; ``topk_ids`` int32/int64 ``[T, k]`` -- ids outside ``[0, E)``, -1 in
     particular, contribute nothing. Returns ``[T, H]`` in x's dtype.
 
-    ``path`` applies to Q4_0 banks, as in :func:`~ftlab.ops.q4_0_matmul`: ``"int8"`` (x and the
-    SwiGLU output h quantized to Q8_1, int8 block dots), ``"dequant"`` (weights dequantized; a
-    backend may round them, and h, to x's dtype for its matrix units), ``"auto"`` (int8
-    up to ``backends.DECODE_MAX_TOKENS`` tokens, else the backend's prefill path: reference and
-    triton ``"dequant"``, hip and cpu ``"int8"``). Dense banks ignore it. The routing weight
+    ``path`` applies to quantized banks, as in :func:`~ftlab.ops.q4_0_matmul` and
+    :func:`~ftlab.ops.quant_matmul`: ``"int8"`` (x and the SwiGLU output h quantized to Q8_1,
+    exact integer sub-block dots), ``"dequant"`` (weights dequantized; a backend may round them,
+    and h, to x's dtype for its matrix units), ``"auto"`` (int8 up to
+    ``backends.DECODE_MAX_TOKENS`` tokens, else the backend's prefill path: reference and triton
+    ``"dequant"``, hip and cpu ``"int8"``). Dense banks ignore it. Banks of other types than
+    Q4_0 take the paths of :data:`KQUANT_PATHS` (``"auto"`` falls back to int8 where the
+    backend's prefill path is missing; the others raise ``BackendUnavailable``). The routing weight
     multiplies each expert's down output before the sum over the k slots, in every backend.
     ``backend="cpu"``: the native CPU kernels (CPU tensors; what the hybrid executor runs).
     """
@@ -102,9 +126,9 @@ def moe_experts(
             f"banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] with H = {x.shape[1]}, "
             f"got {tuple(w_gate_up.shape)} and {tuple(w_down.shape)}"
         )
-    q4 = isinstance(w_gate_up, Q4_0Weight)
-    if q4 != isinstance(w_down, Q4_0Weight):
-        raise TypeError(f"w_gate_up and w_down must both be Q4_0Weight banks or both dense tensors, got "
+    quant = isinstance(w_gate_up, QuantWeight)
+    if quant != isinstance(w_down, QuantWeight):
+        raise TypeError(f"w_gate_up and w_down must both be QuantWeight banks or both dense tensors, got "
                         f"{type(w_gate_up).__name__} and {type(w_down).__name__}")  # fmt: skip
     argcheck.tensor("topk_weights", topk_weights)
     argcheck.tensor("topk_ids", topk_ids)
@@ -120,8 +144,14 @@ def moe_experts(
                     ("topk_ids", topk_ids)):  # fmt: skip
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
-    if q4:
+    if quant:
+        requested = path
         impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
+        if not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)):
+            if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
+                impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
+                                                   requested)  # fmt: skip
+            path = kquant_path(impl.backend, requested, path, f"{w_gate_up.qtype} / {w_down.qtype}")
     else:
         if path != "auto" and path not in backends.Q4_0_PATHS:
             raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")
@@ -132,8 +162,8 @@ def moe_experts(
 def fused_moe(
     x: torch.Tensor,
     router_logits: torch.Tensor,
-    w_gate_up: torch.Tensor | Q4_0Weight,
-    w_down: torch.Tensor | Q4_0Weight,
+    w_gate_up: torch.Tensor | QuantWeight,
+    w_down: torch.Tensor | QuantWeight,
     top_k: int,
     renormalize: bool = True,
     *,

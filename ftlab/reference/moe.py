@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import Q4_0Weight, QuantWeight
 from ftlab.reference.q4_0 import dequantize_q4_0, q4_0_matmul
+from ftlab.reference.quant_matmul import quant_matmul
+from ftlab.reference.quants import dequantize
 
 
 def route_topk(
@@ -60,29 +62,35 @@ def moe_align(
     return sorted_ids, expert_ids, torch.tensor([row], dtype=torch.int32, device=ids.device)
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor | Q4_0Weight, path: str) -> torch.Tensor:
-    """``x [M, K] @ w[N, K].T`` in fp32; Q4_0 through the path of q4_0_matmul."""
+def _linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, path: str) -> torch.Tensor:
+    """``x [M, K] @ w[N, K].T`` in fp32; Q4_0 through the path of q4_0_matmul, the other
+    quantized types through that of quant_matmul (int8: Q8_1 x, exact sub-block integer dots)."""
     if isinstance(w, Q4_0Weight):
         if path == "int8":
             return q4_0_matmul(x.float(), w, "int8").float()
         return x.float() @ dequantize_q4_0(w, torch.float32).T
+    if isinstance(w, QuantWeight):
+        if path == "int8":
+            return quant_matmul(x.float(), w, "int8").float()
+        return x.float() @ dequantize(w, torch.float32).T
     return x.float() @ w.float().T
 
 
 def moe_experts(
     x: torch.Tensor,
-    w_gate_up: torch.Tensor | Q4_0Weight,
-    w_down: torch.Tensor | Q4_0Weight,
+    w_gate_up: torch.Tensor | QuantWeight,
+    w_down: torch.Tensor | QuantWeight,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     path: str = "dequant",
 ) -> torch.Tensor:
-    """``x [T, H]``, ``w_gate_up [E, 2I, H]``, ``w_down [E, H, I]`` (dense or Q4_0 banks),
+    """``x [T, H]``, ``w_gate_up [E, 2I, H]``, ``w_down [E, H, I]`` (dense or quantized banks),
     ``topk_weights`` fp32 ``[T, k]``, ``topk_ids`` int ``[T, k]`` -> ``[T, H]`` in x's dtype.
 
-    Computed token by token and slot by slot, in fp32. ``path`` applies to Q4_0 banks:
-    ``"dequant"`` (dequantized weights) or ``"int8"`` (Q8_1 activations and the int8 dot,
-    for x and for the SwiGLU output, as the decode kernels do)."""
+    Computed token by token and slot by slot, in fp32. ``path`` applies to quantized banks:
+    ``"dequant"`` (dequantized weights) or ``"int8"`` (Q8_1 activations and the exact integer
+    sub-block dots of q4_0_matmul / quant_matmul, for x and for the SwiGLU output, as the
+    decode kernels do)."""
     num_experts = w_gate_up.shape[0]
     inter = w_down.shape[-1]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)

@@ -51,6 +51,7 @@ from ftlab.testing.moe import (
     check_route_case,
     experts_tolerance,
     hybrid_tolerance,
+    random_quant_bank,
 )
 from ftlab.testing.q4_0 import (
     MatmulCase,
@@ -98,6 +99,7 @@ __all__ = [
     "check_dequantize_case",
     "check_experts_case",
     "experts_tolerance",
+    "random_quant_bank",
     "hybrid_tolerance",
     "check_gated_delta_rule_case",
     "check_gated_delta_step_case",

@@ -14,6 +14,7 @@ import torch
 
 from ftlab import ops
 from ftlab.backends import BackendUnavailable, resolve, resolve_path
+from ftlab.quant import QTYPES, Q4_0Weight, QuantWeight
 from ftlab.testing.common import assert_within, backends_for, ulp
 
 ROUTE_SLACK = 1e-6  # relative, on probabilities
@@ -96,6 +97,59 @@ def _q8_1_range(h: torch.Tensor, eta: torch.Tensor) -> tuple[torch.Tensor, torch
     return prods.amin(0).view(r_, i_), prods.amax(0).view(r_, i_)
 
 
+#: the largest |integer weight| a unit fp16 scale multiplies, by type (sub-block scale times q)
+_INT_RANGE = {"Q8_0": 128, "Q4_K": 63 * 15, "Q5_K": 63 * 31, "Q6_K": 128 * 32}
+
+
+def random_quant_bank(seed: int, qtype: str, experts: int, n: int, k: int, magnitude: float = 0.1) -> QuantWeight:
+    """An expert bank ``[E, N, K]`` of random ``qtype`` blocks (Q8_0 or a K-quant; every byte
+    pattern is a block) whose fp16 scales are drawn so that weights stay within about
+    ``magnitude`` (a quarter of them a tenth of that, some zero)."""
+    import numpy as np
+
+    from ftlab.testing.quant_matmul import random_quant_weight
+    from ftlab.testing.quants import SCALE_OFFSETS
+
+    w = random_quant_weight(seed, qtype, experts * n, k, specials=(0x0000,), zero_rows=0.0)
+    rng = np.random.default_rng(seed + 1)
+    blocks = w.data.numpy().reshape(-1, QTYPES[qtype].nbytes)
+    top = magnitude / _INT_RANGE[qtype]
+    for off in SCALE_OFFSETS[qtype]:
+        scale = rng.uniform(0.05, 1.0, blocks.shape[0]) * np.where(rng.random(blocks.shape[0]) < 0.25, 0.1, 1.0)
+        scale = np.where(rng.random(blocks.shape[0]) < 0.05, 0.0, scale * top).astype(np.float16)
+        blocks[:, off : off + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return QuantWeight(w.data.view(experts, n, -1), (experts, n, k), qtype)
+
+
+def _block_terms(x8, w) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 path's sub-block terms of ``w [N, K]`` (any quantized type) and their parts."""
+    from ftlab.reference import q4_0 as ref
+    from ftlab.reference.quant_matmul import block_terms
+
+    return ref.q4_0_block_terms(x8, w) if isinstance(w, Q4_0Weight) else block_terms(x8, w)
+
+
+def _weight_parts(w: QuantWeight) -> tuple[torch.Tensor, int]:
+    """(f64 ``[N, K]`` bound on the magnitude of each weight's parts in the int8 dot, the number
+    of sub-block terms a row sums): Q4_0 ``|w| + 16 |d|`` (the nibble and the 8 * s8 shift), Q4_K
+    / Q5_K ``|d sc q| + |dmin m|``, Q8_0 / Q6_K ``|w|``."""
+    from ftlab.reference import q4_0 as ref
+    from ftlab.reference.quant_matmul import unpack_ints
+
+    n, k = w.shape
+    if isinstance(w, Q4_0Weight):
+        d4 = ref.unpack_q4_0(w)[0].double().abs()  # [N, K/32]
+        wabs = ops.dequantize(w, torch.float32, backend="reference").double().abs()
+        wabs = wabs + 16 * d4.repeat_interleave(32, dim=1)
+        return wabs, k // 32
+    f = unpack_ints(w)
+    q = f["q"].double()  # [N, S, L]
+    wabs = (f["d"].double() * f["sc"].double()).abs()[..., None] * q.abs()
+    if "dmin" in f:
+        wabs = wabs + (f["dmin"].double() * f["m"].double()).abs()[..., None]
+    return wabs.reshape(n, k), q.shape[1]
+
+
 def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
                       path: str, expected: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Per-element bound ``[T, H]`` on |backend - reference| for moe_experts, derived in f64.
@@ -107,17 +161,19 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
       (``OPERAND_ROUNDING``): Q4_0 weights, h, and fp32 operands of 3xTF32 dots; the h error
       is carried through SwiGLU to first order, plus the second-order terms (|silu'| <= 1.1,
       |silu''| <= 0.5) and 8 fp32 roundings of h itself.
-    - int8 path: x's Q8_1 is the same in every backend; g and u follow the Q4_0 int8 bound;
-      h is quantized to Q8_1 again, and a q of h within its error may round the other way or
-      see another block scale: ``_q8_1_range`` bounds the dequantized activations, and the
-      down dot of any two choices differs by at most ``sum |W_d| (a_hi - a_lo)``.
+    - int8 path: x's Q8_1 is the same in every backend; g and u are sums of S exact integer
+      sub-block terms scaled in fp32 (S = K/32, K/16 for Q6_K): ``2 (S + 5) eps32 sum |parts|``
+      (parts of ``q4_0_block_terms`` / ``quant_matmul.block_terms``); h is quantized to Q8_1
+      again, and a q of h within its error may round the other way or see another block scale:
+      ``_q8_1_range`` bounds the dequantized activations, and the down dot of any two choices
+      differs by at most ``sum |W_d| (a_hi - a_lo)``; its own rounding is bounded with the
+      magnitude of each weight's parts (``_weight_parts``).
     One ulp of the output dtype is added: the two fp32 results may round to neighbours (the
     ulp at ``|expected| + bound``, the reference's output, when given).
     """
-    from ftlab.quant import Q4_0Weight
     from ftlab.reference import q4_0 as ref
 
-    q4 = isinstance(w_gate_up, Q4_0Weight)
+    q4 = isinstance(w_gate_up, QuantWeight)
     if path == "auto":  # the reference's choice
         path = resolve_path("moe_experts", "reference", torch.device("cpu"), None, x.shape[0])[1]
     int8 = q4 and path == "int8"
@@ -133,7 +189,9 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
     exact = torch.zeros(x.shape, dtype=torch.float64)
 
     def dense(w):
-        return ref.dequantize_q4_0(w, torch.float32).double() if isinstance(w, Q4_0Weight) else w.double()
+        if isinstance(w, QuantWeight):
+            return ops.dequantize(w, torch.float32, backend="reference").double()
+        return w.double()
 
     for e in ids_c.unique().tolist():
         if not 0 <= e < num_experts:
@@ -145,8 +203,8 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
             xs = ref.quantize_q8_1(xf[tok])
             a = (xs.q.view(len(tok), -1, 32).double() * xs.d.double()[..., None]).view(len(tok), hidden)
             gu_exact = a @ wg.T
-            _, parts = ref.q4_0_block_terms(xs, gu[e])
-            eta = 2 * (hidden // 32 + 5) * EPS32 * parts.double().sum(-1)  # backend and reference
+            _, parts = _block_terms(xs, gu[e])
+            eta = 2 * (parts.shape[-1] + 5) * EPS32 * parts.double().sum(-1)  # backend and reference
         else:
             xa = xf[tok].double()
             gu_exact = xa @ wg.T
@@ -163,10 +221,9 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
         if int8:
             a_lo, a_hi = _q8_1_range(h, eh)
             amag = torch.maximum(a_lo.abs(), a_hi.abs())
-            d4 = ref.unpack_q4_0(dn[e])[0].double().abs()  # [H, I/32]
-            wabs = wd.abs() + 16 * d4.repeat_interleave(32, dim=1)
+            wabs, terms = _weight_parts(dn[e])
             y_exact = h @ wd.T
-            ey = (a_hi - a_lo) @ wd.abs().T + 2 * (inter // 32 + 5) * EPS32 * (amag @ wabs.T)
+            ey = (a_hi - a_lo) @ wd.abs().T + 2 * (terms + 5) * EPS32 * (amag @ wabs.T)
         else:
             eh = eh + u_h * (h.abs() + eh)
             y_exact = h @ wd.T
@@ -206,21 +263,24 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
                        path: str = "auto", device: torch.device | str = "cpu",
                        backends: Sequence[str] | None = None) -> None:  # fmt: skip
     """Every backend's moe_experts against the reference of the same path, within
-    :func:`experts_tolerance`. Backends lacking the path for Q4_0 banks are skipped when
-    ``backends`` is None."""
-    from ftlab.quant import Q4_0Weight
+    :func:`experts_tolerance`. Backends lacking the path for quantized banks, or the banks'
+    types, are skipped when ``backends`` is None."""
+    from ftlab.ops.moe import KQUANT_PATHS, kquant_path
 
     device = torch.device(device)
-    q4 = isinstance(w_gate_up, Q4_0Weight)
+    q4 = isinstance(w_gate_up, QuantWeight)
+    kquant = q4 and not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight))
     args = (x.to(device), w_gate_up.to(device), w_down.to(device), weights.to(device), ids.to(device))
     names = backends_for("moe_experts", device, x.dtype, backends)
     for name in names:
-        if name == "reference":
+        if name == "reference" or (kquant and backends is None and name not in KQUANT_PATHS):
             continue
         chosen = "dequant"  # dense banks: the path is moot, the dequant bound applies
         if q4:
             try:
                 chosen = resolve_path("moe_experts", name, device, x.dtype, x.shape[0], path)[1]
+                if kquant:
+                    chosen = kquant_path(name, path, chosen, "these")
             except BackendUnavailable:
                 if backends is None:  # all backends: those that implement this path
                     continue

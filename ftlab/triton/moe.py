@@ -9,6 +9,7 @@ family's backend entries.
   banks on the int8 path: Q8_1 activations (x, then the SwiGLU output h) and the dp4a block
   dots of ``ftlab.triton.q4_0_common``. Slots with an invalid id load nothing (masked loads).
 - ``moe_experts``, prefill: the grouped GEMMs of ``ftlab/triton/moe_gemm.py``.
+- ``moe_experts`` on Q8_0 / K-quant banks: ``ftlab/triton/moe_kquant.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import triton
 import triton.language as tl
 
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.quant import Q4_0Weight
 from ftlab.triton.moe_gemm import bank_args, experts_gemm
+from ftlab.triton.moe_kquant import experts_kquant, experts_kquant_gemm
 from ftlab.triton.moe_route import moe_align, route_topk
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import (
@@ -232,14 +235,19 @@ def _experts_decode(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
 
 def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.moe_experts` (``path`` resolved: "int8" or
-    "dequant"). Q4_0 banks on the int8 path: the int8 decode kernels (any T); else up to
-    ``DECODE_MAX_TOKENS`` tokens the fp32 decode kernels, beyond the grouped GEMM."""
+    "dequant"). Q4_0 banks on the int8 path: the int8 decode kernels (any T); Q8_0 / K-quant
+    banks: those of ``moe_kquant`` (int8: matvecs at any T; dequant: its grouped GEMM); else up
+    to ``DECODE_MAX_TOKENS`` tokens the fp32 decode kernels, beyond the grouped GEMM."""
     t, hidden = x.shape
     if t == 0:
         return torch.empty((0, hidden), dtype=x.dtype, device=x.device)
     x = x if x.stride(1) == 1 else x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()
     wts = topk_weights.contiguous()
+    if not isinstance(w_gate_up, torch.Tensor) and not (isinstance(w_gate_up, Q4_0Weight)
+                                                        and isinstance(w_down, Q4_0Weight)):  # fmt: skip
+        kquant = experts_kquant if path == "int8" else experts_kquant_gemm
+        return kquant(x, w_gate_up, w_down, wts, ids)
     if path == "int8" and not isinstance(w_gate_up, torch.Tensor):
         return _experts_q8(x, w_gate_up, w_down, wts, ids)
     if t <= DECODE_MAX_TOKENS:

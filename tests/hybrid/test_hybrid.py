@@ -125,21 +125,27 @@ TestLru.settings = settings(max_examples=60, stateful_step_count=20, deadline=No
 
 
 @needs_cpu_build
-@pytest.mark.parametrize("cpu_share", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("q4", [True, False])
-def test_split_math_equals_all_experts(cpu_share, q4):
+@pytest.mark.parametrize("cpu_share, banks", [(s, b) for b in ("Q4_0", "dense") for s in (0.0, 0.5, 1.0)]
+                         + [(0.5, "Q4_K_M")])  # fmt: skip
+def test_split_math_equals_all_experts(cpu_share, banks):
     """GPU part (simulated: the reference on the CPU over the slot banks) + CPU part (native
     kernels) == all experts through the reference, within the experts bound, as routes move
-    between the parts step by step."""
+    between the parts step by step. Q4_K_M: Q4_K gate_up, Q6_K down (a Q4_K_M file's layers)."""
+    q4 = banks != "dense"
     gen = torch.Generator().manual_seed(int(cpu_share * 10) + q4)
     e, k, h, inter, t = 16, 4, 96, 64, 3
+    if banks == "Q4_K_M":
+        e, h, inter = 8, 256, 256
     gu = torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5
     dn = torch.randn(e, h, inter, generator=gen) * inter**-0.5
-    if q4:
+    if banks == "Q4_0":
         gu, dn = ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)
+    elif banks == "Q4_K_M":
+        gu = ft.random_quant_bank(e, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5)
+        dn = ft.random_quant_bank(e + 1, "Q6_K", e, h, inter, magnitude=4 * inter**-0.5)
     slots = round(e * (1 - cpu_share))
     ex = HybridDecodeExecutor(gu, dn, slots, "cpu", backend="reference", path="int8" if q4 else "dequant")
-    for _ in range(6):
+    for _ in range(3 if banks == "Q4_K_M" else 6):
         x = torch.randn(t, h, generator=gen)
         w, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
         ids[0, 0] = -1
@@ -191,6 +197,38 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
 
 
 @needs_cpu_build
+def test_portable_build_equals_native_on_kquants(tmp_path):
+    """The scalar K-quant / Q8_0 row dots and the AVX2 ones both hold to the reference, Q4_K_M's
+    Q4_K gate_up with Q6_K down and Q8_0 gate_up with Q5_K down."""
+    import os
+    import subprocess
+    import sys
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 256, generator=gen)
+    w, ids = ops.route_topk(torch.randn(3, 4, generator=gen), 2)
+    pairs = [("Q4_K", "Q6_K"), ("Q8_0", "Q5_K")]
+    banks = [(ft.random_quant_bank(i, a, 4, 512, 256), ft.random_quant_bank(9 + i, b, 4, 256, 256))
+             for i, (a, b) in enumerate(pairs)]  # fmt: skip
+    torch.save({"x": x, "w": w, "ids": ids, "banks": [(a.data, b.data) for a, b in banks]}, tmp_path / "case.pt")
+    code = (
+        "import sys, torch; from ftlab import ops; from ftlab.quant import QuantWeight; "
+        "c = torch.load(sys.argv[1]); "
+        f"ys = [ops.moe_experts(c['x'], QuantWeight(a, (4, 512, 256), ta), QuantWeight(b, (4, 256, 256), tb), "
+        f"c['w'], c['ids'], path='int8', backend='cpu') for (a, b), (ta, tb) in zip(c['banks'], {pairs!r})]; "
+        "torch.save(ys, sys.argv[2])"
+    )
+    for isa in ("native", "portable"):
+        out = tmp_path / f"{isa}.pt"
+        env = {**os.environ, "FTLAB_CPU_ISA": isa}
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True)
+        for (gu, dn), got in zip(banks, torch.load(out), strict=True):
+            want = ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="reference")
+            bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
+            assert bool(((got - want).abs() <= bound).all()), (isa, gu.qtype, dn.qtype)
+
+
+@needs_cpu_build
 def test_bench_hybrid_cpu_rows_are_validated():
     """``ftlab bench hybrid`` on a CPU: a row per residency with CPU routes, each checked against
     the reference before timing."""
@@ -233,6 +271,34 @@ def test_cpu_job_entry_is_exported():
     from ftlab.cpu.moe import job_entry
 
     assert job_entry() != 0
+
+
+@needs_cpu_build
+def test_cpu_job_entry_runs_q4_k_m_banks():
+    """The handshakes' plain-C entry on a job of Q4_K gate_up and Q6_K down (cpu_job.h's two
+    kinds) gives the cpu backend's answer; a job of a dense gate_up beside a quantized down, or
+    of another version, is refused with nothing written."""
+    import ctypes
+
+    from ftlab.cpu.moe import job_entry, job_kind
+
+    class Job(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_int32) for n in ("version", "kind", "threads", "reserved")] + [
+            (n, ctypes.c_int64) for n in ("tokens", "hidden", "top_k", "experts", "inter")
+        ] + [(n, ctypes.c_void_p) for n in ("x", "ids", "w", "y", "gate_up", "down")]  # fmt: skip
+
+    gu = ft.random_quant_bank(3, "Q4_K", 4, 512, 256)
+    dn = ft.random_quant_bank(4, "Q6_K", 4, 256, 256)
+    x = torch.randn(2, 256)
+    w, ids = ops.route_topk(torch.randn(2, 4), 2)
+    y = torch.full((2, 256), 7.0)
+    args = [x.data_ptr(), ids.data_ptr(), w.data_ptr(), y.data_ptr(), gu.data.data_ptr(), dn.data.data_ptr()]
+    fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Job))(job_entry())
+    for version, kind in ((2, job_kind(gu, dn)), (3, 1 | job_kind(gu, dn) & ~0xFF)):
+        assert fn(ctypes.byref(Job(version, kind, 0, 0, 2, 256, 2, 4, 256, *args))) == 1
+    assert bool((y == 7.0).all())
+    assert fn(ctypes.byref(Job(3, job_kind(gu, dn), 0, 0, 2, 256, 2, 4, 256, *args))) == 0
+    assert torch.equal(y, ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="cpu"))
 
 
 def test_channel_handshake_marks_its_phases_in_order():

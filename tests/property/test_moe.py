@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import ops
+from ftlab.backends import BackendUnavailable
+from ftlab.jit import cpu_unavailable_reason
 from ftlab.reference.moe import align_capacity
 from ftlab.testing.moe import check_invalid_ids_read_nothing
 
@@ -289,6 +291,88 @@ def test_experts_prefill_backends_cpu(case):
     ft.check_experts_case(*case, device="cpu", backends=["reference", "triton"])
 
 
+#: (gate_up, down) bank types: Q4_K_M's two mixes, the others alone, and Q4_0 beside a K-quant
+KQUANT_PAIRS = [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q6_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q5_K", "Q6_K"),
+                ("Q4_0", "Q6_K")]  # fmt: skip
+
+
+@st.composite
+def kquant_expert_cases(draw, tokens=(1, 3, 9)):
+    """Small K-quant / Q8_0 banks (H and I multiples of 256, E <= 4) and a routing of T tokens."""
+    gate, down = draw(st.sampled_from(KQUANT_PAIRS))
+    e, t = draw(st.integers(1, 4)), draw(st.sampled_from(list(tokens)))
+    k = draw(st.integers(1, min(e, 2)))
+    h, inter = (256 * draw(st.sampled_from([1, 2])) for _ in range(2))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
+    ids[torch.rand(ids.shape, generator=gen) < 0.2] = -1
+    x = (torch.randn(t, h, generator=gen) * draw(st.sampled_from([1.0, 0.05, 8.0])))
+    x = x.to(draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])))
+    if gate == "Q4_0":
+        gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5)
+    else:
+        gu = ft.random_quant_bank(seed, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
+    dn = ft.random_quant_bank(seed + 7, down, e, h, inter, magnitude=4 * inter**-0.5)
+    return x, gu, dn, weights, ids, draw(st.sampled_from(["auto", "int8"]))
+
+
+@pytest.mark.skipif(cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason()))
+@settings(max_examples=12, deadline=None)
+@given(kquant_expert_cases())
+def test_kquant_experts_backends_cpu(case):
+    """The native CPU kernels (the hybrid's) against the reference on K-quant / Q8_0 banks."""
+    ft.check_experts_case(*case, device="cpu", backends=["reference", "cpu"])
+
+
+@settings(max_examples=2, deadline=None)
+@given(kquant_expert_cases(tokens=(1, 3)))
+def test_kquant_experts_triton_cpu(case):
+    """The Triton K-quant expert kernels (under the interpreter) against the reference."""
+    ft.check_experts_case(*case, device="cpu", backends=["triton"])
+
+
+@pytest.mark.parametrize("gate, down", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q4_0", "Q6_K")])
+def test_kquant_experts_triton_each_type_cpu(gate, down):
+    """Every type's branch of the Triton kernels (one dot, one tile for both kernels) at least
+    once, int8 matvecs and the dequant GEMM: a token of top-2 over 2 experts, and a token with one
+    slot invalid."""
+    gen = torch.Generator().manual_seed(len(gate + down))
+    x = torch.randn(2, 256, generator=gen)
+    weights, ids = ops.route_topk(torch.randn(2, 2, generator=gen), 2)
+    ids[1, 0] = -1
+    gu = (ops.quantize_q4_0(torch.randn(2, 512, 256, generator=gen) / 16) if gate == "Q4_0"
+          else ft.random_quant_bank(1, gate, 2, 512, 256, magnitude=0.25))  # fmt: skip
+    dn = ft.random_quant_bank(2, down, 2, 256, 256, magnitude=0.25)
+    for path in ("int8", "dequant"):
+        ft.check_experts_case(x, gu, dn, weights, ids, path, device="cpu", backends=["triton"])
+
+
+@settings(max_examples=4, deadline=None)
+@given(kquant_expert_cases(tokens=(1, 3)))
+def test_kquant_reference_paths(case):
+    """dequant is the dense reference on the dequantized banks; int8 within Q8_1 rounding of it."""
+    x, gu, dn, w, ids, _ = case
+    dense = ops.moe_experts(x.float(), ops.dequantize(gu), ops.dequantize(dn), w, ids)
+    deq = ops.moe_experts(x.float(), gu, dn, w, ids, path="dequant", backend="reference")
+    torch.testing.assert_close(deq, dense, rtol=0, atol=0)
+    int8 = ops.moe_experts(x.float(), gu, dn, w, ids, path="int8", backend="reference")
+    scale = float(dense.abs().max()) + 1e-30
+    assert float((int8 - dense).abs().max()) <= 0.05 * scale
+
+
+def test_kquant_banks_on_backends_without_them():
+    gu = ft.random_quant_bank(0, "Q4_K", 2, 512, 256)
+    dn = ft.random_quant_bank(1, "Q6_K", 2, 256, 256)
+    x, w, ids = torch.randn(1, 256), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(BackendUnavailable, match="cannot serve"):
+        ops.moe_experts(x, gu, dn, w, ids, path="dequant", backend="cpu")
+    with pytest.raises(TypeError, match="both be QuantWeight banks or both dense"):
+        ops.moe_experts(x, gu, torch.randn(2, 256, 256), w, ids)
+    with pytest.raises(TypeError, match="w_gate_up must be one of"):
+        ops.moe_experts(x, gu.data, dn, w, ids)
+
+
 def test_experts_tolerance_catches_a_wrong_slot_weight():
     """The bound is tight enough to fail a kernel that mixes up two slots' weights."""
     gen = torch.Generator().manual_seed(3)
@@ -316,6 +400,13 @@ def test_experts_gpu(case):
 
 
 @pytest.mark.gpu
+@settings(max_examples=20, deadline=None)
+@given(kquant_expert_cases(tokens=(1, 3, 9)))
+def test_kquant_experts_gpu(case):
+    ft.check_experts_case(*case, device="cuda")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "hip"])
 def test_invalid_ids_read_nothing_gpu(backend):
     check_invalid_ids_read_nothing(backend, "cuda")
@@ -324,7 +415,7 @@ def test_invalid_ids_read_nothing_gpu(backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "hip"])
 @pytest.mark.parametrize("tokens", [1, 4, 64])
-@pytest.mark.parametrize("q4", [True, False])
+@pytest.mark.parametrize("q4", [True, False, "Q4_K_M"])
 def test_fused_moe_graph_replay_gpu(backend, tokens, q4):
     """fused_moe captured in a CUDA graph (router, align, experts: no host synchronization)
     replays to the eager result, for new inputs written into the captured buffers."""
@@ -334,6 +425,9 @@ def test_fused_moe_graph_replay_gpu(backend, tokens, q4):
     gu = torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5
     dn = torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5
     gu, dn = (ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)) if q4 else (gu.bfloat16(), dn.bfloat16())
+    if q4 == "Q4_K_M":  # Q4_K gate/up, Q6_K down: the K-quant kernels
+        gu = ft.random_quant_bank(1, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5).to(dev)
+        dn = ft.random_quant_bank(2, "Q6_K", e, h, inter, magnitude=4 * inter**-0.5).to(dev)
     x = torch.randn(tokens, h, device=dev, generator=gen, dtype=torch.bfloat16)
     logits = torch.randn(tokens, e, device=dev, generator=gen)
 

@@ -60,7 +60,7 @@ def test_mixed_q4_0_and_dense_banks_are_refused(device, backend):
     w, ids = torch.full((2, 2), 0.5, device=device), torch.tensor([[0, 1], [2, 3]], device=device)
     q_gu, q_dn = ops.quantize_q4_0(gu).to(device), ops.quantize_q4_0(dn).to(device)
     for a, b in ((q_gu, dn.to(device)), (gu.to(device), q_dn)):
-        with pytest.raises(TypeError, match="w_gate_up and w_down must both be Q4_0Weight banks or both dense"):
+        with pytest.raises(TypeError, match="w_gate_up and w_down must both be QuantWeight banks or both dense"):
             ops.moe_experts(x, a, b, w, ids, backend=backend)
 
 

@@ -4,10 +4,11 @@
 // other ids (-1: a slot routed to the GPU) contribute nothing and read nothing.
 // Contract: docs/OPS.md sections 3 and 4; reference: ftlab/reference/moe.py (moe_experts).
 //
-// Banks: Q4_0 (uint8 [E, N, K/32*18]) on the int8 path -- x and h quantized to Q8_1 with the
-// reference's arithmetic (d = amax / 127, q = round-half-away(v / d), s = d * sum q) and the
-// block dot d4 * (d8 * sumi - 8 * s8) with an exact integer sumi -- or dense fp32 / bf16 / fp16
-// banks in fp32 arithmetic. x and y are fp32 (the Python side casts). OpenMP threads take
+// Banks: quantized (uint8 [E, N, row bytes]; Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, gate_up and down of
+// any two of them) on the int8 path -- x and h quantized to Q8_1 with the reference's arithmetic
+// (d = amax / 127, q = round-half-away(v / d), s = d * sum q), the Q4_0 block dot
+// d4 * (d8 * sumi - 8 * s8) with an exact integer sumi, the others' in moe_cpu_kquants.h -- or
+// dense fp32 / bf16 / fp16 banks in fp32 arithmetic. x and y are fp32 (the Python side casts). OpenMP threads take
 // (pair, row chunk) items for gate/up and (token, row chunk) items for down. The Q4_0 block
 // dot is AVX2 (maddubs + madd, exact integer lane sums) where the build targets it (-march=native
 // on an AVX2 host); with FMA and F16C as well, the lane sums are scaled and accumulated in 8 fp32
@@ -22,6 +23,7 @@
 #endif
 
 #include "cpu_job.h"
+#include "moe_cpu_kquants.h"
 
 #include <omp.h>
 
@@ -39,29 +41,7 @@ constexpr int kQK = 32;
 constexpr int kBlockBytes = 18;
 constexpr int kRowChunk = 16;  // output rows a work item
 
-inline float bits_to_float(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
 inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
-
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-  if (exp == 31) return bits_to_float(sign | 0x7f800000u | (man << 13));
-  if (exp == 0) {
-    if (man == 0) return bits_to_float(sign);
-    int shift = 0;
-    while (!(man & 0x400u)) {
-      man <<= 1;
-      ++shift;
-    }
-    return bits_to_float(sign | (static_cast<uint32_t>(113 - shift) << 23) | ((man & 0x3ffu) << 13));
-  }
-  return bits_to_float(sign | ((exp + 112) << 23) | (man << 13));
-}
 
 // Q8_1 of a row of nb blocks: q int8 [nb * 32], d and s fp32 [nb].
 void q8_1_row(const float* x, int nb, int8_t* q, float* d, float* s) {
@@ -179,6 +159,7 @@ inline void q4_rows_dot2(const uint8_t* r0, const uint8_t* r1, int nb, const int
 #endif
 }
 
+// q4 stands for every quantized kind (the run's gate_up and down kinds pick the row dots).
 enum class Kind { q4 = FTLAB_BANK_Q4_0, f32 = FTLAB_BANK_F32, bf16 = FTLAB_BANK_BF16, f16 = FTLAB_BANK_F16 };
 
 template <Kind K>
@@ -199,20 +180,32 @@ inline float dense_row_dot(const void* row, int k, const float* x) {
   return acc;
 }
 
-Kind kind_of(const TensorView& w, const char* name) {
+// The FtlabCpuBankKind of a bank: its dtype's, or `quant` (a quantized kind) for uint8 banks.
+int kind_of(const TensorView& w, const char* name, int64_t quant) {
   const DLDataType dt = w.dtype();
-  if (dt.code == kDLUInt && dt.bits == 8) return Kind::q4;
-  if (dt.code == kDLFloat && dt.bits == 32) return Kind::f32;
-  if (dt.code == kDLBfloat && dt.bits == 16) return Kind::bf16;
-  if (dt.code == kDLFloat && dt.bits == 16) return Kind::f16;
-  TVM_FFI_THROW(TypeError) << name << " must be a Q4_0 (uint8) or float32 / bfloat16 / float16 bank";
-  return Kind::f32;
+  if (dt.code == kDLUInt && dt.bits == 8 && (quant == FTLAB_BANK_Q4_0 || kq::is_kquant(static_cast<int>(quant))))
+    return static_cast<int>(quant);
+  if (dt.code == kDLFloat && dt.bits == 32) return FTLAB_BANK_F32;
+  if (dt.code == kDLBfloat && dt.bits == 16) return FTLAB_BANK_BF16;
+  if (dt.code == kDLFloat && dt.bits == 16) return FTLAB_BANK_F16;
+  TVM_FFI_THROW(TypeError) << name << " must be a quantized (uint8, with its kind) or float32 / bfloat16 / float16 bank";
+  return FTLAB_BANK_F32;
+}
+
+bool quantized(int kind) { return kind == FTLAB_BANK_Q4_0 || kq::is_kquant(kind); }
+
+// The job's kinds are valid: both dense and equal, or both quantized.
+bool kinds_ok(int32_t kind) {
+  const int g = kind & 0xff, d = kind >> 8;
+  if (kind < 0 || d > 0xff) return false;
+  return quantized(g) ? quantized(d) : (g >= FTLAB_BANK_F32 && g <= FTLAB_BANK_F16 && d == g);
 }
 
 const char* base(const TensorView& t) { return static_cast<const char*>(t.data_ptr()) + t.byte_offset(); }
 
 template <Kind K>
 void run(const FtlabCpuMoeJob& job) {
+  const int gk = job.kind & 0xff, dk = job.kind >> 8;
   const int64_t t = job.tokens, hidden = job.hidden, top_k = job.top_k, experts = job.experts, inter = job.inter;
   const int64_t pairs = t * top_k;
   const float* xp = job.x;
@@ -222,8 +215,8 @@ void run(const FtlabCpuMoeJob& job) {
   const char* gup = static_cast<const char*>(job.gate_up);
   const char* dnp = static_cast<const char*>(job.down);
   const int64_t elem = K == Kind::q4 ? 1 : (K == Kind::f32 ? 4 : 2);
-  const int64_t gu_row = (K == Kind::q4 ? hidden / kQK * kBlockBytes : hidden) * elem;
-  const int64_t dn_row = (K == Kind::q4 ? inter / kQK * kBlockBytes : inter) * elem;
+  const int64_t gu_row = (K == Kind::q4 ? kq::row_bytes(gk, hidden) : hidden) * elem;
+  const int64_t dn_row = (K == Kind::q4 ? kq::row_bytes(dk, inter) : inter) * elem;
   const int64_t gu_e = 2 * inter * gu_row, dn_e = hidden * dn_row;
   const int nbh = static_cast<int>(hidden / kQK), nbi = static_cast<int>(inter / kQK);
 
@@ -249,9 +242,14 @@ void run(const FtlabCpuMoeJob& job) {
       float g, u;
       if constexpr (K == Kind::q4) {
         const int8_t* q = &xq[tok * hidden];
-        q4_rows_dot2(reinterpret_cast<const uint8_t*>(we + n * gu_row),
-                     reinterpret_cast<const uint8_t*>(we + (inter + n) * gu_row), nbh, q, &xd[tok * nbh],
-                     &xs[tok * nbh], &g, &u);
+        const auto* rg = reinterpret_cast<const uint8_t*>(we + n * gu_row);
+        const auto* ru = reinterpret_cast<const uint8_t*>(we + (inter + n) * gu_row);
+        if (gk == FTLAB_BANK_Q4_0) {
+          q4_rows_dot2(rg, ru, nbh, q, &xd[tok * nbh], &xs[tok * nbh], &g, &u);
+        } else {
+          g = kq::row_dot(gk, rg, nbh, q, &xd[tok * nbh], &xs[tok * nbh]);
+          u = kq::row_dot(gk, ru, nbh, q, &xd[tok * nbh], &xs[tok * nbh]);
+        }
       } else {
         g = dense_row_dot<K>(we + n * gu_row, static_cast<int>(hidden), xp + tok * hidden);
         u = dense_row_dot<K>(we + (inter + n) * gu_row, static_cast<int>(hidden), xp + tok * hidden);
@@ -279,7 +277,9 @@ void run(const FtlabCpuMoeJob& job) {
         const char* row = dnp + e * dn_e + n * dn_row;
         float part;
         if constexpr (K == Kind::q4) {
-          part = q4_row_dot(reinterpret_cast<const uint8_t*>(row), nbi, &hq[p * inter], &hd[p * nbi], &hs[p * nbi]);
+          const auto* r = reinterpret_cast<const uint8_t*>(row);
+          part = dk == FTLAB_BANK_Q4_0 ? q4_row_dot(r, nbi, &hq[p * inter], &hd[p * nbi], &hs[p * nbi])
+                                       : kq::row_dot(dk, r, nbi, &hq[p * inter], &hd[p * nbi], &hs[p * nbi]);
         } else {
           part = dense_row_dot<K>(row, static_cast<int>(inter), &h[p * inter]);
         }
@@ -291,7 +291,7 @@ void run(const FtlabCpuMoeJob& job) {
 }
 
 void dispatch(const FtlabCpuMoeJob& job) {
-  switch (static_cast<Kind>(job.kind)) {
+  switch (quantized(job.kind & 0xff) ? Kind::q4 : static_cast<Kind>(job.kind & 0xff)) {
     case Kind::q4: run<Kind::q4>(job); break;
     case Kind::f32: run<Kind::f32>(job); break;
     case Kind::bf16: run<Kind::bf16>(job); break;
@@ -308,10 +308,11 @@ void check_f32(const TensorView& t, const char* name) {
 
 using tvm::ffi::TensorView;
 
-// x fp32 [T, H], w_gate_up [E, 2I, *] and w_down [E, H, *] (both Q4_0 or both dense of one
-// dtype), ids int32 [T, k], wts fp32 [T, k] -> y fp32 [T, H].
+// x fp32 [T, H], w_gate_up [E, 2I, *] and w_down [E, H, *] (both quantized -- uint8 rows of the
+// FtlabCpuBankKind gate_kind / down_kind -- or both dense of one dtype), ids int32 [T, k],
+// wts fp32 [T, k] -> y fp32 [T, H].
 void moe_experts_cpu(TensorView x, TensorView w_gate_up, TensorView w_down, TensorView ids, TensorView wts,
-                     TensorView y) {
+                     TensorView y, int64_t gate_kind, int64_t down_kind) {
   using namespace cpu;
   check_f32(x, "x");
   check_f32(wts, "wts");
@@ -325,16 +326,19 @@ void moe_experts_cpu(TensorView x, TensorView w_gate_up, TensorView w_down, Tens
   TVM_FFI_CHECK(w_gate_up.IsContiguous() && w_down.IsContiguous() && w_gate_up.ndim() == 3 && w_down.ndim() == 3,
                 ValueError)
       << "banks must be contiguous [E, N, *]";
-  const Kind k = kind_of(w_gate_up, "w_gate_up");
-  TVM_FFI_CHECK(kind_of(w_down, "w_down") == k, TypeError) << "w_gate_up and w_down must be of one kind";
+  const int gk = kind_of(w_gate_up, "w_gate_up", gate_kind), dk = kind_of(w_down, "w_down", down_kind);
+  const int32_t kind = FTLAB_CPU_JOB_KIND(gk, dk);
+  TVM_FFI_CHECK(kinds_ok(kind), TypeError) << "w_gate_up and w_down must be both quantized or dense of one dtype";
   const int64_t hidden = x.size(1), inter = w_gate_up.size(1) / 2;
-  const int64_t gk = k == Kind::q4 ? hidden / kQK * kBlockBytes : hidden;
-  const int64_t dk = k == Kind::q4 ? inter / kQK * kBlockBytes : inter;
-  TVM_FFI_CHECK(w_gate_up.size(0) == w_down.size(0) && w_gate_up.size(2) == gk && w_down.size(1) == hidden &&
-                    w_down.size(2) == dk && (k != Kind::q4 || (hidden % kQK == 0 && inter % kQK == 0)),
+  const bool q = quantized(gk);
+  // weights a block: 256 for the K-quants, 32 for Q4_0 / Q8_0 (and the Q8_1 activations)
+  auto block = [q](int kind) { return !q ? 1 : (kind >= FTLAB_BANK_Q4_K ? 256 : kQK); };
+  const int64_t gb = q ? kq::row_bytes(gk, hidden) : hidden, db = q ? kq::row_bytes(dk, inter) : inter;
+  TVM_FFI_CHECK(w_gate_up.size(0) == w_down.size(0) && w_gate_up.size(2) == gb && w_down.size(1) == hidden &&
+                    w_down.size(2) == db && hidden % block(gk) == 0 && inter % block(dk) == 0,
                 ValueError)
-      << "banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] (Q4_0: K a multiple of 32)";
-  FtlabCpuMoeJob job{FTLAB_CPU_JOB_VERSION, static_cast<int32_t>(k), 0, 0, x.size(0), hidden, ids.size(1),
+      << "banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] (K a multiple of the type's block)";
+  FtlabCpuMoeJob job{FTLAB_CPU_JOB_VERSION, kind, 0, 0, x.size(0), hidden, ids.size(1),
                      w_gate_up.size(0), inter, reinterpret_cast<const float*>(base(x)),
                      reinterpret_cast<const int32_t*>(base(ids)), reinterpret_cast<const float*>(base(wts)),
                      reinterpret_cast<float*>(const_cast<char*>(base(y))), base(w_gate_up), base(w_down)};
@@ -346,9 +350,7 @@ void moe_experts_cpu(TensorView x, TensorView w_gate_up, TensorView w_down, Tens
 // The C entry of the hybrid handshakes' worker threads (cpu_job.h): no tvm-ffi objects, no
 // exceptions across the boundary; 1 for a job of another version or kind, 0 when done.
 extern "C" int ftlab_cpu_moe_job(const FtlabCpuMoeJob* job) noexcept {
-  if (job == nullptr || job->version != FTLAB_CPU_JOB_VERSION || job->kind < FTLAB_BANK_Q4_0 ||
-      job->kind > FTLAB_BANK_F16)
-    return 1;
+  if (job == nullptr || job->version != FTLAB_CPU_JOB_VERSION || !ftlab::cpu::kinds_ok(job->kind)) return 1;
   // the worker thread's own ICV: the handshake leaves cores to the threads that feed the GPU
   if (job->threads > 0) omp_set_num_threads(job->threads);
   try {

@@ -1,0 +1,69 @@
+// Runs moe_kquant.hip's expert kernels on the CPU with the host stand-ins of
+// tests/unit/hip_host/q4_0_common.h (one std::thread per GPU thread of a block, blocks in turn).
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "q4_0_common.h"
+
+inline float port_expf(float x) { return std::exp(x); }
+
+#include "moe_kquant.hip"
+
+using namespace ftlab::qmm;
+
+template <typename F>
+void run_block(int bx, int by, F kernel) {
+  constexpr int threads = kGroup * kRowsPerBlock;
+  std::barrier<> bar(threads);
+  host_barrier = &bar;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([=] {
+      blockIdx = {bx, by};
+      threadIdx = {t % kGroup, t / kGroup};
+      host_lane_base = 32 * (t / 32);
+      kernel();
+      host_barrier->arrive_and_drop();
+    });
+  for (auto& th : pool) th.join();
+}
+
+template <typename Q>
+void gate_up(const int8_t* q8, const float* d8, const float* s8, const uint8_t* w, int64_t eb, int64_t rb,
+             const int32_t* ids, float* h, int64_t e, int64_t hidden, int64_t inter, int64_t tokens, int64_t k) {
+  for (int p = 0; p < tokens * k; ++p)
+    for (int by = 0; by < (inter + kRowsPerBlock - 1) / kRowsPerBlock; ++by)
+      run_block(p, by, [=] { moe_gate_up_kq_kernel<Q>(q8, d8, s8, w, eb, rb, ids, h, e, hidden, inter, k); });
+}
+
+template <typename Q>
+void down(const int8_t* q8, const float* d8, const float* s8, const uint8_t* w, int64_t eb, int64_t rb,
+          const int32_t* ids, const float* wts, float* y, int64_t e, int64_t hidden, int64_t inter, int64_t tokens,
+          int64_t k) {
+  for (int t = 0; t < tokens; ++t)
+    for (int by = 0; by < (hidden + kRowsPerBlock - 1) / kRowsPerBlock; ++by)
+      run_block(t, by, [=] { moe_down_kq_kernel<Q>(q8, d8, s8, w, eb, rb, ids, wts, y, e, hidden, inter, k); });
+}
+
+#define FTLAB_BY_CODE(code, F, ...)              \
+  switch (code) {                               \
+    case 0: F<Q8_0>(__VA_ARGS__); break;        \
+    case 1: F<QK4<false>>(__VA_ARGS__); break;  \
+    case 2: F<QK4<true>>(__VA_ARGS__); break;   \
+    case 3: F<Q6_K>(__VA_ARGS__); break;        \
+    default: F<QUnit4_0>(__VA_ARGS__); break;   \
+  }
+
+// code: 0 Q8_0, 1 Q4_K, 2 Q5_K, 3 Q6_K, 4 Q4_0 (moe_kquant_launch.hip's codes).
+extern "C" void run_gate_up(int code, const int8_t* q8, const float* d8, const float* s8, const uint8_t* w,
+                            int64_t eb, int64_t rb, const int32_t* ids, float* h, int64_t e, int64_t hidden,
+                            int64_t inter, int64_t tokens, int64_t k) {
+  FTLAB_BY_CODE(code, gate_up, q8, d8, s8, w, eb, rb, ids, h, e, hidden, inter, tokens, k)
+}
+
+extern "C" void run_down(int code, const int8_t* q8, const float* d8, const float* s8, const uint8_t* w, int64_t eb,
+                         int64_t rb, const int32_t* ids, const float* wts, float* y, int64_t e, int64_t hidden,
+                         int64_t inter, int64_t tokens, int64_t k) {
+  FTLAB_BY_CODE(code, down, q8, d8, s8, w, eb, rb, ids, wts, y, e, hidden, inter, tokens, k)
+}
