@@ -63,7 +63,10 @@ def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weigh
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32 and rounded once to x's dtype
     (one fused kernel where torch has one: a decode step runs 2 of these a layer, and the q / k
-    head norms inside ``ops.qk_norm_rope``)."""
+    head norms inside ``ops.qk_norm_rope``). ``weight`` of x's dtype or fp32 (an fp32 scale is
+    applied unrounded)."""
+    if weight.dtype != x.dtype:
+        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)  # fp32 inside for 16-bit x, weight included
 
 

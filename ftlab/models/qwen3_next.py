@@ -14,7 +14,8 @@ partial RoPE (``ops.qk_norm_rope``), GQA over the static KV cache, ``attn * sigm
 ``ops.moe_experts``) plus a shared SwiGLU expert scaled by ``sigmoid(shared_expert_gate(x))``
 (``ops.moe_experts`` over a one-expert bank, the gate as its routing weight).
 
-The norms of the checkpoints that scale by ``(1 + w)`` hold ``1 + w`` here (converted at load).
+The norms of the checkpoints that scale by ``(1 + w)`` hold ``1 + w`` here, in fp32 (converted at load), as
+the reference implementation applies them: the residual norms and the q / k head norms run in fp32.
 
 State: per linear layer a conv state ``[max_batch, conv_dim, W-1]`` and a delta state
 ``[max_batch, Hv, Dk, Dv]`` fp32, per full-attention layer its slots of the static KV cache
@@ -217,9 +218,11 @@ class Qwen3Next:
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q, gate, k, v = self._proj(x, lw.qgkv(), [lw.q_proj, lw.gate_proj, lw.k_proj, lw.v_proj])
         yield Stage(f"layer {i} q_gate", {"q": q, "gate": gate, "k": k, "v": v}, "q")
-        q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkv, hd), lw.q_norm, lw.k_norm, geo["cos"],
-                                geo["sin"], c.rms_norm_eps, rotary_dim=c.rotary_dim,
+        wide = lw.q_norm.dtype  # fp32 scales 1 + w: the op casts its weights to q's dtype
+        q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd).to(wide), k.reshape(b * t, nkv, hd).to(wide), lw.q_norm,
+                                lw.k_norm, geo["cos"], geo["sin"], c.rms_norm_eps, rotary_dim=c.rotary_dim,
                                 backend=self.backends["qk_norm_rope"])  # fmt: skip
+        q, k = q.to(x.dtype), k.to(x.dtype)
         yield Stage(f"layer {i} qk_norm_rope", {"q": q, "k": k}, "q")
         att = self.cache.attend(self.slot[i], q.view(b, t, nh, hd), k.view(b, t, nkv, hd), v.reshape(b, t, nkv, hd),
                                 geo, self.backends).reshape(b * t, nh * hd)  # fmt: skip

@@ -91,8 +91,10 @@ class _Reader:
         return t.to(self.device) if isinstance(t, Q4_0Weight) else self.dense(name, *shape)
 
     def norm(self, name: str, n: int, zero_centred: bool) -> torch.Tensor:
+        """A norm's scale ``[n]``: a zero-centred one's ``1 + w`` in fp32 (rounded to a 16-bit
+        dtype, ``1 + w`` loses the low bits of a small ``w``), any other in the model's dtype."""
         w = self.dense(name, n, dtype=torch.float32)
-        return (w + 1 if zero_centred else w).to(self.dtype)
+        return w + 1 if zero_centred else w.to(self.dtype)
 
 
 def take_rows(w: Weight, rows: torch.Tensor) -> Weight:
