@@ -38,7 +38,7 @@ from ftlab.formats.gguf import (
 )
 from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
-from ftlab.quant import Q4_0Weight, QuantWeight
+from ftlab.quant import Q4_0Weight, QuantWeight, quant_weight
 
 GGUF_ARCH = "qwen3moe"
 
@@ -168,16 +168,21 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             )
         if isinstance(value, Q4_0Weight):
             return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
-        if isinstance(value, QuantWeight):  # no matmul kernel for its type yet: dense, on the device
-            return ops.dequantize(value.to(device), dtype)
+        if isinstance(value, QuantWeight):  # Q8_0 and the K-quants: packed, as Q4_0
+            return ops.dequantize(value.to(device), dtype) if dense else value.to(device)
         return value.to(device=device, dtype=dtype)
+
+    def densify(w):
+        if isinstance(w, Q4_0Weight):
+            return ops.dequantize_q4_0(w, dtype)
+        return ops.dequantize(w, dtype) if isinstance(w, QuantWeight) else w
 
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
     shapes = {"q_proj": (c.num_attention_heads * hd, h), "k_proj": (c.num_key_value_heads * hd, h),
               "v_proj": (c.num_key_value_heads * hd, h), "o_proj": (h, c.num_attention_heads * hd),
               "q_norm": (hd,), "k_norm": (hd,), "input_norm": (h,), "post_attention_norm": (h,), "router": (e, h)}  # fmt: skip
     dense = {"q_norm", "k_norm", "input_norm", "post_attention_norm", "router"}
-    layers = []
+    layers, mixed = [], []
     for i in tqdm(
         range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
     ):
@@ -187,16 +192,24 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
         up = get(p + "ffn_up_exps.weight", (e, inter, h))
         down = get(p + "ffn_down_exps.weight", (e, h, inter))
         banks = [gate, up, down]
-        if any(isinstance(b, Q4_0Weight) for b in banks) and not all(isinstance(b, Q4_0Weight) for b in banks):
-            # the expert kernels take all-Q4_0 or all-dense banks: a mix runs dense
-            gate, up, down = (ops.dequantize_q4_0(b, dtype) if isinstance(b, Q4_0Weight) else b for b in banks)
-        if isinstance(gate, Q4_0Weight):  # rows are independent: stacking gate and up rows keeps the blocks
-            w_gate_up = Q4_0Weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h))
+        packed = [isinstance(b, QuantWeight) for b in banks]
+        if any(packed) and (not all(packed) or gate.qtype != up.qtype):
+            # gate and up rows concatenate within one type, and the expert kernels take packed or dense
+            # banks, not a mix: such a layer runs its banks dense
+            mixed.extend(p + n for n, q in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), packed, strict=True) if q)
+            gate, up, down = (densify(b) for b in banks)
+        if isinstance(gate, QuantWeight):  # rows are independent: stacking gate and up rows keeps the blocks
+            w_gate_up = quant_weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h), gate.qtype)
         else:
             w_gate_up = torch.cat([gate, up], dim=1)
         layers.append(LayerWeights(**parts, w_gate_up=w_gate_up, w_down=down))
-    embed = get("token_embd.weight", (c.vocab_size, h), dense=True)
-    lm_head = embed if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
+    stored = get("token_embd.weight", (c.vocab_size, h))
+    embed = densify(stored)  # ops.index gathers dense rows
+    lm_head = stored if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
+    if mixed:
+        warnings.warn(f"{path}: the expert banks of {len(mixed)} tensors mix types the expert kernels cannot take "
+                      f"together and run dense, dequantized ({', '.join(mixed[:3])}"
+                      f"{f' and {len(mixed) - 3} more' if len(mixed) > 3 else ''})", DequantizedWarning, stacklevel=2)  # fmt: skip
     return c, ModelWeights(embed, layers, get("output_norm.weight", (h,), dense=True), lm_head)
 
 
