@@ -149,12 +149,6 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     reader = open_reader(path)
     c = read_config(reader, path)
     by_name = {t.name: t for t in reader.tensors}
-    slow = dequantized_types(reader)
-    if slow:
-        listed = "; ".join(f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
-                           for kind, names in sorted(slow.items()))  # fmt: skip
-        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul kernel for "
-                      f"yet and run dense, dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
     device = torch.device(device)
 
     def get(name: str, shape: tuple[int, ...], dense: bool = False):
@@ -195,8 +189,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
         packed = [isinstance(b, QuantWeight) for b in banks]
         if any(packed) and (not all(packed) or gate.qtype != up.qtype):
             # gate and up rows concatenate within one type, and the expert kernels take packed or dense
-            # banks, not a mix: such a layer runs its banks dense
-            mixed.extend(p + n for n, q in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), packed, strict=True) if q)
+            # banks, not a mix: such a layer runs its packed banks dense too
+            names = (f"{p}ffn_gate_exps.weight", f"{p}ffn_up_exps.weight", f"{p}ffn_down_exps.weight")
+            mixed.extend(n for n, q in zip(names, packed, strict=True) if q)
             gate, up, down = (densify(b) for b in banks)
         if isinstance(gate, QuantWeight):  # rows are independent: stacking gate and up rows keeps the blocks
             w_gate_up = quant_weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h), gate.qtype)
@@ -206,10 +201,15 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     stored = get("token_embd.weight", (c.vocab_size, h))
     embed = densify(stored)  # ops.index gathers dense rows
     lm_head = stored if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
+    slow = dequantized_types(reader)
     if mixed:
-        warnings.warn(f"{path}: the expert banks of {len(mixed)} tensors mix types the expert kernels cannot take "
-                      f"together and run dense, dequantized ({', '.join(mixed[:3])}"
-                      f"{f' and {len(mixed) - 3} more' if len(mixed) > 3 else ''})", DequantizedWarning, stacklevel=2)  # fmt: skip
+        slow["banks beside another type"] = mixed
+    if slow:
+        listed = "; ".join(f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+                           for kind, names in sorted(slow.items()))  # fmt: skip
+        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul kernel for, "
+                      f"or one the expert kernels cannot take beside the layer's other banks, and run dense, "
+                      f"dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
     return c, ModelWeights(embed, layers, get("output_norm.weight", (h,), dense=True), lm_head)
 
 
