@@ -11,11 +11,14 @@ is a :class:`~ftlab.formats.gguf.GGUFError` naming the file and the key or tenso
 Stored values are not scanned (a Q4_0 file would be read whole to check its block scales):
 a NaN or inf weight loads, and shows as non-finite logits.
 
-A file never fails for its quantization mix alone: tensors of a type without an ftlab matmul
-kernel (Q8_0 and the K-quants, dequantized by ``ops.dequantize`` on the target device; Q4_1,
-the IQ types, ..., by gguf-py: llama.cpp's default Q4_0 files keep ``output.weight`` in Q6_K
-or Q8_0) run dense in ``dtype``, with one :class:`DequantizedWarning` a file naming them; a
-layer whose expert banks mix Q4_0 and dequantized ones runs them all dense.
+Q4_0, Q8_0 and the K-quants (Q4_K, Q5_K, Q6_K: what llama.cpp's Q4_0, Q4_K_M, Q5_K_M, Q6_K and
+Q8_0 files hold) stay packed, zero-copy, moved to the device: the model multiplies them through
+``ops.q4_0_matmul``, ``ops.quant_matmul`` and ``ops.moe_experts``; the embedding is dequantized
+(``ops.index`` gathers dense rows). A file never fails for its quantization mix alone: tensors of
+a type without an ftlab matmul kernel (Q4_1, Q5_0, the IQ types, ..., dequantized by gguf-py)
+run dense in ``dtype``, with one :class:`DequantizedWarning` a file naming them; a layer whose
+expert banks mix packed and dequantized ones, or whose gate and up banks differ in type (their
+rows are stacked into one gate_up bank), runs them all dense, named in the same warning.
 """
 
 from __future__ import annotations
@@ -142,7 +145,8 @@ def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
               progress: bool = True) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
-    file. Q4_0 tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`, expert banks included);
+    file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
+    :class:`~ftlab.quant.QuantWeight`, expert banks and lm_head included; the embedding dense);
     F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense. GGUFError
     naming the file and the key or tensor for anything ftlab cannot load (module docstring)."""
     path = Path(path)
