@@ -46,9 +46,9 @@ VT = gguf.GGUFValueType
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 #: Types read packed, as QuantWeight: those ftlab has kernels for (ftlab.quant.QTYPES).
 PACKED_TYPES = tuple(QT[name] for name in QTYPES)
-#: Types a model multiplies as they are stored (floats, and Q4_0 through its int8-dot kernels);
-#: tensors of the others run dequantized (:func:`dequantized_types`).
-MATMUL_TYPES = (*FLOAT_TYPES, QT.Q4_0)
+#: Types a model multiplies as they are stored (floats, Q4_0 through ``q4_0_matmul``, Q8_0 and the
+#: K-quants through ``quant_matmul``); tensors of the others run dequantized (:func:`dequantized_types`).
+MATMUL_TYPES = (*FLOAT_TYPES, QT.Q4_0, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp's tensors have at most four dimensions
 # GGUFReader walks nested arrays recursively, one Python frame a level; no GGUF key needs more
 # than an array of arrays, and a bound keeps a file of nested array headers from exhausting
@@ -407,7 +407,7 @@ def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | QuantWeight:
 
 def dequantized_types(reader) -> dict[str, list[str]]:
     """``{type name: [tensor names]}`` of the reader's tensors a model runs dequantized: every
-    type but the floats and Q4_0 (no ftlab matmul kernel for it yet)."""
+    type but those of :data:`MATMUL_TYPES` (no ftlab matmul kernel for it)."""
     out: dict[str, list[str]] = {}
     for t in reader.tensors:
         if t.tensor_type not in MATMUL_TYPES:

@@ -11,11 +11,14 @@ is a :class:`~ftlab.formats.gguf.GGUFError` naming the file and the key or tenso
 Stored values are not scanned (a Q4_0 file would be read whole to check its block scales):
 a NaN or inf weight loads, and shows as non-finite logits.
 
-A file never fails for its quantization mix alone: tensors of a type without an ftlab matmul
-kernel (Q8_0 and the K-quants, dequantized by ``ops.dequantize`` on the target device; Q4_1,
-the IQ types, ..., by gguf-py: llama.cpp's default Q4_0 files keep ``output.weight`` in Q6_K
-or Q8_0) run dense in ``dtype``, with one :class:`DequantizedWarning` a file naming them; a
-layer whose expert banks mix Q4_0 and dequantized ones runs them all dense.
+Q4_0, Q8_0 and the K-quants (Q4_K, Q5_K, Q6_K: what llama.cpp's Q4_0, Q4_K_M, Q5_K_M, Q6_K and
+Q8_0 files hold) stay packed, zero-copy, moved to the device: the model multiplies them through
+``ops.q4_0_matmul``, ``ops.quant_matmul`` and ``ops.moe_experts``; the embedding is dequantized
+(``ops.index`` gathers dense rows). A file never fails for its quantization mix alone: tensors of
+a type without an ftlab matmul kernel (Q4_1, Q5_0, the IQ types, ..., dequantized by gguf-py)
+run dense in ``dtype``, with one :class:`DequantizedWarning` a file naming them; a layer whose
+expert banks mix packed and dequantized ones, or whose gate and up banks differ in type (their
+rows are stacked into one gate_up bank), runs them all dense, named in the same warning.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ftlab.formats.gguf import (
 )
 from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
-from ftlab.quant import Q4_0Weight, QuantWeight
+from ftlab.quant import Q4_0Weight, QuantWeight, quant_weight
 
 GGUF_ARCH = "qwen3moe"
 
@@ -142,19 +145,14 @@ def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
               progress: bool = True) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
-    file. Q4_0 tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`, expert banks included);
+    file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
+    :class:`~ftlab.quant.QuantWeight`, expert banks and lm_head included; the embedding dense);
     F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense. GGUFError
     naming the file and the key or tensor for anything ftlab cannot load (module docstring)."""
     path = Path(path)
     reader = open_reader(path)
     c = read_config(reader, path)
     by_name = {t.name: t for t in reader.tensors}
-    slow = dequantized_types(reader)
-    if slow:
-        listed = "; ".join(f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
-                           for kind, names in sorted(slow.items()))  # fmt: skip
-        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul kernel for "
-                      f"yet and run dense, dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
     device = torch.device(device)
 
     def get(name: str, shape: tuple[int, ...], dense: bool = False):
@@ -168,16 +166,21 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             )
         if isinstance(value, Q4_0Weight):
             return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
-        if isinstance(value, QuantWeight):  # no matmul kernel for its type yet: dense, on the device
-            return ops.dequantize(value.to(device), dtype)
+        if isinstance(value, QuantWeight):  # Q8_0 and the K-quants: packed, as Q4_0
+            return ops.dequantize(value.to(device), dtype) if dense else value.to(device)
         return value.to(device=device, dtype=dtype)
+
+    def densify(w):
+        if isinstance(w, Q4_0Weight):
+            return ops.dequantize_q4_0(w, dtype)
+        return ops.dequantize(w, dtype) if isinstance(w, QuantWeight) else w
 
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
     shapes = {"q_proj": (c.num_attention_heads * hd, h), "k_proj": (c.num_key_value_heads * hd, h),
               "v_proj": (c.num_key_value_heads * hd, h), "o_proj": (h, c.num_attention_heads * hd),
               "q_norm": (hd,), "k_norm": (hd,), "input_norm": (h,), "post_attention_norm": (h,), "router": (e, h)}  # fmt: skip
     dense = {"q_norm", "k_norm", "input_norm", "post_attention_norm", "router"}
-    layers = []
+    layers, mixed = [], []
     for i in tqdm(
         range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
     ):
@@ -187,16 +190,30 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
         up = get(p + "ffn_up_exps.weight", (e, inter, h))
         down = get(p + "ffn_down_exps.weight", (e, h, inter))
         banks = [gate, up, down]
-        if any(isinstance(b, Q4_0Weight) for b in banks) and not all(isinstance(b, Q4_0Weight) for b in banks):
-            # the expert kernels take all-Q4_0 or all-dense banks: a mix runs dense
-            gate, up, down = (ops.dequantize_q4_0(b, dtype) if isinstance(b, Q4_0Weight) else b for b in banks)
-        if isinstance(gate, Q4_0Weight):  # rows are independent: stacking gate and up rows keeps the blocks
-            w_gate_up = Q4_0Weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h))
+        packed = [isinstance(b, QuantWeight) for b in banks]
+        if any(packed) and (not all(packed) or gate.qtype != up.qtype):
+            # gate and up rows concatenate within one type, and the expert kernels take packed or dense
+            # banks, not a mix: such a layer runs its packed banks dense too
+            names = (f"{p}ffn_gate_exps.weight", f"{p}ffn_up_exps.weight", f"{p}ffn_down_exps.weight")
+            mixed.extend(n for n, q in zip(names, packed, strict=True) if q)
+            gate, up, down = (densify(b) for b in banks)
+        if isinstance(gate, QuantWeight):  # rows are independent: stacking gate and up rows keeps the blocks
+            w_gate_up = quant_weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h), gate.qtype)
         else:
             w_gate_up = torch.cat([gate, up], dim=1)
         layers.append(LayerWeights(**parts, w_gate_up=w_gate_up, w_down=down))
-    embed = get("token_embd.weight", (c.vocab_size, h), dense=True)
-    lm_head = embed if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
+    stored = get("token_embd.weight", (c.vocab_size, h))
+    embed = densify(stored)  # ops.index gathers dense rows
+    lm_head = stored if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
+    slow = dequantized_types(reader)
+    if mixed:
+        slow["banks beside another type"] = mixed
+    if slow:
+        listed = "; ".join(f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+                           for kind, names in sorted(slow.items()))  # fmt: skip
+        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul kernel for, "
+                      f"or one the expert kernels cannot take beside the layer's other banks, and run dense, "
+                      f"dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
     return c, ModelWeights(embed, layers, get("output_norm.weight", (h,), dense=True), lm_head)
 
 

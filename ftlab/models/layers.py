@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ftlab import ops
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import Q4_0Weight, QuantWeight
 
 
 @dataclass
@@ -71,12 +71,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor | Q4_0Weight, backend: str = "auto", path: str = "auto"
-) -> torch.Tensor:
-    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``path``)."""
-    if isinstance(w, Q4_0Weight):
+    x: torch.Tensor, w: torch.Tensor | QuantWeight, backend: str = "auto", path: str = "auto",
+    quant_backend: str | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``backend``), Q8_0 and
+    K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``), both on
+    ``path``; dense weights through ``F.linear``."""
+    if isinstance(w, QuantWeight):
         flat = x.reshape(-1, x.shape[-1])
-        return ops.q4_0_matmul(flat, w, path=path, backend=backend).view(*x.shape[:-1], -1)
+        if isinstance(w, Q4_0Weight):
+            out = ops.q4_0_matmul(flat, w, path=path, backend=backend)
+        else:
+            out = ops.quant_matmul(flat, w, path=path, backend=quant_backend or backend)
+        return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)
 
 

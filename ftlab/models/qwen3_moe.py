@@ -30,7 +30,8 @@ from ftlab.models.layers import (
     rope_tables,
 )
 from ftlab.models.pipeline_args import QWEN3_MOE_OPS, backend_map
-from ftlab.quant import Q4_0Weight
+from ftlab.ops.quant_matmul import MATMUL_TYPES
+from ftlab.quant import Q4_0Weight, QuantWeight
 
 __all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe", "Qwen3MoeConfig", "Stage", "linear", "rms_norm", "rope_tables"]
 
@@ -129,9 +130,15 @@ class LayerWeights:
     def qkv(self) -> torch.Tensor | Q4_0Weight | None:
         """q, k and v projections stacked along N (built once, kept): one matvec a decode step
         instead of three, each output row computed as in its own projection. None when they
-        mix Q4_0 and dense weights."""
+        mix types (Q4_K_M files give some layers' v a Q6_K beside Q4_K q and k)."""
         if not hasattr(self, "_qkv"):
-            self._qkv = concat_rows([self.q_proj, self.k_proj, self.v_proj])
+            ws = [self.q_proj, self.k_proj, self.v_proj]
+            kinds = {w.qtype if isinstance(w, QuantWeight) else None for w in ws}
+            if kinds <= set(MATMUL_TYPES):  # Q8_0 / K-quants of one type: their rows stack as Q4_0's do
+                data = torch.cat([w.data for w in ws]) if len(kinds) == 1 else None
+                self._qkv = None if data is None else QuantWeight(data, (data.shape[0], ws[0].shape[-1]), kinds.pop())
+            else:
+                self._qkv = concat_rows(ws)
         return self._qkv
 
 
@@ -145,9 +152,9 @@ class ModelWeights:
 
 class Qwen3Moe:
     """The model over ftlab ops. ``backends`` maps op names -- "index", "store", "route_topk",
-    "moe_experts", "q4_0_matmul" (the Q4_0 projections; dense ones are ``F.linear``) and
-    "qk_norm_rope" -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
-    ``q4_0_path`` is the path of Q4_0 weights, linears and experts ("auto" | "int8" | "dequant":
+    "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
+    projections; dense ones are ``F.linear``) and "qk_norm_rope" -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    ``q4_0_path`` is the path of quantized weights (Q4_0, Q8_0, K-quants), linears and experts ("auto" | "int8" | "dequant":
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
     the rest on the CPU; :meth:`end_step` moves their residency between steps."""
@@ -177,7 +184,7 @@ class Qwen3Moe:
         self.k_cache, self.v_cache = self.cache.k, self.cache.v
 
     def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight) -> torch.Tensor:
-        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path)
+        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, self.backends["quant_matmul"])
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
