@@ -128,10 +128,11 @@ def _decode(report: Report, b: int, names: list[str], fla, dev: torch.device) ->
     states = [torch.randn(b, HV, D, D, device=dev) * 0.1 for _ in range(copies)]
     nbytes = 2 * state_bytes
     case = f"decode B={b}"
-    want_s = states[0].clone()
+    start = states[0].clone()  # timing updates the copies in place: every check starts here
+    want_s = start.clone()
     want_o = ops.gated_delta_step(q, k, v, g, beta, want_s, backend="reference")
     for name in names:
-        s = states[0].clone()
+        s = start.clone()
         o = ops.gated_delta_step(q, k, v, g, beta, s, backend=name)
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-5)
         turn = iter(range(1 << 62))  # each captured call advances the next state copy
@@ -151,7 +152,7 @@ def _decode(report: Report, b: int, names: list[str], fla, dev: torch.device) ->
 
         try:
             o, _ = recurrent(q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None], scale=D**-0.5,
-                             initial_state=states[0].clone(), output_final_state=True,
+                             initial_state=start.clone(), output_final_state=True,
                              use_qk_l2norm_in_kernel=True)  # fmt: skip
             ok = _close(o[:, 0], want_o, 1e-2)
             us = time_graph_us(call, inner=copies)
