@@ -208,7 +208,7 @@ class Pipeline:
         ids = check.token_ids("ids", ids, self.config.vocab_size, self.max_seq_len, self.device)
         self.position = ids.numel()
         pos = torch.arange(ids.numel(), device=self.device)[None]
-        logits = self.model.forward(ids[None], pos)[0, -1]
+        logits = self.model.forward(ids[None], pos, last_only=True)[0, -1]
         self.model.end_step()
         return logits
 

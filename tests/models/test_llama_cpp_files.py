@@ -197,7 +197,7 @@ def test_pipeline_loads_each_file_and_generates(ftype):
     model = Qwen3Moe(
         config, weights, backends=dict.fromkeys(MODEL_OPS, "reference"), q4_0_path="dequant"
     )
-    want = model.forward(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1]
+    want = model.forward(torch.tensor([ids]), torch.arange(len(ids))[None], last_only=True)[0, -1]
     assert pipe.config == config and torch.equal(logits, want)
     assert isinstance("".join(pipe.generate("The router sends", max_new_tokens=4)), str)
 

@@ -48,7 +48,12 @@ def test_hf_and_gguf_f32_agree():
     gg = Pipeline.load("tiny-qwen3-moe", quant="f32")
     ids = hf.tokenizer.encode("Hello world")
     assert ids == gg.tokenizer.encode("Hello world")
-    assert torch.equal(hf.prefill(ids), gg.prefill(ids))
+    tokens, pos = torch.tensor([ids]), torch.arange(len(ids))[None]
+    assert torch.equal(hf.model.forward(tokens, pos), gg.model.forward(tokens, pos))
+    # prefill's lm_head takes the last row only: the CPU BLAS's one-row kernel depends on the
+    # weight's alignment (the two loads hold equal weights at addresses 8 and 0 mod 64), which
+    # may sum the same products in another order
+    torch.testing.assert_close(hf.prefill(ids), gg.prefill(ids), rtol=1e-6, atol=1e-6)
 
 
 def test_decode_steps_equal_prefill():
