@@ -9,6 +9,13 @@ the embedding has a larger scale (RMS 4) so the hidden state, and the routing, i
 by the residual's start. The per-layer expert load of the prefill (how many of the 512 x 8 routes
 each expert gets) is reported beside the timings, to show that routing spreads as real routing
 does.
+
+``ftlab bench model --gguf FILE [--prefill N] [--llama-bench BIN] [--device cpu]``
+(:mod:`ftlab.bench.model_gguf`) times the model of a llama.cpp GGUF file the same way
+(:func:`bench_weights`), its tensors in the file's types -- e.g. the Q4_K_M mix (Q4_K, Q6_K) of
+``benchmarks/make_kquant_model.sh`` -- with the bound counted from their packed sizes
+(:func:`decode_bytes` takes weights of any type), and llama.cpp's llama-bench on the same file in
+the same run.
 """
 
 from __future__ import annotations
