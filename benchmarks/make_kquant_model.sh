@@ -13,7 +13,12 @@
 # --experts 8" for a quick check of the recipe on a CPU).
 #
 # The file has no vocabulary (tokenizer model "none"): ftlab reads it with
-# ftlab.models.loader.load_gguf (Pipeline.load needs a tokenizer), llama.cpp with e.g.
+# ftlab.models.loader.load_gguf (Pipeline.load needs a tokenizer). To time it, ftlab's model bench
+# (prefill 512 tokens, decode batch 1 and 8, graph and eager, beside the bound of the file's own
+# tensor sizes; the notes count the tensors of each type) with llama-bench on the same file in
+# the same run (its pp512 and tg128 as rows of backend llama.cpp; it runs -ngl 99 -fa 1 -r 3):
+#   ftlab bench model --gguf OUT_DIR/qwen3moe-30b-a3b-random-q4_k_m.gguf --llama-bench $LLAMA_BIN/llama-bench
+# (add --device cpu --prefill 32 for a smoke run without a GPU), or llama-bench alone:
 #   $LLAMA_BIN/llama-bench -m OUT_DIR/qwen3moe-30b-a3b-random-q4_k_m.gguf -ngl 99 -fa 1
 # Checked on a CPU with WRITER_ARGS="--layers 2 --experts 4" (475 MB Q4_K_M, 1 min).
 set -euo pipefail

@@ -137,28 +137,43 @@ def cmd_compile_check(args) -> int:
 
 #: ``ftlab bench model --arch``: the model shapes, each its module.
 MODEL_ARCHS = {"qwen3moe": "ftlab.bench.model", "qwen35moe": "ftlab.bench.qwen35moe"}
-#: Options of ``ftlab bench model --arch qwen35moe`` only.
-_QWEN35_OPTIONS = ("small", "layers", "experts", "vocab", "write_gguf", "device")
+_QWEN35 = "'ftlab bench model --arch qwen35moe'"
+_GGUF = "'ftlab bench model --gguf FILE'"
+#: ``ftlab bench`` options: (what takes them, the benches that do: an op, or model's qwen3moe, qwen35moe, gguf).
+_BENCH_OPTIONS = {
+    "arch": ("'ftlab bench model'", {"qwen3moe", "qwen35moe"}),
+    "gguf": ("'ftlab bench model'", {"gguf"}),
+    **{name: (_QWEN35, {"qwen35moe"}) for name in ("small", "layers", "experts", "vocab", "write_gguf")},
+    "device": (f"{_QWEN35} and {_GGUF}", {"qwen35moe", "gguf"}),
+    **{name: (_GGUF, {"gguf"}) for name in ("prefill", "llama_bench")},
+}
 
 
 def cmd_bench(args) -> int:
     import importlib
 
-    if args.op != "model" and args.arch != "qwen3moe":
-        raise ValueError("--arch is an option of 'ftlab bench model' only")
-    given = [name for name in _QWEN35_OPTIONS if getattr(args, name) not in (None, False)]
-    if given and (args.op != "model" or args.arch != "qwen35moe"):
-        flag = "--" + given[0].replace("_", "-")
-        raise ValueError(f"{flag} is an option of 'ftlab bench model --arch qwen35moe' only")
-    if args.op == "model" and args.arch == "qwen35moe":
+    bench = args.op if args.op != "model" else "gguf" if args.gguf is not None else args.arch or "qwen3moe"
+    for name, (owner, benches) in _BENCH_OPTIONS.items():
+        if getattr(args, name) not in (None, False) and bench not in benches:
+            flag = "--" + name.replace("_", "-")
+            if bench == "gguf":
+                raise ValueError(f"{flag} cannot go with --gguf (the file is the model, its general.architecture "
+                                 "the shape)")  # fmt: skip
+            raise ValueError(f"{flag} is an option of {owner} only")
+    if bench == "gguf":
+        from ftlab.bench import model_gguf
+
+        report = model_gguf.run(args.gguf, quick=args.quick, device=args.device or "cuda",
+                                prefill=args.prefill or model_gguf.PREFILL, llama_bench=args.llama_bench)  # fmt: skip
+    elif bench == "qwen35moe":
         from ftlab.bench import qwen35moe_random as shapes
 
         shape = (shapes.SMALL if args.small else shapes.QWEN35_35B_A3B).with_overrides(args.layers, args.experts,
                                                                                       args.vocab)  # fmt: skip
-        module = importlib.import_module(MODEL_ARCHS[args.arch])
+        module = importlib.import_module(MODEL_ARCHS[bench])
         report = module.run(quick=args.quick, shape=shape, device=args.device or "cuda", write_gguf=args.write_gguf)
     else:
-        module = importlib.import_module(MODEL_ARCHS[args.arch] if args.op == "model" else BENCHES[args.op])
+        module = importlib.import_module(MODEL_ARCHS[bench] if args.op == "model" else BENCHES[args.op])
         report = module.run(quick=args.quick)
     print(report.table())
     if not args.no_write:
@@ -305,16 +320,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="benchmarks/results", help="directory for the JSON + Markdown results")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-write", action="store_true", help="print only")
-    m = p.add_argument_group("model", "options of 'bench model'; all but --arch for --arch qwen35moe only")
-    m.add_argument("--arch", default="qwen3moe", choices=sorted(MODEL_ARCHS),
-                   help="qwen3moe: the Qwen3-30B-A3B shape; qwen35moe: the Qwen3.6-35B-A3B shape (hybrid DeltaNet)")
+    m = p.add_argument_group("model", "options of 'bench model': --arch picks a random model's shape (the shape "
+                                      "options are for --arch qwen35moe), --gguf a file's model instead")
+    m.add_argument("--arch", choices=sorted(MODEL_ARCHS),
+                   help="qwen3moe: the Qwen3-30B-A3B shape; qwen35moe: the Qwen3.6-35B-A3B shape (hybrid DeltaNet) "
+                        "(default: qwen3moe)")
+    m.add_argument("--gguf", metavar="FILE", help="bench the model of this llama.cpp GGUF file (qwen3moe, qwen35moe, "
+                                                 "qwen3next; any quantization mix, e.g. benchmarks/make_kquant_model.sh's "
+                                                 "Q4_K_M) with random token ids (default: a random model)")
+    m.add_argument("--prefill", metavar="N", type=_option(int, "an int", _at_least_one("--prefill")),
+                   help="--gguf: prompt tokens, and the position of the decode steps (default: 512)")
+    m.add_argument("--llama-bench", metavar="BIN", help="--gguf: also run llama.cpp's llama-bench (this binary) on "
+                                                        "the file, its tokens/s as rows beside ftlab's (default: not run)")
     m.add_argument("--small", action="store_true", help="every width scaled down (hidden 256, 4 layers, 8 experts, "
                                                        "vocab 1024, prompt 32): a CPU smoke run")
     m.add_argument("--layers", type=_option(int, "an int", _at_least_one("--layers")), help="this many layers (default: the shape's, 40; --small: 4)")
     m.add_argument("--experts", type=_option(int, "an int", _at_least_one("--experts")),
                    help="this many experts a layer, top-k capped at them (default: the shape's, 256; --small: 8)")
     m.add_argument("--vocab", type=_option(int, "an int", _at_least_one("--vocab")), help="this vocabulary size (default: the shape's, 248320; --small: 1024)")
-    m.add_argument("--device", choices=["cuda", "cpu"], help="cuda or cpu: eager, host-timed, a smoke run (default: cuda)")
+    m.add_argument("--device", choices=["cuda", "cpu"], help="--arch qwen35moe or --gguf: cuda, or cpu: eager, host-timed, a smoke "
+                                                                 "run (default: cuda)")
     m.add_argument("--write-gguf", metavar="FILE", help="first write the random model as a qwen35moe GGUF file "
                                                         "(Q4_0 matmul weights) for llama-bench (default: none written)")
     return top  # fmt: skip

@@ -9,9 +9,20 @@ the embedding has a larger scale (RMS 4) so the hidden state, and the routing, i
 by the residual's start. The per-layer expert load of the prefill (how many of the 512 x 8 routes
 each expert gets) is reported beside the timings, to show that routing spreads as real routing
 does.
+
+``ftlab bench model --gguf FILE [--prefill N] [--llama-bench BIN] [--device cpu]``
+(:mod:`ftlab.bench.model_gguf`) times the model of a llama.cpp GGUF file the same way
+(:func:`bench_weights`), its tensors in the file's types -- e.g. the Q4_K_M mix (Q4_K, Q6_K) of
+``benchmarks/make_kquant_model.sh`` -- with the bound counted from their packed sizes
+(:func:`decode_bytes` takes weights of any type), and llama.cpp's llama-bench on the same file in
+the same run.
 """
 
 from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -26,7 +37,7 @@ from ftlab.bench.harness import (
 )
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe, Qwen3MoeConfig
-from ftlab.quant import QK, Q4_0Weight
+from ftlab.quant import QK, Q4_0Weight, QuantWeight
 
 CONFIG = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
                         num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
@@ -82,14 +93,23 @@ def random_model(config: Qwen3MoeConfig, device: torch.device) -> ModelWeights:
     return ModelWeights(embed, layers, ones, random_q4_0((c.vocab_size, h), device, gen))
 
 
+def nbytes(w: QuantWeight | torch.Tensor) -> int:
+    """The bytes a weight occupies: its packed blocks (any GGUF type), or a dense tensor's elements."""
+    return w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
+
+
 def decode_bytes(config: Qwen3MoeConfig, weights: ModelWeights, experts_used: float, batch: int) -> float:
-    """Weight bytes one decode step reads with ``experts_used`` distinct experts per layer."""
-    lw = weights.layers[0]
-    per_expert = (lw.w_gate_up.nbytes + lw.w_down.nbytes) / config.num_experts
-    attn = sum(w.nbytes for w in (lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj)) + lw.router.numel() * 2
-    layer = attn + experts_used * per_expert
-    row = config.hidden_size * 2
-    return config.num_hidden_layers * layer + weights.lm_head.nbytes + batch * row
+    """Weight bytes one decode step of ``batch`` tokens reads with ``experts_used`` distinct
+    experts per layer: every layer's projections, norms and router as stored (packed of any type,
+    or dense), its expert banks per expert, the lm_head, one embedding row a token."""
+    total = nbytes(weights.lm_head) + nbytes(weights.norm) + batch * nbytes(weights.embed[0])
+    for lw in weights.layers:
+        per_expert = (nbytes(lw.w_gate_up) + nbytes(lw.w_down)) / config.num_experts
+        total += experts_used * per_expert + sum(
+            nbytes(w) for w in (lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.q_norm, lw.k_norm, lw.input_norm,
+                                lw.post_attention_norm, lw.router)
+        )  # fmt: skip
+    return total
 
 
 def run(quick: bool = False) -> Report:
@@ -102,33 +122,79 @@ def run(quick: bool = False) -> Report:
 
         config = replace(CONFIG, num_hidden_layers=4)
     weights = random_model(config, dev)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    _prefill(report, config, weights, gen)
-    torch.cuda.empty_cache()
-    for batch in DECODE_BATCHES:
-        _decode(report, config, weights, batch, gen)
-        torch.cuda.empty_cache()
+    bench_weights(report, config, weights, PREFILL, timer(dev, quick=False))
     return report
 
 
-def _prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: torch.Generator) -> None:
-    """512 tokens through the dynamic model; the router's choices give the expert load."""
+def bench_weights(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, length: int, timer) -> None:
+    """The prefill row of one ``length``-token prompt, then the decode rows of every batch of
+    :data:`DECODE_BATCHES` at position ``length`` (graph and eager on a GPU, eager on the CPU),
+    with their notes, into ``report``; ``timer(fn, warmup, reps)`` gives microseconds."""
     dev = weights.embed.device
-    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=PREFILL + 8)
-    tokens = torch.randint(0, config.vocab_size, (1, PREFILL), device=dev, generator=gen)
-    pos = torch.arange(PREFILL, device=dev)[None]
+    gen = torch.Generator(device=dev).manual_seed(1)
+    prefill(report, config, weights, gen, length, timer)
+    _empty_cache(dev)
+    for batch in DECODE_BATCHES:
+        decode(report, config, weights, batch, gen, length, timer)
+        _empty_cache(dev)
+
+
+def _empty_cache(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def timer(dev: torch.device, quick: bool) -> Callable[..., float]:
+    """``timer(fn, warmup, reps)``: median microseconds of ``fn()`` -- device events on a GPU, the
+    host clock on the CPU (one warm-up and three repeats there; ``quick``: one call)."""
+    if dev.type == "cuda":
+        return lambda fn, warmup, reps: time_us(fn, warmup=warmup, reps=max(3, reps // 2) if quick else reps)
+
+    def host(fn: Callable[[], object], warmup: int, reps: int) -> float:
+        if not quick:
+            fn()
+        samples = []
+        for _ in range(1 if quick else 3):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(samples)
+
+    return host
+
+
+def host_copy_gbps(nbytes: int = 1 << 26) -> float:
+    """Host memory copy bandwidth in GB/s (bytes read + written), median of five copies."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        samples.append(time.perf_counter() - start)
+    return 2 * nbytes / statistics.median(samples) / 1e9
+
+
+def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: torch.Generator, length: int,
+            timer) -> None:  # fmt: skip
+    """``length`` random tokens through the dynamic model; the router's choices give the expert load."""
+    dev = weights.embed.device
+    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8)
+    tokens = torch.randint(0, config.vocab_size, (1, length), device=dev, generator=gen)
+    pos = torch.arange(length, device=dev)[None]
     loads = [
         torch.bincount(stage.tensors["ids"].flatten().long(), minlength=config.num_experts)
         for stage in model.stages(tokens, pos, last_only=True)
         if stage.name.endswith("router")
     ]
     load = torch.stack(loads).float()  # [layers, E]
-    t = time_us(lambda: model.forward(tokens, pos, last_only=True), warmup=2, reps=5)
-    report.measurements.append(Measurement(f"prefill {PREFILL} tokens: {PREFILL / (t * 1e-6):.0f} tokens/s", "auto",
-                                           t, 0, True, "eager"))  # fmt: skip
-    mean = PREFILL * config.num_experts_per_tok / config.num_experts
+    finite = bool(torch.isfinite(model.forward(tokens, pos, last_only=True)).all())
+    t = timer(lambda: model.forward(tokens, pos, last_only=True), 2, 5)
+    report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s", "auto",
+                                           t, 0, finite, "eager"))  # fmt: skip
+    mean = length * config.num_experts_per_tok / config.num_experts
     report.notes.append(
-        f"prefill expert load over {len(loads)} layers (routes per expert, mean {mean:.0f}): min {load.min():.0f}, "
+        f"prefill expert load over {len(loads)} layers (routes per expert, mean {mean:.1f}): min {load.min():.0f}, "
         f"max {load.max():.0f}, median per-layer max/mean {float((load.max(1).values / mean).median()):.2f}, "
         f"experts with no route {int((load == 0).sum())} of {load.numel()}"
     )
@@ -136,24 +202,31 @@ def _prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen:
     report.notes.append(f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}")
 
 
-def _decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch: int, gen: torch.Generator) -> None:
-    """One decode step at position 512 for ``batch`` sequences: graph vs eager."""
+def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch: int, gen: torch.Generator,
+           length: int, timer) -> None:  # fmt: skip
+    """One decode step at position ``length`` for ``batch`` sequences: graph (on a GPU) and eager.
+    Validated: finite logits, and on a GPU the graph's equal to eager's."""
     dev = weights.embed.device
-    model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=PREFILL + 8, static=True)
+    model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True)
     steps = [torch.randint(0, config.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)]
-    positions = torch.full((batch, 1), PREFILL, device=dev)
-    graph = DecodeGraph(model, batch)
-    ok = bool(torch.equal(graph(steps[0], positions).clone(), model.forward(steps[0], positions)))
+    positions = torch.full((batch, 1), length, device=dev)
+    graph = DecodeGraph(model, batch) if dev.type == "cuda" else None
+    eager = model.forward(steps[0], positions).clone()
+    ok = bool(torch.isfinite(eager).all())
+    if graph is not None:
+        ok = ok and bool(torch.equal(graph(steps[0], positions), eager))
     k, e = config.num_experts_per_tok, config.num_experts
     used = e * (1 - (1 - k / e) ** batch)  # distinct experts a layer, expected under uniform routing
     nbytes = int(decode_bytes(config, weights, used, batch))
     it = iter(range(1 << 62))
-    tg = time_us(lambda: graph(steps[next(it) % 8], positions), warmup=3, reps=20)
-    te = time_us(lambda: model.forward(steps[next(it) % 8], positions), warmup=2, reps=10)
-    for mode, tm in (("graph", tg), ("eager", te)):
+    times = {}
+    if graph is not None:
+        times["graph"] = timer(lambda: graph(steps[next(it) % 8], positions), 3, 20)
+    times["eager"] = timer(lambda: model.forward(steps[next(it) % 8], positions), 2, 10)
+    for mode, tm in times.items():
         label = f"decode batch {batch}: {batch / (tm * 1e-6):.0f} tokens/s"
         report.measurements.append(Measurement(label, "auto", tm, nbytes, ok, mode))
     bound = batch / (nbytes / (report.copy_gbps * 1e9))
-    report.notes.append(f"decode batch {batch}: {nbytes / 1e9:.2f} GB of weights a step (~{used:.0f} experts a "
-                        f"layer): bound {bound:.0f} tokens/s at {report.copy_gbps:.0f} GB/s; graph "
-                        f"{batch / (tg * 1e-6):.0f}, eager {batch / (te * 1e-6):.0f} tokens/s")  # fmt: skip
+    rates = ", ".join(f"{mode} {batch / (tm * 1e-6):.0f}" for mode, tm in times.items())
+    report.notes.append(f"decode batch {batch}: {nbytes / 1e9:.3f} GB of weights a step (~{used:.0f} experts a "
+                        f"layer): bound {bound:.0f} tokens/s at {report.copy_gbps:.0f} GB/s; {rates} tokens/s")  # fmt: skip

@@ -13,8 +13,6 @@ clock, beside the host's copy bandwidth: a check that the bench runs, not a meas
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -28,8 +26,9 @@ from ftlab.bench.harness import (
     copy_bandwidth,
     device_info,
     require_gpu,
-    time_us,
 )
+from ftlab.bench.model import host_copy_gbps
+from ftlab.bench.model import timer as bench_timer
 from ftlab.bench.qwen35moe_gguf import write_random_gguf
 from ftlab.bench.qwen35moe_random import (
     QWEN35_35B_A3B,
@@ -83,7 +82,7 @@ def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda"
     gbps, what = (
         (copy_bandwidth(), "device-to-device")
         if dev.type == "cuda"
-        else (_host_copy_gbps(), "host")
+        else (host_copy_gbps(), "host")
     )
     name = "model-qwen35moe" if shape == QWEN35_35B_A3B else "model-qwen35moe-scaled"
     report = Report(name, device_info(), gbps, notes=list(NOTES), copy_what=what)
@@ -91,49 +90,23 @@ def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda"
     weights = build_weights(config, tensors, device=dev, dtype=dtype, where="random qwen35moe",
                             progress=lambda r: tqdm(r, desc="random Q4_0 layers", unit="layer"))  # fmt: skip
     report.notes.insert(0, _shape_note(config, weights))
-    pipe = Pipeline(config, weights, byte_tokenizer(), max_seq_len=shape.prefill + DECODE_ROOM,
-                    name="random qwen35moe")  # fmt: skip
-    timer = _timer(dev, quick)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    _prefill(report, pipe, shape.prefill, gen, timer)
-    for batch in DECODE_BATCHES:
-        _decode(report, pipe, shape.prefill, batch, gen, timer)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    bench_pipeline(report, config, weights, shape.prefill, bench_timer(dev, quick), "random qwen35moe")
     return report
 
 
-def _timer(dev: torch.device, quick: bool) -> Callable[..., float]:
-    """``timer(fn, warmup, reps)``: median microseconds of ``fn()`` -- device events on a GPU, the
-    host clock on the CPU (one warm-up and three repeats there; ``quick``: one call)."""
-    if dev.type == "cuda":
-        return lambda fn, warmup, reps: time_us(
-            fn, warmup=warmup, reps=max(3, reps // 2) if quick else reps
-        )
-
-    def host(fn: Callable[[], object], warmup: int, reps: int) -> float:
-        if not quick:
-            fn()
-        samples = []
-        for _ in range(1 if quick else 3):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
-        return statistics.median(samples)
-
-    return host
-
-
-def _host_copy_gbps(nbytes: int = 1 << 26) -> float:
-    """Host memory copy bandwidth in GB/s (bytes read + written), median of five copies."""
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        dst.copy_(src)
-        samples.append(time.perf_counter() - start)
-    return 2 * nbytes / statistics.median(samples) / 1e9
+def bench_pipeline(report: Report, config: Qwen3NextConfig, weights: NextWeights, length: int, timer,
+                   name: str) -> None:  # fmt: skip
+    """The prefill row of one ``length``-token prompt and the decode rows of every batch of
+    :data:`DECODE_BATCHES` (module docstring), with their notes, into ``report``, through a
+    :class:`Pipeline` named ``name`` over ``weights``; ``timer(fn, warmup, reps)`` gives
+    microseconds."""
+    pipe = Pipeline(config, weights, byte_tokenizer(), max_seq_len=length + DECODE_ROOM, name=name)
+    gen = torch.Generator(device=pipe.device).manual_seed(1)
+    _prefill(report, pipe, length, gen, timer)
+    for batch in DECODE_BATCHES:
+        _decode(report, pipe, length, batch, gen, timer)
+        if pipe.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _nbytes(w) -> int:

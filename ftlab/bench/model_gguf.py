@@ -1,0 +1,178 @@
+"""``ftlab bench model --gguf FILE``: the model bench on the model of a llama.cpp GGUF file, e.g.
+the Qwen3-30B-A3B shape in Q4_K_M that ``benchmarks/make_kquant_model.sh`` makes from random
+weights. The file's ``general.architecture`` picks the model: ``qwen3moe`` is loaded by
+:func:`~ftlab.models.loader.load_gguf` and timed as ``ftlab bench model`` times its random model
+(:func:`ftlab.bench.model.bench_weights`: prefill, decode batch 1 and 8, graph and eager);
+``qwen35moe`` / ``qwen3next`` are read by :func:`~ftlab.models.gguf_qwen3_next.read_gguf_hf` and
+timed through the pipeline as ``--arch qwen35moe`` times its model
+(:func:`ftlab.bench.qwen35moe.bench_pipeline`). Weights keep the file's types (Q4_0, Q8_0, Q4_K,
+Q5_K, Q6_K packed; others dequantized, with a warning), activations are bf16; prompts are random
+token ids (no tokenizer is read: a file of llama.cpp's ``none`` vocabulary benches too).
+
+The bound of a decode step counts the bytes of the tensors as the model holds them -- each packed
+tensor at its own type's size -- so a K-quant mix (Q4_K with Q6_K attn_v, ffn_down_exps and
+output) is bound by what it really reads. The notes name the file, its size and how many tensors
+of each GGUF type it holds.
+
+``llama_bench``: the path of llama.cpp's ``llama-bench``, run on the same file in the same run
+(``-ngl 99 -fa 1 -p <prompt> -n 128 -r 3 -o json``): its prefill and decode tokens/s become rows
+of backend ``llama.cpp`` beside ftlab's.
+
+On the CPU (``device="cpu"``: fp32 activations, eager, host clock, host copy bandwidth) it is a
+check that the bench runs, not a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ftlab.bench.harness import Measurement, Report, copy_bandwidth, device_info, require_gpu
+from ftlab.bench.model import PREFILL, bench_weights, host_copy_gbps, timer
+from ftlab.bench.qwen35moe import bench_pipeline
+from ftlab.formats.gguf import GGUFError, open_reader
+from ftlab.models.gguf_qwen3_next import read_gguf_hf
+from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf
+from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_next_weights import build_weights
+
+LLAMA_BENCH_GEN = 128  # tokens llama-bench generates in its decode test (its tg128)
+NOTES = [
+    "prefill: one prompt of {length} random token ids, eager (host launches included).",
+    "decode: one token per sequence per step at position {length}; graph = the step replayed from a captured "
+    "CUDA graph, eager = launched op by op from Python.",
+    "bound: the bytes a decode step reads, every tensor at its size in the file's type (packed) or as the "
+    "dense tensor ftlab holds, over the copy bandwidth measured in this run.",
+]
+
+
+def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: int = PREFILL,
+        llama_bench: str | Path | None = None) -> Report:  # fmt: skip
+    """The bench of the model of the GGUF file ``path`` on ``device`` (``"cuda"``: a GPU is
+    required; ``"cpu"``: eager, a smoke run) with prompts of ``prefill`` tokens (decode steps at
+    that position); ``quick``: fewer repetitions; ``llama_bench``: llama.cpp's ``llama-bench``
+    to run on the same file (module docstring). The report is ``model-gguf-<file stem>``.
+    GGUFError for a file ftlab cannot load, RuntimeError if llama-bench fails."""
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str, got {type(device).__name__}")
+    dev = torch.device(device)
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    if isinstance(prefill, bool) or not isinstance(prefill, int) or prefill < 1:
+        raise ValueError(f"prefill must be an int >= 1, got {prefill!r}")
+    if llama_bench is not None and not Path(llama_bench).is_file():
+        raise ValueError(f"llama_bench must be the path of llama.cpp's llama-bench, got {str(llama_bench)!r} "
+                         "(no such file)")  # fmt: skip
+    path = Path(path)
+    arch = gguf_architecture(path)  # the file's structure checked first
+    if dev.type == "cuda":
+        require_gpu()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    gbps, what = (copy_bandwidth(), "device-to-device") if dev.type == "cuda" else (host_copy_gbps(), "host")
+    notes = [file_note(path), type_note(path)] + [n.format(length=prefill) for n in NOTES]
+    report = Report(f"model-gguf-{_slug(path.stem)}", device_info(), gbps, notes=notes, copy_what=what)
+    clock = timer(dev, quick)
+    if arch == GGUF_ARCH:
+        config, weights = load_gguf(path, device=dev, dtype=dtype)
+        report.notes.insert(2, _shape_note(arch, config))
+        bench_weights(report, config, weights, prefill, clock)
+    else:
+        hf, tensors, perms = read_gguf_hf(path, dev, dtype)
+        try:
+            config = Qwen3NextConfig.from_hf(hf)
+        except ValueError as e:
+            raise GGUFError(f"{path}: {e}") from e
+        weights = build_weights(config, tensors, device=dev, dtype=dtype, where=str(path), input_perms=perms,
+                                progress=lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer"))  # fmt: skip
+        del tensors
+        report.notes.insert(2, _shape_note(arch, config))
+        bench_pipeline(report, config, weights, prefill, clock, path.name)
+    if llama_bench is not None:
+        for m in run_llama_bench(llama_bench, path, prefill, dev.type == "cuda"):
+            report.measurements.append(m)
+        report.notes.append(f"llama.cpp: {Path(llama_bench).name} {' '.join(llama_bench_args(path, prefill, True))}"
+                            " on the same file in this run (its own timing: mean of its repetitions)")  # fmt: skip
+    return report
+
+
+def _slug(stem: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._]+", "-", stem).strip("-") or "model"
+
+
+def file_note(path: Path) -> str:
+    size = path.stat().st_size
+    return f"file: {path.name}, {size} bytes ({_size(size)})"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+def type_counts(path: str | Path) -> dict[str, tuple[int, int]]:
+    """``{GGUF type name: (tensors, bytes)}`` of a GGUF file's tensors, most tensors first."""
+    counts, sizes = Counter(), Counter()
+    for t in open_reader(path).tensors:
+        counts[t.tensor_type.name] += 1
+        sizes[t.tensor_type.name] += int(t.n_bytes)
+    return {kind: (n, sizes[kind]) for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def type_note(path: Path) -> str:
+    counts = type_counts(path)
+    listed = ", ".join(f"{kind} {n} ({_size(nbytes)})" for kind, (n, nbytes) in counts.items())
+    return f"tensor types (tensors, bytes), {sum(n for n, _ in counts.values())} tensors: {listed}"
+
+
+def _shape_note(arch: str, c) -> str:
+    hybrid = ""
+    if isinstance(c, Qwen3NextConfig):
+        hybrid = f" ({len(c.linear_layers)} Gated DeltaNet + {len(c.attention_layers)} gated attention)"
+    return (f"shape ({arch}): {c.num_hidden_layers} layers{hybrid}, hidden {c.hidden_size}, attention "
+            f"{c.num_attention_heads} / {c.num_key_value_heads} heads x {c.head_dim}, {c.num_experts} experts "
+            f"top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}")  # fmt: skip
+
+
+def llama_bench_args(path: Path, prefill: int, gpu: bool) -> list[str]:
+    """The arguments ``llama-bench`` runs with: the file, all layers offloaded and flash attention
+    on a GPU, a prompt of ``prefill`` tokens, :data:`LLAMA_BENCH_GEN` generated, JSON out."""
+    offload = ["-ngl", "99", "-fa", "1"] if gpu else ["-ngl", "0"]
+    return ["-m", str(path), *offload, "-p", str(prefill), "-n", str(LLAMA_BENCH_GEN), "-r", "3", "-o", "json"]
+
+
+def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool) -> list[Measurement]:
+    """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
+    of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s); RuntimeError
+    naming the command if it fails or prints no result of each test."""
+    cmd = [str(binary), *llama_bench_args(path, prefill, gpu)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {tail[0]}")
+    try:
+        results = json.loads(done.stdout)
+    except json.JSONDecodeError as e:
+        raise RuntimeError(f"{' '.join(cmd)} printed no JSON ({e})") from e
+    rows = {}
+    for r in results if isinstance(results, list) else []:
+        n_prompt, n_gen, ts = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("avg_ts", 0)
+        if n_prompt == prefill and n_gen == 0 and ts > 0:
+            rows["prefill"] = Measurement(f"prefill {prefill} tokens: {ts:.0f} tokens/s", "llama.cpp",
+                                          prefill / ts * 1e6, 0, True, "llama-bench")  # fmt: skip
+        elif n_gen == LLAMA_BENCH_GEN and n_prompt == 0 and ts > 0:
+            rows["decode"] = Measurement(f"decode batch 1: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True,
+                                         "llama-bench")  # fmt: skip
+    missing = [k for k in ("prefill", "decode") if k not in rows]
+    if missing:
+        raise RuntimeError(f"{' '.join(cmd)} gave no {' or '.join(missing)} result")
+    return [rows["prefill"], rows["decode"]]

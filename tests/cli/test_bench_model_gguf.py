@@ -1,0 +1,133 @@
+"""``ftlab bench model --gguf FILE`` on llama.cpp's Q4_K_M file of the tiny Qwen3-MoE
+(tests/data/llama_cpp): the report's rows and notes, the decode bound counted from the file's
+own tensor sizes, llama-bench's results beside ftlab's (a stand-in binary), the option checks."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftlab import cli
+from ftlab.bench import model_gguf
+from ftlab.bench.model import decode_bytes
+from ftlab.formats.gguf import open_reader
+from ftlab.models.loader import load_gguf
+
+DATA = Path(__file__).parents[1] / "data"
+Q4_K_M = DATA / "llama_cpp" / "qwen3moe-q4_k_m.gguf"
+#: What llama-bench -o json prints (the fields the bench reads, values of a real run's kind).
+LLAMA_BENCH_JSON = [{"n_prompt": 8, "n_gen": 0, "avg_ts": 4000.0, "stddev_ts": 10.0},
+                    {"n_prompt": 0, "n_gen": 128, "avg_ts": 250.0, "stddev_ts": 1.0}]  # fmt: skip
+
+
+def fake_llama_bench(tmp_path: Path, results: list, status: int = 0) -> Path:
+    """A stand-in ``llama-bench``: records its arguments beside itself, prints ``results``."""
+    script = tmp_path / "llama-bench"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      f"open({str(tmp_path / 'args.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+                      f"print({json.dumps(json.dumps(results))})\nsys.exit({status})\n")  # fmt: skip
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    binary = fake_llama_bench(out, LLAMA_BENCH_JSON)
+    status = cli.main(["bench", "model", "--gguf", str(Q4_K_M), "--device", "cpu", "--prefill", "8", "--quick",
+                       "--llama-bench", str(binary), "--out", str(out)])  # fmt: skip
+    (path,) = out.glob("*-model-gguf-qwen3moe-q4_k_m.json")
+    return status, json.loads(path.read_text()), json.loads((out / "args.json").read_text())
+
+
+def test_report_rows_and_notes(cpu_run):
+    status, report, _ = cpu_run
+    assert status == 0 and report["name"] == "model-gguf-qwen3moe-q4_k_m" and report["copy_gbps"] > 0
+    rows = report["results"]
+    assert [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in rows] == [
+        ("prefill 8 tokens", "auto", "eager"),
+        ("decode batch 1", "auto", "eager"),
+        ("decode batch 8", "auto", "eager"),
+        ("prefill 8 tokens", "llama.cpp", "llama-bench"),
+        ("decode batch 1", "llama.cpp", "llama-bench"),
+    ]
+    assert all(r["validated"] and r["time_us"] > 0 for r in rows)
+    assert 0 < rows[1]["bytes_moved"] < rows[2]["bytes_moved"]
+    notes = report["notes"]
+    assert notes[0] == f"file: qwen3moe-q4_k_m.gguf, {Q4_K_M.stat().st_size} bytes (842.28 KiB)"
+    # the types llama.cpp's Q4_K_M gave this file (tests/data/llama_cpp/README.md)
+    assert notes[1].startswith("tensor types (tensors, bytes), 27 tensors: Q4_K 13 (")
+    assert ", F32 11 (" in notes[1] and ", Q6_K 3 (" in notes[1]
+    assert notes[2].startswith("shape (qwen3moe): 2 layers, hidden 256")
+    assert sum(n.startswith("decode batch ") and "bound" in n for n in notes) == 2
+    (hist,) = [n for n in notes if n.startswith("prefill expert load histogram")]
+    assert sum(json.loads(hist.rsplit(": ", 1)[1])) == 2 * 2  # layers x experts
+
+
+def test_llama_bench_ran_on_the_same_file(cpu_run):
+    _, report, args = cpu_run
+    assert args == ["-m", str(Q4_K_M), "-ngl", "0", "-p", "8", "-n", "128", "-r", "3", "-o", "json"]
+    pp, tg = report["results"][3:]
+    assert pp["case"] == "prefill 8 tokens: 4000 tokens/s" and pp["time_us"] == pytest.approx(8 / 4000 * 1e6)
+    assert tg["case"] == "decode batch 1: 250 tokens/s" and tg["time_us"] == pytest.approx(1e6 / 250)
+
+
+def test_decode_bytes_count_every_tensor_at_its_types_size():
+    """Every expert used: a step reads every tensor of the file once, at its stored size (the F32
+    ones loaded in fp32), but the embedding, of which it gathers one dense row a token."""
+    config, weights = load_gguf(Q4_K_M, dtype=torch.float32, progress=False)
+    stored = sum(int(t.n_bytes) for t in open_reader(Q4_K_M).tensors if t.name != "token_embd.weight")
+    for batch in (1, 8):
+        got = decode_bytes(config, weights, config.num_experts, batch)
+        assert got == stored + batch * config.hidden_size * 4
+
+
+def test_qwen35moe_file(tmp_path):
+    report = model_gguf.run(DATA / "gguf_qwen3_next" / "qwen35moe-hv2-q4_0.gguf", quick=True, device="cpu",
+                            prefill=4)  # fmt: skip
+    assert report.name == "model-gguf-qwen35moe-hv2-q4_0"
+    assert [m.case.split(":")[0] for m in report.measurements] == ["prefill 4 tokens", "decode batch 1",
+                                                                    "decode batch 8"]  # fmt: skip
+    assert all(m.validated for m in report.measurements)
+    assert report.notes[2].startswith("shape (qwen35moe): 2 layers (1 Gated DeltaNet + 1 gated attention)")
+
+
+def test_llama_bench_failures(tmp_path):
+    bad = fake_llama_bench(tmp_path, [], status=1)
+    with pytest.raises(RuntimeError, match="exited 1"):
+        model_gguf.run_llama_bench(bad, Q4_K_M, 8, gpu=False)
+    only_pp = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:1])
+    with pytest.raises(RuntimeError, match="gave no decode result"):
+        model_gguf.run_llama_bench(only_pp, Q4_K_M, 8, gpu=False)
+
+
+def test_arguments(tmp_path, capsys):
+    with pytest.raises(ValueError, match="prefill must be an int >= 1, got 0"):
+        model_gguf.run(Q4_K_M, device="cpu", prefill=0)
+    with pytest.raises(ValueError, match="device must be 'cuda' or 'cpu', got 'meta'"):
+        model_gguf.run(Q4_K_M, device="meta")
+    with pytest.raises(ValueError, match="llama_bench must be the path of llama.cpp's llama-bench"):
+        model_gguf.run(Q4_K_M, device="cpu", llama_bench=tmp_path / "none")
+    with pytest.raises(TypeError, match="path must be a str or Path, got int"):
+        model_gguf.run(3, device="cpu")
+    for argv, message in [
+        (["model", "--gguf", str(Q4_K_M), "--arch", "qwen3moe"], "--arch cannot go with --gguf"),
+        (["model", "--gguf", str(Q4_K_M), "--layers", "2"], "--layers cannot go with --gguf"),
+        (["model", "--prefill", "8"], "--prefill is an option of 'ftlab bench model --gguf FILE' only"),
+        (["model", "--device", "cpu"], "--device is an option of 'ftlab bench model --arch qwen35moe' and"),
+        (["q4_0", "--gguf", str(Q4_K_M)], "--gguf is an option of 'ftlab bench model' only"),
+        (["model", "--gguf", str(tmp_path / "none.gguf"), "--device", "cpu"], "none.gguf"),
+    ]:
+        assert cli.main(["bench", *argv, "--no-write"]) == 1, argv
+        assert message in capsys.readouterr().err, argv
+
+
+@pytest.mark.gpu
+def test_bench_on_the_gpu(tmp_path):
+    report = model_gguf.run(Q4_K_M, quick=True, device="cuda", prefill=32)
+    modes = [(m.case.split(":")[0], m.mode) for m in report.measurements]
+    assert modes == [("prefill 32 tokens", "eager"), ("decode batch 1", "graph"), ("decode batch 1", "eager"),
+                     ("decode batch 8", "graph"), ("decode batch 8", "eager")]  # fmt: skip
+    assert all(m.validated for m in report.measurements)
