@@ -58,18 +58,21 @@ def _model(name: str, banks: str, device: str = "cpu") -> tuple:
     """(config, weights, tokenizer) of a tiny model's HF form with each layer's routed banks
     ``banks``: "dense" (as stored), "Q4_0" (quantized), or "Q4_K/Q8_0" (random Q4_K gate/up
     blocks, the down bank quantized to Q8_0: its rows of I = 64 are too short for a K-quant); the
-    shared expert and the projections stay dense. Kept a module."""
+    shared expert and the projections stay dense. Kept for the module."""
     key = (name, banks, device)
     if key not in _loaded:
         pipe = Pipeline.load(name, device, quant="hf", graphs=False)
         weights, c = pipe.weights, pipe.config
         h, inter, e = c.hidden_size, c.moe_intermediate_size, c.num_experts
 
-        def routed(i, moe):
+        def routed(i, moe):  # quantized on the host, then moved
+            gate_up, down = moe.w_gate_up.cpu(), moe.w_down.cpu()
             if banks == "Q4_0":
-                return replace(moe, w_gate_up=ops.quantize_q4_0(moe.w_gate_up), w_down=ops.quantize_q4_0(moe.w_down))
-            gate_up = ft.random_quant_bank(10 + i, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5).to(device)
-            return replace(moe, w_gate_up=gate_up, w_down=ops.quantize(moe.w_down, "Q8_0"))
+                gate_up, down = ops.quantize_q4_0(gate_up), ops.quantize_q4_0(down)
+            else:
+                gate_up = ft.random_quant_bank(10 + i, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5)
+                down = ops.quantize(down, "Q8_0")
+            return replace(moe, w_gate_up=gate_up.to(device), w_down=down.to(device))
 
         if banks != "dense":
             weights = replace(weights, layers=[replace(lw, moe=routed(i, lw.moe)) for i, lw in enumerate(weights.layers)])
