@@ -58,10 +58,11 @@ def _model(name: str, banks: str, device: str = "cpu") -> tuple:
     """(config, weights, tokenizer) of a tiny model's HF form with each layer's routed banks
     ``banks``: "dense" (as stored), "Q4_0" (quantized), or "Q4_K/Q8_0" (random Q4_K gate/up
     blocks, the down bank quantized to Q8_0: its rows of I = 64 are too short for a K-quant); the
-    shared expert and the projections stay dense. Kept for the module."""
+    shared expert and the projections stay dense. "Q4_0 GGUF": the model's Q4_0 GGUF form
+    (projections and banks Q4_0). Kept for the module."""
     key = (name, banks, device)
     if key not in _loaded:
-        pipe = Pipeline.load(name, device, quant="hf", graphs=False)
+        pipe = Pipeline.load(name, device, quant="q4_0" if banks == "Q4_0 GGUF" else "hf", graphs=False)
         weights, c = pipe.weights, pipe.config
         h, inter, e = c.hidden_size, c.moe_intermediate_size, c.num_experts
 
@@ -74,7 +75,7 @@ def _model(name: str, banks: str, device: str = "cpu") -> tuple:
                 down = ops.quantize(down, "Q8_0")
             return replace(moe, w_gate_up=gate_up.to(device), w_down=down.to(device))
 
-        if banks != "dense":
+        if banks in ("Q4_0", "Q4_K/Q8_0"):
             weights = replace(weights, layers=[replace(lw, moe=routed(i, lw.moe)) for i, lw in enumerate(weights.layers)])
         _loaded[key] = (c, weights, pipe.tokenizer)
     return _loaded[key]
@@ -152,7 +153,7 @@ def test_pipeline_load_takes_hybrid_slots(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("banks", ["dense", "Q4_0", "Q4_K/Q8_0"])
+@pytest.mark.parametrize("banks", ["dense", "Q4_0", "Q4_K/Q8_0", "Q4_0 GGUF"])
 @pytest.mark.parametrize("name", HYBRID)
 def test_hybrid_graph_replays_equal_eager_gpu(name, banks):
     """The decode step of the static hybrid model captured in one graph (every layer's handshake
