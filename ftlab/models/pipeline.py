@@ -94,11 +94,13 @@ class Pipeline:
     a backend that cannot be captured); ``False`` runs eagerly. When captured, the decode step replays a graph built at the first decode step, and
     the model runs in its static mode (attention over every cache slot under a mask).
 
-    ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``): each layer keeps that many
-    experts in GPU slots (least recently used out, moved between steps) and runs the others
-    on the CPU, from host copies of the banks (the device banks stay loaded, for
-    :meth:`compare`). A graph is captured only if every layer's handshake passed its probe;
-    otherwise decode runs eagerly, with the probe's warning."""
+    ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``), for every model class: each
+    layer keeps that many of its routed experts in GPU slots (least recently used out, moved
+    between steps) and runs the others on the CPU, from host copies of the banks (the device
+    banks stay loaded, for :meth:`compare`); a Qwen3-Next / Qwen3.5-MoE layer's shared expert
+    stays on the GPU. Prefill runs each hybrid layer's eager schedule, a decode step its
+    handshake. A graph is captured only if every layer's handshake passed its probe; otherwise
+    decode runs eagerly, with the probe's warning."""
 
     def __init__(self, config: Qwen3MoeConfig | Qwen3NextConfig, weights: ModelWeights | NextWeights,
                  tokenizer: Tokenizer, *,
@@ -117,9 +119,6 @@ class Pipeline:
                                  "tensors on the host); pick other backends for them, or graphs=False")  # fmt: skip
             self.graphs = False  # "auto": eager decode with these backends
         hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
-        if hybrid_slots is not None and self.model_class is Qwen3Next:
-            raise ValueError(f"hybrid_slots must be None for a {config.arch} model (hybrid CPU/GPU experts run "
-                             f"Qwen3-MoE models), got {hybrid_slots}")  # fmt: skip
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
         self.hybrid = self._hybrid(hybrid_slots, ops) if hybrid_slots is not None else None
         self.model = self._model(ops, self.hybrid)
@@ -170,16 +169,17 @@ class Pipeline:
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         if self.model_class is Qwen3Next:
             return Qwen3Next(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                             q4_0_path=self.q4_0_path, static=self.graphs)  # fmt: skip
+                             q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid)  # fmt: skip
         return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
                         q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid)  # fmt: skip
 
     def _hybrid(self, slots: int, backends: dict[str, str]) -> list:
         from ftlab.hybrid import HybridDecodeExecutor
 
-        return [HybridDecodeExecutor(lw.w_gate_up.to("cpu"), lw.w_down.to("cpu"), slots, self.device,
+        banks = [lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers]  # the routed experts
+        return [HybridDecodeExecutor(b.w_gate_up.to("cpu"), b.w_down.to("cpu"), slots, self.device,
                                      backend=backends["moe_experts"], path=self.q4_0_path)
-                for lw in self.weights.layers]  # fmt: skip
+                for b in banks]  # fmt: skip
 
     @property
     def graph_capturable(self) -> bool:

@@ -12,7 +12,9 @@ L2-normalised; ``ops.gated_rmsnorm`` by z; out_proj) or a gated full attention
 partial RoPE (``ops.qk_norm_rope``), GQA over the static KV cache, ``attn * sigmoid(gate)``
 (``ops.output_gate``), o_proj). The MoE: softmax top-k routed SwiGLU experts (``ops.route_topk``,
 ``ops.moe_experts``) plus a shared SwiGLU expert scaled by ``sigmoid(shared_expert_gate(x))``
-(``ops.moe_experts`` over a one-expert bank, the gate as its routing weight).
+(``ops.moe_experts`` over a one-expert bank, the gate as its routing weight). With hybrid CPU/GPU
+experts (:mod:`ftlab.hybrid`) a layer's routed experts run through its ``HybridDecodeExecutor``
+(some in GPU slots, the rest on the CPU) and the shared expert stays on the GPU.
 
 The norms of the checkpoints that scale by ``(1 + w)`` hold ``1 + w`` here, in fp32 (converted at load), as
 the reference implementation applies them: the residual norms and the q / k head norms run in fp32.
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ftlab import ops
+from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.models.layers import KVCache, Stage, concat_rows, linear, rms_norm
 from ftlab.models.pipeline_args import MODEL_OPS, backend_map
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
@@ -128,13 +131,22 @@ class Qwen3Next:
     """The model over ftlab ops. ``backends`` maps op names (``pipeline_args.MODEL_OPS``) to a
     backend name ("auto" for each unset). ``static=True`` keeps every shape fixed and the host out
     of the forward pass (what graph capture of a decode step needs). ``q4_0_path``: the path of
-    Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts)."""
+    Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one
+    ``ftlab.hybrid.HybridDecodeExecutor`` a layer (or None), which then runs that layer's routed
+    experts, some on the GPU's expert slots and the rest on the CPU (the shared expert stays on the
+    GPU); :meth:`end_step` moves their residency between steps."""
 
     OPS = MODEL_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3NextConfig, weights: NextWeights, *, max_batch: int = 1, max_seq_len: int = 512,
-                 backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False):  # fmt: skip
+                 backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False,
+                 hybrid: list | None = None):  # fmt: skip
         c = self.config = config
+        if hybrid is not None and len(hybrid) != c.num_hidden_layers:
+            raise ValueError(f"hybrid must hold one executor (or None) a layer: {c.num_hidden_layers}, got "
+                             f"{len(hybrid)}")  # fmt: skip
+        self.hybrid = hybrid
+        self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static, self.q4_0_path = static, q4_0_path
         self.backends = backend_map(backends or {})
@@ -154,7 +166,15 @@ class Qwen3Next:
         return [*self.conv_state.values(), *self.delta_state.values()]
 
     def end_step(self) -> None:
-        """Nothing to do between steps (the interface of :class:`~ftlab.models.qwen3_moe.Qwen3Moe`)."""
+        """Between steps (never inside a captured graph): each hybrid layer's residency follows
+        the routes of the last forward pass (one synchronization for all layers); nothing to do
+        without hybrid layers."""
+        if not self._routed:
+            return
+        layers = sorted(self._routed)
+        routed = torch.stack([self._routed[i].reshape(-1) for i in layers]).cpu()
+        for row, i in zip(routed, layers, strict=True):
+            self.hybrid[i].end_step(row)
 
     def linear(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
         return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path)
@@ -240,13 +260,28 @@ class Qwen3Next:
                                       backend=self.backends["route_topk"])  # fmt: skip
         yield Stage(f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights")
         kw = {"path": self.q4_0_path, "backend": self.backends["moe_experts"]}
-        routed = ops.moe_experts(h, mw.w_gate_up, mw.w_down, weights, ids, **kw)
+        routed = self.routed_experts(i, h, weights, ids)
         yield Stage(f"layer {i} experts", {"experts": routed}, "experts")
         gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the one expert's weight
         zero = torch.zeros(h.shape[0], 1, dtype=torch.int32, device=h.device)
         shared = ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, zero, **kw)
         yield Stage(f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert")
         return routed + shared
+
+    def routed_experts(self, i: int, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Layer ``i``'s routed experts on ``h [N, H]`` with the router's top-k ``weights`` and
+        ``ids [N, k]``: ``ops.moe_experts`` over the layer's banks, or its hybrid executor -- a
+        decode step (up to ``DECODE_MAX_TOKENS`` rows) through the executor's handshake
+        (graph-capturable), a longer pass (prefill) through its eager schedule."""
+        ex = self.hybrid[i] if self.hybrid else None
+        if ex is None:
+            mw = self.weights.layers[i].moe
+            return ops.moe_experts(h, mw.w_gate_up, mw.w_down, weights, ids, path=self.q4_0_path,
+                                   backend=self.backends["moe_experts"])  # fmt: skip
+        self._routed[i] = ids
+        if h.shape[0] <= DECODE_MAX_TOKENS:
+            return ex(h, weights, ids)
+        return ex.eager(h, weights, ids)
 
     def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False,
                snapshot: bool = True) -> Iterator[Stage]:  # fmt: skip
