@@ -296,7 +296,9 @@ def _words_fit(w: QuantWeight) -> bool:
     return True
 
 
-def words_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, cfg: dict | None = None) -> torch.Tensor:
+def words_matvec(
+    x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, cfg: dict | None = None
+) -> torch.Tensor:
     """``quant_matvec`` by kq_mvw_kernel; ``cfg`` (a ``MVW_CONFIGS`` entry) overrides the table.
     One row whose K fits ``HOIST_U`` units (default ``BLOCK_U``) runs the persistent kernel."""
     m, k = x8.q.shape
@@ -330,7 +332,9 @@ def words_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, cfg: dict | N
     return y.to(out_dtype)
 
 
-def quant_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, variant: str | None = None) -> torch.Tensor:
+def quant_matvec(
+    x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, variant: str | None = None
+) -> torch.Tensor:
     """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]``; split-K when N alone would leave SMs idle.
     ``variant`` overrides ``MATVEC_VARIANT``."""
     if (variant or MATVEC_VARIANT) == "words" and _words_fit(w):

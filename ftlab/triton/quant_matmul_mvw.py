@@ -22,7 +22,6 @@ activation words once, keep them in registers and walk row tiles, writing y stra
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -193,7 +192,11 @@ def load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, mask, QTYPE: tl.constexpr):
     e1 = tl.load(d8 + 2 * u + 1, mask=mask, other=0.0)
     if QTYPE == 0:
         return x, (e0, e1, e0, e1), (e0, e1)
-    return x, (e0, e1, e0, e1), (tl.load(s8 + 2 * u, mask=mask, other=0.0), tl.load(s8 + 2 * u + 1, mask=mask, other=0.0))
+    return (
+        x,
+        (e0, e1, e0, e1),
+        (tl.load(s8 + 2 * u, mask=mask, other=0.0), tl.load(s8 + 2 * u + 1, mask=mask, other=0.0)),
+    )
 
 
 @triton.jit
