@@ -386,4 +386,17 @@ def matvec_specs(target: str) -> list:
                               constexprs={**extra, "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
                                           "BLOCK_SB": cfg["BLOCK_SB"]},
                               num_warps=cfg["num_warps"]))  # fmt: skip
+    types = {"w32_ptr": "*i32", "q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32"}
+    for qtype, cfgs in MVW_CONFIGS.items():
+        for mp, hoist, cfg in (
+            (1, True, cfgs["m1"]),
+            (1, False, cfgs["m1"]),
+            (8, False, cfgs["m8"]),
+        ):
+            bu = cfg.get("HOIST_U", cfg["BLOCK_U"]) if hoist else cfg["BLOCK_U"]
+            label = f"kq_mvw_kernel[{qtype}, M<={mp}{', hoisted' if hoist else ''}, {cfg['BLOCK_N']}x{bu} units]"
+            specs.append(spec(kq_mvw_kernel, label, types={**types, "out_ptr": "*bf16" if hoist else "*fp32"},
+                              constexprs={"QTYPE": QCODE[qtype], "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
+                                          "BLOCK_U": bu, "HOIST": hoist},
+                              num_warps=cfg["num_warps"]))  # fmt: skip
     return specs
