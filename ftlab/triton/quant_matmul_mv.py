@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ftlab.quant import Q8_1, QTYPES, QuantWeight
 from ftlab.triton.q4_0_common import dp4a, interpreted, launch_table, sm_count
-from ftlab.triton.quant_matmul_mvw import MVW_CONFIGS, QCODE, kq_mvw_kernel
+from ftlab.triton.quant_matmul_mvw import MVW_CONFIGS, QCODE, kq_mvw_kernel, unit_major
 from ftlab.triton.quants import scale_min_k4
 
 #: "words" (kq_mvw_kernel where the rows allow it) or "tiles" (the kernels of this module)
@@ -300,7 +300,8 @@ def words_matvec(
     x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, cfg: dict | None = None
 ) -> torch.Tensor:
     """``quant_matvec`` by kq_mvw_kernel; ``cfg`` (a ``MVW_CONFIGS`` entry) overrides the table.
-    One row whose K fits ``HOIST_U`` units (default ``BLOCK_U``) runs the persistent kernel."""
+    One row whose K fits ``HOIST_U`` units (default ``BLOCK_U``) runs the persistent kernel; the
+    others read the activations unit-major unless ``XT`` is 0."""
     m, k = x8.q.shape
     n = w.shape[0]
     nu = k // 64
@@ -315,18 +316,22 @@ def words_matvec(
         kq_mvw_kernel[(programs, 1)](
             words, data.shape[-1], x8.q.view(torch.int32), x8.d, x8.s, y, m, n, k, nu, nu,
             QTYPE=QCODE[w.qtype], ASM=asm, MP=1, BLOCK_N=cfg["BLOCK_N"], BLOCK_U=triton.next_power_of_2(nu),
-            HOIST=True, num_warps=cfg["num_warps"],
+            HOIST=True, XT=False, num_warps=cfg["num_warps"],
         )  # fmt: skip
         return y
+    xt = bool(cfg.get("XT", 1))
+    q8w, d8, s8 = x8.q.view(torch.int32), x8.d, x8.s
+    if xt:
+        q8w, d8, s8 = unit_major(q8w, d8, s8, w.qtype)
     bu = cfg["BLOCK_U"]
     splits = max(1, min(triton.cdiv(2 * sm_count(w.device), programs_n), triton.cdiv(nu, bu)))
     u_per_split = triton.cdiv(triton.cdiv(nu, splits), bu) * bu
     splits = triton.cdiv(nu, u_per_split)
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
     kq_mvw_kernel[(programs_n, splits)](
-        words, data.shape[-1], x8.q.view(torch.int32), x8.d, x8.s, parts, m, n, k, nu, u_per_split,
+        words, data.shape[-1], q8w, d8, s8, parts, m, n, k, nu, u_per_split,
         QTYPE=QCODE[w.qtype], ASM=asm, MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_U=bu,
-        HOIST=False, num_warps=cfg["num_warps"],
+        HOIST=False, XT=xt, num_warps=cfg["num_warps"],
     )  # fmt: skip
     y = parts[0] if splits == 1 else parts.sum(0)
     return y.to(out_dtype)
@@ -397,6 +402,6 @@ def matvec_specs(target: str) -> list:
             label = f"kq_mvw_kernel[{qtype}, M<={mp}{', hoisted' if hoist else ''}, {cfg['BLOCK_N']}x{bu} units]"
             specs.append(spec(kq_mvw_kernel, label, types={**types, "out_ptr": "*bf16" if hoist else "*fp32"},
                               constexprs={"QTYPE": QCODE[qtype], "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
-                                          "BLOCK_U": bu, "HOIST": hoist},
+                                          "BLOCK_U": bu, "HOIST": hoist, "XT": not hoist},
                               num_warps=cfg["num_warps"]))  # fmt: skip
     return specs

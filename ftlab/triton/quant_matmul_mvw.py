@@ -22,21 +22,51 @@ activation words once, keep them in registers and walk row tiles, writing y stra
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
 from ftlab.triton.q4_0_common import dp4a
 
-#: per type: the tile of one-row calls (HOIST where K fits ``BLOCK_U`` units) and of 2..8 rows
+#: per type: the tile of one-row calls (HOIST where K fits ``BLOCK_U`` units) and of 2..8 rows;
+#: ``XT``: the activations gathered unit-major first (:func:`unit_major`; not for HOIST)
 MVW_CONFIGS: dict[str, dict[str, dict[str, int]]] = {
     qt: {
         "m1": {"BLOCK_N": 4, "BLOCK_U": 32, "num_warps": 4, "progs_per_sm": 8},
-        "m8": {"BLOCK_N": 8, "BLOCK_U": 32, "num_warps": 4},
+        "m8": {"BLOCK_N": 8, "BLOCK_U": 32, "num_warps": 4, "XT": 1},
     }
     for qt in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 }
 #: the types' kernel codes
 QCODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
+
+
+@functools.cache
+def _unit_maps(
+    qtype: str, k: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gather indices of the unit-major activations: q8 words ``[16, NU]``, d8 ``[G, NU]``
+    (G = 4 for Q6_K, else 2), s8 ``[2, NU]``."""
+    nu = k // 64
+    u = torch.arange(nu, device=device)
+    if qtype == "Q6_K":
+        blk = 8 * (u // 4) + 4 * ((u // 2) % 2)
+        words = torch.stack([8 * (blk + t) + 4 * (u % 2) + i for t in range(4) for i in range(4)])
+        d8 = torch.stack([blk + t for t in range(4)])
+    else:
+        words = torch.stack([16 * u + i for i in range(16)])
+        d8 = torch.stack([2 * u, 2 * u + 1])
+    s8 = torch.stack([2 * u, 2 * u + 1])
+    return words.reshape(-1), d8.reshape(-1), s8.reshape(-1)
+
+
+def unit_major(q8w: torch.Tensor, d8: torch.Tensor, s8: torch.Tensor, qtype: str):
+    """Q8_1 activations ``[M, K]`` (q8 as int32 words ``[M, K / 4]``) rearranged unit-major for
+    ``XT``: neighbouring units' words side by side, so a warp's activation loads are contiguous."""
+    words, d8i, s8i = _unit_maps(qtype, d8.shape[1] * 32, d8.device)
+    return q8w[:, words], d8[:, d8i], s8[:, s8i]
 
 
 @triton.jit
@@ -171,13 +201,27 @@ def load_units(w32_ptr, row_bytes, n, u, mask, QTYPE: tl.constexpr):
 
 
 @triton.jit
-def load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, mask, QTYPE: tl.constexpr):
+def load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, mask, QTYPE: tl.constexpr, XT: tl.constexpr):
     """Activation row ``m``'s side of units ``u`` ``[1, BU]``: (sixteen q8 words, the d8 of the
-    four groups, the s8 of the two 32-groups)."""
+    four groups, the s8 of the two 32-groups). ``XT``: the activations come unit-major
+    (:func:`unit_major`): word i of unit u at ``i * NU + u``, group g's d8 / s8 at ``g * NU + u``."""
     xw = q8w_ptr + m * (K // 4)
-    d8 = d8_ptr + m * (K // 32)
+    d8 = d8_ptr + m * (K // (16 if QTYPE == 3 else 32) if XT else K // 32)
     s8 = s8_ptr + m * (K // 32)
     x = ()
+    if XT:
+        nu = K // 64
+        for i in tl.static_range(16):
+            x = x + (tl.load(xw + i * nu + u, mask=mask, other=0),)
+        e = ()
+        for g in tl.static_range(4 if QTYPE == 3 else 2):
+            e = e + (tl.load(d8 + g * nu + u, mask=mask, other=0.0),)
+        if QTYPE == 3:
+            return x, e, (e[0], e[0])
+        if QTYPE == 0:
+            return x, (e[0], e[1], e[0], e[1]), (e[0], e[1])
+        sm = (tl.load(s8 + u, mask=mask, other=0.0), tl.load(s8 + nu + u, mask=mask, other=0.0))
+        return x, (e[0], e[1], e[0], e[1]), sm
     if QTYPE == 3:
         blk = 8 * (u // 4) + 4 * ((u // 2) % 2)  # Q8_1 block of quarter 0
         for t in tl.static_range(4):
@@ -226,7 +270,7 @@ def unit_terms(wq, wc, wm, xq, xe, xs, QTYPE: tl.constexpr, ASM: tl.constexpr):
 def kq_mvw_kernel(
     w32_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, out_ptr, M, N, K, NU, U_PER_SPLIT,
     QTYPE: tl.constexpr, ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_U: tl.constexpr, HOIST: tl.constexpr,
+    BLOCK_U: tl.constexpr, HOIST: tl.constexpr, XT: tl.constexpr,
 ):  # fmt: skip
     """``HOIST``: y[n] (out_ptr of the output dtype) for row tiles pid, pid + programs, ..;
     else partial[split, m, n] (fp32) over this split's units."""
@@ -234,7 +278,7 @@ def kq_mvw_kernel(
     if HOIST:
         u = tl.arange(0, BLOCK_U)[None, :]
         u_ok = u < NU
-        xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, 0, K, u, u_ok, QTYPE)
+        xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, 0, K, u, u_ok, QTYPE, XT)
         for tile in range(pid_n, tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
             n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
             n_ok = n < N
@@ -255,7 +299,7 @@ def kq_mvw_kernel(
             wq, wc, wm = load_units(w32_ptr, row_bytes, n[:, None], u, n_ok[:, None] & u_ok, QTYPE)
             for m in tl.static_range(MP):
                 if m < M:
-                    xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, u_ok, QTYPE)
+                    xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, u_ok, QTYPE, XT)
                     part = tl.sum(unit_terms(wq, wc, wm, xq, xe, xs, QTYPE, ASM), axis=1)
                     acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
         out = out_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]

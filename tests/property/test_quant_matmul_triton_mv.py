@@ -13,11 +13,12 @@ from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weig
 from ftlab.triton.q4_0 import quantize_q8_1
 
 TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
-#: (M, config): persistent one-row; one row, 2-unit tiles, two a split; 3 rows
+#: (M, config): persistent one-row; one row, 2-unit tiles, two a split (unit-major activations);
+#: 3 rows (activations as quantized)
 LAUNCHES = [
     (1, None),
     (1, {"BLOCK_N": 2, "BLOCK_U": 2, "num_warps": 1}),
-    (3, {"BLOCK_N": 4, "BLOCK_U": 4, "num_warps": 1}),
+    (3, {"BLOCK_N": 4, "BLOCK_U": 4, "num_warps": 1, "XT": 0}),
 ]
 
 
