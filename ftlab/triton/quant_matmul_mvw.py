@@ -297,10 +297,9 @@ def kq_mvw_kernel(
             u = u0 + tl.arange(0, BLOCK_U)[None, :]
             u_ok = u < hi
             wq, wc, wm = load_units(w32_ptr, row_bytes, n[:, None], u, n_ok[:, None] & u_ok, QTYPE)
-            for m in tl.static_range(MP):
-                if m < M:
-                    xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, u_ok, QTYPE, XT)
-                    part = tl.sum(unit_terms(wq, wc, wm, xq, xe, xs, QTYPE, ASM), axis=1)
-                    acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
+            for m in range(0, M):  # not unrolled: one row's activation words live at a time
+                xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, u_ok, QTYPE, XT)
+                part = tl.sum(unit_terms(wq, wc, wm, xq, xe, xs, QTYPE, ASM), axis=1)
+                acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
         out = out_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
         tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
