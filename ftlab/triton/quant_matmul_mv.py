@@ -286,7 +286,7 @@ def _asm(device: torch.device) -> bool:
     return bool(launch_table(device).get("mv4", {}).get("asm", 0)) and not interpreted()
 
 
-def _words_fit(w: QuantWeight) -> bool:
+def words_fit(w: QuantWeight) -> bool:
     """Whether kq_mvw_kernel can read ``w``'s rows as 32-bit words of the units it takes."""
     n, k = w.shape
     if w.qtype == "Q8_0":
@@ -342,7 +342,7 @@ def quant_matvec(
 ) -> torch.Tensor:
     """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]``; split-K when N alone would leave SMs idle.
     ``variant`` overrides ``MATVEC_VARIANT``."""
-    if (variant or MATVEC_VARIANT) == "words" and _words_fit(w):
+    if (variant or MATVEC_VARIANT) == "words" and words_fit(w):
         return words_matvec(x8, w, out_dtype)
     return tiles_matvec(x8, w, out_dtype)
 

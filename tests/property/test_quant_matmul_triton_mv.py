@@ -33,7 +33,7 @@ def _check(y: torch.Tensor, x: torch.Tensor, w: QuantWeight) -> None:
 def test_words_kernel_launches(qtype, m, cfg):
     n, k = 8, 512  # Q6_K: every row's block 1 starts at an odd halfword
     w = random_quant_weight(m + len(qtype), qtype, n, k)
-    assert mv._words_fit(w)
+    assert mv.words_fit(w)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
     _check(mv.words_matvec(quantize_q8_1(x), w, torch.float32, cfg), x, w)
 
@@ -61,7 +61,7 @@ def test_variant_choice_and_tile_kernels(qtype, n, k, fits, monkeypatch):
     """Rows the word kernel cannot address take the tile kernels; both variants agree with the
     reference wherever they run."""
     w = random_quant_weight(5, qtype, n, k)
-    assert mv._words_fit(w) == fits
+    assert mv.words_fit(w) == fits
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(2))
     for variant in ("words", "tiles"):
         monkeypatch.setattr(mv, "MATVEC_VARIANT", variant)
