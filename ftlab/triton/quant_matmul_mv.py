@@ -31,7 +31,14 @@ import triton.language as tl
 
 from ftlab.quant import Q8_1, QTYPES, QuantWeight
 from ftlab.triton.q4_0_common import dp4a, interpreted, launch_table, sm_count
-from ftlab.triton.quant_matmul_mvw import MVW_CONFIGS, QCODE, kq_mvw_kernel, unit_major
+from ftlab.triton.quant_matmul_mvw import (
+    MVW_CONFIGS,
+    QCODE,
+    UNIT_MAJOR_BLOCK,
+    kq_mvw_kernel,
+    unit_major,
+    unit_major_kernel,
+)
 from ftlab.triton.quants import scale_min_k4
 
 #: "words" (kq_mvw_kernel where the rows allow it) or "tiles" (the kernels of this module)
@@ -391,6 +398,11 @@ def matvec_specs(target: str) -> list:
                               constexprs={**extra, "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
                                           "BLOCK_SB": cfg["BLOCK_SB"]},
                               num_warps=cfg["num_warps"]))  # fmt: skip
+    for qtype, code in QCODE.items():
+        specs.append(spec(unit_major_kernel, f"unit_major_kernel[{qtype}, {UNIT_MAJOR_BLOCK} units]",
+                          types={"q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32", "oq_ptr": "*i32",
+                                 "od_ptr": "*fp32", "os_ptr": "*fp32"},
+                          constexprs={"QTYPE": code, "BLOCK_U": UNIT_MAJOR_BLOCK}))  # fmt: skip
     types = {"w32_ptr": "*i32", "q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32"}
     for qtype, cfgs in MVW_CONFIGS.items():
         for mp, hoist, cfg in (

@@ -22,8 +22,6 @@ activation words once, keep them in registers and walk row tiles, writing y stra
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -41,32 +39,6 @@ MVW_CONFIGS: dict[str, dict[str, dict[str, int]]] = {
 }
 #: the types' kernel codes
 QCODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
-
-
-@functools.cache
-def _unit_maps(
-    qtype: str, k: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gather indices of the unit-major activations: q8 words ``[16, NU]``, d8 ``[G, NU]``
-    (G = 4 for Q6_K, else 2), s8 ``[2, NU]``."""
-    nu = k // 64
-    u = torch.arange(nu, device=device)
-    if qtype == "Q6_K":
-        blk = 8 * (u // 4) + 4 * ((u // 2) % 2)
-        words = torch.stack([8 * (blk + t) + 4 * (u % 2) + i for t in range(4) for i in range(4)])
-        d8 = torch.stack([blk + t for t in range(4)])
-    else:
-        words = torch.stack([16 * u + i for i in range(16)])
-        d8 = torch.stack([2 * u, 2 * u + 1])
-    s8 = torch.stack([2 * u, 2 * u + 1])
-    return words.reshape(-1), d8.reshape(-1), s8.reshape(-1)
-
-
-def unit_major(q8w: torch.Tensor, d8: torch.Tensor, s8: torch.Tensor, qtype: str):
-    """Q8_1 activations ``[M, K]`` (q8 as int32 words ``[M, K / 4]``) rearranged unit-major for
-    ``XT``: neighbouring units' words side by side, so a warp's activation loads are contiguous."""
-    words, d8i, s8i = _unit_maps(qtype, d8.shape[1] * 32, d8.device)
-    return q8w[:, words], d8[:, d8i], s8[:, s8i]
 
 
 @triton.jit
@@ -303,3 +275,44 @@ def kq_mvw_kernel(
                 acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
         out = out_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
         tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
+
+
+@triton.jit
+def unit_major_kernel(
+    q8w_ptr, d8_ptr, s8_ptr, oq_ptr, od_ptr, os_ptr, K, QTYPE: tl.constexpr, BLOCK_U: tl.constexpr
+):  # fmt: skip
+    """Row ``program_id(1)`` of the Q8_1 activations rearranged unit-major (``XT``): word i of unit
+    u to ``i * NU + u``, group g's d8 / s8 to ``g * NU + u`` (Q6_K: four d8 groups, no s8)."""
+    m = tl.program_id(1)
+    nu = K // 64
+    u = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
+    ok = u < nu
+    xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, ok, QTYPE, False)
+    for i in tl.static_range(16):
+        tl.store(oq_ptr + m * (K // 4) + i * nu + u, xq[i], mask=ok)
+    G: tl.constexpr = 4 if QTYPE == 3 else 2
+    for g in tl.static_range(G):
+        tl.store(od_ptr + m * (G * nu) + g * nu + u, xe[g], mask=ok)
+    if QTYPE != 3:
+        for g in tl.static_range(2):
+            tl.store(os_ptr + m * (2 * nu) + g * nu + u, xs[g], mask=ok)
+
+
+#: units per program of ``unit_major_kernel``
+UNIT_MAJOR_BLOCK = 128
+
+
+def unit_major(q8w: torch.Tensor, d8: torch.Tensor, s8: torch.Tensor, qtype: str):
+    """Q8_1 activations ``[M, K]`` (q8 as int32 words ``[M, K / 4]``) rearranged unit-major for
+    ``XT`` in one launch: neighbouring units' words side by side, so a warp's activation loads in
+    kq_mvw_kernel are contiguous."""
+    m, k = q8w.shape[0], q8w.shape[1] * 4
+    nu = k // 64
+    oq = torch.empty_like(q8w)
+    od = torch.empty((m, (4 if qtype == "Q6_K" else 2) * nu), dtype=d8.dtype, device=d8.device)
+    os_ = torch.empty((m, 2 * nu), dtype=s8.dtype, device=s8.device)
+    grid = (triton.cdiv(nu, UNIT_MAJOR_BLOCK), m)
+    unit_major_kernel[grid](
+        q8w, d8, s8, oq, od, os_, k, QTYPE=QCODE[qtype], BLOCK_U=UNIT_MAJOR_BLOCK
+    )
+    return oq, od, os_
