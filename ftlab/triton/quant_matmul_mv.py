@@ -2,6 +2,10 @@
 of Q8_1 activations; docs/OPS.md section 11; reference: ``ftlab/reference/quant_matmul.py``),
 used by ``quant_matmul``'s int8 path (``ftlab/triton/quant_matmul.py``).
 
+``MATVEC_VARIANT`` picks the kernel: ``"words"`` (default) the unit-per-thread kernel of
+``ftlab/triton/quant_matmul_mvw.py`` where the rows are word-addressable (Q8_0: an even number of
+blocks a row; Q6_K: a whole number of words in all), else ``"tiles"``, the kernels below.
+
 One program takes ``BLOCK_N`` weight rows and walks its share of K (split-K over a second grid
 axis when the rows alone would leave SMs idle) ``BLOCK_SB`` blocks at a time, reading each
 weight byte once for all the M rows of activations: the blocks' integers are unpacked in
@@ -27,8 +31,18 @@ import triton.language as tl
 
 from ftlab.quant import Q8_1, QTYPES, QuantWeight
 from ftlab.triton.q4_0_common import dp4a, interpreted, launch_table, sm_count
+from ftlab.triton.quant_matmul_mvw import (
+    MVW_CONFIGS,
+    QCODE,
+    UNIT_MAJOR_BLOCK,
+    kq_mvw_kernel,
+    unit_major,
+    unit_major_kernel,
+)
 from ftlab.triton.quants import scale_min_k4
 
+#: "words" (kq_mvw_kernel where the rows allow it) or "tiles" (the kernels of this module)
+MATVEC_VARIANT = "words"
 #: rows one matvec pass takes (MP up to 8); more rows run pass by pass
 MATVEC_ROWS = 8
 #: per type: rows and blocks of a program's tile, warps. Untimed starting points: 2048 weights
@@ -279,8 +293,69 @@ def _asm(device: torch.device) -> bool:
     return bool(launch_table(device).get("mv4", {}).get("asm", 0)) and not interpreted()
 
 
-def quant_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype) -> torch.Tensor:
-    """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]``; split-K when N alone would leave SMs idle."""
+def words_fit(w: QuantWeight) -> bool:
+    """Whether kq_mvw_kernel can read ``w``'s rows as 32-bit words of the units it takes."""
+    n, k = w.shape
+    if w.qtype == "Q8_0":
+        return (k // 32) % 2 == 0
+    if w.qtype == "Q6_K":
+        return (n * QTYPES["Q6_K"].row_bytes(k)) % 4 == 0
+    return True
+
+
+def words_matvec(
+    x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, cfg: dict | None = None
+) -> torch.Tensor:
+    """``quant_matvec`` by kq_mvw_kernel; ``cfg`` (a ``MVW_CONFIGS`` entry) overrides the table.
+    One row whose K fits ``HOIST_U`` units (default ``BLOCK_U``) runs the persistent kernel; the
+    others read the activations unit-major unless ``XT`` is 0."""
+    m, k = x8.q.shape
+    n = w.shape[0]
+    nu = k // 64
+    cfg = dict(cfg or MVW_CONFIGS[w.qtype]["m1" if m == 1 else "m8"])
+    data = w.data if w.data.data_ptr() % 4 == 0 else w.data.clone()
+    words = data.reshape(-1).view(torch.int32)
+    asm = _asm(w.device)
+    programs_n = triton.cdiv(n, cfg["BLOCK_N"])
+    if m == 1 and triton.next_power_of_2(nu) <= cfg.get("HOIST_U", cfg["BLOCK_U"]):
+        y = torch.empty((1, n), dtype=out_dtype, device=w.device)
+        programs = min(programs_n, sm_count(w.device) * cfg.get("progs_per_sm", 8))
+        kq_mvw_kernel[(programs, 1)](
+            words, data.shape[-1], x8.q.view(torch.int32), x8.d, x8.s, y, m, n, k, nu, nu,
+            QTYPE=QCODE[w.qtype], ASM=asm, MP=1, BLOCK_N=cfg["BLOCK_N"], BLOCK_U=triton.next_power_of_2(nu),
+            HOIST=True, XT=False, num_warps=cfg["num_warps"],
+        )  # fmt: skip
+        return y
+    xt = bool(cfg.get("XT", 1))
+    q8w, d8, s8 = x8.q.view(torch.int32), x8.d, x8.s
+    if xt:
+        q8w, d8, s8 = unit_major(q8w, d8, s8, w.qtype)
+    bu = cfg["BLOCK_U"]
+    splits = max(1, min(triton.cdiv(2 * sm_count(w.device), programs_n), triton.cdiv(nu, bu)))
+    u_per_split = triton.cdiv(triton.cdiv(nu, splits), bu) * bu
+    splits = triton.cdiv(nu, u_per_split)
+    parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
+    kq_mvw_kernel[(programs_n, splits)](
+        words, data.shape[-1], q8w, d8, s8, parts, m, n, k, nu, u_per_split,
+        QTYPE=QCODE[w.qtype], ASM=asm, MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_U=bu,
+        HOIST=False, XT=xt, num_warps=cfg["num_warps"],
+    )  # fmt: skip
+    y = parts[0] if splits == 1 else parts.sum(0)
+    return y.to(out_dtype)
+
+
+def quant_matvec(
+    x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, variant: str | None = None
+) -> torch.Tensor:
+    """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]``; split-K when N alone would leave SMs idle.
+    ``variant`` overrides ``MATVEC_VARIANT``."""
+    if (variant or MATVEC_VARIANT) == "words" and words_fit(w):
+        return words_matvec(x8, w, out_dtype)
+    return tiles_matvec(x8, w, out_dtype)
+
+
+def tiles_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype) -> torch.Tensor:
+    """``quant_matvec`` by the kernels of this module."""
     m, k = x8.q.shape
     n = w.shape[0]
     nsb = k // QTYPES[w.qtype].block
@@ -322,5 +397,23 @@ def matvec_specs(target: str) -> list:
             specs.append(spec(kernel, label, types=types,
                               constexprs={**extra, "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
                                           "BLOCK_SB": cfg["BLOCK_SB"]},
+                              num_warps=cfg["num_warps"]))  # fmt: skip
+    for qtype, code in QCODE.items():
+        specs.append(spec(unit_major_kernel, f"unit_major_kernel[{qtype}, {UNIT_MAJOR_BLOCK} units]",
+                          types={"q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32", "oq_ptr": "*i32",
+                                 "od_ptr": "*fp32", "os_ptr": "*fp32"},
+                          constexprs={"QTYPE": code, "BLOCK_U": UNIT_MAJOR_BLOCK}))  # fmt: skip
+    types = {"w32_ptr": "*i32", "q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32"}
+    for qtype, cfgs in MVW_CONFIGS.items():
+        for mp, hoist, cfg in (
+            (1, True, cfgs["m1"]),
+            (1, False, cfgs["m1"]),
+            (8, False, cfgs["m8"]),
+        ):
+            bu = cfg.get("HOIST_U", cfg["BLOCK_U"]) if hoist else cfg["BLOCK_U"]
+            label = f"kq_mvw_kernel[{qtype}, M<={mp}{', hoisted' if hoist else ''}, {cfg['BLOCK_N']}x{bu} units]"
+            specs.append(spec(kq_mvw_kernel, label, types={**types, "out_ptr": "*bf16" if hoist else "*fp32"},
+                              constexprs={"QTYPE": QCODE[qtype], "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
+                                          "BLOCK_U": bu, "HOIST": hoist, "XT": not hoist},
                               num_warps=cfg["num_warps"]))  # fmt: skip
     return specs
