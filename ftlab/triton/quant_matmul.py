@@ -73,6 +73,46 @@ def dequant_tile(w_ptr, row, kg, mask, QTYPE: tl.constexpr):
 
 
 @triton.jit
+def dequant_tile32(w_ptr, row, k0, n_ok, QTYPE: tl.constexpr):
+    """:func:`dequant_tile` of the 32 weights ``k0 .. k0 + 32`` (k0 a multiple of 32, inside one
+    Q8_0 block / one K-quant sub-block pair): the same values, with each row's scales (and the
+    sub-block's position) loaded and decoded once instead of once a weight."""
+    li = tl.arange(0, 32)[None, :]
+    rmask = n_ok[:, None]
+    mask = rmask & (li < 32)
+    if QTYPE == 0:  # Q8_0: d * q
+        wb = w_ptr + row[:, None] + (k0 // 32) * 34
+        d = load_q4_0_scale(wb, rmask)
+        q = tl.load(wb + 2 + li, mask=mask, other=0).to(tl.int8, bitcast=True)
+        return d * q.to(tl.float32)
+    elif QTYPE == 3:  # Q6_K: (d * scales[e // 16]) * q
+        e0 = k0 % 256
+        wb = w_ptr + row[:, None] + (k0 // 256) * 210
+        h = e0 // 128
+        t = (e0 % 128) // 32
+        ql = tl.load(wb + 64 * h + 32 * (t % 2) + li, mask=mask, other=0).to(tl.int32)
+        qh = tl.load(wb + 128 + 32 * h + li, mask=mask, other=0).to(tl.int32)
+        q = (((ql >> (4 * (t // 2))) & 0x0F) | (((qh >> (2 * t)) & 3) << 4)) - 32
+        sc = tl.load(wb + 192 + (e0 + li) // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        d = load_q4_0_scale(wb + 208, rmask)
+        return (d * sc) * q.to(tl.float32)
+    else:  # Q4_K / Q5_K: (d * sc[j]) * q - (dmin * m[j])
+        NBYTES: tl.constexpr = 176 if QTYPE == 2 else 144
+        QS: tl.constexpr = 48 if QTYPE == 2 else 16
+        wb = w_ptr + row[:, None] + (k0 // 256) * NBYTES
+        j = (k0 % 256) // 32
+        byte = tl.load(wb + QS + 32 * (j // 2) + li, mask=mask, other=0).to(tl.int32)
+        q = (byte >> (4 * (j % 2))) & 0x0F
+        if QTYPE == 2:
+            qh = tl.load(wb + 16 + li, mask=mask, other=0).to(tl.int32)
+            q = q | (((qh >> j) & 1) << 4)
+        sc, mn = scale_min_k4(wb + 4, j, rmask)
+        d = load_q4_0_scale(wb, rmask)
+        dmin = load_q4_0_scale(wb + 2, rmask)
+        return (d * sc) * q.to(tl.float32) - dmin * mn
+
+
+@triton.jit
 def quant_dequant_gemm_kernel(
     x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride, M, N, K,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -93,9 +133,10 @@ def quant_dequant_gemm_kernel(
         kg = k0 + tl.arange(0, BLOCK_K)
         k_ok = kg < K
         xt = tl.load(xrow + kg[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(
-            x_ptr.dtype.element_ty
-        )
+        if BLOCK_K == 32:  # K is a multiple of 32 for every type
+            wt = dequant_tile32(w_ptr, row, k0, n_ok, QTYPE).to(x_ptr.dtype.element_ty)
+        else:
+            wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(x_ptr.dtype.element_ty)
         if DOT_F32:
             acc = tl.dot(
                 xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=F32_PRECISION
