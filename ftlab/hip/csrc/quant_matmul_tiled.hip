@@ -31,15 +31,22 @@ namespace qmt {
 constexpr int kGroup = 32;   // threads per region
 constexpr int kGroups = 4;   // groups per 128-thread block
 
-// Byte i, the fp16 at byte i (even) and the 32-bit word at byte i (even) of a super held as
-// little-endian words; i is a constant after unrolling, so these fold to shifts.
-__device__ __forceinline__ uint32_t byte_at(const uint32_t* w, int i) { return (w[i >> 2] >> (8 * (i & 3))) & 0xFFu; }
-__device__ __forceinline__ float half_at(const uint32_t* w, int i) {
-  return port_half_to_float(static_cast<uint16_t>((w[i >> 2] >> (8 * (i & 3))) & 0xFFFFu));
+// N little-endian 32-bit words at byte o (even) of LDS words s: two-byte aligned spans are
+// read as the aligned words around them and shifted.
+template <int N>
+__device__ __forceinline__ void read_words(const uint32_t* s, int o, uint32_t out[N]) {
+  const uint32_t* p = s + (o >> 2);
+  const int sh = 8 * (o & 2);
+  uint32_t prev = p[0];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t next = p[i + 1];
+    out[i] = static_cast<uint32_t>(((static_cast<uint64_t>(next) << 32) | prev) >> sh);
+    prev = next;
+  }
 }
-__device__ __forceinline__ uint32_t word_at(const uint32_t* w, int i) {
-  return (i & 3) ? (w[i >> 2] >> 16) | (w[(i >> 2) + 1] << 16) : w[i >> 2];
-}
+
+__device__ __forceinline__ float half_lo(uint32_t w) { return port_half_to_float(static_cast<uint16_t>(w & 0xFFFFu)); }
 
 __device__ __forceinline__ int dot8(const uint32_t q[8], const int x[8]) {
   int sumi = 0;
@@ -48,18 +55,45 @@ __device__ __forceinline__ int dot8(const uint32_t q[8], const int x[8]) {
   return sumi;
 }
 
+// acc[m] += the term of one decoded unit with Q8_1 block ub of every activation row m.
+template <int MV_M, typename U>
+__device__ __forceinline__ void add_unit(const U& unit, const int8_t* q8, const float* d8, const float* s8, int64_t ub,
+                                         int64_t k, int64_t units, float acc[MV_M]) {
+#pragma unroll
+  for (int m = 0; m < MV_M; ++m) {
+    const bytes16* xv = reinterpret_cast<const bytes16*>(q8 + m * k + ub * 32);
+    uint32_t xw[8];
+    words_of(xv[0], &xw[0]);
+    words_of(xv[1], &xw[4]);
+    int x[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = static_cast<int>(xw[i]);
+    acc[m] += unit.term(x, d8[m * units + ub], s8[m * units + ub]);
+  }
+}
+
 // Four Q8_0 blocks (34 bytes each: d fp16, q[32] int8): unit u is block u.
 struct SQ8_0 {
   static constexpr int kBytes = 136, kUnits = 4, kPieces = 10;
   uint32_t q[8];
   float d;
-  __device__ __forceinline__ void decode(const uint32_t* w, int u) {
-    d = half_at(w, 34 * u);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = word_at(w, 34 * u + 2 + 4 * i);
-  }
   __device__ __forceinline__ float term(const int x[8], float d8, float) const {
     return d * (d8 * static_cast<float>(dot8(q, x)));
+  }
+  // acc[m] += the terms of the super at byte o of s, whose first Q8_1 block is ub.
+  template <int MV_M>
+  static __device__ __forceinline__ void add(const uint32_t* s, int o, const int8_t* q8, const float* d8,
+                                             const float* s8, int64_t ub, int64_t k, int64_t units, float acc[MV_M]) {
+#pragma unroll 1
+    for (int u = 0; u < kUnits; ++u) {
+      uint32_t w[9];
+      read_words<9>(s, o + 34 * u, w);
+      SQ8_0 unit;
+      unit.d = half_lo(w[0]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) unit.q[i] = (w[i] >> 16) | (w[i + 1] << 16);
+      add_unit<MV_M>(unit, q8, d8, s8, ub + u, k, units, acc);
+    }
   }
 };
 
@@ -71,24 +105,38 @@ struct SQK4 {
   static constexpr int kQs = kFifth ? 48 : 16;
   uint32_t q[8];
   float d, dmin, sc, mn;
-  __device__ __forceinline__ void decode(const uint32_t* w, int j) {
-    d = half_at(w, 0);
-    dmin = half_at(w, 2);
-    if (j < 4) {  // llama.cpp's get_scale_min_k4 on the 12 scale bytes at 4
-      sc = static_cast<float>(byte_at(w, 4 + j) & 63);
-      mn = static_cast<float>(byte_at(w, 8 + j) & 63);
-    } else {
-      sc = static_cast<float>((byte_at(w, 8 + j) & 0x0F) | ((byte_at(w, j) >> 6) << 4));
-      mn = static_cast<float>((byte_at(w, 8 + j) >> 4) | ((byte_at(w, 4 + j) >> 6) << 4));
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = (word_at(w, kQs + 32 * (j >> 1) + 4 * i) >> (4 * (j & 1))) & 0x0F0F0F0Fu;
-      if (kFifth) q[i] |= ((word_at(w, 16 + 4 * i) >> j) & 0x01010101u) << 4;
-    }
-  }
   __device__ __forceinline__ float term(const int x[8], float d8, float s8) const {
     return d * (d8 * (sc * static_cast<float>(dot8(q, x)))) - dmin * (mn * s8);
+  }
+  template <int MV_M>
+  static __device__ __forceinline__ void add(const uint32_t* s, int o, const int8_t* q8, const float* d8,
+                                             const float* s8, int64_t ub, int64_t k, int64_t units, float acc[MV_M]) {
+    uint32_t hdr[4];  // d, dmin; the 12 scale bytes in words 1..3
+    read_words<4>(s, o, hdr);
+    uint32_t qh[8];
+    if (kFifth) read_words<8>(s, o + 16, qh);
+    SQK4 unit;
+    unit.d = half_lo(hdr[0]);
+    unit.dmin = half_lo(hdr[0] >> 16);
+#pragma unroll 1
+    for (int j = 0; j < kUnits; ++j) {  // sub-blocks 2i, 2i + 1 share qs bytes 32i ..
+      uint32_t qs[8];
+      read_words<8>(s, o + kQs + 32 * (j >> 1), qs);
+      // llama.cpp's get_scale_min_k4: scale bytes j, j + 4 (j < 4); else j + 4, j - 4, j
+      const int b = 8 * (j & 3);
+      const uint32_t s0 = (hdr[1] >> b) & 0xFFu, s4 = (hdr[2] >> b) & 0xFFu, s8b = (hdr[3] >> b) & 0xFFu;
+      const uint32_t sc = j < 4 ? s0 & 63 : (s8b & 0x0F) | ((s0 >> 6) << 4);
+      const uint32_t mn = j < 4 ? s4 & 63 : (s8b >> 4) | ((s4 >> 6) << 4);
+      unit.sc = static_cast<float>(sc);
+      unit.mn = static_cast<float>(mn);
+      const int sh = 4 * (j & 1);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        unit.q[i] = (qs[i] >> sh) & 0x0F0F0F0Fu;
+        if (kFifth) unit.q[i] |= ((qh[i] >> j) & 0x01010101u) << 4;
+      }
+      add_unit<MV_M>(unit, q8, d8, s8, ub + j, k, units, acc);
+    }
   }
 };
 
@@ -99,17 +147,6 @@ struct SQ6_K {
   static constexpr int kBytes = 210, kUnits = 8, kPieces = 14;
   uint32_t q[8];  // q + 32, 0..63
   float d, sc_a, sc_b;
-  __device__ __forceinline__ void decode(const uint32_t* w, int u) {
-    const int h = u >> 2, t = u & 3;
-    d = half_at(w, 208);
-    sc_a = static_cast<float>(static_cast<int8_t>(byte_at(w, 192 + 8 * h + 2 * t)));
-    sc_b = static_cast<float>(static_cast<int8_t>(byte_at(w, 193 + 8 * h + 2 * t)));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = ((word_at(w, 64 * h + 32 * (t & 1) + 4 * i) >> (4 * (t >> 1))) & 0x0F0F0F0Fu) |
-             (((word_at(w, 128 + 32 * h + 4 * i) >> (2 * t)) & 0x03030303u) << 4);
-    }
-  }
   __device__ __forceinline__ float term(const int x[8], float d8, float) const {
     int a = 0, b = 0, xa = 0, xb = 0;
 #pragma unroll
@@ -122,6 +159,30 @@ struct SQ6_K {
     const float sa = static_cast<float>(a - 32 * xa), sb = static_cast<float>(b - 32 * xb);
     return d * (d8 * (sc_a * sa)) + d * (d8 * (sc_b * sb));
   }
+  template <int MV_M>
+  static __device__ __forceinline__ void add(const uint32_t* s, int o, const int8_t* q8, const float* d8,
+                                             const float* s8, int64_t ub, int64_t k, int64_t units, float acc[MV_M]) {
+    uint32_t tail[5];  // the 16 scale bytes (words 0..3) and d (low half of word 4)
+    read_words<5>(s, o + 192, tail);
+    SQ6_K unit;
+    unit.d = half_lo(tail[4]);
+#pragma unroll 1
+    for (int u = 0; u < kUnits; ++u) {
+      const int h = u >> 2, t = u & 3;
+      uint32_t qh[8], ql[8];
+      read_words<8>(s, o + 128 + 32 * h, qh);
+      read_words<8>(s, o + 64 * h + 32 * (t & 1), ql);
+      // scale bytes 8h + 2t, 8h + 2t + 1: word 2h + t / 2, half t % 2
+      const uint32_t sw = h ? (t >> 1 ? tail[3] : tail[2]) : (t >> 1 ? tail[1] : tail[0]);
+      const int b = 16 * (t & 1);
+      unit.sc_a = static_cast<float>(static_cast<int8_t>((sw >> b) & 0xFFu));
+      unit.sc_b = static_cast<float>(static_cast<int8_t>((sw >> (b + 8)) & 0xFFu));
+      const int shl = 4 * (t >> 1), shh = 2 * t;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) unit.q[i] = ((ql[i] >> shl) & 0x0F0F0F0Fu) | (((qh[i] >> shh) & 0x03030303u) << 4);
+      add_unit<MV_M>(unit, q8, d8, s8, ub + u, k, units, acc);
+    }
+  }
 };
 
 // 16 bytes at p, of which only those in [lo, hi) are read (the rest are 0): the pieces at the
@@ -129,6 +190,7 @@ struct SQ6_K {
 __device__ __forceinline__ bytes16 load_piece(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
   if (p >= lo && p + 16 <= hi) return *reinterpret_cast<const bytes16*>(p);
   uint32_t v[4] = {0u, 0u, 0u, 0u};
+#pragma unroll 1
   for (int i = 0; i < 16; ++i) {
     if (p + i >= lo && p + i < hi) v[i >> 2] |= static_cast<uint32_t>(p[i]) << (8 * (i & 3));
   }
@@ -155,9 +217,8 @@ __global__ void __launch_bounds__(kGroup * kGroups)
     quant_mv_tiled_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                           const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
                           int64_t n_rows, int64_t k, int g) {
-  constexpr int kWords = (Q::kBytes + 3) / 4;
   constexpr int kStride = 4 * Q::kPieces + 1;  // LDS words per row at G = 1
-  __shared__ uint32_t lds[kGroups][kGroup * kStride + 1];
+  __shared__ uint32_t lds[kGroups][kGroup * kStride + 4];  // + 4: reads run up to 3 words past a super
   const int lane = threadIdx.x;
   const int group = threadIdx.y;
   uint32_t* region = lds[group];
@@ -220,21 +281,8 @@ __global__ void __launch_bounds__(kGroup * kGroups)
       }
     }
     port_sync_group();
-    uint32_t sw[kWords];
-    {
-      const uint8_t* first = first_of(set, ks, my_row);
-      const int off = static_cast<int>(first - lo_of(first)) + my_super * Q::kBytes;  // even
-      const uint32_t* src = region + my_row * stride + (off >> 2);
-      const int sh = 8 * (off & 2);
-      uint32_t prev = src[0];
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) {
-        const uint32_t next = src[i + 1];
-        sw[i] = static_cast<uint32_t>(((static_cast<uint64_t>(next) << 32) | prev) >> sh);
-        prev = next;
-      }
-    }
-    port_sync_group();
+    const uint8_t* first = first_of(set, ks, my_row);
+    const int off = static_cast<int>(first - lo_of(first)) + my_super * Q::kBytes;  // even
     const bool last_step = ks == k_steps - 1;
     if (item + 1 < items) {
       if (last_step) {
@@ -246,29 +294,14 @@ __global__ void __launch_bounds__(kGroup * kGroups)
       load_region(set, ks);
     }
     if (row < n_rows && sb < supers) {
-#pragma unroll
-      for (int u = 0; u < Q::kUnits; ++u) {
-        Q unit;
-        unit.decode(sw, u);
-        const int64_t ub = sb * Q::kUnits + u;  // the Q8_1 block
-#pragma unroll
-        for (int m = 0; m < MV_M; ++m) {
-          const bytes16* xv = reinterpret_cast<const bytes16*>(q8 + m * k + ub * 32);
-          uint32_t xw[8];
-          words_of(xv[0], &xw[0]);
-          words_of(xv[1], &xw[4]);
-          int x[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) x[i] = static_cast<int>(xw[i]);
-          acc[m] += unit.term(x, d8[m * units + ub], s8[m * units + ub]);
-        }
-      }
+      Q::template add<MV_M>(region + my_row * stride, off, q8, d8, s8, sb * Q::kUnits, k, units, acc);
     }
+    port_sync_group();  // the reads of this region are done before the next is stored
     if (last_step) {  // the row set is done: reduce over the g lanes of each row
 #pragma unroll
       for (int m = 0; m < MV_M; ++m) {
         float v = acc[m];
-        for (int off = g / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+        for (int mask = g / 2; mask > 0; mask >>= 1) v += port_shfl_xor(v, mask);
         if (my_super == 0 && row < n_rows) y[m * n_rows + row] = v;
         acc[m] = 0.0f;
       }
