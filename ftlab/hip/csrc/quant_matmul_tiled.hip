@@ -189,11 +189,18 @@ struct SQ6_K {
 // two ends of w, which may hang over them.
 __device__ __forceinline__ bytes16 load_piece(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
   if (p >= lo && p + 16 <= hi) return *reinterpret_cast<const bytes16*>(p);
-  uint32_t v[4] = {0u, 0u, 0u, 0u};
+  uint64_t v0 = 0, v1 = 0;
 #pragma unroll 1
   for (int i = 0; i < 16; ++i) {
-    if (p + i >= lo && p + i < hi) v[i >> 2] |= static_cast<uint32_t>(p[i]) << (8 * (i & 3));
+    const uint64_t b = p + i >= lo && p + i < hi ? p[i] : 0u;
+    if (i < 8) {
+      v0 |= b << (8 * i);
+    } else {
+      v1 |= b << (8 * (i - 8));
+    }
   }
+  const uint32_t v[4] = {static_cast<uint32_t>(v0), static_cast<uint32_t>(v0 >> 32), static_cast<uint32_t>(v1),
+                         static_cast<uint32_t>(v1 >> 32)};
   bytes16 r;
 #if defined(PORT_CUDA)
   r.x = v[0];
@@ -212,8 +219,15 @@ __device__ __forceinline__ bytes16 load_piece(const uint8_t* p, const uint8_t* l
 // y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
 // activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8 [M, K/32]. g: supers
 // per row in a region (1, 2, 4, 8, 16 or 32), with (32 / g) * pieces_per_row <= 32 * kPieces.
+// nvcc: at least 3 blocks per SM (up to 170 registers); left to itself it settles on 96 or 128
+// and spills a few bytes
+#if defined(PORT_CUDA)
+#define FTLAB_QMT_BOUNDS __launch_bounds__(kGroup * kGroups, 3)
+#else
+#define FTLAB_QMT_BOUNDS __launch_bounds__(kGroup * kGroups)
+#endif
 template <typename Q, int MV_M>
-__global__ void __launch_bounds__(kGroup * kGroups)
+__global__ void FTLAB_QMT_BOUNDS
     quant_mv_tiled_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                           const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
                           int64_t n_rows, int64_t k, int g) {
@@ -321,6 +335,7 @@ FTLAB_QMT_ROWS(SQK4<false>)
 FTLAB_QMT_ROWS(SQK4<true>)
 FTLAB_QMT_ROWS(SQ6_K)
 #undef FTLAB_QMT_ROWS
+#undef FTLAB_QMT_BOUNDS
 #undef FTLAB_QMT_INSTANTIATE
 
 }  // namespace qmt
