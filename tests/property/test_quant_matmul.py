@@ -16,7 +16,7 @@ from ftlab.quant import QTYPES, QuantWeight
 from ftlab.reference import q4_0 as ref_q4_0
 from ftlab.reference import quant_matmul as ref
 from ftlab.reference.quants import dequantize
-from ftlab.testing.quant_matmul import random_quant_weight
+from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weight
 
 GPU = ["triton", "hip"]
 
@@ -127,6 +127,30 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
         if m == 512 and path == "int8" and n > 8192:
             continue  # the int8 reference of 512 x 151936 runs on the host for minutes
         ft.check_quant_matmul_case(ft.QuantMatmulCase(x, w, path), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
+@pytest.mark.parametrize(
+    "variant, g",
+    [("lanes", None), ("tiled", 1), ("tiled", 2), ("tiled", 4), ("tiled", 8), ("tiled", 32)],
+)
+def test_hip_matvec_variants_gpu(qtype, variant, g):
+    """Every HIP matvec variant and region shape, M = 1..8, on a weight view 4 bytes past an
+    aligned address (the tiled kernel's pieces hang over both ends of it) with N not a multiple
+    of any region's rows and K not a multiple of G supers."""
+    from ftlab.hip import quant_matmul as hip_qmm
+
+    n, k = 301, 2304
+    w = random_quant_weight(n + len(qtype), qtype, n, k)
+    buf = torch.zeros(w.data.numel() + 16, dtype=torch.uint8, device="cuda")
+    buf[4 : 4 + w.data.numel()] = w.data.flatten().to("cuda")
+    wv = QuantWeight(buf[4 : 4 + w.data.numel()].view(n, -1), (n, k), qtype)
+    for m in range(1, 9):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to("cuda") * 3
+        y = hip_qmm.quant_matmul(x, wv, "int8", variant=variant, g=g)
+        exact, bound = quant_matmul_tolerance(x, wv, "int8", torch.float32)
+        assert bool(((y - exact).abs() <= bound).all()), (m, (y - exact).abs().max())
 
 
 @pytest.mark.gpu
