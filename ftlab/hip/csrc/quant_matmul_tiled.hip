@@ -119,23 +119,26 @@ struct SQK4 {
     unit.d = half_lo(hdr[0]);
     unit.dmin = half_lo(hdr[0] >> 16);
 #pragma unroll 1
-    for (int j = 0; j < kUnits; ++j) {  // sub-blocks 2i, 2i + 1 share qs bytes 32i ..
+    for (int pair = 0; pair < kUnits / 2; ++pair) {  // sub-blocks 2 pair, + 1 share qs bytes 32 pair ..
       uint32_t qs[8];
-      read_words<8>(s, o + kQs + 32 * (j >> 1), qs);
-      // llama.cpp's get_scale_min_k4: scale bytes j, j + 4 (j < 4); else j + 4, j - 4, j
-      const int b = 8 * (j & 3);
-      const uint32_t s0 = (hdr[1] >> b) & 0xFFu, s4 = (hdr[2] >> b) & 0xFFu, s8b = (hdr[3] >> b) & 0xFFu;
-      const uint32_t sc = j < 4 ? s0 & 63 : (s8b & 0x0F) | ((s0 >> 6) << 4);
-      const uint32_t mn = j < 4 ? s4 & 63 : (s8b >> 4) | ((s4 >> 6) << 4);
-      unit.sc = static_cast<float>(sc);
-      unit.mn = static_cast<float>(mn);
-      const int sh = 4 * (j & 1);
+      read_words<8>(s, o + kQs + 32 * pair, qs);
+#pragma unroll 1
+      for (int j = 2 * pair; j < 2 * pair + 2; ++j) {
+        // llama.cpp's get_scale_min_k4: scale bytes j, j + 4 (j < 4); else j + 4, j - 4, j
+        const int b = 8 * (j & 3);
+        const uint32_t s0 = (hdr[1] >> b) & 0xFFu, s4 = (hdr[2] >> b) & 0xFFu, s8b = (hdr[3] >> b) & 0xFFu;
+        const uint32_t sc = j < 4 ? s0 & 63 : (s8b & 0x0F) | ((s0 >> 6) << 4);
+        const uint32_t mn = j < 4 ? s4 & 63 : (s8b >> 4) | ((s4 >> 6) << 4);
+        unit.sc = static_cast<float>(sc);
+        unit.mn = static_cast<float>(mn);
+        const int sh = 4 * (j & 1);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        unit.q[i] = (qs[i] >> sh) & 0x0F0F0F0Fu;
-        if (kFifth) unit.q[i] |= ((qh[i] >> j) & 0x01010101u) << 4;
+        for (int i = 0; i < 8; ++i) {
+          unit.q[i] = (qs[i] >> sh) & 0x0F0F0F0Fu;
+          if (kFifth) unit.q[i] |= ((qh[i] >> j) & 0x01010101u) << 4;
+        }
+        add_unit<MV_M>(unit, q8, d8, s8, ub + j, k, units, acc);
       }
-      add_unit<MV_M>(unit, q8, d8, s8, ub + j, k, units, acc);
     }
   }
 };
@@ -219,10 +222,10 @@ __device__ __forceinline__ bytes16 load_piece(const uint8_t* p, const uint8_t* l
 // y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
 // activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8 [M, K/32]. g: supers
 // per row in a region (1, 2, 4, 8, 16 or 32), with (32 / g) * pieces_per_row <= 32 * kPieces.
-// nvcc: at least 3 blocks per SM (up to 170 registers); left to itself it settles on 96 or 128
-// and spills a few bytes
+// nvcc: at least 3 blocks per SM (up to 168 registers) for M <= 4, 2 above; left to itself it
+// settles on 96 or 128 registers and spills a few bytes
 #if defined(PORT_CUDA)
-#define FTLAB_QMT_BOUNDS __launch_bounds__(kGroup * kGroups, 3)
+#define FTLAB_QMT_BOUNDS __launch_bounds__(kGroup * kGroups, MV_M <= 4 ? 3 : 2)
 #else
 #define FTLAB_QMT_BOUNDS __launch_bounds__(kGroup * kGroups)
 #endif
@@ -288,10 +291,13 @@ __global__ void FTLAB_QMT_BOUNDS
         uint32_t v[4];
         words_of(r[t], v);
         uint32_t* dst = region + rr * stride + 4 * j;
-        dst[0] = v[0];
-        dst[1] = v[1];
-        dst[2] = v[2];
-        dst[3] = v[3];
+        // word c of the piece goes out in store (c - lane / 8) % 4: the four stores of 32
+        // consecutive pieces hit 32 distinct banks
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int word = (c + (lane >> 3)) & 3;
+          dst[word] = word == 0 ? v[0] : word == 1 ? v[1] : word == 2 ? v[2] : v[3];
+        }
       }
     }
     port_sync_group();
