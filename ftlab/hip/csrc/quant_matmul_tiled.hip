@@ -18,8 +18,8 @@
 //   decodes its units with constant offsets; each unit's weight words serve all M activation
 //   rows, whose Q8_1 blocks are read from memory (L1: with G = 1 every lane of the group reads
 //   the same block, a broadcast).
-// The next region's pieces are loaded into registers before the current one is computed; the
-// grid is persistent and every group walks the same number of regions (uniform trip counts).
+// The next region's pieces are loaded into registers before the current one is computed (on
+// NVIDIA; see kPrefetch); the grid is persistent and every group walks the same number of regions (uniform trip counts).
 // Partial sums of a row meet across its G lanes by port_shfl_xor.
 //
 // Includes q4_0_common.h and port.h only: the gfx compile check compiles this file alone.
@@ -55,10 +55,21 @@ __device__ __forceinline__ int dot8(const uint32_t q[8], const int x[8]) {
   return sumi;
 }
 
+// v, which the AMD compiler then treats as a fresh value: the activation rows' offsets m * k
+// are recomputed per unit (scalar multiplies) instead of held in scalar registers across the
+// loops, which spills them at M > 4.
+__device__ __forceinline__ int64_t opaque(int64_t v) {
+#if defined(__AMDGCN__)
+  asm volatile("" : "+s"(v));
+#endif
+  return v;
+}
+
 // acc[m] += the term of one decoded unit with Q8_1 block ub of every activation row m.
 template <int MV_M, typename U>
 __device__ __forceinline__ void add_unit(const U& unit, const int8_t* q8, const float* d8, const float* s8, int64_t ub,
-                                         int64_t k, int64_t units, float acc[MV_M]) {
+                                         int64_t k_in, int64_t units_in, float acc[MV_M]) {
+  const int64_t k = opaque(k_in), units = opaque(units_in);
 #pragma unroll
   for (int m = 0; m < MV_M; ++m) {
     const bytes16* xv = reinterpret_cast<const bytes16*>(q8 + m * k + ub * 32);
@@ -222,6 +233,15 @@ __device__ __forceinline__ bytes16 load_piece(const uint8_t* p, const uint8_t* l
 // y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
 // activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8 [M, K/32]. g: supers
 // per row in a region (1, 2, 4, 8, 16 or 32), with (32 / g) * pieces_per_row <= 32 * kPieces.
+// The next region's pieces are loaded into registers before this one is computed on NVIDIA; on
+// AMD, where the compiler has no registers to spare for them at M > 4, the region is loaded just
+// before it is stored (other waves hide the latency).
+#if defined(PORT_CUDA)
+constexpr bool kPrefetch = true;
+#else
+constexpr bool kPrefetch = false;
+#endif
+
 // nvcc: at least 3 blocks per SM (up to 168 registers) for M <= 4, 2 above; left to itself it
 // settles on 96 or 128 registers and spills a few bytes
 #if defined(PORT_CUDA)
@@ -239,27 +259,30 @@ __global__ void FTLAB_QMT_BOUNDS
   const int lane = threadIdx.x;
   const int group = threadIdx.y;
   uint32_t* region = lds[group];
-  const int64_t units = k / 32;
-  const int64_t supers = units / Q::kUnits;  // per row
+  const int units = static_cast<int>(k / 32);
+  const int supers = units / Q::kUnits;  // per row
   const int rows = kGroup / g;                // rows per region
   const int pieces = (14 + g * Q::kBytes + 15) / 16;  // per row span, whatever its alignment
   const int stride = 4 * pieces + 1;                  // LDS words per row
-  const int64_t k_steps = (supers + g - 1) / g;
-  const int64_t row_sets = (n_rows + rows - 1) / rows;
-  const int64_t groups = static_cast<int64_t>(gridDim.x) * kGroups;
-  const int64_t first_set = static_cast<int64_t>(blockIdx.x) * kGroups + group;
-  const int64_t items = (row_sets + groups - 1) / groups * k_steps;  // the same in every group
+  // 32-bit bookkeeping (the launcher keeps N and K below 2^31): fewer scalar registers
+  const int k_steps = (supers + g - 1) / g;
+  const int row_sets = static_cast<int>((n_rows + rows - 1) / rows);
+  const int groups = static_cast<int>(gridDim.x) * kGroups;
+  const int first_set = static_cast<int>(blockIdx.x) * kGroups + group;
+  const int items = (row_sets + groups - 1) / groups * k_steps;  // the same in every group
   const uint8_t* w_end = w + n_rows * row_bytes;
 
   // region (set, ks): rows set * rows + r, supers ks * g ..; row r's span starts at byte
   // first(r) and its pieces at the 16-byte aligned address below it
-  auto first_of = [&](int64_t set, int64_t ks, int r) { return w + (set * rows + r) * row_bytes + ks * g * Q::kBytes; };
+  auto first_of = [&](int set, int ks, int r) {
+    return w + static_cast<int64_t>(set * rows + r) * row_bytes + ks * g * Q::kBytes;
+  };
   auto lo_of = [](const uint8_t* first) {
     return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(first) & ~static_cast<uintptr_t>(15));
   };
   bytes16 r[Q::kPieces];
-  auto load_region = [&](int64_t set, int64_t ks) {
-    const int64_t s_end = (ks + 1) * g < supers ? (ks + 1) * g : supers;
+  auto load_region = [&](int set, int ks) {
+    const int s_end = (ks + 1) * g < supers ? (ks + 1) * g : supers;
 #pragma unroll
     for (int t = 0; t < Q::kPieces; ++t) {
       const int p = t * kGroup + lane;
@@ -273,16 +296,17 @@ __global__ void FTLAB_QMT_BOUNDS
       }
     }
   };
-  int64_t set = first_set, ks = 0;  // the region of the current item
-  if (items > 0) load_region(set, ks);
+  int set = first_set, ks = 0;  // the region of the current item
+  if (kPrefetch && items > 0) load_region(set, ks);
 
   float acc[MV_M];
 #pragma unroll
   for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
   const int my_row = lane / g, my_super = lane % g;
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t row = set * rows + my_row;
-    const int64_t sb = ks * g + my_super;
+  for (int item = 0; item < items; ++item) {
+    const int row = set * rows + my_row;
+    const int sb = ks * g + my_super;
+    if (!kPrefetch) load_region(set, ks);
 #pragma unroll
     for (int t = 0; t < Q::kPieces; ++t) {
       const int p = t * kGroup + lane;
@@ -311,7 +335,7 @@ __global__ void FTLAB_QMT_BOUNDS
       } else {
         ++ks;
       }
-      load_region(set, ks);
+      if (kPrefetch) load_region(set, ks);
     }
     if (row < n_rows && sb < supers) {
       Q::template add<MV_M>(region + my_row * stride, off, q8, d8, s8, sb * Q::kUnits, k, units, acc);
