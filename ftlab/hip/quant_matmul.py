@@ -14,6 +14,8 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ftlab import jit
@@ -27,36 +29,67 @@ MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "ti
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
 #: rows share an activation block the more supers a region takes per row
 TILED_G = {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
+#: (row set, K split) pairs per resident lane group the tiled matvec aims for: K is split (the
+#: partial sums added in order afterwards) while the N * G / 32 row sets give fewer
+TILED_MIN_SETS = 2
+#: resident 32-thread groups per SM / CU the tiled matvec is sized for (3 blocks of 4)
+TILED_GROUPS_PER_SM = 12
 #: K (weights) of one super of the tiled matvec
 TILED_SUPER_K = {"Q8_0": 128, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 _SUFFIX = {"Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 
 
 def quant_matmul(
-    x: torch.Tensor, w: QuantWeight, path: str, variant: str | None = None, g: int | None = None
+    x: torch.Tensor,
+    w: QuantWeight,
+    path: str,
+    variant: str | None = None,
+    g: int | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.quant_matmul` (``path == "int8"``). ``variant`` /
-    ``g`` override :data:`MATVEC_VARIANT` / :data:`TILED_G` for M <= 8 (benchmarks)."""
+    ``g`` / ``splits`` override :data:`MATVEC_VARIANT` / :func:`tiled_config` for M <= 8
+    (benchmarks)."""
     if path != "int8":
         raise ValueError(
             f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"
         )
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
-    x8 = quantize_q8_1(x)
-    y = torch.empty((m, n), dtype=torch.float32, device=x.device)
-    module = jit.module_for("quant_matmul", x.device)
-    suffix = _SUFFIX[w.qtype]
     variant = variant or MATVEC_VARIANT[w.qtype]
     if variant not in ("tiled", "lanes"):
         raise ValueError(f"variant must be 'tiled' or 'lanes', got {variant!r}")
-    if m > MATVEC_ROWS:
-        fn = lambda d: getattr(module, "quant_gemm_" + suffix)(d, x8.q, x8.d, x8.s, y)  # noqa: E731
-    elif variant == "tiled" and k % TILED_SUPER_K[w.qtype] == 0:
-        gv = g or TILED_G[m]
-        fn = lambda d: getattr(module, "quant_mv_tiled_" + suffix)(d, x8.q, x8.d, x8.s, y, gv)  # noqa: E731
-    else:
-        fn = lambda d: getattr(module, "quant_mv_" + suffix)(d, x8.q, x8.d, x8.s, y)  # noqa: E731
+    x8 = quantize_q8_1(x)
+    module = jit.module_for("quant_matmul", x.device)
+    suffix = _SUFFIX[w.qtype]
     # the kernels read 32-bit words of the blocks: an unaligned view is copied
     data = w.data if w.data.data_ptr() % 4 == 0 else w.data.clone()
-    jit.on_device(x.device, lambda: fn(data))
+    if m <= MATVEC_ROWS and variant == "tiled" and k % TILED_SUPER_K[w.qtype] == 0:
+        gd, sd = tiled_config(m, n, k, w.qtype, x.device)
+        gv, sv = g or gd, splits or sd
+        part = torch.empty((sv * m, n), dtype=torch.float32, device=x.device)
+        fn = getattr(module, "quant_mv_tiled_" + suffix)
+        jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, part, gv, sv))
+        y = part if sv == 1 else part.view(sv, m, n).sum(0)
+    else:
+        y = torch.empty((m, n), dtype=torch.float32, device=x.device)
+        kernel = "quant_mv_" if m <= MATVEC_ROWS else "quant_gemm_"
+        fn = getattr(module, kernel + suffix)
+        jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tuple[int, int]:
+    """(G, K splits) of the tiled matvec for M rows of activations and an ``[N, K]`` weight:
+    ``TILED_G[m]``, and K split into as many ranges (at most one region each) as bring the
+    (row set, split) pairs up to ``TILED_MIN_SETS`` per resident lane group."""
+    g = TILED_G[m]
+    k_steps = -(-(k // TILED_SUPER_K[qtype]) // g)
+    row_sets = -(-n // (32 // g))
+    target = TILED_MIN_SETS * TILED_GROUPS_PER_SM * _sm_count(device)
+    splits = max(1, min(k_steps, -(-target // row_sets)))
+    return g, splits

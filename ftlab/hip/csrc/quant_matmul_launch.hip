@@ -33,9 +33,10 @@ struct Args {
 };
 
 // y [M, N] fp32 = the int8 dots of q8 [M, K] int8 (d8, s8 [M, K/32] fp32) with w [N, row bytes].
+// y has splits * M rows (the tiled matvec's partial sums per K split), M for the others.
 template <typename Q>
 Args check(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
-           const char* what) {
+           const char* what, int64_t splits = 1) {
   check_contiguous(w, "w");
   check_contiguous(q, "q8");
   check_contiguous(d, "d8");
@@ -49,7 +50,8 @@ Args check(const TensorView& w, const TensorView& q, const TensorView& d, const 
       << "w must be [N, K/" << Q::kBlock << "*" << Q::kBytes << "] " << what << " blocks matching the activations' K";
   TVM_FFI_CHECK(w.dtype().code == kDLUInt && w.dtype().bits == 8, TypeError) << "w must be uint8";
   const int64_t n = w.size(0);
-  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m && y.size(1) == n, ValueError) << "y must be [M, N]";
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m * splits && y.size(1) == n, ValueError)
+      << "y must be [" << splits << " * M, N]";
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0 && reinterpret_cast<uintptr_t>(base_of(q)) % 4 == 0,
                 ValueError)
       << "w and q8 must be 4-byte aligned";
@@ -87,12 +89,14 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
   check_launch("quant_mv_kernel");
 }
 
-// The tiled matvec: g supers of a row per lane group and step (1, 2, 4, 8, 16 or 32); a
-// persistent grid of as many blocks as are resident at once.
+// The tiled matvec: g supers of a row per lane group and step (1, 2, 4, 8, 16 or 32), K cut
+// into `splits` ranges whose partial sums go to y [splits * M, N]; a persistent grid of as many
+// blocks as are resident at once.
 template <typename Q, typename QT>
 void matvec_tiled(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s,
-                  const TensorView& y, int64_t g, const char* what) {
-  const Args a = check<Q>(w, q, d, s, y, what);
+                  const TensorView& y, int64_t g, int64_t splits, const char* what) {
+  TVM_FFI_CHECK(splits >= 1 && splits <= 1024, ValueError) << "splits must be 1..1024, got " << splits;
+  const Args a = check<Q>(w, q, d, s, y, what, splits);
   const int64_t m = a.m, n = a.n, k = a.k;
   TVM_FFI_CHECK(m >= 1 && m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << m;
   TVM_FFI_CHECK(g >= 1 && g <= qmt::kGroup && qmt::kGroup % g == 0, ValueError)
@@ -106,20 +110,22 @@ void matvec_tiled(const TensorView& w, const TensorView& q, const TensorView& d,
   TVM_FFI_CHECK(n <= 0x7fffffff && k <= 0x7fffffff, ValueError) << "the tiled matvec takes N, K < 2^31";
   if (n == 0 || k == 0) return;
   const int rows = static_cast<int>(qmt::kGroup / g);
-  const int64_t blocks = ((n + rows - 1) / rows + qmt::kGroups - 1) / qmt::kGroups;
+  const int64_t works = (n + rows - 1) / rows * splits;
+  TVM_FFI_CHECK(works <= 0x7fffffff, ValueError) << "too many (row set, split) pairs: " << works;
+  const int64_t blocks = (works + qmt::kGroups - 1) / qmt::kGroups;
   int device = 0, sms = 1, resident = 1;
   port_get_device(&device);
   port_sm_count(&sms, device);
   const dim3 block(qmt::kGroup, qmt::kGroups);
   port_stream_t st = stream_of(y);
-  const int gi = static_cast<int>(g);
+  const int gi = static_cast<int>(g), si = static_cast<int>(splits);
   switch (m) {
 #define FTLAB_QMT_CASE(M)                                                                                 \
   case M: {                                                                                               \
     port_occupancy(&resident, qmt::quant_mv_tiled_kernel<QT, M>, qmt::kGroup * qmt::kGroups);             \
     const int64_t cap = static_cast<int64_t>(resident > 0 ? resident : 1) * sms;                          \
     const unsigned grid = static_cast<unsigned>(blocks < cap ? blocks : cap);                             \
-    qmt::quant_mv_tiled_kernel<QT, M><<<grid, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k, gi); \
+    qmt::quant_mv_tiled_kernel<QT, M><<<grid, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k, gi, si); \
     break;                                                                                                \
   }
     FTLAB_QMT_CASE(1)
@@ -164,17 +170,21 @@ void quant_mv_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Tenso
   matvec<Q6_K>(w, q, d, s, y, "Q6_K");
 }
 
-void quant_mv_tiled_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g) {
-  matvec_tiled<Q8_0, qmt::SQ8_0>(w, q, d, s, y, g, "Q8_0");
+void quant_mv_tiled_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<Q8_0, qmt::SQ8_0>(w, q, d, s, y, g, splits, "Q8_0");
 }
-void quant_mv_tiled_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g) {
-  matvec_tiled<QK4<false>, qmt::SQK4<false>>(w, q, d, s, y, g, "Q4_K");
+void quant_mv_tiled_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<QK4<false>, qmt::SQK4<false>>(w, q, d, s, y, g, splits, "Q4_K");
 }
-void quant_mv_tiled_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g) {
-  matvec_tiled<QK4<true>, qmt::SQK4<true>>(w, q, d, s, y, g, "Q5_K");
+void quant_mv_tiled_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<QK4<true>, qmt::SQK4<true>>(w, q, d, s, y, g, splits, "Q5_K");
 }
-void quant_mv_tiled_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g) {
-  matvec_tiled<Q6_K, qmt::SQ6_K>(w, q, d, s, y, g, "Q6_K");
+void quant_mv_tiled_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<Q6_K, qmt::SQ6_K>(w, q, d, s, y, g, splits, "Q6_K");
 }
 
 void quant_gemm_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {

@@ -14,13 +14,14 @@
 //   of a row (G >= 4) or whole spans of 2..8 rows;
 // - transpose: the pieces go to the group's LDS, rows 4P + 1 words apart (odd: lane l's reads of
 //   its super land on distinct banks for G = 1, where the lanes are the rows);
-// - compute: lane l reads super l (row l / G, super l % G) as 32-bit words into registers and
-//   decodes its units with constant offsets; each unit's weight words serve all M activation
-//   rows, whose Q8_1 blocks are read from memory (L1: with G = 1 every lane of the group reads
-//   the same block, a broadcast).
-// The next region's pieces are loaded into registers before the current one is computed (on
-// NVIDIA; see kPrefetch); the grid is persistent and every group walks the same number of regions (uniform trip counts).
-// Partial sums of a row meet across its G lanes by port_shfl_xor.
+// - compute: lane l decodes super l (row l / G, super l % G) sub-block by sub-block from LDS
+//   (32-bit reads, shifted where the super is only 2-byte aligned); each unit's weight words
+//   serve all M activation rows, whose Q8_1 blocks are read from memory (L1: with G = 1 every
+//   lane of the group reads the same block, a broadcast).
+// The next region's pieces are loaded into registers before the current one is computed; the
+// grid is persistent and every group walks the same number of regions (uniform trip counts).
+// Partial sums of a row meet across its G lanes by port_shfl_xor. K may be cut into splits (for
+// few rows): each (row set, split) pair is a work item, its sums go to y[split], added later.
 //
 // Includes q4_0_common.h and port.h only: the gfx compile check compiles this file alone.
 #include "q4_0_common.h"
@@ -59,6 +60,12 @@ __device__ __forceinline__ int dot8(const uint32_t q[8], const int x[8]) {
 // are recomputed per unit (scalar multiplies) instead of held in scalar registers across the
 // loops, which spills them at M > 4.
 __device__ __forceinline__ int64_t opaque(int64_t v) {
+#if defined(__AMDGCN__)
+  asm volatile("" : "+s"(v));
+#endif
+  return v;
+}
+__device__ __forceinline__ int opaque(int v) {
 #if defined(__AMDGCN__)
   asm volatile("" : "+s"(v));
 #endif
@@ -176,25 +183,30 @@ struct SQ6_K {
   template <int MV_M>
   static __device__ __forceinline__ void add(const uint32_t* s, int o, const int8_t* q8, const float* d8,
                                              const float* s8, int64_t ub, int64_t k, int64_t units, float acc[MV_M]) {
-    uint32_t tail[5];  // the 16 scale bytes (words 0..3) and d (low half of word 4)
-    read_words<5>(s, o + 192, tail);
+    uint32_t dw[1];  // d (low half)
+    read_words<1>(s, o + 208, dw);
     SQ6_K unit;
-    unit.d = half_lo(tail[4]);
+    unit.d = half_lo(dw[0]);
 #pragma unroll 1
-    for (int u = 0; u < kUnits; ++u) {
-      const int h = u >> 2, t = u & 3;
-      uint32_t qh[8], ql[8];
+    for (int h = 0; h < 2; ++h) {
+      uint32_t qh[8];
       read_words<8>(s, o + 128 + 32 * h, qh);
-      read_words<8>(s, o + 64 * h + 32 * (t & 1), ql);
-      // scale bytes 8h + 2t, 8h + 2t + 1: word 2h + t / 2, half t % 2
-      const uint32_t sw = h ? (t >> 1 ? tail[3] : tail[2]) : (t >> 1 ? tail[1] : tail[0]);
-      const int b = 16 * (t & 1);
-      unit.sc_a = static_cast<float>(static_cast<int8_t>((sw >> b) & 0xFFu));
-      unit.sc_b = static_cast<float>(static_cast<int8_t>((sw >> (b + 8)) & 0xFFu));
-      const int shl = 4 * (t >> 1), shh = 2 * t;
+#pragma unroll 1
+      for (int t = 0; t < 4; ++t) {
+        const int u = 4 * h + t;
+        uint32_t ql[8];
+        read_words<8>(s, o + 64 * h + 32 * (t & 1), ql);
+        uint32_t sw[1];  // scale bytes 8h + 2t, 8h + 2t + 1 (= 2u, 2u + 1) in the low half
+        read_words<1>(s, o + 192 + 2 * u, sw);
+        unit.sc_a = static_cast<float>(static_cast<int8_t>(sw[0] & 0xFFu));
+        unit.sc_b = static_cast<float>(static_cast<int8_t>((sw[0] >> 8) & 0xFFu));
+        const int shl = 4 * (t >> 1), shh = 2 * t;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) unit.q[i] = ((ql[i] >> shl) & 0x0F0F0F0Fu) | (((qh[i] >> shh) & 0x03030303u) << 4);
-      add_unit<MV_M>(unit, q8, d8, s8, ub + u, k, units, acc);
+        for (int i = 0; i < 8; ++i) {
+          unit.q[i] = ((ql[i] >> shl) & 0x0F0F0F0Fu) | (((qh[i] >> shh) & 0x03030303u) << 4);
+        }
+        add_unit<MV_M>(unit, q8, d8, s8, ub + u, k, units, acc);
+      }
     }
   }
 };
@@ -230,18 +242,11 @@ __device__ __forceinline__ bytes16 load_piece(const uint8_t* p, const uint8_t* l
   return r;
 }
 
-// y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
-// activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8 [M, K/32]. g: supers
-// per row in a region (1, 2, 4, 8, 16 or 32), with (32 / g) * pieces_per_row <= 32 * kPieces.
-// The next region's pieces are loaded into registers before this one is computed on NVIDIA; on
-// AMD, where the compiler has no registers to spare for them at M > 4, the region is loaded just
-// before it is stored (other waves hide the latency).
-#if defined(PORT_CUDA)
-constexpr bool kPrefetch = true;
-#else
-constexpr bool kPrefetch = false;
-#endif
-
+// y[split, m, n] (fp32) = sum over the row's units in K split `split` of the unit terms, for
+// M = MV_M rows of Q8_1 activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8
+// [M, K/32]; the caller sums the splits (in order) when splits > 1. g: supers per row in a region
+// (1, 2, 4, 8, 16 or 32), with (32 / g) * pieces_per_row <= 32 * kPieces; each split takes
+// ceil(ceil(supers / g) / splits) consecutive regions of a row set.
 // nvcc: at least 3 blocks per SM (up to 168 registers) for M <= 4, 2 above; left to itself it
 // settles on 96 or 128 registers and spills a few bytes
 #if defined(PORT_CUDA)
@@ -253,7 +258,7 @@ template <typename Q, int MV_M>
 __global__ void FTLAB_QMT_BOUNDS
     quant_mv_tiled_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                           const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
-                          int64_t n_rows, int64_t k, int g) {
+                          int64_t n_rows, int64_t k, int g, int splits) {
   constexpr int kStride = 4 * Q::kPieces + 1;  // LDS words per row at G = 1
   __shared__ uint32_t lds[kGroups][kGroup * kStride + 4];  // + 4: reads run up to 3 words past a super
   const int lane = threadIdx.x;
@@ -266,10 +271,11 @@ __global__ void FTLAB_QMT_BOUNDS
   const int stride = 4 * pieces + 1;                  // LDS words per row
   // 32-bit bookkeeping (the launcher keeps N and K below 2^31): fewer scalar registers
   const int k_steps = (supers + g - 1) / g;
+  const int split_steps = (k_steps + splits - 1) / splits;  // k-steps of one split
   const int row_sets = static_cast<int>((n_rows + rows - 1) / rows);
+  const int works = row_sets * splits;  // (row set, split) pairs
   const int groups = static_cast<int>(gridDim.x) * kGroups;
-  const int first_set = static_cast<int>(blockIdx.x) * kGroups + group;
-  const int items = (row_sets + groups - 1) / groups * k_steps;  // the same in every group
+  const int items = (works + groups - 1) / groups * split_steps;  // the same in every group
   const uint8_t* w_end = w + n_rows * row_bytes;
 
   // region (set, ks): rows set * rows + r, supers ks * g ..; row r's span starts at byte
@@ -282,11 +288,12 @@ __global__ void FTLAB_QMT_BOUNDS
   };
   bytes16 r[Q::kPieces];
   auto load_region = [&](int set, int ks) {
+    const int pcs = opaque(pieces);  // AMD: the pieces' rows and columns recomputed, not held
     const int s_end = (ks + 1) * g < supers ? (ks + 1) * g : supers;
 #pragma unroll
     for (int t = 0; t < Q::kPieces; ++t) {
       const int p = t * kGroup + lane;
-      const int rr = p / pieces, j = p - rr * pieces;
+      const int rr = p / pcs, j = p - rr * pcs;
       r[t] = bytes16{};
       if (rr < rows && set * rows + rr < n_rows) {
         const uint8_t* first = first_of(set, ks, rr);
@@ -296,21 +303,26 @@ __global__ void FTLAB_QMT_BOUNDS
       }
     }
   };
-  int set = first_set, ks = 0;  // the region of the current item
-  if (kPrefetch && items > 0) load_region(set, ks);
+  // the current item: work wi (row set wi / splits, split wi % splits), its k-step kk
+  int wi = static_cast<int>(blockIdx.x) * kGroups + group, kk = 0;
+  // (opaque: the divisions by splits are redone per item rather than held in scalar registers)
+  auto set_of = [&](int work) { return work / static_cast<int>(opaque(splits)); };
+  auto ks_of = [&](int work, int step) { return work % static_cast<int>(opaque(splits)) * split_steps + step; };
+  if (items > 0) load_region(set_of(wi), ks_of(wi, kk));
 
   float acc[MV_M];
 #pragma unroll
   for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
   const int my_row = lane / g, my_super = lane % g;
   for (int item = 0; item < items; ++item) {
+    const int set = set_of(wi), ks = ks_of(wi, kk), split = ks / split_steps;
     const int row = set * rows + my_row;
     const int sb = ks * g + my_super;
-    if (!kPrefetch) load_region(set, ks);
+    const int pcs = opaque(pieces);
 #pragma unroll
     for (int t = 0; t < Q::kPieces; ++t) {
       const int p = t * kGroup + lane;
-      const int rr = p / pieces, j = p - rr * pieces;
+      const int rr = p / pcs, j = p - rr * pcs;
       if (rr < rows) {
         uint32_t v[4];
         words_of(r[t], v);
@@ -327,26 +339,26 @@ __global__ void FTLAB_QMT_BOUNDS
     port_sync_group();
     const uint8_t* first = first_of(set, ks, my_row);
     const int off = static_cast<int>(first - lo_of(first)) + my_super * Q::kBytes;  // even
-    const bool last_step = ks == k_steps - 1;
+    const bool last_step = kk == split_steps - 1;
     if (item + 1 < items) {
       if (last_step) {
-        set += groups;
-        ks = 0;
+        wi += groups;
+        kk = 0;
       } else {
-        ++ks;
+        ++kk;
       }
-      if (kPrefetch) load_region(set, ks);
+      load_region(set_of(wi), ks_of(wi, kk));
     }
     if (row < n_rows && sb < supers) {
       Q::template add<MV_M>(region + my_row * stride, off, q8, d8, s8, sb * Q::kUnits, k, units, acc);
     }
     port_sync_group();  // the reads of this region are done before the next is stored
-    if (last_step) {  // the row set is done: reduce over the g lanes of each row
+    if (last_step) {  // the split of the row set is done: reduce over the g lanes of each row
 #pragma unroll
       for (int m = 0; m < MV_M; ++m) {
         float v = acc[m];
         for (int mask = g / 2; mask > 0; mask >>= 1) v += port_shfl_xor(v, mask);
-        if (my_super == 0 && row < n_rows) y[m * n_rows + row] = v;
+        if (my_super == 0 && row < n_rows) y[(static_cast<int64_t>(split) * MV_M + m) * n_rows + row] = v;
         acc[m] = 0.0f;
       }
     }
@@ -355,7 +367,7 @@ __global__ void FTLAB_QMT_BOUNDS
 
 #define FTLAB_QMT_INSTANTIATE(Q, M)                                                                          \
   template __global__ void quant_mv_tiled_kernel<Q, M>(const uint8_t*, int64_t, const int8_t*, const float*, \
-                                                       const float*, float*, int64_t, int64_t, int);
+                                                       const float*, float*, int64_t, int64_t, int, int);
 #define FTLAB_QMT_ROWS(Q)                                                                \
   FTLAB_QMT_INSTANTIATE(Q, 1) FTLAB_QMT_INSTANTIATE(Q, 2) FTLAB_QMT_INSTANTIATE(Q, 3)    \
   FTLAB_QMT_INSTANTIATE(Q, 4) FTLAB_QMT_INSTANTIATE(Q, 5) FTLAB_QMT_INSTANTIATE(Q, 6)    \
