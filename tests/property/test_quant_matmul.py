@@ -132,13 +132,15 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize(
-    "variant, g",
-    [("lanes", None), ("tiled", 1), ("tiled", 2), ("tiled", 4), ("tiled", 8), ("tiled", 32)],
-)
-def test_hip_matvec_variants_gpu(qtype, variant, g):
-    """Every HIP matvec variant and region shape, M = 1..8, on a weight view 4 bytes past an
-    aligned address (the tiled kernel's pieces hang over both ends of it) with N not a multiple
-    of any region's rows and K not a multiple of G supers."""
+    "variant, g, splits",
+    [("lanes", None, None), ("tiled", 1, 1), ("tiled", 2, None), ("tiled", 4, 1), ("tiled", 4, None),
+     ("tiled", 8, 2), ("tiled", 32, None)],
+)  # fmt: skip
+def test_hip_matvec_variants_gpu(qtype, variant, g, splits):
+    """Every HIP matvec variant and region shape, with and without K splits (None: the default
+    rule, which splits at this N), M = 1..8, on a weight view 4 bytes past an aligned address
+    (the tiled kernel's pieces hang over both ends of it) with N not a multiple of any region's
+    rows and K not a multiple of G supers."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     n, k = 301, 2304
@@ -148,7 +150,7 @@ def test_hip_matvec_variants_gpu(qtype, variant, g):
     wv = QuantWeight(buf[4 : 4 + w.data.numel()].view(n, -1), (n, k), qtype)
     for m in range(1, 9):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to("cuda") * 3
-        y = hip_qmm.quant_matmul(x, wv, "int8", variant=variant, g=g)
+        y = hip_qmm.quant_matmul(x, wv, "int8", variant=variant, g=g, splits=splits)
         exact, bound = quant_matmul_tolerance(x, wv, "int8", torch.float32)
         assert bool(((y - exact).abs() <= bound).all()), (m, (y - exact).abs().max())
 
