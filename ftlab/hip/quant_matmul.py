@@ -9,7 +9,8 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
   ``32 / G`` rows times ``G`` consecutive supers, loaded with 16-byte coalesced loads and
   transposed through LDS; each lane decodes one super and applies every unit to all M rows.
 - ``"lanes"``: one 32-thread group per weight row, lane l reading its own 32-weight units
-  l, l + 32, ... (narrow loads, and the activations re-read for every row).
+  l, l + 32, ... (narrow loads, and the activations re-read for every row). Also taken where
+  the tiled one cannot: w not starting and ending 16-byte aligned, Q8_0 with K % 128 != 0.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def quant_matmul(
     suffix = _SUFFIX[w.qtype]
     # the kernels read 32-bit words of the blocks: an unaligned view is copied
     data = w.data if w.data.data_ptr() % 4 == 0 else w.data.clone()
-    if m <= MATVEC_ROWS and variant == "tiled" and k % TILED_SUPER_K[w.qtype] == 0:
+    # the tiled matvec loads aligned 16-byte pieces of w: it must start and end on them
+    aligned = data.data_ptr() % 16 == 0 and data.numel() % 16 == 0
+    if m <= MATVEC_ROWS and variant == "tiled" and aligned and k % TILED_SUPER_K[w.qtype] == 0:
         gd, sd = tiled_config(m, n, k, w.qtype, x.device)
         gv, sv = g or gd, splits or sd
         part = torch.empty((sv * m, n), dtype=torch.float32, device=x.device)
@@ -89,7 +92,7 @@ def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tu
     (row set, split) pairs up to ``TILED_MIN_SETS`` per resident lane group."""
     g = TILED_G[m]
     k_steps = -(-(k // TILED_SUPER_K[qtype]) // g)
-    row_sets = -(-n // (32 // g))
+    row_sets = max(1, -(-n // (32 // g)))
     target = TILED_MIN_SETS * TILED_GROUPS_PER_SM * _sm_count(device)
     splits = max(1, min(k_steps, -(-target // row_sets)))
     return g, splits

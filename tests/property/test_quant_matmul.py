@@ -132,22 +132,23 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize(
-    "variant, g, splits",
-    [("lanes", None, None), ("tiled", 1, 1), ("tiled", 2, None), ("tiled", 4, 1), ("tiled", 4, None),
-     ("tiled", 8, 2), ("tiled", 32, None)],
+    "variant, g, splits, offset",
+    [("lanes", None, None, 0), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
+     ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4)],
 )  # fmt: skip
-def test_hip_matvec_variants_gpu(qtype, variant, g, splits):
+def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     """Every HIP matvec variant and region shape, with and without K splits (None: the default
-    rule, which splits at this N), M = 1..8, on a weight view 4 bytes past an aligned address
-    (the tiled kernel's pieces hang over both ends of it) with N not a multiple of any region's
-    rows and K not a multiple of G supers."""
+    rule, which splits at this N), M = 1..8, N not a multiple of G = 1's 32 rows, K not a
+    multiple of G supers, Q6_K rows of an odd number of supers (N a multiple of 8 keeps their
+    total 16-byte aligned); and the default route on a weight view 4 bytes past an aligned
+    address (the tiled kernel needs 16: it takes the lanes one)."""
     from ftlab.hip import quant_matmul as hip_qmm
 
-    n, k = 301, 2304
+    n, k = 304, 2304
     w = random_quant_weight(n + len(qtype), qtype, n, k)
     buf = torch.zeros(w.data.numel() + 16, dtype=torch.uint8, device="cuda")
-    buf[4 : 4 + w.data.numel()] = w.data.flatten().to("cuda")
-    wv = QuantWeight(buf[4 : 4 + w.data.numel()].view(n, -1), (n, k), qtype)
+    buf[offset : offset + w.data.numel()] = w.data.flatten().to("cuda")
+    wv = QuantWeight(buf[offset : offset + w.data.numel()].view(n, -1), (n, k), qtype)
     for m in range(1, 9):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to("cuda") * 3
         y = hip_qmm.quant_matmul(x, wv, "int8", variant=variant, g=g, splits=splits)

@@ -107,6 +107,8 @@ void matvec_tiled(const TensorView& w, const TensorView& q, const TensorView& d,
   TVM_FFI_CHECK(k % (32 * QT::kUnits) == 0, ValueError)
       << "the tiled matvec needs K % " << 32 * QT::kUnits << " == 0 for " << what << ", got " << k;
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(a.q) % 16 == 0, ValueError) << "q8 must be 16-byte aligned";
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && (a.n * a.row_bytes) % 16 == 0, ValueError)
+      << "the tiled matvec needs w to start and end 16-byte aligned";
   TVM_FFI_CHECK(n <= 0x7fffffff && k <= 0x7fffffff, ValueError) << "the tiled matvec takes N, K < 2^31";
   if (n == 0 || k == 0) return;
   const int rows = static_cast<int>(qmt::kGroup / g);

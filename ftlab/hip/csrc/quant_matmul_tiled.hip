@@ -9,7 +9,8 @@
 // A "super" is the span one lane decodes: a Q4_K / Q5_K / Q6_K super-block (256 weights, 8
 // units) or four Q8_0 blocks (128 weights). A group of 32 threads (a warp; half a wave on CDNA)
 // owns a region of 32 supers: 32 / G weight rows times G consecutive supers of each. Per region:
-// - load: each row's span (G supers, 2-byte aligned) is covered by P aligned 16-byte pieces;
+// - load: each row's span (G supers, 2-byte aligned) is covered by P aligned 16-byte pieces
+//   (w starts and ends 16-byte aligned, so they never reach outside it);
 //   lane l takes pieces 32t + l of the region, so a load instruction covers 512 contiguous bytes
 //   of a row (G >= 4) or whole spans of 2..8 rows;
 // - transpose: the pieces go to the group's LDS, rows 4P + 1 words apart (odd: lane l's reads of
@@ -211,37 +212,6 @@ struct SQ6_K {
   }
 };
 
-// 16 bytes at p, of which only those in [lo, hi) are read (the rest are 0): the pieces at the
-// two ends of w, which may hang over them.
-__device__ __forceinline__ bytes16 load_piece(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
-  if (p >= lo && p + 16 <= hi) return *reinterpret_cast<const bytes16*>(p);
-  uint64_t v0 = 0, v1 = 0;
-#pragma unroll 1
-  for (int i = 0; i < 16; ++i) {
-    const uint64_t b = p + i >= lo && p + i < hi ? p[i] : 0u;
-    if (i < 8) {
-      v0 |= b << (8 * i);
-    } else {
-      v1 |= b << (8 * (i - 8));
-    }
-  }
-  const uint32_t v[4] = {static_cast<uint32_t>(v0), static_cast<uint32_t>(v0 >> 32), static_cast<uint32_t>(v1),
-                         static_cast<uint32_t>(v1 >> 32)};
-  bytes16 r;
-#if defined(PORT_CUDA)
-  r.x = v[0];
-  r.y = v[1];
-  r.z = v[2];
-  r.w = v[3];
-#else
-  r[0] = v[0];
-  r[1] = v[1];
-  r[2] = v[2];
-  r[3] = v[3];
-#endif
-  return r;
-}
-
 // y[split, m, n] (fp32) = sum over the row's units in K split `split` of the unit terms, for
 // M = MV_M rows of Q8_1 activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8
 // [M, K/32]; the caller sums the splits (in order) when splits > 1. g: supers per row in a region
@@ -276,7 +246,6 @@ __global__ void FTLAB_QMT_BOUNDS
   const int works = row_sets * splits;  // (row set, split) pairs
   const int groups = static_cast<int>(gridDim.x) * kGroups;
   const int items = (works + groups - 1) / groups * split_steps;  // the same in every group
-  const uint8_t* w_end = w + n_rows * row_bytes;
 
   // region (set, ks): rows set * rows + r, supers ks * g ..; row r's span starts at byte
   // first(r) and its pieces at the 16-byte aligned address below it
@@ -299,7 +268,7 @@ __global__ void FTLAB_QMT_BOUNDS
         const uint8_t* first = first_of(set, ks, rr);
         const uint8_t* end = first + (s_end - ks * g) * Q::kBytes;
         const uint8_t* piece = lo_of(first) + 16 * j;
-        if (piece < end) r[t] = load_piece(piece, w, w_end);
+        if (piece < end) r[t] = *reinterpret_cast<const bytes16*>(piece);
       }
     }
   };
