@@ -57,9 +57,9 @@ __device__ __forceinline__ int dot8(const uint32_t q[8], const int x[8]) {
   return sumi;
 }
 
-// v, which the AMD compiler then treats as a fresh value: the activation rows' offsets m * k
-// are recomputed per unit (scalar multiplies) instead of held in scalar registers across the
-// loops, which spills them at M > 4.
+// v, which the AMD compiler then treats as a fresh value: what is derived from it (the
+// activation rows' offsets m * k, the pieces' rows and columns) is recomputed where used instead
+// of hoisted and held in registers across the loops, which spilled at M > 4.
 __device__ __forceinline__ int64_t opaque(int64_t v) {
 #if defined(__AMDGCN__)
   asm volatile("" : "+s"(v));
@@ -212,11 +212,6 @@ struct SQ6_K {
   }
 };
 
-// y[split, m, n] (fp32) = sum over the row's units in K split `split` of the unit terms, for
-// M = MV_M rows of Q8_1 activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8
-// [M, K/32]; the caller sums the splits (in order) when splits > 1. g: supers per row in a region
-// (1, 2, 4, 8, 16 or 32), with (32 / g) * pieces_per_row <= 32 * kPieces; each split takes
-// ceil(ceil(supers / g) / splits) consecutive regions of a row set.
 // nvcc: at least 3 blocks per SM (up to 168 registers) for M <= 4, 2 above; left to itself it
 // settles on 96 or 128 registers and spills a few bytes
 #if defined(PORT_CUDA)
@@ -224,6 +219,12 @@ struct SQ6_K {
 #else
 #define FTLAB_QMT_BOUNDS __launch_bounds__(kGroup * kGroups)
 #endif
+
+// y[split, m, n] (fp32) = sum over the row's units in K split `split` of the unit terms, for
+// M = MV_M rows of Q8_1 activations q8 [M, K] (int8, rows contiguous, 16-byte aligned), d8 / s8
+// [M, K/32]; the caller sums the splits (in order) when splits > 1. g: supers per row in a region
+// (1, 2, 4, 8, 16 or 32), with (32 / g) * pieces_per_row <= 32 * kPieces; each split takes
+// ceil(ceil(supers / g) / splits) consecutive regions of a row set.
 template <typename Q, int MV_M>
 __global__ void FTLAB_QMT_BOUNDS
     quant_mv_tiled_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
@@ -275,8 +276,8 @@ __global__ void FTLAB_QMT_BOUNDS
   // the current item: work wi (row set wi / splits, split wi % splits), its k-step kk
   int wi = static_cast<int>(blockIdx.x) * kGroups + group, kk = 0;
   // (opaque: the divisions by splits are redone per item rather than held in scalar registers)
-  auto set_of = [&](int work) { return work / static_cast<int>(opaque(splits)); };
-  auto ks_of = [&](int work, int step) { return work % static_cast<int>(opaque(splits)) * split_steps + step; };
+  auto set_of = [&](int work) { return work / opaque(splits); };
+  auto ks_of = [&](int work, int step) { return work % opaque(splits) * split_steps + step; };
   if (items > 0) load_region(set_of(wi), ks_of(wi, kk));
 
   float acc[MV_M];
