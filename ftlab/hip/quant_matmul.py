@@ -1,13 +1,21 @@
-"""Matmul on GGUF Q8_0 and the K-quants through the HIP kernels of ``csrc/quant_matmul.hip``
-(JIT-built, cached); docs/OPS.md section 11.
+"""Matmul on GGUF Q8_0 and the K-quants through the HIP kernels of ``csrc/quant_matmul.hip`` and
+``csrc/quant_matmul_tiled.hip`` (JIT-built, cached); docs/OPS.md section 11.
 
 The int8 path only: x is quantized to Q8_1 by the Q4_0 family's kernel, then up to 8 rows
-(decode) go to the int8-dot matvec (one 32-thread group per weight row, dp4a / sudot4 / sdot4)
-and more (prefill) to the dp4a-tiled GEMM (64x64 output tiles, the weight units decoded into
-LDS).
+(decode) go to an int8-dot matvec (dp4a / sudot4 / sdot4) and more (prefill) to the dp4a-tiled
+GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
+
+- ``"tiled"`` (default): lane groups take regions of 32 supers (super-blocks; four Q8_0 blocks),
+  ``32 / G`` rows times ``G`` consecutive supers, loaded with 16-byte coalesced loads and
+  transposed through LDS; each lane decodes one super and applies every unit to all M rows.
+- ``"lanes"``: one 32-thread group per weight row, lane l reading its own 32-weight units
+  l, l + 32, ... (narrow loads, and the activations re-read for every row). Also taken where
+  the tiled one cannot: w not starting and ending 16-byte aligned, Q8_0 with K % 128 != 0.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -15,24 +23,76 @@ from ftlab import jit
 from ftlab.hip.q4_0 import quantize_q8_1
 from ftlab.quant import QuantWeight
 
-#: rows quant_mv_kernel is instantiated for (1..8); more go to quant_gemm_kernel
+#: rows the matvecs are instantiated for (1..8); more go to quant_gemm_kernel
 MATVEC_ROWS = 8
+#: matvec variant per weight type: "tiled" or "lanes"
+MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "tiled"}
+#: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
+#: rows share an activation block the more supers a region takes per row
+TILED_G = {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
+#: (row set, K split) pairs per resident lane group the tiled matvec aims for: K is split (the
+#: partial sums added in order afterwards) while the N * G / 32 row sets give fewer
+TILED_MIN_SETS = 2
+#: resident 32-thread groups per SM / CU the tiled matvec is sized for (3 blocks of 4)
+TILED_GROUPS_PER_SM = 12
+#: K (weights) of one super of the tiled matvec
+TILED_SUPER_K = {"Q8_0": 128, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 _SUFFIX = {"Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 
 
-def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.quant_matmul` (``path == "int8"``)."""
+def quant_matmul(
+    x: torch.Tensor,
+    w: QuantWeight,
+    path: str,
+    variant: str | None = None,
+    g: int | None = None,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.quant_matmul` (``path == "int8"``). ``variant`` /
+    ``g`` / ``splits`` override :data:`MATVEC_VARIANT` / :func:`tiled_config` for M <= 8
+    (benchmarks)."""
     if path != "int8":
         raise ValueError(
             f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"
         )
-    m, n = x.shape[0], w.shape[0]
+    m, n, k = x.shape[0], w.shape[0], x.shape[1]
+    variant = variant or MATVEC_VARIANT[w.qtype]
+    if variant not in ("tiled", "lanes"):
+        raise ValueError(f"variant must be 'tiled' or 'lanes', got {variant!r}")
     x8 = quantize_q8_1(x)
-    y = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    module = jit.module_for("quant_matmul", x.device)
+    suffix = _SUFFIX[w.qtype]
     # the kernels read 32-bit words of the blocks: an unaligned view is copied
     data = w.data if w.data.data_ptr() % 4 == 0 else w.data.clone()
-    module = jit.module_for("quant_matmul", x.device)
-    kernel = "quant_mv_" if m <= MATVEC_ROWS else "quant_gemm_"
-    fn = getattr(module, kernel + _SUFFIX[w.qtype])
-    jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, y))
+    # the tiled matvec loads aligned 16-byte pieces of w: it must start and end on them
+    aligned = data.data_ptr() % 16 == 0 and data.numel() % 16 == 0
+    if m <= MATVEC_ROWS and variant == "tiled" and aligned and k % TILED_SUPER_K[w.qtype] == 0:
+        gd, sd = tiled_config(m, n, k, w.qtype, x.device)
+        gv, sv = g or gd, splits or sd
+        part = torch.empty((sv * m, n), dtype=torch.float32, device=x.device)
+        fn = getattr(module, "quant_mv_tiled_" + suffix)
+        jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, part, gv, sv))
+        y = part if sv == 1 else part.view(sv, m, n).sum(0)
+    else:
+        y = torch.empty((m, n), dtype=torch.float32, device=x.device)
+        kernel = "quant_mv_" if m <= MATVEC_ROWS else "quant_gemm_"
+        fn = getattr(module, kernel + suffix)
+        jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tuple[int, int]:
+    """(G, K splits) of the tiled matvec for M rows of activations and an ``[N, K]`` weight:
+    ``TILED_G[m]``, and K split into as many ranges (at most one region each) as bring the
+    (row set, split) pairs up to ``TILED_MIN_SETS`` per resident lane group."""
+    g = TILED_G[m]
+    k_steps = -(-(k // TILED_SUPER_K[qtype]) // g)
+    row_sets = max(1, -(-n // (32 // g)))
+    target = TILED_MIN_SETS * TILED_GROUPS_PER_SM * _sm_count(device)
+    splits = max(1, min(k_steps, -(-target // row_sets)))
+    return g, splits

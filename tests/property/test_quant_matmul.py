@@ -16,7 +16,7 @@ from ftlab.quant import QTYPES, QuantWeight
 from ftlab.reference import q4_0 as ref_q4_0
 from ftlab.reference import quant_matmul as ref
 from ftlab.reference.quants import dequantize
-from ftlab.testing.quant_matmul import random_quant_weight
+from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weight
 
 GPU = ["triton", "hip"]
 
@@ -127,6 +127,33 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
         if m == 512 and path == "int8" and n > 8192:
             continue  # the int8 reference of 512 x 151936 runs on the host for minutes
         ft.check_quant_matmul_case(ft.QuantMatmulCase(x, w, path), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
+@pytest.mark.parametrize(
+    "variant, g, splits, offset",
+    [("lanes", None, None, 0), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
+     ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4)],
+)  # fmt: skip
+def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
+    """Every HIP matvec variant and region shape, with and without K splits (None: the default
+    rule, which splits at this N), M = 1..8, N not a multiple of G = 1's 32 rows, K not a
+    multiple of G supers, Q6_K rows of an odd number of supers (N a multiple of 8 keeps their
+    total 16-byte aligned); and the default route on a weight view 4 bytes past an aligned
+    address (the tiled kernel needs 16: it takes the lanes one)."""
+    from ftlab.hip import quant_matmul as hip_qmm
+
+    n, k = 304, 2304
+    w = random_quant_weight(n + len(qtype), qtype, n, k)
+    buf = torch.zeros(w.data.numel() + 16, dtype=torch.uint8, device="cuda")
+    buf[offset : offset + w.data.numel()] = w.data.flatten().to("cuda")
+    wv = QuantWeight(buf[offset : offset + w.data.numel()].view(n, -1), (n, k), qtype)
+    for m in range(1, 9):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to("cuda") * 3
+        y = hip_qmm.quant_matmul(x, wv, "int8", variant=variant, g=g, splits=splits)
+        exact, bound = quant_matmul_tolerance(x, wv, "int8", torch.float32)
+        assert bool(((y - exact).abs() <= bound).all()), (m, (y - exact).abs().max())
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""quant_matmul's HIP kernels (ftlab/hip/csrc/quant_matmul.hip) run on the CPU: the device code
+"""quant_matmul's HIP kernels (ftlab/hip/csrc/quant_matmul.hip, quant_matmul_tiled.hip) run on the CPU: the device code
 compiled by the host C++ compiler against stand-ins for the GPU helpers (tests/unit/hip_host),
 the matvec lane by lane and the GEMM with a thread per GPU thread, held to the int8 reference
 within ftlab.testing.quant_matmul_tolerance. Catches layout and indexing mistakes without a GPU;
@@ -27,6 +27,7 @@ def harness(tmp_path_factory):
     build = tmp_path_factory.mktemp("hip_host")
     for src in (
         ROOT / "ftlab/hip/csrc/quant_matmul.hip",
+        ROOT / "ftlab/hip/csrc/quant_matmul_tiled.hip",
         *(ROOT / "tests/unit/hip_host").iterdir(),
     ):
         shutil.copy(
@@ -57,5 +58,46 @@ def test_hip_kernels_on_the_host(harness, qtype, m, n, k):
 
     harness.run(CODE[qtype], ptr(w.data), ctypes.c_int64(w.data.shape[1]), ptr(x8.q), ptr(x8.d), ptr(x8.s), ptr(y),
                 ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k))  # fmt: skip
+    exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
+    assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
+
+
+# (qtype, m, n, k, g, K splits, grid blocks): K a multiple of the super but not of the region
+# (g supers), N not a multiple of the rows of a region, Q6_K rows with an odd number of 210-byte
+# supers (2-byte aligned ones), fewer blocks than row sets (the grid walks them), splits with
+# empty ranges, every M; w starts and ends 16-byte aligned, as the launcher requires.
+TILED = [
+    ("Q4_K", 1, 37, 768, 2, 1, 1),
+    ("Q4_K", 8, 9, 1280, 4, 2, 2),
+    ("Q5_K", 2, 35, 512, 1, 1, 1),
+    ("Q5_K", 7, 6, 768, 8, 1, 1),
+    ("Q6_K", 3, 40, 768, 1, 2, 1),
+    ("Q6_K", 5, 11, 2048, 4, 1, 1),
+    ("Q6_K", 8, 8, 256, 32, 1, 2),
+    ("Q8_0", 4, 18, 384, 2, 1, 1),
+    ("Q8_0", 6, 6, 640, 16, 1, 1),
+    ("Q4_K", 1, 6, 2304, 1, 4, 1),
+    ("Q8_0", 2, 10, 1152, 2, 3, 2),
+]
+
+
+@pytest.mark.parametrize("qtype, m, n, k, g, splits, grid", TILED)
+def test_tiled_matvec_on_the_host(harness, qtype, m, n, k, g, splits, grid):
+    w = random_quant_weight(m * n + k + g, qtype, n, k)
+    assert w.data.numel() % 16 == 0
+    buf = torch.zeros(w.data.numel() + 32, dtype=torch.uint8)
+    base = (-buf.data_ptr()) % 16
+    buf[base : base + w.data.numel()] = w.data.flatten()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n + g)) * 3
+    x8 = quantize_q8_1(x)
+    part = torch.full((splits, m, n), float("nan"))
+
+    def ptr(t, at=0):
+        return ctypes.c_void_p(t.data_ptr() + at)
+
+    harness.run_tiled(CODE[qtype], ptr(buf, base), ctypes.c_int64(w.data.shape[1]), ptr(x8.q), ptr(x8.d), ptr(x8.s),
+                      ptr(part), ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int(g),
+                      ctypes.c_int(splits), ctypes.c_int(grid))  # fmt: skip
+    y = part.sum(0)
     exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
     assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()

@@ -1,5 +1,5 @@
-// quant_matmul_launch.hip — host glue for quant_matmul.hip: tvm-ffi entry points of the
-// int8-dot matvecs (up to 8 rows) and prefill GEMMs of GGUF Q8_0, Q4_K, Q5_K and Q6_K weights
+// quant_matmul_launch.hip — host glue for quant_matmul.hip and quant_matmul_tiled.hip: tvm-ffi
+// entry points of the int8-dot matvecs (up to 8 rows: per-lane units or tiled) and prefill GEMMs of GGUF Q8_0, Q4_K, Q5_K and Q6_K weights
 // (uint8 tensors) with Q8_1 activations, launched on torch's current stream. One entry point
 // per block type and kernel (the Python wrapper picks it by the weight's qtype).
 //
@@ -12,6 +12,7 @@
 
 #include "launch_common.h"
 #include "quant_matmul.hip"
+#include "quant_matmul_tiled.hip"
 
 namespace ftlab {
 namespace qmm {
@@ -32,9 +33,10 @@ struct Args {
 };
 
 // y [M, N] fp32 = the int8 dots of q8 [M, K] int8 (d8, s8 [M, K/32] fp32) with w [N, row bytes].
+// y has splits * M rows (the tiled matvec's partial sums per K split), M for the others.
 template <typename Q>
 Args check(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
-           const char* what) {
+           const char* what, int64_t splits = 1) {
   check_contiguous(w, "w");
   check_contiguous(q, "q8");
   check_contiguous(d, "d8");
@@ -48,7 +50,8 @@ Args check(const TensorView& w, const TensorView& q, const TensorView& d, const 
       << "w must be [N, K/" << Q::kBlock << "*" << Q::kBytes << "] " << what << " blocks matching the activations' K";
   TVM_FFI_CHECK(w.dtype().code == kDLUInt && w.dtype().bits == 8, TypeError) << "w must be uint8";
   const int64_t n = w.size(0);
-  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m && y.size(1) == n, ValueError) << "y must be [M, N]";
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m * splits && y.size(1) == n, ValueError)
+      << "y must be [" << splits << " * M, N]";
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0 && reinterpret_cast<uintptr_t>(base_of(q)) % 4 == 0,
                 ValueError)
       << "w and q8 must be 4-byte aligned";
@@ -86,6 +89,60 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
   check_launch("quant_mv_kernel");
 }
 
+// The tiled matvec: g supers of a row per lane group and step (1, 2, 4, 8, 16 or 32), K cut
+// into `splits` ranges whose partial sums go to y [splits * M, N]; a persistent grid of as many
+// blocks as are resident at once.
+template <typename Q, typename QT>
+void matvec_tiled(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s,
+                  const TensorView& y, int64_t g, int64_t splits, const char* what) {
+  TVM_FFI_CHECK(splits >= 1 && splits <= 1024, ValueError) << "splits must be 1..1024, got " << splits;
+  const Args a = check<Q>(w, q, d, s, y, what, splits);
+  const int64_t m = a.m, n = a.n, k = a.k;
+  TVM_FFI_CHECK(m >= 1 && m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << m;
+  TVM_FFI_CHECK(g >= 1 && g <= qmt::kGroup && qmt::kGroup % g == 0, ValueError)
+      << "g must be 1, 2, 4, 8, 16 or 32, got " << g;
+  const int64_t pieces = (14 + g * QT::kBytes + 15) / 16;
+  TVM_FFI_CHECK(qmt::kGroup / g * pieces <= qmt::kGroup * QT::kPieces, ValueError)
+      << "g = " << g << " overflows the tiled matvec's LDS for " << what;
+  TVM_FFI_CHECK(k % (32 * QT::kUnits) == 0, ValueError)
+      << "the tiled matvec needs K % " << 32 * QT::kUnits << " == 0 for " << what << ", got " << k;
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(a.q) % 16 == 0, ValueError) << "q8 must be 16-byte aligned";
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && (a.n * a.row_bytes) % 16 == 0, ValueError)
+      << "the tiled matvec needs w to start and end 16-byte aligned";
+  TVM_FFI_CHECK(n <= 0x7fffffff && k <= 0x7fffffff, ValueError) << "the tiled matvec takes N, K < 2^31";
+  if (n == 0 || k == 0) return;
+  const int rows = static_cast<int>(qmt::kGroup / g);
+  const int64_t works = (n + rows - 1) / rows * splits;
+  TVM_FFI_CHECK(works <= 0x7fffffff, ValueError) << "too many (row set, split) pairs: " << works;
+  const int64_t blocks = (works + qmt::kGroups - 1) / qmt::kGroups;
+  int device = 0, sms = 1, resident = 1;
+  port_get_device(&device);
+  port_sm_count(&sms, device);
+  const dim3 block(qmt::kGroup, qmt::kGroups);
+  port_stream_t st = stream_of(y);
+  const int gi = static_cast<int>(g), si = static_cast<int>(splits);
+  switch (m) {
+#define FTLAB_QMT_CASE(M)                                                                                 \
+  case M: {                                                                                               \
+    port_occupancy(&resident, qmt::quant_mv_tiled_kernel<QT, M>, qmt::kGroup * qmt::kGroups);             \
+    const int64_t cap = static_cast<int64_t>(resident > 0 ? resident : 1) * sms;                          \
+    const unsigned grid = static_cast<unsigned>(blocks < cap ? blocks : cap);                             \
+    qmt::quant_mv_tiled_kernel<QT, M><<<grid, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k, gi, si); \
+    break;                                                                                                \
+  }
+    FTLAB_QMT_CASE(1)
+    FTLAB_QMT_CASE(2)
+    FTLAB_QMT_CASE(3)
+    FTLAB_QMT_CASE(4)
+    FTLAB_QMT_CASE(5)
+    FTLAB_QMT_CASE(6)
+    FTLAB_QMT_CASE(7)
+    FTLAB_QMT_CASE(8)
+#undef FTLAB_QMT_CASE
+  }
+  check_launch("quant_mv_tiled_kernel");
+}
+
 template <typename Q>
 void gemm(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
           const char* what) {
@@ -115,6 +172,23 @@ void quant_mv_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Tenso
   matvec<Q6_K>(w, q, d, s, y, "Q6_K");
 }
 
+void quant_mv_tiled_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<Q8_0, qmt::SQ8_0>(w, q, d, s, y, g, splits, "Q8_0");
+}
+void quant_mv_tiled_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<QK4<false>, qmt::SQK4<false>>(w, q, d, s, y, g, splits, "Q4_K");
+}
+void quant_mv_tiled_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<QK4<true>, qmt::SQK4<true>>(w, q, d, s, y, g, splits, "Q5_K");
+}
+void quant_mv_tiled_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
+                         int64_t splits) {
+  matvec_tiled<Q6_K, qmt::SQ6_K>(w, q, d, s, y, g, splits, "Q6_K");
+}
+
 void quant_gemm_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
   gemm<Q8_0>(w, q, d, s, y, "Q8_0");
 }
@@ -135,6 +209,10 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q8_0, ftlab::qmm::quant_mv_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q4_k, ftlab::qmm::quant_mv_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q8_0, ftlab::qmm::quant_mv_tiled_q8_0);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q4_k, ftlab::qmm::quant_mv_tiled_q4_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q5_k, ftlab::qmm::quant_mv_tiled_q5_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q6_k, ftlab::qmm::quant_mv_tiled_q6_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_gemm_q8_0, ftlab::qmm::quant_gemm_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_gemm_q4_k, ftlab::qmm::quant_gemm_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_gemm_q5_k, ftlab::qmm::quant_gemm_q5_k);

@@ -1,9 +1,10 @@
-// Runs quant_matmul.hip's kernels on the CPU (see q4_0_common.h here), one std::thread per GPU
+// Runs quant_matmul.hip's and quant_matmul_tiled.hip's kernels on the CPU (see q4_0_common.h here), one std::thread per GPU
 // thread of a block.
 #include <thread>
 #include <vector>
 
 #include "quant_matmul.hip"
+#include "quant_matmul_tiled.hip"
 
 using namespace ftlab::qmm;
 
@@ -58,5 +59,42 @@ extern "C" void run(int qtype, const uint8_t* w, int64_t rb, const int8_t* q8, c
     case 1: run_type<QK4<false>>(w, rb, q8, d8, s8, y, m, n, k); break;
     case 2: run_type<QK4<true>>(w, rb, q8, d8, s8, y, m, n, k); break;
     case 3: run_type<Q6_K>(w, rb, q8, d8, s8, y, m, n, k); break;
+  }
+}
+
+template <typename Q, int M>
+void tiled(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t n,
+           int64_t k, int g, int splits, int grid) {
+  gridDim = {grid, 1};
+  for (int bx = 0; bx < grid; ++bx)
+    run_block(ftlab::qmt::kGroup * ftlab::qmt::kGroups, ftlab::qmt::kGroup, bx, 0,
+              [=] { ftlab::qmt::quant_mv_tiled_kernel<Q, M>(w, rb, q8, d8, s8, y, n, k, g, splits); });
+}
+
+template <typename Q>
+void tiled_type(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t m,
+                int64_t n, int64_t k, int g, int splits, int grid) {
+  switch (m) {
+    case 1: tiled<Q, 1>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+    case 2: tiled<Q, 2>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+    case 3: tiled<Q, 3>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+    case 4: tiled<Q, 4>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+    case 5: tiled<Q, 5>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+    case 6: tiled<Q, 6>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+    case 7: tiled<Q, 7>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+    case 8: tiled<Q, 8>(w, rb, q8, d8, s8, y, n, k, g, splits, grid); break;
+  }
+}
+
+// The tiled matvec (m 1..8) with g supers per row and step, K in `splits` ranges (y [splits, m,
+// n]), on `grid` blocks.
+extern "C" void run_tiled(int qtype, const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8,
+                          float* y, int64_t m, int64_t n, int64_t k, int g, int splits, int grid) {
+  using namespace ftlab::qmt;
+  switch (qtype) {
+    case 0: tiled_type<SQ8_0>(w, rb, q8, d8, s8, y, m, n, k, g, splits, grid); break;
+    case 1: tiled_type<SQK4<false>>(w, rb, q8, d8, s8, y, m, n, k, g, splits, grid); break;
+    case 2: tiled_type<SQK4<true>>(w, rb, q8, d8, s8, y, m, n, k, g, splits, grid); break;
+    case 3: tiled_type<SQ6_K>(w, rb, q8, d8, s8, y, m, n, k, g, splits, grid); break;
   }
 }

@@ -17,10 +17,16 @@ struct HostIdx {
   int x, y;
 };
 inline thread_local HostIdx threadIdx, blockIdx;
+inline HostIdx gridDim;
 inline thread_local int host_lane_base;  // 32 * threadIdx.y: the lanes of one group
 inline std::barrier<>* host_barrier;
 inline float host_lanes[1024];
 inline void __syncthreads() { host_barrier->arrive_and_wait(); }
+inline void port_sync_group() { host_barrier->arrive_and_wait(); }  // every group of a block calls it alike
+typedef uint32_t bytes16 __attribute__((vector_size(16)));
+inline void words_of(const bytes16& v, uint32_t out[4]) {
+  for (int i = 0; i < 4; ++i) out[i] = v[i];
+}
 inline float port_shfl_xor(float v, int lane_mask) {
   const int me = host_lane_base + threadIdx.x;
   host_lanes[me] = v;
