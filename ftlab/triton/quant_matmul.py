@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.platform import current
 from ftlab.quant import Q8_1, QuantWeight
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale
@@ -116,7 +117,7 @@ def dequant_tile32(w_ptr, row, k0, n_ok, QTYPE: tl.constexpr):
 def quant_dequant_gemm_kernel(
     x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride, M, N, K,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_F32: tl.constexpr, F32_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr, F32_PRECISION: tl.constexpr, ROW_SCALES: tl.constexpr,
 ):  # fmt: skip
     """y = x @ dequantize(W).T; ``DOT_F32``: the dot in fp32 (fp32 x; bf16 in the interpreter,
     whose bf16 dot is not the GPU's), else in x's dtype with an fp32 accumulator."""
@@ -133,7 +134,7 @@ def quant_dequant_gemm_kernel(
         kg = k0 + tl.arange(0, BLOCK_K)
         k_ok = kg < K
         xt = tl.load(xrow + kg[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if BLOCK_K == 32:  # K is a multiple of 32 for every type
+        if ROW_SCALES and BLOCK_K == 32:  # K is a multiple of 32 for every type
             wt = dequant_tile32(w_ptr, row, k0, n_ok, QTYPE).to(x_ptr.dtype.element_ty)
         else:
             wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(x_ptr.dtype.element_ty)
@@ -149,6 +150,12 @@ def quant_dequant_gemm_kernel(
 
 def _gemm_config(dtype: torch.dtype) -> dict[str, int]:
     return GEMM_CONFIGS["f32" if dtype == torch.float32 else "half"]
+
+
+def row_scales(arch: str) -> bool:
+    """Whether the GEMM decodes a weight tile's scales once a row (:func:`dequant_tile32`) on
+    ``arch``: not on RDNA, where the per-row values held across the tile spill registers."""
+    return not arch.startswith(("gfx11", "gfx12"))
 
 
 def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
@@ -167,6 +174,7 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
         x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k,
         QTYPE=QTYPE_CODE[w.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         DOT_F32=f32, F32_PRECISION=precision if x.dtype == torch.float32 else "ieee",
+        ROW_SCALES=row_scales(current(x.device).arch if x.device.type != "cpu" else "cpu"),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return y
@@ -196,6 +204,7 @@ def compile_specs(target: str) -> list:
                               types={"x_ptr": f"*{dt}", "w_ptr": "*u8", "y_ptr": f"*{dt}"},
                               constexprs={"QTYPE": code, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
                                           "BLOCK_K": cfg["BLOCK_K"], "DOT_F32": dt == "fp32",
-                                          "F32_PRECISION": precision if dt == "fp32" else "ieee"},
+                                          "F32_PRECISION": precision if dt == "fp32" else "ieee",
+                                          "ROW_SCALES": row_scales(target)},
                               num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]}))  # fmt: skip
     return specs
