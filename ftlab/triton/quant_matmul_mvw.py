@@ -181,38 +181,48 @@ def load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, mask, QTYPE: tl.constexpr, XT
     d8 = d8_ptr + m * (K // (16 if QTYPE == 3 else 32) if XT else K // 32)
     s8 = s8_ptr + m * (K // 32)
     x = ()
+    # one return statement: Triton 3.6 requires every return of a function to have one type,
+    # even those in branches its constexpr conditions leave out
     if XT:
         nu = K // 64
         for i in tl.static_range(16):
             x = x + (tl.load(xw + i * nu + u, mask=mask, other=0),)
-        e = ()
-        for g in tl.static_range(4 if QTYPE == 3 else 2):
-            e = e + (tl.load(d8 + g * nu + u, mask=mask, other=0.0),)
+        e0 = tl.load(d8 + u, mask=mask, other=0.0)
+        e1 = tl.load(d8 + nu + u, mask=mask, other=0.0)
         if QTYPE == 3:
-            return x, e, (e[0], e[0])
-        if QTYPE == 0:
-            return x, (e[0], e[1], e[0], e[1]), (e[0], e[1])
-        sm = (tl.load(s8 + u, mask=mask, other=0.0), tl.load(s8 + nu + u, mask=mask, other=0.0))
-        return x, (e[0], e[1], e[0], e[1]), sm
-    if QTYPE == 3:
-        blk = 8 * (u // 4) + 4 * ((u // 2) % 2)  # Q8_1 block of quarter 0
-        for t in tl.static_range(4):
-            for i in tl.static_range(4):
-                x = x + (tl.load(xw + 8 * (blk + t) + 4 * (u % 2) + i, mask=mask, other=0),)
-        e = (tl.load(d8 + blk, mask=mask, other=0.0), tl.load(d8 + blk + 1, mask=mask, other=0.0),
-             tl.load(d8 + blk + 2, mask=mask, other=0.0), tl.load(d8 + blk + 3, mask=mask, other=0.0))  # fmt: skip
-        return x, e, (e[0], e[0])
-    for i in tl.static_range(16):
-        x = x + (tl.load(xw + 16 * u + i, mask=mask, other=0),)
-    e0 = tl.load(d8 + 2 * u, mask=mask, other=0.0)
-    e1 = tl.load(d8 + 2 * u + 1, mask=mask, other=0.0)
-    if QTYPE == 0:
-        return x, (e0, e1, e0, e1), (e0, e1)
-    return (
-        x,
-        (e0, e1, e0, e1),
-        (tl.load(s8 + 2 * u, mask=mask, other=0.0), tl.load(s8 + 2 * u + 1, mask=mask, other=0.0)),
-    )
+            e2 = tl.load(d8 + 2 * nu + u, mask=mask, other=0.0)
+            e3 = tl.load(d8 + 3 * nu + u, mask=mask, other=0.0)
+            s0, s1 = e0, e0
+        else:
+            e2, e3 = e0, e1
+            if QTYPE == 0:
+                s0, s1 = e0, e1
+            else:
+                s0 = tl.load(s8 + u, mask=mask, other=0.0)
+                s1 = tl.load(s8 + nu + u, mask=mask, other=0.0)
+    else:
+        if QTYPE == 3:
+            blk = 8 * (u // 4) + 4 * ((u // 2) % 2)  # Q8_1 block of quarter 0
+            for t in tl.static_range(4):
+                for i in tl.static_range(4):
+                    x = x + (tl.load(xw + 8 * (blk + t) + 4 * (u % 2) + i, mask=mask, other=0),)
+            e0 = tl.load(d8 + blk, mask=mask, other=0.0)
+            e1 = tl.load(d8 + blk + 1, mask=mask, other=0.0)
+            e2 = tl.load(d8 + blk + 2, mask=mask, other=0.0)
+            e3 = tl.load(d8 + blk + 3, mask=mask, other=0.0)
+            s0, s1 = e0, e0
+        else:
+            for i in tl.static_range(16):
+                x = x + (tl.load(xw + 16 * u + i, mask=mask, other=0),)
+            e0 = tl.load(d8 + 2 * u, mask=mask, other=0.0)
+            e1 = tl.load(d8 + 2 * u + 1, mask=mask, other=0.0)
+            e2, e3 = e0, e1
+            if QTYPE == 0:
+                s0, s1 = e0, e1
+            else:
+                s0 = tl.load(s8 + 2 * u, mask=mask, other=0.0)
+                s1 = tl.load(s8 + 2 * u + 1, mask=mask, other=0.0)
+    return x, (e0, e1, e2, e3), (s0, s1)
 
 
 @triton.jit
