@@ -79,6 +79,8 @@ def main() -> None:
             p + "ffn_down_exps.weight": matrix(e, h, inter),
         }  # fmt: skip
     meta = {f"{GGUF_ARCH}.{key}": getattr(c, field) for field, key in KEYS.items()}
+    # llama.cpp takes a value head of embedding_length / head_count (64 here) unless told
+    meta[f"{GGUF_ARCH}.attention.value_length"] = c.head_dim
     meta |= {"general.name": f"random Qwen3-30B-A3B-shaped ({c.num_hidden_layers} layers, {e} experts)",
              "tokenizer.ggml.model": "none"}  # fmt: skip
     print(f"writing {args.out}")
