@@ -58,7 +58,8 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
     required; ``"cpu"``: eager, a smoke run) with prompts of ``prefill`` tokens (decode steps at
     that position); ``quick``: fewer repetitions; ``llama_bench``: llama.cpp's ``llama-bench``
     to run on the same file (module docstring). The report is ``model-gguf-<file stem>``.
-    GGUFError for a file ftlab cannot load, RuntimeError if llama-bench fails."""
+    GGUFError for a file ftlab cannot load. A llama-bench that fails leaves a note saying why in
+    the report (ftlab's rows are kept) instead of raising."""
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     if not isinstance(device, str):
@@ -96,8 +97,12 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
         report.notes.insert(2, _shape_note(arch, config))
         bench_pipeline(report, config, weights, prefill, clock, path.name)
     if llama_bench is not None:
-        for m in run_llama_bench(llama_bench, path, prefill, dev.type == "cuda"):
-            report.measurements.append(m)
+        try:
+            rows = run_llama_bench(llama_bench, path, prefill, dev.type == "cuda")
+        except RuntimeError as e:
+            report.notes.append(f"llama.cpp: no figures, {e}"[:600])
+            return report
+        report.measurements.extend(rows)
         report.notes.append(f"llama.cpp: {Path(llama_bench).name} {' '.join(llama_bench_args(path, prefill, True))}"
                             " on the same file in this run (its own timing: mean of its repetitions)")  # fmt: skip
     return report

@@ -103,6 +103,14 @@ def test_llama_bench_failures(tmp_path):
         model_gguf.run_llama_bench(only_pp, Q4_K_M, 8, gpu=False)
 
 
+def test_a_failing_llama_bench_keeps_ftlabs_rows(tmp_path):
+    """llama-bench that cannot load the file: the report keeps ftlab's rows and says why."""
+    bad = fake_llama_bench(tmp_path, [], status=1)
+    report = model_gguf.run(Q4_K_M, quick=True, device="cpu", prefill=4, llama_bench=bad)
+    assert [m.backend for m in report.measurements] == ["auto"] * 3
+    assert "llama.cpp: no figures" in report.notes[-1] and "exited 1" in report.notes[-1]
+
+
 def test_arguments(tmp_path, capsys):
     with pytest.raises(ValueError, match="prefill must be an int >= 1, got 0"):
         model_gguf.run(Q4_K_M, device="cpu", prefill=0)
