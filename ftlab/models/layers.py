@@ -87,6 +87,18 @@ def linear(
     return F.linear(x, w)
 
 
+def hybrid_end_step(hybrid: list, routed: dict[int, torch.Tensor]) -> None:
+    """Between steps (never inside a captured graph): move each hybrid layer's residency after
+    the ids ``routed[i]`` its executor ``hybrid[i]`` saw in the last forward pass, with one
+    synchronization for all layers; nothing to do when ``routed`` is empty."""
+    if not routed:
+        return
+    layers = sorted(routed)
+    rows = torch.stack([routed[i].reshape(-1) for i in layers]).cpu()
+    for row, i in zip(rows, layers, strict=True):
+        hybrid[i].end_step(row)
+
+
 def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin ``[B, T, 1, hd]`` in ``dtype`` of the rotary angles at ``positions
     [B, T]`` (computed once a forward pass, shared by the layers); ``hd`` is the rotary dim (the

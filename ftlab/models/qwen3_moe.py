@@ -25,6 +25,7 @@ from ftlab.models.layers import (
     Stage,
     check_field,
     concat_rows,
+    hybrid_end_step,
     linear,
     rms_norm,
     rope_tables,
@@ -245,12 +246,7 @@ class Qwen3Moe:
     def end_step(self) -> None:
         """Between steps (never inside a captured graph): each hybrid layer's residency follows
         the routes of the last forward pass (one synchronization for all layers)."""
-        if not self._routed:
-            return
-        layers = sorted(self._routed)
-        routed = torch.stack([self._routed[i].reshape(-1) for i in layers]).cpu()
-        for row, i in zip(routed, layers, strict=True):
-            self.hybrid[i].end_step(row)
+        hybrid_end_step(self.hybrid, self._routed)
 
     def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
         """The forward pass of tokens ``[B, T]`` at ``positions [B, T]``, one named stage at a

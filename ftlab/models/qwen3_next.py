@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.models.layers import KVCache, Stage, concat_rows, linear, rms_norm
+from ftlab.models.layers import KVCache, Stage, concat_rows, hybrid_end_step, linear, rms_norm
 from ftlab.models.pipeline_args import MODEL_OPS, backend_map
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight
@@ -169,12 +169,7 @@ class Qwen3Next:
         """Between steps (never inside a captured graph): each hybrid layer's residency follows
         the routes of the last forward pass (one synchronization for all layers); nothing to do
         without hybrid layers."""
-        if not self._routed:
-            return
-        layers = sorted(self._routed)
-        routed = torch.stack([self._routed[i].reshape(-1) for i in layers]).cpu()
-        for row, i in zip(routed, layers, strict=True):
-            self.hybrid[i].end_step(row)
+        hybrid_end_step(self.hybrid, self._routed)
 
     def linear(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
         return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path)
