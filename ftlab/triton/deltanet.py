@@ -5,7 +5,10 @@ state columns) holds its ``[Dk, BLOCK_V]`` slice of the fp32 state in registers,
 its query and key head (the key head ``h // (Hv // Hk)``), decays, reads, writes and reads out
 the state, and stores it back in place: one pass over the state, no host work, capturable.
 
-Prefill (:func:`gated_delta_rule`): the chunked kernels of :mod:`ftlab.triton.deltanet_chunk`.
+Prefill (:func:`gated_delta_rule`): in chunks of 64 (the models' size) with key heads up to 128,
+except on RDNA, the kernels of :mod:`ftlab.triton.deltanet_chunk64` (the state kept in registers across chunks,
+each chunk's triangle inverted once); other chunk sizes the general kernels of
+:mod:`ftlab.triton.deltanet_chunk`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab.triton import deltanet_chunk
+from ftlab.triton import deltanet_chunk, deltanet_chunk64
 
 
 @triton.jit
@@ -55,8 +58,10 @@ def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, 
 
 
 def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
-    """Backend entry of :func:`ftlab.ops.gated_delta_rule`: the chunked kernels of
-    :mod:`ftlab.triton.deltanet_chunk`."""
+    """Backend entry of :func:`ftlab.ops.gated_delta_rule`: the chunk-64 kernels where they apply,
+    else the general chunked kernels."""
+    if chunk_size == deltanet_chunk64.C and deltanet_chunk64.supports(q.shape[-1], v.shape[-1], q.device):
+        return deltanet_chunk64.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk)
     return deltanet_chunk.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
 
 

@@ -231,6 +231,23 @@ CONFIGS: dict[str, dict[str, int]] = {
 }
 
 
+def scratch(bhv: int, nt: int, c: int, dk: int, dv: int, state, dev: torch.device):
+    """fp32 scratch of a chunked prefill over ``bhv`` (sequence, value head) rows of ``nt``
+    chunks of ``c``: the chunks' ``[c, c]`` matrices, W ``[nt c, dk]``, U ``[nt c, dv]``, the
+    chunks' start states ``[nt + 1, dk, dv]`` (the first one ``state``, or zeros), the keys' norm
+    factors."""
+    a = torch.empty(bhv, nt * c, c, dtype=torch.float32, device=dev)
+    w = torch.empty(bhv, nt * c, dk, dtype=torch.float32, device=dev)
+    u = torch.empty(bhv, nt * c, dv, dtype=torch.float32, device=dev)
+    hs = torch.empty(bhv, nt + 1, dk, dv, dtype=torch.float32, device=dev)
+    if state is None:
+        hs[:, 0].zero_()
+    else:
+        hs[:, 0].copy_(state.reshape(bhv, dk, dv))
+    rk = torch.empty(bhv, nt * c, dtype=torch.float32, device=dev)
+    return a, w, u, hs, rk
+
+
 def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
     """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32)."""
     b, t, hk, dk = q.shape
@@ -242,15 +259,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     cfg = CONFIGS.get(current(dev).arch if dev.type != "cpu" else "default", CONFIGS["default"])
     bs, bv, nw = cfg["BS"], cfg["BV"], cfg["num_warps"]
     common = dict(HK=hk, HV=hv, DK=dk, C=c, BS=bs, L2NORM=l2norm_qk, PRECISION=precision(dev), num_warps=nw)
-    a = torch.empty(bhv, nt * c, c, dtype=torch.float32, device=dev)
-    w = torch.empty(bhv, nt * c, dk, dtype=torch.float32, device=dev)
-    u = torch.empty(bhv, nt * c, dv, dtype=torch.float32, device=dev)
-    hs = torch.empty(bhv, nt + 1, dk, dv, dtype=torch.float32, device=dev)
-    if state is None:
-        hs[:, 0].zero_()
-    else:
-        hs[:, 0].copy_(state.reshape(bhv, dk, dv))
-    rk = torch.empty(bhv, nt * c, dtype=torch.float32, device=dev)
+    a, w, u, hs, rk = scratch(bhv, nt, c, dk, dv, state, dev)
     chunk_kkt_kernel[(nt, bhv)](k, g, beta, a, rk, t, nt, **common)
     chunk_solve_kernel[(nt, bhv)](k, v, g, beta, a, rk, w, u, t, nt, DV=dv, **common)
     sbv = cfg.get("STATE_BV", bv)

@@ -29,10 +29,12 @@ import triton.language as tl
 from ftlab.triton.q4_0_common import dp4a
 
 #: per type: the tile of one-row calls (HOIST where K fits ``BLOCK_U`` units) and of 2..8 rows;
-#: ``XT``: the activations gathered unit-major first (:func:`unit_major`; not for HOIST)
+#: ``XT``: the activations gathered unit-major first (:func:`unit_major`; not for HOIST). From the
+#: H200 sweep of 2026-12-01 (benchmarks/results/2026-12-01-nvidia-h200-sweep-triton-quant-matvec.txt):
+#: one row best at 2 rows x 32 units, 2 warps, 16 programs an SM for every type and shape.
 MVW_CONFIGS: dict[str, dict[str, dict[str, int]]] = {
     qt: {
-        "m1": {"BLOCK_N": 4, "BLOCK_U": 32, "num_warps": 4, "progs_per_sm": 8},
+        "m1": {"BLOCK_N": 2, "BLOCK_U": 32, "num_warps": 2, "progs_per_sm": 16},
         "m8": {"BLOCK_N": 8, "BLOCK_U": 32, "num_warps": 4, "XT": 1},
     }
     for qt in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")

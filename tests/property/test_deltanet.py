@@ -254,3 +254,30 @@ def test_triton_prefill_every_target_config(monkeypatch, target):
     gen = torch.Generator().manual_seed(5)
     q, k, v, g, beta, state = _inputs(gen, 1, 70, 2, 4, 48, 40, torch.bfloat16, with_state=True)
     ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=32, backends=["triton"])
+
+
+@pytest.mark.parametrize(
+    "dims, config",
+    [
+        ((1, 130, 2, 4, 128, 128), {}),
+        ((2, 70, 1, 2, 128, 40), {"SCAN_NQ": 4, "SCAN_BV": 16, "WY_BS": 32, "OUT_BS": 32, "OUT_BV": 32}),
+        ((1, 64, 2, 2, 48, 72), {"SCAN_NQ": 1, "INV_BS": 16}),
+        ((1, 129, 1, 1, 16, 16), {}),
+    ],
+)
+def test_triton_chunk64_configs(monkeypatch, dims, config):
+    """The chunk-64 Triton prefill (ftlab.triton.deltanet_chunk64) in the interpreter with its
+    tile choices: the state in one, two or four blocks of key rows, head dimensions not powers
+    of two, chunks past T, Dk = 128 as the models have it; slow decays, so that the state
+    carried from chunk to chunk weighs in the output."""
+    if "triton" not in backends.available_backends("gated_delta_rule", torch.device("cpu"), torch.float32):
+        pytest.skip("Triton's interpreter is off in this process")
+    from ftlab.triton import deltanet_chunk64
+
+    monkeypatch.setitem(deltanet_chunk64.CONFIGS, "default", {**deltanet_chunk64.CONFIGS["default"], **config})
+    b, t, hk, hv, dk, dv = dims
+    gen = torch.Generator().manual_seed(t + dk)
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, g, beta, state = _inputs(gen, b, t, hk, hv, dk, dv, dtype, with_state=dtype == torch.float32,
+                                          decay=0.01)  # fmt: skip
+        ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=64, backends=["triton"])
