@@ -87,7 +87,9 @@ def cmd_run(args) -> int:
     if device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pipe = Pipeline.load(args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len,
-                         hybrid_slots=args.hybrid_slots, graphs=args.graphs)  # fmt: skip
+                         hybrid_slots=args.hybrid_slots, graphs=args.graphs, tp=args.tp)  # fmt: skip
+    if pipe.tp is not None and pipe.tp.rank != 0:  # every rank computes; rank 0 prints
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
     if pipe.hybrid:
         ex = pipe.hybrid[0]
         print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device}, the rest on "
@@ -105,13 +107,18 @@ def cmd_run(args) -> int:
         print(piece, end="", flush=True)
         timing = now
     decode = "graph-captured decode (its capture in the first decode step)" if pipe.graph_capturable else "eager decode"
-    print(f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, {pipe.device}, {decode}]")
+    ranks = f", tp = {pipe.tp.world} ranks" if pipe.tp is not None else ""
+    print(f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, {pipe.device}{ranks}, {decode}]")
     if pipe.hybrid:
         hits = sum(ex.policy.hits for ex in pipe.hybrid)
         misses = sum(ex.policy.misses for ex in pipe.hybrid)
         print(f"[hybrid residency over all layers: {hits} hits, {misses} misses]")
     if args.compare:
         print(format_compare(pipe.compare(args.prompt, args.compare)))
+    if pipe.tp is not None:
+        from ftlab.models.tensor_parallel import close
+
+        close()
     return 0
 
 
@@ -279,6 +286,9 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--hybrid-slots", type=_option(int, "an int", check.hybrid_slots), default=None,
                    help="hybrid CPU/GPU experts: this many experts a layer on the device, the rest on the CPU "
                         "(default: off, every expert on the device)")
+    p.add_argument("--tp", type=_option(int, "an int", check.tp), default=1,
+                   help="tensor / expert parallelism over this many processes: start them with torchrun "
+                        "--nproc-per-node N -m ftlab run --tp N ... (rank 0 prints; Qwen3-MoE models)")
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=check.GRAPHS_AUTO,
                    help="capture the decode step in a CUDA/HIP graph; auto: on a CUDA/ROCm device, not on "
                         "the CPU (--graphs on the CPU is an error)")

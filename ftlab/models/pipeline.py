@@ -18,6 +18,7 @@ naming it, before any work.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -105,8 +106,13 @@ class Pipeline:
     def __init__(self, config: Qwen3MoeConfig | Qwen3NextConfig, weights: ModelWeights | NextWeights,
                  tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
-                 q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None):  # fmt: skip
+                 q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None,
+                 tp=None):  # fmt: skip
         ops = check.usable(backend_map(backends), weights.embed.device)
+        if tp is not None and (isinstance(config, Qwen3NextConfig) or hybrid_slots is not None):
+            raise ValueError("tp > 1 runs Qwen3-MoE models without hybrid experts so far; got "
+                             f"{type(config).__name__}{' with hybrid_slots' if hybrid_slots is not None else ''}")  # fmt: skip
+        self.tp = tp
         self.model_class = Qwen3Next if isinstance(config, Qwen3NextConfig) else Qwen3Moe
         self.max_seq_len = check.max_seq_len(max_seq_len)
         self.q4_0_path = check.q4_0_path(q4_0_path)
@@ -129,7 +135,7 @@ class Pipeline:
     def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
              quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-             q4_0_path: str = "auto") -> Pipeline:  # fmt: skip
+             q4_0_path: str = "auto", tp: int = 1) -> Pipeline:  # fmt: skip
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
         ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
         directory (Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE, by its config's ``model_type``), or a
@@ -137,7 +143,13 @@ class Pipeline:
         ``general.architecture``; the tokenizer from its metadata), on ``device`` (``"cpu"``,
         ``"cuda"``, ``"cuda:N"``) with dense weights in ``dtype`` (float32, bfloat16 or float16);
         the other arguments are the class's. Every argument is checked before anything is read,
-        but for the upper bound of ``hybrid_slots`` (the model's expert count)."""
+        but for the upper bound of ``hybrid_slots`` (the model's expert count).
+
+        ``tp > 1``: tensor and expert parallelism over ``tp`` processes
+        (:mod:`ftlab.models.tensor_parallel`), each running this call, started by ``torchrun
+        --nproc-per-node tp`` (or inside an initialized default process group of that size);
+        each rank keeps its shard of the weights on its device (``"cuda"`` means
+        ``cuda:LOCAL_RANK``). Qwen3-MoE models, without ``hybrid_slots``."""
         if not isinstance(path_or_tiny, (str, Path)):
             raise TypeError(f"path_or_tiny must be a tiny model name or a path, got {type(path_or_tiny).__name__}")
         quant, dev, dtype = check.quant(quant), check.device(device), check.dtype(dtype)
@@ -146,6 +158,15 @@ class Pipeline:
         check.graphs(graphs, dev)
         check.hybrid_slots(hybrid_slots)
         check.q4_0_path(q4_0_path)
+        group = None
+        if check.tp(tp) != 1:
+            from ftlab.models.tensor_parallel import process_group
+
+            if hybrid_slots is not None:
+                raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
+            if dev.type == "cuda" and dev.index is None:
+                dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            group = process_group(tp, dev)
         name = str(path_or_tiny)
         tiny_model = name in tiny.TINY_MODELS
         if tiny_model:
@@ -156,22 +177,29 @@ class Pipeline:
         expected = f"a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory or a .gguf file"
         if not path.exists():
             raise FileNotFoundError(f"model must be {expected}; {str(path_or_tiny)!r} is none of these")
+        at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
         if path.is_dir():
-            config, weights = load_hf(path, device=dev, dtype=dtype, progress=not tiny_model)
+            config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model)
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
-            config, weights, tokenizer = load_gguf_model(path, device=dev, dtype=dtype, progress=not tiny_model)
+            config, weights, tokenizer = load_gguf_model(path, device=at, dtype=dtype, progress=not tiny_model)
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
+        if group is not None:
+            from ftlab.models.tensor_parallel import shard_qwen3_moe
+
+            if isinstance(config, Qwen3NextConfig):
+                raise ValueError("tp > 1 runs Qwen3-MoE models so far; this is a Qwen3-Next / Qwen3.5-MoE model")
+            weights = shard_qwen3_moe(config, weights, group, dev)
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
-                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path)  # fmt: skip
+                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group)  # fmt: skip
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         if self.model_class is Qwen3Next:
             return Qwen3Next(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
                              q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid)  # fmt: skip
         return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                        q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid)  # fmt: skip
+                        q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid, tp=self.tp)  # fmt: skip
 
     def _hybrid(self, slots: int, backends: dict[str, str]) -> list:
         from ftlab.hybrid import HybridDecodeExecutor

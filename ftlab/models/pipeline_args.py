@@ -93,6 +93,11 @@ def hybrid_slots(value: object, num_experts: int | None = None) -> int | None:
     return _int("hybrid_slots", value, 0, num_experts)
 
 
+def tp(value: object) -> int:
+    """The tensor-parallel size: an int >= 1."""
+    return _int("tp", value, 1, None)
+
+
 def prompt(value: object) -> str:
     """A non-empty str."""
     if not isinstance(value, str):

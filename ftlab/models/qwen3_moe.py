@@ -158,14 +158,21 @@ class Qwen3Moe:
     ``q4_0_path`` is the path of quantized weights (Q4_0, Q8_0, K-quants), linears and experts ("auto" | "int8" | "dequant":
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
-    the rest on the CPU; :meth:`end_step` moves their residency between steps."""
+    the rest on the CPU; :meth:`end_step` moves their residency between steps. ``tp``: this
+    rank's :class:`ftlab.models.tensor_parallel.TensorParallel` when ``weights`` is its shard
+    (:func:`~ftlab.models.tensor_parallel.shard_qwen3_moe`): heads, experts and vocabulary split
+    across the ranks, the partial results combined by collectives (that module's docstring)."""
 
     OPS = QWEN3_MOE_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
                  max_seq_len: int = 512, backends: dict[str, str] | None = None,
-                 q4_0_path: str = "auto", static: bool = False, hybrid: list | None = None):  # fmt: skip
+                 q4_0_path: str = "auto", static: bool = False, hybrid: list | None = None,
+                 tp=None):  # fmt: skip
         self.config = config
+        self.tp = tp
+        if tp is not None and hybrid is not None:
+            raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
         if hybrid is not None and len(hybrid) != config.num_hidden_layers:
             raise ValueError(f"hybrid must hold one executor (or None) a layer: {config.num_hidden_layers}, got "
                              f"{len(hybrid)}")  # fmt: skip
@@ -180,7 +187,10 @@ class Qwen3Moe:
         self.backends = backend_map(backends or {})  # keys: MODEL_OPS; every name checked
         self.q4_0_path = q4_0_path
         c = config
-        self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads * c.head_dim, max_batch, max_seq_len,
+        world = tp.world if tp is not None else 1
+        # this rank's heads (all of them without tp)
+        self.heads, self.kv_heads = c.num_attention_heads // world, c.num_key_value_heads // world
+        self.cache = KVCache(c.num_hidden_layers, self.kv_heads * c.head_dim, max_batch, max_seq_len,
                              static, weights.embed.device, weights.embed.dtype)  # fmt: skip
         self.k_cache, self.v_cache = self.cache.k, self.cache.v
 
@@ -202,21 +212,20 @@ class Qwen3Moe:
         c, lw = self.config, self.weights.layers[i]
         geo = geo or self.geometry(positions, x.dtype)
         b, t, _ = x.shape
-        hd = c.head_dim
-        nq, nkv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+        hd, nh, nkvh = c.head_dim, self.heads, self.kv_heads
+        nq, nkv = nh * hd, nkvh * hd
         qkv = lw.qkv()
         if qkv is not None:
             q, k, v = self.linear(x, qkv).split([nq, nkv, nkv], dim=-1)
         else:
             q, k, v = (self.linear(x, w) for w in (lw.q_proj, lw.k_proj, lw.v_proj))
-        v = v.reshape(b, t, c.num_key_value_heads, hd)
+        v = v.reshape(b, t, nkvh, hd)
         # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope)
-        q, k = ops.qk_norm_rope(q.reshape(b * t, c.num_attention_heads, hd), k.reshape(b * t, c.num_key_value_heads, hd),
-                                lw.q_norm, lw.k_norm, geo["cos"], geo["sin"], c.rms_norm_eps,
-                                backend=self.backends["qk_norm_rope"])  # fmt: skip
-        out = self.cache.attend(i, q.view(b, t, c.num_attention_heads, hd), k.view(b, t, c.num_key_value_heads, hd),
-                                v, geo, self.backends)  # fmt: skip
-        return self.linear(out.reshape(b, t, -1), lw.o_proj)
+        q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
+                                geo["cos"], geo["sin"], c.rms_norm_eps, backend=self.backends["qk_norm_rope"])  # fmt: skip
+        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends)
+        out = self.linear(out.reshape(b, t, -1), lw.o_proj)
+        return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj: partial sums
 
     def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[N, H]`` -> (router logits ``[N, E]``, top-k weights fp32, top-k ids int32)."""
@@ -239,9 +248,12 @@ class Qwen3Moe:
             if x.shape[0] <= DECODE_MAX_TOKENS:
                 return ex(x, weights, ids)
             return ex.eager(x, weights, ids)  # prefill: synchronous, no channel per prompt length
-        return ops.moe_experts(
+        if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
+            ids = ids - self.tp.rank * lw.w_gate_up.shape[0]
+        y = ops.moe_experts(
             x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path, backend=self.backends["moe_experts"]
         )
+        return y if self.tp is None else self.tp.all_reduce(y)
 
     def end_step(self) -> None:
         """Between steps (never inside a captured graph): each hybrid layer's residency follows
@@ -254,9 +266,13 @@ class Qwen3Moe:
         ``main`` tensor is what comparisons between backends look at. ``last_only``: the final
         norm and the logits for the last position only (``[B, 1, V]``), as a prefill needs."""
         c, w = self.config, self.weights
-        x = ops.index(
-            w.embed, tokens.reshape(-1), check=not self.static, backend=self.backends["index"]
-        ).view(*tokens.shape, -1)
+        if self.tp is None:
+            x = ops.index(w.embed, tokens.reshape(-1), check=not self.static, backend=self.backends["index"])
+        else:  # vocab-parallel: rows of other ranks' shards read zeros
+            n = w.embed.shape[0]
+            x = self.tp.all_reduce(ops.index(w.embed, tokens.reshape(-1), mask=(self.tp.rank * n, n),
+                                             backend=self.backends["index"]))  # fmt: skip
+        x = x.view(*tokens.shape, -1)
         yield Stage("embed", {"hidden": x}, "hidden")
         geo = self.geometry(positions, x.dtype)
         for i in range(c.num_hidden_layers):
@@ -276,7 +292,10 @@ class Qwen3Moe:
             x = x[:, -1:]
         x = rms_norm(x, w.norm, c.rms_norm_eps)
         yield Stage("norm", {"hidden": x}, "hidden")
-        yield Stage("logits", {"logits": self.linear(x, w.lm_head).float()}, "logits")
+        logits = self.linear(x, w.lm_head).float()
+        if self.tp is not None:  # vocab-parallel lm_head: the shards' logits side by side
+            logits = self.tp.all_gather_last(logits)
+        yield Stage("logits", {"logits": logits}, "logits")
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``

@@ -1,0 +1,113 @@
+"""Tensor / expert parallelism (ftlab.models.tensor_parallel) on the CPU: two gloo processes
+started by torchrun against one process, for the tiny Qwen3-MoE models from HF and GGUF files
+(fp32 and Q4_0): logits within 1e-4, the same greedy tokens, ``ftlab run --tp 2`` prints the
+single-process text; and the errors of a bad tp or a missing process group."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftlab.models.pipeline import Pipeline
+from ftlab.models.tensor_parallel import TensorParallel, columns, process_group, shard_qwen3_moe
+
+WORKER = Path(__file__).with_name("tp_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ["tiny-qwen3-moe:hf", "tiny-qwen3-moe:f32", "tiny-qwen3-moe:q4_0", "tiny-qwen3-moe-wide:hf"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+           "127.0.0.1", "--master-port", str(_free_port()), *args]  # fmt: skip
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp") / "ranks.pt"
+    res = _torchrun(str(WORKER), str(out), *CASES)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_ranks_match_one_process(two_ranks, case):
+    """The same model in one process (the worker's code, tp = 1): next-token logits after the
+    prompt and after 16 decode steps within 1e-4, the 16 greedy tokens identical."""
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        import tp_worker
+    finally:
+        sys.path.pop(0)
+    want = tp_worker.run(*case.split(":"), 1)
+    got = two_ranks[case]
+    for key in ("logits", "last"):
+        err = (got[key] - want[key]).abs().max().item()
+        assert err <= 1e-4, f"{case} {key}: max |diff| {err:.3g} > 1e-4"
+    assert got["tokens"] == want["tokens"], f"{case}: {got['tokens']} != {want['tokens']}"
+
+
+def test_cli_tp_prints_the_single_process_text():
+    """``torchrun --nproc-per-node 2 -m ftlab run --tp 2 ...`` prints what one process prints
+    (rank 0 alone prints)."""
+    args = ["--model", "tiny-qwen3-moe", "--device", "cpu", "--max-new-tokens", "12", "--prompt", "The router"]
+    one = subprocess.run([sys.executable, "-m", "ftlab", "run", *args], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)  # fmt: skip
+    two = _torchrun("-m", "ftlab", "run", "--tp", "2", *args)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    assert one.stdout.splitlines()[0] == two.stdout.splitlines()[0]
+    assert "tp = 2 ranks" in two.stdout and two.stdout.count("The router") == 1
+
+
+def test_tp_without_process_group_names_torchrun(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        process_group(2, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="torchrun"):
+        Pipeline.load("tiny-qwen3-moe", "cpu", tp=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_tp_is_refused(bad):
+    with pytest.raises((ValueError, TypeError), match="tp"):
+        Pipeline.load("tiny-qwen3-moe", "cpu", tp=bad)
+
+
+def test_tp_and_hybrid_are_refused_together():
+    with pytest.raises(ValueError, match="hybrid"):
+        Pipeline.load("tiny-qwen3-moe", "cpu", tp=2, hybrid_slots=2)
+
+
+def test_world_size_must_equal_tp(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"world size \(1\)"):
+            process_group(2, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shards_refuse_what_tp_does_not_divide():
+    """tp = 3 of the tiny model (4 heads, 2 kv heads, 8 experts): the error names the count;
+    a Q4_0 weight cut inside a block of 32 names the weight."""
+    pipe = Pipeline.load("tiny-qwen3-moe", "cpu", quant="q4_0")
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        shard_qwen3_moe(pipe.config, pipe.weights, TensorParallel(0, 3), torch.device("cpu"))
+    o_proj = pipe.weights.layers[0].o_proj
+    with pytest.raises(ValueError, match="o_proj.*blocks of 32"):
+        columns(o_proj, 0, 16, "layer 0 o_proj")
+    half = columns(o_proj, 32, 64, "layer 0 o_proj")
+    assert torch.equal(half.data, o_proj.blocks[:, 1:2].reshape(o_proj.shape[0], -1))

@@ -1,0 +1,32 @@
+"""One rank of the tensor-parallel test (tests/parallel/test_tensor_parallel.py), started by
+torchrun: for each (model, file) of argv[2:] (``model:quant``), the prompt's next-token logits and
+16 greedy tokens with tp = WORLD_SIZE; rank 0 saves them to argv[1]."""
+
+import os
+import sys
+
+import torch
+
+from ftlab.models.pipeline import Pipeline
+from ftlab.models.tensor_parallel import close
+
+PROMPT = "The router sends every token to its experts"
+
+
+def run(model: str, quant: str, tp: int) -> dict:
+    pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference")
+    ids = pipe.tokenizer.encode(PROMPT)
+    logits = pipe.prefill(ids)
+    first, tokens = logits.clone(), []
+    for _ in range(16):
+        tokens.append(int(logits.argmax()))
+        logits = pipe.decode_step(tokens[-1])
+    return {"logits": first, "tokens": tokens, "last": logits.clone()}
+
+
+if __name__ == "__main__":
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    results = {spec: run(*spec.split(":"), world) for spec in sys.argv[2:]}
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save(results, sys.argv[1])
+    close()
