@@ -288,7 +288,7 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
                         "(default: off, every expert on the device)")
     p.add_argument("--tp", type=_option(int, "an int", check.tp), default=1,
                    help="tensor / expert parallelism over this many processes: start them with torchrun "
-                        "--nproc-per-node N -m ftlab run --tp N ... (rank 0 prints; Qwen3-MoE models)")
+                        "--nproc-per-node N -m ftlab run --tp N ... (rank 0 prints)")
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=check.GRAPHS_AUTO,
                    help="capture the decode step in a CUDA/HIP graph; auto: on a CUDA/ROCm device, not on "
                         "the CPU (--graphs on the CPU is an error)")

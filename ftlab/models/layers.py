@@ -161,3 +161,22 @@ class KVCache:
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=geo["mask"], enable_gqa=True)
         return out.transpose(1, 2)  # [B, T, heads, hd]
+
+
+def embed(table: torch.Tensor, tokens: torch.Tensor, tp, check: bool, backend: str) -> torch.Tensor:
+    """The embedding rows of ``tokens [B, T]`` -> ``[B, T, H]``; with ``tp`` (a
+    :class:`~ftlab.models.tensor_parallel.TensorParallel`) ``table`` is this rank's vocabulary
+    shard: the other shards' tokens read zeros (``ops.index``'s row-range mask) and the ranks'
+    rows are summed."""
+    if tp is None:
+        x = ops.index(table, tokens.reshape(-1), check=check, backend=backend)
+    else:
+        n = table.shape[0]
+        x = tp.all_reduce(ops.index(table, tokens.reshape(-1), mask=(tp.rank * n, n), backend=backend))
+    return x.view(*tokens.shape, -1)
+
+
+def gather_logits(logits: torch.Tensor, tp) -> torch.Tensor:
+    """Logits ``[..., V]``; with ``tp`` each rank's ``[..., V / tp]`` of its vocabulary shard,
+    all-gathered in rank order."""
+    return logits if tp is None else tp.all_gather_last(logits)

@@ -109,9 +109,8 @@ class Pipeline:
                  q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None,
                  tp=None):  # fmt: skip
         ops = check.usable(backend_map(backends), weights.embed.device)
-        if tp is not None and (isinstance(config, Qwen3NextConfig) or hybrid_slots is not None):
-            raise ValueError("tp > 1 runs Qwen3-MoE models without hybrid experts so far; got "
-                             f"{type(config).__name__}{' with hybrid_slots' if hybrid_slots is not None else ''}")  # fmt: skip
+        if tp is not None and hybrid_slots is not None:
+            raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
         self.tp = tp
         self.model_class = Qwen3Next if isinstance(config, Qwen3NextConfig) else Qwen3Moe
         self.max_seq_len = check.max_seq_len(max_seq_len)
@@ -149,7 +148,7 @@ class Pipeline:
         (:mod:`ftlab.models.tensor_parallel`), each running this call, started by ``torchrun
         --nproc-per-node tp`` (or inside an initialized default process group of that size);
         each rank keeps its shard of the weights on its device (``"cuda"`` means
-        ``cuda:LOCAL_RANK``). Qwen3-MoE models, without ``hybrid_slots``."""
+        ``cuda:LOCAL_RANK``). Every model class, without ``hybrid_slots``."""
         if not isinstance(path_or_tiny, (str, Path)):
             raise TypeError(f"path_or_tiny must be a tiny model name or a path, got {type(path_or_tiny).__name__}")
         quant, dev, dtype = check.quant(quant), check.device(device), check.dtype(dtype)
@@ -186,18 +185,17 @@ class Pipeline:
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         if group is not None:
-            from ftlab.models.tensor_parallel import shard_qwen3_moe
+            from ftlab.models.tensor_parallel import shard_qwen3_moe, shard_qwen3_next
 
-            if isinstance(config, Qwen3NextConfig):
-                raise ValueError("tp > 1 runs Qwen3-MoE models so far; this is a Qwen3-Next / Qwen3.5-MoE model")
-            weights = shard_qwen3_moe(config, weights, group, dev)
+            shard = shard_qwen3_next if isinstance(config, Qwen3NextConfig) else shard_qwen3_moe
+            weights = shard(config, weights, group, dev)
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
                    graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group)  # fmt: skip
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         if self.model_class is Qwen3Next:
             return Qwen3Next(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                             q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid)  # fmt: skip
+                             q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid, tp=self.tp)  # fmt: skip
         return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
                         q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid, tp=self.tp)  # fmt: skip
 

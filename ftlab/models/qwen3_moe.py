@@ -25,6 +25,8 @@ from ftlab.models.layers import (
     Stage,
     check_field,
     concat_rows,
+    embed,
+    gather_logits,
     hybrid_end_step,
     linear,
     rms_norm,
@@ -266,13 +268,7 @@ class Qwen3Moe:
         ``main`` tensor is what comparisons between backends look at. ``last_only``: the final
         norm and the logits for the last position only (``[B, 1, V]``), as a prefill needs."""
         c, w = self.config, self.weights
-        if self.tp is None:
-            x = ops.index(w.embed, tokens.reshape(-1), check=not self.static, backend=self.backends["index"])
-        else:  # vocab-parallel: rows of other ranks' shards read zeros
-            n = w.embed.shape[0]
-            x = self.tp.all_reduce(ops.index(w.embed, tokens.reshape(-1), mask=(self.tp.rank * n, n),
-                                             backend=self.backends["index"]))  # fmt: skip
-        x = x.view(*tokens.shape, -1)
+        x = embed(w.embed, tokens, self.tp, not self.static, self.backends["index"])
         yield Stage("embed", {"hidden": x}, "hidden")
         geo = self.geometry(positions, x.dtype)
         for i in range(c.num_hidden_layers):
@@ -292,10 +288,7 @@ class Qwen3Moe:
             x = x[:, -1:]
         x = rms_norm(x, w.norm, c.rms_norm_eps)
         yield Stage("norm", {"hidden": x}, "hidden")
-        logits = self.linear(x, w.lm_head).float()
-        if self.tp is not None:  # vocab-parallel lm_head: the shards' logits side by side
-            logits = self.tp.all_gather_last(logits)
-        yield Stage("logits", {"logits": logits}, "logits")
+        yield Stage("logits", {"logits": gather_logits(self.linear(x, w.lm_head).float(), self.tp)}, "logits")
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``

@@ -37,7 +37,16 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.models.layers import KVCache, Stage, concat_rows, hybrid_end_step, linear, rms_norm
+from ftlab.models.layers import (
+    KVCache,
+    Stage,
+    concat_rows,
+    embed,
+    gather_logits,
+    hybrid_end_step,
+    linear,
+    rms_norm,
+)
 from ftlab.models.pipeline_args import MODEL_OPS, backend_map
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight
@@ -134,14 +143,25 @@ class Qwen3Next:
     Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one
     ``ftlab.hybrid.HybridDecodeExecutor`` a layer (or None), which then runs that layer's routed
     experts, some on the GPU's expert slots and the rest on the CPU (the shared expert stays on the
-    GPU); :meth:`end_step` moves their residency between steps."""
+    GPU); :meth:`end_step` moves their residency between steps. ``tp``: this rank's
+    :class:`ftlab.models.tensor_parallel.TensorParallel` when ``weights`` is its shard
+    (:func:`~ftlab.models.tensor_parallel.shard_qwen3_next`): heads of both mixers, routed experts,
+    the shared expert's intermediate columns and the vocabulary split across the ranks, partial
+    results all-reduced (the vocabulary's logits all-gathered)."""
 
     OPS = MODEL_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3NextConfig, weights: NextWeights, *, max_batch: int = 1, max_seq_len: int = 512,
                  backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False,
-                 hybrid: list | None = None):  # fmt: skip
+                 hybrid: list | None = None, tp=None):  # fmt: skip
         c = self.config = config
+        self.tp = tp
+        if tp is not None and hybrid is not None:
+            raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
+        n = tp.world if tp is not None else 1
+        # this rank's heads (all of them without tp): full attention, then linear attention
+        self.heads, self.kv_heads = c.num_attention_heads // n, c.num_key_value_heads // n
+        self.lin_k_heads, self.lin_v_heads = c.linear_num_key_heads // n, c.linear_num_value_heads // n
         if hybrid is not None and len(hybrid) != c.num_hidden_layers:
             raise ValueError(f"hybrid must hold one executor (or None) a layer: {c.num_hidden_layers}, got "
                              f"{len(hybrid)}")  # fmt: skip
@@ -152,11 +172,12 @@ class Qwen3Next:
         self.backends = backend_map(backends or {})
         device, dtype = weights.embed.device, weights.embed.dtype
         self.slot = {i: j for j, i in enumerate(c.attention_layers)}  # layer -> its KV cache index
-        self.cache = KVCache(len(self.slot), c.num_key_value_heads * c.head_dim, max_batch, max_seq_len, static,
+        self.cache = KVCache(len(self.slot), self.kv_heads * c.head_dim, max_batch, max_seq_len, static,
                              device, dtype)  # fmt: skip
         width = c.linear_conv_kernel_dim - 1
-        hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        self.conv_state = {i: torch.zeros(max_batch, c.conv_dim, width, device=device, dtype=dtype)
+        hv, dk, dv = self.lin_v_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        conv_dim = 2 * self.lin_k_heads * dk + hv * dv
+        self.conv_state = {i: torch.zeros(max_batch, conv_dim, width, device=device, dtype=dtype)
                            for i in c.linear_layers}  # fmt: skip
         self.delta_state = {i: torch.zeros(max_batch, hv, dk, dv, device=device, dtype=torch.float32)
                             for i in c.linear_layers}  # fmt: skip
@@ -185,8 +206,9 @@ class Qwen3Next:
         sequences whose state starts afresh. Yields its stages, returns ``[B, T, H]``."""
         c, lw = self.config, self.weights.layers[i].mixer
         b, t, _ = x.shape
-        hk, hv = c.linear_num_key_heads, c.linear_num_value_heads
-        dk, dv, kd = c.linear_key_head_dim, c.linear_value_head_dim, c.key_dim
+        hk, hv = self.lin_k_heads, self.lin_v_heads
+        dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
+        kd, vd = hk * dk, hv * dv
         qkv, z, beta_in, a = self._proj(x, lw.in_proj(), [lw.in_proj_qkv, lw.in_proj_z, lw.in_proj_b, lw.in_proj_a])
         yield Stage(f"layer {i} in_proj", {"qkv": qkv, "z": z, "b": beta_in, "a": a}, "qkv")
         keep = (~fresh).to(x.dtype)[:, None, None]
@@ -200,7 +222,7 @@ class Qwen3Next:
                                            backend=self.backends["causal_conv1d"])  # fmt: skip
             conv_state.copy_(new)
         yield Stage(f"layer {i} conv", {"qkv": mixed, **self._state("state", conv_state, snapshot)}, "qkv")
-        q, k, v = mixed.split([kd, kd, c.value_dim], dim=-1)
+        q, k, v = mixed.split([kd, kd, vd], dim=-1)
         q, k, v = q.reshape(b, t, hk, dk), k.reshape(b, t, hk, dk), v.reshape(b, t, hv, dv)
         beta = torch.sigmoid(beta_in.float())
         g = lw.a_neg * F.softplus(a.float() + lw.dt_bias)
@@ -218,8 +240,12 @@ class Qwen3Next:
         y = ops.gated_rmsnorm(o.reshape(b * t, hv, dv), z.reshape(b * t, hv, dv), lw.norm, c.rms_norm_eps,
                               backend=self.backends["gated_rmsnorm"])  # fmt: skip
         yield Stage(f"layer {i} gated_norm", {"out": y}, "out")
-        y = y.view(b, t, c.value_dim)
-        return self.linear(y if lw.out_perm is None else y[..., lw.out_perm], lw.out_proj)
+        y = y.view(b, t, vd)
+        return self._reduce(self.linear(y if lw.out_perm is None else y[..., lw.out_perm], lw.out_proj))
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the ranks of a row-parallel projection's (or experts') part; x without tp."""
+        return x if self.tp is None else self.tp.all_reduce(x)
 
     @staticmethod
     def _state(name: str, state: torch.Tensor, snapshot: bool) -> dict[str, torch.Tensor]:
@@ -230,7 +256,7 @@ class Qwen3Next:
         the positions). Yields its stages, returns ``[B, T, H]``."""
         c, lw = self.config, self.weights.layers[i].mixer
         b, t, _ = x.shape
-        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        nh, nkv, hd = self.heads, self.kv_heads, c.head_dim
         q, gate, k, v = self._proj(x, lw.qgkv(), [lw.q_proj, lw.gate_proj, lw.k_proj, lw.v_proj])
         yield Stage(f"layer {i} q_gate", {"q": q, "gate": gate, "k": k, "v": v}, "q")
         wide = lw.q_norm.dtype  # fp32 scales 1 + w: the op casts its weights to q's dtype
@@ -244,7 +270,7 @@ class Qwen3Next:
         yield Stage(f"layer {i} attention", {"attention": att}, "attention")
         gated = ops.output_gate(att, gate.reshape(b * t, nh * hd), backend=self.backends["output_gate"])
         yield Stage(f"layer {i} output_gate", {"attention": gated}, "attention")
-        return self.linear(gated.view(b, t, -1), lw.o_proj)
+        return self._reduce(self.linear(gated.view(b, t, -1), lw.o_proj))
 
     def moe(self, i: int, h: torch.Tensor) -> Generator[Stage, None, torch.Tensor]:
         """The MoE of layer ``i`` on normed ``h [N, H]``: router, routed experts, shared expert.
@@ -255,11 +281,11 @@ class Qwen3Next:
                                       backend=self.backends["route_topk"])  # fmt: skip
         yield Stage(f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights")
         kw = {"path": self.q4_0_path, "backend": self.backends["moe_experts"]}
-        routed = self.routed_experts(i, h, weights, ids)
+        routed = self._reduce(self.routed_experts(i, h, weights, ids))
         yield Stage(f"layer {i} experts", {"experts": routed}, "experts")
         gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the one expert's weight
         zero = torch.zeros(h.shape[0], 1, dtype=torch.int32, device=h.device)
-        shared = ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, zero, **kw)
+        shared = self._reduce(ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, zero, **kw))
         yield Stage(f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert")
         return routed + shared
 
@@ -271,6 +297,8 @@ class Qwen3Next:
         ex = self.hybrid[i] if self.hybrid else None
         if ex is None:
             mw = self.weights.layers[i].moe
+            if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
+                ids = ids - self.tp.rank * mw.w_gate_up.shape[0]
             return ops.moe_experts(h, mw.w_gate_up, mw.w_down, weights, ids, path=self.q4_0_path,
                                    backend=self.backends["moe_experts"])  # fmt: skip
         self._routed[i] = ids
@@ -288,8 +316,7 @@ class Qwen3Next:
         final norm and logits of the last position only (``[B, 1, V]``). ``snapshot``: the conv and
         delta states are copied into their stages (as they were after that stage)."""
         c, w = self.config, self.weights
-        x = ops.index(w.embed, tokens.reshape(-1), check=not self.static,
-                      backend=self.backends["index"]).view(*tokens.shape, -1)  # fmt: skip
+        x = embed(w.embed, tokens, self.tp, not self.static, self.backends["index"])
         yield Stage("embed", {"hidden": x}, "hidden")
         fresh = positions[:, 0] == 0
         geo = self.cache.geometry(positions, c.rotary_dim, c.rope_theta, x.dtype) if self.slot else None
@@ -314,7 +341,7 @@ class Qwen3Next:
             x = x[:, -1:]
         x = rms_norm(x, w.norm, c.rms_norm_eps)
         yield Stage("norm", {"hidden": x}, "hidden")
-        yield Stage("logits", {"logits": self.linear(x, w.lm_head).float()}, "logits")
+        yield Stage("logits", {"logits": gather_logits(self.linear(x, w.lm_head).float(), self.tp)}, "logits")
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``

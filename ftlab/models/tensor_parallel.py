@@ -1,5 +1,6 @@
 """Tensor and expert parallelism over ``torch.distributed`` (NCCL on NVIDIA, RCCL on ROCm under
-the same ``"nccl"`` name, gloo on the CPU).
+the same ``"nccl"`` name, gloo on the CPU), for every model class (Qwen3-Next / Qwen3.5-MoE:
+:func:`shard_qwen3_next`).
 
 How a Qwen3-MoE layer is cut across ``N`` ranks (rank ``r``)::
 
@@ -138,17 +139,41 @@ def rows(w, start: int, stop: int):
     return w[start:stop].clone()
 
 
+def take(w, index: torch.Tensor):
+    """Rows ``index`` (int64 ``[n]``) of a ``[..., N, K]`` weight or bank, copied."""
+    if isinstance(w, QuantWeight):
+        data = w.data.index_select(-2, index.to(w.device)).contiguous()
+        return quant_weight(data, (*w.shape[:-2], len(index), w.shape[-1]), w.qtype)
+    return w.index_select(-2, index.to(w.device)).contiguous()
+
+
 def columns(w, start: int, stop: int, what: str):
-    """Columns ``start .. stop`` of a ``[N, K]`` weight, copied; a packed weight is cut between
-    its blocks (ValueError naming ``what`` when the cut falls inside one)."""
+    """Columns ``start .. stop`` of a ``[..., N, K]`` weight or bank, copied; a packed weight is
+    cut between its blocks (ValueError naming ``what`` when the cut falls inside one)."""
     if isinstance(w, QuantWeight):
         block = QTYPES[w.qtype].block
         if start % block or stop % block:
             raise ValueError(f"{what}: a {w.qtype} weight is cut between blocks of {block}; columns "
                              f"{start}..{stop} are not (pick a tp that keeps each rank's share a multiple of {block})")  # fmt: skip
-        part = w.blocks[:, start // block : stop // block].reshape(w.shape[0], -1).clone()
-        return quant_weight(part, (w.shape[0], stop - start), w.qtype)
-    return w[:, start:stop].clone()
+        part = w.blocks[..., start // block : stop // block, :].reshape(*w.shape[:-1], -1).clone()
+        return quant_weight(part, (*w.shape[:-1], stop - start), w.qtype)
+    return w[..., start:stop].clone()
+
+
+def unpermute_columns(w, perm: torch.Tensor, what: str):
+    """``w`` with its columns back in order, where stored column j is column ``perm[j]``; a
+    packed weight moves whole blocks (ValueError naming ``what`` when ``perm`` splits one)."""
+    inverse = torch.argsort(perm.cpu())
+    if not isinstance(w, QuantWeight):
+        return w[..., inverse.to(w.device)].contiguous()
+    block = QTYPES[w.qtype].block
+    groups = perm.cpu().view(-1, block)
+    if bool((groups % block != torch.arange(block)).any()) or bool((groups[:, 0] % block).any()):
+        raise ValueError(f"{what}: its column permutation moves parts of {w.qtype} blocks of {block}; tp > 1 "
+                         "needs whole blocks")  # fmt: skip
+    order = torch.argsort(groups[:, 0] // block)
+    data = w.blocks.index_select(-2, order.to(w.device)).reshape(*w.shape[:-1], -1).contiguous()
+    return quant_weight(data, w.shape, w.qtype)
 
 
 def experts(bank, start: int, stop: int):
@@ -193,3 +218,61 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
     embed_d = embed.to(device)
     return ModelWeights(embed=embed_d, layers=layers, norm=weights.norm.to(device),
                         lm_head=embed_d if lm_head is embed else move(lm_head, device))  # fmt: skip
+
+
+def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
+    """This rank's shard of a Qwen3-Next / Qwen3.5-MoE model's weights, on ``device``: as
+    :func:`shard_qwen3_moe` for embedding, full attention (q and gate rows of its heads), the
+    routed experts and lm_head; a linear-attention layer keeps its key heads and their value
+    heads (q, k, v rows and conv channels, z, b, a, dt_bias, A; out_proj columns, put back in
+    HF order first if stored permuted); the shared expert its share of the intermediate
+    columns (gate and up rows, down columns), its gate replicated. ValueError when tp does not
+    divide a count."""
+    from ftlab.models.qwen3_next import (
+        AttentionWeights,
+        DeltaNetWeights,
+        MoeWeights,
+        NextLayerWeights,
+        NextWeights,
+    )
+
+    c = config
+    hd, dk, dv = c.head_dim, c.linear_key_head_dim, c.linear_value_head_dim
+    kd = c.key_dim
+    e0, e1 = tp.shard(c.num_experts, "num_experts")
+    v0, v1 = tp.shard(c.vocab_size, "vocab_size")
+    i0, i1 = tp.shard(c.shared_expert_intermediate_size, "shared_expert_intermediate_size")
+    inter = c.shared_expert_intermediate_size
+    span = lambda a, b: torch.arange(a, b)  # noqa: E731
+    layers = []
+    for i, lw in enumerate(weights.layers):
+        m = lw.mixer
+        if isinstance(m, DeltaNetWeights):
+            k0, k1 = tp.shard(c.linear_num_key_heads, "linear_num_key_heads")
+            h0, h1 = tp.shard(c.linear_num_value_heads, "linear_num_value_heads")
+            channels = torch.cat([span(k0 * dk, k1 * dk), kd + span(k0 * dk, k1 * dk), 2 * kd + span(h0 * dv, h1 * dv)])
+            out = m.out_proj if m.out_perm is None else unpermute_columns(m.out_proj, m.out_perm, f"layer {i} out_proj")
+            mixer = DeltaNetWeights(
+                in_proj_qkv=take(m.in_proj_qkv, channels), in_proj_z=take(m.in_proj_z, span(h0 * dv, h1 * dv)),
+                in_proj_b=take(m.in_proj_b, span(h0, h1)), in_proj_a=take(m.in_proj_a, span(h0, h1)),
+                conv=m.conv[channels.to(m.conv.device)].clone(), dt_bias=m.dt_bias[h0:h1].clone(),
+                a_neg=m.a_neg[h0:h1].clone(), norm=m.norm, out_proj=columns(out, h0 * dv, h1 * dv, f"layer {i} out_proj"))  # fmt: skip
+        else:
+            q0, q1 = tp.shard(c.num_attention_heads, "num_attention_heads")
+            a0, a1 = tp.shard(c.num_key_value_heads, "num_key_value_heads")
+            mixer = AttentionWeights(
+                q_proj=rows(m.q_proj, q0 * hd, q1 * hd), gate_proj=rows(m.gate_proj, q0 * hd, q1 * hd),
+                k_proj=rows(m.k_proj, a0 * hd, a1 * hd), v_proj=rows(m.v_proj, a0 * hd, a1 * hd),
+                o_proj=columns(m.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj"), q_norm=m.q_norm, k_norm=m.k_norm)  # fmt: skip
+        mw = lw.moe
+        shared_rows = torch.cat([span(i0, i1), inter + span(i0, i1)])
+        moe = MoeWeights(router=mw.router, w_gate_up=experts(mw.w_gate_up, e0, e1), w_down=experts(mw.w_down, e0, e1),
+                         shared_gate_up=take(mw.shared_gate_up, shared_rows),
+                         shared_down=columns(mw.shared_down, i0, i1, f"layer {i} shared expert down"),
+                         shared_gate=mw.shared_gate)  # fmt: skip
+        layers.append(move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device))
+    embed = rows(weights.embed, v0, v1)
+    lm_head = embed if weights.lm_head is weights.embed else rows(weights.lm_head, v0, v1)
+    embed_d = embed.to(device)
+    return NextWeights(embed=embed_d, layers=layers, norm=weights.norm.to(device),
+                       lm_head=embed_d if lm_head is embed else move(lm_head, device))  # fmt: skip

@@ -1,6 +1,7 @@
 """One rank of the tensor-parallel test (tests/parallel/test_tensor_parallel.py), started by
-torchrun: for each (model, file) of argv[2:] (``model:quant``), the prompt's next-token logits and
-16 greedy tokens with tp = WORLD_SIZE; rank 0 saves them to argv[1]."""
+torchrun: for each (model, file, quantized path) of argv[2:] (``model:quant:path``), the prompt's
+next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE; rank 0 saves
+them to argv[1]."""
 
 import os
 import sys
@@ -13,8 +14,8 @@ from ftlab.models.tensor_parallel import close
 PROMPT = "The router sends every token to its experts"
 
 
-def run(model: str, quant: str, tp: int) -> dict:
-    pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference")
+def run(model: str, quant: str, path: str, tp: int) -> dict:
+    pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path)
     ids = pipe.tokenizer.encode(PROMPT)
     logits = pipe.prefill(ids)
     first, tokens = logits.clone(), []
