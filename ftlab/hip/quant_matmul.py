@@ -5,11 +5,13 @@ The int8 path only: x is quantized to Q8_1 by the Q4_0 family's kernel, then up 
 (decode) go to an int8-dot matvec (dp4a / sudot4 / sdot4) and more (prefill) to the dp4a-tiled
 GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
 
-- ``"tiled"`` (default for M >= 2, and for Q6_K at M = 1): lane groups take regions of 32 supers (super-blocks; four Q8_0 blocks),
+- ``"tiled"`` (default for M >= 2): lane groups take regions of 32 supers (super-blocks; four Q8_0 blocks),
   ``32 / G`` rows times ``G`` consecutive supers, loaded with 16-byte coalesced loads and
   transposed through LDS; each lane decodes one super and applies every unit to all M rows.
-- ``"lanes"`` (default at M = 1 for Q8_0, Q4_K, Q5_K): one 32-thread group per weight row, lane l reading its own 32-weight units
-  l, l + 32, ... (narrow loads, and the activations re-read for every row). Also taken where
+- ``"lanes"`` (default at M = 1): one 32-thread group per weight row, lane l reading its own 32-weight units
+  l, l + 32, ... At M = 1 (``quant_mv1_kernel``) the grid is persistent, each group walking rows,
+  and where K <= 2048 each lane's activation words stay in registers for all its rows; at M >= 2
+  (``quant_mv_kernel``) one group a row, the activations re-read for every row. Also taken where
   the tiled one cannot: w not starting and ending 16-byte aligned, Q8_0 with K % 128 != 0.
 """
 
@@ -27,10 +29,10 @@ from ftlab.quant import QuantWeight
 MATVEC_ROWS = 8
 #: matvec variant per weight type for M >= 2: "tiled" or "lanes"
 MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "tiled"}
-#: ... and for M = 1: on the H200 (benchmarks/NOTES.md) the lanes matvec was as fast or faster
-#: at M = 1 for Q8_0, Q4_K and Q5_K (lm_head and 4096 x 14336), the tiled one for Q6_K on lm_head
-#: and both 1.5-2.2x faster at M = 8
-MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "lanes", "Q5_K": "lanes", "Q6_K": "tiled"}
+#: ... and for M = 1: on the H200 (benchmarks/NOTES.md) the persistent lanes matvec is faster for
+#: every type (lm_head: 1.3-1.9x the tiled one; 4096 x 14336: 1.1-1.4x); the tiled one is 1.5-2.2x
+#: faster than lanes at M = 8
+MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "lanes", "Q5_K": "lanes", "Q6_K": "lanes"}
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
 #: rows share an activation block the more supers a region takes per row
 TILED_G = {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}

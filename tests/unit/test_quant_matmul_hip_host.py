@@ -45,7 +45,8 @@ def harness(tmp_path_factory):
 
 @pytest.mark.parametrize("qtype", list(CODE))
 @pytest.mark.parametrize(
-    "m, n, k", [(1, 9, 256), (3, 5, 2304), (8, 7, 512), (17, 70, 512), (70, 3, 2048)]
+    "m, n, k",
+    [(1, 9, 256), (1, 37, 2048), (1, 13, 2304), (3, 5, 2304), (8, 7, 512), (17, 70, 512), (70, 3, 2048)],
 )
 def test_hip_kernels_on_the_host(harness, qtype, m, n, k):
     w = random_quant_weight(m * n + k, qtype, n, k)

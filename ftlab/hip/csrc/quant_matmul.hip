@@ -24,6 +24,7 @@ namespace qmm {
 
 constexpr int kGroup = 32;        // threads per weight row
 constexpr int kRowsPerBlock = 4;  // rows per 128-thread block
+constexpr int kMv1BlocksPerSm = 16;  // quant_mv1_kernel's persistent grid: blocks an SM / CU
 
 __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ uint32_t load_w16(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
@@ -182,6 +183,69 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
   }
 }
 
+// The sum of a group's partial sums, in every lane.
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+  return v;
+}
+
+// quant_mv_kernel for one activation row, with a persistent grid: each group walks rows n, n +
+// rows_in_grid, ... When the row's units fit one step of the group (K <= 2048: the lm_head and
+// the attention projections of the Qwen MoE models) each lane's two units are the same for every
+// row, so their activation words stay in registers and the row loop loads weight bytes only.
+template <typename Q>
+__global__ void __launch_bounds__(kGroup * kRowsPerBlock)
+    quant_mv1_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
+                     const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
+                     int64_t n_rows, int64_t k) {
+  const int lane = threadIdx.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  const int64_t units = k / 32;
+  if (units <= 2 * kGroup) {
+    const int64_t u = lane, v = lane + kGroup;
+    const bool has_u = u < units, has_v = v < units;
+    int xu[8], xv[8];
+    const int* wu = reinterpret_cast<const int*>(q8 + u * 32);
+    const int* wv = reinterpret_cast<const int*>(q8 + v * 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      xu[i] = has_u ? wu[i] : 0;
+      xv[i] = has_v ? wv[i] : 0;
+    }
+    const float du = has_u ? d8[u] : 0.0f, su = has_u ? s8[u] : 0.0f;
+    const float dv = has_v ? d8[v] : 0.0f, sv = has_v ? s8[v] : 0.0f;
+    for (int64_t n = first; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
+      const uint8_t* row = w + n * row_bytes;
+      Q a, b;
+      float acc = 0.0f;
+      if (has_u) a.load(row + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+      if (has_v) b.load(row + (v / Q::kUnits) * Q::kBytes, static_cast<int>(v % Q::kUnits));
+      if (has_u) acc += a.term(xu, du, su);
+      if (has_v) acc += b.term(xv, dv, sv);
+      acc = group_sum(acc);
+      if (lane == 0) y[n] = acc;
+    }
+    return;
+  }
+  for (int64_t n = first; n < n_rows; n += stride) {
+    const uint8_t* row = w + n * row_bytes;
+    float acc = 0.0f;
+    for (int64_t u = lane; u < units; u += 2 * kGroup) {
+      const int64_t v = u + kGroup;
+      const bool has_v = v < units;
+      Q a, b;
+      a.load(row + (u / Q::kUnits) * Q::kBytes, static_cast<int>(u % Q::kUnits));
+      if (has_v) b.load(row + (v / Q::kUnits) * Q::kBytes, static_cast<int>(v % Q::kUnits));
+      acc += unit_term(a, q8, d8, s8, u);
+      if (has_v) acc += unit_term(b, q8, d8, s8, v);
+    }
+    acc = group_sum(acc);
+    if (lane == 0) y[n] = acc;
+  }
+}
+
 constexpr int kGemmThreads = 256;
 constexpr int kTileM = 64;
 constexpr int kTileN = 64;
@@ -269,6 +333,14 @@ FTLAB_QMM_ROWS(Q8_0)
 FTLAB_QMM_ROWS(QK4<false>)
 FTLAB_QMM_ROWS(QK4<true>)
 FTLAB_QMM_ROWS(Q6_K)
+template __global__ void quant_mv1_kernel<Q8_0>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
+                                                float*, int64_t, int64_t);
+template __global__ void quant_mv1_kernel<QK4<false>>(const uint8_t*, int64_t, const int8_t*, const float*,
+                                                      const float*, float*, int64_t, int64_t);
+template __global__ void quant_mv1_kernel<QK4<true>>(const uint8_t*, int64_t, const int8_t*, const float*,
+                                                     const float*, float*, int64_t, int64_t);
+template __global__ void quant_mv1_kernel<Q6_K>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
+                                                float*, int64_t, int64_t);
 template __global__ void quant_gemm_kernel<Q8_0>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
                                                  float*, int64_t, int64_t, int64_t);
 template __global__ void quant_gemm_kernel<QK4<false>>(const uint8_t*, int64_t, const int8_t*, const float*,

@@ -5,6 +5,8 @@
 //
 // ftlab.ops validates shapes, dtypes and devices before calling in here; the checks below
 // only keep a direct caller from reading or writing out of bounds (or misaligned).
+#include <algorithm>
+
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
@@ -71,6 +73,15 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
   TVM_FFI_CHECK(grid <= 0x7fffffff, ValueError) << "w has too many rows for one launch: " << n;
   const dim3 block(kGroup, kRowsPerBlock);
   port_stream_t st = stream_of(y);
+  if (m == 1) {  // persistent: as many blocks as are resident at once, each walking rows
+    int device = 0, sms = 1;
+    port_get_device(&device);
+    port_sm_count(&sms, device);
+    const int64_t blocks = std::min<int64_t>(grid, int64_t{sms} * kMv1BlocksPerSm);
+    quant_mv1_kernel<Q><<<static_cast<unsigned>(blocks), block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
+    check_launch("quant_mv1_kernel");
+    return;
+  }
   switch (m) {
 #define FTLAB_QMM_CASE(M)                                                                                  \
   case M:                                                                                                  \

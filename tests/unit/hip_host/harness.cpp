@@ -1,5 +1,6 @@
 // Runs quant_matmul.hip's and quant_matmul_tiled.hip's kernels on the CPU (see q4_0_common.h here), one std::thread per GPU
 // thread of a block.
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -25,11 +26,20 @@ void run_block(int threads, int width, int bx, int by, F kernel) {
   for (auto& th : pool) th.join();
 }
 
+// M = 1: quant_mv1_kernel's persistent grid, at most 3 blocks here, so that groups walk several rows.
 template <typename Q, int M>
 void mv(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t n,
         int64_t k) {
-  for (int bx = 0; bx < (n + kRowsPerBlock - 1) / kRowsPerBlock; ++bx)
-    run_block(kGroup * kRowsPerBlock, kGroup, bx, 0, [=] { quant_mv_kernel<Q, M>(w, rb, q8, d8, s8, y, n, k); });
+  const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int grid = static_cast<int>(M == 1 ? std::min<int64_t>(blocks, 3) : blocks);
+  gridDim = {grid, 1};
+  for (int bx = 0; bx < grid; ++bx)
+    run_block(kGroup * kRowsPerBlock, kGroup, bx, 0, [=] {
+      if (M == 1)
+        quant_mv1_kernel<Q>(w, rb, q8, d8, s8, y, n, k);
+      else
+        quant_mv_kernel<Q, M>(w, rb, q8, d8, s8, y, n, k);
+    });
 }
 
 template <typename Q>
