@@ -191,7 +191,7 @@ class Qwen3Moe:
         c = config
         world = tp.world if tp is not None else 1
         # this rank's heads (all of them without tp)
-        self.heads, self.kv_heads = c.num_attention_heads // world, c.num_key_value_heads // world
+        self.heads, self.kv_heads = c.num_attention_heads // world, max(1, c.num_key_value_heads // world)
         self.cache = KVCache(c.num_hidden_layers, self.kv_heads * c.head_dim, max_batch, max_seq_len,
                              static, weights.embed.device, weights.embed.dtype)  # fmt: skip
         self.k_cache, self.v_cache = self.cache.k, self.cache.v

@@ -160,7 +160,7 @@ class Qwen3Next:
             raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
         n = tp.world if tp is not None else 1
         # this rank's heads (all of them without tp): full attention, then linear attention
-        self.heads, self.kv_heads = c.num_attention_heads // n, c.num_key_value_heads // n
+        self.heads, self.kv_heads = c.num_attention_heads // n, max(1, c.num_key_value_heads // n)
         self.lin_k_heads, self.lin_v_heads = c.linear_num_key_heads // n, c.linear_num_value_heads // n
         if hybrid is not None and len(hybrid) != c.num_hidden_layers:
             raise ValueError(f"hybrid must hold one executor (or None) a layer: {c.num_hidden_layers}, got "

@@ -7,7 +7,9 @@ How a Qwen3-MoE layer is cut across ``N`` ranks (rank ``r``)::
     embedding  [V, H]          rows r V/N .. (r+1) V/N; ops.index with the row-range mask
                                (other ranks' tokens read zeros), then all-reduce (sum)
     q/k/v      [heads hd, H]   column-parallel: rank r holds heads r heads/N .. (its kv heads
-                               likewise), so q-k norm, RoPE, the KV cache and attention are local
+                               likewise, or, with fewer kv heads than ranks, the one its query
+                               heads read, replicated), so q-k norm, RoPE, the KV cache and
+                               attention are local
     o_proj     [H, heads hd]   row-parallel: the columns of its heads; partial sums all-reduced
     router     [E, H]          replicated (every rank routes every token the same way)
     experts    [E, 2I, H] ...  expert-parallel: rank r holds experts r E/N .. (r+1) E/N and
@@ -29,6 +31,7 @@ from the file, so each rank's host memory briefly holds the full model).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -64,6 +67,19 @@ class TensorParallel:
         parts = [torch.empty_like(x) for _ in range(self.world)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
+
+    def kv_heads(self, kv: int, heads: int) -> tuple[int, int]:
+        """``(start, stop)`` of this rank's key/value heads of ``kv`` for its share of ``heads``
+        query heads: an equal part when ``world`` divides ``kv``; when ``world`` is a multiple of
+        ``kv``, the one kv head that its query heads read (replicated on ``world / kv`` ranks).
+        ValueError otherwise."""
+        if kv % self.world == 0:
+            return self.shard(kv, "num_key_value_heads")
+        self.shard(heads, "num_attention_heads")
+        if self.world % kv:
+            raise ValueError(f"tp = {self.world} must divide num_key_value_heads ({kv}) or be a multiple of it")
+        j = self.rank // (self.world // kv)
+        return j, j + 1
 
     def shard(self, total: int, what: str) -> tuple[int, int]:
         """``(start, stop)`` of this rank's equal part of ``total`` (ValueError naming ``what``
@@ -147,16 +163,25 @@ def take(w, index: torch.Tensor):
     return w.index_select(-2, index.to(w.device)).contiguous()
 
 
-def columns(w, start: int, stop: int, what: str):
+class ShardDequantizedWarning(UserWarning):
+    """A packed weight whose rank share is not a whole number of blocks was made dense."""
+
+
+def columns(w, start: int, stop: int, what: str, dtype: torch.dtype = torch.float32):
     """Columns ``start .. stop`` of a ``[..., N, K]`` weight or bank, copied; a packed weight is
-    cut between its blocks (ValueError naming ``what`` when the cut falls inside one)."""
+    cut between its blocks, or, when the cut falls inside one (a K-quant's 256 columns over more
+    ranks than it has blocks), dequantized to ``dtype`` first, with a
+    :class:`ShardDequantizedWarning` naming ``what``."""
     if isinstance(w, QuantWeight):
         block = QTYPES[w.qtype].block
-        if start % block or stop % block:
-            raise ValueError(f"{what}: a {w.qtype} weight is cut between blocks of {block}; columns "
-                             f"{start}..{stop} are not (pick a tp that keeps each rank's share a multiple of {block})")  # fmt: skip
-        part = w.blocks[..., start // block : stop // block, :].reshape(*w.shape[:-1], -1).clone()
-        return quant_weight(part, (*w.shape[:-1], stop - start), w.qtype)
+        if start % block == 0 and stop % block == 0:
+            part = w.blocks[..., start // block : stop // block, :].reshape(*w.shape[:-1], -1).clone()
+            return quant_weight(part, (*w.shape[:-1], stop - start), w.qtype)
+        from ftlab import ops
+
+        warnings.warn(f"{what}: a {w.qtype} weight cut at columns {start}..{stop}, inside its blocks of {block}: "
+                      f"this rank keeps its share dense in {dtype}", ShardDequantizedWarning, stacklevel=2)  # fmt: skip
+        return ops.dequantize(w, torch.float32)[..., start:stop].to(dtype).contiguous()
     return w[..., start:stop].clone()
 
 
@@ -202,14 +227,15 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
     c = config
     hd = c.head_dim
     q0, q1 = tp.shard(c.num_attention_heads, "num_attention_heads")
-    k0, k1 = tp.shard(c.num_key_value_heads, "num_key_value_heads")
+    k0, k1 = tp.kv_heads(c.num_key_value_heads, c.num_attention_heads)
     e0, e1 = tp.shard(c.num_experts, "num_experts")
     v0, v1 = tp.shard(c.vocab_size, "vocab_size")
+    dt = weights.embed.dtype  # the model's dense dtype
     layers = []
     for i, lw in enumerate(weights.layers):
         layers.append(move(LayerWeights(
             q_proj=rows(lw.q_proj, q0 * hd, q1 * hd), k_proj=rows(lw.k_proj, k0 * hd, k1 * hd),
-            v_proj=rows(lw.v_proj, k0 * hd, k1 * hd), o_proj=columns(lw.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj"),
+            v_proj=rows(lw.v_proj, k0 * hd, k1 * hd), o_proj=columns(lw.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt),
             q_norm=lw.q_norm, k_norm=lw.k_norm, input_norm=lw.input_norm,
             post_attention_norm=lw.post_attention_norm, router=lw.router,
             w_gate_up=experts(lw.w_gate_up, e0, e1), w_down=experts(lw.w_down, e0, e1)), device))  # fmt: skip
@@ -244,6 +270,7 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     i0, i1 = tp.shard(c.shared_expert_intermediate_size, "shared_expert_intermediate_size")
     inter = c.shared_expert_intermediate_size
     span = lambda a, b: torch.arange(a, b)  # noqa: E731
+    dt = weights.embed.dtype  # the model's dense dtype
     layers = []
     for i, lw in enumerate(weights.layers):
         m = lw.mixer
@@ -256,19 +283,19 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
                 in_proj_qkv=take(m.in_proj_qkv, channels), in_proj_z=take(m.in_proj_z, span(h0 * dv, h1 * dv)),
                 in_proj_b=take(m.in_proj_b, span(h0, h1)), in_proj_a=take(m.in_proj_a, span(h0, h1)),
                 conv=m.conv[channels.to(m.conv.device)].clone(), dt_bias=m.dt_bias[h0:h1].clone(),
-                a_neg=m.a_neg[h0:h1].clone(), norm=m.norm, out_proj=columns(out, h0 * dv, h1 * dv, f"layer {i} out_proj"))  # fmt: skip
+                a_neg=m.a_neg[h0:h1].clone(), norm=m.norm, out_proj=columns(out, h0 * dv, h1 * dv, f"layer {i} out_proj", dt))  # fmt: skip
         else:
             q0, q1 = tp.shard(c.num_attention_heads, "num_attention_heads")
-            a0, a1 = tp.shard(c.num_key_value_heads, "num_key_value_heads")
+            a0, a1 = tp.kv_heads(c.num_key_value_heads, c.num_attention_heads)
             mixer = AttentionWeights(
                 q_proj=rows(m.q_proj, q0 * hd, q1 * hd), gate_proj=rows(m.gate_proj, q0 * hd, q1 * hd),
                 k_proj=rows(m.k_proj, a0 * hd, a1 * hd), v_proj=rows(m.v_proj, a0 * hd, a1 * hd),
-                o_proj=columns(m.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj"), q_norm=m.q_norm, k_norm=m.k_norm)  # fmt: skip
+                o_proj=columns(m.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt), q_norm=m.q_norm, k_norm=m.k_norm)  # fmt: skip
         mw = lw.moe
         shared_rows = torch.cat([span(i0, i1), inter + span(i0, i1)])
         moe = MoeWeights(router=mw.router, w_gate_up=experts(mw.w_gate_up, e0, e1), w_down=experts(mw.w_down, e0, e1),
                          shared_gate_up=take(mw.shared_gate_up, shared_rows),
-                         shared_down=columns(mw.shared_down, i0, i1, f"layer {i} shared expert down"),
+                         shared_down=columns(mw.shared_down, i0, i1, f"layer {i} shared expert down", dt),
                          shared_gate=mw.shared_gate)  # fmt: skip
         layers.append(move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device))
     embed = rows(weights.embed, v0, v1)

@@ -19,11 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = ["tiny-qwen3-moe:hf:auto", "tiny-qwen3-moe:f32:auto", "tiny-qwen3-moe:q4_0:dequant",
          "tiny-qwen3-moe-wide:hf:auto", "tiny-qwen35-moe:hf:auto", "tiny-qwen35-moe:q4_0:dequant",
          "tiny-qwen3-next:f32:auto", "tiny-qwen3-next:q4_0:dequant", "tiny-qwen35-moe:q4_0:auto"]
+# llama.cpp's quantizations of a 2-layer Qwen3-MoE (tests/data/llama_cpp): one kv head, so both
+# ranks hold it; the K-quant o_proj (256 columns) is cut inside its blocks, so ranks keep it dense
+LLAMA = Path(__file__).resolve().parents[1] / "data" / "llama_cpp"
+CASES += [f"{LLAMA / f'qwen3moe-{t}.gguf'}:hf:dequant" for t in ("q4_k_m", "q6_k", "q8_0")]
+CASES += [f"{LLAMA / 'qwen3moe-q8_0.gguf'}:hf:auto"]
 #: the int8 path quantizes activations to Q8_1 at decode: one-ulp differences of the ranks'
 #: summation order can move an int8 rounding (one quantization step, ~1% of a block's largest
 #: value) -- observed 0.05 on the logits after 16 steps of tiny-qwen35-moe -- so there only the
 #: prompt's logits (the dequant path) and the tokens are held to the single process's
-INT8 = {"tiny-qwen35-moe:q4_0:auto"}
+INT8 = {"tiny-qwen35-moe:q4_0:auto", f"{LLAMA / 'qwen3moe-q8_0.gguf'}:hf:auto"}
 
 
 def _free_port() -> int:
@@ -47,7 +52,7 @@ def two_ranks(tmp_path_factory):
     return torch.load(out)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES, ids=[c.replace(str(LLAMA) + "/", "") for c in CASES])
 def test_two_ranks_match_one_process(two_ranks, case):
     """The same model in one process (the worker's code, tp = 1): next-token logits after the
     prompt and after 16 decode steps within 1e-4 (but see INT8), the 16 greedy tokens identical."""
@@ -108,14 +113,17 @@ def test_world_size_must_equal_tp(tmp_path):
 
 
 def test_shards_refuse_what_tp_does_not_divide():
-    """tp = 3 of the tiny model (4 heads, 2 kv heads, 8 experts): the error names the count;
-    a Q4_0 weight cut inside a block of 32 names the weight."""
+    """tp = 3 of the tiny model (4 heads, 2 kv heads, 8 experts): the error names the count.
+    A Q4_0 weight is cut between its blocks of 32, or kept dense when the cut falls inside one
+    (the warning names the weight)."""
+    from ftlab.models.tensor_parallel import ShardDequantizedWarning
+
     pipe = Pipeline.load("tiny-qwen3-moe", "cpu", quant="q4_0")
     with pytest.raises(ValueError, match="num_attention_heads"):
         shard_qwen3_moe(pipe.config, pipe.weights, TensorParallel(0, 3), torch.device("cpu"))
     o_proj = pipe.weights.layers[0].o_proj
-    with pytest.raises(ValueError, match="o_proj.*blocks of 32"):
-        columns(o_proj, 0, 16, "layer 0 o_proj")
+    with pytest.warns(ShardDequantizedWarning, match="layer 0 o_proj.*blocks of 32"):
+        assert columns(o_proj, 0, 16, "layer 0 o_proj").shape == (o_proj.shape[0], 16)
     half = columns(o_proj, 32, 64, "layer 0 o_proj")
     assert torch.equal(half.data, o_proj.blocks[:, 1:2].reshape(o_proj.shape[0], -1))
 
@@ -137,3 +145,26 @@ def test_unpermute_columns_dense_and_packed():
     assert torch.equal(unpermute_columns(stored, perm, "w").data, q.data)
     with pytest.raises(ValueError, match="blocks of 32"):
         unpermute_columns(stored, torch.arange(128).roll(16), "w")
+
+
+def test_kv_heads_replicate_when_ranks_outnumber_them():
+    """Fewer kv heads than ranks: each rank holds the kv head its query heads read."""
+    assert [TensorParallel(r, 4).kv_heads(2, 8) for r in range(4)] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+    assert [TensorParallel(r, 2).kv_heads(4, 8) for r in range(2)] == [(0, 2), (2, 4)]
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        TensorParallel(0, 3).kv_heads(2, 6)
+
+
+def test_a_k_quant_cut_inside_its_blocks_is_kept_dense_with_a_warning():
+    from ftlab.models.tensor_parallel import ShardDequantizedWarning
+    from ftlab.quant import QuantWeight
+
+    pipe = Pipeline.load(str(LLAMA / "qwen3moe-q4_k_m.gguf"), "cpu")
+    with pytest.warns(ShardDequantizedWarning, match="layer 0 o_proj"):
+        shard = shard_qwen3_moe(pipe.config, pipe.weights, TensorParallel(1, 2), torch.device("cpu"))
+    o_proj = pipe.weights.layers[0].o_proj
+    assert isinstance(o_proj, QuantWeight) and not isinstance(shard.layers[0].o_proj, QuantWeight)
+    half = o_proj.shape[1] // 2
+    from ftlab import ops
+
+    assert torch.equal(shard.layers[0].o_proj, ops.dequantize(o_proj, torch.float32)[:, half:].to(shard.embed.dtype))
