@@ -106,6 +106,8 @@ def process_group(tp: int, device: torch.device) -> TensorParallel | None:
 
     if not dist.is_available():
         raise RuntimeError("tp > 1 needs torch.distributed, which this torch build lacks")
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # NCCL's communicator uses the current device
     if not dist.is_initialized():
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
@@ -116,9 +118,10 @@ def process_group(tp: int, device: torch.device) -> TensorParallel | None:
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != tp:
         raise ValueError(f"tp = {tp} must equal the process group's world size ({world})")
-    here = torch.tensor([0 if device.type == "cpu" else 1, device.index if device.index is not None else -1])
+    here = torch.tensor([0 if device.type == "cpu" else 1, device.index if device.index is not None else -1],
+                        device=_collective_device(device))  # fmt: skip
     seen = [torch.zeros_like(here) for _ in range(world)]
-    dist.all_gather(seen, here.to(_collective_device(device)))
+    dist.all_gather(seen, here)
     kinds = {int(s[0]) for s in seen}
     if len(kinds) > 1:
         raise ValueError("every rank must run on the same kind of device (all CPU or all GPU); got "
