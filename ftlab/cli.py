@@ -81,15 +81,33 @@ def cmd_run(args) -> int:
     """Generate with a model, printing tokens as they come and the tokens/s."""
     import torch
 
-    from ftlab.models.pipeline import Pipeline, format_compare, timed_generate
+    from ftlab.models.pipeline import Pipeline
 
     device = args.device
     if device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pipe = Pipeline.load(args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len,
                          hybrid_slots=args.hybrid_slots, graphs=args.graphs, tp=args.tp)  # fmt: skip
-    if pipe.tp is not None and pipe.tp.rank != 0:  # every rank computes; rank 0 prints
+    if pipe.tp is None:
+        return _run(pipe, args)
+    from ftlab.models.tensor_parallel import close
+
+    if pipe.tp.rank != 0:  # every rank computes; rank 0 prints
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
+    try:
+        code = _run(pipe, args)
+    except BaseException:
+        close(wait=False)
+        raise
+    pipe._graph = None  # a captured decode graph goes before the group it captured
+    close()
+    return code
+
+
+def _run(pipe, args) -> int:
+    """cmd_run's work once the pipeline is loaded."""
+    from ftlab.models.pipeline import format_compare, timed_generate
+
     if pipe.hybrid:
         ex = pipe.hybrid[0]
         print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device}, the rest on "
@@ -115,10 +133,6 @@ def cmd_run(args) -> int:
         print(f"[hybrid residency over all layers: {hits} hits, {misses} misses]")
     if args.compare:
         print(format_compare(pipe.compare(args.prompt, args.compare)))
-    if pipe.tp is not None:
-        from ftlab.models.tensor_parallel import close
-
-        close()
     return 0
 
 

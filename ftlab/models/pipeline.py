@@ -157,15 +157,8 @@ class Pipeline:
         check.graphs(graphs, dev)
         check.hybrid_slots(hybrid_slots)
         check.q4_0_path(q4_0_path)
-        group = None
-        if check.tp(tp) != 1:
-            from ftlab.models.tensor_parallel import process_group
-
-            if hybrid_slots is not None:
-                raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
-            if dev.type == "cuda" and dev.index is None:
-                dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            group = process_group(tp, dev)
+        if check.tp(tp) != 1 and hybrid_slots is not None:
+            raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
         name = str(path_or_tiny)
         tiny_model = name in tiny.TINY_MODELS
         if tiny_model:
@@ -176,6 +169,27 @@ class Pipeline:
         expected = f"a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory or a .gguf file"
         if not path.exists():
             raise FileNotFoundError(f"model must be {expected}; {str(path_or_tiny)!r} is none of these")
+        group = None
+        if tp != 1:  # the process group starts once everything else is checked
+            from ftlab.models.tensor_parallel import process_group
+
+            if dev.type == "cuda" and dev.index is None:
+                dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            group = process_group(tp, dev)
+        try:
+            return cls._load(path, dev, group, tiny_model, expected, path_or_tiny, name, backends=backends, dtype=dtype,
+                             max_seq_len=max_seq_len, graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path)  # fmt: skip
+        except BaseException:
+            if group is not None:  # no process group left behind by a failed load
+                from ftlab.models.tensor_parallel import close
+
+                close(wait=False)
+            raise
+
+    @classmethod
+    def _load(cls, path: Path, dev: torch.device, group, tiny_model: bool, expected: str, path_or_tiny, name: str, *,
+              backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str) -> Pipeline:  # fmt: skip
+        """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
         at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
         if path.is_dir():
             config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model)

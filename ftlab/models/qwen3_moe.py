@@ -190,6 +190,9 @@ class Qwen3Moe:
         self.q4_0_path = q4_0_path
         c = config
         world = tp.world if tp is not None else 1
+        if tp is not None:
+            tp.check_divides(num_attention_heads=c.num_attention_heads, num_experts=c.num_experts,
+                             vocab_size=c.vocab_size)  # fmt: skip
         # this rank's heads (all of them without tp)
         self.heads, self.kv_heads = c.num_attention_heads // world, max(1, c.num_key_value_heads // world)
         self.cache = KVCache(c.num_hidden_layers, self.kv_heads * c.head_dim, max_batch, max_seq_len,

@@ -159,6 +159,10 @@ class Qwen3Next:
         if tp is not None and hybrid is not None:
             raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
         n = tp.world if tp is not None else 1
+        if tp is not None:
+            tp.check_divides(num_attention_heads=c.num_attention_heads, linear_num_key_heads=c.linear_num_key_heads,
+                             linear_num_value_heads=c.linear_num_value_heads, num_experts=c.num_experts,
+                             vocab_size=c.vocab_size)  # fmt: skip
         # this rank's heads (all of them without tp): full attention, then linear attention
         self.heads, self.kv_heads = c.num_attention_heads // n, max(1, c.num_key_value_heads // n)
         self.lin_k_heads, self.lin_v_heads = c.linear_num_key_heads // n, c.linear_num_value_heads // n

@@ -31,6 +31,7 @@ from the file, so each rank's host memory briefly holds the full model).
 from __future__ import annotations
 
 import os
+import socket
 import warnings
 from dataclasses import dataclass, fields, replace
 
@@ -47,6 +48,11 @@ class TensorParallel:
     rank: int
     world: int
     group: object = None
+
+    def check_divides(self, **counts: int) -> None:
+        """ValueError naming the first count (a model's heads, say) that ``world`` does not divide."""
+        for name, total in counts.items():
+            self.shard(total, name)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of ``x`` over the ranks (in place; gloo reduces bf16 / fp16 through fp32)."""
@@ -115,31 +121,42 @@ def process_group(tp: int, device: torch.device) -> TensorParallel | None:
                                f"(--nproc-per-node {tp}), or call torch.distributed.init_process_group "
                                f"first (the environment lacks {', '.join(missing)})")  # fmt: skip
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://")
+        try:
+            return _checked(tp, device)
+        except BaseException:
+            dist.destroy_process_group()  # started here: not left running after a refusal
+            raise
+    return _checked(tp, device)
+
+
+def _checked(tp: int, device: torch.device) -> TensorParallel:
+    """This rank's TensorParallel once the group's size and the ranks' devices are checked."""
+    import torch.distributed as dist
+
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != tp:
         raise ValueError(f"tp = {tp} must equal the process group's world size ({world})")
-    here = torch.tensor([0 if device.type == "cpu" else 1, device.index if device.index is not None else -1],
-                        device=_collective_device(device))  # fmt: skip
-    seen = [torch.zeros_like(here) for _ in range(world)]
-    dist.all_gather(seen, here)
-    kinds = {int(s[0]) for s in seen}
+    seen: list = [None] * world  # (device kind, host, GPU index) of every rank
+    dist.all_gather_object(seen, (device.type, socket.gethostname(), device.index))
+    kinds = {s[0] for s in seen}
     if len(kinds) > 1:
-        raise ValueError("every rank must run on the same kind of device (all CPU or all GPU); got "
-                         f"{['cpu' if int(s[0]) == 0 else 'gpu' for s in seen]}")  # fmt: skip
-    gpus = [int(s[1]) for s in seen]
-    if kinds == {1} and len(set(gpus)) < world:
-        raise ValueError(f"two ranks share a GPU (devices {gpus}): give each rank its own, e.g. "
+        raise ValueError(f"every rank must run on the same kind of device (all CPU or all GPU); got {[s[0] for s in seen]}")
+    gpus = [(s[1], s[2]) for s in seen]
+    if kinds == {"cuda"} and len(set(gpus)) < world:
+        raise ValueError(f"two ranks share a GPU ((host, device) {gpus}): give each rank its own, e.g. "
                          "device=f'cuda:{LOCAL_RANK}'")  # fmt: skip
     return TensorParallel(rank, world)
 
 
-def close() -> None:
-    """Wait for every rank, then tear the default process group down (a process that exits with
-    a gloo group still up may abort in its teardown)."""
+def close(wait: bool = True) -> None:
+    """Tear the default process group down (a process that exits with a gloo group still up may
+    abort in its teardown), after every rank has arrived when ``wait`` (not on an error path,
+    where the other ranks may never arrive)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -196,7 +213,7 @@ def unpermute_columns(w, perm: torch.Tensor, what: str):
         return w[..., inverse.to(w.device)].contiguous()
     block = QTYPES[w.qtype].block
     groups = perm.cpu().view(-1, block)
-    if bool((groups % block != torch.arange(block)).any()) or bool((groups[:, 0] % block).any()):
+    if bool((groups != groups[:, :1] + torch.arange(block)).any()) or bool((groups[:, 0] % block).any()):
         raise ValueError(f"{what}: its column permutation moves parts of {w.qtype} blocks of {block}; tp > 1 "
                          "needs whole blocks")  # fmt: skip
     order = torch.argsort(groups[:, 0] // block)
@@ -296,10 +313,14 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
                 o_proj=columns(m.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt), q_norm=m.q_norm, k_norm=m.k_norm)  # fmt: skip
         mw = lw.moe
         shared_rows = torch.cat([span(i0, i1), inter + span(i0, i1)])
+        shared_down = columns(mw.shared_down, i0, i1, f"layer {i} shared expert down", dt)
+        shared_gate_up = take(mw.shared_gate_up, shared_rows)
+        if isinstance(shared_gate_up, QuantWeight) and not isinstance(shared_down, QuantWeight):
+            from ftlab import ops  # the expert op takes two packed banks or two dense ones
+
+            shared_gate_up = ops.dequantize(shared_gate_up, torch.float32).to(dt)
         moe = MoeWeights(router=mw.router, w_gate_up=experts(mw.w_gate_up, e0, e1), w_down=experts(mw.w_down, e0, e1),
-                         shared_gate_up=take(mw.shared_gate_up, shared_rows),
-                         shared_down=columns(mw.shared_down, i0, i1, f"layer {i} shared expert down", dt),
-                         shared_gate=mw.shared_gate)  # fmt: skip
+                         shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=mw.shared_gate)  # fmt: skip
         layers.append(move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device))
     embed = rows(weights.embed, v0, v1)
     lm_head = embed if weights.lm_head is weights.embed else rows(weights.lm_head, v0, v1)

@@ -143,8 +143,11 @@ def test_unpermute_columns_dense_and_packed():
     q = ops.quantize_q4_0(w, backend="reference")
     stored = type(q)(q.blocks[:, heads].reshape(8, -1).contiguous(), q.shape)
     assert torch.equal(unpermute_columns(stored, perm, "w").data, q.data)
-    with pytest.raises(ValueError, match="blocks of 32"):
-        unpermute_columns(stored, torch.arange(128).roll(16), "w")
+    swapped = torch.arange(128)
+    swapped[[1, 33]] = swapped[[33, 1]]
+    for bad in (torch.arange(128).roll(16), swapped):  # a block moved in halves; two columns swapped across blocks
+        with pytest.raises(ValueError, match="blocks of 32"):
+            unpermute_columns(stored, bad, "w")
 
 
 def test_kv_heads_replicate_when_ranks_outnumber_them():
