@@ -160,16 +160,9 @@ def close(wait: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def _collective_device(device: torch.device) -> torch.device:
-    """Where the backend's collectives take tensors: the GPU for nccl, the CPU for gloo."""
-    import torch.distributed as dist
-
-    return device if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def rows(w, start: int, stop: int):
-    """Rows ``start .. stop`` of a ``[N, K]`` weight (dense or packed), copied: the full
-    tensor is not kept alive by the slice."""
+    """Rows ``start .. stop`` of a ``[N, K]`` weight, or experts ``start .. stop`` of a bank
+    ``[E, ...]`` (dense or packed), copied: the full tensor is not kept alive by the slice."""
     if isinstance(w, QuantWeight):
         return quant_weight(w.data[start:stop].clone(), (stop - start, *w.shape[1:]), w.qtype)
     return w[start:stop].clone()
@@ -221,13 +214,6 @@ def unpermute_columns(w, perm: torch.Tensor, what: str):
     return quant_weight(data, w.shape, w.qtype)
 
 
-def experts(bank, start: int, stop: int):
-    """Experts ``start .. stop`` of a bank ``[E, ...]`` (dense or packed), copied."""
-    if isinstance(bank, QuantWeight):
-        return quant_weight(bank.data[start:stop].clone(), (stop - start, *bank.shape[1:]), bank.qtype)
-    return bank[start:stop].clone()
-
-
 def move(obj, device: torch.device):
     """A dataclass of weights (or a list of them) with every tensor and packed weight moved."""
     if isinstance(obj, list):
@@ -258,7 +244,7 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
             v_proj=rows(lw.v_proj, k0 * hd, k1 * hd), o_proj=columns(lw.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt),
             q_norm=lw.q_norm, k_norm=lw.k_norm, input_norm=lw.input_norm,
             post_attention_norm=lw.post_attention_norm, router=lw.router,
-            w_gate_up=experts(lw.w_gate_up, e0, e1), w_down=experts(lw.w_down, e0, e1)), device))  # fmt: skip
+            w_gate_up=rows(lw.w_gate_up, e0, e1), w_down=rows(lw.w_down, e0, e1)), device))  # fmt: skip
     embed = rows(weights.embed, v0, v1)
     lm_head = embed if weights.lm_head is weights.embed else rows(weights.lm_head, v0, v1)
     embed_d = embed.to(device)
@@ -319,7 +305,7 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
             from ftlab import ops  # the expert op takes two packed banks or two dense ones
 
             shared_gate_up = ops.dequantize(shared_gate_up, torch.float32).to(dt)
-        moe = MoeWeights(router=mw.router, w_gate_up=experts(mw.w_gate_up, e0, e1), w_down=experts(mw.w_down, e0, e1),
+        moe = MoeWeights(router=mw.router, w_gate_up=rows(mw.w_gate_up, e0, e1), w_down=rows(mw.w_down, e0, e1),
                          shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=mw.shared_gate)  # fmt: skip
         layers.append(move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device))
     embed = rows(weights.embed, v0, v1)
