@@ -21,6 +21,12 @@
 # (add --device cpu --prefill 32 for a smoke run without a GPU), or llama-bench alone:
 #   $LLAMA_BIN/llama-bench -m OUT_DIR/qwen3moe-30b-a3b-random-q4_k_m.gguf -ngl 99 -fa 1
 # Checked on a CPU with WRITER_ARGS="--layers 2 --experts 4" (475 MB Q4_K_M, 1 min).
+#
+# The fast alternative, without llama.cpp: the writer packs the Q4_K_M file directly, in
+# llama-quantize's Q4_K_M type mix (the same tensors' types and bytes per tensor, the same
+# Gaussian draws; simpler min/max scales than llama-quantize's search, so slightly larger
+# quantization error), with no Q8_0 file in between:
+#   python benchmarks/write_random_qwen3moe.py OUT_DIR/qwen3moe-30b-a3b-random-q4_k_m.gguf --type Q4_K_M
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-/tmp/kquant}

@@ -1,14 +1,17 @@
 """Write a Qwen3-30B-A3B-shaped model (``ftlab.bench.model.CONFIG``) with random weights as a
-Q8_0 (or BF16) GGUF file that llama.cpp and ftlab both load; ``llama-quantize`` turns it into
-the K-quant files people download (benchmarks/make_kquant_model.sh).
+GGUF file that llama.cpp and ftlab both load: Q8_0 (or BF16), from which ``llama-quantize`` makes
+the K-quant files people download (benchmarks/make_kquant_model.sh), or Q4_K_M directly.
 
 Weights are Gaussian, each row scaled to unit RMS of its dot with a unit-RMS input (norms are
 ones, the embedding RMS 4, as in ``ftlab bench model``), drawn layer by layer on ``--device``
-and quantized there by ``ops.quantize`` (byte-identical to gguf-py's Q8_0): host memory holds
-the packed model only (Q8_0: 32 GB; BF16: 61 GB). The tokenizer is llama.cpp's "none" type
+and quantized there: Q8_0 by ``ops.quantize`` (byte-identical to gguf-py's Q8_0); Q4_K_M by
+``ftlab.bench.kquant_pack`` (min/max scales, not llama.cpp's error search) in llama.cpp's
+Q4_K_M type mix for this architecture (:func:`q4_k_m_type`). Host memory holds the packed model
+only (Q8_0: 32 GB; BF16: 61 GB; Q4_K_M: 18.6 GB). The tokenizer is llama.cpp's "none" type
 with the vocab size: llama-bench and ftlab's ``load_gguf`` run it; text generation has no vocabulary.
 
-    python benchmarks/write_random_qwen3moe.py OUT.gguf [--type Q8_0|BF16] [--device cuda] [--layers N]
+    python benchmarks/write_random_qwen3moe.py OUT.gguf [--type Q8_0|BF16|Q4_K_M] [--device cuda]
+        [--layers N] [--experts N] [--vocab N]
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import gguf
 import torch
 from tqdm import tqdm
 
 from ftlab import ops
+from ftlab.bench.kquant_pack import PACKERS
 from ftlab.bench.model import CONFIG
 from ftlab.formats.gguf_write import write_tensors
 from ftlab.models.gguf_loader import GGUF_ARCH
@@ -32,10 +37,30 @@ KEYS = {"num_hidden_layers": "block_count", "hidden_size": "embedding_length", "
         "vocab_size": "vocab_size"}  # fmt: skip
 
 
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's ``use_more_bits`` (src/llama-quant.cpp): the layers whose attn_v and ffn_down
+    its Q4_K_M keeps in Q6_K -- the first and last eighth, and every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, n_layers: int) -> str:
+    """The GGUF type llama.cpp's Q4_K_M gives the 2-D / 3-D weight ``name`` of a ``qwen3moe`` model
+    of ``n_layers`` layers (``llama_tensor_get_type``): Q6_K for ``output.weight`` and for
+    ``attn_v`` and ``ffn_down_exps`` of the :func:`use_more_bits` layers, Q4_K otherwise
+    (``token_embd`` included). For 48 layers: 289 Q4_K, 49 Q6_K. (llama.cpp gives a model of
+    exactly 8 experts Q8_0 attn_k / attn_v and Q5_K attn_output; this mix is that of any other
+    expert count.)"""
+    if name == "output.weight":
+        return "Q6_K"
+    if name.startswith("blk.") and name.endswith((".attn_v.weight", ".ffn_down_exps.weight")):
+        return "Q6_K" if use_more_bits(int(name.split(".")[1]), n_layers) else "Q4_K"
+    return "Q4_K"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--type", default="Q8_0", choices=["Q8_0", "BF16"])
+    ap.add_argument("--type", default="Q8_0", choices=["Q8_0", "BF16", "Q4_K_M"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--layers",
@@ -46,43 +71,56 @@ def main() -> None:
     ap.add_argument(
         "--experts", type=int, default=CONFIG.num_experts, help="fewer experts for a quick check"
     )
+    ap.add_argument(
+        "--vocab",
+        type=int,
+        default=CONFIG.vocab_size,
+        help="a smaller vocabulary for a quick check",
+    )
     args = ap.parse_args()
-    c = dataclasses.replace(CONFIG, num_hidden_layers=args.layers, num_experts=args.experts,
+    c = dataclasses.replace(CONFIG, num_hidden_layers=args.layers, num_experts=args.experts, vocab_size=args.vocab,
                             num_experts_per_tok=min(CONFIG.num_experts_per_tok, args.experts))  # fmt: skip
     dev = torch.device(args.device)
     gen = torch.Generator(device=dev).manual_seed(0)
 
-    def matrix(*shape: int, rms: float | None = None):
+    def matrix(name: str, *shape: int, rms: float | None = None):
         w = torch.randn(*shape, device=dev, generator=gen, dtype=torch.float32)
         w *= shape[-1] ** -0.5 if rms is None else rms
-        return (
-            w.to(torch.bfloat16).cpu() if args.type == "BF16" else ops.quantize(w, "Q8_0").to("cpu")
-        )
+        if args.type == "BF16":
+            return w.to(torch.bfloat16).cpu()
+        if args.type == "Q4_K_M":
+            return PACKERS[q4_k_m_type(name, c.num_hidden_layers)](w).to("cpu")
+        return ops.quantize(w, "Q8_0").to("cpu")
 
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, dtype=torch.float32)
 
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
-    tensors = {"token_embd.weight": matrix(c.vocab_size, h, rms=4.0), "output_norm.weight": ones(h),
-               "output.weight": matrix(c.vocab_size, h)}  # fmt: skip
+    tensors = {"token_embd.weight": matrix("token_embd.weight", c.vocab_size, h, rms=4.0),
+               "output_norm.weight": ones(h), "output.weight": matrix("output.weight", c.vocab_size, h)}  # fmt: skip
     for i in tqdm(range(c.num_hidden_layers), desc=f"random {args.type} layers", unit="layer"):
         p = f"blk.{i}."
         tensors |= {
-            p + "attn_q.weight": matrix(c.num_attention_heads * hd, h),
-            p + "attn_k.weight": matrix(c.num_key_value_heads * hd, h),
-            p + "attn_v.weight": matrix(c.num_key_value_heads * hd, h),
-            p + "attn_output.weight": matrix(h, c.num_attention_heads * hd),
+            p + "attn_q.weight": matrix(p + "attn_q.weight", c.num_attention_heads * hd, h),
+            p + "attn_k.weight": matrix(p + "attn_k.weight", c.num_key_value_heads * hd, h),
+            p + "attn_v.weight": matrix(p + "attn_v.weight", c.num_key_value_heads * hd, h),
+            p + "attn_output.weight": matrix(p + "attn_output.weight", h, c.num_attention_heads * hd),
             p + "attn_q_norm.weight": ones(hd), p + "attn_k_norm.weight": ones(hd),
             p + "attn_norm.weight": ones(h), p + "ffn_norm.weight": ones(h),
             p + "ffn_gate_inp.weight": torch.randn(e, h, generator=gen, device=dev).cpu() * h**-0.5,
-            p + "ffn_gate_exps.weight": matrix(e, inter, h), p + "ffn_up_exps.weight": matrix(e, inter, h),
-            p + "ffn_down_exps.weight": matrix(e, h, inter),
+            p + "ffn_gate_exps.weight": matrix(p + "ffn_gate_exps.weight", e, inter, h),
+            p + "ffn_up_exps.weight": matrix(p + "ffn_up_exps.weight", e, inter, h),
+            p + "ffn_down_exps.weight": matrix(p + "ffn_down_exps.weight", e, h, inter),
         }  # fmt: skip
     meta = {f"{GGUF_ARCH}.{key}": getattr(c, field) for field, key in KEYS.items()}
     # llama.cpp takes a value head of embedding_length / head_count (64 here) unless told
     meta[f"{GGUF_ARCH}.attention.value_length"] = c.head_dim
     meta |= {"general.name": f"random Qwen3-30B-A3B-shaped ({c.num_hidden_layers} layers, {e} experts)",
              "tokenizer.ggml.model": "none"}  # fmt: skip
+    # the file's type, as llama-quantize writes it (llama-bench names the model's type from it)
+    if args.type == "Q4_K_M":
+        meta |= {"general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_K_M),
+                 "general.quantization_version": gguf.GGML_QUANT_VERSION}  # fmt: skip
     print(f"writing {args.out}")
     write_tensors(args.out, tensors, arch=GGUF_ARCH, metadata=meta)
 
