@@ -317,7 +317,7 @@ def triton_rows_here(targets: tuple[str, ...] = TARGETS) -> list[Row]:
             for spec in module.compile_specs(target):
                 row = Row("triton", spec.label, target, module=family(module_name.rsplit(".", 1)[-1]))
                 try:
-                    src = ASTSource(spec.kernel, spec.signature, constexprs=spec.constexprs)
+                    src = ASTSource(spec.kernel, spec.signature, constexprs=spec.constexprs, attrs=spec.attrs)
                     compiled = triton.compile(
                         src,
                         target=_gpu_target(target),

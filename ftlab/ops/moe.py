@@ -148,7 +148,10 @@ def moe_experts(
         requested = path
         impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
         if not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)):
-            if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
+            over = backends.kquant_prefill("moe_experts", impl, backend, requested, x.device, x.dtype, x.shape[0])
+            if over is not None:  # prefill: Triton's grouped dequant GEMM over hip's int8 matvecs
+                impl, path = over
+            elif backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
                 impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
                                                    requested)  # fmt: skip
             path = kquant_path(impl.backend, requested, path, f"{w_gate_up.qtype} / {w_down.qtype}")

@@ -50,6 +50,9 @@ def quant_matmul(
     impl, chosen = backends.resolve_path(
         "quant_matmul", backend, x.device, x.dtype, x.shape[0], path
     )
+    over = backends.kquant_prefill("quant_matmul", impl, backend, path, x.device, x.dtype, x.shape[0])
+    if over is not None:
+        impl, chosen = over
     if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:

@@ -8,6 +8,11 @@ pointer parameter (named ``*_ptr``) its element type from ``types``, any other p
 ``i32`` unless ``types`` says otherwise (``i64``, ``fp32``). A name in ``types`` or
 ``constexprs`` that the kernel does not have is an error, so a spec cannot drift from the
 kernel it checks.
+
+``multiple_of_16`` names the runtime parameters that every launch of the configuration gives as
+multiples of 16 (a pointer: 16-byte aligned; an integer: divisible by 16) -- what Triton's
+launcher specializes on (``tt.divisibility``), so the check compiles the variant that runs. The
+launching wrapper must make it true (e.g. copy a misaligned activation), not hope for it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class TritonSpec:
     constexprs: dict[str, object]
     num_warps: int = 4
     options: dict = field(default_factory=dict)  # further triton.compile options
+    attrs: dict = field(default_factory=dict)  # ASTSource attrs: {(parameter index,): [["tt.divisibility", 16]]}
 
 
 def _parameters(kernel) -> list[inspect.Parameter]:
@@ -38,7 +44,7 @@ def _is_constexpr(p: inspect.Parameter) -> bool:
 
 
 def spec(kernel, label: str, *, types: dict[str, str] | None = None, constexprs: dict[str, object] | None = None,
-         num_warps: int = 4, options: dict | None = None) -> TritonSpec:  # fmt: skip
+         num_warps: int = 4, options: dict | None = None, multiple_of_16: tuple[str, ...] = ()) -> TritonSpec:  # fmt: skip
     """A :class:`TritonSpec` of ``kernel`` named ``label`` (see the module docstring)."""
     types, constexprs = dict(types or {}), dict(constexprs or {})
     name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
@@ -65,4 +71,10 @@ def spec(kernel, label: str, *, types: dict[str, str] | None = None, constexprs:
             signature[p.name] = types[p.name]
         else:
             signature[p.name] = types.get(p.name, "i32")
-    return TritonSpec(label, kernel, signature, constexprs, num_warps, dict(options or {}))
+    names = [p.name for p in params]
+    attrs = {}
+    for m in multiple_of_16:
+        if m not in known or signature[m] == "constexpr":
+            raise ValueError(f"{name}: multiple_of_16 names {m!r}, which is not a runtime parameter")
+        attrs[(names.index(m),)] = [["tt.divisibility", 16]]
+    return TritonSpec(label, kernel, signature, constexprs, num_warps, dict(options or {}), attrs)

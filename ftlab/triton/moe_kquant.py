@@ -24,8 +24,8 @@ import triton.language as tl
 from ftlab.platform import current
 from ftlab.triton.moe_route import moe_align
 from ftlab.triton.q4_0 import quantize_q8_1
-from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale
-from ftlab.triton.quant_matmul import dequant_tile
+from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, rows_16
+from ftlab.triton.quant_matmul import dequant_pair, dequant_tile
 from ftlab.triton.quants import scale_min_k4
 
 #: the ``QT`` of each bank type in the kernels
@@ -161,7 +161,7 @@ def _kq_b_tile(w_ptr, row, n_ok, k0, K, QT: tl.constexpr, BLOCK_K: tl.constexpr,
 def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, expert_ids_ptr, npad_ptr, out_ptr,
                        out_stride, wts_ptr, P, TOP_K, N, K, GATED: tl.constexpr, QT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
-                       F32_PRECISION: tl.constexpr):  # fmt: skip
+                       F32_PRECISION: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
     """``moe_gemm_kernel`` (``ftlab/triton/moe_gemm.py``) on a bank of type ``QT``: ``GATED``
     out[pair, n] = silu(a[pair // k] . W[e][n]) * (a[pair // k] . W[e][N + n]); else
     out[pair, n] = w[pair] * (a[pair] . W[e][n]). Operands in DT, fp32 sums."""
@@ -177,15 +177,31 @@ def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, e
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     row = e.to(tl.int64) * E_BYTES + rn.to(tl.int64) * ROW_BYTES
-    c = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = tl.load(arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0).to(DT)
-        acc = tl.dot(a, _kq_b_tile(w_ptr, row, n_ok, k0, K, QT, BLOCK_K, DT), acc, input_precision=F32_PRECISION)
-        if GATED:
-            b_up = _kq_b_tile(w_ptr, row + N * ROW_BYTES, n_ok, k0, K, QT, BLOCK_K, DT)
-            acc_up = tl.dot(a, b_up, acc_up, input_precision=F32_PRECISION)
+    if PAIRS:  # 64 weights a step as two 32-column halves, each row's scales decoded once
+        c = tl.arange(0, 32)
+        for k0 in range(0, K, 64):
+            a_lo = tl.load(arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0)
+            a_hi = tl.load(arow_ptr + (k0 + 32 + c)[None, :], mask=r_ok[:, None] & (k0 + 32 + c < K)[None, :],
+                           other=0.0)  # fmt: skip
+            a_lo = a_lo.to(DT)
+            a_hi = a_hi.to(DT)
+            lo, hi = dequant_pair(w_ptr, row, k0, K, n_ok, QT)
+            acc = tl.dot(a_lo, tl.trans(lo.to(DT)), acc, input_precision=F32_PRECISION)
+            acc = tl.dot(a_hi, tl.trans(hi.to(DT)), acc, input_precision=F32_PRECISION)
+            if GATED:
+                lo, hi = dequant_pair(w_ptr, row + N * ROW_BYTES, k0, K, n_ok, QT)
+                acc_up = tl.dot(a_lo, tl.trans(lo.to(DT)), acc_up, input_precision=F32_PRECISION)
+                acc_up = tl.dot(a_hi, tl.trans(hi.to(DT)), acc_up, input_precision=F32_PRECISION)
+    else:
+        c = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            a = tl.load(arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0).to(DT)
+            acc = tl.dot(a, _kq_b_tile(w_ptr, row, n_ok, k0, K, QT, BLOCK_K, DT), acc, input_precision=F32_PRECISION)
+            if GATED:
+                b_up = _kq_b_tile(w_ptr, row + N * ROW_BYTES, n_ok, k0, K, QT, BLOCK_K, DT)
+                acc_up = tl.dot(a, b_up, acc_up, input_precision=F32_PRECISION)
     if GATED:
         res = acc / (1.0 + tl.exp(-acc)) * acc_up
     else:
@@ -195,37 +211,73 @@ def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, e
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-#: the dequant GEMM's tiles by operand dtype (untimed; moe_gemm's 64x64x64 at 8 warps, and
-#: 32x32x32 at 4 or 8, spilled on sm_90 or RDNA with the dequantized tiles, gate and up, in
-#: registers; 32x32x16 at 8 warps is clean on every target, fp32's 3xTF32 dots take 32x16x16)
+#: the dequant GEMM's tiles. "pairs" (Q8_0 / K-quant banks: 64 weights a step,
+#: :func:`~ftlab.triton.quant_matmul.dequant_pair`) by arch and kernel (gate_up holds two weight
+#: tiles, gate and up), else "default"; fp32 operands ("f32": 3xTF32 dots on NVIDIA) smaller.
+#: "generic" (a Q4_0 bank beside a K-quant one, and RDNA, where the pair tiles spill):
+#: :func:`_kq_b_tile` a weight at a time, 32x32x16 at 8 warps. sm_90's are the fastest of the
+#: sweeps in benchmarks/NOTES.md (Qwen3-30B-A3B layer, T = 512 and 2048), spill-free with the
+#: activations aligned as :func:`~ftlab.triton.q4_0_common.rows_16` makes them.
 KQ_GEMM_CONFIGS = {
-    "half": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
-    "f32": {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
+    "pairs": {
+        "sm_90": {
+            "gate_up": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+            "down": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        },
+        "default": {
+            "gate_up": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+            "down": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        },
+        "f32": {
+            "gate_up": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2},
+            "down": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},
+        },
+    },
+    "generic": {
+        "half": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
+        "f32": {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
+    },
 }
 
 
-def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
+def kq_gemm_config(dtype: torch.dtype, qtype: str, arch: str | None, gated: bool) -> dict:
+    """The launch parameters of ``moe_kq_gemm_kernel`` (the gate/up kernel if ``gated``, else the
+    down one) for operands of ``dtype`` on a bank of ``qtype`` on ``arch`` (None: the CPU
+    interpreter): BLOCK_M, BLOCK_N, BLOCK_K, PAIRS, num_warps, num_stages."""
+    f32 = dtype == torch.float32
+    if qtype == "Q4_0" or (arch or "").startswith(("gfx11", "gfx12")):
+        return {**KQ_GEMM_CONFIGS["generic"]["f32" if f32 else "half"], "PAIRS": False}
+    pairs = KQ_GEMM_CONFIGS["pairs"]
+    table = pairs["f32"] if f32 else pairs.get(arch or "default", pairs["default"])
+    return {**table["gate_up" if gated else "down"], "BLOCK_K": 64, "PAIRS": True}
+
+
+def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids, configs=None) -> torch.Tensor:
     """The dequant path: moe_align, the grouped GEMMs (gate/up + SwiGLU, weighted down) on tiles
-    dequantized in registers, then the sum over the k slots."""
+    dequantized in registers, then the sum over the k slots. ``configs``: (gate/up, down) launch
+    parameters instead of :func:`kq_gemm_config`'s (for sweeps; BLOCK_M the smaller of the two)."""
+    x = rows_16(x)
     t, hidden = x.shape
     top_k = ids.shape[1]
     num_experts, inter = w_gate_up.shape[0], w_down.shape[-1]
     pairs = t * top_k
-    cfg = dict(KQ_GEMM_CONFIGS["f32" if x.dtype == torch.float32 else "half"])
-    cfg["BLOCK_M"] = min(cfg["BLOCK_M"], max(16, triton.next_power_of_2(2 * max(1, pairs // num_experts))))
-    bm = cfg["BLOCK_M"]
-    sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
     # the CPU interpreter computes bf16 dots wrongly: fp32 operands there (exact casts)
     dt = torch.float32 if (interpreted() and x.dtype == torch.bfloat16) else x.dtype
+    arch = current(x.device).arch if x.device.type != "cpu" else None
+    if configs is None:
+        configs = [kq_gemm_config(dt, w_gate_up.qtype, arch, True), kq_gemm_config(dt, w_down.qtype, arch, False)]
+    bm = min(min(c["BLOCK_M"] for c in configs), max(16, triton.next_power_of_2(2 * max(1, pairs // num_experts))))
+    sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
     prec = "ieee" if interpreted() or current(x.device).kind != "cuda" else "tf32x3"
     h = torch.empty((pairs, inter), dtype=dt, device=x.device)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
-    common = dict(BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], DT=_TL_DTYPES[dt],
-                  F32_PRECISION=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
-    for a, w, dst, n, k, gated in ((x, w_gate_up, h, inter, hidden, True), (h, w_down, out, hidden, inter, False)):
+    for a, w, dst, n, k, gated, cfg in ((x, w_gate_up, h, inter, hidden, True, configs[0]),
+                                        (h, w_down, out, hidden, inter, False, configs[1])):  # fmt: skip
         moe_kq_gemm_kernel[(sorted_ids.numel() // bm, triton.cdiv(n, cfg["BLOCK_N"]))](
             a, a.stride(0), w.data, w.data.stride(0), w.data.stride(1), sorted_ids, expert_ids, npad, dst,
-            dst.stride(0), wts, pairs, top_k, n, k, GATED=gated, QT=QT_CODES[w.qtype], **common,
+            dst.stride(0), wts, pairs, top_k, n, k, GATED=gated, QT=QT_CODES[w.qtype], BLOCK_M=bm,
+            BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], DT=_TL_DTYPES[dt], F32_PRECISION=prec,
+            PAIRS=cfg["PAIRS"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )  # fmt: skip
     return out.view(t, top_k, hidden).sum(1).to(x.dtype)
 
@@ -267,10 +319,12 @@ def compile_specs(target: str) -> list:
         specs.append(spec(moe_down_kq_kernel, f"moe_down_kq_kernel[{qtype}, bf16 out]",
                           types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
                           constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
-    for dt, cfg in (("bf16", KQ_GEMM_CONFIGS["half"]), ("fp32", KQ_GEMM_CONFIGS["f32"])):
+    arch = target if target.startswith(("sm_", "gfx")) else None
+    for dt in ("bf16", "fp32"):
         prec = "tf32x3" if dt == "fp32" and target.startswith("sm_") else "ieee"
         for qtype in QT_CODES:
             for gated in (True, False):
+                cfg = kq_gemm_config(torch.bfloat16 if dt == "bf16" else torch.float32, qtype, arch, gated)
                 specs.append(spec(
                     moe_kq_gemm_kernel, f"moe_kq_gemm_kernel[{'gate_up' if gated else 'down'}, {qtype} bank, {dt}]",
                     types={"a_ptr": f"*{dt}", "w_ptr": "*u8", "E_BYTES": "i64", "ROW_BYTES": "i64",
@@ -278,6 +332,8 @@ def compile_specs(target: str) -> list:
                            "out_ptr": f"*{dt}" if gated else "*fp32", "wts_ptr": "*fp32"},
                     constexprs={"GATED": gated, "QT": QT_CODES[qtype], "BLOCK_M": cfg["BLOCK_M"],
                                 "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"],
-                                "DT": tl.bfloat16 if dt == "bf16" else tl.float32, "F32_PRECISION": prec},
-                    num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]}))  # fmt: skip
+                                "DT": tl.bfloat16 if dt == "bf16" else tl.float32, "F32_PRECISION": prec,
+                                "PAIRS": cfg["PAIRS"]},
+                    num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]},
+                    multiple_of_16=("a_ptr", "a_stride")))  # fmt: skip
     return specs

@@ -198,3 +198,13 @@ def load_blocks_h16(w16_ptr, row16, kb, mask):
     h7 = tl.load(hp + 7, mask=mask, other=0).to(tl.int32) & 0xFFFF
     h8 = tl.load(hp + 8, mask=mask, other=0).to(tl.int32) & 0xFFFF
     return h1 | (h2 << 16), h3 | (h4 << 16), h5 | (h6 << 16), h7 | (h8 << 16), d4
+
+
+def rows_16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [M, K] with unit column stride, its rows as the dequant GEMMs' compile-check rows
+    assume them (``multiple_of_16`` of their specs): a 16-byte-aligned start and a row stride that
+    is a multiple of 16 elements -- ``x`` itself when it has them, else a contiguous copy (K a
+    multiple of 16, as every quantized type's K is)."""
+    if x.data_ptr() % 16 == 0 and x.stride(0) % 16 == 0 and x.stride(1) == 1:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)

@@ -19,15 +19,21 @@ import triton.language as tl
 from ftlab.platform import current
 from ftlab.quant import Q8_1, QuantWeight
 from ftlab.triton.q4_0 import quantize_q8_1
-from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale
+from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, rows_16
 from ftlab.triton.quant_matmul_mv import MATVEC_ROWS, matvec_specs, quant_matvec
 from ftlab.triton.quants import scale_min_k4
 
 #: constexpr codes of the types in the GEMM kernel
 QTYPE_CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
-#: GEMM tiles by activation dtype (untimed starting points; BLOCK_K one Q8_0 pair / quarter K-block)
-GEMM_CONFIGS: dict[str, dict[str, int]] = {
-    "half": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
+#: GEMM tiles by activation dtype ("half": 16-bit, by arch, else "default"; "f32"). BLOCK_K 64
+#: takes 64 weights a step as two 32-column halves (:func:`dequant_pair`; where row scales are on);
+#: sm_90's from the sweeps at M = 512 in benchmarks/NOTES.md (spill-free with x aligned as
+#: :func:`~ftlab.triton.q4_0_common.rows_16` makes it), the others untimed
+GEMM_CONFIGS: dict[str, dict] = {
+    "half": {
+        "sm_90": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        "default": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
+    },
     "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2},
 }
 
@@ -114,6 +120,58 @@ def dequant_tile32(w_ptr, row, k0, n_ok, QTYPE: tl.constexpr):
 
 
 @triton.jit
+def dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE: tl.constexpr):
+    """:func:`dequant_tile` of the 64 weights ``k0 .. k0 + 64`` (k0 a multiple of 64) as two
+    ``[BN, 32]`` halves, columns k0.. and k0 + 32..: one Q8_0 block each, a Q4_K / Q5_K sub-block
+    pair (one load of the 32 ``qs`` bytes, low nibbles then high), two Q6_K quarters sharing their
+    ``qh`` bytes; each row's scales loaded and decoded once. The same values as
+    :func:`dequant_tile` (the high half of a Q8_0 row with K % 64 == 32 masked to 0)."""
+    li = tl.arange(0, 32)[None, :]
+    rmask = n_ok[:, None]
+    mask = rmask & (li < 32)
+    if QTYPE == 0:  # Q8_0: d * q, blocks k0 // 32 and k0 // 32 + 1
+        wb = w_ptr + row[:, None] + (k0 // 32) * 34
+        hmask = rmask & (tl.full([1, 1], k0 + 32, tl.int32) < K)
+        q_lo = tl.load(wb + 2 + li, mask=mask, other=0).to(tl.int8, bitcast=True)
+        q_hi = tl.load(wb + 36 + li, mask=hmask & (li < 32), other=0).to(tl.int8, bitcast=True)
+        lo = load_q4_0_scale(wb, rmask) * q_lo.to(tl.float32)
+        hi = load_q4_0_scale(wb + 34, hmask) * q_hi.to(tl.float32)
+        return lo, hi
+    elif QTYPE == 3:  # Q6_K: (d * scales[e // 16]) * q, quarters t0 and t0 + 1 of half h
+        e0 = k0 % 256
+        wb = w_ptr + row[:, None] + (k0 // 256) * 210
+        h = e0 // 128
+        nib = 4 * ((e0 % 128) // 64)  # quarters 0, 1: low nibbles; 2, 3: high
+        t0 = (e0 % 128) // 32
+        ql_lo = tl.load(wb + 64 * h + li, mask=mask, other=0).to(tl.int32)
+        ql_hi = tl.load(wb + 64 * h + 32 + li, mask=mask, other=0).to(tl.int32)
+        qh = tl.load(wb + 128 + 32 * h + li, mask=mask, other=0).to(tl.int32)
+        q_lo = (((ql_lo >> nib) & 0x0F) | (((qh >> (2 * t0)) & 3) << 4)) - 32
+        q_hi = (((ql_hi >> nib) & 0x0F) | (((qh >> (2 * t0 + 2)) & 3) << 4)) - 32
+        sc_lo = tl.load(wb + 192 + (e0 + li) // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        sc_hi = tl.load(wb + 194 + (e0 + li) // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        d = load_q4_0_scale(wb + 208, rmask)
+        return (d * sc_lo) * q_lo.to(tl.float32), (d * sc_hi) * q_hi.to(tl.float32)
+    else:  # Q4_K / Q5_K: (d * sc[j]) * q - (dmin * m[j]), sub-blocks j = 2p and 2p + 1
+        NBYTES: tl.constexpr = 176 if QTYPE == 2 else 144
+        QS: tl.constexpr = 48 if QTYPE == 2 else 16
+        wb = w_ptr + row[:, None] + (k0 // 256) * NBYTES
+        j = (k0 % 256) // 32
+        byte = tl.load(wb + QS + 16 * j + li, mask=mask, other=0).to(tl.int32)
+        q_lo = byte & 0x0F
+        q_hi = byte >> 4
+        if QTYPE == 2:
+            qh = tl.load(wb + 16 + li, mask=mask, other=0).to(tl.int32)
+            q_lo = q_lo | (((qh >> j) & 1) << 4)
+            q_hi = q_hi | (((qh >> (j + 1)) & 1) << 4)
+        d = load_q4_0_scale(wb, rmask)
+        dmin = load_q4_0_scale(wb + 2, rmask)
+        sc_lo, mn_lo = scale_min_k4(wb + 4, j, rmask)
+        sc_hi, mn_hi = scale_min_k4(wb + 4, j + 1, rmask)
+        return (d * sc_lo) * q_lo.to(tl.float32) - dmin * mn_lo, (d * sc_hi) * q_hi.to(tl.float32) - dmin * mn_hi
+
+
+@triton.jit
 def quant_dequant_gemm_kernel(
     x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride, M, N, K,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -130,26 +188,43 @@ def quant_dequant_gemm_kernel(
     row = rn.to(tl.int64) * row_bytes
     xrow = x_ptr + rm.to(tl.int64)[:, None] * x_stride
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kg = k0 + tl.arange(0, BLOCK_K)
-        k_ok = kg < K
-        xt = tl.load(xrow + kg[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if ROW_SCALES and BLOCK_K == 32:  # K is a multiple of 32 for every type
-            wt = dequant_tile32(w_ptr, row, k0, n_ok, QTYPE).to(x_ptr.dtype.element_ty)
-        else:
-            wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(x_ptr.dtype.element_ty)
-        if DOT_F32:
-            acc = tl.dot(
-                xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=F32_PRECISION
-            )
-        else:
-            acc = tl.dot(xt, tl.trans(wt), acc)
+    if ROW_SCALES and BLOCK_K == 64:  # two 32-column halves a step (dequant_pair)
+        c = tl.arange(0, 32)
+        for k0 in range(0, K, 64):
+            x_lo = tl.load(xrow + (k0 + c)[None, :], mask=m_ok[:, None] & (k0 + c < K)[None, :], other=0.0)
+            x_hi = tl.load(xrow + (k0 + 32 + c)[None, :], mask=m_ok[:, None] & (k0 + 32 + c < K)[None, :], other=0.0)
+            lo, hi = dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE)
+            if DOT_F32:
+                acc = tl.dot(x_lo.to(tl.float32), tl.trans(lo), acc, input_precision=F32_PRECISION)
+                acc = tl.dot(x_hi.to(tl.float32), tl.trans(hi), acc, input_precision=F32_PRECISION)
+            else:
+                acc = tl.dot(x_lo, tl.trans(lo.to(x_ptr.dtype.element_ty)), acc)
+                acc = tl.dot(x_hi, tl.trans(hi.to(x_ptr.dtype.element_ty)), acc)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            kg = k0 + tl.arange(0, BLOCK_K)
+            k_ok = kg < K
+            xt = tl.load(xrow + kg[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if ROW_SCALES and BLOCK_K == 32:  # K is a multiple of 32 for every type
+                wt = dequant_tile32(w_ptr, row, k0, n_ok, QTYPE).to(x_ptr.dtype.element_ty)
+            else:
+                wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(x_ptr.dtype.element_ty)
+            if DOT_F32:
+                acc = tl.dot(
+                    xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=F32_PRECISION
+                )
+            else:
+                acc = tl.dot(xt, tl.trans(wt), acc)
     out = y_ptr + rm.to(tl.int64)[:, None] * y_stride + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _gemm_config(dtype: torch.dtype) -> dict[str, int]:
-    return GEMM_CONFIGS["f32" if dtype == torch.float32 else "half"]
+def _gemm_config(dtype: torch.dtype, arch: str | None) -> dict[str, int]:
+    """The GEMM's launch parameters for x of ``dtype`` on ``arch`` (None: the CPU interpreter)."""
+    if dtype == torch.float32:
+        return GEMM_CONFIGS["f32"]
+    half = GEMM_CONFIGS["half"]
+    return half.get(arch or "default", half["default"])
 
 
 def row_scales(arch: str) -> bool:
@@ -158,11 +233,15 @@ def row_scales(arch: str) -> bool:
     return not arch.startswith(("gfx11", "gfx12"))
 
 
-def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = None) -> torch.Tensor:
+    """y = x @ dequantize(w).T by ``quant_dequant_gemm_kernel``; ``config``: launch parameters
+    instead of the table's (for sweeps)."""
+    x = rows_16(x)
     m, k = x.shape
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    cfg = _gemm_config(x.dtype)
+    arch = current(x.device).arch if x.device.type != "cpu" else None
+    cfg = config or _gemm_config(x.dtype, arch)
     f32 = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreted())
     precision = (
         "tf32x3"
@@ -174,7 +253,7 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
         x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k,
         QTYPE=QTYPE_CODE[w.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         DOT_F32=f32, F32_PRECISION=precision if x.dtype == torch.float32 else "ieee",
-        ROW_SCALES=row_scales(current(x.device).arch if x.device.type != "cpu" else "cpu"),
+        ROW_SCALES=row_scales(arch or "cpu"),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return y
@@ -198,7 +277,8 @@ def compile_specs(target: str) -> list:
     specs = matvec_specs(target)
     for qtype, code in QTYPE_CODE.items():
         for dt in ("fp32", "fp16", "bf16"):
-            cfg = _gemm_config(torch.float32 if dt == "fp32" else torch.float16)
+            cfg = _gemm_config(torch.float32 if dt == "fp32" else torch.float16,
+                               target if target.startswith(("sm_", "gfx")) else None)
             label = f"quant_dequant_gemm_kernel[{qtype}, {dt}, {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}]"
             specs.append(spec(quant_dequant_gemm_kernel, label,
                               types={"x_ptr": f"*{dt}", "w_ptr": "*u8", "y_ptr": f"*{dt}"},
@@ -206,5 +286,6 @@ def compile_specs(target: str) -> list:
                                           "BLOCK_K": cfg["BLOCK_K"], "DOT_F32": dt == "fp32",
                                           "F32_PRECISION": precision if dt == "fp32" else "ieee",
                                           "ROW_SCALES": row_scales(target)},
-                              num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]}))  # fmt: skip
+                              num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]},
+                              multiple_of_16=("x_ptr", "x_stride")))  # fmt: skip
     return specs

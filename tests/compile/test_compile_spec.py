@@ -36,3 +36,18 @@ def test_signature_in_kernel_order_with_defaults():
 def test_drift_is_refused(types, constexprs, match):
     with pytest.raises(ValueError, match=match):
         spec(_kernel, "k", types=types, constexprs=constexprs)
+
+
+def test_multiple_of_16_marks_parameters_by_index():
+    """The runtime's divisibility specialization, named per parameter, lands at its index."""
+    s = spec(_kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp16", "scale": "fp32"}, constexprs={"BLOCK": 64},
+             multiple_of_16=("x_ptr", "n"))  # fmt: skip
+    assert s.attrs == {(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}
+    assert spec(_kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp16"}, constexprs={"BLOCK": 64}).attrs == {}
+
+
+@pytest.mark.parametrize("name", ["BLOCK", "y_ptr"])
+def test_multiple_of_16_refuses_what_is_not_a_runtime_parameter(name):
+    with pytest.raises(ValueError, match=f"multiple_of_16 names '{name}'"):
+        spec(_kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp32"}, constexprs={"BLOCK": 64},
+             multiple_of_16=(name,))  # fmt: skip

@@ -348,6 +348,22 @@ def test_kquant_experts_triton_each_type_cpu(gate, down):
         ft.check_experts_case(x, gu, dn, weights, ids, path, device="cpu", backends=["triton"])
 
 
+@pytest.mark.parametrize("gate, down, h, dtype", [("Q4_K", "Q6_K", 256, torch.float16), ("Q5_K", "Q4_K", 256, torch.float32),
+                                                   ("Q6_K", "Q5_K", 256, torch.float32), ("Q8_0", "Q8_0", 96, torch.float16)])  # fmt: skip
+def test_kquant_gemm_tiles_cpu(gate, down, h, dtype):
+    """The dequant GEMM's 64-weight steps (two 32-column halves a step) over several row blocks,
+    column blocks and experts: every K-quant half (Q4_K / Q5_K low and high nibbles, Q6_K's four
+    quarters, Q8_0 with K % 64 == 32 ending in a half step), 16-bit and fp32 operands."""
+    gen = torch.Generator().manual_seed(len(gate) + h)
+    t, e, k, inter = 40, 3, 2, 256
+    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
+    ids[5, 1] = -1
+    x = torch.randn(t, h, generator=gen).to(dtype)
+    gu = ft.random_quant_bank(3, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
+    dn = ft.random_quant_bank(4, down, e, h, inter, magnitude=4 * inter**-0.5)
+    ft.check_experts_case(x, gu, dn, weights, ids, "dequant", device="cpu", backends=["triton"])
+
+
 @settings(max_examples=4, deadline=None)
 @given(kquant_expert_cases(tokens=(1, 3)))
 def test_kquant_reference_paths(case):

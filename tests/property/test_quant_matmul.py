@@ -180,3 +180,23 @@ def test_graph_replay_gpu(qtype, backend, path, m):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, ops.quant_matmul(x, w, path=path, backend=backend))
+
+
+def test_dequant_gemm_rows_misaligned_or_strided_cpu():
+    """x as a view with a row stride that is not a multiple of 16 and a start that is not
+    16-byte aligned: the GEMM copies it (rows_16) and gives the contiguous input's result; an
+    aligned contiguous x is used as it is."""
+    from ftlab.triton.q4_0_common import rows_16
+
+    w = ft.random_quant_bank(11, "Q4_K", 1, 40, 256)
+    w = QuantWeight(w.data[0], (40, 256), "Q4_K")
+    big = torch.randn(5, 256 + 3, generator=torch.Generator().manual_seed(2)).to(torch.float16)
+    x = big[:, 1:257]
+    assert x.data_ptr() % 16 != 0 and x.stride(0) % 16 != 0
+    want = ops.quant_matmul(x.contiguous(), w, path="dequant", backend="triton")
+    got = ops.quant_matmul(x, w, path="dequant", backend="triton")
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    y = rows_16(x)
+    assert y.data_ptr() % 16 == 0 and y.stride(0) % 16 == 0 and torch.equal(y, x)
+    c = x.contiguous()
+    assert rows_16(c) is c

@@ -229,3 +229,36 @@ def test_the_decode_boundary_fits_the_matvec_kernels():
     from ftlab.triton.q4_0_matvec import MATVEC_ROWS as TRITON_ROWS
 
     assert backends.DECODE_MAX_TOKENS <= min(HIP_ROWS, TRITON_ROWS)
+
+
+@pytest.fixture
+def fake_paths_op():
+    """An op 'fakeq' with Q4_0-style paths: triton int8 + dequant, hip int8 only."""
+    state = {"triton": None}
+    backends.define_op("fakeq", "fakeq", "a fake op with paths", backends.Q4_0_PATHS)
+    backends.register("fakeq", "triton", fake("triton"), paths=backends.Q4_0_PATHS, prefill_path="dequant",
+                      available=lambda p, d: state["triton"])  # fmt: skip
+    backends.register("fakeq", "hip", fake("hip"), paths=("int8",), prefill_path="int8")
+    yield state
+    del backends.SPECS["fakeq"]
+
+
+def test_kquant_prefill_takes_triton_over_hip_only_for_auto_prefill(fake_paths_op):
+    """backend and path "auto" above DECODE_MAX_TOKENS rows: hip's int8 prefill is passed over
+    for Triton's dequant GEMM; decode rows, an explicit backend or path, a non-hip impl, or a
+    Triton that cannot serve (next test) keep the resolved implementation."""
+    hip = backends.spec("fakeq").impls["hip"]
+    tri = backends.spec("fakeq").impls["triton"]
+    big, small = backends.DECODE_MAX_TOKENS + 1, backends.DECODE_MAX_TOKENS
+    impl, path = backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, big)
+    assert (impl.backend, path) == ("triton", "dequant")
+    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, small) is None
+    assert backends.kquant_prefill("fakeq", hip, "hip", "auto", CPU, torch.float16, big) is None
+    assert backends.kquant_prefill("fakeq", hip, "auto", "int8", CPU, torch.float16, big) is None
+    assert backends.kquant_prefill("fakeq", tri, "auto", "auto", CPU, torch.float16, big) is None
+
+
+def test_kquant_prefill_keeps_hip_when_triton_cannot_serve(fake_paths_op):
+    fake_paths_op["triton"] = "no triton here"
+    hip = backends.spec("fakeq").impls["hip"]
+    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, backends.DECODE_MAX_TOKENS + 1) is None
