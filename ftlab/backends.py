@@ -358,21 +358,25 @@ def cpu_unavailable(plat: ftplatform.Platform, device_type: str) -> str | None:
 # ------------------------------------------------------------------ the built-in ops
 
 #: backends whose int8 prefill ``backend="auto"`` passes over for Triton's dequant GEMM on Q8_0 /
-#: K-quant weights (``quant_matmul``, ``moe_experts``), where Triton serves the call: on the H200
-#: HIP's dp4a tiles took 1312 us at M = 512 on 4096 x 14336 Q4_K and 8.5 ms for a Qwen3-30B-A3B
-#: layer's experts at T = 512, Triton's dequant-in-registers GEMMs 386 us and 1.4 ms
-#: (benchmarks/NOTES.md)
-KQUANT_PREFILL_OVER = ("hip",)
+#: K-quant weights (``quant_matmul``, ``moe_experts`` with no Q4_0 bank), on the platform kinds
+#: where that was measured, where Triton serves the call: on the H200 HIP's dp4a tiles took 1312
+#: us at M = 512 on a 14336 x 4096 Q4_K weight and 8.5 ms for a Qwen3-30B-A3B layer's experts at
+#: T = 512, Triton's GEMMs (64-weight steps) 386 us and 1.4 ms (benchmarks/NOTES.md). ROCm keeps
+#: hip: unmeasured there, and RDNA's Triton takes the slower weight-at-a-time tiles.
+KQUANT_PREFILL_OVER = {"hip": ("cuda",)}
 
 
 def kquant_prefill(op: str, impl: Impl, backend: str, requested: str, device: torch.device,
-                   dtype: torch.dtype, rows: int) -> tuple[Impl, str] | None:  # fmt: skip
+                   dtype: torch.dtype, rows: int, plat: ftplatform.Platform | None = None,
+                   ) -> tuple[Impl, str] | None:  # fmt: skip
     """Triton's (implementation, path) for a prefill call of ``op`` on Q8_0 / K-quant weights
     that ``backend="auto"`` resolved to ``impl`` (see :data:`KQUANT_PREFILL_OVER`), or None to
-    keep ``impl``: only for backend and path "auto", above :data:`DECODE_MAX_TOKENS` rows."""
+    keep ``impl``: only for backend and path "auto", above :data:`DECODE_MAX_TOKENS` rows, on
+    ``plat`` (default: ``device``'s) of a kind listed for ``impl``'s backend."""
     if backend != "auto" or requested != "auto" or rows <= DECODE_MAX_TOKENS:
         return None
-    if impl.backend not in KQUANT_PREFILL_OVER:
+    kinds = KQUANT_PREFILL_OVER.get(impl.backend, ())
+    if (plat or ftplatform.current(device)).kind not in kinds:
         return None
     try:
         return resolve_path(op, "triton", device, dtype, rows, "dequant")

@@ -9,10 +9,13 @@ pointer parameter (named ``*_ptr``) its element type from ``types``, any other p
 ``constexprs`` that the kernel does not have is an error, so a spec cannot drift from the
 kernel it checks.
 
-``multiple_of_16`` names the runtime parameters that every launch of the configuration gives as
-multiples of 16 (a pointer: 16-byte aligned; an integer: divisible by 16) -- what Triton's
-launcher specializes on (``tt.divisibility``), so the check compiles the variant that runs. The
-launching wrapper must make it true (e.g. copy a misaligned activation), not hope for it.
+``multiple_of_16`` names runtime parameters that every launch of the configuration gives as
+multiples of 16 (a pointer: 16-byte aligned; an integer: divisible by 16), for Triton's launcher
+specializes on them (``tt.divisibility``) and the code it compiles can differ a lot (the dequant
+GEMMs: vector activation loads, half the registers). The launching wrapper must make it true
+(e.g. copy a misaligned activation), not hope for it. The launcher specializes other parameters
+too where their values allow (other pointers, sizes); the check leaves those generic, so a row
+can only be as good as or worse than the variant that runs, never better.
 """
 
 from __future__ import annotations

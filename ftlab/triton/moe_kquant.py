@@ -11,8 +11,10 @@ is a sum of int32 products, scaled in fp32 as the reference scales it. Slots wit
 load nothing (masked loads); no host synchronization, so a launch can be captured.
 
 The dequant path (prefill): ``moe_kq_gemm_kernel``, the grouped GEMM of ``moe_gemm.py`` over
-``moe_align``'s rows with each weight tile dequantized in registers (``dequant_tile`` of
-``ftlab/triton/quant_matmul.py``; Q4_0 as ``d * (q - 8)``) and rounded to x's dtype for tl.dot.
+``moe_align``'s rows with each weight tile dequantized in registers and rounded to x's dtype for
+tl.dot: on Q8_0 / K-quant banks 64 weights a step as two 32-column halves (``PAIRS``:
+``dequant_pair`` of ``ftlab/triton/quant_matmul.py``), else (a Q4_0 bank, and RDNA) a weight at
+a time (``dequant_tile``; Q4_0 as ``d * (q - 8)``). x goes through ``rows_16`` first.
 """
 
 from __future__ import annotations
@@ -266,6 +268,9 @@ def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids, configs=None) -> torch.T
     arch = current(x.device).arch if x.device.type != "cpu" else None
     if configs is None:
         configs = [kq_gemm_config(dt, w_gate_up.qtype, arch, True), kq_gemm_config(dt, w_down.qtype, arch, False)]
+    for cfg, w in zip(configs, (w_gate_up, w_down), strict=True):
+        if cfg["PAIRS"] and w.qtype == "Q4_0":
+            raise ValueError("configs: PAIRS takes Q8_0 / K-quant banks, not Q4_0 (dequant_pair has no Q4_0 branch)")
     bm = min(min(c["BLOCK_M"] for c in configs), max(16, triton.next_power_of_2(2 * max(1, pairs // num_experts))))
     sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
     prec = "ieee" if interpreted() or current(x.device).kind != "cuda" else "tf32x3"

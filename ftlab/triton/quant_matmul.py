@@ -5,9 +5,11 @@ ftlab/reference/quant_matmul.py).
   ``ftlab/triton/quant_matmul_mv.py``, ``MATVEC_ROWS`` rows a pass.
 - path "dequant": ``quant_dequant_gemm_kernel``, a ``[BLOCK_M, BLOCK_N]`` output tile per
   program: each ``BLOCK_K`` step dequantizes the ``[BLOCK_N, BLOCK_K]`` weight tile in registers
-  (:func:`dequant_tile`, each value computed as ``ops.dequantize`` computes it, then rounded to
-  x's dtype) and ``tl.dot``s it with the activation tile, accumulating in fp32 (fp32 x: tf32x3
-  on NVIDIA, IEEE elsewhere).
+  (each value computed as ``ops.dequantize`` computes it, then rounded to x's dtype) and
+  ``tl.dot``s it with the activation tile, accumulating in fp32 (fp32 x: tf32x3 on NVIDIA, IEEE
+  elsewhere). BLOCK_K 64 with row scales (the sm_90 table): :func:`dequant_pair`, 64 weights a
+  step as two 32-column halves, each row's scales decoded once; else :func:`dequant_tile32` /
+  :func:`dequant_tile`. x goes through :func:`~ftlab.triton.q4_0_common.rows_16` first.
 """
 
 from __future__ import annotations
@@ -194,7 +196,9 @@ def quant_dequant_gemm_kernel(
             x_lo = tl.load(xrow + (k0 + c)[None, :], mask=m_ok[:, None] & (k0 + c < K)[None, :], other=0.0)
             x_hi = tl.load(xrow + (k0 + 32 + c)[None, :], mask=m_ok[:, None] & (k0 + 32 + c < K)[None, :], other=0.0)
             lo, hi = dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE)
-            if DOT_F32:
+            if DOT_F32:  # the weights rounded to x's dtype first, as the 32-column steps round them
+                lo = lo.to(x_ptr.dtype.element_ty).to(tl.float32)
+                hi = hi.to(x_ptr.dtype.element_ty).to(tl.float32)
                 acc = tl.dot(x_lo.to(tl.float32), tl.trans(lo), acc, input_precision=F32_PRECISION)
                 acc = tl.dot(x_hi.to(tl.float32), tl.trans(hi), acc, input_precision=F32_PRECISION)
             else:

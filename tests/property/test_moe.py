@@ -361,7 +361,36 @@ def test_kquant_gemm_tiles_cpu(gate, down, h, dtype):
     x = torch.randn(t, h, generator=gen).to(dtype)
     gu = ft.random_quant_bank(3, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
     dn = ft.random_quant_bank(4, down, e, h, inter, magnitude=4 * inter**-0.5)
+    import ftlab.triton.moe_kquant as mk
+
+    dt = torch.float32 if dtype == torch.bfloat16 else dtype  # the interpreter's operands
+    assert all(mk.kq_gemm_config(dt, q, None, g)["PAIRS"] for q, g in ((gate, True), (down, False)))
     ft.check_experts_case(x, gu, dn, weights, ids, "dequant", device="cpu", backends=["triton"])
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_kquant_gemm_configs_cpu(pairs):
+    """experts_kquant_gemm with explicit tiles: 64-weight steps at BLOCK_N 64 over N = 96 (a
+    partial column block in the down GEMM), and the weight-at-a-time tiles (RDNA's) on the same
+    K-quant banks, both within the bound of the reference; PAIRS on a Q4_0 bank is refused."""
+    import ftlab.triton.moe_kquant as mk
+
+    gen = torch.Generator().manual_seed(17)
+    t, e, k, h, inter = 12, 3, 2, 96, 256
+    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
+    x = torch.randn(t, h, generator=gen).to(torch.float16)
+    gu = ft.random_quant_bank(5, "Q8_0", e, 2 * inter, h, magnitude=4 * h**-0.5)
+    dn = ft.random_quant_bank(6, "Q6_K", e, h, inter, magnitude=4 * inter**-0.5)
+    cfg = ({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PAIRS": True} if pairs
+           else {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "PAIRS": False})  # fmt: skip
+    got = mk.experts_kquant_gemm(x, gu, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
+    want = ops.moe_experts(x.float(), gu, dn, weights, ids, path="dequant", backend="reference")
+    bound = ft.experts_tolerance(x, gu, dn, weights, ids, "dequant", want)
+    assert bool(((got.float() - want).abs() <= bound).all())
+    if pairs:
+        q4 = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * 0.1)
+        with pytest.raises(ValueError, match="PAIRS takes Q8_0 / K-quant banks, not Q4_0"):
+            mk.experts_kquant_gemm(x, q4, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
 
 
 @settings(max_examples=4, deadline=None)

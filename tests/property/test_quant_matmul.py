@@ -182,21 +182,55 @@ def test_graph_replay_gpu(qtype, backend, path, m):
         assert torch.equal(y, ops.quant_matmul(x, w, path=path, backend=backend))
 
 
-def test_dequant_gemm_rows_misaligned_or_strided_cpu():
+def test_dequant_gemm_rows_misaligned_or_strided_cpu(monkeypatch):
     """x as a view with a row stride that is not a multiple of 16 and a start that is not
-    16-byte aligned: the GEMM copies it (rows_16) and gives the contiguous input's result; an
-    aligned contiguous x is used as it is."""
+    16-byte aligned: the kernel is launched on an aligned copy (rows_16; the compile check's
+    specialization assumes it) and gives the contiguous input's result; an aligned contiguous x
+    is launched as it is."""
+    import ftlab.triton.quant_matmul as tqm
     from ftlab.triton.q4_0_common import rows_16
 
+    launched = []
+    real = tqm.quant_dequant_gemm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(x, *args, **kwargs):
+                launched.append((x.data_ptr(), x.stride(0)))
+                return real[grid](x, *args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(tqm, "quant_dequant_gemm_kernel", Spy())
     w = ft.random_quant_bank(11, "Q4_K", 1, 40, 256)
     w = QuantWeight(w.data[0], (40, 256), "Q4_K")
     big = torch.randn(5, 256 + 3, generator=torch.Generator().manual_seed(2)).to(torch.float16)
     x = big[:, 1:257]
     assert x.data_ptr() % 16 != 0 and x.stride(0) % 16 != 0
-    want = ops.quant_matmul(x.contiguous(), w, path="dequant", backend="triton")
+    c = x.contiguous()
+    want = ops.quant_matmul(c, w, path="dequant", backend="triton")
     got = ops.quant_matmul(x, w, path="dequant", backend="triton")
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert launched[0] == (c.data_ptr(), 256)  # the contiguous one as it is
+    assert launched[1][0] % 16 == 0 and launched[1][1] % 16 == 0 and launched[1][0] != x.data_ptr()
     y = rows_16(x)
     assert y.data_ptr() % 16 == 0 and y.stride(0) % 16 == 0 and torch.equal(y, x)
-    c = x.contiguous()
     assert rows_16(c) is c
+
+
+@pytest.mark.parametrize("qtype, n, k", [("Q4_K", 40, 512), ("Q5_K", 72, 256), ("Q6_K", 40, 512), ("Q8_0", 40, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dequant_gemm_pair_steps_cpu(qtype, n, k, dtype):
+    """The dense GEMM's 64-weight steps (BLOCK_K 64: dequant_pair; the interpreter's table takes
+    32-column steps) within the dequant bound of the exact product, with a partial column block
+    (N % 32 != 0) and, for Q8_0, K % 64 == 32 (a last step of one block)."""
+    import ftlab.triton.quant_matmul as tqm
+
+    w = ft.random_quant_bank(5, qtype, 1, n, k)
+    w = QuantWeight(w.data[0], (n, k), qtype)
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
+    got = tqm.quant_dequant_gemm(x, w, cfg)
+    want, bound = quant_matmul_tolerance(x, w, "dequant", dtype)
+    assert bool(((got.double() - want).abs() <= bound).all()), float((got.double() - want).abs().max())
+    torch.testing.assert_close(got, tqm.quant_dequant_gemm(x, w), rtol=0, atol=0)  # = the 32-column steps

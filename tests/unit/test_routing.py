@@ -244,21 +244,26 @@ def fake_paths_op():
 
 
 def test_kquant_prefill_takes_triton_over_hip_only_for_auto_prefill(fake_paths_op):
-    """backend and path "auto" above DECODE_MAX_TOKENS rows: hip's int8 prefill is passed over
-    for Triton's dequant GEMM; decode rows, an explicit backend or path, a non-hip impl, or a
-    Triton that cannot serve (next test) keep the resolved implementation."""
+    """backend and path "auto" above DECODE_MAX_TOKENS rows on NVIDIA: hip's int8 prefill is
+    passed over for Triton's dequant GEMM; decode rows, an explicit backend or path, a non-hip
+    impl, a ROCm or CPU platform, or a Triton that cannot serve (next test) keep the resolved
+    implementation."""
     hip = backends.spec("fakeq").impls["hip"]
     tri = backends.spec("fakeq").impls["triton"]
     big, small = backends.DECODE_MAX_TOKENS + 1, backends.DECODE_MAX_TOKENS
-    impl, path = backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, big)
+    nv = plat("sm_90")
+    impl, path = backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, big, nv)
     assert (impl.backend, path) == ("triton", "dequant")
-    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, small) is None
-    assert backends.kquant_prefill("fakeq", hip, "hip", "auto", CPU, torch.float16, big) is None
-    assert backends.kquant_prefill("fakeq", hip, "auto", "int8", CPU, torch.float16, big) is None
-    assert backends.kquant_prefill("fakeq", tri, "auto", "auto", CPU, torch.float16, big) is None
+    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, small, nv) is None
+    assert backends.kquant_prefill("fakeq", hip, "hip", "auto", CPU, torch.float16, big, nv) is None
+    assert backends.kquant_prefill("fakeq", hip, "auto", "int8", CPU, torch.float16, big, nv) is None
+    assert backends.kquant_prefill("fakeq", tri, "auto", "auto", CPU, torch.float16, big, nv) is None
+    for other in ("gfx942", "gfx1100", "cpu"):
+        assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, big, plat(other)) is None
 
 
 def test_kquant_prefill_keeps_hip_when_triton_cannot_serve(fake_paths_op):
     fake_paths_op["triton"] = "no triton here"
     hip = backends.spec("fakeq").impls["hip"]
-    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, backends.DECODE_MAX_TOKENS + 1) is None
+    rows = backends.DECODE_MAX_TOKENS + 1
+    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, rows, plat("sm_90")) is None
