@@ -67,12 +67,16 @@ class TensorParallel:
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        """Every rank's ``x [..., n]`` concatenated along the last dim, rank order: ``[..., N n]``."""
+        """Every rank's ``x [..., n]`` concatenated along the last dim, rank order: ``[..., N n]``.
+        One ``all_gather_into_tensor`` into a single buffer (the form NCCL graph capture takes; no
+        list of per-rank tensors), then the rank axis moved next to ``n``."""
         import torch.distributed as dist
 
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+        x = x.contiguous()
+        # the ranks' parts stacked along dim 0 (the layout gloo requires; NCCL takes any of that size)
+        out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, x, group=self.group)
+        return out.view(self.world, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.world * x.shape[-1])
 
     def kv_heads(self, kv: int, heads: int) -> tuple[int, int]:
         """``(start, stop)`` of this rank's key/value heads of ``kv`` for its share of ``heads``
