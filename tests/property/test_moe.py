@@ -10,8 +10,6 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import ops
-from ftlab.backends import BackendUnavailable
-from ftlab.jit import cpu_unavailable_reason
 from ftlab.reference.moe import align_capacity
 from ftlab.testing.moe import check_invalid_ids_read_nothing
 
@@ -291,133 +289,6 @@ def test_experts_prefill_backends_cpu(case):
     ft.check_experts_case(*case, device="cpu", backends=["reference", "triton"])
 
 
-#: (gate_up, down) bank types: Q4_K_M's two mixes, the others alone, and Q4_0 beside a K-quant
-KQUANT_PAIRS = [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q6_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q5_K", "Q6_K"),
-                ("Q4_0", "Q6_K")]  # fmt: skip
-
-
-@st.composite
-def kquant_expert_cases(draw, tokens=(1, 3, 9)):
-    """Small K-quant / Q8_0 banks (H and I multiples of 256, E <= 4) and a routing of T tokens."""
-    gate, down = draw(st.sampled_from(KQUANT_PAIRS))
-    e, t = draw(st.integers(1, 4)), draw(st.sampled_from(list(tokens)))
-    k = draw(st.integers(1, min(e, 2)))
-    h, inter = (256 * draw(st.sampled_from([1, 2])) for _ in range(2))
-    seed = draw(st.integers(0, 2**31 - 1))
-    gen = torch.Generator().manual_seed(seed)
-    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
-    ids[torch.rand(ids.shape, generator=gen) < 0.2] = -1
-    x = (torch.randn(t, h, generator=gen) * draw(st.sampled_from([1.0, 0.05, 8.0])))
-    x = x.to(draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])))
-    if gate == "Q4_0":
-        gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5)
-    else:
-        gu = ft.random_quant_bank(seed, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
-    dn = ft.random_quant_bank(seed + 7, down, e, h, inter, magnitude=4 * inter**-0.5)
-    return x, gu, dn, weights, ids, draw(st.sampled_from(["auto", "int8"]))
-
-
-@pytest.mark.skipif(cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason()))
-@settings(max_examples=12, deadline=None)
-@given(kquant_expert_cases())
-def test_kquant_experts_backends_cpu(case):
-    """The native CPU kernels (the hybrid's) against the reference on K-quant / Q8_0 banks."""
-    ft.check_experts_case(*case, device="cpu", backends=["reference", "cpu"])
-
-
-@settings(max_examples=2, deadline=None)
-@given(kquant_expert_cases(tokens=(1, 3)))
-def test_kquant_experts_triton_cpu(case):
-    """The Triton K-quant expert kernels (under the interpreter) against the reference."""
-    ft.check_experts_case(*case, device="cpu", backends=["triton"])
-
-
-@pytest.mark.parametrize("gate, down", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q4_0", "Q6_K")])
-def test_kquant_experts_triton_each_type_cpu(gate, down):
-    """Every type's branch of the Triton kernels (one dot, one tile for both kernels) at least
-    once, int8 matvecs and the dequant GEMM: a token of top-2 over 2 experts, and a token with one
-    slot invalid."""
-    gen = torch.Generator().manual_seed(len(gate + down))
-    x = torch.randn(2, 256, generator=gen)
-    weights, ids = ops.route_topk(torch.randn(2, 2, generator=gen), 2)
-    ids[1, 0] = -1
-    gu = (ops.quantize_q4_0(torch.randn(2, 512, 256, generator=gen) / 16) if gate == "Q4_0"
-          else ft.random_quant_bank(1, gate, 2, 512, 256, magnitude=0.25))  # fmt: skip
-    dn = ft.random_quant_bank(2, down, 2, 256, 256, magnitude=0.25)
-    for path in ("int8", "dequant"):
-        ft.check_experts_case(x, gu, dn, weights, ids, path, device="cpu", backends=["triton"])
-
-
-@pytest.mark.parametrize("gate, down, h, dtype", [("Q4_K", "Q6_K", 256, torch.float16), ("Q5_K", "Q4_K", 256, torch.float32),
-                                                   ("Q6_K", "Q5_K", 256, torch.float32), ("Q8_0", "Q8_0", 96, torch.float16)])  # fmt: skip
-def test_kquant_gemm_tiles_cpu(gate, down, h, dtype):
-    """The dequant GEMM's 64-weight steps (two 32-column halves a step) over several row blocks,
-    column blocks and experts: every K-quant half (Q4_K / Q5_K low and high nibbles, Q6_K's four
-    quarters, Q8_0 with K % 64 == 32 ending in a half step), 16-bit and fp32 operands."""
-    gen = torch.Generator().manual_seed(len(gate) + h)
-    t, e, k, inter = 40, 3, 2, 256
-    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
-    ids[5, 1] = -1
-    x = torch.randn(t, h, generator=gen).to(dtype)
-    gu = ft.random_quant_bank(3, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
-    dn = ft.random_quant_bank(4, down, e, h, inter, magnitude=4 * inter**-0.5)
-    import ftlab.triton.moe_kquant as mk
-
-    dt = torch.float32 if dtype == torch.bfloat16 else dtype  # the interpreter's operands
-    assert all(mk.kq_gemm_config(dt, q, None, g)["PAIRS"] for q, g in ((gate, True), (down, False)))
-    ft.check_experts_case(x, gu, dn, weights, ids, "dequant", device="cpu", backends=["triton"])
-
-
-@pytest.mark.parametrize("pairs", [True, False])
-def test_kquant_gemm_configs_cpu(pairs):
-    """experts_kquant_gemm with explicit tiles: 64-weight steps at BLOCK_N 64 over N = 96 (a
-    partial column block in the down GEMM), and the weight-at-a-time tiles (RDNA's) on the same
-    K-quant banks, both within the bound of the reference; PAIRS on a Q4_0 bank is refused."""
-    import ftlab.triton.moe_kquant as mk
-
-    gen = torch.Generator().manual_seed(17)
-    t, e, k, h, inter = 12, 3, 2, 96, 256
-    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
-    x = torch.randn(t, h, generator=gen).to(torch.float16)
-    gu = ft.random_quant_bank(5, "Q8_0", e, 2 * inter, h, magnitude=4 * h**-0.5)
-    dn = ft.random_quant_bank(6, "Q6_K", e, h, inter, magnitude=4 * inter**-0.5)
-    cfg = ({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PAIRS": True} if pairs
-           else {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "PAIRS": False})  # fmt: skip
-    got = mk.experts_kquant_gemm(x, gu, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
-    want = ops.moe_experts(x.float(), gu, dn, weights, ids, path="dequant", backend="reference")
-    bound = ft.experts_tolerance(x, gu, dn, weights, ids, "dequant", want)
-    assert bool(((got.float() - want).abs() <= bound).all())
-    if pairs:
-        q4 = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * 0.1)
-        with pytest.raises(ValueError, match="PAIRS takes Q8_0 / K-quant banks, not Q4_0"):
-            mk.experts_kquant_gemm(x, q4, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
-
-
-@settings(max_examples=4, deadline=None)
-@given(kquant_expert_cases(tokens=(1, 3)))
-def test_kquant_reference_paths(case):
-    """dequant is the dense reference on the dequantized banks; int8 within Q8_1 rounding of it."""
-    x, gu, dn, w, ids, _ = case
-    dense = ops.moe_experts(x.float(), ops.dequantize(gu), ops.dequantize(dn), w, ids)
-    deq = ops.moe_experts(x.float(), gu, dn, w, ids, path="dequant", backend="reference")
-    torch.testing.assert_close(deq, dense, rtol=0, atol=0)
-    int8 = ops.moe_experts(x.float(), gu, dn, w, ids, path="int8", backend="reference")
-    scale = float(dense.abs().max()) + 1e-30
-    assert float((int8 - dense).abs().max()) <= 0.05 * scale
-
-
-def test_kquant_banks_on_backends_without_them():
-    gu = ft.random_quant_bank(0, "Q4_K", 2, 512, 256)
-    dn = ft.random_quant_bank(1, "Q6_K", 2, 256, 256)
-    x, w, ids = torch.randn(1, 256), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32)
-    with pytest.raises(BackendUnavailable, match="cannot serve"):
-        ops.moe_experts(x, gu, dn, w, ids, path="dequant", backend="cpu")
-    with pytest.raises(TypeError, match="both be QuantWeight banks or both dense"):
-        ops.moe_experts(x, gu, torch.randn(2, 256, 256), w, ids)
-    with pytest.raises(TypeError, match="w_gate_up must be one of"):
-        ops.moe_experts(x, gu.data, dn, w, ids)
-
-
 def test_experts_tolerance_catches_a_wrong_slot_weight():
     """The bound is tight enough to fail a kernel that mixes up two slots' weights."""
     gen = torch.Generator().manual_seed(3)
@@ -441,13 +312,6 @@ def test_triton_experts_read_no_memory_for_invalid_ids():
 @settings(max_examples=60)
 @given(expert_cases(max_tokens=300))
 def test_experts_gpu(case):
-    ft.check_experts_case(*case, device="cuda")
-
-
-@pytest.mark.gpu
-@settings(max_examples=20, deadline=None)
-@given(kquant_expert_cases(tokens=(1, 3, 9)))
-def test_kquant_experts_gpu(case):
     ft.check_experts_case(*case, device="cuda")
 
 
