@@ -10,7 +10,8 @@ kernels for the CPU, built on first use and cached.
 - CPU modules (:func:`load_cpu`): ``ftlab/cpu/csrc/<name>.cc``, built with ``$CXX`` (else ``c++``)
   and ``-O3 -march=native -fopenmp`` -- specialized to the host CPU, so the host's CPU flags are
   part of the cache key. ``FTLAB_CPU_ISA=portable`` builds without ``-march=native`` (the
-  baseline ISA, so the scalar code paths run; the tests compare both builds).
+  baseline ISA, so the scalar code paths run), ``FTLAB_CPU_ISA=avx2`` for x86-64-v3 (AVX2, FMA,
+  F16C: the AVX2 paths on a host that has AVX-512 too); the tests compare the builds.
 
 Everything that changes a binary -- every source and header it may include, the compiler, the
 arch list or host flags, the compiler flags, the tvm-ffi version -- goes into its build
@@ -185,10 +186,17 @@ def _host_flags() -> str:
     return pyplatform.processor()
 
 
+#: FTLAB_CPU_ISA values: the -march each builds for (None: the compiler's baseline)
+CPU_ISAS = {"native": "-march=native", "avx2": "-march=x86-64-v3", "portable": None}
+
+
 def cpu_flags() -> list[str]:
-    """The CPU modules' compiler flags (``FTLAB_CPU_ISA=portable``: without -march=native)."""
-    native = os.environ.get(ISA_ENV, "native") != "portable"
-    return [f for f in CPU_FLAGS if native or f != "-march=native"]
+    """The CPU modules' compiler flags for ``FTLAB_CPU_ISA`` (:data:`CPU_ISAS`; default native)."""
+    isa = os.environ.get(ISA_ENV, "native")
+    if isa not in CPU_ISAS:
+        raise ValueError(f"{ISA_ENV} must be one of {sorted(CPU_ISAS)}, got {isa!r}")
+    march = CPU_ISAS[isa]
+    return [march if f == "-march=native" else f for f in CPU_FLAGS if march is not None or f != "-march=native"]
 
 
 def cpu_build_dir(name: str) -> Path:
@@ -277,8 +285,8 @@ def load_cpu(name: str):
         common = dict(cpp_files=[str(src)], extra_ldflags=["-fopenmp"], extra_include_paths=[str(CPU_CSRC)])
         try:
             _build(name, build_dir, extra_cflags=flags, **common)
-        except RuntimeError:  # a compiler without -march=native for this host: portable code
-            _build(name, build_dir, extra_cflags=[f for f in flags if f != "-march=native"], **common)
+        except RuntimeError:  # a compiler without this -march for this host: portable code
+            _build(name, build_dir, extra_cflags=[f for f in flags if not f.startswith("-march=")], **common)
 
     return _load_cached(_cpu_key(name, flags), build_dir / f"{name}.so", build)
 

@@ -163,10 +163,23 @@ def test_split_math_equals_all_experts(cpu_share, banks):
         assert ex.policy.hits == 0
 
 
+def _host_has(flag: str) -> bool:
+    try:
+        return any(line.startswith("flags") and f" {flag}" in line for line in open("/proc/cpuinfo"))
+    except OSError:
+        return False
+
+
+#: the CPU builds compared: native (AVX-512 VNNI block pairs where the host has them), AVX2 (on an
+#: x86 host that has it: the AVX2 block dots even where native takes AVX-512) and portable (scalar)
+ISAS = ("native", "avx2", "portable") if _host_has("avx2") else ("native", "portable")
+
+
 @needs_cpu_build
 def test_portable_build_equals_native_on_q4_0(tmp_path):
-    """The scalar code (a build without -march=native) and the native one (AVX2 block dots,
-    FMA contraction where the host has them) both hold to the reference on Q4_0 banks."""
+    """The scalar code (a build without -march=native), the AVX2 one and the native one (AVX-512
+    VNNI block pairs where the host has them, with an odd block count's last block by AVX2) all
+    hold to the reference on Q4_0 banks."""
     import os
     import subprocess
     import sys
@@ -185,20 +198,20 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
         "torch.save(y, sys.argv[2])"
     )
     outs = []
-    for isa in ("native", "portable"):
+    for isa in ISAS:
         out = tmp_path / f"{isa}.pt"
         env = {**os.environ, "FTLAB_CPU_ISA": isa}
         subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True)
         outs.append(torch.load(out))
     want = ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="reference")
     bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
-    for isa, got in zip(("native", "portable"), outs, strict=True):
+    for isa, got in zip(ISAS, outs, strict=True):
         assert bool(((got - want).abs() <= bound).all()), isa
 
 
 @needs_cpu_build
 def test_portable_build_equals_native_on_kquants(tmp_path):
-    """The scalar K-quant / Q8_0 row dots and the AVX2 ones both hold to the reference, Q4_K_M's
+    """The scalar K-quant / Q8_0 row dots and the AVX2 ones (native and x86-64-v3 builds) hold to the reference, Q4_K_M's
     Q4_K gate_up with Q6_K down and Q8_0 gate_up with Q5_K down."""
     import os
     import subprocess
@@ -218,7 +231,7 @@ def test_portable_build_equals_native_on_kquants(tmp_path):
         f"c['w'], c['ids'], path='int8', backend='cpu') for (a, b), (ta, tb) in zip(c['banks'], {pairs!r})]; "
         "torch.save(ys, sys.argv[2])"
     )
-    for isa in ("native", "portable"):
+    for isa in ISAS:
         out = tmp_path / f"{isa}.pt"
         env = {**os.environ, "FTLAB_CPU_ISA": isa}
         subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True)

@@ -76,3 +76,17 @@ def test_build_once_then_load_warm(tmp_path):
     assert warm.returncode == 0, warm.stderr[-3000:]
     assert so.stat().st_mtime_ns == stamp, "a warm load rebuilt the module"
     assert {p.name: p.stat().st_mtime_ns for p in so.parent.iterdir()} == objects
+
+
+@pytest.mark.parametrize("isa, march", [("native", "-march=native"), ("avx2", "-march=x86-64-v3"), ("portable", None)])
+def test_cpu_isa_picks_the_march(monkeypatch, isa, march):
+    monkeypatch.setenv(jit.ISA_ENV, isa)
+    flags = jit.cpu_flags()
+    assert [f for f in flags if f.startswith("-march=")] == ([march] if march else [])
+    assert "-O3" in flags and "-fopenmp" in flags
+
+
+def test_cpu_isa_unknown_is_named(monkeypatch):
+    monkeypatch.setenv(jit.ISA_ENV, "avx512")
+    with pytest.raises(ValueError, match="FTLAB_CPU_ISA must be one of .*got 'avx512'"):
+        jit.cpu_flags()

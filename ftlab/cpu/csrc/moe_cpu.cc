@@ -13,7 +13,10 @@
 // dot is AVX2 (maddubs + madd, exact integer lane sums) where the build targets it (-march=native
 // on an AVX2 host); with FMA and F16C as well, the lane sums are scaled and accumulated in 8 fp32
 // lanes a row (one horizontal sum a row, not a block) and gate and up share the activation loads;
-// scalar code elsewhere. The dense loops are left to the vectorizer.
+// with AVX-512 VNNI, two blocks a step by vpdpbusd in 16 lanes; scalar code elsewhere
+// (FTLAB_CPU_ISA=avx2 / portable build the narrower paths on any host, for tests). The down
+// pass reads each slot's expert's rows of a work item as one stretch. The dense loops are left to
+// the vectorizer.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
@@ -27,6 +30,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -107,6 +111,31 @@ inline float block_scale(const uint8_t* blk) {
 }
 #endif
 
+#if defined(FTLAB_CPU_VECTOR_DOT) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define FTLAB_CPU_VNNI_DOT 1
+// AVX-512 VNNI: two blocks a step, 64 nibble x int8 products summed four at a time into 16
+// int32 lanes by one vpdpbusd (exact: no saturation, |lane| <= 4 * 15 * 128). The 128-bit lanes
+// hold [block b low nibbles, block b + 1 low, block b high, block b + 1 high].
+inline __m512i nibbles2(const uint8_t* blk) {  // blocks b (at blk) and b + 1
+  const __m256i raw = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kBlockBytes + 2)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+  return _mm512_and_si512(both, _mm512_set1_epi8(15));
+}
+
+// Blocks b and b + 1 of the Q8_1 activations (64 contiguous int8: b's 0..15, 16..31, then b + 1's)
+// in nibbles2's lane order.
+inline __m512i q8_pair(const int8_t* q) {
+  const __m512i v = _mm512_loadu_si512(q);
+  return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+// The scale of each int32 lane: block b's in 128-bit lanes 0 and 2, block b + 1's in 1 and 3.
+inline __m512 pair_scale(float s0, float s1) {
+  return _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
+}
+#endif
+
 // The int8 dot of one Q4_0 row with a Q8_1 row: sum_b d4 * (d8 * sumi - 8 * s8), as
 // sum_b (d4 * d8) * sumi - 8 * sum_b d4 * s8. With AVX2 + FMA + F16C the block sums stay in 8
 // int32 lanes (exact), scaled and accumulated in 8 fp32 lanes, added up once a row.
@@ -114,7 +143,20 @@ inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float
 #if defined(FTLAB_CPU_VECTOR_DOT)
   __m256 acc = _mm256_setzero_ps();
   float corr = 0.0f;
-  for (int b = 0; b < nb; ++b) {
+  int b = 0;
+#if defined(FTLAB_CPU_VNNI_DOT)
+  __m512 acc2 = _mm512_setzero_ps();
+  for (; b + 1 < nb; b += 2) {
+    const uint8_t* blk = row + b * kBlockBytes;
+    const float d0 = block_scale(blk), d1 = block_scale(blk + kBlockBytes);
+    const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2(blk), q8_pair(q + b * kQK));
+    acc2 = _mm512_fmadd_ps(pair_scale(d0 * d[b], d1 * d[b + 1]), _mm512_cvtepi32_ps(lanes), acc2);
+    corr += d0 * s[b];
+    corr += d1 * s[b + 1];
+  }
+  acc = _mm256_add_ps(_mm512_castps512_ps256(acc2), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2), 1)));
+#endif
+  for (; b < nb; ++b) {
     const uint8_t* blk = row + b * kBlockBytes;
     const float d4 = block_scale(blk);
     const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kQK));
@@ -141,7 +183,28 @@ inline void q4_rows_dot2(const uint8_t* r0, const uint8_t* r1, int nb, const int
 #if defined(FTLAB_CPU_VECTOR_DOT)
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   float corr0 = 0.0f, corr1 = 0.0f;
-  for (int b = 0; b < nb; ++b) {
+  int b = 0;
+#if defined(FTLAB_CPU_VNNI_DOT)
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  for (; b + 1 < nb; b += 2) {
+    const uint8_t* k0 = r0 + b * kBlockBytes;
+    const uint8_t* k1 = r1 + b * kBlockBytes;
+    const float d00 = block_scale(k0), d01 = block_scale(k0 + kBlockBytes);
+    const float d10 = block_scale(k1), d11 = block_scale(k1 + kBlockBytes);
+    const __m512i q8 = q8_pair(q + b * kQK);
+    const __m512i l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2(k0), q8);
+    const __m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2(k1), q8);
+    a0 = _mm512_fmadd_ps(pair_scale(d00 * d[b], d01 * d[b + 1]), _mm512_cvtepi32_ps(l0), a0);
+    a1 = _mm512_fmadd_ps(pair_scale(d10 * d[b], d11 * d[b + 1]), _mm512_cvtepi32_ps(l1), a1);
+    corr0 += d00 * s[b];
+    corr0 += d01 * s[b + 1];
+    corr1 += d10 * s[b];
+    corr1 += d11 * s[b + 1];
+  }
+  acc0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
+  acc1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a1), 1)));
+#endif
+  for (; b < nb; ++b) {
     const uint8_t* b0 = r0 + b * kBlockBytes;
     const uint8_t* b1 = r1 + b * kBlockBytes;
     const float d0 = block_scale(b0), d1 = block_scale(b1);
@@ -268,13 +331,16 @@ void run(const FtlabCpuMoeJob& job) {
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t item = 0; item < t * ychunks; ++item) {
     const int64_t tok = item / ychunks, n0 = (item % ychunks) * kRowChunk;
-    for (int64_t n = n0; n < n0 + kRowChunk && n < hidden; ++n) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < top_k; ++j) {  // the slots in order, as the reference sums them
-        const int64_t p = tok * top_k + j;
-        const int e = ip[p];
-        if (e < 0 || e >= experts) continue;
-        const char* row = dnp + e * dn_e + n * dn_row;
+    const int64_t rows = std::min<int64_t>(kRowChunk, hidden - n0);
+    float acc[kRowChunk] = {};
+    // slot by slot (the order the reference sums them in, for every row), each slot's expert's
+    // rows n0.. read as one contiguous stretch of its bank
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t p = tok * top_k + j;
+      const int e = ip[p];
+      if (e < 0 || e >= experts) continue;
+      for (int64_t i = 0; i < rows; ++i) {
+        const char* row = dnp + e * dn_e + (n0 + i) * dn_row;
         float part;
         if constexpr (K == Kind::q4) {
           const auto* r = reinterpret_cast<const uint8_t*>(row);
@@ -283,10 +349,10 @@ void run(const FtlabCpuMoeJob& job) {
         } else {
           part = dense_row_dot<K>(row, static_cast<int>(inter), &h[p * inter]);
         }
-        acc += wp[p] * part;
+        acc[i] += wp[p] * part;
       }
-      yp[tok * hidden + n] = acc;
     }
+    for (int64_t i = 0; i < rows; ++i) yp[tok * hidden + n0 + i] = acc[i];
   }
 }
 
