@@ -216,8 +216,8 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 #: the dequant GEMM's tiles. "pairs" (Q8_0 / K-quant banks: 64 weights a step,
 #: :func:`~ftlab.triton.quant_matmul.dequant_pair`) by arch and kernel (gate_up holds two weight
 #: tiles, gate and up), else "default"; fp32 operands ("f32": 3xTF32 dots on NVIDIA) smaller.
-#: "generic" (a Q4_0 bank beside a K-quant one, and RDNA, where the pair tiles spill):
-#: :func:`_kq_b_tile` a weight at a time, 32x32x16 at 8 warps. sm_90's are the fastest of the
+#: "generic" (a Q4_0 bank beside a K-quant one -- dequant_pair has a Q4_0 branch, untimed -- and
+#: RDNA, where the pair tiles spill): :func:`_kq_b_tile` a weight at a time, 32x32x16 at 8 warps. sm_90's are the fastest of the
 #: sweeps in benchmarks/NOTES.md (Qwen3-30B-A3B layer, T = 512 and 2048), spill-free with the
 #: activations aligned as :func:`~ftlab.triton.q4_0_common.rows_16` makes them.
 KQ_GEMM_CONFIGS = {
@@ -268,9 +268,6 @@ def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids, configs=None) -> torch.T
     arch = current(x.device).arch if x.device.type != "cpu" else None
     if configs is None:
         configs = [kq_gemm_config(dt, w_gate_up.qtype, arch, True), kq_gemm_config(dt, w_down.qtype, arch, False)]
-    for cfg, w in zip(configs, (w_gate_up, w_down), strict=True):
-        if cfg["PAIRS"] and w.qtype == "Q4_0":
-            raise ValueError("configs: PAIRS takes Q8_0 / K-quant banks, not Q4_0 (dequant_pair has no Q4_0 branch)")
     bm = min(min(c["BLOCK_M"] for c in configs), max(16, triton.next_power_of_2(2 * max(1, pairs // num_experts))))
     sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
     prec = "ieee" if interpreted() or current(x.device).kind != "cuda" else "tf32x3"

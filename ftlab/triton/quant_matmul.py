@@ -124,10 +124,11 @@ def dequant_tile32(w_ptr, row, k0, n_ok, QTYPE: tl.constexpr):
 @triton.jit
 def dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE: tl.constexpr):
     """:func:`dequant_tile` of the 64 weights ``k0 .. k0 + 64`` (k0 a multiple of 64) as two
-    ``[BN, 32]`` halves, columns k0.. and k0 + 32..: one Q8_0 block each, a Q4_K / Q5_K sub-block
-    pair (one load of the 32 ``qs`` bytes, low nibbles then high), two Q6_K quarters sharing their
-    ``qh`` bytes; each row's scales loaded and decoded once. The same values as
-    :func:`dequant_tile` (the high half of a Q8_0 row with K % 64 == 32 masked to 0)."""
+    ``[BN, 32]`` halves, columns k0.. and k0 + 32..: one Q8_0 (or Q4_0, code 4) block each, a
+    Q4_K / Q5_K sub-block pair (one load of the 32 ``qs`` bytes, low nibbles then high), two Q6_K
+    quarters sharing their ``qh`` bytes; each row's scales loaded and decoded once. The same
+    values as :func:`dequant_tile` (the high half of a Q8_0 / Q4_0 row with K % 64 == 32 masked
+    to 0)."""
     li = tl.arange(0, 32)[None, :]
     rmask = n_ok[:, None]
     mask = rmask & (li < 32)
@@ -154,6 +155,15 @@ def dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE: tl.constexpr):
         sc_hi = tl.load(wb + 194 + (e0 + li) // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
         d = load_q4_0_scale(wb + 208, rmask)
         return (d * sc_lo) * q_lo.to(tl.float32), (d * sc_hi) * q_hi.to(tl.float32)
+    elif QTYPE == 4:  # Q4_0 (ftlab.triton.moe_kquant's code): d * (q - 8), blocks k0 // 32 and + 1
+        wb = w_ptr + row[:, None] + (k0 // 32) * 18
+        hmask = rmask & (tl.full([1, 1], k0 + 32, tl.int32) < K)
+        shift = 4 * (li // 16)  # element l of a block: byte l % 16, low nibble for l < 16
+        b_lo = tl.load(wb + 2 + li % 16, mask=mask, other=0).to(tl.int32)
+        b_hi = tl.load(wb + 20 + li % 16, mask=hmask & (li < 32), other=0).to(tl.int32)
+        lo = load_q4_0_scale(wb, rmask) * (((b_lo >> shift) & 0x0F) - 8).to(tl.float32)
+        hi = load_q4_0_scale(wb + 18, hmask) * (((b_hi >> shift) & 0x0F) - 8).to(tl.float32)
+        return lo, hi
     else:  # Q4_K / Q5_K: (d * sc[j]) * q - (dmin * m[j]), sub-blocks j = 2p and 2p + 1
         NBYTES: tl.constexpr = 176 if QTYPE == 2 else 144
         QS: tl.constexpr = 48 if QTYPE == 2 else 16

@@ -92,8 +92,8 @@ def test_kquant_gemm_tiles_cpu(gate, down, h, dtype):
 @pytest.mark.parametrize("pairs", [True, False])
 def test_kquant_gemm_configs_cpu(pairs):
     """experts_kquant_gemm with explicit tiles: 64-weight steps at BLOCK_N 64 over N = 96 (a
-    partial column block in the down GEMM), and the weight-at-a-time tiles (RDNA's) on the same
-    K-quant banks, both within the bound of the reference; PAIRS on a Q4_0 bank is refused."""
+    partial column block in the down GEMM; a Q4_0 bank's blocks with K % 64 == 32), and the
+    weight-at-a-time tiles (RDNA's) on the same banks, all within the bound of the reference."""
     import ftlab.triton.moe_kquant as mk
 
     gen = torch.Generator().manual_seed(17)
@@ -108,10 +108,11 @@ def test_kquant_gemm_configs_cpu(pairs):
     want = ops.moe_experts(x.float(), gu, dn, weights, ids, path="dequant", backend="reference")
     bound = ft.experts_tolerance(x, gu, dn, weights, ids, "dequant", want)
     assert bool(((got.float() - want).abs() <= bound).all())
-    if pairs:
-        q4 = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * 0.1)
-        with pytest.raises(ValueError, match="PAIRS takes Q8_0 / K-quant banks, not Q4_0"):
-            mk.experts_kquant_gemm(x, q4, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
+    q4 = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5)  # Q4_0 beside Q6_K
+    got = mk.experts_kquant_gemm(x, q4, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
+    want = ops.moe_experts(x.float(), q4, dn, weights, ids, path="dequant", backend="reference")
+    bound = ft.experts_tolerance(x, q4, dn, weights, ids, "dequant", want)
+    assert bool(((got.float() - want).abs() <= bound).all())
 
 
 @settings(max_examples=4, deadline=None)
