@@ -63,3 +63,17 @@ def _transformers_torch_delta_rule():
     yield
     for module, fn, bound in patched:
         setattr(module, fn, bound)
+
+
+@pytest.fixture(scope="module")
+def module_cache_dir(tmp_path_factory):
+    """FTLAB_CACHE_DIR pointed at a fresh directory for one module's tests (the tiny models they
+    build land there, not in the user's cache), restored afterwards. Modules take it with
+    ``pytestmark = pytest.mark.usefixtures("module_cache_dir")``."""
+    old = os.environ.get("FTLAB_CACHE_DIR")
+    os.environ["FTLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("FTLAB_CACHE_DIR")
+    else:
+        os.environ["FTLAB_CACHE_DIR"] = old

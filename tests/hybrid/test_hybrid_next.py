@@ -38,17 +38,7 @@ STEPS = 3
 needs_cpu_build = pytest.mark.skipif(cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason()))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_cache(tmp_path_factory):
-    import os
-
-    old = os.environ.get("FTLAB_CACHE_DIR")
-    os.environ["FTLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("FTLAB_CACHE_DIR")
-    else:
-        os.environ["FTLAB_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("module_cache_dir")  # tiny models built in a fresh cache
 
 
 _loaded: dict[tuple[str, str, str], tuple] = {}

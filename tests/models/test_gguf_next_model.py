@@ -34,17 +34,7 @@ PROMPT = "The router sends every token to a few experts"
 QT = gguf.GGMLQuantizationType
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_cache(tmp_path_factory):
-    import os
-
-    old = os.environ.get("FTLAB_CACHE_DIR")
-    os.environ["FTLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("FTLAB_CACHE_DIR")
-    else:
-        os.environ["FTLAB_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("module_cache_dir")  # tiny models built in a fresh cache
 
 
 def assert_same_logits(got: torch.Tensor, want: torch.Tensor) -> None:

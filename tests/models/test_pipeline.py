@@ -11,18 +11,7 @@ from ftlab.models import tiny
 from ftlab.models.pipeline import DecodeGraph, Pipeline, backend_map, format_compare
 from ftlab.models.pipeline_args import MODEL_OPS
 
-
-@pytest.fixture(scope="module", autouse=True)
-def tiny_cache(tmp_path_factory, monkeypatch_module=None):
-    import os
-
-    old = os.environ.get("FTLAB_CACHE_DIR")
-    os.environ["FTLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("FTLAB_CACHE_DIR")
-    else:
-        os.environ["FTLAB_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("module_cache_dir")  # tiny models built in a fresh cache
 
 
 def test_tiny_models_are_deterministic(tmp_path):

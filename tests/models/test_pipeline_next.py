@@ -15,17 +15,7 @@ HYBRID = ["tiny-qwen35-moe", "tiny-qwen3-next"]
 PROMPT = "The router sends every token to a few experts"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_cache(tmp_path_factory):
-    import os
-
-    old = os.environ.get("FTLAB_CACHE_DIR")
-    os.environ["FTLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("FTLAB_CACHE_DIR")
-    else:
-        os.environ["FTLAB_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("module_cache_dir")  # tiny models built in a fresh cache
 
 
 def test_tiny_hybrid_models_are_deterministic(tmp_path):
