@@ -142,16 +142,40 @@ def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> 
                         f"({len(extra)} such tensors)")  # fmt: skip
 
 
+def expert_range(experts: tuple[int, int] | None, num_experts: int) -> tuple[int, int]:
+    """``experts`` checked against ``num_experts`` (None: all of them)."""
+    if experts is None:
+        return 0, num_experts
+    ok = isinstance(experts, tuple) and len(experts) == 2 and all(type(v) is int for v in experts)
+    if not ok or not 0 <= experts[0] < experts[1] <= num_experts:
+        raise ValueError(f"experts must be (start, stop) with 0 <= start < stop <= {num_experts}, got {experts!r}")
+    return experts
+
+
+def cut(bank, start: int, stop: int):
+    """Experts ``start .. stop`` of a bank ``[E, ...]`` (dense or packed), a view (no copy: of a
+    memory-mapped file, only what is used later is read); the bank itself when that is all of it."""
+    if start == 0 and stop == bank.shape[0]:
+        return bank
+    if isinstance(bank, QuantWeight):
+        return quant_weight(bank.data[start:stop], (stop - start, *bank.shape[1:]), bank.qtype)
+    return bank[start:stop]
+
+
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-              progress: bool = True) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+              progress: bool = True, experts: tuple[int, int] | None = None) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
     file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
     :class:`~ftlab.quant.QuantWeight`, expert banks and lm_head included; the embedding dense);
-    F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense. GGUFError
-    naming the file and the key or tensor for anything ftlab cannot load (module docstring)."""
+    F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense.
+    ``experts``: ``(start, stop)`` -- the expert banks hold only those experts (a tensor-parallel
+    rank's share: the file is memory-mapped, so the other experts' packed bytes are never read;
+    the router still scores all of them). GGUFError naming the file and the key or tensor for
+    anything ftlab cannot load (module docstring)."""
     path = Path(path)
     reader = open_reader(path)
     c = read_config(reader, path)
+    e0, e1 = expert_range(experts, c.num_experts)
     by_name = {t.name: t for t in reader.tensors}
     device = torch.device(device)
 
@@ -186,9 +210,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     ):
         p = f"blk.{i}."
         parts = {f: get(p + n + ".weight", shapes[f], f in dense) for f, n in _LAYER_NAMES.items()}
-        gate = get(p + "ffn_gate_exps.weight", (e, inter, h))
-        up = get(p + "ffn_up_exps.weight", (e, inter, h))
-        down = get(p + "ffn_down_exps.weight", (e, h, inter))
+        gate, up, down = (cut(get(p + name, shape), e0, e1) for name, shape in (
+            ("ffn_gate_exps.weight", (e, inter, h)), ("ffn_up_exps.weight", (e, inter, h)),
+            ("ffn_down_exps.weight", (e, h, inter))))  # fmt: skip
         banks = [gate, up, down]
         packed = [isinstance(b, QuantWeight) for b in banks]
         if any(packed) and (not all(packed) or gate.qtype != up.qtype):
@@ -198,7 +222,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             mixed.extend(n for n, q in zip(names, packed, strict=True) if q)
             gate, up, down = (densify(b) for b in banks)
         if isinstance(gate, QuantWeight):  # rows are independent: stacking gate and up rows keeps the blocks
-            w_gate_up = quant_weight(torch.cat([gate.data, up.data], dim=1), (e, 2 * inter, h), gate.qtype)
+            w_gate_up = quant_weight(torch.cat([gate.data, up.data], dim=1), (e1 - e0, 2 * inter, h), gate.qtype)
         else:
             w_gate_up = torch.cat([gate, up], dim=1)
         layers.append(LayerWeights(**parts, w_gate_up=w_gate_up, w_down=down))

@@ -174,12 +174,17 @@ def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeC
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            progress: bool = True) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+            progress: bool = True, experts: tuple[int, int] | None = None) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config and weights of a HF Qwen3-MoE directory, on ``device`` in ``dtype`` (default:
-    the config's ``torch_dtype``/``dtype``, else bf16). CheckpointError naming the file and
-    the key or tensor for anything ftlab cannot load."""
+    the config's ``torch_dtype``/``dtype``, else bf16). ``experts``: ``(start, stop)`` -- only
+    those experts' tensors are read into the banks (a tensor-parallel rank's share; the router
+    still scores all of them). CheckpointError naming the file and the key or tensor for
+    anything ftlab cannot load."""
+    from ftlab.models.gguf_loader import expert_range
+
     path = Path(path)
     config, dtype = read_config(path, dtype)
+    e0, e1 = expert_range(experts, config.num_experts)
     device = torch.device(device)
     tensors = SafetensorsShards(path)
     tensors.check_counts(config, path / "config.json")
@@ -195,9 +200,9 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
         range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
     ):
         p = f"model.layers.{i}."
-        experts = p + "mlp.experts."
-        gate = torch.stack([get(f"{experts}{j}.gate_proj.weight", inter, h) for j in range(e)])
-        up = torch.stack([get(f"{experts}{j}.up_proj.weight", inter, h) for j in range(e)])
+        experts_of = p + "mlp.experts."
+        gate = torch.stack([get(f"{experts_of}{j}.gate_proj.weight", inter, h) for j in range(e0, e1)])
+        up = torch.stack([get(f"{experts_of}{j}.up_proj.weight", inter, h) for j in range(e0, e1)])
         layers.append(LayerWeights(
             q_proj=get(p + "self_attn.q_proj.weight", q_out, h),
             k_proj=get(p + "self_attn.k_proj.weight", kv_out, h),
@@ -209,7 +214,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
             post_attention_norm=get(p + "post_attention_layernorm.weight", h),
             router=get(p + "mlp.gate.weight", e, h),
             w_gate_up=torch.cat([gate, up], dim=1),  # [E, 2I, H]
-            w_down=torch.stack([get(f"{experts}{j}.down_proj.weight", h, inter) for j in range(e)]),
+            w_down=torch.stack([get(f"{experts_of}{j}.down_proj.weight", h, inter) for j in range(e0, e1)]),
         ))  # fmt: skip
     embed = get("model.embed_tokens.weight", c.vocab_size, h)
     lm_head = embed if c.tie_word_embeddings else get("lm_head.weight", c.vocab_size, h)

@@ -36,17 +36,20 @@ GGUF_ARCHS = (GGUF_ARCH, *NEXT_GGUF_ARCHS)
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            progress: bool = True, quantize: bool = False):  # fmt: skip
+            progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None):  # fmt: skip
     """Config and weights of a HF directory (module docstring: which model), on ``device``, dense
     weights in ``dtype`` (default: the config's stored dtype, else bf16). ``quantize``: a hybrid
-    model's projections and expert banks quantized to Q4_0 at load. CheckpointError naming the
-    file and the key or tensor for anything ftlab cannot load."""
+    model's projections and expert banks quantized to Q4_0 at load. ``experts``: ``(start,
+    stop)``, a Qwen3-MoE model's banks with only those experts (:func:`hf_loader.load_hf`).
+    CheckpointError naming the file and the key or tensor for anything ftlab cannot load."""
     if is_next(hf_loader.read_hf_config(Path(path))):
+        if experts is not None:
+            raise ValueError("experts=(start, stop) is for Qwen3-MoE directories")
         return load_hf_next(path, device, dtype, progress, quantize)
     if quantize:
         raise ValueError("quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
                          "GGUF file)")  # fmt: skip
-    return hf_loader.load_hf(path, device, dtype, progress)
+    return hf_loader.load_hf(path, device, dtype, progress, experts)
 
 
 def gguf_architecture(path: str | Path) -> str:
@@ -62,7 +65,7 @@ def gguf_architecture(path: str | Path) -> str:
 
 
 def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                    progress: bool = True
+                    progress: bool = True, experts: tuple[int, int] | None = None,
                     ) -> tuple[Qwen3MoeConfig | Qwen3NextConfig, ModelWeights | NextWeights, Tokenizer]:  # fmt: skip
     """Config, weights and tokenizer of a llama.cpp GGUF file, by its ``general.architecture``:
     ``qwen3moe`` as :func:`load_gguf` loads it (Q4_0 packed, the tokenizer of
@@ -70,14 +73,17 @@ def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype:
     them (the types ftlab computes on stay packed) into a :class:`Qwen3NextConfig` and
     :class:`NextWeights` on ``device``, dense weights in ``dtype``, the tokenizer of
     :func:`read_gguf_tokenizer` (CONTROL tokens special). ``progress``: a bar over the layers.
+    ``experts``: ``(start, stop)``, a ``qwen3moe`` model's banks with only those experts.
     GGUFError naming the file and the architecture for any other, and the file and the key or
     tensor for anything ftlab cannot load."""
     argcheck.float_dtype("dtype", dtype)
     path = Path(path)
     arch = gguf_architecture(path)
     if arch == GGUF_ARCH:
-        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress)
+        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress, experts=experts)
         return config, weights, Tokenizer.from_gguf(open_reader(path))
+    if experts is not None:
+        raise ValueError(f"experts=(start, stop) is for {GGUF_ARCH} files, not {arch}")
     hf, tensors, input_perms = read_gguf_hf(path, device, dtype)
     try:
         config = Qwen3NextConfig.from_hf(hf)

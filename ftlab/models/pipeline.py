@@ -86,6 +86,25 @@ class DecodeGraph:
         return self.logits
 
 
+
+def rank_experts(path: Path, tp) -> tuple[int, int] | None:
+    """The experts a tensor-parallel rank reads from a Qwen3-MoE checkpoint (HF directory or
+    ``qwen3moe`` GGUF: their loaders read only those), from the config alone; None for the other
+    models (their loaders read every expert; the shard keeps the rank's)."""
+    from ftlab.formats.gguf import open_reader
+    from ftlab.models import gguf_loader, hf_loader
+    from ftlab.models.loader import GGUF_ARCH, gguf_architecture, is_next
+
+    if path.is_dir():
+        if is_next(hf_loader.read_hf_config(path)):
+            return None
+        num = hf_loader.read_config(path)[0].num_experts
+    elif path.suffix == ".gguf" and gguf_architecture(path) == GGUF_ARCH:
+        num = gguf_loader.read_config(open_reader(path), path).num_experts
+    else:
+        return None
+    return tp.shard(num, "num_experts")
+
 class Pipeline:
     """A loaded model, its tokenizer and one sequence's decoding state (batch 1).
 
@@ -191,11 +210,13 @@ class Pipeline:
               backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str) -> Pipeline:  # fmt: skip
         """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
         at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
+        experts = None if group is None else rank_experts(path, group)
         if path.is_dir():
-            config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model)
+            config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model, experts=experts)
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
-            config, weights, tokenizer = load_gguf_model(path, device=at, dtype=dtype, progress=not tiny_model)
+            config, weights, tokenizer = load_gguf_model(path, device=at, dtype=dtype, progress=not tiny_model,
+                                                         experts=experts)  # fmt: skip
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         if group is not None:

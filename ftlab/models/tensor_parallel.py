@@ -172,6 +172,17 @@ def rows(w, start: int, stop: int):
     return w[start:stop].clone()
 
 
+def experts(bank, start: int, stop: int, total: int):
+    """Experts ``start .. stop`` of a bank of ``total``, copied (:func:`rows`); a bank that holds
+    just those already (loaded with ``experts=(start, stop)``: the loaders read only a rank's
+    experts) as it is. ValueError for a bank of any other size."""
+    if bank.shape[0] == total:
+        return rows(bank, start, stop)
+    if bank.shape[0] == stop - start:
+        return bank
+    raise ValueError(f"an expert bank of {bank.shape[0]} experts is neither all {total} nor this rank's {stop - start}")
+
+
 def take(w, index: torch.Tensor):
     """Rows ``index`` (int64 ``[n]``) of a ``[..., N, K]`` weight or bank, copied."""
     if isinstance(w, QuantWeight):
@@ -248,7 +259,8 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
             v_proj=rows(lw.v_proj, k0 * hd, k1 * hd), o_proj=columns(lw.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt),
             q_norm=lw.q_norm, k_norm=lw.k_norm, input_norm=lw.input_norm,
             post_attention_norm=lw.post_attention_norm, router=lw.router,
-            w_gate_up=rows(lw.w_gate_up, e0, e1), w_down=rows(lw.w_down, e0, e1)), device))  # fmt: skip
+            w_gate_up=experts(lw.w_gate_up, e0, e1, c.num_experts), w_down=experts(lw.w_down, e0, e1, c.num_experts)),
+            device))  # fmt: skip
     embed = rows(weights.embed, v0, v1)
     lm_head = embed if weights.lm_head is weights.embed else rows(weights.lm_head, v0, v1)
     embed_d = embed.to(device)

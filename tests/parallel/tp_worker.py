@@ -1,7 +1,7 @@
 """One rank of the tensor-parallel test (tests/parallel/test_tensor_parallel.py), started by
 torchrun: for each (model, file, quantized path) of argv[2:] (``model:quant:path``), the prompt's
-next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE; rank 0 saves
-them to argv[1]."""
+next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE, and the expert
+range the pipeline asked its loader for; rank 0 saves them to argv[1]."""
 
 import os
 import sys
@@ -15,14 +15,31 @@ PROMPT = "The router sends every token to its experts"
 
 
 def run(model: str, quant: str, path: str, tp: int) -> dict:
-    pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path)
+    import ftlab.models.pipeline as pipeline_module
+
+    seen = []  # the experts range the pipeline asked its loader for
+
+    def watch(load):
+        def loader(*args, **kwargs):
+            seen.append(kwargs.get("experts"))
+            return load(*args, **kwargs)
+
+        return loader
+
+    loads = pipeline_module.load_hf, pipeline_module.load_gguf_model
+    pipeline_module.load_hf, pipeline_module.load_gguf_model = (watch(f) for f in loads)
+    try:
+        pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path)
+    finally:
+        pipeline_module.load_hf, pipeline_module.load_gguf_model = loads
     ids = pipe.tokenizer.encode(PROMPT)
     logits = pipe.prefill(ids)
     first, tokens = logits.clone(), []
     for _ in range(16):
         tokens.append(int(logits.argmax()))
         logits = pipe.decode_step(tokens[-1])
-    return {"logits": first, "tokens": tokens, "last": logits.clone()}
+    return {"logits": first, "tokens": tokens, "last": logits.clone(), "experts": seen[0],
+            "num_experts": getattr(pipe.config, "num_experts", None)}
 
 
 if __name__ == "__main__":

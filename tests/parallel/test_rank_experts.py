@@ -1,0 +1,83 @@
+"""A tensor-parallel rank reads only its experts: the Qwen3-MoE loaders take ``experts=(start,
+stop)`` (GGUF: a view of the memory-mapped banks before gate and up are joined; HF: only those
+experts' tensors), ``Pipeline.load(tp=N)`` passes the rank's range from the config, and the shard
+keeps banks loaded that way as they are."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftlab.models import tiny
+from ftlab.models.gguf_loader import expert_range, load_gguf
+from ftlab.models.loader import load_gguf_model, load_hf
+from ftlab.models.pipeline import rank_experts
+from ftlab.models.tensor_parallel import TensorParallel, experts, rows
+from ftlab.quant import QuantWeight
+
+LLAMA = Path(__file__).resolve().parents[1] / "data" / "llama_cpp"
+pytestmark = pytest.mark.usefixtures("module_cache_dir")
+
+
+def same(a, b) -> None:
+    assert type(a) is type(b) and tuple(a.shape) == tuple(b.shape)
+    if isinstance(a, QuantWeight):
+        assert a.qtype == b.qtype and torch.equal(a.data, b.data)
+    else:
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("file", ["qwen3moe-q4_k_m.gguf", "qwen3moe-q4_0.gguf"])
+def test_gguf_banks_of_a_range_of_experts(file):
+    c, full = load_gguf(LLAMA / file, dtype=torch.float32, progress=False)
+    e0, e1 = c.num_experts // 2, c.num_experts
+    c2, part = load_gguf(LLAMA / file, dtype=torch.float32, progress=False, experts=(e0, e1))
+    assert c2 == c
+    for lf, lp in zip(full.layers, part.layers, strict=True):
+        same(lp.w_gate_up, rows(lf.w_gate_up, e0, e1))
+        same(lp.w_down, rows(lf.w_down, e0, e1))
+        same(lp.router, lf.router)  # every expert still scored
+    same(part.lm_head, full.lm_head)
+
+
+def test_hf_banks_of_a_range_of_experts():
+    path = tiny.ensure("tiny-qwen3-moe")
+    c, full = load_hf(path, dtype=torch.float32, progress=False)
+    _, part = load_hf(path, dtype=torch.float32, progress=False, experts=(1, 3))
+    for lf, lp in zip(full.layers, part.layers, strict=True):
+        same(lp.w_gate_up, lf.w_gate_up[1:3])
+        same(lp.w_down, lf.w_down[1:3])
+    assert c.num_experts > 3
+
+
+@pytest.mark.parametrize("bad", [(2, 1), (0, 0), (-1, 2), (0, 9), [0, 1], (0.0, 1), (True, 2), (0, 1, 2)])
+def test_expert_range_is_checked(bad):
+    with pytest.raises(ValueError, match=r"experts must be \(start, stop\) with 0 <= start < stop <= 8"):
+        expert_range(bad, 8)
+
+
+def test_other_models_refuse_a_range():
+    path = tiny.ensure("tiny-qwen3-next")
+    with pytest.raises(ValueError, match="experts=.* is for Qwen3-MoE directories"):
+        load_hf(path, experts=(0, 1))
+    with pytest.raises(ValueError, match="experts=.* is for qwen3moe files, not"):
+        load_gguf_model(path / "model-q4_0.gguf", experts=(0, 1))
+
+
+def test_rank_range_from_the_config():
+    tp = TensorParallel(rank=1, world=2)
+    c, _ = load_gguf(LLAMA / "qwen3moe-q4_0.gguf", progress=False)
+    assert rank_experts(LLAMA / "qwen3moe-q4_0.gguf", tp) == (c.num_experts // 2, c.num_experts)
+    moe = tiny.ensure("tiny-qwen3-moe")
+    e = load_hf(moe, progress=False)[0].num_experts
+    assert rank_experts(moe, tp) == (e // 2, e)
+    assert rank_experts(tiny.ensure("tiny-qwen3-next"), tp) is None  # its loader reads every expert
+
+
+def test_shard_takes_a_bank_of_the_rank_as_it_is():
+    bank = torch.randn(4, 3, 2)
+    same(experts(bank, 2, 4, 4), bank[2:4])
+    part = bank[2:4]
+    assert experts(part, 2, 4, 4) is part
+    with pytest.raises(ValueError, match="neither all 4 nor this rank's 2"):
+        experts(bank[:3], 2, 4, 4)
