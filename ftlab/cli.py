@@ -41,7 +41,7 @@ ENV_VARS = {
                         "set before ftlab is imported)",
     "FTLAB_CACHE_DIR": "where tiny models and JIT-built kernels are kept (default ~/.cache/ftlab)",
     "FTLAB_CPU_THREADS": "OpenMP threads of the hybrid CPU expert worker (default: cores - 2)",
-    "FTLAB_CPU_ISA": "portable: build the CPU kernels without -march=native",
+    "FTLAB_CPU_ISA": "native (default) | avx2 (x86-64-v3) | portable (no -march): the CPU kernels' build",
     "FTLAB_HYBRID_MECHANISM": "host_func | stream_memop | eager: force the hybrid handshake",
     "FTLAB_HYBRID_PROBE_FAIL": "handshakes (comma-separated, or all) whose probe is made to fail",
     "CUDA_HOME, ROCM_HOME": "where nvcc / hipcc are, for the HIP JIT (or CUDA_PATH, ROCM_PATH)",

@@ -153,13 +153,15 @@ def expert_range(experts: tuple[int, int] | None, num_experts: int) -> tuple[int
 
 
 def cut(bank, start: int, stop: int):
-    """Experts ``start .. stop`` of a bank ``[E, ...]`` (dense or packed), a view (no copy: of a
-    memory-mapped file, only what is used later is read); the bank itself when that is all of it."""
+    """Experts ``start .. stop`` of a bank ``[E, ...]`` as read from the file; the bank itself
+    when that is all of it. A packed bank's slice is a view of the memory-mapped bytes (only what
+    is used later is read); a float one is copied (only its pages are read, and a bank the reader
+    dequantized whole is not kept alive by the slice)."""
     if start == 0 and stop == bank.shape[0]:
         return bank
     if isinstance(bank, QuantWeight):
         return quant_weight(bank.data[start:stop], (stop - start, *bank.shape[1:]), bank.qtype)
-    return bank[start:stop]
+    return bank[start:stop].clone()
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
@@ -169,8 +171,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     :class:`~ftlab.quant.QuantWeight`, expert banks and lm_head included; the embedding dense);
     F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense.
     ``experts``: ``(start, stop)`` -- the expert banks hold only those experts (a tensor-parallel
-    rank's share: the file is memory-mapped, so the other experts' packed bytes are never read;
-    the router still scores all of them). GGUFError naming the file and the key or tensor for
+    rank's share: the file is memory-mapped, so the other experts' bytes are never read -- but
+    for banks of a type ftlab has no kernel for, which the reader dequantizes whole; float banks
+    are cast for the range only; the router still scores every expert). GGUFError naming the file and the key or tensor for
     anything ftlab cannot load (module docstring)."""
     path = Path(path)
     reader = open_reader(path)
@@ -179,7 +182,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     by_name = {t.name: t for t in reader.tensors}
     device = torch.device(device)
 
-    def get(name: str, shape: tuple[int, ...], dense: bool = False):
+    def get(name: str, shape: tuple[int, ...], dense: bool = False, bank: bool = False):
         t = by_name.get(name)
         if t is None:
             raise GGUFError(f"{path}: missing tensor {name!r}")
@@ -188,6 +191,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             raise GGUFError(
                 f"{path}: tensor {name!r} has shape {tuple(value.shape)}, expected {tuple(shape)}"
             )
+        if bank:  # the range's experts, before any cast (a float bank is cast for those only)
+            value = cut(value, e0, e1)
         if isinstance(value, Q4_0Weight):
             return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
         if isinstance(value, QuantWeight):  # Q8_0 and the K-quants: packed, as Q4_0
@@ -210,7 +215,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     ):
         p = f"blk.{i}."
         parts = {f: get(p + n + ".weight", shapes[f], f in dense) for f, n in _LAYER_NAMES.items()}
-        gate, up, down = (cut(get(p + name, shape), e0, e1) for name, shape in (
+        gate, up, down = (get(p + name, shape, bank=True) for name, shape in (
             ("ffn_gate_exps.weight", (e, inter, h)), ("ffn_up_exps.weight", (e, inter, h)),
             ("ffn_down_exps.weight", (e, h, inter))))  # fmt: skip
         banks = [gate, up, down]

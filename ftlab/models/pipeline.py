@@ -86,7 +86,6 @@ class DecodeGraph:
         return self.logits
 
 
-
 def rank_experts(path: Path, tp) -> tuple[int, int] | None:
     """The experts a tensor-parallel rank reads from a Qwen3-MoE checkpoint (HF directory or
     ``qwen3moe`` GGUF: their loaders read only those), from the config alone; None for the other
@@ -104,6 +103,7 @@ def rank_experts(path: Path, tp) -> tuple[int, int] | None:
     else:
         return None
     return tp.shard(num, "num_experts")
+
 
 class Pipeline:
     """A loaded model, its tokenizer and one sequence's decoding state (batch 1).

@@ -40,6 +40,20 @@ def test_gguf_banks_of_a_range_of_experts(file):
     same(part.lm_head, full.lm_head)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gguf_float_banks_of_a_range_of_experts(dtype):
+    """F32 banks (the tiny model's f32 file), kept fp32 or cast: only the range, its own memory."""
+    path = tiny.ensure("tiny-qwen3-moe") / "model-f32.gguf"
+    c, full = load_gguf(path, dtype=dtype, progress=False)
+    e0, e1 = 1, 3
+    _, part = load_gguf(path, dtype=dtype, progress=False, experts=(e0, e1))
+    for lf, lp in zip(full.layers, part.layers, strict=True):
+        same(lp.w_gate_up, lf.w_gate_up[e0:e1])
+        same(lp.w_down, lf.w_down[e0:e1])
+        assert lp.w_down.untyped_storage().nbytes() == lp.w_down.numel() * lp.w_down.element_size()
+    assert c.num_experts > e1
+
+
 def test_hf_banks_of_a_range_of_experts():
     path = tiny.ensure("tiny-qwen3-moe")
     c, full = load_hf(path, dtype=torch.float32, progress=False)

@@ -14,7 +14,8 @@
 // on an AVX2 host); with FMA and F16C as well, the lane sums are scaled and accumulated in 8 fp32
 // lanes a row (one horizontal sum a row, not a block) and gate and up share the activation loads;
 // with AVX-512 VNNI, two blocks a step by vpdpbusd in 16 lanes; scalar code elsewhere
-// (FTLAB_CPU_ISA=avx2 / portable build the narrower paths on any host, for tests). The down
+// (FTLAB_CPU_ISA=avx2 builds x86-64-v3 -- the AVX2 paths, for tests on an AVX-512 host; it runs
+// only on a host with x86-64-v3 -- and FTLAB_CPU_ISA=portable the scalar ones). The down
 // pass reads each slot's expert's rows of a work item as one stretch. The dense loops are left to
 // the vectorizer.
 #include <tvm/ffi/container/tensor.h>
