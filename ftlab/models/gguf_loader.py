@@ -165,7 +165,8 @@ def cut(bank, start: int, stop: int):
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-              progress: bool = True, experts: tuple[int, int] | None = None) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+              progress: bool = True, experts: tuple[int, int] | None = None,
+              ) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
     file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
     :class:`~ftlab.quant.QuantWeight`, expert banks and lm_head included; the embedding dense);
@@ -173,8 +174,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     ``experts``: ``(start, stop)`` -- the expert banks hold only those experts (a tensor-parallel
     rank's share: the file is memory-mapped, so the other experts' bytes are never read -- but
     for banks of a type ftlab has no kernel for, which the reader dequantizes whole; float banks
-    are cast for the range only; the router still scores every expert). GGUFError naming the file and the key or tensor for
-    anything ftlab cannot load (module docstring)."""
+    are cast for the range only; the router still scores every expert). GGUFError naming the
+    file and the key or tensor for anything ftlab cannot load (module docstring)."""
     path = Path(path)
     reader = open_reader(path)
     c = read_config(reader, path)

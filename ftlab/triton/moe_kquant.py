@@ -217,9 +217,10 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 #: :func:`~ftlab.triton.quant_matmul.dequant_pair`) by arch and kernel (gate_up holds two weight
 #: tiles, gate and up), else "default"; fp32 operands ("f32": 3xTF32 dots on NVIDIA) smaller.
 #: "generic" (a Q4_0 bank beside a K-quant one -- dequant_pair has a Q4_0 branch, untimed -- and
-#: RDNA, where the pair tiles spill): :func:`_kq_b_tile` a weight at a time, 32x32x16 at 8 warps. sm_90's are the fastest of the
-#: sweeps in benchmarks/NOTES.md (Qwen3-30B-A3B layer, T = 512 and 2048), spill-free with the
-#: activations aligned as :func:`~ftlab.triton.q4_0_common.rows_16` makes them.
+#: RDNA, where the pair tiles spill): :func:`_kq_b_tile` a weight at a time, 32x32x16 at 8 warps.
+#: sm_90's are the fastest of the sweeps in benchmarks/NOTES.md (Qwen3-30B-A3B layer, T = 512 and
+#: 2048), spill-free with the activations aligned as :func:`~ftlab.triton.q4_0_common.rows_16`
+#: makes them.
 KQ_GEMM_CONFIGS = {
     "pairs": {
         "sm_90": {

@@ -233,7 +233,7 @@ def quant_dequant_gemm_kernel(
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _gemm_config(dtype: torch.dtype, arch: str | None) -> dict[str, int]:
+def gemm_config(dtype: torch.dtype, arch: str | None) -> dict[str, int]:
     """The GEMM's launch parameters for x of ``dtype`` on ``arch`` (None: the CPU interpreter)."""
     if dtype == torch.float32:
         return GEMM_CONFIGS["f32"]
@@ -255,7 +255,7 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     arch = current(x.device).arch if x.device.type != "cpu" else None
-    cfg = config or _gemm_config(x.dtype, arch)
+    cfg = config or gemm_config(x.dtype, arch)
     f32 = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreted())
     precision = (
         "tf32x3"
@@ -291,7 +291,7 @@ def compile_specs(target: str) -> list:
     specs = matvec_specs(target)
     for qtype, code in QTYPE_CODE.items():
         for dt in ("fp32", "fp16", "bf16"):
-            cfg = _gemm_config(torch.float32 if dt == "fp32" else torch.float16,
+            cfg = gemm_config(torch.float32 if dt == "fp32" else torch.float16,
                                target if target.startswith(("sm_", "gfx")) else None)
             label = f"quant_dequant_gemm_kernel[{qtype}, {dt}, {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}]"
             specs.append(spec(quant_dequant_gemm_kernel, label,
