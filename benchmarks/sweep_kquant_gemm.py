@@ -15,6 +15,7 @@ import torch
 import triton
 
 import ftlab.triton.moe_kquant as mk
+import ftlab.triton.q4_0 as ft_q4_0
 import ftlab.triton.quant_matmul as qm
 from ftlab import ops
 from ftlab.bench.harness import copy_bandwidth, require_gpu, time_graph_us
@@ -57,11 +58,15 @@ def launch(a, w, dst, n, k, gated, cfg, align, wts, pairs, bm):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="T = 512 only, fewer replays")
+    ap.add_argument("--q4_0", action="store_true", help="only the Q4_0 comparisons (q4_0_sweep)")
     args = ap.parse_args()
     require_gpu()
     dev = torch.device("cuda")
     reps = 10 if args.quick else 20
     print(f"copy bandwidth {copy_bandwidth():.0f} GB/s", flush=True)
+    if args.q4_0:
+        q4_0_sweep(dev, reps)
+        return
     gate_banks = {q: bank(q, 2 * INTER, H, dev, 1 + i) for i, q in enumerate(("Q4_K", "Q4_0"))}
     down_banks = {q: bank(q, H, INTER, dev, 5 + i) for i, q in enumerate(("Q6_K", "Q4_K", "Q4_0"))}
     for t in (512,) if args.quick else (512, 2048):
@@ -106,6 +111,43 @@ def main() -> None:
                 err = float((qm.quant_dequant_gemm(x, w, cfg).float() - ref).abs().max()) / float(ref.abs().max())
                 us = time_graph_us(lambda: qm.quant_dequant_gemm(x, w, cfg), inner=5, reps=reps)  # noqa: B023
                 print(f"dense {n}x{k} M=512 {qtype} {label:16s} {us:8.1f} us  relerr {err:.1e}", flush=True)
+
+
+def q4_0_sweep(dev: torch.device, reps: int) -> None:
+    """Q4_0 at M = T = 512: the layer's experts (HIP's int8 kernels, ``experts_gemm``, the 64-weight
+    steps at the table's and other tiles) and the dense GEMM at the Qwen3-30B-A3B attention shapes
+    and 14336x4096 (HIP's int8 tiles, ``ftlab.triton.q4_0``'s GEMM, the 64-weight steps)."""
+    t = 512
+    g = torch.Generator(device=dev).manual_seed(t)
+    logits = torch.randn(t, E, device=dev, generator=g) * 2 + torch.randn(1, E, device=dev, generator=g)
+    wts, ids = ops.route_topk(logits, TOP_K)
+    x = torch.randn(t, H, device=dev, dtype=torch.bfloat16)
+    gu, dn = bank("Q4_0", 2 * INTER, H, dev, 2), bank("Q4_0", H, INTER, dev, 7)
+    ref = experts_gemm(x, gu, dn, wts, ids.to(torch.int32)).float()
+    runs = {"hip int8": lambda: ops.moe_experts(x, gu, dn, wts, ids, backend="hip"),
+            "triton experts_gemm": lambda: experts_gemm(x, gu, dn, wts, ids.to(torch.int32)),
+            "triton 64-weight steps (table)": lambda: mk.experts_kquant_gemm(x, gu, dn, wts, ids.to(torch.int32))}  # fmt: skip
+    for gl, dl in (("bn64 w4", "bn64 w4"), ("bn32 w4", "bn32 w4"), ("bn32 w4", "bn16 w4")):
+        cfgs = [MOE["gate_up"][gl], MOE["down"][dl]]
+        runs[f"triton 64-weight steps {gl} / {dl}"] = (
+            lambda c=cfgs: mk.experts_kquant_gemm(x, gu, dn, wts, ids.to(torch.int32), configs=c))
+    for label, fn in runs.items():
+        err = float((fn().float() - ref).abs().max()) / float(ref.abs().max())
+        us = time_graph_us(fn, inner=5, reps=reps)
+        print(f"moe T={t} Q4_0 banks {label:40s} {us:8.1f} us  relerr {err:.1e}", flush=True)
+    for n, k in ((5120, 2048), (2048, 4096), (14336, 4096)):
+        w = ops.quantize_q4_0(torch.randn(n, k, device=dev) * k**-0.5)
+        xm = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
+        ref = ops.q4_0_matmul(xm, w, path="dequant", backend="triton").float()
+        runs = {"hip int8": lambda: ops.q4_0_matmul(xm, w, path="int8", backend="hip"),  # noqa: B023
+                "triton q4_0 GEMM": lambda: ft_q4_0.q4_0_dequant_gemm(xm, w),  # noqa: B023
+                "torch dequantize + matmul": lambda: xm @ ops.dequantize_q4_0(w, dtype=torch.bfloat16).T}  # noqa: B023
+        for label, cfg in DENSE.items():
+            runs[f"64-weight steps {label}"] = lambda c=cfg: qm.quant_dequant_gemm(xm, w, c)  # noqa: B023
+        for label, fn in runs.items():
+            err = float((fn().float() - ref).abs().max()) / float(ref.abs().max())
+            us = time_graph_us(fn, inner=5, reps=reps)
+            print(f"dense {n}x{k} M={t} Q4_0 {label:30s} {us:8.1f} us  relerr {err:.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Write a Qwen3-30B-A3B-shaped model (``ftlab.bench.model.CONFIG``) with random weights as a
 GGUF file that llama.cpp and ftlab both load: Q8_0 (or BF16), from which ``llama-quantize`` makes
-the K-quant files people download (benchmarks/make_kquant_model.sh), or Q4_K_M directly.
+the K-quant files people download (benchmarks/make_kquant_model.sh), or Q4_K_M or Q4_0 directly.
 
 Weights are Gaussian, each row scaled to unit RMS of its dot with a unit-RMS input (norms are
 ones, the embedding RMS 4, as in ``ftlab bench model``), drawn layer by layer on ``--device``
 and quantized there: Q8_0 by ``ops.quantize`` (byte-identical to gguf-py's Q8_0); Q4_K_M by
 ``ftlab.bench.kquant_pack`` (min/max scales, not llama.cpp's error search) in llama.cpp's
-Q4_K_M type mix for this architecture (:func:`q4_k_m_type`). Host memory holds the packed model
+Q4_K_M type mix for this architecture (:func:`q4_k_m_type`); Q4_0 as llama-quantize's Q4_0 (every
+matrix Q4_0 by ``ops.quantize``, ``output.weight`` Q6_K). Host memory holds the packed model
 only (Q8_0: 32 GB; BF16: 61 GB; Q4_K_M: 18.6 GB). The tokenizer is llama.cpp's "none" type
 with the vocab size: llama-bench and ftlab's ``load_gguf`` run it; text generation has no vocabulary.
 
-    python benchmarks/write_random_qwen3moe.py OUT.gguf [--type Q8_0|BF16|Q4_K_M] [--device cuda]
+    python benchmarks/write_random_qwen3moe.py OUT.gguf [--type Q8_0|BF16|Q4_K_M|Q4_0] [--device cuda]
         [--layers N] [--experts N] [--vocab N]
 """
 
@@ -60,7 +61,7 @@ def q4_k_m_type(name: str, n_layers: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--type", default="Q8_0", choices=["Q8_0", "BF16", "Q4_K_M"])
+    ap.add_argument("--type", default="Q8_0", choices=["Q8_0", "BF16", "Q4_K_M", "Q4_0"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--layers",
@@ -90,6 +91,8 @@ def main() -> None:
             return w.to(torch.bfloat16).cpu()
         if args.type == "Q4_K_M":
             return PACKERS[q4_k_m_type(name, c.num_hidden_layers)](w).to("cpu")
+        if args.type == "Q4_0":  # llama-quantize's Q4_0: output.weight in Q6_K
+            return (PACKERS["Q6_K"](w) if name == "output.weight" else ops.quantize(w, "Q4_0")).to("cpu")
         return ops.quantize(w, "Q8_0").to("cpu")
 
     def ones(n: int) -> torch.Tensor:
@@ -118,9 +121,9 @@ def main() -> None:
     meta |= {"general.name": f"random Qwen3-30B-A3B-shaped ({c.num_hidden_layers} layers, {e} experts)",
              "tokenizer.ggml.model": "none"}  # fmt: skip
     # the file's type, as llama-quantize writes it (llama-bench names the model's type from it)
-    if args.type == "Q4_K_M":
-        meta |= {"general.file_type": int(gguf.LlamaFileType.MOSTLY_Q4_K_M),
-                 "general.quantization_version": gguf.GGML_QUANT_VERSION}  # fmt: skip
+    if args.type in ("Q4_K_M", "Q4_0"):
+        ftype = gguf.LlamaFileType.MOSTLY_Q4_K_M if args.type == "Q4_K_M" else gguf.LlamaFileType.MOSTLY_Q4_0
+        meta |= {"general.file_type": int(ftype), "general.quantization_version": gguf.GGML_QUANT_VERSION}
     print(f"writing {args.out}")
     write_tensors(args.out, tensors, arch=GGUF_ARCH, metadata=meta)
 

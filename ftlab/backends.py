@@ -364,19 +364,28 @@ def cpu_unavailable(plat: ftplatform.Platform, device_type: str) -> str | None:
 #: T = 512, Triton's GEMMs (64-weight steps) 386 us and 1.4 ms (benchmarks/NOTES.md). ROCm keeps
 #: hip: unmeasured there, and RDNA's Triton takes the slower weight-at-a-time tiles.
 KQUANT_PREFILL_OVER = {"hip": ("cuda",)}
+#: the GPU archs where the rule of :data:`KQUANT_PREFILL_OVER` also takes Q4_0 weights
+#: (``q4_0_matmul``, ``moe_experts`` on Q4_0 banks): where Triton has timed 64-weight-step tiles
+#: for Q4_0 (``ftlab.triton.quant_matmul.GEMM_CONFIGS["q4_0"]``, ``ftlab.triton.moe_kquant.
+#: KQ_GEMM_CONFIGS["q4_0_pairs"]``) that beat HIP's int8 prefill in the same run (benchmarks/NOTES.md)
+Q4_0_PREFILL_ARCHS = ("sm_90",)
 
 
 def kquant_prefill(op: str, impl: Impl, backend: str, requested: str, device: torch.device,
                    dtype: torch.dtype, rows: int, plat: ftplatform.Platform | None = None,
-                   ) -> tuple[Impl, str] | None:  # fmt: skip
+                   q4_0: bool = False) -> tuple[Impl, str] | None:  # fmt: skip
     """Triton's (implementation, path) for a prefill call of ``op`` on Q8_0 / K-quant weights
     that ``backend="auto"`` resolved to ``impl`` (see :data:`KQUANT_PREFILL_OVER`), or None to
     keep ``impl``: only for backend and path "auto", above :data:`DECODE_MAX_TOKENS` rows, on
-    ``plat`` (default: ``device``'s) of a kind listed for ``impl``'s backend."""
+    ``plat`` (default: ``device``'s) of a kind listed for ``impl``'s backend; with ``q4_0`` (some
+    weight is Q4_0) and 16-bit ``dtype``, only on :data:`Q4_0_PREFILL_ARCHS`."""
     if backend != "auto" or requested != "auto" or rows <= DECODE_MAX_TOKENS:
         return None
     kinds = KQUANT_PREFILL_OVER.get(impl.backend, ())
-    if (plat or ftplatform.current(device)).kind not in kinds:
+    plat = plat or ftplatform.current(device)
+    if plat.kind not in kinds:
+        return None
+    if q4_0 and (dtype == torch.float32 or plat.arch not in Q4_0_PREFILL_ARCHS):
         return None
     try:
         return resolve_path(op, "triton", device, dtype, rows, "dequant")

@@ -147,13 +147,13 @@ def moe_experts(
     if quant:
         requested = path
         impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
-        if not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)):
-            q4_0 = isinstance(w_gate_up, Q4_0Weight) or isinstance(w_down, Q4_0Weight)
-            over = None if q4_0 else backends.kquant_prefill("moe_experts", impl, backend, requested, x.device,
-                                                             x.dtype, x.shape[0])  # fmt: skip
-            if over is not None:  # prefill: Triton's grouped dequant GEMM over hip's int8 matvecs
-                impl, path = over
-            elif backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
+        q4_0 = isinstance(w_gate_up, Q4_0Weight) or isinstance(w_down, Q4_0Weight)
+        over = backends.kquant_prefill("moe_experts", impl, backend, requested, x.device, x.dtype, x.shape[0],
+                                       q4_0=q4_0)  # fmt: skip
+        if over is not None:  # prefill: Triton's grouped dequant GEMM over hip's int8 kernels
+            impl, path = over
+        elif not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)):
+            if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
                 impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
                                                    requested)  # fmt: skip
             path = kquant_path(impl.backend, requested, path, f"{w_gate_up.qtype} / {w_down.qtype}")

@@ -64,7 +64,9 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
       ``"dequant"``: ``x @ dequantize(W).T`` with the weights rounded to x's dtype in the
       tile (Triton) -- within one rounding of each weight of the fp32 result.
       ``"auto"``: int8 up to ``backends.DECODE_MAX_TOKENS`` rows (decode); for more rows the
-      backend's prefill path (reference, triton: dequant; hip: int8).
+      backend's prefill path (reference, triton: dequant; hip: int8). With ``backend="auto"``
+      on the GPUs of ``backends.Q4_0_PREFILL_ARCHS`` (16-bit x), prefill takes Triton's dequant
+      GEMM (``backends.kquant_prefill``).
     With ``backend="auto"`` and an explicit path, the first backend in auto order that
     implements that path serves the call.
 
@@ -81,6 +83,9 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
     impl, chosen = backends.resolve_path("q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
+    over = backends.kquant_prefill("q4_0_matmul", impl, backend, path, x.device, x.dtype, x.shape[0], q4_0=True)
+    if over is not None:  # prefill where Triton's 64-weight steps beat hip's int8 tiles
+        impl, chosen = over
     if x.shape[0] == 0 or w.shape[0] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:

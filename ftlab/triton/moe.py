@@ -19,9 +19,10 @@ import triton
 import triton.language as tl
 
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.platform import current
 from ftlab.quant import Q4_0Weight
 from ftlab.triton.moe_gemm import bank_args, experts_gemm
-from ftlab.triton.moe_kquant import experts_kquant, experts_kquant_gemm
+from ftlab.triton.moe_kquant import experts_kquant, experts_kquant_gemm, q4_0_pairs
 from ftlab.triton.moe_route import moe_align, route_topk
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import (
@@ -237,7 +238,8 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     """Backend entry of :func:`ftlab.ops.moe_experts` (``path`` resolved: "int8" or
     "dequant"). Q4_0 banks on the int8 path: the int8 decode kernels (any T); Q8_0 / K-quant
     banks: those of ``moe_kquant`` (int8: matvecs at any T; dequant: its grouped GEMM); else up
-    to ``DECODE_MAX_TOKENS`` tokens the fp32 decode kernels, beyond the grouped GEMM."""
+    to ``DECODE_MAX_TOKENS`` tokens the fp32 decode kernels, beyond the grouped GEMM (Q4_0 banks
+    where ``moe_kquant.q4_0_pairs``: its 64-weight-step GEMM)."""
     t, hidden = x.shape
     if t == 0:
         return torch.empty((0, hidden), dtype=x.dtype, device=x.device)
@@ -252,6 +254,8 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
         return _experts_q8(x, w_gate_up, w_down, wts, ids)
     if t <= DECODE_MAX_TOKENS:
         return _experts_decode(x, w_gate_up, w_down, wts, ids)
+    if not isinstance(w_gate_up, torch.Tensor) and x.device.type != "cpu" and q4_0_pairs(x.dtype, current(x.device).arch):
+        return experts_kquant_gemm(x, w_gate_up, w_down, wts, ids)  # 64-weight steps
     return experts_gemm(x, w_gate_up, w_down, wts, ids)
 
 

@@ -236,6 +236,14 @@ KQ_GEMM_CONFIGS = {
             "down": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},
         },
     },
+    # Q4_0 banks (16-bit activations) in 64-weight steps: the archs where these were timed
+    # against moe_gemm's experts_gemm and HIP's int8 kernels (backends.Q4_0_PREFILL_ARCHS)
+    "q4_0_pairs": {
+        "sm_90": {
+            "gate_up": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+            "down": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        },
+    },
     "generic": {
         "half": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
         "f32": {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
@@ -243,11 +251,20 @@ KQ_GEMM_CONFIGS = {
 }
 
 
+def q4_0_pairs(dtype: torch.dtype, arch: str | None) -> bool:
+    """Whether Q4_0 banks have timed 64-weight-step tiles for ``dtype`` on ``arch``
+    (``KQ_GEMM_CONFIGS["q4_0_pairs"]``): there the prefill of two Q4_0 banks takes
+    :func:`experts_kquant_gemm` instead of ``moe_gemm``'s ``experts_gemm``."""
+    return dtype != torch.float32 and (arch or "") in KQ_GEMM_CONFIGS["q4_0_pairs"]
+
+
 def kq_gemm_config(dtype: torch.dtype, qtype: str, arch: str | None, gated: bool) -> dict:
     """The launch parameters of ``moe_kq_gemm_kernel`` (the gate/up kernel if ``gated``, else the
     down one) for operands of ``dtype`` on a bank of ``qtype`` on ``arch`` (None: the CPU
     interpreter): BLOCK_M, BLOCK_N, BLOCK_K, PAIRS, num_warps, num_stages."""
     f32 = dtype == torch.float32
+    if qtype == "Q4_0" and q4_0_pairs(dtype, arch):
+        return {**KQ_GEMM_CONFIGS["q4_0_pairs"][arch]["gate_up" if gated else "down"], "BLOCK_K": 64, "PAIRS": True}
     if qtype == "Q4_0" or (arch or "").startswith(("gfx11", "gfx12")):
         return {**KQ_GEMM_CONFIGS["generic"]["f32" if f32 else "half"], "PAIRS": False}
     pairs = KQ_GEMM_CONFIGS["pairs"]

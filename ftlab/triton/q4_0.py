@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.platform import current
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 from ftlab.triton.q4_0_common import CONFIGS, config, interpreted, load_q4_0_scale, round_half_away
 from ftlab.triton.q4_0_matvec import MATVEC_ROWS, matvec_specs, q4_0_matvec
@@ -225,6 +226,12 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
         outs = [q4_0_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
                 for i in range(0, x.shape[0], rows)]  # fmt: skip
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+    if x.device.type != "cpu":  # 64-weight steps where they have timed tiles
+        from ftlab.triton.quant_matmul import q4_0_config, quant_dequant_gemm
+
+        cfg = q4_0_config(x.dtype, current(x.device).arch)
+        if cfg is not None:
+            return quant_dequant_gemm(x, w, cfg)
     return q4_0_dequant_gemm(x, w)
 
 

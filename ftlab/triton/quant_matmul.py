@@ -37,7 +37,14 @@ GEMM_CONFIGS: dict[str, dict] = {
         "default": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
     },
     "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2},
+    # Q4_0 weights (16-bit x; only the 64-weight steps decode Q4_0): the archs where these tiles
+    # were timed against ftlab.triton.q4_0's GEMM and HIP's int8 tiles (backends.Q4_0_PREFILL_ARCHS)
+    "q4_0": {
+        "sm_90": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+    },
 }
+#: dequant_pair's code of Q4_0 (as ftlab.triton.moe_kquant's QT_CODES)
+Q4_0_CODE = 4
 
 
 @triton.jit
@@ -241,6 +248,12 @@ def gemm_config(dtype: torch.dtype, arch: str | None) -> dict[str, int]:
     return half.get(arch or "default", half["default"])
 
 
+def q4_0_config(dtype: torch.dtype, arch: str | None) -> dict[str, int] | None:
+    """The GEMM's launch parameters for Q4_0 weights and x of ``dtype`` on ``arch``, or None
+    where Q4_0 keeps ``ftlab.triton.q4_0``'s GEMM (fp32 x, an arch without timed tiles)."""
+    return None if dtype == torch.float32 else GEMM_CONFIGS["q4_0"].get(arch or "")
+
+
 def row_scales(arch: str) -> bool:
     """Whether the GEMM decodes a weight tile's scales once a row (:func:`dequant_tile32`) on
     ``arch``: not on RDNA, where the per-row values held across the tile spill registers."""
@@ -249,13 +262,20 @@ def row_scales(arch: str) -> bool:
 
 def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = None) -> torch.Tensor:
     """y = x @ dequantize(w).T by ``quant_dequant_gemm_kernel``; ``config``: launch parameters
-    instead of the table's (for sweeps)."""
+    instead of the table's (for sweeps). Q4_0 weights only in 64-weight steps (BLOCK_K 64, on
+    an arch with row scales): ``config`` or :func:`q4_0_config`'s."""
     x = rows_16(x)
     m, k = x.shape
     n = w.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     arch = current(x.device).arch if x.device.type != "cpu" else None
-    cfg = config or gemm_config(x.dtype, arch)
+    if w.qtype == "Q4_0":
+        cfg = config or q4_0_config(x.dtype, arch)
+        if cfg is None or cfg["BLOCK_K"] != 64 or not row_scales(arch or "cpu"):
+            raise ValueError(f"Q4_0 weights are decoded in 64-weight steps only: config must have BLOCK_K 64 on an "
+                             f"arch with row scales, got {cfg} on {arch or 'the CPU interpreter'}")  # fmt: skip
+    else:
+        cfg = config or gemm_config(x.dtype, arch)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     f32 = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreted())
     precision = (
         "tf32x3"
@@ -265,7 +285,7 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     quant_dequant_gemm_kernel[grid](
         x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k,
-        QTYPE=QTYPE_CODE[w.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        QTYPE=Q4_0_CODE if w.qtype == "Q4_0" else QTYPE_CODE[w.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         DOT_F32=f32, F32_PRECISION=precision if x.dtype == torch.float32 else "ieee",
         ROW_SCALES=row_scales(arch or "cpu"),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -289,10 +309,13 @@ def compile_specs(target: str) -> list:
 
     precision = "tf32x3" if target.startswith("sm_") else "ieee"
     specs = matvec_specs(target)
-    for qtype, code in QTYPE_CODE.items():
+    arch = target if target.startswith(("sm_", "gfx")) else None
+    for qtype, code in {**QTYPE_CODE, "Q4_0": Q4_0_CODE}.items():
         for dt in ("fp32", "fp16", "bf16"):
-            cfg = gemm_config(torch.float32 if dt == "fp32" else torch.float16,
-                               target if target.startswith(("sm_", "gfx")) else None)
+            torch_dt = torch.float32 if dt == "fp32" else torch.float16
+            cfg = q4_0_config(torch_dt, arch) if qtype == "Q4_0" else gemm_config(torch_dt, arch)
+            if cfg is None:  # Q4_0 without tiles here: ftlab.triton.q4_0's GEMM serves it
+                continue
             label = f"quant_dequant_gemm_kernel[{qtype}, {dt}, {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}]"
             specs.append(spec(quant_dequant_gemm_kernel, label,
                               types={"x_ptr": f"*{dt}", "w_ptr": "*u8", "y_ptr": f"*{dt}"},

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ftlab.testing as ft
-from ftlab import ops
+from ftlab import backends, ops
 from ftlab.backends import BackendUnavailable
 from ftlab.jit import cpu_unavailable_reason
 
@@ -113,6 +113,30 @@ def test_kquant_gemm_configs_cpu(pairs):
     want = ops.moe_experts(x.float(), q4, dn, weights, ids, path="dequant", backend="reference")
     bound = ft.experts_tolerance(x, q4, dn, weights, ids, "dequant", want)
     assert bool(((got.float() - want).abs() <= bound).all())
+    q4d = ops.quantize_q4_0(torch.randn(e, h, inter, generator=gen) * inter**-0.5)  # two Q4_0 banks
+    got = mk.experts_kquant_gemm(x, q4, q4d, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
+    want = ops.moe_experts(x.float(), q4, q4d, weights, ids, path="dequant", backend="reference")
+    bound = ft.experts_tolerance(x, q4, q4d, weights, ids, "dequant", want)
+    assert bool(((got.float() - want).abs() <= bound).all())
+
+
+def test_q4_0_bank_tiles():
+    """Q4_0 banks take 64-weight steps only where KQ_GEMM_CONFIGS["q4_0_pairs"] has timed tiles
+    (16-bit activations), the weight-at-a-time tiles elsewhere; the archs are the ones where
+    auto's prefill leaves hip for them (backends.Q4_0_PREFILL_ARCHS), as for the dense GEMM."""
+    import ftlab.triton.moe_kquant as mk
+    import ftlab.triton.quant_matmul as tqm
+
+    for arch in mk.KQ_GEMM_CONFIGS["q4_0_pairs"]:
+        assert mk.q4_0_pairs(torch.bfloat16, arch) and not mk.q4_0_pairs(torch.float32, arch)
+        for gated in (True, False):
+            cfg = mk.kq_gemm_config(torch.float16, "Q4_0", arch, gated)
+            assert cfg["PAIRS"] and cfg["BLOCK_K"] == 64
+    for arch in (None, "gfx1100", "sm_80"):
+        assert not mk.q4_0_pairs(torch.bfloat16, arch)
+        assert not mk.kq_gemm_config(torch.float16, "Q4_0", arch, True)["PAIRS"]
+    archs = set(backends.Q4_0_PREFILL_ARCHS)
+    assert archs == set(mk.KQ_GEMM_CONFIGS["q4_0_pairs"]) == set(tqm.GEMM_CONFIGS["q4_0"])
 
 
 @settings(max_examples=4, deadline=None)

@@ -16,6 +16,7 @@ from ftlab.quant import QTYPES, QuantWeight
 from ftlab.reference import q4_0 as ref_q4_0
 from ftlab.reference import quant_matmul as ref
 from ftlab.reference.quants import dequantize
+from ftlab.testing.common import assert_within
 from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weight
 
 GPU = ["triton", "hip"]
@@ -234,3 +235,27 @@ def test_dequant_gemm_pair_steps_cpu(qtype, n, k, dtype):
     want, bound = quant_matmul_tolerance(x, w, "dequant", dtype)
     assert bool(((got.double() - want).abs() <= bound).all()), float((got.double() - want).abs().max())
     torch.testing.assert_close(got, tqm.quant_dequant_gemm(x, w), rtol=0, atol=0)  # = the 32-column steps
+
+
+@pytest.mark.parametrize("n, k", [(40, 96), (33, 256)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dequant_gemm_q4_0_pair_steps_cpu(n, k, dtype):
+    """Q4_0 weights in the dense GEMM's 64-weight steps (dequant_pair's Q4_0 branch; what
+    q4_0_matmul's Triton dequant path takes where GEMM_CONFIGS["q4_0"] has tiles) within the
+    dequant bound of the exact product, K % 64 == 32 included; without BLOCK_K 64 tiles the
+    GEMM refuses Q4_0 (its other steps do not decode it)."""
+    import ftlab.triton.quant_matmul as tqm
+
+    gen = torch.Generator().manual_seed(n + k)
+    w = ops.quantize_q4_0(torch.randn(n, k, generator=gen) * k**-0.5)
+    x = torch.randn(7, k, generator=gen).to(dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
+    got = tqm.quant_dequant_gemm(x, w, cfg)
+    want = ops.q4_0_matmul(x, w, path="dequant", backend="reference")
+    assert_within("triton", "Q4_0 64-weight steps", got, want, ft.matmul_tolerance(x, w, "dequant", dtype))
+    with pytest.raises(ValueError, match="64-weight steps only"):
+        tqm.quant_dequant_gemm(x, w)  # the interpreter has no Q4_0 tiles
+    with pytest.raises(ValueError, match="64-weight steps only"):
+        tqm.quant_dequant_gemm(x, w, {**cfg, "BLOCK_K": 32})
+    assert tqm.q4_0_config(torch.bfloat16, "sm_90")["BLOCK_K"] == 64
+    assert tqm.q4_0_config(torch.float32, "sm_90") is None and tqm.q4_0_config(torch.float16, "gfx1100") is None

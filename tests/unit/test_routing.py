@@ -267,3 +267,17 @@ def test_kquant_prefill_keeps_hip_when_triton_cannot_serve(fake_paths_op):
     hip = backends.spec("fakeq").impls["hip"]
     rows = backends.DECODE_MAX_TOKENS + 1
     assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, rows, plat("sm_90")) is None
+
+
+def test_kquant_prefill_takes_q4_0_only_where_its_tiles_were_timed(fake_paths_op):
+    """With Q4_0 weights the rule applies only on backends.Q4_0_PREFILL_ARCHS and 16-bit x."""
+    hip = backends.spec("fakeq").impls["hip"]
+    big = backends.DECODE_MAX_TOKENS + 1
+    for arch in backends.Q4_0_PREFILL_ARCHS:
+        impl, path = backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.bfloat16, big, plat(arch), q4_0=True)
+        assert (impl.backend, path) == ("triton", "dequant")
+        assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float32, big, plat(arch), q4_0=True) is None
+        assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float32, big, plat(arch)) is not None
+    assert "sm_80" not in backends.Q4_0_PREFILL_ARCHS
+    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, big, plat("sm_80"), q4_0=True) is None
+    assert backends.kquant_prefill("fakeq", hip, "auto", "auto", CPU, torch.float16, big, plat("sm_80")) is not None
