@@ -166,7 +166,7 @@ _BENCH_OPTIONS = {
     "gguf": ("'ftlab bench model'", {"gguf"}),
     **{name: (_QWEN35, {"qwen35moe"}) for name in ("small", "layers", "experts", "vocab", "write_gguf")},
     "device": (f"{_QWEN35} and {_GGUF}", {"qwen35moe", "gguf"}),
-    **{name: (_GGUF, {"gguf"}) for name in ("prefill", "llama_bench")},
+    **{name: (_GGUF, {"gguf"}) for name in ("prefill", "llama_bench", "tp")},
 }
 
 
@@ -185,7 +185,17 @@ def cmd_bench(args) -> int:
         from ftlab.bench import model_gguf
 
         report = model_gguf.run(args.gguf, quick=args.quick, device=args.device or "cuda",
-                                prefill=args.prefill or model_gguf.PREFILL, llama_bench=args.llama_bench)  # fmt: skip
+                                prefill=args.prefill or model_gguf.PREFILL, llama_bench=args.llama_bench,
+                                tp=args.tp or 1)  # fmt: skip
+        if (args.tp or 1) > 1:
+            import torch.distributed as dist
+
+            from ftlab.models.tensor_parallel import close
+
+            rank = dist.get_rank()
+            close()
+            if rank != 0:  # every rank ran the bench; rank 0 reports
+                return 0 if all(m.validated for m in report.measurements) else 1
     elif bench == "qwen35moe":
         from ftlab.bench import qwen35moe_random as shapes
 
@@ -362,6 +372,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--experts", type=_option(int, "an int", _at_least_one("--experts")),
                    help="this many experts a layer, top-k capped at them (default: the shape's, 256; --small: 8)")
     m.add_argument("--vocab", type=_option(int, "an int", _at_least_one("--vocab")), help="this vocabulary size (default: the shape's, 248320; --small: 1024)")
+    m.add_argument("--tp", type=_option(int, "an int", _at_least_one("--tp")),
+                   help="--gguf (qwen3moe): tensor / expert parallelism over this many ranks, each on its own GPU; "
+                        "start them with torchrun --nproc-per-node N -m ftlab bench model --gguf FILE --tp N "
+                        "(rank 0 reports) (default: 1)")
     m.add_argument("--device", choices=["cuda", "cpu"], help="--arch qwen35moe or --gguf: cuda, or cpu: eager, host-timed, a smoke "
                                                                  "run (default: cuda)")
     m.add_argument("--write-gguf", metavar="FILE", help="first write the random model as a qwen35moe GGUF file "

@@ -101,11 +101,13 @@ def nbytes(w: QuantWeight | torch.Tensor) -> int:
 def decode_bytes(config: Qwen3MoeConfig, weights: ModelWeights, experts_used: float, batch: int) -> float:
     """Weight bytes one decode step of ``batch`` tokens reads with ``experts_used`` distinct
     experts per layer: every layer's projections, norms and router as stored (packed of any type,
-    or dense), its expert banks per expert, the lm_head, one embedding row a token."""
+    or dense), its expert banks per expert, the lm_head, one embedding row a token. Weights of a
+    tensor-parallel rank: its own bytes (its banks hold its share of the experts)."""
     total = nbytes(weights.lm_head) + nbytes(weights.norm) + batch * nbytes(weights.embed[0])
     for lw in weights.layers:
-        per_expert = (nbytes(lw.w_gate_up) + nbytes(lw.w_down)) / config.num_experts
-        total += experts_used * per_expert + sum(
+        held = lw.w_gate_up.shape[0]  # experts in this bank: all, or a rank's share
+        per_expert = (nbytes(lw.w_gate_up) + nbytes(lw.w_down)) / held
+        total += experts_used * held / config.num_experts * per_expert + sum(
             nbytes(w) for w in (lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.q_norm, lw.k_norm, lw.input_norm,
                                 lw.post_attention_norm, lw.router)
         )  # fmt: skip
@@ -126,16 +128,19 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def bench_weights(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, length: int, timer) -> None:
+def bench_weights(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, length: int, timer,
+                  tp=None) -> None:  # fmt: skip
     """The prefill row of one ``length``-token prompt, then the decode rows of every batch of
     :data:`DECODE_BATCHES` at position ``length`` (graph and eager on a GPU, eager on the CPU),
-    with their notes, into ``report``; ``timer(fn, warmup, reps)`` gives microseconds."""
+    with their notes, into ``report``; ``timer(fn, warmup, reps)`` gives microseconds. ``tp``: a
+    :class:`~ftlab.models.tensor_parallel.TensorParallel` rank holding its shard of the weights
+    (every rank runs the same calls: token ids are drawn on the host, the same on every rank)."""
     dev = weights.embed.device
-    gen = torch.Generator(device=dev).manual_seed(1)
-    prefill(report, config, weights, gen, length, timer)
+    gen = torch.Generator().manual_seed(1)
+    prefill(report, config, weights, gen, length, timer, tp)
     _empty_cache(dev)
     for batch in DECODE_BATCHES:
-        decode(report, config, weights, batch, gen, length, timer)
+        decode(report, config, weights, batch, gen, length, timer, tp)
         _empty_cache(dev)
 
 
@@ -176,11 +181,11 @@ def host_copy_gbps(nbytes: int = 1 << 26) -> float:
 
 
 def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: torch.Generator, length: int,
-            timer) -> None:  # fmt: skip
+            timer, tp=None) -> None:  # fmt: skip
     """``length`` random tokens through the dynamic model; the router's choices give the expert load."""
     dev = weights.embed.device
-    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8)
-    tokens = torch.randint(0, config.vocab_size, (1, length), device=dev, generator=gen)
+    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, tp=tp)
+    tokens = torch.randint(0, config.vocab_size, (1, length), generator=gen).to(dev)
     pos = torch.arange(length, device=dev)[None]
     loads = [
         torch.bincount(stage.tensors["ids"].flatten().long(), minlength=config.num_experts)
@@ -203,12 +208,12 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
 
 
 def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch: int, gen: torch.Generator,
-           length: int, timer) -> None:  # fmt: skip
+           length: int, timer, tp=None) -> None:  # fmt: skip
     """One decode step at position ``length`` for ``batch`` sequences: graph (on a GPU) and eager.
     Validated: finite logits, and on a GPU the graph's equal to eager's."""
     dev = weights.embed.device
-    model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True)
-    steps = [torch.randint(0, config.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)]
+    model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True, tp=tp)
+    steps = [torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev) for _ in range(8)]
     positions = torch.full((batch, 1), length, device=dev)
     graph = DecodeGraph(model, batch) if dev.type == "cuda" else None
     eager = model.forward(steps[0], positions).clone()

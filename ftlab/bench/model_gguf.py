@@ -25,6 +25,7 @@ check that the bench runs, not a measurement.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections import Counter
@@ -39,6 +40,7 @@ from ftlab.bench.qwen35moe import bench_pipeline
 from ftlab.formats.gguf import GGUFError, open_reader
 from ftlab.models.gguf_qwen3_next import read_gguf_hf
 from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf
+from ftlab.models.pipeline_args import tp as check_tp
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.models.qwen3_next_weights import build_weights
 
@@ -53,13 +55,19 @@ NOTES = [
 
 
 def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: int = PREFILL,
-        llama_bench: str | Path | None = None) -> Report:  # fmt: skip
+        llama_bench: str | Path | None = None, tp: int = 1) -> Report:  # fmt: skip
     """The bench of the model of the GGUF file ``path`` on ``device`` (``"cuda"``: a GPU is
     required; ``"cpu"``: eager, a smoke run) with prompts of ``prefill`` tokens (decode steps at
     that position); ``quick``: fewer repetitions; ``llama_bench``: llama.cpp's ``llama-bench``
     to run on the same file (module docstring). The report is ``model-gguf-<file stem>``.
     GGUFError for a file ftlab cannot load. A llama-bench that fails leaves a note saying why in
-    the report (ftlab's rows are kept) instead of raising."""
+    the report (ftlab's rows are kept) instead of raising.
+
+    ``tp > 1`` (a ``qwen3moe`` file; in ``torchrun --nproc-per-node tp``, or an initialized process
+    group of that size): tensor / expert parallelism as ``Pipeline.load(tp=...)`` cuts the model
+    (each rank reads only its experts, on its own GPU ``cuda:LOCAL_RANK``); every rank runs the
+    same calls, the report holds rank 0's times (the report is ``model-gguf-<stem>-tp<tp>``) and
+    the cost of one all-reduce of a decode step's ``[B, hidden]`` activations."""
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     if not isinstance(device, str):
@@ -74,14 +82,39 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
                          "(no such file)")  # fmt: skip
     path = Path(path)
     arch = gguf_architecture(path)  # the file's structure checked first
+    tp = check_tp(tp)
+    if tp > 1 and arch != GGUF_ARCH:
+        raise ValueError(f"tp > 1 benches a {GGUF_ARCH} file (Qwen3-MoE) only; {path.name} is {arch!r}")
+    if tp > 1 and llama_bench is not None:
+        raise ValueError("llama_bench cannot go with tp > 1: run llama-bench in a one-GPU run")
     if dev.type == "cuda":
         require_gpu()
+    group = None
+    if tp > 1:
+        from ftlab.models.tensor_parallel import process_group
+
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        group = process_group(tp, dev)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     gbps, what = (copy_bandwidth(), "device-to-device") if dev.type == "cuda" else (host_copy_gbps(), "host")
     notes = [file_note(path), type_note(path)] + [n.format(length=prefill) for n in NOTES]
-    report = Report(f"model-gguf-{_slug(path.stem)}", device_info(), gbps, notes=notes, copy_what=what)
+    name = f"model-gguf-{_slug(path.stem)}" + (f"-tp{tp}" if tp > 1 else "")
+    report = Report(name, device_info(), gbps, notes=notes, copy_what=what)
     clock = timer(dev, quick)
-    if arch == GGUF_ARCH:
+    if group is not None:
+        from ftlab.models.pipeline import rank_experts
+        from ftlab.models.tensor_parallel import shard_qwen3_moe
+
+        config, weights = load_gguf(path, device=torch.device("cpu"), dtype=dtype, experts=rank_experts(path, group))
+        weights = shard_qwen3_moe(config, weights, group, dev)
+        report.notes.insert(2, _shape_note(arch, config))
+        report.notes.append(f"tp = {tp} ranks, one {dev.type} device each (rank 0's times; copy bandwidth and bound "
+                            "are one device's, the bytes a rank's): attention heads, experts and vocabulary cut "
+                            "across the ranks")  # fmt: skip
+        bench_weights(report, config, weights, prefill, clock, group)
+        report.notes.append(collective_note(group, config.hidden_size, dev, dtype, clock))
+    elif arch == GGUF_ARCH:
         config, weights = load_gguf(path, device=dev, dtype=dtype)
         report.notes.insert(2, _shape_note(arch, config))
         bench_weights(report, config, weights, prefill, clock)
@@ -106,6 +139,27 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
         report.notes.append(f"llama.cpp: {Path(llama_bench).name} {' '.join(llama_bench_args(path, prefill, True))}"
                             " on the same file in this run (its own timing: mean of its repetitions)")  # fmt: skip
     return report
+
+
+def collective_note(group, hidden: int, dev: torch.device, dtype: torch.dtype, clock) -> str:
+    """The time of one all-reduce of ``[B, hidden]`` activations of ``dtype`` (B of
+    ``DECODE_BATCHES``) over ``group``'s ranks, captured in a graph on a GPU; a decode step of a
+    Qwen3-MoE model makes two a layer (o_proj and the experts), one for the embedding."""
+    from ftlab.bench.harness import time_graph_us
+    from ftlab.bench.model import DECODE_BATCHES
+
+    times = []
+    for batch in DECODE_BATCHES:
+        buf = torch.ones(batch, hidden, dtype=dtype, device=dev)
+        if dev.type == "cuda":
+            us = time_graph_us(lambda b=buf: group.all_reduce(b), inner=10, reps=20)
+        else:
+            us = clock(lambda b=buf: group.all_reduce(b), 2, 5)
+        times.append(f"[{batch}, {hidden}] {us:.1f} us")
+    mode = "graph-replayed" if dev.type == "cuda" else "eager, host clock"
+    return (f"collectives: one all-reduce of {str(dtype).removeprefix('torch.')} activations ({mode}, over "
+            f"{group.world} ranks): {', '.join(times)}; a decode step makes 2 a layer + 1 (the embedding) and one "
+            "all-gather of the logits")
 
 
 def _slug(stem: str) -> str:

@@ -26,7 +26,15 @@ import triton.language as tl
 
 from ftlab.platform import current
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
-from ftlab.triton.q4_0_common import CONFIGS, config, interpreted, load_q4_0_scale, round_half_away
+from ftlab.triton.q4_0_common import (  # noqa: F401 (quantize_q8_1: this family's entry of ops.quantize_q8_1)
+    CONFIGS,
+    config,
+    interpreted,
+    load_q4_0_scale,
+    quantize_q8_1,
+    quantize_q8_1_kernel,
+    round_half_away,
+)
 from ftlab.triton.q4_0_matvec import MATVEC_ROWS, matvec_specs, q4_0_matvec
 
 # ------------------------------------------------------------------ quantize / dequantize
@@ -84,25 +92,6 @@ def dequantize_q4_0_kernel(w_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
     ob = out_ptr + b.to(tl.int64)[:, None] * 32 + j[None, :]
     tl.store(ob, lo.to(out_ptr.dtype.element_ty), mask=ok[:, None])
     tl.store(ob + 16, hi.to(out_ptr.dtype.element_ty), mask=ok[:, None])
-
-
-@triton.jit
-def quantize_q8_1_kernel(x_ptr, x_stride, q_ptr, d_ptr, s_ptr, K, NBK, BLOCK_B: tl.constexpr):
-    m = tl.program_id(0)
-    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
-    i = tl.arange(0, 32)
-    ok = b < NBK
-    col = b[:, None] * 32 + i[None, :]
-    x = tl.load(x_ptr + m.to(tl.int64) * x_stride + col, mask=ok[:, None], other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-    safe = tl.where(d == 0, 1.0, d)
-    q = tl.where(amax[:, None] == 0, 0.0, round_half_away(tl.math.div_rn(x, safe[:, None])))
-    qi = q.to(tl.int32)
-    s = d * tl.sum(qi, axis=1).to(tl.float32)
-    tl.store(q_ptr + m.to(tl.int64) * K + col, qi.to(tl.int8), mask=ok[:, None])
-    tl.store(d_ptr + m * NBK + b, d, mask=ok)
-    tl.store(s_ptr + m * NBK + b, s, mask=ok)
 
 
 # ------------------------------------------------------------------ prefill GEMM
@@ -185,21 +174,6 @@ def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype) -> torch.Tensor:
         grid = (triton.cdiv(nb, _BLOCKS_PER_PROGRAM),)
         dequantize_q4_0_kernel[grid](w.data, out, nb, BLOCK_B=_BLOCKS_PER_PROGRAM)
     return out
-
-
-def quantize_q8_1(x: torch.Tensor) -> Q8_1:
-    """Backend entry of :func:`ftlab.ops.quantize_q8_1` (x [M, K], rows contiguous)."""
-    m, k = x.shape
-    nbk = k // QK
-    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    d = torch.empty((m, nbk), dtype=torch.float32, device=x.device)
-    s = torch.empty((m, nbk), dtype=torch.float32, device=x.device)
-    if m and nbk:
-        grid = (m, triton.cdiv(nbk, 16))
-        quantize_q8_1_kernel[grid](
-            x, x.stride(0), q, d, s, k, nbk, BLOCK_B=16, enable_fp_fusion=False
-        )
-    return Q8_1(q, d, s)
 
 
 def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:

@@ -10,6 +10,8 @@ matvecs), ``ftlab/triton/moe.py`` (the int8-path expert kernels) and ``ftlab/tri
 - arithmetic: :func:`dp4a` (PTX dp4a on NVIDIA, byte sums elsewhere and in the interpreter),
   :func:`block_sums` (the exact int8 dot of a Q4_0 block with a Q8_1 block),
   :func:`round_half_away` (C's roundf);
+- activations: :func:`quantize_q8_1` (its kernel ``quantize_q8_1_kernel``; ``ftlab/triton/q4_0.py``
+  serves it as ``ops.quantize_q8_1``'s entry), the int8 paths' other side;
 - launch: ``CONFIGS`` (the per-arch launch configurations, one table), :func:`config`,
   :func:`launch_table`, :func:`sm_count`, :func:`interpreted`.
 """
@@ -23,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ftlab.platform import current
+from ftlab.quant import Q8_1, QK
 
 # Launch configurations, one table. sm_90's matvec entry is the best of a sweep on an H200
 # (benchmarks/NOTES.md); its GEMM entry and every gfx entry are untimed starting points
@@ -208,3 +211,42 @@ def rows_16(x: torch.Tensor) -> torch.Tensor:
     if x.data_ptr() % 16 == 0 and x.stride(0) % 16 == 0 and x.stride(1) == 1:
         return x
     return x.clone(memory_format=torch.contiguous_format)
+
+
+# ------------------------------------------------------------------ Q8_1 activations
+# (the int8 paths' other side: ftlab.triton.q4_0's entry of ops.quantize_q8_1, and the K-quant
+# matvecs' and experts' quantizer)
+
+
+@triton.jit
+def quantize_q8_1_kernel(x_ptr, x_stride, q_ptr, d_ptr, s_ptr, K, NBK, BLOCK_B: tl.constexpr):
+    m = tl.program_id(0)
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    i = tl.arange(0, 32)
+    ok = b < NBK
+    col = b[:, None] * 32 + i[None, :]
+    x = tl.load(x_ptr + m.to(tl.int64) * x_stride + col, mask=ok[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    safe = tl.where(d == 0, 1.0, d)
+    q = tl.where(amax[:, None] == 0, 0.0, round_half_away(tl.math.div_rn(x, safe[:, None])))
+    qi = q.to(tl.int32)
+    s = d * tl.sum(qi, axis=1).to(tl.float32)
+    tl.store(q_ptr + m.to(tl.int64) * K + col, qi.to(tl.int8), mask=ok[:, None])
+    tl.store(d_ptr + m * NBK + b, d, mask=ok)
+    tl.store(s_ptr + m * NBK + b, s, mask=ok)
+
+
+def quantize_q8_1(x: torch.Tensor) -> Q8_1:
+    """Backend entry of :func:`ftlab.ops.quantize_q8_1` (x [M, K], rows contiguous)."""
+    m, k = x.shape
+    nbk = k // QK
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    d = torch.empty((m, nbk), dtype=torch.float32, device=x.device)
+    s = torch.empty((m, nbk), dtype=torch.float32, device=x.device)
+    if m and nbk:
+        grid = (m, triton.cdiv(nbk, 16))
+        quantize_q8_1_kernel[grid](
+            x, x.stride(0), q, d, s, k, nbk, BLOCK_B=16, enable_fp_fusion=False
+        )
+    return Q8_1(q, d, s)

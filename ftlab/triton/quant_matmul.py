@@ -20,8 +20,7 @@ import triton.language as tl
 
 from ftlab.platform import current
 from ftlab.quant import Q8_1, QuantWeight
-from ftlab.triton.q4_0 import quantize_q8_1
-from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, rows_16
+from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, quantize_q8_1, rows_16
 from ftlab.triton.quant_matmul_mv import MATVEC_ROWS, matvec_specs, quant_matvec
 from ftlab.triton.quants import scale_min_k4
 

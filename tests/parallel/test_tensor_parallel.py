@@ -31,58 +31,70 @@ CASES += [f"{LLAMA / 'qwen3moe-q8_0.gguf'}:hf:auto"]
 INT8 = {"tiny-qwen35-moe:q4_0:auto", f"{LLAMA / 'qwen3moe-q8_0.gguf'}:hf:auto"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(_free_port()), *args]  # fmt: skip
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+           "127.0.0.1", "--master-port", str(free_port()), *args]  # fmt: skip
+    os = __import__("os")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp") / "ranks.pt"
-    res = _torchrun(str(WORKER), str(out), *CASES)
+    res = torchrun(str(WORKER), str(out), *CASES)
     assert res.returncode == 0, res.stderr[-3000:]
     return torch.load(out)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.replace(str(LLAMA) + "/", "") for c in CASES])
-def test_two_ranks_match_one_process(two_ranks, case):
-    """The same model in one process (the worker's code, tp = 1): next-token logits after the
-    prompt and after 16 decode steps within 1e-4 (but see INT8), the 16 greedy tokens identical."""
+def match_one_process(case: str, got: dict, keys: tuple[str, ...]) -> dict:
+    """The worker's run of ``case`` in this process (tp = 1), against rank 0's ``got``: ``keys``'
+    logits within 1e-4, the greedy tokens identical; returns this process's run."""
     sys.path.insert(0, str(WORKER.parent))
     try:
         import tp_worker
     finally:
         sys.path.pop(0)
     want = tp_worker.run(*case.split(":"), 1)
-    got = two_ranks[case]
-    for key in ("logits",) if case in INT8 else ("logits", "last"):
+    for key in keys:
         err = (got[key] - want[key]).abs().max().item()
         assert err <= 1e-4, f"{case} {key}: max |diff| {err:.3g} > 1e-4"
     assert got["tokens"] == want["tokens"], f"{case}: {got['tokens']} != {want['tokens']}"
+    return want
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.replace(str(LLAMA) + "/", "") for c in CASES])
+def test_two_ranks_match_one_process(two_ranks, case):
+    """The same model in one process (the worker's code, tp = 1): next-token logits after the
+    prompt and after 16 decode steps within 1e-4 (but see INT8), the 16 greedy tokens identical."""
+    got = two_ranks[case]
+    want = match_one_process(case, got, ("logits",) if case in INT8 else ("logits", "last"))
     # rank 0 read only its experts from a Qwen3-MoE checkpoint (the other loaders read them all)
     qwen3_moe = case.startswith(("tiny-qwen3-moe", str(LLAMA)))
     assert got["experts"] == ((0, got["num_experts"] // 2) if qwen3_moe else None), case
     assert want["experts"] is None
 
 
-def test_cli_tp_prints_the_single_process_text():
-    """``torchrun --nproc-per-node 2 -m ftlab run --tp 2 ...`` prints what one process prints
-    (rank 0 alone prints)."""
-    args = ["--model", "tiny-qwen3-moe", "--device", "cpu", "--max-new-tokens", "12", "--prompt", "The router"]
+def cli_matches_one_process(device: str) -> None:
+    """``torchrun --nproc-per-node 2 -m ftlab run --tp 2 ...`` on ``device`` prints the text one
+    process prints (rank 0 alone prints)."""
+    args = ["--model", "tiny-qwen3-moe", "--device", device, "--max-new-tokens", "12", "--prompt", "The router"]
     one = subprocess.run([sys.executable, "-m", "ftlab", "run", *args], capture_output=True, text=True,
                          timeout=300, cwd=ROOT)  # fmt: skip
-    two = _torchrun("-m", "ftlab", "run", "--tp", "2", *args)
+    two = torchrun("-m", "ftlab", "run", "--tp", "2", *args)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
     assert one.stdout.splitlines()[0] == two.stdout.splitlines()[0]
     assert "tp = 2 ranks" in two.stdout and two.stdout.count("The router") == 1
+
+
+def test_cli_tp_prints_the_single_process_text():
+    cli_matches_one_process("cpu")
 
 
 def test_tp_without_process_group_names_torchrun(monkeypatch):

@@ -1,7 +1,9 @@
 """One rank of the tensor-parallel test (tests/parallel/test_tensor_parallel.py), started by
 torchrun: for each (model, file, quantized path) of argv[2:] (``model:quant:path``), the prompt's
 next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE, and the expert
-range the pipeline asked its loader for; rank 0 saves them to argv[1]."""
+range the pipeline asked its loader for; rank 0 saves them to argv[1]. ``FTLAB_TP_DEVICE=cuda``: each
+rank on its GPU (cuda:LOCAL_RANK, NCCL) with the auto backends and the decode step graph-captured;
+else the CPU (gloo) with the reference backends."""
 
 import os
 import sys
@@ -29,7 +31,10 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
     loads = pipeline_module.load_hf, pipeline_module.load_gguf_model
     pipeline_module.load_hf, pipeline_module.load_gguf_model = (watch(f) for f in loads)
     try:
-        pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path)
+        if os.environ.get("FTLAB_TP_DEVICE", "cpu") == "cuda":
+            pipe = Pipeline.load(model, "cuda", quant=quant, tp=tp, backends="auto", q4_0_path=path, graphs=True)
+        else:
+            pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path)
     finally:
         pipeline_module.load_hf, pipeline_module.load_gguf_model = loads
     ids = pipe.tokenizer.encode(PROMPT)
@@ -38,7 +43,7 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
     for _ in range(16):
         tokens.append(int(logits.argmax()))
         logits = pipe.decode_step(tokens[-1])
-    return {"logits": first, "tokens": tokens, "last": logits.clone(), "experts": seen[0],
+    return {"logits": first.cpu(), "tokens": tokens, "last": logits.cpu(), "experts": seen[0],
             "num_experts": getattr(pipe.config, "num_experts", None)}
 
 
