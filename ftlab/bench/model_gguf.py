@@ -46,7 +46,8 @@ from ftlab.models.qwen3_next_weights import build_weights
 
 LLAMA_BENCH_GEN = 128  # tokens llama-bench generates in its decode test (its tg128)
 NOTES = [
-    "prefill: one prompt of {length} random token ids, eager (host launches included).",
+    "prefill: one prompt of {length} random token ids, eager (host launches included); on a GPU also graph: "
+    "the same pass replayed from a captured CUDA graph (the static model: every cache slot read under a mask).",
     "decode: one token per sequence per step at position {length}; graph = the step replayed from a captured "
     "CUDA graph, eager = launched op by op from Python.",
     "bound: the bytes a decode step reads, every tensor at its size in the file's type (packed) or as the "

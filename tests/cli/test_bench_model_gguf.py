@@ -139,3 +139,17 @@ def test_bench_on_the_gpu(tmp_path):
     assert modes == [("prefill 32 tokens", "eager"), ("decode batch 1", "graph"), ("decode batch 1", "eager"),
                      ("decode batch 8", "graph"), ("decode batch 8", "eager")]  # fmt: skip
     assert all(m.validated for m in report.measurements)
+
+
+def test_static_prefill_is_the_dynamic_one():
+    """The bench's graph prefill row replays the static model (every cache slot read under a mask)
+    and checks its next token against the eager (dynamic) pass: the two passes agree to rounding."""
+    from ftlab.models.qwen3_moe import Qwen3Moe
+
+    config, weights = load_gguf(Q4_K_M, device=torch.device("cpu"), dtype=torch.float32)
+    tokens = torch.randint(0, config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(24)[None]
+    dynamic = Qwen3Moe(config, weights, max_batch=1, max_seq_len=32).forward(tokens, pos, last_only=True)
+    static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=32, static=True).forward(tokens, pos, last_only=True)
+    assert dynamic.shape == static.shape == (1, 1, config.vocab_size)
+    torch.testing.assert_close(static, dynamic, rtol=0, atol=1e-4 * float(dynamic.abs().max()))
