@@ -3,8 +3,9 @@
 I 768, top-8 of routing from random logits with a per-expert bias) launch by launch -- gate/up on
 a Q4_K or Q4_0 bank, down on Q6_K, Q4_K or Q4_0 -- and the dense GEMM (``quant_dequant_gemm``) at
 M = 512, each configuration's output checked against the first's. Q4_0 banks run both the 64-weight
-steps (``dequant_pair``'s Q4_0 branch, PAIRS) and ``moe_gemm``'s ``experts_gemm`` (the default for
-Q4_0 banks) for comparison. Times: median device time of one launch from CUDA-graph replays.
+steps (``dequant_pair``'s Q4_0 branch, PAIRS) and ``moe_gemm``'s ``experts_gemm`` (the Q4_0
+banks' GEMM where no 64-weight-step tiles are tabled) for comparison; ``--q4_0``: only the Q4_0
+comparisons, HIP's int8 kernels and ``ftlab.triton.q4_0``'s dense GEMM beside them. Times: median device time of one launch from CUDA-graph replays.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def main() -> None:
             print(f"moe T={t} experts_kquant_gemm (defaults) {gq}/{dq} {us:8.1f} us", flush=True)
         gu0, dn0 = gate_banks["Q4_0"], down_banks["Q4_0"]
         us = time_graph_us(lambda: experts_gemm(x, gu0, dn0, wts, ids), inner=5, reps=reps)  # noqa: B023
-        print(f"moe T={t} Q4_0 banks: experts_gemm (the Q4_0 default) {us:8.1f} us", flush=True)
+        print(f"moe T={t} Q4_0 banks: experts_gemm {us:8.1f} us", flush=True)
         cfgs = [MOE["gate_up"]["bn64 w4"], MOE["down"]["bn64 w4"]]
         us = time_graph_us(lambda: mk.experts_kquant_gemm(x, gu0, dn0, wts, ids, configs=cfgs), inner=5, reps=reps)  # noqa: B023
         print(f"moe T={t} Q4_0 banks: experts_kquant_gemm, 64-weight steps {us:8.1f} us", flush=True)
@@ -138,7 +139,7 @@ def q4_0_sweep(dev: torch.device, reps: int) -> None:
     for n, k in ((5120, 2048), (2048, 4096), (14336, 4096)):
         w = ops.quantize_q4_0(torch.randn(n, k, device=dev) * k**-0.5)
         xm = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
-        ref = ops.q4_0_matmul(xm, w, path="dequant", backend="triton").float()
+        ref = ft_q4_0.q4_0_dequant_gemm(xm, w).float()  # the weight-at-a-time GEMM
         runs = {"hip int8": lambda: ops.q4_0_matmul(xm, w, path="int8", backend="hip"),  # noqa: B023
                 "triton q4_0 GEMM": lambda: ft_q4_0.q4_0_dequant_gemm(xm, w),  # noqa: B023
                 "torch dequantize + matmul": lambda: xm @ ops.dequantize_q4_0(w, dtype=torch.bfloat16).T}  # noqa: B023

@@ -184,9 +184,16 @@ def cmd_bench(args) -> int:
     if bench == "gguf":
         from ftlab.bench import model_gguf
 
-        report = model_gguf.run(args.gguf, quick=args.quick, device=args.device or "cuda",
-                                prefill=args.prefill or model_gguf.PREFILL, llama_bench=args.llama_bench,
-                                tp=args.tp or 1)  # fmt: skip
+        try:
+            report = model_gguf.run(args.gguf, quick=args.quick, device=args.device or "cuda",
+                                    prefill=args.prefill or model_gguf.PREFILL, llama_bench=args.llama_bench,
+                                    tp=args.tp or 1)  # fmt: skip
+        except BaseException:
+            if (args.tp or 1) > 1:  # no process group left behind (the other ranks may never arrive)
+                from ftlab.models.tensor_parallel import close
+
+                close(wait=False)
+            raise
         if (args.tp or 1) > 1:
             import torch.distributed as dist
 

@@ -48,7 +48,7 @@ DECODE_BATCHES = (1, 8)
 NOTES = [
     "prefill: one 512-token sequence, logits of the last token only; eager (host launches included), and "
     "graph: the same pass replayed from a captured CUDA graph (the static model, which reads every cache slot "
-    "under a mask), validated by the same next token as eager's.",
+    "under a mask), validated against eager's logits (within 5% of the largest).",
     "decode: one token per sequence per step at position 512, graph = the whole step replayed from "
     "a captured CUDA graph, eager = launched op by op from Python.",
     "bound: the weight bytes a decode step reads (attention projections, router, the experts the step's "
@@ -106,10 +106,9 @@ def decode_bytes(config: Qwen3MoeConfig, weights: ModelWeights, experts_used: fl
     or dense), its expert banks per expert, the lm_head, one embedding row a token. Weights of a
     tensor-parallel rank: its own bytes (its banks hold its share of the experts)."""
     total = nbytes(weights.lm_head) + nbytes(weights.norm) + batch * nbytes(weights.embed[0])
-    for lw in weights.layers:
-        held = lw.w_gate_up.shape[0]  # experts in this bank: all, or a rank's share
-        per_expert = (nbytes(lw.w_gate_up) + nbytes(lw.w_down)) / held
-        total += experts_used * held / config.num_experts * per_expert + sum(
+    for lw in weights.layers:  # a rank's bank holds its share of the experts: bytes / E is the same
+        per_expert = (nbytes(lw.w_gate_up) + nbytes(lw.w_down)) / config.num_experts
+        total += experts_used * per_expert + sum(
             nbytes(w) for w in (lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.q_norm, lw.k_norm, lw.input_norm,
                                 lw.post_attention_norm, lw.router)
         )  # fmt: skip
@@ -206,7 +205,8 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
         replay, out = capture(lambda: static.forward(tokens, pos, last_only=True), dev)
         replay()
         # the static model reads every cache slot under a mask: the same logits up to summation order
-        ok = bool(torch.isfinite(out).all()) and bool(torch.equal(out.argmax(-1), eager.argmax(-1)))
+        # in x's dtype over every layer (a sanity bound, 5% of the largest logit: garbage fails it)
+        ok = bool(torch.isfinite(out).all()) and float((out - eager).abs().max()) <= 0.05 * float(eager.abs().max())
         t = timer(replay, 2, 5)
         report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s",
                                                "auto", t, 0, ok, "graph"))  # fmt: skip

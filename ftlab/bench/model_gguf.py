@@ -68,7 +68,9 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
     group of that size): tensor / expert parallelism as ``Pipeline.load(tp=...)`` cuts the model
     (each rank reads only its experts, on its own GPU ``cuda:LOCAL_RANK``); every rank runs the
     same calls, the report holds rank 0's times (the report is ``model-gguf-<stem>-tp<tp>``) and
-    the cost of one all-reduce of a decode step's ``[B, hidden]`` activations."""
+    the cost of one all-reduce of a decode step's ``[B, hidden]`` activations. The process group
+    stays up when this returns or raises (``ftlab bench`` tears it down,
+    :func:`ftlab.models.tensor_parallel.close`)."""
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     if not isinstance(device, str):
@@ -151,7 +153,7 @@ def collective_note(group, hidden: int, dev: torch.device, dtype: torch.dtype, c
 
     times = []
     for batch in DECODE_BATCHES:
-        buf = torch.ones(batch, hidden, dtype=dtype, device=dev)
+        buf = torch.zeros(batch, hidden, dtype=dtype, device=dev)
         if dev.type == "cuda":
             us = time_graph_us(lambda b=buf: group.all_reduce(b), inner=10, reps=20)
         else:

@@ -147,12 +147,13 @@ def moe_experts(
     if quant:
         requested = path
         impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
-        q4_0 = isinstance(w_gate_up, Q4_0Weight) or isinstance(w_down, Q4_0Weight)
-        over = backends.kquant_prefill("moe_experts", impl, backend, requested, x.device, x.dtype, x.shape[0],
-                                       q4_0=q4_0)  # fmt: skip
+        gu4, dn4 = isinstance(w_gate_up, Q4_0Weight), isinstance(w_down, Q4_0Weight)
+        # a Q4_0 bank beside a K-quant one keeps the resolved backend (untimed against hip)
+        over = None if gu4 != dn4 else backends.kquant_prefill("moe_experts", impl, backend, requested, x.device,
+                                                                x.dtype, x.shape[0], q4_0=gu4)  # fmt: skip
         if over is not None:  # prefill: Triton's grouped dequant GEMM over hip's int8 kernels
             impl, path = over
-        elif not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)):
+        elif not (gu4 and dn4):
             if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
                 impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
                                                    requested)  # fmt: skip

@@ -12,9 +12,10 @@ load nothing (masked loads); no host synchronization, so a launch can be capture
 
 The dequant path (prefill): ``moe_kq_gemm_kernel``, the grouped GEMM of ``moe_gemm.py`` over
 ``moe_align``'s rows with each weight tile dequantized in registers and rounded to x's dtype for
-tl.dot: on Q8_0 / K-quant banks 64 weights a step as two 32-column halves (``PAIRS``:
-``dequant_pair`` of ``ftlab/triton/quant_matmul.py``), else (a Q4_0 bank, and RDNA) a weight at
-a time (``dequant_tile``; Q4_0 as ``d * (q - 8)``). x goes through ``rows_16`` first.
+tl.dot: on Q8_0 / K-quant banks, and on Q4_0 banks where ``KQ_GEMM_CONFIGS["q4_0_pairs"]`` has
+tiles, 64 weights a step as two 32-column halves (``PAIRS``: ``dequant_pair`` of
+``ftlab/triton/quant_matmul.py``), else (other Q4_0 banks, and RDNA) a weight at a time
+(``dequant_tile``; Q4_0 as ``d * (q - 8)``). x goes through ``rows_16`` first.
 """
 
 from __future__ import annotations
@@ -216,8 +217,10 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 #: the dequant GEMM's tiles. "pairs" (Q8_0 / K-quant banks: 64 weights a step,
 #: :func:`~ftlab.triton.quant_matmul.dequant_pair`) by arch and kernel (gate_up holds two weight
 #: tiles, gate and up), else "default"; fp32 operands ("f32": 3xTF32 dots on NVIDIA) smaller.
-#: "generic" (a Q4_0 bank beside a K-quant one -- dequant_pair has a Q4_0 branch, untimed -- and
-#: RDNA, where the pair tiles spill): :func:`_kq_b_tile` a weight at a time, 32x32x16 at 8 warps.
+#: "q4_0_pairs": Q4_0 banks' 64-weight steps by arch (timed for two Q4_0 banks; a Q4_0 bank beside
+#: a K-quant one takes them too when Triton's dequant path is asked for). "generic" (Q4_0 banks
+#: elsewhere, and RDNA, where the pair tiles spill): :func:`_kq_b_tile` a weight at a time,
+#: 32x32x16 at 8 warps.
 #: sm_90's are the fastest of the sweeps in benchmarks/NOTES.md (Qwen3-30B-A3B layer, T = 512 and
 #: 2048), spill-free with the activations aligned as :func:`~ftlab.triton.q4_0_common.rows_16`
 #: makes them.

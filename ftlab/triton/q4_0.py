@@ -3,10 +3,12 @@
 Kernels:
 - ``quantize_q4_0_kernel``   fp -> Q4_0 blocks, byte-identical to gguf-py.
 - ``dequantize_q4_0_kernel`` Q4_0 -> fp32/fp16/bf16.
-- ``quantize_q8_1_kernel``   activations -> Q8_1 (q int8, d, s per 32-block).
+- ``quantize_q8_1_kernel``   activations -> Q8_1 (q int8, d, s per 32-block); it lives in
+  ``ftlab/triton/q4_0_common.py`` (the K-quant kernels use it too) and is served from here.
 - the int8-dot matvecs for small M (decode): ``ftlab/triton/q4_0_matvec.py``.
 - ``q4_0_dequant_gemm_kernel`` large M (prefill): dequantize a weight tile in registers,
-  then ``tl.dot`` on it.
+  then ``tl.dot`` on it. Where ``ftlab.triton.quant_matmul.q4_0_config`` has tiles (sm_90,
+  16-bit x) the dequant path takes that module's GEMM in 64-weight steps instead.
 
 Exactness: the quantizers must match the reference bit for bit, so they divide with
 ``div_rn`` (Triton's ``/`` is approximate on NVIDIA) and launch with

@@ -50,6 +50,7 @@ Q4_0_CODE = 4
 def dequant_tile(w_ptr, row, kg, mask, QTYPE: tl.constexpr):
     """fp32 values ``[BN, BK]`` of weights ``kg`` ``[BK]`` (column indices) of rows at byte offsets
     ``row`` ``[BN]``, computed in the reference's order (``ftlab/reference/quants.py``)."""
+    tl.static_assert(QTYPE != 4, "Q4_0 (code 4) is decoded by dequant_pair only")
     if QTYPE == 0:  # Q8_0: d * q
         wb = w_ptr + row[:, None] + ((kg // 32) * 34)[None, :]
         d = load_q4_0_scale(wb, mask)
@@ -92,6 +93,7 @@ def dequant_tile32(w_ptr, row, k0, n_ok, QTYPE: tl.constexpr):
     """:func:`dequant_tile` of the 32 weights ``k0 .. k0 + 32`` (k0 a multiple of 32, inside one
     Q8_0 block / one K-quant sub-block pair): the same values, with each row's scales (and the
     sub-block's position) loaded and decoded once instead of once a weight."""
+    tl.static_assert(QTYPE != 4, "Q4_0 (code 4) is decoded by dequant_pair only")
     li = tl.arange(0, 32)[None, :]
     rmask = n_ok[:, None]
     mask = rmask & (li < 32)
@@ -271,7 +273,8 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
         cfg = config or q4_0_config(x.dtype, arch)
         if cfg is None or cfg["BLOCK_K"] != 64 or not row_scales(arch or "cpu"):
             raise ValueError(f"Q4_0 weights are decoded in 64-weight steps only: config must have BLOCK_K 64 on an "
-                             f"arch with row scales, got {cfg} on {arch or 'the CPU interpreter'}")  # fmt: skip
+                             f"arch with row scales (q4_0_config has tiles for 16-bit x on {sorted(GEMM_CONFIGS['q4_0'])}"
+                             f"), got {cfg} for {x.dtype} x on {arch or 'the CPU interpreter'}")  # fmt: skip
     else:
         cfg = config or gemm_config(x.dtype, arch)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)

@@ -27,13 +27,9 @@ CASES = ["tiny-qwen3-moe:hf:auto", "tiny-qwen3-moe:q4_0:dequant", "tiny-qwen35-m
 @pytest.fixture(scope="module")
 def two_gpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp_gpu") / "ranks.pt"
-    import os
-
-    os.environ["FTLAB_TP_DEVICE"] = "cuda"
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the workers inherit it; restored after
+        mp.setenv("FTLAB_TP_DEVICE", "cuda")
         res = torchrun(str(WORKER), str(out), *CASES)
-    finally:
-        del os.environ["FTLAB_TP_DEVICE"]
     assert res.returncode == 0, res.stderr[-3000:]
     return torch.load(out)
 
