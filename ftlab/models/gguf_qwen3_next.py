@@ -54,7 +54,7 @@ from ftlab.formats.gguf import (
     open_reader,
     tensor_from_reader,
 )
-from ftlab.models.gguf_loader import DequantizedWarning
+from ftlab.models.gguf_loader import DequantizedWarning, cut, expert_range
 from ftlab.models.gguf_qwen3_next_layout import (
     ARCHS,
     DEFAULTS,
@@ -83,6 +83,8 @@ _CONTROL = 3  # gguf.TokenType.CONTROL
 #: Tensors returned dense in ``dtype`` whatever their stored type (values changed, or not matmul weights).
 _DENSE = ("layernorm.weight", "norm.weight", "A_log", "dt_bias", "conv1d.weight", "mlp.gate.weight",
           "shared_expert_gate.weight", "model.embed_tokens.weight")  # fmt: skip
+#: The routed expert banks (``[E, ...]``; not the router ``ffn_gate_inp`` nor the shared expert's ``*_shexp``).
+_BANKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_up_exps.weight")
 
 
 def read_config(reader, path: Path) -> dict:
@@ -239,7 +241,8 @@ def _check_names(names: set[str], shapes: dict, block_count: int, key: str, path
         )
 
 
-def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+                 experts: tuple[int, int] | None = None,
                  ) -> tuple[dict, dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:  # fmt: skip
     """``(hf_config, tensors, input_perms)`` of a ``qwen35moe`` / ``qwen3next`` GGUF file.
 
@@ -256,12 +259,22 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     because the value head dim is not a multiple of its type's block: that weight is returned as
     stored, and the model must permute its activation before the matmul,
     ``F.linear(x[..., perm], W) == F.linear(x, W_hf)``.
+
+    ``experts``: ``(start, stop)`` (None: all) -- the routed banks of every layer (the MTP's
+    too), ``mlp.experts.gate_up_proj`` ``[stop - start, 2I, H]`` and ``down_proj`` ``[stop -
+    start, H, I]``, hold only those experts (a tensor-parallel rank's share): each GGUF bank is cut
+    by :func:`~ftlab.models.gguf_loader.cut` before it is joined, moved or cast (a packed bank's
+    slice is a view of the memory-mapped file, so the other experts' bytes are never read; a float
+    one is copied for the range; a bank of a type ftlab has no kernel for is dequantized whole by
+    the reader first). The router (``mlp.gate`` ``[E, H]``) and the shared expert stay whole.
+    ValueError naming ``experts`` for a range that is not ``0 <= start < stop <= num_experts``.
     """
     argcheck.float_dtype("dtype", dtype)
     device = torch.device(device)
     path = Path(path)
     reader = open_reader(path)
     config = read_config(reader, path)
+    banks = expert_range(experts, config["num_experts"])
     arch = field_value(reader, "general.architecture", "str")
     block_count = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
     by_name = {t.name: t for t in reader.tensors}
@@ -290,7 +303,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
                            for k, v in sorted(dequantized.items()))  # fmt: skip
         warnings.warn(f"{path}: {sum(map(len, dequantized.values()))} tensors have a type ftlab has no kernel for "
                       f"and are loaded dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
-    loaded = _Lazy(by_name, shapes, path, device)
+    loaded = _Lazy(by_name, shapes, path, device, banks)
     tensors, input_perms = {}, {}
     for name in hf_shapes(arch, config):
         value = _hf_value(arch, name, loaded, d, config)
@@ -309,10 +322,12 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
 class _Lazy:
     """The file's tensors by GGUF name, each read (zero-copy) and moved to ``device`` when first
     asked for and dropped once used: a fused ``attn_qkv`` of a full-attention block serves three
-    HF tensors, every other one a single one; peak memory stays about one tensor above the result."""
+    HF tensors, every other one a single one; peak memory stays about one tensor above the result.
+    A routed bank (:data:`_BANKS`) is cut to experts ``banks = (start, stop)`` as read, before the move."""
 
-    def __init__(self, by_name: dict, shapes: dict, path: Path, device: torch.device):
+    def __init__(self, by_name: dict, shapes: dict, path: Path, device: torch.device, banks: tuple[int, int]):
         self.by_name, self.shapes, self.path, self.device = by_name, shapes, path, device
+        self.banks = banks
         self.cache: dict[str, tuple[object, int]] = {}
 
     def __contains__(self, name: str) -> bool:
@@ -326,10 +341,10 @@ class _Lazy:
                 and name.replace("attn_qkv", "attn_q_norm") in self.shapes
                 else 1
             )
-            self.cache[name] = (
-                tensor_from_reader(self.by_name[name], self.path).to(self.device),
-                uses,
-            )
+            value = tensor_from_reader(self.by_name[name], self.path)
+            if name.endswith(_BANKS):
+                value = cut(value, *self.banks)
+            self.cache[name] = (value.to(self.device), uses)
         value, uses = self.cache.pop(name)
         if uses > 1:
             self.cache[name] = (value, uses - 1)

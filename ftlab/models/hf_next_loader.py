@@ -6,7 +6,9 @@ Shards as :class:`~ftlab.models.hf_loader.SafetensorsShards` reads them (memory-
 index when there is one). The text model's tensors under ``model.language_model.`` are read as
 ``model.``; the vision tower (``model.visual.``) and the multi-token-prediction head (``mtp.``)
 are not read. Tensors become weights through
-:func:`~ftlab.models.qwen3_next_weights.build_weights`.
+:func:`~ftlab.models.qwen3_next_weights.build_weights`. With ``experts=(start, stop)`` (a
+tensor-parallel rank's share) only those routed experts are read: their per-expert tensors, or
+their rows of a stored bank (a safetensors slice: the other experts' bytes are not read).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tqdm import tqdm
 
 from ftlab import ops
 from ftlab.formats import CheckpointError
+from ftlab.models.gguf_loader import expert_range
 from ftlab.models.hf_loader import SafetensorsShards, read_hf_config, stored_dtype
 from ftlab.models.qwen3_next import NextWeights
 from ftlab.models.qwen3_next_config import MODEL_TYPES, Qwen3NextConfig
@@ -30,6 +33,7 @@ SKIPPED = ("model.visual.", "mtp.")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
 _Q4_0_NAMES = re.compile(r"(_proj(\.weight)?|lm_head\.weight)$")
+_BANK = re.compile(r"\.mlp\.experts\.(gate_up|gate|up|down)_proj$")  # a routed bank [E, ...]
 
 
 def is_next(hf: dict) -> bool:
@@ -41,10 +45,15 @@ def is_next(hf: dict) -> bool:
 class HFTensors(Mapping):
     """The text model's tensors of a directory's shards under their ``model.`` names, read when
     asked for. ``quantize``: projections (``*_proj``, ``lm_head``) of whole Q4_0 blocks are
-    returned quantized to Q4_0 (what a tiny model's ``q4_0`` form is)."""
+    returned quantized to Q4_0 (what a tiny model's ``q4_0`` form is). ``experts``: ``(start,
+    stop)`` of ``num_experts`` -- a stored routed bank (``mlp.experts.gate_up_proj``,
+    ``gate_proj``, ``up_proj``, ``down_proj``, ``[num_experts, ...]``) is returned as its experts
+    ``start .. stop`` (``[stop - start, ...]`` in the stored dtype, its own memory), only their
+    bytes read; None: whole."""
 
-    def __init__(self, shards: SafetensorsShards, quantize: bool = False):
-        self.shards, self.quantize = shards, quantize
+    def __init__(self, shards: SafetensorsShards, quantize: bool = False, experts: tuple[int, int] | None = None,
+                 num_experts: int | None = None):  # fmt: skip
+        self.shards, self.quantize, self.experts, self.num_experts = shards, quantize, experts, num_experts
         self.names: dict[str, str] = {}
         for stored in shards.where:
             if stored.startswith(SKIPPED):
@@ -58,14 +67,28 @@ class HFTensors(Mapping):
     def __getitem__(self, name: str):
         stored = self.names[name]
         shard = self.shards.where[stored]
+        cut = self.experts is not None and _BANK.search(name) is not None
         try:
-            t = self.shards.handles[shard].get_tensor(stored)
+            t = self._bank_rows(stored, shard) if cut else self.shards.handles[shard].get_tensor(stored)
+        except CheckpointError:
+            raise
         except Exception as e:  # SafetensorError
             raise CheckpointError(f"{self.shards.path / shard}: tensor {stored!r} cannot be read: {e}") from e
         if self.quantize and t.dtype.is_floating_point and t.dim() >= 2 and t.shape[-1] % 32 == 0:
             if _Q4_0_NAMES.search(name):
                 return ops.quantize_q4_0(t.float(), backend="reference")
         return t
+
+    def _bank_rows(self, stored: str, shard: str) -> torch.Tensor:
+        """Experts ``start .. stop`` of the stored bank ``[num_experts, ...]``, ``[stop - start,
+        ...]`` in its stored dtype: a safetensors slice (only its bytes are read), copied (it may
+        be a view of the memory-mapped file, which the slice then does not keep)."""
+        part = self.shards.handles[shard].get_slice(stored)
+        shape = tuple(part.get_shape())
+        if not shape or shape[0] != self.num_experts:
+            raise CheckpointError(f"{self.shards.path / shard}: tensor {stored!r} has shape {shape}, expected "
+                                  f"{self.num_experts} experts along its first dim")  # fmt: skip
+        return part[self.experts[0] : self.experts[1]].clone()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
@@ -98,16 +121,24 @@ def read_next_config(path: Path) -> Qwen3NextConfig:
 
 
 def load_hf_next(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 progress: bool = True, quantize: bool = False) -> tuple[Qwen3NextConfig, NextWeights]:  # fmt: skip
+                 progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None,
+                 ) -> tuple[Qwen3NextConfig, NextWeights]:  # fmt: skip
     """Config and weights of a HF Qwen3-Next / Qwen3.5-MoE directory on ``device``, dense weights
     in ``dtype`` (default: the config's ``torch_dtype``/``dtype``, else bf16); ``quantize``: the
-    projections and expert banks as Q4_0. CheckpointError naming the file and the key or tensor
-    for anything ftlab cannot load."""
+    projections and expert banks as Q4_0. ``experts``: ``(start, stop)`` (None: all) -- the
+    routed banks ``w_gate_up [stop - start, 2I, H]``, ``w_down [stop - start, H, I]`` hold only
+    those experts, and only their tensors (or bank rows) are read (a tensor-parallel rank's
+    share; the router ``[E, H]`` and the shared expert whole); ValueError naming ``experts`` for
+    a range that is not ``0 <= start < stop <= num_experts``. CheckpointError naming the file and
+    the key or tensor for anything ftlab cannot load."""
     path = Path(path)
     config = read_next_config(path)
+    if experts is not None:
+        experts = expert_range(experts, config.num_experts)
     if dtype is None:
         dtype = stored_dtype(read_hf_config(path), path / "config.json")
-    tensors = HFTensors(SafetensorsShards(path), quantize)
+    tensors = HFTensors(SafetensorsShards(path), quantize, experts, config.num_experts)
     tensors.check_counts(config, path / "config.json")
     bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
-    return config, build_weights(config, tensors, device=device, dtype=dtype, where=str(path), progress=bar)
+    return config, build_weights(config, tensors, device=device, dtype=dtype, where=str(path), progress=bar,
+                                 experts=experts)  # fmt: skip

@@ -40,12 +40,11 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     """Config and weights of a HF directory (module docstring: which model), on ``device``, dense
     weights in ``dtype`` (default: the config's stored dtype, else bf16). ``quantize``: a hybrid
     model's projections and expert banks quantized to Q4_0 at load. ``experts``: ``(start,
-    stop)``, a Qwen3-MoE model's banks with only those experts (:func:`hf_loader.load_hf`).
-    CheckpointError naming the file and the key or tensor for anything ftlab cannot load."""
+    stop)``, routed banks with only those experts, only their tensors read (a tensor-parallel
+    rank's share: :func:`hf_loader.load_hf`, :func:`load_hf_next`). CheckpointError naming the
+    file and the key or tensor for anything ftlab cannot load."""
     if is_next(hf_loader.read_hf_config(Path(path))):
-        if experts is not None:
-            raise ValueError("experts=(start, stop) is for Qwen3-MoE directories")
-        return load_hf_next(path, device, dtype, progress, quantize)
+        return load_hf_next(path, device, dtype, progress, quantize, experts)
     if quantize:
         raise ValueError("quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
                          "GGUF file)")  # fmt: skip
@@ -73,23 +72,22 @@ def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype:
     them (the types ftlab computes on stay packed) into a :class:`Qwen3NextConfig` and
     :class:`NextWeights` on ``device``, dense weights in ``dtype``, the tokenizer of
     :func:`read_gguf_tokenizer` (CONTROL tokens special). ``progress``: a bar over the layers.
-    ``experts``: ``(start, stop)``, a ``qwen3moe`` model's banks with only those experts.
-    GGUFError naming the file and the architecture for any other, and the file and the key or
-    tensor for anything ftlab cannot load."""
+    ``experts``: ``(start, stop)``, routed banks with only those experts, cut from the
+    memory-mapped file as read (a tensor-parallel rank's share: :func:`load_gguf`,
+    :func:`read_gguf_hf`). GGUFError naming the file and the architecture for any other, and
+    the file and the key or tensor for anything ftlab cannot load."""
     argcheck.float_dtype("dtype", dtype)
     path = Path(path)
     arch = gguf_architecture(path)
     if arch == GGUF_ARCH:
         config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress, experts=experts)
         return config, weights, Tokenizer.from_gguf(open_reader(path))
-    if experts is not None:
-        raise ValueError(f"experts=(start, stop) is for {GGUF_ARCH} files, not {arch}")
-    hf, tensors, input_perms = read_gguf_hf(path, device, dtype)
+    hf, tensors, input_perms = read_gguf_hf(path, device, dtype, experts)
     try:
         config = Qwen3NextConfig.from_hf(hf)
     except ValueError as e:
         raise GGUFError(f"{path}: {e}") from e
     bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
     weights = build_weights(config, tensors, device=device, dtype=dtype, where=str(path), input_perms=input_perms,
-                            progress=bar)  # fmt: skip
+                            progress=bar, experts=experts)  # fmt: skip
     return config, weights, read_gguf_tokenizer(path)

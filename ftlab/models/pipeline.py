@@ -87,19 +87,25 @@ class DecodeGraph:
 
 
 def rank_experts(path: Path, tp) -> tuple[int, int] | None:
-    """The experts a tensor-parallel rank reads from a Qwen3-MoE checkpoint (HF directory or
-    ``qwen3moe`` GGUF: their loaders read only those), from the config alone; None for the other
-    models (their loaders read every expert; the shard keeps the rank's)."""
+    """``(start, stop)``: the routed experts a tensor-parallel rank reads (its loader reads only
+    those; the router stays whole), its equal share of the config's ``num_experts`` -- from the
+    config alone: a HF directory's ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE), a GGUF
+    file's metadata (``qwen3moe``, ``qwen3next``, ``qwen35moe``); None for any other path (the
+    load refuses it). ValueError when tp does not divide the experts."""
     from ftlab.formats.gguf import open_reader
-    from ftlab.models import gguf_loader, hf_loader
+    from ftlab.models import gguf_loader, gguf_qwen3_next, hf_loader
+    from ftlab.models.hf_next_loader import read_next_config
     from ftlab.models.loader import GGUF_ARCH, gguf_architecture, is_next
 
     if path.is_dir():
-        if is_next(hf_loader.read_hf_config(path)):
-            return None
-        num = hf_loader.read_config(path)[0].num_experts
-    elif path.suffix == ".gguf" and gguf_architecture(path) == GGUF_ARCH:
-        num = gguf_loader.read_config(open_reader(path), path).num_experts
+        next_model = is_next(hf_loader.read_hf_config(path))
+        num = read_next_config(path).num_experts if next_model else hf_loader.read_config(path)[0].num_experts
+    elif path.suffix == ".gguf":
+        reader = open_reader(path)
+        if gguf_architecture(path) == GGUF_ARCH:
+            num = gguf_loader.read_config(reader, path).num_experts
+        else:
+            num = gguf_qwen3_next.read_config(reader, path)["num_experts"]
     else:
         return None
     return tp.shard(num, "num_experts")

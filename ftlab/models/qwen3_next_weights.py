@@ -19,6 +19,11 @@ checkpoint's ``model.language_model.`` is renamed before): ``model.embed_tokens.
   ``mlp.experts.up_proj [E, I, H]``; ``mlp.experts.down_proj [E, H, I]``),
   ``mlp.shared_expert.{gate,up,down}_proj.weight``, ``mlp.shared_expert_gate.weight``.
 
+``experts=(start, stop)`` builds banks of only those routed experts (a tensor-parallel rank's
+share): per-expert tensors are read for those experts alone, and a bank tensor must already hold
+just them (``[stop - start, ...]``: the readers cut it as they read, ``read_gguf_hf`` and
+``HFTensors`` with ``experts``); the router and the shared expert are whole.
+
 ``input_perms`` may give, for a ``linear_attn.out_proj.weight``, the permutation ``p``
 (``[value_dim]`` int) of its stored columns: column j is HF's column ``p[j]`` (a GGUF file's
 value heads in another order). A dense weight is put back in HF order at load; a Q4_0 one stays
@@ -39,6 +44,7 @@ import torch
 
 from ftlab import ops
 from ftlab.formats import CheckpointError
+from ftlab.models.gguf_loader import expert_range
 from ftlab.models.qwen3_next import (
     AttentionWeights,
     DeltaNetWeights,
@@ -184,17 +190,20 @@ def _attention(rd: _Reader, c: Qwen3NextConfig, p: str) -> AttentionWeights:
                             rd.norm(p + "k_norm.weight", hd, True))  # fmt: skip
 
 
-def _moe(rd: _Reader, c: Qwen3NextConfig, p: str) -> MoeWeights:
+def _moe(rd: _Reader, c: Qwen3NextConfig, p: str, banks: tuple[int, int]) -> MoeWeights:
+    """The MoE block: routed banks of experts ``banks = (start, stop)`` (``[stop - start, ...]``),
+    the router ``[E, H]`` and the shared expert."""
     h, e, inter, si = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+    held = banks[1] - banks[0]  # the experts a bank holds
     x = p + "experts."
     if rd.has(x + "gate_up_proj"):
-        gate_up = rd.weight(x + "gate_up_proj", e, 2 * inter, h)
-        down = rd.weight(x + "down_proj", e, h, inter)
+        gate_up = rd.weight(x + "gate_up_proj", held, 2 * inter, h)
+        down = rd.weight(x + "down_proj", held, h, inter)
     elif rd.has(x + "gate_proj"):
-        gate_up = stack_rows([rd.weight(x + "gate_proj", e, inter, h), rd.weight(x + "up_proj", e, inter, h)])
-        down = rd.weight(x + "down_proj", e, h, inter)
+        gate_up = stack_rows([rd.weight(x + "gate_proj", held, inter, h), rd.weight(x + "up_proj", held, inter, h)])
+        down = rd.weight(x + "down_proj", held, h, inter)
     else:
-        per = [[rd.weight(f"{x}{j}.{n}_proj.weight", *s) for j in range(e)]
+        per = [[rd.weight(f"{x}{j}.{n}_proj.weight", *s) for j in range(*banks)]
                for n, s in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter)))]  # fmt: skip
         gate, up, down = (_stack(ws) for ws in per)
         gate_up = stack_rows([gate, up])
@@ -225,13 +234,18 @@ def _bank(w: Weight) -> Weight:
 
 def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | torch.device = "cpu",
                   dtype: torch.dtype = torch.float32, where: str = "checkpoint", input_perms: Mapping | None = None,
-                  progress=None) -> NextWeights:  # fmt: skip
+                  progress=None, experts: tuple[int, int] | None = None) -> NextWeights:  # fmt: skip
     """:class:`NextWeights` of ``config`` from ``tensors`` (HF name -> float tensor or
     :class:`~ftlab.quant.QuantWeight`; module docstring) on ``device``, dense weights in
     ``dtype``; ``input_perms``: ``{out_proj name: permutation}`` (module docstring). CheckpointError
     naming ``where`` and the tensor for one missing or misshapen.
-    ``progress``: wraps the range of layers (a tqdm), or None."""
+    ``progress``: wraps the range of layers (a tqdm), or None. ``experts``: ``(start, stop)``
+    (None: all) -- each layer's routed banks ``w_gate_up [stop - start, 2I, H]`` and ``w_down
+    [stop - start, H, I]`` of only those experts (module docstring: a bank tensor of ``tensors``
+    must hold just them); ValueError naming ``experts`` for a range that is not ``0 <= start <
+    stop <= num_experts``."""
     c, device = config, torch.device(device)
+    banks = expert_range(experts, c.num_experts)
     rd = _Reader(tensors, where, device, dtype)
     h = c.hidden_size
     layers = []
@@ -243,7 +257,7 @@ def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | to
             mixer = _attention(rd, c, p + "self_attn.")
         layers.append(NextLayerWeights(rd.norm(p + "input_layernorm.weight", h, True),
                                        rd.norm(p + "post_attention_layernorm.weight", h, True), mixer,
-                                       _moe(rd, c, p + "mlp.")))  # fmt: skip
+                                       _moe(rd, c, p + "mlp.", banks)))  # fmt: skip
     embed = rd.dense("model.embed_tokens.weight", c.vocab_size, h)
     lm_head = embed if c.tie_word_embeddings else rd.weight("lm_head.weight", c.vocab_size, h)
     return NextWeights(embed, layers, rd.norm("model.norm.weight", h, True), lm_head)

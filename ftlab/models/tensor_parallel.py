@@ -24,8 +24,10 @@ token's hidden state anyway (the o_proj all-reduce), so each rank runs its exper
 and one all-reduce of ``[T, H]`` combines them. At decode (T <= 8) that is one latency-bound
 collective a layer and no token exchange; an all-to-all dispatch would need two collectives and
 a host-known split per step. Each rank's device holds only its shard: the weights are read on
-the host, sliced, and only the slices are moved to the device (the loaders read whole tensors
-from the file, so each rank's host memory briefly holds the full model).
+the host, sliced, and only the slices are moved to the device. The loaders read only the rank's
+routed experts (``experts=`` from :func:`ftlab.models.pipeline.rank_experts`: the banks arrive
+already cut, and :func:`experts` keeps them as they are); every other tensor is read whole, so
+each rank's host memory briefly holds the rest of the model in full.
 """
 
 from __future__ import annotations
@@ -271,9 +273,10 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
 def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     """This rank's shard of a Qwen3-Next / Qwen3.5-MoE model's weights, on ``device``: as
     :func:`shard_qwen3_moe` for embedding, full attention (q and gate rows of its heads), the
-    routed experts and lm_head; a linear-attention layer keeps its key heads and their value
-    heads (q, k, v rows and conv channels, z, b, a, dt_bias, A; out_proj columns, put back in
-    HF order first if stored permuted); the shared expert its share of the intermediate
+    routed experts (a bank loaded with only the rank's experts kept as it is: :func:`experts`)
+    and lm_head; a linear-attention layer keeps its key heads and their value heads (q, k, v
+    rows and conv channels, z, b, a, dt_bias, A; out_proj columns, put back in HF order first
+    if stored permuted); the shared expert its share of the intermediate
     columns (gate and up rows, down columns), its gate replicated. ValueError when tp does not
     divide a count."""
     from ftlab.models.qwen3_next import (
@@ -321,8 +324,9 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
             from ftlab import ops  # the expert op takes two packed banks or two dense ones
 
             shared_gate_up = ops.dequantize(shared_gate_up, torch.float32).to(dt)
-        moe = MoeWeights(router=mw.router, w_gate_up=rows(mw.w_gate_up, e0, e1), w_down=rows(mw.w_down, e0, e1),
-                         shared_gate_up=shared_gate_up, shared_down=shared_down, shared_gate=mw.shared_gate)  # fmt: skip
+        moe = MoeWeights(router=mw.router, w_gate_up=experts(mw.w_gate_up, e0, e1, c.num_experts),
+                         w_down=experts(mw.w_down, e0, e1, c.num_experts), shared_gate_up=shared_gate_up,
+                         shared_down=shared_down, shared_gate=mw.shared_gate)  # fmt: skip
         layers.append(move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device))
     embed = rows(weights.embed, v0, v1)
     lm_head = embed if weights.lm_head is weights.embed else rows(weights.lm_head, v0, v1)

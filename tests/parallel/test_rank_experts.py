@@ -1,7 +1,9 @@
 """A tensor-parallel rank reads only its experts: the Qwen3-MoE loaders take ``experts=(start,
 stop)`` (GGUF: a view of the memory-mapped banks before gate and up are joined; HF: only those
 experts' tensors), ``Pipeline.load(tp=N)`` passes the rank's range from the config, and the shard
-keeps banks loaded that way as they are."""
+keeps banks loaded that way as they are. The Qwen3-Next / Qwen3.5-MoE readers take a range too
+(here: that the loaders accept it and rank_experts gives it; their banks in
+test_rank_experts_next.py)."""
 
 from pathlib import Path
 
@@ -24,7 +26,7 @@ def same(a, b) -> None:
     if isinstance(a, QuantWeight):
         assert a.qtype == b.qtype and torch.equal(a.data, b.data)
     else:
-        assert torch.equal(a, b)
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("file", ["qwen3moe-q4_k_m.gguf", "qwen3moe-q4_0.gguf"])
@@ -70,12 +72,13 @@ def test_expert_range_is_checked(bad):
         expert_range(bad, 8)
 
 
-def test_other_models_refuse_a_range():
+def test_qwen3_next_loaders_take_a_range():
+    """Once refused; now the hybrid models' banks hold just the range, the router every expert."""
     path = tiny.ensure("tiny-qwen3-next")
-    with pytest.raises(ValueError, match="experts=.* is for Qwen3-MoE directories"):
-        load_hf(path, experts=(0, 1))
-    with pytest.raises(ValueError, match="experts=.* is for qwen3moe files, not"):
-        load_gguf_model(path / "model-q4_0.gguf", experts=(0, 1))
+    c, weights = load_hf(path, progress=False, experts=(0, 1))
+    _, from_gguf, _ = load_gguf_model(path / "model-q4_0.gguf", progress=False, experts=(3, 5))
+    for moe, held in ((weights.layers[0].moe, 1), (from_gguf.layers[-1].moe, 2)):
+        assert moe.w_gate_up.shape[0] == moe.w_down.shape[0] == held and moe.router.shape[0] == c.num_experts
 
 
 def test_rank_range_from_the_config():
@@ -85,7 +88,10 @@ def test_rank_range_from_the_config():
     moe = tiny.ensure("tiny-qwen3-moe")
     e = load_hf(moe, progress=False)[0].num_experts
     assert rank_experts(moe, tp) == (e // 2, e)
-    assert rank_experts(tiny.ensure("tiny-qwen3-next"), tp) is None  # its loader reads every expert
+    for name in ("tiny-qwen3-next", "tiny-qwen35-moe"):  # hybrid models: config.json and GGUF metadata alike
+        e = load_hf(tiny.ensure(name), progress=False)[0].num_experts
+        assert rank_experts(tiny.ensure(name), tp) == (e // 2, e)
+        assert rank_experts(tiny.ensure(name) / "model-q4_0.gguf", tp) == (e // 2, e)
 
 
 def test_shard_takes_a_bank_of_the_rank_as_it_is():

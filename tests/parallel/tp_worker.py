@@ -19,7 +19,7 @@ PROMPT = "The router sends every token to its experts"
 def run(model: str, quant: str, path: str, tp: int) -> dict:
     import ftlab.models.pipeline as pipeline_module
 
-    seen = []  # the experts range the pipeline asked its loader for
+    seen = []  # the experts range the pipeline asked its loader for (every model class loads through these)
 
     def watch(load):
         def loader(*args, **kwargs):
