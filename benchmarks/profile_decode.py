@@ -1,0 +1,82 @@
+"""Where a decode step's time goes, kernel by kernel: the model of a ``qwen3moe`` GGUF file (as
+``ftlab bench model --gguf`` loads it: the file's types, bf16 activations), one decode step of
+``--batch`` tokens at position ``--position``, replayed from a CUDA graph ``--steps`` times under
+``torch.profiler``; the device time of each kernel name, per step, largest first, with its share
+of the step and its calls per step (divide by the layer count for a layer's). On the CPU
+(``--device cpu``): the eager step's operators, a smoke run.
+
+    python benchmarks/profile_decode.py FILE.gguf [--batch 1] [--position 512] [--steps 20]
+        [--top 30] [--device cuda|cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ftlab.models.loader import load_gguf
+from ftlab.models.pipeline import DecodeGraph
+from ftlab.models.qwen3_moe import Qwen3Moe
+
+
+def kernel_times(prof, device: str) -> dict[str, tuple[float, int]]:
+    """{kernel (or, on the CPU, operator) name: (total microseconds, calls)} of a profile."""
+    totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if device == "cuda" and ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if device == "cpu" and (ev.device_type != torch.autograd.DeviceType.CPU or ev.cpu_parent is not None):
+            continue  # top-level operators only: children are inside their parents' time
+        t = totals[ev.name]
+        t[0] += ev.device_time if device == "cuda" else ev.cpu_time
+        t[1] += 1
+    return {k: (v[0], v[1]) for k, v in totals.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--position", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    config, weights = load_gguf(args.file, device=dev, dtype=dtype)
+    model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (args.batch, 1), generator=gen).to(dev)
+    positions = torch.full((args.batch, 1), args.position, device=dev)
+    if dev.type == "cuda":
+        graph = DecodeGraph(model, args.batch)
+        graph(tokens, positions)
+        torch.cuda.synchronize()
+        step = lambda: graph(tokens, positions)  # noqa: E731
+        activities = [ProfilerActivity.CUDA]
+    else:
+        step = lambda: model.forward(tokens, positions)  # noqa: E731
+        activities = [ProfilerActivity.CPU]
+    step()
+    with profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    times = kernel_times(prof, dev.type)
+    total = sum(t for t, _ in times.values()) / args.steps
+    layers = config.num_hidden_layers
+    print(f"{args.file}: decode batch {args.batch} at position {args.position}, {layers} layers; "
+          f"{total:.1f} us a step in {sum(c for _, c in times.values()) / args.steps:.0f} "
+          f"{'kernels' if dev.type == 'cuda' else 'operators'} ({args.steps} steps profiled)")  # fmt: skip
+    print(f"{'us/step':>9} {'share':>6} {'calls/step':>10}  name")
+    for name, (t, calls) in sorted(times.items(), key=lambda kv: -kv[1][0])[: args.top]:
+        print(f"{t / args.steps:9.1f} {100 * t / args.steps / total:5.1f}% {calls / args.steps:10.1f}  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
