@@ -106,10 +106,11 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
     report = Report(name, device_info(), gbps, notes=notes, copy_what=what)
     clock = timer(dev, quick)
     if group is not None:
-        from ftlab.models.pipeline import rank_experts
+        from ftlab.models.pipeline import rank_ranges
         from ftlab.models.tensor_parallel import shard_qwen3_moe
 
-        config, weights = load_gguf(path, device=torch.device("cpu"), dtype=dtype, experts=rank_experts(path, group))
+        experts, vocab = rank_ranges(path, group)  # a rank reads its experts and vocabulary rows only
+        config, weights = load_gguf(path, device=torch.device("cpu"), dtype=dtype, experts=experts, vocab=vocab)
         weights = shard_qwen3_moe(config, weights, group, dev)
         report.notes.insert(2, _shape_note(arch, config))
         report.notes.append(f"tp = {tp} ranks, one {dev.type} device each (rank 0's times; copy bandwidth and bound "

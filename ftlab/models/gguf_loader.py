@@ -142,20 +142,29 @@ def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> 
                         f"({len(extra)} such tensors)")  # fmt: skip
 
 
+def row_range(span: tuple[int, int] | None, total: int, what: str) -> tuple[int, int]:
+    """``span``, ``(start, stop)`` of ``total`` rows (experts of a bank, vocabulary rows of an
+    embedding), checked (None: all of them); ValueError naming ``what``, the expectation and what
+    came for anything but two ints with ``0 <= start < stop <= total``."""
+    if span is None:
+        return 0, total
+    ok = isinstance(span, tuple) and len(span) == 2 and all(type(v) is int for v in span)
+    if not ok or not 0 <= span[0] < span[1] <= total:
+        raise ValueError(f"{what} must be (start, stop) with 0 <= start < stop <= {total}, got {span!r}")
+    return span
+
+
 def expert_range(experts: tuple[int, int] | None, num_experts: int) -> tuple[int, int]:
-    """``experts`` checked against ``num_experts`` (None: all of them)."""
-    if experts is None:
-        return 0, num_experts
-    ok = isinstance(experts, tuple) and len(experts) == 2 and all(type(v) is int for v in experts)
-    if not ok or not 0 <= experts[0] < experts[1] <= num_experts:
-        raise ValueError(f"experts must be (start, stop) with 0 <= start < stop <= {num_experts}, got {experts!r}")
-    return experts
+    """``experts`` checked against ``num_experts`` (None: all of them; :func:`row_range`)."""
+    return row_range(experts, num_experts, "experts")
 
 
 def cut(bank, start: int, stop: int):
-    """Experts ``start .. stop`` of a bank ``[E, ...]`` as read from the file; the bank itself
-    when that is all of it. A packed bank's slice is a view of the memory-mapped bytes (only what
-    is used later is read); a float one is copied (only its pages are read, and a bank the reader
+    """Rows ``start .. stop`` (along dim 0) of a tensor as read from the file: experts of a bank
+    ``[E, ...]``, or vocabulary rows of an embedding or lm_head ``[V, H]`` (a packed type's rows
+    are independent, whole blocks); the tensor itself when that is all of it. A packed slice is a view of the
+    memory-mapped bytes (only what is used later is read: a packed embedding is dequantized for
+    these rows only); a float one is copied (only its pages are read, and a tensor the reader
     dequantized whole is not kept alive by the slice)."""
     if start == 0 and stop == bank.shape[0]:
         return bank
@@ -165,7 +174,7 @@ def cut(bank, start: int, stop: int):
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-              progress: bool = True, experts: tuple[int, int] | None = None,
+              progress: bool = True, experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
               ) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
     file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
@@ -174,16 +183,23 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     ``experts``: ``(start, stop)`` -- the expert banks hold only those experts (a tensor-parallel
     rank's share: the file is memory-mapped, so the other experts' bytes are never read -- but
     for banks of a type ftlab has no kernel for, which the reader dequantizes whole; float banks
-    are cast for the range only; the router still scores every expert). GGUFError naming the
-    file and the key or tensor for anything ftlab cannot load (module docstring)."""
+    are cast for the range only; the router still scores every expert). ``vocab``: ``(start,
+    stop)`` -- the embedding ``[stop - start, H]`` (dense in ``dtype``) and an untied lm_head
+    (packed as stored, or in ``dtype``) hold only those vocabulary rows: ``token_embd.weight`` /
+    ``output.weight`` are sliced as read, before the embedding is dequantized or anything cast (a
+    tensor-parallel rank's vocabulary shard; a type ftlab has no kernel for is dequantized whole
+    by the reader first). None: all of them, for either. ValueError naming ``experts`` or
+    ``vocab`` for a range that is not ``0 <= start < stop <= count``. GGUFError naming the file
+    and the key or tensor for anything ftlab cannot load (module docstring)."""
     path = Path(path)
     reader = open_reader(path)
     c = read_config(reader, path)
     e0, e1 = expert_range(experts, c.num_experts)
+    vocab = row_range(vocab, c.vocab_size, "vocab")
     by_name = {t.name: t for t in reader.tensors}
     device = torch.device(device)
 
-    def get(name: str, shape: tuple[int, ...], dense: bool = False, bank: bool = False):
+    def get(name: str, shape: tuple[int, ...], dense: bool = False, part: tuple[int, int] | None = None):
         t = by_name.get(name)
         if t is None:
             raise GGUFError(f"{path}: missing tensor {name!r}")
@@ -192,8 +208,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             raise GGUFError(
                 f"{path}: tensor {name!r} has shape {tuple(value.shape)}, expected {tuple(shape)}"
             )
-        if bank:  # the range's experts, before any cast (a float bank is cast for those only)
-            value = cut(value, e0, e1)
+        if part is not None:  # the range's experts or rows, before any cast (cast for those only)
+            value = cut(value, *part)
         if isinstance(value, Q4_0Weight):
             return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
         if isinstance(value, QuantWeight):  # Q8_0 and the K-quants: packed, as Q4_0
@@ -216,7 +232,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     ):
         p = f"blk.{i}."
         parts = {f: get(p + n + ".weight", shapes[f], f in dense) for f, n in _LAYER_NAMES.items()}
-        gate, up, down = (get(p + name, shape, bank=True) for name, shape in (
+        gate, up, down = (get(p + name, shape, part=(e0, e1)) for name, shape in (
             ("ffn_gate_exps.weight", (e, inter, h)), ("ffn_up_exps.weight", (e, inter, h)),
             ("ffn_down_exps.weight", (e, h, inter))))  # fmt: skip
         banks = [gate, up, down]
@@ -232,9 +248,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
         else:
             w_gate_up = torch.cat([gate, up], dim=1)
         layers.append(LayerWeights(**parts, w_gate_up=w_gate_up, w_down=down))
-    stored = get("token_embd.weight", (c.vocab_size, h))
+    stored = get("token_embd.weight", (c.vocab_size, h), part=vocab)
     embed = densify(stored)  # ops.index gathers dense rows
-    lm_head = stored if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h))
+    lm_head = stored if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h), part=vocab)
     slow = dequantized_types(reader)
     if mixed:
         slow["banks beside another type"] = mixed

@@ -54,7 +54,7 @@ from ftlab.formats.gguf import (
     open_reader,
     tensor_from_reader,
 )
-from ftlab.models.gguf_loader import DequantizedWarning, cut, expert_range
+from ftlab.models.gguf_loader import DequantizedWarning, cut, expert_range, row_range
 from ftlab.models.gguf_qwen3_next_layout import (
     ARCHS,
     DEFAULTS,
@@ -85,6 +85,8 @@ _DENSE = ("layernorm.weight", "norm.weight", "A_log", "dt_bias", "conv1d.weight"
           "shared_expert_gate.weight", "model.embed_tokens.weight")  # fmt: skip
 #: The routed expert banks (``[E, ...]``; not the router ``ffn_gate_inp`` nor the shared expert's ``*_shexp``).
 _BANKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_up_exps.weight")
+#: The vocabulary tensors (``[V, H]``), cut to a rank's rows.
+_VOCAB = ("token_embd.weight", "output.weight")
 
 
 def read_config(reader, path: Path) -> dict:
@@ -242,7 +244,7 @@ def _check_names(names: set[str], shapes: dict, block_count: int, key: str, path
 
 
 def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                 experts: tuple[int, int] | None = None,
+                 experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
                  ) -> tuple[dict, dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:  # fmt: skip
     """``(hf_config, tensors, input_perms)`` of a ``qwen35moe`` / ``qwen3next`` GGUF file.
 
@@ -267,7 +269,14 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     slice is a view of the memory-mapped file, so the other experts' bytes are never read; a float
     one is copied for the range; a bank of a type ftlab has no kernel for is dequantized whole by
     the reader first). The router (``mlp.gate`` ``[E, H]``) and the shared expert stay whole.
-    ValueError naming ``experts`` for a range that is not ``0 <= start < stop <= num_experts``.
+
+    ``vocab``: ``(start, stop)`` (None: all) -- ``model.embed_tokens.weight`` (dense in
+    ``dtype``) and an untied ``lm_head.weight`` (packed as stored, or in ``dtype``) ``[stop -
+    start, H]`` hold only those vocabulary rows (a rank's vocabulary shard): ``token_embd`` /
+    ``output`` are cut as read, so only those rows are dequantized or cast.
+
+    ValueError naming ``experts`` or ``vocab`` for a range that is not ``0 <= start < stop <=
+    count``.
     """
     argcheck.float_dtype("dtype", dtype)
     device = torch.device(device)
@@ -275,6 +284,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     reader = open_reader(path)
     config = read_config(reader, path)
     banks = expert_range(experts, config["num_experts"])
+    vocab = row_range(vocab, config["vocab_size"], "vocab")
     arch = field_value(reader, "general.architecture", "str")
     block_count = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
     by_name = {t.name: t for t in reader.tensors}
@@ -303,7 +313,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
                            for k, v in sorted(dequantized.items()))  # fmt: skip
         warnings.warn(f"{path}: {sum(map(len, dequantized.values()))} tensors have a type ftlab has no kernel for "
                       f"and are loaded dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
-    loaded = _Lazy(by_name, shapes, path, device, banks)
+    loaded = _Lazy(by_name, shapes, path, device, banks, vocab)
     tensors, input_perms = {}, {}
     for name in hf_shapes(arch, config):
         value = _hf_value(arch, name, loaded, d, config)
@@ -323,11 +333,13 @@ class _Lazy:
     """The file's tensors by GGUF name, each read (zero-copy) and moved to ``device`` when first
     asked for and dropped once used: a fused ``attn_qkv`` of a full-attention block serves three
     HF tensors, every other one a single one; peak memory stays about one tensor above the result.
-    A routed bank (:data:`_BANKS`) is cut to experts ``banks = (start, stop)`` as read, before the move."""
+    A routed bank (:data:`_BANKS`) is cut to experts ``banks = (start, stop)`` as read, before the move,
+    the embedding and lm_head (:data:`_VOCAB`) to rows ``vocab = (start, stop)``."""
 
-    def __init__(self, by_name: dict, shapes: dict, path: Path, device: torch.device, banks: tuple[int, int]):
+    def __init__(self, by_name: dict, shapes: dict, path: Path, device: torch.device, banks: tuple[int, int],
+                 vocab: tuple[int, int]):  # fmt: skip
         self.by_name, self.shapes, self.path, self.device = by_name, shapes, path, device
-        self.banks = banks
+        self.banks, self.vocab = banks, vocab
         self.cache: dict[str, tuple[object, int]] = {}
 
     def __contains__(self, name: str) -> bool:
@@ -344,6 +356,8 @@ class _Lazy:
             value = tensor_from_reader(self.by_name[name], self.path)
             if name.endswith(_BANKS):
                 value = cut(value, *self.banks)
+            elif name in _VOCAB:
+                value = cut(value, *self.vocab)
             self.cache[name] = (value.to(self.device), uses)
         value, uses = self.cache.pop(name)
         if uses > 1:

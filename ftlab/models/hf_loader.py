@@ -115,26 +115,37 @@ class SafetensorsShards:
                 raise CheckpointError(f"{config_file}: {key} is {count}, but the shards in "
                                       f"{self.path} hold {have}")  # fmt: skip
 
-    def get(
-        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        """Tensor ``name``, checked to be a float tensor of ``shape``, in ``dtype`` on
-        ``device``."""
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, ...], Path]:
+        """Tensor ``name`` as stored (its dtype, on the host), its stored shape and its file.
+        ``rows``: ``(start, stop)`` -- only those rows along dim 0 (``[stop - start, ...]``; fewer
+        when the tensor has fewer: check the stored shape), a safetensors slice that reads only
+        their bytes, copied into memory of its own (a slice may be a view of the memory-mapped
+        file, which it then does not keep). CheckpointError naming the file for a tensor missing or
+        unreadable."""
         shard = self.where.get(name)
         if shard is None:
             raise CheckpointError(f"{self.path}: missing tensor {name!r}")
         file = self.path / shard
         try:
-            t = self.handles[shard].get_tensor(name)
+            if rows is None:
+                t = self.handles[shard].get_tensor(name)
+                return t, tuple(t.shape), file
+            part = self.handles[shard].get_slice(name)
+            return part[rows[0] : rows[1]].clone(), tuple(part.get_shape()), file
         except Exception as e:  # SafetensorError
             raise CheckpointError(f"{file}: tensor {name!r} cannot be read: {e}") from e
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+            rows: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+        """Tensor ``name``, checked to be a float tensor of ``shape``, in ``dtype`` on
+        ``device``; ``rows``: ``(start, stop)``, only those rows read (:meth:`read`), ``[stop -
+        start, *shape[1:]]``."""
+        t, stored, file = self.read(name, rows)
         if not t.dtype.is_floating_point:
             raise CheckpointError(f"{file}: tensor {name!r} has dtype {t.dtype}, expected a "
                                   "floating-point dtype")  # fmt: skip
-        if tuple(t.shape) != tuple(shape):
-            raise CheckpointError(
-                f"{file}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}"
-            )
+        if stored != tuple(shape):
+            raise CheckpointError(f"{file}: tensor {name!r} has shape {stored}, expected {tuple(shape)}")
         return t.to(device=device, dtype=dtype)
 
 
@@ -174,17 +185,23 @@ def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeC
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            progress: bool = True, experts: tuple[int, int] | None = None) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+            progress: bool = True, experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
+            ) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config and weights of a HF Qwen3-MoE directory, on ``device`` in ``dtype`` (default:
     the config's ``torch_dtype``/``dtype``, else bf16). ``experts``: ``(start, stop)`` -- only
     those experts' tensors are read into the banks (a tensor-parallel rank's share; the router
-    still scores all of them). CheckpointError naming the file and the key or tensor for
+    still scores all of them). ``vocab``: ``(start, stop)`` -- the embedding and an untied
+    lm_head ``[stop - start, H]`` hold only those vocabulary rows, a safetensors slice of them
+    read and copied (a tensor-parallel rank's vocabulary shard; a tied lm_head is the embedding).
+    None: all, for either; ValueError naming ``experts`` or ``vocab`` for a range that is not
+    ``0 <= start < stop <= count``. CheckpointError naming the file and the key or tensor for
     anything ftlab cannot load."""
-    from ftlab.models.gguf_loader import expert_range
+    from ftlab.models.gguf_loader import expert_range, row_range
 
     path = Path(path)
     config, dtype = read_config(path, dtype)
     e0, e1 = expert_range(experts, config.num_experts)
+    vocab = None if vocab is None else row_range(vocab, config.vocab_size, "vocab")
     device = torch.device(device)
     tensors = SafetensorsShards(path)
     tensors.check_counts(config, path / "config.json")
@@ -216,6 +233,6 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
             w_gate_up=torch.cat([gate, up], dim=1),  # [E, 2I, H]
             w_down=torch.stack([get(f"{experts_of}{j}.down_proj.weight", h, inter) for j in range(e0, e1)]),
         ))  # fmt: skip
-    embed = get("model.embed_tokens.weight", c.vocab_size, h)
-    lm_head = embed if c.tie_word_embeddings else get("lm_head.weight", c.vocab_size, h)
+    embed = tensors.get("model.embed_tokens.weight", (c.vocab_size, h), dtype, device, vocab)
+    lm_head = embed if c.tie_word_embeddings else tensors.get("lm_head.weight", (c.vocab_size, h), dtype, device, vocab)
     return config, ModelWeights(embed, layers, get("model.norm.weight", h), lm_head)

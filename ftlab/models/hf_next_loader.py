@@ -8,7 +8,8 @@ index when there is one). The text model's tensors under ``model.language_model.
 are not read. Tensors become weights through
 :func:`~ftlab.models.qwen3_next_weights.build_weights`. With ``experts=(start, stop)`` (a
 tensor-parallel rank's share) only those routed experts are read: their per-expert tensors, or
-their rows of a stored bank (a safetensors slice: the other experts' bytes are not read).
+their rows of a stored bank (a safetensors slice: the other experts' bytes are not read); with
+``vocab=(start, stop)`` only those rows of the embedding and of an untied ``lm_head``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from ftlab import ops
 from ftlab.formats import CheckpointError
-from ftlab.models.gguf_loader import expert_range
+from ftlab.models.gguf_loader import expert_range, row_range
 from ftlab.models.hf_loader import SafetensorsShards, read_hf_config, stored_dtype
 from ftlab.models.qwen3_next import NextWeights
 from ftlab.models.qwen3_next_config import MODEL_TYPES, Qwen3NextConfig
@@ -34,6 +35,7 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
 _Q4_0_NAMES = re.compile(r"(_proj(\.weight)?|lm_head\.weight)$")
 _BANK = re.compile(r"\.mlp\.experts\.(gate_up|gate|up|down)_proj$")  # a routed bank [E, ...]
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")  # [V, H]
 
 
 def is_next(hf: dict) -> bool:
@@ -49,11 +51,14 @@ class HFTensors(Mapping):
     stop)`` of ``num_experts`` -- a stored routed bank (``mlp.experts.gate_up_proj``,
     ``gate_proj``, ``up_proj``, ``down_proj``, ``[num_experts, ...]``) is returned as its experts
     ``start .. stop`` (``[stop - start, ...]`` in the stored dtype, its own memory), only their
-    bytes read; None: whole."""
+    bytes read; None: whole. ``vocab``: ``(start, stop)`` of ``vocab_size`` -- the embedding and
+    ``lm_head`` (``[vocab_size, H]``) likewise as their rows ``start .. stop``; None: whole."""
 
     def __init__(self, shards: SafetensorsShards, quantize: bool = False, experts: tuple[int, int] | None = None,
-                 num_experts: int | None = None):  # fmt: skip
+                 num_experts: int | None = None, vocab: tuple[int, int] | None = None,
+                 vocab_size: int | None = None):  # fmt: skip
         self.shards, self.quantize, self.experts, self.num_experts = shards, quantize, experts, num_experts
+        self.vocab, self.vocab_size = vocab, vocab_size
         self.names: dict[str, str] = {}
         for stored in shards.where:
             if stored.startswith(SKIPPED):
@@ -66,29 +71,26 @@ class HFTensors(Mapping):
 
     def __getitem__(self, name: str):
         stored = self.names[name]
-        shard = self.shards.where[stored]
-        cut = self.experts is not None and _BANK.search(name) is not None
-        try:
-            t = self._bank_rows(stored, shard) if cut else self.shards.handles[shard].get_tensor(stored)
-        except CheckpointError:
-            raise
-        except Exception as e:  # SafetensorError
-            raise CheckpointError(f"{self.shards.path / shard}: tensor {stored!r} cannot be read: {e}") from e
+        if self.experts is not None and _BANK.search(name) is not None:
+            t = self._rows(stored, self.experts, self.num_experts, "experts")
+        elif self.vocab is not None and name in _VOCAB:
+            t = self._rows(stored, self.vocab, self.vocab_size, "rows (the vocabulary)")
+        else:
+            t = self.shards.read(stored)[0]
         if self.quantize and t.dtype.is_floating_point and t.dim() >= 2 and t.shape[-1] % 32 == 0:
             if _Q4_0_NAMES.search(name):
                 return ops.quantize_q4_0(t.float(), backend="reference")
         return t
 
-    def _bank_rows(self, stored: str, shard: str) -> torch.Tensor:
-        """Experts ``start .. stop`` of the stored bank ``[num_experts, ...]``, ``[stop - start,
-        ...]`` in its stored dtype: a safetensors slice (only its bytes are read), copied (it may
-        be a view of the memory-mapped file, which the slice then does not keep)."""
-        part = self.shards.handles[shard].get_slice(stored)
-        shape = tuple(part.get_shape())
-        if not shape or shape[0] != self.num_experts:
-            raise CheckpointError(f"{self.shards.path / shard}: tensor {stored!r} has shape {shape}, expected "
-                                  f"{self.num_experts} experts along its first dim")  # fmt: skip
-        return part[self.experts[0] : self.experts[1]].clone()
+    def _rows(self, stored: str, rows: tuple[int, int], count: int, what: str) -> torch.Tensor:
+        """Rows ``start .. stop`` of the stored tensor ``[count, ...]`` (experts of a bank,
+        vocabulary rows), ``[stop - start, ...]`` in its stored dtype, of its own memory: only
+        their bytes are read (:meth:`SafetensorsShards.read`)."""
+        t, shape, file = self.shards.read(stored, rows)
+        if not shape or shape[0] != count:
+            raise CheckpointError(f"{file}: tensor {stored!r} has shape {shape}, expected {count} {what} along "
+                                  "its first dim")  # fmt: skip
+        return t
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
@@ -122,23 +124,28 @@ def read_next_config(path: Path) -> Qwen3NextConfig:
 
 def load_hf_next(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                  progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None,
-                 ) -> tuple[Qwen3NextConfig, NextWeights]:  # fmt: skip
+                 vocab: tuple[int, int] | None = None) -> tuple[Qwen3NextConfig, NextWeights]:  # fmt: skip
     """Config and weights of a HF Qwen3-Next / Qwen3.5-MoE directory on ``device``, dense weights
     in ``dtype`` (default: the config's ``torch_dtype``/``dtype``, else bf16); ``quantize``: the
     projections and expert banks as Q4_0. ``experts``: ``(start, stop)`` (None: all) -- the
     routed banks ``w_gate_up [stop - start, 2I, H]``, ``w_down [stop - start, H, I]`` hold only
     those experts, and only their tensors (or bank rows) are read (a tensor-parallel rank's
-    share; the router ``[E, H]`` and the shared expert whole); ValueError naming ``experts`` for
-    a range that is not ``0 <= start < stop <= num_experts``. CheckpointError naming the file and
-    the key or tensor for anything ftlab cannot load."""
+    share; the router ``[E, H]`` and the shared expert whole). ``vocab``: ``(start, stop)``
+    (None: all) -- the embedding ``[stop - start, H]`` and an untied ``lm_head`` (a tied one is
+    the embedding) hold only those vocabulary rows, only their bytes read (a rank's vocabulary
+    shard). ValueError naming ``experts`` or ``vocab`` for a range that is not ``0 <= start <
+    stop <= count``. CheckpointError naming the file and the key or tensor for anything ftlab
+    cannot load."""
     path = Path(path)
     config = read_next_config(path)
     if experts is not None:
         experts = expert_range(experts, config.num_experts)
+    if vocab is not None:
+        vocab = row_range(vocab, config.vocab_size, "vocab")
     if dtype is None:
         dtype = stored_dtype(read_hf_config(path), path / "config.json")
-    tensors = HFTensors(SafetensorsShards(path), quantize, experts, config.num_experts)
+    tensors = HFTensors(SafetensorsShards(path), quantize, experts, config.num_experts, vocab, config.vocab_size)
     tensors.check_counts(config, path / "config.json")
     bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
     return config, build_weights(config, tensors, device=device, dtype=dtype, where=str(path), progress=bar,
-                                 experts=experts)  # fmt: skip
+                                 experts=experts, vocab=vocab)  # fmt: skip

@@ -36,19 +36,22 @@ GGUF_ARCHS = (GGUF_ARCH, *NEXT_GGUF_ARCHS)
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None):  # fmt: skip
+            progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None,
+            vocab: tuple[int, int] | None = None):  # fmt: skip
     """Config and weights of a HF directory (module docstring: which model), on ``device``, dense
     weights in ``dtype`` (default: the config's stored dtype, else bf16). ``quantize``: a hybrid
     model's projections and expert banks quantized to Q4_0 at load. ``experts``: ``(start,
     stop)``, routed banks with only those experts, only their tensors read (a tensor-parallel
-    rank's share: :func:`hf_loader.load_hf`, :func:`load_hf_next`). CheckpointError naming the
-    file and the key or tensor for anything ftlab cannot load."""
+    rank's share: :func:`hf_loader.load_hf`, :func:`load_hf_next`). ``vocab``: ``(start, stop)``,
+    the embedding and an untied lm_head ``[stop - start, H]`` of only those vocabulary rows, a
+    safetensors slice of them read (a tensor-parallel rank's vocabulary shard). CheckpointError
+    naming the file and the key or tensor for anything ftlab cannot load."""
     if is_next(hf_loader.read_hf_config(Path(path))):
-        return load_hf_next(path, device, dtype, progress, quantize, experts)
+        return load_hf_next(path, device, dtype, progress, quantize, experts, vocab)
     if quantize:
         raise ValueError("quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
                          "GGUF file)")  # fmt: skip
-    return hf_loader.load_hf(path, device, dtype, progress, experts)
+    return hf_loader.load_hf(path, device, dtype, progress, experts, vocab)
 
 
 def gguf_architecture(path: str | Path) -> str:
@@ -65,6 +68,7 @@ def gguf_architecture(path: str | Path) -> str:
 
 def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                     progress: bool = True, experts: tuple[int, int] | None = None,
+                    vocab: tuple[int, int] | None = None,
                     ) -> tuple[Qwen3MoeConfig | Qwen3NextConfig, ModelWeights | NextWeights, Tokenizer]:  # fmt: skip
     """Config, weights and tokenizer of a llama.cpp GGUF file, by its ``general.architecture``:
     ``qwen3moe`` as :func:`load_gguf` loads it (Q4_0 packed, the tokenizer of
@@ -74,20 +78,23 @@ def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype:
     :func:`read_gguf_tokenizer` (CONTROL tokens special). ``progress``: a bar over the layers.
     ``experts``: ``(start, stop)``, routed banks with only those experts, cut from the
     memory-mapped file as read (a tensor-parallel rank's share: :func:`load_gguf`,
-    :func:`read_gguf_hf`). GGUFError naming the file and the architecture for any other, and
-    the file and the key or tensor for anything ftlab cannot load."""
+    :func:`read_gguf_hf`). ``vocab``: ``(start, stop)``, the embedding and an untied lm_head
+    ``[stop - start, H]`` of only those vocabulary rows, cut from the mapped file before the
+    embedding is dequantized (a tensor-parallel rank's vocabulary shard). GGUFError naming the
+    file and the architecture for any other, and the file and the key or tensor for anything
+    ftlab cannot load."""
     argcheck.float_dtype("dtype", dtype)
     path = Path(path)
     arch = gguf_architecture(path)
     if arch == GGUF_ARCH:
-        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress, experts=experts)
+        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress, experts=experts, vocab=vocab)
         return config, weights, Tokenizer.from_gguf(open_reader(path))
-    hf, tensors, input_perms = read_gguf_hf(path, device, dtype, experts)
+    hf, tensors, input_perms = read_gguf_hf(path, device, dtype, experts, vocab)
     try:
         config = Qwen3NextConfig.from_hf(hf)
     except ValueError as e:
         raise GGUFError(f"{path}: {e}") from e
     bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
     weights = build_weights(config, tensors, device=device, dtype=dtype, where=str(path), input_perms=input_perms,
-                            progress=bar, experts=experts)  # fmt: skip
+                            progress=bar, experts=experts, vocab=vocab)  # fmt: skip
     return config, weights, read_gguf_tokenizer(path)

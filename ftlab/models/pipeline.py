@@ -86,29 +86,44 @@ class DecodeGraph:
         return self.logits
 
 
-def rank_experts(path: Path, tp) -> tuple[int, int] | None:
-    """``(start, stop)``: the routed experts a tensor-parallel rank reads (its loader reads only
-    those; the router stays whole), its equal share of the config's ``num_experts`` -- from the
-    config alone: a HF directory's ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE), a GGUF
-    file's metadata (``qwen3moe``, ``qwen3next``, ``qwen35moe``); None for any other path (the
-    load refuses it). ValueError when tp does not divide the experts."""
+def _counts(path: Path) -> tuple[int, int] | None:
+    """``(num_experts, vocab_size)`` of a checkpoint's config alone: a HF directory's
+    ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE), a GGUF file's metadata (``qwen3moe``,
+    ``qwen3next``, ``qwen35moe``); None for any other path (the load refuses it)."""
     from ftlab.formats.gguf import open_reader
     from ftlab.models import gguf_loader, gguf_qwen3_next, hf_loader
     from ftlab.models.hf_next_loader import read_next_config
     from ftlab.models.loader import GGUF_ARCH, gguf_architecture, is_next
 
     if path.is_dir():
-        next_model = is_next(hf_loader.read_hf_config(path))
-        num = read_next_config(path).num_experts if next_model else hf_loader.read_config(path)[0].num_experts
+        c = read_next_config(path) if is_next(hf_loader.read_hf_config(path)) else hf_loader.read_config(path)[0]
     elif path.suffix == ".gguf":
         reader = open_reader(path)
-        if gguf_architecture(path) == GGUF_ARCH:
-            num = gguf_loader.read_config(reader, path).num_experts
-        else:
-            num = gguf_qwen3_next.read_config(reader, path)["num_experts"]
+        if gguf_architecture(path) != GGUF_ARCH:
+            hf = gguf_qwen3_next.read_config(reader, path)
+            return hf["num_experts"], hf["vocab_size"]
+        c = gguf_loader.read_config(reader, path)
     else:
         return None
-    return tp.shard(num, "num_experts")
+    return c.num_experts, c.vocab_size
+
+
+def rank_experts(path: Path, tp) -> tuple[int, int] | None:
+    """``(start, stop)``: the routed experts a tensor-parallel rank reads (the router stays
+    whole), its equal share of the config's ``num_experts`` (:func:`rank_ranges`; None for a path
+    that is neither a directory nor a ``.gguf`` file). ValueError when tp does not divide them."""
+    counts = _counts(path)
+    return None if counts is None else tp.shard(counts[0], "num_experts")
+
+
+def rank_ranges(path: Path, tp) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """``(experts, vocab)``, each ``(start, stop)``, of a tensor-parallel rank: the routed experts
+    (:func:`rank_experts`) and the rows of the embedding and lm_head (its equal share of
+    ``vocab_size``) its loader reads -- from the config alone: a HF directory's ``config.json``, a
+    GGUF file's metadata; None for any other path (the load refuses it). ValueError naming the
+    count tp does not divide."""
+    counts = _counts(path)
+    return None if counts is None else (tp.shard(counts[0], "num_experts"), tp.shard(counts[1], "vocab_size"))
 
 
 class Pipeline:
@@ -216,13 +231,14 @@ class Pipeline:
               backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str) -> Pipeline:  # fmt: skip
         """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
         at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
-        experts = None if group is None else rank_experts(path, group)
+        experts, vocab = (None if group is None else rank_ranges(path, group)) or (None, None)  # tp: its rows only
         if path.is_dir():
-            config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model, experts=experts)
+            config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model, experts=experts,
+                                      vocab=vocab)  # fmt: skip
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
             config, weights, tokenizer = load_gguf_model(path, device=at, dtype=dtype, progress=not tiny_model,
-                                                         experts=experts)  # fmt: skip
+                                                         experts=experts, vocab=vocab)  # fmt: skip
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         if group is not None:

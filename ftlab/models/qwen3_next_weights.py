@@ -22,7 +22,10 @@ checkpoint's ``model.language_model.`` is renamed before): ``model.embed_tokens.
 ``experts=(start, stop)`` builds banks of only those routed experts (a tensor-parallel rank's
 share): per-expert tensors are read for those experts alone, and a bank tensor must already hold
 just them (``[stop - start, ...]``: the readers cut it as they read, ``read_gguf_hf`` and
-``HFTensors`` with ``experts``); the router and the shared expert are whole.
+``HFTensors`` with ``experts``); the router and the shared expert are whole. ``vocab=(start,
+stop)`` likewise builds the embedding and an untied ``lm_head`` of only those vocabulary rows
+(``[stop - start, H]``), from tensors that hold just them (cut as read: ``read_gguf_hf`` and
+``HFTensors`` with ``vocab``).
 
 ``input_perms`` may give, for a ``linear_attn.out_proj.weight``, the permutation ``p``
 (``[value_dim]`` int) of its stored columns: column j is HF's column ``p[j]`` (a GGUF file's
@@ -44,7 +47,7 @@ import torch
 
 from ftlab import ops
 from ftlab.formats import CheckpointError
-from ftlab.models.gguf_loader import expert_range
+from ftlab.models.gguf_loader import expert_range, row_range
 from ftlab.models.qwen3_next import (
     AttentionWeights,
     DeltaNetWeights,
@@ -234,7 +237,8 @@ def _bank(w: Weight) -> Weight:
 
 def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | torch.device = "cpu",
                   dtype: torch.dtype = torch.float32, where: str = "checkpoint", input_perms: Mapping | None = None,
-                  progress=None, experts: tuple[int, int] | None = None) -> NextWeights:  # fmt: skip
+                  progress=None, experts: tuple[int, int] | None = None,
+                  vocab: tuple[int, int] | None = None) -> NextWeights:  # fmt: skip
     """:class:`NextWeights` of ``config`` from ``tensors`` (HF name -> float tensor or
     :class:`~ftlab.quant.QuantWeight`; module docstring) on ``device``, dense weights in
     ``dtype``; ``input_perms``: ``{out_proj name: permutation}`` (module docstring). CheckpointError
@@ -242,10 +246,14 @@ def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | to
     ``progress``: wraps the range of layers (a tqdm), or None. ``experts``: ``(start, stop)``
     (None: all) -- each layer's routed banks ``w_gate_up [stop - start, 2I, H]`` and ``w_down
     [stop - start, H, I]`` of only those experts (module docstring: a bank tensor of ``tensors``
-    must hold just them); ValueError naming ``experts`` for a range that is not ``0 <= start <
-    stop <= num_experts``."""
+    must hold just them). ``vocab``: ``(start, stop)`` (None: all) -- the embedding ``[stop -
+    start, H]`` (dense in ``dtype``) and an untied ``lm_head`` of only those vocabulary rows
+    (``model.embed_tokens.weight`` and ``lm_head.weight`` of ``tensors`` must hold just them; a
+    tied lm_head is the embedding). ValueError naming ``experts`` or ``vocab`` for a range that
+    is not ``0 <= start < stop <= count``."""
     c, device = config, torch.device(device)
     banks = expert_range(experts, c.num_experts)
+    v0, v1 = row_range(vocab, c.vocab_size, "vocab")
     rd = _Reader(tensors, where, device, dtype)
     h = c.hidden_size
     layers = []
@@ -258,6 +266,6 @@ def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | to
         layers.append(NextLayerWeights(rd.norm(p + "input_layernorm.weight", h, True),
                                        rd.norm(p + "post_attention_layernorm.weight", h, True), mixer,
                                        _moe(rd, c, p + "mlp.", banks)))  # fmt: skip
-    embed = rd.dense("model.embed_tokens.weight", c.vocab_size, h)
-    lm_head = embed if c.tie_word_embeddings else rd.weight("lm_head.weight", c.vocab_size, h)
+    embed = rd.dense("model.embed_tokens.weight", v1 - v0, h)
+    lm_head = embed if c.tie_word_embeddings else rd.weight("lm_head.weight", v1 - v0, h)
     return NextWeights(embed, layers, rd.norm("model.norm.weight", h, True), lm_head)

@@ -25,9 +25,13 @@ and one all-reduce of ``[T, H]`` combines them. At decode (T <= 8) that is one l
 collective a layer and no token exchange; an all-to-all dispatch would need two collectives and
 a host-known split per step. Each rank's device holds only its shard: the weights are read on
 the host, sliced, and only the slices are moved to the device. The loaders read only the rank's
-routed experts (``experts=`` from :func:`ftlab.models.pipeline.rank_experts`: the banks arrive
-already cut, and :func:`experts` keeps them as they are); every other tensor is read whole, so
-each rank's host memory briefly holds the rest of the model in full.
+routed experts and its vocabulary rows (``experts=`` and ``vocab=`` from
+:func:`ftlab.models.pipeline.rank_ranges`): the banks arrive already cut, and so do the embedding
+and an untied lm_head -- a GGUF file's ``token_embd`` / ``output`` sliced before the embedding is
+dequantized, a safetensors slice of a HF one's rows -- and :func:`experts` / :func:`vocab_rows`
+keep them as they are. Every other tensor (attention, norms, the router, a hybrid model's shared
+expert and linear attention) is read whole, so each rank's host memory briefly holds those in
+full.
 """
 
 from __future__ import annotations
@@ -174,15 +178,36 @@ def rows(w, start: int, stop: int):
     return w[start:stop].clone()
 
 
+def held(w, start: int, stop: int, total: int, what: str, unit: str):
+    """Rows ``start .. stop`` of ``w [total, ...]`` (dense or packed), copied (:func:`rows`); a
+    ``w`` that holds just those already (``shape[0] == stop - start``: loaded with that range, the
+    loaders reading only a rank's rows) as it is. ValueError naming ``what`` for any other size."""
+    if w.shape[0] == total:
+        return rows(w, start, stop)
+    if w.shape[0] == stop - start:
+        return w
+    raise ValueError(f"{what} of {w.shape[0]} {unit} is neither all {total} nor this rank's {stop - start}")
+
+
 def experts(bank, start: int, stop: int, total: int):
     """Experts ``start .. stop`` of a bank of ``total``, copied (:func:`rows`); a bank that holds
     just those already (loaded with ``experts=(start, stop)``: the loaders read only a rank's
     experts) as it is. ValueError for a bank of any other size."""
-    if bank.shape[0] == total:
-        return rows(bank, start, stop)
-    if bank.shape[0] == stop - start:
-        return bank
-    raise ValueError(f"an expert bank of {bank.shape[0]} experts is neither all {total} nor this rank's {stop - start}")
+    return held(bank, start, stop, total, "an expert bank", "experts")
+
+
+def vocab_rows(config, weights, tp: TensorParallel, device: torch.device):
+    """``(embed, lm_head)`` of this rank on ``device``: rows ``v0 .. v1`` of its vocabulary shard
+    of the embedding ``[V, H]`` and lm_head ``[V, H]`` (``[v1 - v0, H]``; packed kept packed),
+    copied from a full load or, from one with ``vocab=(v0, v1)`` (the loaders read only a rank's
+    rows), kept as they are (:func:`held`); a tied lm_head stays the embedding (``lm_head is
+    embed``). ValueError when tp does not divide the vocabulary, or for a tensor of neither size."""
+    v0, v1 = tp.shard(config.vocab_size, "vocab_size")
+    embed = held(weights.embed, v0, v1, config.vocab_size, "the embedding", "rows")
+    tied = weights.lm_head is weights.embed
+    lm_head = embed if tied else held(weights.lm_head, v0, v1, config.vocab_size, "lm_head", "rows")
+    embed_d = embed.to(device)
+    return embed_d, embed_d if tied else move(lm_head, device)
 
 
 def take(w, index: torch.Tensor):
@@ -243,7 +268,8 @@ def move(obj, device: torch.device):
 
 
 def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
-    """This rank's shard of a Qwen3-MoE model's weights (module docstring), on ``device``.
+    """This rank's shard of a Qwen3-MoE model's weights (module docstring), on ``device``; banks,
+    embedding and lm_head loaded with only the rank's experts / rows are kept as they are.
     ValueError when tp does not divide the heads, the kv heads, the experts or the vocabulary."""
     from ftlab.models.qwen3_moe import LayerWeights, ModelWeights
 
@@ -252,7 +278,7 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
     q0, q1 = tp.shard(c.num_attention_heads, "num_attention_heads")
     k0, k1 = tp.kv_heads(c.num_key_value_heads, c.num_attention_heads)
     e0, e1 = tp.shard(c.num_experts, "num_experts")
-    v0, v1 = tp.shard(c.vocab_size, "vocab_size")
+    tp.shard(c.vocab_size, "vocab_size")  # refused before any layer is cut
     dt = weights.embed.dtype  # the model's dense dtype
     layers = []
     for i, lw in enumerate(weights.layers):
@@ -263,18 +289,15 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
             post_attention_norm=lw.post_attention_norm, router=lw.router,
             w_gate_up=experts(lw.w_gate_up, e0, e1, c.num_experts), w_down=experts(lw.w_down, e0, e1, c.num_experts)),
             device))  # fmt: skip
-    embed = rows(weights.embed, v0, v1)
-    lm_head = embed if weights.lm_head is weights.embed else rows(weights.lm_head, v0, v1)
-    embed_d = embed.to(device)
-    return ModelWeights(embed=embed_d, layers=layers, norm=weights.norm.to(device),
-                        lm_head=embed_d if lm_head is embed else move(lm_head, device))  # fmt: skip
+    embed, lm_head = vocab_rows(c, weights, tp, device)
+    return ModelWeights(embed=embed, layers=layers, norm=weights.norm.to(device), lm_head=lm_head)
 
 
 def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     """This rank's shard of a Qwen3-Next / Qwen3.5-MoE model's weights, on ``device``: as
     :func:`shard_qwen3_moe` for embedding, full attention (q and gate rows of its heads), the
     routed experts (a bank loaded with only the rank's experts kept as it is: :func:`experts`)
-    and lm_head; a linear-attention layer keeps its key heads and their value heads (q, k, v
+    and lm_head (likewise: :func:`vocab_rows`); a linear-attention layer keeps its key heads and their value heads (q, k, v
     rows and conv channels, z, b, a, dt_bias, A; out_proj columns, put back in HF order first
     if stored permuted); the shared expert its share of the intermediate
     columns (gate and up rows, down columns), its gate replicated. ValueError when tp does not
@@ -291,7 +314,7 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     hd, dk, dv = c.head_dim, c.linear_key_head_dim, c.linear_value_head_dim
     kd = c.key_dim
     e0, e1 = tp.shard(c.num_experts, "num_experts")
-    v0, v1 = tp.shard(c.vocab_size, "vocab_size")
+    tp.shard(c.vocab_size, "vocab_size")  # refused before any layer is cut
     i0, i1 = tp.shard(c.shared_expert_intermediate_size, "shared_expert_intermediate_size")
     inter = c.shared_expert_intermediate_size
     span = lambda a, b: torch.arange(a, b)  # noqa: E731
@@ -328,8 +351,5 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
                          w_down=experts(mw.w_down, e0, e1, c.num_experts), shared_gate_up=shared_gate_up,
                          shared_down=shared_down, shared_gate=mw.shared_gate)  # fmt: skip
         layers.append(move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device))
-    embed = rows(weights.embed, v0, v1)
-    lm_head = embed if weights.lm_head is weights.embed else rows(weights.lm_head, v0, v1)
-    embed_d = embed.to(device)
-    return NextWeights(embed=embed_d, layers=layers, norm=weights.norm.to(device),
-                       lm_head=embed_d if lm_head is embed else move(lm_head, device))  # fmt: skip
+    embed, lm_head = vocab_rows(c, weights, tp, device)
+    return NextWeights(embed=embed, layers=layers, norm=weights.norm.to(device), lm_head=lm_head)

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from ftlab.formats import CheckpointError
 from ftlab.models import tiny
-from ftlab.models.gguf_loader import DequantizedWarning
+from ftlab.models.gguf_loader import DequantizedWarning, load_gguf
 from ftlab.models.gguf_qwen3_next import read_gguf_hf
 from ftlab.models.hf_loader import SafetensorsShards
 from ftlab.models.hf_next_loader import HFTensors, read_next_config
@@ -154,18 +154,28 @@ def test_gguf_model_of_a_range(name, quant, dtype):
 BAD = [(2, 1), (0, 0), (-1, 2), (0, 9), [0, 1], (0.0, 1), (True, 2), (0, 1, 2)]
 
 
-@pytest.mark.parametrize("bad", BAD)
-def test_hostile_ranges_are_refused(bad):
-    """Every reader names the argument, the expectation (of tiny-qwen35-moe's 8 experts) and what came."""
-    root = tiny.ensure("tiny-qwen35-moe")
-    message = re.escape(f"experts must be (start, stop) with 0 <= start < stop <= 8, got {bad!r}")
-    loads = [lambda: load_hf(root, progress=False, experts=bad),
-             lambda: load_gguf_model(root / "model-q4_0.gguf", progress=False, experts=bad),
-             lambda: read_gguf_hf(root / "model-f32.gguf", experts=bad),
-             lambda: build_weights(read_next_config(root), HFTensors(SafetensorsShards(root)), experts=bad)]  # fmt: skip
+def refused_by_every_loader(what: str, bad, count: int) -> None:
+    """Every reader, Qwen3-MoE's (tiny-qwen3-moe: GGUF, HF) and the hybrid models' (tiny-qwen35-moe:
+    HF, GGUF, read_gguf_hf, build_weights), refuses the range argument ``what=bad`` with a
+    ValueError naming the argument, the expectation (of ``count``, the same in both) and what came."""
+    moe, hybrid = tiny.ensure("tiny-qwen3-moe"), tiny.ensure("tiny-qwen35-moe")
+    message = re.escape(f"{what} must be (start, stop) with 0 <= start < stop <= {count}, got {bad!r}")
+    kw = {what: bad}
+    loads = [lambda: load_gguf(moe / "model-q4_0.gguf", progress=False, **kw),
+             lambda: load_gguf_model(moe / "model-f32.gguf", progress=False, **kw),
+             lambda: load_hf(moe, progress=False, **kw), lambda: load_hf(hybrid, progress=False, **kw),
+             lambda: load_gguf_model(hybrid / "model-q4_0.gguf", progress=False, **kw),
+             lambda: read_gguf_hf(hybrid / "model-f32.gguf", **kw),
+             lambda: build_weights(read_next_config(hybrid), HFTensors(SafetensorsShards(hybrid)), **kw)]  # fmt: skip
     for load in loads:
         with pytest.raises(ValueError, match=message):
             load()
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_hostile_ranges_are_refused(bad):
+    """Of the tiny models' 8 experts."""
+    refused_by_every_loader("experts", bad, 8)
 
 
 def test_build_weights_refuses_whole_banks_for_a_range(tmp_path):

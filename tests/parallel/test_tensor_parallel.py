@@ -1,7 +1,8 @@
 """Tensor / expert parallelism (ftlab.models.tensor_parallel) on the CPU: two gloo processes
 started by torchrun against one process, for the tiny Qwen3-MoE models from HF and GGUF files
-(fp32 and Q4_0): logits within 1e-4, the same greedy tokens, ``ftlab run --tp 2`` prints the
-single-process text; and the errors of a bad tp or a missing process group."""
+(fp32 and Q4_0): logits within 1e-4, the same greedy tokens, rank 0's loader asked for its experts
+and vocabulary rows only; ``ftlab run --tp 2`` prints the single-process text; and the errors of a
+bad tp or a missing process group."""
 
 import socket
 import subprocess
@@ -75,9 +76,10 @@ def test_two_ranks_match_one_process(two_ranks, case):
     prompt and after 16 decode steps within 1e-4 (but see INT8), the 16 greedy tokens identical."""
     got = two_ranks[case]
     want = match_one_process(case, got, ("logits",) if case in INT8 else ("logits", "last"))
-    # rank 0 read only its experts, from every model class (HF and GGUF loaders alike)
+    # rank 0 read only its experts and vocabulary rows, from every model class (HF and GGUF loaders alike)
     assert got["experts"] == (0, got["num_experts"] // 2), case
-    assert want["experts"] is None
+    assert got["vocab"] == (0, got["vocab_size"] // 2), case
+    assert want["experts"] is None and want["vocab"] is None
 
 
 def cli_matches_one_process(device: str) -> None:

@@ -1,7 +1,7 @@
 """One rank of the tensor-parallel test (tests/parallel/test_tensor_parallel.py), started by
 torchrun: for each (model, file, quantized path) of argv[2:] (``model:quant:path``), the prompt's
 next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE, and the expert
-range the pipeline asked its loader for; rank 0 saves them to argv[1]. ``FTLAB_TP_DEVICE=cuda``: each
+and vocabulary ranges the pipeline asked its loader for; rank 0 saves them to argv[1]. ``FTLAB_TP_DEVICE=cuda``: each
 rank on its GPU (cuda:LOCAL_RANK, NCCL) with the auto backends and the decode step graph-captured;
 else the CPU (gloo) with the reference backends."""
 
@@ -19,11 +19,11 @@ PROMPT = "The router sends every token to its experts"
 def run(model: str, quant: str, path: str, tp: int) -> dict:
     import ftlab.models.pipeline as pipeline_module
 
-    seen = []  # the experts range the pipeline asked its loader for (every model class loads through these)
+    seen = []  # the ranges the pipeline asked its loader for (every model class loads through these)
 
     def watch(load):
         def loader(*args, **kwargs):
-            seen.append(kwargs.get("experts"))
+            seen.append((kwargs.get("experts"), kwargs.get("vocab")))
             return load(*args, **kwargs)
 
         return loader
@@ -43,8 +43,8 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
     for _ in range(16):
         tokens.append(int(logits.argmax()))
         logits = pipe.decode_step(tokens[-1])
-    return {"logits": first.cpu(), "tokens": tokens, "last": logits.cpu(), "experts": seen[0],
-            "num_experts": getattr(pipe.config, "num_experts", None)}
+    return {"logits": first.cpu(), "tokens": tokens, "last": logits.cpu(), "experts": seen[0][0], "vocab": seen[0][1],
+            "num_experts": getattr(pipe.config, "num_experts", None), "vocab_size": pipe.config.vocab_size}
 
 
 if __name__ == "__main__":
