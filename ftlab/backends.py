@@ -377,8 +377,8 @@ def kquant_prefill(op: str, impl: Impl, backend: str, requested: str, device: to
     """Triton's (implementation, path) for a prefill call of ``op`` on Q8_0 / K-quant weights
     that ``backend="auto"`` resolved to ``impl`` (see :data:`KQUANT_PREFILL_OVER`), or None to
     keep ``impl``: only for backend and path "auto", above :data:`DECODE_MAX_TOKENS` rows, on
-    ``plat`` (default: ``device``'s) of a kind listed for ``impl``'s backend; with ``q4_0`` (some
-    weight is Q4_0) and 16-bit ``dtype``, only on :data:`Q4_0_PREFILL_ARCHS`."""
+    ``plat`` (default: ``device``'s) of a kind listed for ``impl``'s backend; with ``q4_0`` (the
+    weights are Q4_0: a Q4_0 matmul, two Q4_0 expert banks) and 16-bit ``dtype``, only on :data:`Q4_0_PREFILL_ARCHS`."""
     if backend != "auto" or requested != "auto" or rows <= DECODE_MAX_TOKENS:
         return None
     kinds = KQUANT_PREFILL_OVER.get(impl.backend, ())
