@@ -106,11 +106,12 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
     report = Report(name, device_info(), gbps, notes=notes, copy_what=what)
     clock = timer(dev, quick)
     if group is not None:
-        from ftlab.models.pipeline import rank_ranges
+        from ftlab.models.pipeline import rank_heads, rank_ranges
         from ftlab.models.tensor_parallel import shard_qwen3_moe
 
-        experts, vocab = rank_ranges(path, group)  # a rank reads its experts and vocabulary rows only
-        config, weights = load_gguf(path, device=torch.device("cpu"), dtype=dtype, experts=experts, vocab=vocab)
+        experts, vocab = rank_ranges(path, group)  # a rank reads its experts, vocabulary rows and heads only
+        config, weights = load_gguf(path, device=torch.device("cpu"), dtype=dtype, experts=experts, vocab=vocab,
+                                    heads=rank_heads(path, group))  # fmt: skip
         weights = shard_qwen3_moe(config, weights, group, dev)
         report.notes.insert(2, _shape_note(arch, config))
         report.notes.append(f"tp = {tp} ranks, one {dev.type} device each (rank 0's times; copy bandwidth and bound "

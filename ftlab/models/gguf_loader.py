@@ -154,6 +154,19 @@ def row_range(span: tuple[int, int] | None, total: int, what: str) -> tuple[int,
     return span
 
 
+def head_ranges(heads, num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """``heads``, ``((start, stop), (start, stop))`` of the query heads of ``num_heads`` and the
+    key/value heads of ``num_kv_heads`` (a tensor-parallel rank's: :func:`TensorParallel.shard`,
+    :meth:`TensorParallel.kv_heads`), checked (None stays None: every head); ValueError naming
+    ``heads``, the expectation and what came otherwise (:func:`row_range`)."""
+    if heads is None:
+        return None
+    if not (isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, tuple) for h in heads)):
+        raise ValueError(f"heads must be ((start, stop), (start, stop)) of the query and key/value heads, got {heads!r}")
+    return (row_range(heads[0], num_heads, "heads[0] (the query heads)"),
+            row_range(heads[1], num_kv_heads, "heads[1] (the key/value heads)"))  # fmt: skip
+
+
 def expert_range(experts: tuple[int, int] | None, num_experts: int) -> tuple[int, int]:
     """``experts`` checked against ``num_experts`` (None: all of them; :func:`row_range`)."""
     return row_range(experts, num_experts, "experts")
@@ -173,8 +186,21 @@ def cut(bank, start: int, stop: int):
     return bank[start:stop].clone()
 
 
+def cut_columns(w, start: int, stop: int):
+    """Columns ``start .. stop`` (along the last dim) of a ``[N, K]`` tensor as read from the file
+    (o_proj's of a rank's heads), copied; a packed one whole blocks of each row (only their bytes
+    read). The tensor itself when that is all of it, or when the cut falls inside a packed block
+    (read whole: the shard keeps its share dense, :func:`~ftlab.models.tensor_parallel.columns`)."""
+    from ftlab.models.tensor_parallel import columns, whole_blocks
+
+    if (start == 0 and stop == w.shape[-1]) or not whole_blocks(w, start, stop):
+        return w
+    return columns(w, start, stop, "")
+
+
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
               progress: bool = True, experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
+              heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
               ) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
     file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
@@ -188,18 +214,25 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     (packed as stored, or in ``dtype``) hold only those vocabulary rows: ``token_embd.weight`` /
     ``output.weight`` are sliced as read, before the embedding is dequantized or anything cast (a
     tensor-parallel rank's vocabulary shard; a type ftlab has no kernel for is dequantized whole
-    by the reader first). None: all of them, for either. ValueError naming ``experts`` or
-    ``vocab`` for a range that is not ``0 <= start < stop <= count``. GGUFError naming the file
-    and the key or tensor for anything ftlab cannot load (module docstring)."""
+    by the reader first). ``heads``: ``((q_start, q_stop), (kv_start, kv_stop))`` -- ``attn_q``
+    holds only those query heads' rows, ``attn_k`` / ``attn_v`` those key/value heads' rows and
+    ``attn_output`` those query heads' columns (a tensor-parallel rank's attention shard), cut as
+    read, before any cast (packed rows are views of the file; packed columns whole blocks of each
+    row, or, where the cut falls inside a block, all of them: the shard keeps that share dense).
+    None: all of them, for any. ValueError naming ``experts``, ``vocab`` or ``heads`` for a range
+    that is not ``0 <= start < stop <= count``. GGUFError naming the file and the key or tensor
+    for anything ftlab cannot load (module docstring)."""
     path = Path(path)
     reader = open_reader(path)
     c = read_config(reader, path)
     e0, e1 = expert_range(experts, c.num_experts)
     vocab = row_range(vocab, c.vocab_size, "vocab")
+    heads = head_ranges(heads, c.num_attention_heads, c.num_key_value_heads)
     by_name = {t.name: t for t in reader.tensors}
     device = torch.device(device)
 
-    def get(name: str, shape: tuple[int, ...], dense: bool = False, part: tuple[int, int] | None = None):
+    def get(name: str, shape: tuple[int, ...], dense: bool = False, part: tuple[int, int] | None = None,
+            cols: tuple[int, int] | None = None):  # fmt: skip
         t = by_name.get(name)
         if t is None:
             raise GGUFError(f"{path}: missing tensor {name!r}")
@@ -210,6 +243,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             )
         if part is not None:  # the range's experts or rows, before any cast (cast for those only)
             value = cut(value, *part)
+        if cols is not None:  # the range's columns, likewise
+            value = cut_columns(value, *cols)
         if isinstance(value, Q4_0Weight):
             return ops.dequantize_q4_0(value, dtype).to(device) if dense else value.to(device)
         if isinstance(value, QuantWeight):  # Q8_0 and the K-quants: packed, as Q4_0
@@ -226,12 +261,18 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
               "v_proj": (c.num_key_value_heads * hd, h), "o_proj": (h, c.num_attention_heads * hd),
               "q_norm": (hd,), "k_norm": (hd,), "input_norm": (h,), "post_attention_norm": (h,), "router": (e, h)}  # fmt: skip
     dense = {"q_norm", "k_norm", "input_norm", "post_attention_norm", "router"}
+    rows_of, cols_of = {}, {}  # LayerWeights field -> the rank's rows / columns (heads=)
+    if heads is not None:
+        (q0, q1), (k0, k1) = heads
+        rows_of = {"q_proj": (q0 * hd, q1 * hd), "k_proj": (k0 * hd, k1 * hd), "v_proj": (k0 * hd, k1 * hd)}
+        cols_of = {"o_proj": (q0 * hd, q1 * hd)}
     layers, mixed = [], []
     for i in tqdm(
         range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
     ):
         p = f"blk.{i}."
-        parts = {f: get(p + n + ".weight", shapes[f], f in dense) for f, n in _LAYER_NAMES.items()}
+        parts = {f: get(p + n + ".weight", shapes[f], f in dense, rows_of.get(f), cols_of.get(f))
+                 for f, n in _LAYER_NAMES.items()}  # fmt: skip
         gate, up, down = (get(p + name, shape, part=(e0, e1)) for name, shape in (
             ("ffn_gate_exps.weight", (e, inter, h)), ("ffn_up_exps.weight", (e, inter, h)),
             ("ffn_down_exps.weight", (e, h, inter))))  # fmt: skip

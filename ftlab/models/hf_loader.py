@@ -115,32 +115,35 @@ class SafetensorsShards:
                 raise CheckpointError(f"{config_file}: {key} is {count}, but the shards in "
                                       f"{self.path} hold {have}")  # fmt: skip
 
-    def read(self, name: str, rows: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, ...], Path]:
+    def read(self, name: str, rows: tuple[int, int] | None = None, columns: tuple[int, int] | None = None,
+             ) -> tuple[torch.Tensor, tuple[int, ...], Path]:  # fmt: skip
         """Tensor ``name`` as stored (its dtype, on the host), its stored shape and its file.
         ``rows``: ``(start, stop)`` -- only those rows along dim 0 (``[stop - start, ...]``; fewer
         when the tensor has fewer: check the stored shape), a safetensors slice that reads only
         their bytes, copied into memory of its own (a slice may be a view of the memory-mapped
-        file, which it then does not keep). CheckpointError naming the file for a tensor missing or
-        unreadable."""
+        file, which it then does not keep). ``columns``: ``(start, stop)`` -- only those columns of
+        a 2-D tensor (``[:, start:stop]``), likewise. CheckpointError naming the file for a tensor
+        missing or unreadable."""
         shard = self.where.get(name)
         if shard is None:
             raise CheckpointError(f"{self.path}: missing tensor {name!r}")
         file = self.path / shard
         try:
-            if rows is None:
+            if rows is None and columns is None:
                 t = self.handles[shard].get_tensor(name)
                 return t, tuple(t.shape), file
             part = self.handles[shard].get_slice(name)
-            return part[rows[0] : rows[1]].clone(), tuple(part.get_shape()), file
+            got = part[rows[0] : rows[1]] if columns is None else part[:, columns[0] : columns[1]]
+            return got.clone(), tuple(part.get_shape()), file
         except Exception as e:  # SafetensorError
             raise CheckpointError(f"{file}: tensor {name!r} cannot be read: {e}") from e
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-            rows: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+            rows: tuple[int, int] | None = None, columns: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
         """Tensor ``name``, checked to be a float tensor of ``shape``, in ``dtype`` on
         ``device``; ``rows``: ``(start, stop)``, only those rows read (:meth:`read`), ``[stop -
-        start, *shape[1:]]``."""
-        t, stored, file = self.read(name, rows)
+        start, *shape[1:]]``; ``columns`` likewise, ``[shape[0], stop - start]``."""
+        t, stored, file = self.read(name, rows, columns)
         if not t.dtype.is_floating_point:
             raise CheckpointError(f"{file}: tensor {name!r} has dtype {t.dtype}, expected a "
                                   "floating-point dtype")  # fmt: skip
@@ -186,6 +189,7 @@ def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeC
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
             progress: bool = True, experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
+            heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
             ) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
     """Config and weights of a HF Qwen3-MoE directory, on ``device`` in ``dtype`` (default:
     the config's ``torch_dtype``/``dtype``, else bf16). ``experts``: ``(start, stop)`` -- only
@@ -193,15 +197,19 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     still scores all of them). ``vocab``: ``(start, stop)`` -- the embedding and an untied
     lm_head ``[stop - start, H]`` hold only those vocabulary rows, a safetensors slice of them
     read and copied (a tensor-parallel rank's vocabulary shard; a tied lm_head is the embedding).
-    None: all, for either; ValueError naming ``experts`` or ``vocab`` for a range that is not
-    ``0 <= start < stop <= count``. CheckpointError naming the file and the key or tensor for
-    anything ftlab cannot load."""
-    from ftlab.models.gguf_loader import expert_range, row_range
+    ``heads``: ``((q_start, q_stop), (kv_start, kv_stop))`` -- q_proj holds only those query
+    heads' rows, k_proj / v_proj those key/value heads' rows and o_proj those query heads'
+    columns, safetensors slices of them read and copied (a tensor-parallel rank's attention
+    shard; q_norm / k_norm, per head dim, stay whole). None: all, for any; ValueError naming
+    ``experts``, ``vocab`` or ``heads`` for a range that is not ``0 <= start < stop <= count``.
+    CheckpointError naming the file and the key or tensor for anything ftlab cannot load."""
+    from ftlab.models.gguf_loader import expert_range, head_ranges, row_range
 
     path = Path(path)
     config, dtype = read_config(path, dtype)
     e0, e1 = expert_range(experts, config.num_experts)
     vocab = None if vocab is None else row_range(vocab, config.vocab_size, "vocab")
+    heads = head_ranges(heads, config.num_attention_heads, config.num_key_value_heads)
     device = torch.device(device)
     tensors = SafetensorsShards(path)
     tensors.check_counts(config, path / "config.json")
@@ -212,6 +220,13 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     def get(name: str, *shape: int) -> torch.Tensor:
         return tensors.get(name, shape, dtype, device)
 
+    q_rows = kv_rows = None  # heads=: the rank's rows of q_proj and of k_proj / v_proj (o_proj: q_rows' columns)
+    if heads is not None:
+        q_rows, kv_rows = ((a * hd, b * hd) for a, b in heads)
+
+    def attn(name: str, shape: tuple[int, int], rows=None, columns=None) -> torch.Tensor:
+        return tensors.get(f"{name}.weight", shape, dtype, device, rows, columns)
+
     layers = []
     for i in tqdm(
         range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
@@ -221,10 +236,10 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
         gate = torch.stack([get(f"{experts_of}{j}.gate_proj.weight", inter, h) for j in range(e0, e1)])
         up = torch.stack([get(f"{experts_of}{j}.up_proj.weight", inter, h) for j in range(e0, e1)])
         layers.append(LayerWeights(
-            q_proj=get(p + "self_attn.q_proj.weight", q_out, h),
-            k_proj=get(p + "self_attn.k_proj.weight", kv_out, h),
-            v_proj=get(p + "self_attn.v_proj.weight", kv_out, h),
-            o_proj=get(p + "self_attn.o_proj.weight", h, q_out),
+            q_proj=attn(p + "self_attn.q_proj", (q_out, h), q_rows),
+            k_proj=attn(p + "self_attn.k_proj", (kv_out, h), kv_rows),
+            v_proj=attn(p + "self_attn.v_proj", (kv_out, h), kv_rows),
+            o_proj=attn(p + "self_attn.o_proj", (h, q_out), columns=q_rows),
             q_norm=get(p + "self_attn.q_norm.weight", hd),
             k_norm=get(p + "self_attn.k_norm.weight", hd),
             input_norm=get(p + "input_layernorm.weight", h),

@@ -37,21 +37,32 @@ GGUF_ARCHS = (GGUF_ARCH, *NEXT_GGUF_ARCHS)
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
             progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None,
-            vocab: tuple[int, int] | None = None):  # fmt: skip
+            vocab: tuple[int, int] | None = None, heads: tuple[tuple[int, int], tuple[int, int]] | None = None):  # fmt: skip
     """Config and weights of a HF directory (module docstring: which model), on ``device``, dense
     weights in ``dtype`` (default: the config's stored dtype, else bf16). ``quantize``: a hybrid
     model's projections and expert banks quantized to Q4_0 at load. ``experts``: ``(start,
     stop)``, routed banks with only those experts, only their tensors read (a tensor-parallel
     rank's share: :func:`hf_loader.load_hf`, :func:`load_hf_next`). ``vocab``: ``(start, stop)``,
     the embedding and an untied lm_head ``[stop - start, H]`` of only those vocabulary rows, a
-    safetensors slice of them read (a tensor-parallel rank's vocabulary shard). CheckpointError
-    naming the file and the key or tensor for anything ftlab cannot load."""
+    safetensors slice of them read (a tensor-parallel rank's vocabulary shard). ``heads``:
+    ``((q_start, q_stop), (kv_start, kv_stop))``, a Qwen3-MoE model's attention of only those
+    heads (q/k/v rows, o_proj columns: :func:`hf_loader.load_hf`; a hybrid model's attention is
+    read whole, and refuses it). CheckpointError naming the file and the key or tensor for
+    anything ftlab cannot load."""
     if is_next(hf_loader.read_hf_config(Path(path))):
+        _whole_attention(heads)
         return load_hf_next(path, device, dtype, progress, quantize, experts, vocab)
     if quantize:
         raise ValueError("quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
                          "GGUF file)")  # fmt: skip
-    return hf_loader.load_hf(path, device, dtype, progress, experts, vocab)
+    return hf_loader.load_hf(path, device, dtype, progress, experts, vocab, heads)
+
+
+def _whole_attention(heads) -> None:
+    """ValueError for ``heads`` given to a Qwen3-Next / Qwen3.5-MoE loader (its attention is read whole)."""
+    if heads is not None:
+        raise ValueError(f"heads must be None for a Qwen3-Next / Qwen3.5-MoE checkpoint (its attention is read "
+                         f"whole), got {heads!r}")  # fmt: skip
 
 
 def gguf_architecture(path: str | Path) -> str:
@@ -68,7 +79,7 @@ def gguf_architecture(path: str | Path) -> str:
 
 def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                     progress: bool = True, experts: tuple[int, int] | None = None,
-                    vocab: tuple[int, int] | None = None,
+                    vocab: tuple[int, int] | None = None, heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
                     ) -> tuple[Qwen3MoeConfig | Qwen3NextConfig, ModelWeights | NextWeights, Tokenizer]:  # fmt: skip
     """Config, weights and tokenizer of a llama.cpp GGUF file, by its ``general.architecture``:
     ``qwen3moe`` as :func:`load_gguf` loads it (Q4_0 packed, the tokenizer of
@@ -80,15 +91,19 @@ def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype:
     memory-mapped file as read (a tensor-parallel rank's share: :func:`load_gguf`,
     :func:`read_gguf_hf`). ``vocab``: ``(start, stop)``, the embedding and an untied lm_head
     ``[stop - start, H]`` of only those vocabulary rows, cut from the mapped file before the
-    embedding is dequantized (a tensor-parallel rank's vocabulary shard). GGUFError naming the
-    file and the architecture for any other, and the file and the key or tensor for anything
-    ftlab cannot load."""
+    embedding is dequantized (a tensor-parallel rank's vocabulary shard). ``heads``: ``((q_start,
+    q_stop), (kv_start, kv_stop))``, a ``qwen3moe`` file's attention of only those heads, cut from
+    the mapped file as read (:func:`load_gguf`; the hybrid architectures read it whole and refuse
+    it). GGUFError naming the file and the architecture for any other, and the file and the key
+    or tensor for anything ftlab cannot load."""
     argcheck.float_dtype("dtype", dtype)
     path = Path(path)
     arch = gguf_architecture(path)
     if arch == GGUF_ARCH:
-        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress, experts=experts, vocab=vocab)
+        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress, experts=experts, vocab=vocab,
+                                    heads=heads)  # fmt: skip
         return config, weights, Tokenizer.from_gguf(open_reader(path))
+    _whole_attention(heads)
     hf, tensors, input_perms = read_gguf_hf(path, device, dtype, experts, vocab)
     try:
         config = Qwen3NextConfig.from_hf(hf)

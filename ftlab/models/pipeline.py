@@ -34,8 +34,10 @@ from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
 from ftlab.models.qwen3_next import NextWeights, Qwen3Next
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.models.tokenizer import Tokenizer
+from ftlab.models.tp_ranges import rank_experts, rank_heads, rank_ranges
 
-__all__ = ["DecodeGraph", "Pipeline", "StageDiff", "backend_map", "format_compare", "timed_generate"]
+__all__ = ["DecodeGraph", "Pipeline", "StageDiff", "backend_map", "format_compare", "rank_experts", "rank_heads",
+           "rank_ranges", "timed_generate"]  # fmt: skip
 
 
 @dataclass
@@ -84,46 +86,6 @@ class DecodeGraph:
         self.positions.copy_(positions)
         self.graph.replay()
         return self.logits
-
-
-def _counts(path: Path) -> tuple[int, int] | None:
-    """``(num_experts, vocab_size)`` of a checkpoint's config alone: a HF directory's
-    ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE), a GGUF file's metadata (``qwen3moe``,
-    ``qwen3next``, ``qwen35moe``); None for any other path (the load refuses it)."""
-    from ftlab.formats.gguf import open_reader
-    from ftlab.models import gguf_loader, gguf_qwen3_next, hf_loader
-    from ftlab.models.hf_next_loader import read_next_config
-    from ftlab.models.loader import GGUF_ARCH, gguf_architecture, is_next
-
-    if path.is_dir():
-        c = read_next_config(path) if is_next(hf_loader.read_hf_config(path)) else hf_loader.read_config(path)[0]
-    elif path.suffix == ".gguf":
-        reader = open_reader(path)
-        if gguf_architecture(path) != GGUF_ARCH:
-            hf = gguf_qwen3_next.read_config(reader, path)
-            return hf["num_experts"], hf["vocab_size"]
-        c = gguf_loader.read_config(reader, path)
-    else:
-        return None
-    return c.num_experts, c.vocab_size
-
-
-def rank_experts(path: Path, tp) -> tuple[int, int] | None:
-    """``(start, stop)``: the routed experts a tensor-parallel rank reads (the router stays
-    whole), its equal share of the config's ``num_experts`` (:func:`rank_ranges`; None for a path
-    that is neither a directory nor a ``.gguf`` file). ValueError when tp does not divide them."""
-    counts = _counts(path)
-    return None if counts is None else tp.shard(counts[0], "num_experts")
-
-
-def rank_ranges(path: Path, tp) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """``(experts, vocab)``, each ``(start, stop)``, of a tensor-parallel rank: the routed experts
-    (:func:`rank_experts`) and the rows of the embedding and lm_head (its equal share of
-    ``vocab_size``) its loader reads -- from the config alone: a HF directory's ``config.json``, a
-    GGUF file's metadata; None for any other path (the load refuses it). ValueError naming the
-    count tp does not divide."""
-    counts = _counts(path)
-    return None if counts is None else (tp.shard(counts[0], "num_experts"), tp.shard(counts[1], "vocab_size"))
 
 
 class Pipeline:
@@ -232,13 +194,14 @@ class Pipeline:
         """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
         at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
         experts, vocab = (None if group is None else rank_ranges(path, group)) or (None, None)  # tp: its rows only
+        heads = None if group is None else rank_heads(path, group)  # tp: its attention heads only (Qwen3-MoE)
         if path.is_dir():
             config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model, experts=experts,
-                                      vocab=vocab)  # fmt: skip
+                                      vocab=vocab, heads=heads)  # fmt: skip
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
             config, weights, tokenizer = load_gguf_model(path, device=at, dtype=dtype, progress=not tiny_model,
-                                                         experts=experts, vocab=vocab)  # fmt: skip
+                                                         experts=experts, vocab=vocab, heads=heads)  # fmt: skip
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         if group is not None:

@@ -29,9 +29,13 @@ routed experts and its vocabulary rows (``experts=`` and ``vocab=`` from
 :func:`ftlab.models.pipeline.rank_ranges`): the banks arrive already cut, and so do the embedding
 and an untied lm_head -- a GGUF file's ``token_embd`` / ``output`` sliced before the embedding is
 dequantized, a safetensors slice of a HF one's rows -- and :func:`experts` / :func:`vocab_rows`
-keep them as they are. Every other tensor (attention, norms, the router, a hybrid model's shared
-expert and linear attention) is read whole, so each rank's host memory briefly holds those in
-full.
+keep them as they are. A Qwen3-MoE rank's loader reads only its attention heads too (``heads=``
+from :func:`ftlab.models.pipeline.rank_heads`): q/k/v rows and o_proj columns, a GGUF file's
+``attn_*`` sliced before any cast (a packed o_proj whole blocks of each row, or read whole when
+the cut falls inside a block: :func:`columns` then keeps the share dense, with its warning), a
+HF one's safetensors slices; :func:`held` keeps projections of the rank's size as they are.
+Every other tensor (norms, the router, a hybrid model's shared expert and its attention, linear
+and full) is read whole, so each rank's host memory briefly holds those in full.
 """
 
 from __future__ import annotations
@@ -178,15 +182,19 @@ def rows(w, start: int, stop: int):
     return w[start:stop].clone()
 
 
-def held(w, start: int, stop: int, total: int, what: str, unit: str):
+def held(w, start: int, stop: int, total: int, what: str, unit: str, dim: int = 0,
+         dtype: torch.dtype = torch.float32):  # fmt: skip
     """Rows ``start .. stop`` of ``w [total, ...]`` (dense or packed), copied (:func:`rows`); a
     ``w`` that holds just those already (``shape[0] == stop - start``: loaded with that range, the
-    loaders reading only a rank's rows) as it is. ValueError naming ``what`` for any other size."""
-    if w.shape[0] == total:
-        return rows(w, start, stop)
-    if w.shape[0] == stop - start:
+    loaders reading only a rank's rows) as it is. ValueError naming ``what`` for any other size.
+    ``dim=-1``: columns ``start .. stop`` of ``w [..., total]`` likewise (:func:`columns`, which
+    keeps a packed share dense in ``dtype`` when the cut falls inside its blocks)."""
+    size = w.shape[dim]
+    if size == total:
+        return rows(w, start, stop) if dim == 0 else columns(w, start, stop, what, dtype)
+    if size == stop - start:
         return w
-    raise ValueError(f"{what} of {w.shape[0]} {unit} is neither all {total} nor this rank's {stop - start}")
+    raise ValueError(f"{what} of {size} {unit} is neither all {total} nor this rank's {stop - start}")
 
 
 def experts(bank, start: int, stop: int, total: int):
@@ -222,6 +230,12 @@ class ShardDequantizedWarning(UserWarning):
     """A packed weight whose rank share is not a whole number of blocks was made dense."""
 
 
+def whole_blocks(w, start: int, stop: int) -> bool:
+    """Whether columns ``start .. stop`` of ``w`` are whole blocks of it (always, for a dense ``w``)."""
+    block = QTYPES[w.qtype].block if isinstance(w, QuantWeight) else 1
+    return start % block == 0 and stop % block == 0
+
+
 def columns(w, start: int, stop: int, what: str, dtype: torch.dtype = torch.float32):
     """Columns ``start .. stop`` of a ``[..., N, K]`` weight or bank, copied; a packed weight is
     cut between its blocks, or, when the cut falls inside one (a K-quant's 256 columns over more
@@ -229,7 +243,7 @@ def columns(w, start: int, stop: int, what: str, dtype: torch.dtype = torch.floa
     :class:`ShardDequantizedWarning` naming ``what``."""
     if isinstance(w, QuantWeight):
         block = QTYPES[w.qtype].block
-        if start % block == 0 and stop % block == 0:
+        if whole_blocks(w, start, stop):
             part = w.blocks[..., start // block : stop // block, :].reshape(*w.shape[:-1], -1).clone()
             return quant_weight(part, (*w.shape[:-1], stop - start), w.qtype)
         from ftlab import ops
@@ -269,7 +283,8 @@ def move(obj, device: torch.device):
 
 def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
     """This rank's shard of a Qwen3-MoE model's weights (module docstring), on ``device``; banks,
-    embedding and lm_head loaded with only the rank's experts / rows are kept as they are.
+    embedding, lm_head and attention projections loaded with only the rank's experts / rows /
+    heads (q/k/v rows, o_proj columns) are kept as they are (:func:`held`).
     ValueError when tp does not divide the heads, the kv heads, the experts or the vocabulary."""
     from ftlab.models.qwen3_moe import LayerWeights, ModelWeights
 
@@ -277,14 +292,17 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
     hd = c.head_dim
     q0, q1 = tp.shard(c.num_attention_heads, "num_attention_heads")
     k0, k1 = tp.kv_heads(c.num_key_value_heads, c.num_attention_heads)
+    nq, nkv = c.num_attention_heads * hd, c.num_key_value_heads * hd
     e0, e1 = tp.shard(c.num_experts, "num_experts")
     tp.shard(c.vocab_size, "vocab_size")  # refused before any layer is cut
     dt = weights.embed.dtype  # the model's dense dtype
     layers = []
     for i, lw in enumerate(weights.layers):
         layers.append(move(LayerWeights(
-            q_proj=rows(lw.q_proj, q0 * hd, q1 * hd), k_proj=rows(lw.k_proj, k0 * hd, k1 * hd),
-            v_proj=rows(lw.v_proj, k0 * hd, k1 * hd), o_proj=columns(lw.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt),
+            q_proj=held(lw.q_proj, q0 * hd, q1 * hd, nq, f"layer {i} q_proj", "rows"),
+            k_proj=held(lw.k_proj, k0 * hd, k1 * hd, nkv, f"layer {i} k_proj", "rows"),
+            v_proj=held(lw.v_proj, k0 * hd, k1 * hd, nkv, f"layer {i} v_proj", "rows"),
+            o_proj=held(lw.o_proj, q0 * hd, q1 * hd, nq, f"layer {i} o_proj", "columns", -1, dt),
             q_norm=lw.q_norm, k_norm=lw.k_norm, input_norm=lw.input_norm,
             post_attention_norm=lw.post_attention_norm, router=lw.router,
             w_gate_up=experts(lw.w_gate_up, e0, e1, c.num_experts), w_down=experts(lw.w_down, e0, e1, c.num_experts)),

@@ -1,7 +1,7 @@
 """Tensor / expert parallelism (ftlab.models.tensor_parallel) on the CPU: two gloo processes
 started by torchrun against one process, for the tiny Qwen3-MoE models from HF and GGUF files
-(fp32 and Q4_0): logits within 1e-4, the same greedy tokens, rank 0's loader asked for its experts
-and vocabulary rows only; ``ftlab run --tp 2`` prints the single-process text; and the errors of a
+(fp32 and Q4_0): logits within 1e-4, the same greedy tokens, rank 0's loader asked for its experts,
+vocabulary rows and (Qwen3-MoE) attention heads only; ``ftlab run --tp 2`` prints the single-process text; and the errors of a
 bad tp or a missing process group."""
 
 import socket
@@ -79,7 +79,12 @@ def test_two_ranks_match_one_process(two_ranks, case):
     # rank 0 read only its experts and vocabulary rows, from every model class (HF and GGUF loaders alike)
     assert got["experts"] == (0, got["num_experts"] // 2), case
     assert got["vocab"] == (0, got["vocab_size"] // 2), case
-    assert want["experts"] is None and want["vocab"] is None
+    assert want["experts"] is None and want["vocab"] is None and want["heads"] is None
+    # and, of a Qwen3-MoE model, only its attention heads (the hybrid models read attention whole)
+    if "qwen3-next" in case or "qwen35" in case:
+        assert got["heads"] is None, case
+    else:
+        assert got["heads"][0][0] == 0 and got["heads"][1][0] == 0 and got["heads"][0][1] > 0, case
 
 
 def cli_matches_one_process(device: str) -> None:

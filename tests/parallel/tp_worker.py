@@ -1,7 +1,7 @@
 """One rank of the tensor-parallel test (tests/parallel/test_tensor_parallel.py), started by
 torchrun: for each (model, file, quantized path) of argv[2:] (``model:quant:path``), the prompt's
-next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE, and the expert
-and vocabulary ranges the pipeline asked its loader for; rank 0 saves them to argv[1]. ``FTLAB_TP_DEVICE=cuda``: each
+next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE, and the expert,
+vocabulary and head ranges the pipeline asked its loader for; rank 0 saves them to argv[1]. ``FTLAB_TP_DEVICE=cuda``: each
 rank on its GPU (cuda:LOCAL_RANK, NCCL) with the auto backends and the decode step graph-captured;
 else the CPU (gloo) with the reference backends."""
 
@@ -23,7 +23,7 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
 
     def watch(load):
         def loader(*args, **kwargs):
-            seen.append((kwargs.get("experts"), kwargs.get("vocab")))
+            seen.append((kwargs.get("experts"), kwargs.get("vocab"), kwargs.get("heads")))
             return load(*args, **kwargs)
 
         return loader
@@ -44,7 +44,7 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
         tokens.append(int(logits.argmax()))
         logits = pipe.decode_step(tokens[-1])
     return {"logits": first.cpu(), "tokens": tokens, "last": logits.cpu(), "experts": seen[0][0], "vocab": seen[0][1],
-            "num_experts": getattr(pipe.config, "num_experts", None), "vocab_size": pipe.config.vocab_size}
+            "heads": seen[0][2], "num_experts": getattr(pipe.config, "num_experts", None), "vocab_size": pipe.config.vocab_size}
 
 
 if __name__ == "__main__":
