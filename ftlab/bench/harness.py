@@ -196,20 +196,27 @@ def time_us(fn: Callable[[], object], warmup: int = 10, reps: int = 50, inner: i
     return statistics.median(samples)
 
 
-def time_graph_us(fn: Callable[[], object], inner: int = 20, reps: int = 50) -> float:
-    """Median device time of one ``fn()`` in microseconds, replaying a CUDA/HIP graph that
-    holds ``inner`` calls: what a captured decode step pays, without host launch cost."""
+def capture(fn: Callable[[], object], warmup: int = 3) -> tuple[Callable[[], None], object]:
+    """``fn`` (no host synchronization) captured in a CUDA/HIP graph on the current device after
+    ``warmup`` calls on a side stream (compiles and allocations outside the capture): (replay,
+    what the captured call returned -- tensors each replay overwrites)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    return time_us(graph.replay, warmup=3, reps=reps) / inner
+        out = fn()
+    return graph.replay, out
+
+
+def time_graph_us(fn: Callable[[], object], inner: int = 20, reps: int = 50) -> float:
+    """Median device time of one ``fn()`` in microseconds, replaying a CUDA/HIP graph that
+    holds ``inner`` calls: what a captured decode step pays, without host launch cost."""
+    replay, _ = capture(lambda: [fn() for _ in range(inner)], warmup=-(-3 // inner))  # >= 3 warm-up calls
+    return time_us(replay, warmup=3, reps=reps) / inner
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from ftlab.bench.harness import (
     Measurement,
     Report,
+    capture,
     copy_bandwidth,
     device_info,
     require_gpu,
@@ -202,7 +203,7 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
     if dev.type == "cuda":  # the same pass replayed from a graph: the device's time without host launches
         del model
         static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, static=True, tp=tp)
-        replay, out = capture(lambda: static.forward(tokens, pos, last_only=True), dev)
+        replay, out = capture(lambda: static.forward(tokens, pos, last_only=True), warmup=2)
         replay()
         # the static model reads every cache slot under a mask: the same logits up to summation order
         # in x's dtype over every layer (a sanity bound, 5% of the largest logit: garbage fails it)
@@ -218,21 +219,6 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
     )
     hist = torch.histc(load / mean, bins=8, min=0, max=4).int().tolist()
     report.notes.append(f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}")
-
-
-def capture(fn: Callable[[], torch.Tensor], dev: torch.device) -> tuple[Callable[[], None], torch.Tensor]:
-    """``fn`` (no host synchronization) captured in a CUDA/HIP graph after two warm-up calls on a
-    side stream: (replay, the output tensor each replay overwrites)."""
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(dev).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph.replay, out
 
 
 def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch: int, gen: torch.Generator,
