@@ -130,19 +130,37 @@ class LayerWeights:
     w_gate_up: torch.Tensor | Q4_0Weight  # [E, 2I, H], gate rows then up rows
     w_down: torch.Tensor | Q4_0Weight  # [E, H, I]
 
-    def qkv(self) -> torch.Tensor | Q4_0Weight | None:
-        """q, k and v projections stacked along N (built once, kept): one matvec a decode step
-        instead of three, each output row computed as in its own projection. None when they
-        mix types (Q4_K_M files give some layers' v a Q6_K beside Q4_K q and k)."""
+    def qkv(self) -> list[torch.Tensor | QuantWeight]:
+        """The q, k and v projections as few matvecs as their types allow (built once, kept):
+        runs of neighbours of one kind (Q4_0, one Q8_0 / K-quant type, or dense of one dtype)
+        stacked along N, each output row computed as in its own projection. Three weights
+        of one kind give one matvec a decode step instead of three; a Q4_K_M file's layers
+        with a Q6_K v beside Q4_K q and k give two (q and k stacked, then v)."""
         if not hasattr(self, "_qkv"):
-            ws = [self.q_proj, self.k_proj, self.v_proj]
-            kinds = {w.qtype if isinstance(w, QuantWeight) else None for w in ws}
-            if kinds <= set(MATMUL_TYPES):  # Q8_0 / K-quants of one type: their rows stack as Q4_0's do
-                data = torch.cat([w.data for w in ws]) if len(kinds) == 1 else None
-                self._qkv = None if data is None else QuantWeight(data, (data.shape[0], ws[0].shape[-1]), kinds.pop())
-            else:
-                self._qkv = concat_rows(ws)
+            parts: list[list] = []
+            for w in (self.q_proj, self.k_proj, self.v_proj):
+                if parts and _kind(parts[-1][0]) == _kind(w) is not None:
+                    parts[-1].append(w)
+                else:
+                    parts.append([w])
+            self._qkv = [ws[0] if len(ws) == 1 else _stack(ws) for ws in parts]
         return self._qkv
+
+
+def _kind(w: torch.Tensor | QuantWeight) -> object:
+    """What weights must share to be stacked along N: the quant type, or the dtype of a dense
+    weight; None for a type whose rows do not stack (none today)."""
+    if isinstance(w, QuantWeight):
+        return w.qtype if w.qtype == "Q4_0" or w.qtype in MATMUL_TYPES else None
+    return w.dtype
+
+
+def _stack(ws: list) -> torch.Tensor | QuantWeight:
+    """Weights ``[N_i, K]`` of one :func:`_kind`, stacked along N."""
+    if isinstance(ws[0], QuantWeight) and ws[0].qtype in MATMUL_TYPES:
+        data = torch.cat([w.data for w in ws])
+        return QuantWeight(data, (data.shape[0], ws[0].shape[-1]), ws[0].qtype)
+    return concat_rows(ws)
 
 
 @dataclass
@@ -219,11 +237,11 @@ class Qwen3Moe:
         b, t, _ = x.shape
         hd, nh, nkvh = c.head_dim, self.heads, self.kv_heads
         nq, nkv = nh * hd, nkvh * hd
-        qkv = lw.qkv()
-        if qkv is not None:
-            q, k, v = self.linear(x, qkv).split([nq, nkv, nkv], dim=-1)
-        else:
-            q, k, v = (self.linear(x, w) for w in (lw.q_proj, lw.k_proj, lw.v_proj))
+        widths, outs = [nq, nkv, nkv], []
+        for w in lw.qkv():  # each part's output split into the projections it stacks
+            take = next(n for n in range(1, 4) if sum(widths[len(outs):len(outs) + n]) == w.shape[0])
+            outs += self.linear(x, w).split(widths[len(outs):len(outs) + take], dim=-1)
+        q, k, v = outs
         v = v.reshape(b, t, nkvh, hd)
         # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope)
         q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,

@@ -127,8 +127,8 @@ def load(ftype: str):
 
 def test_the_q4_k_m_file_loads_packed_in_the_types_it_holds():
     """Projections, expert banks (gate and up rows stacked) and lm_head are QuantWeight of the
-    file's types; q, k and v share one fused weight where their types match (layer 0), and stay
-    apart where attn_v is Q6_K beside Q4_K (layer 1); the embedding is dense rows."""
+    file's types; q, k and v share one stacked weight where their types match (layer 0); where
+    attn_v is Q6_K beside Q4_K (layer 1) q and k are stacked and v stays apart; the embedding is dense rows."""
     config, weights = load("Q4_K_M")
     types = expected_types("Q4_K_M")
     for i, lw in enumerate(weights.layers):
@@ -139,10 +139,12 @@ def test_the_q4_k_m_file_loads_packed_in_the_types_it_holds():
             w = getattr(lw, field)
             assert isinstance(w, QuantWeight) and w.qtype == types[f"{b}{name}.weight"], (i, field)
         assert lw.w_gate_up.shape == (config.num_experts, 2 * config.moe_intermediate_size, config.hidden_size)
-        fused = lw.qkv()
-        assert (fused is not None) == (i == 0)
-        if fused is not None:
-            assert fused.qtype == "Q4_K" and torch.equal(fused.data[: lw.q_proj.shape[0]], lw.q_proj.data)
+        parts = lw.qkv()  # layer 0: one Q4_K part; layer 1: q and k stacked (Q4_K), then v (Q6_K)
+        assert [p.qtype for p in parts] == (["Q4_K"] if i == 0 else ["Q4_K", "Q6_K"]), i
+        rows = lw.q_proj.shape[0] + lw.k_proj.shape[0]
+        stacked = torch.cat([lw.q_proj.data, lw.k_proj.data] + ([lw.v_proj.data] if i == 0 else []))
+        assert parts[0].shape == (stacked.shape[0], config.hidden_size) and torch.equal(parts[0].data, stacked)
+        assert i == 0 or (parts[1] is lw.v_proj and parts[0].shape[0] == rows)
     assert isinstance(weights.lm_head, QuantWeight) and weights.lm_head.qtype == "Q6_K"
     assert isinstance(weights.embed, torch.Tensor) and weights.embed.dtype == torch.float32
 

@@ -37,7 +37,7 @@ void launch_dequantize(const TensorView& w, const TensorView& out, int64_t nb) {
 template <typename T>
 void launch_q8_1(const TensorView& x, const TensorView& q, const TensorView& d, const TensorView& s) {
   const int64_t rows = x.size(0), k = x.size(1);
-  quantize_q8_1_kernel<T><<<grid_for(rows * (k / kQK)), kThreads, 0, stream_of(q)>>>(
+  quantize_q8_1_kernel<T><<<grid_for(4 * rows * (k / kQK)), kThreads, 0, stream_of(q)>>>(
       static_cast<const typename T::storage*>(base_of(x)), x.stride(0),
       static_cast<int8_t*>(base_of(q)), static_cast<float*>(base_of(d)), static_cast<float*>(base_of(s)),
       rows, k);
