@@ -79,6 +79,21 @@ def finite_float(name: str, v: object, low: float = -math.inf) -> float:
     return float(v)
 
 
+def norm_weight(weight: object, dim: str, size: int, eps: object, x: torch.Tensor,
+                **inputs: torch.Tensor | None) -> float:  # fmt: skip
+    """The weight and eps of a norm over a last dim ``dim`` of ``size``: weight a float tensor
+    ``[size]``, eps finite and >= 0 (returned as a float); ``inputs`` (None allowed) and the weight
+    on x's device, checked in that order."""
+    float_tensor("weight", weight)
+    if tuple(weight.shape) != (size,):
+        raise ValueError(f"weight must be [{dim}={size}], got shape {tuple(weight.shape)}")
+    eps = finite_float("eps", eps, 0.0)
+    for name, t in (*inputs.items(), ("weight", weight)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+    return eps
+
+
 def same_dtype(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     if t.dtype != ref.dtype:
         raise TypeError(f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {t.dtype}")

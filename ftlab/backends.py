@@ -434,6 +434,9 @@ _builtin("causal_conv1d", "conv1d", "causal depthwise conv1d with a carried stat
 _builtin("causal_conv1d_update", "conv1d", "one decode token of causal_conv1d, state updated in place", FLOAT_DTYPES)
 _builtin("gated_rmsnorm", "gated_norm", "per-head RMSNorm times SiLU of a gate (gated deltanet output)", FLOAT_DTYPES)
 _builtin("output_gate", "gated_norm", "attention output times sigmoid of a gate", FLOAT_DTYPES)
+_builtin("add_rmsnorm", "norm", "residual add fused with the next RMSNorm (decode hot path)", FLOAT_DTYPES)
+_builtin("decode_attention", "attention", "one query token a sequence over its cached keys and values (split-K)",
+         FLOAT_DTYPES)  # fmt: skip
 _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)
 _builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill)", FLOAT_DTYPES)
 _builtin("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place",

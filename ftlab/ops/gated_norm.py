@@ -29,14 +29,7 @@ def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
         raise ValueError(f"x must be 3-D [N, H, D] with D > 0, got shape {tuple(x.shape)}")
     if z.shape != x.shape:
         raise ValueError(f"z must have x's shape {tuple(x.shape)}, got {tuple(z.shape)}")
-    argcheck.float_tensor("weight", weight)
-    d = x.shape[2]
-    if tuple(weight.shape) != (d,):
-        raise ValueError(f"weight must be [D={d}], got shape {tuple(weight.shape)}")
-    eps = argcheck.finite_float("eps", eps, 0.0)
-    for name, t in (("z", z), ("weight", weight)):
-        if t.device != x.device:
-            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+    eps = argcheck.norm_weight(weight, "D", x.shape[2], eps, x, z=z)
     impl = backends.resolve("gated_rmsnorm", backend, x.device, x.dtype)
     return impl.fn(_rows(x), _rows(z), weight.to(torch.float32).contiguous(), eps)
 

@@ -19,6 +19,7 @@ Needs the ``dev`` extra (hypothesis).
 """
 
 from ftlab.bitview import bits_equal, random_rows
+from ftlab.testing.attention import check_decode_attention_case, decode_attention_tolerance
 from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride
 from ftlab.testing.conv1d import (
     causal_conv1d_tolerance,
@@ -53,6 +54,7 @@ from ftlab.testing.moe import (
     hybrid_tolerance,
     random_quant_bank,
 )
+from ftlab.testing.norm import add_rmsnorm_tolerance, check_add_rmsnorm_case
 from ftlab.testing.q4_0 import (
     MatmulCase,
     check_dequantize_case,
@@ -80,6 +82,8 @@ from ftlab.testing.quants import (
 )
 
 __all__ = [
+    "check_decode_attention_case",
+    "decode_attention_tolerance",
     "FLOAT_DTYPES",
     "KQUANT_TYPES",
     "QuantMatmulCase",
@@ -114,6 +118,8 @@ __all__ = [
     "check_output_gate_case",
     "gated_rmsnorm_tolerance",
     "output_gate_tolerance",
+    "add_rmsnorm_tolerance",
+    "check_add_rmsnorm_case",
     "check_index_case",
     "check_matmul_case",
     "check_q8_1_case",

@@ -1,0 +1,116 @@
+// attention_launch.hip — host glue for attention.hip (tvm-ffi entries, torch's current stream).
+// ftlab.ops checked the layouts; the checks here keep a direct caller in bounds.
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include "attention.hip"
+#include "launch_common.h"
+
+namespace ftlab {
+
+using tvm::ffi::TensorView;
+using namespace launch;
+
+namespace {
+
+struct AttnArgs {
+  int64_t b, h, d, s, kvh;
+  int chunk, splits;
+  float scale;
+};
+
+template <typename T, bool VEC, bool G16, bool D256>
+void launch_partial(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
+                    const TensorView& ml, const TensorView& acc, const TensorView& out, const AttnArgs& a) {
+  using S = typename T::storage;
+  const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
+  decode_attention_partial_kernel<T, VEC, G16, D256><<<grid, kAttnThreads, 0, stream_of(out)>>>(
+      static_cast<const S*>(base_of(q)), static_cast<const S*>(base_of(k)), static_cast<const S*>(base_of(v)),
+      static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)), static_cast<float*>(base_of(acc)),
+      static_cast<S*>(base_of(out)), k.stride(0), k.stride(1), v.stride(0), v.stride(1), static_cast<int>(a.s),
+      a.chunk, a.scale, static_cast<int>(a.h), static_cast<int>(a.kvh), static_cast<int>(a.d));
+  check_launch("decode_attention_partial_kernel");
+  if (a.splits > 1) {
+    decode_attention_combine_kernel<T><<<dim3(static_cast<unsigned>(a.b), static_cast<unsigned>(a.h)), kAttnThreads,
+                                         0, stream_of(out)>>>(
+        static_cast<const float*>(base_of(ml)), static_cast<const float*>(base_of(acc)), static_cast<S*>(base_of(out)),
+        static_cast<int>(a.h), static_cast<int>(a.kvh), static_cast<int>(a.d), a.splits);
+    check_launch("decode_attention_combine_kernel");
+  }
+}
+
+template <typename T, bool VEC>
+void dispatch_shape(bool g16, bool d256, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& lengths, const TensorView& ml, const TensorView& acc, const TensorView& out,
+                    const AttnArgs& a) {
+  if (g16 && d256) launch_partial<T, VEC, true, true>(q, k, v, lengths, ml, acc, out, a);
+  if (g16 && !d256) launch_partial<T, VEC, true, false>(q, k, v, lengths, ml, acc, out, a);
+  if (!g16 && d256) launch_partial<T, VEC, false, true>(q, k, v, lengths, ml, acc, out, a);
+  if (!g16 && !d256) launch_partial<T, VEC, false, false>(q, k, v, lengths, ml, acc, out, a);
+}
+
+template <typename T>
+void dispatch(bool vec, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
+              const TensorView& ml, const TensorView& acc, const TensorView& out, const AttnArgs& a) {
+  const bool g16 = a.h / a.kvh > AttnShape<false, false>::kG;
+  const bool d256 = a.d > kAttnThreads * AttnShape<false, false>::kDPer;
+  if (vec) dispatch_shape<T, true>(g16, d256, q, k, v, lengths, ml, acc, out, a);
+  else dispatch_shape<T, false>(g16, d256, q, k, v, lengths, ml, acc, out, a);
+}
+
+bool aligned16(const TensorView& t, int64_t elem) {
+  return reinterpret_cast<uintptr_t>(base_of(t)) % 16 == 0 && (t.stride(0) * elem) % 16 == 0 &&
+         (t.stride(1) * elem) % 16 == 0;
+}
+
+}  // namespace
+
+// q [B, H, D] contiguous; k, v [B, S, KVH, D] (heads contiguous, unit element stride; sequence
+// and position strides free), q's dtype; lengths [B] int32; out [B, H, D] contiguous.
+// ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces when splits > 1
+// (any size-1 tensors otherwise); each split holds `chunk` positions (splits * chunk >= S).
+void decode_attention(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml, TensorView acc,
+                      TensorView out, int64_t chunk, int64_t splits, double scale) {
+  TVM_FFI_CHECK(q.ndim() == 3 && k.ndim() == 4 && v.ndim() == 4, ValueError) << "q must be [B, H, D], k and v [B, S, KVH, D]";
+  AttnArgs a{q.size(0), q.size(1), q.size(2), k.size(1), k.size(2), static_cast<int>(chunk),
+             static_cast<int>(splits), static_cast<float>(scale)};
+  check_contiguous(q, "q");
+  check_contiguous(out, "out");
+  for (const TensorView* t : {&k, &v})
+    TVM_FFI_CHECK(t->size(0) == a.b && t->size(1) == a.s && t->size(2) == a.kvh && t->size(3) == a.d &&
+                      (a.d <= 1 || t->stride(3) == 1) && (a.kvh <= 1 || t->stride(2) == a.d),
+                  ValueError)
+        << "k and v must be [B, S, KVH, D] with contiguous heads";
+  TVM_FFI_CHECK(a.kvh > 0 && a.h % a.kvh == 0 && a.h / a.kvh <= kAttnMaxG, ValueError)
+      << "the query heads must be a multiple of the key heads, at most " << kAttnMaxG << " a key head";
+  TVM_FFI_CHECK(a.d <= kAttnMaxD, ValueError) << "the head dim must be at most " << kAttnMaxD << ", got " << a.d;
+  TVM_FFI_CHECK(out.ndim() == 3 && out.size(0) == a.b && out.size(1) == a.h && out.size(2) == a.d, ValueError)
+      << "out must be [B, H, D]";
+  TVM_FFI_CHECK(lengths.ndim() == 1 && lengths.size(0) == a.b && lengths.dtype().code == kDLInt &&
+                    lengths.dtype().bits == 32,
+                ValueError)
+      << "lengths must be [B] int32";
+  TVM_FFI_CHECK(chunk >= 1 && splits >= 1 && splits <= 65535 && chunk * splits >= a.s, ValueError)
+      << "chunk * splits must cover the positions";
+  const int64_t g = a.h / a.kvh;
+  if (splits > 1)
+    TVM_FFI_CHECK(ml.numel() >= a.b * a.kvh * splits * g * 2 && acc.numel() >= a.b * a.kvh * splits * g * a.d,
+                  ValueError)
+        << "ml and acc must hold the splits' partial results";
+  const Fp fp = fp_of(q, "q");
+  TVM_FFI_CHECK(fp_of(k, "k") == fp && fp_of(v, "v") == fp && fp_of(out, "out") == fp, TypeError)
+      << "k, v and out must have q's dtype";
+  if (a.b == 0) return;
+  const int64_t elem = fp == Fp::f32 ? 4 : 2;
+  const bool vec = a.d % 8 == 0 && aligned16(k, elem) && aligned16(v, elem) && (a.d * elem) % 16 == 0;
+  switch (fp) {
+    case Fp::f32: dispatch<f32_t>(vec, q, k, v, lengths, ml, acc, out, a); break;
+    case Fp::f16: dispatch<f16_t>(vec, q, k, v, lengths, ml, acc, out, a); break;
+    case Fp::bf16: dispatch<bf16_t>(vec, q, k, v, lengths, ml, acc, out, a); break;
+  }
+}
+
+}  // namespace ftlab
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention, ftlab::decode_attention);

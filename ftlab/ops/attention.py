@@ -1,0 +1,55 @@
+"""attention (docs/OPS.md section 13): one query token a sequence against its cached keys and
+values (a decode step's attention), GQA, over the live positions only."""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab import argcheck, backends
+
+
+def _cache(name: str, t: torch.Tensor, b: int, kvh: int, d: int) -> torch.Tensor:
+    """``[B, S, KVH, D]`` with unit element stride and contiguous heads (any position and
+    sequence stride: a view of a slot-indexed cache) as given, else a copy."""
+    if t.dim() != 4 or t.shape[0] != b or t.shape[2] != kvh or t.shape[3] != d:
+        raise ValueError(f"{name} must be [B={b}, S, KVH, D={d}] (KVH dividing q's heads), got shape {tuple(t.shape)}")
+    ok = (d <= 1 or t.stride(3) == 1) and (kvh <= 1 or t.stride(2) == d)
+    return t if ok else t.contiguous()
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *,
+                     scale: float | None = None, backend: str = "auto") -> torch.Tensor:  # fmt: skip
+    """Attention of one query token a sequence over the first ``lengths[b]`` cached positions.
+
+    ``q [B, H, D]`` (fp32 / fp16 / bf16); ``k``, ``v [B, S, KVH, D]`` of q's dtype, ``H`` a
+    multiple of ``KVH`` (query head ``h`` reads key / value head ``h // (H // KVH)``); views with
+    unit element stride and contiguous heads are taken as they are (the static KV cache's
+    ``[max_batch, S, KVH * D]`` buffer viewed per sequence, no copy). ``lengths [B]`` int32 /
+    int64 on q's device: sequence b attends positions ``0 .. lengths[b] - 1``; values are
+    clamped to ``[0, S]`` on the device (no host synchronization: graph-capturable), and a
+    length of 0 gives zeros. ``scale`` defaults to ``D ** -0.5``.
+
+    ``out[b, h] = sum_p softmax_p(scale * q[b, h] . k[b, p, h']) v[b, p, h']``, in fp32, rounded
+    once to q's dtype. Returns a new contiguous ``out [B, H, D]``.
+    """
+    argcheck.float_tensor("q", q)
+    if q.dim() != 3 or q.shape[1] == 0 or q.shape[2] == 0:
+        raise ValueError(f"q must be 3-D [B, H, D] with H, D > 0, got shape {tuple(q.shape)}")
+    b, h, d = q.shape
+    for name, t in (("k", k), ("v", v)):
+        argcheck.tensor(name, t)
+        argcheck.same_dtype(name, t, "q", q)
+        argcheck.same_device(name, t, "q", q)
+    kvh = k.shape[2] if k.dim() == 4 else -1
+    if kvh <= 0 or h % kvh:
+        raise ValueError(f"k must be [B, S, KVH, D] with KVH dividing q's {h} heads, got shape {tuple(k.shape)}")
+    k, v = _cache("k", k, b, kvh, d), _cache("v", v, b, kvh, d)
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"v must have k's {k.shape[1]} positions, got {v.shape[1]}")
+    argcheck.tensor("lengths", lengths)
+    argcheck.dtype_in("lengths", lengths, argcheck.INDEX_DTYPES)
+    argcheck.same_device("lengths", lengths, "q", q)
+    argcheck.shape("lengths", lengths, (b,))
+    scale = d**-0.5 if scale is None else argcheck.finite_float("scale", scale)
+    impl = backends.resolve("decode_attention", backend, q.device, q.dtype)
+    return impl.fn(q.contiguous(), k, v, lengths.contiguous(), float(scale))

@@ -1,0 +1,150 @@
+"""decode_attention: every backend against the reference within the derived bound, on views of
+a static slot-indexed cache (the model's layout), over lengths from 0 past the cache's end (and
+below 0: clamped), in the Triton interpreter on the CPU and on a GPU; the reference against
+torch's scaled_dot_product_attention; graph capture; bad arguments name themselves."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ftlab.testing as ft
+from ftlab import ops
+from ftlab.reference.attention import split_plan
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@st.composite
+def decode_attention_case(draw, dtypes=DTYPES, lengths=(1, 5, 64, 65, 200, 300)):
+    b = draw(st.sampled_from([1, 2, 3]))
+    kvh = draw(st.sampled_from([1, 2, 4]))
+    g = draw(st.sampled_from([1, 2, 8]))
+    d = draw(st.sampled_from([8, 12, 64, 128]))
+    s = draw(st.sampled_from(lengths))
+    dtype = draw(st.sampled_from(dtypes))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    q = (torch.randn(b, kvh * g, d, generator=gen) * draw(st.sampled_from([0.3, 1.0, 4.0]))).to(dtype)
+    # a static cache of max_batch >= b sequences, [slots, KVH * D], viewed per sequence
+    max_b = b + draw(st.sampled_from([0, 1]))
+    cache_k = torch.randn(max_b * s, kvh * d, generator=gen).to(dtype)
+    cache_v = torch.randn(max_b * s, kvh * d, generator=gen).to(dtype)
+    k = cache_k.view(max_b, s, kvh, d)[:b]
+    v = cache_v.view(max_b, s, kvh, d)[:b]
+    lens = [draw(st.sampled_from([0, 1, s // 2, s - 1, s, s + 3, -2])) for _ in range(b)]
+    lengths = torch.tensor(lens, dtype=draw(st.sampled_from([torch.int32, torch.int64])))
+    scale = draw(st.sampled_from([None, 0.05]))
+    return q, k, v, lengths, scale
+
+
+@given(decode_attention_case())
+def test_decode_attention_cpu(case):
+    ft.check_decode_attention_case(*case)
+
+
+@settings(max_examples=4, deadline=None)
+@given(decode_attention_case(dtypes=(torch.bfloat16,), lengths=(4200,)))
+def test_decode_attention_long_cache_cpu(case):
+    """Past 64 x 64 positions a split holds more than one tile (4200: 66 splits of 128)."""
+    ft.check_decode_attention_case(*case)
+
+
+@pytest.mark.gpu
+@given(decode_attention_case())
+def test_decode_attention_gpu(case):
+    ft.check_decode_attention_case(*case, device="cuda")
+
+
+@pytest.mark.gpu
+@settings(max_examples=10, deadline=None)
+@given(decode_attention_case(lengths=(640, 4200, 33000)))
+def test_decode_attention_long_cache_gpu(case):
+    ft.check_decode_attention_case(*case, device="cuda")
+
+
+def test_split_plan():
+    """Splits of 64 positions up to 64 of them, then longer ones; they always cover the cache."""
+    assert split_plan(1) == (64, 1) and split_plan(64) == (64, 1) and split_plan(65) == (64, 2)
+    assert split_plan(4096) == (64, 64) and split_plan(4097) == (128, 33)
+    for s in (1, 63, 640, 4200, 33000, 10**6):
+        chunk, splits = split_plan(s)
+        assert chunk % 64 == 0 and chunk * splits >= s > chunk * (splits - 1) and splits <= 64
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_is_sdpa(dtype):
+    """The reference is torch's attention with the causal mask of a decode step (GQA), within the
+    derived bound; a sequence with no position gives zeros (SDPA gives NaN there)."""
+    gen = torch.Generator().manual_seed(3)
+    b, kvh, g, d, s = 3, 2, 4, 32, 40
+    q = torch.randn(b, kvh * g, d, generator=gen).to(dtype)
+    k = torch.randn(b, s, kvh, d, generator=gen).to(dtype)
+    v = torch.randn(b, s, kvh, d, generator=gen).to(dtype)
+    lengths = torch.tensor([s, 7, 0])
+    got = ops.decode_attention(q, k, v, lengths, backend="reference")
+    mask = torch.arange(s)[None, None, None, :] < lengths[:, None, None, None]
+    want = F.scaled_dot_product_attention(q.float()[:, :, None], k.float().transpose(1, 2), v.float().transpose(1, 2),
+                                          attn_mask=mask, enable_gqa=True)[:, :, 0]  # fmt: skip
+    bound = ft.decode_attention_tolerance(q, k, v, lengths, d**-0.5).view(b, kvh * g, d)
+    assert bool(((got[:2].float() - want[:2]).abs() <= bound[:2]).all())
+    assert bool((got[2] == 0).all())
+
+
+def test_bad_arguments_name_themselves():
+    q = torch.randn(2, 8, 16)
+    k = torch.randn(2, 10, 2, 16)
+    lengths = torch.tensor([3, 10])
+    with pytest.raises(ValueError, match="q must be 3-D"):
+        ops.decode_attention(q[0], k, k, lengths)
+    with pytest.raises(ValueError, match="KVH dividing"):
+        ops.decode_attention(q, torch.randn(2, 10, 3, 16), torch.randn(2, 10, 3, 16), lengths)
+    with pytest.raises(ValueError, match=r"k must be \[B=2"):
+        ops.decode_attention(q, k[:1], k[:1], lengths)
+    with pytest.raises(ValueError, match="v must have k's 10 positions"):
+        ops.decode_attention(q, k, k[:, :5], lengths)
+    with pytest.raises(TypeError, match="v must have the dtype of q"):
+        ops.decode_attention(q, k, k.half(), lengths)
+    with pytest.raises(TypeError, match="lengths must be one of int32, int64"):
+        ops.decode_attention(q, k, k, lengths.float())
+    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
+        ops.decode_attention(q, k, k, lengths[:1])
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        ops.decode_attention(q, k, k, lengths, scale=float("inf"))
+
+
+def test_strided_heads_are_copied_not_misread():
+    """k with non-contiguous heads (a transposed view) is taken through a copy: same result."""
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 4, 16, generator=gen)
+    k = torch.randn(1, 2, 9, 16, generator=gen).transpose(1, 2)  # [B, S, KVH, D], heads strided by S * D
+    v = torch.randn(1, 9, 2, 16, generator=gen)
+    lengths = torch.tensor([9])
+    ft.check_decode_attention_case(q, k, v, lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "hip"])
+def test_graph_capturable(backend):
+    """Captured in a CUDA graph (no host work) and replayed after the lengths and the cache
+    change in place: equal to an eager call on the new values."""
+    from ftlab import backends
+
+    dev = torch.device("cuda")
+    if backend not in backends.available_backends("decode_attention", dev, torch.bfloat16):
+        pytest.skip(f"{backend} cannot serve decode_attention on this GPU")
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 32, 128, generator=gen).bfloat16().to(dev)
+    k = torch.randn(2, 700, 4, 128, generator=gen).bfloat16().to(dev)
+    v = torch.randn(2, 700, 4, 128, generator=gen).bfloat16().to(dev)
+    lengths = torch.tensor([5, 600], device=dev)
+    ops.decode_attention(q, k, v, lengths, backend=backend)  # build and warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.decode_attention(q, k, v, lengths, backend=backend)
+    lengths.copy_(torch.tensor([700, 1], device=dev))
+    k.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ops.decode_attention(q, k, v, lengths, backend=backend))
