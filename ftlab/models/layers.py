@@ -1,5 +1,5 @@
 """What the Qwen models of :mod:`ftlab.models` share: the named stage of a forward pass, config
-field checks, RMSNorm, linears over dense or Q4_0 weights, RoPE tables, and attention over a
+field checks, RMSNorm (and the residual add fused with it), linears over dense or Q4_0 weights, RoPE tables, and attention over a
 static slot-indexed KV cache.
 
 The KV cache is static and slot-indexed: sequence b's position p lives in slot
@@ -70,6 +70,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)  # fp32 inside for 16-bit x, weight included
 
 
+def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+             backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(rms_norm(x + residual), x + residual)`` for ``x [..., H]`` (``residual`` of x's shape, or
+    None: ``(rms_norm(x), x)``) through ``ops.add_rmsnorm``: the residual add of a layer and the
+    norm after it in one pass (each rounded once to x's dtype, as the add and :func:`rms_norm`
+    round)."""
+    shape = x.shape
+    flat = None if residual is None else residual.reshape(-1, shape[-1])
+    h, s = ops.add_rmsnorm(x.reshape(-1, shape[-1]), flat, weight, eps, backend=backend)
+    return h.view(shape), s.view(shape)
+
+
 def linear(
     x: torch.Tensor, w: torch.Tensor | QuantWeight, backend: str = "auto", path: str = "auto",
     quant_backend: str | None = None,
@@ -129,8 +141,9 @@ class KVCache:
 
     def geometry(self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> dict:
         """What every attention layer needs of ``positions [B, T]``, computed once a forward
-        pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read and the
-        causal mask."""
+        pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
+        causal mask, and each sequence's live length after the pass (a decode step's attention
+        reads that many positions)."""
         b, t = positions.shape
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
@@ -140,13 +153,18 @@ class KVCache:
         read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
         visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-                "mask": visible[:, None], "span": span}  # fmt: skip
+                "mask": visible[:, None], "span": span,
+                "lengths": (positions[:, -1] + 1).to(torch.int32)}  # fmt: skip
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
                backends: dict[str, str]) -> torch.Tensor:  # fmt: skip
         """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots, then
         attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
-        positions; returns ``[B, T, heads, hd]``."""
+        positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, unless
+        ``backends["decode_attention"]`` names a backend: then one token a sequence (decode) goes
+        through ``ops.decode_attention`` over the live positions only. "auto" keeps SDPA: on the
+        H200 its cuDNN kernel over every slot is still faster than the op's split-K kernels at
+        the lengths measured (benchmarks/NOTES.md, "Decode step fusions")."""
         b, t, kvh, hd = k.shape
         ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
                   check=False, backend=backends["store"])  # fmt: skip
@@ -157,6 +175,9 @@ class KVCache:
         else:
             keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])
             vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
+        if t == 1 and backends["decode_attention"] != "auto":  # a decode step through the op, when named
+            return ops.decode_attention(q.view(b, -1, hd), keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd),
+                                        geo["lengths"], backend=backends["decode_attention"]).view(b, 1, -1, hd)  # fmt: skip
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=geo["mask"], enable_gqa=True)

@@ -23,6 +23,7 @@ from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.models.layers import (
     KVCache,
     Stage,
+    add_norm,
     check_field,
     concat_rows,
     embed,
@@ -174,7 +175,8 @@ class ModelWeights:
 class Qwen3Moe:
     """The model over ftlab ops. ``backends`` maps op names -- "index", "store", "route_topk",
     "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
-    projections; dense ones are ``F.linear``) and "qk_norm_rope" -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    projections; dense ones are ``F.linear``), "qk_norm_rope", "decode_attention" (a decode
+    step's attention: torch's SDPA unless a backend is named, see ``KVCache.attend``) and "add_rmsnorm" (each residual add with the norm after it) -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
     ``q4_0_path`` is the path of quantized weights (Q4_0, Q8_0, K-quants), linears and experts ("auto" | "int8" | "dequant":
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
@@ -292,18 +294,25 @@ class Qwen3Moe:
         x = embed(w.embed, tokens, self.tp, not self.static, self.backends["index"])
         yield Stage("embed", {"hidden": x}, "hidden")
         geo = self.geometry(positions, x.dtype)
+        eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]
+        # each residual add is fused with the norm after it (ops.add_rmsnorm): the attention's
+        # with the post-attention norm, the experts' with the next layer's input norm
+        h, _ = add_norm(x, None, w.layers[0].input_norm, eps, nb)
         for i in range(c.num_hidden_layers):
             lw = w.layers[i]
-            attn = self.attention(i, rms_norm(x, lw.input_norm, c.rms_norm_eps), positions, geo)
-            x = x + attn
+            attn = self.attention(i, h, positions, geo)
+            h, x = add_norm(x, attn, lw.post_attention_norm, eps, nb)
             yield Stage(f"layer {i} attention", {"attention": attn, "hidden": x}, "attention")
-            h = rms_norm(x, lw.post_attention_norm, c.rms_norm_eps).reshape(-1, x.shape[-1])
+            h = h.reshape(-1, x.shape[-1])
             logits, weights, ids = self.router(i, h)
             yield Stage(
                 f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights"
             )
             moe = self.experts(i, h, weights, ids).view_as(x)
-            x = x + moe
+            if i + 1 < c.num_hidden_layers:
+                h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb)
+            else:
+                x = x + moe
             yield Stage(f"layer {i} experts", {"experts": moe, "hidden": x}, "experts")
         if last_only:
             x = x[:, -1:]

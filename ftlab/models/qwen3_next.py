@@ -40,6 +40,7 @@ from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.models.layers import (
     KVCache,
     Stage,
+    add_norm,
     concat_rows,
     embed,
     gather_logits,
@@ -324,9 +325,12 @@ class Qwen3Next:
         yield Stage("embed", {"hidden": x}, "hidden")
         fresh = positions[:, 0] == 0
         geo = self.cache.geometry(positions, c.rotary_dim, c.rope_theta, x.dtype) if self.slot else None
+        eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]
+        # each residual add is fused with the norm after it (ops.add_rmsnorm): the mixer's with the
+        # post-attention norm, the experts' with the next layer's input norm
+        h, _ = add_norm(x, None, w.layers[0].input_norm, eps, nb)
         for i, kind in enumerate(c.layer_types):
             lw = w.layers[i]
-            h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
             yield Stage(f"layer {i} input_norm", {"hidden": h}, "hidden")
             if kind == "linear_attention":
                 out = yield from self.delta_net(i, h, fresh, snapshot)
@@ -334,12 +338,14 @@ class Qwen3Next:
             else:
                 out = yield from self.attention(i, h, geo)
                 name = "o_proj"
-            x = x + out
+            h, x = add_norm(x, out, lw.post_attention_norm, eps, nb)
             yield Stage(f"layer {i} {name}", {name: out, "hidden": x}, name)
-            h = rms_norm(x, lw.post_attention_norm, c.rms_norm_eps)
             yield Stage(f"layer {i} post_attention_norm", {"hidden": h}, "hidden")
             moe = yield from self.moe(i, h.reshape(-1, h.shape[-1]))
-            x = x + moe.view_as(x)
+            if i + 1 < len(c.layer_types):
+                h, x = add_norm(x, moe.view_as(x), w.layers[i + 1].input_norm, eps, nb)
+            else:
+                x = x + moe.view_as(x)
             yield Stage(f"layer {i} residual", {"hidden": x}, "hidden")
         if last_only:
             x = x[:, -1:]

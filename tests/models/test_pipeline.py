@@ -55,6 +55,20 @@ def test_decode_steps_equal_prefill():
     torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_decode_attention_op_equals_sdpa(backend):
+    """Decode steps through ops.decode_attention (named in the backends map) give the logits of
+    torch's SDPA over the masked cache (the "auto" path) within the fp32 logits gate the models
+    meet against transformers (1e-4: both attentions are fp32, summed in other orders, and four
+    layers carry the difference); the prefill (SDPA in both) is identical."""
+    sdpa = Pipeline.load("tiny-qwen3-moe-wide")
+    op = Pipeline.load("tiny-qwen3-moe-wide", backends={"decode_attention": backend})
+    ids = sdpa.tokenizer.encode("Every operator has a reference")
+    torch.testing.assert_close(op.prefill(ids[:3]), sdpa.prefill(ids[:3]), rtol=0, atol=0)
+    for t in ids[3:]:
+        torch.testing.assert_close(op.decode_step(t), sdpa.decode_step(t), rtol=0, atol=1e-4)
+
+
 def test_stages_cover_the_forward_pass():
     pipe = Pipeline.load("tiny-qwen3-moe")
     stages = list(pipe.stages("Hello world"))
