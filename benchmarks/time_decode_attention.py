@@ -1,0 +1,50 @@
+"""A decode step's attention at the Qwen3-30B-A3B shape (32 query heads over 4 key heads of 128,
+bf16), one sequence at ``--length`` live positions of a ``--slots``-slot static cache, graph-
+replayed: ``ops.decode_attention`` through each backend against torch's SDPA over every slot
+under the mask (what the models ran before), plus the live K/V bytes over the time.
+
+    python benchmarks/time_decode_attention.py [--slots 520] [--length 513] [--batch 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from ftlab import backends, ops
+from ftlab.bench.harness import time_graph_us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--slots", type=int, default=520)
+    ap.add_argument("--length", type=int, default=513)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    dev, b, s = torch.device("cuda"), args.batch, args.slots
+    gen = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(b, 32, 128, device=dev, generator=gen).bfloat16()
+    k = torch.randn(b, s, 4, 128, device=dev, generator=gen).bfloat16()
+    v = torch.randn(b, s, 4, 128, device=dev, generator=gen).bfloat16()
+    lengths = torch.full((b,), args.length, device=dev, dtype=torch.int32)
+    mask = (torch.arange(s, device=dev) < args.length)[None, None, None, :]
+    live_bytes = 2 * b * min(args.length, s) * 4 * 128 * 2
+    want = ops.decode_attention(q, k, v, lengths, backend="reference")
+    rows = [("torch SDPA over every slot, masked", lambda: F.scaled_dot_product_attention(
+        q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True))]
+    for name in backends.available_backends("decode_attention", dev, torch.bfloat16):
+        if name != "reference":
+            got = ops.decode_attention(q, k, v, lengths, backend=name)
+            err = (got.float() - want.float()).abs().max().item()
+            rows.append((f"decode_attention {name} (max |diff| {err:.1e})",
+                         lambda name=name: ops.decode_attention(q, k, v, lengths, backend=name)))  # fmt: skip
+    print(f"batch {b}, {args.length} live positions of {s} slots, 32/4 heads of 128, bf16 (graph-replayed)")
+    for label, fn in rows:
+        us = time_graph_us(fn)
+        print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {label}")
+
+
+if __name__ == "__main__":
+    main()
