@@ -245,11 +245,14 @@ def _finish(rows: dict[str, Row], source: Path, target: str) -> list[Row]:
     ]
 
 
-def hip_rows(targets: tuple[str, ...] = TARGETS) -> tuple[list[Row], list[str]]:
-    """Rows for every HIP kernel and target, and notes on what could not be checked."""
+def hip_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> tuple[list[Row], list[str]]:
+    """Rows for every HIP kernel and target (of the device sources named in ``only``, by stem,
+    when given), and notes on what could not be checked."""
     rows: list[Row] = []
     notes: list[str] = []
     for source in device_sources():
+        if only is not None and source.stem not in only:
+            continue
         for target in targets:
             if target.startswith("gfx"):
                 if clang() is None:
@@ -305,13 +308,16 @@ def _amd_meta(asm: str, key: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def triton_rows_here(targets: tuple[str, ...] = TARGETS) -> list[Row]:
-    """Compile every spec of :func:`triton_modules` in this process (TRITON_INTERPRET must be unset)."""
+def triton_rows_here(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> list[Row]:
+    """Compile every spec of :func:`triton_modules` (those named in ``only``, by module name, when
+    given) in this process (TRITON_INTERPRET must be unset)."""
     import triton
     from triton.compiler import ASTSource
 
     rows = []
     for module_name in triton_modules():
+        if only is not None and module_name.rsplit(".", 1)[-1] not in only:
+            continue
         module = importlib.import_module(module_name)
         for target in targets:
             for spec in module.compile_specs(target):
@@ -341,13 +347,13 @@ def triton_rows_here(targets: tuple[str, ...] = TARGETS) -> list[Row]:
     return rows
 
 
-def triton_rows(targets: tuple[str, ...] = TARGETS) -> list[Row]:
+def triton_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> list[Row]:
     """:func:`triton_rows_here` in a child process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     code = (
         "import json, sys, dataclasses; from ftlab import compile_check as c; "
-        f"rows = c.triton_rows_here({tuple(targets)!r}); "
+        f"rows = c.triton_rows_here({tuple(targets)!r}, {None if only is None else tuple(only)!r}); "
         "json.dump([dataclasses.asdict(r) for r in rows], sys.stdout)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -362,12 +368,14 @@ def triton_rows(targets: tuple[str, ...] = TARGETS) -> list[Row]:
 # ------------------------------------------------------------------ report
 
 
-def run(targets: tuple[str, ...] = TARGETS) -> tuple[list[Row], list[str]]:
-    rows, notes = hip_rows(targets)
+def run(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> tuple[list[Row], list[str]]:
+    """HIP and Triton rows for ``targets``; ``only``: the families (device source stems, Triton
+    module names) to check, all when None."""
+    rows, notes = hip_rows(targets, only)
     try:
         import triton  # noqa: F401
 
-        rows += triton_rows(targets)
+        rows += triton_rows(targets, only)
     except ImportError:
         notes.append("triton not installed: Triton kernels not compile-checked")
     return rows, notes

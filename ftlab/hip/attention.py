@@ -9,7 +9,7 @@ from ftlab import jit
 from ftlab.reference.attention import split_plan
 
 #: the most query heads a key head and the largest head dim the kernel holds
-MAX_GROUP, MAX_HEAD_DIM = 16, 256
+MAX_GROUP, MAX_HEAD_DIM = 8, 256
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,

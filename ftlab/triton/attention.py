@@ -120,28 +120,29 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
 
 def compile_specs(target: str) -> list:
     """The configurations compile-checked for ``target`` (see ftlab.compile_check): a decode
-    step of Qwen3-30B-A3B (32 query heads over 4 key heads of 128) and of Qwen3.6 / Qwen3-Next
-    (16 over 2 of 256) over a 4096-position cache, in each float dtype."""
+    step of Qwen3-30B-A3B (32 query heads over 4 key heads of 128) in each float dtype and of
+    Qwen3.6 / Qwen3-Next (16 over 2 of 256) in bf16, over a 4096-position cache; the merge in
+    bf16 and fp32."""
     from ftlab.triton.compile_spec import spec
 
     specs = []
-    for dt in ("fp32", "fp16", "bf16"):
-        for h, kvh, d in ((32, 4, 128), (16, 2, 256)):
-            g = h // kvh
-            chunk, splits = split_plan(4096)
-            bn = _block_n(triton.next_power_of_2(g), d)
-            specs.append(spec(decode_attention_partial_kernel,
-                              f"decode_attention_partial_kernel[{dt}, {h}/{kvh} heads of {d}, 4096 positions]",
-                              types={"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "len_ptr": "*i64",
-                                     "ml_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dt}", "k_sb": "i64",
-                                     "k_sp": "i64", "v_sb": "i64", "v_sp": "i64", "S": "i32", "CHUNK": "i32",
-                                     "scale": "fp32"},
-                              constexprs={"H": h, "KVH": kvh, "D": d, "G": g, "SPLITS": splits, "BLOCK_G": g,
-                                          "BLOCK_D": d, "BLOCK_N": bn}, num_warps=4))  # fmt: skip
-            specs.append(spec(decode_attention_combine_kernel,
-                              f"decode_attention_combine_kernel[{dt}, {h}/{kvh} heads of {d}, {splits} splits]",
-                              types={"ml_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dt}"},
-                              constexprs={"H": h, "KVH": kvh, "D": d, "G": g, "SPLITS": splits,
-                                          "BLOCK_S": triton.next_power_of_2(splits), "BLOCK_D": d},
-                              num_warps=4))  # fmt: skip
+    chunk, splits = split_plan(4096)
+    for dt, h, kvh, d in (("fp32", 32, 4, 128), ("fp16", 32, 4, 128), ("bf16", 32, 4, 128), ("bf16", 16, 2, 256)):
+        g = h // kvh
+        specs.append(spec(decode_attention_partial_kernel,
+                          f"decode_attention_partial_kernel[{dt}, {h}/{kvh} heads of {d}, 4096 positions]",
+                          types={"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "len_ptr": "*i64",
+                                 "ml_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dt}", "k_sb": "i64",
+                                 "k_sp": "i64", "v_sb": "i64", "v_sp": "i64", "S": "i32", "CHUNK": "i32",
+                                 "scale": "fp32"},
+                          constexprs={"H": h, "KVH": kvh, "D": d, "G": g, "SPLITS": splits, "BLOCK_G": g,
+                                      "BLOCK_D": d, "BLOCK_N": _block_n(triton.next_power_of_2(g), d)},
+                          num_warps=4))  # fmt: skip
+    for dt in ("fp32", "bf16"):
+        specs.append(spec(decode_attention_combine_kernel,
+                          f"decode_attention_combine_kernel[{dt}, 32/4 heads of 128, {splits} splits]",
+                          types={"ml_ptr": "*fp32", "acc_ptr": "*fp32", "out_ptr": f"*{dt}"},
+                          constexprs={"H": 32, "KVH": 4, "D": 128, "G": 8, "SPLITS": splits,
+                                      "BLOCK_S": triton.next_power_of_2(splits), "BLOCK_D": 128},
+                          num_warps=4))  # fmt: skip
     return specs

@@ -25,14 +25,14 @@ namespace ftlab {
 
 constexpr int kAttnThreads = 128;
 constexpr int kAttnTile = 64;      // positions a tile
-constexpr int kAttnMaxG = 16;      // query heads a key head
+constexpr int kAttnMaxG = 8;       // query heads a key head (Qwen3, Qwen3.6, Qwen3-Next: 8)
 constexpr int kAttnMaxD = 256;     // head dim
-// What a thread holds in registers for its value columns: G16 (more than 8 query heads a key
-// head) 16 heads, else 8; D256 (a head dim past kAttnThreads) 2 columns, else 1. Every loop over
-// the heads runs all kG of them (rows past G are zeros): no per-head condition stays live.
-template <bool G16, bool D256>
+// What a thread holds in registers for its value columns: kAttnMaxG heads (every loop over the
+// heads runs all of them, rows past G being zeros: no per-head condition stays live) x D256 (a
+// head dim past kAttnThreads) 2 columns, else 1.
+template <bool D256>
 struct AttnShape {
-  static constexpr int kG = G16 ? kAttnMaxG : kAttnMaxG / 2;
+  static constexpr int kG = kAttnMaxG;
   static constexpr int kDPer = D256 ? kAttnMaxD / kAttnThreads : 1;
 };
 
@@ -45,32 +45,28 @@ constexpr int kStagePieces = (kStageBytes / 16 + kAttnThreads - 1) / kAttnThread
 __host__ __device__ constexpr int stage_row_bytes(int d, int elem) { return (d * elem + 15) / 16 * 16 + 16; }
 
 // Rows p0 .. p0 + rows - 1 of a tile (positions t0 + p0 + r; zeros at and past `live`) of the head
-// at `base` (position stride `sp`) into `stage`. VEC: 16-byte pieces, BATCH of a thread's loads
-// issued before their stores; else element by element.
-template <typename T, bool VEC, int BATCH>
+// at `base` (position stride `sp`) into `stage`. VEC: 16-byte pieces, every load of a thread issued
+// before the first store; else element by element.
+template <typename T, bool VEC>
 __device__ __forceinline__ void stage_rows(unsigned char* stage, const typename T::storage* base, int64_t sp,
                                            int64_t t0, int p0, int rows, int live, int d, int row_bytes, int tid) {
   using S = typename T::storage;
   if constexpr (VEC) {
     const int per_row = d * static_cast<int>(sizeof(S)) / 16;
     const int total = rows * per_row;
+    bytes16 r[kStagePieces];
 #pragma unroll
-    for (int i0 = 0; i0 < kStagePieces; i0 += BATCH) {  // BATCH pieces in flight at once
-      bytes16 r[BATCH];
+    for (int i = 0; i < kStagePieces; ++i) {
+      const int idx = tid + i * kAttnThreads;
+      const int row = idx / (per_row > 0 ? per_row : 1), piece = idx - row * per_row;
+      r[i] = bytes16{};
+      if (idx < total && p0 + row < live) r[i] = reinterpret_cast<const bytes16*>(base + (t0 + p0 + row) * sp)[piece];
+    }
 #pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        const int idx = tid + (i0 + i) * kAttnThreads;
-        const int row = idx / (per_row > 0 ? per_row : 1), piece = idx - row * per_row;
-        r[i] = bytes16{};
-        if (i0 + i < kStagePieces && idx < total && p0 + row < live)
-          r[i] = reinterpret_cast<const bytes16*>(base + (t0 + p0 + row) * sp)[piece];
-      }
-#pragma unroll
-      for (int i = 0; i < BATCH; ++i) {
-        const int idx = tid + (i0 + i) * kAttnThreads;
-        const int row = idx / (per_row > 0 ? per_row : 1), piece = idx - row * per_row;
-        if (i0 + i < kStagePieces && idx < total) *reinterpret_cast<bytes16*>(stage + row * row_bytes + 16 * piece) = r[i];
-      }
+    for (int i = 0; i < kStagePieces; ++i) {
+      const int idx = tid + i * kAttnThreads;
+      const int row = idx / (per_row > 0 ? per_row : 1), piece = idx - row * per_row;
+      if (idx < total) *reinterpret_cast<bytes16*>(stage + row * row_bytes + 16 * piece) = r[i];
     }
   } else {
     for (int idx = tid; idx < rows * d; idx += kAttnThreads) {
@@ -83,9 +79,9 @@ __device__ __forceinline__ void stage_rows(unsigned char* stage, const typename 
 // q [B, H, D] contiguous; k, v [B, S, KVH, D] (sequence strides k_sb / v_sb, position strides
 // k_sp / v_sp, heads contiguous); lengths [B] int32, clamped to [0, S].
 // ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 (splits > 1), else out [B, H, D].
-// VEC: k and v 16-byte aligned (base, strides and rows; the launcher checks); G <= AttnShape<G16,
-// D256>::kG and D <= kAttnThreads * AttnShape<G16, D256>::kDPer.
-template <typename T, bool VEC, bool G16, bool D256>
+// VEC: k and v 16-byte aligned (base, strides and rows; the launcher checks); G <= kAttnMaxG and
+// D <= kAttnThreads * AttnShape<D256>::kDPer.
+template <typename T, bool VEC, bool D256>
 __global__ void __launch_bounds__(kAttnThreads)
     decode_attention_partial_kernel(const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
                                     const typename T::storage* __restrict__ v, const int32_t* __restrict__ lengths,
@@ -93,17 +89,9 @@ __global__ void __launch_bounds__(kAttnThreads)
                                     typename T::storage* __restrict__ out, int64_t k_sb, int64_t k_sp, int64_t v_sb,
                                     int64_t v_sp, int s_len, int chunk, float scale, int heads, int kv_heads, int d) {
   using S = typename T::storage;
-  constexpr int kG = AttnShape<G16, D256>::kG, kDPer = AttnShape<G16, D256>::kDPer;
+  constexpr int kG = AttnShape<D256>::kG, kDPer = AttnShape<D256>::kDPer;
   constexpr int kWarps = kAttnThreads / PORT_WARP_SIZE;
   static_assert(kAttnThreads == 2 * kAttnTile, "a thread pair scores each position of a tile");
-  // 16-byte pieces of a stage a thread has in flight at once: all of them, but 3 at 16 heads
-  // (whose scores and sums already take 48 registers: RDNA spills past that)
-  constexpr int kBatch = G16 ? 3 : kStagePieces;
-#if defined(PORT_CUDA)
-  constexpr bool kVecStage = VEC;
-#else  // RDNA (wave 32) spills at 16 heads with 16-byte staging (compile check): element by element there
-  constexpr bool kVecStage = VEC && !(G16 && PORT_WARP_SIZE == 32);
-#endif
   __shared__ float qs[kG * kAttnMaxD];
   __shared__ float sc[kG][kAttnTile];
   __shared__ float m_sh[kG], l_sh[kG], rescale[kG];  // running max, sum, this tile's rescale
@@ -148,7 +136,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int g = 0; g < kG; ++g) dot[g] = 0.0f;
     for (int p0 = 0; p0 < tile; p0 += stage_rows_n) {
       const int rows = tile - p0 < stage_rows_n ? tile - p0 : stage_rows_n;
-      stage_rows<T, kVecStage, kBatch>(stage, kb, k_sp, t0, p0, rows, tile, d, row_bytes, tid);
+      stage_rows<T, VEC>(stage, kb, k_sp, t0, p0, rows, tile, d, row_bytes, tid);
       __syncthreads();
       if (p >= p0 && p < p0 + rows) {
         const S* kr = reinterpret_cast<const S*>(stage + (p - p0) * row_bytes);
@@ -160,8 +148,6 @@ __global__ void __launch_bounds__(kAttnThreads)
           for (int g = 0; g < kG; ++g) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) dot[g] += c + e < d ? qs[g * d + c + e] * kv[e] : 0.0f;
-            // q of 4 heads at a time in registers: hoisting all of them spills on RDNA at 16 heads
-            if (g % 4 == 3) asm volatile("" ::: "memory");
           }
         }
       }
@@ -206,7 +192,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     // values: the value rows staged in LDS, then thread t accumulates columns t, t + kAttnThreads
     for (int p0 = 0; p0 < tile; p0 += stage_rows_n) {
       const int rows = tile - p0 < stage_rows_n ? tile - p0 : stage_rows_n;
-      stage_rows<T, kVecStage, kBatch>(stage, vb, v_sp, t0, p0, rows, tile, d, row_bytes, tid);
+      stage_rows<T, VEC>(stage, vb, v_sp, t0, p0, rows, tile, d, row_bytes, tid);
       __syncthreads();
 #pragma unroll 2
       for (int r = 0; r < rows; ++r) {
@@ -299,15 +285,13 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
-#define FTLAB_ATTENTION_PARTIAL(T, VEC, G16, D256)                                                                  \
-  template __global__ void decode_attention_partial_kernel<T, VEC, G16, D256>(                                    \
+#define FTLAB_ATTENTION_PARTIAL(T, VEC, D256)                                                                       \
+  template __global__ void decode_attention_partial_kernel<T, VEC, D256>(                                         \
       const T::storage*, const T::storage*, const T::storage*, const int32_t*, float*, float*, T::storage*, int64_t, \
       int64_t, int64_t, int64_t, int, int, float, int, int, int);
-#define FTLAB_ATTENTION_SHAPES(T, VEC)                                                                       \
-  FTLAB_ATTENTION_PARTIAL(T, VEC, false, false) FTLAB_ATTENTION_PARTIAL(T, VEC, false, true)                  \
-  FTLAB_ATTENTION_PARTIAL(T, VEC, true, false) FTLAB_ATTENTION_PARTIAL(T, VEC, true, true)
 #define FTLAB_ATTENTION_INSTANTIATE(T)                                                                        \
-  FTLAB_ATTENTION_SHAPES(T, true) FTLAB_ATTENTION_SHAPES(T, false)                                             \
+  FTLAB_ATTENTION_PARTIAL(T, true, false) FTLAB_ATTENTION_PARTIAL(T, true, true)                               \
+  FTLAB_ATTENTION_PARTIAL(T, false, false) FTLAB_ATTENTION_PARTIAL(T, false, true)                             \
   template __global__ void decode_attention_combine_kernel<T>(const float*, const float*, T::storage*, int, int, \
                                                               int, int);
 FTLAB_ATTENTION_INSTANTIATE(f32_t)

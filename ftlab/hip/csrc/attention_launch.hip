@@ -20,12 +20,12 @@ struct AttnArgs {
   float scale;
 };
 
-template <typename T, bool VEC, bool G16, bool D256>
+template <typename T, bool VEC, bool D256>
 void launch_partial(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                     const TensorView& ml, const TensorView& acc, const TensorView& out, const AttnArgs& a) {
   using S = typename T::storage;
   const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
-  decode_attention_partial_kernel<T, VEC, G16, D256><<<grid, kAttnThreads, 0, stream_of(out)>>>(
+  decode_attention_partial_kernel<T, VEC, D256><<<grid, kAttnThreads, 0, stream_of(out)>>>(
       static_cast<const S*>(base_of(q)), static_cast<const S*>(base_of(k)), static_cast<const S*>(base_of(v)),
       static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)), static_cast<float*>(base_of(acc)),
       static_cast<S*>(base_of(out)), k.stride(0), k.stride(1), v.stride(0), v.stride(1), static_cast<int>(a.s),
@@ -40,23 +40,14 @@ void launch_partial(const TensorView& q, const TensorView& k, const TensorView& 
   }
 }
 
-template <typename T, bool VEC>
-void dispatch_shape(bool g16, bool d256, const TensorView& q, const TensorView& k, const TensorView& v,
-                    const TensorView& lengths, const TensorView& ml, const TensorView& acc, const TensorView& out,
-                    const AttnArgs& a) {
-  if (g16 && d256) launch_partial<T, VEC, true, true>(q, k, v, lengths, ml, acc, out, a);
-  if (g16 && !d256) launch_partial<T, VEC, true, false>(q, k, v, lengths, ml, acc, out, a);
-  if (!g16 && d256) launch_partial<T, VEC, false, true>(q, k, v, lengths, ml, acc, out, a);
-  if (!g16 && !d256) launch_partial<T, VEC, false, false>(q, k, v, lengths, ml, acc, out, a);
-}
-
 template <typename T>
 void dispatch(bool vec, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
               const TensorView& ml, const TensorView& acc, const TensorView& out, const AttnArgs& a) {
-  const bool g16 = a.h / a.kvh > AttnShape<false, false>::kG;
-  const bool d256 = a.d > kAttnThreads * AttnShape<false, false>::kDPer;
-  if (vec) dispatch_shape<T, true>(g16, d256, q, k, v, lengths, ml, acc, out, a);
-  else dispatch_shape<T, false>(g16, d256, q, k, v, lengths, ml, acc, out, a);
+  const bool d256 = a.d > kAttnThreads * AttnShape<false>::kDPer;
+  if (vec && d256) launch_partial<T, true, true>(q, k, v, lengths, ml, acc, out, a);
+  if (vec && !d256) launch_partial<T, true, false>(q, k, v, lengths, ml, acc, out, a);
+  if (!vec && d256) launch_partial<T, false, true>(q, k, v, lengths, ml, acc, out, a);
+  if (!vec && !d256) launch_partial<T, false, false>(q, k, v, lengths, ml, acc, out, a);
 }
 
 bool aligned16(const TensorView& t, int64_t elem) {
