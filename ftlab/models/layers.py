@@ -1,6 +1,6 @@
 """What the Qwen models of :mod:`ftlab.models` share: the named stage of a forward pass, config
-field checks, RMSNorm (and the residual add fused with it), linears over dense or Q4_0 weights, RoPE tables, and attention over a
-static slot-indexed KV cache.
+field checks, RMSNorm (and the residual add fused with it), linears over dense or Q4_0 weights,
+RoPE tables, and attention over a static slot-indexed KV cache.
 
 The KV cache is static and slot-indexed: sequence b's position p lives in slot
 ``b * max_seq_len + p`` of every attention layer's ``[slots, kv_heads * head_dim]`` buffer, so a
