@@ -142,8 +142,7 @@ class KVCache:
     def geometry(self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> dict:
         """What every attention layer needs of ``positions [B, T]``, computed once a forward
         pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
-        causal mask, and each sequence's live length after the pass (a decode step's attention
-        reads that many positions)."""
+        causal mask, and the positions."""
         b, t = positions.shape
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
@@ -153,8 +152,7 @@ class KVCache:
         read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
         visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-                "mask": visible[:, None], "span": span,
-                "lengths": (positions[:, -1] + 1).to(torch.int32)}  # fmt: skip
+                "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
                backends: dict[str, str]) -> torch.Tensor:  # fmt: skip
@@ -176,6 +174,8 @@ class KVCache:
             keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])
             vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
         if t == 1 and backends["decode_attention"] != "auto":  # a decode step through the op, when named
+            if "lengths" not in geo:  # each sequence's live positions: once a forward pass, on this path only
+                geo["lengths"] = (geo["positions"][:, -1] + 1).to(torch.int32)
             return ops.decode_attention(q.view(b, -1, hd), keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd),
                                         geo["lengths"], backend=backends["decode_attention"]).view(b, 1, -1, hd)  # fmt: skip
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]

@@ -34,7 +34,6 @@ from ftlab.models.layers import (
     rope_tables,
 )
 from ftlab.models.pipeline_args import QWEN3_MOE_OPS, backend_map
-from ftlab.ops.quant_matmul import MATMUL_TYPES
 from ftlab.quant import Q4_0Weight, QuantWeight
 
 __all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe", "Qwen3MoeConfig", "Stage", "linear", "rms_norm", "rope_tables"]
@@ -131,37 +130,35 @@ class LayerWeights:
     w_gate_up: torch.Tensor | Q4_0Weight  # [E, 2I, H], gate rows then up rows
     w_down: torch.Tensor | Q4_0Weight  # [E, H, I]
 
-    def qkv(self) -> list[torch.Tensor | QuantWeight]:
+    def qkv(self) -> list[tuple[torch.Tensor | QuantWeight, list[int]]]:
         """The q, k and v projections as few matvecs as their types allow (built once, kept):
         runs of neighbours of one kind (Q4_0, one Q8_0 / K-quant type, or dense of one dtype)
-        stacked along N, each output row computed as in its own projection. Three weights
-        of one kind give one matvec a decode step instead of three; a Q4_K_M file's layers
-        with a Q6_K v beside Q4_K q and k give two (q and k stacked, then v)."""
+        stacked along N, each output row computed as in its own projection; each part with the
+        output widths of the projections it stacks. Three weights of one kind give one matvec a
+        decode step instead of three; a Q4_K_M file's layers with a Q6_K v beside Q4_K q and k
+        give two (q and k stacked, then v)."""
         if not hasattr(self, "_qkv"):
             parts: list[list] = []
             for w in (self.q_proj, self.k_proj, self.v_proj):
-                if parts and _kind(parts[-1][0]) == _kind(w) is not None:
+                if parts and _kind(parts[-1][0]) == _kind(w):
                     parts[-1].append(w)
                 else:
                     parts.append([w])
-            self._qkv = [ws[0] if len(ws) == 1 else _stack(ws) for ws in parts]
+            self._qkv = [(ws[0] if len(ws) == 1 else _stack(ws), [w.shape[0] for w in ws]) for ws in parts]
         return self._qkv
 
 
 def _kind(w: torch.Tensor | QuantWeight) -> object:
-    """What weights must share to be stacked along N: the quant type, or the dtype of a dense
-    weight; None for a type whose rows do not stack (none today)."""
-    if isinstance(w, QuantWeight):
-        return w.qtype if w.qtype == "Q4_0" or w.qtype in MATMUL_TYPES else None
-    return w.dtype
+    """What weights must share to be stacked along N: the quant type, or a dense weight's dtype."""
+    return w.qtype if isinstance(w, QuantWeight) else w.dtype
 
 
 def _stack(ws: list) -> torch.Tensor | QuantWeight:
     """Weights ``[N_i, K]`` of one :func:`_kind`, stacked along N."""
-    if isinstance(ws[0], QuantWeight) and ws[0].qtype in MATMUL_TYPES:
-        data = torch.cat([w.data for w in ws])
-        return QuantWeight(data, (data.shape[0], ws[0].shape[-1]), ws[0].qtype)
-    return concat_rows(ws)
+    if isinstance(ws[0], Q4_0Weight) or not isinstance(ws[0], QuantWeight):
+        return concat_rows(ws)
+    data = torch.cat([w.data for w in ws])
+    return QuantWeight(data, (data.shape[0], ws[0].shape[-1]), ws[0].qtype)
 
 
 @dataclass
@@ -238,12 +235,8 @@ class Qwen3Moe:
         geo = geo or self.geometry(positions, x.dtype)
         b, t, _ = x.shape
         hd, nh, nkvh = c.head_dim, self.heads, self.kv_heads
-        nq, nkv = nh * hd, nkvh * hd
-        widths, outs = [nq, nkv, nkv], []
-        for w in lw.qkv():  # each part's output split into the projections it stacks
-            take = next(n for n in range(1, 4) if sum(widths[len(outs):len(outs) + n]) == w.shape[0])
-            outs += self.linear(x, w).split(widths[len(outs):len(outs) + take], dim=-1)
-        q, k, v = outs
+        # each part's output split into the projections it stacks
+        q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split(widths, dim=-1))
         v = v.reshape(b, t, nkvh, hd)
         # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope)
         q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
