@@ -52,7 +52,7 @@ def decode_attention_partial_kernel(q_ptr, k_ptr, v_ptr, len_ptr, ml_ptr, acc_pt
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vv[None, :, :], axis=1)
         m = m_new
     if SPLITS == 1:
-        o = tl.where(lsum[:, None] > 0, acc / tl.where(lsum > 0, lsum, 1.0)[:, None], 0.0)
+        o = tl.where(lsum[:, None] != 0, acc / tl.where(lsum != 0, lsum, 1.0)[:, None], 0.0)  # 0: no position
         tl.store(out_ptr + (b * H + kh * G + g[:, None]) * D + dd[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=gd_mask)  # fmt: skip
     else:
@@ -74,15 +74,15 @@ def decode_attention_combine_kernel(ml_ptr, acc_ptr, out_ptr, H: tl.constexpr, K
     row0 = (b * KVH + kh) * SPLITS * G + h % G  # split s: row0 + s * G
     m = tl.load(ml_ptr + 2 * (row0 + sp * G), mask=sp < SPLITS, other=float("-inf"))
     lsum = tl.load(ml_ptr + 2 * (row0 + sp * G) + 1, mask=sp < SPLITS, other=0.0)
-    m_max = tl.max(tl.where(lsum > 0, m, -3.0e38), axis=0)  # a split without positions weighs 0
-    total = tl.sum(tl.where(lsum > 0, tl.exp(tl.where(lsum > 0, m, m_max) - m_max), 0.0) * lsum, axis=0)
+    m_max = tl.max(tl.where(lsum != 0, m, -3.0e38), axis=0)  # a split without positions weighs 0
+    total = tl.sum(tl.where(lsum != 0, tl.exp(tl.where(lsum != 0, m, m_max) - m_max), 0.0) * lsum, axis=0)
     o = tl.zeros([BLOCK_D], tl.float32)
     for s in range(SPLITS):  # one split's row at a time: no [splits, D] tile in registers
         row = row0 + s * G
         ls = tl.load(ml_ptr + 2 * row + 1)
-        w = tl.where(ls > 0, tl.exp(tl.where(ls > 0, tl.load(ml_ptr + 2 * row), m_max) - m_max), 0.0)
+        w = tl.where(ls != 0, tl.exp(tl.where(ls != 0, tl.load(ml_ptr + 2 * row), m_max) - m_max), 0.0)
         o += w * tl.load(acc_ptr + row * D + dd, mask=dd < D, other=0.0)
-    o = o / tl.where(total > 0, total, 1.0)
+    o = o / tl.where(total != 0, total, 1.0)
     tl.store(out_ptr + (b * H + h) * D + dd, o.to(out_ptr.dtype.element_ty), mask=dd < D)
 
 

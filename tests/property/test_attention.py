@@ -113,6 +113,18 @@ def test_bad_arguments_name_themselves():
         ops.decode_attention(q, k, k, lengths, scale=float("inf"))
 
 
+@pytest.mark.parametrize("s", [5, 130])
+def test_nan_in_the_cache_is_not_hidden(s):
+    """A NaN in a live key reaches the output of the heads that read it (one split and several),
+    in every backend: a split with no position (sum 0) is skipped, a NaN sum is not."""
+    q = torch.randn(1, 4, 8)
+    k = torch.randn(1, s, 2, 8)
+    k[0, 1, 0, 0] = float("nan")
+    for name in ft.backends_for("decode_attention", q.device, q.dtype, None):
+        out = ops.decode_attention(q, k, k.clone(), torch.tensor([s]), backend=name)
+        assert out[0, :2].isnan().all() and not out[0, 2:].isnan().any(), name
+
+
 def test_strided_heads_are_copied_not_misread():
     """k with non-contiguous heads (a transposed view) is taken through a copy: same result."""
     gen = torch.Generator().manual_seed(8)

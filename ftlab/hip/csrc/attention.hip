@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int g = 0; g < kG; ++g) {
       if (g >= g_n) continue;
       const float l = l_sh[g];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // l = 0: no position (NaN stays NaN)
       S* o = out + (b * heads + static_cast<int64_t>(kh) * g_n + g) * d;
 #pragma unroll
       for (int j = 0; j < kDPer; ++j) {
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int s = 0; s < splits; ++s) {
     const int64_t row = row0 + static_cast<int64_t>(s) * g_n;
     const float m = ml[2 * row], l = ml[2 * row + 1];
-    mx = l > 0.0f ? __builtin_fmaxf(mx, m) : mx;
+    mx = l != 0.0f ? __builtin_fmaxf(mx, m) : mx;
   }
   float total = 0.0f;
   float o[kDPer];
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int s = 0; s < splits; ++s) {
     const int64_t row = row0 + static_cast<int64_t>(s) * g_n;
     const float l = ml[2 * row + 1];
-    const float w = l > 0.0f ? port_expf(ml[2 * row] - mx) : 0.0f;
+    const float w = l != 0.0f ? port_expf(ml[2 * row] - mx) : 0.0f;  // l = 0: no position
     total += w * l;
 #pragma unroll
     for (int j = 0; j < kDPer; ++j) {
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       o[j] += col < d ? w * acc[row * d + col] : 0.0f;
     }
   }
-  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  const float inv = total != 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
   for (int j = 0; j < kDPer; ++j) {
     const int col = threadIdx.x + j * kAttnThreads;
