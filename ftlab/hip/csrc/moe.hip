@@ -19,25 +19,6 @@ constexpr int kMaxSlots = 32;                          // top_k of the decode ke
 // Q8_1 of one row of nb blocks into LDS (block b's q at words 9b..9b+7, d[b], s[b]), four
 // threads a block, eight elements each, amax and sum by shuffles: q8_1_block's arithmetic
 // (q8_1_word), so bit-identical to quantize_q8_1_kernel. Same trip count in every thread.
-// Eight consecutive elements at p as fp32: 16-byte loads when `vec` (p 16-byte aligned).
-template <typename T>
-__device__ __forceinline__ void load8(const typename T::storage* p, bool vec, float v[8]) {
-  if (vec) {
-    constexpr int kPer = 16 / static_cast<int>(sizeof(typename T::storage));  // elements a load
-    typename T::storage e[8];
-#pragma unroll
-    for (int c = 0; c < 8 / kPer; ++c) {
-      const bytes16 raw = reinterpret_cast<const bytes16*>(p)[c];
-      __builtin_memcpy(&e[c * kPer], &raw, 16);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = T::load(&e[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = T::load(p + i);
-  }
-}
-
 template <typename T, int THREADS>
 __device__ void stage_q8_1_row(const typename T::storage* src, int nb, uint32_t* q, float* d, float* s) {
   const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0;  // then every 8-element piece is

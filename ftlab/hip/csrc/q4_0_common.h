@@ -94,4 +94,23 @@ __device__ __forceinline__ void words_of(const bytes16& v, uint32_t out[4]) {
 #endif
 }
 
+// Eight consecutive elements at p as fp32: 16-byte loads when `vec` (p 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void load8(const typename T::storage* p, bool vec, float v[8]) {
+  if (vec) {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(typename T::storage));  // elements a load
+    typename T::storage e[8];
+#pragma unroll
+    for (int c = 0; c < 8 / kPer; ++c) {
+      const bytes16 raw = reinterpret_cast<const bytes16*>(p)[c];
+      __builtin_memcpy(&e[c * kPer], &raw, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = T::load(&e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = T::load(p + i);
+  }
+}
+
 }  // namespace ftlab

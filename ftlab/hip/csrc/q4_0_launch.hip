@@ -206,6 +206,7 @@ void q4_0_mv_fused(TensorView w, TensorView x, TensorView y) {
   TVM_FFI_CHECK(m * supers * kRecordWords * 4 <= kFusedXBytes, ValueError)
       << "the fused matvec holds at most " << kFusedXBytes << " bytes of activation records, M x K = "
       << m << " x " << k << " needs " << m * supers * kRecordWords * 4;
+  TVM_FFI_CHECK(n < (int64_t{1} << 31), ValueError) << "the fused matvec takes fewer than 2^31 rows, got " << n;
   if (n == 0) return;
   int g_lanes = 1;
   while (g_lanes < kGroup && g_lanes < supers) g_lanes *= 2;

@@ -197,26 +197,28 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   const int lane = threadIdx.x;
   const int group = threadIdx.y;
   const int tid = group * kGroup + lane;
-  const int64_t nb = k / kQK;
-  const int64_t supers = nb / kSuperBlocks;           // per row
+  // 32-bit index math throughout (K <= 8192 and N < 2^31 rows / 32 x row sets: the launcher
+  // checks), so no 64-bit divisions in the prologue or the loop.
+  const int nb = static_cast<int>(k / kQK);
+  const int supers = nb / kSuperBlocks;               // per row
   const int rows_per_set = kGroup / g_lanes;
   const int set_pieces = g_lanes * kSuperPieces;      // pieces of one row in a region
-  const int64_t k_steps = (supers + g_lanes - 1) / g_lanes;
-  const int64_t row_sets = (n_rows + rows_per_set - 1) / rows_per_set;
-  const int64_t groups = static_cast<int64_t>(gridDim.x) * kFusedGroups;
-  const int64_t first_set = static_cast<int64_t>(blockIdx.x) * kFusedGroups + group;
-  const int64_t items = first_set < row_sets ? ((row_sets - 1 - first_set) / groups + 1) * k_steps : 0;
+  const int k_steps = (supers + g_lanes - 1) / g_lanes;
+  const int row_sets = static_cast<int>((n_rows + rows_per_set - 1) / rows_per_set);
+  const int groups = static_cast<int>(gridDim.x) * kFusedGroups;
+  const int first_set = static_cast<int>(blockIdx.x) * kFusedGroups + group;
+  const int items = first_set < row_sets ? ((row_sets - 1 - first_set) / groups + 1) * k_steps : 0;
 
   bytes16 r[kSuperPieces];
-  auto load_region = [&](int64_t item) {
-    const int64_t set = first_set + (item / k_steps) * groups;
-    const int64_t ks = item % k_steps;
+  auto load_region = [&](int item) {
+    const int set = first_set + (item / k_steps) * groups;
+    const int ks = item - (item / k_steps) * k_steps;
 #pragma unroll
     for (int t = 0; t < kSuperPieces; ++t) {
       const int p = t * kGroup + lane;
       const int rr = p / set_pieces, q = p - rr * set_pieces;
-      const int64_t row = set * rows_per_set + rr;
-      const int64_t sb = ks * g_lanes + q / kSuperPieces;
+      const int64_t row = static_cast<int64_t>(set) * rows_per_set + rr;
+      const int sb = ks * g_lanes + q / kSuperPieces;
       r[t] = bytes16{};
       if (row < n_rows && sb < supers) {
         r[t] = reinterpret_cast<const bytes16*>(w + row * row_bytes)[ks * g_lanes * kSuperPieces + q];
@@ -225,21 +227,24 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   };
   if (items > 0) load_region(0);  // in flight while the activations are quantized
 
-  // Q8_1 of x, four threads a block (8 elements each; amax and the sum over the four by
-  // shuffles): q8_1_block's arithmetic (q8_1_word), a quarter of its divisions per thread. The loop
-  // runs the same trip count in every thread, so the shuffles always see all 32 lanes.
-  for (int64_t t0 = 0; t0 < 4 * MV_M * nb; t0 += kGroup * kFusedGroups) {
-    const int64_t t = t0 + tid;
-    const bool active = t < 4 * MV_M * nb;
-    const int64_t mb = active ? t / 4 : 0;
-    const int quarter = static_cast<int>(t % 4);
-    const int64_t m = mb / nb, b = mb % nb;
-    const typename T::storage* xb = x + m * x_stride + b * kQK + 8 * quarter;
+  // Q8_1 of x, four threads a block (8 elements each, one 16-byte load where aligned; amax and
+  // the sum over the four by shuffles): q8_1_block's arithmetic (q8_1_word), a quarter of its
+  // divisions per thread. The loop runs the same trip count in every thread, so the shuffles
+  // always see all 32 lanes.
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (x_stride * sizeof(*x)) % 16 == 0;
+  const int works = 4 * MV_M * nb;
+  for (int t0 = 0; t0 < works; t0 += kGroup * kFusedGroups) {
+    const int t = t0 + tid;
+    const bool active = t < works;
+    const int mb = active ? t >> 2 : 0;
+    const int quarter = t & 3;
+    const int m = MV_M == 1 ? 0 : mb / nb, b = mb - m * nb;
     float v[8];
+    load8<T>(x + m * x_stride + b * kQK + 8 * quarter, vec, v);
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      v[i] = active ? T::load(xb + i) : 0.0f;
+      v[i] = active ? v[i] : 0.0f;
       amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
     }
     amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 1));
@@ -251,7 +256,7 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
     sum += port_shfl_xor(sum, 2);
     if (active) {
       uint32_t* rec = xrec + (m * supers + b / kSuperBlocks) * kRecordWords;
-      const int j = static_cast<int>(b % kSuperBlocks);
+      const int j = b % kSuperBlocks;
       rec[8 * j + 2 * quarter] = qw[0];
       rec[8 * j + 2 * quarter + 1] = qw[1];
       if (quarter == 0) {
@@ -265,9 +270,9 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   float acc[MV_M];
 #pragma unroll
   for (int m = 0; m < MV_M; ++m) acc[m] = 0.0f;
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t set = first_set + (item / k_steps) * groups;
-    const int64_t ks = item % k_steps;
+  for (int item = 0; item < items; ++item) {
+    const int set = first_set + (item / k_steps) * groups;
+    const int ks = item - (item / k_steps) * k_steps;
 #pragma unroll
     for (int t = 0; t < kSuperPieces; ++t) region[group][t * kGroup + lane] = r[t];
     port_sync_group();
@@ -278,8 +283,8 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
     }
     port_sync_group();
     if (item + 1 < items) load_region(item + 1);
-    const int64_t row = set * rows_per_set + lane / g_lanes;
-    const int64_t sb = ks * g_lanes + lane % g_lanes;
+    const int64_t row = static_cast<int64_t>(set) * rows_per_set + lane / g_lanes;
+    const int sb = ks * g_lanes + lane % g_lanes;
     if (row < n_rows && sb < supers) {
 #pragma unroll
       for (int p = 0; p < kSuperBlocks / 2; ++p) {  // block pairs, as in q4_0_mv_kernel

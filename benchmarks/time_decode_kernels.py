@@ -1,0 +1,119 @@
+"""A decode step's kernels one by one at the Qwen3-30B-A3B shape (batch 1, bf16, Q4_0 weights),
+graph-replayed, each beside the time its bytes take at the copy bandwidth of the same run.
+
+Every captured call takes the next of ``--copies`` weight sets (more bytes than the L2 holds, as
+48 layers are in a real step), so weights come from DRAM, not from the previous call's L2 lines.
+
+    python benchmarks/time_decode_kernels.py [--copies 16] [--only qkv,o_proj,experts,router,...]
+    python benchmarks/time_decode_kernels.py --eager 3    # a few eager calls of each, for ncu
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from ftlab import backends, ops
+from ftlab.bench.harness import copy_bandwidth, time_graph_us
+from ftlab.quant import Q4_0Weight
+
+H, INTER, E, K_TOP, HEADS, KV_HEADS, D = 2048, 768, 128, 8, 32, 4, 128
+
+
+def random_q4_0(*shape: int, device: torch.device) -> Q4_0Weight:
+    """Random Q4_0 blocks with finite scales of a realistic size (~0.01)."""
+    *lead, n, k = shape
+    blocks = torch.randint(0, 256, (*lead, n, k // 32, 18), dtype=torch.uint8, device=device)
+    d = (torch.rand(*lead, n, k // 32, device=device) * 0.02 + 0.001).half().view(torch.uint8)
+    blocks[..., :2] = d.view(*lead, n, k // 32, 2)
+    return Q4_0Weight(blocks.view(*lead, n, k // 32 * 18), (*lead, n, k))
+
+
+def cycle(items):
+    it = itertools.cycle(items)
+    return lambda: next(it)
+
+
+def cases(copies: int, dev: torch.device):
+    """(name, bytes a call reads, {backend: fn}) for each kernel of a layer's decode step."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x2k = torch.randn(1, H, device=dev, generator=gen).bfloat16()
+    x4k = torch.randn(1, HEADS * D, device=dev, generator=gen).bfloat16()
+    names = [b for b in ("hip", "triton") if b in backends.available_backends("q4_0_matmul", dev, torch.bfloat16)]
+
+    def matvec(n: int, k: int, x: torch.Tensor):
+        ws = [random_q4_0(n, k, device=dev) for _ in range(copies)]
+        nxt = cycle(ws)
+        return n * k // 32 * 18, {b: (lambda b=b: ops.q4_0_matmul(x, nxt(), backend=b)) for b in names}
+
+    yield ("qkv 2048 -> 5120", *matvec((HEADS + 2 * KV_HEADS) * D, H, x2k))
+    yield ("o_proj 4096 -> 2048", *matvec(H, HEADS * D, x4k))
+
+    gu = random_q4_0(E, 2 * INTER, H, device=dev)
+    dn = random_q4_0(E, H, INTER, device=dev)
+    picks = [torch.randperm(E, device=dev, generator=gen)[:K_TOP].int()[None] for _ in range(64)]
+    wts = torch.softmax(torch.randn(1, K_TOP, device=dev, generator=gen), -1)
+    nxt = cycle(picks)
+    fns = {b: (lambda b=b: ops.moe_experts(x2k, gu, dn, wts, nxt(), backend=b))
+           for b in ("hip", "triton") if b in backends.available_backends("moe_experts", dev, torch.bfloat16)}
+    yield ("experts (gate/up + down, 8 of 128)", 3 * K_TOP * INTER * H // 32 * 18, fns)
+
+    routers = [torch.randn(E, H, device=dev, generator=gen).bfloat16() for _ in range(copies)]
+    nr = cycle(routers)
+    fns = {"torch linear": lambda: F.linear(x2k, nr())}
+    for b in ("hip", "triton"):
+        if b in backends.available_backends("route_topk", dev, torch.float32):
+            fns[f"torch linear + route_topk {b}"] = lambda b=b: ops.route_topk(F.linear(x2k, nr()).float(), K_TOP,
+                                                                              backend=b)  # fmt: skip
+    yield ("router 2048 -> 128 + top-8", E * H * 2, fns)
+
+    s, live = 520, 513
+    q = torch.randn(1, HEADS, D, device=dev, generator=gen).bfloat16()
+    kc = torch.randn(1, s, KV_HEADS, D, device=dev, generator=gen).bfloat16()
+    vc = torch.randn(1, s, KV_HEADS, D, device=dev, generator=gen).bfloat16()
+    lengths = torch.full((1,), live, device=dev, dtype=torch.int32)
+    mask = (torch.arange(s, device=dev) < live)[None, None, None, :]
+    fns = {"torch SDPA, every slot masked": lambda: F.scaled_dot_product_attention(
+        q[:, :, None], kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask, enable_gqa=True)}
+    for b in ("hip", "triton"):
+        if b in backends.available_backends("decode_attention", dev, torch.bfloat16):
+            fns[f"decode_attention {b}"] = lambda b=b: ops.decode_attention(q, kc, vc, lengths, backend=b)
+    yield (f"attention, {live} live of {s} slots", 2 * live * KV_HEADS * D * 2, fns)
+
+    res = torch.randn(1, H, device=dev, generator=gen).bfloat16()
+    nw = torch.ones(H, device=dev).bfloat16()
+    fns = {b: (lambda b=b: ops.add_rmsnorm(x2k, res, nw, 1e-6, backend=b))
+           for b in ("hip", "triton") if b in backends.available_backends("add_rmsnorm", dev, torch.bfloat16)}
+    yield ("add_rmsnorm 2048", 3 * H * 2, fns)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--copies", type=int, default=16, help="weight sets cycled through (default 16)")
+    ap.add_argument("--only", default="", help="comma-separated name prefixes of the cases to run")
+    ap.add_argument("--eager", type=int, default=0, help="run each case N times eagerly instead (for ncu)")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    only = [o for o in args.only.split(",") if o]
+    bw = 0.0 if args.eager else copy_bandwidth()
+    if bw:
+        print(f"copy bandwidth {bw:.0f} GB/s (read + write)")
+    for name, nbytes, fns in cases(args.copies, dev):
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        print(f"{name}: {nbytes / 1e6:.2f} MB, {nbytes / bw * 1e-3:.2f} us at the copy bandwidth" if bw else name)
+        for label, fn in fns.items():
+            if args.eager:
+                for _ in range(args.eager):
+                    fn()
+                torch.cuda.synchronize()
+                continue
+            us = time_graph_us(fn, inner=16)
+            print(f"  {us:8.2f} us  {nbytes / us / 1e3:7.1f} GB/s  {label}")
+
+
+if __name__ == "__main__":
+    main()
