@@ -423,6 +423,7 @@ _builtin("quantize_q8_1", "q4_0", "activations to Q8_1 blocks (the int8 dot's ot
 _builtin("q4_0_matmul", "q4_0", "x @ W.T for Q4_0 weights: int8-dot matvec, prefill GEMM", FLOAT_DTYPES,
          paths=Q4_0_PATHS)  # fmt: skip
 _builtin("route_topk", "moe", "router: softmax, top-k, renormalize", FLOAT_DTYPES)
+_builtin("router_topk", "moe", "router linear layer then route_topk (decode: one launch)", FLOAT_DTYPES)
 _builtin("moe_align", "moe", "group (token, slot) pairs by expert for the grouped GEMM", FLOAT_DTYPES)
 _builtin("moe_experts", "moe", "routed SwiGLU experts, dense or Q4_0 banks", FLOAT_DTYPES, paths=Q4_0_PATHS,
          cpu=True)  # fmt: skip

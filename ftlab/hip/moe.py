@@ -3,6 +3,10 @@
 - ``route_topk``: a 32-lane group per token, the probabilities in registers (softmax in
   fp32, k rounds of argmax by shuffles, lower id wins a tie, renormalization); at most 1024
   experts and top_k <= 32.
+- ``router_topk``: one launch, grid (E / 8, T): a 32-lane group a logit (fp32 dot, 16-byte
+  loads), and the last block of a token to finish (a per-token counter, reset by that block)
+  routes it as ``route_topk`` does. The counters live in one zeroed int32 buffer per device,
+  kept for the process (graphs hold its address): calls on two streams at once must not overlap.
 - ``moe_align``: a count kernel and a scatter kernel, one block per expert, deterministic
   and without host synchronization (graph-safe).
 - ``moe_experts``: up to ``DECODE_MAX_TOKENS`` tokens, per (token, slot) matvecs in two
@@ -50,6 +54,45 @@ def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[tor
     module = _module(logits.device)
     jit.on_device(logits.device, lambda: module.moe_route_topk(logits, weights, ids, top_k, renormalize))
     return weights, ids
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+_retired: list[torch.Tensor] = []  # outgrown counter buffers: a captured graph may still hold one
+
+
+def _router_counters(device: torch.device, tokens: int) -> torch.Tensor:
+    """The device's zeroed counters, at least ``tokens`` of them (the kernel leaves them 0)."""
+    c = _counters.get(device)
+    if c is None or c.numel() < tokens:
+        if c is not None:
+            _retired.append(c)
+        c = torch.zeros(max(tokens, 256), dtype=torch.int32, device=device)
+        _counters[device] = c
+    return c
+
+
+def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
+                renormalize: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.router_topk`."""
+    t, e = x.shape[0], weight.shape[0]
+    if e > MAX_EXPERTS or top_k > MAX_TOP_K:
+        raise ValueError(
+            f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = {e}, top_k = {top_k}"
+        )
+    if t >= 65536:
+        raise ValueError(f"the hip router takes fewer than 65536 tokens a call, got {t}")
+    dev = x.device
+    logits = torch.empty((t, e), dtype=x.dtype, device=dev)
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    if t == 0:
+        return logits, weights, ids
+    x = x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.shape[1] <= 1 or weight.stride(1) == 1 else weight.contiguous()
+    counters = _router_counters(dev, t)
+    module = _module(dev)
+    jit.on_device(dev, lambda: module.moe_router_topk(x, weight, logits, weights, ids, counters, top_k, renormalize))
+    return logits, weights, ids
 
 
 def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ from ftlab.ops.conv1d import causal_conv1d, causal_conv1d_update
 from ftlab.ops.deltanet import gated_delta_rule, gated_delta_step
 from ftlab.ops.gated_norm import gated_rmsnorm, output_gate
 from ftlab.ops.index_store import index, store
-from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk
+from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk, router_topk
 from ftlab.ops.norm import add_rmsnorm
 from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
 from ftlab.ops.qk_norm_rope import qk_norm_rope
@@ -56,5 +56,6 @@ __all__ = [
     "quantize_q4_0",
     "quantize_q8_1",
     "route_topk",
+    "router_topk",
     "store",
 ]

@@ -43,6 +43,32 @@ def route_topk(
     return impl.fn(logits, top_k, renormalize)
 
 
+def router_topk(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool = True, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The router of Qwen3-MoE in one op: its linear layer, then :func:`route_topk`.
+
+    x ``[T, H]`` and ``weight [E, H]`` of one float dtype (fp32/fp16/bf16) -> (logits ``[T, E]``
+    in x's dtype, top-k weights fp32 ``[T, k]``, ids int32 ``[T, k]``). The logits are an fp32
+    dot rounded to x's dtype (a backend's summation order may move one by the bound of
+    docs/OPS.md section 3); weights and ids are exactly :func:`route_topk` of the returned
+    logits. The hip backend does it in one launch (the last block of a token routes it), with a
+    per-device counter buffer: calls on two streams of one device must not overlap."""
+    argcheck.float_tensor("x", x)
+    argcheck.float_tensor("weight", weight)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [T, H], got shape {tuple(x.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight must be [E, H] with x's H = {x.shape[1]}, got shape {tuple(weight.shape)}")
+    argcheck.same_dtype("weight", weight, "x", x)
+    argcheck.same_device("weight", weight, "x", x)
+    argcheck.int_in("top_k", top_k, 1, weight.shape[0])
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
+    impl = backends.resolve("router_topk", backend, x.device, x.dtype)
+    return impl.fn(x, weight, top_k, renormalize)
+
+
 def moe_align(
     ids: torch.Tensor, num_experts: int, block_m: int, *, backend: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -2,6 +2,7 @@
 
 route_topk:  p = softmax(logits) in fp32 over all E experts; the k largest, ties broken
              toward the lower expert id; renormalized to sum 1 when ``renormalize``.
+router_topk: logits = x @ w.T (an fp32 dot, rounded to x's dtype), then route_topk of them.
 moe_align:   the (token, slot) pairs grouped by expert, in order of their flat index
              t * k + j within a group, each group padded to a multiple of block_m with
              the sentinel T * k; invalid ids (-1, >= E) are left out.
@@ -31,6 +32,16 @@ def route_topk(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, order.to(torch.int32)
+
+
+def router_topk(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [T, H]``, ``weight [E, H]`` -> (logits ``[T, E]`` in x's dtype, weights fp32 ``[T, k]``,
+    ids int32 ``[T, k]``): the router's linear layer in fp32, rounded, then :func:`route_topk`."""
+    logits = (x.float() @ weight.float().T).to(x.dtype)
+    weights, ids = route_topk(logits, top_k, renormalize)
+    return logits, weights, ids
 
 
 def align_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:

@@ -50,9 +50,11 @@ from ftlab.testing.moe import (
     check_align_case,
     check_experts_case,
     check_route_case,
+    check_router_case,
     experts_tolerance,
     hybrid_tolerance,
     random_quant_bank,
+    router_logits_tolerance,
 )
 from ftlab.testing.norm import add_rmsnorm_tolerance, check_add_rmsnorm_case
 from ftlab.testing.q4_0 import (
@@ -104,6 +106,7 @@ __all__ = [
     "check_experts_case",
     "experts_tolerance",
     "random_quant_bank",
+    "router_logits_tolerance",
     "hybrid_tolerance",
     "check_gated_delta_rule_case",
     "check_gated_delta_step_case",
@@ -125,6 +128,7 @@ __all__ = [
     "check_q8_1_case",
     "check_quantize_case",
     "check_route_case",
+    "check_router_case",
     "check_store_case",
     "index_cases",
     "matmul_cases",

@@ -4,6 +4,9 @@ route_topk: kernels compute exp() with their own rounding, so probabilities may 
 the last bits from the reference's; a backend's choice is accepted when it is a top-k of the
 reference probabilities within ``ROUTE_SLACK`` and exact ties (equal logits) went to the
 lower expert id. moe_align must match exactly.
+
+router_topk: the logits within :func:`router_logits_tolerance` of the reference's, and the
+routes held to the route_topk rule on the backend's own logits.
 """
 
 from __future__ import annotations
@@ -24,32 +27,62 @@ def check_route_case(logits: torch.Tensor, top_k: int, renormalize: bool, device
                      backends: Sequence[str] | None = None) -> None:  # fmt: skip
     device = torch.device(device)
     logits = logits.to(device)
-    probs = torch.softmax(logits.float(), -1).cpu()
     _, ref_ids = ops.route_topk(logits, top_k, renormalize, backend="reference")
     for name in backends_for("route_topk", device, logits.dtype, backends):
         w, ids = ops.route_topk(logits, top_k, renormalize, backend=name)
-        w, ids = w.cpu(), ids.cpu().long()
-        assert ids.dtype == torch.long and w.shape == (logits.shape[0], top_k)
-        chosen = probs.gather(1, ids)
-        taken = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, True)
-        assert bool((taken.sum(1) == top_k).all()), f"{name}: repeated expert ids"
-        best_left = probs.masked_fill(taken, -1.0).amax(1)
-        assert bool((chosen.amin(1) >= best_left * (1 - ROUTE_SLACK)).all()), (
-            f"{name}: not a top-{top_k}"
-        )
-        exact = torch.equal(ids, ref_ids.cpu().long())
-        if not exact:  # only near-ties may differ: check the tie rule on equal logits
-            lg = logits.float().cpu()
-            for t in range(ids.shape[0]):
-                for c in ids[t].tolist():
-                    passed = [
-                        x for x in range(lg.shape[1]) if not taken[t, x] and lg[t, x] == lg[t, c]
-                    ]
-                    assert all(x > c for x in passed), (
-                        f"{name}: token {t} took {c} over the lower tied id"
-                    )
-        want = chosen / chosen.sum(1, keepdim=True) if renormalize else chosen
-        torch.testing.assert_close(w, want, rtol=1e-5, atol=1e-7)
+        _check_routes(name, logits, top_k, renormalize, w, ids, ref_ids)
+
+
+def _check_routes(name: str, logits: torch.Tensor, top_k: int, renormalize: bool, w: torch.Tensor,
+                  ids: torch.Tensor, ref_ids: torch.Tensor) -> None:  # fmt: skip
+    """(w, ids) a top-k of softmax(logits) by the route_topk rule: the reference's ids, or a
+    near-tie resolved differently with exact ties still to the lower id; w its probabilities."""
+    probs = torch.softmax(logits.float(), -1).cpu()
+    w, ids = w.cpu(), ids.cpu().long()
+    assert ids.dtype == torch.long and w.shape == (logits.shape[0], top_k)
+    chosen = probs.gather(1, ids)
+    taken = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, True)
+    assert bool((taken.sum(1) == top_k).all()), f"{name}: repeated expert ids"
+    best_left = probs.masked_fill(taken, -1.0).amax(1)
+    assert bool((chosen.amin(1) >= best_left * (1 - ROUTE_SLACK)).all()), f"{name}: not a top-{top_k}"
+    exact = torch.equal(ids, ref_ids.cpu().long())
+    if not exact:  # only near-ties may differ: check the tie rule on equal logits
+        lg = logits.float().cpu()
+        for t in range(ids.shape[0]):
+            for c in ids[t].tolist():
+                passed = [x for x in range(lg.shape[1]) if not taken[t, x] and lg[t, x] == lg[t, c]]
+                assert all(x > c for x in passed), f"{name}: token {t} took {c} over the lower tied id"
+    want = chosen / chosen.sum(1, keepdim=True) if renormalize else chosen
+    torch.testing.assert_close(w, want, rtol=1e-5, atol=1e-7)
+
+
+def router_logits_tolerance(x: torch.Tensor, weight: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Bound on ``|logits - reference|`` (``[T, E]``, fp32, on the CPU) for router_topk: each side's
+    fp32 dot of H products is within gamma_H * sum|x||w| of the exact dot (any summation
+    order, gamma_H = H u / (1 - H u), u = 2^-24), and the two are rounded to x's dtype, which
+    moves them apart by at most one ulp of that dtype more."""
+    h = x.shape[1]
+    u = 2.0**-24
+    gamma = h * u / (1 - h * u)
+    spread = 2 * gamma * (x.float().abs() @ weight.float().abs().T).cpu()
+    return spread + ulp(reference.float().cpu().abs() + spread, x.dtype)
+
+
+def check_router_case(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
+                      device: torch.device | str = "cpu", backends: Sequence[str] | None = None) -> None:  # fmt: skip
+    """Every backend's router_topk: logits within :func:`router_logits_tolerance` of the
+    reference's, in x's dtype; weights and ids the route_topk of those logits."""
+    device = torch.device(device)
+    x, weight = x.to(device), weight.to(device)
+    ref, _, _ = ops.router_topk(x, weight, top_k, renormalize, backend="reference")
+    bound = router_logits_tolerance(x, weight, ref)
+    for name in backends_for("router_topk", device, x.dtype, backends):
+        logits, w, ids = ops.router_topk(x, weight, top_k, renormalize, backend=name)
+        assert logits.dtype == x.dtype and logits.shape == ref.shape, f"{name}: logits {logits.dtype} {logits.shape}"
+        assert ids.dtype == torch.int32 and w.dtype == torch.float32
+        assert_within(name, "logits", logits, ref, bound)
+        _, own_ids = ops.route_topk(logits, top_k, renormalize, backend="reference")
+        _check_routes(name, logits, top_k, renormalize, w, ids, own_ids)
 
 
 def check_align_case(ids: torch.Tensor, num_experts: int, block_m: int, device: torch.device | str = "cpu",

@@ -1,7 +1,7 @@
 """Routed MoE in Triton (docs/OPS.md section 3; reference: ``ftlab/reference/moe.py``): the
 family's backend entries.
 
-- ``route_topk``, ``moe_align``: ``ftlab/triton/moe_route.py``.
+- ``route_topk``, ``router_topk``, ``moe_align``: ``ftlab/triton/moe_route.py``.
 - ``moe_experts``, decode (at most ``DECODE_MAX_TOKENS`` tokens): per (token, slot) gate/up
   matvecs with the SwiGLU fused, then per token the down matvecs weighted and summed over the
   k slots in order. ``moe_gate_up_kernel`` / ``moe_down_kernel``: dense banks, or Q4_0 banks
@@ -23,7 +23,7 @@ from ftlab.platform import current
 from ftlab.quant import Q4_0Weight
 from ftlab.triton.moe_gemm import bank_args, experts_gemm
 from ftlab.triton.moe_kquant import experts_kquant, experts_kquant_gemm, q4_0_pairs
-from ftlab.triton.moe_route import moe_align, route_topk
+from ftlab.triton.moe_route import moe_align, route_topk, router_topk
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import (
     CONFIGS,
@@ -37,7 +37,7 @@ from ftlab.triton.q4_0_common import (
     load_x_words,
 )
 
-__all__ = ["moe_align", "moe_experts", "route_topk"]
+__all__ = ["moe_align", "moe_experts", "route_topk", "router_topk"]
 
 # expert matvec tiles: 16 output rows (32 ran RDNA out of SGPRs) x 64 of the reduction
 _EXPERT_ROWS = 16

@@ -3,6 +3,9 @@ reference: ``ftlab/reference/moe.py``); ``ftlab/triton/moe.py`` is the family's 
 
 - ``route_topk_kernel``: one program per token: softmax over all E in fp32, then k rounds of
   ``argmax`` (``tie_break_left``: the lower expert id wins a tie), then renormalization.
+- ``router_logits_kernel`` + ``route_topk_kernel`` (``router_topk``): one program per (token,
+  16 experts) for the logits (an fp32 dot, H in steps of 128, rounded to x's dtype), then the
+  router above: two launches.
 - ``moe_align_*``: deterministic grouping by expert (no atomics, so the order within a
   group is the flat order t * k + j, as in the reference): count per expert, a prefix sum
   of the padded counts, then each expert's program writes its pairs' rows.
@@ -44,6 +47,21 @@ def route_topk_kernel(logits_ptr, stride, w_ptr, ids_ptr, E, K: tl.constexpr, KP
         weights = weights / tl.sum(weights, axis=0)
     tl.store(w_ptr + t * K + slots, weights, mask=slots < K)
     tl.store(ids_ptr + t * K + slots, ids, mask=slots < K)
+
+
+@triton.jit
+def router_logits_kernel(x_ptr, x_stride, w_ptr, w_stride, out_ptr, H, E,
+                         BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        x = tl.load(x_ptr + t.to(tl.int64) * x_stride + h, mask=h < H, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + e[:, None].to(tl.int64) * w_stride + h[None, :], mask=(e[:, None] < E) & (h[None, :] < H),
+                    other=0.0).to(tl.float32)  # fmt: skip
+        acc += tl.sum(w * x[None, :], axis=1)
+    tl.store(out_ptr + t.to(tl.int64) * E + e, acc.to(out_ptr.dtype.element_ty), mask=e < E)
 
 
 @triton.jit
@@ -91,6 +109,21 @@ def route_topk(
             num_warps=1 if e <= 256 else 4,  # one warp: the k rounds of reductions need no barriers
         )  # fmt: skip
     return weights, ids
+
+
+def router_topk(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backend entry of :func:`ftlab.ops.router_topk`."""
+    t, e = x.shape[0], weight.shape[0]
+    logits = torch.empty((t, e), dtype=x.dtype, device=x.device)
+    if t:
+        x = x if x.stride(1) == 1 else x.contiguous()
+        weight = weight if weight.stride(1) == 1 else weight.contiguous()
+        router_logits_kernel[(t, triton.cdiv(e, 16))](x, x.stride(0), weight, weight.stride(0), logits, x.shape[1], e,
+                                                      BLOCK_E=16, BLOCK_H=128)  # fmt: skip
+    weights, ids = route_topk(logits, top_k, renormalize)
+    return logits, weights, ids
 
 
 def moe_align(

@@ -148,17 +148,21 @@ __device__ __forceinline__ float q4_row_dot(const Super& first, bool have_first,
 }
 
 // One block of 512 threads per (pair, 32 rows of h): 64 weight rows (32 gate, 32 up) of
-// expert ids[pair], 8 lanes a row; each lane loads its first blocks, then x[pair / k] is
-// quantized to Q8_1 in LDS (the loads in flight meanwhile), then the dots; one group forms
+// expert ids[pair], 8 lanes a row; each lane asks the L2 for its superblocks (where the target
+// has the hint; else it loads its first one into registers), then x[pair / k] is quantized
+// to Q8_1 in LDS (the loads in flight meanwhile), then the dots; one group forms
 // h = silu(g) * u for the 32 rows and writes it as one Q8_1 block (q int8 [pairs, I], d and
-// s fp32 [pairs, I/32]), the arithmetic of quantize_q8_1_kernel on fp32 h. An invalid id
-// reads no expert memory and writes the zero block.
+// s fp32 [pairs, I/32]), the arithmetic of quantize_q8_1_kernel on fp32 h. With the hint, the
+// blocks of a pair also ask the L2 for the down rows of its expert (down_bank, a share each),
+// which the down launch reads next. An invalid id reads no expert memory and writes the zero
+// block.
 template <typename T>
 __global__ void __launch_bounds__(kGateUpThreads)
     moe_gate_up_q4_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
                           const uint8_t* __restrict__ bank, int64_t e_stride, int64_t row_bytes,
                           const int32_t* __restrict__ ids, int8_t* __restrict__ hq, float* __restrict__ hd,
-                          float* __restrict__ hs, int num_experts, int hidden, int inter, int top_k, bool wide) {
+                          float* __restrict__ hs, int num_experts, int hidden, int inter, int top_k, bool wide,
+                          const uint8_t* __restrict__ down_bank, int64_t down_e_stride, int64_t down_bytes) {
   __shared__ uint32_t xq[kMaxQ8Blocks * kQ8Stride];
   __shared__ float xd[kMaxQ8Blocks], xs[kMaxQ8Blocks];
   __shared__ float gu[2 * kQK];
@@ -175,9 +179,25 @@ __global__ void __launch_bounds__(kGateUpThreads)
   const int r = threadIdx.x / kLanesPerRow;  // 0..31 gate, 32..63 up
   const int sub = threadIdx.x % kLanesPerRow;
   const uint8_t* row = bank + e * e_stride + (r < kQK ? n0 + r : inter + n0 + (r - kQK)) * row_bytes;
-  Super pre;  // the lane's first superblock: in flight while x is quantized
-  const bool pre_ok = wide && sub < nb / kSbBlocks;
+  Super pre;  // without the L2 hint: the lane's first superblock, in flight while x is quantized
+  const bool pre_ok = !PORT_HAS_L2_PREFETCH && wide && sub < nb / kSbBlocks;
   if (pre_ok) load_super(pre, row, sub);
+  if (PORT_HAS_L2_PREFETCH) {
+    if (wide) {
+      for (int sb = sub; sb < nb / kSbBlocks; sb += kLanesPerRow) {  // the three lines a superblock may touch
+        const uint8_t* p = row + static_cast<int64_t>(sb) * kSbBytes;
+        port_prefetch_l2(p);
+        port_prefetch_l2(p + kSbBytes / 2);
+        port_prefetch_l2(p + kSbBytes - 1);
+      }
+    }
+    if (down_bank != nullptr) {  // this block's share of expert e's down matrix, 128-byte lines
+      const int64_t share = (down_bytes + gridDim.y * 128 - 1) / (gridDim.y * 128) * 128;
+      const int64_t begin = blockIdx.y * share, end = begin + share < down_bytes ? begin + share : down_bytes;
+      const uint8_t* base = down_bank + e * down_e_stride;
+      for (int64_t off = begin + threadIdx.x * 128; off < end; off += kGateUpThreads * 128) port_prefetch_l2(base + off);
+    }
+  }
   stage_q8_1_row<T, kGateUpThreads>(x + (pair / top_k) * x_stride, nb, xq, xd, xs);
   __syncthreads();
   const float v = q4_row_dot<kLanesPerRow, kQ8Stride>(pre, pre_ok, row, nb, xq, xd, xs, sub, wide, true);
@@ -313,7 +333,7 @@ __global__ void __launch_bounds__(kMoeThreads)
 #define FTLAB_MOE_DECODE_INSTANTIATE(T)                                                                 \
   template __global__ void moe_gate_up_q4_kernel<T>(const T::storage*, int64_t, const uint8_t*, int64_t, \
                                                     int64_t, const int32_t*, int8_t*, float*, float*, int, \
-                                                    int, int, int, bool);                               \
+                                                    int, int, int, bool, const uint8_t*, int64_t, int64_t);                               \
   template __global__ void moe_down_q4_kernel<T>(const int8_t*, const float*, const float*, const uint8_t*, \
                                                  int64_t, int64_t, const int32_t*, const float*, T::storage*, \
                                                  int64_t, int, int, int, int, bool);                    \

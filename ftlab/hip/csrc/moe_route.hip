@@ -12,28 +12,17 @@ namespace ftlab {
 
 constexpr int kRouteTokens = kMoeThreads / kMoeGroup;  // tokens per block, a 32-lane group each
 
-// A 32-lane group per token, no block barriers: lane l holds the logits of experts
-// l, l + 32, ... (PER of them, in registers), max and sum by shuffles, p = exp(x - max) / sum
-// in fp32, then k rounds of argmax (each lane over its experts in ascending order, then a
-// shuffle tree; the lower id wins a tie) and the renormalization, the k weights summed in
-// slot order. PER * 32 >= E.
-template <typename T, int PER>
-__global__ void __launch_bounds__(kMoeThreads)
-    moe_route_topk_kernel(const typename T::storage* __restrict__ logits, int64_t stride,
-                          float* __restrict__ w_out, int32_t* __restrict__ ids_out, int64_t tokens,
-                          int num_experts, int top_k, int renorm) {
-  const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteTokens + group;
-  if (t >= tokens) return;  // whole groups: no barrier below
-  const typename T::storage* row = logits + t * stride;
-  float p[PER];
+// The top-k of one token by a 32-lane group, no block barriers: lane l holds the logits of
+// experts l, l + 32, ... in p (PER of them, -inf past E), max and sum by shuffles,
+// p = exp(x - max) / sum in fp32, then k rounds of argmax (each lane over its experts in
+// ascending order, then a shuffle tree; the lower id wins a tie) and the renormalization, the
+// k weights summed in slot order. PER * 32 >= E.
+template <int PER>
+__device__ __forceinline__ void route_group(float p[PER], int lane, int num_experts, int top_k, int renorm,
+                                            float* w_out, int32_t* ids_out) {
   float m = -__builtin_inff();
 #pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int e = lane + i * kMoeGroup;
-    p[i] = e < num_experts ? T::load(row + e) : -__builtin_inff();
-    m = __builtin_fmaxf(m, p[i]);
-  }
+  for (int i = 0; i < PER; ++i) m = __builtin_fmaxf(m, p[i]);
 #pragma unroll
   for (int off = kMoeGroup / 2; off > 0; off >>= 1) m = __builtin_fmaxf(m, port_shfl_xor(m, off));
   float s = 0.0f;
@@ -69,11 +58,89 @@ __global__ void __launch_bounds__(kMoeThreads)
     for (int i = 0; i < PER; ++i) {
       if (lane + i * kMoeGroup == besti) p[i] = -1.0f;  // taken
     }
-    if (lane == 0) ids_out[t * top_k + j] = besti;
+    if (lane == 0) ids_out[j] = besti;
     if (lane == j) mine = best;
     wsum += best;
   }
-  if (lane < top_k) w_out[t * top_k + lane] = renorm ? port_div_rn(mine, wsum) : mine;
+  if (lane < top_k) w_out[lane] = renorm ? port_div_rn(mine, wsum) : mine;
+}
+
+// A 32-lane group per token (route_group on the token's logits row).
+template <typename T, int PER>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_route_topk_kernel(const typename T::storage* __restrict__ logits, int64_t stride,
+                          float* __restrict__ w_out, int32_t* __restrict__ ids_out, int64_t tokens,
+                          int num_experts, int top_k, int renorm) {
+  const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteTokens + group;
+  if (t >= tokens) return;  // whole groups: no barrier below
+  const typename T::storage* row = logits + t * stride;
+  float p[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = lane + i * kMoeGroup;
+    p[i] = e < num_experts ? T::load(row + e) : -__builtin_inff();
+  }
+  route_group<PER>(p, lane, num_experts, top_k, renorm, w_out + t * top_k, ids_out + t * top_k);
+}
+
+// ------------------------------------------------------------------ router: logits and top-k, one launch
+
+constexpr int kRouterRows = kMoeThreads / kMoeGroup;  // logits a block: a 32-lane group each
+
+// logits[t, e] = x[t] . w[e] (an fp32 dot, rounded to T), then the top-k of token t (route_group)
+// by the last of its blocks to finish: grid (ceil(E / 8), T), block b's groups take experts
+// 8b..8b+7. Each block's writers fence their logits, then thread 0 counts the block done in
+// counters[t]; the block that sees count E-blocks - 1 resets the counter to 0 (for the next
+// call, graph replays included), reads the row back past L1 and routes it. `vec`: x and w rows
+// 16-byte aligned with H % 8 == 0 (8 elements a load).
+template <typename T, int PER>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_router_topk_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
+                           const typename T::storage* __restrict__ w, int64_t w_stride, int64_t hidden,
+                           typename T::storage* logits, float* __restrict__ w_out, int32_t* __restrict__ ids_out,
+                           uint32_t* __restrict__ counters, int num_experts, int top_k, int renorm, bool vec) {
+  __shared__ int last;
+  const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
+  const int64_t t = blockIdx.y;
+  const int e = static_cast<int>(blockIdx.x) * kRouterRows + group;
+  if (e < num_experts) {
+    const typename T::storage* xr = x + t * x_stride;
+    const typename T::storage* wr = w + e * w_stride;
+    float acc = 0.0f;
+    if (vec) {
+      for (int64_t i = 8 * lane; i < hidden; i += 8 * kMoeGroup) {
+        float a[8], b[8];
+        load8<T>(xr + i, true, a);
+        load8<T>(wr + i, true, b);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc += a[c] * b[c];
+      }
+    } else {
+      for (int64_t i = lane; i < hidden; i += kMoeGroup) acc += T::load(xr + i) * T::load(wr + i);
+    }
+    acc = group_sum(acc);
+    if (lane == 0) {
+      logits[t * num_experts + e] = T::from_float(acc);
+      port_fence_device();  // the logit is visible to every block before this block counts
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last = port_atomic_add(&counters[t], 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last || group != 0) return;
+  port_fence_device();
+  if (lane == 0) counters[t] = 0u;
+  const volatile typename T::storage* row = logits + t * num_experts;  // written by other blocks: not from L1
+  float p[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int ex = lane + i * kMoeGroup;
+    typename T::storage bits{};
+    if (ex < num_experts) bits = row[ex];
+    p[i] = ex < num_experts ? T::load(&bits) : -__builtin_inff();
+  }
+  route_group<PER>(p, lane, num_experts, top_k, renorm, w_out + t * top_k, ids_out + t * top_k);
 }
 
 // ------------------------------------------------------------------ align
@@ -146,7 +213,13 @@ __global__ void __launch_bounds__(kMoeThreads)
   template __global__ void moe_route_topk_kernel<T, 4>(const T::storage*, int64_t, float*, int32_t*,   \
                                                        int64_t, int, int, int);                         \
   template __global__ void moe_route_topk_kernel<T, 32>(const T::storage*, int64_t, float*, int32_t*,  \
-                                                        int64_t, int, int, int);
+                                                        int64_t, int, int, int);                         \
+  template __global__ void moe_router_topk_kernel<T, 4>(const T::storage*, int64_t, const T::storage*, \
+                                                        int64_t, int64_t, T::storage*, float*, int32_t*, \
+                                                        uint32_t*, int, int, int, bool);                 \
+  template __global__ void moe_router_topk_kernel<T, 32>(const T::storage*, int64_t, const T::storage*,\
+                                                         int64_t, int64_t, T::storage*, float*, int32_t*,\
+                                                         uint32_t*, int, int, int, bool);
 FTLAB_MOE_ROUTE_INSTANTIATE(f32_t)
 FTLAB_MOE_ROUTE_INSTANTIATE(f16_t)
 FTLAB_MOE_ROUTE_INSTANTIATE(bf16_t)

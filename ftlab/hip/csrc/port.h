@@ -160,7 +160,11 @@ struct port_grid_dim {
   __device__ uint32_t get_x() const {
     return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x();
   }
+  __device__ uint32_t get_y() const {
+    return __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y();
+  }
   __declspec(property(get = get_x)) uint32_t x;
+  __declspec(property(get = get_y)) uint32_t y;
 };
 static constexpr __device__ port_grid_dim gridDim{};
 static constexpr __device__ port_thread_idx threadIdx{};
@@ -270,6 +274,40 @@ __device__ __forceinline__ void port_sync_group() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
   __builtin_amdgcn_wave_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+#endif
+}
+
+// Device-wide ordering and a counter for "the last block to finish does the rest": a fence
+// that orders this thread's global writes before its later ones for every block of the grid
+// (__threadfence), and a relaxed atomic add on a global uint32 returning the old value.
+__device__ __forceinline__ void port_fence_device() {
+#if defined(PORT_CUDA)
+  __threadfence();
+#else
+  __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent");
+#endif
+}
+__device__ __forceinline__ uint32_t port_atomic_add(uint32_t* p, uint32_t v) {
+#if defined(PORT_CUDA)
+  return atomicAdd(p, v);
+#else
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#endif
+}
+
+// Asks the L2 for the cache line holding p, without a register or a wait (a load that lands
+// later finds it there). PORT_HAS_L2_PREFETCH says whether the target has the hint; without
+// it this is a no-op and kernels keep their own register prefetch.
+#if defined(PORT_CUDA)
+#define PORT_HAS_L2_PREFETCH 1
+#else
+#define PORT_HAS_L2_PREFETCH 0
+#endif
+__device__ __forceinline__ void port_prefetch_l2(const void* p) {
+#if defined(PORT_CUDA)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
 #endif
 }
 
