@@ -17,6 +17,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ftlab.bench.harness import time_us
 from ftlab.models.loader import load_gguf
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
@@ -73,6 +74,10 @@ def main() -> None:
     print(f"{args.file}: decode batch {args.batch} at position {args.position}, {layers} layers; "
           f"{total:.1f} us a step in {sum(c for _, c in times.values()) / args.steps:.0f} "
           f"{'kernels' if dev.type == 'cuda' else 'operators'} ({args.steps} steps profiled)")  # fmt: skip
+    if dev.type == "cuda":
+        wall = time_us(step, warmup=3, reps=50)
+        print(f"a step takes {wall:.1f} us of wall time replayed ({args.batch * 1e6 / wall:.0f} tokens/s), "
+              f"{wall - total:.1f} us more than its kernels")  # fmt: skip
     print(f"{'us/step':>9} {'share':>6} {'calls/step':>10}  name")
     for name, (t, calls) in sorted(times.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{t / args.steps:9.1f} {100 * t / args.steps / total:5.1f}% {calls / args.steps:10.1f}  {name[:110]}")

@@ -68,6 +68,9 @@ def cases(copies: int, dev: torch.device):
         if b in backends.available_backends("route_topk", dev, torch.float32):
             fns[f"torch linear + route_topk {b}"] = lambda b=b: ops.route_topk(F.linear(x2k, nr()).float(), K_TOP,
                                                                               backend=b)  # fmt: skip
+    for b in ("hip", "triton"):
+        if b in backends.available_backends("router_topk", dev, torch.bfloat16):
+            fns[f"router_topk {b}"] = lambda b=b: ops.router_topk(x2k, nr(), K_TOP, backend=b)
     yield ("router 2048 -> 128 + top-8", E * H * 2, fns)
 
     s, live = 520, 513

@@ -10,12 +10,13 @@ decode step has fixed shapes and addresses (what a captured graph needs).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ftlab import ops
+from ftlab import backends, ops
 from ftlab.quant import Q4_0Weight, QuantWeight
 
 
@@ -82,19 +83,53 @@ def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     return h.view(shape), s.view(shape)
 
 
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
+          backends: Mapping[str, str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The router of a MoE layer: x ``[N, H]`` -> (logits ``[N, E]``, top-k weights fp32, ids
+    int32), by ``ops.router_topk`` (the linear layer and the top-k in one op: one launch in
+    hip); when ``backends["route_topk"]`` names a backend, ``F.linear`` then ``ops.route_topk``
+    through it instead."""
+    if backends["route_topk"] != "auto":
+        logits = F.linear(x, router)
+        weights, ids = ops.route_topk(logits, top_k, renormalize, backend=backends["route_topk"])
+        return logits, weights, ids
+    return ops.router_topk(x, router, top_k, renormalize, backend=backends["router_topk"])
+
+
+_ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], str] = {}
+
+
+def one_row_quant_backend(x: torch.Tensor) -> str:
+    """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x``: Triton on an NVIDIA
+    GPU, where its word matvec measured faster than the HIP kernels at every type and decode
+    shape on the H200 (M = 1: 7.3 against 12.2 us on Q4_K 2048 -> 5120, 82 against 178 us on
+    the Q6_K lm_head; benchmarks/results/2026-12-01-nvidia-h200-quant.md; at M = 8 the HIP
+    kernels are faster), else "auto"."""
+    key = (x.device, x.dtype)
+    if key not in _ONE_ROW_QUANT:
+        nvidia = x.device.type == "cuda" and torch.version.hip is None
+        fast = nvidia and "triton" in backends.available_backends("quant_matmul", x.device, x.dtype)
+        _ONE_ROW_QUANT[key] = "triton" if fast else "auto"
+    return _ONE_ROW_QUANT[key]
+
+
 def linear(
     x: torch.Tensor, w: torch.Tensor | QuantWeight, backend: str = "auto", path: str = "auto",
     quant_backend: str | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``backend``), Q8_0 and
-    K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``), both on
-    ``path``; dense weights through ``F.linear``."""
+    K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``; "auto" for
+    one row of x: :func:`one_row_quant_backend`), both on ``path``; dense weights through
+    ``F.linear``."""
     if isinstance(w, QuantWeight):
         flat = x.reshape(-1, x.shape[-1])
         if isinstance(w, Q4_0Weight):
             out = ops.q4_0_matmul(flat, w, path=path, backend=backend)
         else:
-            out = ops.quant_matmul(flat, w, path=path, backend=quant_backend or backend)
+            qb = quant_backend or backend
+            if qb == "auto" and flat.shape[0] == 1:
+                qb = one_row_quant_backend(flat)
+            out = ops.quant_matmul(flat, w, path=path, backend=qb)
         return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)
 
@@ -142,7 +177,8 @@ class KVCache:
     def geometry(self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> dict:
         """What every attention layer needs of ``positions [B, T]``, computed once a forward
         pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
-        causal mask, and the positions."""
+        causal mask (additive, in ``dtype``: 0 where visible, -inf elsewhere; made once here, so
+        that SDPA does not turn a boolean mask into this in every layer), and the positions."""
         b, t = positions.shape
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
@@ -151,8 +187,9 @@ class KVCache:
         span = self.max_seq_len if self.static else int(positions.max()) + 1
         read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
         visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        mask = torch.zeros(visible.shape, dtype=dtype, device=dev).masked_fill_(~visible, float("-inf"))
         return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-                "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
+                "mask": mask[:, None], "span": span, "positions": positions}  # fmt: skip
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
                backends: dict[str, str]) -> torch.Tensor:  # fmt: skip

@@ -20,8 +20,8 @@ from ftlab import backends as ftbackends
 
 #: The ops a model's ``backends`` map names (each "auto" unless set): Qwen3-MoE's, then those the
 #: hybrid models (Qwen3-Next, Qwen3.5-MoE) add.
-QWEN3_MOE_OPS = ("index", "store", "route_topk", "moe_experts", "q4_0_matmul", "quant_matmul", "qk_norm_rope",
-                 "decode_attention", "add_rmsnorm")
+QWEN3_MOE_OPS = ("index", "store", "router_topk", "route_topk", "moe_experts", "q4_0_matmul", "quant_matmul",
+                 "qk_norm_rope", "decode_attention", "add_rmsnorm")
 MODEL_OPS = (*QWEN3_MOE_OPS, "causal_conv1d", "causal_conv1d_update", "gated_delta_rule", "gated_delta_step",
              "gated_rmsnorm", "output_gate")  # fmt: skip
 #: Which file of a built-in tiny model ``Pipeline.load`` reads: its HF directory, or the GGUF

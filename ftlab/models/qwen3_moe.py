@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
@@ -32,6 +31,7 @@ from ftlab.models.layers import (
     linear,
     rms_norm,
     rope_tables,
+    route,
 )
 from ftlab.models.pipeline_args import QWEN3_MOE_OPS, backend_map
 from ftlab.quant import Q4_0Weight, QuantWeight
@@ -170,8 +170,9 @@ class ModelWeights:
 
 
 class Qwen3Moe:
-    """The model over ftlab ops. ``backends`` maps op names -- "index", "store", "route_topk",
-    "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
+    """The model over ftlab ops. ``backends`` maps op names -- "index", "store", "router_topk" (the
+    router: its linear layer and top-k), "route_topk" (when named: the top-k alone, after
+    ``F.linear``), "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
     projections; dense ones are ``F.linear``), "qk_norm_rope", "decode_attention" (a decode
     step's attention: torch's SDPA unless a backend is named, see ``KVCache.attend``) and "add_rmsnorm" (each residual add with the norm after it) -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
     ``q4_0_path`` is the path of quantized weights (Q4_0, Q8_0, K-quants), linears and experts ("auto" | "int8" | "dequant":
@@ -248,11 +249,7 @@ class Qwen3Moe:
     def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[N, H]`` -> (router logits ``[N, E]``, top-k weights fp32, top-k ids int32)."""
         c, lw = self.config, self.weights.layers[i]
-        logits = F.linear(x, lw.router)  # [N, E]
-        weights, ids = ops.route_topk(
-            logits, c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["route_topk"]
-        )
-        return logits, weights, ids
+        return route(x, lw.router, c.num_experts_per_tok, c.norm_topk_prob, self.backends)
 
     def experts(
         self, i: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor

@@ -47,6 +47,7 @@ from ftlab.models.layers import (
     hybrid_end_step,
     linear,
     rms_norm,
+    route,
 )
 from ftlab.models.pipeline_args import MODEL_OPS, backend_map
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
@@ -281,9 +282,7 @@ class Qwen3Next:
         """The MoE of layer ``i`` on normed ``h [N, H]``: router, routed experts, shared expert.
         Yields their stages, returns ``[N, H]``."""
         c, mw = self.config, self.weights.layers[i].moe
-        logits = F.linear(h, mw.router)
-        weights, ids = ops.route_topk(logits, c.num_experts_per_tok, c.norm_topk_prob,
-                                      backend=self.backends["route_topk"])  # fmt: skip
+        logits, weights, ids = route(h, mw.router, c.num_experts_per_tok, c.norm_topk_prob, self.backends)
         yield Stage(f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights")
         kw = {"path": self.q4_0_path, "backend": self.backends["moe_experts"]}
         routed = self._reduce(self.routed_experts(i, h, weights, ids))
