@@ -38,6 +38,15 @@ def test_words_kernel_launches(qtype, m, cfg):
     _check(mv.words_matvec(quantize_q8_1(x), w, torch.float32, cfg), x, w)
 
 
+def test_words_kernel_persistent_tiles():
+    """The persistent one-row kernel with more row tiles than programs: 8 one-row tiles over 4
+    programs (sm_count is 4 in the interpreter), two tiles a program, Q6_K rows at odd halfwords."""
+    w = random_quant_weight(4, "Q6_K", 8, 512)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(4)) * 3
+    cfg = {"BLOCK_N": 1, "BLOCK_U": 32, "num_warps": 1, "progs_per_sm": 1}
+    _check(mv.words_matvec(quantize_q8_1(x), w, torch.float32, cfg), x, w)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 def test_words_kernel_unaligned_buffer_bf16_out(qtype):
     w = random_quant_weight(11, qtype, 4, 512)
