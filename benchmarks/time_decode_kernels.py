@@ -15,6 +15,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ftlab import backends, ops
 from ftlab.bench.harness import copy_bandwidth, time_graph_us
@@ -79,8 +80,21 @@ def cases(copies: int, dev: torch.device):
     vc = torch.randn(1, s, KV_HEADS, D, device=dev, generator=gen).bfloat16()
     lengths = torch.full((1,), live, device=dev, dtype=torch.int32)
     mask = (torch.arange(s, device=dev) < live)[None, None, None, :]
-    fns = {"torch SDPA, every slot masked": lambda: F.scaled_dot_product_attention(
-        q[:, :, None], kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask, enable_gqa=True)}
+    fmask = torch.zeros(mask.shape, dtype=q.dtype, device=dev).masked_fill_(~mask, float("-inf"))
+
+    def sdpa(m, kind=None):
+        def call():
+            if kind is None:
+                return F.scaled_dot_product_attention(q[:, :, None], kc.transpose(1, 2), vc.transpose(1, 2),
+                                                      attn_mask=m, enable_gqa=True)  # fmt: skip
+            with sdpa_kernel([kind]):
+                return F.scaled_dot_product_attention(q[:, :, None], kc.transpose(1, 2), vc.transpose(1, 2),
+                                                      attn_mask=m, enable_gqa=True)  # fmt: skip
+        return call
+
+    fns = {"torch SDPA, every slot, boolean mask": sdpa(mask), "torch SDPA, every slot, additive mask": sdpa(fmask)}
+    for kind in (SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH):
+        fns[f"torch SDPA, additive mask, {kind.name.lower()} only"] = sdpa(fmask, kind)
     for b in ("hip", "triton"):
         if b in backends.available_backends("decode_attention", dev, torch.bfloat16):
             fns[f"decode_attention {b}"] = lambda b=b: ops.decode_attention(q, kc, vc, lengths, backend=b)
@@ -114,7 +128,11 @@ def main() -> None:
                     fn()
                 torch.cuda.synchronize()
                 continue
-            us = time_graph_us(fn, inner=16)
+            try:
+                us = time_graph_us(fn, inner=16)
+            except RuntimeError as e:  # an SDPA backend that cannot take these shapes (GQA, mask)
+                print(f"  {'-':>8}     {'-':>7}       {label}: {str(e).splitlines()[0]}")
+                continue
             print(f"  {us:8.2f} us  {nbytes / us / 1e3:7.1f} GB/s  {label}")
 
 

@@ -177,8 +177,8 @@ class KVCache:
     def geometry(self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> dict:
         """What every attention layer needs of ``positions [B, T]``, computed once a forward
         pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
-        causal mask (additive, in ``dtype``: 0 where visible, -inf elsewhere; made once here, so
-        that SDPA does not turn a boolean mask into this in every layer), and the positions."""
+        causal mask (boolean; :meth:`attend` makes its additive form once when captured), and
+        the positions."""
         b, t = positions.shape
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
@@ -187,9 +187,8 @@ class KVCache:
         span = self.max_seq_len if self.static else int(positions.max()) + 1
         read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
         visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        mask = torch.zeros(visible.shape, dtype=dtype, device=dev).masked_fill_(~visible, float("-inf"))
         return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-                "mask": mask[:, None], "span": span, "positions": positions}  # fmt: skip
+                "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
                backends: dict[str, str]) -> torch.Tensor:  # fmt: skip
@@ -217,7 +216,16 @@ class KVCache:
                                         geo["lengths"], backend=backends["decode_attention"]).view(b, 1, -1, hd)  # fmt: skip
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=geo["mask"], enable_gqa=True)
+        mask = geo["mask"]
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            # replayed from a graph: SDPA given the additive mask takes cuDNN's kernel, the fastest on
+            # the device (a decode layer 8.0 us against 11.2 us with the boolean mask, which SDPA turns
+            # into an additive one in every layer); launched eagerly, cuDNN's host cost a call
+            # outweighs that, so the boolean mask stays (benchmarks/NOTES.md, "Router, mask")
+            if "bias" not in geo:  # once a captured forward pass
+                geo["bias"] = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+            mask = geo["bias"]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=True)
         return out.transpose(1, 2)  # [B, T, heads, hd]
 
 
