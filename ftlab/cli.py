@@ -140,7 +140,7 @@ def cmd_compile_check(args) -> int:
     from ftlab import compile_check, support_matrix
 
     targets = tuple(args.targets) if args.targets else compile_check.TARGETS
-    rows, notes = compile_check.run(targets)
+    rows, notes = compile_check.run(targets, tuple(args.only) if args.only else None)
     print(compile_check.table(rows))
     for note in notes:
         print(f"note: {note}")
@@ -353,6 +353,9 @@ def parser() -> argparse.ArgumentParser:
     _run_parser(sub, [debug])
     p = command("compile-check", cmd_compile_check, "compile every kernel for every gfx/sm target, report resources")
     p.add_argument("--targets", nargs="*", help="subset of targets (default: gfx1100 gfx1151 gfx1201 gfx942 sm_90)")
+    p.add_argument("--only", nargs="*", metavar="FAMILY",
+                   help="families to check: HIP device source stems and Triton module names, e.g. index_store "
+                        "(default: all)")  # fmt: skip
     p.add_argument("--json", help="also write the rows as JSON here (default: not written)")
     p.add_argument("--write", help="write the support matrix (Markdown) here, e.g. docs/support-matrix.md "
                                    "(default: not written)")
