@@ -5,8 +5,10 @@
   experts and top_k <= 32.
 - ``router_topk``: one launch, grid (E / 8, T): a 32-lane group a logit (fp32 dot, 16-byte
   loads), and the last block of a token to finish (a per-token counter, reset by that block)
-  routes it as ``route_topk`` does. The counters live in one zeroed int32 buffer per device,
-  kept for the process (graphs hold its address): calls on two streams at once must not overlap.
+  routes it as ``route_topk`` does. The counters live in one zeroed int32 buffer per device
+  (65535 of them, 256 KiB), made by the first call and kept for the process (graphs hold its
+  address): a first call inside a graph capture is an error, and calls on two streams of one
+  device must not overlap.
 - ``moe_align``: a count kernel and a scatter kernel, one block per expert, deterministic
   and without host synchronization (graph-safe).
 - ``moe_experts``: up to ``DECODE_MAX_TOKENS`` tokens, per (token, slot) matvecs in two
@@ -34,6 +36,7 @@ from ftlab.reference.moe import align_capacity
 DECODE_MAX_FLOATS = 8192  # kDecodeFloats: H and k * I staged in LDS by the decode kernels
 MAX_EXPERTS = 1024  # kMaxExperts: the router's LDS row
 MAX_TOP_K = 32  # a slot per lane of the router's 32-lane group
+ROUTER_MAX_TOKENS = 65535  # router_topk: tokens a launch (grid y)
 GEMM_BLOCK_M = 64  # kGemmTile: the grouped GEMM's rows per block, moe_align's block_m
 
 
@@ -57,17 +60,17 @@ def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[tor
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
-_retired: list[torch.Tensor] = []  # outgrown counter buffers: a captured graph may still hold one
 
 
-def _router_counters(device: torch.device, tokens: int) -> torch.Tensor:
-    """The device's zeroed counters, at least ``tokens`` of them (the kernel leaves them 0)."""
+def _router_counters(device: torch.device) -> torch.Tensor:
+    """The device's zeroed counters, one a token of a launch (the kernel leaves them 0), made by
+    the first call: outside a graph capture, where its zeros are written at once."""
     c = _counters.get(device)
-    if c is None or c.numel() < tokens:
-        if c is not None:
-            _retired.append(c)
-        c = torch.zeros(max(tokens, 256), dtype=torch.int32, device=device)
-        _counters[device] = c
+    if c is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("router_topk (hip) makes its counters on its first call: call it once on this device "
+                               "before capturing a graph (as a warm-up does)")  # fmt: skip
+        c = _counters[device] = torch.zeros(ROUTER_MAX_TOKENS, dtype=torch.int32, device=device)
     return c
 
 
@@ -79,8 +82,6 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
         raise ValueError(
             f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = {e}, top_k = {top_k}"
         )
-    if t >= 65536:
-        raise ValueError(f"the hip router takes fewer than 65536 tokens a call, got {t}")
     dev = x.device
     logits = torch.empty((t, e), dtype=x.dtype, device=dev)
     weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
@@ -89,9 +90,12 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
         return logits, weights, ids
     x = x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.shape[1] <= 1 or weight.stride(1) == 1 else weight.contiguous()
-    counters = _router_counters(dev, t)
+    counters = _router_counters(dev)
     module = _module(dev)
-    jit.on_device(dev, lambda: module.moe_router_topk(x, weight, logits, weights, ids, counters, top_k, renormalize))
+    for a in range(0, t, ROUTER_MAX_TOKENS):  # the grid's y dimension holds 65535 tokens a launch
+        b = min(a + ROUTER_MAX_TOKENS, t)
+        jit.on_device(dev, lambda a=a, b=b: module.moe_router_topk(x[a:b], weight, logits[a:b], weights[a:b], ids[a:b],
+                                                                   counters, top_k, renormalize))  # fmt: skip
     return logits, weights, ids
 
 

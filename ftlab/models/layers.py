@@ -87,9 +87,9 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
           backends: Mapping[str, str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """The router of a MoE layer: x ``[N, H]`` -> (logits ``[N, E]``, top-k weights fp32, ids
     int32), by ``ops.router_topk`` (the linear layer and the top-k in one op: one launch in
-    hip); when ``backends["route_topk"]`` names a backend, ``F.linear`` then ``ops.route_topk``
-    through it instead."""
-    if backends["route_topk"] != "auto":
+    hip); when ``backends["route_topk"]`` names a backend that ``backends["router_topk"]`` does
+    not (one backend for every op names both), ``F.linear`` then ``ops.route_topk`` through it."""
+    if backends["route_topk"] not in ("auto", backends["router_topk"]):
         logits = F.linear(x, router)
         weights, ids = ops.route_topk(logits, top_k, renormalize, backend=backends["route_topk"])
         return logits, weights, ids
@@ -177,8 +177,8 @@ class KVCache:
     def geometry(self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> dict:
         """What every attention layer needs of ``positions [B, T]``, computed once a forward
         pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
-        causal mask (boolean; :meth:`attend` makes its additive form once when captured), and
-        the positions."""
+        causal mask (boolean; :meth:`attend` makes its additive form once when captured, in this
+        dict: one forward pass's, not to be reused across captures), and the positions."""
         b, t = positions.shape
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
@@ -217,16 +217,26 @@ class KVCache:
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         mask = geo["mask"]
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        if _capturing(q.device):
             # replayed from a graph: SDPA given the additive mask takes cuDNN's kernel, the fastest on
             # the device (a decode layer 8.0 us against 11.2 us with the boolean mask, which SDPA turns
             # into an additive one in every layer); launched eagerly, cuDNN's host cost a call
-            # outweighs that, so the boolean mask stays (benchmarks/NOTES.md, "Router, mask")
-            if "bias" not in geo:  # once a captured forward pass
+            # outweighs that, so the boolean mask stays (benchmarks/NOTES.md, "Router, mask"). The two
+            # paths are different kernels: in fp16 / bf16 a replayed step and an eager one differ in
+            # the last bits of the attention (fp32 takes the math kernel both ways).
+            if "bias" not in geo:  # once a captured forward pass (geo is one forward pass's)
                 geo["bias"] = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
             mask = geo["bias"]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=True)
         return out.transpose(1, 2)  # [B, T, heads, hd]
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is capturing a graph (not the current device's)."""
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def embed(table: torch.Tensor, tokens: torch.Tensor, tp, check: bool, backend: str) -> torch.Tensor:

@@ -15,9 +15,9 @@ from ftlab.testing.common import assert_within
 
 
 @st.composite
-def router_cases(draw, max_tokens: int = 33):
+def router_cases(draw, max_tokens: int = 33, hs=(8, 100, 256)):
     t = draw(st.sampled_from([1, 2, 5, max_tokens]))
-    h = draw(st.sampled_from([8, 100, 256]))  # 100: not 8 a load, the scalar path
+    h = draw(st.sampled_from(hs))  # 100: not 8 a load, the scalar path
     e = draw(st.sampled_from([8, 60, 128, 300]))  # 300: past 128, 32 logits a lane
     k = draw(st.sampled_from([1, 2, 8]))
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
@@ -29,9 +29,10 @@ def router_cases(draw, max_tokens: int = 33):
         w[1::2] = w[0::2][: e // 2]
     if kind == "one-expert":
         w[3] = x[0] * 10.0 / h
+    x, w = x.to(dtype), w.to(dtype)
     if kind == "strided":  # x a column slice of a wider tensor: rows not 16-byte aligned
-        x = torch.randn(t, h + 3, generator=gen)[:, 3:]
-    return x.to(dtype), w.to(dtype), k, draw(st.booleans())
+        x = torch.randn(t, h + 3, generator=gen).to(dtype)[:, :h]
+    return x, w, k, draw(st.booleans())
 
 
 @settings(max_examples=25)
@@ -76,9 +77,17 @@ def test_router_topk_rejects_bad_arguments(call, error, match):
 
 @pytest.mark.gpu
 @settings(max_examples=40, deadline=None)
-@given(router_cases(max_tokens=300))
+@given(router_cases(max_tokens=300, hs=(8, 100, 256, 2048)))
 def test_router_topk_gpu(case):
     ft.check_router_case(*case, device="cuda")
+
+
+@pytest.mark.gpu
+def test_router_topk_past_one_launch_of_tokens_gpu():
+    """More tokens than one HIP launch holds (65535): the launches in turn, the counters reused."""
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(65535 + 37, 8, generator=gen), torch.randn(8, 8, generator=gen)
+    ft.check_router_case(x, w, 2, True, device="cuda")
 
 
 @pytest.mark.gpu
@@ -103,3 +112,5 @@ def test_router_topk_graph_replay_equals_eager(backend):
         want = ops.router_topk(x, w, 8, backend=backend)
         for got, ref in zip(out, want, strict=True):
             assert torch.equal(got, ref), f"replay {i}"
+        ref_logits, _, _ = ops.router_topk(x, w, 8, backend="reference")
+        assert_within(backend, f"replay {i} logits", out[0], ref_logits, ft.router_logits_tolerance(x, w, ref_logits))

@@ -126,7 +126,11 @@ __global__ void __launch_bounds__(kMoeThreads)
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) last = port_atomic_add(&counters[t], 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) {  // every logit of the block is stored and fenced; then count the block done
+    port_fence_device();
+    last = port_atomic_add(&counters[t], 1u) == gridDim.x - 1;
+    if (last) port_fence_device();  // the other blocks' logits are visible after the last count
+  }
   __syncthreads();
   if (!last || group != 0) return;
   port_fence_device();
