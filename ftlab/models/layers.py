@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ftlab import backends, ops
+from ftlab import backends as ftbackends
+from ftlab import ops
 from ftlab.quant import Q4_0Weight, QuantWeight
 
 
@@ -108,7 +109,7 @@ def one_row_quant_backend(x: torch.Tensor) -> str:
     key = (x.device, x.dtype)
     if key not in _ONE_ROW_QUANT:
         nvidia = x.device.type == "cuda" and torch.version.hip is None
-        fast = nvidia and "triton" in backends.available_backends("quant_matmul", x.device, x.dtype)
+        fast = nvidia and "triton" in ftbackends.available_backends("quant_matmul", x.device, x.dtype)
         _ONE_ROW_QUANT[key] = "triton" if fast else "auto"
     return _ONE_ROW_QUANT[key]
 

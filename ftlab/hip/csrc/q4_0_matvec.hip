@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   const int lane = threadIdx.x;
   const int group = threadIdx.y;
   const int tid = group * kGroup + lane;
-  // 32-bit index math throughout (K <= 8192 and N < 2^31 rows / 32 x row sets: the launcher
-  // checks), so no 64-bit divisions in the prologue or the loop.
+  // 32-bit index math throughout: K is bounded by the activation records' LDS and N < 2^31 (the
+  // launcher checks both), so no 64-bit divisions in the prologue or the loop.
   const int nb = static_cast<int>(k / kQK);
   const int supers = nb / kSuperBlocks;               // per row
   const int rows_per_set = kGroup / g_lanes;
