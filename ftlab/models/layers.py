@@ -236,6 +236,8 @@ def _capturing(device: torch.device) -> bool:
     """Whether ``device``'s current stream is capturing a graph (not the current device's)."""
     if device.type != "cuda":
         return False
+    if device.index is None or device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
     with torch.cuda.device(device):
         return torch.cuda.is_current_stream_capturing()
 
