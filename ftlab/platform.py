@@ -174,3 +174,14 @@ def current(device: torch.device | str | int | None = None) -> Platform:
     if not torch.cuda.is_available():
         return _cpu()
     return _detected_gpu(torch.cuda.current_device() if index is None else index)
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is capturing a CUDA/HIP graph (that device's stream,
+    not the current device's); False on the CPU."""
+    if device.type != "cuda":
+        return False
+    if device.index is None or device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import jit
+from ftlab import platform as ftplatform
 from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.quant import Q4_0Weight, QuantWeight
 from ftlab.reference.moe import align_capacity
@@ -67,7 +68,7 @@ def _router_counters(device: torch.device) -> torch.Tensor:
     the first call: outside a graph capture, where its zeros are written at once."""
     c = _counters.get(device)
     if c is None:
-        if torch.cuda.is_current_stream_capturing():
+        if ftplatform.capturing(device):
             raise RuntimeError("router_topk (hip) makes its counters on its first call: call it once on this device "
                                "before capturing a graph (as a warm-up does)")  # fmt: skip
         c = _counters[device] = torch.zeros(ROUTER_MAX_TOKENS, dtype=torch.int32, device=device)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ftlab import backends as ftbackends
 from ftlab import ops
+from ftlab import platform as ftplatform
 from ftlab.quant import Q4_0Weight, QuantWeight
 
 
@@ -218,7 +219,7 @@ class KVCache:
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         mask = geo["mask"]
-        if _capturing(q.device):
+        if ftplatform.capturing(q.device):
             # replayed from a graph: SDPA given the additive mask takes cuDNN's kernel, the fastest on
             # the device (a decode layer 8.0 us against 11.2 us with the boolean mask, which SDPA turns
             # into an additive one in every layer); launched eagerly, cuDNN's host cost a call
@@ -230,16 +231,6 @@ class KVCache:
             mask = geo["bias"]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=True)
         return out.transpose(1, 2)  # [B, T, heads, hd]
-
-
-def _capturing(device: torch.device) -> bool:
-    """Whether ``device``'s current stream is capturing a graph (not the current device's)."""
-    if device.type != "cuda":
-        return False
-    if device.index is None or device.index == torch.cuda.current_device():
-        return torch.cuda.is_current_stream_capturing()
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
 
 
 def embed(table: torch.Tensor, tokens: torch.Tensor, tp, check: bool, backend: str) -> torch.Tensor:

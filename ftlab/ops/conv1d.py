@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab import platform as ftplatform
 
 _ACTIVATIONS = ("silu", None)
 _MAX_WIDTH = 4
@@ -45,10 +46,6 @@ def _state(state: object, b: int, c: int, w: int, x: torch.Tensor) -> torch.Tens
     return state
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                   state: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
                   activation: str | None = "silu", backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -85,7 +82,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             raise ValueError(f"lengths must be [B={b}], got shape {tuple(lengths.shape)}")
         if lengths.device != x.device:
             raise ValueError(f"lengths must be on x's device {x.device}, got {lengths.device}")
-        if b and not _capturing(x.device):
+        if b and not ftplatform.capturing(x.device):
             low, high = int(lengths.min()), int(lengths.max())
             if low < 0 or high > t:
                 raise ValueError(f"lengths must lie in [0, T={t}], got values in [{low}, {high}]")
