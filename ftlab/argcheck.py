@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import torch
 
 from ftlab.backends import FLOAT_DTYPES
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import Q8_1, QK, Q4_0Weight
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -50,6 +50,24 @@ def q4_0_weight(name: str, w: object) -> Q4_0Weight:
     if not isinstance(w, Q4_0Weight):
         raise TypeError(f"{name} must be a ftlab.quant.Q4_0Weight, got {type(w).__name__}")
     return w
+
+
+def q8_1(name: str, a: object, x: torch.Tensor) -> Q8_1:
+    """A :class:`~ftlab.quant.Q8_1` of ``x [M, K]``'s shape on x's device: q int8 ``[M, K]``, d and
+    s fp32 ``[M, K/32]``, each contiguous."""
+    if not isinstance(a, Q8_1):
+        raise TypeError(f"{name} must be a ftlab.quant.Q8_1, got {type(a).__name__}")
+    m, k = x.shape
+    for part, t, dtype, want in (("q", a.q, torch.int8, (m, k)), ("d", a.d, torch.float32, (m, k // QK)),
+                                 ("s", a.s, torch.float32, (m, k // QK))):  # fmt: skip
+        tensor(f"{name}.{part}", t)
+        if t.dtype != dtype:
+            raise TypeError(f"{name}.{part} must be {_names((dtype,))}, got {t.dtype}")
+        shape(f"{name}.{part}", t, want)
+        same_device(f"{name}.{part}", t, "x", x)
+        if not t.is_contiguous():
+            raise ValueError(f"{name}.{part} must be contiguous, got strides {t.stride()}")
+    return a
 
 
 def is_int(v: object) -> bool:

@@ -74,8 +74,9 @@ def fused_matvec_ok(x: torch.Tensor, w: Q4_0Weight) -> bool:
     )
 
 
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.q4_0_matmul` (``path == "int8"``)."""
+def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.q4_0_matmul` (``path == "int8"``; ``x_q8``: x's Q8_1,
+    taken instead of quantizing x)."""
     if path != "int8":
         raise ValueError(
             f"the hip backend implements q4_0_matmul's int8 path only, got path={path!r}"
@@ -84,9 +85,12 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
     module = jit.module_for("q4_0", x.device)
     if fused_matvec_ok(x, w):
         y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
+        if x_q8 is not None and all(t.data_ptr() % 16 == 0 for t in (x_q8.q, x_q8.d, x_q8.s)):
+            jit.on_device(x.device, lambda: module.q4_0_mv_fused_q8(w.data, x_q8.q, x_q8.d, x_q8.s, y))
+        else:
+            jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
         return y
-    x8 = quantize_q8_1(x)
+    x8 = quantize_q8_1(x) if x_q8 is None else x_q8
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m <= MATVEC_ROWS and matvec_ok(w):
         jit.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))

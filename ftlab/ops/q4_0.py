@@ -53,7 +53,8 @@ def quantize_q8_1(x: torch.Tensor, *, backend: str = "auto") -> Q8_1:
     return impl.fn(x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous())
 
 
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto") -> torch.Tensor:
+def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto",
+                x_q8: Q8_1 | None = None) -> torch.Tensor:  # fmt: skip
     """``x [M, K] @ W.T -> [M, N]`` for Q4_0 weights ``W [N, K]``, in x's dtype.
 
     Paths (docs/OPS.md section 2):
@@ -71,6 +72,12 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
     implements that path serves the call.
 
     x may be non-contiguous (row stride > K); fp32 / fp16 / bf16.
+
+    ``x_q8``: x's Q8_1 when the caller has it already (``add_rmsnorm(..., quantize=True)`` writes
+    it beside its output, ``quantize_q8_1(x)`` makes it): the int8 path then takes it instead of
+    quantizing x (one pass and, in hip's fused matvec, every block's quantization saved). It must
+    be x's own Q8_1 (only its shapes, dtypes and device are checked): the int8 path computes the
+    product of ``x_q8`` with W. Unused by the dequant path.
     """
     argcheck.float_tensor("x", x)
     argcheck.q4_0_weight("w", w)
@@ -82,6 +89,8 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
         raise ValueError(f"x must have K = {w.shape[1]} columns (w is {tuple(w.shape)}), got {x.shape[1]}")
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
+    if x_q8 is not None:
+        argcheck.q8_1("x_q8", x_q8, x)
     impl, chosen = backends.resolve_path("q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
     over = backends.kquant_prefill("q4_0_matmul", impl, backend, path, x.device, x.dtype, x.shape[0], q4_0=True)
     if over is not None:  # prefill where Triton's 64-weight steps beat hip's int8 tiles
@@ -90,4 +99,4 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:
         x = x.contiguous()
-    return impl.fn(x, w, chosen)
+    return impl.fn(x, w, chosen, x_q8 if chosen == "int8" else None)

@@ -101,14 +101,15 @@ def q4_0_block_dots(x8: Q8_1, w: Q4_0Weight) -> torch.Tensor:
     return q4_0_block_terms(x8, w)[0]
 
 
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str = "int8") -> torch.Tensor:
+def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str = "int8", x_q8: Q8_1 | None = None) -> torch.Tensor:
     """``x [M, K] @ W.T -> [M, N]`` in x's dtype.
 
-    path ``"int8"``: quantize x to Q8_1, then the int8 dot per block, summed in fp32.
+    path ``"int8"``: quantize x to Q8_1 (or take ``x_q8``, x's Q8_1), then the int8 dot per block,
+    summed in fp32.
     path ``"dequant"``: ``x.float() @ dequantize(W).float().T``.
     """
     if path == "int8":
-        return q4_0_block_dots(quantize_q8_1(x), w).sum(-1).to(x.dtype)
+        return q4_0_block_dots(quantize_q8_1(x) if x_q8 is None else x_q8, w).sum(-1).to(x.dtype)
     if path == "dequant":
         return (x.float() @ dequantize_q4_0(w, torch.float32).T).to(x.dtype)
     raise ValueError(f"path must be 'int8' or 'dequant', got {path!r}")

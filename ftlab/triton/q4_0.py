@@ -195,10 +195,11 @@ def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
     return y
 
 
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.q4_0_matmul` (path already resolved)."""
+def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.q4_0_matmul` (path already resolved; ``x_q8``: x's Q8_1,
+    taken instead of quantizing x)."""
     if path == "int8":  # the matvec takes up to MATVEC_ROWS rows a pass over W
-        x8, rows = quantize_q8_1(x), MATVEC_ROWS
+        x8, rows = quantize_q8_1(x) if x_q8 is None else x_q8, MATVEC_ROWS
         outs = [q4_0_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
                 for i in range(0, x.shape[0], rows)]  # fmt: skip
         return outs[0] if len(outs) == 1 else torch.cat(outs)

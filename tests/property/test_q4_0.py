@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import ftlab.testing as ft
 from ftlab import backends, ops
 from ftlab import platform as ftplatform
-from ftlab.quant import Q4_0Weight
+from ftlab.quant import Q8_1, Q4_0Weight
 from ftlab.reference import q4_0 as ref
 
 gguf = pytest.importorskip("gguf")
@@ -303,3 +303,42 @@ def test_dequant_gemm_multi_block_steps_cpu(blocks_per_step, monkeypatch):
             torch.randn(40, k, generator=g).half(), torch.randn(70, k, generator=g), "dequant"
         )
         ft.check_matmul_case(case, "cpu", backends=["triton"])
+
+
+def test_x_q8_bad_arguments_name_themselves():
+    w = ops.quantize_q4_0(torch.randn(8, 64))
+    x = torch.randn(2, 64)
+    x8 = ops.quantize_q8_1(x)
+    with pytest.raises(TypeError, match="x_q8 must be a ftlab.quant.Q8_1, got tuple"):
+        ops.q4_0_matmul(x, w, x_q8=(x8.q, x8.d, x8.s))
+    with pytest.raises(ValueError, match=r"x_q8.q must have shape \(2, 64\), got \(1, 64\)"):
+        ops.q4_0_matmul(x, w, x_q8=ops.quantize_q8_1(x[:1]))
+    with pytest.raises(TypeError, match="x_q8.d must be float32, got torch.float16"):
+        ops.q4_0_matmul(x, w, x_q8=Q8_1(x8.q, x8.d.half(), x8.s))
+    with pytest.raises(ValueError, match="x_q8.s must be contiguous"):
+        ops.q4_0_matmul(x, w, x_q8=Q8_1(x8.q, x8.d, torch.randn(2, 4)[:, ::2]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU)
+def test_x_q8_misaligned_and_captured_gpu(backend):
+    """x's Q8_1 given: scales at an address that is not 16-byte aligned (hip falls back to
+    quantizing x itself), and a graph-captured call replayed over new activations."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = ops.quantize_q4_0(torch.randn(300, 2048, device="cuda", generator=g) * 0.02)
+    x = torch.randn(1, 2048, device="cuda", generator=g).bfloat16()
+    want = ops.q4_0_matmul(x, w, backend=backend)
+    x8 = ops.quantize_q8_1(x)
+    d, s = torch.empty(1, 65, device="cuda"), torch.empty(1, 65, device="cuda")
+    d[:, 1:], s[:, 1:] = x8.d, x8.s
+    odd = Q8_1(x8.q, d[:, 1:], s[:, 1:])  # 4 bytes past an aligned base
+    assert torch.equal(ops.q4_0_matmul(x, w, backend=backend, x_q8=odd), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h8 = ops.quantize_q8_1(x)
+        y = ops.q4_0_matmul(x, w, backend=backend, x_q8=h8)
+    for _ in range(3):
+        x.copy_(torch.randn(1, 2048, device="cuda", generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, ops.q4_0_matmul(x, w, backend=backend))

@@ -94,24 +94,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t m = mb / nb, b = mb % nb;
   const typename T::storage* xb = x + m * x_stride + b * kQK + 8 * quarter;
   float v[8];
-  float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    v[i] = active ? T::load(xb + i) : 0.0f;
-    amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
-  }
-  amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 1));
-  amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 2));
-  const float d = port_div_rn(amax, 127.0f);
-  int sum = 0;
-  const uint32_t qw0 = q8_1_word(&v[0], amax, d, &sum);
-  const uint32_t qw1 = q8_1_word(&v[4], amax, d, &sum);
-  sum += port_shfl_xor(sum, 1);
-  sum += port_shfl_xor(sum, 2);
+  for (int i = 0; i < 8; ++i) v[i] = active ? T::load(xb + i) : 0.0f;
+  uint32_t qw[2];
+  float d;
+  int sum;
+  q8_1_quarter(v, qw, &d, &sum);
   if (!active) return;
   uint32_t* qb = reinterpret_cast<uint32_t*>(q + m * k + b * kQK + 8 * quarter);  // k % 32 == 0: aligned
-  qb[0] = qw0;
-  qb[1] = qw1;
+  qb[0] = qw[0];
+  qb[1] = qw[1];
   if (quarter == 0) {
     d_out[m * nb + b] = d;
     s_out[m * nb + b] = d * static_cast<float>(sum);

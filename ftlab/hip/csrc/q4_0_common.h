@@ -48,6 +48,27 @@ __device__ __forceinline__ uint32_t q8_1_word(const float v[4], float amax, floa
   return word;
 }
 
+// Q8_1 of one 32-element block held by four lanes (lanes 4j..4j+3 of a warp, quarter = lane % 4,
+// 8 elements each; every lane of the warp calls it, inactive ones with zeros): amax and the sum
+// of q by shuffles, q8_1_block's arithmetic otherwise (bit for bit), a quarter of its divisions
+// a thread. qw: this quarter's 8 values (element i in byte i % 4 of word i / 4); *d_out: the
+// block's d; *sum_out: the block's sum of q.
+__device__ __forceinline__ void q8_1_quarter(const float v[8], uint32_t qw[2], float* d_out, int* sum_out) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
+  amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 1));
+  amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 2));
+  const float d = port_div_rn(amax, 127.0f);
+  int sum = 0;
+  qw[0] = q8_1_word(&v[0], amax, d, &sum);
+  qw[1] = q8_1_word(&v[4], amax, d, &sum);
+  sum += port_shfl_xor(sum, 1);
+  sum += port_shfl_xor(sum, 2);
+  *d_out = d;
+  *sum_out = sum;
+}
+
 // Q8_1 of one 32-element block: d = amax / 127, q = round(x / d) (half away from zero),
 // packed four to a word (element 4i + c in byte c of word i), and s = d * sum(q).
 template <typename T>

@@ -163,42 +163,45 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
 }
 
 namespace {
+// q8 null: x is quantized inside the kernel; else q8 / d8 / s8 are x's Q8_1 (x unread).
 template <typename T, int M>
-void launch_mv_fused(const TensorView& w, const TensorView& x, const TensorView& y, int g_lanes) {
-  const int64_t n = w.size(0), k = x.size(1);
+void launch_mv_fused(const TensorView& w, const TensorView& x, const Q8Args* q8, const TensorView& y, int g_lanes) {
+  const int64_t n = w.size(0), k = q8 ? q8->k : x.size(1);
   const int64_t row_sets = (n + kGroup / g_lanes - 1) / (kGroup / g_lanes);
-  const dim3 grid(persistent_grid(q4_0_mv_fused_kernel<T, M>, kGroup * kFusedGroups,
-                                  (row_sets + kFusedGroups - 1) / kFusedGroups));
-  q4_0_mv_fused_kernel<T, M><<<grid, dim3(kGroup, kFusedGroups), 0, stream_of(y)>>>(
-      static_cast<const typename T::storage*>(base_of(x)), x.stride(0),
-      static_cast<const uint8_t*>(base_of(w)), w.size(1),
-      static_cast<typename T::storage*>(base_of(y)), n, k, g_lanes);
+  const dim3 block(kGroup, kFusedGroups);
+  const auto xp = q8 ? nullptr : static_cast<const typename T::storage*>(base_of(x));
+  const int64_t xs = q8 ? 0 : x.stride(0);
+  auto go = [&](auto kernel) {
+    const dim3 grid(persistent_grid(kernel, kGroup * kFusedGroups, (row_sets + kFusedGroups - 1) / kFusedGroups));
+    kernel<<<grid, block, 0, stream_of(y)>>>(xp, xs, q8 ? q8->q : nullptr, q8 ? q8->d : nullptr,
+                                             q8 ? q8->s : nullptr, static_cast<const uint8_t*>(base_of(w)),
+                                             w.size(1), static_cast<typename T::storage*>(base_of(y)), n, k,
+                                             g_lanes);
+  };
+  if (q8) {
+    go(q4_0_mv_fused_kernel<T, M, true>);
+  } else {
+    go(q4_0_mv_fused_kernel<T, M, false>);
+  }
 }
 
 template <typename T>
-void dispatch_mv_fused(const TensorView& w, const TensorView& x, const TensorView& y, int g_lanes) {
-  switch (x.size(0)) {
-    case 1: launch_mv_fused<T, 1>(w, x, y, g_lanes); break;
-    case 2: launch_mv_fused<T, 2>(w, x, y, g_lanes); break;
-    case 3: launch_mv_fused<T, 3>(w, x, y, g_lanes); break;
-    case 4: launch_mv_fused<T, 4>(w, x, y, g_lanes); break;
+void dispatch_mv_fused(const TensorView& w, const TensorView& x, const Q8Args* q8, const TensorView& y,
+                       int g_lanes) {
+  switch (y.size(0)) {
+    case 1: launch_mv_fused<T, 1>(w, x, q8, y, g_lanes); break;
+    case 2: launch_mv_fused<T, 2>(w, x, q8, y, g_lanes); break;
+    case 3: launch_mv_fused<T, 3>(w, x, q8, y, g_lanes); break;
+    case 4: launch_mv_fused<T, 4>(w, x, q8, y, g_lanes); break;
   }
 }
-}  // namespace
 
-// y [M, N] in x's dtype = int8 dot of x [M, K] (quantized to Q8_1 inside the kernel, M <= 8)
-// with Q4_0 weights w [N, K/32*18]; K a multiple of 256, w 16-byte aligned, and M * K small
-// enough for the activation records to fit in LDS (ops.q4_0_matmul checks; else it takes
-// quantize_q8_1 + q4_0_mv).
-void q4_0_mv_fused(TensorView w, TensorView x, TensorView y) {
-  TVM_FFI_CHECK(x.ndim() == 2 && x.size(1) % kQK == 0 && (x.size(1) <= 1 || x.stride(1) == 1), ValueError)
-      << "x must be [M, K] with contiguous rows and K % 32 == 0";
-  const int64_t m = x.size(0), k = x.size(1);
+// The checks of both fused entries (M rows, K columns, y [M, N] of dtype fp); returns g_lanes, 0 for N = 0.
+int fused_checks(const TensorView& w, int64_t m, int64_t k, const TensorView& y) {
   check_weight(w, k);
   const int64_t n = w.size(0);
   check_contiguous(y, "y");
   TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == m && y.size(1) == n, ValueError) << "y must be [M, N]";
-  TVM_FFI_CHECK(fp_of(y, "y") == fp_of(x, "x"), TypeError) << "y must have x's dtype";
   TVM_FFI_CHECK(m >= 1 && m <= 4, ValueError) << "the fused matvec takes 1 to 4 rows, got " << m;
   const int64_t supers = k / kQK / kSuperBlocks;
   TVM_FFI_CHECK(k % (kQK * kSuperBlocks) == 0 && reinterpret_cast<uintptr_t>(base_of(w)) % 16 == 0, ValueError)
@@ -207,14 +210,47 @@ void q4_0_mv_fused(TensorView w, TensorView x, TensorView y) {
       << "the fused matvec holds at most " << kFusedXBytes << " bytes of activation records, M x K = "
       << m << " x " << k << " needs " << m * supers * kRecordWords * 4;
   TVM_FFI_CHECK(n < (int64_t{1} << 31), ValueError) << "the fused matvec takes fewer than 2^31 rows, got " << n;
-  if (n == 0) return;
+  if (n == 0) return 0;
   int g_lanes = 1;
   while (g_lanes < kGroup && g_lanes < supers) g_lanes *= 2;
-  switch (fp_of(x, "x")) {
-    case Fp::f32: dispatch_mv_fused<f32_t>(w, x, y, g_lanes); break;
-    case Fp::f16: dispatch_mv_fused<f16_t>(w, x, y, g_lanes); break;
-    case Fp::bf16: dispatch_mv_fused<bf16_t>(w, x, y, g_lanes); break;
+  return g_lanes;
+}
+
+template <typename... A>
+void dispatch_fused_dtype(Fp fp, A&&... a) {
+  switch (fp) {
+    case Fp::f32: dispatch_mv_fused<f32_t>(a...); break;
+    case Fp::f16: dispatch_mv_fused<f16_t>(a...); break;
+    case Fp::bf16: dispatch_mv_fused<bf16_t>(a...); break;
   }
+}
+}  // namespace
+
+// y [M, N] in x's dtype = int8 dot of x [M, K] (quantized to Q8_1 inside the kernel, M <= 4)
+// with Q4_0 weights w [N, K/32*18]; K a multiple of 256, w 16-byte aligned, and M * K small
+// enough for the activation records to fit in LDS (ops.q4_0_matmul checks; else it takes
+// quantize_q8_1 + q4_0_mv).
+void q4_0_mv_fused(TensorView w, TensorView x, TensorView y) {
+  TVM_FFI_CHECK(x.ndim() == 2 && x.size(1) % kQK == 0 && (x.size(1) <= 1 || x.stride(1) == 1), ValueError)
+      << "x must be [M, K] with contiguous rows and K % 32 == 0";
+  const int g_lanes = fused_checks(w, x.size(0), x.size(1), y);
+  TVM_FFI_CHECK(fp_of(y, "y") == fp_of(x, "x"), TypeError) << "y must have x's dtype";
+  if (g_lanes == 0) return;
+  dispatch_fused_dtype(fp_of(x, "x"), w, x, nullptr, y, g_lanes);
+  check_launch("q4_0_mv_fused_kernel");
+}
+
+// The same with x given as its Q8_1 (q8 [M, K] int8, d8 and s8 [M, K/32] fp32, contiguous and
+// 16-byte aligned): y [M, N] in y's dtype (fp32 / fp16 / bf16); no quantization in the kernel.
+void q4_0_mv_fused_q8(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  const Q8Args a = q8_args(q, d, s);
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.d) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(a.s) % 16 == 0,
+                ValueError)
+      << "q8, d8 and s8 must be 16-byte aligned";
+  const int g_lanes = fused_checks(w, a.m, a.k, y);
+  if (g_lanes == 0) return;
+  dispatch_fused_dtype(fp_of(y, "y"), w, y, &a, y, g_lanes);
   check_launch("q4_0_mv_fused_kernel");
 }
 
@@ -239,4 +275,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(dequantize_q4_0, ftlab::dequantize_q4_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_q8_1, ftlab::quantize_q8_1);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv, ftlab::q4_0_mv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv_fused, ftlab::q4_0_mv_fused);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv_fused_q8, ftlab::q4_0_mv_fused_q8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_gemm, ftlab::q4_0_gemm);

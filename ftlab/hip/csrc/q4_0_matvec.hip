@@ -186,9 +186,15 @@ constexpr int kRecordWords = 84;                  // activation words per (row, 
 constexpr int kFusedXWords = 7168;                // 28 KiB of activation records
 constexpr int kFusedXBytes = kFusedXWords * 4;
 
-template <typename T, int MV_M>
+//
+// PRE: x comes quantized already (q8 [M, K] int8, d8 and s8 [M, K/32] fp32, each 16-byte aligned:
+// the Q8_1 of ops.quantize_q8_1, or of ops.add_rmsnorm(quantize=True)), and the prologue only
+// copies it into the records (20 16-byte pieces a record) instead of quantizing x; x is unread.
+template <typename T, int MV_M, bool PRE>
 __global__ void __launch_bounds__(kGroup * kFusedGroups)
     q4_0_mv_fused_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
+                         const int8_t* __restrict__ q8, const float* __restrict__ d8,
+                         const float* __restrict__ s8,
                          const uint8_t* __restrict__ w, int64_t row_bytes,
                          typename T::storage* __restrict__ y, int64_t n_rows, int64_t k, int g_lanes) {
   __shared__ bytes16 region[kFusedGroups][kGroup * kSuperPieces];
@@ -231,8 +237,18 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   // the sum over the four by shuffles): q8_1_block's arithmetic (q8_1_word), a quarter of its
   // divisions per thread. The loop runs the same trip count in every thread, so the shuffles
   // always see all 32 lanes.
+  if (PRE) {  // record piece c < 16: q8 bytes 16c..16c+15 of the superblock; 16, 17: d8; 18, 19: s8
+    const int pieces = MV_M * supers * 20;
+    for (int p = tid; p < pieces; p += kGroup * kFusedGroups) {
+      const int rec = p / 20, c = p - rec * 20;  // rec = m * supers + sb: q8 row m is at m * K
+      const bytes16* src = c < 16 ? reinterpret_cast<const bytes16*>(q8 + rec * 256) + c
+                           : c < 18 ? reinterpret_cast<const bytes16*>(d8 + rec * 8) + (c - 16)
+                                    : reinterpret_cast<const bytes16*>(s8 + rec * 8) + (c - 18);
+      xrec_v[rec * (kRecordWords / 4) + c] = *src;
+    }
+  }
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (x_stride * sizeof(*x)) % 16 == 0;
-  const int works = 4 * MV_M * nb;
+  const int works = PRE ? 0 : 4 * MV_M * nb;
   for (int t0 = 0; t0 < works; t0 += kGroup * kFusedGroups) {
     const int t = t0 + tid;
     const bool active = t < works;
@@ -241,19 +257,12 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
     const int m = MV_M == 1 ? 0 : mb / nb, b = mb - m * nb;
     float v[8];
     load8<T>(x + m * x_stride + b * kQK + 8 * quarter, vec, v);
-    float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      v[i] = active ? v[i] : 0.0f;
-      amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
-    }
-    amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 1));
-    amax = __builtin_fmaxf(amax, port_shfl_xor(amax, 2));
-    const float d = port_div_rn(amax, 127.0f);
-    int sum = 0;
-    const uint32_t qw[2] = {q8_1_word(&v[0], amax, d, &sum), q8_1_word(&v[4], amax, d, &sum)};
-    sum += port_shfl_xor(sum, 1);
-    sum += port_shfl_xor(sum, 2);
+    for (int i = 0; i < 8; ++i) v[i] = active ? v[i] : 0.0f;
+    uint32_t qw[2];
+    float d;
+    int sum;
+    q8_1_quarter(v, qw, &d, &sum);
     if (active) {
       uint32_t* rec = xrec + (m * supers + b / kSuperBlocks) * kRecordWords;
       const int j = b % kSuperBlocks;
@@ -344,10 +353,13 @@ FTLAB_Q4_0_MV_INSTANTIATE(6)
 FTLAB_Q4_0_MV_INSTANTIATE(7)
 FTLAB_Q4_0_MV_INSTANTIATE(8)
 
-#define FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, M)                                                  \
-  template __global__ void q4_0_mv_fused_kernel<T, M>(const T::storage*, int64_t,              \
-                                                      const uint8_t*, int64_t, T::storage*,    \
-                                                      int64_t, int64_t, int);
+#define FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, M)                                                    \
+  template __global__ void q4_0_mv_fused_kernel<T, M, false>(                                    \
+      const T::storage*, int64_t, const int8_t*, const float*, const float*, const uint8_t*,     \
+      int64_t, T::storage*, int64_t, int64_t, int);                                              \
+  template __global__ void q4_0_mv_fused_kernel<T, M, true>(                                     \
+      const T::storage*, int64_t, const int8_t*, const float*, const float*, const uint8_t*,     \
+      int64_t, T::storage*, int64_t, int64_t, int);
 #define FTLAB_Q4_0_MV_FUSED_ALL_M(T)        \
   FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 1)     \
   FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 2)     \
