@@ -3,10 +3,12 @@
 ``--batch`` tokens at position ``--position``, replayed from a CUDA graph ``--steps`` times under
 ``torch.profiler``; the device time of each kernel name, per step, largest first, with its share
 of the step and its calls per step (divide by the layer count for a layer's). On the CPU
-(``--device cpu``): the eager step's operators, a smoke run.
+(``--device cpu``): the eager step's operators, a smoke run. ``--host``: the eager step (no graph)
+under cProfile instead, the Python functions that take its host time, by own time and by
+cumulative time, with the eager step's wall time.
 
     python benchmarks/profile_decode.py FILE.gguf [--batch 1] [--position 512] [--steps 20]
-        [--top 30] [--device cuda|cpu]
+        [--top 30] [--device cuda|cpu] [--host]
 """
 
 from __future__ import annotations
@@ -37,6 +39,40 @@ def kernel_times(prof, device: str) -> dict[str, tuple[float, int]]:
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
+def host_profile(step, dev: torch.device, batch: int, steps: int, top: int) -> None:
+    """The eager step's wall time, then its Python under cProfile: the ``top`` functions by own
+    time and by cumulative time (per step)."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(3):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    wall = (time.perf_counter() - t0) * 1e6 / steps
+    print(f"eager step: {wall:.1f} us of wall time ({batch * 1e6 / wall:.1f} tokens/s)")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    sync()
+    prof.disable()
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(top)
+        text = out.getvalue()
+        print(f"--- by {key} ({steps} steps)\n" + text[text.find("   ncalls"):].rstrip())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
@@ -45,6 +81,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--host", action="store_true", help="cProfile the eager step's Python instead")
     args = ap.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -53,6 +90,9 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (args.batch, 1), generator=gen).to(dev)
     positions = torch.full((args.batch, 1), args.position, device=dev)
+    if args.host:
+        host_profile(lambda: model.forward(tokens, positions), dev, args.batch, args.steps, args.top)
+        return
     if dev.type == "cuda":
         graph = DecodeGraph(model, args.batch)
         graph(tokens, positions)

@@ -245,6 +245,9 @@ def backends_of(op: str) -> list[str]:
 
 
 _ENV_KEYS = ("FTLAB_BACKEND", "FTLAB_ARCH", "TRITON_INTERPRET")
+# os.environ's own dict as keyed (what os.environ.get reads): ~2.4 us less a lookup, 3 a resolve
+_ENV_DATA, _ENV_RAW = getattr(os.environ, "_data", None), tuple(map(getattr(os.environ, "encodekey", str), _ENV_KEYS))
+_FAST_ENV = isinstance(_ENV_DATA, dict)
 
 
 def resolve(op: str, backend: str, device: torch.device, dtype: torch.dtype | None = None,
@@ -253,7 +256,8 @@ def resolve(op: str, backend: str, device: torch.device, dtype: torch.dtype | No
     ``path``, one that implements that Q4_0 path."""
     key = None
     if plat is None:
-        key = (op, backend, device.type, device.index, dtype, path, *map(os.environ.get, _ENV_KEYS))
+        env = map(_ENV_DATA.get, _ENV_RAW) if _FAST_ENV else map(os.environ.get, _ENV_KEYS)
+        key = (op, backend, device.type, device.index, dtype, path, *env)
         hit = _RESOLVED.get(key)
         if hit is not None:
             return hit
