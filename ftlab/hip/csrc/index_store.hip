@@ -90,6 +90,8 @@ __global__ void __launch_bounds__(kCopyThreads)
                       const Vec* __restrict__ k, int64_t k_stride, const Vec* __restrict__ v,
                       int64_t v_stride, int64_t num_indices, int64_t k_vecs, int64_t v_vecs,
                       int64_t num_slots) {
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl)
+  port_pdl_trigger();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (i >= num_indices) return;
   const int64_t slot = static_cast<int64_t>(indices[i]);

@@ -9,6 +9,7 @@
 #include <tvm/ffi/function.h>
 
 #include "index_store.hip"
+#include "launch_common.h"
 
 namespace ftlab {
 
@@ -95,7 +96,7 @@ void launch_store(const TensorView& k_cache, const TensorView& v_cache, const Te
   const int64_t v_vecs = v.size(1) * eb / static_cast<int64_t>(sizeof(Vec));
   const CopyShape s = copy_shape(L, k_vecs > v_vecs ? k_vecs : v_vecs);
   const int64_t w = sizeof(Vec);
-  store_rows_kernel<Vec, Idx><<<s.grid, s.block, 0, stream_of(k_cache)>>>(
+  launch::launch_pdl(store_rows_kernel<Vec, Idx>, s.grid, s.block, stream_of(k_cache),
       reinterpret_cast<Vec*>(base_of(k_cache)), k_cache.stride(0) * eb / w,
       reinterpret_cast<Vec*>(base_of(v_cache)), v_cache.stride(0) * eb / w,
       reinterpret_cast<const Idx*>(base_of(indices)), reinterpret_cast<const Vec*>(base_of(k)),

@@ -166,6 +166,8 @@ __global__ void __launch_bounds__(kGateUpThreads)
   __shared__ uint32_t xq[kMaxQ8Blocks * kQ8Stride];
   __shared__ float xd[kMaxQ8Blocks], xs[kMaxQ8Blocks];
   __shared__ float gu[2 * kQK];
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): ids and x only after this
+  port_pdl_trigger();
   const int64_t pair = blockIdx.x;
   const int e = ids[pair];
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kQK;
@@ -236,6 +238,8 @@ __global__ void __launch_bounds__(kMoeThreads)
                        typename T::storage* __restrict__ y, int64_t y_stride, int num_experts, int hidden,
                        int inter, int top_k, bool wide) {
   __shared__ float parts[kMaxSlots][kDownRows];
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl)
+  port_pdl_trigger();
   const int64_t t = blockIdx.x;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kDownRows;
   const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;

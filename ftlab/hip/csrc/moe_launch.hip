@@ -131,11 +131,11 @@ void moe_router_topk(TensorView x, TensorView w, TensorView logits, TensorView w
     const auto* wq = static_cast<const T::storage*>(base_of(w));                                            \
     auto* lp = static_cast<T::storage*>(base_of(logits));                                                   \
     if (e <= 4 * kMoeGroup) {                                                                               \
-      moe_router_topk_kernel<T, 4><<<grid, kMoeThreads, 0, st>>>(xp, x.stride(0), wq, w.stride(0), h, lp,  \
-                                                                 wp, ip, cp, ke, kk, rn, vec);              \
+      launch_pdl(moe_router_topk_kernel<T, 4>, grid, dim3(kMoeThreads), st, xp, x.stride(0), wq, w.stride(0), \
+                 h, lp, wp, ip, cp, ke, kk, rn, vec);                                                       \
     } else {                                                                                                \
-      moe_router_topk_kernel<T, kMaxExperts / kMoeGroup><<<grid, kMoeThreads, 0, st>>>(                     \
-          xp, x.stride(0), wq, w.stride(0), h, lp, wp, ip, cp, ke, kk, rn, vec);                            \
+      launch_pdl(moe_router_topk_kernel<T, kMaxExperts / kMoeGroup>, grid, dim3(kMoeThreads), st, xp,        \
+                 x.stride(0), wq, w.stride(0), h, lp, wp, ip, cp, ke, kk, rn, vec);                         \
     }                                                                                                       \
     break;                                                                                                  \
   }
@@ -218,12 +218,12 @@ void launch_decode_q4(const DecodeArgs& a, const TensorView& x, const TensorView
   int8_t* qp = static_cast<int8_t*>(base_of(hq));
   float* dp = static_cast<float*>(base_of(hd));
   float* sp = static_cast<float*>(base_of(hs));
-  moe_gate_up_q4_kernel<T><<<dim3(static_cast<unsigned>(a.t * a.top_k), cdiv(a.inter, kQK)), kGateUpThreads, 0,
-                             st>>>(
+  launch_pdl(moe_gate_up_q4_kernel<T>, dim3(static_cast<unsigned>(a.t * a.top_k), cdiv(a.inter, kQK)),
+             dim3(kGateUpThreads), st,
       static_cast<const typename T::storage*>(base_of(x)), x.stride(0), static_cast<const uint8_t*>(a.gu.data),
       a.gu.e_stride, a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, wide(a.gu),
       static_cast<const uint8_t*>(a.dn.data), a.dn.e_stride, a.dn.rows * a.dn.row_stride);
-  moe_down_q4_kernel<T><<<dim3(static_cast<unsigned>(a.t), cdiv(a.hidden, kDownRows)), kMoeThreads, 0, st>>>(
+  launch_pdl(moe_down_q4_kernel<T>, dim3(static_cast<unsigned>(a.t), cdiv(a.hidden, kDownRows)), dim3(kMoeThreads), st,
       qp, dp, sp, static_cast<const uint8_t*>(a.dn.data), a.dn.e_stride, a.dn.row_stride, ip,
       static_cast<const float*>(base_of(wts)), static_cast<typename T::storage*>(base_of(y)), y.stride(0), experts,
       hidden, inter, k, wide(a.dn));

@@ -104,6 +104,12 @@ __global__ void __launch_bounds__(kMoeThreads)
   const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
   const int64_t t = blockIdx.y;
   const int e = static_cast<int>(blockIdx.x) * kRouterRows + group;
+  if (PORT_HAS_L2_PREFETCH && e < num_experts) {  // the weight row, asked of the L2 while the kernel before finishes
+    constexpr int64_t kLine = 128 / sizeof(*w);  // elements a 128-byte line
+    for (int64_t i = kLine * lane; i < hidden; i += kLine * kMoeGroup) port_prefetch_l2(w + e * w_stride + i);
+  }
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): x only after this
+  port_pdl_trigger();
   if (e < num_experts) {
     const typename T::storage* xr = x + t * x_stride;
     const typename T::storage* wr = w + e * w_stride;

@@ -140,6 +140,8 @@ __global__ void __launch_bounds__(kNormThreads)
                        const typename T::storage* __restrict__ res, int64_t r_row,
                        const typename W::storage* __restrict__ weight, typename T::storage* __restrict__ s,
                        typename T::storage* __restrict__ y, float eps, int h) {
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): nothing read or written before this
+  port_pdl_trigger();
   const int64_t n = blockIdx.x;
   const bool residual = res != nullptr;
   const typename T::storage* xr = x + n * x_row;

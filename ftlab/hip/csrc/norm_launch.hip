@@ -32,7 +32,7 @@ template <typename T, typename W, int V>
 void launch_rows(const TensorView& x, const TensorView* res, const TensorView& w, const TensorView& s,
                  const TensorView& y, float eps) {
   using S = typename T::storage;
-  add_rmsnorm_kernel<T, W, V><<<static_cast<unsigned>(x.size(0)), kNormThreads, 0, stream_of(x)>>>(
+  launch_pdl(add_rmsnorm_kernel<T, W, V>, dim3(static_cast<unsigned>(x.size(0))), dim3(kNormThreads), stream_of(x),
       static_cast<const S*>(base_of(x)), x.stride(0), res ? static_cast<const S*>(base_of(*res)) : nullptr,
       res ? res->stride(0) : 0, static_cast<const typename W::storage*>(base_of(w)), static_cast<S*>(base_of(s)),
       static_cast<S*>(base_of(y)), eps, static_cast<int>(x.size(1)));

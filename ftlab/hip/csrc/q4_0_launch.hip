@@ -173,10 +173,9 @@ void launch_mv_fused(const TensorView& w, const TensorView& x, const Q8Args* q8,
   const int64_t xs = q8 ? 0 : x.stride(0);
   auto go = [&](auto kernel) {
     const dim3 grid(persistent_grid(kernel, kGroup * kFusedGroups, (row_sets + kFusedGroups - 1) / kFusedGroups));
-    kernel<<<grid, block, 0, stream_of(y)>>>(xp, xs, q8 ? q8->q : nullptr, q8 ? q8->d : nullptr,
-                                             q8 ? q8->s : nullptr, static_cast<const uint8_t*>(base_of(w)),
-                                             w.size(1), static_cast<typename T::storage*>(base_of(y)), n, k,
-                                             g_lanes);
+    launch_pdl(kernel, grid, block, stream_of(y), xp, xs, q8 ? q8->q : nullptr, q8 ? q8->d : nullptr,
+               q8 ? q8->s : nullptr, static_cast<const uint8_t*>(base_of(w)), w.size(1),
+               static_cast<typename T::storage*>(base_of(y)), n, k, g_lanes);
   };
   if (q8) {
     go(q4_0_mv_fused_kernel<T, M, true>);

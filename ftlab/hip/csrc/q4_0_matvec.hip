@@ -232,6 +232,10 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
     }
   };
   if (items > 0) load_region(0);  // in flight while the activations are quantized
+  // launched dependent on the kernel before (launch_pdl): the weights above are read while it
+  // finishes; x (its output) only after the wait
+  port_pdl_wait();
+  port_pdl_trigger();
 
   // Q8_1 of x, four threads a block (8 elements each, one 16-byte load where aligned; amax and
   // the sum over the four by shuffles): q8_1_block's arithmetic (q8_1_word), a quarter of its

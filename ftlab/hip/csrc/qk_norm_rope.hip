@@ -21,6 +21,8 @@ __global__ void __launch_bounds__(kNormRopeWaves * PORT_WARP_SIZE)
                         const typename T::storage* __restrict__ cos, const typename T::storage* __restrict__ sin,
                         typename T::storage* __restrict__ qo, typename T::storage* __restrict__ ko, float eps,
                         int tokens, int hq, int hk, int d, int rot) {
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl)
+  port_pdl_trigger();
   const int lane = threadIdx.x % PORT_WARP_SIZE;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kNormRopeWaves + threadIdx.x / PORT_WARP_SIZE;
   const int heads = hq + hk;

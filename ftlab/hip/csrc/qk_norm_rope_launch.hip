@@ -30,7 +30,7 @@ void launch_rows(const TensorView& q, const TensorView& k, const TensorView& qw,
   const int d = static_cast<int>(q.size(2));
   const int64_t rows = static_cast<int64_t>(tokens) * (hq + hk);
   const unsigned blocks = static_cast<unsigned>((rows + kNormRopeWaves - 1) / kNormRopeWaves);
-  qk_norm_rope_kernel<T, T><<<blocks, kNormRopeWaves * PORT_WARP_SIZE, 0, stream_of(q)>>>(
+  launch_pdl(qk_norm_rope_kernel<T, T>, dim3(blocks), dim3(kNormRopeWaves * PORT_WARP_SIZE), stream_of(q),
       static_cast<const S*>(base_of(q)), q.stride(0), static_cast<const S*>(base_of(k)), k.stride(0),
       static_cast<const S*>(base_of(qw)), static_cast<const S*>(base_of(kw)), static_cast<const S*>(base_of(cos)),
       static_cast<const S*>(base_of(sin)), static_cast<S*>(base_of(qo)), static_cast<S*>(base_of(ko)), eps, tokens,
