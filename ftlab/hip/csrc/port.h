@@ -313,11 +313,11 @@ __device__ __forceinline__ void port_prefetch_l2(const void* p) {
 
 // Programmatic dependent launch (CUDA, sm_90 and later): a kernel that the host launches with
 // launch::launch_pdl may start while the kernel before it on the stream still runs. It must call
-// port_pdl_wait() in every thread before it reads anything that kernel (or any before it) wrote,
-// and before it writes anything; before the wait it may only read what no kernel of the step
-// writes (weights). port_pdl_trigger() lets the next kernel start: called right after the wait,
-// the next kernel's pre-wait part (its weight loads) overlaps this one. No-ops elsewhere: AMD and
-// older NVIDIA GPUs launch such kernels in stream order.
+// port_pdl_wait() in every thread before any load or store of global memory: before the wait it
+// may only ask the L2 for lines (port_prefetch_l2: a hint, which cannot return data, so nothing
+// read can be stale whatever the kernel before wrote), e.g. its weights. port_pdl_trigger() lets
+// the next kernel start: called right after the wait, the next kernel's prefetches overlap this
+// one. No-ops elsewhere: AMD and older NVIDIA GPUs launch such kernels in stream order.
 __device__ __forceinline__ void port_pdl_wait() {
 #if defined(PORT_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -216,26 +216,37 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   const int items = first_set < row_sets ? ((row_sets - 1 - first_set) / groups + 1) * k_steps : 0;
 
   bytes16 r[kSuperPieces];
-  auto load_region = [&](int item) {
+  // Piece t of lane's share of region `item`: its address, or null past the rows / superblocks.
+  auto region_piece = [&](int item, int t) -> const bytes16* {
     const int set = first_set + (item / k_steps) * groups;
     const int ks = item - (item / k_steps) * k_steps;
+    const int p = t * kGroup + lane;
+    const int rr = p / set_pieces, q = p - rr * set_pieces;
+    const int64_t row = static_cast<int64_t>(set) * rows_per_set + rr;
+    const int sb = ks * g_lanes + q / kSuperPieces;
+    if (row >= n_rows || sb >= supers) return nullptr;
+    return reinterpret_cast<const bytes16*>(w + row * row_bytes) + ks * g_lanes * kSuperPieces + q;
+  };
+  auto load_region = [&](int item) {
 #pragma unroll
     for (int t = 0; t < kSuperPieces; ++t) {
-      const int p = t * kGroup + lane;
-      const int rr = p / set_pieces, q = p - rr * set_pieces;
-      const int64_t row = static_cast<int64_t>(set) * rows_per_set + rr;
-      const int sb = ks * g_lanes + q / kSuperPieces;
-      r[t] = bytes16{};
-      if (row < n_rows && sb < supers) {
-        r[t] = reinterpret_cast<const bytes16*>(w + row * row_bytes)[ks * g_lanes * kSuperPieces + q];
-      }
+      const bytes16* src = region_piece(item, t);
+      r[t] = src ? *src : bytes16{};
     }
   };
-  if (items > 0) load_region(0);  // in flight while the activations are quantized
-  // launched dependent on the kernel before (launch_pdl): the weights above are read while it
-  // finishes; x (its output) only after the wait
+  // Launched dependent on the kernel before (launch_pdl): while it finishes, the first region's
+  // lines are asked of the L2 (a hint: no load before the wait, so nothing read can be stale);
+  // then the region is loaded (in flight while the activations are quantized), x only after.
+  if (PORT_HAS_L2_PREFETCH && items > 0) {
+#pragma unroll
+    for (int t = 0; t < kSuperPieces; ++t) {
+      const bytes16* src = region_piece(0, t);
+      if (src) port_prefetch_l2(src);
+    }
+  }
   port_pdl_wait();
   port_pdl_trigger();
+  if (items > 0) load_region(0);
 
   // Q8_1 of x, four threads a block (8 elements each, one 16-byte load where aligned; amax and
   // the sum over the four by shuffles): q8_1_block's arithmetic (q8_1_word), a quarter of its
