@@ -83,9 +83,11 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
         )
     m, n = x.shape[0], w.shape[0]
     module = jit.module_for("q4_0", x.device)
+    if x_q8 is not None and not all(t.data_ptr() % 16 == 0 for t in (x_q8.q, x_q8.d, x_q8.s)):
+        x_q8 = Q8_1(x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone())  # the kernels read 16-byte (4-byte) pieces
     if fused_matvec_ok(x, w):
         y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        if x_q8 is not None and all(t.data_ptr() % 16 == 0 for t in (x_q8.q, x_q8.d, x_q8.s)):
+        if x_q8 is not None:
             jit.on_device(x.device, lambda: module.q4_0_mv_fused_q8(w.data, x_q8.q, x_q8.d, x_q8.s, y))
         else:
             jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))

@@ -99,4 +99,6 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:
         x = x.contiguous()
-    return impl.fn(x, w, chosen, x_q8 if chosen == "int8" else None)
+    if x_q8 is None or chosen != "int8":  # a registered backend may take (x, w, path) only
+        return impl.fn(x, w, chosen)
+    return impl.fn(x, w, chosen, x_q8)

@@ -322,17 +322,25 @@ def test_x_q8_bad_arguments_name_themselves():
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU)
 def test_x_q8_misaligned_and_captured_gpu(backend):
-    """x's Q8_1 given: scales at an address that is not 16-byte aligned (hip falls back to
-    quantizing x itself), and a graph-captured call replayed over new activations."""
+    """x's Q8_1 given: q at an odd byte offset and scales 4 bytes past an aligned base (hip copies
+    them to aligned memory), at the fused matvec's M = 1 and the two-launch one's M = 6, and a
+    graph-captured call replayed over new activations."""
     g = torch.Generator(device="cuda").manual_seed(5)
     w = ops.quantize_q4_0(torch.randn(300, 2048, device="cuda", generator=g) * 0.02)
     x = torch.randn(1, 2048, device="cuda", generator=g).bfloat16()
-    want = ops.q4_0_matmul(x, w, backend=backend)
-    x8 = ops.quantize_q8_1(x)
-    d, s = torch.empty(1, 65, device="cuda"), torch.empty(1, 65, device="cuda")
-    d[:, 1:], s[:, 1:] = x8.d, x8.s
-    odd = Q8_1(x8.q, d[:, 1:], s[:, 1:])  # 4 bytes past an aligned base
-    assert torch.equal(ops.q4_0_matmul(x, w, backend=backend, x_q8=odd), want)
+    for rows in (1, 6):
+        xr = x.expand(rows, -1).contiguous()
+        want = ops.q4_0_matmul(xr, w, backend=backend)
+        x8 = ops.quantize_q8_1(xr)
+        q = torch.empty(rows * 2048 + 1, dtype=torch.int8, device="cuda")[1:].view(rows, 2048)  # odd address
+        q.copy_(x8.q)
+        d, s = torch.empty(rows, 65, device="cuda"), torch.empty(rows, 65, device="cuda")
+        d[:, 1:], s[:, 1:] = x8.d, x8.s
+        if rows == 1:  # contiguous views 4 bytes past an aligned base
+            odd = Q8_1(q, d[:, 1:], s[:, 1:])
+        else:
+            odd = Q8_1(q, x8.d, x8.s)
+        assert torch.equal(ops.q4_0_matmul(xr, w, backend=backend, x_q8=odd), want)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         h8 = ops.quantize_q8_1(x)

@@ -206,6 +206,28 @@ def test_registered_paths_are_honoured():
         backends.unregister("q4_0_matmul", "dq_only")
 
 
+def test_registered_q4_0_matmul_with_the_three_argument_signature():
+    """A backend registered with ``(x, w, path)`` (the signature before ``x_q8``) is still called
+    with three arguments; given ``x_q8``, ops passes it as a fourth."""
+    seen = []
+
+    def mine(x, w, path, *rest):
+        seen.append(len(rest))
+        return torch.zeros(x.shape[0], w.shape[0])
+
+    backends.register("q4_0_matmul", "three_args", lambda x, w, path: mine(x, w, path), platforms=("cpu",))
+    backends.register("q4_0_matmul", "four_args", mine, platforms=("cpu",))
+    try:
+        w = ops.quantize_q4_0(torch.randn(4, 64))
+        x = torch.randn(2, 64)
+        assert ops.q4_0_matmul(x, w, backend="three_args").shape == (2, 4)
+        ops.q4_0_matmul(x, w, backend="four_args", x_q8=ops.quantize_q8_1(x))
+        assert seen == [0, 1]
+    finally:
+        backends.unregister("q4_0_matmul", "three_args")
+        backends.unregister("q4_0_matmul", "four_args")
+
+
 def test_cpu_backend_is_by_name_for_cpu_tensors_only():
     """The native CPU experts are moe_experts' ``cpu`` backend: never auto, never on a GPU tensor."""
     cpu_impl = backends.spec("moe_experts").impls["cpu"]
