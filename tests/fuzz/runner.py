@@ -206,11 +206,13 @@ def _spawn(target: str, source: Path, seeds: list[int], work: Path, case_seconds
 
 def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 2,
         case_seconds: float = 10.0, hang_seconds: float = 60.0, headroom_gib: float = 3.0,
-        inject: dict[int, str] | None = None) -> FuzzReport:  # fmt: skip
+        inject: dict[int, str] | None = None, startup_seconds: float = 120.0) -> FuzzReport:  # fmt: skip
     """Fuzz ``target`` of the tiny model in ``source`` with ``seeds``, spread over ``workers``
     subprocesses (see the module docstring for what a case must do). ``inject``: seed -> a
     fault ("segfault", "hang", "slow", "memory") run instead of that case, to test the
-    harness itself."""
+    harness itself. A worker has ``startup_seconds`` (or ``hang_seconds`` if longer) for its first
+    line (importing torch and ftlab, loading the unmutated checkpoint: seconds on a loaded 2-core
+    machine), then ``hang_seconds`` between lines."""
     report, t0 = FuzzReport(target), time.perf_counter()
     queues = [seeds[i::workers] for i in range(workers)]
     selector = selectors.DefaultSelector()
@@ -220,7 +222,7 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
             log = open(work / f"worker-{i}.log", "a")  # closed when the worker ends
             proc = _spawn(target, source, todo, work / f"worker-{i}", case_seconds, headroom_gib,
                           inject or {}, log)  # fmt: skip
-            state = {"i": i, "todo": todo, "current": None, "seen": time.monotonic(), "log": log}
+            state = {"i": i, "todo": todo, "current": None, "seen": time.monotonic(), "log": log, "ready": False}
             selector.register(proc.stdout, selectors.EVENT_READ, (proc, state))
 
     def lost(proc, state, why: str) -> None:
@@ -253,7 +255,7 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
                     selector.unregister(proc.stdout)
                     state["log"].close()
                 continue
-            state["seen"] = time.monotonic()
+            state["seen"], state["ready"] = time.monotonic(), True
             record = json.loads(line)
             if "start" in record:
                 state["current"] = record
@@ -264,8 +266,9 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
                 raise RuntimeError(f"the worker imported {record['ftlab']}, not the ftlab of {ROOT}")
         for key in list(selector.get_map().values()):
             proc, state = key.data
-            if time.monotonic() - state["seen"] > hang_seconds:
-                lost(proc, state, f"hang: no progress for {hang_seconds:.0f} s")
+            allowed = hang_seconds if state["ready"] else max(hang_seconds, startup_seconds)
+            if time.monotonic() - state["seen"] > allowed:
+                lost(proc, state, f"hang: no progress for {allowed:.0f} s")
     report.seconds = time.perf_counter() - t0
     return report
 
