@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
-from ftlab.quant import QK
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -15,7 +14,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
-                quantize: bool = False, backend: str = "auto") -> tuple:  # fmt: skip
+                backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The residual add and the RMSNorm after it: ``(y, s)``.
 
     ``x [N, H]`` (fp32 / fp16 / bf16), ``residual [N, H]`` of x's dtype or None, ``weight [H]``
@@ -24,11 +23,6 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     itself when residual is None: no copy); ``y = s / sqrt(mean(s^2) + eps) * weight`` over each
     row of H, in fp32 from the rounded s, rounded once. Returns a new contiguous ``y [N, H]`` and
     ``s`` (a new contiguous ``[N, H]``, or x), both in x's dtype; the inputs are never written.
-
-    ``quantize=True`` (H a multiple of 32) returns ``(y, s, y8)`` with ``y8`` the
-    :class:`~ftlab.quant.Q8_1` of y (q int8 ``[N, H]``, d and s fp32 ``[N, H/32]``), bit for bit
-    ``quantize_q8_1(y)``: what ``q4_0_matmul(y, w, x_q8=y8)`` takes instead of quantizing y
-    again.
     """
     argcheck.float_tensor("x", x)
     if x.dim() != 2 or x.shape[1] == 0:
@@ -41,14 +35,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
         if residual.dtype != x.dtype:
             raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
     eps = argcheck.norm_weight(weight, "H", x.shape[1], eps, x, residual=residual)
-    if not isinstance(quantize, bool):
-        raise TypeError(f"quantize must be a bool, got {quantize!r}")
-    if quantize and x.shape[1] % QK:
-        raise ValueError(f"quantize=True needs H a multiple of {QK} (Q8_1 blocks), got H = {x.shape[1]}")
     impl = backends.resolve("add_rmsnorm", backend, x.device, x.dtype)
     res = None if residual is None else _rows(residual)
-    if quantize:
-        y, s, y8 = impl.fn(_rows(x), res, weight.contiguous(), eps, True)
-        return y, x if residual is None else s, y8
     y, s = impl.fn(_rows(x), res, weight.contiguous(), eps)
     return y, x if residual is None else s

@@ -73,11 +73,11 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
 
     x may be non-contiguous (row stride > K); fp32 / fp16 / bf16.
 
-    ``x_q8``: x's Q8_1 when the caller has it already (``add_rmsnorm(..., quantize=True)`` writes
-    it beside its output, ``quantize_q8_1(x)`` makes it): the int8 path then takes it instead of
-    quantizing x (one pass and, in hip's fused matvec, every block's quantization saved). It must
-    be x's own Q8_1 (only its shapes, dtypes and device are checked): the int8 path computes the
-    product of ``x_q8`` with W. Unused by the dequant path.
+    ``x_q8``: x's Q8_1 when the caller has it already (``quantize_q8_1(x)``, e.g. made once for
+    several matmuls of one x): the int8 path then takes it instead of quantizing x (in hip's fused
+    matvec, every block's quantization saved). It must be x's own Q8_1 (only its shapes, dtypes,
+    contiguity and device are checked): the int8 path computes the product of ``x_q8`` with W.
+    Unused by the dequant path.
     """
     argcheck.float_tensor("x", x)
     argcheck.q4_0_weight("w", w)

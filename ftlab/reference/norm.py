@@ -11,17 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ftlab.reference.q4_0 import quantize_q8_1
-
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float, quantize: bool = False) -> tuple:  # fmt: skip
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.add_rmsnorm`: ``(y, s)``, s being x itself without a
-    residual; with ``quantize`` also the Q8_1 of y (:func:`ftlab.reference.q4_0.quantize_q8_1`)."""
+    residual."""
     s = x if residual is None else (x + residual).contiguous()
     if weight.dtype != s.dtype:  # an fp32 (or other) weight: applied unrounded, in fp32
         y = F.rms_norm(s.float(), (s.shape[-1],), weight.float(), eps).to(s.dtype)
     else:
         y = F.rms_norm(s, (s.shape[-1],), weight, eps)  # fp32 inside for 16-bit s, weight included
-    y = y.contiguous()
-    return (y, s, quantize_q8_1(y)) if quantize else (y, s)
+    return y.contiguous(), s

@@ -83,9 +83,8 @@ def launch_config(h: int) -> tuple[int, int]:
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float, quantize: bool = False) -> tuple:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.add_rmsnorm` (ops checked the layouts); with
-    ``quantize`` the Q8_1 of y as a third, by this backend's ``quantize_q8_1`` (a second launch)."""
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm` (ops checked the layouts)."""
     n, h = x.shape
     y = torch.empty((n, h), dtype=x.dtype, device=x.device)
     s = x if residual is None else torch.empty((n, h), dtype=x.dtype, device=x.device)
@@ -95,10 +94,6 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
         add_rmsnorm_kernel[(n,)](x, x.stride(0), r, r.stride(0), weight, s if residual is not None else y, y,
                                  float(eps), H=h, BLOCK_H=block, HAS_RESIDUAL=residual is not None,
                                  num_warps=warps)  # fmt: skip
-    if quantize:
-        from ftlab.triton.q4_0_common import quantize_q8_1
-
-        return y, s, quantize_q8_1(y)
     return y, s
 
 

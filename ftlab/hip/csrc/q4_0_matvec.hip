@@ -186,10 +186,9 @@ constexpr int kRecordWords = 84;                  // activation words per (row, 
 constexpr int kFusedXWords = 7168;                // 28 KiB of activation records
 constexpr int kFusedXBytes = kFusedXWords * 4;
 
-//
 // PRE: x comes quantized already (q8 [M, K] int8, d8 and s8 [M, K/32] fp32, each 16-byte aligned:
-// the Q8_1 of ops.quantize_q8_1, or of ops.add_rmsnorm(quantize=True)), and the prologue only
-// copies it into the records (20 16-byte pieces a record) instead of quantizing x; x is unread.
+// ops.q4_0_matmul's x_q8), and the prologue only copies it into the records (20 16-byte pieces a
+// record) instead of quantizing x; x is unread.
 template <typename T, int MV_M, bool PRE>
 __global__ void __launch_bounds__(kGroup * kFusedGroups)
     q4_0_mv_fused_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
@@ -248,10 +247,6 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
   port_pdl_trigger();
   if (items > 0) load_region(0);
 
-  // Q8_1 of x, four threads a block (8 elements each, one 16-byte load where aligned; amax and
-  // the sum over the four by shuffles): q8_1_block's arithmetic (q8_1_word), a quarter of its
-  // divisions per thread. The loop runs the same trip count in every thread, so the shuffles
-  // always see all 32 lanes.
   if (PRE) {  // record piece c < 16: q8 bytes 16c..16c+15 of the superblock; 16, 17: d8; 18, 19: s8
     const int pieces = MV_M * supers * 20;
     for (int p = tid; p < pieces; p += kGroup * kFusedGroups) {
@@ -262,6 +257,9 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
       xrec_v[rec * (kRecordWords / 4) + c] = *src;
     }
   }
+  // Else Q8_1 of x, four threads a block (8 elements each, one 16-byte load where aligned):
+  // q8_1_quarter. The loop runs the same trip count in every thread, so the shuffles always see
+  // all 32 lanes.
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (x_stride * sizeof(*x)) % 16 == 0;
   const int works = PRE ? 0 : 4 * MV_M * nb;
   for (int t0 = 0; t0 < works; t0 += kGroup * kFusedGroups) {
