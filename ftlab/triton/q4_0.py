@@ -200,6 +200,8 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
     taken instead of quantizing x)."""
     if path == "int8":  # the matvec takes up to MATVEC_ROWS rows a pass over W
         x8, rows = quantize_q8_1(x) if x_q8 is None else x_q8, MATVEC_ROWS
+        if x8.q.data_ptr() % 16:  # the kernels read q as int32 words: a view needs 4-byte offsets
+            x8 = Q8_1(x8.q.clone(), x8.d, x8.s)
         outs = [q4_0_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
                 for i in range(0, x.shape[0], rows)]  # fmt: skip
         return outs[0] if len(outs) == 1 else torch.cat(outs)
