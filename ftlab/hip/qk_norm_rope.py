@@ -10,13 +10,18 @@ from ftlab import jit
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float, rotary_dim: int | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float, rotary_dim: int | None = None, *,
+                 cache: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.qk_norm_rope` (ops checked the layouts; ``rotary_dim``
-    None: all of D)."""
+    None: all of D; ``cache``: ``(k_cache, v_cache, slots, v [N, W])`` written by the same launch,
+    one more row a token for v)."""
     rot = q.shape[-1] if rotary_dim is None else rotary_dim
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     module = jit.module_for("qk_norm_rope", q.device)
-    jit.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps), rot))
+    if cache is None:
+        jit.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps), rot))
+    else:
+        jit.on_device(q.device, lambda: module.qk_norm_rope_cache(q, k, q_weight, k_weight, cos, sin, qo, ko,
+                                                                  float(eps), rot, *cache))  # fmt: skip
     return qo, ko

@@ -160,6 +160,13 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
+# Whether Qwen3Moe writes a layer's KV cache inside ops.qk_norm_rope (its k_cache / v_cache / slots
+# arguments: one launch fewer a layer) instead of a separate ops.store. Off until the HIP and Triton
+# cache writes have run on a GPU (tests/property/test_qk_norm_rope.py -m gpu, the pipeline GPU
+# tests); the CPU tests run the model both ways.
+KV_STORE_IN_ROPE = False
+
+
 class KVCache:
     """The static KV cache of ``layers`` attention layers (module docstring): ``k[j]``, ``v[j]``
     ``[max_batch * max_seq_len, kv_width]``. ``static``: no host synchronization in a forward
@@ -193,8 +200,9 @@ class KVCache:
                 "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
-               backends: dict[str, str]) -> torch.Tensor:  # fmt: skip
-        """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots, then
+               backends: dict[str, str], stored: bool = False) -> torch.Tensor:  # fmt: skip
+        """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots (not when
+        ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then
         attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
         positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, unless
         ``backends["decode_attention"]`` names a backend: then one token a sequence (decode) goes
@@ -202,8 +210,9 @@ class KVCache:
         H200 its cuDNN kernel over every slot is still faster than the op's split-K kernels at
         the lengths measured (benchmarks/NOTES.md, "Decode step fusions")."""
         b, t, kvh, hd = k.shape
-        ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
-                  check=False, backend=backends["store"])  # fmt: skip
+        if not stored:
+            ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
+                      check=False, backend=backends["store"])  # fmt: skip
         span = geo["span"]
         if self.static:  # every slot of each sequence, in order: the cache itself, no copy
             keys = self.k[j].view(self.max_batch, span, -1)[:b]

@@ -1,7 +1,8 @@
 """Qwen3-MoE (the ``qwen3_moe`` architecture of Qwen3-30B-A3B) as plain PyTorch over ftlab ops.
 
 Per layer: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k, RoPE, GQA,
-the KV cache written with ``ops.store`` and read with ``ops.index``) -> residual -> RMSNorm
+the KV cache written with ``ops.store`` -- or by ``ops.qk_norm_rope`` in the same pass under
+``layers.KV_STORE_IN_ROPE`` -- and read with ``ops.index``) -> residual -> RMSNorm
 -> MoE (``ops.route_topk`` then the SwiGLU experts of ``ops.moe_experts``, which together are
 ``ops.fused_moe``; no shared expert) -> residual.
 Embedding through ``ops.index``, final RMSNorm, lm_head (tied or not).
@@ -19,6 +20,7 @@ import torch
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.models import layers
 from ftlab.models.layers import (
     KVCache,
     Stage,
@@ -170,7 +172,9 @@ class ModelWeights:
 
 
 class Qwen3Moe:
-    """The model over ftlab ops. ``backends`` maps op names -- "index", "store", "router_topk" (the
+    """The model over ftlab ops. ``backends`` maps op names -- "index", "store" (the KV cache's
+    writes; under ``layers.KV_STORE_IN_ROPE`` by qk_norm_rope's launch unless this names another
+    backend), "router_topk" (the
     router: its linear layer and top-k), "route_topk" (when named: the top-k alone, after
     ``F.linear``), "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
     projections; dense ones are ``F.linear``), "qk_norm_rope", "decode_attention" (a decode
@@ -239,10 +243,15 @@ class Qwen3Moe:
         # each part's output split into the projections it stacks
         q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split(widths, dim=-1))
         v = v.reshape(b, t, nkvh, hd)
-        # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope)
+        # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope), which also writes
+        # k and v into the cache (layers.KV_STORE_IN_ROPE) unless "store" names a backend of its own
+        rope_backend = self.backends["qk_norm_rope"]
+        fused = layers.KV_STORE_IN_ROPE and self.backends["store"] in ("auto", rope_backend)
+        cache = dict(k_cache=self.cache.k[i], v_cache=self.cache.v[i], slots=geo["write"], v=v.reshape(b * t, -1))
         q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
-                                geo["cos"], geo["sin"], c.rms_norm_eps, backend=self.backends["qk_norm_rope"])  # fmt: skip
-        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends)
+                                geo["cos"], geo["sin"], c.rms_norm_eps, backend=rope_backend,
+                                **(cache if fused else {}))  # fmt: skip
+        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends, stored=fused)
         out = self.linear(out.reshape(b, t, -1), lw.o_proj)
         return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj: partial sums
 

@@ -9,6 +9,8 @@ from ftlab import argcheck, backends
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, eps: float, *, rotary_dim: int | None = None,
+                 k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                 slots: torch.Tensor | None = None, v: torch.Tensor | None = None,
                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Qwen3's per-head RMSNorm of q and k followed by RoPE, one pass over both.
 
@@ -22,6 +24,15 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     and ``out[d] = y[d]`` for d >= R, in fp32, rounded once. Returns new contiguous
     ``(q_out [N, Hq, D], k_out [N, Hk, D])`` in q's dtype. Weights and tables of another float
     dtype are cast to q's.
+
+    The KV cache in the same pass (a decode step's store without a launch of its own): give all
+    of ``k_cache [S, Hk * D]``, ``v_cache [S, W]`` (q's dtype and device, contiguous rows, any
+    row stride), ``slots [N]`` (int32 / int64) and ``v`` (``[N, ...]`` of W elements a token:
+    ``[N, W]`` or ``[N, Hv, Dv]``, e.g. the v view of the fused projection). Then, as
+    ``store(k_cache, v_cache, slots, k_out.reshape(N, -1), v.reshape(N, -1), check=False)``:
+    ``k_cache[slots[n]] = k_out[n]`` and ``v_cache[slots[n]] = v[n]``, bit for bit; a slot of -1
+    or outside ``[0, S)`` writes nothing (slots are not read on the host, so this works inside
+    graph capture); two tokens with one slot leave either's rows. No other cache row is touched.
     """
     argcheck.float_tensor("q", q)
     argcheck.float_tensor("k", k)
@@ -60,5 +71,44 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     def rows_layout(t: torch.Tensor) -> torch.Tensor:  # contiguous heads and elements, any token stride
         return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
 
+    cache = _cache_args(q, k, k_cache, v_cache, slots, v)
     impl = backends.resolve("qk_norm_rope", backend, q.device, q.dtype)
-    return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot)
+    if cache is None:  # a registered backend may not take a cache
+        return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot)
+    return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot, cache=cache)
+
+
+def _cache_args(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: object, slots: object,
+                v: object) -> tuple | None:  # fmt: skip
+    """None without a cache, else ``(k_cache, v_cache, slots, v [N, W])`` checked (every error
+    names the argument)."""
+    given = {"k_cache": k_cache, "v_cache": v_cache, "slots": slots, "v": v}
+    if all(t is None for t in given.values()):
+        return None
+    missing = [name for name, t in given.items() if t is None]
+    if missing:
+        raise ValueError(f"k_cache, v_cache, slots and v go together: {', '.join(missing)} not given")
+    for name, t in given.items():
+        argcheck.tensor(name, t)
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    n, hk, d = k.shape
+    for name in ("k_cache", "v_cache", "v"):
+        if given[name].dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {given[name].dtype}")
+    if v.dim() < 2 or v.shape[0] != n:
+        raise ValueError(f"v must be [N={n}, ...] (a token's W values), got shape {tuple(v.shape)}")
+    v2 = v.reshape(n, -1)
+    if v2.shape[1] > 1 and v2.stride(1) != 1:
+        v2 = v2.contiguous()
+    argcheck.rows("k_cache", k_cache)
+    argcheck.rows("v_cache", v_cache)
+    if k_cache.shape[1] != hk * d:
+        raise ValueError(f"k_cache must be [S, Hk * D = {hk * d}] (k is {tuple(k.shape)}), got {tuple(k_cache.shape)}")
+    if tuple(v_cache.shape) != (k_cache.shape[0], v2.shape[1]):
+        raise ValueError(f"v_cache must be [S = {k_cache.shape[0]} (k_cache's slots), W = {v2.shape[1]} (v's "
+                         f"values a token)], got {tuple(v_cache.shape)}")  # fmt: skip
+    argcheck.index_vector("slots", slots)
+    if slots.shape[0] != n:
+        raise ValueError(f"slots must be [N = {n}], got shape {tuple(slots.shape)}")
+    return k_cache, v_cache, slots.contiguous(), v2

@@ -22,8 +22,19 @@ def _one(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float, rotary_dim: int | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.qk_norm_rope` (``rotary_dim`` None: all of D)."""
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float, rotary_dim: int | None = None, *,
+                 cache: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.qk_norm_rope` (``rotary_dim`` None: all of D). ``cache``:
+    ``(k_cache, v_cache, slots, v [N, W])``: then ``k_cache[slots[n]] = k_out[n]`` (its heads
+    side by side) and ``v_cache[slots[n]] = v[n]`` for each slot in ``[0, S)``; other slots
+    (-1, out of range) write nothing."""
     rot = q.shape[-1] if rotary_dim is None else rotary_dim
-    return _one(q, q_weight, cos, sin, eps, rot).contiguous(), _one(k, k_weight, cos, sin, eps, rot).contiguous()
+    qo = _one(q, q_weight, cos, sin, eps, rot).contiguous()
+    ko = _one(k, k_weight, cos, sin, eps, rot).contiguous()
+    if cache is not None:
+        k_cache, v_cache, slots, v = cache
+        live = (slots >= 0) & (slots < k_cache.shape[0])
+        at = slots[live].long()
+        k_cache[at] = ko.reshape(ko.shape[0], -1)[live]
+        v_cache[at] = v[live]
+    return qo, ko

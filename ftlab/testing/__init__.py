@@ -68,7 +68,11 @@ from ftlab.testing.q4_0 import (
     q4_0_weight_values,
     q8_1_inputs,
 )
-from ftlab.testing.qk_norm_rope import check_qk_norm_rope_case, qk_norm_rope_tolerance
+from ftlab.testing.qk_norm_rope import (
+    check_qk_norm_rope_cache_case,
+    check_qk_norm_rope_case,
+    qk_norm_rope_tolerance,
+)
 from ftlab.testing.quant_matmul import (
     QuantMatmulCase,
     check_quant_matmul_case,
@@ -112,6 +116,7 @@ __all__ = [
     "check_gated_delta_step_case",
     "gated_delta_exact",
     "gated_delta_tolerance",
+    "check_qk_norm_rope_cache_case",
     "check_qk_norm_rope_case",
     "qk_norm_rope_tolerance",
     "causal_conv1d_tolerance",

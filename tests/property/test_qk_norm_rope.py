@@ -50,6 +50,40 @@ def test_qk_norm_rope_gpu(case):
     ft.check_qk_norm_rope_case(*args, device="cuda", rotary_dim=rot)
 
 
+@st.composite
+def qk_norm_rope_cache_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16)):
+    """A qk_norm_rope case with a KV cache to write: v the fused projection's view (or its own
+    rows), caches of S slots (row stride at or past the width), unique slots with some -1 and
+    some past S."""
+    q, k, qw, kw, cos, sin, eps, rot = draw(qk_norm_rope_case(dtypes))
+    n, hk, d = k.shape
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    v = (torch.randn(n, hk * d + 3, generator=gen) * 2).to(q.dtype)[:, 3:].view(n, hk, d)
+    if draw(st.booleans()):
+        v = v.reshape(n, hk * d).clone()
+    s = n + draw(st.integers(0, 9))
+    slots = torch.randperm(s + 6, generator=gen)[:n]  # some past S: skipped
+    skip = torch.rand(n, generator=gen) < 0.25
+    slots = torch.where(skip, -1, slots).to(draw(st.sampled_from([torch.int32, torch.int64])))
+    pad = draw(st.sampled_from([0, 8]))
+    k_cache = torch.randn(s, hk * d + pad, generator=gen).to(q.dtype)[:, : hk * d]
+    v_cache = torch.randn(s, hk * d + pad, generator=gen).to(q.dtype)[:, : hk * d]
+    return q, k, v, qw, kw, cos, sin, eps, k_cache, v_cache, slots, rot
+
+
+@given(qk_norm_rope_cache_case())
+def test_qk_norm_rope_writes_the_cache_cpu(case):
+    *args, rot = case
+    ft.check_qk_norm_rope_cache_case(*args, rotary_dim=rot)
+
+
+@pytest.mark.gpu
+@given(qk_norm_rope_cache_case())
+def test_qk_norm_rope_writes_the_cache_gpu(case):
+    *args, rot = case
+    ft.check_qk_norm_rope_cache_case(*args, device="cuda", rotary_dim=rot)
+
+
 def test_reference_is_the_model_formula():
     """The reference equals RMSNorm then rotate-half RoPE written out plainly, in f64."""
     gen = torch.Generator().manual_seed(0)
@@ -121,6 +155,36 @@ def test_bad_arguments_name_themselves():
         ops.qk_norm_rope(q, k, w, w, cos, cos, 1e-6, rotary_dim=4)
     ops.qk_norm_rope(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(7), torch.ones(7), short, short, 1e-6,
                      rotary_dim=4)  # odd D with an even rotary part  # fmt: skip
+
+
+def test_bad_cache_arguments_name_themselves_and_write_nothing():
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+    w, cos = torch.ones(8), torch.ones(2, 8)
+    kc, vc, slots = torch.zeros(5, 8), torch.zeros(5, 8), torch.tensor([0, 3])
+
+    def call(**kw):
+        args = {"k_cache": kc, "v_cache": vc, "slots": slots, "v": v} | kw
+        return ops.qk_norm_rope(q, k, w, w, cos, cos, 1e-6, **args)
+
+    with pytest.raises(ValueError, match="go together: v_cache, v not given"):
+        call(v_cache=None, v=None)
+    with pytest.raises(TypeError, match="slots must be int32 or int64"):
+        call(slots=slots.float())
+    with pytest.raises(ValueError, match=r"slots must be \[N = 2\]"):
+        call(slots=torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"k_cache must be \[S, Hk \* D = 8\]"):
+        call(k_cache=torch.zeros(5, 16))
+    with pytest.raises(ValueError, match="v_cache must be"):
+        call(v_cache=torch.zeros(4, 8))
+    with pytest.raises(TypeError, match="v_cache must have q's dtype"):
+        call(v_cache=vc.half())
+    with pytest.raises(ValueError, match="v must be"):
+        call(v=torch.randn(3, 8))
+    with pytest.raises(ValueError, match="k_cache must have contiguous rows"):
+        call(k_cache=torch.zeros(8, 5).t())
+    assert not kc.any() and not vc.any()  # nothing written by a refused call
+    call()
+    assert kc[[0, 3]].any() and not kc[[1, 2, 4]].any() and torch.equal(vc[[0, 3]], v.reshape(2, 8))
 
 
 def test_qwen3_5_mrope_is_plain_rope_for_text():
