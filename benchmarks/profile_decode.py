@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ftlab.bench.harness import time_us
+from ftlab.models import layers as model_layers
 from ftlab.models.loader import load_gguf
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
@@ -82,7 +83,16 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--host", action="store_true", help="cProfile the eager step's Python instead")
+    ap.add_argument("--fusions", default="", help="comma-separated decode fusions to turn on: kv (the KV store "
+                    "inside qk_norm_rope, layers.KV_STORE_IN_ROPE), router (the post-attention norm inside the "
+                    "router, layers.NORM_IN_ROUTER), qkv (the input norm inside the q/k/v matvec, "
+                    "layers.NORM_IN_QKV)")  # fmt: skip
     args = ap.parse_args()
+    flags = {"kv": "KV_STORE_IN_ROPE", "router": "NORM_IN_ROUTER", "qkv": "NORM_IN_QKV"}
+    for name in filter(None, args.fusions.split(",")):
+        if name not in flags:
+            raise SystemExit(f"--fusions takes {', '.join(flags)}, got {name!r}")
+        setattr(model_layers, flags[name], True)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     config, weights = load_gguf(args.file, device=dev, dtype=dtype)

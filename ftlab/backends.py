@@ -404,9 +404,8 @@ _BOTH_PATHS = {"paths": Q4_0_PATHS, "prefill_path": "dequant"}
 def _builtin(op: str, family: str, summary: str, dtypes: frozenset[torch.dtype], *,
              paths: tuple[str, ...] = (), cpu: bool = False) -> None:  # fmt: skip
     """reference + triton + hip (+ the native cpu kernels, by name only) of ``op`` from
-    ``ftlab/<backend>/<family>.py``. Ops with Q4_0 paths: reference and triton implement both,
-    hip and cpu the int8 path only (their prefill kernels are int8 too). The reference reads
-    tensors on the host (ids, masks): not capturable in a graph."""
+    ``ftlab/<backend>/<family>.py``. Q4_0 paths: reference and triton both, hip and cpu int8 only
+    (their prefill kernels too). The reference reads tensors on the host: not graph-capturable."""
     define_op(op, family, summary, paths)
     both = _BOTH_PATHS if paths else {}
     int8 = _INT8_ONLY if paths else {}
@@ -424,10 +423,12 @@ _builtin("store", "index_store", "scatter rows into a KV cache in place", COPY_D
 _builtin("quantize_q4_0", "q4_0", "float weights to GGUF Q4_0 blocks", FLOAT_DTYPES)
 _builtin("dequantize_q4_0", "q4_0", "GGUF Q4_0 blocks to float", FLOAT_DTYPES)
 _builtin("quantize_q8_1", "q4_0", "activations to Q8_1 blocks (the int8 dot's other side)", FLOAT_DTYPES)
-_builtin("q4_0_matmul", "q4_0", "x @ W.T for Q4_0 weights: int8-dot matvec, prefill GEMM", FLOAT_DTYPES,
+_builtin("q4_0_matmul", "q4_0", "x @ W.T, Q4_0 weights: int8-dot matvec, prefill GEMM", FLOAT_DTYPES, paths=Q4_0_PATHS)
+_builtin("add_rmsnorm_q4_0_matmul", "q4_0", "add_rmsnorm, then q4_0_matmul of y (decode: one launch)", FLOAT_DTYPES,
          paths=Q4_0_PATHS)  # fmt: skip
 _builtin("route_topk", "moe", "router: softmax, top-k, renormalize", FLOAT_DTYPES)
 _builtin("router_topk", "moe", "router linear layer then route_topk (decode: one launch)", FLOAT_DTYPES)
+_builtin("add_rmsnorm_router_topk", "moe", "add_rmsnorm, then router_topk of y (decode: one launch)", FLOAT_DTYPES)
 _builtin("moe_align", "moe", "group (token, slot) pairs by expert for the grouped GEMM", FLOAT_DTYPES)
 _builtin("moe_experts", "moe", "routed SwiGLU experts, dense or Q4_0 banks", FLOAT_DTYPES, paths=Q4_0_PATHS,
          cpu=True)  # fmt: skip
@@ -444,7 +445,6 @@ _builtin("decode_attention", "attention", "one query token a sequence over its c
          FLOAT_DTYPES)  # fmt: skip
 _builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", FLOAT_DTYPES)
 _builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence (prefill)", FLOAT_DTYPES)
-_builtin("gated_delta_step", "deltanet", "Gated DeltaNet linear attention, one token (decode), state in place",
-         FLOAT_DTYPES)  # fmt: skip
+_builtin("gated_delta_step", "deltanet", "Gated DeltaNet, one decode token, the state in place", FLOAT_DTYPES)
 _builtin("quant_matmul", "quant_matmul", "x @ W.T for Q8_0 / Q4_K / Q5_K / Q6_K weights (Q4_0: q4_0_matmul)",
          FLOAT_DTYPES, paths=Q4_0_PATHS)  # fmt: skip

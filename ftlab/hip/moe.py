@@ -100,6 +100,44 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
     return logits, weights, ids
 
 
+def _rows16(t: torch.Tensor) -> bool:
+    """Rows that start 16-byte aligned (the base and the row stride)."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                            weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: one launch (``csrc/moe_route.hip``,
+    add_rmsnorm's and router_topk's arithmetic) for up to ``DECODE_MAX_TOKENS`` tokens with the
+    norm weight in x's dtype and 16-byte aligned rows of H a multiple of 16 bytes (at most 1024
+    such pieces); otherwise hip's add_rmsnorm then hip's router_topk (the same bits)."""
+    from ftlab.hip.norm import add_rmsnorm
+
+    t, h = x.shape
+    e = weight.shape[0]
+    elems = 16 // x.element_size()
+    fused = (
+        0 < t <= DECODE_MAX_TOKENS and norm_weight.dtype == x.dtype and h % elems == 0 and h <= 1024 * elems
+        and e <= MAX_EXPERTS and top_k <= MAX_TOP_K and norm_weight.is_contiguous() and norm_weight.data_ptr() % 16 == 0
+        and residual is not None and _rows16(x) and _rows16(residual)
+    )  # fmt: skip
+    if not fused:
+        y, s = add_rmsnorm(x, residual, norm_weight, eps)
+        return (y, s, *router_topk(y, weight, top_k, renormalize))
+    dev = x.device
+    y = torch.empty((t, h), dtype=x.dtype, device=dev)
+    s = torch.empty((t, h), dtype=x.dtype, device=dev)
+    logits = torch.empty((t, e), dtype=x.dtype, device=dev)
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    weight = weight if h <= 1 or weight.stride(1) == 1 else weight.contiguous()
+    counters = _router_counters(dev)
+    module = _module(dev)
+    jit.on_device(dev, lambda: module.moe_norm_router_topk(x, residual, norm_weight, s, y, float(eps), weight, logits,
+                                                           weights, ids, counters, top_k, renormalize))  # fmt: skip
+    return y, s, logits, weights, ids
+
+
 def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.moe_align`."""
     flat = ids.reshape(-1).to(torch.int32).contiguous()

@@ -99,3 +99,31 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
     else:
         jit.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                            w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: one launch (the fused matvec's norm
+    prologue) for one fp16 / bf16 row on the int8 path with the norm weight in x's dtype, 16-byte
+    aligned rows and K a multiple of 256 up to 2048; otherwise hip's add_rmsnorm, then
+    :func:`q4_0_matmul` of its output (the same bits)."""
+    from ftlab.hip.norm import add_rmsnorm
+
+    m, k = x.shape
+
+    def aligned(t: torch.Tensor) -> bool:
+        return t.data_ptr() % 16 == 0
+
+    if not (m == 1 and path == "int8" and x.dtype in (torch.float16, torch.bfloat16) and norm_weight.dtype == x.dtype
+            and k % SUPER_K == 0 and k <= 2048 and fused_matvec_ok(x, w) and aligned(x) and aligned(norm_weight)
+            and (residual is None or aligned(residual))):  # fmt: skip
+        y, s = add_rmsnorm(x, residual, norm_weight, eps)
+        return y, s, q4_0_matmul(y, w, path)
+    y = torch.empty((1, k), dtype=x.dtype, device=x.device)
+    s = torch.empty((1, k), dtype=x.dtype, device=x.device) if residual is not None else x
+    out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device)
+    module = jit.module_for("q4_0", x.device)
+    res = x if residual is None else residual
+    jit.on_device(x.device, lambda: module.q4_0_mv_fused_norm(w.data, x, res, residual is not None, norm_weight, s, y,
+                                                              float(eps), out))  # fmt: skip
+    return y, s, out

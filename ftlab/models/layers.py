@@ -165,6 +165,15 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
 # cache writes have run on a GPU (tests/property/test_qk_norm_rope.py -m gpu, the pipeline GPU
 # tests); the CPU tests run the model both ways.
 KV_STORE_IN_ROPE = False
+# Whether Qwen3Moe runs each layer's post-attention residual add and RMSNorm inside the router's
+# op (ops.add_rmsnorm_router_topk: hip's one launch, one fewer a layer). Off until hip's fused
+# kernel has run on a GPU (tests/property/test_norm_router.py -m gpu).
+NORM_IN_ROUTER = False
+# Whether Qwen3Moe runs each layer's input residual add and RMSNorm inside its q/k/v matvec
+# (ops.add_rmsnorm_q4_0_matmul: hip's fused matvec with the norm in its prologue, one launch fewer a
+# layer; decode, Q4_0 q/k/v). Off until that launch has run on a GPU
+# (tests/property/test_q4_0_norm_matvec.py -m gpu).
+NORM_IN_QKV = False
 
 
 class KVCache:

@@ -233,15 +233,21 @@ class Qwen3Moe:
         pass: rope tables, the cache slots written, the slots read and the causal mask."""
         return self.cache.geometry(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
-    def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor, geo: dict | None = None) -> torch.Tensor:
+    def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor, geo: dict | None = None,
+                  qkv: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x ``[B, T, H]`` at ``positions [B, T]`` -> ``[B, T, H]``; writes the layer's KV cache.
-        ``geo``: :meth:`geometry` of the positions (computed here when not given)."""
+        ``geo``: :meth:`geometry` of the positions (computed here when not given). ``qkv``: the
+        output ``[B * T, N]`` of the layer's one stacked q/k/v projection, when the caller made
+        it (``ops.add_rmsnorm_q4_0_matmul``, under ``layers.NORM_IN_QKV``)."""
         c, lw = self.config, self.weights.layers[i]
         geo = geo or self.geometry(positions, x.dtype)
         b, t, _ = x.shape
         hd, nh, nkvh = c.head_dim, self.heads, self.kv_heads
         # each part's output split into the projections it stacks
-        q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split(widths, dim=-1))
+        if qkv is not None:
+            q, k, v = qkv.view(b, t, -1).split(lw.qkv()[0][1], dim=-1)
+        else:
+            q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split(widths, dim=-1))
         v = v.reshape(b, t, nkvh, hd)
         # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope), which also writes
         # k and v into the cache (layers.KV_STORE_IN_ROPE) unless "store" names a backend of its own
@@ -254,6 +260,32 @@ class Qwen3Moe:
         out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends, stored=fused)
         out = self.linear(out.reshape(b, t, -1), lw.o_proj)
         return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj: partial sums
+
+    def _norm_in_qkv(self, rows: int) -> bool:
+        """Whether each layer's input residual add and norm run inside its q/k/v matvec
+        (``ops.add_rmsnorm_q4_0_matmul``, under ``layers.NORM_IN_QKV``): decode rows, every
+        layer's q/k/v one stacked Q4_0 weight, one backend named for add_rmsnorm and q4_0_matmul
+        (or "auto")."""
+        b = self.backends
+        return (layers.NORM_IN_QKV and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] in ("auto", b["q4_0_matmul"])
+                and all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight)
+                        for lw in self.weights.layers))  # fmt: skip
+
+    def _norm_qkv(self, i: int, x: torch.Tensor, residual: torch.Tensor | None, eps: float):
+        """Layer i's input add and norm with its q/k/v matvec: (h, s, qkv) of ``x [B, T, H]``."""
+        lw, flat = self.weights.layers[i], x.shape[-1]
+        h, s, qkv = ops.add_rmsnorm_q4_0_matmul(
+            x.reshape(-1, flat), None if residual is None else residual.reshape(-1, flat), lw.input_norm, eps,
+            lw.qkv()[0][0], path=self.q4_0_path, backend=self.backends["q4_0_matmul"])  # fmt: skip
+        return h.view(x.shape), s.view(x.shape), qkv
+
+    def _norm_in_router(self) -> bool:
+        """Whether the post-attention residual add and norm run inside the router's op
+        (``ops.add_rmsnorm_router_topk``, under ``layers.NORM_IN_ROUTER``): one backend names
+        add_rmsnorm, router_topk and route_topk (or they are "auto")."""
+        b = self.backends
+        return layers.NORM_IN_ROUTER and b["add_rmsnorm"] in ("auto", b["router_topk"]) and \
+            b["route_topk"] in ("auto", b["router_topk"])  # fmt: skip
 
     def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[N, H]`` -> (router logits ``[N, E]``, top-k weights fp32, top-k ids int32)."""
@@ -296,19 +328,35 @@ class Qwen3Moe:
         eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]
         # each residual add is fused with the norm after it (ops.add_rmsnorm): the attention's
         # with the post-attention norm, the experts' with the next layer's input norm
-        h, _ = add_norm(x, None, w.layers[0].input_norm, eps, nb)
+        fuse = self._norm_in_router()  # the post-attention add and norm inside the router's launch
+        fuse_qkv = self._norm_in_qkv(tokens.numel())  # each input norm inside the q/k/v matvec
+        qkv = None
+        if fuse_qkv:
+            h, _, qkv = self._norm_qkv(0, x, None, eps)
+        else:
+            h, _ = add_norm(x, None, w.layers[0].input_norm, eps, nb)
         for i in range(c.num_hidden_layers):
             lw = w.layers[i]
-            attn = self.attention(i, h, positions, geo)
-            h, x = add_norm(x, attn, lw.post_attention_norm, eps, nb)
+            attn = self.attention(i, h, positions, geo, qkv=qkv)
+            if fuse:
+                flat = x.shape[-1]
+                h, x, logits, weights, ids = ops.add_rmsnorm_router_topk(
+                    x.reshape(-1, flat), attn.reshape(-1, flat), lw.post_attention_norm, eps, lw.router,
+                    c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["router_topk"])  # fmt: skip
+                x = x.view(attn.shape)
+            else:
+                h, x = add_norm(x, attn, lw.post_attention_norm, eps, nb)
+                h = h.reshape(-1, x.shape[-1])
             yield Stage(f"layer {i} attention", {"attention": attn, "hidden": x}, "attention")
-            h = h.reshape(-1, x.shape[-1])
-            logits, weights, ids = self.router(i, h)
+            if not fuse:
+                logits, weights, ids = self.router(i, h)
             yield Stage(
                 f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights"
             )
             moe = self.experts(i, h, weights, ids).view_as(x)
-            if i + 1 < c.num_hidden_layers:
+            if i + 1 < c.num_hidden_layers and fuse_qkv:
+                h, x, qkv = self._norm_qkv(i + 1, moe, x, eps)
+            elif i + 1 < c.num_hidden_layers:
                 h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb)
             else:
                 x = x + moe

@@ -7,8 +7,9 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
 
 - ``index_store``: :func:`index`, :func:`store`;
 - ``q4_0``: :func:`quantize_q4_0`, :func:`dequantize_q4_0`, :func:`quantize_q8_1`,
-  :func:`q4_0_matmul`;
-- ``moe``: :func:`route_topk`, :func:`moe_align`, :func:`moe_experts`, :func:`fused_moe`;
+  :func:`q4_0_matmul`, :func:`add_rmsnorm_q4_0_matmul`;
+- ``moe``: :func:`route_topk`, :func:`router_topk`, :func:`add_rmsnorm_router_topk`, :func:`moe_align`,
+  :func:`moe_experts`, :func:`fused_moe`;
 - ``qk_norm_rope``: :func:`qk_norm_rope`;
 - ``deltanet``: :func:`gated_delta_rule` (prefill), :func:`gated_delta_step` (decode);
 - ``conv1d``: :func:`causal_conv1d`, :func:`causal_conv1d_update`;
@@ -27,15 +28,30 @@ from ftlab.ops.conv1d import causal_conv1d, causal_conv1d_update
 from ftlab.ops.deltanet import gated_delta_rule, gated_delta_step
 from ftlab.ops.gated_norm import gated_rmsnorm, output_gate
 from ftlab.ops.index_store import index, store
-from ftlab.ops.moe import fused_moe, moe_align, moe_experts, route_topk, router_topk
+from ftlab.ops.moe import (
+    add_rmsnorm_router_topk,
+    fused_moe,
+    moe_align,
+    moe_experts,
+    route_topk,
+    router_topk,
+)
 from ftlab.ops.norm import add_rmsnorm
-from ftlab.ops.q4_0 import dequantize_q4_0, q4_0_matmul, quantize_q4_0, quantize_q8_1
+from ftlab.ops.q4_0 import (
+    add_rmsnorm_q4_0_matmul,
+    dequantize_q4_0,
+    q4_0_matmul,
+    quantize_q4_0,
+    quantize_q8_1,
+)
 from ftlab.ops.qk_norm_rope import qk_norm_rope
 from ftlab.ops.quant_matmul import quant_matmul
 from ftlab.ops.quants import dequantize, quantize
 
 __all__ = [
     "add_rmsnorm",
+    "add_rmsnorm_q4_0_matmul",
+    "add_rmsnorm_router_topk",
     "causal_conv1d",
     "causal_conv1d_update",
     "decode_attention",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.ops.norm import checked as norm_checked
+from ftlab.ops.norm import contiguous_rows as norm_rows
 from ftlab.quant import QTYPES, Q4_0Weight, QuantWeight
 
 #: the paths of moe_experts on QuantWeight banks of other types than Q4_0 (Q8_0, the K-quants),
@@ -54,6 +56,12 @@ def router_topk(
     docs/OPS.md section 3); weights and ids are exactly :func:`route_topk` of the returned
     logits. The hip backend does it in one launch (the last block of a token routes it), with a
     per-device counter buffer: calls on two streams of one device must not overlap."""
+    _router_checks(x, weight, top_k, renormalize)
+    impl = backends.resolve("router_topk", backend, x.device, x.dtype)
+    return impl.fn(x, weight, top_k, renormalize)
+
+
+def _router_checks(x: object, weight: object, top_k: object, renormalize: object) -> None:
     argcheck.float_tensor("x", x)
     argcheck.float_tensor("weight", weight)
     if x.dim() != 2:
@@ -65,8 +73,29 @@ def router_topk(
     argcheck.int_in("top_k", top_k, 1, weight.shape[0])
     if not isinstance(renormalize, bool):
         raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
-    impl = backends.resolve("router_topk", backend, x.device, x.dtype)
-    return impl.fn(x, weight, top_k, renormalize)
+
+
+def add_rmsnorm_router_topk(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    top_k: int, renormalize: bool = True, *, backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A layer's residual add and the RMSNorm after it, then the router of the normed rows:
+    ``(y, s, logits, weights, ids)``, bit for bit what one backend's
+    ``y, s = add_rmsnorm(x, residual, norm_weight, eps)`` then ``router_topk(y, weight, top_k,
+    renormalize)`` give (arguments as theirs: x and residual ``[T, H]`` of one float dtype,
+    norm_weight ``[H]``, weight ``[E, H]`` of x's dtype). The hip backend does it in one launch
+    for decode (up to ``backends.DECODE_MAX_TOKENS`` tokens, a residual, the norm weight in x's
+    dtype, 16-byte aligned rows): each block of the router recomputes the token's norm with
+    add_rmsnorm's arithmetic and reads y from its LDS; otherwise, and in the other backends, the
+    two ops run one after the other. Routing counters as :func:`router_topk`'s: calls on two
+    streams of one device must not overlap."""
+    eps = norm_checked(x, residual, norm_weight, eps)
+    _router_checks(x, weight, top_k, renormalize)
+    impl = backends.resolve("add_rmsnorm_router_topk", backend, x.device, x.dtype)
+    res = None if residual is None else norm_rows(residual)
+    y, s, logits, weights, ids = impl.fn(norm_rows(x), res, norm_weight.contiguous(), eps, weight, top_k,
+                                         renormalize)  # fmt: skip
+    return y, x if residual is None else s, logits, weights, ids
 
 
 def moe_align(

@@ -8,7 +8,7 @@ import torch
 from ftlab import argcheck, backends
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
+def contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     """``[N, H]`` with contiguous rows (any row stride) as given, else a copy."""
     return t if t.stride(1) == 1 or t.shape[1] <= 1 else t.contiguous()
 
@@ -24,6 +24,15 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     row of H, in fp32 from the rounded s, rounded once. Returns a new contiguous ``y [N, H]`` and
     ``s`` (a new contiguous ``[N, H]``, or x), both in x's dtype; the inputs are never written.
     """
+    eps = checked(x, residual, weight, eps)
+    impl = backends.resolve("add_rmsnorm", backend, x.device, x.dtype)
+    res = None if residual is None else contiguous_rows(residual)
+    y, s = impl.fn(contiguous_rows(x), res, weight.contiguous(), eps)
+    return y, x if residual is None else s
+
+
+def checked(x: object, residual: object, weight: object, eps: object) -> float:
+    """add_rmsnorm's argument checks (each error names the argument); eps as a float."""
     argcheck.float_tensor("x", x)
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"x must be 2-D [N, H] with H > 0, got shape {tuple(x.shape)}")
@@ -34,8 +43,4 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
                              f"got {tuple(residual.shape)}")  # fmt: skip
         if residual.dtype != x.dtype:
             raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
-    eps = argcheck.norm_weight(weight, "H", x.shape[1], eps, x, residual=residual)
-    impl = backends.resolve("add_rmsnorm", backend, x.device, x.dtype)
-    res = None if residual is None else _rows(residual)
-    y, s = impl.fn(_rows(x), res, weight.contiguous(), eps)
-    return y, x if residual is None else s
+    return argcheck.norm_weight(weight, "H", x.shape[1], eps, x, residual=residual)

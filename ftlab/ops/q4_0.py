@@ -102,3 +102,28 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
     if x_q8 is None or chosen != "int8":  # a registered backend may take (x, w, path) only
         return impl.fn(x, w, chosen)
     return impl.fn(x, w, chosen, x_q8)
+
+
+def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                            w: Q4_0Weight, *, path: str = "auto",
+                            backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A layer's residual add and the RMSNorm before its first projection, then that projection:
+    ``(y, s, out)``, bit for bit what one backend's ``y, s = add_rmsnorm(x, residual, norm_weight,
+    eps)`` then ``out = q4_0_matmul(y, w, path=path)`` give (arguments as theirs: x and residual
+    ``[M, K]`` of one float dtype, norm_weight ``[K]``, w a Q4_0Weight ``[N, K]``; s is x itself
+    without a residual). The hip backend does it in one launch for one row (fp16 / bf16, the int8
+    path, the norm weight in x's dtype, 16-byte aligned rows, K a multiple of 256 up to 2048): its
+    fused matvec computes the norm in every block with add_rmsnorm's arithmetic before quantizing;
+    otherwise, and in the other backends, the two ops run one after the other."""
+    from ftlab.ops.norm import checked, contiguous_rows
+
+    eps = checked(x, residual, norm_weight, eps)
+    argcheck.q4_0_weight("w", w)
+    if len(w.shape) != 2 or w.shape[1] != x.shape[1]:
+        raise ValueError(f"w must be a 2-D Q4_0Weight [N, K] with x's K = {x.shape[1]}, got shape {tuple(w.shape)}")
+    if x.device != w.device:
+        raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
+    impl, chosen = backends.resolve_path("add_rmsnorm_q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
+    res = None if residual is None else contiguous_rows(residual)
+    y, s, out = impl.fn(contiguous_rows(x), res, norm_weight.contiguous(), eps, w, chosen)
+    return y, x if residual is None else s, out

@@ -114,3 +114,13 @@ def moe_experts(
             h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]  # [1, I]
             out[t] += float(topk_weights[t, j]) * _linear(h, w_down[e], path)[0]
     return out.to(x.dtype)
+
+
+def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                            weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: the reference add_rmsnorm, then
+    :func:`router_topk` of its output."""
+    from ftlab.reference.norm import add_rmsnorm
+
+    y, s = add_rmsnorm(x, residual, norm_weight, eps)
+    return (y, s, *router_topk(y, weight, top_k, renormalize))

@@ -113,3 +113,13 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str = "int8", x_q8: Q8_1 |
     if path == "dequant":
         return (x.float() @ dequantize_q4_0(w, torch.float32).T).to(x.dtype)
     raise ValueError(f"path must be 'int8' or 'dequant', got {path!r}")
+
+
+def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                            w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: the reference add_rmsnorm, then
+    :func:`q4_0_matmul` of its output."""
+    from ftlab.reference.norm import add_rmsnorm
+
+    y, s = add_rmsnorm(x, residual, norm_weight, eps)
+    return y, s, q4_0_matmul(y, w, path)

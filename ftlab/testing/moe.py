@@ -85,6 +85,25 @@ def check_router_case(x: torch.Tensor, weight: torch.Tensor, top_k: int, renorma
         _check_routes(name, logits, top_k, renormalize, w, ids, own_ids)
 
 
+def check_norm_router_case(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
+                           w: torch.Tensor, k: int, renorm: bool, device: torch.device | str = "cpu",
+                           backends: Sequence[str] | None = None) -> None:  # fmt: skip
+    """Each backend's ``add_rmsnorm_router_topk`` against its own ``add_rmsnorm`` then ``router_topk``:
+    all five outputs equal, bit for bit (the op's contract: hip's one launch repeats the two
+    kernels' arithmetic); s is x itself without a residual."""
+    dev = torch.device(device)
+    x, norm_w, w = x.to(dev), norm_w.to(dev), w.to(dev)
+    residual = None if residual is None else residual.to(dev)
+    for name in backends_for("add_rmsnorm_router_topk", dev, x.dtype, backends):
+        got = ops.add_rmsnorm_router_topk(x, residual, norm_w, eps, w, k, renorm, backend=name)
+        y, s = ops.add_rmsnorm(x, residual, norm_w, eps, backend=name)
+        want = (y, s, *ops.router_topk(y, w, k, renorm, backend=name))
+        for part, a, b in zip(("y", "s", "logits", "weights", "ids"), got, want, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype, (name, part)
+            assert torch.equal(a.cpu(), b.cpu()), f"{name}: {part} differs from add_rmsnorm then router_topk"
+        assert (got[1] is x) == (residual is None), name
+
+
 def check_align_case(ids: torch.Tensor, num_experts: int, block_m: int, device: torch.device | str = "cpu",
                      backends: Sequence[str] | None = None) -> None:  # fmt: skip
     device = torch.device(device)

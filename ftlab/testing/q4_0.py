@@ -222,3 +222,23 @@ def check_matmul_case(case: MatmulCase, device: torch.device | str = "cpu",
                 f"{name}: the product with x_q8 given is not that of x_q8")
         outputs[name] = got
     return outputs
+
+
+def check_norm_matmul_case(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                           w: Q4_0Weight, device: torch.device | str = "cpu",
+                           backends: Sequence[str] | None = None) -> None:  # fmt: skip
+    """Each backend's ``add_rmsnorm_q4_0_matmul`` against its own ``add_rmsnorm`` then ``q4_0_matmul``
+    (on the int8 path): y, s and the product equal, bit for bit (the op's contract: hip's one
+    launch repeats the two kernels' arithmetic); s is x itself without a residual."""
+    dev = torch.device(device)
+    x, norm_weight = x.to(dev), norm_weight.to(dev)
+    w = Q4_0Weight(w.data.to(dev), tuple(w.shape))
+    residual = None if residual is None else residual.to(dev)
+    for name in backends_for("add_rmsnorm_q4_0_matmul", dev, x.dtype, backends):
+        got = ops.add_rmsnorm_q4_0_matmul(x, residual, norm_weight, eps, w, path="int8", backend=name)
+        y, s = ops.add_rmsnorm(x, residual, norm_weight, eps, backend=name)
+        want = (y, s, ops.q4_0_matmul(y, w, path="int8", backend=name))
+        for part, a, b in zip(("y", "s", "out"), got, want, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype, (name, part)
+            assert torch.equal(a.cpu(), b.cpu()), f"{name}: {part} differs from add_rmsnorm then q4_0_matmul"
+        assert (got[1] is x) == (residual is None), name

@@ -37,7 +37,17 @@ from ftlab.triton.q4_0_common import (
     load_x_words,
 )
 
-__all__ = ["moe_align", "moe_experts", "route_topk", "router_topk"]
+__all__ = ["add_rmsnorm_router_topk", "moe_align", "moe_experts", "route_topk", "router_topk"]
+
+def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                            weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: Triton's add_rmsnorm, then its
+    router_topk of the output (two launches: hip's is the one-launch form)."""
+    from ftlab.triton.norm import add_rmsnorm
+
+    y, s = add_rmsnorm(x, residual, norm_weight, eps)
+    return (y, s, *router_topk(y, weight, top_k, renormalize))
+
 
 # expert matvec tiles: 16 output rows (32 ran RDNA out of SGPRs) x 64 of the reduction
 _EXPERT_ROWS = 16

@@ -214,6 +214,16 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
     return q4_0_dequant_gemm(x, w)
 
 
+def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                            w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: Triton's add_rmsnorm, then its
+    q4_0_matmul of the output (two launches: hip's is the one-launch form)."""
+    from ftlab.triton.norm import add_rmsnorm
+
+    y, s = add_rmsnorm(x, residual, norm_weight, eps)
+    return y, s, q4_0_matmul(y, w, path)
+
+
 def compile_specs(target: str) -> list:
     """The configurations ftlab launches on ``target``, for ftlab.compile_check."""
     from ftlab.triton.compile_spec import spec

@@ -54,98 +54,7 @@ unsigned cdiv(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) /
 
 }  // namespace
 
-// weights fp32 [T, k], ids int32 [T, k] = the top-k of softmax(logits [T, E]).
-void moe_route_topk(TensorView logits, TensorView w, TensorView ids, int64_t top_k, bool renorm) {
-  TVM_FFI_CHECK(logits.ndim() == 2 && (logits.size(1) <= 1 || logits.stride(1) == 1), ValueError)
-      << "logits must be [T, E] with contiguous rows";
-  const int64_t t = logits.size(0), e = logits.size(1);
-  TVM_FFI_CHECK(e <= kMaxExperts, ValueError) << "the router takes at most " << kMaxExperts << " experts, got " << e;
-  TVM_FFI_CHECK(top_k >= 1 && top_k <= e && top_k <= kMoeGroup, ValueError)
-      << "top_k must be in [1, min(E, " << kMoeGroup << ")], got " << top_k;
-  check_f32(w, "w");
-  check_i32(ids, "ids");
-  TVM_FFI_CHECK(w.numel() == t * top_k && ids.numel() == t * top_k, ValueError) << "w and ids must be [T, k]";
-  if (t == 0) return;
-  port_stream_t st = stream_of(w);
-  float* wp = static_cast<float*>(base_of(w));
-  int32_t* ip = static_cast<int32_t*>(base_of(ids));
-  const int ke = static_cast<int>(e), kk = static_cast<int>(top_k), rn = renorm ? 1 : 0;
-  switch (fp_of(logits, "logits")) {
-#define FTLAB_ROUTE_CASE(F, T)                                                                              \
-  case Fp::F:                                                                                               \
-    if (e <= 4 * kMoeGroup) {                                                                               \
-      moe_route_topk_kernel<T, 4><<<cdiv(t, kRouteTokens), kMoeThreads, 0, st>>>(                           \
-          static_cast<const T::storage*>(base_of(logits)), logits.stride(0), wp, ip, t, ke, kk, rn);        \
-    } else {                                                                                                \
-      moe_route_topk_kernel<T, kMaxExperts / kMoeGroup><<<cdiv(t, kRouteTokens), kMoeThreads, 0, st>>>(     \
-          static_cast<const T::storage*>(base_of(logits)), logits.stride(0), wp, ip, t, ke, kk, rn);        \
-    }                                                                                                       \
-    break;
-    FTLAB_ROUTE_CASE(f32, f32_t)
-    FTLAB_ROUTE_CASE(f16, f16_t)
-    FTLAB_ROUTE_CASE(bf16, bf16_t)
-#undef FTLAB_ROUTE_CASE
-  }
-  check_launch("moe_route_topk_kernel");
-}
-
-// logits [T, E] (x's dtype) = x [T, H] @ w [E, H]^T, and weights fp32 [T, k], ids int32 [T, k]
-// = their top-k, in one launch; counters int32 [>= T] all 0 (the kernel leaves them 0).
-void moe_router_topk(TensorView x, TensorView w, TensorView logits, TensorView wts, TensorView ids,
-                     TensorView counters, int64_t top_k, bool renorm) {
-  TVM_FFI_CHECK(x.ndim() == 2 && (x.size(1) <= 1 || x.stride(1) == 1), ValueError)
-      << "x must be [T, H] with contiguous rows";
-  TVM_FFI_CHECK(w.ndim() == 2 && (w.size(1) <= 1 || w.stride(1) == 1) && w.size(1) == x.size(1), ValueError)
-      << "w must be [E, H] with contiguous rows and x's H";
-  TVM_FFI_CHECK(fp_of(w, "w") == fp_of(x, "x") && fp_of(logits, "logits") == fp_of(x, "x"), TypeError)
-      << "w and logits must have x's dtype";
-  const int64_t t = x.size(0), h = x.size(1), e = w.size(0);
-  check_contiguous(logits, "logits");
-  TVM_FFI_CHECK(logits.ndim() == 2 && logits.size(0) == t && logits.size(1) == e, ValueError) << "logits must be [T, E]";
-  TVM_FFI_CHECK(e >= 1 && e <= kMaxExperts, ValueError) << "the router takes 1 to " << kMaxExperts << " experts, got " << e;
-  TVM_FFI_CHECK(top_k >= 1 && top_k <= e && top_k <= kMoeGroup, ValueError)
-      << "top_k must be in [1, min(E, " << kMoeGroup << ")], got " << top_k;
-  check_f32(wts, "weights");
-  check_i32(ids, "ids");
-  TVM_FFI_CHECK(wts.numel() == t * top_k && ids.numel() == t * top_k, ValueError) << "weights and ids must be [T, k]";
-  check_contiguous(counters, "counters");
-  TVM_FFI_CHECK(counters.dtype().code == kDLInt && counters.dtype().bits == 32 && counters.numel() >= t, TypeError)
-      << "counters must be int32 with at least T entries";
-  TVM_FFI_CHECK(t < 65536, ValueError) << "the router takes fewer than 65536 tokens a call, got " << t;
-  if (t == 0) return;
-  auto aligned = [](const TensorView& v, int64_t stride, int64_t bytes) {
-    return reinterpret_cast<uintptr_t>(base_of(v)) % 16 == 0 && (stride * bytes) % 16 == 0;
-  };
-  port_stream_t st = stream_of(wts);
-  float* wp = static_cast<float*>(base_of(wts));
-  int32_t* ip = static_cast<int32_t*>(base_of(ids));
-  uint32_t* cp = static_cast<uint32_t*>(base_of(counters));
-  const int ke = static_cast<int>(e), kk = static_cast<int>(top_k), rn = renorm ? 1 : 0;
-  const dim3 grid(cdiv(e, kRouterRows), static_cast<unsigned>(t));
-  switch (fp_of(x, "x")) {
-#define FTLAB_ROUTER_CASE(F, T)                                                                             \
-  case Fp::F: {                                                                                             \
-    const int64_t eb = sizeof(T::storage);                                                                  \
-    const bool vec = h % 8 == 0 && aligned(x, x.stride(0), eb) && aligned(w, w.stride(0), eb);              \
-    const auto* xp = static_cast<const T::storage*>(base_of(x));                                            \
-    const auto* wq = static_cast<const T::storage*>(base_of(w));                                            \
-    auto* lp = static_cast<T::storage*>(base_of(logits));                                                   \
-    if (e <= 4 * kMoeGroup) {                                                                               \
-      launch_pdl(moe_router_topk_kernel<T, 4>, grid, dim3(kMoeThreads), st, xp, x.stride(0), wq, w.stride(0), \
-                 h, lp, wp, ip, cp, ke, kk, rn, vec);                                                       \
-    } else {                                                                                                \
-      launch_pdl(moe_router_topk_kernel<T, kMaxExperts / kMoeGroup>, grid, dim3(kMoeThreads), st, xp,        \
-                 x.stride(0), wq, w.stride(0), h, lp, wp, ip, cp, ke, kk, rn, vec);                         \
-    }                                                                                                       \
-    break;                                                                                                  \
-  }
-    FTLAB_ROUTER_CASE(f32, f32_t)
-    FTLAB_ROUTER_CASE(f16, f16_t)
-    FTLAB_ROUTER_CASE(bf16, bf16_t)
-#undef FTLAB_ROUTER_CASE
-  }
-  check_launch("moe_router_topk_kernel");
-}
+#include "moe_route_launch.h"  // route_topk, router_topk, the norm + router
 
 // moe_align: ids int32 [pairs] -> sorted [capacity], expert_ids [capacity / block_m], npad [1];
 // counts int32 [E] is scratch.
@@ -408,6 +317,7 @@ void moe_gemm_dense(TensorView a, TensorView w, TensorView sorted, TensorView ex
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_route_topk, ftlab::moe_route_topk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_router_topk, ftlab::moe_router_topk);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_norm_router_topk, ftlab::moe_norm_router_topk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align, ftlab::moe_align);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_experts_decode_q4, ftlab::moe_experts_decode_q4);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_experts_decode_dense, ftlab::moe_experts_decode_dense);

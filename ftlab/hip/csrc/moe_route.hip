@@ -5,6 +5,7 @@
 // Includes moe_common.h (then q4_0_common.h and port.h) only: the gfx compile check compiles
 // this file alone.
 #include "moe_common.h"
+#include "norm_common.h"
 
 namespace ftlab {
 
@@ -153,6 +154,123 @@ __global__ void __launch_bounds__(kMoeThreads)
   route_group<PER>(p, lane, num_experts, top_k, renorm, w_out + t * top_k, ids_out + t * top_k);
 }
 
+// ------------------------------------------------------------------ residual add, RMSNorm and router, one launch
+
+// add_rmsnorm then router_topk of its output, one launch (the grid of moe_router_topk_kernel):
+// every block first computes token t's s = x + residual and y = RMSNorm(s) * norm_w with
+// add_rmsnorm_kernel's arithmetic (kNormThreads == kMoeThreads threads, V-element pieces, the
+// same sums in the same order: its bits), y kept in LDS; block 0 of the token also stores s and
+// y. Then the block's logits from the LDS copy of y (the loads of moe_router_topk_kernel, from
+// LDS), and the last block routes the token. H a multiple of V, at most kNormThreads *
+// kNormCache * V (no second pass), every row of x, residual, s, y and the weight 16-byte aligned.
+
+template <typename T, int V, int PER>
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_norm_router_topk_kernel(const typename T::storage* __restrict__ x, int64_t x_row,
+                                const typename T::storage* __restrict__ res, int64_t r_row,
+                                const typename T::storage* __restrict__ norm_w, typename T::storage* __restrict__ s_out,
+                                typename T::storage* __restrict__ y_out, float eps,
+                                const typename T::storage* __restrict__ w, int64_t w_stride, int64_t hidden,
+                                typename T::storage* logits, float* __restrict__ w_out, int32_t* __restrict__ ids_out,
+                                uint32_t* __restrict__ counters, int num_experts, int top_k, int renorm, bool vec) {
+  static_assert(kNormThreads == kMoeThreads, "the norm's reduction order is that of kNormThreads threads");
+  typedef typename T::storage S;
+  __shared__ __attribute__((aligned(16))) S ys[kNormThreads * kNormCache * V];  // y: 16 KiB
+  __shared__ float partial[kNormPartials];
+  __shared__ int last;
+  const int lane = threadIdx.x % kMoeGroup, group = threadIdx.x / kMoeGroup;
+  const int64_t t = blockIdx.y;
+  const int e = static_cast<int>(blockIdx.x) * kRouterRows + group;
+  if (PORT_HAS_L2_PREFETCH && e < num_experts) {  // the weight row, asked of the L2 while the kernel before finishes
+    constexpr int64_t kLine = 128 / sizeof(*w);
+    for (int64_t i = kLine * lane; i < hidden; i += kLine * kMoeGroup) port_prefetch_l2(w + e * w_stride + i);
+  }
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): x and the residual only after this
+  port_pdl_trigger();
+  // the norm: add_rmsnorm_kernel's first pass and reduction, its second pass into LDS
+  const bool first = blockIdx.x == 0;
+  const int h = static_cast<int>(hidden);
+  const int tid = static_cast<int>(threadIdx.x);
+  norm_pieces<T, V> xs[kNormCache], rs[kNormCache];
+#pragma unroll
+  for (int c = 0; c < kNormCache; ++c) {
+    const int64_t at = static_cast<int64_t>(tid + c * kNormThreads) * V;
+    if (at < h) {
+      norm_fetch<T, V>(x + t * x_row + at, xs[c]);
+      norm_fetch<T, V>(res + t * r_row + at, rs[c]);
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kNormCache; ++c) {
+    const int64_t at = static_cast<int64_t>(tid + c * kNormThreads) * V;
+    if (at < h) ss += norm_sum<T, V>(xs[c], rs[c], first ? s_out + t * hidden + at : nullptr, true);
+  }
+#pragma unroll
+  for (int m = PORT_WARP_SIZE / 2; m > 0; m >>= 1) ss += port_shfl_xor(ss, m);
+  if (tid % PORT_WARP_SIZE == 0) partial[tid / PORT_WARP_SIZE] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormThreads / PORT_WARP_SIZE; ++k) total += partial[k];
+  const float r = 1.0f / port_sqrtf(total / static_cast<float>(h) + eps);
+#pragma unroll
+  for (int c = 0; c < kNormCache; ++c) {
+    const int64_t at = static_cast<int64_t>(tid + c * kNormThreads) * V;
+    if (at < h) {
+      norm_pieces<T, V> wraw, out;
+      norm_fetch<T, V>(norm_w + at, wraw);
+      float wv[V];
+      norm_floats<T, V>(wraw, wv);
+      norm_make<T, V>(xs[c], wv, r, out);
+      norm_put<T, V>(ys + at, out);
+      if (first) norm_put<T, V>(y_out + t * hidden + at, out);
+    }
+  }
+  __syncthreads();
+  // the router: moe_router_topk_kernel's dot, x read from LDS
+  if (e < num_experts) {
+    const S* wr = w + e * w_stride;
+    float acc = 0.0f;
+    if (vec) {
+      for (int64_t i = 8 * lane; i < hidden; i += 8 * kMoeGroup) {
+        float a[8], b[8];
+        load8<T>(ys + i, true, a);
+        load8<T>(wr + i, true, b);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc += a[c] * b[c];
+      }
+    } else {
+      for (int64_t i = lane; i < hidden; i += kMoeGroup) acc += T::load(ys + i) * T::load(wr + i);
+    }
+    acc = group_sum(acc);
+    if (lane == 0) {
+      logits[t * num_experts + e] = T::from_float(acc);
+      port_fence_device();
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    port_fence_device();
+    last = port_atomic_add(&counters[t], 1u) == gridDim.x - 1;
+    if (last) port_fence_device();
+  }
+  __syncthreads();
+  if (!last || group != 0) return;
+  port_fence_device();
+  if (lane == 0) counters[t] = 0u;
+  const volatile S* row = logits + t * num_experts;
+  float p[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int ex = lane + i * kMoeGroup;
+    S bits{};
+    if (ex < num_experts) bits = row[ex];
+    p[i] = ex < num_experts ? T::load(&bits) : -__builtin_inff();
+  }
+  route_group<PER>(p, lane, num_experts, top_k, renorm, w_out + t * top_k, ids_out + t * top_k);
+}
+
 // ------------------------------------------------------------------ align
 
 // counts[e] = number of (token, slot) pairs routed to expert e; one block per expert.
@@ -230,6 +348,15 @@ __global__ void __launch_bounds__(kMoeThreads)
   template __global__ void moe_router_topk_kernel<T, 32>(const T::storage*, int64_t, const T::storage*,\
                                                          int64_t, int64_t, T::storage*, float*, int32_t*,\
                                                          uint32_t*, int, int, int, bool);
+#define FTLAB_NORM_ROUTER_INSTANTIATE(T, V, PER)                                                        \
+  template __global__ void moe_norm_router_topk_kernel<T, V, PER>(                                       \
+      const T::storage*, int64_t, const T::storage*, int64_t, const T::storage*, T::storage*, T::storage*, \
+      float, const T::storage*, int64_t, int64_t, T::storage*, float*, int32_t*, uint32_t*, int, int, int,  \
+      bool);
+#define FTLAB_NORM_ROUTER_WIDTHS(T, V) FTLAB_NORM_ROUTER_INSTANTIATE(T, V, 4) FTLAB_NORM_ROUTER_INSTANTIATE(T, V, 32)
+FTLAB_NORM_ROUTER_WIDTHS(f32_t, 4)
+FTLAB_NORM_ROUTER_WIDTHS(f16_t, 8)
+FTLAB_NORM_ROUTER_WIDTHS(bf16_t, 8)
 FTLAB_MOE_ROUTE_INSTANTIATE(f32_t)
 FTLAB_MOE_ROUTE_INSTANTIATE(f16_t)
 FTLAB_MOE_ROUTE_INSTANTIATE(bf16_t)

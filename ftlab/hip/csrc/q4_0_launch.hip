@@ -175,13 +175,33 @@ void launch_mv_fused(const TensorView& w, const TensorView& x, const Q8Args* q8,
     const dim3 grid(persistent_grid(kernel, kGroup * kFusedGroups, (row_sets + kFusedGroups - 1) / kFusedGroups));
     launch_pdl(kernel, grid, block, stream_of(y), xp, xs, q8 ? q8->q : nullptr, q8 ? q8->d : nullptr,
                q8 ? q8->s : nullptr, static_cast<const uint8_t*>(base_of(w)), w.size(1),
-               static_cast<typename T::storage*>(base_of(y)), n, k, g_lanes);
+               static_cast<typename T::storage*>(base_of(y)), n, k, g_lanes, nullptr, int64_t{0}, nullptr, nullptr,
+               nullptr, 0.0f);
   };
   if (q8) {
-    go(q4_0_mv_fused_kernel<T, M, true>);
+    go(q4_0_mv_fused_kernel<T, M, kFusedGiven>);
   } else {
-    go(q4_0_mv_fused_kernel<T, M, false>);
+    go(q4_0_mv_fused_kernel<T, M, kFusedQuantize>);
   }
+}
+
+// The norm prologue's launch (one row): x [1, K] and res (null: none) with 16-byte aligned rows,
+// norm_w [K], s_out / y_out [1, K] (s_out unused without res); out [1, N].
+template <typename T>
+void launch_mv_fused_norm(const TensorView& w, const TensorView& x, const TensorView* res, const TensorView& norm_w,
+                          const TensorView& s_out, const TensorView& y_out, float eps, const TensorView& out,
+                          int g_lanes) {
+  typedef typename T::storage S;
+  const int64_t n = w.size(0), k = x.size(1);
+  const int64_t row_sets = (n + kGroup / g_lanes - 1) / (kGroup / g_lanes);
+  const dim3 block(kGroup, kFusedGroups);
+  auto kernel = q4_0_mv_fused_kernel<T, 1, kFusedNorm>;
+  const dim3 grid(persistent_grid(kernel, kGroup * kFusedGroups, (row_sets + kFusedGroups - 1) / kFusedGroups));
+  launch_pdl(kernel, grid, block, stream_of(out), static_cast<const S*>(base_of(x)), x.stride(0), nullptr, nullptr,
+             nullptr, static_cast<const uint8_t*>(base_of(w)), w.size(1), static_cast<S*>(base_of(out)), n, k,
+             g_lanes, res ? static_cast<const S*>(base_of(*res)) : nullptr, res ? res->stride(0) : int64_t{0},
+             static_cast<const S*>(base_of(norm_w)), static_cast<S*>(base_of(s_out)), static_cast<S*>(base_of(y_out)),
+             eps);
 }
 
 template <typename T>
@@ -253,6 +273,45 @@ void q4_0_mv_fused_q8(TensorView w, TensorView q, TensorView d, TensorView s, Te
   check_launch("q4_0_mv_fused_kernel");
 }
 
+// add_rmsnorm then the fused matvec of its y, one launch: x [1, K] (fp16 / bf16) and, when has_res,
+// res [1, K] (16-byte aligned contiguous rows; without a residual res is unread), norm_w [K] of x's
+// dtype, s and y_norm [1, K] (s = x + res rounded, y_norm its RMSNorm: add_rmsnorm's bits; s
+// unwritten without a residual), out [1, N] = y_norm @ w^T as q4_0_mv_fused computes it. K a
+// multiple of 256 and at most 2048 (one 8-element piece an add_rmsnorm thread).
+void q4_0_mv_fused_norm(TensorView w, TensorView x, TensorView res, bool has_res, TensorView norm_w, TensorView s,
+                        TensorView y_norm, double eps, TensorView out) {
+  const Fp fp = fp_of(x, "x");
+  TVM_FFI_CHECK(fp == Fp::f16 || fp == Fp::bf16, TypeError) << "the norm matvec takes fp16 / bf16 x";
+  for (const TensorView* v : {&res, &norm_w, &s, &y_norm, &out})
+    TVM_FFI_CHECK(fp_of(*v, "operand") == fp, TypeError) << "every float operand must have x's dtype";
+  const int64_t k = x.ndim() == 2 ? x.size(1) : 0;
+  auto row16 = [](const TensorView& v) {
+    return reinterpret_cast<uintptr_t>(base_of(v)) % 16 == 0 && (v.size(1) <= 1 || v.stride(1) == 1);
+  };
+  TVM_FFI_CHECK(x.ndim() == 2 && x.size(0) == 1 && k % (kQK * kSuperBlocks) == 0 && k <= 8 * kNormThreads &&
+                    row16(x) && (!has_res || (res.ndim() == 2 && res.size(0) == 1 && res.size(1) == k && row16(res))),
+                ValueError)
+      << "x (and res) must be [1, K], 16-byte aligned contiguous, K a multiple of 256 at most " << 8 * kNormThreads;
+  check_contiguous(norm_w, "norm weight");
+  TVM_FFI_CHECK(norm_w.numel() == k && reinterpret_cast<uintptr_t>(base_of(norm_w)) % 16 == 0, ValueError)
+      << "the norm weight must be [K], 16-byte aligned";
+  for (const TensorView* v : {&s, &y_norm}) {
+    check_contiguous(*v, "s / y");
+    TVM_FFI_CHECK(v->ndim() == 2 && v->size(0) == 1 && v->size(1) == k && reinterpret_cast<uintptr_t>(base_of(*v)) % 16 == 0,
+                  ValueError)
+        << "s and y must be [1, K], 16-byte aligned";
+  }
+  const int g_lanes = fused_checks(w, 1, k, out);
+  if (g_lanes == 0) return;
+  const float e = static_cast<float>(eps);
+  if (fp == Fp::f16) {
+    launch_mv_fused_norm<f16_t>(w, x, has_res ? &res : nullptr, norm_w, s, y_norm, e, out, g_lanes);
+  } else {
+    launch_mv_fused_norm<bf16_t>(w, x, has_res ? &res : nullptr, norm_w, s, y_norm, e, out, g_lanes);
+  }
+  check_launch("q4_0_mv_fused_kernel");
+}
+
 // y [M, N] fp32, any M: the dp4a-tiled GEMM.
 void q4_0_gemm(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
   const Q8Args a = q8_args(q, d, s);
@@ -275,4 +334,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_q8_1, ftlab::quantize_q8_1);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv, ftlab::q4_0_mv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv_fused, ftlab::q4_0_mv_fused);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv_fused_q8, ftlab::q4_0_mv_fused_q8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_mv_fused_norm, ftlab::q4_0_mv_fused_norm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(q4_0_gemm, ftlab::q4_0_gemm);

@@ -11,7 +11,7 @@
 // ((w >> 4) & 0x0F0F0F0F) the matching high nibbles = elements 4i+16..4i+19.
 //
 // Includes q4_0_common.h and port.h only: the gfx compile check compiles this file alone.
-#include "q4_0_common.h"
+#include "norm_common.h"  // includes q4_0_common.h
 
 namespace ftlab {
 
@@ -186,16 +186,31 @@ constexpr int kRecordWords = 84;                  // activation words per (row, 
 constexpr int kFusedXWords = 7168;                // 28 KiB of activation records
 constexpr int kFusedXBytes = kFusedXWords * 4;
 
-// PRE: x comes quantized already (q8 [M, K] int8, d8 and s8 [M, K/32] fp32, each 16-byte aligned:
-// ops.q4_0_matmul's x_q8), and the prologue only copies it into the records (20 16-byte pieces a
-// record) instead of quantizing x; x is unread.
-template <typename T, int MV_M, bool PRE>
+#include "q4_0_norm_prologue.h"  // norm_prologue, after the constants above
+
+// MODE kFusedQuantize: the prologue quantizes x. MODE kFusedGiven: x comes quantized already (q8 [M, K]
+// int8, d8 and s8 [M, K/32] fp32, each 16-byte aligned: ops.q4_0_matmul's x_q8), and the prologue
+// only copies it into the records (20 16-byte pieces a record); x is unread. MODE kFusedNorm (M = 1,
+// 16-bit T, K at most kNormThreads pieces of 8): x is first replaced by add_rmsnorm's y of x and
+// res (res null: none) with norm_w and eps, in add_rmsnorm_kernel's arithmetic -- work item t of
+// the prologue is its thread t (piece t, elements 8t..8t+7), the sums of squares meet by the same
+// shuffles and the same partials in the same order, so y has its bits -- then y is quantized as x
+// would be; block 0 also stores s (with res) and y.
+constexpr int kFusedQuantize = 0, kFusedGiven = 1, kFusedNorm = 2;
+
+template <typename T, int MV_M, int MODE>
 __global__ void __launch_bounds__(kGroup * kFusedGroups)
     q4_0_mv_fused_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
                          const int8_t* __restrict__ q8, const float* __restrict__ d8,
                          const float* __restrict__ s8,
                          const uint8_t* __restrict__ w, int64_t row_bytes,
-                         typename T::storage* __restrict__ y, int64_t n_rows, int64_t k, int g_lanes) {
+                         typename T::storage* __restrict__ y, int64_t n_rows, int64_t k, int g_lanes,
+                         const typename T::storage* __restrict__ res, int64_t r_stride,
+                         const typename T::storage* __restrict__ norm_w, typename T::storage* __restrict__ s_out,
+                         typename T::storage* __restrict__ y_out, float eps) {
+  constexpr bool PRE = MODE == kFusedGiven;
+  static_assert(MODE != kFusedNorm || (MV_M == 1 && sizeof(typename T::storage) == 2),
+                "the norm prologue takes one row of a 16-bit dtype");
   __shared__ bytes16 region[kFusedGroups][kGroup * kSuperPieces];
   __shared__ bytes16 xrec_v[kFusedXWords / 4];  // 16-byte aligned: records are read as vectors
   uint32_t* xrec = reinterpret_cast<uint32_t*>(xrec_v);
@@ -257,11 +272,12 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
       xrec_v[rec * (kRecordWords / 4) + c] = *src;
     }
   }
+  if (MODE == kFusedNorm) norm_prologue<T>(x, res, norm_w, s_out, y_out, eps, nb, tid, xrec);
   // Else Q8_1 of x, four threads a block (8 elements each, one 16-byte load where aligned):
   // q8_1_quarter. The loop runs the same trip count in every thread, so the shuffles always see
   // all 32 lanes.
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (x_stride * sizeof(*x)) % 16 == 0;
-  const int works = PRE ? 0 : 4 * MV_M * nb;
+  const int works = MODE == kFusedQuantize ? 4 * MV_M * nb : 0;
   for (int t0 = 0; t0 < works; t0 += kGroup * kFusedGroups) {
     const int t = t0 + tid;
     const bool active = t < works;
@@ -366,13 +382,13 @@ FTLAB_Q4_0_MV_INSTANTIATE(6)
 FTLAB_Q4_0_MV_INSTANTIATE(7)
 FTLAB_Q4_0_MV_INSTANTIATE(8)
 
-#define FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, M)                                                    \
-  template __global__ void q4_0_mv_fused_kernel<T, M, false>(                                    \
+#define FTLAB_Q4_0_MV_FUSED_ONE(T, M, MODE)                                                       \
+  template __global__ void q4_0_mv_fused_kernel<T, M, MODE>(                                     \
       const T::storage*, int64_t, const int8_t*, const float*, const float*, const uint8_t*,     \
-      int64_t, T::storage*, int64_t, int64_t, int);                                              \
-  template __global__ void q4_0_mv_fused_kernel<T, M, true>(                                     \
-      const T::storage*, int64_t, const int8_t*, const float*, const float*, const uint8_t*,     \
-      int64_t, T::storage*, int64_t, int64_t, int);
+      int64_t, T::storage*, int64_t, int64_t, int, const T::storage*, int64_t, const T::storage*, \
+      T::storage*, T::storage*, float);
+#define FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, M) \
+  FTLAB_Q4_0_MV_FUSED_ONE(T, M, kFusedQuantize) FTLAB_Q4_0_MV_FUSED_ONE(T, M, kFusedGiven)
 #define FTLAB_Q4_0_MV_FUSED_ALL_M(T)        \
   FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 1)     \
   FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 2)     \
@@ -381,5 +397,7 @@ FTLAB_Q4_0_MV_INSTANTIATE(8)
 FTLAB_Q4_0_MV_FUSED_ALL_M(f32_t)
 FTLAB_Q4_0_MV_FUSED_ALL_M(f16_t)
 FTLAB_Q4_0_MV_FUSED_ALL_M(bf16_t)
+FTLAB_Q4_0_MV_FUSED_ONE(f16_t, 1, kFusedNorm)
+FTLAB_Q4_0_MV_FUSED_ONE(bf16_t, 1, kFusedNorm)
 
 }  // namespace ftlab
