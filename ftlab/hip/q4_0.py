@@ -114,7 +114,7 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
     def aligned(t: torch.Tensor) -> bool:
         return t.data_ptr() % 16 == 0
 
-    if not (m == 1 and path == "int8" and x.dtype in (torch.float16, torch.bfloat16) and norm_weight.dtype == x.dtype
+    if not (m == 1 and w.shape[0] > 0 and path == "int8" and x.dtype in (torch.float16, torch.bfloat16) and norm_weight.dtype == x.dtype
             and k % SUPER_K == 0 and k <= 2048 and fused_matvec_ok(x, w) and aligned(x) and aligned(norm_weight)
             and (residual is None or aligned(residual))):  # fmt: skip
         y, s = add_rmsnorm(x, residual, norm_weight, eps)

@@ -264,11 +264,12 @@ class Qwen3Moe:
     def _norm_in_qkv(self, rows: int) -> bool:
         """Whether each layer's input residual add and norm run inside its q/k/v matvec
         (``ops.add_rmsnorm_q4_0_matmul``, under ``layers.NORM_IN_QKV``): decode rows, every
-        layer's q/k/v one stacked Q4_0 weight, one backend named for add_rmsnorm and q4_0_matmul
-        (or "auto")."""
+        layer's q/k/v one stacked Q4_0 weight on the int8 path ("auto" at decode), one backend name
+        for add_rmsnorm and q4_0_matmul ("auto" for both included: both then resolve to the same
+        backend's kernels)."""
         b = self.backends
-        return (layers.NORM_IN_QKV and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] in ("auto", b["q4_0_matmul"])
-                and all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight)
+        return (layers.NORM_IN_QKV and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] == b["q4_0_matmul"]
+                and self.q4_0_path in ("auto", "int8") and all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight)
                         for lw in self.weights.layers))  # fmt: skip
 
     def _norm_qkv(self, i: int, x: torch.Tensor, residual: torch.Tensor | None, eps: float):
@@ -281,10 +282,10 @@ class Qwen3Moe:
 
     def _norm_in_router(self) -> bool:
         """Whether the post-attention residual add and norm run inside the router's op
-        (``ops.add_rmsnorm_router_topk``, under ``layers.NORM_IN_ROUTER``): one backend names
-        add_rmsnorm, router_topk and route_topk (or they are "auto")."""
+        (``ops.add_rmsnorm_router_topk``, under ``layers.NORM_IN_ROUTER``): one backend name for
+        add_rmsnorm and router_topk ("auto" for both included), route_topk that one or "auto"."""
         b = self.backends
-        return layers.NORM_IN_ROUTER and b["add_rmsnorm"] in ("auto", b["router_topk"]) and \
+        return layers.NORM_IN_ROUTER and b["add_rmsnorm"] == b["router_topk"] and \
             b["route_topk"] in ("auto", b["router_topk"])  # fmt: skip
 
     def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -124,6 +124,11 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
     impl, chosen = backends.resolve_path("add_rmsnorm_q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
+    if x.shape[0] == 0 or w.shape[0] == 0:  # nothing to multiply: the two ops' own empty cases
+        from ftlab.ops.norm import add_rmsnorm
+
+        y, s = add_rmsnorm(x, residual, norm_weight, eps, backend=impl.backend)
+        return y, s, torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     res = None if residual is None else contiguous_rows(residual)
     y, s, out = impl.fn(contiguous_rows(x), res, norm_weight.contiguous(), eps, w, chosen)
     return y, x if residual is None else s, out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ftlab import argcheck, backends
@@ -98,7 +100,7 @@ def _cache_args(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: obje
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {given[name].dtype}")
     if v.dim() < 2 or v.shape[0] != n:
         raise ValueError(f"v must be [N={n}, ...] (a token's W values), got shape {tuple(v.shape)}")
-    v2 = v.reshape(n, -1)
+    v2 = v.reshape(n, math.prod(v.shape[1:]))  # (N = 0: -1 cannot be inferred)
     if v2.shape[1] > 1 and v2.stride(1) != 1:
         v2 = v2.contiguous()
     argcheck.rows("k_cache", k_cache)

@@ -35,6 +35,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
         k_cache, v_cache, slots, v = cache
         live = (slots >= 0) & (slots < k_cache.shape[0])
         at = slots[live].long()
-        k_cache[at] = ko.reshape(ko.shape[0], -1)[live]
+        k_cache[at] = ko.reshape(ko.shape[0], ko.shape[1] * ko.shape[2])[live]
         v_cache[at] = v[live]
     return qo, ko

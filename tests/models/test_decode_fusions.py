@@ -66,8 +66,8 @@ def test_norm_in_router_equals_norm_then_router(monkeypatch, backend):
 @pytest.mark.parametrize("backend", ["reference"])  # Triton's bits: tests/property/test_q4_0_norm_matvec.py
 def test_norm_in_qkv_equals_norm_then_matvec(monkeypatch, backend):
     """Each layer's input add and norm inside its q/k/v matvec (layers.NORM_IN_QKV, the Q4_0 file)
-    give the bits of add_rmsnorm then q4_0_matmul: decode steps after a prefill (which keeps the
-    separate ops), and the decode step's stages."""
+    give the bits of add_rmsnorm then q4_0_matmul: a 3-token prefill (the fused op, which falls
+    back to the two ops past one row), then decode steps."""
     from ftlab import ops
     from ftlab.models import layers
 

@@ -83,3 +83,17 @@ def test_bad_arguments_name_themselves():
             ops.add_rmsnorm_q4_0_matmul(args["x"], args["residual"], args["norm_w"], args["eps"], args["w"])
     with pytest.raises(ValueError, match="path"):
         ops.add_rmsnorm_q4_0_matmul(x, r, nw, 1e-6, w, path="fast")
+
+
+def test_empty_rows_and_outputs():
+    """No rows, or no output columns: y and s as add_rmsnorm gives them, an empty product."""
+    w = ops.quantize_q4_0(torch.randn(8, 64))
+    for name in ("reference", "triton"):
+        y, s, out = ops.add_rmsnorm_q4_0_matmul(torch.randn(0, 64), torch.randn(0, 64), torch.ones(64), 1e-6, w,
+                                                backend=name)  # fmt: skip
+        assert y.shape == s.shape == (0, 64) and out.shape == (0, 8)
+        x, r = torch.randn(1, 64), torch.randn(1, 64)
+        y, s, out = ops.add_rmsnorm_q4_0_matmul(x, r, torch.ones(64), 1e-6, ops.quantize_q4_0(torch.randn(0, 64)),
+                                                backend=name)  # fmt: skip
+        want_y, want_s = ops.add_rmsnorm(x, r, torch.ones(64), 1e-6, backend=name)
+        assert torch.equal(y, want_y) and torch.equal(s, want_s) and out.shape == (1, 0)

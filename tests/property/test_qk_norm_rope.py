@@ -185,6 +185,9 @@ def test_bad_cache_arguments_name_themselves_and_write_nothing():
     assert not kc.any() and not vc.any()  # nothing written by a refused call
     call()
     assert kc[[0, 3]].any() and not kc[[1, 2, 4]].any() and torch.equal(vc[[0, 3]], v.reshape(2, 8))
+    q0, k0 = ops.qk_norm_rope(q[:0], k[:0], w, w, cos[:0], cos[:0], 1e-6, k_cache=kc, v_cache=vc,
+                              slots=slots[:0], v=v[:0])  # fmt: skip
+    assert q0.shape == (0, 4, 8) and k0.shape == (0, 1, 8)  # no tokens: nothing written
 
 
 def test_qwen3_5_mrope_is_plain_rope_for_text():

@@ -16,7 +16,7 @@ __device__ __forceinline__ void norm_prologue(const typename T::storage* x, cons
                                               typename T::storage* y_out, float eps, int nb, int tid,
                                               uint32_t* xrec) {
   constexpr int NT = kGroup * kFusedGroups;
-  constexpr int kRounds = kNormThreads / NT;  // 2 on 32-lane waves, 1 on 64-lane ones
+  constexpr int kRounds = kNormThreads / NT;  // 2 (kGroup is 32 on every target)
   static_assert(kNormThreads % NT == 0 && NT % PORT_WARP_SIZE == 0, "rounds of whole waves");
   __shared__ float partial[kNormPartials];
   const int pieces = 4 * nb;  // 8 elements each
