@@ -4,7 +4,7 @@ graph-replayed, each beside the time its bytes take at the copy bandwidth of the
 Every captured call takes the next of ``--copies`` weight sets (more bytes than the L2 holds, as
 48 layers are in a real step), so weights come from DRAM, not from the previous call's L2 lines.
 
-    python benchmarks/time_decode_kernels.py [--copies 16] [--only qkv,o_proj,experts,router,...]
+    python benchmarks/time_decode_kernels.py [--copies 16] [--only qkv,o_proj,experts,router,input,post,...]
     python benchmarks/time_decode_kernels.py --eager 3    # a few eager calls of each, for ncu
 """
 
@@ -59,6 +59,46 @@ def cases(copies: int, dev: torch.device):
     yield ("qkv 2048 -> 5120", *matvec((HEADS + 2 * KV_HEADS) * D, H, x2k))
     yield ("o_proj 4096 -> 2048", *matvec(H, HEADS * D, x4k))
 
+    # the decode fusions: each against the two ops it replaces, one backend each
+    res = torch.randn(1, H, device=dev, generator=gen).bfloat16()
+    nw = torch.ones(H, device=dev).bfloat16()
+    wq = [random_q4_0((HEADS + 2 * KV_HEADS) * D, H, device=dev) for _ in range(copies)]
+    nq = cycle(wq)
+    fns = {}
+    for b in names:
+        fns[f"{b}: add_rmsnorm, then q4_0_matmul"] = lambda b=b: ops.q4_0_matmul(
+            ops.add_rmsnorm(x2k, res, nw, 1e-6, backend=b)[0], nq(), backend=b)
+        fns[f"{b}: add_rmsnorm_q4_0_matmul"] = lambda b=b: ops.add_rmsnorm_q4_0_matmul(x2k, res, nw, 1e-6, nq(),
+                                                                                       backend=b)  # fmt: skip
+    yield ("input norm + qkv 2048 -> 5120", (HEADS + 2 * KV_HEADS) * D * H // 32 * 18 + 3 * H * 2, fns)
+    rw = [torch.randn(E, H, device=dev, generator=gen).bfloat16() for _ in range(copies)]
+    nrw = cycle(rw)
+    fns = {}
+    for b in ("hip", "triton"):
+        if b in backends.available_backends("add_rmsnorm_router_topk", dev, torch.bfloat16):
+            fns[f"{b}: add_rmsnorm, then router_topk"] = lambda b=b: ops.router_topk(
+                ops.add_rmsnorm(x2k, res, nw, 1e-6, backend=b)[0], nrw(), K_TOP, backend=b)
+            fns[f"{b}: add_rmsnorm_router_topk"] = lambda b=b: ops.add_rmsnorm_router_topk(x2k, res, nw, 1e-6, nrw(),
+                                                                                           K_TOP, backend=b)  # fmt: skip
+    yield ("post-attention norm + router", E * H * 2 + 3 * H * 2, fns)
+    qkv = torch.randn(1, (HEADS + 2 * KV_HEADS) * D, device=dev, generator=gen).bfloat16()
+    qh, kh = qkv[:, : HEADS * D].view(1, HEADS, D), qkv[:, HEADS * D : (HEADS + KV_HEADS) * D].view(1, KV_HEADS, D)
+    vh = qkv[:, (HEADS + KV_HEADS) * D :]
+    hw = torch.ones(D, device=dev).bfloat16()
+    cs = torch.randn(1, D, device=dev, generator=gen).bfloat16()
+    kcache = torch.zeros(520, KV_HEADS * D, device=dev).bfloat16()
+    vcache = torch.zeros(520, KV_HEADS * D, device=dev).bfloat16()
+    slot = torch.tensor([512], device=dev)
+    fns = {}
+    for b in ("hip", "triton"):
+        if b in backends.available_backends("qk_norm_rope", dev, torch.bfloat16):
+            fns[f"{b}: qk_norm_rope, then store"] = lambda b=b: ops.store(
+                kcache, vcache, slot, ops.qk_norm_rope(qh, kh, hw, hw, cs, cs, 1e-6, backend=b)[1].reshape(1, -1), vh,
+                check=False, backend=b)  # fmt: skip
+            fns[f"{b}: qk_norm_rope writing the cache"] = lambda b=b: ops.qk_norm_rope(
+                qh, kh, hw, hw, cs, cs, 1e-6, k_cache=kcache, v_cache=vcache, slots=slot, v=vh, backend=b)
+    yield ("qk_norm_rope + KV store", 2 * (HEADS + 2 * KV_HEADS) * D * 2, fns)
+
     gu = random_q4_0(E, 2 * INTER, H, device=dev)
     dn = random_q4_0(E, H, INTER, device=dev)
     picks = [torch.randperm(E, device=dev, generator=gen)[:K_TOP].int()[None] for _ in range(64)]
@@ -106,8 +146,6 @@ def cases(copies: int, dev: torch.device):
             fns[f"decode_attention {b}"] = lambda b=b: ops.decode_attention(q, kc, vc, lengths, backend=b)
     yield (f"attention, {live} live of {s} slots", 2 * live * KV_HEADS * D * 2, fns)
 
-    res = torch.randn(1, H, device=dev, generator=gen).bfloat16()
-    nw = torch.ones(H, device=dev).bfloat16()
     fns = {b: (lambda b=b: ops.add_rmsnorm(x2k, res, nw, 1e-6, backend=b))
            for b in ("hip", "triton") if b in backends.available_backends("add_rmsnorm", dev, torch.bfloat16)}
     yield ("add_rmsnorm 2048", 3 * H * 2, fns)
