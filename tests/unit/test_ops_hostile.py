@@ -38,6 +38,22 @@ def test_store_honours_the_indices_stride(device, backend):
 
 
 @pytest.mark.parametrize("device, backend", CASES)
+def test_qk_norm_rope_cache_honours_the_slots_stride(device, backend):
+    """qk_norm_rope writing the KV cache through a strided slot vector writes the slots it names,
+    the rows of v (a strided view of a wider tensor) and k_out, and nothing else."""
+    q, k = torch.randn(3, 2, 8, device=device), torch.randn(3, 1, 8, device=device)
+    v = torch.randn(3, 12, device=device)[:, 2:10]
+    w, cos = torch.ones(8, device=device), torch.ones(3, 8, device=device)
+    kc, vc = torch.zeros(8, 8, device=device), torch.zeros(8, 8, device=device)
+    slots = torch.tensor([7, -5, 1, -5, 4], device=device)[::2]  # 7, 1, 4
+    _, k_out = ops.qk_norm_rope(q, k, w, w, cos, 0 * cos, 1e-6, k_cache=kc, v_cache=vc, slots=slots, v=v,
+                                backend=backend)  # fmt: skip
+    want_k, want_v = torch.zeros(8, 8, device=device), torch.zeros(8, 8, device=device)
+    want_k[[7, 1, 4]], want_v[[7, 1, 4]] = k_out.reshape(3, 8), v
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+@pytest.mark.parametrize("device, backend", CASES)
 def test_a_refused_store_writes_nothing(device, backend):
     kc, vc = torch.randn(8, 4, device=device), torch.randn(8, 4, device=device)
     before = kc.clone(), vc.clone()
