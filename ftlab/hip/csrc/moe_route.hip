@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kMoeThreads)
 #pragma unroll
   for (int c = 0; c < kNormCache; ++c) {
     const int64_t at = static_cast<int64_t>(tid + c * kNormThreads) * V;
-    if (at < h) ss += norm_sum<T, V>(xs[c], rs[c], first ? s_out + t * hidden + at : nullptr, true);
+    if (at < h) ss += norm_sum<T, V>(xs[c], rs[c], s_out + t * hidden + at, true, first);
   }
 #pragma unroll
   for (int m = PORT_WARP_SIZE / 2; m > 0; m >>= 1) ss += port_shfl_xor(ss, m);

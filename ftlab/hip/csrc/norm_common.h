@@ -87,11 +87,11 @@ __device__ __forceinline__ void norm_pack(const float (&v)[V], norm_pieces<T, V>
   }
 }
 
-// With a residual, x's piece xs becomes s = x + residual rounded to T, stored at s unless s is
-// null (without a residual, s is x). Returns the sum of the squares of s's elements.
+// With a residual, x's piece xs becomes s = x + residual rounded to T, stored at s when `store`
+// (without a residual, s is x). Returns the sum of the squares of s's elements.
 template <typename T, int V>
 __device__ __forceinline__ float norm_sum(norm_pieces<T, V>& xs, const norm_pieces<T, V>& rs, typename T::storage* s,
-                                          bool residual) {
+                                          bool residual, bool store = true) {
   float v[V];
   norm_floats<T, V>(xs, v);
   if (residual) {
@@ -100,7 +100,7 @@ __device__ __forceinline__ float norm_sum(norm_pieces<T, V>& xs, const norm_piec
 #pragma unroll
     for (int i = 0; i < V; ++i) v[i] += r[i];
     norm_pack<T, V>(v, xs);
-    if (s != nullptr) norm_put<T, V>(s, xs);
+    if (store) norm_put<T, V>(s, xs);
     norm_floats<T, V>(xs, v);
   }
   float ss = 0.0f;

@@ -30,7 +30,7 @@ __device__ __forceinline__ void norm_prologue(const typename T::storage* x, cons
       norm_pieces<T, 8> rs;
       norm_fetch<T, 8>(x + 8 * t, xs[c]);
       if (res != nullptr) norm_fetch<T, 8>(res + 8 * t, rs);
-      ss = norm_sum<T, 8>(xs[c], rs, first && res != nullptr ? s_out + 8 * t : nullptr, res != nullptr);
+      ss = norm_sum<T, 8>(xs[c], rs, s_out + 8 * t, res != nullptr, first && res != nullptr);
     }
 #pragma unroll
     for (int m = PORT_WARP_SIZE / 2; m > 0; m >>= 1) ss += port_shfl_xor(ss, m);
