@@ -268,9 +268,10 @@ class Qwen3Moe:
         for add_rmsnorm and q4_0_matmul ("auto" for both included: both then resolve to the same
         backend's kernels)."""
         b = self.backends
-        return (layers.NORM_IN_QKV and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] == b["q4_0_matmul"]
-                and self.q4_0_path in ("auto", "int8") and all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight)
-                        for lw in self.weights.layers))  # fmt: skip
+        if not (layers.NORM_IN_QKV and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] == b["q4_0_matmul"]
+                and self.q4_0_path in ("auto", "int8")):  # fmt: skip
+            return False
+        return all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight) for lw in self.weights.layers)
 
     def _norm_qkv(self, i: int, x: torch.Tensor, residual: torch.Tensor | None, eps: float):
         """Layer i's input add and norm with its q/k/v matvec: (h, s, qkv) of ``x [B, T, H]``."""
