@@ -31,6 +31,7 @@ import torch
 from ftlab import jit
 from ftlab import platform as ftplatform
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0Weight, QuantWeight
 from ftlab.reference.moe import align_capacity
 
@@ -111,8 +112,6 @@ def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm
     add_rmsnorm's and router_topk's arithmetic) for up to ``DECODE_MAX_TOKENS`` tokens with the
     norm weight in x's dtype and 16-byte aligned rows of H a multiple of 16 bytes (at most 1024
     such pieces); otherwise hip's add_rmsnorm then hip's router_topk (the same bits)."""
-    from ftlab.hip.norm import add_rmsnorm
-
     t, h = x.shape
     e = weight.shape[0]
     elems = 16 // x.element_size()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import jit
+from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
 FUSED_MAX_M = 4
@@ -107,16 +108,10 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
     prologue) for one fp16 / bf16 row on the int8 path with the norm weight in x's dtype, 16-byte
     aligned rows and K a multiple of 256 up to 2048; otherwise hip's add_rmsnorm, then
     :func:`q4_0_matmul` of its output (the same bits)."""
-    from ftlab.hip.norm import add_rmsnorm
-
     m, k = x.shape
-
-    def aligned(t: torch.Tensor) -> bool:
-        return t.data_ptr() % 16 == 0
-
-    if not (m == 1 and w.shape[0] > 0 and path == "int8" and x.dtype in (torch.float16, torch.bfloat16) and norm_weight.dtype == x.dtype
-            and k % SUPER_K == 0 and k <= 2048 and fused_matvec_ok(x, w) and aligned(x) and aligned(norm_weight)
-            and (residual is None or aligned(residual))):  # fmt: skip
+    aligned = all(t.data_ptr() % 16 == 0 for t in (x, norm_weight, x if residual is None else residual))
+    if not (m == 1 and w.shape[0] > 0 and path == "int8" and x.dtype in (torch.float16, torch.bfloat16)
+            and norm_weight.dtype == x.dtype and k <= 2048 and fused_matvec_ok(x, w) and aligned):  # fmt: skip
         y, s = add_rmsnorm(x, residual, norm_weight, eps)
         return y, s, q4_0_matmul(y, w, path)
     y = torch.empty((1, k), dtype=x.dtype, device=x.device)

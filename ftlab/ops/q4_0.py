@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.ops.norm import add_rmsnorm, checked, contiguous_rows
 from ftlab.quant import Q8_1, QK, Q4_0Weight
 
 
@@ -115,8 +116,6 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
     path, the norm weight in x's dtype, 16-byte aligned rows, K a multiple of 256 up to 2048): its
     fused matvec computes the norm in every block with add_rmsnorm's arithmetic before quantizing;
     otherwise, and in the other backends, the two ops run one after the other."""
-    from ftlab.ops.norm import checked, contiguous_rows
-
     eps = checked(x, residual, norm_weight, eps)
     argcheck.q4_0_weight("w", w)
     if len(w.shape) != 2 or w.shape[1] != x.shape[1]:
@@ -125,8 +124,6 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
     impl, chosen = backends.resolve_path("add_rmsnorm_q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
     if x.shape[0] == 0 or w.shape[0] == 0:  # nothing to multiply: the two ops' own empty cases
-        from ftlab.ops.norm import add_rmsnorm
-
         y, s = add_rmsnorm(x, residual, norm_weight, eps, backend=impl.backend)
         return y, s, torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     res = None if residual is None else contiguous_rows(residual)

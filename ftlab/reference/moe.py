@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ftlab.quant import Q4_0Weight, QuantWeight
+from ftlab.reference.norm import add_rmsnorm
 from ftlab.reference.q4_0 import dequantize_q4_0, q4_0_matmul
 from ftlab.reference.quant_matmul import quant_matmul
 from ftlab.reference.quants import dequantize
@@ -120,7 +121,5 @@ def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm
                             weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: the reference add_rmsnorm, then
     :func:`router_topk` of its output."""
-    from ftlab.reference.norm import add_rmsnorm
-
     y, s = add_rmsnorm(x, residual, norm_weight, eps)
     return (y, s, *router_topk(y, weight, top_k, renormalize))

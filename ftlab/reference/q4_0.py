@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
+from ftlab.reference.norm import add_rmsnorm
 
 
 def round_half_away(v: torch.Tensor) -> torch.Tensor:
@@ -119,7 +120,5 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
                             w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: the reference add_rmsnorm, then
     :func:`q4_0_matmul` of its output."""
-    from ftlab.reference.norm import add_rmsnorm
-
     y, s = add_rmsnorm(x, residual, norm_weight, eps)
     return y, s, q4_0_matmul(y, w, path)

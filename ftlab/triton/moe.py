@@ -24,6 +24,7 @@ from ftlab.quant import Q4_0Weight
 from ftlab.triton.moe_gemm import bank_args, experts_gemm
 from ftlab.triton.moe_kquant import experts_kquant, experts_kquant_gemm, q4_0_pairs
 from ftlab.triton.moe_route import moe_align, route_topk, router_topk
+from ftlab.triton.norm import add_rmsnorm
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import (
     CONFIGS,
@@ -43,8 +44,6 @@ def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm
                             weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: Triton's add_rmsnorm, then its
     router_topk of the output (two launches: hip's is the one-launch form)."""
-    from ftlab.triton.norm import add_rmsnorm
-
     y, s = add_rmsnorm(x, residual, norm_weight, eps)
     return (y, s, *router_topk(y, weight, top_k, renormalize))
 

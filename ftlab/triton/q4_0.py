@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ftlab.platform import current
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
+from ftlab.triton.norm import add_rmsnorm
 from ftlab.triton.q4_0_common import (  # noqa: F401 (quantize_q8_1: this family's entry of ops.quantize_q8_1)
     CONFIGS,
     config,
@@ -218,8 +219,6 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
                             w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: Triton's add_rmsnorm, then its
     q4_0_matmul of the output (two launches: hip's is the one-launch form)."""
-    from ftlab.triton.norm import add_rmsnorm
-
     y, s = add_rmsnorm(x, residual, norm_weight, eps)
     return y, s, q4_0_matmul(y, w, path)
 
