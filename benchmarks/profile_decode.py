@@ -8,7 +8,7 @@ under cProfile instead, the Python functions that take its host time, by own tim
 cumulative time, with the eager step's wall time.
 
     python benchmarks/profile_decode.py FILE.gguf [--batch 1] [--position 512] [--steps 20]
-        [--top 30] [--device cuda|cpu] [--host]
+        [--top 30] [--device cuda|cpu] [--host] [--fusions kv,router,qkv] [--attention hip]
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def main() -> None:
                     "inside qk_norm_rope, layers.KV_STORE_IN_ROPE), router (the post-attention norm inside the "
                     "router, layers.NORM_IN_ROUTER), qkv (the input norm inside the q/k/v matvec, "
                     "layers.NORM_IN_QKV)")  # fmt: skip
+    ap.add_argument("--attention", default="auto", help="the decode_attention backend (auto: SDPA)")
     args = ap.parse_args()
     flags = {"kv": "KV_STORE_IN_ROPE", "router": "NORM_IN_ROUTER", "qkv": "NORM_IN_QKV"}
     for name in filter(None, args.fusions.split(",")):
@@ -96,7 +97,8 @@ def main() -> None:
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     config, weights = load_gguf(args.file, device=dev, dtype=dtype)
-    model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True)
+    model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True,
+                     backends={"decode_attention": args.attention})
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.vocab_size, (args.batch, 1), generator=gen).to(dev)
     positions = torch.full((args.batch, 1), args.position, device=dev)

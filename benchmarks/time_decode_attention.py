@@ -32,8 +32,11 @@ def main() -> None:
     mask = (torch.arange(s, device=dev) < args.length)[None, None, None, :]
     live_bytes = 2 * b * min(args.length, s) * 4 * 128 * 2
     want = ops.decode_attention(q, k, v, lengths, backend="reference")
-    rows = [("torch SDPA over every slot, masked", lambda: F.scaled_dot_product_attention(
-        q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True))]
+    bias = torch.zeros(mask.shape, dtype=q.dtype, device=dev).masked_fill_(~mask, float("-inf"))
+    rows = [("torch SDPA over every slot, boolean mask", lambda: F.scaled_dot_product_attention(
+        q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True)),
+        ("torch SDPA over every slot, additive mask (the models' graph path)", lambda: F.scaled_dot_product_attention(
+            q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, enable_gqa=True))]
     for name in backends.available_backends("decode_attention", dev, torch.bfloat16):
         if name != "reference":
             got = ops.decode_attention(q, k, v, lengths, backend=name)

@@ -1,15 +1,67 @@
-"""attention through the HIP kernels of ``csrc/attention.hip`` (JIT-built, cached): split-K
-decode attention, one block per (split, key head, sequence) and a merge of the splits."""
+"""attention through the HIP kernels of ``csrc/attention.hip`` and ``csrc/attention_tiles.hip``
+(JIT-built, cached): split-K decode attention.
+
+- fp16 / bf16 caches of head dim 128 or 256 with 16-byte aligned rows (the models' static
+  caches): one launch (``decode_attention_tiles``), a block per (split, key head, sequence) holding
+  its tile's key and value rows in registers; the last block of a (sequence, key head) to finish
+  merges the splits (a counter per (sequence, key head) in one zeroed int32 buffer per device, made
+  by the first call and left zeros by every launch).
+- anything else (fp32, other head dims, unaligned rows): one block per (split, key head, sequence)
+  staging tiles in LDS, and a second launch merging the splits."""
 
 from __future__ import annotations
 
 import torch
 
 from ftlab import jit
+from ftlab import platform as ftplatform
 from ftlab.reference.attention import split_plan
 
 #: the most query heads a key head and the largest head dim the kernel holds
 MAX_GROUP, MAX_HEAD_DIM = 8, 256
+#: head dims of the one-launch kernel, and the positions it takes a tile (a thread holds 4 rows)
+TILE_HEAD_DIMS = (128, 256)
+TILE_MAX_SPLITS = 64
+
+
+def tile_rows(d: int) -> int:
+    """Positions a tile of the one-launch kernel: 128 threads, ``d / 8`` lanes a row, 4 rows a thread."""
+    return 128 // (d // 8) * 4
+
+
+def tile_plan(s: int, d: int) -> tuple[int, int]:
+    """(positions a split, splits) of the one-launch kernel for a cache of ``s`` positions: one
+    tile a split while that keeps at most :data:`TILE_MAX_SPLITS` splits, else as many tiles a
+    split as it takes."""
+    tile = tile_rows(d)
+    chunk = tile * max(1, -(-s // (tile * TILE_MAX_SPLITS)))
+    return chunk, max(1, -(-s // chunk))
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+_retired: list[torch.Tensor] = []
+
+
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The device's zeroed counters, at least ``n`` (the kernel leaves them 0), made (or grown) by
+    a call outside a graph capture, where their zeros are written at once."""
+    c = _counters.get(device)
+    if c is None or c.numel() < n:
+        if ftplatform.capturing(device):
+            raise RuntimeError("decode_attention (hip) makes its counters on its first call: call it once on this "
+                               "device with as many sequences x key heads before capturing a graph")  # fmt: skip
+        if c is not None:  # a captured graph may still hold the smaller buffer: keep it alive
+            _retired.append(c)
+        c = _counters[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return c
+
+
+def _tiles_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    d = q.shape[2]
+    if q.dtype not in (torch.float16, torch.bfloat16) or d not in TILE_HEAD_DIMS or q.shape[1] // k.shape[2] > 8:
+        return False
+    return q.data_ptr() % 16 == 0 and all(t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0
+                                          for t in (k, v))  # fmt: skip
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
@@ -25,12 +77,20 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         return out
     if s == 0:
         return out.zero_()
-    chunk, splits = split_plan(s)
-    g = h // kvh
-    ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     if lengths.dtype != torch.int32:  # int64 values past int32 must not wrap: clamp first
         lengths = lengths.clamp(0, s).to(torch.int32)
+    g = h // kvh
     module = jit.module_for("attention", q.device)
+    if _tiles_ok(q, k, v):
+        chunk, splits = tile_plan(s, d)
+        ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+        acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+        counters = _tile_counters(q.device, b * kvh)
+        jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
+                                                                      splits, float(scale)))  # fmt: skip
+        return out
+    chunk, splits = split_plan(s)
+    ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     jit.on_device(q.device, lambda: module.decode_attention(q, k, v, lengths, ml, acc, out, chunk, splits, float(scale)))
     return out

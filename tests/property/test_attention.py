@@ -72,6 +72,20 @@ def test_split_plan():
         assert chunk % 64 == 0 and chunk * splits >= s > chunk * (splits - 1) and splits <= 64
 
 
+def test_hip_tile_plan():
+    """hip's one-launch kernel: a split is whole tiles (32 positions at head dim 128, 16 at 256),
+    one a split up to 64 splits, then more tiles a split; the splits cover the cache, none empty."""
+    from ftlab.hip.attention import TILE_MAX_SPLITS, tile_plan, tile_rows
+
+    assert tile_rows(128) == 32 and tile_rows(256) == 16
+    assert tile_plan(513, 128) == (32, 17) and tile_plan(2048, 128) == (32, 64) and tile_plan(2049, 128) == (64, 33)
+    for d in (128, 256):
+        for s in (1, 31, 520, 1025, 4096, 33000, 10**6):
+            chunk, splits = tile_plan(s, d)
+            assert chunk % tile_rows(d) == 0 and chunk * splits >= s > chunk * (splits - 1)
+            assert 1 <= splits <= TILE_MAX_SPLITS
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reference_is_sdpa(dtype):
     """The reference is torch's attention with the causal mask of a decode step (GQA), within the

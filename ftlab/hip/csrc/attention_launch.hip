@@ -5,6 +5,7 @@
 #include <tvm/ffi/function.h>
 
 #include "attention.hip"
+#include "attention_tiles.hip"
 #include "launch_common.h"
 
 namespace ftlab {
@@ -102,6 +103,84 @@ void decode_attention(TensorView q, TensorView k, TensorView v, TensorView lengt
   }
 }
 
+namespace {
+
+template <typename T, int D>
+void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
+                  const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
+                  const AttnArgs& a) {
+  using S = typename T::storage;
+  const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
+  launch_pdl(decode_attention_tiles_kernel<T, D>, grid, dim3(kTileThreads), stream_of(out),
+             static_cast<const S*>(base_of(q)), static_cast<const S*>(base_of(k)), static_cast<const S*>(base_of(v)),
+             static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)),
+             static_cast<float*>(base_of(acc)), static_cast<uint32_t*>(base_of(counters)), static_cast<S*>(base_of(out)),
+             k.stride(0), k.stride(1), v.stride(0), v.stride(1), static_cast<int>(a.s), a.chunk, a.scale,
+             static_cast<int>(a.h), static_cast<int>(a.kvh));
+  check_launch("decode_attention_tiles_kernel");
+}
+
+template <typename T>
+void dispatch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
+                    const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
+                    const AttnArgs& a) {
+  if (a.d == 128) launch_tiles<T, 128>(q, k, v, lengths, ml, acc, counters, out, a);
+  if (a.d == 256) launch_tiles<T, 256>(q, k, v, lengths, ml, acc, counters, out, a);
+}
+
+}  // namespace
+
+// decode_attention in one launch (attention_tiles.hip): q, k, v fp16 / bf16 with head dim 128 or
+// 256, q contiguous and 16-byte aligned, k and v [B, S, KVH, D] with 16-byte aligned rows.
+// Each split holds `chunk` positions, a multiple of tile_rows(D) (splits * chunk >= S, splits <=
+// kTileMaxSplits); ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
+// counters [B * KVH] uint32 zeros, left zeros.
+void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml,
+                            TensorView acc, TensorView counters, TensorView out, int64_t chunk, int64_t splits,
+                            double scale) {
+  TVM_FFI_CHECK(q.ndim() == 3 && k.ndim() == 4 && v.ndim() == 4 && out.ndim() == 3, ValueError)
+      << "q and out must be [B, H, D], k and v [B, S, KVH, D]";
+  AttnArgs a{q.size(0), q.size(1), q.size(2), k.size(1), k.size(2), static_cast<int>(chunk),
+             static_cast<int>(splits), static_cast<float>(scale)};
+  check_contiguous(q, "q");
+  check_contiguous(out, "out");
+  TVM_FFI_CHECK(a.d == 128 || a.d == 256, ValueError) << "the head dim must be 128 or 256, got " << a.d;
+  for (const TensorView* t : {&k, &v})
+    TVM_FFI_CHECK(t->size(0) == a.b && t->size(1) == a.s && t->size(2) == a.kvh && t->size(3) == a.d &&
+                      t->stride(3) == 1 && (a.kvh <= 1 || t->stride(2) == a.d),
+                  ValueError)
+        << "k and v must be [B, S, KVH, D] with contiguous heads";
+  TVM_FFI_CHECK(a.kvh > 0 && a.h % a.kvh == 0 && a.h / a.kvh <= kTileMaxG, ValueError)
+      << "the query heads must be a multiple of the key heads, at most " << kTileMaxG << " a key head";
+  TVM_FFI_CHECK(out.size(0) == a.b && out.size(1) == a.h && out.size(2) == a.d, ValueError) << "out must be [B, H, D]";
+  TVM_FFI_CHECK(lengths.ndim() == 1 && lengths.size(0) == a.b && lengths.dtype().code == kDLInt &&
+                    lengths.dtype().bits == 32,
+                ValueError)
+      << "lengths must be [B] int32";
+  TVM_FFI_CHECK(chunk >= 1 && chunk % tile_rows(static_cast<int>(a.d)) == 0 && splits >= 1 &&
+                    splits <= kTileMaxSplits && chunk * splits >= a.s,
+                ValueError)
+      << "chunk must be a multiple of " << tile_rows(static_cast<int>(a.d)) << " and chunk * splits (splits <= "
+      << kTileMaxSplits << ") must cover the positions";
+  const int64_t g = a.h / a.kvh;
+  if (splits > 1)
+    TVM_FFI_CHECK(ml.numel() >= a.b * a.kvh * splits * g * 2 && acc.numel() >= a.b * a.kvh * splits * g * a.d,
+                  ValueError)
+        << "ml and acc must hold the splits' partial results";
+  TVM_FFI_CHECK(counters.numel() >= a.b * a.kvh && counters.dtype().code == kDLInt && counters.dtype().bits == 32,
+                ValueError)
+      << "counters must be [B * KVH] int32";
+  const Fp fp = fp_of(q, "q");
+  TVM_FFI_CHECK(fp != Fp::f32 && fp_of(k, "k") == fp && fp_of(v, "v") == fp && fp_of(out, "out") == fp, TypeError)
+      << "q, k, v and out must be one 16-bit dtype";
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(q)) % 16 == 0 && aligned16(k, 2) && aligned16(v, 2), ValueError)
+      << "q, k and v must be 16-byte aligned (bases and strides)";
+  if (a.b == 0) return;
+  if (fp == Fp::f16) dispatch_tiles<f16_t>(q, k, v, lengths, ml, acc, counters, out, a);
+  else dispatch_tiles<bf16_t>(q, k, v, lengths, ml, acc, counters, out, a);
+}
+
 }  // namespace ftlab
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention, ftlab::decode_attention);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention_tiles, ftlab::decode_attention_tiles);

@@ -295,6 +295,16 @@ __device__ __forceinline__ uint32_t port_atomic_add(uint32_t* p, uint32_t v) {
 #endif
 }
 
+// A load of what other blocks wrote, after port_fence_device(): from the L2 (CUDA's L1 is not
+// coherent); on AMD the agent-scope fence invalidated the L1, so a plain load reads what is new.
+__device__ __forceinline__ float port_load_l2(const float* p) {
+#if defined(PORT_CUDA)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
 // Asks the L2 for the cache line holding p, without a register or a wait (a load that lands
 // later finds it there). PORT_HAS_L2_PREFETCH says whether the target has the hint; without
 // it this is a no-op and kernels keep their own register prefetch.
