@@ -161,19 +161,41 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
 
 
 # Whether Qwen3Moe writes a layer's KV cache inside ops.qk_norm_rope (its k_cache / v_cache / slots
-# arguments: one launch fewer a layer) instead of a separate ops.store. Off until the HIP and Triton
-# cache writes have run on a GPU (tests/property/test_qk_norm_rope.py -m gpu, the pipeline GPU
-# tests); the CPU tests run the model both ways.
-KV_STORE_IN_ROPE = False
+# arguments: one launch fewer a layer) instead of a separate ops.store. On: GPU-tested (H200) and
+# the faster kernel pair (hip 2.42 against 3.55 us; benchmarks/NOTES.md, "The fusions on the GPU").
+KV_STORE_IN_ROPE = True
 # Whether Qwen3Moe runs each layer's post-attention residual add and RMSNorm inside the router's
-# op (ops.add_rmsnorm_router_topk: hip's one launch, one fewer a layer). Off until hip's fused
-# kernel has run on a GPU (tests/property/test_norm_router.py -m gpu).
-NORM_IN_ROUTER = False
+# op (ops.add_rmsnorm_router_topk: hip's one launch, one fewer a layer). On: GPU-tested, 7.86
+# against 8.49 us for the two launches.
+NORM_IN_ROUTER = True
 # Whether Qwen3Moe runs each layer's input residual add and RMSNorm inside its q/k/v matvec
-# (ops.add_rmsnorm_q4_0_matmul: hip's fused matvec with the norm in its prologue, one launch fewer a
-# layer; decode, Q4_0 q/k/v). Off until that launch has run on a GPU
-# (tests/property/test_q4_0_norm_matvec.py -m gpu).
+# (ops.add_rmsnorm_q4_0_matmul: hip's fused matvec with the norm in its prologue; decode, Q4_0
+# q/k/v). Off: GPU-tested, but slower on the H200 than the two launches it replaces (8.22 against
+# 7.44 us: every block recomputes the norm before its weights).
 NORM_IN_QKV = False
+# Whether a decode step (one token a sequence, on a GPU) with decode_attention left "auto" attends
+# through ops.decode_attention's hip kernel over the live positions (one launch, programmatically
+# dependent: the o_proj matvec after it prefetches its weights meanwhile), not torch's SDPA over
+# every slot. Alone the kernel is slower than cuDNN's (11.0 against 8.3 us at 513 positions), but
+# the decode step was faster with it (2887 against 3036 us, one run; benchmarks/NOTES.md). Off
+# until the model's GPU test of it has run (tests/models/test_decode_fusions.py -m gpu).
+DECODE_ATTENTION_HIP = False
+
+
+def decode_attention_backend(name: str, q: torch.Tensor, geo: dict) -> str:
+    """The backend a decode step's attention takes: ``name`` when named; under "auto" "hip" where
+    :data:`DECODE_ATTENTION_HIP`, hip serves the device and its one-launch kernel takes the shape
+    (fp16 / bf16, head dim 128 or 256), else "auto" (SDPA). Once a forward pass."""
+    from ftlab.hip.attention import TILE_HEAD_DIMS
+
+    if name != "auto" or not DECODE_ATTENTION_HIP or q.device.type != "cuda":
+        return name
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in TILE_HEAD_DIMS:
+        return name
+    if "attention_backend" not in geo:
+        ok = "hip" in ftbackends.available_backends("decode_attention", q.device, q.dtype)
+        geo["attention_backend"] = "hip" if ok else "auto"
+    return geo["attention_backend"]
 
 
 class KVCache:
@@ -213,11 +235,10 @@ class KVCache:
         """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots (not when
         ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then
         attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
-        positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, unless
-        ``backends["decode_attention"]`` names a backend: then one token a sequence (decode) goes
-        through ``ops.decode_attention`` over the live positions only. "auto" keeps SDPA: on the
-        H200 its cuDNN kernel over every slot is still faster than the op's split-K kernels at
-        the lengths measured (benchmarks/NOTES.md, "Decode step fusions")."""
+        positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, except one
+        token a sequence (decode) when ``backends["decode_attention"]`` names a backend, or is
+        "auto" on a GPU under :data:`DECODE_ATTENTION_HIP` (hip's one-launch kernel): then
+        ``ops.decode_attention`` over the live positions only."""
         b, t, kvh, hd = k.shape
         if not stored:
             ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
@@ -229,11 +250,12 @@ class KVCache:
         else:
             keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])
             vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
-        if t == 1 and backends["decode_attention"] != "auto":  # a decode step through the op, when named
+        op = decode_attention_backend(backends["decode_attention"], q, geo) if t == 1 else "auto"
+        if op != "auto":  # a decode step through the op, when named (or DECODE_ATTENTION_HIP)
             if "lengths" not in geo:  # each sequence's live positions: once a forward pass, on this path only
                 geo["lengths"] = (geo["positions"][:, -1] + 1).to(torch.int32)
             return ops.decode_attention(q.view(b, -1, hd), keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd),
-                                        geo["lengths"], backend=backends["decode_attention"]).view(b, 1, -1, hd)  # fmt: skip
+                                        geo["lengths"], backend=op).view(b, 1, -1, hd)  # fmt: skip
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         mask = geo["mask"]

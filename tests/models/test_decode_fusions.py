@@ -82,3 +82,51 @@ def test_norm_in_qkv_equals_norm_then_matvec(monkeypatch, backend):
         assert bool(calls) == fused
     for a, b in zip(*runs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_decode_attention_hip_flag_picks_the_backend():
+    """layers.DECODE_ATTENTION_HIP turns only "auto" to hip, and only on a GPU for the shapes of
+    hip's one-launch kernel (fp16 / bf16, head dim 128 or 256); a named backend stays."""
+    from ftlab.models import layers
+
+    cpu = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
+    assert layers.decode_attention_backend("auto", cpu, {}) == "auto"
+    assert layers.decode_attention_backend("triton", cpu, {}) == "triton"
+
+
+@pytest.mark.gpu
+def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
+    """Under layers.DECODE_ATTENTION_HIP a bf16 model of head dim 128 attends each decode step through
+    ops.decode_attention's hip kernel: the logits of backends={"decode_attention": "hip"} bit for
+    bit (prefill, then decode steps), and a graph-replayed step equals the eager one."""
+    from ftlab import ops
+    from ftlab.bench.model import random_model
+    from ftlab.models import layers
+    from ftlab.models.pipeline import DecodeGraph
+    from ftlab.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
+
+    dev = torch.device("cuda")
+    config = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
+                            num_key_value_heads=2, head_dim=128, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=64)  # fmt: skip
+    weights = random_model(config, dev)
+    gen = torch.Generator(device=dev).manual_seed(3)
+    tokens = torch.randint(0, config.vocab_size, (1, 40), device=dev, generator=gen)
+    calls = []
+    real = ops.decode_attention
+    monkeypatch.setattr(ops, "decode_attention", lambda *a, **k: calls.append(k.get("backend")) or real(*a, **k))
+    runs = []
+    for flag, backends in ((True, None), (False, {"decode_attention": "hip"})):
+        monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", flag)
+        model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=64, static=True, backends=backends)
+        out = [model.forward(tokens[:, :20], torch.arange(20, device=dev)[None]).clone()]
+        out += [model.forward(tokens[:, p:p + 1], torch.full((1, 1), p, device=dev)).clone() for p in range(20, 40)]
+        runs.append(out)
+    assert calls and set(calls) == {"hip"} and len(calls) == 2 * 20 * config.num_hidden_layers
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", True)
+    graph = DecodeGraph(model, 1)
+    for p in range(40, 50):
+        replayed = graph(tokens[:, p - 40:p - 39], torch.full((1, 1), p, device=dev)).clone()
+        assert torch.equal(replayed, model.forward(tokens[:, p - 40:p - 39], torch.full((1, 1), p, device=dev)))
