@@ -3,7 +3,7 @@ bf16), one sequence at ``--length`` live positions of a ``--slots``-slot static 
 replayed: ``ops.decode_attention`` through each backend against torch's SDPA over every slot
 under the mask (what the models ran before), plus the live K/V bytes over the time.
 
-    python benchmarks/time_decode_attention.py [--slots 520] [--length 513] [--batch 1]
+    python benchmarks/time_decode_attention.py [--slots 520] [--length 513] [--batch 1] [--rows 4,2]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+import ftlab.hip.attention as hip_attention
 from ftlab import backends, ops
 from ftlab.bench.harness import time_graph_us
 
@@ -22,6 +23,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=520)
     ap.add_argument("--length", type=int, default=513)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--rows", default="4,2", help="hip's one-launch kernel: a thread's rows of a tile, each "
+                    "timed (comma-separated, 4 and / or 2)")  # fmt: skip
     args = ap.parse_args()
     dev, b, s = torch.device("cuda"), args.batch, args.slots
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -37,16 +40,25 @@ def main() -> None:
         q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True)),
         ("torch SDPA over every slot, additive mask (the models' graph path)", lambda: F.scaled_dot_product_attention(
             q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, enable_gqa=True))]
+    variants = []
     for name in backends.available_backends("decode_attention", dev, torch.bfloat16):
-        if name != "reference":
-            got = ops.decode_attention(q, k, v, lengths, backend=name)
-            err = (got.float() - want.float()).abs().max().item()
-            rows.append((f"decode_attention {name} (max |diff| {err:.1e})",
-                         lambda name=name: ops.decode_attention(q, k, v, lengths, backend=name)))  # fmt: skip
+        if name == "reference":
+            continue
+        for r in ([int(x) for x in args.rows.split(",")] if name == "hip" else [None]):
+            variants.append((name, r))
     print(f"batch {b}, {args.length} live positions of {s} slots, 32/4 heads of 128, bf16 (graph-replayed)")
     for label, fn in rows:
         us = time_graph_us(fn)
         print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {label}")
+    for name, r in variants:  # hip's rows a thread is a module setting: each variant timed while it holds
+        if r is not None:
+            hip_attention.ROWS_PER_THREAD = r
+        got = ops.decode_attention(q, k, v, lengths, backend=name)
+        err = (got.float() - want.float()).abs().max().item()
+        us = time_graph_us(lambda name=name: ops.decode_attention(q, k, v, lengths, backend=name))
+        what = f"decode_attention {name}" + (f", {r} rows a thread" if r is not None else "")
+        print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {what} (max |diff| {err:.1e})")
+    hip_attention.ROWS_PER_THREAD = 4
 
 
 if __name__ == "__main__":

@@ -22,18 +22,22 @@ MAX_GROUP, MAX_HEAD_DIM = 8, 256
 #: head dims of the one-launch kernel, and the positions it takes a tile (a thread holds 4 rows)
 TILE_HEAD_DIMS = (128, 256)
 TILE_MAX_SPLITS = 64
+#: a thread's rows of a tile in the one-launch kernel (4 or 2: tiles of 32 or 16 positions at head
+#: dim 128); a module setting, so a benchmark can compare the two
+ROWS_PER_THREAD = 4
 
 
-def tile_rows(d: int) -> int:
-    """Positions a tile of the one-launch kernel: 128 threads, ``d / 8`` lanes a row, 4 rows a thread."""
-    return 128 // (d // 8) * 4
+def tile_rows(d: int, rows: int | None = None) -> int:
+    """Positions a tile of the one-launch kernel: 128 threads, ``d / 8`` lanes a row, ``rows``
+    (default :data:`ROWS_PER_THREAD`) rows a thread."""
+    return 128 // (d // 8) * (ROWS_PER_THREAD if rows is None else rows)
 
 
-def tile_plan(s: int, d: int) -> tuple[int, int]:
+def tile_plan(s: int, d: int, rows: int | None = None) -> tuple[int, int]:
     """(positions a split, splits) of the one-launch kernel for a cache of ``s`` positions: one
     tile a split while that keeps at most :data:`TILE_MAX_SPLITS` splits, else as many tiles a
     split as it takes."""
-    tile = tile_rows(d)
+    tile = tile_rows(d, rows)
     chunk = tile * max(1, -(-s // (tile * TILE_MAX_SPLITS)))
     return chunk, max(1, -(-s // chunk))
 
@@ -82,12 +86,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     g = h // kvh
     module = jit.module_for("attention", q.device)
     if _tiles_ok(q, k, v):
-        chunk, splits = tile_plan(s, d)
+        rows = ROWS_PER_THREAD
+        chunk, splits = tile_plan(s, d, rows)
         ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
         acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
         counters = _tile_counters(q.device, b * kvh)
         jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
-                                                                      splits, float(scale)))  # fmt: skip
+                                                                      splits, rows, float(scale)))  # fmt: skip
         return out
     chunk, splits = split_plan(s)
     ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)

@@ -63,6 +63,26 @@ def test_decode_attention_long_cache_gpu(case):
     ft.check_decode_attention_case(*case, device="cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [2, 4])
+@settings(max_examples=30, deadline=None)
+@given(case=decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(1, 17, 65, 300, 2100),
+                                  dims=(128, 256)))  # fmt: skip
+def test_hip_one_launch_rows_gpu(rows, case):
+    """hip's one-launch kernel with 2 and with 4 rows a thread (tiles of 16 / 32 positions at head
+    dim 128): within the bound of the reference."""
+    import ftlab.hip.attention as hip_attention
+    from ftlab import backends
+
+    if "hip" not in backends.available_backends("decode_attention", torch.device("cuda"), torch.bfloat16):
+        pytest.skip("hip cannot serve decode_attention on this GPU")
+    hip_attention.ROWS_PER_THREAD = rows
+    try:
+        ft.check_decode_attention_case(*case, device="cuda", backends=["hip"])
+    finally:
+        hip_attention.ROWS_PER_THREAD = 4
+
+
 def test_split_plan():
     """Splits of 64 positions up to 64 of them, then longer ones; they always cover the cache."""
     assert split_plan(1) == (64, 1) and split_plan(64) == (64, 1) and split_plan(65) == (64, 2)
@@ -73,17 +93,20 @@ def test_split_plan():
 
 
 def test_hip_tile_plan():
-    """hip's one-launch kernel: a split is whole tiles (32 positions at head dim 128, 16 at 256),
-    one a split up to 64 splits, then more tiles a split; the splits cover the cache, none empty."""
+    """hip's one-launch kernel: a split is whole tiles (4 rows a thread: 32 positions at head dim
+    128, 16 at 256; 2 rows: half), one a split up to 64 splits, then more tiles a split; the splits
+    cover the cache, none empty."""
     from ftlab.hip.attention import TILE_MAX_SPLITS, tile_plan, tile_rows
 
-    assert tile_rows(128) == 32 and tile_rows(256) == 16
-    assert tile_plan(513, 128) == (32, 17) and tile_plan(2048, 128) == (32, 64) and tile_plan(2049, 128) == (64, 33)
+    assert tile_rows(128, 4) == 32 and tile_rows(256, 4) == 16 and tile_rows(128, 2) == 16
+    assert tile_plan(513, 128, 4) == (32, 17) and tile_plan(2048, 128, 4) == (32, 64)
+    assert tile_plan(2049, 128, 4) == (64, 33) and tile_plan(513, 128, 2) == (16, 33)
     for d in (128, 256):
-        for s in (1, 31, 520, 1025, 4096, 33000, 10**6):
-            chunk, splits = tile_plan(s, d)
-            assert chunk % tile_rows(d) == 0 and chunk * splits >= s > chunk * (splits - 1)
-            assert 1 <= splits <= TILE_MAX_SPLITS
+        for rows in (2, 4):
+            for s in (1, 31, 520, 1025, 4096, 33000, 10**6):
+                chunk, splits = tile_plan(s, d, rows)
+                assert chunk % tile_rows(d, rows) == 0 and chunk * splits >= s > chunk * (splits - 1)
+                assert 1 <= splits <= TILE_MAX_SPLITS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -105,13 +105,13 @@ void decode_attention(TensorView q, TensorView k, TensorView v, TensorView lengt
 
 namespace {
 
-template <typename T, int D>
+template <typename T, int D, int R>
 void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                   const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
                   const AttnArgs& a) {
   using S = typename T::storage;
   const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
-  launch_pdl(decode_attention_tiles_kernel<T, D>, grid, dim3(kTileThreads), stream_of(out),
+  launch_pdl(decode_attention_tiles_kernel<T, D, R>, grid, dim3(kTileThreads), stream_of(out),
              static_cast<const S*>(base_of(q)), static_cast<const S*>(base_of(k)), static_cast<const S*>(base_of(v)),
              static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)),
              static_cast<float*>(base_of(acc)), static_cast<uint32_t*>(base_of(counters)), static_cast<S*>(base_of(out)),
@@ -123,21 +123,24 @@ void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
 template <typename T>
 void dispatch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                     const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
-                    const AttnArgs& a) {
-  if (a.d == 128) launch_tiles<T, 128>(q, k, v, lengths, ml, acc, counters, out, a);
-  if (a.d == 256) launch_tiles<T, 256>(q, k, v, lengths, ml, acc, counters, out, a);
+                    const AttnArgs& a, int rows) {
+  if (a.d == 128 && rows == 4) launch_tiles<T, 128, 4>(q, k, v, lengths, ml, acc, counters, out, a);
+  if (a.d == 256 && rows == 4) launch_tiles<T, 256, 4>(q, k, v, lengths, ml, acc, counters, out, a);
+  if (a.d == 128 && rows == 2) launch_tiles<T, 128, 2>(q, k, v, lengths, ml, acc, counters, out, a);
+  if (a.d == 256 && rows == 2) launch_tiles<T, 256, 2>(q, k, v, lengths, ml, acc, counters, out, a);
 }
 
 }  // namespace
 
 // decode_attention in one launch (attention_tiles.hip): q, k, v fp16 / bf16 with head dim 128 or
 // 256, q contiguous and 16-byte aligned, k and v [B, S, KVH, D] with 16-byte aligned rows.
-// Each split holds `chunk` positions, a multiple of tile_rows(D) (splits * chunk >= S, splits <=
+// A thread holds `rows` (2 or 4) rows of a tile; each split holds `chunk` positions, a multiple of
+// tile_rows(D, rows) (splits * chunk >= S, splits <=
 // kTileMaxSplits); ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
 // counters [B * KVH] uint32 zeros, left zeros.
 void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml,
                             TensorView acc, TensorView counters, TensorView out, int64_t chunk, int64_t splits,
-                            double scale) {
+                            int64_t rows, double scale) {
   TVM_FFI_CHECK(q.ndim() == 3 && k.ndim() == 4 && v.ndim() == 4 && out.ndim() == 3, ValueError)
       << "q and out must be [B, H, D], k and v [B, S, KVH, D]";
   AttnArgs a{q.size(0), q.size(1), q.size(2), k.size(1), k.size(2), static_cast<int>(chunk),
@@ -157,10 +160,11 @@ void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView
                     lengths.dtype().bits == 32,
                 ValueError)
       << "lengths must be [B] int32";
-  TVM_FFI_CHECK(chunk >= 1 && chunk % tile_rows(static_cast<int>(a.d)) == 0 && splits >= 1 &&
-                    splits <= kTileMaxSplits && chunk * splits >= a.s,
+  TVM_FFI_CHECK(rows == 2 || rows == 4, ValueError) << "rows (a thread's rows of a tile) must be 2 or 4, got " << rows;
+  const int tile = tile_rows(static_cast<int>(a.d), static_cast<int>(rows));
+  TVM_FFI_CHECK(chunk >= 1 && chunk % tile == 0 && splits >= 1 && splits <= kTileMaxSplits && chunk * splits >= a.s,
                 ValueError)
-      << "chunk must be a multiple of " << tile_rows(static_cast<int>(a.d)) << " and chunk * splits (splits <= "
+      << "chunk must be a multiple of " << tile << " and chunk * splits (splits <= "
       << kTileMaxSplits << ") must cover the positions";
   const int64_t g = a.h / a.kvh;
   if (splits > 1)
@@ -176,8 +180,8 @@ void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(q)) % 16 == 0 && aligned16(k, 2) && aligned16(v, 2), ValueError)
       << "q, k and v must be 16-byte aligned (bases and strides)";
   if (a.b == 0) return;
-  if (fp == Fp::f16) dispatch_tiles<f16_t>(q, k, v, lengths, ml, acc, counters, out, a);
-  else dispatch_tiles<bf16_t>(q, k, v, lengths, ml, acc, counters, out, a);
+  if (fp == Fp::f16) dispatch_tiles<f16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows));
+  else dispatch_tiles<bf16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows));
 }
 
 }  // namespace ftlab

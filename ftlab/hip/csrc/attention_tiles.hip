@@ -6,8 +6,8 @@
 // One block of kTileThreads per (split, key head, sequence); a split is `chunk` positions, walked
 // a tile of kTileRows(D) positions at a time. A row of D elements is read by LP = D / 8 lanes, 16
 // bytes each, so the block's 128 threads are RG = 128 / LP row groups and a thread holds
-// kRowsPerThread rows of a tile: its key and value pieces are all loaded at once (8 loads in
-// flight a thread), before any arithmetic.
+// R (4 or 2) rows of a tile: its key and value pieces are all loaded at once (2R loads in flight
+// a thread), before any arithmetic.
 //   scores: the thread's 8 scaled query elements of each of the G <= 8 query heads sit in registers;
 //     a row's 8 partial dots are summed over its LP lanes by halving exchanges (4, 2, 1 values,
 //     then whole sums): 8 shuffles a row for D = 128, after which a lane holds one head's score;
@@ -27,11 +27,11 @@
 namespace ftlab {
 
 constexpr int kTileThreads = 128;
-constexpr int kRowsPerThread = 4;
 constexpr int kTileMaxSplits = 64;
 constexpr int kTileMaxG = 8;
 
-__host__ __device__ constexpr int tile_rows(int d) { return kTileThreads / (d / 8) * kRowsPerThread; }
+// Positions a tile: 128 threads, d / 8 lanes a row, r rows a thread.
+__host__ __device__ constexpr int tile_rows(int d, int r) { return kTileThreads / (d / 8) * r; }
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const bytes16& raw, float out[8]) {
@@ -44,7 +44,7 @@ __device__ __forceinline__ void unpack8(const bytes16& raw, float out[8]) {
 // q [B, H, D] contiguous; k, v [B, S, KVH, D] 16-byte aligned rows (sequence strides k_sb / v_sb,
 // position strides k_sp / v_sp); lengths [B] int32, clamped to [0, S]. ml [B, KVH, splits, G, 2],
 // acc [B, KVH, splits, G, D] fp32 workspaces, counters [B * KVH] zeros (left zeros); out [B, H, D].
-template <typename T, int D>
+template <typename T, int D, int R>
 __global__ void __launch_bounds__(kTileThreads)
     decode_attention_tiles_kernel(const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
                                   const typename T::storage* __restrict__ v, const int32_t* __restrict__ lengths,
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kTileThreads)
                                   typename T::storage* __restrict__ out, int64_t k_sb, int64_t k_sp, int64_t v_sb,
                                   int64_t v_sp, int s_len, int chunk, float scale, int heads, int kv_heads) {
   using S = typename T::storage;
-  constexpr int LP = D / 8, RG = kTileThreads / LP, TP = RG * kRowsPerThread, G = kTileMaxG;
+  constexpr int LP = D / 8, RG = kTileThreads / LP, TP = RG * R, G = kTileMaxG;
   constexpr int kWarps = kTileThreads / PORT_WARP_SIZE;
   static_assert(LP >= 16 && LP <= PORT_WARP_SIZE && (LP & (LP - 1)) == 0, "a row's lanes: 16 .. a warp (head dim 64 spilled on the AMD targets)");
   __shared__ float sc[G][TP];
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t start = static_cast<int64_t>(split) * chunk;
   if (PORT_HAS_L2_PREFETCH && piece % 8 == 0) {  // the first tile's lines, while the kernel before finishes
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
+    for (int r = 0; r < R; ++r) {
       const int64_t p = start + rg + r * RG;
       if (p < s_len) {
         port_prefetch_l2(kb + p * k_sp);
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kTileThreads)
   port_pdl_trigger();
   // every load of the first tile at once: q, the length, the key and value rows (up to the
   // cache's end: rows past the split's live positions are masked below)
-  bytes16 qr[G], kr[kRowsPerThread], vr[kRowsPerThread];
+  bytes16 qr[G], kr[R], vr[R];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     qr[g] = bytes16{};
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kTileThreads)
       qr[g] = *reinterpret_cast<const bytes16*>(q + (b * heads + static_cast<int64_t>(kh) * g_n + g) * D + 8 * piece);
   }
 #pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
+  for (int r = 0; r < R; ++r) {
     const int64_t p = start + rg + r * RG;
     kr[r] = bytes16{};
     vr[r] = bytes16{};
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kTileThreads)
   for (int64_t t0 = start; t0 < stop; t0 += TP) {
     const int64_t t1 = t0 + TP;  // the next tile: its rows are loaded while this one is used
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
+    for (int r = 0; r < R; ++r) {
       float kf[8], dot[G];
       unpack8<T>(kr[r], kf);
 #pragma unroll
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kTileThreads)
       if (writer) sc[head][row] = t0 + row < stop ? s : -__builtin_inff();
     }
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {  // the next tile's key rows, in flight meanwhile
+    for (int r = 0; r < R; ++r) {  // the next tile's key rows, in flight meanwhile
       const int64_t p = t1 + rg + r * RG;
       kr[r] = bytes16{};
       if (p < stop) kr[r] = *reinterpret_cast<const bytes16*>(kb + p * k_sp);
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kTileThreads)
       for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
     }
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {
+    for (int r = 0; r < R; ++r) {
       float vf[8];
       const int row = rg + r * RG;
       unpack8<T>(t0 + row < stop ? vr[r] : bytes16{}, vf);  // a row past the live ones may hold NaN
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kTileThreads)
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) {  // the next tile's value rows
+    for (int r = 0; r < R; ++r) {  // the next tile's value rows
       const int64_t p = t1 + rg + r * RG;
       vr[r] = bytes16{};
       if (p < stop) vr[r] = *reinterpret_cast<const bytes16*>(vb + p * v_sp);
@@ -313,13 +313,13 @@ __global__ void __launch_bounds__(kTileThreads)
   if (tid == 0) *counter = 0u;  // every block of this (sequence, key head) has counted
 }
 
-#define FTLAB_ATTENTION_TILES(T)                                                                                  \
-  template __global__ void decode_attention_tiles_kernel<T, 128>(                                               \
-      const T::storage*, const T::storage*, const T::storage*, const int32_t*, float*, float*, uint32_t*,        \
-      T::storage*, int64_t, int64_t, int64_t, int64_t, int, int, float, int, int);                               \
-  template __global__ void decode_attention_tiles_kernel<T, 256>(                                               \
+#define FTLAB_ATTENTION_TILES_DR(T, D, R)                                                                          \
+  template __global__ void decode_attention_tiles_kernel<T, D, R>(                                              \
       const T::storage*, const T::storage*, const T::storage*, const int32_t*, float*, float*, uint32_t*,        \
       T::storage*, int64_t, int64_t, int64_t, int64_t, int, int, float, int, int);
+#define FTLAB_ATTENTION_TILES(T)                                                                                  \
+  FTLAB_ATTENTION_TILES_DR(T, 128, 4) FTLAB_ATTENTION_TILES_DR(T, 256, 4) FTLAB_ATTENTION_TILES_DR(T, 128, 2)   \
+  FTLAB_ATTENTION_TILES_DR(T, 256, 2)
 FTLAB_ATTENTION_TILES(f16_t)
 FTLAB_ATTENTION_TILES(bf16_t)
 
