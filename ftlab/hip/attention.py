@@ -5,7 +5,8 @@
   caches): one launch (``decode_attention_tiles``), a block per (split, key head, sequence) holding
   its tile's key and value rows in registers; the last block of a (sequence, key head) to finish
   merges the splits (a counter per (sequence, key head) in one zeroed int32 buffer per device, made
-  by the first call and left zeros by every launch).
+  by the first call and left zeros by every launch; so, like the router's, one stream at a time
+  on a device: two of these launches running at once on different streams would share counters).
 - anything else (fp32, other head dims, unaligned rows): one block per (split, key head, sequence)
   staging tiles in LDS, and a second launch merging the splits."""
 

@@ -182,15 +182,16 @@ NORM_IN_QKV = False
 DECODE_ATTENTION_HIP = False
 
 
-def decode_attention_backend(name: str, q: torch.Tensor, geo: dict) -> str:
+def decode_attention_backend(name: str, q: torch.Tensor, groups: int, geo: dict) -> str:
     """The backend a decode step's attention takes: ``name`` when named; under "auto" "hip" where
     :data:`DECODE_ATTENTION_HIP`, hip serves the device and its one-launch kernel takes the shape
-    (fp16 / bf16, head dim 128 or 256), else "auto" (SDPA). Once a forward pass."""
+    (fp16 / bf16, head dim 128 or 256, ``groups`` = query heads a key head at most 8), else "auto"
+    (SDPA). Once a forward pass."""
     from ftlab.hip.attention import TILE_HEAD_DIMS
 
     if name != "auto" or not DECODE_ATTENTION_HIP or q.device.type != "cuda":
         return name
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in TILE_HEAD_DIMS:
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in TILE_HEAD_DIMS or groups > 8:
         return name
     if "attention_backend" not in geo:
         ok = "hip" in ftbackends.available_backends("decode_attention", q.device, q.dtype)
@@ -250,7 +251,7 @@ class KVCache:
         else:
             keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])
             vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
-        op = decode_attention_backend(backends["decode_attention"], q, geo) if t == 1 else "auto"
+        op = decode_attention_backend(backends["decode_attention"], q, q.shape[2] // kvh, geo) if t == 1 else "auto"
         if op != "auto":  # a decode step through the op, when named (or DECODE_ATTENTION_HIP)
             if "lengths" not in geo:  # each sequence's live positions: once a forward pass, on this path only
                 geo["lengths"] = (geo["positions"][:, -1] + 1).to(torch.int32)

@@ -27,7 +27,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     ``[max_batch, S, KVH * D]`` buffer viewed per sequence, no copy). ``lengths [B]`` int32 /
     int64 on q's device: sequence b attends positions ``0 .. lengths[b] - 1``; values are
     clamped to ``[0, S]`` on the device (no host synchronization: graph-capturable), and a
-    length of 0 gives zeros. ``scale`` defaults to ``D ** -0.5``.
+    length of 0 gives zeros; the slots past the length are never read (NaN there changes
+    nothing). ``scale`` defaults to ``D ** -0.5``.
 
     ``out[b, h] = sum_p softmax_p(scale * q[b, h] . k[b, p, h']) v[b, p, h']``, in fp32, rounded
     once to q's dtype. Returns a new contiguous ``out [B, H, D]``.

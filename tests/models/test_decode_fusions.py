@@ -86,12 +86,13 @@ def test_norm_in_qkv_equals_norm_then_matvec(monkeypatch, backend):
 
 def test_decode_attention_hip_flag_picks_the_backend():
     """layers.DECODE_ATTENTION_HIP turns only "auto" to hip, and only on a GPU for the shapes of
-    hip's one-launch kernel (fp16 / bf16, head dim 128 or 256); a named backend stays."""
+    hip's one-launch kernel (fp16 / bf16, head dim 128 or 256, at most 8 query heads a key head);
+    a named backend stays."""
     from ftlab.models import layers
 
     cpu = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
-    assert layers.decode_attention_backend("auto", cpu, {}) == "auto"
-    assert layers.decode_attention_backend("triton", cpu, {}) == "triton"
+    assert layers.decode_attention_backend("auto", cpu, 4, {}) == "auto"
+    assert layers.decode_attention_backend("triton", cpu, 4, {}) == "triton"
 
 
 @pytest.mark.gpu

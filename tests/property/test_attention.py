@@ -128,6 +128,55 @@ def test_reference_is_sdpa(dtype):
     assert bool((got[2] == 0).all())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("d", [8, 128, 256])
+def test_slots_past_the_length_are_never_read(device, d):
+    """NaN and Inf in a cache's slots past each sequence's length change nothing: every backend
+    gives the bits it gives on a clean cache (the reference included: p = 0 times a NaN value
+    would be NaN)."""
+    from ftlab import backends
+
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(d)
+    b, s, kvh, g = 2, 90, 2, 4
+    q, k, v = (torch.randn(*shape, generator=gen).bfloat16().to(dev)
+               for shape in ((b, kvh * g, d), (b, s, kvh, d), (b, s, kvh, d)))  # fmt: skip
+    lengths = torch.tensor([37, 70], device=dev)
+    dirty_k, dirty_v = k.clone(), v.clone()
+    for i, n in enumerate(lengths.tolist()):
+        dirty_k[i, n:] = float("nan")
+        dirty_v[i, n:] = float("inf") if i else float("nan")
+    for name in backends.available_backends("decode_attention", dev, torch.bfloat16):
+        clean = ops.decode_attention(q, k, v, lengths, backend=name)
+        dirty = ops.decode_attention(q, dirty_k, dirty_v, lengths, backend=name)
+        assert torch.equal(clean, dirty), name
+
+
+@pytest.mark.gpu
+def test_hip_one_launch_refuses_bad_direct_calls():
+    """The one-launch entry, called directly: a chunk past int32, fp16 workspaces, strided counters
+    are refused before any launch."""
+    from ftlab import backends, jit
+
+    dev = torch.device("cuda")
+    if "hip" not in backends.available_backends("decode_attention", dev, torch.bfloat16):
+        pytest.skip("hip cannot serve decode_attention on this GPU")
+    module = jit.module_for("attention", dev)
+    q = torch.randn(1, 8, 128, device=dev).bfloat16()
+    k = torch.randn(1, 100, 2, 128, device=dev).bfloat16()
+    lengths = torch.tensor([50], dtype=torch.int32, device=dev)
+    out = torch.empty_like(q)
+    ml, acc = torch.zeros(1, 2, 4, 4, 2, device=dev), torch.zeros(1, 2, 4, 4, 128, device=dev)
+    counters = torch.zeros(16, dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="at most 2147483647"):
+        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters, out, 2**32 + 32, 1, 4, 0.1)
+    with pytest.raises(TypeError, match="ml and acc must be float32"):
+        module.decode_attention_tiles(q, k, k, lengths, ml.half(), acc, counters, out, 32, 4, 4, 0.1)
+    with pytest.raises(ValueError, match="contiguous"):
+        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters[::2], out, 32, 4, 4, 0.1)
+    assert not counters.any()
+
+
 def test_bad_arguments_name_themselves():
     q = torch.randn(2, 8, 16)
     k = torch.randn(2, 10, 2, 16)

@@ -1,5 +1,7 @@
 // attention_launch.hip — host glue for attention.hip (tvm-ffi entries, torch's current stream).
 // ftlab.ops checked the layouts; the checks here keep a direct caller in bounds.
+#include <initializer_list>
+
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
@@ -51,6 +53,29 @@ void dispatch(bool vec, const TensorView& q, const TensorView& k, const TensorVi
   if (!vec && !d256) launch_partial<T, false, false>(q, k, v, lengths, ml, acc, out, a);
 }
 
+bool same_device(const TensorView& a, const TensorView& b) {
+  return a.device().device_type == b.device().device_type && a.device().device_id == b.device().device_id;
+}
+
+// The launch's sizes as the kernels take them (int): positions, chunk and splits past INT_MAX refused.
+void check_int_sizes(int64_t s, int64_t chunk, int64_t splits) {
+  constexpr int64_t kMax = 2147483647;
+  TVM_FFI_CHECK(s <= kMax && chunk <= kMax && splits <= kMax, ValueError)
+      << "positions, chunk and splits must each be at most " << kMax << ", got " << s << ", " << chunk << ", "
+      << splits;
+}
+
+// Every tensor on q's device; lengths, the workspaces (and counters) contiguous; the workspaces fp32.
+void check_side_tensors(const TensorView& q, std::initializer_list<const TensorView*> all,
+                        std::initializer_list<const TensorView*> dense, const TensorView& ml, const TensorView& acc) {
+  for (const TensorView* t : all) TVM_FFI_CHECK(same_device(*t, q), ValueError) << "every tensor must be on q's device";
+  for (const TensorView* t : dense) check_contiguous(*t, "lengths and the workspaces");
+  TVM_FFI_CHECK(ml.dtype().code == kDLFloat && ml.dtype().bits == 32 && acc.dtype().code == kDLFloat &&
+                    acc.dtype().bits == 32,
+                TypeError)
+      << "ml and acc must be float32";
+}
+
 bool aligned16(const TensorView& t, int64_t elem) {
   return reinterpret_cast<uintptr_t>(base_of(t)) % 16 == 0 && (t.stride(0) * elem) % 16 == 0 &&
          (t.stride(1) * elem) % 16 == 0;
@@ -65,10 +90,12 @@ bool aligned16(const TensorView& t, int64_t elem) {
 void decode_attention(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml, TensorView acc,
                       TensorView out, int64_t chunk, int64_t splits, double scale) {
   TVM_FFI_CHECK(q.ndim() == 3 && k.ndim() == 4 && v.ndim() == 4, ValueError) << "q must be [B, H, D], k and v [B, S, KVH, D]";
+  check_int_sizes(k.size(1), chunk, splits);
   AttnArgs a{q.size(0), q.size(1), q.size(2), k.size(1), k.size(2), static_cast<int>(chunk),
              static_cast<int>(splits), static_cast<float>(scale)};
   check_contiguous(q, "q");
   check_contiguous(out, "out");
+  check_side_tensors(q, {&k, &v, &lengths, &ml, &acc, &out}, {&lengths, &ml, &acc}, ml, acc);
   for (const TensorView* t : {&k, &v})
     TVM_FFI_CHECK(t->size(0) == a.b && t->size(1) == a.s && t->size(2) == a.kvh && t->size(3) == a.d &&
                       (a.d <= 1 || t->stride(3) == 1) && (a.kvh <= 1 || t->stride(2) == a.d),
@@ -143,10 +170,12 @@ void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView
                             int64_t rows, double scale) {
   TVM_FFI_CHECK(q.ndim() == 3 && k.ndim() == 4 && v.ndim() == 4 && out.ndim() == 3, ValueError)
       << "q and out must be [B, H, D], k and v [B, S, KVH, D]";
+  check_int_sizes(k.size(1), chunk, splits);
   AttnArgs a{q.size(0), q.size(1), q.size(2), k.size(1), k.size(2), static_cast<int>(chunk),
              static_cast<int>(splits), static_cast<float>(scale)};
   check_contiguous(q, "q");
   check_contiguous(out, "out");
+  check_side_tensors(q, {&k, &v, &lengths, &ml, &acc, &counters, &out}, {&lengths, &ml, &acc, &counters}, ml, acc);
   TVM_FFI_CHECK(a.d == 128 || a.d == 256, ValueError) << "the head dim must be 128 or 256, got " << a.d;
   for (const TensorView* t : {&k, &v})
     TVM_FFI_CHECK(t->size(0) == a.b && t->size(1) == a.s && t->size(2) == a.kvh && t->size(3) == a.d &&

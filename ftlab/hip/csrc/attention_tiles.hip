@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kTileThreads)
     const float l = l_sh[o / D];
     out[out_row0 * D + o] = T::from_float(sum[i] * (l != 0.0f ? 1.0f / l : 0.0f));
   }
-  if (tid == 0) *counter = 0u;  // every block of this (sequence, key head) has counted
+  if (tid == 0) port_atomic_add(counter, 0u - static_cast<uint32_t>(live));  // back to 0: every block has counted
 }
 
 #define FTLAB_ATTENTION_TILES_DR(T, D, R)                                                                          \
