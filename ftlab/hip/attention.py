@@ -20,7 +20,7 @@ from ftlab.reference.attention import split_plan
 
 #: the most query heads a key head and the largest head dim the kernel holds
 MAX_GROUP, MAX_HEAD_DIM = 8, 256
-#: head dims of the one-launch kernel, and the positions it takes a tile (a thread holds 4 rows)
+#: head dims of the one-launch kernel, and the most splits it takes a (sequence, key head)
 TILE_HEAD_DIMS = (128, 256)
 TILE_MAX_SPLITS = 64
 #: a thread's rows of a tile in the one-launch kernel (4 or 2: tiles of 32 or 16 positions at head
