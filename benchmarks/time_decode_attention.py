@@ -50,6 +50,7 @@ def main() -> None:
     for label, fn in rows:
         us = time_graph_us(fn)
         print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {label}")
+    setting = hip_attention.ROWS_PER_THREAD
     for name, r in variants:  # hip's rows a thread is a module setting: each variant timed while it holds
         if r is not None:
             hip_attention.ROWS_PER_THREAD = r
@@ -58,7 +59,7 @@ def main() -> None:
         us = time_graph_us(lambda name=name: ops.decode_attention(q, k, v, lengths, backend=name))
         what = f"decode_attention {name}" + (f", {r} rows a thread" if r is not None else "")
         print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {what} (max |diff| {err:.1e})")
-    hip_attention.ROWS_PER_THREAD = 4
+    hip_attention.ROWS_PER_THREAD = setting
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import jit
-from ftlab import platform as ftplatform
+from ftlab.hip.counters import zeroed_counters
 from ftlab.reference.attention import split_plan
 
 #: the most query heads a key head and the largest head dim the kernel holds
@@ -43,24 +43,6 @@ def tile_plan(s: int, d: int, rows: int | None = None) -> tuple[int, int]:
     return chunk, max(1, -(-s // chunk))
 
 
-_counters: dict[torch.device, torch.Tensor] = {}
-_retired: list[torch.Tensor] = []
-
-
-def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
-    """The device's zeroed counters, at least ``n`` (the kernel leaves them 0), made (or grown) by
-    a call outside a graph capture, where their zeros are written at once."""
-    c = _counters.get(device)
-    if c is None or c.numel() < n:
-        if ftplatform.capturing(device):
-            raise RuntimeError("decode_attention (hip) makes its counters on its first call: call it once on this "
-                               "device with as many sequences x key heads before capturing a graph")  # fmt: skip
-        if c is not None:  # a captured graph may still hold the smaller buffer: keep it alive
-            _retired.append(c)
-        c = _counters[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return c
-
-
 def _tiles_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     d = q.shape[2]
     if q.dtype not in (torch.float16, torch.bfloat16) or d not in TILE_HEAD_DIMS or q.shape[1] // k.shape[2] > 8:
@@ -86,17 +68,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         lengths = lengths.clamp(0, s).to(torch.int32)
     g = h // kvh
     module = jit.module_for("attention", q.device)
-    if _tiles_ok(q, k, v):
-        rows = ROWS_PER_THREAD
-        chunk, splits = tile_plan(s, d, rows)
-        ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-        acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-        counters = _tile_counters(q.device, b * kvh)
-        jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
-                                                                      splits, rows, float(scale)))  # fmt: skip
-        return out
-    chunk, splits = split_plan(s)
+    tiles = _tiles_ok(q, k, v)
+    rows = ROWS_PER_THREAD
+    chunk, splits = tile_plan(s, d, rows) if tiles else split_plan(s)
     ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    jit.on_device(q.device, lambda: module.decode_attention(q, k, v, lengths, ml, acc, out, chunk, splits, float(scale)))
+    if tiles:
+        counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
+        jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
+                                                                      splits, rows, float(scale)))  # fmt: skip
+    else:
+        jit.on_device(q.device, lambda: module.decode_attention(q, k, v, lengths, ml, acc, out, chunk, splits,
+                                                                float(scale)))  # fmt: skip
     return out

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 
 from ftlab import jit
-from ftlab import platform as ftplatform
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.hip.counters import zeroed_counters
 from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0Weight, QuantWeight
 from ftlab.reference.moe import align_capacity
@@ -61,21 +61,6 @@ def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[tor
     return weights, ids
 
 
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _router_counters(device: torch.device) -> torch.Tensor:
-    """The device's zeroed counters, one a token of a launch (the kernel leaves them 0), made by
-    the first call: outside a graph capture, where its zeros are written at once."""
-    c = _counters.get(device)
-    if c is None:
-        if ftplatform.capturing(device):
-            raise RuntimeError("router_topk (hip) makes its counters on its first call: call it once on this device "
-                               "before capturing a graph (as a warm-up does)")  # fmt: skip
-        c = _counters[device] = torch.zeros(ROUTER_MAX_TOKENS, dtype=torch.int32, device=device)
-    return c
-
-
 def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
                 renormalize: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.router_topk`."""
@@ -92,7 +77,7 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
         return logits, weights, ids
     x = x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.shape[1] <= 1 or weight.stride(1) == 1 else weight.contiguous()
-    counters = _router_counters(dev)
+    counters = zeroed_counters("router_topk", dev, ROUTER_MAX_TOKENS)
     module = _module(dev)
     for a in range(0, t, ROUTER_MAX_TOKENS):  # the grid's y dimension holds 65535 tokens a launch
         b = min(a + ROUTER_MAX_TOKENS, t)
@@ -130,7 +115,7 @@ def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm
     weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
     weight = weight if h <= 1 or weight.stride(1) == 1 else weight.contiguous()
-    counters = _router_counters(dev)
+    counters = zeroed_counters("router_topk", dev, ROUTER_MAX_TOKENS)
     module = _module(dev)
     jit.on_device(dev, lambda: module.moe_norm_router_topk(x, residual, norm_weight, s, y, float(eps), weight, logits,
                                                            weights, ids, counters, top_k, renormalize))  # fmt: skip

@@ -187,14 +187,13 @@ def decode_attention_backend(name: str, q: torch.Tensor, groups: int, geo: dict)
     :data:`DECODE_ATTENTION_HIP`, hip serves the device and its one-launch kernel takes the shape
     (fp16 / bf16, head dim 128 or 256, ``groups`` = query heads a key head at most 8), else "auto"
     (SDPA). Once a forward pass."""
-    from ftlab.hip.attention import TILE_HEAD_DIMS
-
     if name != "auto" or not DECODE_ATTENTION_HIP or q.device.type != "cuda":
         return name
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in TILE_HEAD_DIMS or groups > 8:
-        return name
     if "attention_backend" not in geo:
-        ok = "hip" in ftbackends.available_backends("decode_attention", q.device, q.dtype)
+        from ftlab.hip.attention import TILE_HEAD_DIMS
+
+        ok = q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in TILE_HEAD_DIMS and groups <= 8
+        ok = ok and "hip" in ftbackends.available_backends("decode_attention", q.device, q.dtype)
         geo["attention_backend"] = "hip" if ok else "auto"
     return geo["attention_backend"]
 
