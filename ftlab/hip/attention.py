@@ -16,6 +16,7 @@ import torch
 
 from ftlab import jit
 from ftlab.hip.counters import zeroed_counters
+from ftlab.quant import Q8_1, QK
 from ftlab.reference.attention import split_plan
 
 #: the most query heads a key head and the largest head dim the kernel holds
@@ -52,18 +53,18 @@ def _tiles_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                     scale: float) -> torch.Tensor:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.decode_attention` (ops checked the layouts)."""
+                     scale: float, quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.decode_attention` (ops checked the layouts; ``quantize``:
+    also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after)."""
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     if h // kvh > MAX_GROUP or d > MAX_HEAD_DIM:
         raise ValueError(f"the hip decode_attention holds at most {MAX_GROUP} query heads a key head and head dim "
                          f"{MAX_HEAD_DIM}, got {h // kvh} and {d}")  # fmt: skip
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
-    if b == 0:
-        return out
-    if s == 0:
-        return out.zero_()
+    if b == 0 or s == 0:
+        out.zero_()
+        return _with_q8(out, quantize)
     if lengths.dtype != torch.int32:  # int64 values past int32 must not wrap: clamp first
         lengths = lengths.clamp(0, s).to(torch.int32)
     g = h // kvh
@@ -73,6 +74,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     chunk, splits = tile_plan(s, d, rows) if tiles else split_plan(s)
     ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    if tiles and quantize:
+        counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
+        q8 = _q8_like(out)
+        jit.on_device(q.device, lambda: module.decode_attention_tiles_q8(
+            q, k, v, lengths, ml, acc, counters, out, q8.q, q8.d, q8.s, chunk, splits, rows, float(scale)))  # fmt: skip
+        return out, q8
     if tiles:
         counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
         jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
@@ -80,4 +87,23 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     else:
         jit.on_device(q.device, lambda: module.decode_attention(q, k, v, lengths, ml, acc, out, chunk, splits,
                                                                 float(scale)))  # fmt: skip
-    return out
+    return _with_q8(out, quantize)
+
+
+def _q8_like(out: torch.Tensor) -> Q8_1:
+    """Empty Q8_1 buffers of ``out [B, H, D]`` viewed ``[B, H * D]``."""
+    b, n = out.shape[0], out.shape[1] * out.shape[2]
+    f32 = dict(dtype=torch.float32, device=out.device)
+    return Q8_1(torch.empty((b, n), dtype=torch.int8, device=out.device), torch.empty((b, n // QK), **f32),
+                torch.empty((b, n // QK), **f32))  # fmt: skip
+
+
+def _with_q8(out: torch.Tensor, quantize: bool) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:
+    """``out``, or ``(out, its Q8_1)`` by hip's quantize_q8_1 kernel (the paths that do not write it)."""
+    if not quantize:
+        return out
+    if out.numel() == 0:
+        return out, _q8_like(out)
+    from ftlab.hip.q4_0 import quantize_q8_1
+
+    return out, quantize_q8_1(out.view(out.shape[0], -1))

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ftlab import backends as ftbackends
 from ftlab import ops
 from ftlab import platform as ftplatform
-from ftlab.quant import Q4_0Weight, QuantWeight
+from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 
 
 @dataclass
@@ -117,16 +117,17 @@ def one_row_quant_backend(x: torch.Tensor) -> str:
 
 def linear(
     x: torch.Tensor, w: torch.Tensor | QuantWeight, backend: str = "auto", path: str = "auto",
-    quant_backend: str | None = None,
+    quant_backend: str | None = None, x_q8: Q8_1 | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``backend``), Q8_0 and
+    """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``backend``; ``x_q8``:
+    x's Q8_1 when the caller has it, e.g. from ``ops.decode_attention(quantize=True)``), Q8_0 and
     K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``; "auto" for
     one row of x: :func:`one_row_quant_backend`), both on ``path``; dense weights through
     ``F.linear``."""
     if isinstance(w, QuantWeight):
         flat = x.reshape(-1, x.shape[-1])
         if isinstance(w, Q4_0Weight):
-            out = ops.q4_0_matmul(flat, w, path=path, backend=backend)
+            out = ops.q4_0_matmul(flat, w, path=path, backend=backend, x_q8=x_q8)
         else:
             qb = quant_backend or backend
             if qb == "auto" and flat.shape[0] == 1:
@@ -176,10 +177,17 @@ NORM_IN_QKV = False
 # Whether a decode step (one token a sequence, on a GPU) with decode_attention left "auto" attends
 # through ops.decode_attention's hip kernel over the live positions (one launch, programmatically
 # dependent: the o_proj matvec after it prefetches its weights meanwhile), not torch's SDPA over
-# every slot. Alone the kernel is slower than cuDNN's (11.0 against 8.3 us at 513 positions), but
-# the decode step was faster with it (2887 against 3036 us, one run; benchmarks/NOTES.md). Off
-# until the model's GPU test of it has run (tests/models/test_decode_fusions.py -m gpu).
+# every slot. Off: alone the kernel is slower than cuDNN's (11.3 against 8.3 us at 513 positions),
+# and the decode step with it, timed in turns with SDPA's in one process, was no faster (2781
+# against 2755 us at batch 1; benchmarks/NOTES.md, "The decode attention in one process"). Its
+# model GPU test passes (tests/models/test_decode_fusions.py -m gpu).
 DECODE_ATTENTION_HIP = False
+# Whether that hip decode attention also writes its output's Q8_1 (the same launch), which the Q4_0
+# o_proj matvec after it takes instead of quantizing its input in every block (the matvec's
+# prologue: 2.7 of 8.2 us at 4096 -> 2048, benchmarks/NOTES.md "Q8_1 given"). Only where the
+# attention output goes straight into a Q4_0 o_proj (Qwen3-MoE). The same bits (a GPU test); in
+# one process the step took 2746 against 2781 us without it, 2755 with SDPA: off with the flag above.
+ATTENTION_Q8 = False
 
 
 def decode_attention_backend(name: str, q: torch.Tensor, groups: int, geo: dict) -> str:
@@ -231,14 +239,17 @@ class KVCache:
                 "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
-               backends: dict[str, str], stored: bool = False) -> torch.Tensor:  # fmt: skip
+               backends: dict[str, str], stored: bool = False,
+               quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1 | None]:  # fmt: skip
         """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots (not when
         ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then
         attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
         positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, except one
         token a sequence (decode) when ``backends["decode_attention"]`` names a backend, or is
         "auto" on a GPU under :data:`DECODE_ATTENTION_HIP` (hip's one-launch kernel): then
-        ``ops.decode_attention`` over the live positions only."""
+        ``ops.decode_attention`` over the live positions only. ``quantize``: returns ``(out,
+        out_q8)``, ``out_q8`` the Q8_1 of ``out`` viewed ``[B * T, heads * hd]`` where the op path
+        made it (``ops.decode_attention(quantize=True)``), else None (SDPA's path makes none)."""
         b, t, kvh, hd = k.shape
         if not stored:
             ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
@@ -254,8 +265,11 @@ class KVCache:
         if op != "auto":  # a decode step through the op, when named (or DECODE_ATTENTION_HIP)
             if "lengths" not in geo:  # each sequence's live positions: once a forward pass, on this path only
                 geo["lengths"] = (geo["positions"][:, -1] + 1).to(torch.int32)
-            return ops.decode_attention(q.view(b, -1, hd), keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd),
-                                        geo["lengths"], backend=op).view(b, 1, -1, hd)  # fmt: skip
+            res = ops.decode_attention(q.view(b, -1, hd), keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd),
+                                       geo["lengths"], backend=op, quantize=quantize)  # fmt: skip
+            if quantize:
+                return res[0].view(b, 1, -1, hd), res[1]
+            return res.view(b, 1, -1, hd)
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         mask = geo["mask"]
@@ -270,7 +284,8 @@ class KVCache:
                 geo["bias"] = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
             mask = geo["bias"]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=True)
-        return out.transpose(1, 2)  # [B, T, heads, hd]
+        out = out.transpose(1, 2)  # [B, T, heads, hd]
+        return (out, None) if quantize else out
 
 
 def embed(table: torch.Tensor, tokens: torch.Tensor, tp, check: bool, backend: str) -> torch.Tensor:

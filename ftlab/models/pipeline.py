@@ -65,6 +65,7 @@ class DecodeGraph:
         if not 1 <= batch <= model.max_batch:
             raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
         device = model.weights.embed.device
+        self.model = model  # the graph reads its caches and weights: they live as long as it does
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device)
         state = model.recurrent_state() if isinstance(model, Qwen3Next) else []

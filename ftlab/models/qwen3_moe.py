@@ -36,7 +36,7 @@ from ftlab.models.layers import (
     route,
 )
 from ftlab.models.pipeline_args import QWEN3_MOE_OPS, backend_map
-from ftlab.quant import Q4_0Weight, QuantWeight
+from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 
 __all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe", "Qwen3MoeConfig", "Stage", "linear", "rms_norm", "rope_tables"]
 
@@ -221,8 +221,8 @@ class Qwen3Moe:
                              static, weights.embed.device, weights.embed.dtype)  # fmt: skip
         self.k_cache, self.v_cache = self.cache.k, self.cache.v
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight) -> torch.Tensor:
-        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, self.backends["quant_matmul"])
+    def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight, x_q8: Q8_1 | None = None) -> torch.Tensor:
+        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, self.backends["quant_matmul"], x_q8=x_q8)
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
@@ -257,8 +257,12 @@ class Qwen3Moe:
         q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
                                 geo["cos"], geo["sin"], c.rms_norm_eps, backend=rope_backend,
                                 **(cache if fused else {}))  # fmt: skip
-        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends, stored=fused)
-        out = self.linear(out.reshape(b, t, -1), lw.o_proj)
+        # a decode step on hip's attention kernel can hand the o_proj matvec its input's Q8_1 (layers.ATTENTION_Q8)
+        q8 = layers.ATTENTION_Q8 and t == 1 and isinstance(lw.o_proj, Q4_0Weight)
+        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends, stored=fused,
+                                quantize=q8)  # fmt: skip
+        out, out_q8 = out if q8 else (out, None)
+        out = self.linear(out.reshape(b, t, -1), lw.o_proj, x_q8=out_q8)
         return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj: partial sums
 
     def _norm_in_qkv(self, rows: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.quant import Q8_1, QK
 
 
 def _cache(name: str, t: torch.Tensor, b: int, kvh: int, d: int) -> torch.Tensor:
@@ -18,7 +19,8 @@ def _cache(name: str, t: torch.Tensor, b: int, kvh: int, d: int) -> torch.Tensor
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *,
-                     scale: float | None = None, backend: str = "auto") -> torch.Tensor:  # fmt: skip
+                     scale: float | None = None, backend: str = "auto",
+                     quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
     """Attention of one query token a sequence over the first ``lengths[b]`` cached positions.
 
     ``q [B, H, D]`` (fp32 / fp16 / bf16); ``k``, ``v [B, S, KVH, D]`` of q's dtype, ``H`` a
@@ -32,6 +34,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
 
     ``out[b, h] = sum_p softmax_p(scale * q[b, h] . k[b, p, h']) v[b, p, h']``, in fp32, rounded
     once to q's dtype. Returns a new contiguous ``out [B, H, D]``.
+
+    ``quantize=True`` (``H * D`` a multiple of 32): returns ``(out, out_q8)``, ``out_q8`` the
+    :class:`~ftlab.quant.Q8_1` of ``out`` viewed ``[B, H * D]`` -- bit for bit
+    ``quantize_q8_1(out.view(B, H * D))``, what a Q4_0 o_proj matvec takes as ``x_q8``. hip's
+    one-launch kernel (fp16 / bf16, head dim 128 / 256) writes it in the same launch; the other
+    paths and backends quantize ``out`` after (``ops.quantize_q8_1``, the same backend).
     """
     argcheck.float_tensor("q", q)
     if q.dim() != 3 or q.shape[1] == 0 or q.shape[2] == 0:
@@ -52,5 +60,20 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     argcheck.same_device("lengths", lengths, "q", q)
     argcheck.shape("lengths", lengths, (b,))
     scale = d**-0.5 if scale is None else argcheck.finite_float("scale", scale)
+    if quantize and (h * d) % QK:
+        raise ValueError(f"quantize=True needs H * D a multiple of {QK} (Q8_1 blocks of out viewed [B, H * D]), "
+                         f"got H={h}, D={d}")  # fmt: skip
     impl = backends.resolve("decode_attention", backend, q.device, q.dtype)
-    return impl.fn(q.contiguous(), k, v, lengths.contiguous(), float(scale))
+    args = (q.contiguous(), k, v, lengths.contiguous(), float(scale))
+    if not quantize:
+        return impl.fn(*args)
+    if impl.backend == "hip":  # its one-launch kernel writes the Q8_1 itself
+        return impl.fn(*args, quantize=True)
+    from ftlab.ops.q4_0 import quantize_q8_1
+
+    out = impl.fn(*args)
+    if b == 0:
+        empty = torch.empty((0, h * d // QK), dtype=torch.float32, device=q.device)
+        return out, Q8_1(torch.empty((0, h * d), dtype=torch.int8, device=q.device), empty, empty.clone())
+    qb = impl.backend if impl.backend in backends.available_backends("quantize_q8_1", q.device, q.dtype) else "auto"
+    return out, quantize_q8_1(out.view(b, h * d), backend=qb)

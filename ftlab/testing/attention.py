@@ -64,10 +64,12 @@ def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def check_decode_attention_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                                 scale: float | None = None, device: torch.device | str = "cpu",
-                                backends: Sequence[str] | None = None) -> None:  # fmt: skip
+                                backends: Sequence[str] | None = None, quantize: bool = False) -> None:  # fmt: skip
     """Every backend's decode_attention against the reference within
     :func:`decode_attention_tolerance` (k and v keep their strides: views of a wider cache stay
-    views); the inputs are left as they were."""
+    views); the inputs are left as they were. ``quantize`` (where ``H * D`` is a multiple of 32):
+    also ``quantize=True``, whose output must be the same bits and whose Q8_1 must be the
+    reference ``quantize_q8_1`` of that output, bit for bit."""
     want = ops.decode_attention(q, k, v, lengths, scale=scale, backend="reference")
     b, h, d = q.shape
     bound = decode_attention_tolerance(q, k, v, lengths, d**-0.5 if scale is None else scale)
@@ -81,3 +83,10 @@ def check_decode_attention_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         assert got.shape == q.shape and got.dtype == q.dtype and got.is_contiguous()
         assert all(torch.equal(x, y) for x, y in zip(args, before, strict=True)), f"{name} wrote to an input"
         assert_within(name, "out", got.reshape(b * h, d), want.reshape(b * h, d), bound)
+        if quantize and (h * d) % 32 == 0:
+            again, q8 = ops.decode_attention(*args, scale=scale, backend=name, quantize=True)
+            assert torch.equal(again, got), f"{name}: quantize=True changed the output"
+            ref = ops.quantize_q8_1(got.view(b, h * d), backend="reference")
+            for part in ("q", "d", "s"):
+                mine, theirs = getattr(q8, part), getattr(ref, part)
+                assert mine.shape == theirs.shape and torch.equal(mine, theirs), f"{name}: Q8_1 {part} of the output"

@@ -95,22 +95,30 @@ def test_decode_attention_hip_flag_picks_the_backend():
     assert layers.decode_attention_backend("triton", cpu, 4, {}) == "triton"
 
 
+def _head_dim_128_model(dev: torch.device):
+    """A 2-layer bf16 Qwen3-MoE of head dim 128 (8 / 2 heads) with random Q4_0 weights: the shape
+    hip's one-launch decode attention takes."""
+    from ftlab.bench.model import random_model
+    from ftlab.models.qwen3_moe import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
+                            num_key_value_heads=2, head_dim=128, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=64)  # fmt: skip
+    return config, random_model(config, dev)
+
+
 @pytest.mark.gpu
 def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
     """Under layers.DECODE_ATTENTION_HIP a bf16 model of head dim 128 attends each decode step through
     ops.decode_attention's hip kernel: the logits of backends={"decode_attention": "hip"} bit for
     bit (prefill, then decode steps), and a graph-replayed step equals the eager one."""
     from ftlab import ops
-    from ftlab.bench.model import random_model
     from ftlab.models import layers
     from ftlab.models.pipeline import DecodeGraph
-    from ftlab.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
+    from ftlab.models.qwen3_moe import Qwen3Moe
 
     dev = torch.device("cuda")
-    config = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
-                            num_key_value_heads=2, head_dim=128, num_experts=8, num_experts_per_tok=2,
-                            moe_intermediate_size=64)  # fmt: skip
-    weights = random_model(config, dev)
+    config, weights = _head_dim_128_model(dev)
     gen = torch.Generator(device=dev).manual_seed(3)
     tokens = torch.randint(0, config.vocab_size, (1, 40), device=dev, generator=gen)
     calls = []
@@ -131,3 +139,60 @@ def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
     for p in range(40, 50):
         replayed = graph(tokens[:, p - 40:p - 39], torch.full((1, 1), p, device=dev)).clone()
         assert torch.equal(replayed, model.forward(tokens[:, p - 40:p - 39], torch.full((1, 1), p, device=dev)))
+
+
+@pytest.mark.gpu
+def test_attention_q8_for_o_proj_in_the_model_gpu(monkeypatch):
+    """Under layers.ATTENTION_Q8 (with DECODE_ATTENTION_HIP) hip's decode attention writes its
+    output's Q8_1 and the Q4_0 o_proj matvec takes it instead of quantizing its input: the same
+    arithmetic, so the logits equal those with the flag off bit for bit (eager decode steps, and a
+    graph-replayed step equals the eager one)."""
+    from ftlab import ops
+    from ftlab.models import layers
+    from ftlab.models.pipeline import DecodeGraph
+    from ftlab.models.qwen3_moe import Qwen3Moe
+
+    dev = torch.device("cuda")
+    config, weights = _head_dim_128_model(dev)
+    gen = torch.Generator(device=dev).manual_seed(4)
+    tokens = torch.randint(0, config.vocab_size, (2, 60), device=dev, generator=gen)
+    given = []
+    real = ops.q4_0_matmul
+    monkeypatch.setattr(ops, "q4_0_matmul", lambda *a, **k: given.append(k.get("x_q8") is not None) or real(*a, **k))
+    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", True)
+    runs = []
+    for flag in (True, False):
+        monkeypatch.setattr(layers, "ATTENTION_Q8", flag)
+        model = Qwen3Moe(config, weights, max_batch=2, max_seq_len=96, static=True)
+        out = [model.forward(tokens[:, :30], torch.arange(30, device=dev)[None].expand(2, -1)).clone()]
+        out += [model.forward(tokens[:, p:p + 1], torch.full((2, 1), p, device=dev)).clone() for p in range(30, 60)]
+        runs.append(out)
+    assert sum(given) == 30 * config.num_hidden_layers  # the flag's decode steps: every layer's o_proj
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(layers, "ATTENTION_Q8", True)
+    graph = DecodeGraph(model, 2)
+    for p in range(60, 70):
+        tok, pos = tokens[:, p - 60:p - 59], torch.full((2, 1), p, device=dev)
+        assert torch.equal(graph(tok, pos).clone(), model.forward(tok, pos))
+
+
+@pytest.mark.gpu
+def test_decode_graph_keeps_its_model_alive_gpu():
+    """A DecodeGraph of a model no one else holds: the graph keeps the model (its KV cache and
+    weights) alive, so a replay after the caller dropped it reads live memory."""
+    import gc
+
+    from ftlab.models.pipeline import DecodeGraph, Pipeline
+    from ftlab.models.qwen3_moe import Qwen3Moe
+
+    pipe = Pipeline.load("tiny-qwen3-moe", "cuda", quant="q4_0")
+    graph = DecodeGraph(Qwen3Moe(pipe.config, pipe.weights, max_batch=1, max_seq_len=64, static=True), 1)
+    gc.collect()
+    junk = torch.full((1 << 24,), float("nan"), device="cuda")  # would land where a freed cache was
+    tokens = torch.tensor([[5]], device="cuda")
+    for p in range(4):
+        replayed = graph(tokens, torch.tensor([[p]], device="cuda")).clone()
+        assert torch.isfinite(replayed).all()
+        assert torch.equal(replayed, graph.model.forward(tokens, torch.tensor([[p]], device="cuda")))
+    del junk

@@ -43,6 +43,20 @@ def test_decode_attention_cpu(case):
     ft.check_decode_attention_case(*case)
 
 
+@settings(max_examples=6, deadline=None)
+@given(decode_attention_case(dtypes=(torch.float32, torch.bfloat16), lengths=(1, 65), dims=(8, 128)))
+def test_decode_attention_quantize_cpu(case):
+    """quantize=True: the same output and its Q8_1 (that of quantize_q8_1), in every backend."""
+    ft.check_decode_attention_case(*case, quantize=True)
+
+
+def test_quantize_needs_whole_q8_blocks():
+    q = torch.zeros(1, 2, 12)
+    k = torch.zeros(1, 4, 1, 12)
+    with pytest.raises(ValueError, match="quantize=True needs H \\* D a multiple of 32"):
+        ops.decode_attention(q, k, k, torch.ones(1, dtype=torch.int32), quantize=True)
+
+
 @settings(max_examples=4, deadline=None)
 @given(decode_attention_case(dtypes=(torch.bfloat16,), lengths=(4200,), dims=(8,)))
 def test_decode_attention_long_cache_cpu(case):
@@ -53,14 +67,14 @@ def test_decode_attention_long_cache_cpu(case):
 @pytest.mark.gpu
 @given(decode_attention_case())
 def test_decode_attention_gpu(case):
-    ft.check_decode_attention_case(*case, device="cuda")
+    ft.check_decode_attention_case(*case, device="cuda", quantize=True)
 
 
 @pytest.mark.gpu
 @settings(max_examples=10, deadline=None)
 @given(decode_attention_case(lengths=(640, 4200, 33000), dims=(8, 64, 128, 256)))
 def test_decode_attention_long_cache_gpu(case):
-    ft.check_decode_attention_case(*case, device="cuda")
+    ft.check_decode_attention_case(*case, device="cuda", quantize=True)
 
 
 @pytest.mark.gpu
@@ -78,7 +92,7 @@ def test_hip_one_launch_rows_gpu(rows, case):
         pytest.skip("hip cannot serve decode_attention on this GPU")
     hip_attention.ROWS_PER_THREAD = rows
     try:
-        ft.check_decode_attention_case(*case, device="cuda", backends=["hip"])
+        ft.check_decode_attention_case(*case, device="cuda", backends=["hip"], quantize=True)
     finally:
         hip_attention.ROWS_PER_THREAD = 4
 
@@ -154,8 +168,8 @@ def test_slots_past_the_length_are_never_read(device, d):
 
 @pytest.mark.gpu
 def test_hip_one_launch_refuses_bad_direct_calls():
-    """The one-launch entry, called directly: a chunk past int32, fp16 workspaces, strided counters
-    are refused before any launch."""
+    """The one-launch entries, called directly: a chunk past int32, fp16 workspaces, strided counters,
+    Q8_1 outputs of the wrong dtype, size or device are refused before any launch."""
     from ftlab import backends, jit
 
     dev = torch.device("cuda")
@@ -174,7 +188,15 @@ def test_hip_one_launch_refuses_bad_direct_calls():
         module.decode_attention_tiles(q, k, k, lengths, ml.half(), acc, counters, out, 32, 4, 4, 0.1)
     with pytest.raises(ValueError, match="contiguous"):
         module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters[::2], out, 32, 4, 4, 0.1)
-    assert not counters.any()
+    oq = torch.full((1, 1024), 7, dtype=torch.int8, device=dev)
+    od, os_ = torch.zeros(1, 32, device=dev), torch.zeros(1, 32, device=dev)
+    with pytest.raises(TypeError, match="oq must be int8"):
+        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq.int(), od, os_, 32, 4, 4, 0.1)
+    with pytest.raises(TypeError, match="od and os must be float32 with"):
+        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od[:, :16], os_, 32, 4, 4, 0.1)
+    with pytest.raises(ValueError, match="oq, od and os"):
+        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od.cpu(), os_, 32, 4, 4, 0.1)
+    assert not counters.any() and (oq == 7).all() and not od.any()
 
 
 def test_bad_arguments_name_themselves():

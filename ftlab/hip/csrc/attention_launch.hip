@@ -23,6 +23,13 @@ struct AttnArgs {
   float scale;
 };
 
+// The one-launch kernel's optional Q8_1 of its output (all null: not written).
+struct Q8Out {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  float* s = nullptr;
+};
+
 template <typename T, bool VEC, bool D256>
 void launch_partial(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                     const TensorView& ml, const TensorView& acc, const TensorView& out, const AttnArgs& a) {
@@ -135,7 +142,7 @@ namespace {
 template <typename T, int D, int R>
 void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                   const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
-                  const AttnArgs& a) {
+                  const AttnArgs& a, const Q8Out& q8) {
   using S = typename T::storage;
   const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
   launch_pdl(decode_attention_tiles_kernel<T, D, R>, grid, dim3(kTileThreads), stream_of(out),
@@ -143,21 +150,34 @@ void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
              static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)),
              static_cast<float*>(base_of(acc)), static_cast<uint32_t*>(base_of(counters)), static_cast<S*>(base_of(out)),
              k.stride(0), k.stride(1), v.stride(0), v.stride(1), static_cast<int>(a.s), a.chunk, a.scale,
-             static_cast<int>(a.h), static_cast<int>(a.kvh));
+             static_cast<int>(a.h), static_cast<int>(a.kvh), q8.q, q8.d, q8.s);
   check_launch("decode_attention_tiles_kernel");
 }
 
 template <typename T>
 void dispatch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                     const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
-                    const AttnArgs& a, int rows) {
-  if (a.d == 128 && rows == 4) launch_tiles<T, 128, 4>(q, k, v, lengths, ml, acc, counters, out, a);
-  if (a.d == 256 && rows == 4) launch_tiles<T, 256, 4>(q, k, v, lengths, ml, acc, counters, out, a);
-  if (a.d == 128 && rows == 2) launch_tiles<T, 128, 2>(q, k, v, lengths, ml, acc, counters, out, a);
-  if (a.d == 256 && rows == 2) launch_tiles<T, 256, 2>(q, k, v, lengths, ml, acc, counters, out, a);
+                    const AttnArgs& a, int rows, const Q8Out& q8) {
+  if (a.d == 128 && rows == 4) launch_tiles<T, 128, 4>(q, k, v, lengths, ml, acc, counters, out, a, q8);
+  if (a.d == 256 && rows == 4) launch_tiles<T, 256, 4>(q, k, v, lengths, ml, acc, counters, out, a, q8);
+  if (a.d == 128 && rows == 2) launch_tiles<T, 128, 2>(q, k, v, lengths, ml, acc, counters, out, a, q8);
+  if (a.d == 256 && rows == 2) launch_tiles<T, 256, 2>(q, k, v, lengths, ml, acc, counters, out, a, q8);
 }
 
-}  // namespace
+// out's Q8_1 (oq [B, H * D] int8, od / os [B, H * D / 32] fp32, contiguous, on q's device), or none.
+Q8Out q8_out_of(const TensorView& q, const TensorView& oq, const TensorView& od, const TensorView& os) {
+  const int64_t n = q.size(0) * q.size(1) * q.size(2);
+  TVM_FFI_CHECK(oq.dtype().code == kDLInt && oq.dtype().bits == 8 && oq.numel() == n, TypeError)
+      << "oq must be int8 with B * H * D = " << n << " elements, got " << oq.numel();
+  for (const TensorView* t : {&od, &os})
+    TVM_FFI_CHECK(t->dtype().code == kDLFloat && t->dtype().bits == 32 && t->numel() == n / kQK, TypeError)
+        << "od and os must be float32 with B * H * D / 32 = " << n / kQK << " elements, got " << t->numel();
+  for (const TensorView* t : {&oq, &od, &os}) {
+    check_contiguous(*t, "oq, od and os");
+    TVM_FFI_CHECK(same_device(*t, q), ValueError) << "oq, od and os must be on q's device";
+  }
+  return {static_cast<int8_t*>(base_of(oq)), static_cast<float*>(base_of(od)), static_cast<float*>(base_of(os))};
+}
 
 // decode_attention in one launch (attention_tiles.hip): q, k, v fp16 / bf16 with head dim 128 or
 // 256, q contiguous and 16-byte aligned, k and v [B, S, KVH, D] with 16-byte aligned rows.
@@ -165,9 +185,9 @@ void dispatch_tiles(const TensorView& q, const TensorView& k, const TensorView& 
 // tile_rows(D, rows) (splits * chunk >= S, splits <=
 // kTileMaxSplits); ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
 // counters [B * KVH] uint32 zeros, left zeros.
-void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml,
-                            TensorView acc, TensorView counters, TensorView out, int64_t chunk, int64_t splits,
-                            int64_t rows, double scale) {
+void tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
+           const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
+           int64_t chunk, int64_t splits, int64_t rows, double scale, const Q8Out& q8) {
   TVM_FFI_CHECK(q.ndim() == 3 && k.ndim() == 4 && v.ndim() == 4 && out.ndim() == 3, ValueError)
       << "q and out must be [B, H, D], k and v [B, S, KVH, D]";
   check_int_sizes(k.size(1), chunk, splits);
@@ -209,11 +229,29 @@ void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(q)) % 16 == 0 && aligned16(k, 2) && aligned16(v, 2), ValueError)
       << "q, k and v must be 16-byte aligned (bases and strides)";
   if (a.b == 0) return;
-  if (fp == Fp::f16) dispatch_tiles<f16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows));
-  else dispatch_tiles<bf16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows));
+  if (fp == Fp::f16) dispatch_tiles<f16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows), q8);
+  else dispatch_tiles<bf16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows), q8);
+}
+
+}  // namespace
+
+void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml,
+                            TensorView acc, TensorView counters, TensorView out, int64_t chunk, int64_t splits,
+                            int64_t rows, double scale) {
+  tiles(q, k, v, lengths, ml, acc, counters, out, chunk, splits, rows, scale, Q8Out{});
+}
+
+// The same, also writing out's Q8_1 (out viewed [B, H * D]): oq [B, H * D] int8, od and os
+// [B, H * D / 32] fp32, contiguous; the arithmetic of quantize_q8_1 on the rounded output.
+void decode_attention_tiles_q8(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml,
+                               TensorView acc, TensorView counters, TensorView out, TensorView oq, TensorView od,
+                               TensorView os, int64_t chunk, int64_t splits, int64_t rows, double scale) {
+  TVM_FFI_CHECK(q.ndim() == 3, ValueError) << "q must be [B, H, D]";
+  tiles(q, k, v, lengths, ml, acc, counters, out, chunk, splits, rows, scale, q8_out_of(q, oq, od, os));
 }
 
 }  // namespace ftlab
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention, ftlab::decode_attention);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention_tiles, ftlab::decode_attention_tiles);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode_attention_tiles_q8, ftlab::decode_attention_tiles_q8);

@@ -20,7 +20,8 @@
 // and resets the counter to 0. Splits past the sequence's length return at once: the grid depends
 // on the cache's size only (graph-capturable); a sequence of length 0 gets zeros from split 0.
 // Launched programmatically dependent (launch::launch_pdl): before port_pdl_wait() the block only
-// asks the L2 for its first tile's key and value lines. fp32 throughout, the output rounded once.
+// asks the L2 for its first tile's key and value lines. fp32 throughout, the output rounded once;
+// on request the block writing an output also writes its Q8_1 (what the o_proj matvec after takes).
 #pragma once
 #include "q4_0_common.h"
 
@@ -41,16 +42,43 @@ __device__ __forceinline__ void unpack8(const bytes16& raw, float out[8]) {
   for (int i = 0; i < 8; ++i) out[i] = T::load(&e[i]);
 }
 
+// Writes element idx of out (value y, rounded once) and, when oq is given, its Q8_1 (out viewed
+// [B, H * D], blocks of 32): the 32 consecutive elements of a block are 32 consecutive lanes, which
+// all call this (the condition is uniform over them). quantize_q8_1's arithmetic on the rounded
+// value (d = amax / 127, q = round(x / d) half away from zero, s = d * sum(q)), bit for bit.
+template <typename T>
+__device__ __forceinline__ void write_out(typename T::storage* out, int64_t idx, float y, int8_t* oq, float* od,
+                                          float* os) {
+  const typename T::storage r = T::from_float(y);
+  out[idx] = r;
+  if (oq == nullptr) return;
+  const float x = T::load(&r);
+  float amax = __builtin_fabsf(x);
+#pragma unroll
+  for (int off = kQK / 2; off > 0; off >>= 1) amax = __builtin_fmaxf(amax, port_shfl_xor(amax, off));
+  const float dd = port_div_rn(amax, 127.0f);
+  int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(x, dd)));
+  oq[idx] = static_cast<int8_t>(qi);
+#pragma unroll
+  for (int off = kQK / 2; off > 0; off >>= 1) qi += port_shfl_xor(qi, off);
+  if (idx % kQK == 0) {
+    od[idx / kQK] = dd;
+    os[idx / kQK] = dd * static_cast<float>(qi);
+  }
+}
+
 // q [B, H, D] contiguous; k, v [B, S, KVH, D] 16-byte aligned rows (sequence strides k_sb / v_sb,
 // position strides k_sp / v_sp); lengths [B] int32, clamped to [0, S]. ml [B, KVH, splits, G, 2],
-// acc [B, KVH, splits, G, D] fp32 workspaces, counters [B * KVH] zeros (left zeros); out [B, H, D].
+// acc [B, KVH, splits, G, D] fp32 workspaces, counters [B * KVH] zeros (left zeros); out [B, H, D];
+// oq [B, H * D] int8, od, os [B, H * D / 32] fp32: out's Q8_1, or nullptr.
 template <typename T, int D, int R>
 __global__ void __launch_bounds__(kTileThreads)
     decode_attention_tiles_kernel(const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
                                   const typename T::storage* __restrict__ v, const int32_t* __restrict__ lengths,
                                   float* ml, float* acc_ws, uint32_t* __restrict__ counters,
                                   typename T::storage* __restrict__ out, int64_t k_sb, int64_t k_sp, int64_t v_sb,
-                                  int64_t v_sp, int s_len, int chunk, float scale, int heads, int kv_heads) {
+                                  int64_t v_sp, int s_len, int chunk, float scale, int heads, int kv_heads,
+                                  int8_t* __restrict__ oq, float* __restrict__ od, float* __restrict__ os) {
   using S = typename T::storage;
   constexpr int LP = D / 8, RG = kTileThreads / LP, TP = RG * R, G = kTileMaxG;
   constexpr int kWarps = kTileThreads / PORT_WARP_SIZE;
@@ -239,7 +267,7 @@ __global__ void __launch_bounds__(kTileThreads)
       const int o = tid + i * kTileThreads;
       if (o >= g_n * D) continue;
       const float l = l_sh[o / D];
-      out[out_row0 * D + o] = T::from_float(total[i] * (l != 0.0f ? 1.0f / l : 0.0f));  // l = 0: no position
+      write_out<T>(out, out_row0 * D + o, total[i] * (l != 0.0f ? 1.0f / l : 0.0f), oq, od, os);  // l = 0: no position
     }
     return;
   }
@@ -308,7 +336,7 @@ __global__ void __launch_bounds__(kTileThreads)
     const int o = tid + i * kTileThreads;
     if (o >= g_n * D) continue;
     const float l = l_sh[o / D];
-    out[out_row0 * D + o] = T::from_float(sum[i] * (l != 0.0f ? 1.0f / l : 0.0f));
+    write_out<T>(out, out_row0 * D + o, sum[i] * (l != 0.0f ? 1.0f / l : 0.0f), oq, od, os);
   }
   if (tid == 0) port_atomic_add(counter, 0u - static_cast<uint32_t>(live));  // back to 0: every block has counted
 }
@@ -316,7 +344,7 @@ __global__ void __launch_bounds__(kTileThreads)
 #define FTLAB_ATTENTION_TILES_DR(T, D, R)                                                                          \
   template __global__ void decode_attention_tiles_kernel<T, D, R>(                                              \
       const T::storage*, const T::storage*, const T::storage*, const int32_t*, float*, float*, uint32_t*,        \
-      T::storage*, int64_t, int64_t, int64_t, int64_t, int, int, float, int, int);
+      T::storage*, int64_t, int64_t, int64_t, int64_t, int, int, float, int, int, int8_t*, float*, float*);
 #define FTLAB_ATTENTION_TILES(T)                                                                                  \
   FTLAB_ATTENTION_TILES_DR(T, 128, 4) FTLAB_ATTENTION_TILES_DR(T, 256, 4) FTLAB_ATTENTION_TILES_DR(T, 128, 2)   \
   FTLAB_ATTENTION_TILES_DR(T, 256, 2)

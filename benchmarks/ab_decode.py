@@ -1,0 +1,82 @@
+"""A / B of decode-step settings in one process: the model of a ``qwen3moe`` GGUF file (as
+``ftlab bench model --gguf`` loads it: the file's types, bf16 activations) loaded once, one
+captured decode step (``--batch`` tokens at ``--position``) per setting, and the settings'
+replays timed in turns, ``--rounds`` rounds of ``--reps`` replays each, so that the host's and
+the GPU's drift between processes is out of the comparison. A setting is ``NAME`` (the module
+defaults) or ``NAME=FLAG,!FLAG,...``: ``ftlab.models.layers`` flags turned on (or, with ``!``,
+off) while its step is captured, e.g.
+
+    python benchmarks/ab_decode.py FILE.gguf sdpa hip=DECODE_ATTENTION_HIP \\
+        hip-q8=DECODE_ATTENTION_HIP,ATTENTION_Q8 [--batch 1] [--position 512] [--rounds 5]
+
+Prints each round's median step time per setting, then each setting's median over the rounds
+and its ratio to the first setting's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from ftlab.bench.harness import time_us
+from ftlab.models import layers as model_layers
+from ftlab.models.loader import load_gguf
+from ftlab.models.pipeline import DecodeGraph
+from ftlab.models.qwen3_moe import Qwen3Moe
+
+
+def parse_setting(text: str) -> tuple[str, dict[str, bool]]:
+    """``NAME[=FLAG,!FLAG,...]`` -> (name, {flag: value}); the flags must exist in ``layers``."""
+    name, _, rest = text.partition("=")
+    flags = {}
+    for item in filter(None, rest.split(",")):
+        flag = item.lstrip("!")
+        if not isinstance(getattr(model_layers, flag, None), bool):
+            raise SystemExit(f"{flag!r} is not a boolean flag of ftlab.models.layers")
+        flags[flag] = not item.startswith("!")
+    return name, flags
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("settings", nargs="+", help="NAME or NAME=FLAG,!FLAG,... (layers flags on / off)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--position", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    settings = [parse_setting(s) for s in args.settings]
+    dev = torch.device("cuda")
+    config, weights = load_gguf(args.file, device=dev, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (args.batch, 1), generator=gen).to(dev)
+    positions = torch.full((args.batch, 1), args.position, device=dev)
+    defaults = {flag: getattr(model_layers, flag) for _, flags in settings for flag in flags}
+    steps = {}
+    for name, flags in settings:
+        for flag, value in {**defaults, **flags}.items():
+            setattr(model_layers, flag, value)
+        model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True)
+        graph = DecodeGraph(model, args.batch)  # captured under this setting's flags (it keeps the model)
+        steps[name] = (lambda g: lambda: g(tokens, positions))(graph)
+    for flag, value in defaults.items():
+        setattr(model_layers, flag, value)
+    times: dict[str, list[float]] = {name: [] for name, _ in settings}
+    print(f"{args.file}: decode batch {args.batch} at position {args.position}, one captured step per setting, "
+          f"{args.rounds} rounds of {args.reps} replays each (median us a step)")  # fmt: skip
+    for r in range(args.rounds):
+        for name, _ in settings:
+            times[name].append(time_us(steps[name], warmup=5, reps=args.reps))
+        print(f"round {r + 1}: " + "  ".join(f"{name} {times[name][-1]:.1f}" for name, _ in settings))
+    first = statistics.median(times[settings[0][0]])
+    for name, flags in settings:
+        med = statistics.median(times[name])
+        print(f"{name:>12}: {med:8.1f} us  {args.batch * 1e6 / med:6.1f} tokens/s  {med / first:.3f}x the first  "
+              f"(spread {min(times[name]):.1f} .. {max(times[name]):.1f}; flags {flags or 'defaults'})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
