@@ -13,6 +13,10 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
   and where K <= 2048 each lane's activation words stay in registers for all its rows; at M >= 2
   (``quant_mv_kernel``) one group a row, the activations re-read for every row. Also taken where
   the tiled one cannot: w not starting and ending 16-byte aligned, Q8_0 with K % 128 != 0.
+- ``"pairs"``: "lanes", except that at M = 1 a K-quant row of K > 1024 is read in 64-weight unit
+  pairs (two sub-blocks whose weights share every byte loaded: Q4_K / Q5_K's low and high nibbles,
+  Q6_K's quarters t and t + 2), one pair a lane and step, the activation blocks held in registers
+  where K <= 2048. Not the default until measured on a GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ftlab.quant import QuantWeight
 
 #: rows the matvecs are instantiated for (1..8); more go to quant_gemm_kernel
 MATVEC_ROWS = 8
-#: matvec variant per weight type for M >= 2: "tiled" or "lanes"
+#: matvec variant per weight type for M >= 2: "tiled" or "lanes" ("pairs" is "lanes" there)
 MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "tiled"}
 #: ... and for M = 1: on the H200 (benchmarks/NOTES.md) the persistent lanes matvec is faster for
 #: every type (lm_head: 1.3-1.9x the tiled one; 4096 x 14336: 1.1-1.4x); the tiled one is 1.5-2.2x
@@ -63,8 +67,8 @@ def quant_matmul(
         )
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
     variant = variant or (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
-    if variant not in ("tiled", "lanes"):
-        raise ValueError(f"variant must be 'tiled' or 'lanes', got {variant!r}")
+    if variant not in ("tiled", "lanes", "pairs"):
+        raise ValueError(f"variant must be 'tiled', 'lanes' or 'pairs', got {variant!r}")
     x8 = quantize_q8_1(x)
     module = jit.module_for("quant_matmul", x.device)
     suffix = _SUFFIX[w.qtype]
@@ -82,6 +86,8 @@ def quant_matmul(
     else:
         y = torch.empty((m, n), dtype=torch.float32, device=x.device)
         kernel = "quant_mv_" if m <= MATVEC_ROWS else "quant_gemm_"
+        if m == 1 and variant == "pairs" and w.qtype != "Q8_0":
+            kernel = "quant_mv_pairs_"
         fn = getattr(module, kernel + suffix)
         jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)

@@ -134,7 +134,7 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize(
     "variant, g, splits, offset",
-    [("lanes", None, None, 0), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
+    [("lanes", None, None, 0), ("pairs", None, None, 0), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
      ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4)],
 )  # fmt: skip
 def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):

@@ -26,6 +26,7 @@ def harness(tmp_path_factory):
         pytest.skip("no host C++ compiler")
     build = tmp_path_factory.mktemp("hip_host")
     for src in (
+        ROOT / "ftlab/hip/csrc/quant_units.h",
         ROOT / "ftlab/hip/csrc/quant_matmul.hip",
         ROOT / "ftlab/hip/csrc/quant_matmul_tiled.hip",
         *(ROOT / "tests/unit/hip_host").iterdir(),
@@ -43,12 +44,26 @@ def harness(tmp_path_factory):
     return ctypes.CDLL(str(lib))
 
 
+SHAPES = [(1, 9, 256), (1, 37, 2048), (1, 6, 1280), (1, 13, 2304), (1, 5, 4096), (3, 5, 2304), (8, 7, 512),
+          (17, 70, 512), (70, 3, 2048)]  # fmt: skip
+
+
 @pytest.mark.parametrize("qtype", list(CODE))
-@pytest.mark.parametrize(
-    "m, n, k",
-    [(1, 9, 256), (1, 37, 2048), (1, 13, 2304), (3, 5, 2304), (8, 7, 512), (17, 70, 512), (70, 3, 2048)],
-)
+@pytest.mark.parametrize("m, n, k", SHAPES)
 def test_hip_kernels_on_the_host(harness, qtype, m, n, k):
+    _check_on_the_host(harness, qtype, m, n, k, 0)
+
+
+@pytest.mark.parametrize("qtype", list(CODE))
+@pytest.mark.parametrize("m, n, k", [s for s in SHAPES if s[0] == 1])
+def test_hip_unit_pairs_on_the_host(harness, qtype, m, n, k):
+    """The one-row matvec's "pairs" variant: 64-weight unit pairs for the K-quants where K > 1024
+    (K <= 2048: a lane's activation blocks held across rows; beyond: walked); Q8_0 and short rows
+    keep single units."""
+    _check_on_the_host(harness, qtype, m, n, k, 1)
+
+
+def _check_on_the_host(harness, qtype: str, m: int, n: int, k: int, pairs: int) -> None:
     w = random_quant_weight(m * n + k, qtype, n, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n)) * 3
     x8 = quantize_q8_1(x)
@@ -58,7 +73,7 @@ def test_hip_kernels_on_the_host(harness, qtype, m, n, k):
         return ctypes.c_void_p(t.data_ptr())
 
     harness.run(CODE[qtype], ptr(w.data), ctypes.c_int64(w.data.shape[1]), ptr(x8.q), ptr(x8.d), ptr(x8.s), ptr(y),
-                ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k))  # fmt: skip
+                ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int(pairs))  # fmt: skip
     exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
     assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
 

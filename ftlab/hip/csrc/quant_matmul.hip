@@ -16,8 +16,10 @@
 // consecutive super-blocks), and the partial sums meet through port_shfl_xor within the group.
 // Blocks of 34 and 210 bytes are only 2-byte aligned: those are read as 16-bit words.
 //
-// Includes q4_0_common.h and port.h only: the gfx compile check compiles this file alone.
-#include "q4_0_common.h"
+// Includes quant_units.h (the weight units; then q4_0_common.h and port.h) only: the gfx compile
+// check compiles this file alone.
+#pragma once
+#include "quant_units.h"
 
 namespace ftlab {
 namespace qmm {
@@ -25,125 +27,6 @@ namespace qmm {
 constexpr int kGroup = 32;        // threads per weight row
 constexpr int kRowsPerBlock = 4;  // rows per 128-thread block
 constexpr int kMv1BlocksPerSm = 16;  // quant_mv1_kernel's persistent grid: blocks an SM / CU
-
-__device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-__device__ __forceinline__ uint32_t load_w16(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
-__device__ __forceinline__ uint32_t load_w32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ float half_at(const uint8_t* p) { return port_half_to_float(static_cast<uint16_t>(load_u16(p))); }
-
-// Q8_0 (34 bytes / 32): d fp16, q[32] int8.
-struct Q8_0 {
-  static constexpr int kBlock = 32, kBytes = 34, kUnits = 1;
-  uint32_t q[8];
-  float d;
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = 0;
-    d = 0.0f;
-  }
-  __device__ __forceinline__ void load(const uint8_t* blk, int) {
-    d = half_at(blk);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = load_w16(blk + 2 + 4 * i);
-  }
-  __device__ __forceinline__ float term(const int x[8], float d8, float) const {
-    int sumi = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x[i], sumi);
-    return d * (d8 * static_cast<float>(sumi));
-  }
-};
-
-// Q4_K (144 bytes / 256) and Q5_K (176: qh[32] before qs): unit j is sub-block j, the low
-// (j even) or high (j odd) nibbles of qs bytes 32 (j / 2) ..; Q5_K's fifth bit is bit j of qh[l].
-template <bool kFifth>
-struct QK4 {
-  static constexpr int kBlock = 256, kBytes = kFifth ? 176 : 144, kUnits = 8;
-  static constexpr int kQs = kFifth ? 48 : 16;
-  uint32_t q[8];
-  float d, dmin, sc, mn;
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = 0;
-    d = dmin = sc = mn = 0.0f;
-  }
-  __device__ __forceinline__ void load(const uint8_t* blk, int j) {
-    d = half_at(blk);
-    dmin = half_at(blk + 2);
-    const uint8_t* s = blk + 4;  // llama.cpp's get_scale_min_k4
-    if (j < 4) {
-      sc = static_cast<float>(s[j] & 63);
-      mn = static_cast<float>(s[j + 4] & 63);
-    } else {
-      sc = static_cast<float>((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-      mn = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-    const uint8_t* qs = blk + kQs + 32 * (j >> 1);
-    const int shift = 4 * (j & 1);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = (load_w32(qs + 4 * i) >> shift) & 0x0F0F0F0Fu;
-      if (kFifth) q[i] |= ((load_w32(blk + 16 + 4 * i) >> j) & 0x01010101u) << 4;
-    }
-  }
-  __device__ __forceinline__ float term(const int x[8], float d8, float s8) const {
-    int sumi = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x[i], sumi);
-    return d * (d8 * (sc * static_cast<float>(sumi))) - dmin * (mn * s8);
-  }
-};
-
-// Q6_K (210 bytes / 256): unit u is quarter t = u % 4 of half h = u / 4: weight l (0..31) is
-// nibble t / 2 of ql byte 64h + 32 (t % 2) + l with bits 2t, 2t + 1 of qh byte 128 + 32h + l;
-// weights 0..15 take scale 8h + 2t, 16..31 scale 8h + 2t + 1.
-struct Q6_K {
-  static constexpr int kBlock = 256, kBytes = 210, kUnits = 8;
-  uint32_t q[8];  // q + 32, 0..63
-  float d, sc_a, sc_b;
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = 0;
-    d = sc_a = sc_b = 0.0f;
-  }
-  __device__ __forceinline__ void load(const uint8_t* blk, int u) {
-    const int h = u >> 2, t = u & 3;
-    d = half_at(blk + 208);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
-    sc_a = static_cast<float>(scales[8 * h + 2 * t]);
-    sc_b = static_cast<float>(scales[8 * h + 2 * t + 1]);
-    const uint8_t* ql = blk + 64 * h + 32 * (t & 1);
-    const uint8_t* qh = blk + 128 + 32 * h;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = ((load_w16(ql + 4 * i) >> (4 * (t >> 1))) & 0x0F0F0F0Fu) |
-             (((load_w16(qh + 4 * i) >> (2 * t)) & 0x03030303u) << 4);
-    }
-  }
-  __device__ __forceinline__ float term(const int x[8], float d8, float) const {
-    int a = 0, b = 0, xa = 0, xb = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      a = port_dp4a(static_cast<int>(q[i]), x[i], a);
-      xa = port_dp4a(0x01010101, x[i], xa);
-      b = port_dp4a(static_cast<int>(q[i + 4]), x[i + 4], b);
-      xb = port_dp4a(0x01010101, x[i + 4], xb);
-    }
-    const float sa = static_cast<float>(a - 32 * xa), sb = static_cast<float>(b - 32 * xb);
-    return d * (d8 * (sc_a * sa)) + d * (d8 * (sc_b * sb));
-  }
-};
-
-// The term of unit u of a row of activations (q8 row, its d8 / s8).
-template <typename Q>
-__device__ __forceinline__ float unit_term(const Q& blk, const int8_t* q8, const float* d8, const float* s8,
-                                           int64_t u) {
-  const int* xw = reinterpret_cast<const int*>(q8 + u * 32);
-  int x[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = xw[i];
-  return blk.term(x, d8[u], s8[u]);
-}
 
 // y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
 // activations q8 [M, K] (int8, rows contiguous), d8 / s8 [M, K/32].
@@ -190,19 +73,74 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// quant_mv1_kernel's rows for the K-quants with K > 1024: lane l takes pairs l, l + 32, ... of the
+// row (pair P: super-block P / 4, its pair P % 4, two units whose weights share every byte loaded,
+// Q::load_pair), 64 weights a pair. Where the row's pairs fit one step (K <= 2048: the lm_head and
+// the attention projections) each lane's activation blocks stay in registers across the rows.
+template <typename Q>
+__device__ __forceinline__ void mv1_pairs(const uint8_t* __restrict__ w, int64_t row_bytes,
+                                          const int8_t* __restrict__ q8, const float* __restrict__ d8,
+                                          const float* __restrict__ s8, float* __restrict__ y, int64_t n_rows,
+                                          int64_t units, int64_t first, int64_t stride, int lane) {
+  constexpr int kPairs = Q::kUnits / 2;  // pairs a super-block
+  const int64_t pairs = units / 2;
+  if (pairs <= kGroup) {
+    const int64_t sb = lane / kPairs;
+    const int p = lane % kPairs;
+    const bool has = lane < pairs;
+    XUnit xa, xb;
+    xa.load(q8, d8, s8, sb * Q::kUnits + Q::unit_a(p), has);
+    xb.load(q8, d8, s8, sb * Q::kUnits + Q::unit_b(p), has);
+    for (int64_t n = first; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
+      float acc = 0.0f;
+      if (has) {
+        Q a, b;
+        Q::load_pair(w + n * row_bytes + sb * Q::kBytes, p, a, b);
+        acc = a.term(xa.x, xa.d, xa.s) + b.term(xb.x, xb.d, xb.s);
+      }
+      acc = group_sum(acc);
+      if (lane == 0) y[n] = acc;
+    }
+    return;
+  }
+  for (int64_t n = first; n < n_rows; n += stride) {
+    const uint8_t* row = w + n * row_bytes;
+    float acc = 0.0f;
+    for (int64_t pp = lane; pp < pairs; pp += kGroup) {
+      const int64_t sb = pp / kPairs;
+      const int p = static_cast<int>(pp % kPairs);
+      Q a, b;
+      Q::load_pair(row + sb * Q::kBytes, p, a, b);
+      XUnit xa, xb;
+      xa.load(q8, d8, s8, sb * Q::kUnits + Q::unit_a(p), true);
+      xb.load(q8, d8, s8, sb * Q::kUnits + Q::unit_b(p), true);
+      acc += a.term(xa.x, xa.d, xa.s) + b.term(xb.x, xb.d, xb.s);
+    }
+    acc = group_sum(acc);
+    if (lane == 0) y[n] = acc;
+  }
+}
+
 // quant_mv_kernel for one activation row, with a persistent grid: each group walks rows n, n +
 // rows_in_grid, ... When the row's units fit one step of the group (K <= 2048: the lm_head and
 // the attention projections of the Qwen MoE models) each lane's two units are the same for every
 // row, so their activation words stay in registers and the row loop loads weight bytes only.
+// `pairs` (K-quants, K > 1024): mv1_pairs instead, a lane's units in pairs sharing their loads.
 template <typename Q>
 __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     quant_mv1_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                      const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
-                     int64_t n_rows, int64_t k) {
+                     int64_t n_rows, int64_t k, bool pairs) {
   const int lane = threadIdx.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
   const int64_t units = k / 32;
+  if constexpr (Q::kPaired) {
+    if (pairs && units > kGroup) {  // K > 1024 (K-quants: K % 256 == 0): pairs of units sharing their loads
+      mv1_pairs<Q>(w, row_bytes, q8, d8, s8, y, n_rows, units, first, stride, lane);
+      return;
+    }
+  }
   if (units <= 2 * kGroup) {
     const int64_t u = lane, v = lane + kGroup;
     const bool has_u = u < units, has_v = v < units;
@@ -334,13 +272,13 @@ FTLAB_QMM_ROWS(QK4<false>)
 FTLAB_QMM_ROWS(QK4<true>)
 FTLAB_QMM_ROWS(Q6_K)
 template __global__ void quant_mv1_kernel<Q8_0>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
-                                                float*, int64_t, int64_t);
+                                                float*, int64_t, int64_t, bool);
 template __global__ void quant_mv1_kernel<QK4<false>>(const uint8_t*, int64_t, const int8_t*, const float*,
-                                                      const float*, float*, int64_t, int64_t);
+                                                      const float*, float*, int64_t, int64_t, bool);
 template __global__ void quant_mv1_kernel<QK4<true>>(const uint8_t*, int64_t, const int8_t*, const float*,
-                                                     const float*, float*, int64_t, int64_t);
+                                                     const float*, float*, int64_t, int64_t, bool);
 template __global__ void quant_mv1_kernel<Q6_K>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
-                                                float*, int64_t, int64_t);
+                                                float*, int64_t, int64_t, bool);
 template __global__ void quant_gemm_kernel<Q8_0>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
                                                  float*, int64_t, int64_t, int64_t);
 template __global__ void quant_gemm_kernel<QK4<false>>(const uint8_t*, int64_t, const int8_t*, const float*,

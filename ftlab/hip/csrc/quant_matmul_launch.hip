@@ -64,7 +64,7 @@ Args check(const TensorView& w, const TensorView& q, const TensorView& d, const 
 
 template <typename Q>
 void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
-            const char* what) {
+            const char* what, bool pairs = false) {
   const Args a = check<Q>(w, q, d, s, y, what);
   const int64_t m = a.m, n = a.n, k = a.k;
   TVM_FFI_CHECK(m >= 1 && m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << m;
@@ -78,7 +78,8 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
     port_get_device(&device);
     port_sm_count(&sms, device);
     const int64_t blocks = std::min<int64_t>(grid, int64_t{sms} * kMv1BlocksPerSm);
-    quant_mv1_kernel<Q><<<static_cast<unsigned>(blocks), block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
+    quant_mv1_kernel<Q><<<static_cast<unsigned>(blocks), block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k,
+                                                                          pairs);
     check_launch("quant_mv1_kernel");
     return;
   }
@@ -183,6 +184,17 @@ void quant_mv_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Tenso
   matvec<Q6_K>(w, q, d, s, y, "Q6_K");
 }
 
+// The one-row matvec with 64-weight unit pairs (quant_mv1_kernel's `pairs`; K > 1024), else as above.
+void quant_mv_pairs_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<QK4<false>>(w, q, d, s, y, "Q4_K", true);
+}
+void quant_mv_pairs_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<QK4<true>>(w, q, d, s, y, "Q5_K", true);
+}
+void quant_mv_pairs_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<Q6_K>(w, q, d, s, y, "Q6_K", true);
+}
+
 void quant_mv_tiled_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
                          int64_t splits) {
   matvec_tiled<Q8_0, qmt::SQ8_0>(w, q, d, s, y, g, splits, "Q8_0");
@@ -220,6 +232,9 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q8_0, ftlab::qmm::quant_mv_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q4_k, ftlab::qmm::quant_mv_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_pairs_q4_k, ftlab::qmm::quant_mv_pairs_q4_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_pairs_q5_k, ftlab::qmm::quant_mv_pairs_q5_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_pairs_q6_k, ftlab::qmm::quant_mv_pairs_q6_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q8_0, ftlab::qmm::quant_mv_tiled_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q4_k, ftlab::qmm::quant_mv_tiled_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q5_k, ftlab::qmm::quant_mv_tiled_q5_k);

@@ -1,0 +1,204 @@
+// quant_units.h — the 32-weight units of GGUF Q8_0, Q4_K, Q5_K and Q6_K weights as the int8-dot
+// kernels (quant_matmul.hip, moe_kquant.hip) decode them into registers, and their terms against a
+// Q8_1 activation block; the layouts and the arithmetic are described in quant_matmul.hip's header.
+// The K-quants also load a unit pair at once (load_pair: two units whose weights share every byte
+// loaded, 64 weights).
+#pragma once
+#include "q4_0_common.h"
+
+namespace ftlab {
+namespace qmm {
+
+__device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ uint32_t load_w16(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
+__device__ __forceinline__ uint32_t load_w32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ float half_at(const uint8_t* p) { return port_half_to_float(static_cast<uint16_t>(load_u16(p))); }
+
+// Q8_0 (34 bytes / 32): d fp16, q[32] int8.
+struct Q8_0 {
+  static constexpr int kBlock = 32, kBytes = 34, kUnits = 1;
+  static constexpr bool kPaired = false;  // no pair of units shares loads
+  uint32_t q[8];
+  float d;
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = 0;
+    d = 0.0f;
+  }
+  __device__ __forceinline__ void load(const uint8_t* blk, int) {
+    d = half_at(blk);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = load_w16(blk + 2 + 4 * i);
+  }
+  __device__ __forceinline__ float term(const int x[8], float d8, float) const {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x[i], sumi);
+    return d * (d8 * static_cast<float>(sumi));
+  }
+};
+
+// Q4_K (144 bytes / 256) and Q5_K (176: qh[32] before qs): unit j is sub-block j, the low
+// (j even) or high (j odd) nibbles of qs bytes 32 (j / 2) ..; Q5_K's fifth bit is bit j of qh[l].
+template <bool kFifth>
+struct QK4 {
+  static constexpr int kBlock = 256, kBytes = kFifth ? 176 : 144, kUnits = 8;
+  static constexpr int kQs = kFifth ? 48 : 16;
+  uint32_t q[8];
+  float d, dmin, sc, mn;
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = 0;
+    d = dmin = sc = mn = 0.0f;
+  }
+  __device__ __forceinline__ void load(const uint8_t* blk, int j) {
+    d = half_at(blk);
+    dmin = half_at(blk + 2);
+    const uint8_t* s = blk + 4;  // llama.cpp's get_scale_min_k4
+    if (j < 4) {
+      sc = static_cast<float>(s[j] & 63);
+      mn = static_cast<float>(s[j + 4] & 63);
+    } else {
+      sc = static_cast<float>((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+      mn = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+    const uint8_t* qs = blk + kQs + 32 * (j >> 1);
+    const int shift = 4 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = (load_w32(qs + 4 * i) >> shift) & 0x0F0F0F0Fu;
+      if (kFifth) q[i] |= ((load_w32(blk + 16 + 4 * i) >> j) & 0x01010101u) << 4;
+    }
+  }
+  __device__ __forceinline__ float term(const int x[8], float d8, float s8) const {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x[i], sumi);
+    return d * (d8 * (sc * static_cast<float>(sumi))) - dmin * (mn * s8);
+  }
+  // Pair p (0..3) of a super-block: sub-blocks 2p and 2p + 1, the low and high nibbles of the same
+  // 32 qs bytes (and bits 2p, 2p + 1 of the same qh bytes): a and b as load(blk, 2p) and
+  // load(blk, 2p + 1) fill them, each byte loaded once.
+  static constexpr bool kPaired = true;
+  static __device__ __forceinline__ int unit_a(int p) { return 2 * p; }
+  static __device__ __forceinline__ int unit_b(int p) { return 2 * p + 1; }
+  static __device__ __forceinline__ void load_pair(const uint8_t* blk, int p, QK4& a, QK4& b) {
+    a.d = b.d = half_at(blk);
+    a.dmin = b.dmin = half_at(blk + 2);
+    const uint8_t* s = blk + 4;
+    if (p < 2) {  // sub-blocks 0..3
+      a.sc = static_cast<float>(s[2 * p] & 63);
+      a.mn = static_cast<float>(s[2 * p + 4] & 63);
+      b.sc = static_cast<float>(s[2 * p + 1] & 63);
+      b.mn = static_cast<float>(s[2 * p + 5] & 63);
+    } else {  // sub-blocks 4..7
+      const int j = 2 * p;
+      a.sc = static_cast<float>((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+      a.mn = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+      b.sc = static_cast<float>((s[j + 5] & 0x0F) | ((s[j - 3] >> 6) << 4));
+      b.mn = static_cast<float>((s[j + 5] >> 4) | ((s[j + 1] >> 6) << 4));
+    }
+    const uint8_t* qs = blk + kQs + 32 * p;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t w = load_w32(qs + 4 * i);
+      a.q[i] = w & 0x0F0F0F0Fu;
+      b.q[i] = (w >> 4) & 0x0F0F0F0Fu;
+      if (kFifth) {
+        const uint32_t h = load_w32(blk + 16 + 4 * i);
+        a.q[i] |= ((h >> (2 * p)) & 0x01010101u) << 4;
+        b.q[i] |= ((h >> (2 * p + 1)) & 0x01010101u) << 4;
+      }
+    }
+  }
+};
+
+// Q6_K (210 bytes / 256): unit u is quarter t = u % 4 of half h = u / 4: weight l (0..31) is
+// nibble t / 2 of ql byte 64h + 32 (t % 2) + l with bits 2t, 2t + 1 of qh byte 128 + 32h + l;
+// weights 0..15 take scale 8h + 2t, 16..31 scale 8h + 2t + 1.
+struct Q6_K {
+  static constexpr int kBlock = 256, kBytes = 210, kUnits = 8;
+  uint32_t q[8];  // q + 32, 0..63
+  float d, sc_a, sc_b;
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = 0;
+    d = sc_a = sc_b = 0.0f;
+  }
+  __device__ __forceinline__ void load(const uint8_t* blk, int u) {
+    const int h = u >> 2, t = u & 3;
+    d = half_at(blk + 208);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+    sc_a = static_cast<float>(scales[8 * h + 2 * t]);
+    sc_b = static_cast<float>(scales[8 * h + 2 * t + 1]);
+    const uint8_t* ql = blk + 64 * h + 32 * (t & 1);
+    const uint8_t* qh = blk + 128 + 32 * h;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = ((load_w16(ql + 4 * i) >> (4 * (t >> 1))) & 0x0F0F0F0Fu) |
+             (((load_w16(qh + 4 * i) >> (2 * t)) & 0x03030303u) << 4);
+    }
+  }
+  __device__ __forceinline__ float term(const int x[8], float d8, float) const {
+    int a = 0, b = 0, xa = 0, xb = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a = port_dp4a(static_cast<int>(q[i]), x[i], a);
+      xa = port_dp4a(0x01010101, x[i], xa);
+      b = port_dp4a(static_cast<int>(q[i + 4]), x[i + 4], b);
+      xb = port_dp4a(0x01010101, x[i + 4], xb);
+    }
+    const float sa = static_cast<float>(a - 32 * xa), sb = static_cast<float>(b - 32 * xb);
+    return d * (d8 * (sc_a * sa)) + d * (d8 * (sc_b * sb));
+  }
+  // Pair p (0..3) of a super-block: quarters t and t + 2 (t = p % 2) of half h = p / 2, the low and
+  // high nibbles of the same 32 ql bytes with bit pairs 2t and 2t + 4 of the same 32 qh bytes: units
+  // 4h + t and 4h + t + 2, as load() fills them, each byte loaded once.
+  static constexpr bool kPaired = true;
+  static __device__ __forceinline__ int unit_a(int p) { return 4 * (p >> 1) + (p & 1); }
+  static __device__ __forceinline__ int unit_b(int p) { return 4 * (p >> 1) + (p & 1) + 2; }
+  static __device__ __forceinline__ void load_pair(const uint8_t* blk, int p, Q6_K& a, Q6_K& b) {
+    const int h = p >> 1, t = p & 1;
+    a.d = b.d = half_at(blk + 208);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+    a.sc_a = static_cast<float>(scales[8 * h + 2 * t]);
+    a.sc_b = static_cast<float>(scales[8 * h + 2 * t + 1]);
+    b.sc_a = static_cast<float>(scales[8 * h + 2 * t + 4]);
+    b.sc_b = static_cast<float>(scales[8 * h + 2 * t + 5]);
+    const uint8_t* ql = blk + 64 * h + 32 * t;
+    const uint8_t* qh = blk + 128 + 32 * h;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t l = load_w16(ql + 4 * i), hb = load_w16(qh + 4 * i);
+      a.q[i] = (l & 0x0F0F0F0Fu) | (((hb >> (2 * t)) & 0x03030303u) << 4);
+      b.q[i] = ((l >> 4) & 0x0F0F0F0Fu) | (((hb >> (2 * t + 4)) & 0x03030303u) << 4);
+    }
+  }
+};
+
+// The term of unit u of a row of activations (q8 row, its d8 / s8).
+template <typename Q>
+__device__ __forceinline__ float unit_term(const Q& blk, const int8_t* q8, const float* d8, const float* s8,
+                                           int64_t u) {
+  const int* xw = reinterpret_cast<const int*>(q8 + u * 32);
+  int x[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = xw[i];
+  return blk.term(x, d8[u], s8[u]);
+}
+
+// One activation row's Q8_1 block u in registers (zeros when !has).
+struct XUnit {
+  int x[8];
+  float d, s;
+  __device__ __forceinline__ void load(const int8_t* q8, const float* d8, const float* s8, int64_t u, bool has) {
+    const int* w = reinterpret_cast<const int*>(q8 + u * 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = has ? w[i] : 0;
+    d = has ? d8[u] : 0.0f;
+    s = has ? s8[u] : 0.0f;
+  }
+};
+
+}  // namespace qmm
+}  // namespace ftlab
