@@ -259,6 +259,7 @@ class Qwen3Moe:
                                 **(cache if fused else {}))  # fmt: skip
         # a decode step on hip's attention kernel can hand the o_proj matvec its input's Q8_1 (layers.ATTENTION_Q8)
         q8 = layers.ATTENTION_Q8 and t == 1 and isinstance(lw.o_proj, Q4_0Weight)
+        q8 = q8 and self.q4_0_path in ("auto", "int8")  # the dequant path would not use it
         out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends, stored=fused,
                                 quantize=q8)  # fmt: skip
         out, out_q8 = out if q8 else (out, None)

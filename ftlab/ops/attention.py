@@ -39,7 +39,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     :class:`~ftlab.quant.Q8_1` of ``out`` viewed ``[B, H * D]`` -- bit for bit
     ``quantize_q8_1(out.view(B, H * D))``, what a Q4_0 o_proj matvec takes as ``x_q8``. hip's
     one-launch kernel (fp16 / bf16, head dim 128 / 256) writes it in the same launch; the other
-    paths and backends quantize ``out`` after (``ops.quantize_q8_1``, the same backend).
+    paths and backends quantize ``out`` after (``ops.quantize_q8_1``: the same backend where it has
+    one, else "auto").
     """
     argcheck.float_tensor("q", q)
     if q.dim() != 3 or q.shape[1] == 0 or q.shape[2] == 0:

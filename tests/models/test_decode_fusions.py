@@ -182,13 +182,16 @@ def test_decode_graph_keeps_its_model_alive_gpu():
     """A DecodeGraph of a model no one else holds: the graph keeps the model (its KV cache and
     weights) alive, so a replay after the caller dropped it reads live memory."""
     import gc
+    import weakref
 
     from ftlab.models.pipeline import DecodeGraph, Pipeline
     from ftlab.models.qwen3_moe import Qwen3Moe
 
     pipe = Pipeline.load("tiny-qwen3-moe", "cuda", quant="q4_0")
     graph = DecodeGraph(Qwen3Moe(pipe.config, pipe.weights, max_batch=1, max_seq_len=64, static=True), 1)
+    model = weakref.ref(graph.model)
     gc.collect()
+    assert model() is not None  # nothing but the graph holds it
     junk = torch.full((1 << 24,), float("nan"), device="cuda")  # would land where a freed cache was
     tokens = torch.tensor([[5]], device="cuda")
     for p in range(4):

@@ -227,13 +227,20 @@ def test_bad_arguments_name_themselves():
 def test_nan_in_the_cache_is_not_hidden(s, device, dtype, d):
     """A NaN in a live key reaches the output of the heads that read it (one split and several),
     in every backend: a split with no position (sum 0) is skipped, a NaN sum is not (bf16 at head
-    dim 128 on a GPU: hip's one-launch kernel)."""
+    dim 128 on a GPU: hip's one-launch kernel). With quantize=True the Q8_1 is that backend's
+    quantize_q8_1 of the output, NaN blocks included."""
     q = torch.randn(1, 4, d).to(device, dtype)
     k = torch.randn(1, s, 2, d).to(device, dtype)
     k[0, 1, 0, 0] = float("nan")
     for name in ft.backends_for("decode_attention", q.device, q.dtype, None):
         out = ops.decode_attention(q, k, k.clone(), torch.tensor([s], device=device), backend=name)
         assert out[0, :2].isnan().all() and not out[0, 2:].isnan().any(), name
+        again, q8 = ops.decode_attention(q, k, k.clone(), torch.tensor([s], device=device), backend=name,
+                                         quantize=True)  # fmt: skip
+        want = ops.quantize_q8_1(again.view(1, -1), backend=name)
+        assert again[0, :2].isnan().all() and not again[0, 2:].isnan().any(), name
+        for part in ("q", "d", "s"):
+            assert torch.equal(getattr(q8, part).nan_to_num(7.0), getattr(want, part).nan_to_num(7.0)), (name, part)
 
 
 def test_strided_heads_are_copied_not_misread():

@@ -159,6 +159,21 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
+@pytest.mark.parametrize("k", [1280, 2048, 4096])
+def test_hip_unit_pairs_gpu(qtype, k):
+    """hip's "pairs" one-row matvec where its two branches differ: K = 1280 (lanes partly idle) and
+    2048 (activations held across rows), 4096 (pairs walked); within the int8 bound."""
+    from ftlab.hip import quant_matmul as hip_qmm
+
+    w = random_quant_weight(k + len(qtype), qtype, 300, k).to("cuda")
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to("cuda") * 3
+    y = hip_qmm.quant_matmul(x, w, "int8", variant="pairs")
+    exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
+    assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize(
     "backend, path", [("triton", "int8"), ("triton", "dequant"), ("hip", "int8")]
 )

@@ -44,7 +44,7 @@ __device__ __forceinline__ void unpack8(const bytes16& raw, float out[8]) {
 
 // Writes element idx of out (value y, rounded once) and, when oq is given, its Q8_1 (out viewed
 // [B, H * D], blocks of 32): the 32 consecutive elements of a block are 32 consecutive lanes, which
-// all call this (the condition is uniform over them). quantize_q8_1's arithmetic on the rounded
+// all call this (the condition is uniform over them). hip's quantize_q8_1 arithmetic on the rounded
 // value (d = amax / 127, q = round(x / d) half away from zero, s = d * sum(q)), bit for bit.
 template <typename T>
 __device__ __forceinline__ void write_out(typename T::storage* out, int64_t idx, float y, int8_t* oq, float* od,
@@ -53,7 +53,7 @@ __device__ __forceinline__ void write_out(typename T::storage* out, int64_t idx,
   out[idx] = r;
   if (oq == nullptr) return;
   const float x = T::load(&r);
-  float amax = __builtin_fabsf(x);
+  float amax = __builtin_fmaxf(0.0f, __builtin_fabsf(x));  // from 0, as q8_1_quarter: a NaN block gives d = 0
 #pragma unroll
   for (int off = kQK / 2; off > 0; off >>= 1) amax = __builtin_fmaxf(amax, port_shfl_xor(amax, off));
   const float dd = port_div_rn(amax, 127.0f);
