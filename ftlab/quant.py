@@ -133,6 +133,13 @@ class Q8_1:
     d: torch.Tensor
     s: torch.Tensor
 
+    @classmethod
+    def empty(cls, m: int, k: int, device: torch.device | str) -> Q8_1:
+        """Uninitialized buffers of ``m`` rows of ``k`` values (a kernel's output)."""
+        f32 = dict(dtype=torch.float32, device=device)
+        return cls(torch.empty((m, k), dtype=torch.int8, device=device), torch.empty((m, k // QK), **f32),
+                   torch.empty((m, k // QK), **f32))  # fmt: skip
+
     def dequantize(self) -> torch.Tensor:
         m, k = self.q.shape
         return (self.q.view(m, k // QK, QK).float() * self.d[..., None]).view(m, k)

@@ -16,7 +16,7 @@ import torch
 
 from ftlab import jit
 from ftlab.hip.counters import zeroed_counters
-from ftlab.quant import Q8_1, QK
+from ftlab.quant import Q8_1
 from ftlab.reference.attention import split_plan
 
 #: the most query heads a key head and the largest head dim the kernel holds
@@ -74,14 +74,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     chunk, splits = tile_plan(s, d, rows) if tiles else split_plan(s)
     ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    if tiles and quantize:
-        counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
-        q8 = _q8_like(out)
-        jit.on_device(q.device, lambda: module.decode_attention_tiles_q8(
-            q, k, v, lengths, ml, acc, counters, out, q8.q, q8.d, q8.s, chunk, splits, rows, float(scale)))  # fmt: skip
-        return out, q8
     if tiles:
         counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
+        if quantize:  # the kernel writes out's Q8_1 too
+            q8 = Q8_1.empty(b, h * d, q.device)
+            jit.on_device(q.device, lambda: module.decode_attention_tiles_q8(
+                q, k, v, lengths, ml, acc, counters, out, q8.q, q8.d, q8.s, chunk, splits, rows, float(scale)))  # fmt: skip
+            return out, q8
         jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
                                                                       splits, rows, float(scale)))  # fmt: skip
     else:
@@ -90,20 +89,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     return _with_q8(out, quantize)
 
 
-def _q8_like(out: torch.Tensor) -> Q8_1:
-    """Empty Q8_1 buffers of ``out [B, H, D]`` viewed ``[B, H * D]``."""
-    b, n = out.shape[0], out.shape[1] * out.shape[2]
-    f32 = dict(dtype=torch.float32, device=out.device)
-    return Q8_1(torch.empty((b, n), dtype=torch.int8, device=out.device), torch.empty((b, n // QK), **f32),
-                torch.empty((b, n // QK), **f32))  # fmt: skip
-
-
 def _with_q8(out: torch.Tensor, quantize: bool) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:
     """``out``, or ``(out, its Q8_1)`` by hip's quantize_q8_1 kernel (the paths that do not write it)."""
     if not quantize:
         return out
-    if out.numel() == 0:
-        return out, _q8_like(out)
     from ftlab.hip.q4_0 import quantize_q8_1
 
     return out, quantize_q8_1(out.view(out.shape[0], -1))

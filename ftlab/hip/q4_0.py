@@ -41,13 +41,10 @@ def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype) -> torch.Tensor:
 
 def quantize_q8_1(x: torch.Tensor) -> Q8_1:
     """Backend entry of :func:`ftlab.ops.quantize_q8_1` (x [M, K], rows contiguous)."""
-    m, k = x.shape
-    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    d = torch.empty((m, k // QK), dtype=torch.float32, device=x.device)
-    s = torch.empty((m, k // QK), dtype=torch.float32, device=x.device)
+    out = Q8_1.empty(x.shape[0], x.shape[1], x.device)
     module = jit.module_for("q4_0", x.device)
-    jit.on_device(x.device, lambda: module.quantize_q8_1(x, q, d, s))
-    return Q8_1(q, d, s)
+    jit.on_device(x.device, lambda: module.quantize_q8_1(x, out.q, out.d, out.s))
+    return out
 
 
 def matvec_ok(w: Q4_0Weight) -> bool:

@@ -73,8 +73,5 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     from ftlab.ops.q4_0 import quantize_q8_1
 
     out = impl.fn(*args)
-    if b == 0:
-        empty = torch.empty((0, h * d // QK), dtype=torch.float32, device=q.device)
-        return out, Q8_1(torch.empty((0, h * d), dtype=torch.int8, device=q.device), empty, empty.clone())
     qb = impl.backend if impl.backend in backends.available_backends("quantize_q8_1", q.device, q.dtype) else "auto"
     return out, quantize_q8_1(out.view(b, h * d), backend=qb)
