@@ -8,15 +8,17 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
 - ``"tiled"`` (default for M >= 2): lane groups take regions of 32 supers (super-blocks; four Q8_0 blocks),
   ``32 / G`` rows times ``G`` consecutive supers, loaded with 16-byte coalesced loads and
   transposed through LDS; each lane decodes one super and applies every unit to all M rows.
-- ``"lanes"`` (default at M = 1): one 32-thread group per weight row, lane l reading its own 32-weight units
+- ``"lanes"`` (default at M = 1 for Q8_0): one 32-thread group per weight row, lane l reading its own 32-weight units
   l, l + 32, ... At M = 1 (``quant_mv1_kernel``) the grid is persistent, each group walking rows,
   and where K <= 2048 each lane's activation words stay in registers for all its rows; at M >= 2
   (``quant_mv_kernel``) one group a row, the activations re-read for every row. Also taken where
   the tiled one cannot: w not starting and ending 16-byte aligned, Q8_0 with K % 128 != 0.
-- ``"pairs"``: "lanes", except that at M = 1 a K-quant row of K > 1024 is read in 64-weight unit
-  pairs (two sub-blocks whose weights share every byte loaded: Q4_K / Q5_K's low and high nibbles,
-  Q6_K's quarters t and t + 2), one pair a lane and step, the activation blocks held in registers
-  where K <= 2048. Not the default until measured on a GPU.
+- ``"vec"`` (default at M = 1 for the K-quants): at M = 1 a K-quant row is read by eight lanes to a
+  super-block, lane c taking 16 contiguous bytes of its quant field in one 16-byte load
+  (``csrc/quant_vec.h``: 16 weights of each of two units), so a group's load instruction covers
+  four super-blocks' quant bytes in one coalesced sweep; a persistent grid as "lanes", activations
+  held in registers where K <= 2048, two steps' loads issued together beyond. w must start 16-byte
+  aligned (else "lanes"); at M >= 2 it is "lanes".
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ from ftlab.quant import QuantWeight
 
 #: rows the matvecs are instantiated for (1..8); more go to quant_gemm_kernel
 MATVEC_ROWS = 8
-#: matvec variant per weight type for M >= 2: "tiled" or "lanes" ("pairs" is "lanes" there)
+#: matvec variant per weight type for M >= 2: "tiled" or "lanes" ("vec" is "lanes" there)
 MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "tiled"}
-#: ... and for M = 1: on the H200 (benchmarks/NOTES.md) the persistent lanes matvec is faster for
-#: every type (lm_head: 1.3-1.9x the tiled one; 4096 x 14336: 1.1-1.4x); the tiled one is 1.5-2.2x
-#: faster than lanes at M = 8
-MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "lanes", "Q5_K": "lanes", "Q6_K": "lanes"}
+#: ... and for M = 1: on the H200 (benchmarks/NOTES.md) the persistent lanes matvec is faster than
+#: the tiled one for every type (lm_head: 1.3-1.9x; 4096 x 14336: 1.1-1.4x), and vec than lanes
+#: for every K-quant at every bench shape (lm_head 1.1-1.3x); the tiled one is 1.5-2.2x faster
+#: than lanes at M = 8
+MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "vec", "Q5_K": "vec", "Q6_K": "vec"}
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
 #: rows share an activation block the more supers a region takes per row
 TILED_G = {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
@@ -67,8 +70,8 @@ def quant_matmul(
         )
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
     variant = variant or (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
-    if variant not in ("tiled", "lanes", "pairs"):
-        raise ValueError(f"variant must be 'tiled', 'lanes' or 'pairs', got {variant!r}")
+    if variant not in ("tiled", "lanes", "vec"):
+        raise ValueError(f"variant must be 'tiled', 'lanes' or 'vec', got {variant!r}")
     x8 = quantize_q8_1(x)
     module = jit.module_for("quant_matmul", x.device)
     suffix = _SUFFIX[w.qtype]
@@ -86,8 +89,8 @@ def quant_matmul(
     else:
         y = torch.empty((m, n), dtype=torch.float32, device=x.device)
         kernel = "quant_mv_" if m <= MATVEC_ROWS else "quant_gemm_"
-        if m == 1 and variant == "pairs" and w.qtype != "Q8_0":
-            kernel = "quant_mv_pairs_"
+        if m == 1 and variant == "vec" and w.qtype != "Q8_0" and data.data_ptr() % 16 == 0:
+            kernel = "quant_mv_vec_"
         fn = getattr(module, kernel + suffix)
         jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)

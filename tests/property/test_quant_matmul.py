@@ -134,7 +134,7 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize(
     "variant, g, splits, offset",
-    [("lanes", None, None, 0), ("pairs", None, None, 0), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
+    [("lanes", None, None, 0), ("vec", None, None, 0), ("vec", None, None, 4), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
      ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4)],
 )  # fmt: skip
 def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
@@ -142,7 +142,7 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     rule, which splits at this N), M = 1..8, N not a multiple of G = 1's 32 rows, K not a
     multiple of G supers, Q6_K rows of an odd number of supers (N a multiple of 8 keeps their
     total 16-byte aligned); and the default route on a weight view 4 bytes past an aligned
-    address (the tiled kernel needs 16: it takes the lanes one)."""
+    address (the tiled and vec kernels need 16: they take the lanes one)."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     n, k = 304, 2304
@@ -159,15 +159,17 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
-@pytest.mark.parametrize("k", [1280, 2048, 4096])
-def test_hip_unit_pairs_gpu(qtype, k):
-    """hip's "pairs" one-row matvec where its two branches differ: K = 1280 (lanes partly idle) and
-    2048 (activations held across rows), 4096 (pairs walked); within the int8 bound."""
+@pytest.mark.parametrize("variant", ["lanes", "vec"])
+@pytest.mark.parametrize("k", [1280, 2048, 4096, 5120])
+def test_hip_m1_variants_gpu(qtype, variant, k):
+    """hip's one-row matvecs where their branches differ: K = 1280 (lanes partly idle; Q6_K
+    super-blocks at every even offset mod 16) and 2048 (activations held across rows), 4096 and
+    5120 (walked; vec: whole and part-filled step pairs); within the int8 bound."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     w = random_quant_weight(k + len(qtype), qtype, 300, k).to("cuda")
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to("cuda") * 3
-    y = hip_qmm.quant_matmul(x, w, "int8", variant="pairs")
+    y = hip_qmm.quant_matmul(x, w, "int8", variant=variant)
     exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
     assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
 

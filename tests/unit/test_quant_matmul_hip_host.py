@@ -27,6 +27,7 @@ def harness(tmp_path_factory):
     build = tmp_path_factory.mktemp("hip_host")
     for src in (
         ROOT / "ftlab/hip/csrc/quant_units.h",
+        ROOT / "ftlab/hip/csrc/quant_vec.h",
         ROOT / "ftlab/hip/csrc/quant_matmul.hip",
         ROOT / "ftlab/hip/csrc/quant_matmul_tiled.hip",
         *(ROOT / "tests/unit/hip_host").iterdir(),
@@ -53,16 +54,18 @@ def test_hip_kernels_on_the_host(harness, qtype, m, n, k):
     _check_on_the_host(harness, qtype, m, n, k, 0)
 
 
-@pytest.mark.parametrize("qtype", list(CODE))
-@pytest.mark.parametrize("m, n, k", [(1, 6, 1280), (1, 37, 2048), (1, 5, 4096)])
-def test_hip_unit_pairs_on_the_host(harness, qtype, m, n, k):
-    """The one-row matvec's "pairs" variant: 64-weight unit pairs for the K-quants where K > 1024
-    (K <= 2048: a lane's activation blocks held across rows; beyond: walked); Q8_0 and short rows
-    keep single units."""
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("m, n, k", [(1, 6, 768), (1, 9, 2048), (1, 7, 1792), (1, 5, 2560)])
+def test_hip_vec_on_the_host(harness, qtype, m, n, k):
+    """The one-row matvec's "vec" variant: eight lanes to a super-block, 16-byte pieces (K <= 2048:
+    a lane's activations held across rows, both steps' loads first; beyond: walked). K = 1792 is
+    seven super-blocks: a part-filled second step, and Q6_K rows of 1470 bytes, so super-blocks
+    start at every even offset mod 16."""
+    assert torch.empty(1, dtype=torch.uint8).data_ptr() % 16 == 0  # the kernel's w alignment
     _check_on_the_host(harness, qtype, m, n, k, 1)
 
 
-def _check_on_the_host(harness, qtype: str, m: int, n: int, k: int, pairs: int) -> None:
+def _check_on_the_host(harness, qtype: str, m: int, n: int, k: int, variant: int) -> None:
     w = random_quant_weight(m * n + k, qtype, n, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n)) * 3
     x8 = quantize_q8_1(x)
@@ -72,7 +75,7 @@ def _check_on_the_host(harness, qtype: str, m: int, n: int, k: int, pairs: int) 
         return ctypes.c_void_p(t.data_ptr())
 
     harness.run(CODE[qtype], ptr(w.data), ctypes.c_int64(w.data.shape[1]), ptr(x8.q), ptr(x8.d), ptr(x8.s), ptr(y),
-                ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int(pairs))  # fmt: skip
+                ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int(variant))  # fmt: skip
     exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
     assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
 

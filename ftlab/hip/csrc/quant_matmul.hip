@@ -16,10 +16,10 @@
 // consecutive super-blocks), and the partial sums meet through port_shfl_xor within the group.
 // Blocks of 34 and 210 bytes are only 2-byte aligned: those are read as 16-bit words.
 //
-// Includes quant_units.h (the weight units; then q4_0_common.h and port.h) only: the gfx compile
-// check compiles this file alone.
+// Includes quant_vec.h (the "vec" pieces; then quant_units.h, the weight units, q4_0_common.h and
+// port.h) only: the gfx compile check compiles this file alone.
 #pragma once
-#include "quant_units.h"
+#include "quant_vec.h"
 
 namespace ftlab {
 namespace qmm {
@@ -27,6 +27,8 @@ namespace qmm {
 constexpr int kGroup = 32;        // threads per weight row
 constexpr int kRowsPerBlock = 4;  // rows per 128-thread block
 constexpr int kMv1BlocksPerSm = 16;  // quant_mv1_kernel's persistent grid: blocks an SM / CU
+// quant_mv1_kernel's variants (the launcher's and ftlab.hip.quant_matmul's names)
+constexpr int kMv1Lanes = 0, kMv1Vec = 1;
 
 // y[m, n] (fp32) = sum over the row's units of the unit terms, for M = MV_M rows of Q8_1
 // activations q8 [M, K] (int8, rows contiguous), d8 / s8 [M, K/32].
@@ -73,31 +75,39 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-// quant_mv1_kernel's rows for the K-quants with K > 1024: lane l takes pairs l, l + 32, ... of the
-// row (pair P: super-block P / 4, its pair P % 4, two units whose weights share every byte loaded,
-// Q::load_pair), 64 weights a pair. Where the row's pairs fit one step (K <= 2048: the lm_head and
-// the attention projections) each lane's activation blocks stay in registers across the rows.
+// quant_mv1_kernel's rows for the K-quants as quant_vec.h's pieces: lane c = l % 8 of super-block
+// l / 8 of each step of four (super-blocks s, s + 4, ... of the row), every piece (and activation
+// half) of kVecSteps steps loaded before the first is used. Where a row is at most two steps
+// (K <= 2048: the lm_head and the attention projections) the lane's activation halves stay in
+// registers across the rows. w must start 16-byte aligned (the launcher checks).
+constexpr int kVecSteps = 2;
 template <typename Q>
-__device__ __forceinline__ void mv1_pairs(const uint8_t* __restrict__ w, int64_t row_bytes,
-                                          const int8_t* __restrict__ q8, const float* __restrict__ d8,
-                                          const float* __restrict__ s8, float* __restrict__ y, int64_t n_rows,
-                                          int64_t units, int64_t first, int64_t stride, int lane) {
-  constexpr int kPairs = Q::kUnits / 2;  // pairs a super-block
-  const int64_t pairs = units / 2;
-  if (pairs <= kGroup) {
-    const int64_t sb = lane / kPairs;
-    const int p = lane % kPairs;
-    const bool has = lane < pairs;
-    XUnit xa, xb;
-    xa.load(q8, d8, s8, sb * Q::kUnits + Q::unit_a(p), has);
-    xb.load(q8, d8, s8, sb * Q::kUnits + Q::unit_b(p), has);
+__device__ __forceinline__ void mv1_vec(const uint8_t* __restrict__ w, int64_t row_bytes,
+                                        const int8_t* __restrict__ q8, const float* __restrict__ d8,
+                                        const float* __restrict__ s8, float* __restrict__ y, int64_t n_rows,
+                                        int64_t supers, int64_t first, int64_t stride, int lane) {
+  using V = Vec<Q>;
+  const int c = lane & 7, half = lane & 1;
+  const int64_t s0 = lane >> 3;
+  if (supers <= 4 * kVecSteps) {
+    bool has[kVecSteps];
+    XHalf x[kVecSteps];
+#pragma unroll
+    for (int t = 0; t < kVecSteps; ++t) {
+      const int64_t s = s0 + 4 * t;
+      has[t] = s < supers;
+      x[t].load(q8, d8, s8, s * 8 + V::unit_a(c), s * 8 + V::unit_b(c), half, has[t]);
+    }
     for (int64_t n = first; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
+      const uint8_t* row = w + n * row_bytes;
+      V p[kVecSteps];
+#pragma unroll
+      for (int t = 0; t < kVecSteps; ++t)
+        if (has[t]) p[t].load(row + (s0 + 4 * t) * Q::kBytes, c);
       float acc = 0.0f;
-      if (has) {
-        Q a, b;
-        Q::load_pair(w + n * row_bytes + sb * Q::kBytes, p, a, b);
-        acc = a.term(xa.x, xa.d, xa.s) + b.term(xb.x, xb.d, xb.s);
-      }
+#pragma unroll
+      for (int t = 0; t < kVecSteps; ++t)
+        if (has[t]) acc += p[t].term(c, x[t]);
       acc = group_sum(acc);
       if (lane == 0) y[n] = acc;
     }
@@ -106,15 +116,18 @@ __device__ __forceinline__ void mv1_pairs(const uint8_t* __restrict__ w, int64_t
   for (int64_t n = first; n < n_rows; n += stride) {
     const uint8_t* row = w + n * row_bytes;
     float acc = 0.0f;
-    for (int64_t pp = lane; pp < pairs; pp += kGroup) {
-      const int64_t sb = pp / kPairs;
-      const int p = static_cast<int>(pp % kPairs);
-      Q a, b;
-      Q::load_pair(row + sb * Q::kBytes, p, a, b);
-      XUnit xa, xb;
-      xa.load(q8, d8, s8, sb * Q::kUnits + Q::unit_a(p), true);
-      xb.load(q8, d8, s8, sb * Q::kUnits + Q::unit_b(p), true);
-      acc += a.term(xa.x, xa.d, xa.s) + b.term(xb.x, xb.d, xb.s);
+    for (int64_t base = 0; base < supers; base += 4 * kVecSteps) {
+      V p[kVecSteps];
+      XHalf x[kVecSteps];
+#pragma unroll
+      for (int t = 0; t < kVecSteps; ++t) {
+        const int64_t s = base + s0 + 4 * t;
+        if (s < supers) p[t].load(row + s * Q::kBytes, c);
+        x[t].load(q8, d8, s8, s * 8 + V::unit_a(c), s * 8 + V::unit_b(c), half, s < supers);
+      }
+#pragma unroll
+      for (int t = 0; t < kVecSteps; ++t)
+        if (base + s0 + 4 * t < supers) acc += p[t].term(c, x[t]);
     }
     acc = group_sum(acc);
     if (lane == 0) y[n] = acc;
@@ -125,21 +138,20 @@ __device__ __forceinline__ void mv1_pairs(const uint8_t* __restrict__ w, int64_t
 // rows_in_grid, ... When the row's units fit one step of the group (K <= 2048: the lm_head and
 // the attention projections of the Qwen MoE models) each lane's two units are the same for every
 // row, so their activation words stay in registers and the row loop loads weight bytes only.
-// `pairs` (K-quants, K > 1024): mv1_pairs instead, a lane's units in pairs sharing their loads.
-template <typename Q>
+// kVariant kMv1Vec (K-quants): mv1_vec instead, eight lanes to a super-block with 16-byte loads;
+// one kernel a variant, so that each has the registers (and occupancy) of its own code.
+template <typename Q, int kVariant>
 __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     quant_mv1_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                      const float* __restrict__ d8, const float* __restrict__ s8, float* __restrict__ y,
-                     int64_t n_rows, int64_t k, bool pairs) {
+                     int64_t n_rows, int64_t k) {
   const int lane = threadIdx.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
   const int64_t units = k / 32;
-  if constexpr (Q::kPaired) {
-    if (pairs && units > kGroup) {  // K > 1024 (K-quants: K % 256 == 0): pairs of units sharing their loads
-      mv1_pairs<Q>(w, row_bytes, q8, d8, s8, y, n_rows, units, first, stride, lane);
-      return;
-    }
+  if constexpr (Q::kVec && kVariant == kMv1Vec) {  // the K-quants
+    mv1_vec<Q>(w, row_bytes, q8, d8, s8, y, n_rows, k / Q::kBlock, first, stride, lane);
+    return;
   }
   if (units <= 2 * kGroup) {
     const int64_t u = lane, v = lane + kGroup;
@@ -271,14 +283,17 @@ FTLAB_QMM_ROWS(Q8_0)
 FTLAB_QMM_ROWS(QK4<false>)
 FTLAB_QMM_ROWS(QK4<true>)
 FTLAB_QMM_ROWS(Q6_K)
-template __global__ void quant_mv1_kernel<Q8_0>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
-                                                float*, int64_t, int64_t, bool);
-template __global__ void quant_mv1_kernel<QK4<false>>(const uint8_t*, int64_t, const int8_t*, const float*,
-                                                      const float*, float*, int64_t, int64_t, bool);
-template __global__ void quant_mv1_kernel<QK4<true>>(const uint8_t*, int64_t, const int8_t*, const float*,
-                                                     const float*, float*, int64_t, int64_t, bool);
-template __global__ void quant_mv1_kernel<Q6_K>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
-                                                float*, int64_t, int64_t, bool);
+#define FTLAB_QMM_MV1(Q, V)                                                                               \
+  template __global__ void quant_mv1_kernel<Q, V>(const uint8_t*, int64_t, const int8_t*, const float*, const float*, \
+                                                  float*, int64_t, int64_t);
+FTLAB_QMM_MV1(Q8_0, kMv1Lanes)
+#define FTLAB_QMM_MV1_K(Q) \
+  FTLAB_QMM_MV1(Q, kMv1Lanes) FTLAB_QMM_MV1(Q, kMv1Vec)
+FTLAB_QMM_MV1_K(QK4<false>)
+FTLAB_QMM_MV1_K(QK4<true>)
+FTLAB_QMM_MV1_K(Q6_K)
+#undef FTLAB_QMM_MV1_K
+#undef FTLAB_QMM_MV1
 template __global__ void quant_gemm_kernel<Q8_0>(const uint8_t*, int64_t, const int8_t*, const float*, const float*,
                                                  float*, int64_t, int64_t, int64_t);
 template __global__ void quant_gemm_kernel<QK4<false>>(const uint8_t*, int64_t, const int8_t*, const float*,

@@ -64,7 +64,7 @@ Args check(const TensorView& w, const TensorView& q, const TensorView& d, const 
 
 template <typename Q>
 void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
-            const char* what, bool pairs = false) {
+            const char* what, int variant = kMv1Lanes) {
   const Args a = check<Q>(w, q, d, s, y, what);
   const int64_t m = a.m, n = a.n, k = a.k;
   TVM_FFI_CHECK(m >= 1 && m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << m;
@@ -73,13 +73,22 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
   TVM_FFI_CHECK(grid <= 0x7fffffff, ValueError) << "w has too many rows for one launch: " << n;
   const dim3 block(kGroup, kRowsPerBlock);
   port_stream_t st = stream_of(y);
+  TVM_FFI_CHECK(variant != kMv1Vec || reinterpret_cast<uintptr_t>(a.w) % 16 == 0, ValueError)
+      << "the vec matvec needs w 16-byte aligned";
   if (m == 1) {  // persistent: as many blocks as are resident at once, each walking rows
     int device = 0, sms = 1;
     port_get_device(&device);
     port_sm_count(&sms, device);
     const int64_t blocks = std::min<int64_t>(grid, int64_t{sms} * kMv1BlocksPerSm);
-    quant_mv1_kernel<Q><<<static_cast<unsigned>(blocks), block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k,
-                                                                          pairs);
+    const unsigned gb = static_cast<unsigned>(blocks);
+    bool launched = false;
+    if constexpr (Q::kVec) {
+      if (variant == kMv1Vec) {
+        quant_mv1_kernel<Q, kMv1Vec><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
+        launched = true;
+      }
+    }
+    if (!launched) quant_mv1_kernel<Q, kMv1Lanes><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
     check_launch("quant_mv1_kernel");
     return;
   }
@@ -184,15 +193,15 @@ void quant_mv_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Tenso
   matvec<Q6_K>(w, q, d, s, y, "Q6_K");
 }
 
-// The one-row matvec with 64-weight unit pairs (quant_mv1_kernel's `pairs`; K > 1024), else as above.
-void quant_mv_pairs_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
-  matvec<QK4<false>>(w, q, d, s, y, "Q4_K", true);
+// The one-row matvec with quant_vec.h's 16-byte pieces (quant_mv1_kernel's `vec`; w 16-byte aligned).
+void quant_mv_vec_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<QK4<false>>(w, q, d, s, y, "Q4_K", kMv1Vec);
 }
-void quant_mv_pairs_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
-  matvec<QK4<true>>(w, q, d, s, y, "Q5_K", true);
+void quant_mv_vec_q5_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<QK4<true>>(w, q, d, s, y, "Q5_K", kMv1Vec);
 }
-void quant_mv_pairs_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
-  matvec<Q6_K>(w, q, d, s, y, "Q6_K", true);
+void quant_mv_vec_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  matvec<Q6_K>(w, q, d, s, y, "Q6_K", kMv1Vec);
 }
 
 void quant_mv_tiled_q8_0(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y, int64_t g,
@@ -232,9 +241,9 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q8_0, ftlab::qmm::quant_mv_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q4_k, ftlab::qmm::quant_mv_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_pairs_q4_k, ftlab::qmm::quant_mv_pairs_q4_k);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_pairs_q5_k, ftlab::qmm::quant_mv_pairs_q5_k);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_pairs_q6_k, ftlab::qmm::quant_mv_pairs_q6_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q4_k, ftlab::qmm::quant_mv_vec_q4_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q5_k, ftlab::qmm::quant_mv_vec_q5_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q6_k, ftlab::qmm::quant_mv_vec_q6_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q8_0, ftlab::qmm::quant_mv_tiled_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q4_k, ftlab::qmm::quant_mv_tiled_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_tiled_q5_k, ftlab::qmm::quant_mv_tiled_q5_k);

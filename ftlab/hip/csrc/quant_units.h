@@ -1,8 +1,6 @@
 // quant_units.h — the 32-weight units of GGUF Q8_0, Q4_K, Q5_K and Q6_K weights as the int8-dot
 // kernels (quant_matmul.hip, moe_kquant.hip) decode them into registers, and their terms against a
 // Q8_1 activation block; the layouts and the arithmetic are described in quant_matmul.hip's header.
-// The K-quants also load a unit pair at once (load_pair: two units whose weights share every byte
-// loaded, 64 weights).
 #pragma once
 #include "q4_0_common.h"
 
@@ -17,7 +15,7 @@ __device__ __forceinline__ float half_at(const uint8_t* p) { return port_half_to
 // Q8_0 (34 bytes / 32): d fp16, q[32] int8.
 struct Q8_0 {
   static constexpr int kBlock = 32, kBytes = 34, kUnits = 1;
-  static constexpr bool kPaired = false;  // no pair of units shares loads
+  static constexpr bool kVec = false;  // no quant_vec.h pieces (the K-quants have them)
   uint32_t q[8];
   float d;
   __device__ __forceinline__ void zero() {
@@ -76,41 +74,7 @@ struct QK4 {
     for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x[i], sumi);
     return d * (d8 * (sc * static_cast<float>(sumi))) - dmin * (mn * s8);
   }
-  // Pair p (0..3) of a super-block: sub-blocks 2p and 2p + 1, the low and high nibbles of the same
-  // 32 qs bytes (and bits 2p, 2p + 1 of the same qh bytes): a and b as load(blk, 2p) and
-  // load(blk, 2p + 1) fill them, each byte loaded once.
-  static constexpr bool kPaired = true;
-  static __device__ __forceinline__ int unit_a(int p) { return 2 * p; }
-  static __device__ __forceinline__ int unit_b(int p) { return 2 * p + 1; }
-  static __device__ __forceinline__ void load_pair(const uint8_t* blk, int p, QK4& a, QK4& b) {
-    a.d = b.d = half_at(blk);
-    a.dmin = b.dmin = half_at(blk + 2);
-    const uint8_t* s = blk + 4;
-    if (p < 2) {  // sub-blocks 0..3
-      a.sc = static_cast<float>(s[2 * p] & 63);
-      a.mn = static_cast<float>(s[2 * p + 4] & 63);
-      b.sc = static_cast<float>(s[2 * p + 1] & 63);
-      b.mn = static_cast<float>(s[2 * p + 5] & 63);
-    } else {  // sub-blocks 4..7
-      const int j = 2 * p;
-      a.sc = static_cast<float>((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-      a.mn = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-      b.sc = static_cast<float>((s[j + 5] & 0x0F) | ((s[j - 3] >> 6) << 4));
-      b.mn = static_cast<float>((s[j + 5] >> 4) | ((s[j + 1] >> 6) << 4));
-    }
-    const uint8_t* qs = blk + kQs + 32 * p;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t w = load_w32(qs + 4 * i);
-      a.q[i] = w & 0x0F0F0F0Fu;
-      b.q[i] = (w >> 4) & 0x0F0F0F0Fu;
-      if (kFifth) {
-        const uint32_t h = load_w32(blk + 16 + 4 * i);
-        a.q[i] |= ((h >> (2 * p)) & 0x01010101u) << 4;
-        b.q[i] |= ((h >> (2 * p + 1)) & 0x01010101u) << 4;
-      }
-    }
-  }
+  static constexpr bool kVec = true;
 };
 
 // Q6_K (210 bytes / 256): unit u is quarter t = u % 4 of half h = u / 4: weight l (0..31) is
@@ -151,29 +115,7 @@ struct Q6_K {
     const float sa = static_cast<float>(a - 32 * xa), sb = static_cast<float>(b - 32 * xb);
     return d * (d8 * (sc_a * sa)) + d * (d8 * (sc_b * sb));
   }
-  // Pair p (0..3) of a super-block: quarters t and t + 2 (t = p % 2) of half h = p / 2, the low and
-  // high nibbles of the same 32 ql bytes with bit pairs 2t and 2t + 4 of the same 32 qh bytes: units
-  // 4h + t and 4h + t + 2, as load() fills them, each byte loaded once.
-  static constexpr bool kPaired = true;
-  static __device__ __forceinline__ int unit_a(int p) { return 4 * (p >> 1) + (p & 1); }
-  static __device__ __forceinline__ int unit_b(int p) { return 4 * (p >> 1) + (p & 1) + 2; }
-  static __device__ __forceinline__ void load_pair(const uint8_t* blk, int p, Q6_K& a, Q6_K& b) {
-    const int h = p >> 1, t = p & 1;
-    a.d = b.d = half_at(blk + 208);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
-    a.sc_a = static_cast<float>(scales[8 * h + 2 * t]);
-    a.sc_b = static_cast<float>(scales[8 * h + 2 * t + 1]);
-    b.sc_a = static_cast<float>(scales[8 * h + 2 * t + 4]);
-    b.sc_b = static_cast<float>(scales[8 * h + 2 * t + 5]);
-    const uint8_t* ql = blk + 64 * h + 32 * t;
-    const uint8_t* qh = blk + 128 + 32 * h;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t l = load_w16(ql + 4 * i), hb = load_w16(qh + 4 * i);
-      a.q[i] = (l & 0x0F0F0F0Fu) | (((hb >> (2 * t)) & 0x03030303u) << 4);
-      b.q[i] = ((l >> 4) & 0x0F0F0F0Fu) | (((hb >> (2 * t + 4)) & 0x03030303u) << 4);
-    }
-  }
+  static constexpr bool kVec = true;
 };
 
 // The term of unit u of a row of activations (q8 row, its d8 / s8).
@@ -186,19 +128,6 @@ __device__ __forceinline__ float unit_term(const Q& blk, const int8_t* q8, const
   for (int i = 0; i < 8; ++i) x[i] = xw[i];
   return blk.term(x, d8[u], s8[u]);
 }
-
-// One activation row's Q8_1 block u in registers (zeros when !has).
-struct XUnit {
-  int x[8];
-  float d, s;
-  __device__ __forceinline__ void load(const int8_t* q8, const float* d8, const float* s8, int64_t u, bool has) {
-    const int* w = reinterpret_cast<const int*>(q8 + u * 32);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = has ? w[i] : 0;
-    d = has ? d8[u] : 0.0f;
-    s = has ? s8[u] : 0.0f;
-  }
-};
 
 }  // namespace qmm
 }  // namespace ftlab

@@ -29,14 +29,16 @@ void run_block(int threads, int width, int bx, int by, F kernel) {
 // M = 1: quant_mv1_kernel's persistent grid, at most 3 blocks here, so that groups walk several rows.
 template <typename Q, int M>
 void mv(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t n,
-        int64_t k, bool pairs) {
+        int64_t k, int variant) {
   const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   const int grid = static_cast<int>(M == 1 ? std::min<int64_t>(blocks, 3) : blocks);
   gridDim = {grid, 1};
   for (int bx = 0; bx < grid; ++bx)
     run_block(kGroup * kRowsPerBlock, kGroup, bx, 0, [=] {
-      if (M == 1)
-        quant_mv1_kernel<Q>(w, rb, q8, d8, s8, y, n, k, pairs);
+      if (M == 1 && variant == kMv1Vec && Q::kVec)
+        quant_mv1_kernel<Q, kMv1Vec>(w, rb, q8, d8, s8, y, n, k);
+      else if (M == 1)
+        quant_mv1_kernel<Q, kMv1Lanes>(w, rb, q8, d8, s8, y, n, k);
       else
         quant_mv_kernel<Q, M>(w, rb, q8, d8, s8, y, n, k);
     });
@@ -52,24 +54,24 @@ void gemm(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const
 
 template <typename Q>
 void run_type(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t m,
-              int64_t n, int64_t k, bool pairs) {
+              int64_t n, int64_t k, int variant) {
   switch (m) {
-    case 1: mv<Q, 1>(w, rb, q8, d8, s8, y, n, k, pairs); break;
-    case 3: mv<Q, 3>(w, rb, q8, d8, s8, y, n, k, pairs); break;
-    case 8: mv<Q, 8>(w, rb, q8, d8, s8, y, n, k, pairs); break;
+    case 1: mv<Q, 1>(w, rb, q8, d8, s8, y, n, k, variant); break;
+    case 3: mv<Q, 3>(w, rb, q8, d8, s8, y, n, k, variant); break;
+    case 8: mv<Q, 8>(w, rb, q8, d8, s8, y, n, k, variant); break;
     default: gemm<Q>(w, rb, q8, d8, s8, y, m, n, k);
   }
 }
 
 // qtype: 0 Q8_0, 1 Q4_K, 2 Q5_K, 3 Q6_K; m 1, 3 or 8 runs the matvec, any other m the GEMM;
-// pairs: quant_mv1_kernel's unit pairs (m = 1).
+// variant: quant_mv1_kernel's (m = 1): kMv1Lanes or kMv1Vec.
 extern "C" void run(int qtype, const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8,
-                    float* y, int64_t m, int64_t n, int64_t k, int pairs) {
+                    float* y, int64_t m, int64_t n, int64_t k, int variant) {
   switch (qtype) {
-    case 0: run_type<Q8_0>(w, rb, q8, d8, s8, y, m, n, k, pairs != 0); break;
-    case 1: run_type<QK4<false>>(w, rb, q8, d8, s8, y, m, n, k, pairs != 0); break;
-    case 2: run_type<QK4<true>>(w, rb, q8, d8, s8, y, m, n, k, pairs != 0); break;
-    case 3: run_type<Q6_K>(w, rb, q8, d8, s8, y, m, n, k, pairs != 0); break;
+    case 0: run_type<Q8_0>(w, rb, q8, d8, s8, y, m, n, k, variant); break;
+    case 1: run_type<QK4<false>>(w, rb, q8, d8, s8, y, m, n, k, variant); break;
+    case 2: run_type<QK4<true>>(w, rb, q8, d8, s8, y, m, n, k, variant); break;
+    case 3: run_type<Q6_K>(w, rb, q8, d8, s8, y, m, n, k, variant); break;
   }
 }
 
