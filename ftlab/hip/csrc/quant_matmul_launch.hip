@@ -79,16 +79,21 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
     int device = 0, sms = 1;
     port_get_device(&device);
     port_sm_count(&sms, device);
-    const int64_t blocks = std::min<int64_t>(grid, int64_t{sms} * kMv1BlocksPerSm);
-    const unsigned gb = static_cast<unsigned>(blocks);
-    bool launched = false;
+    // as many blocks as fit an SM at the kernel's registers (at most kMv1BlocksPerSm): a grid that
+    // runs in one wave (16 blocks an SM ran in two or three waves, up to 12% slower: NOTES.md)
+    int resident = 0;
+    const bool vec = Q::kVec && variant == kMv1Vec;
     if constexpr (Q::kVec) {
-      if (variant == kMv1Vec) {
-        quant_mv1_kernel<Q, kMv1Vec><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
-        launched = true;
-      }
+      if (vec) port_occupancy(&resident, quant_mv1_kernel<Q, kMv1Vec>, kGroup * kRowsPerBlock);
     }
-    if (!launched) quant_mv1_kernel<Q, kMv1Lanes><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
+    if (!vec) port_occupancy(&resident, quant_mv1_kernel<Q, kMv1Lanes>, kGroup * kRowsPerBlock);
+    const int per_sm = resident > 0 ? std::min(resident, kMv1BlocksPerSm) : kMv1BlocksPerSm;
+    const int64_t blocks = std::min<int64_t>(grid, int64_t{sms} * per_sm);
+    const unsigned gb = static_cast<unsigned>(blocks);
+    if constexpr (Q::kVec) {
+      if (vec) quant_mv1_kernel<Q, kMv1Vec><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
+    }
+    if (!vec) quant_mv1_kernel<Q, kMv1Lanes><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
     check_launch("quant_mv1_kernel");
     return;
   }
