@@ -163,8 +163,9 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
 @pytest.mark.parametrize("k", [1280, 2048, 4096, 5120])
 def test_hip_m1_variants_gpu(qtype, variant, k):
     """hip's one-row matvecs where their branches differ: K = 1280 (lanes partly idle; Q6_K
-    super-blocks at every even offset mod 16) and 2048 (activations held across rows), 4096 and
-    5120 (walked; vec: whole and part-filled step pairs); within the int8 bound."""
+    super-blocks at every even offset mod 16) and 2048 (activations held in registers), 4096 and
+    5120 (walked; vec: two whole step pairs, then one with its second step empty); within the
+    int8 bound."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     w = random_quant_weight(k + len(qtype), qtype, 300, k).to("cuda")

@@ -55,18 +55,20 @@ def test_hip_kernels_on_the_host(harness, qtype, m, n, k):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("m, n, k", [(1, 6, 768), (1, 9, 2048), (1, 7, 1792), (1, 5, 2560)])
+@pytest.mark.parametrize("m, n, k", [(1, 6, 768), (1, 37, 2048), (1, 7, 1792), (1, 5, 2560), (1, 29, 3584)])
 def test_hip_vec_on_the_host(harness, qtype, m, n, k):
     """The one-row matvec's "vec" variant: eight lanes to a super-block, 16-byte pieces (K <= 2048:
-    a lane's activations held across rows, both steps' loads first; beyond: walked). K = 1792 is
-    seven super-blocks: a part-filled second step, and Q6_K rows of 1470 bytes, so super-blocks
-    start at every even offset mod 16."""
-    assert torch.empty(1, dtype=torch.uint8).data_ptr() % 16 == 0  # the kernel's w alignment
+    a lane's activations held across rows; beyond: walked two steps at a time). The harness runs
+    12 groups, so N = 37 and 29 walk several rows a group; K = 1792 is seven super-blocks (a
+    part-filled second step; Q6_K rows of 1470 bytes, so super-blocks start at every even offset
+    mod 16), 2560 ten (a part-filled first step of the second pair), 3584 fourteen (a part-filled
+    second step there)."""
     _check_on_the_host(harness, qtype, m, n, k, 1)
 
 
 def _check_on_the_host(harness, qtype: str, m: int, n: int, k: int, variant: int) -> None:
     w = random_quant_weight(m * n + k, qtype, n, k)
+    assert variant != 1 or w.data.data_ptr() % 16 == 0  # the vec kernel's w alignment
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n)) * 3
     x8 = quantize_q8_1(x)
     y = torch.zeros(m, n)

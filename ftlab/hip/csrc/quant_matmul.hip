@@ -14,7 +14,8 @@
 // A group of 32 threads (a warp; half a wave on CDNA) owns one weight row: lane l takes units
 // l, l + 32, ..., so the 32 lanes of a step read 32 consecutive units (for the K-quants, four
 // consecutive super-blocks), and the partial sums meet through port_shfl_xor within the group.
-// Blocks of 34 and 210 bytes are only 2-byte aligned: those are read as 16-bit words.
+// Blocks of 34 and 210 bytes are only 2-byte aligned: those are read as 16-bit words (the "vec"
+// matvec, mv1_vec, cuts Q6_K's pieces from aligned 16-byte loads instead: quant_vec.h).
 //
 // Includes quant_vec.h (the "vec" pieces; then quant_units.h, the weight units, q4_0_common.h and
 // port.h) only: the gfx compile check compiles this file alone.

@@ -73,9 +73,9 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
   TVM_FFI_CHECK(grid <= 0x7fffffff, ValueError) << "w has too many rows for one launch: " << n;
   const dim3 block(kGroup, kRowsPerBlock);
   port_stream_t st = stream_of(y);
-  TVM_FFI_CHECK(variant != kMv1Vec || reinterpret_cast<uintptr_t>(a.w) % 16 == 0, ValueError)
-      << "the vec matvec needs w 16-byte aligned";
   if (m == 1) {  // persistent: as many blocks as are resident at once, each walking rows
+    TVM_FFI_CHECK(variant != kMv1Vec || reinterpret_cast<uintptr_t>(a.w) % 16 == 0, ValueError)
+        << "the vec matvec needs w 16-byte aligned";
     int device = 0, sms = 1;
     port_get_device(&device);
     port_sm_count(&sms, device);
@@ -198,7 +198,8 @@ void quant_mv_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Tenso
   matvec<Q6_K>(w, q, d, s, y, "Q6_K");
 }
 
-// The one-row matvec with quant_vec.h's 16-byte pieces (quant_mv1_kernel's `vec`; w 16-byte aligned).
+// The one-row matvec with quant_vec.h's 16-byte pieces (quant_mv1_kernel's `vec`; w 16-byte
+// aligned); 2 to 8 rows go to quant_mv_kernel as in quant_mv_*.
 void quant_mv_vec_q4_k(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
   matvec<QK4<false>>(w, q, d, s, y, "Q4_K", kMv1Vec);
 }

@@ -13,7 +13,7 @@
 //                210 bytes, 2-byte aligned only, so a piece is cut from the two aligned 16-byte
 //                loads that cover it (load16_a2; w must start 16-byte aligned).
 // Terms, as in quant_units.h but over the lane's 16 weights of each unit: the Q4_K / Q5_K min term
-// (dmin * m * s8, s8 covering the unit's 32 weights) is added by the lane holding the first 16.
+// (dmin * m * s8, s8 covering the unit's 32 weights) is subtracted by the lane holding the first 16.
 #pragma once
 #include "quant_units.h"
 
@@ -96,8 +96,8 @@ struct Vec<QK4<kFifth>> {
   }
 };
 
-// The 16 bytes at p (2-byte aligned, and the 16-byte run after p + 16 readable) as four words,
-// cut from the two aligned 16-byte loads that cover them: 64-bit funnel shifts of named values
+// The 16 bytes at p as four words, cut from the two aligned 16-byte loads that cover them (the 32
+// bytes from p & ~15 must be readable): 64-bit funnel shifts of named values
 // (an array indexed by the offset would land in scratch on AMD).
 __device__ __forceinline__ void load16_a2(const uint8_t* p, uint32_t out[4]) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
