@@ -27,8 +27,7 @@ def harness(tmp_path_factory):
     if cxx is None:
         pytest.skip("no host C++ compiler")
     build = tmp_path_factory.mktemp("moe_hip_host")
-    sources = (ROOT / "ftlab/hip/csrc/quant_units.h", ROOT / "ftlab/hip/csrc/quant_vec.h",
-               ROOT / "ftlab/hip/csrc/quant_matmul.hip",
+    sources = (ROOT / "ftlab/hip/csrc/quant_units.h",
                ROOT / "ftlab/hip/csrc/moe_kquant.hip",
                ROOT / "tests/unit/hip_host/q4_0_common.h", ROOT / "tests/unit/moe_hip_host/harness_moe.cpp")  # fmt: skip
     for src in sources:  # the stand-in q4_0_common.h beside the device code, which then includes it

@@ -6,10 +6,11 @@
 // Contract: docs/OPS.md section 3 (moe_experts); reference: ftlab/reference/moe.py (int8 terms
 // of ftlab/reference/quant_matmul.py). x and h arrive as Q8_1 rows (q8 int8 [R, K], d8 / s8
 // fp32 [R, K/32], quantize_q8_1_kernel). A 32-thread group owns one weight row, lane l taking
-// 32-weight units l, l + 32, ... through the block types of quant_matmul.hip (Q8_0, QK4, Q6_K)
+// 32-weight units l, l + 32, ... through the block types of quant_units.h (Q8_0, QK4, Q6_K)
 // and QUnit4_0 below; the partial sums meet by port_shfl_xor within the group. Invalid ids
-// read no expert memory. Includes quant_matmul.hip (its matvec instantiations come along).
-#include "quant_matmul.hip"
+// read no expert memory. Includes quant_units.h only (not quant_matmul.hip, whose matvec
+// instantiations every target would then compile twice).
+#include "quant_units.h"
 
 namespace ftlab {
 namespace qmm {

@@ -25,8 +25,6 @@
 namespace ftlab {
 namespace qmm {
 
-constexpr int kGroup = 32;        // threads per weight row
-constexpr int kRowsPerBlock = 4;  // rows per 128-thread block
 constexpr int kMv1BlocksPerSm = 16;  // quant_mv1_kernel's persistent grid: at most these blocks an SM / CU
 // quant_mv1_kernel's variants (the launcher's and ftlab.hip.quant_matmul's names)
 constexpr int kMv1Lanes = 0, kMv1Vec = 1;

@@ -7,6 +7,9 @@
 namespace ftlab {
 namespace qmm {
 
+constexpr int kGroup = 32;        // threads per weight row (the matvecs and moe_kquant.hip's experts)
+constexpr int kRowsPerBlock = 4;  // rows per 128-thread block
+
 __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ uint32_t load_w16(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
 __device__ __forceinline__ uint32_t load_w32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
