@@ -95,7 +95,7 @@ __device__ __forceinline__ void mv1_vec(const uint8_t* __restrict__ w, int64_t r
     for (int t = 0; t < kVecSteps; ++t) {
       const int64_t s = s0 + 4 * t;
       has[t] = s < supers;
-      x[t].load(q8, d8, s8, s * 8 + V::unit_a(c), s * 8 + V::unit_b(c), half, has[t]);
+      x[t].load(q8, d8, s8, s * Q::kUnits + V::unit_a(c), s * Q::kUnits + V::unit_b(c), half, has[t]);
     }
     for (int64_t n = first; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
       const uint8_t* row = w + n * row_bytes;
@@ -122,7 +122,7 @@ __device__ __forceinline__ void mv1_vec(const uint8_t* __restrict__ w, int64_t r
       for (int t = 0; t < kVecSteps; ++t) {
         const int64_t s = base + s0 + 4 * t;
         if (s < supers) p[t].load(row + s * Q::kBytes, c);
-        x[t].load(q8, d8, s8, s * 8 + V::unit_a(c), s * 8 + V::unit_b(c), half, s < supers);
+        x[t].load(q8, d8, s8, s * Q::kUnits + V::unit_a(c), s * Q::kUnits + V::unit_b(c), half, s < supers);
       }
 #pragma unroll
       for (int t = 0; t < kVecSteps; ++t)

@@ -62,6 +62,22 @@ Args check(const TensorView& w, const TensorView& q, const TensorView& d, const 
           m, n, k};
 }
 
+// quant_mv1_kernel<Q, V> on a persistent grid of as many blocks as fit an SM at the kernel's
+// registers (at most kMv1BlocksPerSm): one wave (16 blocks an SM ran in two or three waves, up to
+// 12% slower: NOTES.md), each group walking rows.
+template <typename Q, int V>
+void launch_mv1(const Args& a, int64_t grid, port_stream_t st) {
+  int device = 0, sms = 1, resident = 0;
+  port_get_device(&device);
+  port_sm_count(&sms, device);
+  port_occupancy(&resident, quant_mv1_kernel<Q, V>, kGroup * kRowsPerBlock);
+  const int per_sm = resident > 0 ? std::min(resident, kMv1BlocksPerSm) : kMv1BlocksPerSm;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(grid, int64_t{sms} * per_sm));
+  quant_mv1_kernel<Q, V><<<blocks, dim3(kGroup, kRowsPerBlock), 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y,
+                                                                         a.n, a.k);
+  check_launch("quant_mv1_kernel");
+}
+
 template <typename Q>
 void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const TensorView& s, const TensorView& y,
             const char* what, int variant = kMv1Lanes) {
@@ -73,28 +89,16 @@ void matvec(const TensorView& w, const TensorView& q, const TensorView& d, const
   TVM_FFI_CHECK(grid <= 0x7fffffff, ValueError) << "w has too many rows for one launch: " << n;
   const dim3 block(kGroup, kRowsPerBlock);
   port_stream_t st = stream_of(y);
-  if (m == 1) {  // persistent: as many blocks as are resident at once, each walking rows
+  if (m == 1) {
     TVM_FFI_CHECK(variant != kMv1Vec || reinterpret_cast<uintptr_t>(a.w) % 16 == 0, ValueError)
         << "the vec matvec needs w 16-byte aligned";
-    int device = 0, sms = 1;
-    port_get_device(&device);
-    port_sm_count(&sms, device);
-    // as many blocks as fit an SM at the kernel's registers (at most kMv1BlocksPerSm): a grid that
-    // runs in one wave (16 blocks an SM ran in two or three waves, up to 12% slower: NOTES.md)
-    int resident = 0;
-    const bool vec = Q::kVec && variant == kMv1Vec;
     if constexpr (Q::kVec) {
-      if (vec) port_occupancy(&resident, quant_mv1_kernel<Q, kMv1Vec>, kGroup * kRowsPerBlock);
+      if (variant == kMv1Vec) {
+        launch_mv1<Q, kMv1Vec>(a, grid, st);
+        return;
+      }
     }
-    if (!vec) port_occupancy(&resident, quant_mv1_kernel<Q, kMv1Lanes>, kGroup * kRowsPerBlock);
-    const int per_sm = resident > 0 ? std::min(resident, kMv1BlocksPerSm) : kMv1BlocksPerSm;
-    const int64_t blocks = std::min<int64_t>(grid, int64_t{sms} * per_sm);
-    const unsigned gb = static_cast<unsigned>(blocks);
-    if constexpr (Q::kVec) {
-      if (vec) quant_mv1_kernel<Q, kMv1Vec><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
-    }
-    if (!vec) quant_mv1_kernel<Q, kMv1Lanes><<<gb, block, 0, st>>>(a.w, a.row_bytes, a.q, a.d, a.s, a.y, n, k);
-    check_launch("quant_mv1_kernel");
+    launch_mv1<Q, kMv1Lanes>(a, grid, st);
     return;
   }
   switch (m) {
