@@ -300,10 +300,15 @@ def module_for(name: str, device: torch.device):
     return module
 
 
+_one_device: list[bool] = []  # [whether the process sees one GPU], once known
+
+
 def on_device(device: torch.device, launch: Callable[[], object]) -> None:
     """Run ``launch`` with ``device`` current; switching devices costs microseconds on every
-    decode-step call, so only when it is not current already."""
-    if device.index is None or device.index == torch.cuda.current_device():
+    decode-step call, so only when it is not current already (with one GPU it always is)."""
+    if not _one_device:
+        _one_device.append(torch.cuda.device_count() == 1)
+    if device.index is None or _one_device[0] or device.index == torch.cuda.current_device():
         launch()
     else:
         with torch.cuda.device(device):

@@ -61,7 +61,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     if h // kvh > MAX_GROUP or d > MAX_HEAD_DIM:
         raise ValueError(f"the hip decode_attention holds at most {MAX_GROUP} query heads a key head and head dim "
                          f"{MAX_HEAD_DIM}, got {h // kvh} and {d}")  # fmt: skip
-    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    out = q.new_empty((b, h, d))
     if b == 0 or s == 0:
         out.zero_()
         return _with_q8(out, quantize)
@@ -72,8 +72,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     tiles = _tiles_ok(q, k, v)
     rows = ROWS_PER_THREAD
     chunk, splits = tile_plan(s, d, rows) if tiles else split_plan(s)
-    ml = torch.empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
-    acc = torch.empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    ml = q.new_empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32)
+    acc = q.new_empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32)
     if tiles:
         counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
         if quantize:  # the kernel writes out's Q8_1 too

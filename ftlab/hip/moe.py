@@ -70,9 +70,9 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
             f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = {e}, top_k = {top_k}"
         )
     dev = x.device
-    logits = torch.empty((t, e), dtype=x.dtype, device=dev)
-    weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
-    ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    logits = x.new_empty((t, e))
+    weights = x.new_empty((t, top_k), dtype=torch.float32)
+    ids = x.new_empty((t, top_k), dtype=torch.int32)
     if t == 0:
         return logits, weights, ids
     x = x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
@@ -109,11 +109,11 @@ def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm
         y, s = add_rmsnorm(x, residual, norm_weight, eps)
         return (y, s, *router_topk(y, weight, top_k, renormalize))
     dev = x.device
-    y = torch.empty((t, h), dtype=x.dtype, device=dev)
-    s = torch.empty((t, h), dtype=x.dtype, device=dev)
-    logits = torch.empty((t, e), dtype=x.dtype, device=dev)
-    weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
-    ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    y = x.new_empty((t, h))
+    s = x.new_empty((t, h))
+    logits = x.new_empty((t, e))
+    weights = x.new_empty((t, top_k), dtype=torch.float32)
+    ids = x.new_empty((t, top_k), dtype=torch.int32)
     weight = weight if h <= 1 or weight.stride(1) == 1 else weight.contiguous()
     counters = zeroed_counters("router_topk", dev, ROUTER_MAX_TOKENS)
     module = _module(dev)
@@ -196,7 +196,7 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     top_k = topk_ids.shape[1]
     inter = w_down.shape[-1]
     dev = x.device
-    y = torch.empty((t, hidden), dtype=x.dtype, device=dev)
+    y = x.new_empty((t, hidden))
     if t == 0:
         return y
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -206,8 +206,8 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     module = _module(dev)
     if decode_ok(x, top_k, inter):
         if q4:  # h as Q8_1, written by the gate/up kernel
-            hq = torch.empty((t * top_k, inter), dtype=torch.int8, device=dev)
-            hd = torch.empty((t * top_k, inter // 32), dtype=torch.float32, device=dev)
+            hq = x.new_empty((t * top_k, inter), dtype=torch.int8)
+            hd = x.new_empty((t * top_k, inter // 32), dtype=torch.float32)
             hs = torch.empty_like(hd)
             jit.on_device(dev, lambda: module.moe_experts_decode_q4(x, gu, dn, ids, wts, hq, hd, hs, y))
         else:

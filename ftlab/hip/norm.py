@@ -11,11 +11,11 @@ from ftlab import jit
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.add_rmsnorm` (ops checked the layouts)."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = x.new_empty(x.shape)
     module = jit.module_for("norm", x.device)
     if residual is None:
         jit.on_device(x.device, lambda: module.rmsnorm(x, weight, y, float(eps)))
         return y, x
-    s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    s = x.new_empty(x.shape)
     jit.on_device(x.device, lambda: module.add_rmsnorm(x, residual, weight, s, y, float(eps)))
     return y, s

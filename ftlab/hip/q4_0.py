@@ -84,14 +84,14 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
     if x_q8 is not None and not all(t.data_ptr() % 16 == 0 for t in (x_q8.q, x_q8.d, x_q8.s)):
         x_q8 = Q8_1(x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone())  # the kernels read 16-byte (4-byte) pieces
     if fused_matvec_ok(x, w):
-        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        y = x.new_empty((m, n))
         if x_q8 is not None:
             jit.on_device(x.device, lambda: module.q4_0_mv_fused_q8(w.data, x_q8.q, x_q8.d, x_q8.s, y))
         else:
             jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
         return y
     x8 = quantize_q8_1(x) if x_q8 is None else x_q8
-    y = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    y = x.new_empty((m, n), dtype=torch.float32)
     if m <= MATVEC_ROWS and matvec_ok(w):
         jit.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
     else:
@@ -111,9 +111,9 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
             and norm_weight.dtype == x.dtype and k <= 2048 and fused_matvec_ok(x, w) and aligned):  # fmt: skip
         y, s = add_rmsnorm(x, residual, norm_weight, eps)
         return y, s, q4_0_matmul(y, w, path)
-    y = torch.empty((1, k), dtype=x.dtype, device=x.device)
-    s = torch.empty((1, k), dtype=x.dtype, device=x.device) if residual is not None else x
-    out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device)
+    y = x.new_empty((1, k))
+    s = x.new_empty((1, k)) if residual is not None else x
+    out = x.new_empty((1, w.shape[0]))
     module = jit.module_for("q4_0", x.device)
     res = x if residual is None else residual
     jit.on_device(x.device, lambda: module.q4_0_mv_fused_norm(w.data, x, res, residual is not None, norm_weight, s, y,

@@ -16,8 +16,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     None: all of D; ``cache``: ``(k_cache, v_cache, slots, v [N, W])`` written by the same launch,
     one more row a token for v)."""
     rot = q.shape[-1] if rotary_dim is None else rotary_dim
-    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    qo = q.new_empty(q.shape)
+    ko = k.new_empty(k.shape)
     module = jit.module_for("qk_norm_rope", q.device)
     if cache is None:
         jit.on_device(q.device, lambda: module.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, qo, ko, float(eps), rot))

@@ -31,6 +31,13 @@ class Stage:
     main: str  # the tensor that backend comparisons look at
 
 
+# Whether the models' calls of the hot ops run the ops' argument checks (their ``validate``). Off: a
+# model's tensors are built from a checked config and checked weights, and the checks' host time
+# (~20-30 us an op on the GPU host) was a large part of the eager decode step's host time
+# (benchmarks/NOTES.md, "Eager decode"). The backends still refuse layouts they cannot read;
+# tests/models/test_op_checks.py runs the models with the checks on.
+OP_CHECKS = False
+
 BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
 
@@ -81,7 +88,7 @@ def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     round)."""
     shape = x.shape
     flat = None if residual is None else residual.reshape(-1, shape[-1])
-    h, s = ops.add_rmsnorm(x.reshape(-1, shape[-1]), flat, weight, eps, backend=backend)
+    h, s = ops.add_rmsnorm(x.reshape(-1, shape[-1]), flat, weight, eps, backend=backend, validate=OP_CHECKS)
     return h.view(shape), s.view(shape)
 
 
@@ -127,12 +134,12 @@ def linear(
     if isinstance(w, QuantWeight):
         flat = x.reshape(-1, x.shape[-1])
         if isinstance(w, Q4_0Weight):
-            out = ops.q4_0_matmul(flat, w, path=path, backend=backend, x_q8=x_q8)
+            out = ops.q4_0_matmul(flat, w, path=path, backend=backend, x_q8=x_q8, validate=OP_CHECKS)
         else:
             qb = quant_backend or backend
             if qb == "auto" and flat.shape[0] == 1:
                 qb = one_row_quant_backend(flat)
-            out = ops.quant_matmul(flat, w, path=path, backend=qb)
+            out = ops.quant_matmul(flat, w, path=path, backend=qb, validate=OP_CHECKS)
         return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)
 
@@ -182,6 +189,13 @@ NORM_IN_QKV = False
 # against 2755 us at batch 1; benchmarks/NOTES.md, "The decode attention in one process"). Its
 # model GPU test passes (tests/models/test_decode_fusions.py -m gpu).
 DECODE_ATTENTION_HIP = False
+# Whether a decode step launched eagerly (not under graph capture) with decode_attention "auto" takes
+# that hip kernel too, where it serves. On: SDPA's eager path (the boolean mask over every slot) costs
+# ~90 us of host time a layer against ~30 us for the op (benchmarks/NOTES.md, "Eager decode"), and the
+# eager step is host-bound; a captured step keeps SDPA (cuDNN's kernel, faster replayed) unless the
+# flag above is on. An eager step and a replayed one then differ in the attention's last bits (as
+# SDPA's eager and captured masks already made them differ).
+DECODE_ATTENTION_HIP_EAGER = True
 # Whether that hip decode attention also writes its output's Q8_1 (the same launch), which the Q4_0
 # o_proj matvec after it takes instead of quantizing its input in every block (the matvec's
 # prologue: 2.7 of 8.2 us at 4096 -> 2048, benchmarks/NOTES.md "Q8_1 given"). Only where the
@@ -192,15 +206,17 @@ ATTENTION_Q8 = False
 
 def decode_attention_backend(name: str, q: torch.Tensor, groups: int, geo: dict) -> str:
     """The backend a decode step's attention takes: ``name`` when named; under "auto" "hip" where
-    :data:`DECODE_ATTENTION_HIP`, hip serves the device and its one-launch kernel takes the shape
-    (fp16 / bf16, head dim 128 or 256, ``groups`` = query heads a key head at most 8), else "auto"
-    (SDPA). Once a forward pass."""
-    if name != "auto" or not DECODE_ATTENTION_HIP or q.device.type != "cuda":
+    :data:`DECODE_ATTENTION_HIP` (or :data:`DECODE_ATTENTION_HIP_EAGER` and the step is not being
+    captured), hip serves the device and its one-launch kernel takes the shape (fp16 / bf16, head
+    dim 128 or 256, ``groups`` = query heads a key head at most 8), else "auto" (SDPA). Once a
+    forward pass."""
+    if name != "auto" or q.device.type != "cuda":
         return name
     if "attention_backend" not in geo:
         from ftlab.hip.attention import TILE_HEAD_DIMS
 
-        ok = q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in TILE_HEAD_DIMS and groups <= 8
+        ok = DECODE_ATTENTION_HIP or (DECODE_ATTENTION_HIP_EAGER and not ftplatform.capturing(q.device))
+        ok = ok and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in TILE_HEAD_DIMS and groups <= 8
         ok = ok and "hip" in ftbackends.available_backends("decode_attention", q.device, q.dtype)
         geo["attention_backend"] = "hip" if ok else "auto"
     return geo["attention_backend"]
@@ -246,7 +262,7 @@ class KVCache:
         attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
         positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, except one
         token a sequence (decode) when ``backends["decode_attention"]`` names a backend, or is
-        "auto" on a GPU under :data:`DECODE_ATTENTION_HIP` (hip's one-launch kernel): then
+        "auto" on a GPU where :func:`decode_attention_backend` picks hip's one-launch kernel: then
         ``ops.decode_attention`` over the live positions only. ``quantize``: returns ``(out,
         out_q8)``, ``out_q8`` the Q8_1 of ``out`` viewed ``[B * T, heads * hd]`` where the op path
         made it (``ops.decode_attention(quantize=True)``), else None (SDPA's path makes none)."""
@@ -266,7 +282,7 @@ class KVCache:
             if "lengths" not in geo:  # each sequence's live positions: once a forward pass, on this path only
                 geo["lengths"] = (geo["positions"][:, -1] + 1).to(torch.int32)
             res = ops.decode_attention(q.view(b, -1, hd), keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd),
-                                       geo["lengths"], backend=op, quantize=quantize)  # fmt: skip
+                                       geo["lengths"], backend=op, quantize=quantize, validate=OP_CHECKS)  # fmt: skip
             if quantize:
                 return res[0].view(b, 1, -1, hd), res[1]
             return res.view(b, 1, -1, hd)

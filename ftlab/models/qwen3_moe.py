@@ -178,7 +178,7 @@ class Qwen3Moe:
     router: its linear layer and top-k), "route_topk" (when named: the top-k alone, after
     ``F.linear``), "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
     projections; dense ones are ``F.linear``), "qk_norm_rope", "decode_attention" (a decode
-    step's attention: torch's SDPA unless a backend is named, or on a GPU under ``layers.DECODE_ATTENTION_HIP`` hip's one-launch kernel; see ``KVCache.attend``) and "add_rmsnorm" (each residual add with the norm after it) -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    step's attention: torch's SDPA unless a backend is named, or on a GPU hip's one-launch kernel for a step launched eagerly (``layers.DECODE_ATTENTION_HIP_EAGER``) or under ``layers.DECODE_ATTENTION_HIP``; see ``KVCache.attend``) and "add_rmsnorm" (each residual add with the norm after it) -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
     ``q4_0_path`` is the path of quantized weights (Q4_0, Q8_0, K-quants), linears and experts ("auto" | "int8" | "dequant":
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
@@ -256,7 +256,7 @@ class Qwen3Moe:
         cache = dict(k_cache=self.cache.k[i], v_cache=self.cache.v[i], slots=geo["write"], v=v.reshape(b * t, -1))
         q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
                                 geo["cos"], geo["sin"], c.rms_norm_eps, backend=rope_backend,
-                                **(cache if fused else {}))  # fmt: skip
+                                validate=layers.OP_CHECKS, **(cache if fused else {}))  # fmt: skip
         # a decode step on hip's attention kernel can hand the o_proj matvec its input's Q8_1 (layers.ATTENTION_Q8)
         q8 = layers.ATTENTION_Q8 and t == 1 and isinstance(lw.o_proj, Q4_0Weight)
         q8 = q8 and self.q4_0_path in ("auto", "int8")  # the dequant path would not use it
@@ -313,9 +313,8 @@ class Qwen3Moe:
             return ex.eager(x, weights, ids)  # prefill: synchronous, no channel per prompt length
         if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
             ids = ids - self.tp.rank * lw.w_gate_up.shape[0]
-        y = ops.moe_experts(
-            x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path, backend=self.backends["moe_experts"]
-        )
+        y = ops.moe_experts(x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path,
+                            backend=self.backends["moe_experts"], validate=layers.OP_CHECKS)  # fmt: skip
         return y if self.tp is None else self.tp.all_reduce(y)
 
     def end_step(self) -> None:
@@ -349,7 +348,8 @@ class Qwen3Moe:
                 flat = x.shape[-1]
                 h, x, logits, weights, ids = ops.add_rmsnorm_router_topk(
                     x.reshape(-1, flat), attn.reshape(-1, flat), lw.post_attention_norm, eps, lw.router,
-                    c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["router_topk"])  # fmt: skip
+                    c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["router_topk"],
+                    validate=layers.OP_CHECKS)  # fmt: skip
                 x = x.view(attn.shape)
             else:
                 h, x = add_norm(x, attn, lw.post_attention_norm, eps, nb)

@@ -9,18 +9,17 @@ from ftlab import argcheck, backends
 from ftlab.quant import Q8_1, QK
 
 
-def _cache(name: str, t: torch.Tensor, b: int, kvh: int, d: int) -> torch.Tensor:
+def _cache(t: torch.Tensor) -> torch.Tensor:
     """``[B, S, KVH, D]`` with unit element stride and contiguous heads (any position and
     sequence stride: a view of a slot-indexed cache) as given, else a copy."""
-    if t.dim() != 4 or t.shape[0] != b or t.shape[2] != kvh or t.shape[3] != d:
-        raise ValueError(f"{name} must be [B={b}, S, KVH, D={d}] (KVH dividing q's heads), got shape {tuple(t.shape)}")
+    _, _, kvh, d = t.shape
     ok = (d <= 1 or t.stride(3) == 1) and (kvh <= 1 or t.stride(2) == d)
     return t if ok else t.contiguous()
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *,
-                     scale: float | None = None, backend: str = "auto",
-                     quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
+                     scale: float | None = None, backend: str = "auto", quantize: bool = False,
+                     validate: bool = True) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
     """Attention of one query token a sequence over the first ``lengths[b]`` cached positions.
 
     ``q [B, H, D]`` (fp32 / fp16 / bf16); ``k``, ``v [B, S, KVH, D]`` of q's dtype, ``H`` a
@@ -41,7 +40,29 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     one-launch kernel (fp16 / bf16, head dim 128 / 256) writes it in the same launch; the other
     paths and backends quantize ``out`` after (``ops.quantize_q8_1``: the same backend where it has
     one, else "auto").
+
+    ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
+    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
     """
+    if validate:
+        scale = _checks(q, k, v, lengths, scale, quantize)
+    b, h, d = q.shape
+    scale = d**-0.5 if scale is None else scale
+    impl = backends.resolve("decode_attention", backend, q.device, q.dtype)
+    args = (q.contiguous(), _cache(k), _cache(v), lengths.contiguous(), float(scale))
+    if not quantize:
+        return impl.fn(*args)
+    if impl.backend == "hip":  # its one-launch kernel writes the Q8_1 itself
+        return impl.fn(*args, quantize=True)
+    from ftlab.ops.q4_0 import quantize_q8_1
+
+    out = impl.fn(*args)
+    qb = impl.backend if impl.backend in backends.available_backends("quantize_q8_1", q.device, q.dtype) else "auto"
+    return out, quantize_q8_1(out.view(b, h * d), backend=qb)
+
+
+def _checks(q: object, k: object, v: object, lengths: object, scale: object, quantize: bool) -> float | None:
+    """decode_attention's argument checks (each error names the argument): the scale given, as a float."""
     argcheck.float_tensor("q", q)
     if q.dim() != 3 or q.shape[1] == 0 or q.shape[2] == 0:
         raise ValueError(f"q must be 3-D [B, H, D] with H, D > 0, got shape {tuple(q.shape)}")
@@ -53,25 +74,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     kvh = k.shape[2] if k.dim() == 4 else -1
     if kvh <= 0 or h % kvh:
         raise ValueError(f"k must be [B, S, KVH, D] with KVH dividing q's {h} heads, got shape {tuple(k.shape)}")
-    k, v = _cache("k", k, b, kvh, d), _cache("v", v, b, kvh, d)
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 4 or t.shape[0] != b or t.shape[2] != kvh or t.shape[3] != d:
+            raise ValueError(f"{name} must be [B={b}, S, KVH, D={d}] (KVH dividing q's heads), got shape "
+                             f"{tuple(t.shape)}")  # fmt: skip
     if v.shape[1] != k.shape[1]:
         raise ValueError(f"v must have k's {k.shape[1]} positions, got {v.shape[1]}")
     argcheck.tensor("lengths", lengths)
     argcheck.dtype_in("lengths", lengths, argcheck.INDEX_DTYPES)
     argcheck.same_device("lengths", lengths, "q", q)
     argcheck.shape("lengths", lengths, (b,))
-    scale = d**-0.5 if scale is None else argcheck.finite_float("scale", scale)
     if quantize and (h * d) % QK:
         raise ValueError(f"quantize=True needs H * D a multiple of {QK} (Q8_1 blocks of out viewed [B, H * D]), "
                          f"got H={h}, D={d}")  # fmt: skip
-    impl = backends.resolve("decode_attention", backend, q.device, q.dtype)
-    args = (q.contiguous(), k, v, lengths.contiguous(), float(scale))
-    if not quantize:
-        return impl.fn(*args)
-    if impl.backend == "hip":  # its one-launch kernel writes the Q8_1 itself
-        return impl.fn(*args, quantize=True)
-    from ftlab.ops.q4_0 import quantize_q8_1
-
-    out = impl.fn(*args)
-    qb = impl.backend if impl.backend in backends.available_backends("quantize_q8_1", q.device, q.dtype) else "auto"
-    return out, quantize_q8_1(out.view(b, h * d), backend=qb)
+    return None if scale is None else argcheck.finite_float("scale", scale)

@@ -77,7 +77,7 @@ def _router_checks(x: object, weight: object, top_k: object, renormalize: object
 
 def add_rmsnorm_router_topk(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    top_k: int, renormalize: bool = True, *, backend: str = "auto",
+    top_k: int, renormalize: bool = True, *, backend: str = "auto", validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """A layer's residual add and the RMSNorm after it, then the router of the normed rows:
     ``(y, s, logits, weights, ids)``, bit for bit what one backend's
@@ -88,9 +88,15 @@ def add_rmsnorm_router_topk(
     dtype, 16-byte aligned rows): each block of the router recomputes the token's norm with
     add_rmsnorm's arithmetic and reads y from its LDS; otherwise, and in the other backends, the
     two ops run one after the other. Routing counters as :func:`router_topk`'s: calls on two
-    streams of one device must not overlap."""
-    eps = norm_checked(x, residual, norm_weight, eps)
-    _router_checks(x, weight, top_k, renormalize)
+    streams of one device must not overlap.
+
+    ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
+    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read."""
+    if validate:
+        eps = norm_checked(x, residual, norm_weight, eps)
+        _router_checks(x, weight, top_k, renormalize)
+    else:
+        eps = float(eps)
     impl = backends.resolve("add_rmsnorm_router_topk", backend, x.device, x.dtype)
     res = None if residual is None else norm_rows(residual)
     y, s, logits, weights, ids = impl.fn(norm_rows(x), res, norm_weight.contiguous(), eps, weight, top_k,
@@ -150,6 +156,7 @@ def moe_experts(
     *,
     path: str = "auto",
     backend: str = "auto",
+    validate: bool = True,
 ) -> torch.Tensor:
     """SwiGLU experts: ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``.
 
@@ -170,7 +177,35 @@ def moe_experts(
     backend's prefill path is missing; the others raise ``BackendUnavailable``). The routing weight
     multiplies each expert's down output before the sum over the k slots, in every backend.
     ``backend="cpu"``: the native CPU kernels (CPU tensors; what the hybrid executor runs).
+
+    ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
+    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
     """
+    if validate:
+        _experts_checks(x, w_gate_up, w_down, topk_weights, topk_ids)
+    if isinstance(w_gate_up, QuantWeight):
+        requested = path
+        impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
+        gu4, dn4 = isinstance(w_gate_up, Q4_0Weight), isinstance(w_down, Q4_0Weight)
+        # a Q4_0 bank beside a K-quant one keeps the resolved backend (untimed against hip)
+        over = None if gu4 != dn4 else backends.kquant_prefill("moe_experts", impl, backend, requested, x.device,
+                                                                x.dtype, x.shape[0], q4_0=gu4)  # fmt: skip
+        if over is not None:  # prefill: Triton's grouped dequant GEMM over hip's int8 kernels
+            impl, path = over
+        elif not (gu4 and dn4):
+            if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
+                impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
+                                                   requested)  # fmt: skip
+            path = kquant_path(impl.backend, requested, path, f"{w_gate_up.qtype} / {w_down.qtype}")
+    else:
+        if path != "auto" and path not in backends.Q4_0_PATHS:
+            raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")
+        impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
+    return impl.fn(x, w_gate_up, w_down, topk_weights, _valid_ids(topk_ids, w_gate_up.shape[0]), path)
+
+
+def _experts_checks(x: object, w_gate_up: object, w_down: object, topk_weights: object, topk_ids: object) -> None:
+    """moe_experts' argument checks (each error names the argument)."""
     argcheck.float_tensor("x", x)
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [T, H], got shape {tuple(x.shape)}")
@@ -199,25 +234,6 @@ def moe_experts(
                     ("topk_ids", topk_ids)):  # fmt: skip
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
-    if quant:
-        requested = path
-        impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
-        gu4, dn4 = isinstance(w_gate_up, Q4_0Weight), isinstance(w_down, Q4_0Weight)
-        # a Q4_0 bank beside a K-quant one keeps the resolved backend (untimed against hip)
-        over = None if gu4 != dn4 else backends.kquant_prefill("moe_experts", impl, backend, requested, x.device,
-                                                                x.dtype, x.shape[0], q4_0=gu4)  # fmt: skip
-        if over is not None:  # prefill: Triton's grouped dequant GEMM over hip's int8 kernels
-            impl, path = over
-        elif not (gu4 and dn4):
-            if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
-                impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
-                                                   requested)  # fmt: skip
-            path = kquant_path(impl.backend, requested, path, f"{w_gate_up.qtype} / {w_down.qtype}")
-    else:
-        if path != "auto" and path not in backends.Q4_0_PATHS:
-            raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")
-        impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
-    return impl.fn(x, w_gate_up, w_down, topk_weights, _valid_ids(topk_ids, e), path)
 
 
 def fused_moe(

@@ -14,7 +14,7 @@ def contiguous_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
-                backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                backend: str = "auto", validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The residual add and the RMSNorm after it: ``(y, s)``.
 
     ``x [N, H]`` (fp32 / fp16 / bf16), ``residual [N, H]`` of x's dtype or None, ``weight [H]``
@@ -23,8 +23,11 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     itself when residual is None: no copy); ``y = s / sqrt(mean(s^2) + eps) * weight`` over each
     row of H, in fp32 from the rounded s, rounded once. Returns a new contiguous ``y [N, H]`` and
     ``s`` (a new contiguous ``[N, H]``, or x), both in x's dtype; the inputs are never written.
+
+    ``validate=False`` skips the argument checks above (the caller vouches for them, as the models
+    do: ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
     """
-    eps = checked(x, residual, weight, eps)
+    eps = checked(x, residual, weight, eps) if validate else float(eps)
     impl = backends.resolve("add_rmsnorm", backend, x.device, x.dtype)
     res = None if residual is None else contiguous_rows(residual)
     y, s = impl.fn(contiguous_rows(x), res, weight.contiguous(), eps)

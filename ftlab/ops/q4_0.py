@@ -55,7 +55,7 @@ def quantize_q8_1(x: torch.Tensor, *, backend: str = "auto") -> Q8_1:
 
 
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto",
-                x_q8: Q8_1 | None = None) -> torch.Tensor:  # fmt: skip
+                x_q8: Q8_1 | None = None, validate: bool = True) -> torch.Tensor:  # fmt: skip
     """``x [M, K] @ W.T -> [M, N]`` for Q4_0 weights ``W [N, K]``, in x's dtype.
 
     Paths (docs/OPS.md section 2):
@@ -79,7 +79,26 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
     matvec, every block's quantization saved). It must be x's own Q8_1 (only its shapes, dtypes,
     contiguity and device are checked): the int8 path computes the product of ``x_q8`` with W.
     Unused by the dequant path.
+
+    ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
+    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
     """
+    if validate:
+        _matmul_checks(x, w, x_q8)
+    impl, chosen = backends.resolve_path("q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
+    over = backends.kquant_prefill("q4_0_matmul", impl, backend, path, x.device, x.dtype, x.shape[0], q4_0=True)
+    if over is not None:  # prefill where Triton's 64-weight steps beat hip's int8 tiles
+        impl, chosen = over
+    if x.shape[0] == 0 or w.shape[0] == 0:
+        return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    if x_q8 is None or chosen != "int8":  # a registered backend may take (x, w, path) only
+        return impl.fn(x, w, chosen)
+    return impl.fn(x, w, chosen, x_q8)
+
+
+def _matmul_checks(x: object, w: object, x_q8: object) -> None:
     argcheck.float_tensor("x", x)
     argcheck.q4_0_weight("w", w)
     if x.dim() != 2:
@@ -92,17 +111,6 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
     if x_q8 is not None:
         argcheck.q8_1("x_q8", x_q8, x)
-    impl, chosen = backends.resolve_path("q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
-    over = backends.kquant_prefill("q4_0_matmul", impl, backend, path, x.device, x.dtype, x.shape[0], q4_0=True)
-    if over is not None:  # prefill where Triton's 64-weight steps beat hip's int8 tiles
-        impl, chosen = over
-    if x.shape[0] == 0 or w.shape[0] == 0:
-        return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
-    if x.shape[1] > 1 and x.stride(1) != 1:
-        x = x.contiguous()
-    if x_q8 is None or chosen != "int8":  # a registered backend may take (x, w, path) only
-        return impl.fn(x, w, chosen)
-    return impl.fn(x, w, chosen, x_q8)
 
 
 def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -13,7 +13,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                  cos: torch.Tensor, sin: torch.Tensor, eps: float, *, rotary_dim: int | None = None,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
                  slots: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                 backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 backend: str = "auto", validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Qwen3's per-head RMSNorm of q and k followed by RoPE, one pass over both.
 
     ``q [N, Hq, D]`` and ``k [N, Hk, D]`` (fp32 / fp16 / bf16, one dtype; the views of a fused
@@ -35,7 +35,47 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     ``k_cache[slots[n]] = k_out[n]`` and ``v_cache[slots[n]] = v[n]``, bit for bit; a slot of -1
     or outside ``[0, S)`` writes nothing (slots are not read on the host, so this works inside
     graph capture); two tokens with one slot leave either's rows. No other cache row is touched.
+
+    ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
+    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
     """
+    if validate:
+        rot, eps = _checks(q, k, q_weight, k_weight, cos, sin, eps, rotary_dim)
+        cache = _cache_args(q, k, k_cache, v_cache, slots, v)
+    n, _, d = q.shape
+    if not validate:
+        rot = d if rotary_dim is None else rotary_dim
+        cache = None if k_cache is None else (k_cache, v_cache, slots.contiguous(), _value_rows(v, n))
+    rows = [_rows(t, shape, q.dtype) for t, shape in ((q_weight, (d,)), (k_weight, (d,)), (cos, (n, rot)),
+                                                      (sin, (n, rot)))]  # fmt: skip
+
+    def rows_layout(t: torch.Tensor) -> torch.Tensor:  # contiguous heads and elements, any token stride
+        return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
+
+    impl = backends.resolve("qk_norm_rope", backend, q.device, q.dtype)
+    if cache is None:  # a registered backend may not take a cache
+        return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot)
+    return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot, cache=cache)
+
+
+def _rows(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous tensor of ``shape`` and ``dtype`` (no copy when it is one)."""
+    if t.shape != shape:
+        t = t.reshape(shape)
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _value_rows(v: torch.Tensor, n: int) -> torch.Tensor:
+    """``v [N, ...]`` as ``[N, W]`` with unit element stride (no copy when it has one)."""
+    v2 = v.reshape(n, math.prod(v.shape[1:]))  # (N = 0: -1 cannot be inferred)
+    return v2.contiguous() if v2.shape[1] > 1 and v2.stride(1) != 1 else v2
+
+
+def _checks(q: object, k: object, q_weight: object, k_weight: object, cos: object, sin: object, eps: object,
+            rotary_dim: object) -> tuple[int, float]:  # fmt: skip
+    """qk_norm_rope's argument checks (each error names the argument): (rotary dim, eps)."""
     argcheck.float_tensor("q", q)
     argcheck.float_tensor("k", k)
     for name, t in (("q", q), ("k", k)):
@@ -55,7 +95,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     eps = argcheck.finite_float("eps", eps, 0.0)
-    rows = []
     for name, t, shape in (("q_weight", q_weight, (d,)), ("k_weight", k_weight, (d,)), ("cos", cos, (n, rot)),
                            ("sin", sin, (n, rot))):  # fmt: skip
         argcheck.float_tensor(name, t)
@@ -66,18 +105,9 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                              f"{tuple(t.shape)}")  # fmt: skip
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
-        rows.append(t.reshape(shape).to(q.dtype).contiguous())
     if k.device != q.device:
         raise ValueError(f"k must be on q's device {q.device}, got {k.device}")
-
-    def rows_layout(t: torch.Tensor) -> torch.Tensor:  # contiguous heads and elements, any token stride
-        return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
-
-    cache = _cache_args(q, k, k_cache, v_cache, slots, v)
-    impl = backends.resolve("qk_norm_rope", backend, q.device, q.dtype)
-    if cache is None:  # a registered backend may not take a cache
-        return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot)
-    return impl.fn(rows_layout(q), rows_layout(k), *rows, eps, rot, cache=cache)
+    return rot, eps
 
 
 def _cache_args(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: object, slots: object,
@@ -100,9 +130,7 @@ def _cache_args(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: obje
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {given[name].dtype}")
     if v.dim() < 2 or v.shape[0] != n:
         raise ValueError(f"v must be [N={n}, ...] (a token's W values), got shape {tuple(v.shape)}")
-    v2 = v.reshape(n, math.prod(v.shape[1:]))  # (N = 0: -1 cannot be inferred)
-    if v2.shape[1] > 1 and v2.stride(1) != 1:
-        v2 = v2.contiguous()
+    v2 = _value_rows(v, n)
     argcheck.rows("k_cache", k_cache)
     argcheck.rows("v_cache", v_cache)
     if k_cache.shape[1] != hk * d:

@@ -14,7 +14,7 @@ MATMUL_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def quant_matmul(
-    x: torch.Tensor, w: QuantWeight, *, path: str = "auto", backend: str = "auto"
+    x: torch.Tensor, w: QuantWeight, *, path: str = "auto", backend: str = "auto", validate: bool = True
 ) -> torch.Tensor:
     """``x [M, K] @ W.T -> [M, N]`` in x's dtype (fp32 / fp16 / bf16) for a packed weight
     ``W [N, K]`` of any :data:`ftlab.quant.QTYPES` type.
@@ -29,12 +29,31 @@ def quant_matmul(
       ``"auto"``: int8 up to ``backends.DECODE_MAX_TOKENS`` rows, else the backend's prefill path.
     A :class:`~ftlab.quant.Q4_0Weight` goes to :func:`~ftlab.ops.q4_0_matmul` (same paths).
     x may be non-contiguous (row stride > K).
+
+    ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
+    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
     """
+    if isinstance(w, Q4_0Weight):
+        return q4_0_matmul(x, w, path=path, backend=backend, validate=validate)
+    if validate:
+        _checks(x, w)
+    impl, chosen = backends.resolve_path(
+        "quant_matmul", backend, x.device, x.dtype, x.shape[0], path
+    )
+    over = backends.kquant_prefill("quant_matmul", impl, backend, path, x.device, x.dtype, x.shape[0])
+    if over is not None:
+        impl, chosen = over
+    if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
+        return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    return impl.fn(x, w, chosen)
+
+
+def _checks(x: object, w: object) -> None:
     argcheck.float_tensor("x", x)
     if not isinstance(w, QuantWeight):
         raise TypeError(f"w must be a ftlab.quant.QuantWeight, got {type(w).__name__}")
-    if isinstance(w, Q4_0Weight):
-        return q4_0_matmul(x, w, path=path, backend=backend)
     if w.qtype not in MATMUL_TYPES:
         raise ValueError(f"w.qtype must be one of {('Q4_0', *MATMUL_TYPES)}, got {w.qtype!r}")
     if x.dim() != 2:
@@ -47,14 +66,3 @@ def quant_matmul(
         )
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
-    impl, chosen = backends.resolve_path(
-        "quant_matmul", backend, x.device, x.dtype, x.shape[0], path
-    )
-    over = backends.kquant_prefill("quant_matmul", impl, backend, path, x.device, x.dtype, x.shape[0])
-    if over is not None:
-        impl, chosen = over
-    if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
-        return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
-    if x.shape[1] > 1 and x.stride(1) != 1:
-        x = x.contiguous()
-    return impl.fn(x, w, chosen)
