@@ -37,6 +37,7 @@ from ftlab.bench.qwen35moe_random import (
     byte_tokenizer,
     hf_config,
 )
+from ftlab.models.layers import attention_as_captured
 from ftlab.models.pipeline import DecodeGraph, Pipeline
 from ftlab.models.qwen3_next import NextWeights, Qwen3Next
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
@@ -199,7 +200,10 @@ def _same_step(
 def _decode(
     report: Report, pipe: Pipeline, length: int, batch: int, gen: torch.Generator, timer
 ) -> None:
-    """Decode steps of ``batch`` sequences at position ``length``: graph (on a GPU) and eager."""
+    """Decode steps of ``batch`` sequences at position ``length``: graph (on a GPU) and eager. Validated:
+    the graph's step (or the pipeline's, at batch 1) bit for bit against an eager step through the
+    graph's kernels (``layers.attention_as_captured``; the eager rows time hip's attention where
+    ``layers.DECODE_ATTENTION_HIP_EAGER`` picks it)."""
     c, dev = pipe.config, pipe.device
     steps = [
         torch.randint(0, c.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)
@@ -216,20 +220,16 @@ def _decode(
             return pipe.decode_step(ids[next(it) % 8])
 
         pipe.position = length
-        ok = _same_step(
-            model,
-            lambda: pipe.decode_step(ids[0]),
-            lambda: model.forward(steps[0], positions)[0, -1],
-        )
+        with attention_as_captured():  # an eager step through the graph's kernels
+            ok = _same_step(model, lambda: pipe.decode_step(ids[0]), lambda: model.forward(steps[0], positions)[0, -1])
         pipe.position = length
     else:
         model = Qwen3Next(c, pipe.weights, max_batch=batch, max_seq_len=pipe.max_seq_len, backends=pipe.model.backends,
                           q4_0_path=pipe.q4_0_path, static=pipe.graph_capturable)  # fmt: skip
         graph = DecodeGraph(model, batch) if pipe.graph_capturable else None
         eager = lambda: model.forward(steps[0], positions)  # noqa: E731
-        ok = _same_step(
-            model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager
-        )
+        with attention_as_captured():  # an eager step through the graph's kernels
+            ok = _same_step(model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager)
 
         def graph_step() -> torch.Tensor:
             return graph(steps[next(it) % 8], positions)

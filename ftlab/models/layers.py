@@ -9,8 +9,9 @@ decode step has fixed shapes and addresses (what a captured graph needs).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -190,18 +191,32 @@ NORM_IN_QKV = False
 # model GPU test passes (tests/models/test_decode_fusions.py -m gpu).
 DECODE_ATTENTION_HIP = False
 # Whether a decode step launched eagerly (not under graph capture) with decode_attention "auto" takes
-# that hip kernel too, where it serves. On: SDPA's eager path (the boolean mask over every slot) costs
-# ~90 us of host time a layer against ~30 us for the op (benchmarks/NOTES.md, "Eager decode"), and the
-# eager step is host-bound; a captured step keeps SDPA (cuDNN's kernel, faster replayed) unless the
-# flag above is on. An eager step and a replayed one then differ in the attention's last bits (as
-# SDPA's eager and captured masks already made them differ).
-DECODE_ATTENTION_HIP_EAGER = True
+# that hip kernel too, where it serves; a captured step keeps SDPA (cuDNN's kernel, faster replayed)
+# unless the flag above is on. SDPA's eager path (the boolean mask over every slot) costs ~90 us of
+# host time a layer against ~30 us for the op: the eager step at batch 1 went 48.9 -> 59.7 tokens/s
+# with it (benchmarks/NOTES.md, "Eager decode"). Off: in `ftlab bench model` on the H200 the eager
+# batch-8 step with it was not within 5% of the largest logit of the same step through SDPA (batch 1
+# was), and the cause (a kernel fault at 8 sequences, or routing flips that a last-bit difference
+# sets off over 48 layers) is not established; the op's property tests cover up to 3 sequences.
+DECODE_ATTENTION_HIP_EAGER = False
 # Whether that hip decode attention also writes its output's Q8_1 (the same launch), which the Q4_0
 # o_proj matvec after it takes instead of quantizing its input in every block (the matvec's
 # prologue: 2.7 of 8.2 us at 4096 -> 2048, benchmarks/NOTES.md "Q8_1 given"). Only where the
 # attention output goes straight into a Q4_0 o_proj (Qwen3-MoE). The same bits (a GPU test); in
 # one process the step took 2746 against 2781 us without it, 2755 with SDPA: off with the flag above.
 ATTENTION_Q8 = False
+
+
+@contextlib.contextmanager
+def attention_as_captured() -> Iterator[None]:
+    """Within: eager decode steps attend as a captured step does (:data:`DECODE_ATTENTION_HIP_EAGER`
+    off), so an eager step can be held bit for bit to a replayed one."""
+    global DECODE_ATTENTION_HIP_EAGER
+    flag, DECODE_ATTENTION_HIP_EAGER = DECODE_ATTENTION_HIP_EAGER, False
+    try:
+        yield
+    finally:
+        DECODE_ATTENTION_HIP_EAGER = flag
 
 
 def decode_attention_backend(name: str, q: torch.Tensor, groups: int, geo: dict) -> str:

@@ -178,7 +178,7 @@ class Qwen3Moe:
     router: its linear layer and top-k), "route_topk" (when named: the top-k alone, after
     ``F.linear``), "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
     projections; dense ones are ``F.linear``), "qk_norm_rope", "decode_attention" (a decode
-    step's attention: torch's SDPA unless a backend is named, or on a GPU hip's one-launch kernel for a step launched eagerly (``layers.DECODE_ATTENTION_HIP_EAGER``) or under ``layers.DECODE_ATTENTION_HIP``; see ``KVCache.attend``) and "add_rmsnorm" (each residual add with the norm after it) -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    step's attention: torch's SDPA unless a backend is named, or on a GPU hip's one-launch kernel under ``layers.DECODE_ATTENTION_HIP`` (or ``layers.DECODE_ATTENTION_HIP_EAGER`` for a step launched eagerly); see ``KVCache.attend``) and "add_rmsnorm" (each residual add with the norm after it) -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
     ``q4_0_path`` is the path of quantized weights (Q4_0, Q8_0, K-quants), linears and experts ("auto" | "int8" | "dequant":
     see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
     a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and

@@ -142,6 +142,42 @@ def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_eager_decode_takes_hip_attention_gpu(monkeypatch):
+    """Under layers.DECODE_ATTENTION_HIP_EAGER an eager decode step of a bf16 model of
+    head dim 128 attends through hip's kernel, a captured one through SDPA; within
+    layers.attention_as_captured() the eager step takes SDPA too and equals the replayed step bit
+    for bit; the two eager steps agree closely."""
+    from ftlab import ops
+    from ftlab.models import layers
+    from ftlab.models.pipeline import DecodeGraph
+    from ftlab.models.qwen3_moe import Qwen3Moe
+
+    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", False)
+    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP_EAGER", True)
+    dev = torch.device("cuda")
+    config, weights = _head_dim_128_model(dev)
+    gen = torch.Generator(device=dev).manual_seed(4)
+    tokens = torch.randint(0, config.vocab_size, (1, 30), device=dev, generator=gen)
+    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=64, static=True)
+    model.forward(tokens[:, :20], torch.arange(20, device=dev)[None])
+    graph = DecodeGraph(model, 1)
+    calls = []
+    real = ops.decode_attention
+    monkeypatch.setattr(ops, "decode_attention", lambda *a, **k: calls.append(k.get("backend")) or real(*a, **k))
+    for p in range(20, 30):
+        tok, pos = tokens[:, p:p + 1], torch.full((1, 1), p, device=dev)
+        replayed = graph(tok, pos).clone()
+        assert calls == []  # the replay launches no Python
+        eager = model.forward(tok, pos).clone()
+        assert calls == ["hip"] * config.num_hidden_layers
+        calls.clear()
+        with layers.attention_as_captured():
+            same = model.forward(tok, pos).clone()
+        assert calls == [] and torch.equal(replayed, same)
+        torch.testing.assert_close(eager, same, rtol=0, atol=0.05 * float(same.abs().max()))
+
+
+@pytest.mark.gpu
 def test_attention_q8_for_o_proj_in_the_model_gpu(monkeypatch):
     """Under layers.ATTENTION_Q8 (with DECODE_ATTENTION_HIP) hip's decode attention writes its
     output's Q8_1 and the Q4_0 o_proj matvec takes it instead of quantizing its input: the same
