@@ -36,7 +36,7 @@ class Stage:
 # model's tensors are built from a checked config and checked weights, and the checks' host time
 # (~20-30 us an op on the GPU host) was a large part of the eager decode step's host time
 # (benchmarks/NOTES.md, "Eager decode"). The backends still refuse layouts they cannot read;
-# tests/models/test_op_checks.py runs the models with the checks on.
+# tests/unit/test_ops_validate.py runs the models with the checks on.
 OP_CHECKS = False
 
 BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
