@@ -9,6 +9,10 @@ off) while its step is captured, e.g.
     python benchmarks/ab_decode.py FILE.gguf sdpa hip=DECODE_ATTENTION_HIP \\
         hip-q8=DECODE_ATTENTION_HIP,ATTENTION_Q8 [--batch 1] [--position 512] [--rounds 5]
 
+``--eager``: the settings' steps launched eagerly (graphs off; the flags set around each step, the
+eager choices being made as the step runs), each round's figure the wall time of ``--reps`` steps
+over ``--reps`` (the host's launches bound an eager step).
+
 Prints each round's median step time per setting, then each setting's median over the rounds
 and its ratio to the first setting's.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
@@ -47,6 +52,7 @@ def main() -> None:
     ap.add_argument("--position", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--eager", action="store_true", help="time eager steps (graphs off) instead of replays")
     args = ap.parse_args()
     settings = [parse_setting(s) for s in args.settings]
     dev = torch.device("cuda")
@@ -56,7 +62,11 @@ def main() -> None:
     positions = torch.full((args.batch, 1), args.position, device=dev)
     defaults = {flag: getattr(model_layers, flag) for _, flags in settings for flag in flags}
     steps = {}
-    for name, flags in settings:
+    if args.eager:
+        model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True)
+        for name, flags in settings:
+            steps[name] = (lambda f: lambda: _with_flags({**defaults, **f}, lambda: model.forward(tokens, positions)))(flags)
+    for name, flags in settings if not args.eager else ():
         for flag, value in {**defaults, **flags}.items():
             setattr(model_layers, flag, value)
         model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True)
@@ -64,18 +74,44 @@ def main() -> None:
         steps[name] = (lambda g: lambda: g(tokens, positions))(graph)
     for flag, value in defaults.items():
         setattr(model_layers, flag, value)
+    timer = _wall_us if args.eager else time_us
     times: dict[str, list[float]] = {name: [] for name, _ in settings}
-    print(f"{args.file}: decode batch {args.batch} at position {args.position}, one captured step per setting, "
+    how = "eager steps (wall time)" if args.eager else "one captured step per setting"
+    print(f"{args.file}: decode batch {args.batch} at position {args.position}, {how}, "
           f"{args.rounds} rounds of {args.reps} replays each (median us a step)")  # fmt: skip
     for r in range(args.rounds):
         for name, _ in settings:
-            times[name].append(time_us(steps[name], warmup=5, reps=args.reps))
+            times[name].append(timer(steps[name], warmup=5, reps=args.reps))
         print(f"round {r + 1}: " + "  ".join(f"{name} {times[name][-1]:.1f}" for name, _ in settings))
     first = statistics.median(times[settings[0][0]])
     for name, flags in settings:
         med = statistics.median(times[name])
         print(f"{name:>12}: {med:8.1f} us  {args.batch * 1e6 / med:6.1f} tokens/s  {med / first:.3f}x the first  "
               f"(spread {min(times[name]):.1f} .. {max(times[name]):.1f}; flags {flags or 'defaults'})")  # fmt: skip
+
+
+def _with_flags(flags: dict[str, bool], fn):
+    """``fn()`` with the ``layers`` flags set as ``flags`` says, put back after."""
+    old = {flag: getattr(model_layers, flag) for flag in flags}
+    for flag, value in flags.items():
+        setattr(model_layers, flag, value)
+    try:
+        return fn()
+    finally:
+        for flag, value in old.items():
+            setattr(model_layers, flag, value)
+
+
+def _wall_us(fn, warmup: int, reps: int) -> float:
+    """Wall time of one ``fn()`` in us: ``reps`` calls back to back, synchronized at both ends."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
 
 
 if __name__ == "__main__":

@@ -222,13 +222,29 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
     report.notes.append(f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}")
 
 
+def eager_step_ok(step: Callable[[], torch.Tensor], eager: torch.Tensor, same: torch.Tensor) -> bool:
+    """Whether an eager decode step is right: its logits ``eager`` equal ``same``, those of the step
+    through the graph's kernels, where it took the same kernels; where its attention took hip's
+    one-launch kernel (``layers.DECODE_ATTENTION_HIP_EAGER``) the two may part -- a last-bit difference
+    in one layer's attention flips a routing choice a few layers on (random weights: ~7% of the
+    largest logit apart after 48 layers, at batch 1 as at 8 and 16; benchmarks/NOTES.md, "Eager
+    decode") -- so ``step`` is run again (it rewrites the same cache slots) with every layer's
+    attention held to the reference on its inputs within the derived bound, and must give ``eager``
+    again, bit for bit."""
+    if torch.equal(eager, same):
+        return True
+    from ftlab.testing.attention import decode_attention_held_to_reference
+
+    with decode_attention_held_to_reference() as calls:
+        again = step()
+    return bool(calls) and all(over == 0 for _, over, _ in calls) and bool(torch.equal(again, eager))
+
+
 def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch: int, gen: torch.Generator,
            length: int, timer, tp=None) -> None:  # fmt: skip
     """One decode step at position ``length`` for ``batch`` sequences: graph (on a GPU) and eager.
     Validated: finite logits; on a GPU the graph's equal to an eager step's through the graph's
-    kernels (a replayed step attends through SDPA, an eager one through hip's one-launch kernel
-    where ``layers.DECODE_ATTENTION_HIP_EAGER`` picks it), and the eager step's logits within 5%
-    of the largest of those (the prefill's criterion between its eager and graph passes)."""
+    kernels (``layers.attention_as_captured``), and the eager step by :func:`eager_step_ok`."""
     dev = weights.embed.device
     model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True, tp=tp)
     steps = [torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev) for _ in range(8)]
@@ -240,7 +256,7 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
         with model_layers.attention_as_captured():  # the graph's kernels, launched eagerly
             same = model.forward(steps[0], positions).clone()
         ok["graph"] = bool(torch.isfinite(same).all()) and bool(torch.equal(graph(steps[0], positions), same))
-        ok["eager"] = ok["eager"] and float((eager - same).abs().max()) <= 0.05 * float(same.abs().max())
+        ok["eager"] = ok["eager"] and eager_step_ok(lambda: model.forward(steps[0], positions), eager, same)
     k, e = config.num_experts_per_tok, config.num_experts
     used = e * (1 - (1 - k / e) ** batch)  # distinct experts a layer, expected under uniform routing
     nbytes = int(decode_bytes(config, weights, used, batch))

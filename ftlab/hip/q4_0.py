@@ -3,7 +3,8 @@
 q4_0_matmul implements the int8 path only. Up to 4 rows (decode): one launch that quantizes
 the activations to Q8_1, takes the int8 dot and writes the result in the activations' dtype,
 where K is a multiple of 256 and the activations fit its LDS; else Q8_1 activations, then the
-LDS-staged int8-dot matvec (up to 8 rows) or the dp4a-tiled GEMM (prefill).
+LDS-staged int8-dot matvec (up to 8 rows; it writes y in x's dtype, launched dependent on the
+quantization) or the dp4a-tiled GEMM (prefill).
 """
 
 from __future__ import annotations
@@ -91,11 +92,12 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
             jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
         return y
     x8 = quantize_q8_1(x) if x_q8 is None else x_q8
-    y = x.new_empty((m, n), dtype=torch.float32)
-    if m <= MATVEC_ROWS and matvec_ok(w):
+    if m <= MATVEC_ROWS and matvec_ok(w):  # y written in x's dtype by the kernel
+        y = x.new_empty((m, n))
         jit.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
-    else:
-        jit.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))
+        return y
+    y = x.new_empty((m, n), dtype=torch.float32)
+    jit.on_device(x.device, lambda: module.q4_0_gemm(w.data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 

@@ -182,6 +182,11 @@ NORM_IN_ROUTER = True
 # q/k/v). Off: GPU-tested, but slower on the H200 than the two launches it replaces (8.22 against
 # 7.44 us: every block recomputes the norm before its weights).
 NORM_IN_QKV = False
+# Whether a decode step launched eagerly on a GPU (not under graph capture) takes that fused q/k/v
+# path all the same: there the host's launches bound the step, and the fusion is one op call (~40 us
+# of host time) fewer a layer for its 0.8 us of device time. The same bits as the two ops (the op's
+# contract, property-tested), so a replayed step still equals an eager one bit for bit.
+NORM_IN_QKV_EAGER = True
 # Whether a decode step (one token a sequence, on a GPU) with decode_attention left "auto" attends
 # through ops.decode_attention's hip kernel over the live positions (one launch, programmatically
 # dependent: the o_proj matvec after it prefetches its weights meanwhile), not torch's SDPA over
@@ -194,11 +199,12 @@ DECODE_ATTENTION_HIP = False
 # that hip kernel too, where it serves; a captured step keeps SDPA (cuDNN's kernel, faster replayed)
 # unless the flag above is on. SDPA's eager path (the boolean mask over every slot) costs ~90 us of
 # host time a layer against ~30 us for the op: the eager step at batch 1 went 48.9 -> 59.7 tokens/s
-# with it (benchmarks/NOTES.md, "Eager decode"). Off: in `ftlab bench model` on the H200 the eager
-# batch-8 step with it was not within 5% of the largest logit of the same step through SDPA (batch 1
-# was), and the cause (a kernel fault at 8 sequences, or routing flips that a last-bit difference
-# sets off over 48 layers) is not established; the op's property tests cover up to 3 sequences.
-DECODE_ATTENTION_HIP_EAGER = False
+# with it (benchmarks/NOTES.md, "Eager decode"). An eager step and a replayed one then differ beyond
+# the last bits: a last-bit difference between the two attention kernels flips a routing choice some
+# layers on (on the bench's random 48-layer model, at batch 1, 8 and 16 alike, the logits ended ~7% of
+# the largest apart while every layer's hip attention was within the derived bound of the reference);
+# layers.attention_as_captured() gives an eager step the graph's kernels, to hold one to the other.
+DECODE_ATTENTION_HIP_EAGER = True
 # Whether that hip decode attention also writes its output's Q8_1 (the same launch), which the Q4_0
 # o_proj matvec after it takes instead of quantizing its input in every block (the matvec's
 # prologue: 2.7 of 8.2 us at 4096 -> 2048, benchmarks/NOTES.md "Q8_1 given"). Only where the

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ftlab import ops
+from ftlab import platform as ftplatform
 from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.models import layers
 from ftlab.models.layers import (
@@ -220,6 +221,7 @@ class Qwen3Moe:
         self.cache = KVCache(c.num_hidden_layers, self.kv_heads * c.head_dim, max_batch, max_seq_len,
                              static, weights.embed.device, weights.embed.dtype)  # fmt: skip
         self.k_cache, self.v_cache = self.cache.k, self.cache.v
+        self._qkv_q4: bool | None = None  # every layer's q/k/v one stacked Q4_0 weight (_norm_in_qkv)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight, x_q8: Q8_1 | None = None) -> torch.Tensor:
         return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, self.backends["quant_matmul"], x_q8=x_q8)
@@ -268,15 +270,21 @@ class Qwen3Moe:
 
     def _norm_in_qkv(self, rows: int) -> bool:
         """Whether each layer's input residual add and norm run inside its q/k/v matvec
-        (``ops.add_rmsnorm_q4_0_matmul``, under ``layers.NORM_IN_QKV``): decode rows, every
+        (``ops.add_rmsnorm_q4_0_matmul``, under ``layers.NORM_IN_QKV``, or
+        ``layers.NORM_IN_QKV_EAGER`` for a step launched eagerly on a GPU): decode rows, every
         layer's q/k/v one stacked Q4_0 weight on the int8 path ("auto" at decode), one backend name
         for add_rmsnorm and q4_0_matmul ("auto" for both included: both then resolve to the same
         backend's kernels)."""
         b = self.backends
-        if not (layers.NORM_IN_QKV and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] == b["q4_0_matmul"]
+        dev = self.weights.embed.device
+        wanted = layers.NORM_IN_QKV or (layers.NORM_IN_QKV_EAGER and dev.type == "cuda"
+                                        and not ftplatform.capturing(dev))  # fmt: skip
+        if not (wanted and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] == b["q4_0_matmul"]
                 and self.q4_0_path in ("auto", "int8")):  # fmt: skip
             return False
-        return all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight) for lw in self.weights.layers)
+        if self._qkv_q4 is None:  # the weights' layout: once
+            self._qkv_q4 = all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight) for lw in self.weights.layers)
+        return self._qkv_q4
 
     def _norm_qkv(self, i: int, x: torch.Tensor, residual: torch.Tensor | None, eps: float):
         """Layer i's input add and norm with its q/k/v matvec: (h, s, qkv) of ``x [B, T, H]``."""

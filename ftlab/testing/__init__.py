@@ -19,7 +19,11 @@ Needs the ``dev`` extra (hypothesis).
 """
 
 from ftlab.bitview import bits_equal, random_rows
-from ftlab.testing.attention import check_decode_attention_case, decode_attention_tolerance
+from ftlab.testing.attention import (
+    check_decode_attention_case,
+    decode_attention_held_to_reference,
+    decode_attention_tolerance,
+)
 from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride
 from ftlab.testing.conv1d import (
     causal_conv1d_tolerance,
@@ -91,6 +95,7 @@ from ftlab.testing.quants import (
 
 __all__ = [
     "check_decode_attention_case",
+    "decode_attention_held_to_reference",
     "decode_attention_tolerance",
     "FLOAT_DTYPES",
     "KQUANT_TYPES",

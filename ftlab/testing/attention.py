@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -90,3 +91,37 @@ def check_decode_attention_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             for part in ("q", "d", "s"):
                 mine, theirs = getattr(q8, part), getattr(ref, part)
                 assert mine.shape == theirs.shape and torch.equal(mine, theirs), f"{name}: Q8_1 {part} of the output"
+
+
+@contextlib.contextmanager
+def decode_attention_held_to_reference() -> Iterator[list[tuple[str, int, int]]]:
+    """Within: every ``ops.decode_attention`` call through a backend other than the reference (a
+    model's decode step, say) is computed again by the reference on the same inputs, and each call
+    appends ``(backend, elements over the bound, elements)`` to the list it yields, the bound
+    :func:`decode_attention_tolerance`'s. The calls return what the backend gave, unchanged.
+
+    What an eager decode step on hip's attention is held to (``ftlab bench model`` and ``bench
+    qwen35moe``): its logits cannot be held to a step through another attention kernel, since a
+    last-bit difference in one layer's attention flips a routing choice a few layers on (on random
+    weights, ~7% of the largest logit apart after 48 layers: benchmarks/NOTES.md, "Eager decode")."""
+    real = ops.decode_attention
+    calls: list[tuple[str, int, int]] = []
+
+    def held(q, k, v, lengths, *args, **kwargs):
+        got = real(q, k, v, lengths, *args, **kwargs)
+        backend = kwargs.get("backend", "auto")
+        if backend != "reference":
+            out = got[0] if isinstance(got, tuple) else got
+            scale = kwargs.get("scale")
+            want = real(q, k, v, lengths, scale=scale, backend="reference")
+            bound = decode_attention_tolerance(q, k, v, lengths, q.shape[-1] ** -0.5 if scale is None else scale)
+            d = q.shape[-1]
+            err = (out.float() - want.float()).abs().reshape(-1, d).cpu()
+            calls.append((backend, int((~(err <= bound)).sum()), err.numel()))
+        return got
+
+    ops.decode_attention = held
+    try:
+        yield calls
+    finally:
+        ops.decode_attention = real

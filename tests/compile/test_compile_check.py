@@ -63,7 +63,7 @@ def test_hip_gfx(gfx):
 KERNELS = {
     "index_store": 30,  # 5 copy widths x 2 index types x 3 kernels
     "q4_0": 9,  # 3 dtypes x (quantize, dequantize, Q8_1)
-    "q4_0_matvec": 34,  # 8 matvec widths, 3 dtypes x 4 fused widths x (x quantized, Q8_1 given), 2 with the norm
+    "q4_0_matvec": 50,  # 3 dtypes x (8 matvec widths + 4 fused widths x (x quantized, Q8_1 given)), 2 with the norm
     "q4_0_gemm": 1,
     "moe_route": 20,  # 3 dtypes x 2 router widths, route_topk, router_topk and the norm + router; 2 align kernels
     "moe": 12,  # 3 dtypes x (2 Q4_0 decode + 2 dense decode)

@@ -146,7 +146,9 @@ def test_eager_decode_takes_hip_attention_gpu(monkeypatch):
     """Under layers.DECODE_ATTENTION_HIP_EAGER an eager decode step of a bf16 model of
     head dim 128 attends through hip's kernel, a captured one through SDPA; within
     layers.attention_as_captured() the eager step takes SDPA too and equals the replayed step bit
-    for bit; the two eager steps agree closely."""
+    for bit; the eager step again, its attention held to the reference's in every layer, gives the
+    same bits."""
+    import ftlab.testing as ft
     from ftlab import ops
     from ftlab.models import layers
     from ftlab.models.pipeline import DecodeGraph
@@ -174,7 +176,11 @@ def test_eager_decode_takes_hip_attention_gpu(monkeypatch):
         with layers.attention_as_captured():
             same = model.forward(tok, pos).clone()
         assert calls == [] and torch.equal(replayed, same)
-        torch.testing.assert_close(eager, same, rtol=0, atol=0.05 * float(same.abs().max()))
+        with ft.decode_attention_held_to_reference() as held:
+            again = model.forward(tok, pos).clone()
+        assert [h[0] for h in held] == ["hip"] * config.num_hidden_layers
+        assert all(over == 0 for _, over, _ in held) and torch.equal(again, eager)
+        calls.clear()
 
 
 @pytest.mark.gpu

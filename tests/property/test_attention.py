@@ -17,10 +17,11 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @st.composite
-def decode_attention_case(draw, dtypes=DTYPES, lengths=(1, 5, 64, 65, 200, 300), dims=(8, 12, 64, 128)):
-    b = draw(st.sampled_from([1, 2, 3]))
-    kvh = draw(st.sampled_from([1, 2, 4]))
-    g = draw(st.sampled_from([1, 2, 8]))
+def decode_attention_case(draw, dtypes=DTYPES, lengths=(1, 5, 64, 65, 200, 300), dims=(8, 12, 64, 128),
+                          batches=(1, 2, 3), kv_heads=(1, 2, 4), groups=(1, 2, 8)):  # fmt: skip
+    b = draw(st.sampled_from(batches))
+    kvh = draw(st.sampled_from(kv_heads))
+    g = draw(st.sampled_from(groups))
     d = draw(st.sampled_from(dims))
     s = draw(st.sampled_from(lengths))
     dtype = draw(st.sampled_from(dtypes))
@@ -78,6 +79,17 @@ def test_decode_attention_long_cache_gpu(case):
 
 
 @pytest.mark.gpu
+@settings(max_examples=24, deadline=None)
+@given(decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(520, 640, 2100), dims=(128,),
+                             batches=(4, 8, 16), kv_heads=(4,), groups=(8,)))  # fmt: skip
+def test_decode_attention_model_batches_gpu(case):
+    """A Qwen3-MoE decode step's attention at 4 to 16 sequences (32 query / 4 key heads of 128 over a
+    static cache of 520+ slots a sequence): every backend within the bound, hip's one-launch kernel
+    merging its splits over up to 16 x 4 (sequence, key head) counters."""
+    ft.check_decode_attention_case(*case, device="cuda", quantize=True)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [2, 4])
 @settings(max_examples=30, deadline=None)
 @given(case=decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(1, 17, 65, 300, 2100),
@@ -95,6 +107,29 @@ def test_hip_one_launch_rows_gpu(rows, case):
         ft.check_decode_attention_case(*case, device="cuda", backends=["hip"], quantize=True)
     finally:
         hip_attention.ROWS_PER_THREAD = 4
+
+
+def test_held_to_reference_counts_calls_and_catches_a_fault(monkeypatch):
+    """decode_attention_held_to_reference: each non-reference call counted with the elements over
+    the bound -- none for Triton's kernel, all of them for one that adds 0.01 to its output."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 16, generator=gen), torch.randn(2, 9, 2, 16, generator=gen), torch.randn(2, 9, 2, 16, generator=gen)
+    lengths = torch.tensor([9, 4], dtype=torch.int32)
+    with ft.decode_attention_held_to_reference() as calls:
+        got = ops.decode_attention(q, k, v, lengths, backend="triton")
+        ops.decode_attention(q, k, v, lengths, backend="reference")
+    assert calls == [("triton", 0, got.numel())] and ops.decode_attention is not None
+    real = ops.decode_attention
+
+    def broken(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out if kwargs.get("backend") == "reference" else out + 0.01
+
+    monkeypatch.setattr(ops, "decode_attention", broken)
+    with ft.decode_attention_held_to_reference() as calls:
+        ops.decode_attention(q, k, v, lengths, backend="triton")
+    assert calls == [("triton", got.numel(), got.numel())]
+    assert ops.decode_attention is broken  # put back on the way out
 
 
 def test_split_plan():

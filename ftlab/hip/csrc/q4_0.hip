@@ -86,6 +86,8 @@ __global__ void __launch_bounds__(kThreads)
     quantize_q8_1_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
                          int8_t* __restrict__ q, float* __restrict__ d_out,
                          float* __restrict__ s_out, int64_t rows, int64_t k) {
+  port_pdl_wait();     // launched dependent on the kernel before (launch_pdl): x may be its output
+  port_pdl_trigger();  // the matvec after may launch now; it waits for this grid's writes
   const int64_t nb = k / kQK;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = t < 4 * rows * nb;

@@ -37,10 +37,9 @@ void launch_dequantize(const TensorView& w, const TensorView& out, int64_t nb) {
 template <typename T>
 void launch_q8_1(const TensorView& x, const TensorView& q, const TensorView& d, const TensorView& s) {
   const int64_t rows = x.size(0), k = x.size(1);
-  quantize_q8_1_kernel<T><<<grid_for(4 * rows * (k / kQK)), kThreads, 0, stream_of(q)>>>(
-      static_cast<const typename T::storage*>(base_of(x)), x.stride(0),
-      static_cast<int8_t*>(base_of(q)), static_cast<float*>(base_of(d)), static_cast<float*>(base_of(s)),
-      rows, k);
+  launch_pdl(quantize_q8_1_kernel<T>, dim3(grid_for(4 * rows * (k / kQK))), dim3(kThreads), stream_of(q),
+             static_cast<const typename T::storage*>(base_of(x)), x.stride(0), static_cast<int8_t*>(base_of(q)),
+             static_cast<float*>(base_of(d)), static_cast<float*>(base_of(s)), rows, k);
 }
 
 struct Q8Args {
@@ -124,30 +123,23 @@ void quantize_q8_1(TensorView x, TensorView q, TensorView d, TensorView s) {
   check_launch("quantize_q8_1_kernel");
 }
 
-// y [M, N] fp32 = int8 dot of Q8_1 activations (M <= 8) with Q4_0 weights w [N, K/32*18].
-void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
-  const Q8Args a = q8_args(q, d, s);
-  check_weight(w, a.k);
-  const int64_t n = w.size(0);
-  check_contiguous(y, "y");
-  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == a.m && y.size(1) == n, ValueError) << "y must be [M, N]";
-  TVM_FFI_CHECK(a.m >= 1 && a.m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << a.m;
-  TVM_FFI_CHECK((a.k / kQK) % 2 == 0 && reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0, ValueError)
-      << "the matvec needs an even number of blocks per row and a 4-byte aligned w";
-  if (n == 0) return;
+namespace {
+template <typename T>
+void launch_mv(const TensorView& w, const Q8Args& a, const TensorView& y) {
   // a persistent grid: as many blocks as are resident at once, each walking rows
+  const int64_t n = w.size(0);
   const dim3 block(kGroup, kRowsPerBlock);
   const int64_t row_blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   const uint8_t* wp = static_cast<const uint8_t*>(base_of(w));
-  float* yp = static_cast<float*>(base_of(y));
+  auto* yp = static_cast<typename T::storage*>(base_of(y));
   const int64_t rb = w.size(1);
   port_stream_t st = stream_of(y);
   switch (a.m) {
-#define FTLAB_MV_CASE(M)                                                                       \
-  case M: {                                                                                    \
-    const dim3 grid(persistent_grid(q4_0_mv_kernel<M>, kGroup * kRowsPerBlock, row_blocks));   \
-    q4_0_mv_kernel<M><<<grid, block, 0, st>>>(wp, rb, a.q, a.d, a.s, yp, n, a.k);             \
-    break;                                                                                     \
+#define FTLAB_MV_CASE(M)                                                                              \
+  case M: {                                                                                           \
+    const dim3 grid(persistent_grid(q4_0_mv_kernel<T, M>, kGroup * kRowsPerBlock, row_blocks));       \
+    launch_pdl(q4_0_mv_kernel<T, M>, grid, block, st, wp, rb, a.q, a.d, a.s, yp, n, a.k);             \
+    break;                                                                                            \
   }
     FTLAB_MV_CASE(1)
     FTLAB_MV_CASE(2)
@@ -158,6 +150,26 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
     FTLAB_MV_CASE(7)
     FTLAB_MV_CASE(8)
 #undef FTLAB_MV_CASE
+  }
+}
+}  // namespace
+
+// y [M, N] (fp32, fp16 or bf16: written in its dtype) = int8 dot of Q8_1 activations (M <= 8)
+// with Q4_0 weights w [N, K/32*18].
+void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView y) {
+  const Q8Args a = q8_args(q, d, s);
+  check_weight(w, a.k);
+  const int64_t n = w.size(0);
+  check_contiguous(y, "y");
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == a.m && y.size(1) == n, ValueError) << "y must be [M, N]";
+  TVM_FFI_CHECK(a.m >= 1 && a.m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << a.m;
+  TVM_FFI_CHECK((a.k / kQK) % 2 == 0 && reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0, ValueError)
+      << "the matvec needs an even number of blocks per row and a 4-byte aligned w";
+  if (n == 0) return;
+  switch (fp_of(y, "y")) {
+    case Fp::f32: launch_mv<f32_t>(w, a, y); break;
+    case Fp::f16: launch_mv<f16_t>(w, a, y); break;
+    case Fp::bf16: launch_mv<bf16_t>(w, a, y); break;
   }
   check_launch("q4_0_mv_kernel");
 }

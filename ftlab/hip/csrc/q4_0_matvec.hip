@@ -50,11 +50,14 @@ __device__ __forceinline__ void load_chunk(ChunkRegs& r, const uint32_t* src, in
 // computes on the current one, so memory stays busy during the math.
 // Needs an even number of blocks per row (4-byte aligned pairs) and a 4-byte aligned base;
 // the launcher checks both.
-template <int MV_M>
+// y is written in T (fp32, or x's fp16 / bf16: no cast launch after). Launched dependent on the
+// kernel before (launch_pdl: the Q8_1 quantization of x): the first chunk's weight lines are asked
+// of the L2 before the wait, nothing is read before it.
+template <typename T, int MV_M>
 __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     q4_0_mv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, const int8_t* __restrict__ q8,
                    const float* __restrict__ d8, const float* __restrict__ s8,
-                   float* __restrict__ y, int64_t n_rows, int64_t k) {
+                   typename T::storage* __restrict__ y, int64_t n_rows, int64_t k) {
   // double-buffered: item i writes buffer i % 2, so one barrier per item suffices
   __shared__ uint32_t stage[2][kRowsPerBlock][kChunkWords];
   __shared__ int xstage[2][MV_M][kChunkBlocks / 2 * kPairWords];
@@ -85,6 +88,11 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     int words;
     bool ok;
     const uint32_t* src = chunk_src(0, &words, &ok);
+    if (PORT_HAS_L2_PREFETCH && ok && items > 0) {
+      for (int t = lane * 32; t < words; t += kGroup * 32) port_prefetch_l2(src + t);  // 128-byte lines
+    }
+    port_pdl_wait();
+    port_pdl_trigger();
     load_chunk(r, src, words, ok, lane);
   }
   for (int64_t item = 0; item < items; ++item) {
@@ -152,7 +160,7 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
         float v = acc[m];
 #pragma unroll
         for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
-        if (lane == 0 && n < n_rows) y[m * n_rows + n] = v;
+        if (lane == 0 && n < n_rows) y[m * n_rows + n] = T::from_float(v);
         acc[m] = 0.0f;
       }
     }
@@ -369,18 +377,16 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
 }
 
 // Every configuration the launcher uses.
-#define FTLAB_Q4_0_MV_INSTANTIATE(M)                                                           \
-  template __global__ void q4_0_mv_kernel<M>(const uint8_t*, int64_t, const int8_t*,          \
-                                             const float*, const float*, float*, int64_t,     \
-                                             int64_t);
-FTLAB_Q4_0_MV_INSTANTIATE(1)
-FTLAB_Q4_0_MV_INSTANTIATE(2)
-FTLAB_Q4_0_MV_INSTANTIATE(3)
-FTLAB_Q4_0_MV_INSTANTIATE(4)
-FTLAB_Q4_0_MV_INSTANTIATE(5)
-FTLAB_Q4_0_MV_INSTANTIATE(6)
-FTLAB_Q4_0_MV_INSTANTIATE(7)
-FTLAB_Q4_0_MV_INSTANTIATE(8)
+#define FTLAB_Q4_0_MV_INSTANTIATE(T, M)                                                             \
+  template __global__ void q4_0_mv_kernel<T, M>(const uint8_t*, int64_t, const int8_t*, const float*, \
+                                                const float*, T::storage*, int64_t, int64_t);
+#define FTLAB_Q4_0_MV_ALL_M(T)                                                                 \
+  FTLAB_Q4_0_MV_INSTANTIATE(T, 1) FTLAB_Q4_0_MV_INSTANTIATE(T, 2) FTLAB_Q4_0_MV_INSTANTIATE(T, 3) \
+  FTLAB_Q4_0_MV_INSTANTIATE(T, 4) FTLAB_Q4_0_MV_INSTANTIATE(T, 5) FTLAB_Q4_0_MV_INSTANTIATE(T, 6) \
+  FTLAB_Q4_0_MV_INSTANTIATE(T, 7) FTLAB_Q4_0_MV_INSTANTIATE(T, 8)
+FTLAB_Q4_0_MV_ALL_M(f32_t)
+FTLAB_Q4_0_MV_ALL_M(f16_t)
+FTLAB_Q4_0_MV_ALL_M(bf16_t)
 
 #define FTLAB_Q4_0_MV_FUSED_ONE(T, M, MODE)                                                       \
   template __global__ void q4_0_mv_fused_kernel<T, M, MODE>(                                     \
