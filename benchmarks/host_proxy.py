@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
     args = ap.parse_args()
     stub_hip()
+    layers.NORM_IN_QKV = layers.NORM_IN_QKV_EAGER  # what an eager step on a GPU takes (CPU tensors here)
     config, weights = load_gguf(args.gguf, device="cpu", dtype=torch.bfloat16, progress=False)
     names = {op: "hip" for op in Qwen3Moe.OPS if "hip" in backends.backends_of(op)}
     names["decode_attention"] = "hip"

@@ -254,6 +254,17 @@ class KVCache:
         self.k = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
         self.v = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
         self.max_batch, self.max_seq_len, self.static = max_batch, max_seq_len, static
+        self._views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def views(self, j: int, b: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``j``'s static cache as ``[b, max_seq_len, kv_heads, hd]`` views of the first ``b``
+        sequences (made once per (layer, batch): a decode step asks for them every layer)."""
+        key = (j, b, kv_heads)
+        got = self._views.get(key)
+        if got is None:
+            shape = (self.max_batch, self.max_seq_len, kv_heads, -1)
+            got = self._views[key] = (self.k[j].view(shape)[:b], self.v[j].view(shape)[:b])
+        return got
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
@@ -293,8 +304,7 @@ class KVCache:
                       check=False, backend=backends["store"])  # fmt: skip
         span = geo["span"]
         if self.static:  # every slot of each sequence, in order: the cache itself, no copy
-            keys = self.k[j].view(self.max_batch, span, -1)[:b]
-            vals = self.v[j].view(self.max_batch, span, -1)[:b]
+            keys, vals = self.views(j, b, kvh)
         else:
             keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])
             vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
@@ -302,8 +312,10 @@ class KVCache:
         if op != "auto":  # a decode step through the op, when named (or DECODE_ATTENTION_HIP)
             if "lengths" not in geo:  # each sequence's live positions: once a forward pass, on this path only
                 geo["lengths"] = (geo["positions"][:, -1] + 1).to(torch.int32)
-            res = ops.decode_attention(q.view(b, -1, hd), keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd),
-                                       geo["lengths"], backend=op, quantize=quantize, validate=OP_CHECKS)  # fmt: skip
+            if not self.static:
+                keys, vals = keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd)
+            res = ops.decode_attention(q.view(b, -1, hd), keys, vals, geo["lengths"], backend=op, quantize=quantize,
+                                       validate=OP_CHECKS)  # fmt: skip
             if quantize:
                 return res[0].view(b, 1, -1, hd), res[1]
             return res.view(b, 1, -1, hd)

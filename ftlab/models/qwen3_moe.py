@@ -247,9 +247,9 @@ class Qwen3Moe:
         hd, nh, nkvh = c.head_dim, self.heads, self.kv_heads
         # each part's output split into the projections it stacks
         if qkv is not None:
-            q, k, v = qkv.view(b, t, -1).split(lw.qkv()[0][1], dim=-1)
+            q, k, v = qkv.view(b, t, -1).split_with_sizes(lw.qkv()[0][1], dim=-1)
         else:
-            q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split(widths, dim=-1))
+            q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split_with_sizes(widths, dim=-1))
         v = v.reshape(b, t, nkvh, hd)
         # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope), which also writes
         # k and v into the cache (layers.KV_STORE_IN_ROPE) unless "store" names a backend of its own
