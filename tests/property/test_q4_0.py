@@ -290,6 +290,33 @@ def test_llama_shape_gpu():
         ft.check_matmul_case(case, "cuda", backends=["hip", "triton"])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [8192, 8256, 9216, 14336, 18432])
+def test_long_rows_gpu(k):
+    """hip's matvecs on long rows (K of 256 to 576 blocks: the fused one at 8192 up to M = 4, the
+    two-launch one past it and at M = 5; 64-block chunk counts even and odd, a partial last chunk
+    at 8256): within the bound of the reference, row counts that leave partial row sets; the same
+    bits on a second call and replayed from a graph."""
+    if "hip" not in backends.available_backends("q4_0_matmul", torch.device("cuda"), torch.bfloat16):
+        pytest.skip("hip cannot serve q4_0_matmul on this GPU")
+    gen = torch.Generator().manual_seed(k)
+    for m, n in ((1, 4103), (2, 37), (4, 1000), (5, 64), (1, 1)):
+        x = (torch.randn(m, k, generator=gen) * 3).bfloat16()
+        w = torch.randn(n, k, generator=gen) * 0.02
+        ft.check_matmul_case(ft.MatmulCase(x, w, "int8"), "cuda", backends=["hip"])
+        wq = ops.quantize_q4_0(w.cuda())
+        xc = x.cuda()
+        first = ops.q4_0_matmul(xc, wq, path="int8", backend="hip")
+        assert torch.equal(first, ops.q4_0_matmul(xc, wq, path="int8", backend="hip"))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.q4_0_matmul(xc, wq, path="int8", backend="hip")
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, first)
+
+
 @pytest.mark.parametrize("blocks_per_step", [2, 4])
 def test_dequant_gemm_multi_block_steps_cpu(blocks_per_step, monkeypatch):
     """The GEMM's K step of several Q4_0 blocks (a tuning knob), tails included."""
