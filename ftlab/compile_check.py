@@ -359,7 +359,8 @@ def triton_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None
     names = [m.rsplit(".", 1)[-1] for m in triton_modules()]
     names = [n for n in names if only is None or n in only]
     pairs = [(t, n) for n in names for t in targets]
-    jobs = max(1, min(len(pairs), 2 * (os.cpu_count() or 1)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = max(1, min(len(pairs), 2 * cores))
     dealt = [pairs[i::jobs] for i in range(jobs)]
 
     def run_job(job: list[tuple[str, str]]) -> dict[tuple[str, str], list[Row]] | str:
@@ -373,7 +374,7 @@ def triton_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None
             return res.stderr.strip()[-2000:]
         return {(t, n): [Row(**r) for r in rows] for t, n, rows in json.loads(res.stdout)}
 
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(cores) as pool:  # the cores this process may run on (a container's share)
         results = list(pool.map(run_job, [job for job in dealt if job]))
     failed = [r for r in results if isinstance(r, str)]
     if failed:

@@ -222,6 +222,18 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
     report.notes.append(f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}")
 
 
+def fill_cache(cache, seed: int = 1) -> None:
+    """Every slot of a static ``KVCache`` set to random rows of RMS 1, so that a decode step attends
+    over a real prefix: over a cache of zeros but the step's own row, an attention that read the
+    wrong positions or merged its splits wrongly would give the same output and pass
+    :func:`eager_step_ok`."""
+    if not cache.k:
+        return
+    gen = torch.Generator(device=cache.k[0].device).manual_seed(seed)
+    for t in cache.k + cache.v:
+        t.normal_(generator=gen)
+
+
 def eager_step_ok(step: Callable[[], torch.Tensor], eager: torch.Tensor, same: torch.Tensor) -> bool:
     """Whether an eager decode step is right: its logits ``eager`` equal ``same``, those of the step
     through the graph's kernels, where it took the same kernels; where its attention took hip's
@@ -247,6 +259,7 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
     kernels (``layers.attention_as_captured``), and the eager step by :func:`eager_step_ok`."""
     dev = weights.embed.device
     model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True, tp=tp)
+    fill_cache(model.cache)  # a prefix of `length` positions to attend over
     steps = [torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev) for _ in range(8)]
     positions = torch.full((batch, 1), length, device=dev)
     graph = DecodeGraph(model, batch) if dev.type == "cuda" else None

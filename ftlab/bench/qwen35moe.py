@@ -27,7 +27,7 @@ from ftlab.bench.harness import (
     device_info,
     require_gpu,
 )
-from ftlab.bench.model import host_copy_gbps
+from ftlab.bench.model import fill_cache, host_copy_gbps
 from ftlab.bench.model import timer as bench_timer
 from ftlab.bench.qwen35moe_gguf import write_random_gguf
 from ftlab.bench.qwen35moe_random import (
@@ -242,6 +242,7 @@ def _decode(
     else:
         model = Qwen3Next(c, pipe.weights, max_batch=batch, max_seq_len=pipe.max_seq_len, backends=pipe.model.backends,
                           q4_0_path=pipe.q4_0_path, static=pipe.graph_capturable)  # fmt: skip
+        fill_cache(model.cache)  # a prefix to attend over (the recurrent state starts at zeros)
         graph = DecodeGraph(model, batch) if pipe.graph_capturable else None
         eager = lambda: model.forward(steps[0], positions)  # noqa: E731
         with attention_as_captured():  # an eager step through the graph's kernels

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ftlab.models import layers as model_layers
 from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
 from ftlab.models.loader import load_gguf_model, load_hf
@@ -72,7 +73,8 @@ class DecodeGraph:
         saved = [t.clone() for t in state]
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # compile, build and allocate outside the capture
+        # compile, build and allocate outside the capture, through the kernels it takes
+        with torch.cuda.stream(side), model_layers.as_captured():
             for _ in range(2):
                 model.forward(self.tokens, self.positions)
             for t, kept in zip(state, saved, strict=True):

@@ -98,7 +98,9 @@ def decode_attention_held_to_reference() -> Iterator[list[tuple[str, int, int]]]
     """Within: every ``ops.decode_attention`` call through a backend other than the reference (a
     model's decode step, say) is computed again by the reference on the same inputs, and each call
     appends ``(backend, elements over the bound, elements)`` to the list it yields, the bound
-    :func:`decode_attention_tolerance`'s. The calls return what the backend gave, unchanged.
+    :func:`decode_attention_tolerance`'s (with ``quantize=True``, the Q8_1 values that differ from
+    the reference quantization of the output count too). The calls return what the backend gave,
+    unchanged.
 
     What an eager decode step on hip's attention is held to (``ftlab bench model`` and ``bench
     qwen35moe``): its logits cannot be held to a step through another attention kernel, since a
@@ -117,7 +119,11 @@ def decode_attention_held_to_reference() -> Iterator[list[tuple[str, int, int]]]
             bound = decode_attention_tolerance(q, k, v, lengths, q.shape[-1] ** -0.5 if scale is None else scale)
             d = q.shape[-1]
             err = (out.float() - want.float()).abs().reshape(-1, d).cpu()
-            calls.append((backend, int((~(err <= bound)).sum()), err.numel()))
+            over = int((~(err <= bound)).sum())
+            if isinstance(got, tuple):  # quantize=True: the Q8_1 must be the reference's of out, bit for bit
+                ref = ops.quantize_q8_1(out.reshape(out.shape[0], -1), backend="reference")
+                over += sum(int((getattr(got[1], p) != getattr(ref, p)).sum()) for p in ("q", "d", "s"))
+            calls.append((backend, over, err.numel()))
         return got
 
     ops.decode_attention = held

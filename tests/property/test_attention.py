@@ -115,11 +115,12 @@ def test_held_to_reference_counts_calls_and_catches_a_fault(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(2, 4, 16, generator=gen), torch.randn(2, 9, 2, 16, generator=gen), torch.randn(2, 9, 2, 16, generator=gen)
     lengths = torch.tensor([9, 4], dtype=torch.int32)
+    real = ops.decode_attention
     with ft.decode_attention_held_to_reference() as calls:
         got = ops.decode_attention(q, k, v, lengths, backend="triton")
         ops.decode_attention(q, k, v, lengths, backend="reference")
-    assert calls == [("triton", 0, got.numel())] and ops.decode_attention is not None
-    real = ops.decode_attention
+        ops.decode_attention(q, k, v, lengths, backend="triton", quantize=True)
+    assert calls == [("triton", 0, got.numel())] * 2 and ops.decode_attention is real
 
     def broken(*args, **kwargs):
         out = real(*args, **kwargs)
