@@ -15,6 +15,7 @@ import argparse
 
 import torch
 
+from ftlab.bench.model import fill_cache
 from ftlab.models import layers
 from ftlab.models.gguf_loader import load_gguf
 from ftlab.models.qwen3_moe import Qwen3Moe
@@ -44,9 +45,8 @@ def main() -> None:
     length = 512
     for batch in map(int, args.batches.split(",")):
         model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True)
+        fill_cache(model.cache)
         gen = torch.Generator().manual_seed(1)
-        for t in model.cache.k + model.cache.v:
-            t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
         saved = [t.clone() for t in model.cache.k + model.cache.v]
         tok = torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev)
         pos = torch.full((batch, 1), length, device=dev)

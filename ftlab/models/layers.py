@@ -214,31 +214,29 @@ ATTENTION_Q8 = False
 
 
 @contextlib.contextmanager
-def attention_as_captured() -> Iterator[None]:
+def _flags_off(*names: str) -> Iterator[None]:
+    """Within: the module flags ``names`` off; put back after."""
+    old = {name: globals()[name] for name in names}
+    globals().update(dict.fromkeys(names, False))
+    try:
+        yield
+    finally:
+        globals().update(old)
+
+
+def attention_as_captured() -> contextlib.AbstractContextManager[None]:
     """Within: eager decode steps attend as a captured step does (:data:`DECODE_ATTENTION_HIP_EAGER`
     off), so an eager step can be held bit for bit to a replayed one. :data:`NORM_IN_QKV_EAGER`
     stays as it is: the fused norm and q/k/v matvec give the two ops' bits (its contract), which
     such a comparison then holds too (:func:`as_captured` turns both off)."""
-    global DECODE_ATTENTION_HIP_EAGER
-    flag, DECODE_ATTENTION_HIP_EAGER = DECODE_ATTENTION_HIP_EAGER, False
-    try:
-        yield
-    finally:
-        DECODE_ATTENTION_HIP_EAGER = flag
+    return _flags_off("DECODE_ATTENTION_HIP_EAGER")
 
 
-@contextlib.contextmanager
-def as_captured() -> Iterator[None]:
+def as_captured() -> contextlib.AbstractContextManager[None]:
     """Within: an eager decode step takes the kernels a captured one does -- neither
     :data:`DECODE_ATTENTION_HIP_EAGER` nor :data:`NORM_IN_QKV_EAGER` -- e.g. a graph's warm-up
     (``DecodeGraph``), so that every module and buffer the capture uses is built before it."""
-    global DECODE_ATTENTION_HIP_EAGER, NORM_IN_QKV_EAGER
-    flags = DECODE_ATTENTION_HIP_EAGER, NORM_IN_QKV_EAGER
-    DECODE_ATTENTION_HIP_EAGER = NORM_IN_QKV_EAGER = False
-    try:
-        yield
-    finally:
-        DECODE_ATTENTION_HIP_EAGER, NORM_IN_QKV_EAGER = flags
+    return _flags_off("DECODE_ATTENTION_HIP_EAGER", "NORM_IN_QKV_EAGER")
 
 
 def decode_attention_backend(name: str, q: torch.Tensor, groups: int, geo: dict) -> str:

@@ -87,10 +87,22 @@ def check_decode_attention_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         if quantize and (h * d) % 32 == 0:
             again, q8 = ops.decode_attention(*args, scale=scale, backend=name, quantize=True)
             assert torch.equal(again, got), f"{name}: quantize=True changed the output"
-            ref = ops.quantize_q8_1(got.view(b, h * d), backend="reference")
-            for part in ("q", "d", "s"):
-                mine, theirs = getattr(q8, part), getattr(ref, part)
-                assert mine.shape == theirs.shape and torch.equal(mine, theirs), f"{name}: Q8_1 {part} of the output"
+            bad = q8_mismatches(got, q8)
+            assert not bad, f"{name}: Q8_1 of the output differs from the reference quantization in {bad}"
+
+
+def q8_mismatches(out: torch.Tensor, q8) -> dict[str, int]:
+    """``{part: values that differ}`` between ``q8`` (q, d, s) and the reference ``quantize_q8_1`` of
+    ``out [B, H, D]`` viewed ``[B, H * D]`` (every value of a part whose shape differs); empty when
+    they are the same bits."""
+    ref = ops.quantize_q8_1(out.reshape(out.shape[0], -1), backend="reference")
+    bad = {}
+    for part in ("q", "d", "s"):
+        mine, theirs = getattr(q8, part), getattr(ref, part)
+        n = theirs.numel() if mine.shape != theirs.shape else int((mine.cpu() != theirs.cpu()).sum())
+        if n:
+            bad[part] = n
+    return bad
 
 
 @contextlib.contextmanager
@@ -121,8 +133,7 @@ def decode_attention_held_to_reference() -> Iterator[list[tuple[str, int, int]]]
             err = (out.float() - want.float()).abs().reshape(-1, d).cpu()
             over = int((~(err <= bound)).sum())
             if isinstance(got, tuple):  # quantize=True: the Q8_1 must be the reference's of out, bit for bit
-                ref = ops.quantize_q8_1(out.reshape(out.shape[0], -1), backend="reference")
-                over += sum(int((getattr(got[1], p) != getattr(ref, p)).sum()) for p in ("q", "d", "s"))
+                over += sum(q8_mismatches(out, got[1]).values())
             calls.append((backend, over, err.numel()))
         return got
 
