@@ -108,6 +108,17 @@ def cases(copies: int, dev: torch.device):
            for b in ("hip", "triton") if b in backends.available_backends("moe_experts", dev, torch.bfloat16)}
     yield ("experts (gate/up + down, 8 of 128)", 3 * K_TOP * INTER * H // 32 * 18, fns)
 
+    # batch 8: eight tokens, each its own 8 of 128 (experts shared between tokens read once in the bytes)
+    x8 = torch.randn(8, H, device=dev, generator=gen).bfloat16()
+    picks8 = [torch.stack([torch.randperm(E, device=dev, generator=gen)[:K_TOP] for _ in range(8)]).int()
+              for _ in range(64)]
+    wts8 = torch.softmax(torch.randn(8, K_TOP, device=dev, generator=gen), -1)
+    unique = sum(int(p.unique().numel()) for p in picks8) / len(picks8)
+    nxt8 = cycle(picks8)
+    fns = {b: (lambda b=b: ops.moe_experts(x8, gu, dn, wts8, nxt8(), backend=b))
+           for b in ("hip", "triton") if b in backends.available_backends("moe_experts", dev, torch.bfloat16)}
+    yield (f"experts, batch 8 ({unique:.1f} distinct experts of 128)", int(unique * 3 * INTER * H // 32 * 18), fns)
+
     routers = [torch.randn(E, H, device=dev, generator=gen).bfloat16() for _ in range(copies)]
     nr = cycle(routers)
     fns = {"torch linear": lambda: F.linear(x2k, nr())}

@@ -344,13 +344,15 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
         assert_within(name, f"moe_experts ({chosen})", got, expected, bound)
 
 
-def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "cpu") -> None:
+def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "cpu",
+                                   dims: tuple[int, int] = (64, 64)) -> None:
     """Slots with id -1 or >= E contribute exactly nothing and read no expert memory: the
     experts only invalid slots name hold NaN (dense) or NaN scales (Q4_0), on every path
-    (decode: 3 tokens; prefill: 12) of ``backend``."""
+    (decode: 3 tokens; prefill: 12) of ``backend``, with hidden and intermediate sizes
+    ``dims``."""
     device = torch.device(device)
     gen = torch.Generator().manual_seed(0)
-    e, h, inter = 6, 64, 64
+    e, (h, inter) = 6, dims
     gu = torch.randn(e, 2 * inter, h, generator=gen) * 0.1
     dn = torch.randn(e, h, inter, generator=gen) * 0.1
     q_gu, q_dn = ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)

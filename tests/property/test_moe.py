@@ -315,10 +315,40 @@ def test_experts_gpu(case):
     ft.check_experts_case(*case, device="cuda")
 
 
+@st.composite
+def wide_expert_cases(draw):
+    """Decode cases whose Q4_0 rows are whole superblocks (H and I multiples of 256), where
+    hip's decode experts read their weights in regions: H of 1, 3 or 9 superblocks (9: a
+    second, partial K-step of the gate/up regions), I of 1, 3 or 5 (5: two K-steps of the
+    down regions), top-k past the block's 8 groups, invalid slots."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(draw(st.integers(0, 2**31 - 1)))
+    t = draw(st.sampled_from([1, 2, 5, 8]))
+    e = draw(st.sampled_from([4, 12]))
+    k = draw(st.sampled_from([1, 3, 8, 10]))
+    h = 256 * draw(st.sampled_from([1, 3, 9]))
+    inter = 256 * draw(st.sampled_from([1, 3] + ([5] if k <= 4 else [])))  # k * I <= 8192
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    x = torch.randn(t, h, device=dev, generator=gen).to(dtype)
+    gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5)
+    dn = ops.quantize_q4_0(torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5)
+    ids = torch.randint(-1, e + 2, (t, k), device=dev, generator=gen, dtype=torch.int32)  # -1, e, e + 1 invalid
+    weights = torch.rand(t, k, device=dev, generator=gen)
+    return x, gu, dn, weights, ids, "int8"
+
+
+@pytest.mark.gpu
+@settings(max_examples=40, deadline=None)
+@given(wide_expert_cases())
+def test_experts_wide_rows_gpu(case):
+    ft.check_experts_case(*case, device="cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "hip"])
-def test_invalid_ids_read_nothing_gpu(backend):
-    check_invalid_ids_read_nothing(backend, "cuda")
+@pytest.mark.parametrize("dims", [(64, 64), (256, 256)])  # (256, 256): hip's region kernels
+def test_invalid_ids_read_nothing_gpu(backend, dims):
+    check_invalid_ids_read_nothing(backend, "cuda", dims)
 
 
 @pytest.mark.gpu

@@ -127,15 +127,25 @@ void launch_decode_q4(const DecodeArgs& a, const TensorView& x, const TensorView
   int8_t* qp = static_cast<int8_t*>(base_of(hq));
   float* dp = static_cast<float*>(base_of(hd));
   float* sp = static_cast<float*>(base_of(hs));
-  launch_pdl(moe_gate_up_q4_kernel<T>, dim3(static_cast<unsigned>(a.t * a.top_k), cdiv(a.inter, kQK)),
-             dim3(kGateUpThreads), st,
-      static_cast<const typename T::storage*>(base_of(x)), x.stride(0), static_cast<const uint8_t*>(a.gu.data),
-      a.gu.e_stride, a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, wide(a.gu),
-      static_cast<const uint8_t*>(a.dn.data), a.dn.e_stride, a.dn.rows * a.dn.row_stride);
-  launch_pdl(moe_down_q4_kernel<T>, dim3(static_cast<unsigned>(a.t), cdiv(a.hidden, kDownRows)), dim3(kMoeThreads), st,
-      qp, dp, sp, static_cast<const uint8_t*>(a.dn.data), a.dn.e_stride, a.dn.row_stride, ip,
-      static_cast<const float*>(base_of(wts)), static_cast<typename T::storage*>(base_of(y)), y.stride(0), experts,
-      hidden, inter, k, wide(a.dn));
+  const auto* xp = static_cast<const typename T::storage*>(base_of(x));
+  const auto* gp = static_cast<const uint8_t*>(a.gu.data);
+  const auto* np = static_cast<const uint8_t*>(a.dn.data);
+  const float* wp = static_cast<const float*>(base_of(wts));
+  auto* yp = static_cast<typename T::storage*>(base_of(y));
+  const int64_t down_bytes = a.dn.rows * a.dn.row_stride;
+  const dim3 gu_grid(static_cast<unsigned>(a.t * a.top_k), cdiv(a.inter, kQK));
+  const dim3 dn_grid(static_cast<unsigned>(a.t), cdiv(a.hidden, kDownRows));
+  if (wide(a.gu) && wide(a.dn)) {  // superblock-aligned rows: the region kernels (coalesced loads)
+    launch_pdl(moe_gate_up_q4_regions_kernel<T>, gu_grid, dim3(kMoeThreads), st, xp, x.stride(0), gp, a.gu.e_stride,
+               a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, np, a.dn.e_stride, down_bytes);
+    launch_pdl(moe_down_q4_regions_kernel<T>, dn_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride,
+               a.dn.row_stride, ip, wp, yp, y.stride(0), experts, hidden, inter, k);
+    return;
+  }
+  launch_pdl(moe_gate_up_q4_kernel<T>, gu_grid, dim3(kGateUpThreads), st, xp, x.stride(0), gp, a.gu.e_stride,
+             a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, wide(a.gu), np, a.dn.e_stride, down_bytes);
+  launch_pdl(moe_down_q4_kernel<T>, dn_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride, a.dn.row_stride, ip,
+             wp, yp, y.stride(0), experts, hidden, inter, k, wide(a.dn));
 }
 
 template <typename T>

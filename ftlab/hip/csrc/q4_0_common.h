@@ -134,4 +134,106 @@ __device__ __forceinline__ void load8(const typename T::storage* p, bool vec, fl
   }
 }
 
+// ------------------------------------------------------------------ superblocks and records
+// A superblock is 8 consecutive Q4_0 blocks, 144 bytes = 9 pieces of 16 bytes: rows whose
+// block count is a multiple of 8 (16-byte aligned) keep every superblock 16-byte aligned. A
+// superblock's 36 words hold four block pairs; pair p is words 9p..9p+8 (block A's scale in the
+// low half of word 9p, its qs straddling words 9p..9p+4; block B's scale in the high half of
+// word 9p + 4, its qs in words 9p + 5..9p + 8).
+//
+// An activation record is the Q8_1 of one row's superblock in LDS: 64 words of q8 (block j at
+// words 8j..8j+7), 8 of d8, 8 of s8 and 4 of padding, so that 8 lanes reading 8 consecutive
+// records with 16-byte loads land on distinct banks (84 = 20 mod 32).
+constexpr int kSuperBlocks = 8;   // Q4_0 blocks per superblock
+constexpr int kSuperPieces = 9;   // 16-byte pieces per superblock
+constexpr int kRecordWords = 84;  // activation words per (row, superblock)
+
+// Block pair p of a superblock's words pw[36]: the two blocks' qs and scales.
+struct Q4Pair {
+  uint32_t qa[4], qb[4];
+  float da, db;
+};
+
+__device__ __forceinline__ Q4Pair pair_of(const uint32_t* pw, int p) {
+  Q4Pair r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    r.qa[i] = (pw[9 * p + i] >> 16) | (pw[9 * p + i + 1] << 16);
+    r.qb[i] = pw[9 * p + 5 + i];
+  }
+  r.da = port_half_to_float(static_cast<uint16_t>(pw[9 * p] & 0xffff));
+  r.db = port_half_to_float(static_cast<uint16_t>(pw[9 * p + 4] >> 16));
+  return r;
+}
+
+// acc += block A's term, then block B's: d4 * (d8 * sumi - 8 * s8), with the pair's Q8_1 q
+// words at qv[0..3] (A's 8 words, then B's) and its d8 / s8 given.
+__device__ __forceinline__ void pair_accumulate(float& acc, const Q4Pair& w, const bytes16* qv, float d8a, float d8b,
+                                                float s8a, float s8b) {
+  uint32_t ua[8], ub[8];
+  words_of(qv[0], &ua[0]);
+  words_of(qv[1], &ua[4]);
+  words_of(qv[2], &ub[0]);
+  words_of(qv[3], &ub[4]);
+  int va[8], vb[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    va[i] = static_cast<int>(ua[i]);
+    vb[i] = static_cast<int>(ub[i]);
+  }
+  acc += w.da * (d8a * static_cast<float>(block_dot(w.qa, va)) - 8.0f * s8a);
+  acc += w.db * (d8b * static_cast<float>(block_dot(w.qb, vb)) - 8.0f * s8b);
+}
+
+// Pair p's terms against activation record rec.
+__device__ __forceinline__ void pair_accumulate_record(float& acc, const Q4Pair& w, const uint32_t* rec, int p) {
+  pair_accumulate(acc, w, reinterpret_cast<const bytes16*>(rec + 16 * p), port_bits_to_float(rec[64 + 2 * p]),
+                  port_bits_to_float(rec[65 + 2 * p]), port_bits_to_float(rec[72 + 2 * p]),
+                  port_bits_to_float(rec[73 + 2 * p]));
+}
+
+// Q8_1 of quarter `quarter` of block j of a superblock (8 elements v; every lane of the warp
+// calls it: q8_1_quarter's shuffles) into the superblock's activation record rec (null: computed,
+// not stored).
+__device__ __forceinline__ void quarter_to_record(const float v[8], uint32_t* rec, int j, int quarter) {
+  uint32_t qw[2];
+  float d;
+  int sum;
+  q8_1_quarter(v, qw, &d, &sum);
+  if (rec != nullptr) {
+    rec[8 * j + 2 * quarter] = qw[0];
+    rec[8 * j + 2 * quarter + 1] = qw[1];
+    if (quarter == 0) {
+      rec[64 + j] = port_float_to_bits(d);
+      rec[72 + j] = port_float_to_bits(d * static_cast<float>(sum));
+    }
+  }
+}
+
+// The Q8_1 of MV_M rows of x (row m at x + m * x_stride, nb blocks each) into activation
+// records (record m * (nb / 8) + superblock), by the NT threads of a block (tid): four threads a
+// block, 8 elements each (one 16-byte load where aligned), q8_1_quarter -- the arithmetic of
+// quantize_q8_1_kernel, bit for bit. Every thread runs the same trip count, so the quarter
+// shuffles always see whole groups. The caller synchronises before reading the records.
+template <typename T, int MV_M, int NT>
+__device__ __forceinline__ void quantize_records(const typename T::storage* x, int64_t x_stride, int nb, int tid,
+                                                 uint32_t* xrec) {
+  const int supers = nb / kSuperBlocks;
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (x_stride * sizeof(*x)) % 16 == 0;
+  const int works = 4 * MV_M * nb;
+  for (int t0 = 0; t0 < works; t0 += NT) {
+    const int t = t0 + tid;
+    const bool active = t < works;
+    const int mb = active ? t >> 2 : 0;
+    const int quarter = t & 3;
+    const int m = MV_M == 1 ? 0 : mb / nb, b = mb - m * nb;
+    float v[8];
+    load8<T>(x + m * x_stride + b * kQK + 8 * quarter, vec, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = active ? v[i] : 0.0f;
+    quarter_to_record(v, active ? xrec + (m * supers + b / kSuperBlocks) * kRecordWords : nullptr, b % kSuperBlocks,
+                      quarter);
+  }
+}
+
 }  // namespace ftlab

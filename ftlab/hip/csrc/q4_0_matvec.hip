@@ -188,9 +188,6 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
 // land on distinct banks (84 = 20 mod 32). The grid is persistent; groups walk regions
 // rowset by rowset, K-step by K-step, then reduce over the G lanes of a row.
 constexpr int kFusedGroups = 4;                   // 32-thread groups per block
-constexpr int kSuperBlocks = 8;                   // Q4_0 blocks per superblock
-constexpr int kSuperPieces = 9;                   // 16-byte pieces per superblock
-constexpr int kRecordWords = 84;                  // activation words per (row, superblock)
 constexpr int kFusedXWords = 7168;                // 28 KiB of activation records
 constexpr int kFusedXBytes = kFusedXWords * 4;
 
@@ -281,36 +278,8 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
     }
   }
   if (MODE == kFusedNorm) norm_prologue<T>(x, res, norm_w, s_out, y_out, eps, nb, tid, xrec);
-  // Else Q8_1 of x, four threads a block (8 elements each, one 16-byte load where aligned):
-  // q8_1_quarter. The loop runs the same trip count in every thread, so the shuffles always see
-  // all 32 lanes.
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (x_stride * sizeof(*x)) % 16 == 0;
-  const int works = MODE == kFusedQuantize ? 4 * MV_M * nb : 0;
-  for (int t0 = 0; t0 < works; t0 += kGroup * kFusedGroups) {
-    const int t = t0 + tid;
-    const bool active = t < works;
-    const int mb = active ? t >> 2 : 0;
-    const int quarter = t & 3;
-    const int m = MV_M == 1 ? 0 : mb / nb, b = mb - m * nb;
-    float v[8];
-    load8<T>(x + m * x_stride + b * kQK + 8 * quarter, vec, v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = active ? v[i] : 0.0f;
-    uint32_t qw[2];
-    float d;
-    int sum;
-    q8_1_quarter(v, qw, &d, &sum);
-    if (active) {
-      uint32_t* rec = xrec + (m * supers + b / kSuperBlocks) * kRecordWords;
-      const int j = b % kSuperBlocks;
-      rec[8 * j + 2 * quarter] = qw[0];
-      rec[8 * j + 2 * quarter + 1] = qw[1];
-      if (quarter == 0) {
-        rec[64 + j] = port_float_to_bits(d);
-        rec[72 + j] = port_float_to_bits(d * static_cast<float>(sum));
-      }
-    }
-  }
+  // Else Q8_1 of x into the records (quantize_records: quantize_q8_1_kernel's arithmetic).
+  if (MODE == kFusedQuantize) quantize_records<T, MV_M, kGroup * kFusedGroups>(x, x_stride, nb, tid, xrec);
   __syncthreads();
 
   float acc[MV_M];
@@ -334,34 +303,9 @@ __global__ void __launch_bounds__(kGroup * kFusedGroups)
     if (row < n_rows && sb < supers) {
 #pragma unroll
       for (int p = 0; p < kSuperBlocks / 2; ++p) {  // block pairs, as in q4_0_mv_kernel
-        uint32_t qa[4], qb[4];
+        const Q4Pair pr = pair_of(pw, p);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          qa[i] = (pw[9 * p + i] >> 16) | (pw[9 * p + i + 1] << 16);
-          qb[i] = pw[9 * p + 5 + i];
-        }
-        const float da = port_half_to_float(static_cast<uint16_t>(pw[9 * p] & 0xffff));
-        const float db = port_half_to_float(static_cast<uint16_t>(pw[9 * p + 4] >> 16));
-#pragma unroll
-        for (int m = 0; m < MV_M; ++m) {
-          const uint32_t* rec = xrec + (m * supers + sb) * kRecordWords;
-          const bytes16* qv = reinterpret_cast<const bytes16*>(rec + 16 * p);
-          uint32_t ua[8], ub[8];
-          words_of(qv[0], &ua[0]);
-          words_of(qv[1], &ua[4]);
-          words_of(qv[2], &ub[0]);
-          words_of(qv[3], &ub[4]);
-          int va[8], vb[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            va[i] = static_cast<int>(ua[i]);
-            vb[i] = static_cast<int>(ub[i]);
-          }
-          const float d8a = port_bits_to_float(rec[64 + 2 * p]), d8b = port_bits_to_float(rec[65 + 2 * p]);
-          const float s8a = port_bits_to_float(rec[72 + 2 * p]), s8b = port_bits_to_float(rec[73 + 2 * p]);
-          acc[m] += da * (d8a * static_cast<float>(block_dot(qa, va)) - 8.0f * s8a);
-          acc[m] += db * (d8b * static_cast<float>(block_dot(qb, vb)) - 8.0f * s8b);
-        }
+        for (int m = 0; m < MV_M; ++m) pair_accumulate_record(acc[m], pr, xrec + (m * supers + sb) * kRecordWords, p);
       }
     }
     if (ks == k_steps - 1) {  // the row set is done: reduce over the G lanes of each row

@@ -57,20 +57,7 @@ __device__ __forceinline__ void norm_prologue(const typename T::storage* x, cons
       if (first) norm_put<T, 8>(y_out + 8 * t, out);
       norm_floats<T, 8>(out, v);
     }
-    uint32_t qw[2];
-    float d;
-    int sum;
-    q8_1_quarter(v, qw, &d, &sum);
-    if (active) {
-      const int b = t >> 2, quarter = t & 3;
-      uint32_t* rec = xrec + (b / kSuperBlocks) * kRecordWords;
-      const int j = b % kSuperBlocks;
-      rec[8 * j + 2 * quarter] = qw[0];
-      rec[8 * j + 2 * quarter + 1] = qw[1];
-      if (quarter == 0) {
-        rec[64 + j] = port_float_to_bits(d);
-        rec[72 + j] = port_float_to_bits(d * static_cast<float>(sum));
-      }
-    }
+    const int b = t >> 2;
+    quarter_to_record(v, active ? xrec + (b / kSuperBlocks) * kRecordWords : nullptr, b % kSuperBlocks, t & 3);
   }
 }
