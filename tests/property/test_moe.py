@@ -354,13 +354,15 @@ def test_invalid_ids_read_nothing_gpu(backend, dims):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "hip"])
 @pytest.mark.parametrize("tokens", [1, 4, 64])
-@pytest.mark.parametrize("q4", [True, False, "Q4_K_M"])
+@pytest.mark.parametrize("q4", [True, False, "Q4_K_M", "Q4_0 wide"])
 def test_fused_moe_graph_replay_gpu(backend, tokens, q4):
     """fused_moe captured in a CUDA graph (router, align, experts: no host synchronization)
-    replays to the eager result, for new inputs written into the captured buffers."""
+    replays to the eager result, for new inputs written into the captured buffers. "Q4_0 wide":
+    I = 256, whole-superblock rows (hip's region kernels at decode), and three calls chained in
+    one graph, each on the last one's output, as a model's layers reuse the workspace."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(tokens)
-    e, k, h, inter = 16, 4, 256, 256 if q4 == "Q4_K_M" else 128  # a Q6_K down bank's K: 256-blocks
+    e, k, h, inter = 16, 4, 256, 256 if q4 in ("Q4_K_M", "Q4_0 wide") else 128  # Q6_K down: 256-blocks
     gu = torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5
     dn = torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5
     gu, dn = (ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)) if q4 else (gu.bfloat16(), dn.bfloat16())
@@ -371,7 +373,10 @@ def test_fused_moe_graph_replay_gpu(backend, tokens, q4):
     logits = torch.randn(tokens, e, device=dev, generator=gen)
 
     def step():
-        return ops.fused_moe(x, logits, gu, dn, k, backend=backend)
+        y = ops.fused_moe(x, logits, gu, dn, k, backend=backend)
+        for _ in range(2 if q4 == "Q4_0 wide" else 0):
+            y = ops.fused_moe(y, logits, gu, dn, k, backend=backend)
+        return y
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

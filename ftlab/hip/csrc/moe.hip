@@ -441,13 +441,8 @@ __global__ void __launch_bounds__(kMoeThreads)
 
 // moe_down_q4_kernel for wide banks: one block per (token, 8 rows of y); group g takes slots
 // g, g + 8, ..., each slot's 8 rows in regions of 8 rows x 4 superblocks, the lane's superblock
-// against that pair's Q8_1 h; then y as moe_down_q4_kernel forms it. The token's h (every slot:
-// k * I <= kDecodeFloats) is staged in LDS while the first region is in flight, a superblock's
-// q8 at a 17-piece stride (the 4 lanes of a row on distinct banks), rather than read from
-// memory after the weights arrive (15.5 against 15.9 us at batch 1, 93 against 96 us at batch 8,
-// Qwen3-30B-A3B's experts). Invalid ids read no expert memory.
-constexpr int kHSuperPieces = 17;  // a superblock of h's q8 in LDS: 16 pieces, 1 of padding (bank spread)
-
+// against that pair's Q8_1 h (read from memory, 16-byte loads); then y as moe_down_q4_kernel
+// forms it. Invalid ids read no expert memory.
 template <typename T>
 __global__ void __launch_bounds__(kMoeThreads)
     moe_down_q4_regions_kernel(const int8_t* __restrict__ hq, const float* __restrict__ hd,
@@ -456,8 +451,6 @@ __global__ void __launch_bounds__(kMoeThreads)
                                typename T::storage* __restrict__ y, int64_t y_stride, int num_experts, int hidden,
                                int inter, int top_k) {
   __shared__ bytes16 region[kRegionGroups][kRegionPieces];
-  __shared__ bytes16 hq_s[kMaxQ8Blocks / kSuperBlocks * kHSuperPieces];
-  __shared__ float hd_s[kMaxQ8Blocks], hs_s[kMaxQ8Blocks];
   __shared__ float parts[kMaxSlots][kDownRows];
   port_pdl_wait();  // launched dependent on the kernel before (launch_pdl)
   port_pdl_trigger();
@@ -480,23 +473,15 @@ __global__ void __launch_bounds__(kMoeThreads)
   load_region(ra, 0, items, piece_of);
   if (kRegionBuffers == 2) load_region(rb, 1, items, piece_of);
   if (PORT_HAS_L2_PREFETCH) prefetch_regions(kRegionBuffers, items, lane, piece_of);
-  {  // the token's h, every slot (k * I <= kDecodeFloats), into LDS while the weights are in flight
-    const bytes16* src = reinterpret_cast<const bytes16*>(hq + t * top_k * inter);
-    for (int i = threadIdx.x; i < top_k * supers * 16; i += kMoeThreads) hq_s[(i / 16) * kHSuperPieces + i % 16] = src[i];
-    for (int i = threadIdx.x; i < top_k * nb; i += kMoeThreads) {
-      hd_s[i] = hd[t * top_k * nb + i];
-      hs_s[i] = hs[t * top_k * nb + i];
-    }
-  }
-  __syncthreads();
   float acc = 0.0f;
   run_regions(ra, rb, items, region[group], lane, piece_of, [&](int item, const bytes16* sp) {
     const int j = slot_of(item), ks = item % k_steps;
+    const int64_t pair = t * top_k + j;
     const int sb = ks * kDownLanes + lane % kDownLanes;
     if (sb < supers) {
-      const bytes16* qv = hq_s + (j * supers + sb) * kHSuperPieces;
-      const float* d8 = hd_s + j * nb + sb * kSuperBlocks;
-      const float* s8 = hs_s + j * nb + sb * kSuperBlocks;
+      const bytes16* qv = reinterpret_cast<const bytes16*>(hq + pair * inter + sb * kSuperBlocks * kQK);
+      const float* d8 = hd + pair * nb + sb * kSuperBlocks;
+      const float* s8 = hs + pair * nb + sb * kSuperBlocks;
 #pragma unroll
       for (int p = 0; p < kSuperBlocks / 2; ++p) {
         pair_accumulate(acc, pair_in_lds(sp, p), qv + 4 * p, d8[2 * p], d8[2 * p + 1], s8[2 * p], s8[2 * p + 1]);
