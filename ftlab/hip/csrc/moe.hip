@@ -1,7 +1,8 @@
 // moe.hip — device code of the routed experts of Qwen3-MoE at decode: per (token, slot)
 // matvecs, gate/up + SwiGLU then down weighted and summed over the slots, for Q4_0 banks
 // through the int8 dot and for dense banks in fp32. The router and align step are in
-// moe_route.hip, the prefill grouped GEMMs in moe_gemm.hip.
+// moe_route.hip, the prefill grouped GEMMs in moe_gemm.hip, the decode kernels for banks of
+// whole-superblock rows in moe_regions.hip.
 //
 // Contract: docs/OPS.md section 3 (moe_experts); reference: ftlab/reference/moe.py.
 // Includes moe_common.h (then q4_0_common.h and port.h) only: the gfx compile check compiles
@@ -14,7 +15,6 @@ namespace ftlab {
 
 constexpr int kLanesPerRow = 8;                        // lanes sharing a Q4_0 weight row
 constexpr int kGateUpThreads = 2 * kQK * kLanesPerRow; // 64 weight rows (32 gate + 32 up): 512
-constexpr int kMaxSlots = 32;                          // top_k of the decode kernels
 
 // Q8_1 of one row of nb blocks into LDS (block b's q at words 9b..9b+7, d[b], s[b]), four
 // threads a block, eight elements each, amax and sum by shuffles: q8_1_block's arithmetic
@@ -147,26 +147,6 @@ __device__ __forceinline__ float q4_row_dot(const Super& first, bool have_first,
   return acc;
 }
 
-// h = silu(g) * u for the 32 rows of gu (g at gu[i], u at gu[32 + i]), by lane i of a whole
-// 32-lane group, written as one Q8_1 block (q[i]; lane 0 writes *d and *s): the arithmetic of
-// quantize_q8_1_kernel on fp32 h.
-__device__ __forceinline__ void silu_mul_q8_1(const float* gu, int i, int8_t* q, float* d, float* s) {
-  const float g = gu[i];
-  const float h = g / (1.0f + port_expf(-g)) * gu[kQK + i];
-  float amax = __builtin_fabsf(h);
-#pragma unroll
-  for (int off = kMoeGroup / 2; off > 0; off >>= 1) amax = __builtin_fmaxf(amax, port_shfl_xor(amax, off));
-  const float dd = port_div_rn(amax, 127.0f);
-  int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(h, dd)));
-  q[i] = static_cast<int8_t>(qi);
-#pragma unroll
-  for (int off = kMoeGroup / 2; off > 0; off >>= 1) qi += port_shfl_xor(qi, off);
-  if (i == 0) {
-    *d = dd;
-    *s = dd * static_cast<float>(qi);
-  }
-}
-
 // One block of 512 threads per (pair, 32 rows of h): 64 weight rows (32 gate, 32 up) of
 // expert ids[pair], 8 lanes a row; each lane asks the L2 for its superblocks (where the target
 // has the hint; else it loads its first one into registers), then x[pair / k] is quantized
@@ -231,8 +211,6 @@ __global__ void __launch_bounds__(kGateUpThreads)
 // One block per (token, 8 rows of y): group g takes slots g, g + 8, ..., 4 lanes a row, each
 // slot's int8 dot of its expert's down row with that pair's Q8_1 h (read from memory); then
 // y[t, n] = sum_j w[t, j] * part_j, the slots in order. Invalid ids read nothing.
-constexpr int kDownLanes = 4;
-constexpr int kDownRows = kMoeGroup / kDownLanes;  // 8 rows of y per block
 
 template <typename T>
 __global__ void __launch_bounds__(kMoeThreads)
@@ -268,240 +246,6 @@ __global__ void __launch_bounds__(kMoeThreads)
       if (e >= 0 && e < num_experts) acc += wts[t * top_k + j] * parts[j][threadIdx.x];
     }
     y[t * y_stride + n0 + threadIdx.x] = T::from_float(acc);
-  }
-}
-
-// ------------------------------------------------------------------ decode experts, Q4_0, regions
-// For banks whose rows are superblock-aligned (`wide`): the weights are read as
-// q4_0_mv_fused_kernel reads them. A 32-lane group owns regions of 32/G rows x G consecutive
-// superblocks of each row; it loads a region with 16-byte loads, lane l taking piece 32t + l
-// (t = 0..8), so a load instruction covers 512 bytes of at most 32/G row segments (contiguous
-// where the rows are); stores it to its own 4608 bytes of LDS; and lane l reads back superblock
-// l (row l / G, superblock l % G of the region) at a 144-byte stride, free of bank conflicts.
-// A lane reading its own superblock straight from memory instead makes each load instruction
-// touch 32 scattered, half-used sectors (48% of the sectors excess, by ncu).
-constexpr int kRegionPieces = kMoeGroup * kSuperPieces;  // 288 pieces: 4608 bytes
-constexpr int kRegionGroups = kMoeThreads / kMoeGroup;   // 8 groups a block
-
-// Piece t of lane's share of region (rows base, base + row_stride, ... of which `rows` exist;
-// superblocks ks * G .. ks * G + G - 1 of `supers`): its address, or null past them.
-template <int G>
-__device__ __forceinline__ const bytes16* region_piece(const uint8_t* base, int64_t row_stride, int rows, int supers,
-                                                       int ks, int t, int lane) {
-  constexpr int kSetPieces = G * kSuperPieces;  // pieces of one row in a region
-  const int p = t * kMoeGroup + lane;
-  const int rr = p / kSetPieces, q = p - rr * kSetPieces;
-  if (rr >= rows || ks * G + q / kSuperPieces >= supers) return nullptr;
-  return reinterpret_cast<const bytes16*>(base + rr * row_stride) + ks * kSetPieces + q;
-}
-
-// A group's walk over its `items` regions, kRegionBuffers of them in registers at a time (one
-// where the target has the L2 hint: the kernels then ask the L2 for the later regions up front,
-// and the registers stay few enough for two blocks an SM; two elsewhere). load_region issues the
-// loads of one region (the caller starts the first kRegionBuffers items, ra then rb);
-// run_regions then, per item, stores its pieces to the group's LDS (lds, 288 pieces), issues the
-// loads of item + kRegionBuffers into the freed registers and calls consume(item, sp) with the
-// lane's superblock in LDS (sp: 9 pieces), which it reads block pair by block pair
-// (pair_in_lds). piece_of(item, t) gives the address of the lane's piece t of region `item` or
-// null (read as zeros). Every lane of the group runs the same items (consume may shuffle within
-// the group). Two buffers on CUDA too took 171 registers (one block an SM) and were slower:
-// 21.2 against 15.9 us at batch 1, 122 against 96 us at batch 8 (Qwen3-30B-A3B's experts).
-constexpr int kRegionBuffers = PORT_HAS_L2_PREFETCH ? 1 : 2;
-
-template <typename PieceOf>
-__device__ __forceinline__ void load_region(bytes16* r, int item, int items, PieceOf piece_of) {
-#pragma unroll
-  for (int t = 0; t < kSuperPieces; ++t) {
-    const bytes16* src = item < items ? piece_of(item, t) : nullptr;
-    r[t] = src ? *src : bytes16{};
-  }
-}
-
-template <typename PieceOf, typename Consume>
-__device__ __forceinline__ void region_step(bytes16* r, int item, int items, bytes16* lds, int lane,
-                                            PieceOf piece_of, Consume consume) {
-#pragma unroll
-  for (int t = 0; t < kSuperPieces; ++t) lds[t * kMoeGroup + lane] = r[t];
-  port_sync_group();
-  if (item + kRegionBuffers < items) load_region(r, item + kRegionBuffers, items, piece_of);
-  consume(item, lds + lane * kSuperPieces);
-  port_sync_group();  // every read of this region before the next one is stored
-}
-
-template <typename PieceOf, typename Consume>
-__device__ __forceinline__ void run_regions(bytes16* ra, bytes16* rb, int items, bytes16* lds, int lane,
-                                            PieceOf piece_of, Consume consume) {
-  for (int item = 0; item < items; item += kRegionBuffers) {
-    region_step(ra, item, items, lds, lane, piece_of, consume);
-    if (kRegionBuffers == 2 && item + 1 < items) region_step(rb, item + 1, items, lds, lane, piece_of, consume);
-  }
-}
-
-// Asks the L2 for the regions from item `from` on (one piece in 8 of the lane's: 128 bytes).
-template <typename PieceOf>
-__device__ __forceinline__ void prefetch_regions(int from, int items, int lane, PieceOf piece_of) {
-  for (int item = from; item < items; ++item) {
-#pragma unroll
-    for (int t = 0; t < kSuperPieces; ++t) {
-      const bytes16* src = (t * kMoeGroup + lane) % 8 == 0 ? piece_of(item, t) : nullptr;
-      if (src) port_prefetch_l2(src);
-    }
-  }
-}
-
-// Block pair p of the superblock at sp (9 pieces in LDS): its words 9p..9p+8 lie in pieces
-// 2p..2p+2, from word p of them on.
-__device__ __forceinline__ Q4Pair pair_in_lds(const bytes16* sp, int p) {
-  uint32_t w[12];
-#pragma unroll
-  for (int c = 0; c < 3; ++c) words_of(sp[2 * p + c], &w[4 * c]);
-  return pair_of(w + p, 0);
-}
-
-// The 8 block terms of the superblock at sp (LDS) against activation record rec.
-__device__ __forceinline__ float super_record_dot(const bytes16* sp, const uint32_t* rec) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int p = 0; p < kSuperBlocks / 2; ++p) pair_accumulate_record(acc, pair_in_lds(sp, p), rec, p);
-  return acc;
-}
-
-// moe_gate_up_q4_kernel for wide banks: one block of 256 threads per (pair, 32 rows of h), the
-// same 64 weight rows (32 gate, 32 up) and the same h, in regions of 4 rows x 8 superblocks.
-// Group w takes gate rows 4w..4w+3 (set 0) and up rows 4w..4w+3 (set 1), K-step by K-step; x's
-// Q8_1 is quantized into activation records (quantize_records) while the first two regions'
-// loads are in flight. Same outputs and conventions as moe_gate_up_q4_kernel, whose h
-// arithmetic it shares; the dot of a row sums its superblocks' terms per lane, then over the 8
-// lanes (xor 1, 2, 4).
-constexpr int kGateUpLanes = 8;  // lanes per row: a region is 4 rows x 8 superblocks
-
-template <typename T>
-__global__ void __launch_bounds__(kMoeThreads)
-    moe_gate_up_q4_regions_kernel(const typename T::storage* __restrict__ x, int64_t x_stride,
-                                  const uint8_t* __restrict__ bank, int64_t e_stride, int64_t row_bytes,
-                                  const int32_t* __restrict__ ids, int8_t* __restrict__ hq, float* __restrict__ hd,
-                                  float* __restrict__ hs, int num_experts, int hidden, int inter, int top_k,
-                                  const uint8_t* __restrict__ down_bank, int64_t down_e_stride, int64_t down_bytes) {
-  __shared__ bytes16 region[kRegionGroups][kRegionPieces];
-  __shared__ bytes16 xrec_v[kMaxQ8Blocks / kSuperBlocks * kRecordWords / 4];
-  __shared__ float gu[2 * kQK];
-  uint32_t* xrec = reinterpret_cast<uint32_t*>(xrec_v);
-  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): ids and x only after this
-  port_pdl_trigger();
-  const int64_t pair = blockIdx.x;
-  const int e = ids[pair];
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kQK;
-  const int64_t hb = pair * (inter / kQK) + blockIdx.y;  // h's Q8_1 block
-  if (e < 0 || e >= num_experts) {
-    if (threadIdx.x < kQK / 4) reinterpret_cast<uint32_t*>(hq + pair * inter + n0)[threadIdx.x] = 0u;
-    if (threadIdx.x == 0) hd[hb] = hs[hb] = 0.0f;
-    return;
-  }
-  const int nb = hidden / kQK, supers = nb / kSuperBlocks;
-  const int k_steps = (supers + kGateUpLanes - 1) / kGateUpLanes;
-  const int items = 2 * k_steps;
-  const int group = threadIdx.x / kMoeGroup, lane = threadIdx.x % kMoeGroup;
-  constexpr int kSetRows = kMoeGroup / kGateUpLanes;  // 4
-  const uint8_t* gate0 = bank + e * e_stride + (n0 + kSetRows * group) * row_bytes;
-  const uint8_t* up0 = gate0 + static_cast<int64_t>(inter) * row_bytes;
-  auto piece_of = [&](int item, int t) {
-    const int set = item / k_steps;
-    return region_piece<kGateUpLanes>(set == 0 ? gate0 : up0, row_bytes, kSetRows, supers, item - set * k_steps, t,
-                                      lane);
-  };
-  bytes16 ra[kSuperPieces], rb[kRegionBuffers == 2 ? kSuperPieces : 1];
-  load_region(ra, 0, items, piece_of);
-  if (kRegionBuffers == 2) load_region(rb, 1, items, piece_of);
-  if (PORT_HAS_L2_PREFETCH) {
-    prefetch_regions(kRegionBuffers, items, lane, piece_of);
-    if (down_bank != nullptr) {  // this block's share of expert e's down matrix, 128-byte lines
-      const int64_t share = (down_bytes + gridDim.y * 128 - 1) / (gridDim.y * 128) * 128;
-      const int64_t begin = blockIdx.y * share, end = begin + share < down_bytes ? begin + share : down_bytes;
-      const uint8_t* base = down_bank + e * down_e_stride;
-      for (int64_t off = begin + threadIdx.x * 128; off < end; off += kMoeThreads * 128) port_prefetch_l2(base + off);
-    }
-  }
-  quantize_records<T, 1, kMoeThreads>(x + (pair / top_k) * x_stride, 0, nb, threadIdx.x, xrec);
-  __syncthreads();
-  float acc = 0.0f;
-  run_regions(ra, rb, items, region[group], lane, piece_of, [&](int item, const bytes16* sp) {
-    const int set = item / k_steps, ks = item - set * k_steps;
-    const int sb = ks * kGateUpLanes + lane % kGateUpLanes;
-    if (sb < supers) acc += super_record_dot(sp, xrec + sb * kRecordWords);
-    if (ks == k_steps - 1) {  // the set's rows are done: reduce over the 8 lanes of each row
-#pragma unroll
-      for (int off = 1; off < kGateUpLanes; off <<= 1) acc += port_shfl_xor(acc, off);
-      if (lane % kGateUpLanes == 0) gu[set * kQK + kSetRows * group + lane / kGateUpLanes] = acc;
-      acc = 0.0f;
-    }
-  });
-  __syncthreads();
-  if (threadIdx.x < kQK) silu_mul_q8_1(gu, threadIdx.x, hq + pair * inter + n0, hd + hb, hs + hb);
-}
-
-// moe_down_q4_kernel for wide banks: one block per (token, 8 rows of y); group g takes slots
-// g, g + 8, ..., each slot's 8 rows in regions of 8 rows x 4 superblocks, the lane's superblock
-// against that pair's Q8_1 h (read from memory, 16-byte loads); then y as moe_down_q4_kernel
-// forms it. Invalid ids read no expert memory.
-template <typename T>
-__global__ void __launch_bounds__(kMoeThreads)
-    moe_down_q4_regions_kernel(const int8_t* __restrict__ hq, const float* __restrict__ hd,
-                               const float* __restrict__ hs, const uint8_t* __restrict__ bank, int64_t e_stride,
-                               int64_t row_bytes, const int32_t* __restrict__ ids, const float* __restrict__ wts,
-                               typename T::storage* __restrict__ y, int64_t y_stride, int num_experts, int hidden,
-                               int inter, int top_k) {
-  __shared__ bytes16 region[kRegionGroups][kRegionPieces];
-  __shared__ float parts[kMaxSlots][kDownRows];
-  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl)
-  port_pdl_trigger();
-  const int64_t t = blockIdx.x;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kDownRows;
-  const int group = threadIdx.x / kMoeGroup, lane = threadIdx.x % kMoeGroup;
-  const int rows = hidden - n0 < kDownRows ? static_cast<int>(hidden - n0) : kDownRows;
-  const int nb = inter / kQK, supers = nb / kSuperBlocks;
-  const int k_steps = (supers + kDownLanes - 1) / kDownLanes;
-  const int slots = group < top_k ? (top_k - 1 - group) / kRegionGroups + 1 : 0;
-  const int items = slots * k_steps;
-  auto slot_of = [&](int item) { return group + kRegionGroups * (item / k_steps); };
-  auto piece_of = [&](int item, int tt) -> const bytes16* {
-    const int e = ids[t * top_k + slot_of(item)];
-    if (e < 0 || e >= num_experts) return nullptr;
-    return region_piece<kDownLanes>(bank + e * e_stride + n0 * row_bytes, row_bytes, rows, supers,
-                                          item % k_steps, tt, lane);
-  };
-  bytes16 ra[kSuperPieces], rb[kRegionBuffers == 2 ? kSuperPieces : 1];
-  load_region(ra, 0, items, piece_of);
-  if (kRegionBuffers == 2) load_region(rb, 1, items, piece_of);
-  if (PORT_HAS_L2_PREFETCH) prefetch_regions(kRegionBuffers, items, lane, piece_of);
-  float acc = 0.0f;
-  run_regions(ra, rb, items, region[group], lane, piece_of, [&](int item, const bytes16* sp) {
-    const int j = slot_of(item), ks = item % k_steps;
-    const int64_t pair = t * top_k + j;
-    const int sb = ks * kDownLanes + lane % kDownLanes;
-    if (sb < supers) {
-      const bytes16* qv = reinterpret_cast<const bytes16*>(hq + pair * inter + sb * kSuperBlocks * kQK);
-      const float* d8 = hd + pair * nb + sb * kSuperBlocks;
-      const float* s8 = hs + pair * nb + sb * kSuperBlocks;
-#pragma unroll
-      for (int p = 0; p < kSuperBlocks / 2; ++p) {
-        pair_accumulate(acc, pair_in_lds(sp, p), qv + 4 * p, d8[2 * p], d8[2 * p + 1], s8[2 * p], s8[2 * p + 1]);
-      }
-    }
-    if (ks == k_steps - 1) {  // the slot's rows are done: reduce over the 4 lanes of each row
-#pragma unroll
-      for (int off = 1; off < kDownLanes; off <<= 1) acc += port_shfl_xor(acc, off);
-      if (lane % kDownLanes == 0) parts[j][lane / kDownLanes] = acc;
-      acc = 0.0f;
-    }
-  });
-  __syncthreads();
-  if (threadIdx.x < kDownRows && n0 + threadIdx.x < hidden) {
-    float sum = 0.0f;
-    for (int j = 0; j < top_k; ++j) {
-      const int e = ids[t * top_k + j];
-      if (e >= 0 && e < num_experts) sum += wts[t * top_k + j] * parts[j][threadIdx.x];
-    }
-    y[t * y_stride + n0 + threadIdx.x] = T::from_float(sum);
   }
 }
 
@@ -579,13 +323,6 @@ __global__ void __launch_bounds__(kMoeThreads)
   template __global__ void moe_down_q4_kernel<T>(const int8_t*, const float*, const float*, const uint8_t*, \
                                                  int64_t, int64_t, const int32_t*, const float*, T::storage*, \
                                                  int64_t, int, int, int, int, bool);                    \
-  template __global__ void moe_gate_up_q4_regions_kernel<T>(const T::storage*, int64_t, const uint8_t*,     \
-                                                            int64_t, int64_t, const int32_t*, int8_t*, float*, \
-                                                            float*, int, int, int, int, const uint8_t*, int64_t, \
-                                                            int64_t);                                           \
-  template __global__ void moe_down_q4_regions_kernel<T>(const int8_t*, const float*, const float*,           \
-                                                         const uint8_t*, int64_t, int64_t, const int32_t*,      \
-                                                         const float*, T::storage*, int64_t, int, int, int, int); \
   template __global__ void moe_gate_up_dense_kernel<T>(const T::storage*, int64_t, const T::storage*,    \
                                                        int64_t, int64_t, const int32_t*, float*, int, int, \
                                                        int, int);                                       \

@@ -44,4 +44,30 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// The decode experts (moe.hip, moe_regions.hip): top_k at most kMaxSlots; the down kernels give a
+// block 8 rows of y, kDownLanes lanes a row.
+constexpr int kMaxSlots = 32;
+constexpr int kDownLanes = 4;
+constexpr int kDownRows = kMoeGroup / kDownLanes;  // 8 rows of y per block
+
+// h = silu(g) * u for the 32 rows of gu (g at gu[i], u at gu[32 + i]), by lane i of a whole
+// 32-lane group, written as one Q8_1 block (q[i]; lane 0 writes *d and *s): the arithmetic of
+// quantize_q8_1_kernel on fp32 h.
+__device__ __forceinline__ void silu_mul_q8_1(const float* gu, int i, int8_t* q, float* d, float* s) {
+  const float g = gu[i];
+  const float h = g / (1.0f + port_expf(-g)) * gu[kQK + i];
+  float amax = __builtin_fabsf(h);
+#pragma unroll
+  for (int off = kMoeGroup / 2; off > 0; off >>= 1) amax = __builtin_fmaxf(amax, port_shfl_xor(amax, off));
+  const float dd = port_div_rn(amax, 127.0f);
+  int qi = amax == 0.0f ? 0 : static_cast<int>(round_half_away(port_div_rn(h, dd)));
+  q[i] = static_cast<int8_t>(qi);
+#pragma unroll
+  for (int off = kMoeGroup / 2; off > 0; off >>= 1) qi += port_shfl_xor(qi, off);
+  if (i == 0) {
+    *d = dd;
+    *s = dd * static_cast<float>(qi);
+  }
+}
+
 }  // namespace ftlab

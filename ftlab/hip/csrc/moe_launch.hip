@@ -7,6 +7,7 @@
 
 #include "launch_common.h"
 #include "moe.hip"
+#include "moe_regions.hip"
 #include "moe_gemm.hip"
 #include "moe_route.hip"
 
