@@ -6,6 +6,7 @@ Every captured call takes the next of ``--copies`` weight sets (more bytes than 
 
     python benchmarks/time_decode_kernels.py [--copies 16] [--only qkv,o_proj,experts,router,input,post,...]
     python benchmarks/time_decode_kernels.py --eager 3    # a few eager calls of each, for ncu
+    python benchmarks/time_decode_kernels.py --eager 3 --only "experts at batch 8"  # one case
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def cases(copies: int, dev: torch.device):
     nxt8 = cycle(picks8)
     fns = {b: (lambda b=b: ops.moe_experts(x8, gu, dn, wts8, nxt8(), backend=b))
            for b in ("hip", "triton") if b in backends.available_backends("moe_experts", dev, torch.bfloat16)}
-    yield (f"experts, batch 8 ({unique:.1f} distinct experts of 128)", int(unique * 3 * INTER * H // 32 * 18), fns)
+    yield (f"experts at batch 8 ({unique:.1f} distinct experts of 128)", int(unique * 3 * INTER * H // 32 * 18), fns)
 
     routers = [torch.randn(E, H, device=dev, generator=gen).bfloat16() for _ in range(copies)]
     nr = cycle(routers)

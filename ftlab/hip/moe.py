@@ -197,8 +197,8 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     inter = w_down.shape[-1]
     dev = x.device
     y = x.new_empty((t, hidden))
-    if t == 0:
-        return y
+    if t == 0 or top_k == 0:  # no slots: y is an empty sum
+        return y.zero_()
     x = x if x.stride(1) == 1 else x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()
     wts = topk_weights.contiguous()

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ftlab.testing as ft
-from ftlab import ops
+from ftlab import backends, ops
 from ftlab.reference.moe import align_capacity
 from ftlab.testing.moe import check_invalid_ids_read_nothing
 
@@ -320,14 +320,15 @@ def wide_expert_cases(draw):
     """Decode cases whose Q4_0 rows are whole superblocks (H and I multiples of 256), where
     hip's decode experts read their weights in regions: H of 1, 3 or 9 superblocks (9: a
     second, partial K-step of the gate/up regions), I of 1, 3 or 5 (5: two K-steps of the
-    down regions), top-k past the block's 8 groups, invalid slots."""
+    down regions), top-k past the block's 8 groups, tokens that leave the down kernel's last
+    block of 64 / k tokens partial (k = 10, 20), invalid slots."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(draw(st.integers(0, 2**31 - 1)))
     t = draw(st.sampled_from([1, 2, 5, 8]))
     e = draw(st.sampled_from([4, 12]))
-    k = draw(st.sampled_from([1, 3, 8, 10]))
+    k = draw(st.sampled_from([1, 3, 8, 10, 20]))
     h = 256 * draw(st.sampled_from([1, 3, 9]))
-    inter = 256 * draw(st.sampled_from([1, 3] + ([5] if k <= 4 else [])))  # k * I <= 8192
+    inter = 256 * draw(st.sampled_from([n for n in (1, 3, 5) if k * 256 * n <= 8192]))  # k * I <= 8192
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
     x = torch.randn(t, h, device=dev, generator=gen).to(dtype)
     gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5)
@@ -338,7 +339,7 @@ def wide_expert_cases(draw):
 
 
 @pytest.mark.gpu
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(wide_expert_cases())
 def test_experts_wide_rows_gpu(case):
     ft.check_experts_case(*case, device="cuda")
@@ -349,6 +350,30 @@ def test_experts_wide_rows_gpu(case):
 @pytest.mark.parametrize("dims", [(64, 64), (256, 256)])  # (256, 256): hip's region kernels
 def test_invalid_ids_read_nothing_gpu(backend, dims):
     check_invalid_ids_read_nothing(backend, "cuda", dims)
+
+
+def check_no_slots_give_zeros(device: str) -> None:
+    """top_k = 0 (topk_ids [T, 0]): y is an empty sum, zeros, on every backend, Q4_0 (whole
+    superblock rows: hip's region kernels) and dense banks."""
+    dev = torch.device(device)
+    x = torch.randn(3, 256, device=dev).bfloat16()
+    q4 = tuple(ops.quantize_q4_0(torch.randn(4, n, 256, device=dev)) for n in (512, 256))
+    dense = (torch.randn(4, 512, 256, device=dev).bfloat16(), torch.randn(4, 256, 256, device=dev).bfloat16())
+    ids, wts = torch.zeros(3, 0, dtype=torch.int32, device=dev), torch.zeros(3, 0, device=dev)
+    for backend in backends.available_backends("moe_experts", dev, x.dtype):
+        for gu, dn in (q4, dense):
+            for t in (1, 3):
+                y = ops.moe_experts(x[:t], gu, dn, wts[:t], ids[:t], backend=backend)
+                assert y.shape == (t, 256) and y.dtype == x.dtype and not y.any(), (backend, type(gu).__name__, t)
+
+
+def test_no_slots_give_zeros_cpu():
+    check_no_slots_give_zeros("cpu")
+
+
+@pytest.mark.gpu
+def test_no_slots_give_zeros_gpu():
+    check_no_slots_give_zeros("cuda")
 
 
 @pytest.mark.gpu

@@ -293,10 +293,11 @@ def test_llama_shape_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [8192, 8256, 9216, 14336, 18432])
 def test_long_rows_gpu(k):
-    """hip's matvecs on long rows (K of 256 to 576 blocks: the fused one at 8192 up to M = 4, the
-    two-launch one past it and at M = 5; 64-block chunk counts even and odd, a partial last chunk
-    at 8256): within the bound of the reference, row counts that leave partial row sets; the same
-    bits on a second call and replayed from a graph."""
+    """hip's matvecs on long rows (K of 256 to 576 blocks): the fused one given x's Q8_1 where
+    M x K fits its LDS (8192 up to M = 4, 9216 up to M = 2, 14336 and 18432 at M = 1), the
+    two-launch one elsewhere (M = 5, K = 8256; 64-block chunk counts even and odd, a partial last
+    chunk at 8256): within the bound of the reference, row counts that leave partial row sets; the
+    same bits on a second call and replayed from a graph."""
     if "hip" not in backends.available_backends("q4_0_matmul", torch.device("cuda"), torch.bfloat16):
         pytest.skip("hip cannot serve q4_0_matmul on this GPU")
     gen = torch.Generator().manual_seed(k)

@@ -105,11 +105,11 @@ DecodeArgs decode_args(const TensorView& x, const TensorView& w_gate_up, const T
       << "banks must be w_gate_up [E, 2I, H] and w_down [E, H, I] of one kind";
   TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == t && y.size(1) == hidden && fp_of(y, "y") == fp_of(x, "x"), ValueError)
       << "y must be [T, H] in x's dtype";
-  TVM_FFI_CHECK(hidden <= kDecodeFloats && top_k * inter <= kDecodeFloats && top_k <= kMaxSlots &&
+  TVM_FFI_CHECK(hidden <= kDecodeFloats && top_k * inter <= kDecodeFloats && top_k >= 1 && top_k <= kMaxSlots &&
                     hidden % kQK == 0 && inter % kQK == 0,
                 ValueError)
-      << "the decode experts take H and k * I up to " << kDecodeFloats << ", multiples of 32, and k <= "
-      << kMaxSlots;
+      << "the decode experts take H and k * I up to " << kDecodeFloats << ", multiples of 32, and 1 <= k <= "
+      << kMaxSlots << ", got H = " << hidden << ", I = " << inter << ", k = " << top_k;
   return {t, hidden, inter, top_k, gu, dn};
 }
 
@@ -139,8 +139,10 @@ void launch_decode_q4(const DecodeArgs& a, const TensorView& x, const TensorView
   if (wide(a.gu) && wide(a.dn)) {  // superblock-aligned rows: the region kernels (coalesced loads)
     launch_pdl(moe_gate_up_q4_regions_kernel<T>, gu_grid, dim3(kMoeThreads), st, xp, x.stride(0), gp, a.gu.e_stride,
                a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, np, a.dn.e_stride, down_bytes);
-    launch_pdl(moe_down_q4_regions_kernel<T>, dn_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride,
-               a.dn.row_stride, ip, wp, yp, y.stride(0), experts, hidden, inter, k);
+    const int per_block = kDownPairs / k;  // tokens a down block
+    const dim3 rg_grid(cdiv(a.t, per_block), cdiv(a.hidden, kDownRows));
+    launch_pdl(moe_down_q4_regions_kernel<T>, rg_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride,
+               a.dn.row_stride, ip, wp, yp, y.stride(0), experts, hidden, inter, k, static_cast<int>(a.t), per_block);
     return;
   }
   launch_pdl(moe_gate_up_q4_kernel<T>, gu_grid, dim3(kGateUpThreads), st, xp, x.stride(0), gp, a.gu.e_stride,
