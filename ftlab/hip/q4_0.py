@@ -2,8 +2,8 @@
 
 q4_0_matmul implements the int8 path only. Up to 4 rows (decode), where K is a multiple of 256
 and the activations fit its LDS: the fused (region) matvec, which takes the int8 dot and writes
-the result in the activations' dtype, quantizing the activations to Q8_1 itself up to K = 2048
-(one launch) and given them quantized past it; else Q8_1 activations, then the
+the result in the activations' dtype, quantizing the activations to Q8_1 itself for one row up
+to K = 2048 (one launch), otherwise given them quantized; else Q8_1 activations, then the
 LDS-staged int8-dot matvec (up to 8 rows; it writes y in x's dtype, launched dependent on the
 quantization) or the dp4a-tiled GEMM (prefill).
 """
@@ -56,11 +56,12 @@ def matvec_ok(w: Q4_0Weight) -> bool:
 
 FUSED_X_BYTES = 28 * 1024  # kFusedXBytes: LDS for the activation records of the fused matvec
 SUPER_K = 256  # 8 Q4_0 blocks: the fused matvec's unit of K
-# Up to here the fused matvec quantizes x itself (one launch); longer rows are quantized first
-# (quantize_q8_1) and the fused matvec is given their Q8_1: every block of the one-launch form
-# quantizes all of x, which costs more than the launch it saves once K is long (H200, M = 1,
-# bf16, DRAM-cycled weights: 4096 x 8192 15.5 against 11.3 us, 14336 x 4096 16.1 against 14.3,
-# 4096 x 14336 26.5 against 17.1; results/2026-12-02-nvidia-h200-matvec-fused-q8.txt).
+# For one row up to here the fused matvec quantizes x itself (one launch); longer rows, and
+# several rows, are quantized first (quantize_q8_1) and the fused matvec is given their Q8_1:
+# every block of the one-launch form quantizes all of x, which costs more than the launch it
+# saves (H200, bf16, DRAM-cycled weights, results/2026-12-02-nvidia-h200-matvec-fused-q8*.txt:
+# M = 1 4096 x 8192 15.5 against 11.3 us, 14336 x 4096 16.1 against 14.3, 4096 x 14336 26.5
+# against 17.1; M = 4 5120 x 2048 13.8 against 8.8; M = 1 5120 x 2048 5.7 against 5.8).
 FUSED_QUANTIZE_MAX_K = 2048
 
 
@@ -89,7 +90,7 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
         x_q8 = Q8_1(x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone())  # the kernels read 16-byte (4-byte) pieces
     if fused_matvec_ok(x, w):
         y = x.new_empty((m, n))
-        if x_q8 is None and x.shape[1] > FUSED_QUANTIZE_MAX_K:
+        if x_q8 is None and (m > 1 or x.shape[1] > FUSED_QUANTIZE_MAX_K):
             x_q8 = quantize_q8_1(x)
         if x_q8 is not None:
             jit.on_device(x.device, lambda: module.q4_0_mv_fused_q8(w.data, x_q8.q, x_q8.d, x_q8.s, y))

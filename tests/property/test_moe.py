@@ -320,8 +320,7 @@ def wide_expert_cases(draw):
     """Decode cases whose Q4_0 rows are whole superblocks (H and I multiples of 256), where
     hip's decode experts read their weights in regions: H of 1, 3 or 9 superblocks (9: a
     second, partial K-step of the gate/up regions), I of 1, 3 or 5 (5: two K-steps of the
-    down regions), top-k past the block's 8 groups, tokens that leave the down kernel's last
-    block of 64 / k tokens partial (k = 10, 20), invalid slots."""
+    down regions), top-k past the block's 8 groups (10, 20), invalid slots."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(draw(st.integers(0, 2**31 - 1)))
     t = draw(st.sampled_from([1, 2, 5, 8]))

@@ -49,9 +49,6 @@ __device__ __forceinline__ float group_sum(float v) {
 constexpr int kMaxSlots = 32;
 constexpr int kDownLanes = 4;
 constexpr int kDownRows = kMoeGroup / kDownLanes;  // 8 rows of y per block
-// moe_down_q4_regions_kernel: a block takes the (token, slot) pairs of kDownPairs / k tokens (k <=
-// kMaxSlots, so at least 2), its 8 groups walking them in turn.
-constexpr int kDownPairs = 64;
 
 // h = silu(g) * u for the 32 rows of gu (g at gu[i], u at gu[32 + i]), by lane i of a whole
 // 32-lane group, written as one Q8_1 block (q[i]; lane 0 writes *d and *s): the arithmetic of

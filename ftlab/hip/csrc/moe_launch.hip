@@ -139,10 +139,8 @@ void launch_decode_q4(const DecodeArgs& a, const TensorView& x, const TensorView
   if (wide(a.gu) && wide(a.dn)) {  // superblock-aligned rows: the region kernels (coalesced loads)
     launch_pdl(moe_gate_up_q4_regions_kernel<T>, gu_grid, dim3(kMoeThreads), st, xp, x.stride(0), gp, a.gu.e_stride,
                a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, np, a.dn.e_stride, down_bytes);
-    const int per_block = kDownPairs / k;  // tokens a down block
-    const dim3 rg_grid(cdiv(a.t, per_block), cdiv(a.hidden, kDownRows));
-    launch_pdl(moe_down_q4_regions_kernel<T>, rg_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride,
-               a.dn.row_stride, ip, wp, yp, y.stride(0), experts, hidden, inter, k, static_cast<int>(a.t), per_block);
+    launch_pdl(moe_down_q4_regions_kernel<T>, dn_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride,
+               a.dn.row_stride, ip, wp, yp, y.stride(0), experts, hidden, inter, k);
     return;
   }
   launch_pdl(moe_gate_up_q4_kernel<T>, gu_grid, dim3(kGateUpThreads), st, xp, x.stride(0), gp, a.gu.e_stride,

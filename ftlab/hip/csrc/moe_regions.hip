@@ -179,43 +179,32 @@ __global__ void __launch_bounds__(kMoeThreads)
   if (threadIdx.x < kQK) silu_mul_q8_1(gu, threadIdx.x, hq + pair * inter + n0, hd + hb, hs + hb);
 }
 
-// moe_down_q4_kernel for wide banks: one block per (kDownPairs / k tokens, 8 rows of y); the
-// block's (token, slot) pairs are walked by its 8 groups in turn (group g: pairs g, g + 8, ...),
-// each pair's 8 rows in regions of 8 rows x 4 superblocks, the lane's superblock against that
-// pair's Q8_1 h (read from memory, 16-byte loads); then y as moe_down_q4_kernel forms it, token by
-// token. Several tokens a block give a group several regions to stream (with the later ones asked
-// of the L2 up front) where one token a block gave it one; each pair's arithmetic, and so y, is
-// the same either way. per_block = kDownPairs / k, from the launcher (divided there: a division
-// by k in the kernel took it from 102 to 128 registers and spills on sm_90). Invalid ids read no
-// expert memory.
+// moe_down_q4_kernel for wide banks: one block per (token, 8 rows of y); group g takes slots
+// g, g + 8, ..., each slot's 8 rows in regions of 8 rows x 4 superblocks, the lane's superblock
+// against that pair's Q8_1 h (read from memory, 16-byte loads); then y as moe_down_q4_kernel
+// forms it. Invalid ids read no expert memory.
 template <typename T>
 __global__ void __launch_bounds__(kMoeThreads)
     moe_down_q4_regions_kernel(const int8_t* __restrict__ hq, const float* __restrict__ hd,
                                const float* __restrict__ hs, const uint8_t* __restrict__ bank, int64_t e_stride,
                                int64_t row_bytes, const int32_t* __restrict__ ids, const float* __restrict__ wts,
                                typename T::storage* __restrict__ y, int64_t y_stride, int num_experts, int hidden,
-                               int inter, int top_k, int num_tokens, int per_block) {
+                               int inter, int top_k) {
   __shared__ bytes16 region[kRegionGroups][kRegionPieces];
-  __shared__ float parts[kDownPairs][kDownRows];
+  __shared__ float parts[kMaxSlots][kDownRows];
   port_pdl_wait();  // launched dependent on the kernel before (launch_pdl)
   port_pdl_trigger();
-  const int t0 = static_cast<int>(blockIdx.x) * per_block;  // T <= DECODE_MAX_TOKENS (moe.py)
-  const int tokens = num_tokens - t0 < per_block ? num_tokens - t0 : per_block;
-  const int pairs = tokens * top_k;  // the block's pairs: t0 * top_k + 0 .. pairs - 1
+  const int64_t t = blockIdx.x;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kDownRows;
   const int group = threadIdx.x / kMoeGroup, lane = threadIdx.x % kMoeGroup;
   const int rows = hidden - n0 < kDownRows ? static_cast<int>(hidden - n0) : kDownRows;
   const int nb = inter / kQK, supers = nb / kSuperBlocks;
   const int k_steps = (supers + kDownLanes - 1) / kDownLanes;
-  const int mine = group < pairs ? (pairs - 1 - group) / kRegionGroups + 1 : 0;
-  const int items = mine * k_steps;
-  const int32_t* b_ids = ids + t0 * top_k;  // the block's pairs, from here on
-  const int8_t* b_hq = hq + static_cast<int64_t>(t0) * top_k * inter;
-  const float* b_hd = hd + t0 * top_k * nb;
-  const float* b_hs = hs + t0 * top_k * nb;
-  auto local_of = [&](int item) { return group + kRegionGroups * (item / k_steps); };
+  const int slots = group < top_k ? (top_k - 1 - group) / kRegionGroups + 1 : 0;
+  const int items = slots * k_steps;
+  auto slot_of = [&](int item) { return group + kRegionGroups * (item / k_steps); };
   auto piece_of = [&](int item, int tt) -> const bytes16* {
-    const int e = b_ids[local_of(item)];
+    const int e = ids[t * top_k + slot_of(item)];
     if (e < 0 || e >= num_experts) return nullptr;
     return region_piece<kDownLanes>(bank + e * e_stride + n0 * row_bytes, row_bytes, rows, supers,
                                           item % k_steps, tt, lane);
@@ -226,18 +215,19 @@ __global__ void __launch_bounds__(kMoeThreads)
   if (PORT_HAS_L2_PREFETCH) prefetch_regions(kRegionBuffers, items, lane, piece_of);
   float acc = 0.0f;
   run_regions(ra, rb, items, region[group], lane, piece_of, [&](int item, const bytes16* sp) {
-    const int j = local_of(item), ks = item % k_steps;
+    const int j = slot_of(item), ks = item % k_steps;
+    const int64_t pair = t * top_k + j;
     const int sb = ks * kDownLanes + lane % kDownLanes;
     if (sb < supers) {
-      const bytes16* qv = reinterpret_cast<const bytes16*>(b_hq + j * inter + sb * kSuperBlocks * kQK);
-      const float* d8 = b_hd + j * nb + sb * kSuperBlocks;
-      const float* s8 = b_hs + j * nb + sb * kSuperBlocks;
+      const bytes16* qv = reinterpret_cast<const bytes16*>(hq + pair * inter + sb * kSuperBlocks * kQK);
+      const float* d8 = hd + pair * nb + sb * kSuperBlocks;
+      const float* s8 = hs + pair * nb + sb * kSuperBlocks;
 #pragma unroll
       for (int p = 0; p < kSuperBlocks / 2; ++p) {
         pair_accumulate(acc, pair_in_lds(sp, p), qv + 4 * p, d8[2 * p], d8[2 * p + 1], s8[2 * p], s8[2 * p + 1]);
       }
     }
-    if (ks == k_steps - 1) {  // the pair's rows are done: reduce over the 4 lanes of each row
+    if (ks == k_steps - 1) {  // the slot's rows are done: reduce over the 4 lanes of each row
 #pragma unroll
       for (int off = 1; off < kDownLanes; off <<= 1) acc += port_shfl_xor(acc, off);
       if (lane % kDownLanes == 0) parts[j][lane / kDownLanes] = acc;
@@ -245,15 +235,13 @@ __global__ void __launch_bounds__(kMoeThreads)
     }
   });
   __syncthreads();
-  const int tl = threadIdx.x / kDownRows, r = threadIdx.x % kDownRows;  // thread: (token tl, row r)
-  if (tl < tokens && r < rows) {
-    const int t = t0 + tl;
+  if (threadIdx.x < kDownRows && n0 + threadIdx.x < hidden) {
     float sum = 0.0f;
     for (int j = 0; j < top_k; ++j) {
       const int e = ids[t * top_k + j];
-      if (e >= 0 && e < num_experts) sum += wts[t * top_k + j] * parts[tl * top_k + j][r];
+      if (e >= 0 && e < num_experts) sum += wts[t * top_k + j] * parts[j][threadIdx.x];
     }
-    y[static_cast<int64_t>(t) * y_stride + n0 + r] = T::from_float(sum);
+    y[t * y_stride + n0 + threadIdx.x] = T::from_float(sum);
   }
 }
 
@@ -265,8 +253,7 @@ __global__ void __launch_bounds__(kMoeThreads)
                                                             int64_t);                                           \
   template __global__ void moe_down_q4_regions_kernel<T>(const int8_t*, const float*, const float*,           \
                                                          const uint8_t*, int64_t, int64_t, const int32_t*,      \
-                                                         const float*, T::storage*, int64_t, int, int, int, int, \
-                                                         int, int);
+                                                         const float*, T::storage*, int64_t, int, int, int, int);
 FTLAB_MOE_REGIONS_INSTANTIATE(f32_t)
 FTLAB_MOE_REGIONS_INSTANTIATE(f16_t)
 FTLAB_MOE_REGIONS_INSTANTIATE(bf16_t)
