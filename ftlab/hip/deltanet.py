@@ -1,7 +1,7 @@
 """The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` (JIT-built, cached):
-a block per (sequence, value head, 16 state columns) with its state slice in registers. Decode
-is one step written back in place; prefill is the recurrence scanned token by token over the
-sequence (not the chunked form; ``chunk_size`` does not change it). Dk up to 128."""
+a block per (sequence, value head, 16 or 32 state columns) with its state slice in registers.
+Decode is one step written back in place; prefill is the recurrence scanned token by token over
+the sequence (not the chunked form; ``chunk_size`` does not change it). Dk up to 128."""
 
 from __future__ import annotations
 
@@ -36,13 +36,17 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     return o, final
 
 
-def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool):
-    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in place)."""
+def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, cols: int = 0):
+    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in place).
+
+    A block of 256 threads per (sequence, value head, ``cols`` state columns), 16-byte state
+    accesses when Dv % 4 == 0 and the state is 16-byte aligned. ``cols``: 16 or 32, or 0 to pick
+    (16 when 32 would give fewer than 256 blocks)."""
     _check_dk(q.shape[-1])
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     module = jit.module_for("deltanet", q.device)
     jit.on_device(
         q.device,
-        lambda: module.gated_delta_step(q, k, v, g, beta, state, o, float(scale), l2norm_qk),
+        lambda: module.gated_delta_step(q, k, v, g, beta, state, o, float(scale), l2norm_qk, int(cols)),
     )
     return o

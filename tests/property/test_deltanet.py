@@ -210,6 +210,34 @@ def test_bound_catches_mistakes(decay):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cols", [16, 32])
+@pytest.mark.parametrize(
+    "dk, dv, aligned", [(128, 128, True), (128, 128, False), (64, 37, True), (100, 20, True), (32, 200, False)]
+)
+def test_hip_step_block_widths_gpu(cols, dk, dv, aligned):
+    """HIP's decode step at both block widths (16 and 32 state columns a block), on its 16-byte
+    state accesses (Dv % 4 == 0, the state aligned) and on its scalar ones (odd Dv, or a state 4
+    bytes off 16-byte alignment), partial column blocks included, against the exact step within
+    the derived bound (fp32: this is about which state element goes where)."""
+    from ftlab.hip import deltanet as hip_dn
+
+    gen = torch.Generator().manual_seed(dk + dv + cols)
+    q, k, v, g, beta, state = _inputs(gen, 3, 1, 2, 4, dk, dv, torch.float32, with_state=True)
+    scale = dk**-0.5
+    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, True)
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, True, chunk_size=1)
+    dev = torch.device("cuda")
+    buf = torch.full((state.numel() + 1,), 7.0, device=dev)  # one slot beside the state, never written
+    got_s = (buf[:-1] if aligned else buf[1:]).view(state.shape)
+    got_s.copy_(state)
+    assert (got_s.data_ptr() % 16 == 0) == aligned
+    o = hip_dn.gated_delta_step(*(x[:, 0].to(dev) for x in (q, k, v, g, beta)), got_s, scale, True, cols)
+    assert bool(((o.cpu().double() - exact_o[:, 0]).abs() <= o_bound[:, 0]).all())
+    assert bool(((got_s.cpu().double() - exact_s).abs() <= s_bound).all())
+    assert float(buf[-1 if aligned else 0]) == 7.0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "hip"])
 def test_gated_delta_step_graph_replays(backend):
     """The decode step captured in a CUDA/HIP graph replays to the eager result, the state

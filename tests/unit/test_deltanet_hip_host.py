@@ -40,11 +40,20 @@ def _ptr(t: torch.Tensor):
 
 
 @pytest.mark.parametrize(
-    "b, t, hk, hv, dk, dv, l2norm",
-    [(1, 0, 1, 2, 16, 40, True), (2, 0, 2, 4, 128, 32, True), (1, 9, 1, 2, 32, 48, True), (2, 5, 2, 2, 100, 16, False)],
+    "b, t, hk, hv, dk, dv, l2norm, cols, vec",
+    [
+        (1, 0, 1, 2, 16, 40, True, 16, True),
+        (1, 0, 1, 2, 16, 40, True, 32, True),  # a partial last block of columns
+        (2, 0, 2, 4, 128, 32, True, 32, True),
+        (1, 0, 2, 2, 100, 37, False, 32, False),  # Dv % 4 != 0: the scalar accesses
+        (1, 0, 1, 1, 128, 20, True, 16, False),
+        (1, 9, 1, 2, 32, 48, True, 0, False),
+        (2, 5, 2, 2, 100, 16, False, 0, False),
+    ],
 )
-def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm):
-    """t = 0: the decode step on one token; else the prefill scan over t tokens."""
+def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, cols, vec):
+    """t = 0: the decode step on one token (``cols`` state columns a block, 16-byte accesses
+    when ``vec``); else the prefill scan over t tokens."""
     gen = torch.Generator().manual_seed(b + t + dk)
     steps = max(t, 1)
     q = torch.randn(b, steps, hk, dk, generator=gen)
@@ -57,7 +66,7 @@ def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm):
     got_state = state.clone()
     o = torch.full((b, steps, hv, dv), float("nan"))
     harness.run(_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(got_state), _ptr(o), b, t, hk, hv, dk, dv,
-                ctypes.c_float(scale), int(l2norm))  # fmt: skip
+                ctypes.c_float(scale), int(l2norm), cols, int(vec))  # fmt: skip
     exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, l2norm)
     o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, l2norm, chunk_size=1)
     assert bool(((o.double() - exact_o).abs() <= o_bound).all()), float((o.double() - exact_o).abs().max())

@@ -102,39 +102,160 @@ __device__ __forceinline__ float dn_token(DnShared& sh, float (&s)[kDnMaxPer], i
   return o * (l2norm ? 1.0f / port_sqrtf(qq + 1e-6f) : 1.0f) * scale;
 }
 
+// ---------------------------------------------------------------- the decode step
+// A block of kDsThreads owns 4 * Quads state columns of one (sequence, value head): thread
+// (r, c) = (tid / Quads, tid % Quads) keeps columns 4c .. 4c + 3 of rows r, r + R, ... (R =
+// kDsThreads / Quads row threads, Dk <= kDnMaxDk), so a wave's load covers whole 16-byte column
+// quads of consecutive rows (16-byte loads and stores when `vec`: Dv % 4 == 0 and the state
+// 16-byte aligned; else four guarded scalar accesses). The sums over Dk are reduced over a
+// wave's row threads by lane exchange (masks Quads .. 16: within 32 lanes, any wave size), then
+// over the block's kDsGroups 32-lane groups through shared memory: two barriers for the two
+// sums and one for q, k.
+constexpr int kDsThreads = 256;
+constexpr int kDsGroups = kDsThreads / 32;
+
+template <int Quads>
+struct DsShared {
+  float q[kDnMaxDk], k[kDnMaxDk];
+  float part[kDsGroups][4 * Quads], part_o[kDsGroups][4 * Quads];
+  float kk[kDsGroups], qq[kDsGroups];
+};
+
+// Sum over the row threads of a 32-lane group (lanes Quads apart), every lane the total.
+template <int Quads>
+__device__ __forceinline__ float ds_rows_sum(float x) {
+#pragma unroll
+  for (int m = Quads; m < 32; m *= 2) x += port_shfl_xor(x, m);
+  return x;
+}
+
+__device__ __forceinline__ void ds_load(const float* p, bool vec, int left, float out[4]) {
+  if (vec) {
+    load4f(p, out);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out[j] = j < left ? p[j] : 0.0f;
+}
+
+__device__ __forceinline__ void ds_store(float* p, bool vec, int left, const float in[4]) {
+  if (vec) {
+    store4f(p, in);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (j < left) p[j] = in[j];
+}
+
 // q, k [B, Hk, Dk]; v, o [B, Hv, Dv]; g, beta [B, Hv] fp32; state [B, Hv, Dk, Dv] fp32 in place.
-// Grid (B * Hv, ceil(Dv / kDnCols)).
-template <typename T>
-__global__ void __launch_bounds__(kDnThreads)
+// Grid (B * Hv, ceil(Dv / (4 * Quads))), kDsThreads threads.
+template <typename T, int Quads>
+__global__ void __launch_bounds__(kDsThreads)
     gated_delta_step_kernel(const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
                             const typename T::storage* __restrict__ v, const float* __restrict__ g,
                             const float* __restrict__ beta, float* __restrict__ state,
                             typename T::storage* __restrict__ o, int hk, int hv, int dk, int dv, float scale,
-                            int l2norm) {
-  __shared__ DnShared sh;
-  const int bh = blockIdx.x, b = bh / hv, h = bh % hv;
+                            int l2norm, int vec) {
+  constexpr int kRowThreads = kDsThreads / Quads, kPer = kDnMaxDk / kRowThreads;
+  static_assert(kDsThreads % Quads == 0 && kDnMaxDk % kRowThreads == 0 && Quads <= 16, "block shape");
+  __shared__ DsShared<Quads> sh;
+  const int tid = threadIdx.x, bh = blockIdx.x, b = bh / hv, h = bh % hv;
   const int kh = h / (hv / hk);
-  const int r = threadIdx.x / kDnCols, c = threadIdx.x % kDnCols;
-  const int col = blockIdx.y * kDnCols + c;
-  const bool live = col < dv;
+  const int r = tid / Quads, c = tid % Quads, group = tid / 32;
+  const int col = blockIdx.y * 4 * Quads + 4 * c, left = dv - col;  // this thread's columns: col .. col + 3
+  const bool live = left > 0;
   const int64_t head = static_cast<int64_t>(b) * hk + kh;
-  const DnToken tok = dn_fetch<T>(q + head * dk, k + head * dk, v + static_cast<int64_t>(bh) * dv + col, g + bh,
-                                  beta + bh, dk, live);
-  float* s_col = state + static_cast<int64_t>(bh) * dk * dv + col;
-  float s[kDnMaxPer];
+  if (tid < kDnMaxDk) sh.q[tid] = tid < dk ? T::load(q + head * dk + tid) : 0.0f;
+  else if (tid < 2 * kDnMaxDk) sh.k[tid - kDnMaxDk] = tid - kDnMaxDk < dk ? T::load(k + head * dk + tid - kDnMaxDk) : 0.0f;
+  float* s_cols = state + static_cast<int64_t>(bh) * dk * dv + col;
+  float s[kPer][4];
 #pragma unroll
-  for (int m = 0; m < kDnMaxPer; ++m) {
-    const int i = r + m * kDnRows;
-    s[m] = live && i < dk ? s_col[static_cast<int64_t>(i) * dv] : 0.0f;
-  }
-  const float out = dn_token(sh, s, r, c, tok, scale, l2norm != 0);
-  if (!live) return;
+  for (int m = 0; m < kPer; ++m) {
+    const int i = r + m * kRowThreads;
+    if (live && i < dk) ds_load(s_cols + static_cast<int64_t>(i) * dv, vec != 0, left, s[m]);
+    else
 #pragma unroll
-  for (int m = 0; m < kDnMaxPer; ++m) {
-    const int i = r + m * kDnRows;
-    if (i < dk) s_col[static_cast<int64_t>(i) * dv] = s[m];
+      for (int j = 0; j < 4; ++j) s[m][j] = 0.0f;
   }
-  if (r == 0) o[static_cast<int64_t>(bh) * dv + col] = T::from_float(out);
+  float vv[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) vv[j] = j < left ? T::load(v + static_cast<int64_t>(bh) * dv + col + j) : 0.0f;
+  const float decay = port_expf(g[bh]), bt = beta[bh];
+  __syncthreads();
+  // k^T S (per column) and |k|^2 over this thread's rows, then over the block
+  float kv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, kk = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const float ki = sh.k[r + m * kRowThreads];
+    kk += ki * ki;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[m][j] *= decay;
+      kv[j] += ki * s[m][j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) kv[j] = ds_rows_sum<Quads>(kv[j]);
+  kk = ds_rows_sum<Quads>(kk);
+  if (tid % 32 < Quads) {  // the group's first row thread of each column quad
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sh.part[group][4 * c + j] = kv[j];
+    if (c == 0) sh.kk[group] = kk;
+  }
+  __syncthreads();
+  kk = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) kv[j] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDsGroups; ++w) {
+    kk += sh.kk[w];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) kv[j] += sh.part[w][4 * c + j];
+  }
+  const float ks = l2norm ? 1.0f / port_sqrtf(kk + 1e-6f) : 1.0f;
+  float delta[4], ov[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) delta[j] = (vv[j] - kv[j] * ks) * bt;
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const float ki = sh.k[r + m * kRowThreads] * ks, qi = sh.q[r + m * kRowThreads];
+    qq += qi * qi;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[m][j] += ki * delta[j];
+      ov[j] += qi * s[m][j];
+    }
+  }
+  if (live)  // the new state goes out before the output's reduction
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int i = r + m * kRowThreads;
+      if (i < dk) ds_store(s_cols + static_cast<int64_t>(i) * dv, vec != 0, left, s[m]);
+    }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ov[j] = ds_rows_sum<Quads>(ov[j]);
+  qq = ds_rows_sum<Quads>(qq);
+  if (tid % 32 < Quads) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sh.part_o[group][4 * c + j] = ov[j];
+    if (c == 0) sh.qq[group] = qq;
+  }
+  __syncthreads();
+  if (r != 0 || !live) return;
+  qq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ov[j] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDsGroups; ++w) {
+    qq += sh.qq[w];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ov[j] += sh.part_o[w][4 * c + j];
+  }
+  const float qs = (l2norm ? 1.0f / port_sqrtf(qq + 1e-6f) : 1.0f) * scale;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (j < left) o[static_cast<int64_t>(bh) * dv + col + j] = T::from_float(ov[j] * qs);
 }
 
 // q, k [B, T, Hk, Dk]; v, o [B, T, Hv, Dv]; g, beta [B, T, Hv] fp32; state [B, Hv, Dk, Dv] fp32:
@@ -191,10 +312,13 @@ __global__ void __launch_bounds__(kDnThreads)
   }
 }
 
+#define FTLAB_DELTANET_STEP(T, Q)                                                                          \
+  template __global__ void gated_delta_step_kernel<T, Q>(const T::storage*, const T::storage*,              \
+                                                         const T::storage*, const float*, const float*, float*, \
+                                                         T::storage*, int, int, int, int, float, int, int);
 #define FTLAB_DELTANET_INSTANTIATE(T)                                                                          \
-  template __global__ void gated_delta_step_kernel<T>(const T::storage*, const T::storage*, const T::storage*, \
-                                                      const float*, const float*, float*, T::storage*, int, int, \
-                                                      int, int, float, int);                                   \
+  FTLAB_DELTANET_STEP(T, 4)                                                                                    \
+  FTLAB_DELTANET_STEP(T, 8)                                                                                    \
   template __global__ void gated_delta_scan_kernel<T>(const T::storage*, const T::storage*, const T::storage*, \
                                                       const float*, const float*, float*, T::storage*, int, int, \
                                                       int, int, int, float, int);

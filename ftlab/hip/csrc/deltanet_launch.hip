@@ -41,12 +41,18 @@ DnDims check_all(const TensorView& q, const TensorView& k, const TensorView& v, 
   return d;
 }
 
+// The decode step's columns a block (16 or 32; 0: 16 when 32 would give fewer than 256 blocks).
+int step_cols(const DnDims& d, int cols) {
+  TVM_FFI_CHECK(cols == 0 || cols == 16 || cols == 32, ValueError) << "cols must be 0, 16 or 32, got " << cols;
+  if (cols) return cols;
+  return d.b * d.hv * ((d.dv + 31) / 32) < 256 ? 16 : 32;
+}
+
 template <typename T>
 void launch(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
             const TensorView& beta, const TensorView& state, const TensorView& o, const DnDims& d, float scale,
-            int l2norm, bool seq) {
+            int l2norm, bool seq, int cols) {
   using S = typename T::storage;
-  const dim3 grid(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + kDnCols - 1) / kDnCols));
   const auto* qp = static_cast<const S*>(base_of(q));
   const auto* kp = static_cast<const S*>(base_of(k));
   const auto* vp = static_cast<const S*>(base_of(v));
@@ -57,42 +63,52 @@ void launch(const TensorView& q, const TensorView& k, const TensorView& v, const
   const int hk = static_cast<int>(d.hk), hv = static_cast<int>(d.hv), dk = static_cast<int>(d.dk),
             dv = static_cast<int>(d.dv);
   if (seq) {
+    const dim3 grid(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + kDnCols - 1) / kDnCols));
     gated_delta_scan_kernel<T><<<grid, kDnThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op,
                                                                       static_cast<int>(d.t), hk, hv, dk, dv, scale,
                                                                       l2norm);
     check_launch("gated_delta_scan_kernel");
-  } else {
-    gated_delta_step_kernel<T><<<grid, kDnThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op, hk, hv, dk, dv,
-                                                                      scale, l2norm);
-    check_launch("gated_delta_step_kernel");
+    return;
   }
+  // 16-byte state accesses when every row starts 16-byte aligned
+  const int vec = d.dv % 4 == 0 && reinterpret_cast<uintptr_t>(sp) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + cols - 1) / cols));
+  if (cols == 32)
+    gated_delta_step_kernel<T, 8><<<grid, kDsThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op, hk, hv, dk, dv,
+                                                                         scale, l2norm, vec);
+  else
+    gated_delta_step_kernel<T, 4><<<grid, kDsThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op, hk, hv, dk, dv,
+                                                                         scale, l2norm, vec);
+  check_launch("gated_delta_step_kernel");
 }
 
 void run(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state, TensorView o,
-         double scale, bool l2norm, bool seq) {
+         double scale, bool l2norm, bool seq, int64_t cols) {
   const DnDims d = check_all(q, k, v, g, beta, state, o, seq);
+  const int c = seq ? 0 : step_cols(d, static_cast<int>(cols));
   if (d.b * d.t == 0) return;
   const float sc = static_cast<float>(scale);
   switch (fp_of(q, "q")) {
-    case Fp::f32: launch<f32_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq); break;
-    case Fp::f16: launch<f16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq); break;
-    case Fp::bf16: launch<bf16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq); break;
+    case Fp::f32: launch<f32_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c); break;
+    case Fp::f16: launch<f16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c); break;
+    case Fp::bf16: launch<bf16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c); break;
   }
 }
 
 }  // namespace
 
-// One token: q, k [B, Hk, Dk], v, o [B, Hv, Dv], g, beta [B, Hv], state [B, Hv, Dk, Dv] in place.
+// One token: q, k [B, Hk, Dk], v, o [B, Hv, Dv], g, beta [B, Hv], state [B, Hv, Dk, Dv] in place;
+// cols: the state columns a block (16 or 32; 0 picks by the block count).
 void gated_delta_step(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
-                      TensorView o, double scale, bool l2norm) {
-  run(q, k, v, g, beta, state, o, scale, l2norm, false);
+                      TensorView o, double scale, bool l2norm, int64_t cols) {
+  run(q, k, v, g, beta, state, o, scale, l2norm, false, cols);
 }
 
 // A sequence: q, k [B, T, Hk, Dk], v, o [B, T, Hv, Dv], g, beta [B, T, Hv]; state holds the
 // initial state and receives the final one.
 void gated_delta_scan(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
                       TensorView o, double scale, bool l2norm) {
-  run(q, k, v, g, beta, state, o, scale, l2norm, true);
+  run(q, k, v, g, beta, state, o, scale, l2norm, true, 0);
 }
 
 }  // namespace ftlab

@@ -115,6 +115,37 @@ __device__ __forceinline__ void words_of(const bytes16& v, uint32_t out[4]) {
 #endif
 }
 
+// Four fp32 at p (16-byte aligned) in one 16-byte load / store.
+__device__ __forceinline__ void load4f(const float* p, float out[4]) {
+#if defined(PORT_CUDA)
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+#else
+  typedef float f4 __attribute__((ext_vector_type(4)));
+  const f4 v = *reinterpret_cast<const f4*>(p);
+  out[0] = v[0];
+  out[1] = v[1];
+  out[2] = v[2];
+  out[3] = v[3];
+#endif
+}
+__device__ __forceinline__ void store4f(float* p, const float in[4]) {
+#if defined(PORT_CUDA)
+  *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);
+#else
+  typedef float f4 __attribute__((ext_vector_type(4)));
+  f4 v;
+  v[0] = in[0];
+  v[1] = in[1];
+  v[2] = in[2];
+  v[3] = in[3];
+  *reinterpret_cast<f4*>(p) = v;
+#endif
+}
+
 // Eight consecutive elements at p as fp32: 16-byte loads when `vec` (p 16-byte aligned).
 template <typename T>
 __device__ __forceinline__ void load8(const typename T::storage* p, bool vec, float v[8]) {

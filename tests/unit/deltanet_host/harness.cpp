@@ -8,13 +8,13 @@
 using namespace ftlab;
 
 template <typename F>
-void run_grid(int blocks_x, int blocks_y, F kernel) {
+void run_grid(int blocks_x, int blocks_y, int threads, F kernel) {
   for (int by = 0; by < blocks_y; ++by)
     for (int bx = 0; bx < blocks_x; ++bx) {
-      std::barrier<> bar(kDnThreads);
+      std::barrier<> bar(threads);
       host_barrier = &bar;
       std::vector<std::thread> pool;
-      for (int t = 0; t < kDnThreads; ++t)
+      for (int t = 0; t < threads; ++t)
         pool.emplace_back([=] {
           blockIdx = {bx, by};
           threadIdx = {t, 0};
@@ -25,15 +25,21 @@ void run_grid(int blocks_x, int blocks_y, F kernel) {
     }
 }
 
-// tokens == 0: the decode step (q, k [B, Hk, Dk] ...); else the prefill scan over tokens.
+// tokens == 0: the decode step (q, k [B, Hk, Dk] ...) with step_cols (16 or 32) columns a block
+// and 16-byte state accesses when vec; else the prefill scan over tokens.
 extern "C" void run(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
-                    float* o, int b, int tokens, int hk, int hv, int dk, int dv, float scale, int l2norm) {
-  const int cols = (dv + kDnCols - 1) / kDnCols;
-  if (tokens == 0)
-    run_grid(b * hv, cols,
-             [=] { gated_delta_step_kernel<f32_t>(q, k, v, g, beta, state, o, hk, hv, dk, dv, scale, l2norm); });
+                    float* o, int b, int tokens, int hk, int hv, int dk, int dv, float scale, int l2norm,
+                    int step_cols, int vec) {
+  if (tokens == 0 && step_cols == 32)
+    run_grid(b * hv, (dv + 31) / 32, kDsThreads, [=] {
+      gated_delta_step_kernel<f32_t, 8>(q, k, v, g, beta, state, o, hk, hv, dk, dv, scale, l2norm, vec);
+    });
+  else if (tokens == 0)
+    run_grid(b * hv, (dv + 15) / 16, kDsThreads, [=] {
+      gated_delta_step_kernel<f32_t, 4>(q, k, v, g, beta, state, o, hk, hv, dk, dv, scale, l2norm, vec);
+    });
   else
-    run_grid(b * hv, cols, [=] {
+    run_grid(b * hv, (dv + kDnCols - 1) / kDnCols, kDnThreads, [=] {
       gated_delta_scan_kernel<f32_t>(q, k, v, g, beta, state, o, tokens, hk, hv, dk, dv, scale, l2norm);
     });
 }

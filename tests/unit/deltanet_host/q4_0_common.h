@@ -20,6 +20,18 @@ inline thread_local HostIdx threadIdx, blockIdx;
 inline std::barrier<>* host_barrier;
 inline void __syncthreads() { host_barrier->arrive_and_wait(); }
 inline float port_sqrtf(float x) { return std::sqrt(x); }
+// A lane exchange through a block-wide table: every thread of the block takes part in each call,
+// as the kernels call it (uniformly).
+inline float port_shfl_xor(float v, int lane_mask) {
+  static float table[1024];
+  table[threadIdx.x] = v;
+  __syncthreads();
+  const float got = table[threadIdx.x ^ lane_mask];
+  __syncthreads();
+  return got;
+}
+inline void load4f(const float* p, float out[4]) { std::memcpy(out, p, 16); }
+inline void store4f(float* p, const float in[4]) { std::memcpy(p, in, 16); }
 inline float port_expf(float x) { return std::exp(x); }
 struct f32_t {
   using storage = float;
