@@ -10,6 +10,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH_PIN := torch==2.13.0
+# pytest workers (pytest-xdist): one a core, at most 4
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: demo test venv toolchain lint clean
 
@@ -28,7 +30,7 @@ $(VENV)/.base: pyproject.toml $(VENV)/.torch
 
 $(VENV)/.test: pyproject.toml $(VENV)/.base
 	$(PIP) install -e ".[dev,notebooks,oracle]" 2>&1 | grep -v '^WARNING: Location' || true
-	@$(PY) -c "import hypothesis, nbclient, pytest, matplotlib" && touch $@
+	@$(PY) -c "import hypothesis, nbclient, pytest, matplotlib, xdist" && touch $@
 
 venv: $(VENV)/.test
 
@@ -52,7 +54,7 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test toolchain
 	$(VENV)/bin/ruff check ftlab tests
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check ftlab tests

@@ -21,6 +21,7 @@ import loads the cached library without running a compiler and an edited kernel 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -218,14 +219,34 @@ def _build(name: str, build_dir: Path, **kwargs) -> None:
     tvm_ffi.cpp.build(name, build_directory=str(build_dir), **kwargs)
 
 
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock between processes on ``path`` (``fcntl.flock``; none where the platform
+    has no fcntl), so that one process builds a module while others wait, then load it whole."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _load_cached(key: tuple, so: Path, build: Callable[[], None]):
     with _lock:
         if key not in _loaded:
             import tvm_ffi
 
-            if not so.exists():
-                build()
-            _loaded[key] = tvm_ffi.load_module(str(so))
+            # not tvm-ffi's "lock" in the same directory: its build takes that one itself
+            with _file_lock(so.parent / "load.lock"):
+                if not so.exists():
+                    build()
+                _loaded[key] = tvm_ffi.load_module(str(so))
         return _loaded[key]
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
 from pathlib import Path
 
 import torch
@@ -53,10 +55,29 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
     path = (
         root or cache_dir()
     ) / f"{name}-{spec_digest(name)}"  # a changed recipe gets a new directory
-    hybrid = name in HYBRID_MODELS
     if (path / "model-q4_0.gguf").is_file():
         return path
-    path.mkdir(parents=True, exist_ok=True)
+    # written into a directory of this process's, then renamed into place whole: a process that
+    # finds the directory finds every file complete (another may be writing the same model)
+    work = path.with_name(f"{path.name}.part-{os.getpid()}-{threading.get_ident()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        _write(name, work)
+        try:
+            os.rename(work, path)
+        except OSError:  # another process put it there first (or an older partial directory)
+            if not (path / "model-q4_0.gguf").is_file():
+                shutil.rmtree(path, ignore_errors=True)
+                os.rename(work, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+def _write(name: str, path: Path) -> None:
+    """Every file of tiny model ``name`` into ``path``."""
+    hybrid = name in HYBRID_MODELS
     tokenizer = train_tokenizer()
     tokenizer.save(str(path / "tokenizer.json"))
     config = hybrid_config(name, VOCAB_SIZE) if hybrid else hf_config(name)
@@ -69,8 +90,8 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
         weights = hybrid_weights(name, VOCAB_SIZE)
         save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
         write_hybrid_gguf(path / "model-f32.gguf", config, weights, tokenizer, QT.F32)
-        write_hybrid_gguf(path / "model-q4_0.gguf", config, weights, tokenizer, QT.Q4_0)  # written last: the marker
-        return path
+        write_hybrid_gguf(path / "model-q4_0.gguf", config, weights, tokenizer, QT.Q4_0)
+        return
 
     save_file(random_weights(name), str(path / "model.safetensors"), metadata={"format": "pt"})
     from ftlab.models.loader import load_hf, save_gguf
@@ -79,10 +100,7 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
     cfg, weights = load_hf(path, dtype=torch.float32, progress=False)
     meta = gguf_metadata(tokenizer)
     save_gguf(path / "model-f32.gguf", cfg, weights, metadata=meta)
-    save_gguf(
-        path / "model-q4_0.gguf", cfg, weights, quantize=True, metadata=meta
-    )  # written last: the marker
-    return path
+    save_gguf(path / "model-q4_0.gguf", cfg, weights, quantize=True, metadata=meta)
 
 
 def spec_digest(name: str) -> str:

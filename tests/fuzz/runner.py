@@ -201,7 +201,9 @@ def _spawn(target: str, source: Path, seeds: list[int], work: Path, case_seconds
             "--headroom-gib", str(headroom_gib), "--seeds", ",".join(map(str, seeds)),
             "--inject", ",".join(f"{s}:{f}" for s, f in inject.items())]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    # unbuffered: the parent reads what the pipe holds and splits the lines itself (a buffered
+    # readline could keep a second line in its buffer, where select no longer sees it)
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, bufsize=0)
 
 
 def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 2,
@@ -222,7 +224,8 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
             log = open(work / f"worker-{i}.log", "a")  # closed when the worker ends
             proc = _spawn(target, source, todo, work / f"worker-{i}", case_seconds, headroom_gib,
                           inject or {}, log)  # fmt: skip
-            state = {"i": i, "todo": todo, "current": None, "seen": time.monotonic(), "log": log, "ready": False}
+            state = {"i": i, "todo": todo, "current": None, "seen": time.monotonic(), "log": log, "ready": False,
+                     "pending": b""}  # fmt: skip
             selector.register(proc.stdout, selectors.EVENT_READ, (proc, state))
 
     def lost(proc, state, why: str) -> None:
@@ -245,8 +248,8 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
     while selector.get_map():
         for key, _ in selector.select(timeout=1.0):
             proc, state = key.data
-            line = proc.stdout.readline()
-            if not line:
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
                 code = proc.wait()
                 if state["current"] is not None or code != 0:
                     lost(proc, state, f"worker exited with {code} (signal {-code})" if code < 0
@@ -256,14 +259,16 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
                     state["log"].close()
                 continue
             state["seen"], state["ready"] = time.monotonic(), True
-            record = json.loads(line)
-            if "start" in record:
-                state["current"] = record
-            elif "outcome" in record:
-                state["current"] = None
-                report.records.append(record)
-            elif not record["ftlab"].startswith(str(ROOT)):
-                raise RuntimeError(f"the worker imported {record['ftlab']}, not the ftlab of {ROOT}")
+            *lines, state["pending"] = (state["pending"] + chunk).split(b"\n")
+            for line in lines:
+                record = json.loads(line)
+                if "start" in record:
+                    state["current"] = record
+                elif "outcome" in record:
+                    state["current"] = None
+                    report.records.append(record)
+                elif not record["ftlab"].startswith(str(ROOT)):
+                    raise RuntimeError(f"the worker imported {record['ftlab']}, not the ftlab of {ROOT}")
         for key in list(selector.get_map().values()):
             proc, state = key.data
             allowed = hang_seconds if state["ready"] else max(hang_seconds, startup_seconds)
