@@ -10,7 +10,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH_PIN := torch==2.13.0
-# pytest workers (pytest-xdist): one a core, at most 4
+# pytest workers (pytest-xdist): one a core, at most 4; 0: one process. A test file stays on
+# one worker (--dist loadfile): its module fixtures (a torchrun, a wheel build) run once.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: demo test venv toolchain lint clean
@@ -54,7 +55,7 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test toolchain
 	$(VENV)/bin/ruff check ftlab tests
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check ftlab tests

@@ -228,8 +228,13 @@ def _file_lock(path: Path):
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a")
+    except OSError:  # a read-only cache: nothing is built there, so nothing to wait for
+        yield
+        return
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

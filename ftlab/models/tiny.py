@@ -64,12 +64,21 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
     work.mkdir(parents=True)
     try:
         _write(name, work)
-        try:
-            os.rename(work, path)
-        except OSError:  # another process put it there first (or an older partial directory)
-            if not (path / "model-q4_0.gguf").is_file():
-                shutil.rmtree(path, ignore_errors=True)
+        for _ in range(3):
+            try:
                 os.rename(work, path)
+                break
+            except OSError:  # another process put it there first, or a partial directory is there
+                if (path / "model-q4_0.gguf").is_file():
+                    break
+                stale = path.with_name(f"{path.name}.stale-{os.getpid()}-{threading.get_ident()}")
+                try:  # moved aside whole (never deleted in place: a reader may hold it)
+                    os.rename(path, stale)
+                except OSError:
+                    pass
+                shutil.rmtree(stale, ignore_errors=True)
+        if not (path / "model-q4_0.gguf").is_file():
+            raise RuntimeError(f"could not put tiny model {name!r} in place at {path}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return path

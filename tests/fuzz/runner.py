@@ -255,6 +255,8 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
                     lost(proc, state, f"worker exited with {code} (signal {-code})" if code < 0
                          else f"worker exited with {code}")  # fmt: skip
                 else:
+                    if state["pending"]:
+                        raise RuntimeError(f"fuzz worker for {target} ended mid-line: {state['pending'][-200:]!r}")
                     selector.unregister(proc.stdout)
                     state["log"].close()
                 continue

@@ -199,7 +199,8 @@ def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
     tokens. Its logits are held to the dynamic step's within 1e-4 of the largest in the HF
     form; in the Q4_0 form the two attentions' last-bit difference (live positions against every
     slot under a mask) can move one Q8_1 rounding of an activation by a step, ~1e-3 of the
-    largest logit, so there the bit-for-bit check against the static step is the one that holds.
+    largest logit, so there the bit-for-bit check against the static step is the one that holds
+    (the dynamic step's logits within 1e-2 of the largest, a sanity bound).
     512 steps of the graph stay finite."""
     eager = Pipeline.load(name, "cuda", quant=quant, graphs=False, max_seq_len=600)
     graphed = Pipeline.load(name, "cuda", quant=quant, max_seq_len=600)
@@ -215,6 +216,8 @@ def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
         assert torch.equal(b, c), (step, float((b - c).abs().max()))
         if quant == "hf":
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+        else:  # one moved Q8_1 rounding was 1.2e-3 of the largest logit (benchmarks/NOTES.md)
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-2 * float(a.abs().max()))
     graphed.prefill(ids)
     logits = None
     for step in range(512):

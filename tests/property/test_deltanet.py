@@ -227,14 +227,15 @@ def test_hip_step_block_widths_gpu(cols, dk, dv, aligned):
     exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, True)
     o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, True, chunk_size=1)
     dev = torch.device("cuda")
-    buf = torch.full((state.numel() + 1,), 7.0, device=dev)  # one slot beside the state, never written
-    got_s = (buf[:-1] if aligned else buf[1:]).view(state.shape)
+    pad = 8 if aligned else 9  # floats before the state: 32 bytes, or 36 (4 bytes off 16-byte alignment)
+    buf = torch.full((pad + state.numel() + 8,), 7.0, device=dev)  # the slots around the state: never written
+    got_s = buf[pad : pad + state.numel()].view(state.shape)
     got_s.copy_(state)
     assert (got_s.data_ptr() % 16 == 0) == aligned
     o = hip_dn.gated_delta_step(*(x[:, 0].to(dev) for x in (q, k, v, g, beta)), got_s, scale, True, cols)
     assert bool(((o.cpu().double() - exact_o[:, 0]).abs() <= o_bound[:, 0]).all())
     assert bool(((got_s.cpu().double() - exact_s).abs() <= s_bound).all())
-    assert float(buf[-1 if aligned else 0]) == 7.0
+    assert bool((buf[:pad] == 7.0).all()) and bool((buf[pad + state.numel() :] == 7.0).all())
 
 
 @pytest.mark.gpu

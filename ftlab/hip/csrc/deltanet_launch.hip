@@ -43,7 +43,6 @@ DnDims check_all(const TensorView& q, const TensorView& k, const TensorView& v, 
 
 // The decode step's columns a block (16 or 32; 0: 16 when 32 would give fewer than 256 blocks).
 int step_cols(const DnDims& d, int cols) {
-  TVM_FFI_CHECK(cols == 0 || cols == 16 || cols == 32, ValueError) << "cols must be 0, 16 or 32, got " << cols;
   if (cols) return cols;
   return d.b * d.hv * ((d.dv + 31) / 32) < 256 ? 16 : 32;
 }
@@ -85,6 +84,7 @@ void launch(const TensorView& q, const TensorView& k, const TensorView& v, const
 void run(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state, TensorView o,
          double scale, bool l2norm, bool seq, int64_t cols) {
   const DnDims d = check_all(q, k, v, g, beta, state, o, seq);
+  TVM_FFI_CHECK(cols == 0 || cols == 16 || cols == 32, ValueError) << "cols must be 0, 16 or 32, got " << cols;
   const int c = seq ? 0 : step_cols(d, static_cast<int>(cols));
   if (d.b * d.t == 0) return;
   const float sc = static_cast<float>(scale);

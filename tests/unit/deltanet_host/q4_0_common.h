@@ -4,6 +4,7 @@
 // returns leaves the barrier (arrive_and_drop), as a finished GPU thread stops counting.
 #pragma once
 #include <barrier>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,7 @@ inline float port_sqrtf(float x) { return std::sqrt(x); }
 // A lane exchange through a block-wide table: every thread of the block takes part in each call,
 // as the kernels call it (uniformly).
 inline float port_shfl_xor(float v, int lane_mask) {
+  assert(lane_mask > 0 && lane_mask < 32);  // a device exchange stays within 32 lanes
   static float table[1024];
   table[threadIdx.x] = v;
   __syncthreads();
