@@ -1,15 +1,16 @@
 // deltanet.hip — the gated delta rule (Gated DeltaNet linear attention): decode step and prefill scan.
 // Contract: ftlab/ops/deltanet.py; reference: ftlab/reference/deltanet.py.
 //
-// A block owns kDnCols columns of one (sequence, value head)'s fp32 state S [Dk, Dv] and holds
-// them in registers: thread (r, c) keeps rows r, r + kDnRows, ... (at most kDnMaxPer of them,
-// so Dk <= kDnRows * kDnMaxPer) of column c. Per token: q and k of the key head h / (Hv / Hk)
-// go to shared memory and are L2-normalised there (x * rsqrt(sum x^2 + 1e-6)), then
+// Both kernels hold a slice of one (sequence, value head)'s fp32 state S [Dk, Dv] in registers.
+// Per token: q and k of the key head h / (Hv / Hk) go to shared memory and are L2-normalised
+// (x * rsqrt(sum x^2 + 1e-6)), then
 //   S *= exp(g); delta = (v - k^T S) * beta; S += outer(k, delta); o = (scale q)^T S
-// with the two column sums over Dk reduced through shared memory. The step kernel does one
-// token and writes the state back in place; the scan kernel runs the recurrence over all T
-// tokens of a sequence with the state in registers (the prefill: a token-by-token scan, not
-// the chunked form). fp32 throughout; o rounded once to v's dtype. Wave-size generic.
+// with the two column sums over Dk reduced across the block. The scan kernel (the prefill: a
+// token-by-token scan, not the chunked form) gives a block kDnCols columns, thread (r, c) rows
+// r, r + kDnRows, ... (at most kDnMaxPer, so Dk <= kDnRows * kDnMaxPer) of column c, and runs
+// the recurrence over all T tokens of a sequence. The step kernel (decode, one token, the state
+// written back in place) has its own layout of column quads, described above it. fp32
+// throughout; o rounded once to v's dtype. Wave-size generic.
 #pragma once
 #include "q4_0_common.h"
 
