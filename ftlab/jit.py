@@ -29,7 +29,7 @@ import platform as pyplatform
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,7 @@ ISA_ENV = "FTLAB_CPU_ISA"
 _loaded: dict[tuple, object] = {}
 _device_modules: dict[tuple[str, int], object] = {}
 _lock = threading.Lock()
+_recorders: list = []  # the launch recorder in effect (recording()), if any
 
 
 class ToolchainError(RuntimeError):
@@ -297,6 +298,8 @@ def load_gpu(name: str, plat: ftplatform.Platform | None = None):
 def load_cpu(name: str):
     """Build (once) and load the tvm-ffi module of ``cpu/csrc/<name>.cc``. Raises
     ToolchainError when this machine cannot build it."""
+    if _recorders:  # a CPU kernel's work is not a launch a recording can repeat
+        _recorders[-1].refuse(f"CPU module {name!r} called")
     flags = cpu_flags()
     loaded = _loaded.get(_cpu_key(name, flags))
     if loaded is not None:  # the per-call path (the cpu backend's every call): no hashing
@@ -317,13 +320,28 @@ def load_cpu(name: str):
     return _load_cached(_cpu_key(name, flags), build_dir / f"{name}.so", build)
 
 
+@contextlib.contextmanager
+def recording(recorder) -> Iterator[None]:
+    """Within: the GPU modules :func:`module_for` hands out are ``recorder.view(module)`` (whose
+    functions run and are recorded: :func:`ftlab.launches.record`), and :func:`load_cpu` calls
+    ``recorder.refuse(reason)`` (a CPU kernel's work is not a launch). Does not nest."""
+    if _recorders:
+        raise RuntimeError("already recording: recordings do not nest")
+    _recorders.append(recorder)
+    try:
+        yield
+    finally:
+        _recorders.clear()
+
+
 def module_for(name: str, device: torch.device):
-    """:func:`load_gpu` for a tensor's device, memoized per device: the per-call path of the ops."""
+    """:func:`load_gpu` for a tensor's device, memoized per device: the per-call path of the ops
+    (within :func:`recording`, the recorder's view of the module)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     module = _device_modules.get((name, index))
     if module is None:
         module = _device_modules[(name, index)] = load_gpu(name, ftplatform.current(device))
-    return module
+    return _recorders[-1].view(module) if _recorders else module
 
 
 _one_device: list[bool] = []  # [whether the process sees one GPU], once known

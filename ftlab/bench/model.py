@@ -37,6 +37,7 @@ from ftlab.bench.harness import (
     time_us,
 )
 from ftlab.models import layers as model_layers
+from ftlab.models.decode_launches import DecodeLaunches, NotReplayable
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe, Qwen3MoeConfig
 from ftlab.quant import QK, Q4_0Weight, QuantWeight
@@ -52,7 +53,9 @@ NOTES = [
     "graph: the same pass replayed from a captured CUDA graph (the static model, which reads every cache slot "
     "under a mask), validated against eager's logits (within 5% of the largest).",
     "decode: one token per sequence per step at position 512, graph = the whole step replayed from "
-    "a captured CUDA graph, eager = launched op by op from Python.",
+    "a captured CUDA graph, eager = launched op by op from Python, launches = eager's kernels launched from a "
+    "schedule recorded once (ftlab.models.decode_launches: no graph, the ops' Python run once), validated bit "
+    "for bit against the eager step.",
     "bound: the weight bytes a decode step reads (attention projections, router, the experts the step's "
     "tokens use, the lm_head, one embedding row per token) over the copy bandwidth measured in this run.",
     "For scale (given, not measured here): llama.cpp (CUDA, flash attention) on the same H200 runs a model "
@@ -273,10 +276,19 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
     k, e = config.num_experts_per_tok, config.num_experts
     used = e * (1 - (1 - k / e) ** batch)  # distinct experts a layer, expected under uniform routing
     nbytes = int(decode_bytes(config, weights, used, batch))
+    launched = None
+    if graph is not None:  # eager steps launched from a recorded schedule: the same kernels as eager's
+        try:
+            launched = DecodeLaunches(model, batch)
+            ok["launches"] = bool(torch.equal(launched(steps[0], positions), eager))
+        except NotReplayable as e:
+            report.notes.append(f"decode batch {batch}: no launch schedule ({e})")
     it = iter(range(1 << 62))
     times = {}
     if graph is not None:
         times["graph"] = timer(lambda: graph(steps[next(it) % 8], positions), 3, 20)
+    if launched is not None:
+        times["launches"] = timer(lambda: launched(steps[next(it) % 8], positions), 3, 20)
     times["eager"] = timer(lambda: model.forward(steps[next(it) % 8], positions), 2, 10)
     for mode, tm in times.items():
         label = f"decode batch {batch}: {batch / (tm * 1e-6):.0f} tokens/s"

@@ -288,7 +288,8 @@ class KVCache:
         """What every attention layer needs of ``positions [B, T]``, computed once a forward
         pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
         causal mask (boolean; :meth:`attend` makes its additive form once when captured, in this
-        dict: one forward pass's, not to be reused across captures), and the positions."""
+        dict: one forward pass's, not to be reused across captures), the positions, and for one
+        token a sequence (decode) each sequence's live positions (``lengths``, int32 ``[B]``)."""
         b, t = positions.shape
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
@@ -297,8 +298,11 @@ class KVCache:
         span = self.max_seq_len if self.static else int(positions.max()) + 1
         read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
         visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        return {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-                "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
+        geo = {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
+               "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
+        if t == 1:  # a decode step: each sequence's live positions, for ops.decode_attention
+            geo["lengths"] = (positions[:, -1] + 1).to(torch.int32)
+        return geo
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
                backends: dict[str, str], stored: bool = False,
@@ -324,8 +328,6 @@ class KVCache:
             vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
         op = decode_attention_backend(backends["decode_attention"], q, q.shape[2] // kvh, geo) if t == 1 else "auto"
         if op != "auto":  # a decode step through the op, when named (or DECODE_ATTENTION_HIP)
-            if "lengths" not in geo:  # each sequence's live positions: once a forward pass, on this path only
-                geo["lengths"] = (geo["positions"][:, -1] + 1).to(torch.int32)
             if not self.static:
                 keys, vals = keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd)
             res = ops.decode_attention(q.view(b, -1, hd), keys, vals, geo["lengths"], backend=op, quantize=quantize,

@@ -11,7 +11,9 @@ stage.
 
 On a CUDA/ROCm device the decode step replays a captured CUDA/HIP graph by default
 (``graphs="auto"``; :class:`DecodeGraph`, the model then runs in its static mode); on the CPU it
-runs eagerly, and ``graphs=False`` asks for eager decode on a GPU too. Arguments are checked
+runs eagerly, op by op. ``graphs=False`` asks for eager decode on a GPU: the static model's step,
+its layers' kernels launched from a schedule recorded at the first step (:class:`DecodeLaunches`;
+op by op where the layers do not record: :attr:`Pipeline.decode_path`). Arguments are checked
 when given (:mod:`ftlab.models.pipeline_args`): a bad one raises ``TypeError`` or ``ValueError``
 naming it, before any work.
 """
@@ -29,6 +31,7 @@ import torch
 from ftlab.models import layers as model_layers
 from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
+from ftlab.models.decode_launches import DecodeLaunches, NotReplayable
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline_args import backend_map
 from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
@@ -37,7 +40,7 @@ from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.models.tokenizer import Tokenizer
 from ftlab.models.tp_ranges import rank_experts, rank_heads, rank_ranges
 
-__all__ = ["DecodeGraph", "Pipeline", "StageDiff", "backend_map", "format_compare", "rank_experts", "rank_heads",
+__all__ = ["DecodeGraph", "DecodeLaunches", "Pipeline", "StageDiff", "backend_map", "format_compare", "rank_experts", "rank_heads",
            "rank_ranges", "timed_generate"]  # fmt: skip
 
 
@@ -98,7 +101,9 @@ class Pipeline:
     op's backend can run inside a capture (the reference cannot: it reads tensors on the host),
     and runs it eagerly otherwise and on the CPU; ``True`` captures (an error on the CPU, or with
     a backend that cannot be captured); ``False`` runs eagerly. When captured, the decode step replays a graph built at the first decode step, and
-    the model runs in its static mode (attention over every cache slot under a mask).
+    the model runs in its static mode (attention over every cache slot under a mask). Eager on a
+    GPU with backends that can be captured, the model is static too and the decode step launches
+    its layers' kernels from a recorded schedule (:attr:`decode_path`).
 
     ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``), for every model class: each
     layer keeps that many of its routed experts in GPU slots (least recently used out, moved
@@ -131,8 +136,16 @@ class Pipeline:
         hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
         self.hybrid = self._hybrid(hybrid_slots, ops) if hybrid_slots is not None else None
+        # graphs off on a GPU: the static model (no host synchronization in a step), its decode steps
+        # launched from a recorded schedule (DecodeLaunches) where the layers record cleanly
+        self._static_eager = (not self.graphs and weights.embed.device.type == "cuda" and not blocking
+                              and hybrid_slots is None and tp is None
+                              and hasattr(self.model_class, "layer_stages"))  # fmt: skip
         self.model = self._model(ops, self.hybrid)
         self._graph: DecodeGraph | None = None
+        self._launches: DecodeLaunches | None = None
+        #: why decode steps run op by op though graphs are off on a GPU (the recording's refusal), else None
+        self.launches_refused: str | None = None
         self.position = 0
 
     @classmethod
@@ -218,9 +231,13 @@ class Pipeline:
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         if self.model_class is Qwen3Next:
             return Qwen3Next(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                             q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid, tp=self.tp)  # fmt: skip
+                             q4_0_path=self.q4_0_path, static=self._static, hybrid=hybrid, tp=self.tp)  # fmt: skip
         return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                        q4_0_path=self.q4_0_path, static=self.graphs, hybrid=hybrid, tp=self.tp)  # fmt: skip
+                        q4_0_path=self.q4_0_path, static=self._static, hybrid=hybrid, tp=self.tp)  # fmt: skip
+
+    @property
+    def _static(self) -> bool:
+        return bool(self.graphs or self._static_eager)
 
     def _hybrid(self, slots: int, backends: dict[str, str]) -> list:
         from ftlab.hybrid import HybridDecodeExecutor
@@ -235,6 +252,18 @@ class Pipeline:
         """Whether decode steps are captured: graphs on (``"auto"`` on a GPU, or ``True``) and
         every hybrid layer's handshake (if any) can run inside a graph."""
         return self.graphs and all(ex.capturable for ex in self.hybrid or [])
+
+    @property
+    def decode_path(self) -> str:
+        """How a decode step runs: ``"graph"`` (a captured graph replayed), ``"launches"`` (graphs
+        off on a GPU: the layers' kernels launched from a schedule recorded at the first step,
+        :class:`DecodeLaunches`), or ``"eager"`` (op by op: the CPU, backends that read tensors on
+        the host, hybrid or tensor-parallel models, Qwen3-Next / Qwen3.5-MoE -- whose layers run
+        torch kernels between the ops -- or a recording refused: then :attr:`launches_refused`
+        says why)."""
+        if self.graph_capturable:
+            return "graph"
+        return "launches" if self._static_eager and self.launches_refused is None else "eager"
 
     @property
     def device(self) -> torch.device:
@@ -273,6 +302,14 @@ class Pipeline:
             if self._graph is None:
                 self._graph = DecodeGraph(self.model, 1)
             logits = self._graph(tok, pos)[0, -1].clone()
+        elif self.decode_path == "launches":
+            if self._launches is None:
+                try:
+                    self._launches = DecodeLaunches(self.model, 1)
+                except NotReplayable as e:
+                    self.launches_refused = str(e)
+            step = self._launches or self.model.forward
+            logits = step(tok, pos)[0, -1]
         else:
             logits = self.model.forward(tok, pos)[0, -1]
         self.model.end_step()

@@ -13,7 +13,7 @@ has fixed shapes and addresses (what a captured graph needs).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -331,19 +331,33 @@ class Qwen3Moe:
         hybrid_end_step(self.hybrid, self._routed)
 
     def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
-        """The forward pass of tokens ``[B, T]`` at ``positions [B, T]``, one named stage at a
+        """The forward pass of tokens ``[B, T]`` at positions ``[B, T]``, one named stage at a
         time: embed, layer i attention / router / experts, norm, logits. Each stage's
         ``main`` tensor is what comparisons between backends look at. ``last_only``: the final
         norm and the logits for the last position only (``[B, 1, V]``), as a prefill needs."""
-        c, w = self.config, self.weights
-        x = embed(w.embed, tokens, self.tp, not self.static, self.backends["index"])
+        x = self.embed(tokens)
         yield Stage("embed", {"hidden": x}, "hidden")
-        geo = self.geometry(positions, x.dtype)
+        x, moe = yield from self.layer_stages(x, positions, self.geometry(positions, x.dtype))
+        x = x + moe
+        yield Stage(f"layer {self.config.num_hidden_layers - 1} experts", {"experts": moe, "hidden": x}, "experts")
+        yield from self.head_stages(x, last_only)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of tokens ``[B, T]``: ``[B, T, H]``."""
+        return embed(self.weights.embed, tokens, self.tp, not self.static, self.backends["index"])
+
+    def layer_stages(self, x: torch.Tensor, positions: torch.Tensor, geo: dict) -> Generator[Stage, None, tuple]:
+        """Every layer over the embedded tokens ``x [B, T, H]`` (``geo``: :meth:`geometry` of
+        ``positions``), stage by stage up to the last layer's experts, whose stage is the caller's:
+        returns ``(x, moe)``, the last layer's residual stream and its experts' output, both
+        ``[B, T, H]``, not yet added. A decode step's layers are what
+        :class:`ftlab.models.pipeline.DecodeLaunches` records."""
+        c, w = self.config, self.weights
         eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]
         # each residual add is fused with the norm after it (ops.add_rmsnorm): the attention's
         # with the post-attention norm, the experts' with the next layer's input norm
         fuse = self._norm_in_router()  # the post-attention add and norm inside the router's launch
-        fuse_qkv = self._norm_in_qkv(tokens.numel())  # each input norm inside the q/k/v matvec
+        fuse_qkv = self._norm_in_qkv(positions.numel())  # each input norm inside the q/k/v matvec
         qkv = None
         if fuse_qkv:
             h, _, qkv = self._norm_qkv(0, x, None, eps)
@@ -369,13 +383,18 @@ class Qwen3Moe:
                 f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights"
             )
             moe = self.experts(i, h, weights, ids).view_as(x)
-            if i + 1 < c.num_hidden_layers and fuse_qkv:
+            if i + 1 == c.num_hidden_layers:
+                return x, moe
+            if fuse_qkv:
                 h, x, qkv = self._norm_qkv(i + 1, moe, x, eps)
-            elif i + 1 < c.num_hidden_layers:
-                h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb)
             else:
-                x = x + moe
+                h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb)
             yield Stage(f"layer {i} experts", {"experts": moe, "hidden": x}, "experts")
+
+    def head_stages(self, x: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
+        """The final norm and the logits of the residual stream ``x [B, T, H]`` after the last
+        layer (of its last position only with ``last_only``)."""
+        c, w = self.config, self.weights
         if last_only:
             x = x[:, -1:]
         x = rms_norm(x, w.norm, c.rms_norm_eps)

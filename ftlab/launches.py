@@ -1,0 +1,171 @@
+"""Launch schedules: a piece of work's native launches recorded once, then launched again from
+a loop, without the Python that chose them.
+
+A decode step of a model over ftlab's HIP kernels runs a few dozen op calls a layer. Each call's
+Python -- the op's dispatch, the backend's layout decisions, its output allocations -- costs tens
+of microseconds of host time, while its kernels take a few: launched op by op, the step is bound
+by the host (benchmarks/NOTES.md, "Eager decode"). Where every launch of the step goes through a
+tvm-ffi module of :func:`ftlab.jit.module_for` and nothing else does device work, those launches
+with their arguments *are* the step: :func:`record` runs the work once and keeps them, and
+:meth:`Schedule.launch` launches them again, in order, on the current stream (no graph: each is
+a kernel launch from the host, as op by op). This is what a static model's decode step is
+(fixed shapes and buffers: :class:`ftlab.models.layers.KVCache`), and what llama.cpp's eager path
+does with its pre-planned graph.
+
+Launching a schedule again is right only where the recorded work does nothing else, so
+:func:`record` watches and refuses (:class:`NotReplayable`, naming what it saw):
+
+- a torch operation that computes (anything but views and allocations: a kernel a replay would
+  not run), seen by a ``TorchDispatchMode``;
+- a Triton kernel launch (Triton's ``JITFunction.run``);
+- a CPU module asked for (:func:`ftlab.jit.load_cpu`);
+- a recorded function that returns a value (the Python after it may have used it).
+
+The tensors a schedule reads or writes are the ones of the recorded run: buffers allocated during
+it (kept alive by the schedule), and those it was given. Inputs that change from one launch to the
+next must be written into the recorded input tensors in place first (what
+:class:`ftlab.models.pipeline.DecodeLaunches` does with a step's embedded tokens and geometry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ftlab import jit
+
+__all__ = ["NotReplayable", "Schedule", "record"]
+
+#: torch operations a recording allows besides views: allocations (the buffers then belong to it)
+_ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+
+class NotReplayable(RuntimeError):
+    """The recorded work did something a schedule cannot launch again; ``reasons`` names each."""
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = list(reasons)
+        shown = "; ".join(self.reasons[:5]) + (f"; and {len(self.reasons) - 5} more" if len(self.reasons) > 5 else "")
+        super().__init__(f"not replayable: {shown}")
+
+
+class Schedule:
+    """Recorded launches: ``calls`` is a list of (tvm-ffi function, argument tuple), launched in
+    order by :meth:`launch`. Holds every tensor it launches with."""
+
+    def __init__(self, calls: list[tuple[Callable, tuple]]):
+        self.calls = calls
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def launch(self) -> None:
+        """Launch every recorded call again, in order, on torch's current stream."""
+        for fn, args in self.calls:
+            fn(*args)
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor argument of every call."""
+        for _, args in self.calls:
+            yield from (a for a in args if isinstance(a, torch.Tensor))
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls: list[tuple[Callable, tuple]] = []
+        self.reasons: list[str] = []
+        self.inside = 0  # > 0 while a recorded function runs (its own torch work is its business)
+
+    def refuse(self, reason: str) -> None:
+        if self.inside == 0 and reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def view(self, module) -> _RecordingModule:
+        return _RecordingModule(module, self)
+
+
+class _RecordingModule:
+    """A tvm-ffi module whose functions run and are recorded."""
+
+    __slots__ = ("_module", "_recorder")
+
+    def __init__(self, module, recorder: _Recorder):
+        self._module, self._recorder = module, recorder
+
+    def __getattr__(self, name: str):
+        fn, rec = getattr(self._module, name), self._recorder
+
+        def call(*args):
+            rec.inside += 1
+            try:
+                out = fn(*args)
+            finally:
+                rec.inside -= 1
+            if out is not None:
+                rec.refuse(f"{name} returned a value")
+            rec.calls.append((fn, args))
+            return out
+
+        return call
+
+
+class _TorchWatch(TorchDispatchMode):
+    """Refuses every torch operation but views and allocations, outside recorded calls."""
+
+    def __init__(self, recorder: _Recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not (func.is_view or func.overloadpacket.__name__ in _ALLOCATIONS):
+            self.recorder.refuse(f"torch {func}")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _triton_watch(recorder: _Recorder) -> Iterator[None]:
+    """Triton's kernel launches refused while recording (they do not go through a module): its
+    compiled kernels' and its interpreter's (``TRITON_INTERPRET=1``) launch methods, watched."""
+    classes = []
+    try:
+        from triton.runtime.jit import JITFunction
+
+        classes.append(JITFunction)
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:  # no Triton, or no interpreter: what there is is watched
+        pass
+    saved = [(cls, cls.run) for cls in classes]
+
+    def watching(run):
+        def watched(self, *args, **kwargs):
+            recorder.refuse(f"Triton kernel {getattr(self, '__name__', self)}")
+            return run(self, *args, **kwargs)
+
+        return watched
+
+    for cls, run in saved:
+        cls.run = watching(run)
+    try:
+        yield
+    finally:
+        for cls, run in saved:
+            cls.run = run
+
+
+def record(work: Callable[[], object]) -> tuple[Schedule, object]:
+    """Run ``work()`` once, recording its launches; returns (the :class:`Schedule`, what work
+    returned). Raises :class:`NotReplayable` (after the run: its launches did happen) when it
+    did anything a schedule cannot repeat (module docstring). Not reentrant."""
+    rec = _Recorder()
+    with jit.recording(rec), _triton_watch(rec), _TorchWatch(rec):
+        out = work()
+    if rec.reasons:
+        raise NotReplayable(rec.reasons)
+    if not rec.calls:
+        raise NotReplayable(["no launches through ftlab.jit.module_for"])
+    return Schedule(rec.calls), out
