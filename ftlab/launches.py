@@ -56,14 +56,45 @@ class Schedule:
     """Recorded launches: ``calls`` is a list of (tvm-ffi function, argument tuple), launched in
     order by :meth:`launch`. Holds every tensor it launches with."""
 
+    #: the CPU module whose ``make_runner`` runs a schedule from C++ (``cpu/csrc/launch_runner.cc``)
+    RUNNER = "launch_runner"
+
     def __init__(self, calls: list[tuple[Callable, tuple]]):
         self.calls = calls
+        self._runner = None  # built at the first launch; False where no C++ compiler is at hand
+        anchors = [a for a in self.tensors() if a.device.type != "cpu"]
+        self._anchor = anchors[0] if anchors else torch.empty(0)
 
     def __len__(self) -> int:
         return len(self.calls)
 
     def launch(self) -> None:
-        """Launch every recorded call again, in order, on torch's current stream."""
+        """Launch every recorded call again, in order, on torch's current stream: from C++ (one
+        call from Python for the whole schedule: ``cpu/csrc/launch_runner.cc``), or where that
+        module cannot be built, from a Python loop (:meth:`launch_each`)."""
+        if self._runner is None:
+            try:
+                runner = jit.load_cpu(self.RUNNER).make_runner
+                self._runner = runner([fn for fn, _ in self.calls], [list(args) for _, args in self.calls])
+            except jit.ToolchainError:
+                self._runner = False
+        if self._runner is False:
+            self.launch_each()
+        else:
+            # a GPU tensor: tvm-ffi sets its device's current stream for the call (on its device)
+            anchor = self._anchor
+            if anchor.device.type == "cpu":
+                self._runner(anchor)
+            else:
+                jit.on_device(anchor.device, lambda: self._runner(anchor))
+
+    @property
+    def native(self) -> bool | None:
+        """Whether :meth:`launch` runs the schedule from C++ (None before the first launch)."""
+        return None if self._runner is None else self._runner is not False
+
+    def launch_each(self) -> None:
+        """Launch every recorded call again from a Python loop (a tvm-ffi call each)."""
         for fn, args in self.calls:
             fn(*args)
 

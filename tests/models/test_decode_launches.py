@@ -18,16 +18,21 @@ from ftlab import jit, launches
 from ftlab.launches import NotReplayable, record
 
 
+def _torch(t):
+    """A tensor argument as torch's: the C++ runner hands a Python function tvm-ffi tensors."""
+    return t if isinstance(t, torch.Tensor) else torch.from_dlpack(t)
+
+
 class _Module:
     """A stand-in GPU module: each function writes its outputs in place and returns None."""
 
     @staticmethod
     def scale(x, out, factor):
-        out.copy_(x * factor)
+        _torch(out).copy_(_torch(x) * factor)
 
     @staticmethod
     def add(a, b, out):
-        torch.add(a, b, out=out)
+        torch.add(_torch(a), _torch(b), out=_torch(out))
 
     @staticmethod
     def answer(x):
@@ -56,11 +61,13 @@ def test_schedule_launched_again_reads_rewritten_inputs(fake_gpu):
 
     schedule, z = record(work)
     assert len(schedule) == 2 and torch.equal(z, 3 * torch.arange(6.0).view(2, 3))
-    for trial in range(3):
+    assert schedule.native is None  # the C++ runner is built at the first launch
+    for trial in range(6):  # from C++ (cpu/csrc/launch_runner.cc), then from a Python loop
         new = torch.randn(6, generator=torch.Generator().manual_seed(trial))
         x.copy_(new)
-        schedule.launch()
+        schedule.launch() if trial < 3 else schedule.launch_each()
         assert torch.equal(z, (new * 2.0 + new).view(2, 3))
+    assert schedule.native is True
     assert any(t is x for t in schedule.tensors())
 
 
