@@ -1,4 +1,4 @@
-"""Where a decode step launched from a schedule (ftlab.models.decode_launches) spends its time, on
+"""Where a decode step launched from a schedule (ftlab.models.decode_steps) spends its time, on
 the GPU machine: the host's time to issue one step (the call returns before the kernels finish)
 against the step's wall time to the end of its kernels, and the same for the schedule's launches
 alone and for the graph-replayed step. A step whose issue time is near its wall time is bound by
@@ -18,7 +18,7 @@ import time
 import torch
 
 from ftlab.bench.model import CONFIG, fill_cache, random_model
-from ftlab.models.decode_launches import DecodeLaunches
+from ftlab.models.decode_steps import DecodeLaunches
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
 

@@ -46,7 +46,7 @@ ISA_ENV = "FTLAB_CPU_ISA"
 _loaded: dict[tuple, object] = {}
 _device_modules: dict[tuple[str, int], object] = {}
 _lock = threading.Lock()
-_recorders: list = []  # the launch recorder in effect (recording()), if any
+_recording = threading.local()  # .recorder: the launch recorder in effect on this thread (recording())
 
 
 class ToolchainError(RuntimeError):
@@ -298,8 +298,9 @@ def load_gpu(name: str, plat: ftplatform.Platform | None = None):
 def load_cpu(name: str):
     """Build (once) and load the tvm-ffi module of ``cpu/csrc/<name>.cc``. Raises
     ToolchainError when this machine cannot build it."""
-    if _recorders:  # a CPU kernel's work is not a launch a recording can repeat
-        _recorders[-1].refuse(f"CPU module {name!r} called")
+    recorder = recording_now()
+    if recorder is not None:  # a CPU kernel's work is not a launch a recording can repeat
+        recorder.refuse(f"CPU module {name!r} called")
     flags = cpu_flags()
     loaded = _loaded.get(_cpu_key(name, flags))
     if loaded is not None:  # the per-call path (the cpu backend's every call): no hashing
@@ -322,16 +323,22 @@ def load_cpu(name: str):
 
 @contextlib.contextmanager
 def recording(recorder) -> Iterator[None]:
-    """Within: the GPU modules :func:`module_for` hands out are ``recorder.view(module)`` (whose
-    functions run and are recorded: :func:`ftlab.launches.record`), and :func:`load_cpu` calls
-    ``recorder.refuse(reason)`` (a CPU kernel's work is not a launch). Does not nest."""
-    if _recorders:
+    """Within, on this thread: the GPU modules :func:`module_for` hands out are
+    ``recorder.view(module)`` (whose functions run and are recorded: :func:`ftlab.launches.record`),
+    and :func:`load_cpu` calls ``recorder.refuse(reason)`` (a CPU kernel's work is not a launch).
+    Other threads are not recorded. Does not nest."""
+    if recording_now() is not None:
         raise RuntimeError("already recording: recordings do not nest")
-    _recorders.append(recorder)
+    _recording.recorder = recorder
     try:
         yield
     finally:
-        _recorders.clear()
+        _recording.recorder = None
+
+
+def recording_now():
+    """The recorder of :func:`recording` in effect on this thread, or None."""
+    return getattr(_recording, "recorder", None)
 
 
 def module_for(name: str, device: torch.device):
@@ -341,7 +348,8 @@ def module_for(name: str, device: torch.device):
     module = _device_modules.get((name, index))
     if module is None:
         module = _device_modules[(name, index)] = load_gpu(name, ftplatform.current(device))
-    return _recorders[-1].view(module) if _recorders else module
+    recorder = recording_now()
+    return module if recorder is None else recorder.view(module)
 
 
 _one_device: list[bool] = []  # [whether the process sees one GPU], once known

@@ -30,6 +30,8 @@ next must be written into the recorded input tensors in place first (what
 from __future__ import annotations
 
 import contextlib
+import threading
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -76,7 +78,9 @@ class Schedule:
             try:
                 runner = jit.load_cpu(self.RUNNER).make_runner
                 self._runner = runner([fn for fn, _ in self.calls], [list(args) for _, args in self.calls])
-            except jit.ToolchainError:
+            except Exception as e:  # no compiler, a failed build: the Python loop, said once
+                warnings.warn(f"launch schedules run from a Python loop: the C++ runner is not available ({e})",
+                              RuntimeWarning, stacklevel=2)  # fmt: skip
                 self._runner = False
         if self._runner is False:
             self.launch_each()
@@ -95,8 +99,15 @@ class Schedule:
 
     def launch_each(self) -> None:
         """Launch every recorded call again from a Python loop (a tvm-ffi call each)."""
-        for fn, args in self.calls:
-            fn(*args)
+
+        def each() -> None:
+            for fn, args in self.calls:
+                fn(*args)
+
+        if self._anchor.device.type == "cpu":
+            each()
+        else:
+            jit.on_device(self._anchor.device, each)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor argument of every call."""
@@ -104,14 +115,19 @@ class Schedule:
             yield from (a for a in args if isinstance(a, torch.Tensor))
 
 
+#: argument types a recorded call may take: what a schedule can hold and pass again as it was
+_ARGUMENTS = (torch.Tensor, bool, int, float, str, type(None))
+
+
 class _Recorder:
     def __init__(self):
         self.calls: list[tuple[Callable, tuple]] = []
         self.reasons: list[str] = []
         self.inside = 0  # > 0 while a recorded function runs (its own torch work is its business)
+        self.thread = threading.get_ident()
 
     def refuse(self, reason: str) -> None:
-        if self.inside == 0 and reason not in self.reasons:
+        if self.inside == 0 and threading.get_ident() == self.thread and reason not in self.reasons:
             self.reasons.append(reason)
 
     def view(self, module) -> _RecordingModule:
@@ -137,6 +153,9 @@ class _RecordingModule:
                 rec.inside -= 1
             if out is not None:
                 rec.refuse(f"{name} returned a value")
+            odd = sorted({type(a).__name__ for a in args if not isinstance(a, _ARGUMENTS)})
+            if odd:  # a container could hold a per-step input that no one refreshes
+                rec.refuse(f"{name} took arguments of type {', '.join(odd)}")
             rec.calls.append((fn, args))
             return out
 
@@ -191,7 +210,13 @@ def _triton_watch(recorder: _Recorder) -> Iterator[None]:
 def record(work: Callable[[], object]) -> tuple[Schedule, object]:
     """Run ``work()`` once, recording its launches; returns (the :class:`Schedule`, what work
     returned). Raises :class:`NotReplayable` (after the run: its launches did happen) when it
-    did anything a schedule cannot repeat (module docstring). Not reentrant."""
+    did anything a schedule cannot repeat (module docstring). Not reentrant.
+
+    What is recorded is what ``work`` launches through modules it asks :func:`ftlab.jit.module_for`
+    for while recording, on this thread (as every ftlab op does, per call): a module object kept
+    from before (the hybrid executor's handshake keeps one) is neither recorded nor refused, so
+    such work must not be recorded (:class:`ftlab.models.decode_steps.DecodeLaunches` refuses
+    hybrid models). Other threads' launches and torch work are not seen."""
     rec = _Recorder()
     with jit.recording(rec), _triton_watch(rec), _TorchWatch(rec):
         out = work()

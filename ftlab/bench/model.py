@@ -37,7 +37,7 @@ from ftlab.bench.harness import (
     time_us,
 )
 from ftlab.models import layers as model_layers
-from ftlab.models.decode_launches import DecodeLaunches, NotReplayable
+from ftlab.models.decode_steps import DecodeLaunches, NotReplayable
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe, Qwen3MoeConfig
 from ftlab.quant import QK, Q4_0Weight, QuantWeight
@@ -54,7 +54,7 @@ NOTES = [
     "under a mask), validated against eager's logits (within 5% of the largest).",
     "decode: one token per sequence per step at position 512, graph = the whole step replayed from "
     "a captured CUDA graph, eager = launched op by op from Python, launches = eager's kernels launched from a "
-    "schedule recorded once (ftlab.models.decode_launches: no graph, the ops' Python run once), validated bit "
+    "schedule recorded once (ftlab.models.decode_steps: no graph, the ops' Python run once), validated bit "
     "for bit against the eager step.",
     "bound: the weight bytes a decode step reads (attention projections, router, the experts the step's "
     "tokens use, the lm_head, one embedding row per token) over the copy bandwidth measured in this run.",
@@ -281,8 +281,8 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
         try:
             launched = DecodeLaunches(model, batch)
             ok["launches"] = bool(torch.equal(launched(steps[0], positions), eager))
-        except NotReplayable as e:
-            report.notes.append(f"decode batch {batch}: no launch schedule ({e})")
+        except NotReplayable as refused:
+            report.notes.append(f"decode batch {batch}: no launch schedule ({refused})")
     it = iter(range(1 << 62))
     times = {}
     if graph is not None:

@@ -50,7 +50,7 @@ NOTES = [
     "the same pass replayed from a captured CUDA graph (the static model: every cache slot read under a mask).",
     "decode: one token per sequence per step at position {length}; graph = the step replayed from a captured "
     "CUDA graph, eager = launched op by op from Python, launches = eager's kernels launched from a schedule "
-    "recorded once (ftlab.models.decode_launches: no graph), validated bit for bit against the eager step.",
+    "recorded once (ftlab.models.decode_steps: no graph), validated bit for bit against the eager step.",
     "bound: the bytes a decode step reads, every tensor at its size in the file's type (packed) or as the "
     "dense tensor ftlab holds, over the copy bandwidth measured in this run.",
 ]

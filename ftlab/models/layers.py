@@ -269,6 +269,7 @@ class KVCache:
         self.v = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
         self.max_batch, self.max_seq_len, self.static = max_batch, max_seq_len, static
         self._views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: dict[tuple, object] = {}  # update_geometry's rope tables and aranges, made once
 
     def views(self, j: int, b: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``j``'s static cache as ``[b, max_seq_len, kv_heads, hd]`` views of the first ``b``
@@ -299,10 +300,49 @@ class KVCache:
         read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
         visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
         geo = {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-               "mask": visible[:, None], "span": span, "positions": positions}  # fmt: skip
+               "mask": visible[:, None], "span": span, "positions": positions, "rope": (rotary_dim, theta)}  # fmt: skip
         if t == 1:  # a decode step: each sequence's live positions, for ops.decode_attention
             geo["lengths"] = (positions[:, -1] + 1).to(torch.int32)
         return geo
+
+    def update_geometry(self, geo: dict, positions: torch.Tensor, keys: list[str]) -> None:
+        """Rewrite the entries ``keys`` of ``geo``, a static cache's :meth:`geometry` of a decode
+        step (``[B, 1]`` positions), in place for new ``positions [B, 1]``: the values
+        ``geometry(positions)`` gives, bit for bit, in a launch or two each (the rope rows gathered
+        from tables of every position, made at the first call). What
+        :class:`ftlab.models.decode_steps.DecodeLaunches` runs before each step."""
+        if not self.static or positions.shape != geo["positions"].shape or positions.shape[1] != 1:
+            raise ValueError(f"update_geometry takes a static cache's decode geometry and positions of its shape "
+                             f"{tuple(geo['positions'].shape)}, got {tuple(positions.shape)}")  # fmt: skip
+        flat = positions.reshape(-1)
+        for key in keys:
+            if key in ("cos", "sin"):
+                table = self._rope_table(key, geo["rope"], geo[key].dtype, positions.device)
+                torch.index_select(table, 0, flat, out=geo[key].view(-1, *table.shape[1:]))
+            elif key == "write":  # slot b * max_seq_len + p
+                torch.add(self._arange(flat.numel(), flat.device, self.max_seq_len), flat, out=geo[key])
+            elif key == "lengths":
+                geo[key].copy_(flat + 1)
+            elif key == "mask":
+                torch.le(self._arange(geo["span"], flat.device), positions[:, :, None], out=geo[key][:, 0])
+            elif key == "positions":
+                geo[key].copy_(positions)
+            elif key != "read":  # every slot of each sequence: the same for any positions
+                raise ValueError(f"update_geometry cannot rewrite geometry entry {key!r}")
+
+    def _rope_table(self, key: str, rope: tuple[int, float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """``rope_tables``' cos or sin of every position ``[max_seq_len, 1, rotary_dim]``, made once."""
+        if (rope, dtype) not in self._tables:
+            every = torch.arange(self.max_seq_len, device=device)[None]
+            cos, sin = rope_tables(every, rope[0], rope[1], dtype)
+            self._tables[(rope, dtype)] = {"cos": cos[0], "sin": sin[0]}
+        return self._tables[(rope, dtype)][key]
+
+    def _arange(self, n: int, device: torch.device, step: int = 1) -> torch.Tensor:
+        """``arange(n) * step`` (int64), made once."""
+        if (n, step) not in self._tables:
+            self._tables[(n, step)] = torch.arange(n, device=device) * step
+        return self._tables[(n, step)]
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
                backends: dict[str, str], stored: bool = False,

@@ -28,10 +28,9 @@ from pathlib import Path
 
 import torch
 
-from ftlab.models import layers as model_layers
 from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
-from ftlab.models.decode_launches import DecodeLaunches, NotReplayable
+from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, NotReplayable
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline_args import backend_map
 from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
@@ -52,48 +51,6 @@ class StageDiff:
     rel: float  # ||a - b|| / ||b|| over the stage's main tensor
 
 
-class DecodeGraph:
-    """One decode step of a static :class:`Qwen3Moe` or :class:`Qwen3Next` (tokens ``[B, 1]``),
-    captured in a CUDA/HIP graph: ``graph(tokens, positions)`` copies the inputs into the
-    captured buffers, replays, and returns the captured logits buffer fp32 ``[B, 1, V]``
-    (overwritten by the next replay).
-
-    Warm-up and capture run at position ``max_seq_len - 1`` of every sequence: that cache slot
-    is written by a step before any step reads it, and the recurrent state a warm-up step
-    advances (a hybrid model's conv and delta states) is restored after it, so capturing
-    mid-sequence corrupts nothing."""
-
-    def __init__(self, model: Qwen3Moe | Qwen3Next, batch: int):
-        if not model.static:
-            raise ValueError("model must be built with static=True to be captured in a graph")
-        if not 1 <= batch <= model.max_batch:
-            raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
-        device = model.weights.embed.device
-        self.model = model  # the graph reads its caches and weights: they live as long as it does
-        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device)
-        state = model.recurrent_state() if isinstance(model, Qwen3Next) else []
-        saved = [t.clone() for t in state]
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        # compile, build and allocate outside the capture, through the kernels it takes
-        with torch.cuda.stream(side), model_layers.as_captured():
-            for _ in range(2):
-                model.forward(self.tokens, self.positions)
-            for t, kept in zip(state, saved, strict=True):
-                t.copy_(kept)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = model.forward(self.tokens, self.positions)
-
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.tokens.copy_(tokens)
-        self.positions.copy_(positions)
-        self.graph.replay()
-        return self.logits
-
-
 class Pipeline:
     """A loaded model, its tokenizer and one sequence's decoding state (batch 1).
 
@@ -102,8 +59,12 @@ class Pipeline:
     and runs it eagerly otherwise and on the CPU; ``True`` captures (an error on the CPU, or with
     a backend that cannot be captured); ``False`` runs eagerly. When captured, the decode step replays a graph built at the first decode step, and
     the model runs in its static mode (attention over every cache slot under a mask). Eager on a
-    GPU with backends that can be captured, the model is static too and the decode step launches
-    its layers' kernels from a recorded schedule (:attr:`decode_path`).
+    GPU with backends that can be captured, with ``launches`` (default True), the model is static
+    too and the decode step launches its layers' kernels from a schedule recorded at the first
+    decode step (:attr:`decode_path`); where that recording is refused, and with
+    ``launches=False``, steps run op by op on the dynamic model (attention over the live positions).
+    The schedule holds the kernels the layers' flags picked when it was recorded
+    (:mod:`ftlab.models.layers`): flags changed later do not reach it.
 
     ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``), for every model class: each
     layer keeps that many of its routed experts in GPU slots (least recently used out, moved
@@ -117,8 +78,9 @@ class Pipeline:
                  tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
                  q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-                 tp=None):  # fmt: skip
+                 tp=None, launches: bool = True):  # fmt: skip
         ops = check.usable(backend_map(backends), weights.embed.device)
+        check.flag("launches", launches)
         if tp is not None and hybrid_slots is not None:
             raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
         self.tp = tp
@@ -138,7 +100,7 @@ class Pipeline:
         self.hybrid = self._hybrid(hybrid_slots, ops) if hybrid_slots is not None else None
         # graphs off on a GPU: the static model (no host synchronization in a step), its decode steps
         # launched from a recorded schedule (DecodeLaunches) where the layers record cleanly
-        self._static_eager = (not self.graphs and weights.embed.device.type == "cuda" and not blocking
+        self._static_eager = (launches and not self.graphs and weights.embed.device.type == "cuda" and not blocking
                               and hybrid_slots is None and tp is None
                               and hasattr(self.model_class, "layer_stages"))  # fmt: skip
         self.model = self._model(ops, self.hybrid)
@@ -152,7 +114,7 @@ class Pipeline:
     def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
              quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-             q4_0_path: str = "auto", tp: int = 1) -> Pipeline:  # fmt: skip
+             q4_0_path: str = "auto", tp: int = 1, launches: bool = True) -> Pipeline:  # fmt: skip
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
         ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
         directory (Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE, by its config's ``model_type``), or a
@@ -175,6 +137,7 @@ class Pipeline:
         check.graphs(graphs, dev)
         check.hybrid_slots(hybrid_slots)
         check.q4_0_path(q4_0_path)
+        check.flag("launches", launches)
         if check.tp(tp) != 1 and hybrid_slots is not None:
             raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
         name = str(path_or_tiny)
@@ -196,7 +159,8 @@ class Pipeline:
             group = process_group(tp, dev)
         try:
             return cls._load(path, dev, group, tiny_model, expected, path_or_tiny, name, backends=backends, dtype=dtype,
-                             max_seq_len=max_seq_len, graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path)  # fmt: skip
+                             max_seq_len=max_seq_len, graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path,
+                             launches=launches)  # fmt: skip
         except BaseException:
             if group is not None:  # no process group left behind by a failed load
                 from ftlab.models.tensor_parallel import close
@@ -206,7 +170,8 @@ class Pipeline:
 
     @classmethod
     def _load(cls, path: Path, dev: torch.device, group, tiny_model: bool, expected: str, path_or_tiny, name: str, *,
-              backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str) -> Pipeline:  # fmt: skip
+              backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str,
+              launches: bool) -> Pipeline:  # fmt: skip
         """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
         at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
         experts, vocab = (None if group is None else rank_ranges(path, group)) or (None, None)  # tp: its rows only
@@ -226,7 +191,7 @@ class Pipeline:
             shard = shard_qwen3_next if isinstance(config, Qwen3NextConfig) else shard_qwen3_moe
             weights = shard(config, weights, group, dev)
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
-                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group)  # fmt: skip
+                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group, launches=launches)  # fmt: skip
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         if self.model_class is Qwen3Next:
@@ -257,7 +222,8 @@ class Pipeline:
     def decode_path(self) -> str:
         """How a decode step runs: ``"graph"`` (a captured graph replayed), ``"launches"`` (graphs
         off on a GPU: the layers' kernels launched from a schedule recorded at the first step,
-        :class:`DecodeLaunches`), or ``"eager"`` (op by op: the CPU, backends that read tensors on
+        :class:`DecodeLaunches`; before that step, what is planned: the recording may yet be
+        refused), or ``"eager"`` (op by op: ``launches=False``, the CPU, backends that read tensors on
         the host, hybrid or tensor-parallel models, Qwen3-Next / Qwen3.5-MoE -- whose layers run
         torch kernels between the ops -- or a recording refused: then :attr:`launches_refused`
         says why)."""
@@ -306,8 +272,9 @@ class Pipeline:
             if self._launches is None:
                 try:
                     self._launches = DecodeLaunches(self.model, 1)
-                except NotReplayable as e:
+                except NotReplayable as e:  # op by op from here, on the dynamic model (live positions only)
                     self.launches_refused = str(e)
+                    self.model.static = self.model.cache.static = False
             step = self._launches or self.model.forward
             logits = step(tok, pos)[0, -1]
         else:

@@ -192,6 +192,13 @@ def device(value: object) -> torch.device:
     return dev
 
 
+def flag(name: str, value: object) -> bool:
+    """A bool argument (``launches``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def graphs(value: object, dev: torch.device) -> bool:
     """Whether to capture decode steps on ``dev``: ``"auto"`` on a CUDA/ROCm device, not on the
     CPU; True needs a CUDA/ROCm device."""

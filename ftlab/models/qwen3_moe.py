@@ -338,9 +338,12 @@ class Qwen3Moe:
         x = self.embed(tokens)
         yield Stage("embed", {"hidden": x}, "hidden")
         x, moe = yield from self.layer_stages(x, positions, self.geometry(positions, x.dtype))
-        x = x + moe
+        h, x = self.final_norm(x, moe)
         yield Stage(f"layer {self.config.num_hidden_layers - 1} experts", {"experts": moe, "hidden": x}, "experts")
-        yield from self.head_stages(x, last_only)
+        if last_only:
+            h = h[:, -1:]
+        yield Stage("norm", {"hidden": h}, "hidden")
+        yield Stage("logits", {"logits": self.logits(h)}, "logits")
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The embedding rows of tokens ``[B, T]``: ``[B, T, H]``."""
@@ -391,15 +394,14 @@ class Qwen3Moe:
                 h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb)
             yield Stage(f"layer {i} experts", {"experts": moe, "hidden": x}, "experts")
 
-    def head_stages(self, x: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
-        """The final norm and the logits of the residual stream ``x [B, T, H]`` after the last
-        layer (of its last position only with ``last_only``)."""
-        c, w = self.config, self.weights
-        if last_only:
-            x = x[:, -1:]
-        x = rms_norm(x, w.norm, c.rms_norm_eps)
-        yield Stage("norm", {"hidden": x}, "hidden")
-        yield Stage("logits", {"logits": gather_logits(self.linear(x, w.lm_head).float(), self.tp)}, "logits")
+    def final_norm(self, x: torch.Tensor, moe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's residual add with the final norm (``ops.add_rmsnorm``): ``(norm(x +
+        moe), x + moe)`` of ``x, moe [B, T, H]``."""
+        return add_norm(x, moe, self.weights.norm, self.config.rms_norm_eps, self.backends["add_rmsnorm"])
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[B, T, V]`` of the final norm's output ``h [B, T, H]`` (the lm_head)."""
+        return gather_logits(self.linear(h, self.weights.lm_head).float(), self.tp)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``

@@ -1,5 +1,5 @@
 """Launch schedules (ftlab.launches) and the eager decode step launched from one
-(ftlab.models.decode_launches.DecodeLaunches).
+(ftlab.models.decode_steps.DecodeLaunches).
 
 CPU: the recording mechanism over stand-in modules (their functions compute on CPU tensors in
 place, as a kernel writes its outputs): a schedule launched again after its inputs were rewritten
@@ -37,6 +37,10 @@ class _Module:
     @staticmethod
     def answer(x):
         return 42
+
+    @staticmethod
+    def keep(*args):
+        pass
 
 
 @pytest.fixture
@@ -109,6 +113,13 @@ def test_record_refuses_what_a_schedule_cannot_repeat(fake_gpu, monkeypatch, tmp
     assert len(schedule) == 1  # nothing left recording: a new recording starts
 
 
+def test_record_refuses_container_arguments(fake_gpu):
+    """A call given a list (which could hold a per-step input no one refreshes) is refused."""
+    x = torch.ones(4)
+    with pytest.raises(NotReplayable, match="keep took arguments of type list"):
+        record(lambda: jit.module_for("fake", fake_gpu).keep(x, [x], 1.0))
+
+
 def test_record_refuses_no_launches_and_nesting(fake_gpu):
     with pytest.raises(NotReplayable, match="no launches"):
         record(lambda: torch.empty(3))
@@ -120,7 +131,7 @@ def test_record_refuses_no_launches_and_nesting(fake_gpu):
 def test_decode_launches_refuses_models_it_cannot_record():
     """On the CPU the reference ops compute with torch: refused, naming a torch operation; a
     dynamic model, a batch past max_batch: ValueError; the pipeline decodes op by op there."""
-    from ftlab.models.decode_launches import DecodeLaunches
+    from ftlab.models.decode_steps import DecodeLaunches
     from ftlab.models.pipeline import Pipeline
     from ftlab.models.qwen3_moe import Qwen3Moe
 
@@ -135,6 +146,75 @@ def test_decode_launches_refuses_models_it_cannot_record():
         DecodeLaunches(Qwen3Moe(pipe.config, pipe.weights, max_seq_len=16), 1)
     logits = model.forward(torch.tensor([[3]]), torch.tensor([[0]]))
     assert torch.isfinite(logits).all()  # a refused recording leaves the model usable
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_update_geometry_equals_geometry(batch):
+    """KVCache.update_geometry rewrites a static decode geometry in place to what geometry() gives
+    for the new positions, bit for bit, entry by entry (rope rows from its tables)."""
+    from ftlab.models.layers import KVCache
+
+    cache = KVCache(2, 64, 4, 40, True, torch.device("cpu"), torch.bfloat16)
+    geo = cache.geometry(torch.full((batch, 1), 39), 24, 10_000.0, torch.bfloat16)
+    keys = [k for k, v in geo.items() if isinstance(v, torch.Tensor)]
+    for trial in range(3):
+        positions = torch.randint(0, 40, (batch, 1), generator=torch.Generator().manual_seed(trial))
+        cache.update_geometry(geo, positions, keys)
+        fresh = cache.geometry(positions, 24, 10_000.0, torch.bfloat16)
+        for k in keys:
+            assert geo[k].dtype == fresh[k].dtype and torch.equal(geo[k], fresh[k]), k
+    with pytest.raises(ValueError, match="cannot rewrite"):
+        cache.update_geometry(geo, positions, ["span"])
+    dynamic = KVCache(2, 64, 4, 40, False, torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ValueError, match="static cache"):
+        dynamic.update_geometry(dynamic.geometry(positions, 24, 10_000.0, torch.bfloat16), positions, keys)
+
+
+class _Counting:
+    """A stand-in GPU module of the hip backend on CPU tensors: every function launches nothing and
+    is counted (outputs stay whatever memory held)."""
+
+    calls = 0
+
+    def __getattr__(self, name):
+        def launch(*args):
+            _Counting.calls += 1
+
+        return launch
+
+
+def test_decode_launches_records_the_hip_layers_on_cpu(monkeypatch):
+    """The hip backend's Python on CPU tensors with its launches stubbed: DecodeLaunches records
+    every launch a step makes op by op in its window (the embedding, each layer's, the final norm's),
+    refreshes the geometry and runs the schedule from C++ each step."""
+    from ftlab import backends
+    from ftlab.models.decode_steps import DecodeLaunches
+    from ftlab.models.pipeline import Pipeline
+    from ftlab.models.qwen3_moe import Qwen3Moe
+
+    monkeypatch.setattr(jit, "_device_modules", {})
+    monkeypatch.setattr(jit, "load_gpu", lambda name, plat=None: _Counting())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    serve = backends.Impl.cannot_serve
+    monkeypatch.setattr(backends.Impl, "cannot_serve",
+                        lambda self, *a, **k: None if self.backend == "hip" else serve(self, *a, **k))  # fmt: skip
+    monkeypatch.setattr(backends, "_RESOLVED", {})
+    pipe = Pipeline.load("tiny-qwen3-moe", quant="q4_0")
+    names = {op: "hip" for op in Qwen3Moe.OPS if "hip" in backends.backends_of(op)}
+    model = Qwen3Moe(pipe.config, pipe.weights, max_batch=2, max_seq_len=32, static=True,
+                     backends={**names, "decode_attention": "hip"})  # fmt: skip
+    launched = DecodeLaunches(model, 2)
+    _Counting.calls = 0
+    model.forward(torch.zeros((2, 1), dtype=torch.long), torch.full((2, 1), 31))
+    op_by_op = _Counting.calls
+    _Counting.calls = 0
+    logits = launched(torch.tensor([[3], [4]]), torch.tensor([[5], [9]]))
+    assert launched.schedule.native is True and logits.shape == (2, 1, pipe.config.vocab_size)
+    window = launched.schedule_length
+    assert _Counting.calls == op_by_op and window < op_by_op  # the lm_head's launches ran through the ops
+    assert sorted(launched.inputs) == sorted(["cos", "sin", "write", "mask", "positions", "lengths"])
+    assert torch.equal(launched.geo["write"], torch.tensor([5, 32 + 9]))
+    assert torch.equal(launched.geo["lengths"], torch.tensor([6, 10], dtype=torch.int32))
 
 
 def _model_pair(dev: torch.device, batch: int):
@@ -161,11 +241,12 @@ def test_launched_steps_equal_op_by_op_gpu(batch):
     """Decode steps launched from the recorded schedule give the logits and KV cache of the same
     steps launched op by op, bit for bit, at 40 positions (the schedule recorded at the last slot,
     the steps' positions differing across sequences); the logits are a new tensor each step."""
-    from ftlab.models.decode_launches import DecodeLaunches
+    from ftlab.models.decode_steps import DecodeLaunches
 
     dev = torch.device("cuda")
     config, (a, b), tokens = _model_pair(dev, batch)
     launched = DecodeLaunches(a, batch)
+    assert launched.schedule.native is None  # built at the first launch
     last = torch.full((batch, 1), b.max_seq_len - 1, device=dev)
     b.forward(torch.zeros_like(last), last)  # the recording's step (its slot is never read below)
     per_layer = launched.schedule_length / config.num_hidden_layers
@@ -179,6 +260,21 @@ def test_launched_steps_equal_op_by_op_gpu(batch):
         assert torch.equal(got, want), (p, float((got - want).abs().max()))
         assert previous is None or got.data_ptr() != previous.data_ptr()
         previous = got
+    assert launched.schedule.native is True  # run from C++
+    # on a side stream kept busy: the step's copies and launches must all wait there (a launch on
+    # another stream would read the previous step's inputs)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for p in range(60, 64):
+            torch.cuda._sleep(5_000_000)
+            tok, pos = tokens[:, p - 40:p - 39], (p + offsets).clamp(max=94)
+            got, want = launched(tok, pos).clone(), b.forward(tok, pos)
+            assert torch.equal(got, want), p
+    torch.cuda.current_stream(dev).wait_stream(side)
+    hidden = launched.hidden.clone()
+    launched.schedule.launch_each()  # the Python loop launches the same calls: the same step again
+    assert torch.equal(launched.hidden, hidden)
     for ka, kb in zip(a.cache.k + a.cache.v, b.cache.k + b.cache.v, strict=True):
         assert torch.equal(ka, kb)
 
@@ -212,7 +308,15 @@ def test_pipeline_graphs_off_launches_its_steps_gpu(monkeypatch):
         assert pipe.decode_path == ("eager" if refuse else "launches") and pipe.launches_refused in (None, "by the test")
     assert torch.equal(runs[0], runs[1])
     small = Pipeline.load("tiny-qwen3-moe", "cuda", dtype=torch.bfloat16, graphs=False)
-    assert small.decode_path == "launches"
+    assert small.decode_path == "launches"  # planned: the first step's recording decides
     first = small.prefill([1, 2, 3])
     small.decode_step(int(first.argmax()))
     assert small.decode_path == "eager" and "torch" in small.launches_refused
+    assert not small.model.static  # refused: op by op on the dynamic model (live positions only)
+    off = Pipeline(config, weights, tiny.tokenizer, graphs=False, max_seq_len=64, launches=False)
+    assert off.decode_path == "eager" and not off.model.static
+    dynamic = [off.prefill(tiny.tokenizer.encode("Every operator has a reference"))]
+    for logits in runs[0][:-1]:
+        dynamic.append(off.decode_step(int(logits.argmax())))
+    for a, b in zip(runs[0], dynamic, strict=True):  # the static and dynamic attention: last bits apart
+        assert float((a - b).abs().max()) <= 1e-2 * float(a.abs().max())

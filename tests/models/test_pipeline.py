@@ -362,10 +362,11 @@ def test_reference_backends_decode_eagerly_by_default_gpu(backends):
 @pytest.mark.parametrize("quant", ["q4_0", "f32"])
 def test_graph_decode_generates_what_eager_does_gpu(quant):
     """The graph-captured decode step (static model; the default on a GPU) against the eager one
-    (dynamic model, graphs=False): the same greedy text, and next-token logits within fp32
-    rounding of each other."""
+    (dynamic model, graphs=False with launches=False): the same greedy text, and next-token logits
+    within fp32 rounding of each other."""
     prompt = "The router sends every token"
-    eager = Pipeline.load("tiny-qwen3-moe", "cuda", quant=quant, graphs=False)
+    eager = Pipeline.load("tiny-qwen3-moe", "cuda", quant=quant, graphs=False, launches=False)
+    assert eager.decode_path == "eager" and not eager.model.static
     graphed = Pipeline.load("tiny-qwen3-moe", "cuda", quant=quant)  # graphs="auto": captured on a GPU
     assert graphed.graph_capturable and not eager.graph_capturable
     assert "".join(graphed.generate(prompt, 24)) == "".join(eager.generate(prompt, 24))

@@ -1,0 +1,135 @@
+"""A decode step without the ops' Python: replayed from a captured graph (:class:`DecodeGraph`), or
+launched eagerly from a recorded schedule (:class:`DecodeLaunches`).
+
+Launched op by op, a decode step of the Qwen3-30B-A3B shape spends ~15-20 ms of host time in the
+ops' Python against ~2.5 ms of kernels (benchmarks/NOTES.md, "Eager decode"). A static model's
+step has fixed shapes and buffers, so its layers' launches are the same every step but for the
+values of a few input tensors: :class:`DecodeLaunches` records them once
+(:func:`ftlab.launches.record`) and launches them again every step from a loop, after writing
+the step's inputs into the recorded ones. Every kernel is still launched from the host at every
+step -- no graph is captured -- in the order and with the arguments the ops chose.
+
+A step: the tokens copied into the recorded buffer and the geometry of the positions rewritten in
+place (``KVCache.update_geometry``: a few small torch launches); the recorded launches of the
+embedding, every layer, and the last residual add with the final norm; then the logits through
+the ops (the lm_head may take a Triton kernel, which a schedule does not hold).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ftlab.launches import NotReplayable, Schedule, record
+from ftlab.models import layers as model_layers
+
+if TYPE_CHECKING:
+    from ftlab.models.qwen3_moe import Qwen3Moe
+    from ftlab.models.qwen3_next import Qwen3Next
+
+__all__ = ["DecodeGraph", "DecodeLaunches", "NotReplayable", "Schedule"]
+
+
+class DecodeGraph:
+    """One decode step of a static :class:`Qwen3Moe` or :class:`Qwen3Next` (tokens ``[B, 1]``),
+    captured in a CUDA/HIP graph: ``graph(tokens, positions)`` copies the inputs into the
+    captured buffers, replays, and returns the captured logits buffer fp32 ``[B, 1, V]``
+    (overwritten by the next replay).
+
+    Warm-up and capture run at position ``max_seq_len - 1`` of every sequence: that cache slot
+    is written by a step before any step reads it, and the recurrent state a warm-up step
+    advances (a hybrid model's conv and delta states) is restored after it, so capturing
+    mid-sequence corrupts nothing."""
+
+    def __init__(self, model: Qwen3Moe | Qwen3Next, batch: int):
+        if not model.static:
+            raise ValueError("model must be built with static=True to be captured in a graph")
+        if not 1 <= batch <= model.max_batch:
+            raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
+        device = model.weights.embed.device
+        self.model = model  # the graph reads its caches and weights: they live as long as it does
+        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device)
+        state = model.recurrent_state() if hasattr(model, "recurrent_state") else []
+        saved = [t.clone() for t in state]
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        # compile, build and allocate outside the capture, through the kernels it takes
+        with torch.cuda.stream(side), model_layers.as_captured():
+            for _ in range(2):
+                model.forward(self.tokens, self.positions)
+            for t, kept in zip(state, saved, strict=True):
+                t.copy_(kept)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = model.forward(self.tokens, self.positions)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        self.graph.replay()
+        return self.logits
+
+
+class DecodeLaunches:
+    """One decode step of a static model (tokens ``[B, 1]``) whose layers' launches were
+    recorded: ``step(tokens, positions)`` returns fp32 logits ``[B, 1, V]`` (a new tensor each
+    step), equal bit for bit to ``model.forward(tokens, positions)`` launched op by op.
+
+    Raises :class:`~ftlab.launches.NotReplayable` (naming what it saw) when the model's layers do
+    anything but launch through ftlab's HIP modules -- a torch kernel (SDPA's attention, an fp32
+    model's casts), a Triton kernel, a CPU module -- and for hybrid or tensor-parallel models (CPU
+    experts, collectives). The recording step runs at position ``max_seq_len - 1`` of every
+    sequence (as :class:`~ftlab.models.pipeline.DecodeGraph`'s warm-up: that slot is written before
+    any step reads it), after one step op by op there that makes every one-time buffer."""
+
+    def __init__(self, model, batch: int):
+        if not model.static:
+            raise ValueError("model must be built with static=True (fixed shapes and buffers) to record its step")
+        if not 1 <= batch <= model.max_batch:
+            raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
+        if not hasattr(model, "layer_stages"):
+            raise NotReplayable([f"{type(model).__name__} has no layer_stages to record"])
+        if getattr(model, "hybrid", None) or getattr(model, "tp", None) is not None:
+            raise NotReplayable(["hybrid CPU/GPU experts or tensor parallelism: work outside the HIP modules"])
+        self.model = model
+        dev = model.weights.embed.device
+        # the step's inputs: written in place before each launch of the schedule
+        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=dev)
+        self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=dev)
+        model.forward(self.tokens, self.positions)  # modules built, one-time buffers (counters, stacked weights) made
+        self.geo = model.geometry(self.positions, model.weights.embed.dtype)
+
+        def step() -> torch.Tensor:  # the embedding, every layer, the last add and the final norm
+            gen = model.layer_stages(model.embed(self.tokens), self.positions, self.geo)
+            while True:
+                try:
+                    next(gen)
+                except StopIteration as done:
+                    return model.final_norm(*done.value)[0]
+
+        self.schedule, self.hidden = record(step)
+        # every tensor of the geometry, rewritten in place before each launch ("read", every slot of
+        # each sequence, is the same for any positions)
+        self.inputs = [k for k, v in self.geo.items() if isinstance(v, torch.Tensor) and k != "read"]
+
+    @property
+    def schedule_length(self) -> int:
+        """Launch calls a step (the layers')."""
+        return len(self.schedule)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits fp32 ``[B, 1, V]`` of tokens ``[B, 1]`` at ``positions [B, 1]`` (shapes of the
+        recording: the caller checks values)."""
+        if tokens.shape != self.tokens.shape or positions.shape != self.positions.shape:
+            raise ValueError(f"tokens and positions must be {tuple(self.tokens.shape)} (the recorded batch), got "
+                             f"{tuple(tokens.shape)} and {tuple(positions.shape)}")  # fmt: skip
+        self.tokens.copy_(tokens)
+        self.model.cache.update_geometry(self.geo, positions, self.inputs)
+        self.schedule.launch()
+        return self.model.logits(self.hidden)  # the lm_head through the ops: it may take a Triton kernel
+
+    __call__ = step
+
