@@ -128,6 +128,14 @@ def test_record_refuses_no_launches_and_nesting(fake_gpu):
     assert launches.Schedule([]).calls == []
 
 
+def test_pipeline_launches_argument_is_checked():
+    from ftlab.models.pipeline import Pipeline
+
+    with pytest.raises(TypeError, match="launches must be True or False, got 'yes'"):
+        Pipeline.load("tiny-qwen3-moe", launches="yes")
+    assert Pipeline.load("tiny-qwen3-moe", launches=False).decode_path == "eager"
+
+
 def test_decode_launches_refuses_models_it_cannot_record():
     """On the CPU the reference ops compute with torch: refused, naming a torch operation; a
     dynamic model, a batch past max_batch: ValueError; the pipeline decodes op by op there."""
@@ -215,6 +223,8 @@ def test_decode_launches_records_the_hip_layers_on_cpu(monkeypatch):
     assert sorted(launched.inputs) == sorted(["cos", "sin", "write", "mask", "positions", "lengths"])
     assert torch.equal(launched.geo["write"], torch.tensor([5, 32 + 9]))
     assert torch.equal(launched.geo["lengths"], torch.tensor([6, 10], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"must be \(2, 1\) \(the recorded batch\)"):
+        launched(torch.tensor([[3]]), torch.tensor([[5]]))
 
 
 def _model_pair(dev: torch.device, batch: int):
