@@ -74,15 +74,15 @@ class DecodeGraph:
 
 
 class DecodeLaunches:
-    """One decode step of a static model (tokens ``[B, 1]``) whose layers' launches were
-    recorded: ``step(tokens, positions)`` returns fp32 logits ``[B, 1, V]`` (a new tensor each
+    """One decode step of a static model (tokens ``[B, 1]``) whose launches -- the embedding, every
+    layer, the last add with the final norm -- were recorded: ``step(tokens, positions)`` returns fp32 logits ``[B, 1, V]`` (a new tensor each
     step), equal bit for bit to ``model.forward(tokens, positions)`` launched op by op.
 
     Raises :class:`~ftlab.launches.NotReplayable` (naming what it saw) when the model's layers do
     anything but launch through ftlab's HIP modules -- a torch kernel (SDPA's attention, an fp32
     model's casts), a Triton kernel, a CPU module -- and for hybrid or tensor-parallel models (CPU
     experts, collectives). The recording step runs at position ``max_seq_len - 1`` of every
-    sequence (as :class:`~ftlab.models.pipeline.DecodeGraph`'s warm-up: that slot is written before
+    sequence (as :class:`DecodeGraph`'s warm-up: that slot is written before
     any step reads it), after one step op by op there that makes every one-time buffer."""
 
     def __init__(self, model, batch: int):
@@ -117,7 +117,7 @@ class DecodeLaunches:
 
     @property
     def schedule_length(self) -> int:
-        """Launch calls a step (the layers')."""
+        """Launch calls a step in the schedule (the embedding's, the layers', the final norm's)."""
         return len(self.schedule)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
