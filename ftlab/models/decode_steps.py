@@ -121,8 +121,10 @@ class DecodeLaunches:
         return len(self.schedule)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits fp32 ``[B, 1, V]`` of tokens ``[B, 1]`` at ``positions [B, 1]`` (shapes of the
-        recording: the caller checks values)."""
+        """Logits fp32 ``[B, 1, V]`` of tokens ``[B, 1]`` at ``positions [B, 1]`` (the recording's
+        shapes; ValueError otherwise). Values are the caller's to check, as for an op-by-op step of
+        the static model: token ids in the vocabulary, positions in ``[0, max_seq_len)`` (checking
+        device tensors on the host would stall the step)."""
         if tokens.shape != self.tokens.shape or positions.shape != self.positions.shape:
             raise ValueError(f"tokens and positions must be {tuple(self.tokens.shape)} (the recorded batch), got "
                              f"{tuple(tokens.shape)} and {tuple(positions.shape)}")  # fmt: skip

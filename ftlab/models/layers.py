@@ -309,16 +309,21 @@ class KVCache:
         """Rewrite the entries ``keys`` of ``geo``, a static cache's :meth:`geometry` of a decode
         step (``[B, 1]`` positions), in place for new ``positions [B, 1]``: the values
         ``geometry(positions)`` gives, bit for bit, in a launch or two each (the rope rows gathered
-        from tables of every position, made at the first call). What
+        from tables of every position, made at the first call), for positions in ``[0,
+        max_seq_len)``; one outside (which no caller checked on the device) gets the rope row of the
+        nearest position instead of a failed gather. What
         :class:`ftlab.models.decode_steps.DecodeLaunches` runs before each step."""
         if not self.static or positions.shape != geo["positions"].shape or positions.shape[1] != 1:
             raise ValueError(f"update_geometry takes a static cache's decode geometry and positions of its shape "
                              f"{tuple(geo['positions'].shape)}, got {tuple(positions.shape)}")  # fmt: skip
         flat = positions.reshape(-1)
+        rows = None
         for key in keys:
             if key in ("cos", "sin"):
                 table = self._rope_table(key, geo["rope"], geo[key].dtype, positions.device)
-                torch.index_select(table, 0, flat, out=geo[key].view(-1, *table.shape[1:]))
+                if rows is None:  # a position past the tables gathers the last row, never outside them
+                    rows = flat.clamp(0, self.max_seq_len - 1)
+                torch.index_select(table, 0, rows, out=geo[key].view(-1, *table.shape[1:]))
             elif key == "write":  # slot b * max_seq_len + p
                 torch.add(self._arange(flat.numel(), flat.device, self.max_seq_len), flat, out=geo[key])
             elif key == "lengths":

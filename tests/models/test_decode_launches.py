@@ -173,6 +173,11 @@ def test_update_geometry_equals_geometry(batch):
             assert geo[k].dtype == fresh[k].dtype and torch.equal(geo[k], fresh[k]), k
     with pytest.raises(ValueError, match="cannot rewrite"):
         cache.update_geometry(geo, positions, ["span"])
+    past = torch.full((batch, 1), 45)  # past the cache: the last rope row, no failed gather
+    cache.update_geometry(geo, past, keys)
+    fresh = cache.geometry(torch.full((batch, 1), 39), 24, 10_000.0, torch.bfloat16)
+    assert torch.equal(geo["cos"], fresh["cos"]) and torch.equal(geo["sin"], fresh["sin"])
+    assert torch.equal(geo["write"], cache.geometry(past, 24, 10_000.0, torch.bfloat16)["write"])
     dynamic = KVCache(2, 64, 4, 40, False, torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ValueError, match="static cache"):
         dynamic.update_geometry(dynamic.geometry(positions, 24, 10_000.0, torch.bfloat16), positions, keys)
