@@ -19,12 +19,14 @@ Launching a schedule again is right only where the recorded work does nothing el
   not run), seen by a ``TorchDispatchMode``;
 - a Triton kernel launch (Triton's ``JITFunction.run``);
 - a CPU module asked for (:func:`ftlab.jit.load_cpu`);
-- a recorded function that returns a value (the Python after it may have used it).
+- a recorded function that returns a value (the Python after it may have used it);
+- a recorded call given an argument other than a tensor or a scalar (a container could hold a
+  per-step input that no one rewrites).
 
 The tensors a schedule reads or writes are the ones of the recorded run: buffers allocated during
 it (kept alive by the schedule), and those it was given. Inputs that change from one launch to the
 next must be written into the recorded input tensors in place first (what
-:class:`ftlab.models.pipeline.DecodeLaunches` does with a step's embedded tokens and geometry).
+:class:`ftlab.models.decode_steps.DecodeLaunches` does with a step's tokens and geometry).
 """
 
 from __future__ import annotations
@@ -84,13 +86,8 @@ class Schedule:
                 self._runner = False
         if self._runner is False:
             self.launch_each()
-        else:
-            # a GPU tensor: tvm-ffi sets its device's current stream for the call (on its device)
-            anchor = self._anchor
-            if anchor.device.type == "cpu":
-                self._runner(anchor)
-            else:
-                jit.on_device(anchor.device, lambda: self._runner(anchor))
+        else:  # given a GPU tensor, tvm-ffi sets its device's current stream for the call
+            self._on_device(lambda: self._runner(self._anchor))
 
     @property
     def native(self) -> bool | None:
@@ -104,10 +101,14 @@ class Schedule:
             for fn, args in self.calls:
                 fn(*args)
 
+        self._on_device(each)
+
+    def _on_device(self, launch: Callable[[], object]) -> None:
+        """``launch()`` with the schedule's device current (its tensors' GPU, if any)."""
         if self._anchor.device.type == "cpu":
-            each()
+            launch()
         else:
-            jit.on_device(self._anchor.device, each)
+            jit.on_device(self._anchor.device, launch)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor argument of every call."""

@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 __all__ = ["DecodeGraph", "DecodeLaunches", "NotReplayable", "Schedule"]
 
 
+def _check_step(model, batch: int, why: str) -> None:
+    """ValueError unless ``model`` is static and ``batch`` within its ``max_batch``."""
+    if not model.static:
+        raise ValueError(f"model must be built with static=True {why}")
+    if not 1 <= batch <= model.max_batch:
+        raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
+
+
 class DecodeGraph:
     """One decode step of a static :class:`Qwen3Moe` or :class:`Qwen3Next` (tokens ``[B, 1]``),
     captured in a CUDA/HIP graph: ``graph(tokens, positions)`` copies the inputs into the
@@ -43,10 +51,7 @@ class DecodeGraph:
     mid-sequence corrupts nothing."""
 
     def __init__(self, model: Qwen3Moe | Qwen3Next, batch: int):
-        if not model.static:
-            raise ValueError("model must be built with static=True to be captured in a graph")
-        if not 1 <= batch <= model.max_batch:
-            raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
+        _check_step(model, batch, "to be captured in a graph")
         device = model.weights.embed.device
         self.model = model  # the graph reads its caches and weights: they live as long as it does
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
@@ -75,21 +80,19 @@ class DecodeGraph:
 
 class DecodeLaunches:
     """One decode step of a static model (tokens ``[B, 1]``) whose launches -- the embedding, every
-    layer, the last add with the final norm -- were recorded: ``step(tokens, positions)`` returns fp32 logits ``[B, 1, V]`` (a new tensor each
-    step), equal bit for bit to ``model.forward(tokens, positions)`` launched op by op.
+    layer, the last add with the final norm -- were recorded: ``step(tokens, positions)`` returns
+    fp32 logits ``[B, 1, V]`` (a new tensor each step), equal bit for bit to
+    ``model.forward(tokens, positions)`` launched op by op.
 
     Raises :class:`~ftlab.launches.NotReplayable` (naming what it saw) when the model's layers do
     anything but launch through ftlab's HIP modules -- a torch kernel (SDPA's attention, an fp32
     model's casts), a Triton kernel, a CPU module -- and for hybrid or tensor-parallel models (CPU
     experts, collectives). The recording step runs at position ``max_seq_len - 1`` of every
-    sequence (as :class:`DecodeGraph`'s warm-up: that slot is written before
-    any step reads it), after one step op by op there that makes every one-time buffer."""
+    sequence (as :class:`DecodeGraph`'s warm-up: that slot is written before any step
+    reads it), after one step op by op there that makes every one-time buffer."""
 
     def __init__(self, model, batch: int):
-        if not model.static:
-            raise ValueError("model must be built with static=True (fixed shapes and buffers) to record its step")
-        if not 1 <= batch <= model.max_batch:
-            raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
+        _check_step(model, batch, "(fixed shapes and buffers) to record its step")
         if not hasattr(model, "layer_stages"):
             raise NotReplayable([f"{type(model).__name__} has no layer_stages to record"])
         if getattr(model, "hybrid", None) or getattr(model, "tp", None) is not None:

@@ -354,7 +354,7 @@ class Qwen3Moe:
         ``positions``), stage by stage up to the last layer's experts, whose stage is the caller's:
         returns ``(x, moe)``, the last layer's residual stream and its experts' output, both
         ``[B, T, H]``, not yet added. A decode step's layers are what
-        :class:`ftlab.models.pipeline.DecodeLaunches` records."""
+        :class:`ftlab.models.decode_steps.DecodeLaunches` records."""
         c, w = self.config, self.weights
         eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]
         # each residual add is fused with the norm after it (ops.add_rmsnorm): the attention's
