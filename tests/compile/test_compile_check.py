@@ -63,11 +63,11 @@ def test_hip_gfx(gfx):
 KERNELS = {
     "index_store": 30,  # 5 copy widths x 2 index types x 3 kernels
     "q4_0": 9,  # 3 dtypes x (quantize, dequantize, Q8_1)
-    "q4_0_matvec": 50,  # 3 dtypes x (8 matvec widths + 4 fused widths x (x quantized, Q8_1 given)), 2 with the norm
+    "q4_0_matvec": 41,  # 3 dtypes x (8 matvec widths + the fused one quantizing x (M = 1) + 4 fused widths given Q8_1), 2 with the norm
     "q4_0_gemm": 1,
     "moe_route": 20,  # 3 dtypes x 2 router widths, route_topk, router_topk and the norm + router; 2 align kernels
     "moe": 12,  # 3 dtypes x (2 Q4_0 decode + 2 dense decode)
-    "moe_regions": 6,  # 3 dtypes x 2 Q4_0 decode over regions
+    "moe_regions": 12,  # 3 dtypes x 2 Q4_0 decode over regions x (linear, not)
     "moe_gemm": 8,  # 3 dtypes x 2 dense GEMMs, 2 Q4_0 GEMMs
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes

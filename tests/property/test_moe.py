@@ -318,15 +318,16 @@ def test_experts_gpu(case):
 @st.composite
 def wide_expert_cases(draw):
     """Decode cases whose Q4_0 rows are whole superblocks (H and I multiples of 256), where
-    hip's decode experts read their weights in regions: H of 1, 3 or 9 superblocks (9: a
-    second, partial K-step of the gate/up regions), I of 1, 3 or 5 (5: two K-steps of the
-    down regions), top-k past the block's 8 groups (10, 20), invalid slots."""
+    hip's decode experts read their weights in regions: H of 1, 3, 8 or 9 superblocks (up to 8:
+    linear regions of whole packed rows, 8 as Qwen3-30B-A3B's 2048; 9: a second, partial K-step
+    of the gate/up regions), I of 1, 3 or 5 (up to 4 linear; 5: two K-steps of the down
+    regions), top-k past the block's 8 groups (10, 20), invalid slots."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(draw(st.integers(0, 2**31 - 1)))
     t = draw(st.sampled_from([1, 2, 5, 8]))
     e = draw(st.sampled_from([4, 12]))
     k = draw(st.sampled_from([1, 3, 8, 10, 20]))
-    h = 256 * draw(st.sampled_from([1, 3, 9]))
+    h = 256 * draw(st.sampled_from([1, 3, 8, 9]))
     inter = 256 * draw(st.sampled_from([n for n in (1, 3, 5) if k * 256 * n <= 8192]))  # k * I <= 8192
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
     x = torch.randn(t, h, device=dev, generator=gen).to(dtype)

@@ -113,6 +113,7 @@ __device__ __forceinline__ float dn_token(DnShared& sh, float (&s)[kDnMaxPer], i
 // over the block's kDsGroups 32-lane groups through shared memory: two barriers for the two
 // sums and one for q, k.
 constexpr int kDsThreads = 256;
+static_assert(kDsThreads == 2 * kDnMaxDk, "the step kernel: a thread a row of q, then of k");
 constexpr int kDsGroups = kDsThreads / 32;
 
 template <int Quads>
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(kDsThreads)
   const bool live = left > 0;
   const int64_t head = static_cast<int64_t>(b) * hk + kh;
   if (tid < kDnMaxDk) sh.q[tid] = tid < dk ? T::load(q + head * dk + tid) : 0.0f;
-  else if (tid < 2 * kDnMaxDk) sh.k[tid - kDnMaxDk] = tid - kDnMaxDk < dk ? T::load(k + head * dk + tid - kDnMaxDk) : 0.0f;
+  else sh.k[tid - kDnMaxDk] = tid - kDnMaxDk < dk ? T::load(k + head * dk + tid - kDnMaxDk) : 0.0f;
   float* s_cols = state + static_cast<int64_t>(bh) * dk * dv + col;
   float s[kPer][4];
 #pragma unroll

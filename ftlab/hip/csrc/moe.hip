@@ -80,17 +80,14 @@ __device__ __forceinline__ float q4_block_term(const Q4Block& w, int b, const ui
 // Superblocks: 8 consecutive blocks, 144 bytes = 9 x 16; rows whose block count is a
 // multiple of 8 (and a 16-byte aligned bank) keep them 16-byte aligned, so a lane reads
 // its superblock with nine 16-byte loads. Other rows are read block by block.
-constexpr int kSbBlocks = 8;
-constexpr int kSbBytes = kSbBlocks * kBlockBytes;  // 144
-
 struct Super {
-  uint32_t w[kSbBytes / 4];
+  uint32_t w[kSuperBytes / 4];
 };
 
 __device__ __forceinline__ void load_super(Super& s, const uint8_t* row, int sb) {
-  const bytes16* p = reinterpret_cast<const bytes16*>(row + static_cast<int64_t>(sb) * kSbBytes);
+  const bytes16* p = reinterpret_cast<const bytes16*>(row + static_cast<int64_t>(sb) * kSuperBytes);
 #pragma unroll
-  for (int t = 0; t < kSbBytes / 16; ++t) words_of(p[t], &s.w[4 * t]);
+  for (int t = 0; t < kSuperBytes / 16; ++t) words_of(p[t], &s.w[4 * t]);
 }
 
 // The 8 block terms of superblock sb: block pair p is words 9p..9p+8 (block A's scale in the
@@ -101,7 +98,7 @@ __device__ __forceinline__ float super_terms(const Super& sp, int sb, const uint
                                              const float* s) {
   float acc = 0.0f;
 #pragma unroll
-  for (int p = 0; p < kSbBlocks / 2; ++p) {
+  for (int p = 0; p < kSuperBlocks / 2; ++p) {
     Q4Block a, b;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -110,7 +107,7 @@ __device__ __forceinline__ float super_terms(const Super& sp, int sb, const uint
     }
     a.d = port_half_to_float(static_cast<uint16_t>(sp.w[9 * p] & 0xffff));
     b.d = port_half_to_float(static_cast<uint16_t>(sp.w[9 * p + 4] >> 16));
-    const int blk = sb * kSbBlocks + 2 * p;
+    const int blk = sb * kSuperBlocks + 2 * p;
     acc += q4_block_term<QS>(a, blk, q, d, s);
     acc += q4_block_term<QS>(b, blk + 1, q, d, s);
   }
@@ -127,7 +124,7 @@ __device__ __forceinline__ float q4_row_dot(const Super& first, bool have_first,
                                             bool live) {
   float acc = 0.0f;
   if (live) {
-    const int nsb = wide ? nb / kSbBlocks : 0;
+    const int nsb = wide ? nb / kSuperBlocks : 0;
     int sb = sub;
     if (have_first && sb < nsb) {
       acc += super_terms<QS>(first, sb, q, d, s);
@@ -138,7 +135,7 @@ __device__ __forceinline__ float q4_row_dot(const Super& first, bool have_first,
       load_super(w, row, sb);
       acc += super_terms<QS>(w, sb, q, d, s);
     }
-    for (int b = nsb * kSbBlocks + sub; b < nb; b += LANES) {
+    for (int b = nsb * kSuperBlocks + sub; b < nb; b += LANES) {
       acc += q4_block_term<QS>(load_q4_block(row, b), b, q, d, s);
     }
   }
@@ -182,15 +179,15 @@ __global__ void __launch_bounds__(kGateUpThreads)
   const int sub = threadIdx.x % kLanesPerRow;
   const uint8_t* row = bank + e * e_stride + (r < kQK ? n0 + r : inter + n0 + (r - kQK)) * row_bytes;
   Super pre;  // without the L2 hint: the lane's first superblock, in flight while x is quantized
-  const bool pre_ok = !PORT_HAS_L2_PREFETCH && wide && sub < nb / kSbBlocks;
+  const bool pre_ok = !PORT_HAS_L2_PREFETCH && wide && sub < nb / kSuperBlocks;
   if (pre_ok) load_super(pre, row, sub);
   if (PORT_HAS_L2_PREFETCH) {
     if (wide) {
-      for (int sb = sub; sb < nb / kSbBlocks; sb += kLanesPerRow) {  // the three lines a superblock may touch
-        const uint8_t* p = row + static_cast<int64_t>(sb) * kSbBytes;
+      for (int sb = sub; sb < nb / kSuperBlocks; sb += kLanesPerRow) {  // the three lines a superblock may touch
+        const uint8_t* p = row + static_cast<int64_t>(sb) * kSuperBytes;
         port_prefetch_l2(p);
-        port_prefetch_l2(p + kSbBytes / 2);
-        port_prefetch_l2(p + kSbBytes - 1);
+        port_prefetch_l2(p + kSuperBytes / 2);
+        port_prefetch_l2(p + kSuperBytes - 1);
       }
     }
     if (down_bank != nullptr) {  // this block's share of expert e's down matrix, 128-byte lines

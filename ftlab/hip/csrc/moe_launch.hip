@@ -115,7 +115,7 @@ DecodeArgs decode_args(const TensorView& x, const TensorView& w_gate_up, const T
 
 // Whether a Q4_0 bank's rows are superblock-aligned (16-byte aligned rows of 8k blocks).
 bool wide(const Bank& b) {
-  return b.row_stride % kSbBytes == 0 && reinterpret_cast<uintptr_t>(b.data) % 16 == 0;
+  return b.row_stride % kSuperBytes == 0 && reinterpret_cast<uintptr_t>(b.data) % 16 == 0;
 }
 
 template <typename T>
@@ -137,9 +137,18 @@ void launch_decode_q4(const DecodeArgs& a, const TensorView& x, const TensorView
   const dim3 gu_grid(static_cast<unsigned>(a.t * a.top_k), cdiv(a.inter, kQK));
   const dim3 dn_grid(static_cast<unsigned>(a.t), cdiv(a.hidden, kDownRows));
   if (wide(a.gu) && wide(a.dn)) {  // superblock-aligned rows: the region kernels (coalesced loads)
-    launch_pdl(moe_gate_up_q4_regions_kernel<T>, gu_grid, dim3(kMoeThreads), st, xp, x.stride(0), gp, a.gu.e_stride,
-               a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, np, a.dn.e_stride, down_bytes);
-    launch_pdl(moe_down_q4_regions_kernel<T>, dn_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride,
+    // packed rows that a region spans whole: linear regions (moe_regions.hip)
+    const int gu_supers = hidden / kQK / kSuperBlocks, dn_supers = inter / kQK / kSuperBlocks;
+    const bool gu_linear = a.gu.row_stride == gu_supers * kSuperBytes && gu_supers <= kGateUpLanes;
+    const bool dn_linear = a.dn.row_stride == dn_supers * kSuperBytes && dn_supers <= kDownLanes;
+    auto gu_kernel = gu_linear ? moe_gate_up_q4_regions_kernel<T, true> : moe_gate_up_q4_regions_kernel<T, false>;
+    auto dn_kernel = dn_linear ? moe_down_q4_regions_kernel<T, true> : moe_down_q4_regions_kernel<T, false>;
+    // each gate/up block asks the L2 for its share of its expert's down matrix (128-byte lines)
+    const int64_t down_share = (down_bytes + gu_grid.y * 128 - 1) / (gu_grid.y * 128) * 128;
+    launch_pdl(gu_kernel, gu_grid, dim3(kMoeThreads), st, xp, x.stride(0), gp, a.gu.e_stride,
+               a.gu.row_stride, ip, qp, dp, sp, experts, hidden, inter, k, np, a.dn.e_stride, down_bytes,
+               down_share);
+    launch_pdl(dn_kernel, dn_grid, dim3(kMoeThreads), st, qp, dp, sp, np, a.dn.e_stride,
                a.dn.row_stride, ip, wp, yp, y.stride(0), experts, hidden, inter, k);
     return;
   }

@@ -177,6 +177,7 @@ __device__ __forceinline__ void load8(const typename T::storage* p, bool vec, fl
 // records with 16-byte loads land on distinct banks (84 = 20 mod 32).
 constexpr int kSuperBlocks = 8;   // Q4_0 blocks per superblock
 constexpr int kSuperPieces = 9;   // 16-byte pieces per superblock
+constexpr int kSuperBytes = kSuperBlocks * kBlockBytes;  // 144 = kSuperPieces x 16
 constexpr int kRecordWords = 84;  // activation words per (row, superblock)
 
 // Block pair p of a superblock's words pw[36]: the two blocks' qs and scales.

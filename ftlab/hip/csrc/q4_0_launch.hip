@@ -165,6 +165,8 @@ void q4_0_mv(TensorView w, TensorView q, TensorView d, TensorView s, TensorView 
   TVM_FFI_CHECK(a.m >= 1 && a.m <= 8, ValueError) << "the matvec takes 1 to 8 rows, got " << a.m;
   TVM_FFI_CHECK((a.k / kQK) % 2 == 0 && reinterpret_cast<uintptr_t>(base_of(w)) % 4 == 0, ValueError)
       << "the matvec needs an even number of blocks per row and a 4-byte aligned w";
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(a.q) % 16 == 0, ValueError)
+      << "the matvec reads q8 in 16-byte pieces: q8 must be 16-byte aligned";
   if (n == 0) return;
   switch (fp_of(y, "y")) {
     case Fp::f32: launch_mv<f32_t>(w, a, y); break;
@@ -192,8 +194,8 @@ void launch_mv_fused(const TensorView& w, const TensorView& x, const Q8Args* q8,
   };
   if (q8) {
     go(q4_0_mv_fused_kernel<T, M, kFusedGiven>);
-  } else {
-    go(q4_0_mv_fused_kernel<T, M, kFusedQuantize>);
+  } else if constexpr (M == 1) {  // several rows are quantized first (q4_0_mv_fused checks M)
+    go(q4_0_mv_fused_kernel<T, 1, kFusedQuantize>);
   }
 }
 
@@ -262,8 +264,11 @@ void dispatch_fused_dtype(Fp fp, A&&... a) {
 // enough for the activation records to fit in LDS (ops.q4_0_matmul checks; else it takes
 // quantize_q8_1 + q4_0_mv).
 void q4_0_mv_fused(TensorView w, TensorView x, TensorView y) {
-  TVM_FFI_CHECK(x.ndim() == 2 && x.size(1) % kQK == 0 && (x.size(1) <= 1 || x.stride(1) == 1), ValueError)
-      << "x must be [M, K] with contiguous rows and K % 32 == 0";
+  TVM_FFI_CHECK(x.ndim() == 2 && x.size(0) == 1 && x.size(1) % kQK == 0 && (x.size(1) <= 1 || x.stride(1) == 1),
+                ValueError)
+      << "x must be one contiguous row [1, K] with K % 32 == 0 (several rows: quantize them, then q4_0_mv_fused_q8), "
+         "got "
+      << x.ndim() << " dims of sizes [" << x.size(0) << (x.ndim() > 1 ? ", " + std::to_string(x.size(1)) : "") << "]";
   const int g_lanes = fused_checks(w, x.size(0), x.size(1), y);
   TVM_FFI_CHECK(fp_of(y, "y") == fp_of(x, "x"), TypeError) << "y must have x's dtype";
   if (g_lanes == 0) return;

@@ -20,6 +20,7 @@ constexpr int kRowsPerBlock = 4;   // row groups per 128-thread block
 constexpr int kChunkBlocks = 64;   // Q4_0 blocks a row group stages per step (32 pairs)
 constexpr int kChunkWords = kChunkBlocks * kBlockBytes / 4;  // 288
 constexpr int kPairWords = 17;     // 16 words of activations per block pair, +1 of padding
+static_assert(4 * kGroup * kRowsPerBlock == kChunkBlocks * 8, "a thread stages 4 words of each row of a chunk");
 
 // Prefetched weight words of one chunk: lane l holds words 32t + l.
 struct ChunkRegs {
@@ -103,19 +104,36 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     const int buf = static_cast<int>(item & 1);
 #pragma unroll
     for (int t = 0; t < kChunkWords / kGroup; ++t) stage[buf][group][t * kGroup + lane] = r.w[t];
-    // the chunk's activations (L2-resident: every block reads them): 128 threads x 4 words
-    // per row, pair p at word 17p; staged again only when the chunk changes. Not unrolled
-    // over m: that runs AMD out of SGPRs at M = 8.
+    // the chunk's activations (L2-resident: every block reads them): thread tid takes words
+    // 4 tid .. 4 tid + 3 of each row (one 16-byte load; pair p at word 17p in LDS), staged again
+    // only when the chunk changes. On CUDA every row's load is issued before any is stored (one
+    // L2 round trip, not M: at M = 8 the serial form cost ~5 us a chunk); not unrolled over m
+    // on AMD, where that runs out of SGPRs at M = 8.
     if (item < 2 || chunks > 1) {
+      const int word = 4 * tid;  // of the chunk's 512 (16 per pair)
+      const bool in = word < blocks * 8;
+#if defined(PORT_CUDA)
+      bytes16 xv[MV_M];
+#pragma unroll
+      for (int m = 0; m < MV_M; ++m) {
+        xv[m] = in ? reinterpret_cast<const bytes16*>(q8 + m * k + b0 * kQK)[tid] : bytes16{};
+      }
+#pragma unroll
+      for (int m = 0; m < MV_M; ++m) {
+        uint32_t v[4];
+        words_of(xv[m], v);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) xstage[buf][m][((word + c) >> 4) * kPairWords + ((word + c) & 15)] = v[c];
+      }
+#else
 #pragma unroll 1
       for (int m = 0; m < MV_M; ++m) {
-        const int* xsrc = reinterpret_cast<const int*>(q8 + m * k + b0 * kQK);
+        uint32_t v[4];
+        words_of(in ? reinterpret_cast<const bytes16*>(q8 + m * k + b0 * kQK)[tid] : bytes16{}, v);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const int word = t * kGroup * kRowsPerBlock + tid;  // 16 words per pair
-          xstage[buf][m][(word >> 4) * kPairWords + (word & 15)] = word < blocks * 8 ? xsrc[word] : 0;
-        }
+        for (int c = 0; c < 4; ++c) xstage[buf][m][((word + c) >> 4) * kPairWords + ((word + c) & 15)] = v[c];
       }
+#endif
     }
     __syncthreads();
     if (item + 1 < items) {  // next chunk's weights: in flight while this one is computed
@@ -337,13 +355,10 @@ FTLAB_Q4_0_MV_ALL_M(bf16_t)
       const T::storage*, int64_t, const int8_t*, const float*, const float*, const uint8_t*,     \
       int64_t, T::storage*, int64_t, int64_t, int, const T::storage*, int64_t, const T::storage*, \
       T::storage*, T::storage*, float);
-#define FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, M) \
-  FTLAB_Q4_0_MV_FUSED_ONE(T, M, kFusedQuantize) FTLAB_Q4_0_MV_FUSED_ONE(T, M, kFusedGiven)
-#define FTLAB_Q4_0_MV_FUSED_ALL_M(T)        \
-  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 1)     \
-  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 2)     \
-  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 3)     \
-  FTLAB_Q4_0_MV_FUSED_INSTANTIATE(T, 4)
+#define FTLAB_Q4_0_MV_FUSED_ALL_M(T)                                                       \
+  FTLAB_Q4_0_MV_FUSED_ONE(T, 1, kFusedQuantize) /* one row quantizes x itself */         \
+  FTLAB_Q4_0_MV_FUSED_ONE(T, 1, kFusedGiven) FTLAB_Q4_0_MV_FUSED_ONE(T, 2, kFusedGiven) \
+  FTLAB_Q4_0_MV_FUSED_ONE(T, 3, kFusedGiven) FTLAB_Q4_0_MV_FUSED_ONE(T, 4, kFusedGiven)
 FTLAB_Q4_0_MV_FUSED_ALL_M(f32_t)
 FTLAB_Q4_0_MV_FUSED_ALL_M(f16_t)
 FTLAB_Q4_0_MV_FUSED_ALL_M(bf16_t)
