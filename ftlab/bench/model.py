@@ -237,6 +237,18 @@ def fill_cache(cache, seed: int = 1) -> None:
         t.normal_(generator=gen)
 
 
+def parted_note(what: str, got: torch.Tensor, want: torch.Tensor) -> str:
+    """A line for the report when ``got`` is not bit-equal to ``want`` (logits): how many differ, by
+    how much against the largest, and whether the tokens they choose do."""
+    diff = (got.float() - want.float()).abs()
+    finite = bool(torch.isfinite(got).all())
+    same_tokens = bool(torch.equal(got.argmax(-1), want.argmax(-1)))
+    return (f"{what} is not bit-equal to the eager step through its kernels: {int((diff != 0).sum())} of "
+            f"{diff.numel()} logits differ, max |diff| {diff.max().item():.3g} (largest logit "
+            f"{want.abs().max().item():.3g}), {'finite' if finite else 'NOT finite'}, greedy tokens "
+            f"{'the same' if same_tokens else 'different'}")  # fmt: skip
+
+
 def eager_step_ok(step: Callable[[], torch.Tensor], eager: torch.Tensor, same: torch.Tensor) -> bool:
     """Whether an eager decode step is right: its logits ``eager`` equal ``same``, those of the step
     through the graph's kernels, where it took the same kernels; where its attention took hip's
@@ -271,7 +283,10 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
     if graph is not None:
         with model_layers.attention_as_captured():  # the graph's kernels, launched eagerly
             same = model.forward(steps[0], positions).clone()
-        ok["graph"] = bool(torch.isfinite(same).all()) and bool(torch.equal(graph(steps[0], positions), same))
+        replayed = graph(steps[0], positions)
+        ok["graph"] = bool(torch.isfinite(same).all()) and bool(torch.equal(replayed, same))
+        if not ok["graph"]:  # what a failing check saw, for benchmarks/graph_replay_probe.py's hunt
+            report.notes.append(parted_note(f"decode batch {batch}: the graph step", replayed, same))
         ok["eager"] = ok["eager"] and eager_step_ok(lambda: model.forward(steps[0], positions), eager, same)
     k, e = config.num_experts_per_tok, config.num_experts
     used = e * (1 - (1 - k / e) ** batch)  # distinct experts a layer, expected under uniform routing

@@ -11,7 +11,7 @@ import torch
 
 from ftlab import cli
 from ftlab.bench import model_gguf
-from ftlab.bench.model import decode_bytes
+from ftlab.bench.model import decode_bytes, parted_note
 from ftlab.formats.gguf import open_reader
 from ftlab.models.loader import load_gguf
 
@@ -154,3 +154,15 @@ def test_static_prefill_is_the_dynamic_one():
     static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=32, static=True).forward(tokens, pos, last_only=True)
     assert dynamic.shape == static.shape == (1, 1, config.vocab_size)
     torch.testing.assert_close(static, dynamic, rtol=0, atol=1e-4 * float(dynamic.abs().max()))
+
+
+def test_parted_note_says_how_a_failed_check_parted():
+    want = torch.tensor([[1.0, 5.0, -2.0], [0.5, 0.25, 3.0]])
+    got = want.clone()
+    got[0, 2] = -2.5
+    note = parted_note("decode batch 2: the graph step", got, want)
+    assert "1 of 6 logits differ" in note and "max |diff| 0.5" in note and "largest logit 5" in note
+    assert "greedy tokens the same" in note and "finite" in note
+    got[1, 0] = float("inf")
+    note = parted_note("x", got, want)
+    assert "NOT finite" in note and "greedy tokens different" in note
