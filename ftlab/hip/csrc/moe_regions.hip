@@ -54,11 +54,6 @@ __device__ __forceinline__ int linear_super(int lane, int supers) {
   return ((lane / G) * supers + lane % G) * kSuperPieces;
 }
 
-// Asks the L2 for a linear region's lines (128 bytes: 8 pieces), lane by lane.
-__device__ __forceinline__ void prefetch_linear(const uint8_t* base, int pieces, int lane) {
-  for (int line = lane; line * 8 < pieces; line += kMoeGroup) port_prefetch_l2(base + line * 128);
-}
-
 // A group's walk over its `items` regions, kRegionBuffers of them in registers at a time (one
 // where the target has the L2 hint: the kernels then ask the L2 for the later regions up front,
 // and the registers stay few enough for two blocks an SM; two elsewhere). load_region issues the
