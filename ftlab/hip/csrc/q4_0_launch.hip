@@ -267,8 +267,8 @@ void q4_0_mv_fused(TensorView w, TensorView x, TensorView y) {
   TVM_FFI_CHECK(x.ndim() == 2 && x.size(0) == 1 && x.size(1) % kQK == 0 && (x.size(1) <= 1 || x.stride(1) == 1),
                 ValueError)
       << "x must be one contiguous row [1, K] with K % 32 == 0 (several rows: quantize them, then q4_0_mv_fused_q8), "
-         "got "
-      << x.ndim() << " dims of sizes [" << x.size(0) << (x.ndim() > 1 ? ", " + std::to_string(x.size(1)) : "") << "]";
+         "got a tensor of "
+      << x.ndim() << " dims and " << x.numel() << " elements";
   const int g_lanes = fused_checks(w, x.size(0), x.size(1), y);
   TVM_FFI_CHECK(fp_of(y, "y") == fp_of(x, "x"), TypeError) << "y must have x's dtype";
   if (g_lanes == 0) return;
