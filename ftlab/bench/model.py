@@ -249,10 +249,31 @@ def parted_note(what: str, got: torch.Tensor, want: torch.Tensor) -> str:
             f"{'the same' if same_tokens else 'different'}")  # fmt: skip
 
 
+def which_side(graph: Callable[..., torch.Tensor], model, tokens: torch.Tensor, positions: torch.Tensor,
+               replayed: torch.Tensor, same: torch.Tensor) -> str:  # fmt: skip
+    """After a failed graph check: whether each side gives its logits again (a second replay, a
+    second eager step through the graph's kernels), and whether the step launched eagerly through
+    exactly the captured kernels (``layers.as_captured``: the fused norm and q/k/v matvec off too)
+    equals the replay -- a text for the report, which tells a flaky kernel from a path that parts."""
+    again = graph(tokens, positions).clone()
+    with model_layers.attention_as_captured():
+        same2 = model.forward(tokens, positions).clone()
+    with model_layers.as_captured():
+        exact = model.forward(tokens, positions).clone()
+
+    def eq(a: torch.Tensor, b: torch.Tensor) -> str:
+        return "equal" if torch.equal(a, b) else "differ"
+
+    return (f"; a second replay and the first: {eq(again, replayed)}; a second eager step and the first: "
+            f"{eq(same2, same)}; the replay and the step launched eagerly through exactly the captured "
+            f"kernels: {eq(replayed, exact)}")  # fmt: skip
+
+
 def eager_step_ok(step: Callable[[], torch.Tensor], eager: torch.Tensor, same: torch.Tensor) -> bool:
     """Whether an eager decode step is right: its logits ``eager`` equal ``same``, those of the step
-    through the graph's kernels, where it took the same kernels; where its attention took hip's
-    one-launch kernel (``layers.DECODE_ATTENTION_HIP_EAGER``) the two may part -- a last-bit difference
+    through the graph's kernels, where it took the same kernels (the default: both attend through
+    hip's one-launch kernel); where the graph's attention is SDPA (``layers.DECODE_ATTENTION_HIP``
+    off) and the eager step's hip's (``layers.DECODE_ATTENTION_HIP_EAGER``) the two may part -- a last-bit difference
     in one layer's attention flips a routing choice a few layers on (random weights: ~7% of the
     largest logit apart after 48 layers, at batch 1 as at 8 and 16; benchmarks/NOTES.md, "Eager
     decode") -- so ``step`` is run again (it rewrites the same cache slots) with every layer's
@@ -286,7 +307,8 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
         replayed = graph(steps[0], positions)
         ok["graph"] = bool(torch.isfinite(same).all()) and bool(torch.equal(replayed, same))
         if not ok["graph"]:  # what a failing check saw, for benchmarks/graph_replay_probe.py's hunt
-            report.notes.append(parted_note(f"decode batch {batch}: the graph step", replayed, same))
+            report.notes.append(parted_note(f"decode batch {batch}: the graph step", replayed, same)
+                                + which_side(graph, model, steps[0], positions, replayed.clone(), same))  # fmt: skip
         ok["eager"] = ok["eager"] and eager_step_ok(lambda: model.forward(steps[0], positions), eager, same)
     k, e = config.num_experts_per_tok, config.num_experts
     used = e * (1 - (1 - k / e) ** batch)  # distinct experts a layer, expected under uniform routing

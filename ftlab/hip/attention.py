@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ftlab import jit
@@ -24,6 +26,14 @@ MAX_GROUP, MAX_HEAD_DIM = 8, 256
 #: head dims of the one-launch kernel, and the most splits it takes a (sequence, key head)
 TILE_HEAD_DIMS = (128, 256)
 TILE_MAX_SPLITS = 64
+#: the one-launch kernel's blocks resident on a multiprocessor (~255 registers a thread: 2 on the H200)
+#: and the blocks a multiprocessor its split plan aims at where the plan's splits of all sequences
+#: would not all be resident at once: a sequence's live positions then go into at most
+#: ceil(TILE_BLOCKS_PER_SM * multiprocessors / (B * KVH)) splits of whole tiles (:func:`tile_want`),
+#: so that the live blocks of all sequences about fill the GPU once (H200, 32 / 4 heads of 128 over
+#: 520 slots: batch 8 19.3 us against 24.3 us with one tile a split; benchmarks/NOTES.md, "Graph
+#: against eager decode: cuDNN's attention")
+TILE_RESIDENT_PER_SM, TILE_BLOCKS_PER_SM = 2, 1.5
 #: a thread's rows of a tile in the one-launch kernel (4 or 2: tiles of 32 or 16 positions at head
 #: dim 128); a module setting, so a benchmark can compare the two
 ROWS_PER_THREAD = 4
@@ -42,6 +52,23 @@ def tile_plan(s: int, d: int, rows: int | None = None) -> tuple[int, int]:
     tile = tile_rows(d, rows)
     chunk = tile * max(1, -(-s // (tile * TILE_MAX_SPLITS)))
     return chunk, max(1, -(-s // chunk))
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tile_want(b: int, kvh: int, device: torch.device) -> int:
+    """The most live splits a (sequence, key head) of the one-launch kernel on ``device`` for ``b``
+    sequences of ``kvh`` key heads: :data:`TILE_MAX_SPLITS` where that many for every one are
+    resident at once, else ~:data:`TILE_BLOCKS_PER_SM` blocks a multiprocessor over them; the
+    kernel grows a sequence's split past the plan's chunk by whole tiles where its live positions
+    would make more."""
+    sms, heads = _multiprocessors(device), max(1, b * kvh)
+    if heads * TILE_MAX_SPLITS <= TILE_RESIDENT_PER_SM * sms:  # every split resident at once
+        return TILE_MAX_SPLITS
+    return max(1, min(TILE_MAX_SPLITS, -(-int(TILE_BLOCKS_PER_SM * sms) // heads)))
 
 
 def _tiles_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -76,13 +103,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     acc = q.new_empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32)
     if tiles:
         counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
+        want = tile_want(b, kvh, q.device)
         if quantize:  # the kernel writes out's Q8_1 too
             q8 = Q8_1.empty(b, h * d, q.device)
             jit.on_device(q.device, lambda: module.decode_attention_tiles_q8(
-                q, k, v, lengths, ml, acc, counters, out, q8.q, q8.d, q8.s, chunk, splits, rows, float(scale)))  # fmt: skip
+                q, k, v, lengths, ml, acc, counters, out, q8.q, q8.d, q8.s, chunk, splits, want, rows, float(scale)))  # fmt: skip
             return out, q8
         jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
-                                                                      splits, rows, float(scale)))  # fmt: skip
+                                                                      splits, want, rows, float(scale)))  # fmt: skip
     else:
         jit.on_device(q.device, lambda: module.decode_attention(q, k, v, lengths, ml, acc, out, chunk, splits,
                                                                 float(scale)))  # fmt: skip

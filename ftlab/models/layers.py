@@ -190,27 +190,33 @@ NORM_IN_QKV_EAGER = True
 # Whether a decode step (one token a sequence, on a GPU) with decode_attention left "auto" attends
 # through ops.decode_attention's hip kernel over the live positions (one launch, programmatically
 # dependent: the o_proj matvec after it prefetches its weights meanwhile), not torch's SDPA over
-# every slot. Off: alone the kernel is slower than cuDNN's (11.3 against 8.3 us at 513 positions),
-# and the decode step with it, timed in turns with SDPA's in one process, was no faster (2781
-# against 2755 us at batch 1; benchmarks/NOTES.md, "The decode attention in one process"). Its
-# model GPU test passes (tests/models/test_decode_fusions.py -m gpu).
-DECODE_ATTENTION_HIP = False
+# every slot. On: torch's SDPA takes cuDNN's kernel there, and on the H200 that kernel is not
+# deterministic in the model: over 30 token draws of the 48-layer Qwen3-30B-A3B shape, two eager
+# steps through the same kernels on the same inputs parted at 27 of 30 draws at batch 8 and 7 of 30
+# at batch 1, the first parting op always a cuDNN SDPA call whose inputs were bit-equal, and none
+# parted with cuDNN's SDPA turned off; with programmatic launches off too, so not ftlab's kernels
+# (benchmarks/NOTES.md, "Graph against eager decode: cuDNN's attention"). hip's kernel merges its
+# splits in a fixed order: a replayed step equals an eager one bit for bit. Alone it is slower than
+# cuDNN's (11.3 against 8.3 us at 513 positions, 20.7 against 8.8 us at 4000 of 4096), while the
+# step with it and ATTENTION_Q8, timed in turns with SDPA's in one process, took 2746 against 2755
+# us at batch 1 (benchmarks/NOTES.md, "The decode attention in one process").
+DECODE_ATTENTION_HIP = True
 # Whether a decode step launched eagerly (not under graph capture) with decode_attention "auto" takes
-# that hip kernel too, where it serves; a captured step keeps SDPA (cuDNN's kernel, faster replayed)
-# unless the flag above is on. SDPA's eager path (the boolean mask over every slot) costs ~90 us of
-# host time a layer against ~30 us for the op: the eager step at batch 1 went 48.9 -> 59.7 tokens/s
-# with it (benchmarks/NOTES.md, "Eager decode"). An eager step and a replayed one then differ beyond
-# the last bits: a last-bit difference between the two attention kernels flips a routing choice some
-# layers on (on the bench's random 48-layer model, at batch 1, 8 and 16 alike, the logits ended ~7% of
-# the largest apart while every layer's hip attention was within the derived bound of the reference);
+# that hip kernel too, where it serves (with the flag above off, a captured step keeps SDPA). SDPA's
+# eager path (the boolean mask over every slot) costs ~90 us of host time a layer against ~30 us for
+# the op: the eager step at batch 1 went 48.9 -> 59.7 tokens/s with it (benchmarks/NOTES.md, "Eager
+# decode"). With the flag above off an eager step and a replayed one differ beyond the last bits: a
+# last-bit difference between the two attention kernels flips a routing choice some layers on (on
+# the bench's random 48-layer model, at batch 1, 8 and 16 alike, the logits ended ~7% of the largest
+# apart while every layer's hip attention was within the derived bound of the reference);
 # layers.attention_as_captured() gives an eager step the graph's kernels, to hold one to the other.
 DECODE_ATTENTION_HIP_EAGER = True
 # Whether that hip decode attention also writes its output's Q8_1 (the same launch), which the Q4_0
 # o_proj matvec after it takes instead of quantizing its input in every block (the matvec's
 # prologue: 2.7 of 8.2 us at 4096 -> 2048, benchmarks/NOTES.md "Q8_1 given"). Only where the
 # attention output goes straight into a Q4_0 o_proj (Qwen3-MoE). The same bits (a GPU test); in
-# one process the step took 2746 against 2781 us without it, 2755 with SDPA: off with the flag above.
-ATTENTION_Q8 = False
+# one process the step took 2746 against 2781 us without it.
+ATTENTION_Q8 = True
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import torch
 
 from ftlab import cli
 from ftlab.bench import model_gguf
-from ftlab.bench.model import decode_bytes, parted_note
+from ftlab.bench.model import decode_bytes, parted_note, which_side
 from ftlab.formats.gguf import open_reader
 from ftlab.models.loader import load_gguf
 
@@ -166,3 +166,21 @@ def test_parted_note_says_how_a_failed_check_parted():
     got[1, 0] = float("inf")
     note = parted_note("x", got, want)
     assert "NOT finite" in note and "greedy tokens different" in note
+
+
+def test_which_side_tells_the_replay_and_the_eager_steps_apart():
+    """``which_side`` on the CPU, a stand-in graph: one that gives the eager step's logits again
+    (equal to the step through the captured kernels), and one whose replays drift (each differs)."""
+    from ftlab.models.qwen3_moe import Qwen3Moe
+
+    config, weights = load_gguf(Q4_K_M, device=torch.device("cpu"), dtype=torch.float32)
+    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=16, static=True)
+    tokens, positions = torch.tensor([[3]]), torch.tensor([[5]])
+    same = model.forward(tokens, positions).clone()
+    note = which_side(lambda t, p: model.forward(t, p), model, tokens, positions, same.clone(), same)
+    assert note.count("equal") == 3 and "differ" not in note
+    drift = iter(range(1, 100))
+    note = which_side(lambda t, p: same + next(drift), model, tokens, positions, same + 99, same)
+    assert "a second replay and the first: differ" in note
+    assert "a second eager step and the first: equal" in note
+    assert note.endswith("exactly the captured kernels: differ")

@@ -159,6 +159,19 @@ def test_hip_tile_plan():
                 assert 1 <= splits <= TILE_MAX_SPLITS
 
 
+def test_hip_tile_want(monkeypatch):
+    """The most live splits a (sequence, key head): all 64 while every split of every sequence's key
+    heads fits the kernel's residency of 2 blocks a multiprocessor, else ~1.5 blocks a
+    multiprocessor over them (132 multiprocessors: 64 splits for one sequence of 4 key heads, 25
+    for 2, 7 for 8), 1 to 64."""
+    import ftlab.hip.attention as ha
+
+    monkeypatch.setattr(ha, "_multiprocessors", lambda device: 132)
+    dev = torch.device("cpu")
+    assert [ha.tile_want(b, 4, dev) for b in (1, 2, 4, 8, 16, 64)] == [64, 25, 13, 7, 4, 1]
+    assert ha.tile_want(1, 1, dev) == ha.TILE_MAX_SPLITS and ha.tile_want(0, 4, dev) == ha.TILE_MAX_SPLITS
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reference_is_sdpa(dtype):
     """The reference is torch's attention with the causal mask of a decode step (GQA), within the
@@ -205,7 +218,7 @@ def test_slots_past_the_length_are_never_read(device, d):
 @pytest.mark.gpu
 def test_hip_one_launch_refuses_bad_direct_calls():
     """The one-launch entries, called directly: a chunk past int32, fp16 workspaces, strided counters,
-    Q8_1 outputs of the wrong dtype, size or device are refused before any launch."""
+    no live split wanted, Q8_1 outputs of the wrong dtype, size or device are refused before any launch."""
     from ftlab import backends, jit
 
     dev = torch.device("cuda")
@@ -219,19 +232,21 @@ def test_hip_one_launch_refuses_bad_direct_calls():
     ml, acc = torch.zeros(1, 2, 4, 4, 2, device=dev), torch.zeros(1, 2, 4, 4, 128, device=dev)
     counters = torch.zeros(16, dtype=torch.int32, device=dev)
     with pytest.raises(ValueError, match="at most 2147483647"):
-        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters, out, 2**32 + 32, 1, 4, 0.1)
+        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters, out, 2**32 + 32, 1, 1, 4, 0.1)
     with pytest.raises(TypeError, match="ml and acc must be float32"):
-        module.decode_attention_tiles(q, k, k, lengths, ml.half(), acc, counters, out, 32, 4, 4, 0.1)
+        module.decode_attention_tiles(q, k, k, lengths, ml.half(), acc, counters, out, 32, 4, 4, 4, 0.1)
     with pytest.raises(ValueError, match="contiguous"):
-        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters[::2], out, 32, 4, 4, 0.1)
+        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters[::2], out, 32, 4, 4, 4, 0.1)
+    with pytest.raises(ValueError, match=r"want \(the most live splits a sequence\) must be 1 to 64, got 0"):
+        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters, out, 32, 4, 0, 4, 0.1)
     oq = torch.full((1, 1024), 7, dtype=torch.int8, device=dev)
     od, os_ = torch.zeros(1, 32, device=dev), torch.zeros(1, 32, device=dev)
     with pytest.raises(TypeError, match="oq must be int8"):
-        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq.int(), od, os_, 32, 4, 4, 0.1)
+        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq.int(), od, os_, 32, 4, 4, 4, 0.1)
     with pytest.raises(TypeError, match="od and os must be float32 with"):
-        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od[:, :16], os_, 32, 4, 4, 0.1)
+        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od[:, :16], os_, 32, 4, 4, 4, 0.1)
     with pytest.raises(ValueError, match="oq, od and os"):
-        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od.cpu(), os_, 32, 4, 4, 0.1)
+        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od.cpu(), os_, 32, 4, 4, 4, 0.1)
     assert not counters.any() and (oq == 7).all() and not od.any()
 
 

@@ -142,14 +142,14 @@ namespace {
 template <typename T, int D, int R>
 void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                   const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
-                  const AttnArgs& a, const Q8Out& q8) {
+                  const AttnArgs& a, int want, const Q8Out& q8) {
   using S = typename T::storage;
   const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
   launch_pdl(decode_attention_tiles_kernel<T, D, R>, grid, dim3(kTileThreads), stream_of(out),
              static_cast<const S*>(base_of(q)), static_cast<const S*>(base_of(k)), static_cast<const S*>(base_of(v)),
              static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)),
              static_cast<float*>(base_of(acc)), static_cast<uint32_t*>(base_of(counters)), static_cast<S*>(base_of(out)),
-             k.stride(0), k.stride(1), v.stride(0), v.stride(1), static_cast<int>(a.s), a.chunk, a.scale,
+             k.stride(0), k.stride(1), v.stride(0), v.stride(1), static_cast<int>(a.s), a.chunk, want, a.scale,
              static_cast<int>(a.h), static_cast<int>(a.kvh), q8.q, q8.d, q8.s);
   check_launch("decode_attention_tiles_kernel");
 }
@@ -157,11 +157,11 @@ void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
 template <typename T>
 void dispatch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                     const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
-                    const AttnArgs& a, int rows, const Q8Out& q8) {
-  if (a.d == 128 && rows == 4) launch_tiles<T, 128, 4>(q, k, v, lengths, ml, acc, counters, out, a, q8);
-  if (a.d == 256 && rows == 4) launch_tiles<T, 256, 4>(q, k, v, lengths, ml, acc, counters, out, a, q8);
-  if (a.d == 128 && rows == 2) launch_tiles<T, 128, 2>(q, k, v, lengths, ml, acc, counters, out, a, q8);
-  if (a.d == 256 && rows == 2) launch_tiles<T, 256, 2>(q, k, v, lengths, ml, acc, counters, out, a, q8);
+                    const AttnArgs& a, int rows, int want, const Q8Out& q8) {
+  if (a.d == 128 && rows == 4) launch_tiles<T, 128, 4>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
+  if (a.d == 256 && rows == 4) launch_tiles<T, 256, 4>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
+  if (a.d == 128 && rows == 2) launch_tiles<T, 128, 2>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
+  if (a.d == 256 && rows == 2) launch_tiles<T, 256, 2>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
 }
 
 // out's Q8_1 (oq [B, H * D] int8, od / os [B, H * D / 32] fp32, contiguous, on q's device), or none.
@@ -182,12 +182,12 @@ Q8Out q8_out_of(const TensorView& q, const TensorView& oq, const TensorView& od,
 // decode_attention in one launch (attention_tiles.hip): q, k, v fp16 / bf16 with head dim 128 or
 // 256, q contiguous and 16-byte aligned, k and v [B, S, KVH, D] with 16-byte aligned rows.
 // A thread holds `rows` (2 or 4) rows of a tile; each split holds `chunk` positions, a multiple of
-// tile_rows(D, rows) (splits * chunk >= S, splits <=
-// kTileMaxSplits); ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
+// tile_rows(D, rows) (splits * chunk >= S, splits <= kTileMaxSplits), or more whole tiles where a
+// sequence's live positions would make more than `want` (>= 1) splits of `chunk`; ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
 // counters [B * KVH] uint32 zeros, left zeros.
 void tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
            const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
-           int64_t chunk, int64_t splits, int64_t rows, double scale, const Q8Out& q8) {
+           int64_t chunk, int64_t splits, int64_t want, int64_t rows, double scale, const Q8Out& q8) {
   TVM_FFI_CHECK(q.ndim() == 3 && k.ndim() == 4 && v.ndim() == 4 && out.ndim() == 3, ValueError)
       << "q and out must be [B, H, D], k and v [B, S, KVH, D]";
   check_int_sizes(k.size(1), chunk, splits);
@@ -215,6 +215,8 @@ void tiles(const TensorView& q, const TensorView& k, const TensorView& v, const 
                 ValueError)
       << "chunk must be a multiple of " << tile << " and chunk * splits (splits <= "
       << kTileMaxSplits << ") must cover the positions";
+  TVM_FFI_CHECK(want >= 1 && want <= kTileMaxSplits, ValueError)
+      << "want (the most live splits a sequence) must be 1 to " << kTileMaxSplits << ", got " << want;
   const int64_t g = a.h / a.kvh;
   if (splits > 1)
     TVM_FFI_CHECK(ml.numel() >= a.b * a.kvh * splits * g * 2 && acc.numel() >= a.b * a.kvh * splits * g * a.d,
@@ -229,25 +231,27 @@ void tiles(const TensorView& q, const TensorView& k, const TensorView& v, const 
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(q)) % 16 == 0 && aligned16(k, 2) && aligned16(v, 2), ValueError)
       << "q, k and v must be 16-byte aligned (bases and strides)";
   if (a.b == 0) return;
-  if (fp == Fp::f16) dispatch_tiles<f16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows), q8);
-  else dispatch_tiles<bf16_t>(q, k, v, lengths, ml, acc, counters, out, a, static_cast<int>(rows), q8);
+  const int w = static_cast<int>(want), r = static_cast<int>(rows);
+  if (fp == Fp::f16) dispatch_tiles<f16_t>(q, k, v, lengths, ml, acc, counters, out, a, r, w, q8);
+  else dispatch_tiles<bf16_t>(q, k, v, lengths, ml, acc, counters, out, a, r, w, q8);
 }
 
 }  // namespace
 
 void decode_attention_tiles(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml,
                             TensorView acc, TensorView counters, TensorView out, int64_t chunk, int64_t splits,
-                            int64_t rows, double scale) {
-  tiles(q, k, v, lengths, ml, acc, counters, out, chunk, splits, rows, scale, Q8Out{});
+                            int64_t want, int64_t rows, double scale) {
+  tiles(q, k, v, lengths, ml, acc, counters, out, chunk, splits, want, rows, scale, Q8Out{});
 }
 
 // The same, also writing out's Q8_1 (out viewed [B, H * D]): oq [B, H * D] int8, od and os
 // [B, H * D / 32] fp32, contiguous; the arithmetic of quantize_q8_1 on the rounded output.
 void decode_attention_tiles_q8(TensorView q, TensorView k, TensorView v, TensorView lengths, TensorView ml,
                                TensorView acc, TensorView counters, TensorView out, TensorView oq, TensorView od,
-                               TensorView os, int64_t chunk, int64_t splits, int64_t rows, double scale) {
+                               TensorView os, int64_t chunk, int64_t splits, int64_t want, int64_t rows,
+                               double scale) {
   TVM_FFI_CHECK(q.ndim() == 3, ValueError) << "q must be [B, H, D]";
-  tiles(q, k, v, lengths, ml, acc, counters, out, chunk, splits, rows, scale, q8_out_of(q, oq, od, os));
+  tiles(q, k, v, lengths, ml, acc, counters, out, chunk, splits, want, rows, scale, q8_out_of(q, oq, od, os));
 }
 
 }  // namespace ftlab

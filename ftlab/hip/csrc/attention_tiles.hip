@@ -4,10 +4,13 @@
 // rows) are in attention.hip.
 //
 // One block of kTileThreads per (split, key head, sequence); a split is `chunk` positions, walked
-// a tile of kTileRows(D) positions at a time. A row of D elements is read by LP = D / 8 lanes, 16
-// bytes each, so the block's 128 threads are RG = 128 / LP row groups and a thread holds
-// R (4 or 2) rows of a tile: its key and value pieces are all loaded at once (2R loads in flight
-// a thread), before any arithmetic.
+// a tile of kTileRows(D) positions at a time -- or, where a sequence's live positions would make
+// more than `want` splits of `chunk`, as many whole tiles a split as keep them to `want` (the grid
+// is the cache's: splits past a sequence's live ones return at once; `want` from the launcher,
+// so that the blocks of all sequences about fill the GPU once). A row of D elements is read by
+// LP = D / 8 lanes, 16 bytes each, so the block's 128 threads are RG = 128 / LP row groups and a
+// thread holds R (4 or 2) rows of a tile: its key and value pieces are all loaded at once (2R
+// loads in flight a thread), before any arithmetic.
 //   scores: the thread's 8 scaled query elements of each of the G <= 8 query heads sit in registers;
 //     a row's 8 partial dots are summed over its LP lanes by halving exchanges (4, 2, 1 values,
 //     then whole sums): 8 shuffles a row for D = 128, after which a lane holds one head's score;
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(kTileThreads)
                                   const typename T::storage* __restrict__ v, const int32_t* __restrict__ lengths,
                                   float* ml, float* acc_ws, uint32_t* __restrict__ counters,
                                   typename T::storage* __restrict__ out, int64_t k_sb, int64_t k_sp, int64_t v_sb,
-                                  int64_t v_sp, int s_len, int chunk, float scale, int heads, int kv_heads,
+                                  int64_t v_sp, int s_len, int chunk, int want, float scale, int heads, int kv_heads,
                                   int8_t* __restrict__ oq, float* __restrict__ od, float* __restrict__ os) {
   using S = typename T::storage;
   constexpr int LP = D / 8, RG = kTileThreads / LP, TP = RG * R, G = kTileMaxG;
@@ -96,11 +99,12 @@ __global__ void __launch_bounds__(kTileThreads)
   const int g_n = heads / kv_heads;
   const S* kb = k + b * k_sb + static_cast<int64_t>(kh) * D + 8 * piece;
   const S* vb = v + b * v_sb + static_cast<int64_t>(kh) * D + 8 * piece;
-  const int64_t start = static_cast<int64_t>(split) * chunk;
-  if (PORT_HAS_L2_PREFETCH && piece % 8 == 0) {  // the first tile's lines, while the kernel before finishes
+  const int64_t start0 = static_cast<int64_t>(split) * chunk;  // the split's start under `chunk`
+  // the first tile's lines, while the kernel before finishes (where no sequence's split can grow)
+  if (PORT_HAS_L2_PREFETCH && want >= splits && piece % 8 == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t p = start + rg + r * RG;
+      const int64_t p = start0 + rg + r * RG;
       if (p < s_len) {
         port_prefetch_l2(kb + p * k_sp);
         port_prefetch_l2(vb + p * v_sp);
@@ -109,8 +113,9 @@ __global__ void __launch_bounds__(kTileThreads)
   }
   port_pdl_wait();
   port_pdl_trigger();
-  // every load of the first tile at once: q, the length, the key and value rows (up to the
-  // cache's end: rows past the split's live positions are masked below)
+  // every load of the first tile at once: q, the length, the key and value rows from the split's
+  // start under `chunk` (up to the cache's end: rows past the split's live positions are masked
+  // below); loaded again from the later start where the sequence's splits grow
   bytes16 qr[G], kr[R], vr[R];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -118,21 +123,29 @@ __global__ void __launch_bounds__(kTileThreads)
     if (g < g_n)
       qr[g] = *reinterpret_cast<const bytes16*>(q + (b * heads + static_cast<int64_t>(kh) * g_n + g) * D + 8 * piece);
   }
+  auto load_rows = [&](int64_t from) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t p = start + rg + r * RG;
-    kr[r] = bytes16{};
-    vr[r] = bytes16{};
-    if (p < s_len) {
-      kr[r] = *reinterpret_cast<const bytes16*>(kb + p * k_sp);
-      vr[r] = *reinterpret_cast<const bytes16*>(vb + p * v_sp);
+    for (int r = 0; r < R; ++r) {
+      const int64_t p = from + rg + r * RG;
+      kr[r] = bytes16{};
+      vr[r] = bytes16{};
+      if (p < s_len) {
+        kr[r] = *reinterpret_cast<const bytes16*>(kb + p * k_sp);
+        vr[r] = *reinterpret_cast<const bytes16*>(vb + p * v_sp);
+      }
     }
-  }
+  };
+  load_rows(start0);
   int64_t n = lengths[b];
   n = n < 0 ? 0 : (n > s_len ? s_len : n);
-  const int live = n == 0 ? 1 : static_cast<int>((n + chunk - 1) / chunk);
+  // the sequence's split: `chunk`, or as many whole tiles as keep its live splits to `want`
+  const int per = ((static_cast<int>(n) + TP - 1) / TP + want - 1) / want;  // n <= s_len: 32 bits
+  const int span = per * TP > chunk ? per * TP : chunk;
+  const int live = n == 0 ? 1 : (static_cast<int>(n) + span - 1) / span;
   if (split >= live) return;
-  const int64_t stop = start + chunk < n ? start + chunk : n;
+  const int64_t start = static_cast<int64_t>(split) * span;
+  if (start != start0) load_rows(start);
+  const int64_t stop = start + span < n ? start + span : n;
 
   float qf[G][8];
 #pragma unroll
@@ -344,7 +357,7 @@ __global__ void __launch_bounds__(kTileThreads)
 #define FTLAB_ATTENTION_TILES_DR(T, D, R)                                                                          \
   template __global__ void decode_attention_tiles_kernel<T, D, R>(                                              \
       const T::storage*, const T::storage*, const T::storage*, const int32_t*, float*, float*, uint32_t*,        \
-      T::storage*, int64_t, int64_t, int64_t, int64_t, int, int, float, int, int, int8_t*, float*, float*);
+      T::storage*, int64_t, int64_t, int64_t, int64_t, int, int, int, float, int, int, int8_t*, float*, float*);
 #define FTLAB_ATTENTION_TILES(T)                                                                                  \
   FTLAB_ATTENTION_TILES_DR(T, 128, 4) FTLAB_ATTENTION_TILES_DR(T, 256, 4) FTLAB_ATTENTION_TILES_DR(T, 128, 2)   \
   FTLAB_ATTENTION_TILES_DR(T, 256, 2)
