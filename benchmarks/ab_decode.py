@@ -6,8 +6,11 @@ the GPU's drift between processes is out of the comparison. A setting is ``NAME`
 defaults) or ``NAME=FLAG,!FLAG,...``: ``ftlab.models.layers`` flags turned on (or, with ``!``,
 off) while its step is captured, e.g.
 
-    python benchmarks/ab_decode.py FILE.gguf sdpa hip=DECODE_ATTENTION_HIP \\
-        hip-q8=DECODE_ATTENTION_HIP,ATTENTION_Q8 [--batch 1] [--position 512] [--rounds 5]
+    python benchmarks/ab_decode.py FILE.gguf hip-q8 sdpa=!DECODE_ATTENTION_HIP,!ATTENTION_Q8 \\
+        hip=!ATTENTION_Q8 [--batch 1] [--position 512] [--rounds 5]
+
+(the defaults attend through hip's kernel with its Q8_1: ``sdpa`` is the captured step on torch's
+SDPA, as before 2026-12-03)
 
 ``--eager``: the settings' steps launched eagerly (graphs off; the flags set around each step, the
 eager choices being made as the step runs), each round's figure the wall time of ``--reps`` steps

@@ -87,7 +87,7 @@ def main() -> None:
                     "inside qk_norm_rope, layers.KV_STORE_IN_ROPE), router (the post-attention norm inside the "
                     "router, layers.NORM_IN_ROUTER), qkv (the input norm inside the q/k/v matvec, "
                     "layers.NORM_IN_QKV)")  # fmt: skip
-    ap.add_argument("--attention", default="auto", help="the decode_attention backend (auto: SDPA; hip's kernel under layers.DECODE_ATTENTION_HIP, or for the eager --host step under DECODE_ATTENTION_HIP_EAGER)")
+    ap.add_argument("--attention", default="auto", help="the decode_attention backend (auto: hip's kernel under layers.DECODE_ATTENTION_HIP, on by default, or for the eager --host step under DECODE_ATTENTION_HIP_EAGER; else SDPA)")
     args = ap.parse_args()
     flags = {"kv": "KV_STORE_IN_ROPE", "router": "NORM_IN_ROUTER", "qkv": "NORM_IN_QKV"}
     for name in filter(None, args.fusions.split(",")):

@@ -31,7 +31,7 @@ TILE_MAX_SPLITS = 64
 #: would not all be resident at once: a sequence's live positions then go into at most
 #: ceil(TILE_BLOCKS_PER_SM * multiprocessors / (B * KVH)) splits of whole tiles (:func:`tile_want`),
 #: so that the live blocks of all sequences about fill the GPU once (H200, 32 / 4 heads of 128 over
-#: 520 slots: batch 8 19.3 us against 24.3 us with one tile a split; benchmarks/NOTES.md, "Graph
+#: 520 slots: batch 8 19.2 us against 24.2 us with one tile a split; benchmarks/NOTES.md, "Graph
 #: against eager decode: cuDNN's attention")
 TILE_RESIDENT_PER_SM, TILE_BLOCKS_PER_SM = 2, 1.5
 #: a thread's rows of a tile in the one-launch kernel (4 or 2: tiles of 32 or 16 positions at head

@@ -184,3 +184,5 @@ def test_which_side_tells_the_replay_and_the_eager_steps_apart():
     assert "a second replay and the first: differ" in note
     assert "a second eager step and the first: equal" in note
     assert note.endswith("exactly the captured kernels: differ")
+    note = which_side(lambda t, p: same + 99, model, tokens, positions, same + 99, same)  # a stable replay, apart
+    assert "a second replay and the first: equal" in note and note.endswith("exactly the captured kernels: differ")

@@ -109,6 +109,28 @@ def test_hip_one_launch_rows_gpu(rows, case):
         hip_attention.ROWS_PER_THREAD = 4
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("want", [1, 2, 3])
+@settings(max_examples=8, deadline=None)
+@given(case=decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(65, 640, 4200),
+                                  dims=(128, 256)))  # fmt: skip
+def test_hip_one_launch_capped_splits_gpu(want, case):
+    """hip's one-launch kernel with a sequence's live splits capped at 1, 2 and 3 (``tile_want``):
+    splits of many tiles, grown from the plan's chunk inside the kernel: within the bound of the
+    reference."""
+    import ftlab.hip.attention as hip_attention
+    from ftlab import backends
+
+    if "hip" not in backends.available_backends("decode_attention", torch.device("cuda"), torch.bfloat16):
+        pytest.skip("hip cannot serve decode_attention on this GPU")
+    planned = hip_attention.tile_want
+    hip_attention.tile_want = lambda b, kvh, device: want
+    try:
+        ft.check_decode_attention_case(*case, device="cuda", backends=["hip"], quantize=True)
+    finally:
+        hip_attention.tile_want = planned
+
+
 def test_held_to_reference_counts_calls_and_catches_a_fault(monkeypatch):
     """decode_attention_held_to_reference: each non-reference call counted with the elements over
     the bound -- none for Triton's kernel, all of them for one that adds 0.01 to its output."""

@@ -100,8 +100,9 @@ __global__ void __launch_bounds__(kTileThreads)
   const S* kb = k + b * k_sb + static_cast<int64_t>(kh) * D + 8 * piece;
   const S* vb = v + b * v_sb + static_cast<int64_t>(kh) * D + 8 * piece;
   const int64_t start0 = static_cast<int64_t>(split) * chunk;  // the split's start under `chunk`
-  // the first tile's lines, while the kernel before finishes (where no sequence's split can grow)
-  if (PORT_HAS_L2_PREFETCH && want >= splits && piece % 8 == 0) {
+  // the first tile's lines, while the kernel before finishes (where the split cannot move: split 0,
+  // or no sequence's split can grow)
+  if (PORT_HAS_L2_PREFETCH && (split == 0 || want >= splits) && piece % 8 == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t p = start0 + rg + r * RG;
@@ -139,9 +140,9 @@ __global__ void __launch_bounds__(kTileThreads)
   int64_t n = lengths[b];
   n = n < 0 ? 0 : (n > s_len ? s_len : n);
   // the sequence's split: `chunk`, or as many whole tiles as keep its live splits to `want`
-  const int per = ((static_cast<int>(n) + TP - 1) / TP + want - 1) / want;  // n <= s_len: 32 bits
-  const int span = per * TP > chunk ? per * TP : chunk;
-  const int live = n == 0 ? 1 : (static_cast<int>(n) + span - 1) / span;
+  const int64_t per = ((n + TP - 1) / TP + want - 1) / want;  // 64 bits: n may be near 2^31
+  const int64_t span = per * TP > chunk ? per * TP : chunk;
+  const int live = n == 0 ? 1 : static_cast<int>((n + span - 1) / span);  // <= splits: span >= chunk
   if (split >= live) return;
   const int64_t start = static_cast<int64_t>(split) * span;
   if (start != start0) load_rows(start);
