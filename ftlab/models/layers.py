@@ -193,13 +193,14 @@ NORM_IN_QKV_EAGER = True
 # every slot. On: torch's SDPA takes cuDNN's kernel there, and on the H200 that kernel is not
 # deterministic in the model: over 30 token draws of the 48-layer Qwen3-30B-A3B shape, two eager
 # steps through the same kernels on the same inputs parted at 27 of 30 draws at batch 8 and 7 of 30
-# at batch 1, the first parting op always a cuDNN SDPA call whose inputs were bit-equal, and none
-# parted with cuDNN's SDPA turned off; with programmatic launches off too, so not ftlab's kernels
-# (benchmarks/NOTES.md, "Graph against eager decode: cuDNN's attention"). hip's kernel merges its
-# splits in a fixed order: a replayed step equals an eager one bit for bit. Alone it is slower than
-# cuDNN's (11.3 against 8.3 us at 513 positions, 20.7 against 8.8 us at 4000 of 4096), while the
-# step with it and ATTENTION_Q8, timed in turns with SDPA's in one process, took 2746 against 2755
-# us at batch 1 (benchmarks/NOTES.md, "The decode attention in one process").
+# at batch 1, the first parting op always a cuDNN SDPA call whose inputs were bit-equal; they parted
+# as often with programmatic launches off (so not ftlab's kernels) and never with cuDNN's SDPA
+# turned off (benchmarks/NOTES.md, "Graph against eager decode: cuDNN's attention"). hip's kernel
+# merges its splits in a fixed order: a replayed step equals an eager one bit for bit. Alone it is
+# slower than cuDNN's (11.2 against 8.4 us at 513 positions, 19.2 against 9.4 us at batch 8 with
+# ftlab.hip.attention.tile_want's plan); at batch 1 the step took 2746 against 2755 us, timed in
+# turns with SDPA's in one process (with ATTENTION_Q8; "The decode attention in one process"), and
+# bench model's batch 8 went 1196 -> 1143 tokens/s.
 DECODE_ATTENTION_HIP = True
 # Whether a decode step launched eagerly (not under graph capture) with decode_attention "auto" takes
 # that hip kernel too, where it serves (with the flag above off, a captured step keeps SDPA). SDPA's
