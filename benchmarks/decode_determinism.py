@@ -67,11 +67,10 @@ class Recorder:
 
 
 def first_part(one: list, two: list) -> str | None:
-    for i, ((name, a), (_, b)) in enumerate(zip(one, two, strict=True)):
-        bad = [j for j, (x, y) in enumerate(zip(a, b, strict=True)) if not torch.equal(x, y)]
-        if bad:
-            before = one[i - 1][0] if i else "-"
-            return f"op {i} of {len(one)}: {name} (after {before}), outputs {bad}"
+    """The name of the first op whose outputs differ between two recorded steps, or None."""
+    for (name, a), (_, b) in zip(one, two, strict=True):
+        if not all(torch.equal(x, y) for x, y in zip(a, b, strict=True)):
+            return name
     return None
 
 
@@ -104,10 +103,9 @@ def locate(model, cfg, batch: int, draws: int, gen: torch.Generator, rec: Record
         tok = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen).to(dev)
         with L.as_captured():
             runs = [rec.run(lambda tok=tok: model.forward(tok, pos)) for _ in range(2)]
-        found = first_part(*runs)
-        if found:
+        op = first_part(*runs)
+        if op is not None:
             parted += 1
-            op = found.split(": ", 1)[1].split(" (")[0]
             where[op] = where.get(op, 0) + 1
     return parted, where
 

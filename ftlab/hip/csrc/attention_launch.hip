@@ -183,7 +183,8 @@ Q8Out q8_out_of(const TensorView& q, const TensorView& oq, const TensorView& od,
 // 256, q contiguous and 16-byte aligned, k and v [B, S, KVH, D] with 16-byte aligned rows.
 // A thread holds `rows` (2 or 4) rows of a tile; each split holds `chunk` positions, a multiple of
 // tile_rows(D, rows) (splits * chunk >= S, splits <= kTileMaxSplits), or more whole tiles where a
-// sequence's live positions would make more than `want` (>= 1) splits of `chunk`; ml [B, KVH, splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
+// sequence's live positions would make more than `want` (>= 1) splits of `chunk`; ml [B, KVH,
+// splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
 // counters [B * KVH] uint32 zeros, left zeros.
 void tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
            const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
