@@ -29,7 +29,7 @@ def row(b: int, s: int, live: int) -> str:
     sd = time_graph_us(lambda: F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
                                                               attn_mask=bias, enable_gqa=True))  # fmt: skip
     res = {}
-    for name, fn in (("before", lambda b_, kvh, d: ha.TILE_MAX_SPLITS), ("now", now)):
+    for name, fn in (("before", lambda *args: ha.TILE_MAX_SPLITS), ("now", now)):
         ha.tile_want = fn
         got = ops.decode_attention(q, k, v, lengths, backend="hip")
         err = (got.float() - want.float()).abs().max().item()
@@ -37,7 +37,7 @@ def row(b: int, s: int, live: int) -> str:
         us = time_graph_us(lambda: ops.decode_attention(q, k, v, lengths, backend="hip"))
         res[name] = (us, err, torch.equal(got, again))
     ha.tile_want = now
-    return (f"{b} | {live} / {s} | {sd:.2f} | {res['before'][0]:.2f} | {res['now'][0]:.2f} ({now(b, 4, dev)}) | "
+    return (f"{b} | {live} / {s} | {sd:.2f} | {res['before'][0]:.2f} | {res['now'][0]:.2f} ({now(b, 4, dev, 128)}) | "
             f"{res['before'][1]:.2g} / {res['now'][1]:.2g}{'' if res['now'][2] else ' NOT REPEATED'}")  # fmt: skip
 
 

@@ -2,8 +2,9 @@
 (JIT-built, cached): split-K decode attention.
 
 - fp16 / bf16 caches of head dim 128 or 256 with 16-byte aligned rows (the models' static
-  caches): one launch (``decode_attention_tiles``), a block per (split, key head, sequence) holding
-  its tile's key and value rows in registers; the last block of a (sequence, key head) to finish
+  caches): one launch (``decode_attention_tiles``), a block per (split, key head, sequence) whose
+  four row groups of 32 lanes walk its tiles with their own online softmax, holding their key and
+  value rows in registers, and meet at the split's end; the last block of a (sequence, key head) to finish
   merges the splits (a counter per (sequence, key head) in one zeroed int32 buffer per device, made
   by the first call and left zeros by every launch; so, like the router's, one stream at a time
   on a device: two of these launches running at once on different streams would share counters).
@@ -26,22 +27,24 @@ MAX_GROUP, MAX_HEAD_DIM = 8, 256
 #: head dims of the one-launch kernel, and the most splits it takes a (sequence, key head)
 TILE_HEAD_DIMS = (128, 256)
 TILE_MAX_SPLITS = 64
-#: the one-launch kernel's blocks resident on a multiprocessor (~255 registers a thread: 2 on the H200)
-#: and the blocks a multiprocessor its split plan aims at where the plan's splits of all sequences
-#: would not all be resident at once: a sequence's live positions then go into at most
-#: ceil(TILE_BLOCKS_PER_SM * multiprocessors / (B * KVH)) splits of whole tiles (:func:`tile_want`),
-#: so that the live blocks of all sequences about fill the GPU once (H200, 32 / 4 heads of 128 over
-#: 520 slots: batch 8 19.2 us against 24.2 us with one tile a split; benchmarks/NOTES.md, "Graph
-#: against eager decode: cuDNN's attention")
-TILE_RESIDENT_PER_SM, TILE_BLOCKS_PER_SM = 2, 1.5
-#: a thread's rows of a tile in the one-launch kernel (4 or 2: tiles of 32 or 16 positions at head
-#: dim 128); a module setting, so a benchmark can compare the two
+#: by head dim: the one-launch kernel's blocks resident on a multiprocessor (H200: 168 registers a
+#: thread at head dim 128 fit 3, 255 at 256 fit 2) and the blocks a multiprocessor its split plan
+#: aims at where the plan's splits of all sequences would not all be resident at once: a sequence's
+#: live positions then go into at most ceil(TILE_BLOCKS_PER_SM * multiprocessors / (B * KVH)) splits
+#: of whole tiles (:func:`tile_want`), so that the live blocks of all sequences about fill the GPU
+#: (H200, batch 8 over 513 positions: 14.1 us at 32 / 4 heads of 128, 17.3 at 16 / 2 of 256;
+#: benchmarks/NOTES.md, "Decode attention by row groups")
+TILE_RESIDENT_PER_SM = {128: 3, 256: 2}
+TILE_BLOCKS_PER_SM = {128: 2.5, 256: 1.5}
+#: the one-launch kernel's tile, counted as rows a thread at 8 elements a lane (4 or 2: tiles of 32
+#: or 16 positions at head dim 128, 16 or 8 at 256; the kernel's threads hold tile / 4 rows each, a
+#: row group's 32 lanes a row); a module setting, so a benchmark can compare the two
 ROWS_PER_THREAD = 4
 
 
 def tile_rows(d: int, rows: int | None = None) -> int:
-    """Positions a tile of the one-launch kernel: 128 threads, ``d / 8`` lanes a row, ``rows``
-    (default :data:`ROWS_PER_THREAD`) rows a thread."""
+    """Positions a tile of the one-launch kernel: ``128 / (d / 8) * rows`` (``rows`` default
+    :data:`ROWS_PER_THREAD`)."""
     return 128 // (d // 8) * (ROWS_PER_THREAD if rows is None else rows)
 
 
@@ -59,16 +62,18 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def tile_want(b: int, kvh: int, device: torch.device) -> int:
+def tile_want(b: int, kvh: int, device: torch.device, d: int) -> int:
     """The most live splits a (sequence, key head) of the one-launch kernel on ``device`` for ``b``
-    sequences of ``kvh`` key heads: :data:`TILE_MAX_SPLITS` where that many for every one are
-    resident at once, else ~:data:`TILE_BLOCKS_PER_SM` blocks a multiprocessor over them; the
-    kernel grows a sequence's split past the plan's chunk by whole tiles where its live positions
-    would make more."""
+    sequences of ``kvh`` key heads of head dim ``d`` (128 or 256): :data:`TILE_MAX_SPLITS` where that
+    many for every one are resident at once, else ~:data:`TILE_BLOCKS_PER_SM` blocks a multiprocessor
+    over them; the kernel grows a sequence's split past the plan's chunk by whole tiles where its
+    live positions would make more."""
+    if d not in TILE_HEAD_DIMS:
+        raise ValueError(f"the one-launch kernel takes head dim {' or '.join(map(str, TILE_HEAD_DIMS))}, got {d}")
     sms, heads = _multiprocessors(device), max(1, b * kvh)
-    if heads * TILE_MAX_SPLITS <= TILE_RESIDENT_PER_SM * sms:  # every split resident at once
+    if heads * TILE_MAX_SPLITS <= TILE_RESIDENT_PER_SM[d] * sms:  # every split resident at once
         return TILE_MAX_SPLITS
-    return max(1, min(TILE_MAX_SPLITS, -(-int(TILE_BLOCKS_PER_SM * sms) // heads)))
+    return max(1, min(TILE_MAX_SPLITS, -(-int(TILE_BLOCKS_PER_SM[d] * sms) // heads)))
 
 
 def _tiles_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -103,7 +108,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     acc = q.new_empty((b, kvh, splits, g, d) if splits > 1 else (1,), dtype=torch.float32)
     if tiles:
         counters = zeroed_counters("decode_attention", q.device, max(b * kvh, 1024))
-        want = tile_want(b, kvh, q.device)
+        want = tile_want(b, kvh, q.device, d)
         if quantize:  # the kernel writes out's Q8_1 too
             q8 = Q8_1.empty(b, h * d, q.device)
             jit.on_device(q.device, lambda: module.decode_attention_tiles_q8(

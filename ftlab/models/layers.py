@@ -197,10 +197,10 @@ NORM_IN_QKV_EAGER = True
 # as often with programmatic launches off (so not ftlab's kernels) and never with cuDNN's SDPA
 # turned off (benchmarks/NOTES.md, "Graph against eager decode: cuDNN's attention"). hip's kernel
 # merges its splits in a fixed order: a replayed step equals an eager one bit for bit. Alone it is
-# slower than cuDNN's (11.2 against 8.4 us at 513 positions, 19.2 against 9.4 us at batch 8 with
-# ftlab.hip.attention.tile_want's plan); at batch 1 the step took 2746 against 2755 us, timed in
-# turns with SDPA's in one process (with ATTENTION_Q8; "The decode attention in one process"), and
-# bench model's batch 8 went 1196 -> 1143 tokens/s.
+# still slower than cuDNN's (10.2 against 8.3 us at 513 positions, 14.2 against 9.5 us at batch 8
+# with ftlab.hip.attention.tile_want's plan: "Decode attention by row groups"); on the Q4_0 file
+# bench model's graph rows are batch 1 412 and batch 8 1196 tokens/s with it (cuDNN's, in the last
+# same-file run before: 388 and 1019).
 DECODE_ATTENTION_HIP = True
 # Whether a decode step launched eagerly (not under graph capture) with decode_attention "auto" takes
 # that hip kernel too, where it serves (with the flag above off, a captured step keeps SDPA). SDPA's

@@ -95,8 +95,8 @@ def test_decode_attention_model_batches_gpu(case):
 @given(case=decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(1, 17, 65, 300, 2100),
                                   dims=(128, 256)))  # fmt: skip
 def test_hip_one_launch_rows_gpu(rows, case):
-    """hip's one-launch kernel with 2 and with 4 rows a thread (tiles of 16 / 32 positions at head
-    dim 128): within the bound of the reference."""
+    """hip's one-launch kernel with tiles of 16 and 32 positions at head dim 128 (8 and 16 at 256;
+    ``ROWS_PER_THREAD`` 2 and 4): within the bound of the reference."""
     import ftlab.hip.attention as hip_attention
     from ftlab import backends
 
@@ -124,7 +124,7 @@ def test_hip_one_launch_capped_splits_gpu(want, case):
     if "hip" not in backends.available_backends("decode_attention", torch.device("cuda"), torch.bfloat16):
         pytest.skip("hip cannot serve decode_attention on this GPU")
     planned = hip_attention.tile_want
-    hip_attention.tile_want = lambda b, kvh, device: want
+    hip_attention.tile_want = lambda b, kvh, device, d: want
     try:
         ft.check_decode_attention_case(*case, device="cuda", backends=["hip"], quantize=True)
     finally:
@@ -183,15 +183,19 @@ def test_hip_tile_plan():
 
 def test_hip_tile_want(monkeypatch):
     """The most live splits a (sequence, key head): all 64 while every split of every sequence's key
-    heads fits the kernel's residency of 2 blocks a multiprocessor, else ~1.5 blocks a
-    multiprocessor over them (132 multiprocessors: 64 splits for one sequence of 4 key heads, 25
-    for 2, 7 for 8), 1 to 64."""
+    heads fits the kernel's residency (3 blocks a multiprocessor at head dim 128, 2 at 256), else
+    ~2.5 (head dim 128) or ~1.5 (256) blocks a multiprocessor over them (132 multiprocessors: 64
+    splits for one sequence of 4 key heads of 128, 42 for 2, 11 for 8; 13 for 8 sequences of 2 key
+    heads of 256), 1 to 64."""
     import ftlab.hip.attention as ha
 
     monkeypatch.setattr(ha, "_multiprocessors", lambda device: 132)
     dev = torch.device("cpu")
-    assert [ha.tile_want(b, 4, dev) for b in (1, 2, 4, 8, 16, 64)] == [64, 25, 13, 7, 4, 1]
-    assert ha.tile_want(1, 1, dev) == ha.TILE_MAX_SPLITS and ha.tile_want(0, 4, dev) == ha.TILE_MAX_SPLITS
+    assert [ha.tile_want(b, 4, dev, 128) for b in (1, 2, 4, 8, 16, 64)] == [64, 42, 21, 11, 6, 2]
+    assert [ha.tile_want(b, 2, dev, 256) for b in (1, 2, 3, 8, 64)] == [64, 64, 33, 13, 2]
+    assert ha.tile_want(1, 1, dev, 128) == ha.TILE_MAX_SPLITS and ha.tile_want(0, 4, dev, 128) == ha.TILE_MAX_SPLITS
+    with pytest.raises(ValueError, match="head dim 128 or 256, got 64"):
+        ha.tile_want(1, 4, dev, 64)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -314,6 +318,31 @@ def test_nan_in_the_cache_is_not_hidden(s, device, dtype, d):
         assert again[0, :2].isnan().all() and not again[0, 2:].isnan().any(), name
         for part in ("q", "d", "s"):
             assert torch.equal(getattr(q8, part).nan_to_num(7.0), getattr(want, part).nan_to_num(7.0)), (name, part)
+
+
+@pytest.mark.parametrize("s", [5, 130])
+@pytest.mark.parametrize("device, dtype, d", [("cpu", torch.float32, 8),
+                                              pytest.param("cuda", torch.bfloat16, 128, marks=pytest.mark.gpu)])
+def test_minus_inf_scores_weigh_nothing(s, device, dtype, d):
+    """A live key whose score is -inf (an -inf element against a positive query) weighs nothing, as
+    in the reference's softmax: the same output as with that element at -1e30 (a weight of exactly
+    0 there too), in every backend; where every live score of a head is -inf the output is NaN (the
+    softmax of -inf alone), not zeros -- so hip's one-launch kernel (bf16 at head dim 128 on a GPU)
+    tells that from a sequence of no position."""
+    gen = torch.Generator().manual_seed(11)
+    q = (torch.rand(1, 4, d, generator=gen) + 0.1).to(device, dtype)  # positive: q . k = -inf where k has -inf
+    k = torch.randn(1, s, 2, d, generator=gen).to(device, dtype)
+    v = torch.randn(1, s, 2, d, generator=gen).to(device, dtype)
+    lengths = torch.tensor([s], device=device)
+    k_inf, k_big = k.clone(), k.clone()
+    k_inf[0, 1, 0, 0], k_big[0, 1, 0, 0] = float("-inf"), -1e30
+    k_all = k.clone()
+    k_all[0, :, 0, 0] = float("-inf")
+    for name in ft.backends_for("decode_attention", q.device, q.dtype, None):
+        got = ops.decode_attention(q, k_inf, v, lengths, backend=name)
+        assert not got.isnan().any() and torch.equal(got, ops.decode_attention(q, k_big, v, lengths, backend=name)), name
+        out = ops.decode_attention(q, k_all, v, lengths, backend=name)
+        assert out[0, :2].isnan().all() and not out[0, 2:].isnan().any(), name
 
 
 def test_strided_heads_are_copied_not_misread():

@@ -139,13 +139,13 @@ void decode_attention(TensorView q, TensorView k, TensorView v, TensorView lengt
 
 namespace {
 
-template <typename T, int D, int R>
+template <typename T, int D, int TP>
 void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                   const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
                   const AttnArgs& a, int want, const Q8Out& q8) {
   using S = typename T::storage;
   const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
-  launch_pdl(decode_attention_tiles_kernel<T, D, R>, grid, dim3(kTileThreads), stream_of(out),
+  launch_pdl(decode_attention_tiles_kernel<T, D, TP>, grid, dim3(kTileThreads), stream_of(out),
              static_cast<const S*>(base_of(q)), static_cast<const S*>(base_of(k)), static_cast<const S*>(base_of(v)),
              static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)),
              static_cast<float*>(base_of(acc)), static_cast<uint32_t*>(base_of(counters)), static_cast<S*>(base_of(out)),
@@ -158,10 +158,10 @@ template <typename T>
 void dispatch_tiles(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lengths,
                     const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
                     const AttnArgs& a, int rows, int want, const Q8Out& q8) {
-  if (a.d == 128 && rows == 4) launch_tiles<T, 128, 4>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
-  if (a.d == 256 && rows == 4) launch_tiles<T, 256, 4>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
-  if (a.d == 128 && rows == 2) launch_tiles<T, 128, 2>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
-  if (a.d == 256 && rows == 2) launch_tiles<T, 256, 2>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
+  if (a.d == 128 && rows == 4) launch_tiles<T, 128, tile_rows(128, 4)>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
+  if (a.d == 256 && rows == 4) launch_tiles<T, 256, tile_rows(256, 4)>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
+  if (a.d == 128 && rows == 2) launch_tiles<T, 128, tile_rows(128, 2)>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
+  if (a.d == 256 && rows == 2) launch_tiles<T, 256, tile_rows(256, 2)>(q, k, v, lengths, ml, acc, counters, out, a, want, q8);
 }
 
 // out's Q8_1 (oq [B, H * D] int8, od / os [B, H * D / 32] fp32, contiguous, on q's device), or none.
@@ -181,7 +181,8 @@ Q8Out q8_out_of(const TensorView& q, const TensorView& oq, const TensorView& od,
 
 // decode_attention in one launch (attention_tiles.hip): q, k, v fp16 / bf16 with head dim 128 or
 // 256, q contiguous and 16-byte aligned, k and v [B, S, KVH, D] with 16-byte aligned rows.
-// A thread holds `rows` (2 or 4) rows of a tile; each split holds `chunk` positions, a multiple of
+// `rows` (2 or 4) sets the tile, tile_rows(D, rows) positions (a thread holds a quarter of them:
+// four row groups of 32 lanes); each split holds `chunk` positions, a multiple of
 // tile_rows(D, rows) (splits * chunk >= S, splits <= kTileMaxSplits), or more whole tiles where a
 // sequence's live positions would make more than `want` (>= 1) splits of `chunk`; ml [B, KVH,
 // splits, G, 2] and acc [B, KVH, splits, G, D] fp32 workspaces;
@@ -210,7 +211,7 @@ void tiles(const TensorView& q, const TensorView& k, const TensorView& v, const 
                     lengths.dtype().bits == 32,
                 ValueError)
       << "lengths must be [B] int32";
-  TVM_FFI_CHECK(rows == 2 || rows == 4, ValueError) << "rows (a thread's rows of a tile) must be 2 or 4, got " << rows;
+  TVM_FFI_CHECK(rows == 2 || rows == 4, ValueError) << "rows (the tile: tile_rows(D, rows) positions) must be 2 or 4, got " << rows;
   const int tile = tile_rows(static_cast<int>(a.d), static_cast<int>(rows));
   TVM_FFI_CHECK(chunk >= 1 && chunk % tile == 0 && splits >= 1 && splits <= kTileMaxSplits && chunk * splits >= a.s,
                 ValueError)

@@ -4,22 +4,27 @@
 // rows) are in attention.hip.
 //
 // One block of kTileThreads per (split, key head, sequence); a split is `chunk` positions, walked
-// a tile of kTileRows(D) positions at a time -- or, where a sequence's live positions would make
-// more than `want` splits of `chunk`, as many whole tiles a split as keep them to `want` (the grid
-// is the cache's: splits past a sequence's live ones return at once; `want` from the launcher,
-// so that the blocks of all sequences about fill the GPU once). A row of D elements is read by
-// LP = D / 8 lanes, 16 bytes each, so the block's 128 threads are RG = 128 / LP row groups and a
-// thread holds R (4 or 2) rows of a tile: its key and value pieces are all loaded at once (2R
-// loads in flight a thread), before any arithmetic.
-//   scores: the thread's 8 scaled query elements of each of the G <= 8 query heads sit in registers;
-//     a row's 8 partial dots are summed over its LP lanes by halving exchanges (4, 2, 1 values,
-//     then whole sums): 8 shuffles a row for D = 128, after which a lane holds one head's score;
-//   softmax: one warp a query head over the tile (running max, sum and rescale in LDS);
-//   values: acc[g][e] += p[g][row] * v[row][e] on the rows the thread holds; the row groups' sums
-//     meet in LDS once, after the last tile.
-// With one live split the block writes the output. Otherwise it writes its running max m, sum l and
+// a tile of TP positions at a time -- or, where a sequence's live positions would make more than
+// `want` splits of `chunk`, as many whole tiles a split as keep them to `want` (the grid is the
+// cache's: splits past a sequence's live ones return at once; `want` from the launcher, so that the
+// blocks of all sequences about fill the GPU once). A row of D elements is read by LP = 32 lanes,
+// EL = D / 32 elements (8 or 16 bytes) each, so the block's 128 threads are RG = 4 row groups, and
+// row group rg takes rows rg, rg + 4, ... of a tile: R = TP / 4 rows a thread (on 64-wide waves
+// the loop walks half tiles, TW = TP / 2, where that would be 8 rows), its key and value
+// pieces all loaded at once (2R loads in flight a thread), before any arithmetic. A row group runs
+// on its own through the split (no block barrier in the loop):
+//   scores: the thread's EL scaled query elements of each of the G <= 8 query heads sit in
+//     registers; a row's 8 partial dots are summed over the 32 lanes by halving exchanges (4, 2, 1
+//     values, then whole sums): 9 shuffles a row, after which every lane holds one head's score;
+//   softmax: a lane keeps its head's running max m and sum l over its group's rows (registers);
+//     the tile's weights p and the rescale alpha of every head go through LDS to the group's lanes;
+//   values: acc[g][e] = alpha[g] * acc[g][e] + sum over the group's rows of p[g][row] * v[row][e].
+// After the split, the 4 groups meet in LDS: per head w_rg = exp(m_rg - max m) over the groups with
+// l_rg > 0, l = sum w_rg l_rg, sums = sum w_rg acc_rg, in a fixed order.
+// With one live split the block writes the output. Otherwise it writes its max m, sum l and
 // unnormalised sums to the workspaces, counts itself done on the (sequence, key head) counter, and
-// the last block to count merges the splits (w_s = exp(m_s - max m) over the splits with l_s > 0)
+// the last block to count merges the splits (w_s = exp(m_s - max m) over the splits with l_s != 0:
+// a NaN sum is kept, so a NaN reaches the output)
 // and resets the counter to 0. Splits past the sequence's length return at once: the grid depends
 // on the cache's size only (graph-capturable); a sequence of length 0 gets zeros from split 0.
 // Launched programmatically dependent (launch::launch_pdl): before port_pdl_wait() the block only
@@ -33,8 +38,10 @@ namespace ftlab {
 constexpr int kTileThreads = 128;
 constexpr int kTileMaxSplits = 64;
 constexpr int kTileMaxG = 8;
+constexpr int kTileLanes = 32;  // lanes a row
 
-// Positions a tile: 128 threads, d / 8 lanes a row, r rows a thread.
+// Positions a tile for `r`, the launcher's rows a thread (2 or 4): the positions 128 threads hold
+// at 8 elements a thread a row, r rows each (head dim 128: 32 or 16; 256: 16 or 8).
 __host__ __device__ constexpr int tile_rows(int d, int r) { return kTileThreads / (d / 8) * r; }
 
 template <typename T>
@@ -70,12 +77,64 @@ __device__ __forceinline__ void write_out(typename T::storage* out, int64_t idx,
   }
 }
 
-// q [B, H, D] contiguous; k, v [B, S, KVH, D] 16-byte aligned rows (sequence strides k_sb / v_sb,
-// position strides k_sp / v_sp); lengths [B] int32, clamped to [0, S]. ml [B, KVH, splits, G, 2],
-// acc [B, KVH, splits, G, D] fp32 workspaces, counters [B * KVH] zeros (left zeros); out [B, H, D];
-// oq [B, H * D] int8, od, os [B, H * D / 32] fp32: out's Q8_1, or nullptr.
-template <typename T, int D, int R>
-__global__ void __launch_bounds__(kTileThreads)
+// A lane's EL elements of a row as one register vector (8 or 16 bytes).
+template <int EL>
+struct tile_raw;
+template <>
+struct tile_raw<4> {
+  typedef bytes8 type;
+};
+template <>
+struct tile_raw<8> {
+  typedef bytes16 type;
+};
+
+template <typename T, int EL>
+__device__ __forceinline__ void unpack(const typename tile_raw<EL>::type& raw, float out[EL]) {
+  typename T::storage e[EL];
+  __builtin_memcpy(e, &raw, 2 * EL);
+#pragma unroll
+  for (int i = 0; i < EL; ++i) out[i] = T::load(&e[i]);
+}
+
+// b where the mask m is all ones, else a (m all ones or zeros): a bitwise select, which the compilers
+// keep as one instruction (v_bfi / lop3) where a ?: on the lane's bits becomes an indexed pick over
+// the row's 8 dots on the AMD targets (and their masks spill scalar registers)
+__device__ __forceinline__ float pick(uint32_t m, float a, float b) {
+  return port_bits_to_float((port_float_to_bits(a) & ~m) | (port_float_to_bits(b) & m));
+}
+
+// 1 / l for the softmax's sum l over a sequence of n live positions: l = 0 is no position (zeros)
+// where n = 0, and every live score -inf (NaN, as the reference's softmax) where n > 0 -- a finite
+// score makes l >= 1
+__device__ __forceinline__ float inv_sum(float l, int64_t n) {
+  return l != 0.0f ? 1.0f / l : (n > 0 ? port_bits_to_float(0x7fc00000u) : 0.0f);
+}
+
+// 8 floats from 16-byte aligned LDS, two 16-byte reads (the same address on every lane: a broadcast).
+__device__ __forceinline__ void lds_load8(const float* src, float out[8]) {
+  uint32_t u[8];
+  words_of(reinterpret_cast<const bytes16*>(src)[0], u);
+  words_of(reinterpret_cast<const bytes16*>(src)[1], u + 4);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = port_bits_to_float(u[i]);
+}
+
+// q [B, H, D] contiguous; k, v [B, S, KVH, D] 16-byte aligned rows (sequence strides
+// k_sb / v_sb, position strides k_sp / v_sp); lengths [B] int32, clamped to [0, S]. ml [B, KVH,
+// splits, G, 2], acc [B, KVH, splits, G, D] fp32 workspaces, counters [B * KVH] zeros (left zeros);
+// out [B, H, D]; oq [B, H * D] int8, od, os [B, H * D / 32] fp32: out's Q8_1, or nullptr. TP: the
+// positions of a tile (a multiple of the block's row groups).
+// nvcc: at least 3 blocks a multiprocessor at head dim 128 (168 registers, no spills; left to
+// itself it takes ~180 and fits 2); head dim 256 keeps its 255 (2 blocks; asked for 3, it spills)
+#if defined(PORT_CUDA)
+#define FTLAB_TILES_BOUNDS __launch_bounds__(kTileThreads, D == 128 ? 3 : 1)
+#else
+#define FTLAB_TILES_BOUNDS __launch_bounds__(kTileThreads)
+#endif
+
+template <typename T, int D, int TP>
+__global__ void FTLAB_TILES_BOUNDS
     decode_attention_tiles_kernel(const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
                                   const typename T::storage* __restrict__ v, const int32_t* __restrict__ lengths,
                                   float* ml, float* acc_ws, uint32_t* __restrict__ counters,
@@ -83,26 +142,33 @@ __global__ void __launch_bounds__(kTileThreads)
                                   int64_t v_sp, int s_len, int chunk, int want, float scale, int heads, int kv_heads,
                                   int8_t* __restrict__ oq, float* __restrict__ od, float* __restrict__ os) {
   using S = typename T::storage;
-  constexpr int LP = D / 8, RG = kTileThreads / LP, TP = RG * R, G = kTileMaxG;
-  constexpr int kWarps = kTileThreads / PORT_WARP_SIZE;
-  static_assert(LP >= 16 && LP <= PORT_WARP_SIZE && (LP & (LP - 1)) == 0, "a row's lanes: 16 .. a warp (head dim 64 spilled on the AMD targets)");
-  __shared__ float sc[G][TP];
-  __shared__ float m_sh[G], l_sh[G], alpha_sh[G];
+  using Raw = typename tile_raw<D / kTileLanes>::type;
+  // the loop walks steps of TW positions: the tile, or half of it on the 64-wide waves where 8 rows
+  // a thread spill (a split of whole tiles is whole half tiles; the split plan counts in tiles)
+  constexpr int TW = PORT_WARP_SIZE == 64 && TP / (kTileThreads / kTileLanes) > 4 ? TP / 2 : TP;
+  constexpr int LP = kTileLanes, EL = D / LP, RG = kTileThreads / LP, R = TW / RG, G = kTileMaxG;
+  constexpr int kLineLanes = 128 / (2 * EL);  // lanes of a row a 128-byte line
+  static_assert(EL == 4 || EL == 8, "head dim 128 or 256");
+  static_assert(TP % TW == 0 && TW % RG == 0 && R >= 1, "a step: whole rows for every row group");
+  static_assert(LP <= PORT_WARP_SIZE, "a row group within a warp");
+  __shared__ __attribute__((aligned(16))) float pb[RG][R + 1][G];  // a row group's p of each row, then alpha
   __shared__ __attribute__((aligned(16))) float red[RG][G * D];
+  __shared__ float m_rg[RG][G], l_rg[RG][G], w_rg[RG][G], l_sh[G];
   __shared__ float wsh[kTileMaxSplits][G];
   __shared__ int last;
   const int tid = threadIdx.x, lane = tid % PORT_WARP_SIZE, warp = tid / PORT_WARP_SIZE;
+  constexpr int kWarps = kTileThreads / PORT_WARP_SIZE;
   const int piece = tid % LP, rg = tid / LP;
   const int split = blockIdx.x, kh = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int splits = gridDim.x;
   const int g_n = heads / kv_heads;
-  const S* kb = k + b * k_sb + static_cast<int64_t>(kh) * D + 8 * piece;
-  const S* vb = v + b * v_sb + static_cast<int64_t>(kh) * D + 8 * piece;
+  const S* kb = k + b * k_sb + static_cast<int64_t>(kh) * D + EL * piece;
+  const S* vb = v + b * v_sb + static_cast<int64_t>(kh) * D + EL * piece;
   const int64_t start0 = static_cast<int64_t>(split) * chunk;  // the split's start under `chunk`
   // the first tile's lines, while the kernel before finishes (where the split cannot move: split 0,
   // or no sequence's split can grow)
-  if (PORT_HAS_L2_PREFETCH && (split == 0 || want >= splits) && piece % 8 == 0) {
+  if (PORT_HAS_L2_PREFETCH && (split == 0 || want >= splits) && piece % kLineLanes == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t p = start0 + rg + r * RG;
@@ -117,24 +183,26 @@ __global__ void __launch_bounds__(kTileThreads)
   // every load of the first tile at once: q, the length, the key and value rows from the split's
   // start under `chunk` (up to the cache's end: rows past the split's live positions are masked
   // below); loaded again from the later start where the sequence's splits grow
-  bytes16 qr[G], kr[R], vr[R];
+  Raw qr[G], kr[R], vr[R];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    qr[g] = bytes16{};
-    if (g < g_n)
-      qr[g] = *reinterpret_cast<const bytes16*>(q + (b * heads + static_cast<int64_t>(kh) * g_n + g) * D + 8 * piece);
+  for (int g = 0; g < G; ++g) {  // heads past g_n read the last head's row (zeroed below): no branch
+    const int gq = g < g_n ? g : g_n - 1;
+    qr[g] = *reinterpret_cast<const Raw*>(q + (b * heads + static_cast<int64_t>(kh) * g_n + gq) * D + EL * piece);
   }
-  auto load_rows = [&](int64_t from) {
+  // the R rows of a row group from ptr on, a row group's stride apart, the rows r with r * RG < left
+  // (zeros past them): one pointer that steps, not an address a row
+  const int64_t k_step = RG * k_sp, v_step = RG * v_sp;
+  auto load = [&](Raw* regs, const S* ptr, int64_t step, int64_t left) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t p = from + rg + r * RG;
-      kr[r] = bytes16{};
-      vr[r] = bytes16{};
-      if (p < s_len) {
-        kr[r] = *reinterpret_cast<const bytes16*>(kb + p * k_sp);
-        vr[r] = *reinterpret_cast<const bytes16*>(vb + p * v_sp);
-      }
+      regs[r] = Raw{};
+      if (r * RG < left) regs[r] = *reinterpret_cast<const Raw*>(ptr);
+      ptr += step;
     }
+  };
+  auto load_rows = [&](int64_t from) {  // up to the cache's end
+    load(kr, kb + (from + rg) * k_sp, k_step, s_len - (from + rg));
+    load(vr, vb + (from + rg) * v_sp, v_step, s_len - (from + rg));
   };
   load_rows(start0);
   int64_t n = lengths[b];
@@ -146,121 +214,134 @@ __global__ void __launch_bounds__(kTileThreads)
   if (split >= live) return;
   const int64_t start = static_cast<int64_t>(split) * span;
   if (start != start0) load_rows(start);
-  const int64_t stop = start + span < n ? start + span : n;
+  // the split's positions (< S: 32 bits) and the row group's rows of the current tile
+  const int len = static_cast<int>((start + span < n ? start + span : n) - start);
+  const S* kt = kb + (start + rg) * k_sp;
+  const S* vt = vb + (start + rg) * v_sp;
+  const int64_t k_tile = TW * k_sp, v_tile = TW * v_sp;
+#pragma unroll
+  for (int r = 0; r < R; ++r)  // value rows of the first tile past the split's: zeros (a slot may hold NaN)
+    if (r * RG >= len - rg) vr[r] = Raw{};
 
-  float qf[G][8];
+  float qf[G][EL];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    unpack8<T>(qr[g], qf[g]);  // heads past G: zeros
+    unpack<T, EL>(qr[g], qf[g]);
+    const float sg = g < g_n ? scale : 0.0f;  // heads past g_n: zeros
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qf[g][e] *= scale;
+    for (int e = 0; e < EL; ++e) qf[g][e] *= sg;
   }
-  if (tid < G) {
-    m_sh[tid] = -__builtin_inff();
-    l_sh[tid] = 0.0f;
-    alpha_sh[tid] = 1.0f;
-  }
-  float acc[G][8];
+  float acc[G][EL];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+    for (int e = 0; e < EL; ++e) acc[g][e] = 0.0f;
   }
-  // the lane's head after the halving exchanges, and whether it writes that head's score
+  // the lane's head after the halving exchanges (every lane of a head's LP / 8 holds its score),
+  // and its running max and sum over the row group's rows
   const bool h4 = piece & (LP / 2), h2 = piece & (LP / 4), h1 = piece & (LP / 8);
   const int head = (h4 ? 4 : 0) + (h2 ? 2 : 0) + (h1 ? 1 : 0);
   const bool writer = piece % (LP / 8) == 0;
-  __syncthreads();
+  const uint32_t m4 = h4 ? ~0u : 0u, m2 = h2 ? ~0u : 0u, m1 = h1 ? ~0u : 0u;  // pick()'s masks
+  float m_run = -__builtin_inff(), l_run = 0.0f;
 
-  for (int64_t t0 = start; t0 < stop; t0 += TP) {
-    const int64_t t1 = t0 + TP;  // the next tile: its rows are loaded while this one is used
+  const int steps = len / TW + (len % TW != 0);  // no off + TW past the int range
+  for (int step = 0; step < steps; ++step) {
+    const int left = len - step * TW - rg;  // the group's rows r of the tile with r * RG < left are live
+    float s[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      float kf[8], dot[G];
-      unpack8<T>(kr[r], kf);
+      float kf[EL], dot[G];
+      unpack<T, EL>(kr[r], kf);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         dot[g] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dot[g] += qf[g][e] * kf[e];
+        for (int e = 0; e < EL; ++e) dot[g] += qf[g][e] * kf[e];
       }
       float d4[4], d2[2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) d4[i] = (h4 ? dot[i + 4] : dot[i]) + port_shfl_xor(h4 ? dot[i] : dot[i + 4], LP / 2);
+      for (int i = 0; i < 4; ++i) d4[i] = pick(m4, dot[i], dot[i + 4]) + port_shfl_xor(pick(m4, dot[i + 4], dot[i]), LP / 2);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) d2[i] = (h2 ? d4[i + 2] : d4[i]) + port_shfl_xor(h2 ? d4[i] : d4[i + 2], LP / 4);
-      float s = (h1 ? d2[1] : d2[0]) + port_shfl_xor(h1 ? d2[0] : d2[1], LP / 8);
+      for (int i = 0; i < 2; ++i) d2[i] = pick(m2, d4[i], d4[i + 2]) + port_shfl_xor(pick(m2, d4[i + 2], d4[i]), LP / 4);
+      float sr = pick(m1, d2[0], d2[1]) + port_shfl_xor(pick(m1, d2[1], d2[0]), LP / 8);
 #pragma unroll
-      for (int m = LP / 16; m >= 1; m >>= 1) s += port_shfl_xor(s, m);
-      const int row = rg + r * RG;
-      if (writer) sc[head][row] = t0 + row < stop ? s : -__builtin_inff();
+      for (int m = LP / 16; m >= 1; m >>= 1) sr += port_shfl_xor(sr, m);
+      s[r] = r * RG < left ? sr : -__builtin_inff();
     }
+    load(kr, kt + k_tile, k_step, left - TW);  // the next tile's key rows, in flight meanwhile
+    // the online softmax of the lane's head over the row group's rows of the tile
+    float mx = s[0];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {  // the next tile's key rows, in flight meanwhile
-      const int64_t p = t1 + rg + r * RG;
-      kr[r] = bytes16{};
-      if (p < stop) kr[r] = *reinterpret_cast<const bytes16*>(kb + p * k_sp);
+    for (int r = 1; r < R; ++r) mx = __builtin_fmaxf(mx, s[r]);
+    const float m_new = __builtin_fmaxf(m_run, mx);  // fmax skips a NaN score: the p below keeps it
+    const float alpha = m_run == -__builtin_inff() ? 0.0f : port_expf(m_run - m_new);  // sums so far: 0 (or NaN)
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      // a masked row, or a live score of -inf: 0 (the output is NaN where every live score is -inf,
+      // as the reference's softmax gives: below); a NaN score: NaN
+      s[r] = s[r] == -__builtin_inff() ? 0.0f : port_expf(s[r] - m_new);
+      sum += s[r];
     }
-    __syncthreads();
-    for (int g = warp; g < g_n; g += kWarps) {  // softmax of head g on one warp
-      float mx = -__builtin_inff();
-      for (int p = lane; p < TP; p += PORT_WARP_SIZE) mx = __builtin_fmaxf(mx, sc[g][p]);
+    l_run = l_run * alpha + sum;
+    m_run = m_new;
+    if (writer) {
 #pragma unroll
-      for (int off = PORT_WARP_SIZE / 2; off > 0; off >>= 1) mx = __builtin_fmaxf(mx, port_shfl_xor(mx, off));
-      const float m_old = m_sh[g];
-      const float m_new = __builtin_fmaxf(m_old, mx);
-      float sum = 0.0f;
-      for (int p = lane; p < TP; p += PORT_WARP_SIZE) {
-        const float e = port_expf(sc[g][p] - m_new);  // exp(-inf) = 0 past the tile
-        sc[g][p] = e;
-        sum += e;
-      }
-#pragma unroll
-      for (int off = PORT_WARP_SIZE / 2; off > 0; off >>= 1) sum += port_shfl_xor(sum, off);
-      port_sync_group();  // every lane has read m_sh[g] before lane 0 rewrites it
-      if (lane == 0) {
-        const float alpha = port_expf(m_old - m_new);  // the first tile: exp(-inf) = 0
-        alpha_sh[g] = alpha;
-        l_sh[g] = l_sh[g] * alpha + sum;
-        m_sh[g] = m_new;
-      }
+      for (int r = 0; r < R; ++r) pb[rg][r][head] = s[r];
+      pb[rg][R][head] = alpha;
     }
-    __syncthreads();
+    port_sync_group();
+    float w[G];
+    lds_load8(pb[rg][R], w);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      if (g >= g_n) continue;
-      const float alpha = alpha_sh[g];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+      for (int e = 0; e < EL; ++e) acc[g][e] *= w[g];
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      float vf[8];
-      const int row = rg + r * RG;
-      unpack8<T>(t0 + row < stop ? vr[r] : bytes16{}, vf);  // a row past the live ones may hold NaN
+      float vf[EL];
+      unpack<T, EL>(vr[r], vf);  // zeros past the live rows
+      lds_load8(pb[rg][r], w);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
-        if (g >= g_n) continue;
-        const float p = sc[g][row];  // 0 past the tile (its value row is zeros)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[e];
+        for (int e = 0; e < EL; ++e) acc[g][e] += w[g] * vf[e];  // heads past g_n: p never written, acc unused
       }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {  // the next tile's value rows
-      const int64_t p = t1 + rg + r * RG;
-      vr[r] = bytes16{};
-      if (p < stop) vr[r] = *reinterpret_cast<const bytes16*>(vb + p * v_sp);
-    }
-    __syncthreads();  // sc and alpha_sh are rewritten by the next tile
+    load(vr, vt + v_tile, v_step, left - TW);  // the next tile's value rows
+    kt += k_tile;
+    vt += v_tile;
+    port_sync_group();  // pb is rewritten by the next tile
   }
 
-  // the row groups' sums meet in LDS
+  // the row groups meet in LDS: per head, weights w = exp(m - max m) over the groups with l != 0
+  // (a NaN sum kept)
+  if (writer && head < g_n) {
+    m_rg[rg][head] = m_run;
+    l_rg[rg][head] = l_run;
+  }
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (g >= g_n) continue;
+  for (int g = 0; g < G; ++g) {  // heads past g_n too (not read): no branch
 #pragma unroll
-    for (int e = 0; e < 8; ++e) red[rg][g * D + 8 * piece + e] = acc[g][e];
+    for (int e = 0; e < EL; ++e) red[rg][g * D + EL * piece + e] = acc[g][e];
+  }
+  __syncthreads();
+  if (tid < g_n) {
+    float mx = -__builtin_inff();
+#pragma unroll
+    for (int r = 0; r < RG; ++r)
+      if (l_rg[r][tid] != 0.0f) mx = __builtin_fmaxf(mx, m_rg[r][tid]);
+    float l = 0.0f;
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+      const float wr = l_rg[r][tid] != 0.0f ? port_expf(m_rg[r][tid] - mx) : 0.0f;  // l = 0: no position
+      w_rg[r][tid] = wr;
+      l += wr * l_rg[r][tid];
+    }
+    m_rg[0][tid] = mx;  // read below by this thread only
+    l_sh[tid] = l;
   }
   __syncthreads();
   constexpr int kOutPer = G * D / kTileThreads;
@@ -271,7 +352,7 @@ __global__ void __launch_bounds__(kTileThreads)
     total[i] = 0.0f;
     if (o < g_n * D) {
 #pragma unroll
-      for (int r = 0; r < RG; ++r) total[i] += red[r][o];
+      for (int r = 0; r < RG; ++r) total[i] += w_rg[r][o / D] * red[r][o];
     }
   }
   const int64_t out_row0 = b * heads + static_cast<int64_t>(kh) * g_n;  // out row of query head g: + g
@@ -280,17 +361,16 @@ __global__ void __launch_bounds__(kTileThreads)
     for (int i = 0; i < kOutPer; ++i) {
       const int o = tid + i * kTileThreads;
       if (o >= g_n * D) continue;
-      const float l = l_sh[o / D];
-      write_out<T>(out, out_row0 * D + o, total[i] * (l != 0.0f ? 1.0f / l : 0.0f), oq, od, os);  // l = 0: no position
+      write_out<T>(out, out_row0 * D + o, total[i] * inv_sum(l_sh[o / D], n), oq, od, os);
     }
     return;
   }
   const int64_t ws_row0 = ((b * kv_heads + kh) * splits + split) * g_n;  // workspace row of head g: + g
   if (tid < g_n) {
-    ml[2 * (ws_row0 + tid)] = m_sh[tid];
+    ml[2 * (ws_row0 + tid)] = m_rg[0][tid];
     ml[2 * (ws_row0 + tid) + 1] = l_sh[tid];
   }
-#pragma unroll
+  #pragma unroll
   for (int i = 0; i < kOutPer; ++i) {
     const int o = tid + i * kTileThreads;
     if (o < g_n * D) acc_ws[ws_row0 * D + o] = total[i];
@@ -336,8 +416,11 @@ __global__ void __launch_bounds__(kTileThreads)
   float sum[kOutPer];
 #pragma unroll
   for (int i = 0; i < kOutPer; ++i) sum[i] = 0.0f;
-#pragma unroll 4
-  for (int s = 0; s < live; ++s) {  // four splits' loads in flight at once
+  // splits' loads in flight at once: 8 at head dim 128 (batch 1 over 513 positions 10.3 -> 9.9 us),
+  // 4 at 256 (8 gave 16.0 -> 17.3 us there; two runs)
+  constexpr int kMergeUnroll = D == 128 ? 8 : 4;
+#pragma unroll kMergeUnroll
+  for (int s = 0; s < live; ++s) {
     const float* row = acc_ws + (head0 + static_cast<int64_t>(s) * g_n) * D;
 #pragma unroll
     for (int i = 0; i < kOutPer; ++i) {
@@ -349,19 +432,18 @@ __global__ void __launch_bounds__(kTileThreads)
   for (int i = 0; i < kOutPer; ++i) {
     const int o = tid + i * kTileThreads;
     if (o >= g_n * D) continue;
-    const float l = l_sh[o / D];
-    write_out<T>(out, out_row0 * D + o, sum[i] * (l != 0.0f ? 1.0f / l : 0.0f), oq, od, os);
+    write_out<T>(out, out_row0 * D + o, sum[i] * inv_sum(l_sh[o / D], n), oq, od, os);
   }
   if (tid == 0) port_atomic_add(counter, 0u - static_cast<uint32_t>(live));  // back to 0: every block has counted
 }
 
-#define FTLAB_ATTENTION_TILES_DR(T, D, R)                                                                          \
-  template __global__ void decode_attention_tiles_kernel<T, D, R>(                                              \
+#define FTLAB_ATTENTION_TILES_DP(T, D, TP)                                                                         \
+  template __global__ void decode_attention_tiles_kernel<T, D, TP>(                                             \
       const T::storage*, const T::storage*, const T::storage*, const int32_t*, float*, float*, uint32_t*,        \
       T::storage*, int64_t, int64_t, int64_t, int64_t, int, int, int, float, int, int, int8_t*, float*, float*);
 #define FTLAB_ATTENTION_TILES(T)                                                                                  \
-  FTLAB_ATTENTION_TILES_DR(T, 128, 4) FTLAB_ATTENTION_TILES_DR(T, 256, 4) FTLAB_ATTENTION_TILES_DR(T, 128, 2)   \
-  FTLAB_ATTENTION_TILES_DR(T, 256, 2)
+  FTLAB_ATTENTION_TILES_DP(T, 128, 32) FTLAB_ATTENTION_TILES_DP(T, 256, 16) FTLAB_ATTENTION_TILES_DP(T, 128, 16) \
+  FTLAB_ATTENTION_TILES_DP(T, 256, 8)
 FTLAB_ATTENTION_TILES(f16_t)
 FTLAB_ATTENTION_TILES(bf16_t)
 
