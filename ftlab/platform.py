@@ -185,3 +185,9 @@ def capturing(device: torch.device) -> bool:
         return torch.cuda.is_current_stream_capturing()
     with torch.cuda.device(device):
         return torch.cuda.is_current_stream_capturing()
+
+
+@cache
+def multiprocessors(device: torch.device) -> int:
+    """Multiprocessors (SMs / CUs) of GPU ``device`` (cached: launch plans ask every call)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count

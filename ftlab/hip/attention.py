@@ -13,11 +13,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ftlab import jit
+from ftlab import platform as ftplatform
 from ftlab.hip.counters import zeroed_counters
 from ftlab.quant import Q8_1
 from ftlab.reference.attention import split_plan
@@ -57,11 +56,6 @@ def tile_plan(s: int, d: int, rows: int | None = None) -> tuple[int, int]:
     return chunk, max(1, -(-s // chunk))
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def tile_want(b: int, kvh: int, device: torch.device, d: int) -> int:
     """The most live splits a (sequence, key head) of the one-launch kernel on ``device`` for ``b``
     sequences of ``kvh`` key heads of head dim ``d`` (128 or 256): :data:`TILE_MAX_SPLITS` where that
@@ -70,7 +64,7 @@ def tile_want(b: int, kvh: int, device: torch.device, d: int) -> int:
     live positions would make more."""
     if d not in TILE_HEAD_DIMS:
         raise ValueError(f"the one-launch kernel takes head dim {' or '.join(map(str, TILE_HEAD_DIMS))}, got {d}")
-    sms, heads = _multiprocessors(device), max(1, b * kvh)
+    sms, heads = ftplatform.multiprocessors(device), max(1, b * kvh)
     if heads * TILE_MAX_SPLITS <= TILE_RESIDENT_PER_SM[d] * sms:  # every split resident at once
         return TILE_MAX_SPLITS
     return max(1, min(TILE_MAX_SPLITS, -(-int(TILE_BLOCKS_PER_SM[d] * sms) // heads)))

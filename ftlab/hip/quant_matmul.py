@@ -23,11 +23,10 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ftlab import jit
+from ftlab import platform as ftplatform
 from ftlab.hip.q4_0 import quantize_q8_1
 from ftlab.quant import QuantWeight
 
@@ -96,11 +95,6 @@ def quant_matmul(
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tuple[int, int]:
     """(G, K splits) of the tiled matvec for M rows of activations and an ``[N, K]`` weight:
     ``TILED_G[m]``, and K split into as many ranges (at most one region each) as bring the
@@ -108,6 +102,6 @@ def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tu
     g = TILED_G[m]
     k_steps = -(-(k // TILED_SUPER_K[qtype]) // g)
     row_sets = max(1, -(-n // (32 // g)))
-    target = TILED_MIN_SETS * TILED_GROUPS_PER_SM * _sm_count(device)
+    target = TILED_MIN_SETS * TILED_GROUPS_PER_SM * ftplatform.multiprocessors(device)
     splits = max(1, min(k_steps, -(-target // row_sets)))
     return g, splits

@@ -189,7 +189,7 @@ def test_hip_tile_want(monkeypatch):
     heads of 256), 1 to 64."""
     import ftlab.hip.attention as ha
 
-    monkeypatch.setattr(ha, "_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(ha.ftplatform, "multiprocessors", lambda device: 132)
     dev = torch.device("cpu")
     assert [ha.tile_want(b, 4, dev, 128) for b in (1, 2, 4, 8, 16, 64)] == [64, 42, 21, 11, 6, 2]
     assert [ha.tile_want(b, 2, dev, 256) for b in (1, 2, 3, 8, 64)] == [64, 64, 33, 13, 2]

@@ -31,7 +31,7 @@
 // asks the L2 for its first tile's key and value lines. fp32 throughout, the output rounded once;
 // on request the block writing an output also writes its Q8_1 (what the o_proj matvec after takes).
 #pragma once
-#include "q4_0_common.h"
+#include "norm_common.h"  // norm_raw: raw register vectors
 
 namespace ftlab {
 
@@ -43,14 +43,6 @@ constexpr int kTileLanes = 32;  // lanes a row
 // Positions a tile for `r`, the launcher's rows a thread (2 or 4): the positions 128 threads hold
 // at 8 elements a thread a row, r rows each (head dim 128: 32 or 16; 256: 16 or 8).
 __host__ __device__ constexpr int tile_rows(int d, int r) { return kTileThreads / (d / 8) * r; }
-
-template <typename T>
-__device__ __forceinline__ void unpack8(const bytes16& raw, float out[8]) {
-  typename T::storage e[8];
-  __builtin_memcpy(e, &raw, 16);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = T::load(&e[i]);
-}
 
 // Writes element idx of out (value y, rounded once) and, when oq is given, its Q8_1 (out viewed
 // [B, H * D], blocks of 32): the 32 consecutive elements of a block are 32 consecutive lanes, which
@@ -77,20 +69,9 @@ __device__ __forceinline__ void write_out(typename T::storage* out, int64_t idx,
   }
 }
 
-// A lane's EL elements of a row as one register vector (8 or 16 bytes).
-template <int EL>
-struct tile_raw;
-template <>
-struct tile_raw<4> {
-  typedef bytes8 type;
-};
-template <>
-struct tile_raw<8> {
-  typedef bytes16 type;
-};
-
+// A lane's EL elements of a row (one raw register vector of 2 EL bytes, norm_common.h) as fp32.
 template <typename T, int EL>
-__device__ __forceinline__ void unpack(const typename tile_raw<EL>::type& raw, float out[EL]) {
+__device__ __forceinline__ void unpack(const typename norm_raw<2 * EL>::type& raw, float out[EL]) {
   typename T::storage e[EL];
   __builtin_memcpy(e, &raw, 2 * EL);
 #pragma unroll
@@ -142,7 +123,7 @@ __global__ void FTLAB_TILES_BOUNDS
                                   int64_t v_sp, int s_len, int chunk, int want, float scale, int heads, int kv_heads,
                                   int8_t* __restrict__ oq, float* __restrict__ od, float* __restrict__ os) {
   using S = typename T::storage;
-  using Raw = typename tile_raw<D / kTileLanes>::type;
+  using Raw = typename norm_raw<2 * (D / kTileLanes)>::type;
   // the loop walks steps of TW positions: the tile, or half of it on the 64-wide waves where 8 rows
   // a thread spill (a split of whole tiles is whole half tiles; the split plan counts in tiles)
   constexpr int TW = PORT_WARP_SIZE == 64 && TP / (kTileThreads / kTileLanes) > 4 ? TP / 2 : TP;
