@@ -87,7 +87,8 @@ def cmd_run(args) -> int:
     if device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pipe = Pipeline.load(args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len,
-                         hybrid_slots=args.hybrid_slots, graphs=args.graphs, tp=args.tp)  # fmt: skip
+                         hybrid_slots=args.hybrid_slots, graphs=args.graphs, tp=args.tp,
+                         hybrid_policy=args.hybrid_policy)  # fmt: skip
     if pipe.tp is None:
         return _run(pipe, args)
     from ftlab.models.tensor_parallel import close
@@ -110,8 +111,9 @@ def _run(pipe, args) -> int:
 
     if pipe.hybrid:
         ex = pipe.hybrid[0]
-        print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device}, the rest on "
-              f"the CPU; handshake {ex.mechanism}: {ex.mechanism_reason}]")  # fmt: skip
+        print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} "
+              f"({args.hybrid_policy} residency), the rest on the CPU; handshake {ex.mechanism}: "
+              f"{ex.mechanism_reason}]")  # fmt: skip
     check.backend_sets(args.compare or [], pipe.device)  # refused now, not after generating
     if args.stages:
         for stage in pipe.stages(args.prompt):
@@ -166,7 +168,7 @@ _BENCH_OPTIONS = {
     "gguf": ("'ftlab bench model'", {"gguf"}),
     **{name: (_QWEN35, {"qwen35moe"}) for name in ("small", "layers", "experts", "vocab", "write_gguf")},
     "device": (f"{_QWEN35} and {_GGUF}", {"qwen35moe", "gguf"}),
-    **{name: (_GGUF, {"gguf"}) for name in ("prefill", "llama_bench", "tp")},
+    **{name: (_GGUF, {"gguf"}) for name in ("prefill", "llama_bench", "tp", "hybrid_slots")},
 }
 
 
@@ -187,7 +189,7 @@ def cmd_bench(args) -> int:
         try:
             report = model_gguf.run(args.gguf, quick=args.quick, device=args.device or "cuda",
                                     prefill=args.prefill or model_gguf.PREFILL, llama_bench=args.llama_bench,
-                                    tp=args.tp or 1)  # fmt: skip
+                                    tp=args.tp or 1, hybrid_slots=args.hybrid_slots)  # fmt: skip
         except BaseException:
             if (args.tp or 1) > 1:  # no process group left behind (the other ranks may never arrive)
                 from ftlab.models.tensor_parallel import close
@@ -317,6 +319,9 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--hybrid-slots", type=_option(int, "an int", check.hybrid_slots), default=None,
                    help="hybrid CPU/GPU experts: this many experts a layer on the device, the rest on the CPU "
                         "(default: off, every expert on the device)")
+    p.add_argument("--hybrid-policy", choices=list(check.HYBRID_POLICIES), default="lru",
+                   help="--hybrid-slots: lru moves a step's missed experts in after it; static keeps experts "
+                        "0 .. N-1 of every layer on the device for good (default: lru)")
     p.add_argument("--tp", type=_option(int, "an int", check.tp), default=1,
                    help="tensor / expert parallelism over this many processes: start them with torchrun "
                         "--nproc-per-node N -m ftlab run --tp N ... (rank 0 prints)")
@@ -386,6 +391,10 @@ def parser() -> argparse.ArgumentParser:
                    help="--gguf (qwen3moe): tensor / expert parallelism over this many ranks, each on its own GPU; "
                         "start them with torchrun --nproc-per-node N -m ftlab bench model --gguf FILE --tp N "
                         "(rank 0 reports) (default: 1)")
+    m.add_argument("--hybrid-slots", metavar="N", type=_option(int, "an int", check.hybrid_slots),
+                   help="--gguf (qwen3moe): also decode with N of every layer's experts on the GPU, the rest on the "
+                        "CPU (static and lru residency), and with --llama-bench llama-bench -ncmoe at the same share "
+                        "of the expert bytes on the CPU (default: not run)")
     m.add_argument("--device", choices=["cuda", "cpu"], help="--arch qwen35moe or --gguf: cuda, or cpu: eager, host-timed, a smoke "
                                                                  "run (default: cuda)")
     m.add_argument("--write-gguf", metavar="FILE", help="first write the random model as a qwen35moe GGUF file "

@@ -18,6 +18,10 @@ of each GGUF type it holds.
 (``-ngl 99 -fa 1 -p <prompt> -n 128 -r 3 -o json``): its prefill and decode tokens/s become rows
 of backend ``llama.cpp`` beside ftlab's.
 
+``hybrid_slots`` (a ``qwen3moe`` file): also decode at batch 1 with that many of every layer's
+experts on the GPU and the rest on the CPU (:mod:`ftlab.bench.model_hybrid`), and llama-bench
+again with ``-ncmoe`` at the same share of the expert bytes on the CPU.
+
 On the CPU (``device="cpu"``: fp32 activations, eager, host clock, host copy bandwidth) it is a
 check that the bench runs, not a measurement.
 """
@@ -38,9 +42,9 @@ from ftlab.bench.harness import Measurement, Report, copy_bandwidth, device_info
 from ftlab.bench.model import PREFILL, bench_weights, host_copy_gbps, timer
 from ftlab.bench.qwen35moe import bench_pipeline
 from ftlab.formats.gguf import GGUFError, open_reader
+from ftlab.models import pipeline_args as check
 from ftlab.models.gguf_qwen3_next import read_gguf_hf
 from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf
-from ftlab.models.pipeline_args import tp as check_tp
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.models.qwen3_next_weights import build_weights
 
@@ -57,7 +61,7 @@ NOTES = [
 
 
 def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: int = PREFILL,
-        llama_bench: str | Path | None = None, tp: int = 1) -> Report:  # fmt: skip
+        llama_bench: str | Path | None = None, tp: int = 1, hybrid_slots: int | None = None) -> Report:  # fmt: skip
     """The bench of the model of the GGUF file ``path`` on ``device`` (``"cuda"``: a GPU is
     required; ``"cpu"``: eager, a smoke run) with prompts of ``prefill`` tokens (decode steps at
     that position); ``quick``: fewer repetitions; ``llama_bench``: llama.cpp's ``llama-bench``
@@ -71,7 +75,10 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
     same calls, the report holds rank 0's times (the report is ``model-gguf-<stem>-tp<tp>``) and
     the cost of one all-reduce of a decode step's ``[B, hidden]`` activations. The process group
     stays up when this returns or raises (``ftlab bench`` tears it down,
-    :func:`ftlab.models.tensor_parallel.close`)."""
+    :func:`ftlab.models.tensor_parallel.close`).
+
+    ``hybrid_slots``: the hybrid rows (module docstring) of a ``qwen3moe`` file, ``tp = 1`` only;
+    an int in [0, the file's expert count]."""
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     if not isinstance(device, str):
@@ -84,9 +91,13 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
     if llama_bench is not None and not Path(llama_bench).is_file():
         raise ValueError(f"llama_bench must be the path of llama.cpp's llama-bench, got {str(llama_bench)!r} "
                          "(no such file)")  # fmt: skip
+    check.hybrid_slots(hybrid_slots)
     path = Path(path)
     arch = gguf_architecture(path)  # the file's structure checked first
-    tp = check_tp(tp)
+    tp = check.tp(tp)
+    if hybrid_slots is not None and (arch != GGUF_ARCH or tp > 1):
+        raise ValueError(f"hybrid_slots benches a {GGUF_ARCH} file (Qwen3-MoE) with tp = 1 only; {path.name} is "
+                         f"{arch!r}, tp = {tp}")  # fmt: skip
     if tp > 1 and arch != GGUF_ARCH:
         raise ValueError(f"tp > 1 benches a {GGUF_ARCH} file (Qwen3-MoE) only; {path.name} is {arch!r}")
     if tp > 1 and llama_bench is not None:
@@ -122,8 +133,13 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
         report.notes.append(collective_note(group, config.hidden_size, dev, dtype, clock))
     elif arch == GGUF_ARCH:
         config, weights = load_gguf(path, device=dev, dtype=dtype)
+        check.hybrid_slots(hybrid_slots, config.num_experts)
         report.notes.insert(2, _shape_note(arch, config))
         bench_weights(report, config, weights, prefill, clock)
+        if hybrid_slots is not None:
+            from ftlab.bench.model_hybrid import bench_hybrid
+
+            bench_hybrid(report, config, weights, hybrid_slots, prefill, quick)
     else:
         hf, tensors, perms = read_gguf_hf(path, dev, dtype)
         try:
@@ -142,8 +158,21 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
             report.notes.append(f"llama.cpp: no figures, {e}"[:600])
             return report
         report.measurements.extend(rows)
-        report.notes.append(f"llama.cpp: {Path(llama_bench).name} {' '.join(llama_bench_args(path, prefill, True))}"
+        gpu = dev.type == "cuda"
+        report.notes.append(f"llama.cpp: {Path(llama_bench).name} {' '.join(llama_bench_args(path, prefill, gpu))}"
                             " on the same file in this run (its own timing: mean of its repetitions)")  # fmt: skip
+        if hybrid_slots is not None:
+            from ftlab.bench.model_hybrid import cpu_layers
+
+            layers = cpu_layers(config, hybrid_slots)
+            try:
+                report.measurements.append(run_llama_bench_ncmoe(llama_bench, path, layers, gpu))
+            except RuntimeError as e:
+                report.notes.append(f"llama.cpp -ncmoe {layers}: no figure, {e}"[:600])
+                return report
+            report.notes.append(f"llama.cpp hybrid: {Path(llama_bench).name} "
+                                f"{' '.join(llama_bench_args(path, 0, gpu, layers))}: the experts of its first "
+                                f"{layers} of {config.num_hidden_layers} layers on the CPU (its default threads)")  # fmt: skip
     return report
 
 
@@ -208,18 +237,19 @@ def _shape_note(arch: str, c) -> str:
             f"top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}")  # fmt: skip
 
 
-def llama_bench_args(path: Path, prefill: int, gpu: bool) -> list[str]:
+def llama_bench_args(path: Path, prefill: int, gpu: bool, ncmoe: int | None = None) -> list[str]:
     """The arguments ``llama-bench`` runs with: the file, all layers offloaded and flash attention
-    on a GPU, a prompt of ``prefill`` tokens, :data:`LLAMA_BENCH_GEN` generated, JSON out."""
+    on a GPU, a prompt of ``prefill`` tokens, :data:`LLAMA_BENCH_GEN` generated, JSON out;
+    ``ncmoe``: the experts of the first ``ncmoe`` layers kept on the CPU (``-ncmoe``)."""
     offload = ["-ngl", "99", "-fa", "1"] if gpu else ["-ngl", "0"]
-    return ["-m", str(path), *offload, "-p", str(prefill), "-n", str(LLAMA_BENCH_GEN), "-r", "3", "-o", "json"]
+    cpu_moe = [] if ncmoe is None else ["-ncmoe", str(ncmoe)]
+    return ["-m", str(path), *offload, *cpu_moe, "-p", str(prefill), "-n", str(LLAMA_BENCH_GEN), "-r", "3", "-o",
+            "json"]  # fmt: skip
 
 
-def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool) -> list[Measurement]:
-    """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
-    of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s); RuntimeError
-    naming the command if it fails or prints no result of each test."""
-    cmd = [str(binary), *llama_bench_args(path, prefill, gpu)]
+def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
+    """(the command line, llama-bench's JSON results); RuntimeError if it fails or prints no JSON."""
+    cmd = [str(binary), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
@@ -228,8 +258,29 @@ def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool) -> 
         results = json.loads(done.stdout)
     except json.JSONDecodeError as e:
         raise RuntimeError(f"{' '.join(cmd)} printed no JSON ({e})") from e
+    return " ".join(cmd), results if isinstance(results, list) else []
+
+
+def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool) -> Measurement:
+    """llama-bench's decode (``tg128``, no prompt test) with the experts of its first ``layers``
+    layers on the CPU (``-ncmoe``), as a row of backend ``llama.cpp``; RuntimeError naming the
+    command if it fails or prints no decode result."""
+    cmd, results = _llama_results(binary, llama_bench_args(path, 0, gpu, layers))
+    for r in results:
+        if r.get("n_gen", 0) == LLAMA_BENCH_GEN and r.get("n_prompt", 0) == 0 and r.get("avg_ts", 0) > 0:
+            ts = r["avg_ts"]
+            return Measurement(f"hybrid decode batch 1, -ncmoe {layers}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts,
+                               0, True, "llama-bench")  # fmt: skip
+    raise RuntimeError(f"{cmd} gave no decode result")
+
+
+def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool) -> list[Measurement]:
+    """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
+    of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s); RuntimeError
+    naming the command if it fails or prints no result of each test."""
+    cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu))
     rows = {}
-    for r in results if isinstance(results, list) else []:
+    for r in results:
         n_prompt, n_gen, ts = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("avg_ts", 0)
         if n_prompt == prefill and n_gen == 0 and ts > 0:
             rows["prefill"] = Measurement(f"prefill {prefill} tokens: {ts:.0f} tokens/s", "llama.cpp",
@@ -239,5 +290,5 @@ def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool) -> 
                                          "llama-bench")  # fmt: skip
     missing = [k for k in ("prefill", "decode") if k not in rows]
     if missing:
-        raise RuntimeError(f"{' '.join(cmd)} gave no {' or '.join(missing)} result")
+        raise RuntimeError(f"{cmd} gave no {' or '.join(missing)} result")
     return [rows["prefill"], rows["decode"]]

@@ -2,7 +2,8 @@
 on the CPU, summed.
 
 - :class:`LruResidency`: which experts occupy the GPU's slots; least recently used out; updated
-  between steps only, with hit / miss counters.
+  between steps only, with hit / miss counters. :class:`StaticResidency`: a fixed set, nothing
+  moved between steps (as llama.cpp's ``--n-cpu-moe`` places experts).
 - :class:`HybridDecodeExecutor`: the schedule, one place: router ids -> the live
   ``expert -> slot | -1`` table -> CPU routes (ids of GPU-resident experts set to -1) through
   ``ops.moe_experts(..., backend="cpu")`` -> GPU routes (ids mapped to slots, CPU-routed ones -1) through
@@ -23,7 +24,7 @@ from ftlab.hybrid.handshake import (
     HostFuncHandshake,
     StreamMemOpHandshake,
 )
-from ftlab.hybrid.residency import LruResidency
+from ftlab.hybrid.residency import LruResidency, StaticResidency
 
 __all__ = [
     "CpuMoeExecutor",
@@ -32,6 +33,7 @@ __all__ = [
     "HostFuncHandshake",
     "HybridDecodeExecutor",
     "LruResidency",
+    "StaticResidency",
     "StreamMemOpHandshake",
     "choose_mechanism",
     "probe",

@@ -1,4 +1,5 @@
-"""The residency policy of the hybrid executor: which experts occupy the GPU's expert slots."""
+"""The residency policies of the hybrid executor: which experts occupy the GPU's expert slots --
+least recently used out (:class:`LruResidency`), or a fixed set (:class:`StaticResidency`)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,32 @@ class LruResidency:
             self._recent[e] = None
             loads.append((e, slot))
         return loads
+
+
+class StaticResidency(LruResidency):
+    """``slots`` GPU expert slots that hold one fixed set of experts for good: ``experts`` (distinct
+    ids in [0, num_experts), as many as ``slots``; default the first ``slots``), in slot order.
+    Nothing moves between steps -- no host-to-device copies, the split of every step set by where
+    its experts live, as llama.cpp's ``--n-cpu-moe`` keeps some layers' experts on the CPU for
+    good. :meth:`update` counts a step's distinct valid experts as hits (resident) or misses and
+    returns no loads."""
+
+    def __init__(self, num_experts: int, slots: int, experts: list[int] | None = None):
+        super().__init__(num_experts, slots)
+        chosen = list(range(slots)) if experts is None else experts
+        if not isinstance(chosen, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool)
+                                                           for e in chosen):  # fmt: skip
+            raise TypeError(f"experts must be a list of ints, got {experts!r}")
+        if len(chosen) != slots or len(set(chosen)) != slots or not all(0 <= e < num_experts for e in chosen):
+            raise ValueError(f"experts must be {slots} distinct ids in [0, {num_experts}), got {experts!r}")
+        for slot, e in enumerate(chosen):
+            self.slot_of[e], self.expert_in[slot] = slot, e
+            self._recent[e] = None
+
+    def update(self, ids: torch.Tensor) -> list[tuple[int, int]]:
+        for e in {int(e) for e in ids.reshape(-1).tolist() if 0 <= e < self.num_experts}:
+            if self.slot_of[e] >= 0:
+                self.hits += 1
+            else:
+                self.misses += 1
+        return []

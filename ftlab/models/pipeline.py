@@ -72,15 +72,19 @@ class Pipeline:
     banks stay loaded, for :meth:`compare`); a Qwen3-Next / Qwen3.5-MoE layer's shared expert
     stays on the GPU. Prefill runs each hybrid layer's eager schedule, a decode step its
     handshake. A graph is captured only if every layer's handshake passed its probe; otherwise
-    decode runs eagerly, with the probe's warning."""
+    decode runs eagerly, with the probe's warning. ``hybrid_policy``: ``"lru"`` (the default; the
+    missed experts of a step copied in after it), or ``"static"``: experts ``0 .. hybrid_slots - 1``
+    of every layer on the GPU for good, nothing copied between steps (as llama.cpp's
+    ``--n-cpu-moe`` places experts; ``ftlab.hybrid.StaticResidency`` for another set)."""
 
     def __init__(self, config: Qwen3MoeConfig | Qwen3NextConfig, weights: ModelWeights | NextWeights,
                  tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
                  q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-                 tp=None, launches: bool = True):  # fmt: skip
+                 tp=None, launches: bool = True, hybrid_policy: str = "lru"):  # fmt: skip
         ops = check.usable(backend_map(backends), weights.embed.device)
         check.flag("launches", launches)
+        check.hybrid_policy(hybrid_policy)
         if tp is not None and hybrid_slots is not None:
             raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
         self.tp = tp
@@ -97,7 +101,7 @@ class Pipeline:
             self.graphs = False  # "auto": eager decode with these backends
         hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
-        self.hybrid = self._hybrid(hybrid_slots, ops) if hybrid_slots is not None else None
+        self.hybrid = self._hybrid(hybrid_slots, ops, hybrid_policy) if hybrid_slots is not None else None
         # graphs off on a GPU: the static model (no host synchronization in a step), its decode steps
         # launched from a recorded schedule (DecodeLaunches) where the layers record cleanly
         self._static_eager = (launches and not self.graphs and weights.embed.device.type == "cuda" and not blocking
@@ -114,7 +118,8 @@ class Pipeline:
     def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
              quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-             q4_0_path: str = "auto", tp: int = 1, launches: bool = True) -> Pipeline:  # fmt: skip
+             q4_0_path: str = "auto", tp: int = 1, launches: bool = True,
+             hybrid_policy: str = "lru") -> Pipeline:  # fmt: skip
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
         ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
         directory (Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE, by its config's ``model_type``), or a
@@ -138,6 +143,7 @@ class Pipeline:
         check.hybrid_slots(hybrid_slots)
         check.q4_0_path(q4_0_path)
         check.flag("launches", launches)
+        check.hybrid_policy(hybrid_policy)
         if check.tp(tp) != 1 and hybrid_slots is not None:
             raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
         name = str(path_or_tiny)
@@ -160,7 +166,7 @@ class Pipeline:
         try:
             return cls._load(path, dev, group, tiny_model, expected, path_or_tiny, name, backends=backends, dtype=dtype,
                              max_seq_len=max_seq_len, graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path,
-                             launches=launches)  # fmt: skip
+                             launches=launches, hybrid_policy=hybrid_policy)  # fmt: skip
         except BaseException:
             if group is not None:  # no process group left behind by a failed load
                 from ftlab.models.tensor_parallel import close
@@ -171,7 +177,7 @@ class Pipeline:
     @classmethod
     def _load(cls, path: Path, dev: torch.device, group, tiny_model: bool, expected: str, path_or_tiny, name: str, *,
               backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str,
-              launches: bool) -> Pipeline:  # fmt: skip
+              launches: bool, hybrid_policy: str = "lru") -> Pipeline:  # fmt: skip
         """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
         at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
         experts, vocab = (None if group is None else rank_ranges(path, group)) or (None, None)  # tp: its rows only
@@ -191,7 +197,8 @@ class Pipeline:
             shard = shard_qwen3_next if isinstance(config, Qwen3NextConfig) else shard_qwen3_moe
             weights = shard(config, weights, group, dev)
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
-                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group, launches=launches)  # fmt: skip
+                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group, launches=launches,
+                   hybrid_policy=hybrid_policy)  # fmt: skip
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         if self.model_class is Qwen3Next:
@@ -204,12 +211,14 @@ class Pipeline:
     def _static(self) -> bool:
         return bool(self.graphs or self._static_eager)
 
-    def _hybrid(self, slots: int, backends: dict[str, str]) -> list:
-        from ftlab.hybrid import HybridDecodeExecutor
+    def _hybrid(self, slots: int, backends: dict[str, str], policy: str = "lru") -> list:
+        from ftlab.hybrid import HybridDecodeExecutor, LruResidency, StaticResidency
 
         banks = [lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers]  # the routed experts
+        kind = StaticResidency if policy == "static" else LruResidency
         return [HybridDecodeExecutor(b.w_gate_up.to("cpu"), b.w_down.to("cpu"), slots, self.device,
-                                     backend=backends["moe_experts"], path=self.q4_0_path)
+                                     policy=kind(self.config.num_experts, slots), backend=backends["moe_experts"],
+                                     path=self.q4_0_path)
                 for b in banks]  # fmt: skip
 
     @property

@@ -31,6 +31,8 @@ TINY_QUANTS = ("hf", "f32", "q4_0")
 MODEL_DTYPES = ftbackends.FLOAT_DTYPES
 #: The paths of Q4_0 weights (see ``ops.q4_0_matmul``).
 Q4_0_PATHS = ("auto", *ftbackends.Q4_0_PATHS)
+#: The residency policies of hybrid experts (``ftlab.hybrid``): least recently used out, or a fixed set.
+HYBRID_POLICIES = ("lru", "static")
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
 GRAPHS_AUTO = "auto"
 
@@ -92,6 +94,13 @@ def hybrid_slots(value: object, num_experts: int | None = None) -> int | None:
     if value is None:
         return None
     return _int("hybrid_slots", value, 0, num_experts)
+
+
+def hybrid_policy(value: object) -> str:
+    """One of :data:`HYBRID_POLICIES`."""
+    if value not in HYBRID_POLICIES:
+        raise ValueError(f"hybrid_policy must be one of {list(HYBRID_POLICIES)}, got {value!r}")
+    return value
 
 
 def tp(value: object) -> int:

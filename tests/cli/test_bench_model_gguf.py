@@ -3,6 +3,7 @@
 own tensor sizes, llama-bench's results beside ftlab's (a stand-in binary), the option checks."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -74,6 +75,54 @@ def test_llama_bench_ran_on_the_same_file(cpu_run):
     assert tg["case"] == "decode batch 1: 250 tokens/s" and tg["time_us"] == pytest.approx(1e6 / 250)
 
 
+def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
+    """--hybrid-slots 1 of the file's 2 experts: ftlab's hybrid decode under both residency policies,
+    then llama-bench again with -ncmoe at the same share of the expert bytes on the CPU (1 of 2
+    layers), no prompt test."""
+    binary = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON)
+    assert cli.main(["bench", "model", "--gguf", str(Q4_K_M), "--device", "cpu", "--prefill", "8", "--quick",
+                     "--llama-bench", str(binary), "--hybrid-slots", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
+    (path,) = tmp_path.glob("*-model-gguf-qwen3moe-q4_k_m.json")
+    report = json.loads(path.read_text())
+    rows = [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in report["results"]]
+    assert rows[3:] == [("hybrid decode batch 1, static", "auto", "eager"), ("hybrid decode batch 1, lru", "auto", "eager"),
+                        ("prefill 8 tokens", "llama.cpp", "llama-bench"), ("decode batch 1", "llama.cpp", "llama-bench"),
+                        ("hybrid decode batch 1, -ncmoe 1", "llama.cpp", "llama-bench")]  # fmt: skip
+    assert all(r["validated"] and r["time_us"] > 0 for r in report["results"])
+    assert json.loads((tmp_path / "args.json").read_text()) == [
+        "-m", str(Q4_K_M), "-ngl", "0", "-ncmoe", "1", "-p", "0", "-n", "128", "-r", "3", "-o", "json"]  # fmt: skip
+    notes = report["notes"]
+    assert any(n.startswith("hybrid decode: 1 of 2 routed experts a layer on the GPU, 50% of the expert bytes") for n in notes)
+    (static,) = [n for n in notes if n.startswith("hybrid decode (static)")]
+    found = [int(x) for x in re.findall(r"on the GPU (\d+) times, on the CPU (\d+)", static)[0]]
+    assert sum(found) == 4 * 2 and found[0] > 0 and found[1] > 0  # 4 timed steps x 2 layers x top-1
+
+
+def test_cpu_layers_match_the_expert_share():
+    from types import SimpleNamespace
+
+    from ftlab.bench.model import CONFIG
+    from ftlab.bench.model_hybrid import cpu_layers
+
+    assert [cpu_layers(CONFIG, s) for s in (0, 32, 64, 96, 128)] == [48, 36, 24, 12, 0]
+    assert cpu_layers(SimpleNamespace(num_hidden_layers=2, num_experts=2), 1) == 1  # half up
+    assert cpu_layers(SimpleNamespace(num_hidden_layers=40, num_experts=256), 200) == 9  # 8.75
+
+
+def test_hybrid_arguments(tmp_path, capsys):
+    with pytest.raises(ValueError, match=re.escape("hybrid_slots must be an int in [0, 2], got 3")):
+        model_gguf.run(Q4_K_M, device="cpu", prefill=4, hybrid_slots=3)
+    with pytest.raises(ValueError, match="hybrid_slots benches a qwen3moe file"):
+        model_gguf.run(DATA / "gguf_qwen3_next" / "qwen35moe-hv2-q4_0.gguf", device="cpu", prefill=4, hybrid_slots=1)
+    with pytest.raises(ValueError, match="hybrid_slots must be an int >= 0, got -1"):
+        model_gguf.run(Q4_K_M, device="cpu", hybrid_slots=-1)
+    assert cli.main(["bench", "model", "--hybrid-slots", "4", "--no-write"]) == 1
+    assert "--hybrid-slots is an option of 'ftlab bench model --gguf FILE' only" in capsys.readouterr().err
+    only_pp = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:1])
+    with pytest.raises(RuntimeError, match="-ncmoe 1 -p 0 .* gave no decode result"):
+        model_gguf.run_llama_bench_ncmoe(only_pp, Q4_K_M, 1, gpu=False)
+
+
 def test_decode_bytes_count_every_tensor_at_its_types_size():
     """Every expert used: a step reads every tensor of the file once, at its stored size (the F32
     ones loaded in fp32), but the embedding, of which it gathers one dense row a token."""
@@ -140,6 +189,15 @@ def test_bench_on_the_gpu(tmp_path):
                      ("decode batch 1", "eager"),
                      ("decode batch 8", "graph"), ("decode batch 8", "eager")]  # fmt: skip
     assert all(m.validated for m in report.measurements)
+
+
+@pytest.mark.gpu
+def test_hybrid_bench_on_the_gpu():
+    """Half the experts on the CPU: both policies' rows graph-replayed (the handshakes pass their
+    probes on a GPU), each replay bit-equal to its eager step."""
+    report = model_gguf.run(Q4_K_M, quick=True, device="cuda", prefill=32, hybrid_slots=1)
+    rows = [(m.case.split(":")[0], m.mode, m.validated) for m in report.measurements[-2:]]
+    assert rows == [("hybrid decode batch 1, static", "graph", True), ("hybrid decode batch 1, lru", "graph", True)]
 
 
 def test_static_prefill_is_the_dynamic_one():

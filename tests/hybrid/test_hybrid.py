@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import ftlab.testing as ft
 from ftlab import ops
-from ftlab.hybrid import HybridDecodeExecutor, LruResidency
+from ftlab.hybrid import HybridDecodeExecutor, LruResidency, StaticResidency
 from ftlab.jit import cpu_unavailable_reason
 
 needs_cpu_build = pytest.mark.skipif(cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason()))
@@ -122,6 +122,56 @@ class LruMachine(RuleBasedStateMachine):
 
 TestLru = LruMachine.TestCase
 TestLru.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), experts=st.integers(1, 16))
+def test_static_residency_never_moves(data, experts):
+    """A fixed set: the chosen experts hold their slots in order whatever the steps route, no step
+    loads anything, and hits / misses count each step's distinct valid experts."""
+    slots = data.draw(st.integers(0, experts))
+    chosen = data.draw(st.one_of(st.none(), st.permutations(range(experts)).map(lambda p: p[:slots])))
+    policy = StaticResidency(experts, slots, chosen)
+    want = list(range(slots)) if chosen is None else chosen
+    hits = misses = 0
+    for _ in range(data.draw(st.integers(1, 5))):
+        ids = data.draw(st.lists(st.integers(-1, experts + 1), min_size=1, max_size=12))
+        seen = {i for i in ids if 0 <= i < experts}
+        hits += len(seen & set(want))
+        misses += len(seen - set(want))
+        assert policy.update(torch.tensor(ids)) == []
+        assert policy.expert_in == want and policy.resident() == set(want)
+        assert policy.table().tolist() == [want.index(e) if e in want else -1 for e in range(experts)]
+    assert (policy.hits, policy.misses) == (hits, misses)
+
+
+def test_static_residency_arguments():
+    with pytest.raises(ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[1, 1\]"):
+        StaticResidency(4, 2, [1, 1])
+    with pytest.raises(ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[0, 4\]"):
+        StaticResidency(4, 2, [0, 4])
+    with pytest.raises(ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[0\]"):
+        StaticResidency(4, 2, [0])
+    with pytest.raises(TypeError, match="experts must be a list of ints, got \\[0, 1.0\\]"):
+        StaticResidency(4, 2, [0, 1.0])
+    with pytest.raises(ValueError, match="slots must be an int in \\[0, 4\\], got 5"):
+        StaticResidency(4, 5)
+
+
+def test_executor_with_static_residency_copies_its_experts_once():
+    """The executor loads a static policy's experts into their slots at construction, and a step's
+    end moves nothing: the slot banks hold the chosen experts' bytes, step after step."""
+    gen = torch.Generator().manual_seed(5)
+    e, h, inter = 6, 64, 32
+    gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen))
+    dn = ops.quantize_q4_0(torch.randn(e, h, inter, generator=gen))
+    ex = HybridDecodeExecutor(gu, dn, 2, "cpu", policy=StaticResidency(e, 2, [4, 1]), backend="reference",
+                              path="int8")  # fmt: skip
+    for _ in range(3):
+        assert torch.equal(ex.slot_gate_up.data, gu.data[[4, 1]]) and torch.equal(ex.slot_down.data, dn.data[[4, 1]])
+        assert ex.table.tolist() == [-1, 1, -1, -1, 0, -1]
+        assert ex.end_step(torch.tensor([[0, 2], [3, 5]])) == []
+    assert (ex.policy.hits, ex.policy.misses) == (0, 12)
 
 
 @needs_cpu_build

@@ -144,7 +144,7 @@ void launch_tiles(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& ml, const TensorView& acc, const TensorView& counters, const TensorView& out,
                   const AttnArgs& a, int want, const Q8Out& q8) {
   using S = typename T::storage;
-  const dim3 grid(a.splits, static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b));
+  const dim3 grid(static_cast<unsigned>(a.kvh), static_cast<unsigned>(a.b), a.splits);  // live splits first
   launch_pdl(decode_attention_tiles_kernel<T, D, TP>, grid, dim3(kTileThreads), stream_of(out),
              static_cast<const S*>(base_of(q)), static_cast<const S*>(base_of(k)), static_cast<const S*>(base_of(v)),
              static_cast<const int32_t*>(base_of(lengths)), static_cast<float*>(base_of(ml)),

@@ -3,7 +3,7 @@
 // reference: ftlab/reference/attention.py. The general kernels (fp32, any head dim, unaligned
 // rows) are in attention.hip.
 //
-// One block of kTileThreads per (split, key head, sequence); a split is `chunk` positions, walked
+// One block of kTileThreads per (key head, sequence, split); a split is `chunk` positions, walked
 // a tile of TP positions at a time -- or, where a sequence's live positions would make more than
 // `want` splits of `chunk`, as many whole tiles a split as keep them to `want` (the grid is the
 // cache's: splits past a sequence's live ones return at once; `want` from the launcher, so that the
@@ -140,9 +140,11 @@ __global__ void FTLAB_TILES_BOUNDS
   const int tid = threadIdx.x, lane = tid % PORT_WARP_SIZE, warp = tid / PORT_WARP_SIZE;
   constexpr int kWarps = kTileThreads / PORT_WARP_SIZE;
   const int piece = tid % LP, rg = tid / LP;
-  const int split = blockIdx.x, kh = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int splits = gridDim.x;
+  // grid (key heads, sequences, splits): blocks start x fastest, so every sequence's live splits
+  // (the low ones) start before any sequence's dead ones
+  const int kh = blockIdx.x, split = blockIdx.z;
+  const int64_t b = blockIdx.y;
+  const int splits = gridDim.z;
   const int g_n = heads / kv_heads;
   const S* kb = k + b * k_sb + static_cast<int64_t>(kh) * D + EL * piece;
   const S* vb = v + b * v_sb + static_cast<int64_t>(kh) * D + EL * piece;

@@ -163,8 +163,12 @@ struct port_grid_dim {
   __device__ uint32_t get_y() const {
     return __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y();
   }
+  __device__ uint32_t get_z() const {
+    return __builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z();
+  }
   __declspec(property(get = get_x)) uint32_t x;
   __declspec(property(get = get_y)) uint32_t y;
+  __declspec(property(get = get_z)) uint32_t z;
 };
 static constexpr __device__ port_grid_dim gridDim{};
 static constexpr __device__ port_thread_idx threadIdx{};

@@ -1,0 +1,136 @@
+"""``ftlab bench model --gguf FILE --hybrid-slots N [--llama-bench BIN]``: decode at batch 1 with
+``N`` of every layer's routed experts on the GPU and the rest run on the CPU (:mod:`ftlab.hybrid`),
+beside llama.cpp's ``llama-bench -ncmoe L`` on the same file: the experts of its first ``L``
+layers on the CPU, ``L`` chosen so that both engines keep the same share of the expert bytes on
+the CPU (``L = layers * (E - N) / E``, rounded; 24 of 48 layers for 64 of 128 experts).
+
+ftlab's rows, one a residency policy (``Pipeline(hybrid_policy=...)``):
+
+- ``static``: experts ``0 .. N-1`` of every layer on the GPU for good, as ``-ncmoe`` places them
+  for good: nothing crosses PCIe between steps but the handshakes;
+- ``lru``: the GPU slots follow the routes, a step's missed experts copied in after it (the
+  Pipeline's default): what that costs where routing has no locality (random token ids).
+
+A step is the decode step a ``Pipeline`` runs (the graph replayed where every layer's handshake
+passed its probe, else eager) and then ``end_step`` (the residency update, one synchronization),
+so the time is the host's wall clock over :data:`STEPS` steps, the median of :data:`ROUNDS`
+rounds. Validated: finite logits, and the replay bit-equal to the same step launched eagerly
+through the graph's kernels (before any residency update)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from ftlab.bench.harness import Measurement, Report
+from ftlab.bench.model import decode_bytes, fill_cache, parted_note
+from ftlab.hybrid import HybridDecodeExecutor, LruResidency, StaticResidency
+from ftlab.hybrid.handshake import default_threads
+from ftlab.models import layers as model_layers
+from ftlab.models.decode_steps import DecodeGraph
+from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig
+
+POLICIES = {"static": StaticResidency, "lru": LruResidency}
+STEPS = 32  # decode steps a timed round
+ROUNDS = 3
+
+
+def cpu_layers(config: Qwen3MoeConfig, slots: int) -> int:
+    """The layers whose experts llama.cpp's ``-ncmoe`` keeps on the CPU for the same share of the
+    expert bytes as ``slots`` of every layer's experts on the GPU: ``layers * (E - slots) / E``,
+    rounded half up."""
+    return (2 * config.num_hidden_layers * (config.num_experts - slots) + config.num_experts) // (2 * config.num_experts)
+
+
+def bench_hybrid(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, slots: int, length: int,
+                 quick: bool = False) -> None:  # fmt: skip
+    """The rows of :data:`POLICIES`, decode batch 1 at position ``length``, into ``report``."""
+    dev = weights.embed.device
+    host = [(lw.w_gate_up.to("cpu"), lw.w_down.to("cpu"))
+            for lw in tqdm(weights.layers, desc="expert banks to the host", unit="layer")]  # fmt: skip
+    share = (config.num_experts - slots) / config.num_experts
+    report.notes.append(
+        f"hybrid decode: {slots} of {config.num_experts} routed experts a layer on the GPU, {share:.0%} of the "
+        f"expert bytes run on the CPU ({default_threads()} OpenMP threads of the CPU worker); a step is the "
+        f"Pipeline's (graph where the handshakes passed their probes) plus its residency update, host clock "
+        f"over {4 if quick else STEPS} steps, median of {1 if quick else ROUNDS} rounds; static: experts 0..{slots - 1} on the GPU for good; "
+        "lru: a step's missed experts copied in after it"
+    )  # fmt: skip
+    for policy, kind in POLICIES.items():
+        executors = [HybridDecodeExecutor(gu, dn, slots, dev, policy=kind(config.num_experts, slots), path="auto")
+                     for gu, dn in host]  # fmt: skip
+        try:
+            _policy_row(report, config, weights, executors, policy, length, quick)
+        finally:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            for ex in executors:
+                ex.close()
+            del executors
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, executors: list, policy: str,
+                length: int, quick: bool) -> None:  # fmt: skip
+    rounds, n_steps, warmup = (1, 4, 1) if quick else (ROUNDS, STEPS, 4)
+    dev = weights.embed.device
+    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, static=True, hybrid=executors)
+    fill_cache(model.cache)
+    gen = torch.Generator().manual_seed(2)
+    tokens = [torch.randint(0, config.vocab_size, (1, 1), generator=gen).to(dev) for _ in range(8)]
+    pos = torch.full((1, 1), length, device=dev)
+    eager = model.forward(tokens[0], pos).clone()
+    ok = bool(torch.isfinite(eager).all())
+    capturable = dev.type == "cuda" and all(ex.capturable for ex in executors)
+    mode = "graph" if capturable else "eager"
+    if capturable:
+        graph = DecodeGraph(model, 1)
+        with model_layers.attention_as_captured():  # the graph's kernels, launched eagerly
+            same = model.forward(tokens[0], pos).clone()
+        replayed = graph(tokens[0], pos)
+        if not torch.equal(replayed, same):
+            ok = False
+            report.notes.append(parted_note(f"hybrid decode ({policy}): the graph step", replayed, same))
+
+        def step(t: torch.Tensor) -> torch.Tensor:
+            return graph(t, pos)
+    else:
+
+        def step(t: torch.Tensor) -> torch.Tensor:
+            return model.forward(t, pos)
+
+    model.end_step()
+
+    def steps(n: int) -> torch.Tensor:
+        out = eager
+        for i in range(n):
+            out = step(tokens[i % len(tokens)])
+            model.end_step()
+        return out
+
+    steps(warmup)  # every channel and its worker started
+    for ex in executors:  # the timed steps' residency counts only
+        ex.policy.hits = ex.policy.misses = 0
+    samples = []
+    for _ in range(rounds):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        out = steps(n_steps)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        samples.append((time.perf_counter() - start) / n_steps * 1e6)
+        ok = ok and bool(torch.isfinite(out).all())
+    us = statistics.median(samples)
+    hits = sum(ex.policy.hits for ex in executors)
+    misses = sum(ex.policy.misses for ex in executors)
+    nbytes = int(decode_bytes(config, weights, config.num_experts_per_tok, 1))  # a token's k experts a layer
+    mech = executors[0].mechanism
+    report.measurements.append(Measurement(f"hybrid decode batch 1, {policy}: {1e6 / us:.0f} tokens/s", "auto", us,
+                                           nbytes, ok, mode))  # fmt: skip
+    report.notes.append(f"hybrid decode ({policy}): {1e6 / us:.1f} tokens/s ({mode}, handshake {mech}); routed "
+                        f"experts found on the GPU {hits} times, on the CPU {misses} (timed steps, all layers)")  # fmt: skip

@@ -1,0 +1,71 @@
+"""Hybrid CPU/GPU experts in the Qwen3-MoE pipeline (``Pipeline(hybrid_slots=..., hybrid_policy=...)``):
+decode against the plain model on the CPU and, graph-captured, on the GPU; the arguments' checks."""
+
+import re
+
+import pytest
+
+from ftlab.models.pipeline import Pipeline
+
+
+def _hybrid_against_base(device: str, quant: str, graphs: bool, steps: int = 16,
+                         policy: str = "lru") -> tuple[Pipeline, list[float]]:  # fmt: skip
+    """A hybrid pipeline (half the experts of each layer in device slots, the rest on the CPU)
+    against the plain one, both on the int8 path: the same greedy tokens, and each step's
+    next-token logits with their max-abs difference."""
+    base = Pipeline.load("tiny-qwen3-moe", device, quant=quant, q4_0_path="int8", graphs=graphs)
+    hyb = Pipeline.load("tiny-qwen3-moe", device, quant=quant, q4_0_path="int8", graphs=graphs, hybrid_slots=4,
+                        hybrid_policy=policy)  # fmt: skip
+    ids = base.tokenizer.encode("The router sends every token")
+    a, b = base.prefill(ids), hyb.prefill(ids)
+    diffs = [float((a - b).abs().max())]
+    for _ in range(steps):
+        token = int(a.argmax())
+        assert int(b.argmax()) == token
+        a, b = base.decode_step(token), hyb.decode_step(token)
+        diffs.append(float((a - b).abs().max()))
+    return hyb, diffs
+
+
+@pytest.mark.parametrize("quant", ["f32", "q4_0"])
+def test_hybrid_experts_decode_like_the_plain_model(quant):
+    """CPU: the hybrid layers (GPU part simulated on the CPU, CPU part the native kernels)
+    decode what the plain model does, logits within fp32 rounding, while the residency moves."""
+    hyb, diffs = _hybrid_against_base("cpu", quant, graphs=False)
+    assert max(diffs) <= 1e-4, diffs
+    for ex in hyb.hybrid:
+        assert ex.mechanism == "eager" and len(ex.policy.resident()) <= 4
+        assert ex.policy.hits > 0 and ex.policy.misses > 0
+
+
+def test_static_hybrid_experts_decode_like_the_plain_model():
+    """hybrid_policy="static": experts 0..3 of every layer in the slots for good, the rest on the
+    CPU, nothing moved between steps; the same tokens and logits within fp32 rounding."""
+    hyb, diffs = _hybrid_against_base("cpu", "q4_0", graphs=False, steps=8, policy="static")
+    assert max(diffs) <= 1e-4, diffs
+    for ex in hyb.hybrid:
+        assert ex.policy.expert_in == [0, 1, 2, 3] and ex.table.tolist() == [0, 1, 2, 3] + [-1] * 4
+        assert ex.policy.hits > 0 and ex.policy.misses > 0
+
+
+def test_hybrid_policy_is_checked():
+    with pytest.raises(ValueError, match=re.escape("hybrid_policy must be one of ['lru', 'static'], got 'fifo'")):
+        Pipeline.load("tiny-qwen3-moe", "cpu", hybrid_slots=2, hybrid_policy="fifo")
+
+
+def test_hybrid_slots_must_fit():
+    with pytest.raises(ValueError, match="hybrid_slots must be an int in"):
+        Pipeline.load("tiny-qwen3-moe", "cpu", hybrid_slots=9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant, policy", [("f32", "lru"), ("q4_0", "lru"), ("q4_0", "static")])
+def test_hybrid_graph_decode_like_the_plain_model_gpu(quant, policy):
+    """GPU: the decode step with hybrid layers is captured in one graph (every layer's
+    handshake passed its probe) and decodes what the plain graph-captured model does."""
+    hyb, diffs = _hybrid_against_base("cuda", quant, graphs=True, steps=24, policy=policy)
+    assert hyb.graph_capturable and hyb._graph is not None
+    assert max(diffs) <= 1e-4, diffs
+    for ex in hyb.hybrid:
+        ex.check()
+        assert ex.policy.hits > 0 and ex.policy.misses > 0
