@@ -109,11 +109,11 @@ def _run(pipe, args) -> int:
     """cmd_run's work once the pipeline is loaded."""
     from ftlab.models.pipeline import format_compare, timed_generate
 
-    if pipe.hybrid:
-        ex = pipe.hybrid[0]
+    if pipe.executors:
+        ex = pipe.executors[0]
         print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} "
-              f"({args.hybrid_policy} residency), the rest on the CPU; handshake {ex.mechanism}: "
-              f"{ex.mechanism_reason}]")  # fmt: skip
+              f"({args.hybrid_policy}: {len(pipe.executors)} of {pipe.config.num_hidden_layers} layers with CPU "
+              f"experts), the rest on the CPU; handshake {ex.mechanism}: {ex.mechanism_reason}]")  # fmt: skip
     check.backend_sets(args.compare or [], pipe.device)  # refused now, not after generating
     if args.stages:
         for stage in pipe.stages(args.prompt):
@@ -129,9 +129,9 @@ def _run(pipe, args) -> int:
     decode = "graph-captured decode (its capture in the first decode step)" if pipe.graph_capturable else "eager decode"
     ranks = f", tp = {pipe.tp.world} ranks" if pipe.tp is not None else ""
     print(f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, {pipe.device}{ranks}, {decode}]")
-    if pipe.hybrid:
-        hits = sum(ex.policy.hits for ex in pipe.hybrid)
-        misses = sum(ex.policy.misses for ex in pipe.hybrid)
+    if pipe.executors:
+        hits = sum(ex.policy.hits for ex in pipe.executors)
+        misses = sum(ex.policy.misses for ex in pipe.executors)
         print(f"[hybrid residency over all layers: {hits} hits, {misses} misses]")
     if args.compare:
         print(format_compare(pipe.compare(args.prompt, args.compare)))
@@ -321,7 +321,8 @@ def _run_parser(sub, common: list[argparse.ArgumentParser]) -> None:
                         "(default: off, every expert on the device)")
     p.add_argument("--hybrid-policy", choices=list(check.HYBRID_POLICIES), default="lru",
                    help="--hybrid-slots: lru moves a step's missed experts in after it; static keeps experts "
-                        "0 .. N-1 of every layer on the device for good (default: lru)")
+                        "0 .. N-1 of every layer on the device for good; layers puts the same share of the expert "
+                        "bytes on the CPU by whole layers, as llama.cpp's --n-cpu-moe (default: lru)")
     p.add_argument("--tp", type=_option(int, "an int", check.tp), default=1,
                    help="tensor / expert parallelism over this many processes: start them with torchrun "
                         "--nproc-per-node N -m ftlab run --tp N ... (rank 0 prints)")

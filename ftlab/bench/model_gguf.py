@@ -162,9 +162,9 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
         report.notes.append(f"llama.cpp: {Path(llama_bench).name} {' '.join(llama_bench_args(path, prefill, gpu))}"
                             " on the same file in this run (its own timing: mean of its repetitions)")  # fmt: skip
         if hybrid_slots is not None:
-            from ftlab.bench.model_hybrid import cpu_layers
+            from ftlab.bench.model_hybrid import llama_cpu_layers
 
-            layers = cpu_layers(config, hybrid_slots)
+            layers = llama_cpu_layers(config, hybrid_slots)
             try:
                 report.measurements.append(run_llama_bench_ncmoe(llama_bench, path, layers, gpu))
             except RuntimeError as e:

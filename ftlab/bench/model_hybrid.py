@@ -4,12 +4,14 @@ beside llama.cpp's ``llama-bench -ncmoe L`` on the same file: the experts of its
 layers on the CPU, ``L`` chosen so that both engines keep the same share of the expert bytes on
 the CPU (``L = layers * (E - N) / E``, rounded; 24 of 48 layers for 64 of 128 experts).
 
-ftlab's rows, one a residency policy (``Pipeline(hybrid_policy=...)``):
+ftlab's rows, one a placement (``Pipeline(hybrid_policy=...)``, :func:`ftlab.hybrid.layer_executors`):
 
-- ``static``: experts ``0 .. N-1`` of every layer on the GPU for good, as ``-ncmoe`` places them
-  for good: nothing crosses PCIe between steps but the handshakes;
+- ``layers``: the experts of the first ``L`` layers on the CPU, the others' on the GPU: where
+  ``-ncmoe`` puts them;
+- ``static``: experts ``0 .. N-1`` of every layer on the GPU for good: nothing crosses PCIe
+  between steps but the handshakes, one a layer;
 - ``lru``: the GPU slots follow the routes, a step's missed experts copied in after it (the
-  Pipeline's default): what that costs where routing has no locality (random token ids).
+  Pipeline's default).
 
 A step is the decode step a ``Pipeline`` runs (the graph replayed where every layer's handshake
 passed its probe, else eager) and then ``end_step`` (the residency update, one synchronization),
@@ -27,22 +29,21 @@ from tqdm import tqdm
 
 from ftlab.bench.harness import Measurement, Report
 from ftlab.bench.model import decode_bytes, fill_cache, parted_note
-from ftlab.hybrid import HybridDecodeExecutor, LruResidency, StaticResidency
+from ftlab.hybrid import cpu_layers, layer_executors
 from ftlab.hybrid.handshake import default_threads
 from ftlab.models import layers as model_layers
 from ftlab.models.decode_steps import DecodeGraph
 from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig
 
-POLICIES = {"static": StaticResidency, "lru": LruResidency}
+POLICIES = ("layers", "static", "lru")
 STEPS = 32  # decode steps a timed round
 ROUNDS = 3
 
 
-def cpu_layers(config: Qwen3MoeConfig, slots: int) -> int:
-    """The layers whose experts llama.cpp's ``-ncmoe`` keeps on the CPU for the same share of the
-    expert bytes as ``slots`` of every layer's experts on the GPU: ``layers * (E - slots) / E``,
-    rounded half up."""
-    return (2 * config.num_hidden_layers * (config.num_experts - slots) + config.num_experts) // (2 * config.num_experts)
+def llama_cpu_layers(config: Qwen3MoeConfig, slots: int) -> int:
+    """llama.cpp's ``-ncmoe`` for the same share of the expert bytes on the CPU as ``slots`` of
+    every layer's experts on the GPU (:func:`ftlab.hybrid.cpu_layers`)."""
+    return cpu_layers(config.num_hidden_layers, config.num_experts, slots)
 
 
 def bench_hybrid(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, slots: int, length: int,
@@ -56,19 +57,20 @@ def bench_hybrid(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, 
         f"hybrid decode: {slots} of {config.num_experts} routed experts a layer on the GPU, {share:.0%} of the "
         f"expert bytes run on the CPU ({default_threads()} OpenMP threads of the CPU worker); a step is the "
         f"Pipeline's (graph where the handshakes passed their probes) plus its residency update, host clock "
-        f"over {4 if quick else STEPS} steps, median of {1 if quick else ROUNDS} rounds; static: experts 0..{slots - 1} on the GPU for good; "
-        "lru: a step's missed experts copied in after it"
+        f"over {4 if quick else STEPS} steps, median of {1 if quick else ROUNDS} rounds; layers: every expert of "
+        f"the first {llama_cpu_layers(config, slots)} layers on the CPU; static: experts 0..{slots - 1} of every "
+        "layer on the GPU for good; lru: a step's missed experts copied in after it"
     )  # fmt: skip
-    for policy, kind in POLICIES.items():
-        executors = [HybridDecodeExecutor(gu, dn, slots, dev, policy=kind(config.num_experts, slots), path="auto")
-                     for gu, dn in host]  # fmt: skip
+    for policy in POLICIES:
+        executors = layer_executors(host, slots, dev, policy, path="auto")
         try:
             _policy_row(report, config, weights, executors, policy, length, quick)
         finally:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             for ex in executors:
-                ex.close()
+                if ex is not None:
+                    ex.close()
             del executors
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -85,7 +87,8 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
     pos = torch.full((1, 1), length, device=dev)
     eager = model.forward(tokens[0], pos).clone()
     ok = bool(torch.isfinite(eager).all())
-    capturable = dev.type == "cuda" and all(ex.capturable for ex in executors)
+    live = [ex for ex in executors if ex is not None]  # the layers with CPU experts
+    capturable = dev.type == "cuda" and all(ex.capturable for ex in live)
     mode = "graph" if capturable else "eager"
     if capturable:
         graph = DecodeGraph(model, 1)
@@ -113,7 +116,7 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
         return out
 
     steps(warmup)  # every channel and its worker started
-    for ex in executors:  # the timed steps' residency counts only
+    for ex in live:  # the timed steps' residency counts only
         ex.policy.hits = ex.policy.misses = 0
     samples = []
     for _ in range(rounds):
@@ -126,11 +129,12 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
         samples.append((time.perf_counter() - start) / n_steps * 1e6)
         ok = ok and bool(torch.isfinite(out).all())
     us = statistics.median(samples)
-    hits = sum(ex.policy.hits for ex in executors)
-    misses = sum(ex.policy.misses for ex in executors)
+    hits = sum(ex.policy.hits for ex in live)
+    misses = sum(ex.policy.misses for ex in live)
     nbytes = int(decode_bytes(config, weights, config.num_experts_per_tok, 1))  # a token's k experts a layer
-    mech = executors[0].mechanism
+    mech = live[0].mechanism if live else "none"
     report.measurements.append(Measurement(f"hybrid decode batch 1, {policy}: {1e6 / us:.0f} tokens/s", "auto", us,
                                            nbytes, ok, mode))  # fmt: skip
     report.notes.append(f"hybrid decode ({policy}): {1e6 / us:.1f} tokens/s ({mode}, handshake {mech}); routed "
-                        f"experts found on the GPU {hits} times, on the CPU {misses} (timed steps, all layers)")  # fmt: skip
+                        f"experts found on the GPU {hits} times, on the CPU {misses} (timed steps, the {len(live)} "
+                        "layers with CPU experts)")  # fmt: skip

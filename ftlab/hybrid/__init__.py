@@ -3,7 +3,9 @@ on the CPU, summed.
 
 - :class:`LruResidency`: which experts occupy the GPU's slots; least recently used out; updated
   between steps only, with hit / miss counters. :class:`StaticResidency`: a fixed set, nothing
-  moved between steps (as llama.cpp's ``--n-cpu-moe`` places experts).
+  moved between steps. :func:`layer_executors`: one executor (or None) a layer under a placement --
+  ``lru``, ``static``, or ``layers`` (whole layers' experts on the CPU, as llama.cpp's
+  ``--n-cpu-moe``, at the share of the bytes :func:`cpu_layers` gives).
 - :class:`HybridDecodeExecutor`: the schedule, one place: router ids -> the live
   ``expert -> slot | -1`` table -> CPU routes (ids of GPU-resident experts set to -1) through
   ``ops.moe_experts(..., backend="cpu")`` -> GPU routes (ids mapped to slots, CPU-routed ones -1) through
@@ -16,7 +18,13 @@ on the CPU, summed.
   ``FTLAB_HYBRID_MECHANISM`` forces one, ``FTLAB_HYBRID_PROBE_FAIL`` fails probes (tests).
 """
 
-from ftlab.hybrid.executor import HybridDecodeExecutor, choose_mechanism, probe
+from ftlab.hybrid.executor import (
+    PLACEMENTS,
+    HybridDecodeExecutor,
+    choose_mechanism,
+    layer_executors,
+    probe,
+)
 from ftlab.hybrid.handshake import (
     CpuMoeExecutor,
     EagerHandshake,
@@ -24,9 +32,10 @@ from ftlab.hybrid.handshake import (
     HostFuncHandshake,
     StreamMemOpHandshake,
 )
-from ftlab.hybrid.residency import LruResidency, StaticResidency
+from ftlab.hybrid.residency import LruResidency, StaticResidency, cpu_layers
 
 __all__ = [
+    "PLACEMENTS",
     "CpuMoeExecutor",
     "EagerHandshake",
     "HandshakeError",
@@ -36,5 +45,7 @@ __all__ = [
     "StaticResidency",
     "StreamMemOpHandshake",
     "choose_mechanism",
+    "cpu_layers",
+    "layer_executors",
     "probe",
 ]

@@ -11,7 +11,7 @@ import torch
 
 from ftlab import ops
 from ftlab.hybrid.handshake import HANDSHAKES, EagerHandshake
-from ftlab.hybrid.residency import LruResidency
+from ftlab.hybrid.residency import LruResidency, StaticResidency, cpu_layers
 from ftlab.quant import QuantWeight, quant_weight
 
 # The graph-capturable handshakes in the order the probe tries them (the faster first: a polling
@@ -255,3 +255,34 @@ class HybridDecodeExecutor:
     def close(self) -> None:
         """Free the handshake's pinned staging and worker threads (after synchronizing)."""
         self.handshake.close()
+
+
+#: How ``layer_executors`` places the experts: every layer's slots following the routes, every layer's
+#: slots holding a fixed set, or whole layers on the CPU.
+PLACEMENTS = ("lru", "static", "layers")
+
+
+def layer_executors(banks: list, slots: int, device: torch.device | str, placement: str = "lru", *,
+                    backend: str = "auto", path: str = "int8") -> list:  # fmt: skip
+    """One :class:`HybridDecodeExecutor` (or None) a layer over ``banks``, the layers'
+    ``(w_gate_up, w_down)`` on the host, for ``slots`` of each layer's E experts' share on the GPU:
+
+    - ``"lru"``: every layer ``slots`` experts on the GPU, least recently used out (:class:`LruResidency`);
+    - ``"static"``: every layer experts ``0 .. slots - 1`` on the GPU for good (:class:`StaticResidency`);
+    - ``"layers"``: the same share placed by layers, as llama.cpp's ``--n-cpu-moe``: every expert of
+      the first :func:`cpu_layers` layers on the CPU (an executor with no slots), the other layers'
+      all on the GPU (None: the layer runs its experts as without hybrid experts).
+
+    ``backend`` / ``path``: the GPU part's (``ops.moe_experts``)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got {placement!r}")
+    if not banks:
+        return []
+    experts = banks[0][0].shape[0]
+    if placement == "layers":
+        on_cpu = cpu_layers(len(banks), experts, slots)
+        return [HybridDecodeExecutor(gu, dn, 0, device, policy=StaticResidency(experts, 0), backend=backend, path=path)
+                if i < on_cpu else None for i, (gu, dn) in enumerate(banks)]  # fmt: skip
+    kind = StaticResidency if placement == "static" else LruResidency
+    return [HybridDecodeExecutor(gu, dn, slots, device, policy=kind(experts, slots), backend=backend, path=path)
+            for gu, dn in banks]  # fmt: skip

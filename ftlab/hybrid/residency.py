@@ -1,5 +1,6 @@
 """The residency policies of the hybrid executor: which experts occupy the GPU's expert slots --
-least recently used out (:class:`LruResidency`), or a fixed set (:class:`StaticResidency`)."""
+least recently used out (:class:`LruResidency`), or a fixed set (:class:`StaticResidency`) -- and
+:func:`cpu_layers`, the layers a placement by layers puts on the CPU for the same share."""
 
 from __future__ import annotations
 
@@ -94,3 +95,13 @@ class StaticResidency(LruResidency):
             else:
                 self.misses += 1
         return []
+
+
+def cpu_layers(layers: int, num_experts: int, slots: int) -> int:
+    """The layers whose experts all run on the CPU, in a placement by layers (llama.cpp's
+    ``--n-cpu-moe``), for the same share of the expert bytes on the CPU as ``slots`` of every
+    layer's ``num_experts`` on the GPU: ``layers * (num_experts - slots) / num_experts``, rounded
+    half up (24 of 48 layers for 64 of 128 experts)."""
+    if not 0 <= slots <= num_experts:
+        raise ValueError(f"slots must be an int in [0, {num_experts}], got {slots!r}")
+    return (2 * layers * (num_experts - slots) + num_experts) // (2 * num_experts)

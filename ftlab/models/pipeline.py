@@ -72,10 +72,12 @@ class Pipeline:
     banks stay loaded, for :meth:`compare`); a Qwen3-Next / Qwen3.5-MoE layer's shared expert
     stays on the GPU. Prefill runs each hybrid layer's eager schedule, a decode step its
     handshake. A graph is captured only if every layer's handshake passed its probe; otherwise
-    decode runs eagerly, with the probe's warning. ``hybrid_policy``: ``"lru"`` (the default; the
-    missed experts of a step copied in after it), or ``"static"``: experts ``0 .. hybrid_slots - 1``
-    of every layer on the GPU for good, nothing copied between steps (as llama.cpp's
-    ``--n-cpu-moe`` places experts; ``ftlab.hybrid.StaticResidency`` for another set)."""
+    decode runs eagerly, with the probe's warning. ``hybrid_policy`` (``ftlab.hybrid.layer_executors``):
+    ``"lru"`` (the default; the missed experts of a step copied in after it), ``"static"``: experts
+    ``0 .. hybrid_slots - 1`` of every layer on the GPU for good, nothing copied between steps, or
+    ``"layers"``: the same share of the expert bytes placed by layers, as llama.cpp's
+    ``--n-cpu-moe``: every expert of the first ``ftlab.hybrid.cpu_layers`` layers on the CPU, the
+    other layers' all on the GPU."""
 
     def __init__(self, config: Qwen3MoeConfig | Qwen3NextConfig, weights: ModelWeights | NextWeights,
                  tokenizer: Tokenizer, *,
@@ -212,20 +214,27 @@ class Pipeline:
         return bool(self.graphs or self._static_eager)
 
     def _hybrid(self, slots: int, backends: dict[str, str], policy: str = "lru") -> list:
-        from ftlab.hybrid import HybridDecodeExecutor, LruResidency, StaticResidency
+        from ftlab.hybrid import cpu_layers, layer_executors
 
         banks = [lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers]  # the routed experts
-        kind = StaticResidency if policy == "static" else LruResidency
-        return [HybridDecodeExecutor(b.w_gate_up.to("cpu"), b.w_down.to("cpu"), slots, self.device,
-                                     policy=kind(self.config.num_experts, slots), backend=backends["moe_experts"],
-                                     path=self.q4_0_path)
-                for b in banks]  # fmt: skip
+        if policy == "layers":  # host copies of the banks that run on the CPU only
+            banks = banks[: cpu_layers(len(banks), self.config.num_experts, slots)]
+        host = [(b.w_gate_up.to("cpu"), b.w_down.to("cpu")) for b in banks]
+        executors = layer_executors(host, slots, self.device, policy, backend=backends["moe_experts"],
+                                    path=self.q4_0_path)  # fmt: skip
+        return executors + [None] * (len(self.weights.layers) - len(executors))
+
+    @property
+    def executors(self) -> list:
+        """The hybrid layers' executors (the layers that have one), in layer order; [] without
+        hybrid experts."""
+        return [ex for ex in self.hybrid or [] if ex is not None]
 
     @property
     def graph_capturable(self) -> bool:
         """Whether decode steps are captured: graphs on (``"auto"`` on a GPU, or ``True``) and
         every hybrid layer's handshake (if any) can run inside a graph."""
-        return self.graphs and all(ex.capturable for ex in self.hybrid or [])
+        return self.graphs and all(ex.capturable for ex in self.executors)
 
     @property
     def decode_path(self) -> str:

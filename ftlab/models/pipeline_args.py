@@ -31,8 +31,9 @@ TINY_QUANTS = ("hf", "f32", "q4_0")
 MODEL_DTYPES = ftbackends.FLOAT_DTYPES
 #: The paths of Q4_0 weights (see ``ops.q4_0_matmul``).
 Q4_0_PATHS = ("auto", *ftbackends.Q4_0_PATHS)
-#: The residency policies of hybrid experts (``ftlab.hybrid``): least recently used out, or a fixed set.
-HYBRID_POLICIES = ("lru", "static")
+#: The placements of hybrid experts (``ftlab.hybrid.PLACEMENTS``): every layer's slots least recently
+#: used out, or a fixed set in every layer's slots, or whole layers on the CPU.
+HYBRID_POLICIES = ("lru", "static", "layers")
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
 GRAPHS_AUTO = "auto"
 

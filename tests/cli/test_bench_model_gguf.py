@@ -85,7 +85,8 @@ def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
     (path,) = tmp_path.glob("*-model-gguf-qwen3moe-q4_k_m.json")
     report = json.loads(path.read_text())
     rows = [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in report["results"]]
-    assert rows[3:] == [("hybrid decode batch 1, static", "auto", "eager"), ("hybrid decode batch 1, lru", "auto", "eager"),
+    assert rows[3:] == [("hybrid decode batch 1, layers", "auto", "eager"),
+                        ("hybrid decode batch 1, static", "auto", "eager"), ("hybrid decode batch 1, lru", "auto", "eager"),
                         ("prefill 8 tokens", "llama.cpp", "llama-bench"), ("decode batch 1", "llama.cpp", "llama-bench"),
                         ("hybrid decode batch 1, -ncmoe 1", "llama.cpp", "llama-bench")]  # fmt: skip
     assert all(r["validated"] and r["time_us"] > 0 for r in report["results"])
@@ -96,17 +97,20 @@ def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
     (static,) = [n for n in notes if n.startswith("hybrid decode (static)")]
     found = [int(x) for x in re.findall(r"on the GPU (\d+) times, on the CPU (\d+)", static)[0]]
     assert sum(found) == 4 * 2 and found[0] > 0 and found[1] > 0  # 4 timed steps x 2 layers x top-1
+    (layers,) = [n for n in notes if n.startswith("hybrid decode (layers)")]
+    assert "on the GPU 0 times, on the CPU 4 (timed steps, the 1 layers with CPU experts)" in layers
 
 
 def test_cpu_layers_match_the_expert_share():
-    from types import SimpleNamespace
-
     from ftlab.bench.model import CONFIG
-    from ftlab.bench.model_hybrid import cpu_layers
+    from ftlab.bench.model_hybrid import llama_cpu_layers
+    from ftlab.hybrid import cpu_layers
 
-    assert [cpu_layers(CONFIG, s) for s in (0, 32, 64, 96, 128)] == [48, 36, 24, 12, 0]
-    assert cpu_layers(SimpleNamespace(num_hidden_layers=2, num_experts=2), 1) == 1  # half up
-    assert cpu_layers(SimpleNamespace(num_hidden_layers=40, num_experts=256), 200) == 9  # 8.75
+    assert [llama_cpu_layers(CONFIG, s) for s in (0, 32, 64, 96, 128)] == [48, 36, 24, 12, 0]
+    assert cpu_layers(2, 2, 1) == 1  # half up
+    assert cpu_layers(40, 256, 200) == 9  # 8.75
+    with pytest.raises(ValueError, match=re.escape("slots must be an int in [0, 8], got 9")):
+        cpu_layers(4, 8, 9)
 
 
 def test_hybrid_arguments(tmp_path, capsys):
@@ -193,11 +197,11 @@ def test_bench_on_the_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_hybrid_bench_on_the_gpu():
-    """Half the experts on the CPU: both policies' rows graph-replayed (the handshakes pass their
+    """Half the experts on the CPU: every placement's row graph-replayed (the handshakes pass their
     probes on a GPU), each replay bit-equal to its eager step."""
     report = model_gguf.run(Q4_K_M, quick=True, device="cuda", prefill=32, hybrid_slots=1)
-    rows = [(m.case.split(":")[0], m.mode, m.validated) for m in report.measurements[-2:]]
-    assert rows == [("hybrid decode batch 1, static", "graph", True), ("hybrid decode batch 1, lru", "graph", True)]
+    rows = [(m.case.split(":")[0], m.mode, m.validated) for m in report.measurements[-3:]]
+    assert rows == [(f"hybrid decode batch 1, {p}", "graph", True) for p in ("layers", "static", "lru")]
 
 
 def test_static_prefill_is_the_dynamic_one():

@@ -4,6 +4,7 @@ decode against the plain model on the CPU and, graph-captured, on the GPU; the a
 import re
 
 import pytest
+import torch
 
 from ftlab.models.pipeline import Pipeline
 
@@ -48,8 +49,38 @@ def test_static_hybrid_experts_decode_like_the_plain_model():
         assert ex.policy.hits > 0 and ex.policy.misses > 0
 
 
+def test_layer_placement_decodes_like_the_plain_model():
+    """hybrid_policy="layers": 4 of 8 experts' share placed by layers -- every expert of the first of
+    the tiny model's 2 layers on the CPU (an executor with no slots), the other layer's on the
+    device (no executor); the same tokens and logits within fp32 rounding."""
+    hyb, diffs = _hybrid_against_base("cpu", "q4_0", graphs=False, steps=8, policy="layers")
+    assert max(diffs) <= 1e-4, diffs
+    assert hyb.hybrid[1] is None and hyb.executors == hyb.hybrid[:1]
+    (ex,) = hyb.executors
+    assert ex.policy.slots == 0 and ex.policy.hits == 0 and ex.policy.misses > 0
+
+
+def test_layer_executors_place_the_share():
+    from ftlab.hybrid import layer_executors
+
+    gen = torch.Generator().manual_seed(3)
+    banks = [(torch.randn(8, 64, 32, generator=gen), torch.randn(8, 32, 32, generator=gen)) for _ in range(6)]
+    placed = layer_executors(banks, 2, "cpu", "layers")  # 6 of 8 experts' bytes on the CPU: 4.5 -> 5 layers
+    assert [ex is None for ex in placed] == [False] * 5 + [True]
+    assert all(ex.policy.slots == 0 and ex.table.tolist() == [-1] * 8 for ex in placed[:5])
+    for placement, table in (("static", [0, 1] + [-1] * 6), ("lru", [-1] * 8)):
+        placed = layer_executors(banks, 2, "cpu", placement)
+        assert len(placed) == 6 and all(ex.table.tolist() == table for ex in placed)
+    with pytest.raises(ValueError, match=re.escape("placement must be one of ['lru', 'static', 'layers'], got 'x'")):
+        layer_executors(banks, 2, "cpu", "x")
+
+
 def test_hybrid_policy_is_checked():
-    with pytest.raises(ValueError, match=re.escape("hybrid_policy must be one of ['lru', 'static'], got 'fifo'")):
+    from ftlab.hybrid import PLACEMENTS
+    from ftlab.models.pipeline_args import HYBRID_POLICIES
+
+    assert HYBRID_POLICIES == PLACEMENTS
+    with pytest.raises(ValueError, match=re.escape("hybrid_policy must be one of ['lru', 'static', 'layers'], got 'fifo'")):
         Pipeline.load("tiny-qwen3-moe", "cpu", hybrid_slots=2, hybrid_policy="fifo")
 
 
@@ -59,13 +90,14 @@ def test_hybrid_slots_must_fit():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quant, policy", [("f32", "lru"), ("q4_0", "lru"), ("q4_0", "static")])
+@pytest.mark.parametrize("quant, policy", [("f32", "lru"), ("q4_0", "lru"), ("q4_0", "static"), ("q4_0", "layers")])
 def test_hybrid_graph_decode_like_the_plain_model_gpu(quant, policy):
     """GPU: the decode step with hybrid layers is captured in one graph (every layer's
     handshake passed its probe) and decodes what the plain graph-captured model does."""
     hyb, diffs = _hybrid_against_base("cuda", quant, graphs=True, steps=24, policy=policy)
     assert hyb.graph_capturable and hyb._graph is not None
     assert max(diffs) <= 1e-4, diffs
-    for ex in hyb.hybrid:
+    for ex in hyb.executors:
         ex.check()
-        assert ex.policy.hits > 0 and ex.policy.misses > 0
+        assert ex.policy.hits > 0 or policy == "layers"
+        assert ex.policy.misses > 0

@@ -9,7 +9,7 @@
 // (d = amax / 127, q = round-half-away(v / d), s = d * sum q), the Q4_0 block dot
 // d4 * (d8 * sumi - 8 * s8) with an exact integer sumi, the others' in moe_cpu_kquants.h -- or
 // dense fp32 / bf16 / fp16 banks in fp32 arithmetic. x and y are fp32 (the Python side casts). OpenMP threads take
-// (pair, row chunk) items for gate/up and (token, row chunk) items for down. The Q4_0 block
+// (pair, 16-row chunk) items for gate/up and (token, 8-row chunk) items for down. The Q4_0 block
 // dot is AVX2 (maddubs + madd, exact integer lane sums) where the build targets it (-march=native
 // on an AVX2 host); with FMA and F16C as well, the lane sums are scaled and accumulated in 8 fp32
 // lanes a row (one horizontal sum a row, not a block) and gate and up share the activation loads;
@@ -44,7 +44,8 @@ using tvm::ffi::TensorView;
 
 constexpr int kQK = 32;
 constexpr int kBlockBytes = 18;
-constexpr int kRowChunk = 16;  // output rows a work item
+constexpr int kRowChunk = 16;  // gate/up rows a work item
+constexpr int kDownChunk = 8;  // output rows a down work item (256 items at H = 2048: threads stay busy)
 
 inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
@@ -147,14 +148,16 @@ inline float q4_row_dot(const uint8_t* row, int nb, const int8_t* q, const float
   int b = 0;
 #if defined(FTLAB_CPU_VNNI_DOT)
   __m512 acc2 = _mm512_setzero_ps();
+  float corr_odd = 0.0f;  // the odd blocks' corrections: two dependency chains, not one
   for (; b + 1 < nb; b += 2) {
     const uint8_t* blk = row + b * kBlockBytes;
     const float d0 = block_scale(blk), d1 = block_scale(blk + kBlockBytes);
     const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2(blk), q8_pair(q + b * kQK));
     acc2 = _mm512_fmadd_ps(pair_scale(d0 * d[b], d1 * d[b + 1]), _mm512_cvtepi32_ps(lanes), acc2);
     corr += d0 * s[b];
-    corr += d1 * s[b + 1];
+    corr_odd += d1 * s[b + 1];
   }
+  corr += corr_odd;
   acc = _mm256_add_ps(_mm512_castps512_ps256(acc2), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2), 1)));
 #endif
   for (; b < nb; ++b) {
@@ -187,6 +190,7 @@ inline void q4_rows_dot2(const uint8_t* r0, const uint8_t* r1, int nb, const int
   int b = 0;
 #if defined(FTLAB_CPU_VNNI_DOT)
   __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  float odd0 = 0.0f, odd1 = 0.0f;  // the odd blocks' corrections: four dependency chains, not two
   for (; b + 1 < nb; b += 2) {
     const uint8_t* k0 = r0 + b * kBlockBytes;
     const uint8_t* k1 = r1 + b * kBlockBytes;
@@ -198,10 +202,12 @@ inline void q4_rows_dot2(const uint8_t* r0, const uint8_t* r1, int nb, const int
     a0 = _mm512_fmadd_ps(pair_scale(d00 * d[b], d01 * d[b + 1]), _mm512_cvtepi32_ps(l0), a0);
     a1 = _mm512_fmadd_ps(pair_scale(d10 * d[b], d11 * d[b + 1]), _mm512_cvtepi32_ps(l1), a1);
     corr0 += d00 * s[b];
-    corr0 += d01 * s[b + 1];
+    odd0 += d01 * s[b + 1];
     corr1 += d10 * s[b];
-    corr1 += d11 * s[b + 1];
+    odd1 += d11 * s[b + 1];
   }
+  corr0 += odd0;
+  corr1 += odd1;
   acc0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
   acc1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a1), 1)));
 #endif
@@ -295,7 +301,7 @@ void run(const FtlabCpuMoeJob& job) {
   }
   std::vector<float> h(pairs * inter, 0.0f);
   const int64_t chunks = (inter + kRowChunk - 1) / kRowChunk;
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 2)
   for (int64_t item = 0; item < pairs * chunks; ++item) {
     const int64_t p = item / chunks, n0 = (item % chunks) * kRowChunk;
     const int e = ip[p];
@@ -328,12 +334,12 @@ void run(const FtlabCpuMoeJob& job) {
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < pairs; ++p) q8_1_row(&h[p * inter], nbi, &hq[p * inter], &hd[p * nbi], &hs[p * nbi]);
   }
-  const int64_t ychunks = (hidden + kRowChunk - 1) / kRowChunk;
-#pragma omp parallel for schedule(dynamic, 4)
+  const int64_t ychunks = (hidden + kDownChunk - 1) / kDownChunk;
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < t * ychunks; ++item) {
-    const int64_t tok = item / ychunks, n0 = (item % ychunks) * kRowChunk;
-    const int64_t rows = std::min<int64_t>(kRowChunk, hidden - n0);
-    float acc[kRowChunk] = {};
+    const int64_t tok = item / ychunks, n0 = (item % ychunks) * kDownChunk;
+    const int64_t rows = std::min<int64_t>(kDownChunk, hidden - n0);
+    float acc[kDownChunk] = {};
     // slot by slot (the order the reference sums them in, for every row), each slot's expert's
     // rows n0.. read as one contiguous stretch of its bank
     for (int64_t j = 0; j < top_k; ++j) {
