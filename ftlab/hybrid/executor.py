@@ -242,14 +242,16 @@ class HybridDecodeExecutor:
 
     def end_step(self, ids: torch.Tensor) -> list[tuple[int, int]]:
         """Between steps: check the handshake, update the residency with the step's ids, copy
-        the loaded experts into their slots, refresh the slot table in place. Returns the loads."""
+        the loaded experts into their slots, refresh the slot table in place (only when
+        something was loaded: a host-to-device copy a layer a step otherwise). Returns the loads."""
         ids_host = ids.cpu()  # synchronizes the step
         self.check()
         loads = self.policy.update(ids_host)
         for e, s in loads:
             _copy_expert(self.slot_gate_up, s, self.host_gate_up, e)
             _copy_expert(self.slot_down, s, self.host_down, e)
-        self.table.copy_(self.policy.table(self.device))
+        if loads:
+            self.table.copy_(self.policy.table(self.device))
         return loads
 
     def close(self) -> None:
