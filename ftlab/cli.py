@@ -86,6 +86,8 @@ def cmd_run(args) -> int:
     device = args.device
     if device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.hybrid_policy != "lru" and args.hybrid_slots is None:
+        raise ValueError(f"--hybrid-policy {args.hybrid_policy} places hybrid experts: give --hybrid-slots N too")
     pipe = Pipeline.load(args.model, device, backends=args.backend, quant=args.quant, max_seq_len=args.max_seq_len,
                          hybrid_slots=args.hybrid_slots, graphs=args.graphs, tp=args.tp,
                          hybrid_policy=args.hybrid_policy)  # fmt: skip
@@ -111,9 +113,12 @@ def _run(pipe, args) -> int:
 
     if pipe.executors:
         ex = pipe.executors[0]
-        print(f"[hybrid experts: {args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} "
-              f"({args.hybrid_policy}: {len(pipe.executors)} of {pipe.config.num_hidden_layers} layers with CPU "
-              f"experts), the rest on the CPU; handshake {ex.mechanism}: {ex.mechanism_reason}]")  # fmt: skip
+        where = (f"every expert of {len(pipe.executors)} of {pipe.config.num_hidden_layers} layers on the CPU, the "
+                 f"other layers' on {pipe.device} (the share of {args.hybrid_slots} of {pipe.config.num_experts} a "
+                 "layer)") if args.hybrid_policy == "layers" else (
+                 f"{args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} ({args.hybrid_policy}), "
+                 "the rest on the CPU")  # fmt: skip
+        print(f"[hybrid experts: {where}; handshake {ex.mechanism}: {ex.mechanism_reason}]")
     check.backend_sets(args.compare or [], pipe.device)  # refused now, not after generating
     if args.stages:
         for stage in pipe.stages(args.prompt):

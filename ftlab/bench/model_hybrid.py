@@ -17,10 +17,12 @@ A step is the decode step a ``Pipeline`` runs (the graph replayed where every la
 passed its probe, else eager) and then ``end_step`` (the residency update, one synchronization),
 so the time is the host's wall clock over :data:`STEPS` steps, the median of :data:`ROUNDS`
 rounds. Validated: finite logits, and the replay bit-equal to the same step launched eagerly
-through the graph's kernels (before any residency update)."""
+through the graph's kernels, before any residency update and again after the warm-up steps
+(lru's slots then hold experts)."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -72,6 +74,7 @@ def bench_hybrid(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, 
                 if ex is not None:
                     ex.close()
             del executors
+            gc.collect()  # a failed row's model and graph too, before the next placement allocates
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
 
@@ -115,9 +118,19 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
             model.end_step()
         return out
 
-    steps(warmup)  # every channel and its worker started
+    steps(warmup)  # every channel and its worker started; lru's slots filled
+    if capturable:  # again with the slots the warm-up left: the GPU slots' routes checked too
+        with model_layers.attention_as_captured():
+            same = model.forward(tokens[1], pos).clone()
+        replayed = graph(tokens[1], pos)
+        if not torch.equal(replayed, same):
+            ok = False
+            report.notes.append(parted_note(f"hybrid decode ({policy}), after the warm-up: the graph step", replayed,
+                                            same))  # fmt: skip
+        model.end_step()
     for ex in live:  # the timed steps' residency counts only
         ex.policy.hits = ex.policy.misses = 0
+    before = _cpu_jobs(live)
     samples = []
     for _ in range(rounds):
         if dev.type == "cuda":
@@ -129,12 +142,27 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
         samples.append((time.perf_counter() - start) / n_steps * 1e6)
         ok = ok and bool(torch.isfinite(out).all())
     us = statistics.median(samples)
+    jobs, cpu_ns = (a - b for a, b in zip(_cpu_jobs(live), before, strict=True))
     hits = sum(ex.policy.hits for ex in live)
     misses = sum(ex.policy.misses for ex in live)
     nbytes = int(decode_bytes(config, weights, config.num_experts_per_tok, 1))  # a token's k experts a layer
     mech = live[0].mechanism if live else "none"
     report.measurements.append(Measurement(f"hybrid decode batch 1, {policy}: {1e6 / us:.0f} tokens/s", "auto", us,
                                            nbytes, ok, mode))  # fmt: skip
-    report.notes.append(f"hybrid decode ({policy}): {1e6 / us:.1f} tokens/s ({mode}, handshake {mech}); routed "
-                        f"experts found on the GPU {hits} times, on the CPU {misses} (timed steps, the {len(live)} "
-                        "layers with CPU experts)")  # fmt: skip
+    total = rounds * n_steps
+    cpu = (f"; the CPU worker's jobs {cpu_ns / 1e3 / max(jobs, 1):.0f} us each, {cpu_ns / 1e3 / total:.0f} us a step "
+           f"({jobs / total:.0f} a step)") if jobs else ""  # fmt: skip
+    report.notes.append(f"hybrid decode ({policy}): {1e6 / us:.1f} tokens/s, {us:.0f} us a step ({mode}, handshake "
+                        f"{mech}); routed experts found on the GPU {hits} times, on the CPU {misses} (timed steps, the "
+                        f"{len(live)} layers with CPU experts){cpu}")  # fmt: skip
+
+
+def _cpu_jobs(executors: list) -> tuple[int, int]:
+    """(jobs, nanoseconds) the CPU worker spent on the channels of ``executors`` so far (graph
+    handshakes; (0, 0) for eager ones, which keep no counts)."""
+    jobs = ns = 0
+    for ex in executors:
+        for ch in getattr(getattr(ex.handshake, "cpu", None), "channels", {}).values():
+            st = ch.stats()
+            jobs, ns = jobs + st["jobs"], ns + st["cpu_ns"]
+    return jobs, ns

@@ -2,7 +2,8 @@
 (JIT-built, cached): split-K decode attention.
 
 - fp16 / bf16 caches of head dim 128 or 256 with 16-byte aligned rows (the models' static
-  caches): one launch (``decode_attention_tiles``), a block per (split, key head, sequence) whose
+  caches): one launch (``decode_attention_tiles``), a block per (key head, sequence, split), every
+  sequence's live splits dispatched before any dead one, whose
   four row groups of 32 lanes walk its tiles with their own online softmax, holding their key and
   value rows in registers, and meet at the split's end; the last block of a (sequence, key head) to finish
   merges the splits (a counter per (sequence, key head) in one zeroed int32 buffer per device, made

@@ -266,8 +266,9 @@ PLACEMENTS = ("lru", "static", "layers")
 
 def layer_executors(banks: list, slots: int, device: torch.device | str, placement: str = "lru", *,
                     backend: str = "auto", path: str = "int8") -> list:  # fmt: skip
-    """One :class:`HybridDecodeExecutor` (or None) a layer over ``banks``, the layers'
-    ``(w_gate_up, w_down)`` on the host, for ``slots`` of each layer's E experts' share on the GPU:
+    """One :class:`HybridDecodeExecutor` (or None) a layer over ``banks``, every layer's
+    ``(w_gate_up, w_down)`` (on any device: the executors take host copies, of the layers that get
+    one only), for ``slots`` of each layer's E experts' share on the GPU:
 
     - ``"lru"``: every layer ``slots`` experts on the GPU, least recently used out (:class:`LruResidency`);
     - ``"static"``: every layer experts ``0 .. slots - 1`` on the GPU for good (:class:`StaticResidency`);
@@ -283,8 +284,10 @@ def layer_executors(banks: list, slots: int, device: torch.device | str, placeme
     experts = banks[0][0].shape[0]
     if placement == "layers":
         on_cpu = cpu_layers(len(banks), experts, slots)
-        return [HybridDecodeExecutor(gu, dn, 0, device, policy=StaticResidency(experts, 0), backend=backend, path=path)
+        return [HybridDecodeExecutor(gu.to("cpu"), dn.to("cpu"), 0, device, policy=StaticResidency(experts, 0),
+                                     backend=backend, path=path)
                 if i < on_cpu else None for i, (gu, dn) in enumerate(banks)]  # fmt: skip
     kind = StaticResidency if placement == "static" else LruResidency
-    return [HybridDecodeExecutor(gu, dn, slots, device, policy=kind(experts, slots), backend=backend, path=path)
+    return [HybridDecodeExecutor(gu.to("cpu"), dn.to("cpu"), slots, device, policy=kind(experts, slots),
+                                 backend=backend, path=path)
             for gu, dn in banks]  # fmt: skip

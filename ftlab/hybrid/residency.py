@@ -81,7 +81,7 @@ class StaticResidency(LruResidency):
         chosen = list(range(slots)) if experts is None else experts
         if not isinstance(chosen, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool)
                                                            for e in chosen):  # fmt: skip
-            raise TypeError(f"experts must be a list of ints, got {experts!r}")
+            raise TypeError(f"experts must be a list or tuple of ints, got {experts!r}")
         if len(chosen) != slots or len(set(chosen)) != slots or not all(0 <= e < num_experts for e in chosen):
             raise ValueError(f"experts must be {slots} distinct ids in [0, {num_experts}), got {experts!r}")
         for slot, e in enumerate(chosen):
@@ -102,6 +102,11 @@ def cpu_layers(layers: int, num_experts: int, slots: int) -> int:
     ``--n-cpu-moe``), for the same share of the expert bytes on the CPU as ``slots`` of every
     layer's ``num_experts`` on the GPU: ``layers * (num_experts - slots) / num_experts``, rounded
     half up (24 of 48 layers for 64 of 128 experts)."""
+    for name, value in (("layers", layers), ("num_experts", num_experts), ("slots", slots)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if layers < 0 or num_experts < 1:
+        raise ValueError(f"layers must be >= 0 and num_experts >= 1, got {layers} and {num_experts}")
     if not 0 <= slots <= num_experts:
         raise ValueError(f"slots must be an int in [0, {num_experts}], got {slots!r}")
     return (2 * layers * (num_experts - slots) + num_experts) // (2 * num_experts)

@@ -214,15 +214,11 @@ class Pipeline:
         return bool(self.graphs or self._static_eager)
 
     def _hybrid(self, slots: int, backends: dict[str, str], policy: str = "lru") -> list:
-        from ftlab.hybrid import cpu_layers, layer_executors
+        from ftlab.hybrid import layer_executors
 
         banks = [lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers]  # the routed experts
-        if policy == "layers":  # host copies of the banks that run on the CPU only
-            banks = banks[: cpu_layers(len(banks), self.config.num_experts, slots)]
-        host = [(b.w_gate_up.to("cpu"), b.w_down.to("cpu")) for b in banks]
-        executors = layer_executors(host, slots, self.device, policy, backend=backends["moe_experts"],
-                                    path=self.q4_0_path)  # fmt: skip
-        return executors + [None] * (len(self.weights.layers) - len(executors))
+        return layer_executors([(b.w_gate_up, b.w_down) for b in banks], slots, self.device, policy,
+                               backend=backends["moe_experts"], path=self.q4_0_path)  # fmt: skip
 
     @property
     def executors(self) -> list:

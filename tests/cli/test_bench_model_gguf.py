@@ -111,6 +111,10 @@ def test_cpu_layers_match_the_expert_share():
     assert cpu_layers(40, 256, 200) == 9  # 8.75
     with pytest.raises(ValueError, match=re.escape("slots must be an int in [0, 8], got 9")):
         cpu_layers(4, 8, 9)
+    with pytest.raises(TypeError, match=re.escape("slots must be an int, got 2.0 (float)")):
+        cpu_layers(4, 8, 2.0)
+    with pytest.raises(ValueError, match="layers must be >= 0 and num_experts >= 1, got -1 and 8"):
+        cpu_layers(-1, 8, 2)
 
 
 def test_hybrid_arguments(tmp_path, capsys):

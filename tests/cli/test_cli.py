@@ -148,6 +148,7 @@ def test_bad_options_are_usage_errors(capsys, args, message):
 @pytest.mark.parametrize("args, message", [
     (["--max-seq-len", "3"], "ftlab: error: prompt must fit in max_seq_len = 3 tokens, got"),
     (["--hybrid-slots", "9"], "ftlab: error: hybrid_slots must be an int in [0, 8], got 9"),
+    (["--hybrid-policy", "layers"], "ftlab: error: --hybrid-policy layers places hybrid experts: give --hybrid-slots"),
     (["--backend", "hip", "--device", "cpu"], "ftlab: error: BackendUnavailable: index: backend 'hip' cannot serve"),
 ])  # fmt: skip
 def test_errors_while_running_exit_1_before_any_output(capsys, args, message):

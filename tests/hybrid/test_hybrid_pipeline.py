@@ -60,6 +60,38 @@ def test_layer_placement_decodes_like_the_plain_model():
     assert ex.policy.slots == 0 and ex.policy.hits == 0 and ex.policy.misses > 0
 
 
+@pytest.mark.parametrize("name, slots", [("tiny-qwen3-moe", 0), ("tiny-qwen3-moe", 6), ("tiny-qwen3-moe", 8),
+                                         ("tiny-qwen3-moe-wide", 8), ("tiny-qwen3-moe-wide", 11)])  # fmt: skip
+def test_layer_placement_puts_the_share_on_the_cpu(name, slots):
+    """Pipeline(hybrid_policy="layers"): exactly cpu_layers(L, E, N) leading layers get an executor
+    (every expert on the CPU), whatever the share -- all of them, some, or none (a graph-free CPU
+    decode still runs when no layer has one)."""
+    from ftlab.hybrid import cpu_layers
+
+    pipe = Pipeline.load(name, "cpu", quant="q4_0", q4_0_path="int8", hybrid_slots=slots, hybrid_policy="layers")
+    c = pipe.config
+    want = cpu_layers(c.num_hidden_layers, c.num_experts, slots)
+    assert [ex is not None for ex in pipe.hybrid] == [True] * want + [False] * (c.num_hidden_layers - want)
+    assert all(ex.policy.slots == 0 for ex in pipe.executors)
+    logits = pipe.prefill(pipe.tokenizer.encode("every expert"))
+    assert bool(torch.isfinite(pipe.decode_step(int(logits.argmax()))).all())
+
+
+def test_lru_table_on_the_device_follows_the_policy():
+    """end_step copies the slot table only when the policy loaded an expert: after every step, with
+    loads or none, the executor's table equals the policy's."""
+    from ftlab.hybrid import HybridDecodeExecutor
+
+    gen = torch.Generator().manual_seed(4)
+    ex = HybridDecodeExecutor(torch.randn(8, 64, 32, generator=gen), torch.randn(8, 32, 32, generator=gen), 3, "cpu",
+                              backend="reference", path="dequant")  # fmt: skip
+    loaded = []
+    for ids in ([[0, 1]], [[0, 1]], [[2, 3]], [[3, 2]], [[5, -1]], [[5, 0]], [[7, 7]]):
+        loaded.append(len(ex.end_step(torch.tensor(ids))))
+        assert ex.table.tolist() == ex.policy.table().tolist()
+    assert 0 in loaded and max(loaded) > 0
+
+
 def test_layer_executors_place_the_share():
     from ftlab.hybrid import layer_executors
 
@@ -101,3 +133,23 @@ def test_hybrid_graph_decode_like_the_plain_model_gpu(quant, policy):
         ex.check()
         assert ex.policy.hits > 0 or policy == "layers"
         assert ex.policy.misses > 0
+
+
+@pytest.mark.gpu
+def test_residency_follows_the_replays_after_an_eager_pass_gpu():
+    """An eager pass between graph steps (as compare() or stages() make) must not leave the
+    residency reading its router ids: after the next replay, every hybrid layer's end_step reads
+    the graph's id buffers again, and the LRU slots follow the replays' routes."""
+    pipe = Pipeline.load("tiny-qwen3-moe", "cuda", quant="q4_0", q4_0_path="int8", graphs=True, hybrid_slots=4)
+    logits = pipe.prefill(pipe.tokenizer.encode("The router sends every token"))
+    token = int(logits.argmax())
+    logits = pipe.decode_step(token)  # the first decode step captures the graph
+    assert pipe._graph is not None and len(pipe._graph.routed) == pipe.config.num_hidden_layers
+    pos = torch.tensor([[pipe.position - 1]], device="cuda")
+    pipe.model.forward(torch.tensor([[token]], device="cuda"), pos)  # rewrites the same cache slot
+    for _ in range(4):
+        logits = pipe.decode_step(int(logits.argmax()))
+        assert all(pipe.model._routed[i] is ids for i, ids in pipe._graph.routed.items())
+        for i, ex in enumerate(pipe.hybrid):  # the slots hold this replay's experts
+            routed = set(pipe._graph.routed[i].flatten().tolist())
+            assert routed <= ex.policy.resident(), (i, routed, ex.policy.resident())
