@@ -152,7 +152,7 @@ def test_static_residency_arguments():
         StaticResidency(4, 2, [0, 4])
     with pytest.raises(ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[0\]"):
         StaticResidency(4, 2, [0])
-    with pytest.raises(TypeError, match="experts must be a list of ints, got \\[0, 1.0\\]"):
+    with pytest.raises(TypeError, match="experts must be a list or tuple of ints, got \\[0, 1.0\\]"):
         StaticResidency(4, 2, [0, 1.0])
     with pytest.raises(ValueError, match="slots must be an int in \\[0, 4\\], got 5"):
         StaticResidency(4, 5)
