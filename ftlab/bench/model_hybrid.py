@@ -95,12 +95,18 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
     mode = "graph" if capturable else "eager"
     if capturable:
         graph = DecodeGraph(model, 1)
-        with model_layers.attention_as_captured():  # the graph's kernels, launched eagerly
-            same = model.forward(tokens[0], pos).clone()
-        replayed = graph(tokens[0], pos)
-        if not torch.equal(replayed, same):
-            ok = False
-            report.notes.append(parted_note(f"hybrid decode ({policy}): the graph step", replayed, same))
+
+        def replay_is_eager(t: torch.Tensor, when: str) -> bool:
+            """The replay bit-equal to the same step through the graph's kernels, launched eagerly."""
+            with model_layers.attention_as_captured():
+                same = model.forward(t, pos).clone()
+            replayed = graph(t, pos)
+            if torch.equal(replayed, same):
+                return True
+            report.notes.append(parted_note(f"hybrid decode ({policy}){when}: the graph step", replayed, same))
+            return False
+
+        ok = replay_is_eager(tokens[0], "") and ok
 
         def step(t: torch.Tensor) -> torch.Tensor:
             return graph(t, pos)
@@ -120,13 +126,7 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
 
     steps(warmup)  # every channel and its worker started; lru's slots filled
     if capturable:  # again with the slots the warm-up left: the GPU slots' routes checked too
-        with model_layers.attention_as_captured():
-            same = model.forward(tokens[1], pos).clone()
-        replayed = graph(tokens[1], pos)
-        if not torch.equal(replayed, same):
-            ok = False
-            report.notes.append(parted_note(f"hybrid decode ({policy}), after the warm-up: the graph step", replayed,
-                                            same))  # fmt: skip
+        ok = replay_is_eager(tokens[1], ", after the warm-up") and ok
         model.end_step()
     for ex in live:  # the timed steps' residency counts only
         ex.policy.hits = ex.policy.misses = 0
