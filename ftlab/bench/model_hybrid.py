@@ -86,7 +86,11 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
     model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, static=True, hybrid=executors)
     fill_cache(model.cache)
     gen = torch.Generator().manual_seed(2)
-    tokens = [torch.randint(0, config.vocab_size, (1, 1), generator=gen).to(dev) for _ in range(8)]
+    # a fresh token id every step (warm-up and timed): a residency that adapts (lru) must not see
+    # the same few routes again and again
+    count = warmup + rounds * n_steps + 2
+    tokens = [torch.randint(0, config.vocab_size, (1, 1), generator=gen).to(dev) for _ in range(count)]
+    served = [2]  # tokens[0] and [1] are the replay checks'
     pos = torch.full((1, 1), length, device=dev)
     eager = model.forward(tokens[0], pos).clone()
     ok = bool(torch.isfinite(eager).all())
@@ -119,8 +123,9 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
 
     def steps(n: int) -> torch.Tensor:
         out = eager
-        for i in range(n):
-            out = step(tokens[i % len(tokens)])
+        for _ in range(n):
+            out = step(tokens[served[0] % len(tokens)])
+            served[0] += 1
             model.end_step()
         return out
 

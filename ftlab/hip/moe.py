@@ -16,8 +16,9 @@
   Q4_0 banks (the int8 path) x is quantized to Q8_1 in LDS, the weights are read as 144-byte
   superblocks where rows allow, and the gate/up kernel writes h as Q8_1 blocks (32 rows of
   h per thread block); dense banks keep h in fp32; beyond,
-  moe_align (block_m 64) and the grouped GEMMs (Q4_0: dp4a tiles over Q8_1 rows; dense:
-  fp32 FMA tiles), the routing weight applied after down, then the sum over the k slots.
+  moe_align (block_m 64) and the grouped GEMMs (Q4_0: dp4a tiles over Q8_1 rows; fp16 / bf16
+  banks: the matrix cores, ``csrc/mma.h``, h in the bank's dtype, fp32 sums; fp32 banks: fp32
+  FMA tiles), the routing weight applied after down, then the sum over the k slots.
   Q4_0 banks take the int8 path only; dense banks in another dtype than x are cast per call.
 - ``moe_experts`` on Q8_0 / K-quant banks (a Q4_0 bank beside one too), int8 path, any T:
   ``csrc/moe_kquant.hip`` -- x and h quantized to Q8_1 by the Q4_0 family's kernel, a 32-thread
@@ -225,7 +226,8 @@ def _experts_gemm(module, x, gu, dn, ids, wts, q4: bool, inter: int) -> torch.Te
     pairs = t * top_k
     dev = x.device
     sorted_ids, expert_ids, npad = moe_align(ids, gu.shape[0], GEMM_BLOCK_M)
-    h = torch.empty((pairs, inter), dtype=torch.float32, device=dev)
+    h_dtype = x.dtype if not q4 else torch.float32  # dense banks: h in the bank's (x's) dtype, as Triton's
+    h = torch.empty((pairs, inter), dtype=h_dtype, device=dev)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=dev)
     flat_w = wts.view(-1)
     if q4:

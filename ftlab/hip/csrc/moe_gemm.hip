@@ -1,10 +1,12 @@
 // moe_gemm.hip — device code of the prefill experts: grouped GEMMs over moe_align's rows
 // (gate/up + SwiGLU, then down weighted by the routing weight), Q4_0 banks through dp4a tiles
-// over Q8_1 rows and dense banks through fp32 FMA tiles.
+// over Q8_1 rows, fp16 / bf16 banks on the matrix cores (mma.h; fp32 FMA tiles where rows are
+// not 16-byte aligned) and fp32 banks through fp32 FMA tiles.
 //
 // Contract: docs/OPS.md section 3 (moe_experts, prefill); reference: ftlab/reference/moe.py.
-// Includes moe_common.h (then q4_0_common.h and port.h) only: the gfx compile check compiles
-// this file alone.
+// Includes moe_common.h and mma.h (then q4_0_common.h and port.h) only: the gfx compile check
+// compiles this file alone.
+#include "mma.h"
 #include "moe_common.h"
 
 namespace ftlab {
@@ -24,9 +26,10 @@ struct TileRows {
   int32_t pair[kGemmTile];
 };
 
+template <typename O = f32_t>
 __device__ __forceinline__ void store_tile(const float (&acc)[4][4], const float (&acc_up)[4][4], bool gated,
-                                           const TileRows& rows, const float* wts, float* out, int64_t pairs,
-                                           int64_t n_out, int64_t n0, int tx, int ty) {
+                                           const TileRows& rows, const float* wts, typename O::storage* out,
+                                           int64_t pairs, int64_t n_out, int64_t n0, int tx, int ty) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t pair = rows.pair[ty + 16 * i];
@@ -37,7 +40,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[4][4], const float
       const int64_t n = n0 + tx + 16 * j;
       if (n >= n_out) continue;
       const float g = acc[i][j];
-      out[pair * n_out + n] = gated ? g / (1.0f + port_expf(-g)) * acc_up[i][j] : scale * g;
+      out[pair * n_out + n] = O::from_float(gated ? g / (1.0f + port_expf(-g)) * acc_up[i][j] : scale * g);
     }
   }
 }
@@ -138,14 +141,15 @@ __global__ void __launch_bounds__(kMoeThreads)
   store_tile(acc, acc_up, GATED, rows, wts, out, pairs, n_out, n0, tx, ty);
 }
 
-// Dense banks: fp32 FMA tiles. A: the activations' dtype (x for gate/up, fp32 h for down).
-template <typename A, typename W, bool GATED>
+// Dense banks: fp32 FMA tiles. A: the activations' dtype (x for gate/up, h for down: the bank's
+// dtype, as the output O of gate/up); the down output is fp32.
+template <typename A, typename W, typename O, bool GATED>
 __global__ void __launch_bounds__(kMoeThreads)
     moe_gemm_dense_kernel(const typename A::storage* __restrict__ a, int64_t a_stride,
                           const typename W::storage* __restrict__ bank, int64_t e_stride, int64_t row_stride,
                           const int32_t* __restrict__ sorted, const int32_t* __restrict__ expert_ids,
-                          const int32_t* __restrict__ npad, const float* __restrict__ wts, float* __restrict__ out,
-                          int64_t pairs, int top_k, int64_t n_out, int64_t k) {
+                          const int32_t* __restrict__ npad, const float* __restrict__ wts,
+                          typename O::storage* __restrict__ out, int64_t pairs, int top_k, int64_t n_out, int64_t k) {
   __shared__ TileRows rows;
   __shared__ float as[kGemmK][kGemmTile + 1];
   __shared__ float bs[GATED ? 2 : 1][kGemmK][kGemmTile + 1];
@@ -205,20 +209,137 @@ __global__ void __launch_bounds__(kMoeThreads)
     }
     __syncthreads();
   }
-  store_tile(acc, acc_up, GATED, rows, wts, out, pairs, n_out, n0, tx, ty);
+  store_tile<O>(acc, acc_up, GATED, rows, wts, out, pairs, n_out, n0, tx, ty);
+}
+
+// fp16 / bf16 banks on the matrix cores: a block takes 64 sorted rows (one expert) and 64 output
+// columns (64 more of up when GATED), K in steps of kMmaK through two LDS buffers (one barrier a
+// step; the next two steps' 16-byte loads are in flight while this one multiplies). Each warp-sized
+// group owns one 16-row tile of the 64 and kMmaTiles 16-column tiles; a group whose 16 rows are
+// all padding (the tail of an expert's rows) skips its products and stores. Needs K, the row
+// strides and the base addresses in whole 16-byte chunks (the launcher checks; the FMA kernel
+// above takes the rest). a and the GATED output h in T, the down output fp32 (weighted).
+constexpr int kMmaK = 32;
+constexpr int kMmaLd = kMmaK + 8;  // LDS row stride in elements: 80 bytes, 16-byte chunks stay aligned
+constexpr int kMmaGroups = kMoeThreads / PORT_WARP_SIZE;
+constexpr int kMmaTiles = 16 / kMmaGroups;  // 16 x 16 tiles of the 64 x 64 block a group owns
+#if defined(PORT_CUDA)  // blocks an SM: 3 (80 registers) for down; gate/up needs ~94 (2) not to spill
+#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, GATED ? 2 : 3)
+#else
+#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads)
+#endif
+
+template <typename T, bool GATED>
+__global__ void FTLAB_MMA_BOUNDS
+    moe_gemm_mma_kernel(const uint16_t* __restrict__ a, int64_t a_stride, const uint16_t* __restrict__ bank,
+                        int64_t e_stride, int64_t row_stride, const int32_t* __restrict__ sorted,
+                        const int32_t* __restrict__ expert_ids, const int32_t* __restrict__ npad,
+                        const float* __restrict__ wts, void* __restrict__ out, int64_t pairs, int top_k,
+                        int64_t n_out, int64_t k) {
+  constexpr int kHalves = GATED ? 2 : 1;
+  __shared__ TileRows rows;
+  __shared__ __attribute__((aligned(16))) uint16_t as[2][kGemmTile * kMmaLd];
+  __shared__ __attribute__((aligned(16))) uint16_t bs[2][kHalves][kGemmTile * kMmaLd];
+  if (static_cast<int64_t>(blockIdx.y) * kGemmTile >= *npad) return;
+  const int tid = threadIdx.x;
+  const int e = expert_ids[blockIdx.y];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kGemmTile;
+  if (tid < kGemmTile) rows.pair[tid] = sorted[static_cast<int64_t>(blockIdx.y) * kGemmTile + tid];
+  __syncthreads();
+
+  // loads: thread -> row lr of A and of each B half, 8 elements (16 bytes) at K offset lc
+  const int lr = tid / 4, lc = 8 * (tid % 4);
+  const int64_t pair = rows.pair[lr];
+  const bool a_ok = pair < pairs;
+  const uint16_t* a_src = a + (a_ok ? (GATED ? pair / top_k : pair) * a_stride : 0) + lc;
+  const bool b_ok = n0 + lr < n_out;
+  const uint16_t* b_src = bank + e * e_stride + (b_ok ? (n0 + lr) * row_stride : 0) + lc;
+  // two steps' chunks in registers: while a step multiplies, the next two steps' loads are in flight
+  bytes16 ra[2], rb[2][kHalves];
+  auto fetch = [&](int set, int k0) {
+    const bool in = k0 + lc < k;  // K is whole chunks: a chunk is all in or all out
+    ra[set] = a_ok && in ? *reinterpret_cast<const bytes16*>(a_src + k0) : bytes16{};
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+      rb[set][h] = b_ok && in ? *reinterpret_cast<const bytes16*>(b_src + h * n_out * row_stride + k0) : bytes16{};
+  };
+  fetch(0, 0);
+  fetch(1, kMmaK);
+
+  const int group = tid / PORT_WARP_SIZE;
+  const int mt = group % 4, nt0 = (group / 4) * kMmaTiles;
+  bool live = false;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) live = live || rows.pair[16 * mt + i] < pairs;
+  MmaAcc acc[kHalves][kMmaTiles];
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+    for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < kMmaAcc; ++i) acc[h][j].v[i] = 0.0f;
+
+  // step k0 through LDS buffer (and register set) s
+  auto step = [&](int s, int k0) {
+    *reinterpret_cast<bytes16*>(&as[s][lr * kMmaLd + lc]) = ra[s];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) *reinterpret_cast<bytes16*>(&bs[s][h][lr * kMmaLd + lc]) = rb[s][h];
+    __syncthreads();
+    if (k0 + 2 * kMmaK < k) fetch(s, k0 + 2 * kMmaK);
+    if (live) {
+#pragma unroll
+      for (int kk = 0; kk < kMmaK; kk += 16) {
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+          for (int j = 0; j < kMmaTiles; ++j)
+            mma_16x16x16<T>(acc[h][j], &as[s][16 * mt * kMmaLd + kk], kMmaLd,
+                            &bs[s][h][16 * (nt0 + j) * kMmaLd + kk], kMmaLd);
+      }
+    }
+  };
+  for (int k0 = 0; k0 < k; k0 += 2 * kMmaK) {  // K < 2^31 (the launcher checks)
+    step(0, k0);
+    if (k0 + kMmaK < k) step(1, k0 + kMmaK);
+  }
+  if (!live) return;
+#pragma unroll
+  for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < kMmaAcc; ++i) {
+      const int64_t p = rows.pair[16 * mt + mma_row(i)];
+      const int64_t n = n0 + 16 * (nt0 + j) + mma_col(i);
+      if (p >= pairs || n >= n_out) continue;
+      const float g = acc[0][j].v[i];
+      if constexpr (GATED) {
+        static_cast<typename T::storage*>(out)[p * n_out + n] =
+            T::from_float(g / (1.0f + port_expf(-g)) * acc[kHalves - 1][j].v[i]);
+      } else {
+        static_cast<float*>(out)[p * n_out + n] = wts[p] * g;
+      }
+    }
 }
 
 // Every configuration the launcher uses.
-#define FTLAB_MOE_GEMM_DENSE_INSTANTIATE(T)                                                             \
-  template __global__ void moe_gemm_dense_kernel<T, T, true>(                                           \
-      const T::storage*, int64_t, const T::storage*, int64_t, int64_t, const int32_t*, const int32_t*,  \
-      const int32_t*, const float*, float*, int64_t, int, int64_t, int64_t);                            \
-  template __global__ void moe_gemm_dense_kernel<f32_t, T, false>(                                      \
-      const float*, int64_t, const T::storage*, int64_t, int64_t, const int32_t*, const int32_t*,       \
+#define FTLAB_MOE_GEMM_DENSE_INSTANTIATE(T)                                                                \
+  template __global__ void moe_gemm_dense_kernel<T, T, T, true>(                                           \
+      const T::storage*, int64_t, const T::storage*, int64_t, int64_t, const int32_t*, const int32_t*,     \
+      const int32_t*, const float*, T::storage*, int64_t, int, int64_t, int64_t);                          \
+  template __global__ void moe_gemm_dense_kernel<T, T, f32_t, false>(                                      \
+      const T::storage*, int64_t, const T::storage*, int64_t, int64_t, const int32_t*, const int32_t*,     \
       const int32_t*, const float*, float*, int64_t, int, int64_t, int64_t);
 FTLAB_MOE_GEMM_DENSE_INSTANTIATE(f32_t)
 FTLAB_MOE_GEMM_DENSE_INSTANTIATE(f16_t)
 FTLAB_MOE_GEMM_DENSE_INSTANTIATE(bf16_t)
+
+#define FTLAB_MOE_GEMM_MMA_INSTANTIATE(T, G)                                                                  \
+  template __global__ void moe_gemm_mma_kernel<T, G>(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, \
+                                                     const int32_t*, const int32_t*, const int32_t*, const float*, \
+                                                     void*, int64_t, int, int64_t, int64_t);
+FTLAB_MOE_GEMM_MMA_INSTANTIATE(f16_t, true)
+FTLAB_MOE_GEMM_MMA_INSTANTIATE(f16_t, false)
+FTLAB_MOE_GEMM_MMA_INSTANTIATE(bf16_t, true)
+FTLAB_MOE_GEMM_MMA_INSTANTIATE(bf16_t, false)
 
 #define FTLAB_MOE_GEMM_Q4_INSTANTIATE(G)                                                                   \
   template __global__ void moe_gemm_q4_kernel<G>(const uint8_t*, int64_t, int64_t, const int8_t*,         \

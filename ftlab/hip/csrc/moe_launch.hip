@@ -283,54 +283,89 @@ void moe_gemm_q4(TensorView w, TensorView q8, TensorView d8, TensorView s8, Tens
 }
 
 namespace {
-template <typename A, typename W, bool G>
+template <typename A, typename W, typename O, bool G>
 void launch_gemm_dense(const TensorView& a, const TensorView& w, const Align& al, const TensorView& wts,
                        const TensorView& out, int64_t top_k) {
   const int64_t pairs = out.size(0), n_out = out.size(1), k = a.size(1);
   const dim3 grid(cdiv(n_out, kGemmTile), static_cast<unsigned>(al.capacity / kGemmTile));
-  moe_gemm_dense_kernel<A, W, G><<<grid, kMoeThreads, 0, stream_of(out)>>>(
+  moe_gemm_dense_kernel<A, W, O, G><<<grid, kMoeThreads, 0, stream_of(out)>>>(
       static_cast<const typename A::storage*>(base_of(a)), a.stride(0),
       static_cast<const typename W::storage*>(base_of(w)), w.stride(0), w.stride(1), al.sorted, al.expert_ids,
-      al.npad, static_cast<const float*>(base_of(wts)), static_cast<float*>(base_of(out)), pairs,
+      al.npad, static_cast<const float*>(base_of(wts)), static_cast<typename O::storage*>(base_of(out)), pairs,
+      static_cast<int>(top_k), n_out, k);
+}
+
+// The matrix-core kernel reads 16-byte chunks of a's and w's rows (and counts K in int).
+bool chunked(const TensorView& a, const TensorView& w) {
+  const int64_t k = a.size(1);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return k % 8 == 0 && k < (int64_t{1} << 30) && (a.size(0) <= 1 || a.stride(0) % 8 == 0) &&
+         w.stride(0) % 8 == 0 && w.stride(1) % 8 == 0 &&
+         aligned(base_of(a)) && aligned(base_of(w));
+}
+
+template <typename T, bool G>
+void launch_gemm_mma(const TensorView& a, const TensorView& w, const Align& al, const TensorView& wts,
+                     const TensorView& out, int64_t top_k) {
+  const int64_t pairs = out.size(0), n_out = out.size(1), k = a.size(1);
+  const dim3 grid(cdiv(n_out, kGemmTile), static_cast<unsigned>(al.capacity / kGemmTile));
+  moe_gemm_mma_kernel<T, G><<<grid, kMoeThreads, 0, stream_of(out)>>>(
+      static_cast<const uint16_t*>(base_of(a)), a.stride(0), static_cast<const uint16_t*>(base_of(w)), w.stride(0),
+      w.stride(1), al.sorted, al.expert_ids, al.npad, static_cast<const float*>(base_of(wts)), base_of(out), pairs,
       static_cast<int>(top_k), n_out, k);
 }
 
 template <typename W>
 void dispatch_gemm_dense(bool gated, const TensorView& a, const TensorView& w, const Align& al, const TensorView& wts,
                          const TensorView& out, int64_t top_k) {
+  if constexpr (sizeof(typename W::storage) == 2) {
+    if (chunked(a, w)) {
+      if (gated) {
+        launch_gemm_mma<W, true>(a, w, al, wts, out, top_k);
+      } else {
+        launch_gemm_mma<W, false>(a, w, al, wts, out, top_k);
+      }
+      return;
+    }
+  }
   if (gated) {
-    launch_gemm_dense<W, W, true>(a, w, al, wts, out, top_k);
+    launch_gemm_dense<W, W, W, true>(a, w, al, wts, out, top_k);
   } else {
-    launch_gemm_dense<f32_t, W, false>(a, w, al, wts, out, top_k);
+    launch_gemm_dense<W, W, f32_t, false>(a, w, al, wts, out, top_k);
   }
 }
 }  // namespace
 
-// Grouped GEMM over moe_align's rows, dense bank [E, N or 2N, K]: gated, a = x [T, K] in the
-// bank's dtype; else a = h fp32 [pairs, K]. out as in moe_gemm_q4.
+// Grouped GEMM over moe_align's rows, dense bank [E, N or 2N, K]: a = x [T, K] (gated) or h [pairs, K]
+// in the bank's dtype; out: gated, h [pairs, N] in the bank's dtype (SwiGLU of rows n and N + n); else
+// fp32 [pairs, N], weighted by wts. fp16 / bf16 banks run on the matrix cores where K, the row strides
+// and the base addresses are whole 16-byte chunks, else (and fp32 banks) on fp32 FMA tiles.
 void moe_gemm_dense(TensorView a, TensorView w, TensorView sorted, TensorView expert_ids, TensorView npad,
                     TensorView wts, TensorView out, int64_t top_k, bool gated) {
   TVM_FFI_CHECK(a.ndim() == 2 && (a.size(1) <= 1 || a.stride(1) == 1), ValueError)
       << "a must be 2-D with contiguous rows";
   check_contiguous(w, "w");
+  check_contiguous(wts, "wts");
+  check_f32(wts, "wts");
+  TVM_FFI_CHECK(out.ndim() == 2, ValueError) << "out must be 2-D [pairs, N]";
   const int64_t pairs = out.size(0), n_out = out.size(1), k = a.size(1);
   TVM_FFI_CHECK(w.ndim() == 3 && w.size(2) == k && w.size(1) == (gated ? 2 : 1) * n_out, ValueError)
       << "w must be a bank [E, " << (gated ? "2N" : "N") << ", K] for a [*, K]";
   TVM_FFI_CHECK(a.size(0) == (gated ? pairs / top_k : pairs), ValueError) << "a must have one row per token (gated) or pair";
-  if (gated) {
-    TVM_FFI_CHECK(fp_of(a, "a") == fp_of(w, "w"), TypeError) << "a must have w's dtype";
-  } else {
-    check_f32(a, "a");
-  }
-  check_out(out, wts, pairs, n_out);
+  const Fp wf = fp_of(w, "w");
+  TVM_FFI_CHECK(fp_of(a, "a") == wf, TypeError) << "a must have w's dtype";
+  check_contiguous(out, "out");
+  TVM_FFI_CHECK(gated ? fp_of(out, "out") == wf : fp_of(out, "out") == Fp::f32, TypeError)
+      << "out must have w's dtype (gated) or be float32";
+  TVM_FFI_CHECK(out.size(0) == pairs && wts.numel() == pairs, ValueError) << "out must be [pairs, N] and wts [pairs]";
   const Align al = align_of(sorted, expert_ids, npad);
   if (pairs == 0 || n_out == 0) return;
-  switch (fp_of(w, "w")) {
+  switch (wf) {
     case Fp::f32: dispatch_gemm_dense<f32_t>(gated, a, w, al, wts, out, top_k); break;
     case Fp::f16: dispatch_gemm_dense<f16_t>(gated, a, w, al, wts, out, top_k); break;
     case Fp::bf16: dispatch_gemm_dense<bf16_t>(gated, a, w, al, wts, out, top_k); break;
   }
-  check_launch("moe_gemm_dense_kernel");
+  check_launch("moe_gemm_dense");
 }
 
 }  // namespace ftlab

@@ -12,16 +12,19 @@ namespace ftlab {
 // Element loaders for the activation / weight dtypes (bits in, fp32 out).
 struct f32_t {
   typedef float storage;
+  static constexpr bool kIsBf16 = false;
   static __device__ __forceinline__ float load(const storage* p) { return *p; }
   static __device__ __forceinline__ storage from_float(float f) { return f; }
 };
 struct f16_t {
   typedef uint16_t storage;
+  static constexpr bool kIsBf16 = false;
   static __device__ __forceinline__ float load(const storage* p) { return port_half_to_float(*p); }
   static __device__ __forceinline__ storage from_float(float f) { return port_float_to_half(f); }
 };
 struct bf16_t {
   typedef uint16_t storage;
+  static constexpr bool kIsBf16 = true;
   static __device__ __forceinline__ float load(const storage* p) { return port_bf16_to_float(*p); }
   static __device__ __forceinline__ storage from_float(float f) { return port_float_to_bf16(f); }
 };
