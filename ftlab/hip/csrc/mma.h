@@ -69,93 +69,135 @@ __device__ __forceinline__ int mma_col(int i) {
 
 __device__ __forceinline__ uint32_t mma_word(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// D += A . B^T; T is f16_t or bf16_t (q4_0_common.h), a and b point at row 0, K 0 in LDS.
-template <typename T>
-__device__ __forceinline__ void mma_16x16x16(MmaAcc& d, const uint16_t* a, int lda, const uint16_t* b, int ldb) {
-  constexpr bool kBf16 = T::kIsBf16;
-  const int l = mma_lane();
+// A lane's share of a 16 x 16 operand (16 rows of 16 K, row-major in LDS at p, ld elements
+// apart): A's rows are D's rows, B's rows D's columns. One fragment type serves both.
 #if defined(FTLAB_MMA_SYNC)
-  const int g = l / 4, t = l % 4;
-  const uint32_t a0 = mma_word(a + g * lda + 2 * t), a1 = mma_word(a + (g + 8) * lda + 2 * t);
-  const uint32_t a2 = mma_word(a + g * lda + 2 * t + 8), a3 = mma_word(a + (g + 8) * lda + 2 * t + 8);
+struct MmaFrag {
+  uint32_t w[4];
+};
+// A: rows g and g + 8, K 2t (+1) and 2t + 8 (+1), in mma.sync's register order; B the same
+// words, read as the two n8 halves (rows g, then g + 8).
+__device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) {
+  const int l = mma_lane(), g = l / 4, t = l % 4;
+  return {{mma_word(p + g * ld + 2 * t), mma_word(p + (g + 8) * ld + 2 * t), mma_word(p + g * ld + 2 * t + 8),
+           mma_word(p + (g + 8) * ld + 2 * t + 8)}};
+}
+#elif defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)
+#if defined(FTLAB_MMA_MFMA)
+constexpr int kMmaLaneK = 4;  // K values a lane holds, from 4 (l / 16) on
+#elif defined(FTLAB_MMA_WMMA12)
+constexpr int kMmaLaneK = 8;  // from 8 (l / 16) on
+#else
+constexpr int kMmaLaneK = 16;  // all of them
+#endif
+typedef uint32_t mma_words __attribute__((ext_vector_type(kMmaLaneK / 2)));
+struct MmaFrag {
+  mma_words w;
+};
+__device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) {
+  const int l = mma_lane();
+  const uint16_t* r = p + (l % 16) * ld + (kMmaLaneK == 16 ? 0 : kMmaLaneK * (l / 16));
+  MmaFrag f;
+#pragma unroll
+  for (int i = 0; i < kMmaLaneK / 2; ++i) f.w[i] = mma_word(r + 2 * i);
+  return f;
+}
+#else
+struct MmaFrag {  // the scalar path reads LDS in the product itself
+  const uint16_t* p;
+  int ld;
+};
+__device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) { return {p, ld}; }
+#endif
+
+#if defined(FTLAB_MMA_SYNC)
+#define FTLAB_MMA_SYNC_ASM(TYPE)                                                                      \
+  "mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+  "{%8, %9}, {%0, %1, %2, %3};"
+#define FTLAB_MMA_SYNC_OPERANDS                                    \
+  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                 \
+  : "r"(a.w[0]), "r"(a.w[1]), "r"(a.w[2]), "r"(a.w[3]), "r"(b0), "r"(b1)
+#elif defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)
+typedef __bf16 mma_bf16v __attribute__((ext_vector_type(kMmaLaneK)));
+typedef _Float16 mma_f16v __attribute__((ext_vector_type(kMmaLaneK)));
+typedef float mma_accv __attribute__((ext_vector_type(kMmaAcc)));
+__device__ __forceinline__ mma_accv mma_amd(mma_bf16v a, mma_bf16v b, mma_accv c) {
+#if defined(FTLAB_MMA_MFMA)
+  return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
+#elif defined(FTLAB_MMA_WMMA12)
+  return __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(a, b, c);
+#else
+  return __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c);
+#endif
+}
+__device__ __forceinline__ mma_accv mma_amd(mma_f16v a, mma_f16v b, mma_accv c) {
+#if defined(FTLAB_MMA_MFMA)
+  return __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, c, 0, 0, 0);
+#elif defined(FTLAB_MMA_WMMA12)
+  return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(a, b, c);
+#else
+  return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, c);
+#endif
+}
+template <bool kBf16>
+struct MmaOperand {
+  typedef mma_f16v type;
+};
+template <>
+struct MmaOperand<true> {
+  typedef mma_bf16v type;
+};
+#endif
+
+// D += A . B^T; T is f16_t or bf16_t (q4_0_common.h).
+template <typename T>
+__device__ __forceinline__ void mma_16x16x16(MmaAcc& d, const MmaFrag& a, const MmaFrag& b) {
+#if defined(FTLAB_MMA_SYNC)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint16_t* bh = b + (8 * h + g) * ldb + 2 * t;
-    const uint32_t b0 = mma_word(bh), b1 = mma_word(bh + 8);
+    const uint32_t b0 = b.w[h], b1 = b.w[2 + h];  // rows 8h + g: K 2t (+1), 2t + 8 (+1)
     float* c = d.v + 4 * h;
-    if constexpr (kBf16) {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-          "{%0, %1, %2, %3};"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if constexpr (T::kIsBf16) {
+      asm volatile(FTLAB_MMA_SYNC_ASM("bf16") FTLAB_MMA_SYNC_OPERANDS);
     } else {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-          "{%0, %1, %2, %3};"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      asm volatile(FTLAB_MMA_SYNC_ASM("f16") FTLAB_MMA_SYNC_OPERANDS);
     }
   }
 #elif defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)
-#if defined(FTLAB_MMA_MFMA)
-  constexpr int kN = 4;  // K values a lane holds
-  const int k0 = 4 * (l / 16);
-#elif defined(FTLAB_MMA_WMMA12)
-  constexpr int kN = 8;
-  const int k0 = 8 * (l / 16);
-#else
-  constexpr int kN = 16;
-  const int k0 = 0;
-#endif
-  typedef uint32_t wordv __attribute__((ext_vector_type(kN / 2)));
-  typedef float accv __attribute__((ext_vector_type(kMmaAcc)));
-  wordv aw, bw;
-  const uint16_t* ar = a + (l % 16) * lda + k0;
-  const uint16_t* br = b + (l % 16) * ldb + k0;
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    aw[i] = mma_word(ar + 2 * i);
-    bw[i] = mma_word(br + 2 * i);
-  }
-  accv c;
+  typedef typename MmaOperand<T::kIsBf16>::type opv;
+  mma_accv c;
 #pragma unroll
   for (int i = 0; i < kMmaAcc; ++i) c[i] = d.v[i];
-  if constexpr (kBf16) {
-    typedef __bf16 opv __attribute__((ext_vector_type(kN)));
-    const opv ao = __builtin_bit_cast(opv, aw), bo = __builtin_bit_cast(opv, bw);
-#if defined(FTLAB_MMA_MFMA)
-    c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(ao, bo, c, 0, 0, 0);
-#elif defined(FTLAB_MMA_WMMA12)
-    c = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(ao, bo, c);
-#else
-    c = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(ao, bo, c);
-#endif
-  } else {
-    typedef _Float16 opv __attribute__((ext_vector_type(kN)));
-    const opv ao = __builtin_bit_cast(opv, aw), bo = __builtin_bit_cast(opv, bw);
-#if defined(FTLAB_MMA_MFMA)
-    c = __builtin_amdgcn_mfma_f32_16x16x16f16(ao, bo, c, 0, 0, 0);
-#elif defined(FTLAB_MMA_WMMA12)
-    c = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(ao, bo, c);
-#else
-    c = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(ao, bo, c);
-#endif
-  }
+  c = mma_amd(__builtin_bit_cast(opv, a.w), __builtin_bit_cast(opv, b.w), c);
 #pragma unroll
   for (int i = 0; i < kMmaAcc; ++i) d.v[i] = c[i];
 #else
-  (void)l;
-  (void)kBf16;
 #pragma unroll
   for (int i = 0; i < kMmaAcc; ++i) {
-    const uint16_t* ar = a + mma_row(i) * lda;
-    const uint16_t* br = b + mma_col(i) * ldb;
+    const uint16_t* ar = a.p + mma_row(i) * a.ld;
+    const uint16_t* br = b.p + mma_col(i) * b.ld;
     float s = d.v[i];
     for (int k = 0; k < 16; ++k) s += T::load(ar + k) * T::load(br + k);
     d.v[i] = s;
   }
 #endif
 }
+
+// Copies of 16 bytes from global memory into LDS that run in the background (cp.async, sm_80+;
+// FTLAB_MMA_ASYNC says the target has them): mma_copy16 starts one (zeros when !ok, reading
+// nothing), mma_commit closes the group of copies this thread started since the last one, and
+// mma_wait<N>() waits until at most N of its groups are still in flight.
+#if defined(FTLAB_MMA_SYNC)
+#define FTLAB_MMA_ASYNC 1
+__device__ __forceinline__ void mma_copy16(void* lds, const void* src, bool ok) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(lds));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void mma_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void mma_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
 
 }  // namespace ftlab

@@ -213,20 +213,28 @@ __global__ void __launch_bounds__(kMoeThreads)
 }
 
 // fp16 / bf16 banks on the matrix cores: a block takes 64 sorted rows (one expert) and 64 output
-// columns (64 more of up when GATED), K in steps of kMmaK through two LDS buffers (one barrier a
-// step; the next two steps' 16-byte loads are in flight while this one multiplies). Each warp-sized
-// group owns one 16-row tile of the 64 and kMmaTiles 16-column tiles; a group whose 16 rows are
-// all padding (the tail of an expert's rows) skips its products and stores. Needs K, the row
-// strides and the base addresses in whole 16-byte chunks (the launcher checks; the FMA kernel
-// above takes the rest). a and the GATED output h in T, the down output fp32 (weighted).
-constexpr int kMmaK = 32;
-constexpr int kMmaLd = kMmaK + 8;  // LDS row stride in elements: 80 bytes, 16-byte chunks stay aligned
+// columns (64 more of up when GATED), K in steps of kMmaStep through kMmaStages LDS buffers, one
+// barrier a step, two steps' 16-byte loads in flight while one multiplies: cp.async copies where
+// the target has them (FTLAB_MMA_ASYNC), else two register sets. Each warp-sized group owns one
+// 16-row tile of the 64 and kMmaTiles 16-column tiles, its A fragment read once a 16-K slice; a
+// group whose 16 rows are all padding (the tail of an expert's rows) skips its products and
+// stores. Needs K, the row strides and the base addresses in whole 16-byte chunks (the launcher
+// checks; the FMA kernel above takes the rest). a and the GATED output h in T, the down output
+// fp32 (weighted).
+constexpr int kMmaStep = 32;
+constexpr int kMmaLd = kMmaStep + 8;  // LDS row stride in elements: 80 bytes, 16-byte chunks stay aligned
 constexpr int kMmaGroups = kMoeThreads / PORT_WARP_SIZE;
 constexpr int kMmaTiles = 16 / kMmaGroups;  // 16 x 16 tiles of the 64 x 64 block a group owns
-#if defined(PORT_CUDA)  // blocks an SM: 3 (80 registers) for down; gate/up needs ~94 (2) not to spill
-#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, GATED ? 2 : 3)
+#if defined(FTLAB_MMA_ASYNC)
+constexpr int kMmaStages = 3;
+#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, 3)
+#else
+constexpr int kMmaStages = 2;
+#if defined(PORT_CUDA)  // sm_70 / sm_75 (scalar products)
+#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, 2)
 #else
 #define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads)
+#endif
 #endif
 
 template <typename T, bool GATED>
@@ -238,8 +246,8 @@ __global__ void FTLAB_MMA_BOUNDS
                         int64_t n_out, int64_t k) {
   constexpr int kHalves = GATED ? 2 : 1;
   __shared__ TileRows rows;
-  __shared__ __attribute__((aligned(16))) uint16_t as[2][kGemmTile * kMmaLd];
-  __shared__ __attribute__((aligned(16))) uint16_t bs[2][kHalves][kGemmTile * kMmaLd];
+  __shared__ __attribute__((aligned(16))) uint16_t as[kMmaStages][kGemmTile * kMmaLd];
+  __shared__ __attribute__((aligned(16))) uint16_t bs[kMmaStages][kHalves][kGemmTile * kMmaLd];
   if (static_cast<int64_t>(blockIdx.y) * kGemmTile >= *npad) return;
   const int tid = threadIdx.x;
   const int e = expert_ids[blockIdx.y];
@@ -254,17 +262,6 @@ __global__ void FTLAB_MMA_BOUNDS
   const uint16_t* a_src = a + (a_ok ? (GATED ? pair / top_k : pair) * a_stride : 0) + lc;
   const bool b_ok = n0 + lr < n_out;
   const uint16_t* b_src = bank + e * e_stride + (b_ok ? (n0 + lr) * row_stride : 0) + lc;
-  // two steps' chunks in registers: while a step multiplies, the next two steps' loads are in flight
-  bytes16 ra[2], rb[2][kHalves];
-  auto fetch = [&](int set, int k0) {
-    const bool in = k0 + lc < k;  // K is whole chunks: a chunk is all in or all out
-    ra[set] = a_ok && in ? *reinterpret_cast<const bytes16*>(a_src + k0) : bytes16{};
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-      rb[set][h] = b_ok && in ? *reinterpret_cast<const bytes16*>(b_src + h * n_out * row_stride + k0) : bytes16{};
-  };
-  fetch(0, 0);
-  fetch(1, kMmaK);
 
   const int group = tid / PORT_WARP_SIZE;
   const int mt = group % 4, nt0 = (group / 4) * kMmaTiles;
@@ -279,29 +276,64 @@ __global__ void FTLAB_MMA_BOUNDS
 #pragma unroll
       for (int i = 0; i < kMmaAcc; ++i) acc[h][j].v[i] = 0.0f;
 
-  // step k0 through LDS buffer (and register set) s
-  auto step = [&](int s, int k0) {
+  auto multiply = [&](int s) {
+    if (!live) return;
+#pragma unroll
+    for (int kk = 0; kk < kMmaStep; kk += 16) {
+      const MmaFrag fa = mma_frag(&as[s][16 * mt * kMmaLd + kk], kMmaLd);
+#pragma unroll
+      for (int j = 0; j < kMmaTiles; ++j)
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h)
+          mma_16x16x16<T>(acc[h][j], fa, mma_frag(&bs[s][h][16 * (nt0 + j) * kMmaLd + kk], kMmaLd));
+    }
+  };
+
+#if defined(FTLAB_MMA_ASYNC)
+  auto copy = [&](int s, int k0) {  // step k0 into buffer s; past K: zeros, nothing read
+    const bool in = k0 + lc < k;     // K is whole chunks: a chunk is all in or all out
+    const int kc = in ? k0 : 0;
+    mma_copy16(&as[s][lr * kMmaLd + lc], a_src + kc, a_ok && in);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+      mma_copy16(&bs[s][h][lr * kMmaLd + lc], b_src + h * n_out * row_stride + kc, b_ok && in);
+    mma_commit();
+  };
+  copy(0, 0);
+  copy(1, kMmaStep);
+  int s = 0;
+  for (int k0 = 0; k0 < k; k0 += kMmaStep) {  // K < 2^30 (the launcher checks)
+    mma_wait<1>();                             // this step's copies (all but the newest group) landed
+    __syncthreads();                           // everyone's; and buffer s - 1 is free again
+    copy(s == 0 ? 2 : s - 1, k0 + 2 * kMmaStep);
+    multiply(s);
+    s = s == 2 ? 0 : s + 1;
+  }
+  mma_wait<0>();
+#else
+  bytes16 ra[2], rb[2][kHalves];
+  auto fetch = [&](int set, int k0) {
+    const bool in = k0 + lc < k;  // K is whole chunks: a chunk is all in or all out
+    ra[set] = a_ok && in ? *reinterpret_cast<const bytes16*>(a_src + k0) : bytes16{};
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+      rb[set][h] = b_ok && in ? *reinterpret_cast<const bytes16*>(b_src + h * n_out * row_stride + k0) : bytes16{};
+  };
+  fetch(0, 0);
+  fetch(1, kMmaStep);
+  auto step = [&](int s, int k0) {  // step k0 through LDS buffer (and register set) s
     *reinterpret_cast<bytes16*>(&as[s][lr * kMmaLd + lc]) = ra[s];
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) *reinterpret_cast<bytes16*>(&bs[s][h][lr * kMmaLd + lc]) = rb[s][h];
     __syncthreads();
-    if (k0 + 2 * kMmaK < k) fetch(s, k0 + 2 * kMmaK);
-    if (live) {
-#pragma unroll
-      for (int kk = 0; kk < kMmaK; kk += 16) {
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-          for (int j = 0; j < kMmaTiles; ++j)
-            mma_16x16x16<T>(acc[h][j], &as[s][16 * mt * kMmaLd + kk], kMmaLd,
-                            &bs[s][h][16 * (nt0 + j) * kMmaLd + kk], kMmaLd);
-      }
-    }
+    if (k0 + 2 * kMmaStep < k) fetch(s, k0 + 2 * kMmaStep);
+    multiply(s);
   };
-  for (int k0 = 0; k0 < k; k0 += 2 * kMmaK) {  // K < 2^31 (the launcher checks)
+  for (int k0 = 0; k0 < k; k0 += 2 * kMmaStep) {  // K < 2^30 (the launcher checks)
     step(0, k0);
-    if (k0 + kMmaK < k) step(1, k0 + kMmaK);
+    if (k0 + kMmaStep < k) step(1, k0 + kMmaStep);
   }
+#endif
   if (!live) return;
 #pragma unroll
   for (int j = 0; j < kMmaTiles; ++j)
