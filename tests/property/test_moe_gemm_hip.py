@@ -79,6 +79,10 @@ def test_hip_dense_gemm_entry_refuses_mismatched_outputs_gpu():
     with pytest.raises(TypeError, match="a must have w's dtype"):
         module.moe_gemm_dense(h32, dn, sorted_ids, expert_ids, npad, flat_w, torch.empty(24, 64, device=x.device),
                               2, False)  # fmt: skip
+    with pytest.raises(ValueError, match="top_k must be >= 1 and divide the pairs"):
+        module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h[:23], 2, True)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h, 0, True)
     with pytest.raises(TypeError, match="float32"):
         module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat_w, torch.empty(24, 64, dtype=torch.bfloat16, device=x.device),
                               2, False)  # fmt: skip

@@ -351,6 +351,8 @@ void moe_gemm_dense(TensorView a, TensorView w, TensorView sorted, TensorView ex
   const int64_t pairs = out.size(0), n_out = out.size(1), k = a.size(1);
   TVM_FFI_CHECK(w.ndim() == 3 && w.size(2) == k && w.size(1) == (gated ? 2 : 1) * n_out, ValueError)
       << "w must be a bank [E, " << (gated ? "2N" : "N") << ", K] for a [*, K]";
+  TVM_FFI_CHECK(!gated || (top_k >= 1 && pairs % top_k == 0), ValueError)
+      << "gated: top_k must be >= 1 and divide the pairs (out's rows), got top_k = " << top_k << ", pairs = " << pairs;
   TVM_FFI_CHECK(a.size(0) == (gated ? pairs / top_k : pairs), ValueError) << "a must have one row per token (gated) or pair";
   const Fp wf = fp_of(w, "w");
   TVM_FFI_CHECK(fp_of(a, "a") == wf, TypeError) << "a must have w's dtype";
