@@ -159,19 +159,21 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
             return report
         report.measurements.extend(rows)
         gpu = dev.type == "cuda"
-        report.notes.append(f"llama.cpp: {Path(llama_bench).name} {' '.join(llama_bench_args(path, prefill, gpu))}"
-                            " on the same file in this run (its own timing: mean of its repetitions)")  # fmt: skip
+        report.notes.append(f"llama.cpp: {Path(llama_bench).name} "
+                            f"{' '.join(llama_bench_args(path, prefill, gpu, depth=prefill))} on the same file in "
+                            f"this run (its own timing: mean of its repetitions; its decode at depth {prefill} is "
+                            "where ftlab's decode rows run, its tg128 without depth starts from an empty cache)")  # fmt: skip
         if hybrid_slots is not None:
             from ftlab.bench.model_hybrid import llama_cpu_layers
 
             layers = llama_cpu_layers(config, hybrid_slots)
             try:
-                report.measurements.append(run_llama_bench_ncmoe(llama_bench, path, layers, gpu))
+                report.measurements.extend(run_llama_bench_ncmoe(llama_bench, path, layers, gpu, prefill))
             except RuntimeError as e:
                 report.notes.append(f"llama.cpp -ncmoe {layers}: no figure, {e}"[:600])
                 return report
             report.notes.append(f"llama.cpp hybrid: {Path(llama_bench).name} "
-                                f"{' '.join(llama_bench_args(path, 0, gpu, layers))}: the experts of its first "
+                                f"{' '.join(llama_bench_args(path, 0, gpu, layers, prefill))}: the experts of its first "
                                 f"{layers} of {config.num_hidden_layers} layers on the CPU (its default threads)")  # fmt: skip
     return report
 
@@ -237,14 +239,29 @@ def _shape_note(arch: str, c) -> str:
             f"top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}")  # fmt: skip
 
 
-def llama_bench_args(path: Path, prefill: int, gpu: bool, ncmoe: int | None = None) -> list[str]:
+def llama_bench_args(path: Path, prefill: int, gpu: bool, ncmoe: int | None = None, depth: int = 0) -> list[str]:
     """The arguments ``llama-bench`` runs with: the file, all layers offloaded and flash attention
     on a GPU, a prompt of ``prefill`` tokens, :data:`LLAMA_BENCH_GEN` generated, JSON out;
-    ``ncmoe``: the experts of the first ``ncmoe`` layers kept on the CPU (``-ncmoe``)."""
+    ``ncmoe``: the experts of the first ``ncmoe`` layers kept on the CPU (``-ncmoe``); ``depth``
+    > 0: each test also run after ``depth`` tokens in the cache (``-d 0,depth``), where ftlab's
+    decode rows run (at the prompt's length)."""
     offload = ["-ngl", "99", "-fa", "1"] if gpu else ["-ngl", "0"]
     cpu_moe = [] if ncmoe is None else ["-ncmoe", str(ncmoe)]
-    return ["-m", str(path), *offload, *cpu_moe, "-p", str(prefill), "-n", str(LLAMA_BENCH_GEN), "-r", "3", "-o",
-            "json"]  # fmt: skip
+    depths = [] if depth <= 0 else ["-d", f"0,{depth}"]
+    return ["-m", str(path), *offload, *cpu_moe, "-p", str(prefill), "-n", str(LLAMA_BENCH_GEN), *depths, "-r", "3",
+            "-o", "json"]  # fmt: skip
+
+
+def _decode_rows(results: list, depth: int) -> dict[int, float]:
+    """{depth: tokens/s} of llama-bench's decode results (``tg128``, no prompt) at depth 0 and
+    ``depth``."""
+    found = {}
+    for r in results:
+        d = r.get("n_depth", 0)
+        if r.get("n_gen", 0) == LLAMA_BENCH_GEN and r.get("n_prompt", 0) == 0 and r.get("avg_ts", 0) > 0 \
+                and d in (0, depth):  # fmt: skip
+            found[d] = r["avg_ts"]
+    return found
 
 
 def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
@@ -261,34 +278,41 @@ def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
     return " ".join(cmd), results if isinstance(results, list) else []
 
 
-def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool) -> Measurement:
+def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool, depth: int = 0) -> list[Measurement]:
     """llama-bench's decode (``tg128``, no prompt test) with the experts of its first ``layers``
-    layers on the CPU (``-ncmoe``), as a row of backend ``llama.cpp``; RuntimeError naming the
-    command if it fails or prints no decode result."""
-    cmd, results = _llama_results(binary, llama_bench_args(path, 0, gpu, layers))
-    for r in results:
-        if r.get("n_gen", 0) == LLAMA_BENCH_GEN and r.get("n_prompt", 0) == 0 and r.get("avg_ts", 0) > 0:
-            ts = r["avg_ts"]
-            return Measurement(f"hybrid decode batch 1, -ncmoe {layers}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts,
-                               0, True, "llama-bench")  # fmt: skip
-    raise RuntimeError(f"{cmd} gave no decode result")
+    layers on the CPU (``-ncmoe``), at depth 0 and (``depth`` > 0) ``depth``, as rows of backend
+    ``llama.cpp``; RuntimeError naming the command if it fails or prints no decode result."""
+    cmd, results = _llama_results(binary, llama_bench_args(path, 0, gpu, layers, depth))
+    found = _decode_rows(results, depth)
+    missing = [d for d in sorted({0, depth}) if d not in found]
+    if missing:
+        raise RuntimeError(f"{cmd} gave no decode result at depth {', '.join(map(str, missing))}")
+    rows = []
+    for d in sorted(found):
+        at = f" at depth {d}" if d else ""
+        rows.append(Measurement(f"hybrid decode batch 1, -ncmoe {layers}{at}: {found[d]:.0f} tokens/s", "llama.cpp",
+                                1e6 / found[d], 0, True, "llama-bench"))  # fmt: skip
+    return rows
 
 
 def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool) -> list[Measurement]:
     """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
-    of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s); RuntimeError
-    naming the command if it fails or prints no result of each test."""
-    cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu))
+    of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s), decode at
+    depth 0 and at depth ``prefill`` (where ftlab's decode rows run); RuntimeError naming the
+    command if it fails or prints no result of each test."""
+    cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu, depth=prefill))
     rows = {}
     for r in results:
         n_prompt, n_gen, ts = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("avg_ts", 0)
-        if n_prompt == prefill and n_gen == 0 and ts > 0:
+        if n_prompt == prefill and n_gen == 0 and ts > 0 and r.get("n_depth", 0) == 0:
             rows["prefill"] = Measurement(f"prefill {prefill} tokens: {ts:.0f} tokens/s", "llama.cpp",
                                           prefill / ts * 1e6, 0, True, "llama-bench")  # fmt: skip
-        elif n_gen == LLAMA_BENCH_GEN and n_prompt == 0 and ts > 0:
-            rows["decode"] = Measurement(f"decode batch 1: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True,
-                                         "llama-bench")  # fmt: skip
-    missing = [k for k in ("prefill", "decode") if k not in rows]
+    for d, ts in _decode_rows(results, prefill).items():
+        at = f" at depth {d}" if d else ""
+        rows[f"decode{at}"] = Measurement(f"decode batch 1{at}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True,
+                                          "llama-bench")  # fmt: skip
+    keys = ["prefill", "decode", f"decode at depth {prefill}"]
+    missing = [k for k in keys if k not in rows]
     if missing:
         raise RuntimeError(f"{cmd} gave no {' or '.join(missing)} result")
-    return [rows["prefill"], rows["decode"]]
+    return [rows[k] for k in keys]

@@ -15,10 +15,11 @@
   launches (gate/up + SwiGLU, then down weighted and summed over the slots in order); for
   Q4_0 banks (the int8 path) x is quantized to Q8_1 in LDS, the weights are read as 144-byte
   superblocks where rows allow, and the gate/up kernel writes h as Q8_1 blocks (32 rows of
-  h per thread block); dense banks keep h in fp32; beyond,
-  moe_align (block_m 64) and the grouped GEMMs (Q4_0: dp4a tiles over Q8_1 rows; fp16 / bf16
-  banks: the matrix cores, ``csrc/mma.h``, h in the bank's dtype, fp32 sums; fp32 banks: fp32
-  FMA tiles), the routing weight applied after down, then the sum over the k slots.
+  h per thread block); dense banks keep h in fp32; beyond, moe_align (block_m 64; 32 for
+  16-bit banks under 16 rows an expert: ``gemm_block_m``) and the grouped GEMMs (Q4_0: dp4a
+  tiles over Q8_1 rows; fp16 / bf16 banks: the matrix cores, ``csrc/mma.h``, K in steps of 64,
+  h in the bank's dtype, fp32 sums; fp32 banks: fp32 FMA tiles), the routing weight applied
+  after down, then the sum over the k slots.
   Q4_0 banks take the int8 path only; dense banks in another dtype than x are cast per call.
 - ``moe_experts`` on Q8_0 / K-quant banks (a Q4_0 bank beside one too), int8 path, any T:
   ``csrc/moe_kquant.hip`` -- x and h quantized to Q8_1 by the Q4_0 family's kernel, a 32-thread
@@ -218,6 +219,16 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     return _experts_gemm(module, x, gu, dn, ids, wts, q4, inter)
 
 
+def gemm_block_m(x: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor, pairs: int) -> int:
+    """moe_align's block_m for the grouped GEMMs: 64, or 32 on the matrix cores (fp16 / bf16 banks
+    whose rows are whole 16-byte chunks, as the launcher checks) when an expert has fewer than 16
+    rows on average, so that few tokens an expert do not fill blocks with padding rows."""
+    k, inter = x.shape[1], dn.shape[-1]
+    mma = (x.dtype in (torch.float16, torch.bfloat16) and k % 8 == 0 and inter % 8 == 0 and k < 2**30
+           and _rows16(x) and gu.data_ptr() % 16 == 0 and dn.data_ptr() % 16 == 0)  # fmt: skip
+    return 32 if mma and pairs < 16 * gu.shape[0] else GEMM_BLOCK_M
+
+
 def _experts_gemm(module, x, gu, dn, ids, wts, q4: bool, inter: int) -> torch.Tensor:
     from ftlab.hip.q4_0 import quantize_q8_1
 
@@ -225,7 +236,8 @@ def _experts_gemm(module, x, gu, dn, ids, wts, q4: bool, inter: int) -> torch.Te
     top_k = ids.shape[1]
     pairs = t * top_k
     dev = x.device
-    sorted_ids, expert_ids, npad = moe_align(ids, gu.shape[0], GEMM_BLOCK_M)
+    block_m = GEMM_BLOCK_M if q4 else gemm_block_m(x, gu, dn, pairs)
+    sorted_ids, expert_ids, npad = moe_align(ids, gu.shape[0], block_m)
     h_dtype = x.dtype if not q4 else torch.float32  # dense banks: h in the bank's (x's) dtype, as Triton's
     h = torch.empty((pairs, inter), dtype=h_dtype, device=dev)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=dev)

@@ -19,8 +19,11 @@ from ftlab.models.loader import load_gguf
 DATA = Path(__file__).parents[1] / "data"
 Q4_K_M = DATA / "llama_cpp" / "qwen3moe-q4_k_m.gguf"
 #: What llama-bench -o json prints (the fields the bench reads, values of a real run's kind).
-LLAMA_BENCH_JSON = [{"n_prompt": 8, "n_gen": 0, "avg_ts": 4000.0, "stddev_ts": 10.0},
-                    {"n_prompt": 0, "n_gen": 128, "avg_ts": 250.0, "stddev_ts": 1.0}]  # fmt: skip
+#: With -d 0,8 it runs each test at depth 0 and 8 (decode at 8: where ftlab's decode rows run).
+LLAMA_BENCH_JSON = [{"n_prompt": 8, "n_gen": 0, "n_depth": 0, "avg_ts": 4000.0, "stddev_ts": 10.0},
+                    {"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 250.0, "stddev_ts": 1.0},
+                    {"n_prompt": 8, "n_gen": 0, "n_depth": 8, "avg_ts": 3900.0, "stddev_ts": 10.0},
+                    {"n_prompt": 0, "n_gen": 128, "n_depth": 8, "avg_ts": 240.0, "stddev_ts": 1.0}]  # fmt: skip
 
 
 def fake_llama_bench(tmp_path: Path, results: list, status: int = 0) -> Path:
@@ -53,6 +56,7 @@ def test_report_rows_and_notes(cpu_run):
         ("decode batch 8", "auto", "eager"),
         ("prefill 8 tokens", "llama.cpp", "llama-bench"),
         ("decode batch 1", "llama.cpp", "llama-bench"),
+        ("decode batch 1 at depth 8", "llama.cpp", "llama-bench"),
     ]
     assert all(r["validated"] and r["time_us"] > 0 for r in rows)
     assert 0 < rows[1]["bytes_moved"] < rows[2]["bytes_moved"]
@@ -69,10 +73,12 @@ def test_report_rows_and_notes(cpu_run):
 
 def test_llama_bench_ran_on_the_same_file(cpu_run):
     _, report, args = cpu_run
-    assert args == ["-m", str(Q4_K_M), "-ngl", "0", "-p", "8", "-n", "128", "-r", "3", "-o", "json"]
-    pp, tg = report["results"][3:]
+    assert args == ["-m", str(Q4_K_M), "-ngl", "0", "-p", "8", "-n", "128", "-d", "0,8", "-r", "3", "-o", "json"]
+    pp, tg, tg_deep = report["results"][3:]
     assert pp["case"] == "prefill 8 tokens: 4000 tokens/s" and pp["time_us"] == pytest.approx(8 / 4000 * 1e6)
     assert tg["case"] == "decode batch 1: 250 tokens/s" and tg["time_us"] == pytest.approx(1e6 / 250)
+    assert tg_deep["case"] == "decode batch 1 at depth 8: 240 tokens/s" and tg_deep["time_us"] == pytest.approx(1e6 / 240)
+    assert "its decode at depth 8 is where ftlab's decode rows run" in report["notes"][-1]
 
 
 def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
@@ -88,10 +94,13 @@ def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
     assert rows[3:] == [("hybrid decode batch 1, layers", "auto", "eager"),
                         ("hybrid decode batch 1, static", "auto", "eager"), ("hybrid decode batch 1, lru", "auto", "eager"),
                         ("prefill 8 tokens", "llama.cpp", "llama-bench"), ("decode batch 1", "llama.cpp", "llama-bench"),
-                        ("hybrid decode batch 1, -ncmoe 1", "llama.cpp", "llama-bench")]  # fmt: skip
+                        ("decode batch 1 at depth 8", "llama.cpp", "llama-bench"),
+                        ("hybrid decode batch 1, -ncmoe 1", "llama.cpp", "llama-bench"),
+                        ("hybrid decode batch 1, -ncmoe 1 at depth 8", "llama.cpp", "llama-bench")]  # fmt: skip
     assert all(r["validated"] and r["time_us"] > 0 for r in report["results"])
     assert json.loads((tmp_path / "args.json").read_text()) == [
-        "-m", str(Q4_K_M), "-ngl", "0", "-ncmoe", "1", "-p", "0", "-n", "128", "-r", "3", "-o", "json"]  # fmt: skip
+        "-m", str(Q4_K_M), "-ngl", "0", "-ncmoe", "1", "-p", "0", "-n", "128", "-d", "0,8", "-r", "3", "-o",
+        "json"]  # fmt: skip
     notes = report["notes"]
     assert any(n.startswith("hybrid decode: 1 of 2 routed experts a layer on the GPU, 50% of the expert bytes") for n in notes)
     (static,) = [n for n in notes if n.startswith("hybrid decode (static)")]
@@ -127,8 +136,11 @@ def test_hybrid_arguments(tmp_path, capsys):
     assert cli.main(["bench", "model", "--hybrid-slots", "4", "--no-write"]) == 1
     assert "--hybrid-slots is an option of 'ftlab bench model --gguf FILE' only" in capsys.readouterr().err
     only_pp = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:1])
-    with pytest.raises(RuntimeError, match="-ncmoe 1 -p 0 .* gave no decode result"):
+    with pytest.raises(RuntimeError, match="-ncmoe 1 -p 0 .* gave no decode result at depth 0"):
         model_gguf.run_llama_bench_ncmoe(only_pp, Q4_K_M, 1, gpu=False)
+    shallow = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:2])  # no -d support: depth-8 rows missing
+    with pytest.raises(RuntimeError, match="gave no decode result at depth 8"):
+        model_gguf.run_llama_bench_ncmoe(shallow, Q4_K_M, 1, gpu=False, depth=8)
 
 
 def test_decode_bytes_count_every_tensor_at_its_types_size():
@@ -156,8 +168,11 @@ def test_llama_bench_failures(tmp_path):
     with pytest.raises(RuntimeError, match="exited 1"):
         model_gguf.run_llama_bench(bad, Q4_K_M, 8, gpu=False)
     only_pp = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:1])
-    with pytest.raises(RuntimeError, match="gave no decode result"):
+    with pytest.raises(RuntimeError, match="gave no decode or decode at depth 8 result"):
         model_gguf.run_llama_bench(only_pp, Q4_K_M, 8, gpu=False)
+    shallow = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:2])
+    with pytest.raises(RuntimeError, match="gave no decode at depth 8 result"):
+        model_gguf.run_llama_bench(shallow, Q4_K_M, 8, gpu=False)
 
 
 def test_a_failing_llama_bench_keeps_ftlabs_rows(tmp_path):

@@ -68,7 +68,7 @@ KERNELS = {
     "moe_route": 20,  # 3 dtypes x 2 router widths, route_topk, router_topk and the norm + router; 2 align kernels
     "moe": 12,  # 3 dtypes x (2 Q4_0 decode + 2 dense decode)
     "moe_regions": 12,  # 3 dtypes x 2 Q4_0 decode over regions x (linear, not)
-    "moe_gemm": 12,  # 3 dtypes x 2 dense GEMMs on FMA tiles, 2 dtypes x 2 on the matrix cores, 2 Q4_0 GEMMs
+    "moe_gemm": 16,  # 3 dtypes x 2 dense GEMMs on FMA tiles, 2 dtypes x 2 x 2 shapes on the matrix cores, 2 Q4_0
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes
     "deltanet": 9,  # 3 dtypes x (decode step of 16 or 32 columns a block, prefill scan)

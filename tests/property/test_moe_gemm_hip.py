@@ -4,7 +4,8 @@
 shape here would compile it anew). The shapes reach the kernel's edges: K not a multiple of its
 32-wide step (a last step of one or two 16-byte chunks), K not whole chunks and activations off
 16-byte alignment (the FMA tiles take those), output widths not a multiple of 64, experts with
-several 64-row blocks and a partly filled last one, and invalid slots."""
+several 64-row blocks and a partly filled last one, 32-row blocks (under 16 rows an expert), and
+invalid slots."""
 
 import pytest
 import torch
@@ -32,10 +33,10 @@ def _case(tokens: int, experts: int, top_k: int, hidden: int, inter: int, dtype,
 @pytest.mark.parametrize(
     "tokens,experts,top_k,hidden,inter",
     [
-        (12, 8, 2, 64, 32),  # one block an expert, mostly padding
+        (12, 8, 2, 64, 32),  # one 32-row block an expert, mostly padding
         (300, 4, 2, 96, 64),  # ~150 rows an expert: three blocks, the last partly filled
-        (40, 6, 3, 40, 24),  # K = 40 / 24: a last step of one chunk (of four)
-        (33, 5, 2, 200, 72),  # K = 200 / 72: a last step of one chunk; widths not multiples of 64
+        (40, 6, 3, 40, 24),  # K = 40 / 24: one step of five / three chunks (of eight)
+        (33, 5, 2, 200, 72),  # K = 200 / 72: last steps of one / nine chunks; 32-row blocks; widths not multiples of 64
         (20, 4, 2, 36, 20),  # K = 36 / 20: not whole 16-byte chunks -> the FMA tiles
         (64, 128, 8, 256, 96),  # many experts, top-8
     ],
@@ -86,3 +87,30 @@ def test_hip_dense_gemm_entry_refuses_mismatched_outputs_gpu():
     with pytest.raises(TypeError, match="float32"):
         module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat_w, torch.empty(24, 64, dtype=torch.bfloat16, device=x.device),
                               2, False)  # fmt: skip
+
+
+
+@pytest.mark.gpu
+def test_hip_grouped_gemm_entries_refuse_other_block_m_gpu():
+    """The matrix-core GEMM takes moe_align's rows in blocks of 32 or 64, the dp4a and FMA tiles
+    in blocks of 64: another block_m is refused with what came, before any launch."""
+    from ftlab import jit
+    from ftlab.hip.moe import moe_align
+    from ftlab.hip.q4_0 import quantize_q8_1
+
+    x, gu, dn, weights, ids = _case(12, 4, 2, 64, 32, torch.bfloat16, 4)
+    flat_w = weights.contiguous().view(-1)
+    module = jit.module_for("moe", x.device)
+    h = torch.full((24, 32), 7.0, dtype=torch.bfloat16, device=x.device)
+    for block_m in (16, 128):
+        align = moe_align(ids.to(torch.int32), 4, block_m)
+        with pytest.raises(ValueError, match=f"block_m.*got {block_m}"):
+            module.moe_gemm_dense(x, gu, *align, flat_w, h, 2, True)
+    assert bool((h == 7).all())  # nothing written
+    align32 = moe_align(ids.to(torch.int32), 4, 32)
+    with pytest.raises(ValueError, match="FMA tiles.*block_m = 64, got 32"):
+        module.moe_gemm_dense(x.float(), gu.float(), *align32, flat_w, h.float(), 2, True)
+    q = ops.quantize_q4_0(gu.float()).data
+    x8 = quantize_q8_1(x.float())
+    with pytest.raises(ValueError, match="Q4_0 grouped GEMM.*block_m = 64, got 32"):
+        module.moe_gemm_q4(q, x8.q, x8.d, x8.s, *align32, flat_w, h.float(), 2, True)

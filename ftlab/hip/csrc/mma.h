@@ -1,7 +1,8 @@
 // mma.h — one 16 x 16 x 16 product on the matrix cores, for 16-bit operands (fp16 or bf16) and
 // fp32 sums: a warp-sized group (a warp on NVIDIA, a wave on AMD) does
 //   D[16 x 16] += A[16 x 16] . B[16 x 16]^T,
-// A's and B's rows of K read from LDS (row-major, ld elements apart, 4-byte aligned rows).
+// A's and B's rows of K read from LDS (row-major, ld elements apart; rows 16-byte aligned on
+// NVIDIA, 4-byte elsewhere).
 //
 // Per target (the fragment layouts are the instructions', as their ISA documents give them):
 //   - NVIDIA sm_80+: two mma.sync.m16n8k16 (B's rows 0-7, then 8-15); lane = 4 g + t holds
@@ -76,11 +77,18 @@ struct MmaFrag {
   uint32_t w[4];
 };
 // A: rows g and g + 8, K 2t (+1) and 2t + 8 (+1), in mma.sync's register order; B the same
-// words, read as the two n8 halves (rows g, then g + 8).
+// words, read as the two n8 halves (rows g, then g + 8). One ldmatrix.x4: lane l gives the
+// address of row l % 16 at K 8 (l / 16), so its four 8 x 8 matrices are (rows 0-7, K 0-7),
+// (rows 8-15, K 0-7), (rows 0-7, K 8-15), (rows 8-15, K 8-15) -- the register order above. Rows
+// must start 16-byte aligned in LDS (ld a multiple of 8).
 __device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) {
-  const int l = mma_lane(), g = l / 4, t = l % 4;
-  return {{mma_word(p + g * ld + 2 * t), mma_word(p + (g + 8) * ld + 2 * t), mma_word(p + g * ld + 2 * t + 8),
-           mma_word(p + (g + 8) * ld + 2 * t + 8)}};
+  const int l = mma_lane();
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p + (l % 16) * ld + 8 * (l / 16)));
+  MmaFrag f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(f.w[0]), "=r"(f.w[1]), "=r"(f.w[2]), "=r"(f.w[3])
+               : "r"(a));
+  return f;
 }
 #elif defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)
 #if defined(FTLAB_MMA_MFMA)

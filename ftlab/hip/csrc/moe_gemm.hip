@@ -212,135 +212,181 @@ __global__ void __launch_bounds__(kMoeThreads)
   store_tile<O>(acc, acc_up, GATED, rows, wts, out, pairs, n_out, n0, tx, ty);
 }
 
-// fp16 / bf16 banks on the matrix cores: a block takes 64 sorted rows (one expert) and 64 output
-// columns (64 more of up when GATED), K in steps of kMmaStep through kMmaStages LDS buffers, one
-// barrier a step, two steps' 16-byte loads in flight while one multiplies: cp.async copies where
-// the target has them (FTLAB_MMA_ASYNC), else two register sets. Each warp-sized group owns one
-// 16-row tile of the 64 and kMmaTiles 16-column tiles, its A fragment read once a 16-K slice; a
-// group whose 16 rows are all padding (the tail of an expert's rows) skips its products and
-// stores. Needs K, the row strides and the base addresses in whole 16-byte chunks (the launcher
+// fp16 / bf16 banks on the matrix cores: a block takes BM sorted rows (one expert; BM is
+// moe_align's block_m) and BN output columns (BN more of up when GATED), K in steps of KS through
+// MmaShape::kStages LDS buffers (dynamic LDS: MmaShape::lds_bytes), one barrier a step, the next steps'
+// 16-byte loads in flight while one multiplies: kStages - 1 steps of cp.async copies where the
+// target has them (FTLAB_MMA_ASYNC), else one step in registers. Each warp-sized group owns one
+// 16-column tile in kPerGroup of the 16-row tiles, interleaved so that every group has one of the
+// first rows (a block of an expert's rows is mostly filled from the start), its B fragments read
+// once a 16-K slice; a row tile all padding (the tail of an expert's rows) is skipped. Needs K, the row strides and the base addresses in whole 16-byte chunks (the launcher
 // checks; the FMA kernel above takes the rest). a and the GATED output h in T, the down output
-// fp32 (weighted).
-constexpr int kMmaStep = 32;
-constexpr int kMmaLd = kMmaStep + 8;  // LDS row stride in elements: 80 bytes, 16-byte chunks stay aligned
-constexpr int kMmaGroups = kMoeThreads / PORT_WARP_SIZE;
-constexpr int kMmaTiles = 16 / kMmaGroups;  // 16 x 16 tiles of the 64 x 64 block a group owns
-#if defined(FTLAB_MMA_ASYNC)
-constexpr int kMmaStages = 3;
-#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, 3)
-#else
-constexpr int kMmaStages = 2;
-#if defined(PORT_CUDA)  // sm_70 / sm_75 (scalar products)
-#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, 2)
+// fp32 (weighted). KS = 64 reads 128 contiguous bytes of each row a step: with KS = 32 the same
+// kernel took 1.3-1.45x longer on the H200 (benchmarks/NOTES.md).
+#if defined(PORT_CUDA)  // blocks an SM by the LDS (227 KB), which caps the registers
+#define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, (MmaShape<BM, BN, KS, GATED>::kBlocks))
 #else
 #define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads)
 #endif
-#endif
 
-template <typename T, bool GATED>
+template <int BM, int BN, int KS, bool GATED>
+struct MmaShape {
+  static constexpr int kHalves = GATED ? 2 : 1;
+  // LDS buffers: on NVIDIA (sm_80+ cp.async) 4 for 64 rows (two blocks an SM either way), 3
+  // for 32 (three blocks); 2 elsewhere. Host and device passes agree: the launcher sizes the LDS.
+#if defined(PORT_CUDA)
+  static constexpr int kStages = BM == 64 ? 4 : 3;
+#else
+  static constexpr int kStages = 2;
+#endif
+  static constexpr int kLd = KS + 8;  // LDS row stride (elements): chunks stay 16-byte aligned, fragment reads spread over the banks
+  static constexpr int kRows = BM + kHalves * BN;  // LDS rows a stage: A's, then each B half's
+  static constexpr int kChunks = KS / 8;            // 16-byte chunks of a row a step
+  static constexpr int kSlots = (kRows * kChunks + kMoeThreads - 1) / kMoeThreads;  // chunks a thread copies
+  static constexpr int lds_bytes() { return 2 * kStages * kRows * kLd; }
+  static constexpr int kBlocks = lds_bytes() * 3 + 3 * 1024 <= 227 * 1024 ? 3 : lds_bytes() * 2 + 2048 <= 227 * 1024 ? 2 : 1;
+  static_assert(BM % 16 == 0 && BN % 16 == 0 && KS % 16 == 0, "16 x 16 x 16 tiles");
+};
+
+template <typename T, bool GATED, int BM, int BN, int KS>
 __global__ void FTLAB_MMA_BOUNDS
     moe_gemm_mma_kernel(const uint16_t* __restrict__ a, int64_t a_stride, const uint16_t* __restrict__ bank,
                         int64_t e_stride, int64_t row_stride, const int32_t* __restrict__ sorted,
                         const int32_t* __restrict__ expert_ids, const int32_t* __restrict__ npad,
                         const float* __restrict__ wts, void* __restrict__ out, int64_t pairs, int top_k,
                         int64_t n_out, int64_t k) {
-  constexpr int kHalves = GATED ? 2 : 1;
-  __shared__ TileRows rows;
-  __shared__ __attribute__((aligned(16))) uint16_t as[kMmaStages][kGemmTile * kMmaLd];
-  __shared__ __attribute__((aligned(16))) uint16_t bs[kMmaStages][kHalves][kGemmTile * kMmaLd];
-  if (static_cast<int64_t>(blockIdx.y) * kGemmTile >= *npad) return;
+  typedef MmaShape<BM, BN, KS, GATED> S;
+  constexpr int kHalves = S::kHalves, kLd = S::kLd, kStage = S::kRows * kLd, kMmaStages = S::kStages;
+  constexpr int kGroups = kMoeThreads / PORT_WARP_SIZE, kTilesM = BM / 16;
+  // a group owns one 16-column tile (ct) in the row tiles rt = group / kTilesN + j kRowStride: so
+  // the groups of the first rows -- the live ones of a partly filled block -- are all busy
+  constexpr int kTilesN = BN / 16, kRowStride = kGroups / kTilesN, kPerGroup = kTilesM / kRowStride;
+  static_assert(kGroups % kTilesN == 0 && kTilesM % kRowStride == 0 && kPerGroup >= 1, "tiles per group");
+  extern __shared__ __attribute__((aligned(16))) uint16_t mma_lds[];  // [kStages][kRows][kLd]
+  __shared__ int32_t rows[BM];
+  if (static_cast<int64_t>(blockIdx.y) * BM >= *npad) return;
   const int tid = threadIdx.x;
   const int e = expert_ids[blockIdx.y];
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kGemmTile;
-  if (tid < kGemmTile) rows.pair[tid] = sorted[static_cast<int64_t>(blockIdx.y) * kGemmTile + tid];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * BN;
+  if (tid < BM) rows[tid] = sorted[static_cast<int64_t>(blockIdx.y) * BM + tid];
   __syncthreads();
 
-  // loads: thread -> row lr of A and of each B half, 8 elements (16 bytes) at K offset lc
-  const int lr = tid / 4, lc = 8 * (tid % 4);
-  const int64_t pair = rows.pair[lr];
-  const bool a_ok = pair < pairs;
-  const uint16_t* a_src = a + (a_ok ? (GATED ? pair / top_k : pair) * a_stride : 0) + lc;
-  const bool b_ok = n0 + lr < n_out;
-  const uint16_t* b_src = bank + e * e_stride + (b_ok ? (n0 + lr) * row_stride : 0) + lc;
+  // the chunks this thread copies a step: chunk c = tid + kMoeThreads i is 8 elements at K offset
+  // koff of LDS row c / kChunks (A's rows, then B's); src is its row's global start (+ koff), dst
+  // its LDS offset in a stage. Only the last slot can be past the stage's chunks (copies_last).
+  constexpr int kTotal = S::kRows * S::kChunks;
+  const bool copies_last = kTotal % kMoeThreads == 0 || tid + kMoeThreads * (S::kSlots - 1) < kTotal;
+  const uint16_t* src[S::kSlots];
+  int dst[S::kSlots], koff[S::kSlots];
+  unsigned ok = 0;  // bit i: slot i reads global memory (a live row or column); else it writes zeros
+#pragma unroll
+  for (int i = 0; i < S::kSlots; ++i) {
+    const int c = tid + kMoeThreads * i < kTotal ? tid + kMoeThreads * i : kTotal - 1;
+    const int r = c / S::kChunks;
+    koff[i] = 8 * (c % S::kChunks);
+    dst[i] = r * kLd + koff[i];
+    bool reads;
+    if (r < BM) {
+      const int64_t pair = rows[r];
+      reads = pair < pairs;
+      src[i] = a + (reads ? (GATED ? pair / top_k : pair) * a_stride : 0) + koff[i];
+    } else {
+      const int h = (r - BM) / BN;
+      const int64_t n = n0 + (r - BM) % BN;
+      reads = n < n_out;
+      src[i] = bank + e * e_stride + (reads ? (n + h * n_out) * row_stride : 0) + koff[i];
+    }
+    ok |= (reads ? 1u : 0u) << i;
+  }
 
   const int group = tid / PORT_WARP_SIZE;
-  const int mt = group % 4, nt0 = (group / 4) * kMmaTiles;
-  bool live = false;
+  const int ct = group % kTilesN, rt0 = group / kTilesN;
+  bool live[kPerGroup];  // row tile j holds a real row (else its products and stores are skipped)
 #pragma unroll
-  for (int i = 0; i < 16; ++i) live = live || rows.pair[16 * mt + i] < pairs;
-  MmaAcc acc[kHalves][kMmaTiles];
+  for (int j = 0; j < kPerGroup; ++j) {
+    live[j] = false;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) live[j] = live[j] || rows[16 * (rt0 + j * kRowStride) + i] < pairs;
+  }
+  MmaAcc acc[kHalves][kPerGroup];
 #pragma unroll
   for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-    for (int j = 0; j < kMmaTiles; ++j)
+    for (int j = 0; j < kPerGroup; ++j)
 #pragma unroll
       for (int i = 0; i < kMmaAcc; ++i) acc[h][j].v[i] = 0.0f;
 
   auto multiply = [&](int s) {
-    if (!live) return;
+    if (!live[0]) return;  // row tiles fill in order: the first dead, all dead
+    const uint16_t* st = mma_lds + s * kStage;
 #pragma unroll
-    for (int kk = 0; kk < kMmaStep; kk += 16) {
-      const MmaFrag fa = mma_frag(&as[s][16 * mt * kMmaLd + kk], kMmaLd);
+    for (int kk = 0; kk < KS; kk += 16) {
+      MmaFrag fb[kHalves];
 #pragma unroll
-      for (int j = 0; j < kMmaTiles; ++j)
+      for (int h = 0; h < kHalves; ++h) fb[h] = mma_frag(st + (BM + h * BN + 16 * ct) * kLd + kk, kLd);
 #pragma unroll
-        for (int h = 0; h < kHalves; ++h)
-          mma_16x16x16<T>(acc[h][j], fa, mma_frag(&bs[s][h][16 * (nt0 + j) * kMmaLd + kk], kMmaLd));
+      for (int j = 0; j < kPerGroup; ++j) {
+        if (!live[j]) continue;
+        const MmaFrag fa = mma_frag(st + 16 * (rt0 + j * kRowStride) * kLd + kk, kLd);
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) mma_16x16x16<T>(acc[h][j], fa, fb[h]);
+      }
     }
   };
 
 #if defined(FTLAB_MMA_ASYNC)
   auto copy = [&](int s, int k0) {  // step k0 into buffer s; past K: zeros, nothing read
-    const bool in = k0 + lc < k;     // K is whole chunks: a chunk is all in or all out
-    const int kc = in ? k0 : 0;
-    mma_copy16(&as[s][lr * kMmaLd + lc], a_src + kc, a_ok && in);
+    uint16_t* st = mma_lds + s * kStage;
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-      mma_copy16(&bs[s][h][lr * kMmaLd + lc], b_src + h * n_out * row_stride + kc, b_ok && in);
+    for (int i = 0; i < S::kSlots; ++i) {
+      if (i == S::kSlots - 1 && !copies_last) break;
+      const bool in = k0 + koff[i] < k;  // K is whole chunks: a chunk is all in or all out
+      mma_copy16(st + dst[i], src[i] + (in ? k0 : 0), in && ((ok >> i) & 1u));
+    }
     mma_commit();
   };
-  copy(0, 0);
-  copy(1, kMmaStep);
+#pragma unroll
+  for (int i = 0; i + 1 < kMmaStages; ++i) copy(i, i * KS);
   int s = 0;
-  for (int k0 = 0; k0 < k; k0 += kMmaStep) {  // K < 2^30 (the launcher checks)
-    mma_wait<1>();                             // this step's copies (all but the newest group) landed
-    __syncthreads();                           // everyone's; and buffer s - 1 is free again
-    copy(s == 0 ? 2 : s - 1, k0 + 2 * kMmaStep);
+  for (int k0 = 0; k0 < k; k0 += KS) {  // K < 2^30 (the launcher checks)
+    mma_wait<kMmaStages - 2>();         // this step's copies (all but the newest groups) landed
+    __syncthreads();                    // everyone's; and the buffer multiplied last step is free
+    copy(s == 0 ? kMmaStages - 1 : s - 1, k0 + (kMmaStages - 1) * KS);
     multiply(s);
-    s = s == 2 ? 0 : s + 1;
+    s = s == kMmaStages - 1 ? 0 : s + 1;
   }
   mma_wait<0>();
 #else
-  bytes16 ra[2], rb[2][kHalves];
-  auto fetch = [&](int set, int k0) {
-    const bool in = k0 + lc < k;  // K is whole chunks: a chunk is all in or all out
-    ra[set] = a_ok && in ? *reinterpret_cast<const bytes16*>(a_src + k0) : bytes16{};
+  bytes16 reg[S::kSlots];  // the next step's chunks, loaded while this one multiplies
+  auto fetch = [&](int k0) {
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-      rb[set][h] = b_ok && in ? *reinterpret_cast<const bytes16*>(b_src + h * n_out * row_stride + k0) : bytes16{};
+    for (int i = 0; i < S::kSlots; ++i) {
+      const bool in = k0 + koff[i] < k;  // K is whole chunks: a chunk is all in or all out
+      reg[i] = in && ((ok >> i) & 1u) ? *reinterpret_cast<const bytes16*>(src[i] + k0) : bytes16{};
+    }
   };
-  fetch(0, 0);
-  fetch(1, kMmaStep);
-  auto step = [&](int s, int k0) {  // step k0 through LDS buffer (and register set) s
-    *reinterpret_cast<bytes16*>(&as[s][lr * kMmaLd + lc]) = ra[s];
+  fetch(0);
+  int s = 0;
+  for (int k0 = 0; k0 < k; k0 += KS) {  // K < 2^30 (the launcher checks)
+    uint16_t* st = mma_lds + s * kStage;  // free: its last readers passed the previous barrier
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h) *reinterpret_cast<bytes16*>(&bs[s][h][lr * kMmaLd + lc]) = rb[s][h];
+    for (int i = 0; i < S::kSlots; ++i) {
+      if (i == S::kSlots - 1 && !copies_last) break;
+      *reinterpret_cast<bytes16*>(st + dst[i]) = reg[i];
+    }
     __syncthreads();
-    if (k0 + 2 * kMmaStep < k) fetch(s, k0 + 2 * kMmaStep);
+    if (k0 + KS < k) fetch(k0 + KS);
     multiply(s);
-  };
-  for (int k0 = 0; k0 < k; k0 += 2 * kMmaStep) {  // K < 2^30 (the launcher checks)
-    step(0, k0);
-    if (k0 + kMmaStep < k) step(1, k0 + kMmaStep);
+    s = s == kMmaStages - 1 ? 0 : s + 1;
   }
 #endif
-  if (!live) return;
 #pragma unroll
-  for (int j = 0; j < kMmaTiles; ++j)
+  for (int j = 0; j < kPerGroup; ++j)
 #pragma unroll
     for (int i = 0; i < kMmaAcc; ++i) {
-      const int64_t p = rows.pair[16 * mt + mma_row(i)];
-      const int64_t n = n0 + 16 * (nt0 + j) + mma_col(i);
+      if (!live[j]) break;
+      const int64_t p = rows[16 * (rt0 + j * kRowStride) + mma_row(i)];
+      const int64_t n = n0 + 16 * ct + mma_col(i);
       if (p >= pairs || n >= n_out) continue;
       const float g = acc[0][j].v[i];
       if constexpr (GATED) {
@@ -364,14 +410,17 @@ FTLAB_MOE_GEMM_DENSE_INSTANTIATE(f32_t)
 FTLAB_MOE_GEMM_DENSE_INSTANTIATE(f16_t)
 FTLAB_MOE_GEMM_DENSE_INSTANTIATE(bf16_t)
 
-#define FTLAB_MOE_GEMM_MMA_INSTANTIATE(T, G)                                                                  \
-  template __global__ void moe_gemm_mma_kernel<T, G>(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, \
-                                                     const int32_t*, const int32_t*, const int32_t*, const float*, \
-                                                     void*, int64_t, int, int64_t, int64_t);
-FTLAB_MOE_GEMM_MMA_INSTANTIATE(f16_t, true)
-FTLAB_MOE_GEMM_MMA_INSTANTIATE(f16_t, false)
-FTLAB_MOE_GEMM_MMA_INSTANTIATE(bf16_t, true)
-FTLAB_MOE_GEMM_MMA_INSTANTIATE(bf16_t, false)
+// The matrix-core shapes (BM, BN, KS), one for each block_m the launcher takes (32, 64):
+// FTLAB_MMA_SHAPES(X, T, G) calls X(T, G, BM, BN, KS) once each.
+#define FTLAB_MMA_SHAPES(X, T, G) X(T, G, 32, 64, 64) X(T, G, 64, 64, 64)
+#define FTLAB_MOE_GEMM_MMA_INSTANTIATE_ONE(T, G, BM, BN, KS)                                                   \
+  template __global__ void moe_gemm_mma_kernel<T, G, BM, BN, KS>(                                              \
+      const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, const int32_t*, const int32_t*,             \
+      const int32_t*, const float*, void*, int64_t, int, int64_t, int64_t);
+FTLAB_MMA_SHAPES(FTLAB_MOE_GEMM_MMA_INSTANTIATE_ONE, f16_t, true)
+FTLAB_MMA_SHAPES(FTLAB_MOE_GEMM_MMA_INSTANTIATE_ONE, f16_t, false)
+FTLAB_MMA_SHAPES(FTLAB_MOE_GEMM_MMA_INSTANTIATE_ONE, bf16_t, true)
+FTLAB_MMA_SHAPES(FTLAB_MOE_GEMM_MMA_INSTANTIATE_ONE, bf16_t, false)
 
 #define FTLAB_MOE_GEMM_Q4_INSTANTIATE(G)                                                                   \
   template __global__ void moe_gemm_q4_kernel<G>(const uint8_t*, int64_t, int64_t, const int8_t*,         \

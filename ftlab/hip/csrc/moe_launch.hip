@@ -222,16 +222,28 @@ struct Align {
   const int32_t* expert_ids;
   const int32_t* npad;
   int64_t capacity;
+  int block_m;
 };
 
 Align align_of(const TensorView& sorted, const TensorView& expert_ids, const TensorView& npad) {
   check_i32(sorted, "sorted");
   check_i32(expert_ids, "expert_ids");
   check_i32(npad, "npad");
-  TVM_FFI_CHECK(sorted.numel() == expert_ids.numel() * kGemmTile && npad.numel() == 1, ValueError)
-      << "the grouped GEMM takes moe_align's output with block_m = " << kGemmTile;
+  const int64_t blocks = expert_ids.numel();
+  TVM_FFI_CHECK(blocks > 0 && sorted.numel() % blocks == 0 && npad.numel() == 1, ValueError)
+      << "sorted, expert_ids and npad must be moe_align's output (sorted: block_m rows per expert_ids entry), got "
+      << sorted.numel() << " sorted rows for " << blocks << " blocks";
+  const int64_t block_m = sorted.numel() / blocks;
+  TVM_FFI_CHECK(block_m == 32 || block_m == 64, ValueError)
+      << "the grouped GEMM takes moe_align's output with block_m 32 or 64, got " << block_m;
   return {static_cast<const int32_t*>(base_of(sorted)), static_cast<const int32_t*>(base_of(expert_ids)),
-          static_cast<const int32_t*>(base_of(npad)), sorted.numel()};
+          static_cast<const int32_t*>(base_of(npad)), sorted.numel(), static_cast<int>(block_m)};
+}
+
+// The dp4a and FMA tiles take 64 rows a block.
+void check_block64(const Align& al, const char* what) {
+  TVM_FFI_CHECK(al.block_m == kGemmTile, ValueError)
+      << what << " takes moe_align's output with block_m = " << kGemmTile << ", got " << al.block_m;
 }
 
 void check_out(const TensorView& out, const TensorView& wts, int64_t pairs, int64_t n_out) {
@@ -262,6 +274,7 @@ void moe_gemm_q4(TensorView w, TensorView q8, TensorView d8, TensorView s8, Tens
       << "q8 / d8 / s8 must be the Q8_1 of the activation rows";
   check_out(out, wts, pairs, n_out);
   const Align al = align_of(sorted, expert_ids, npad);
+  check_block64(al, "the Q4_0 grouped GEMM");
   if (pairs == 0 || n_out == 0) return;
   const dim3 grid(cdiv(n_out, kGemmTile), static_cast<unsigned>(al.capacity / kGemmTile));
   port_stream_t st = stream_of(out);
@@ -304,15 +317,28 @@ bool chunked(const TensorView& a, const TensorView& w) {
          aligned(base_of(a)) && aligned(base_of(w));
 }
 
-template <typename T, bool G>
-void launch_gemm_mma(const TensorView& a, const TensorView& w, const Align& al, const TensorView& wts,
-                     const TensorView& out, int64_t top_k) {
+template <typename T, bool G, int BM, int BN, int KS>
+void launch_mma_shape(const TensorView& a, const TensorView& w, const Align& al, const TensorView& wts,
+                      const TensorView& out, int64_t top_k) {
   const int64_t pairs = out.size(0), n_out = out.size(1), k = a.size(1);
-  const dim3 grid(cdiv(n_out, kGemmTile), static_cast<unsigned>(al.capacity / kGemmTile));
-  moe_gemm_mma_kernel<T, G><<<grid, kMoeThreads, 0, stream_of(out)>>>(
+  const int lds = MmaShape<BM, BN, KS, G>::lds_bytes();
+  auto kernel = moe_gemm_mma_kernel<T, G, BM, BN, KS>;
+  if (lds > 48 * 1024) port_max_dynamic_lds(kernel, lds);
+  const dim3 grid(cdiv(n_out, BN), static_cast<unsigned>(al.capacity / BM));
+  kernel<<<grid, kMoeThreads, lds, stream_of(out)>>>(
       static_cast<const uint16_t*>(base_of(a)), a.stride(0), static_cast<const uint16_t*>(base_of(w)), w.stride(0),
       w.stride(1), al.sorted, al.expert_ids, al.npad, static_cast<const float*>(base_of(wts)), base_of(out), pairs,
       static_cast<int>(top_k), n_out, k);
+}
+
+// The shape of moe_align's block_m (32 or 64 rows a block: align_of checks).
+template <typename T, bool G>
+void launch_gemm_mma(const TensorView& a, const TensorView& w, const Align& al, const TensorView& wts,
+                     const TensorView& out, int64_t top_k) {
+#define FTLAB_MMA_PICK(T_, G_, BM, BN, KS) \
+  if (al.block_m == BM) return launch_mma_shape<T_, G_, BM, BN, KS>(a, w, al, wts, out, top_k);
+  FTLAB_MMA_SHAPES(FTLAB_MMA_PICK, T, G)
+#undef FTLAB_MMA_PICK
 }
 
 template <typename W>
@@ -328,6 +354,7 @@ void dispatch_gemm_dense(bool gated, const TensorView& a, const TensorView& w, c
       return;
     }
   }
+  check_block64(al, "the FMA tiles (fp32 banks, or rows not in 16-byte chunks)");
   if (gated) {
     launch_gemm_dense<W, W, W, true>(a, w, al, wts, out, top_k);
   } else {

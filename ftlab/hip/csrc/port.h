@@ -32,6 +32,11 @@ template <typename K>
 inline void port_occupancy(int* blocks_per_sm, K kernel, int threads) {
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, 0);
 }
+// Lets kernel take up to bytes of dynamic shared memory (above 48 KB needs it) on the current device.
+template <typename K>
+inline port_error_t port_max_dynamic_lds(K kernel, int bytes) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
@@ -90,6 +95,10 @@ inline void port_sm_count(int* count, int device) {
 template <typename K>
 inline void port_occupancy(int* blocks_per_sm, K kernel, int threads) {
   hipOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, threads, 0);
+}
+template <typename K>
+inline port_error_t port_max_dynamic_lds(K kernel, int bytes) {
+  return hipFuncSetAttribute(reinterpret_cast<const void*>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 __device__ __forceinline__ int port_shfl_xor(int v, int lane_mask) { return __shfl_xor(v, lane_mask); }
 // Host runtime of the hybrid handshakes (handshake_launch.hip).
