@@ -15,8 +15,9 @@ output) is bound by what it really reads. The notes name the file, its size and 
 of each GGUF type it holds.
 
 ``llama_bench``: the path of llama.cpp's ``llama-bench``, run on the same file in the same run
-(``-ngl 99 -fa 1 -p <prompt> -n 128 -r 3 -o json``): its prefill and decode tokens/s become rows
-of backend ``llama.cpp`` beside ftlab's.
+(``-ngl 99 -fa 1 -p <prompt> -n 128 -d 0,<prompt> -r 3 -o json``): its prefill and decode tokens/s
+become rows of backend ``llama.cpp`` beside ftlab's, decode both from an empty cache (its tg128)
+and at depth <prompt>, where ftlab's decode rows run (a llama-bench without ``-d`` fails the run).
 
 ``hybrid_slots`` (a ``qwen3moe`` file): also decode at batch 1 with that many of every layer's
 experts on the GPU and the rest on the CPU (:mod:`ftlab.bench.model_hybrid`), and llama-bench

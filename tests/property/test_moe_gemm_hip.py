@@ -2,10 +2,10 @@
 ``csrc/mma.h``): past the decode kernels' token count, against the reference within
 :func:`ftlab.testing.moe.experts_tolerance` (hip alone: Triton's own tests cover it, and each
 shape here would compile it anew). The shapes reach the kernel's edges: K not a multiple of its
-32-wide step (a last step of one or two 16-byte chunks), K not whole chunks and activations off
+64-wide step (a last step of one to seven 16-byte chunks), K not whole chunks and activations off
 16-byte alignment (the FMA tiles take those), output widths not a multiple of 64, experts with
-several 64-row blocks and a partly filled last one, 32-row blocks (under 16 rows an expert), and
-invalid slots."""
+several 64-row blocks and a partly filled last one, 32-row blocks (under 16 rows an expert),
+invalid slots, and the entries' refusals of wrong dtypes, top_k and block_m."""
 
 import pytest
 import torch

@@ -16,7 +16,8 @@
 //   - anything else (sm_70 / sm_75, the host pass): scalar FMAs from LDS, lane l holding the
 //     kMmaAcc consecutive elements of D from l * kMmaAcc on (row-major).
 // mma_row / mma_col give the place in D of a lane's accumulator i, so kernels store D without
-// knowing the target. Callers: moe_gemm.hip (the grouped GEMM on 16-bit banks).
+// knowing the target; mma_lds_at / mma_frag_at lay operands out in swizzled LDS rows on sm_80+.
+// Callers: moe_gemm.hip (the grouped GEMM on 16-bit banks).
 #pragma once
 #include "q4_0_common.h"
 
@@ -81,14 +82,19 @@ struct MmaFrag {
 // address of row l % 16 at K 8 (l / 16), so its four 8 x 8 matrices are (rows 0-7, K 0-7),
 // (rows 8-15, K 0-7), (rows 0-7, K 8-15), (rows 8-15, K 8-15) -- the register order above. Rows
 // must start 16-byte aligned in LDS (ld a multiple of 8).
-__device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) {
-  const int l = mma_lane();
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p + (l % 16) * ld + 8 * (l / 16)));
+// mma_frag_lane: the same from each lane's own address (row l % 16, K 8 (l / 16) of the
+// operand), for layouts that place rows' 16-byte chunks elsewhere (a swizzle).
+__device__ __forceinline__ MmaFrag mma_frag_lane(const uint16_t* lane_row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(lane_row));
   MmaFrag f;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(f.w[0]), "=r"(f.w[1]), "=r"(f.w[2]), "=r"(f.w[3])
                : "r"(a));
   return f;
+}
+__device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) {
+  const int l = mma_lane();
+  return mma_frag_lane(p + (l % 16) * ld + 8 * (l / 16));
 }
 #elif defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)
 #if defined(FTLAB_MMA_MFMA)
@@ -117,6 +123,31 @@ struct MmaFrag {  // the scalar path reads LDS in the product itself
 };
 __device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) { return {p, ld}; }
 #endif
+
+// Operands in LDS rows LD elements long: the offset (elements) of row r, K offset kc (a multiple
+// of 8). On sm_80+ (LD = 64, eight 16-byte chunks a row) chunk c of row r sits at c ^ (r % 8):
+// the eight rows an ldmatrix phase reads at one K fall in eight different bank quads. Elsewhere
+// rows are padded by the caller (LD = K step + 8) and stored as they are.
+template <int LD>
+__device__ __forceinline__ int mma_lds_at(int r, int kc) {
+#if defined(FTLAB_MMA_SYNC)
+  return r * LD + 8 * ((kc / 8) ^ (r % 8));
+#else
+  return r * LD + kc;
+#endif
+}
+
+// The fragment of the 16 x 16 operand at rows r0.., K kk.. of such rows from st (mma_frag, each
+// lane's address through mma_lds_at on sm_80+).
+template <int LD>
+__device__ __forceinline__ MmaFrag mma_frag_at(const uint16_t* st, int r0, int kk) {
+#if defined(FTLAB_MMA_SYNC)
+  const int l = mma_lane(), r = r0 + l % 16;
+  return mma_frag_lane(st + mma_lds_at<LD>(r, kk + 8 * (l / 16)));
+#else
+  return mma_frag(st + r0 * LD + kk, LD);
+#endif
+}
 
 #if defined(FTLAB_MMA_SYNC)
 #define FTLAB_MMA_SYNC_ASM(TYPE)                                                                      \

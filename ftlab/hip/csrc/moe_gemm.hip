@@ -214,15 +214,15 @@ __global__ void __launch_bounds__(kMoeThreads)
 
 // fp16 / bf16 banks on the matrix cores: a block takes BM sorted rows (one expert; BM is
 // moe_align's block_m) and BN output columns (BN more of up when GATED), K in steps of KS through
-// MmaShape::kStages LDS buffers (dynamic LDS: MmaShape::lds_bytes), one barrier a step, the next steps'
-// 16-byte loads in flight while one multiplies: kStages - 1 steps of cp.async copies where the
-// target has them (FTLAB_MMA_ASYNC), else one step in registers. Each warp-sized group owns one
-// 16-column tile in kPerGroup of the 16-row tiles, interleaved so that every group has one of the
-// first rows (a block of an expert's rows is mostly filled from the start), its B fragments read
-// once a 16-K slice; a row tile all padding (the tail of an expert's rows) is skipped. Needs K, the row strides and the base addresses in whole 16-byte chunks (the launcher
-// checks; the FMA kernel above takes the rest). a and the GATED output h in T, the down output
-// fp32 (weighted). KS = 64 reads 128 contiguous bytes of each row a step: with KS = 32 the same
-// kernel took 1.3-1.45x longer on the H200 (benchmarks/NOTES.md).
+// MmaShape::kStages LDS buffers (dynamic LDS, lds_bytes), one barrier a step, the next steps'
+// 16-byte loads in flight while one multiplies (cp.async where the target has them,
+// FTLAB_MMA_ASYNC; else one step in registers). Each warp-sized group owns one 16-column tile in
+// kPerGroup of the 16-row tiles, interleaved so that every group has one of the first (live) rows
+// of a partly filled block; row tiles all padding are skipped. K, the row strides and the base
+// addresses must be whole 16-byte chunks (the launcher checks; the FMA kernel above takes the
+// rest). a and the GATED output h in T, the down output fp32 (weighted). KS = 64 (128 bytes of a
+// row a step) and 3 blocks an SM (unpadded, swizzled rows: mma.h's mma_lds_at) were each worth
+// 10-45% on the H200 (benchmarks/NOTES.md).
 #if defined(PORT_CUDA)  // blocks an SM by the LDS (227 KB), which caps the registers
 #define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, (MmaShape<BM, BN, KS, GATED>::kBlocks))
 #else
@@ -232,20 +232,24 @@ __global__ void __launch_bounds__(kMoeThreads)
 template <int BM, int BN, int KS, bool GATED>
 struct MmaShape {
   static constexpr int kHalves = GATED ? 2 : 1;
-  // LDS buffers: on NVIDIA (sm_80+ cp.async) 4 for 64 rows (two blocks an SM either way), 3
-  // for 32 (three blocks); 2 elsewhere. Host and device passes agree: the launcher sizes the LDS.
+  // LDS: on NVIDIA 3 buffers (sm_80+ cp.async) of rows KS long, their 16-byte chunks swizzled
+  // (mma_lds_at: 3 blocks an SM at 64 rows); elsewhere 2 buffers of rows padded by 16 bytes
+  // (chunks stay aligned, fragment reads spread over the banks). Host and device passes agree:
+  // the launcher sizes the LDS.
 #if defined(PORT_CUDA)
-  static constexpr int kStages = BM == 64 ? 4 : 3;
+  static constexpr int kStages = 3;
+  static constexpr int kLd = KS;
 #else
   static constexpr int kStages = 2;
+  static constexpr int kLd = KS + 8;
 #endif
-  static constexpr int kLd = KS + 8;  // LDS row stride (elements): chunks stay 16-byte aligned, fragment reads spread over the banks
   static constexpr int kRows = BM + kHalves * BN;  // LDS rows a stage: A's, then each B half's
   static constexpr int kChunks = KS / 8;            // 16-byte chunks of a row a step
-  static constexpr int kSlots = (kRows * kChunks + kMoeThreads - 1) / kMoeThreads;  // chunks a thread copies
   static constexpr int lds_bytes() { return 2 * kStages * kRows * kLd; }
-  static constexpr int kBlocks = lds_bytes() * 3 + 3 * 1024 <= 227 * 1024 ? 3 : lds_bytes() * 2 + 2048 <= 227 * 1024 ? 2 : 1;
-  static_assert(BM % 16 == 0 && BN % 16 == 0 && KS % 16 == 0, "16 x 16 x 16 tiles");
+  static constexpr int kBlocks =  // an H100 / H200 SM's 227 KB (elsewhere only the register cap is off)
+      lds_bytes() * 3 + 3 * 1024 <= 227 * 1024 ? 3 : lds_bytes() * 2 + 2048 <= 227 * 1024 ? 2 : 1;
+  static_assert(BM % 16 == 0 && BN % 16 == 0 && KS == 64, "16 x 16 x 16 tiles; 8 chunks a row (the swizzle)");
+  static_assert(kMoeThreads % kChunks == 0, "a thread copies one chunk column");
 };
 
 template <typename T, bool GATED, int BM, int BN, int KS>
@@ -271,33 +275,34 @@ __global__ void FTLAB_MMA_BOUNDS
   if (tid < BM) rows[tid] = sorted[static_cast<int64_t>(blockIdx.y) * BM + tid];
   __syncthreads();
 
-  // the chunks this thread copies a step: chunk c = tid + kMoeThreads i is 8 elements at K offset
-  // koff of LDS row c / kChunks (A's rows, then B's); src is its row's global start (+ koff), dst
-  // its LDS offset in a stage. Only the last slot can be past the stage's chunks (copies_last).
-  constexpr int kTotal = S::kRows * S::kChunks;
-  const bool copies_last = kTotal % kMoeThreads == 0 || tid + kMoeThreads * (S::kSlots - 1) < kTotal;
-  const uint16_t* src[S::kSlots];
-  int dst[S::kSlots], koff[S::kSlots];
+  // the chunks this thread copies a step: 8 elements at K offset koff of LDS rows r0 + kRowStep i
+  // (slot i), A's rows for the first kSlotsA slots, then B's (gate, then up). A slot's LDS offset
+  // is dst0 + i kRowStep kLd (kRowStep is a multiple of the swizzle's 8 rows); an A slot reads
+  // from its own row (asrc), a B slot from bsrc + its row offset.
+  constexpr int kRowStep = kMoeThreads / S::kChunks, kSlots = S::kRows / kRowStep, kSlotsA = BM / kRowStep;
+  static_assert(BM % kRowStep == 0 && BN % kRowStep == 0 && kRowStep % 8 == 0, "whole slots of rows");
+  const int koff = 8 * (tid % S::kChunks), r0 = tid / S::kChunks;
+  const int dst0 = mma_lds_at<kLd>(r0, koff);
+  const uint16_t* asrc[kSlotsA];
   unsigned ok = 0;  // bit i: slot i reads global memory (a live row or column); else it writes zeros
 #pragma unroll
-  for (int i = 0; i < S::kSlots; ++i) {
-    const int c = tid + kMoeThreads * i < kTotal ? tid + kMoeThreads * i : kTotal - 1;
-    const int r = c / S::kChunks;
-    koff[i] = 8 * (c % S::kChunks);
-    dst[i] = r * kLd + koff[i];
-    bool reads;
-    if (r < BM) {
-      const int64_t pair = rows[r];
-      reads = pair < pairs;
-      src[i] = a + (reads ? (GATED ? pair / top_k : pair) * a_stride : 0) + koff[i];
-    } else {
-      const int h = (r - BM) / BN;
-      const int64_t n = n0 + (r - BM) % BN;
-      reads = n < n_out;
-      src[i] = bank + e * e_stride + (reads ? (n + h * n_out) * row_stride : 0) + koff[i];
-    }
+  for (int i = 0; i < kSlotsA; ++i) {
+    const int64_t pair = rows[r0 + kRowStep * i];
+    const bool reads = pair < pairs;
+    asrc[i] = a + (reads ? (GATED ? pair / top_k : pair) * a_stride : 0) + koff;
     ok |= (reads ? 1u : 0u) << i;
   }
+  const bool b_any = n0 + r0 < n_out;
+  const uint16_t* bsrc = bank + e * e_stride + (b_any ? (n0 + r0) * row_stride : 0) + koff;
+#pragma unroll
+  for (int i = kSlotsA; i < kSlots; ++i)
+    ok |= (n0 + r0 + (kRowStep * i - BM) % BN < n_out ? 1u : 0u) << i;
+  // slot i's global source at K offset k0 (a live slot's; others read nothing)
+  auto src_of = [&](int i, int k0) -> const uint16_t* {
+    if (i < kSlotsA) return asrc[i] + k0;
+    const int q = kRowStep * i - BM;
+    return bsrc + ((q % BN) + static_cast<int64_t>(q / BN) * n_out) * row_stride + k0;
+  };
 
   const int group = tid / PORT_WARP_SIZE;
   const int ct = group % kTilesN, rt0 = group / kTilesN;
@@ -319,15 +324,15 @@ __global__ void FTLAB_MMA_BOUNDS
   auto multiply = [&](int s) {
     if (!live[0]) return;  // row tiles fill in order: the first dead, all dead
     const uint16_t* st = mma_lds + s * kStage;
-#pragma unroll
+#pragma unroll 2  // two 16-K slices at a time: 3 blocks an SM fit gate/up at 64 rows without spills
     for (int kk = 0; kk < KS; kk += 16) {
       MmaFrag fb[kHalves];
 #pragma unroll
-      for (int h = 0; h < kHalves; ++h) fb[h] = mma_frag(st + (BM + h * BN + 16 * ct) * kLd + kk, kLd);
+      for (int h = 0; h < kHalves; ++h) fb[h] = mma_frag_at<kLd>(st, BM + h * BN + 16 * ct, kk);
 #pragma unroll
       for (int j = 0; j < kPerGroup; ++j) {
         if (!live[j]) continue;
-        const MmaFrag fa = mma_frag(st + 16 * (rt0 + j * kRowStride) * kLd + kk, kLd);
+        const MmaFrag fa = mma_frag_at<kLd>(st, 16 * (rt0 + j * kRowStride), kk);
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) mma_16x16x16<T>(acc[h][j], fa, fb[h]);
       }
@@ -336,12 +341,12 @@ __global__ void FTLAB_MMA_BOUNDS
 
 #if defined(FTLAB_MMA_ASYNC)
   auto copy = [&](int s, int k0) {  // step k0 into buffer s; past K: zeros, nothing read
-    uint16_t* st = mma_lds + s * kStage;
+    uint16_t* st = mma_lds + s * kStage + dst0;
+    const bool in = k0 + koff < k;  // K is whole chunks: a chunk is all in or all out
 #pragma unroll
-    for (int i = 0; i < S::kSlots; ++i) {
-      if (i == S::kSlots - 1 && !copies_last) break;
-      const bool in = k0 + koff[i] < k;  // K is whole chunks: a chunk is all in or all out
-      mma_copy16(st + dst[i], src[i] + (in ? k0 : 0), in && ((ok >> i) & 1u));
+    for (int i = 0; i < kSlots; ++i) {
+      const bool live = in && ((ok >> i) & 1u);
+      mma_copy16(st + i * kRowStep * kLd, live ? src_of(i, k0) : a, live);
     }
     mma_commit();
   };
@@ -357,23 +362,19 @@ __global__ void FTLAB_MMA_BOUNDS
   }
   mma_wait<0>();
 #else
-  bytes16 reg[S::kSlots];  // the next step's chunks, loaded while this one multiplies
+  bytes16 reg[kSlots];  // the next step's chunks, loaded while this one multiplies
   auto fetch = [&](int k0) {
+    const bool in = k0 + koff < k;  // K is whole chunks: a chunk is all in or all out
 #pragma unroll
-    for (int i = 0; i < S::kSlots; ++i) {
-      const bool in = k0 + koff[i] < k;  // K is whole chunks: a chunk is all in or all out
-      reg[i] = in && ((ok >> i) & 1u) ? *reinterpret_cast<const bytes16*>(src[i] + k0) : bytes16{};
-    }
+    for (int i = 0; i < kSlots; ++i)
+      reg[i] = in && ((ok >> i) & 1u) ? *reinterpret_cast<const bytes16*>(src_of(i, k0)) : bytes16{};
   };
   fetch(0);
   int s = 0;
   for (int k0 = 0; k0 < k; k0 += KS) {  // K < 2^30 (the launcher checks)
-    uint16_t* st = mma_lds + s * kStage;  // free: its last readers passed the previous barrier
+    uint16_t* st = mma_lds + s * kStage + dst0;  // free: its last readers passed the previous barrier
 #pragma unroll
-    for (int i = 0; i < S::kSlots; ++i) {
-      if (i == S::kSlots - 1 && !copies_last) break;
-      *reinterpret_cast<bytes16*>(st + dst[i]) = reg[i];
-    }
+    for (int i = 0; i < kSlots; ++i) *reinterpret_cast<bytes16*>(st + i * kRowStep * kLd) = reg[i];
     __syncthreads();
     if (k0 + KS < k) fetch(k0 + KS);
     multiply(s);

@@ -323,7 +323,13 @@ void launch_mma_shape(const TensorView& a, const TensorView& w, const Align& al,
   const int64_t pairs = out.size(0), n_out = out.size(1), k = a.size(1);
   const int lds = MmaShape<BM, BN, KS, G>::lds_bytes();
   auto kernel = moe_gemm_mma_kernel<T, G, BM, BN, KS>;
-  if (lds > 48 * 1024) port_max_dynamic_lds(kernel, lds);
+  if (lds + 1024 > 48 * 1024) {  // past 48 KB with the static rows: the opt-in
+    const port_error_t err = port_max_dynamic_lds(kernel, lds);
+    if (err != port_success) port_get_last_error();  // cleared: a later launch check must not see it
+    TVM_FFI_CHECK(err == port_success, RuntimeError)
+        << "the matrix-core grouped GEMM (block_m " << BM << (G ? ", gate/up" : ", down") << ") needs " << lds
+        << " bytes of shared memory a block, which this device does not grant: " << port_error_string(err);
+  }
   const dim3 grid(cdiv(n_out, BN), static_cast<unsigned>(al.capacity / BM));
   kernel<<<grid, kMoeThreads, lds, stream_of(out)>>>(
       static_cast<const uint16_t*>(base_of(a)), a.stride(0), static_cast<const uint16_t*>(base_of(w)), w.stride(0),
