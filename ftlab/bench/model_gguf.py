@@ -17,7 +17,8 @@ of each GGUF type it holds.
 ``llama_bench``: the path of llama.cpp's ``llama-bench``, run on the same file in the same run
 (``-ngl 99 -fa 1 -p <prompt> -n 128 -d 0,<prompt> -r 3 -o json``): its prefill and decode tokens/s
 become rows of backend ``llama.cpp`` beside ftlab's, decode both from an empty cache (its tg128)
-and at depth <prompt>, where ftlab's decode rows run (a llama-bench without ``-d`` fails the run).
+and at depth <prompt>, where ftlab's decode rows run (a llama-bench without ``-d`` is run again
+without it: no depth rows, and a note saying so).
 
 ``hybrid_slots`` (a ``qwen3moe`` file): also decode at batch 1 with that many of every layer's
 experts on the GPU and the rest on the CPU (:mod:`ftlab.bench.model_hybrid`), and llama-bench
@@ -154,27 +155,31 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
         bench_pipeline(report, config, weights, prefill, clock, path.name)
     if llama_bench is not None:
         try:
-            rows = run_llama_bench(llama_bench, path, prefill, dev.type == "cuda")
+            rows = run_llama_bench(llama_bench, path, prefill, dev.type == "cuda", report.notes)
         except RuntimeError as e:
             report.notes.append(f"llama.cpp: no figures, {e}"[:600])
             return report
         report.measurements.extend(rows)
         gpu = dev.type == "cuda"
+        depth = prefill if any("at depth" in m.case for m in rows) else 0
+        deep = (f"; its decode at depth {prefill} is where ftlab's decode rows run, its tg128 without depth starts "
+                "from an empty cache") if depth else ""  # fmt: skip
         report.notes.append(f"llama.cpp: {Path(llama_bench).name} "
-                            f"{' '.join(llama_bench_args(path, prefill, gpu, depth=prefill))} on the same file in "
-                            f"this run (its own timing: mean of its repetitions; its decode at depth {prefill} is "
-                            "where ftlab's decode rows run, its tg128 without depth starts from an empty cache)")  # fmt: skip
+                            f"{' '.join(llama_bench_args(path, prefill, gpu, depth=depth))} on the same file in "
+                            f"this run (its own timing: mean of its repetitions{deep})")  # fmt: skip
         if hybrid_slots is not None:
             from ftlab.bench.model_hybrid import llama_cpu_layers
 
             layers = llama_cpu_layers(config, hybrid_slots)
             try:
-                report.measurements.extend(run_llama_bench_ncmoe(llama_bench, path, layers, gpu, prefill))
+                hybrid = run_llama_bench_ncmoe(llama_bench, path, layers, gpu, prefill, report.notes)
             except RuntimeError as e:
                 report.notes.append(f"llama.cpp -ncmoe {layers}: no figure, {e}"[:600])
                 return report
+            report.measurements.extend(hybrid)
+            depth = prefill if len(hybrid) > 1 else 0
             report.notes.append(f"llama.cpp hybrid: {Path(llama_bench).name} "
-                                f"{' '.join(llama_bench_args(path, 0, gpu, layers, prefill))}: the experts of its first "
+                                f"{' '.join(llama_bench_args(path, 0, gpu, layers, depth))}: the experts of its first "
                                 f"{layers} of {config.num_hidden_layers} layers on the CPU (its default threads)")  # fmt: skip
     return report
 
@@ -279,11 +284,31 @@ def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
     return " ".join(cmd), results if isinstance(results, list) else []
 
 
-def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool, depth: int = 0) -> list[Measurement]:
+def _llama_results_at(binary: str | Path, path: Path, prefill: int, gpu: bool, ncmoe: int | None, depth: int,
+                      notes: list[str] | None) -> tuple[str, list, int]:  # fmt: skip
+    """:func:`_llama_results` of :func:`llama_bench_args` with ``depth``; a llama-bench that fails
+    with ``-d`` (one older than the option) is run again without it, the depth given up (0 is
+    returned for it) and why appended to ``notes``. (command, results, the depth run)."""
+    try:
+        cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu, ncmoe, depth))
+        return cmd, results, depth
+    except RuntimeError as e:
+        if depth <= 0:
+            raise
+        first = str(e)
+    cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu, ncmoe))
+    if notes is not None:
+        notes.append(f"llama.cpp: no rows at depth {depth} (llama-bench failed with -d: {first}"[:600] + ")")
+    return cmd, results, 0
+
+
+def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool, depth: int = 0,
+                          notes: list[str] | None = None) -> list[Measurement]:  # fmt: skip
     """llama-bench's decode (``tg128``, no prompt test) with the experts of its first ``layers``
     layers on the CPU (``-ncmoe``), at depth 0 and (``depth`` > 0) ``depth``, as rows of backend
-    ``llama.cpp``; RuntimeError naming the command if it fails or prints no decode result."""
-    cmd, results = _llama_results(binary, llama_bench_args(path, 0, gpu, layers, depth))
+    ``llama.cpp``; RuntimeError naming the command if it fails or prints no decode result (a
+    llama-bench without ``-d``: depth 0 only, and a line in ``notes``)."""
+    cmd, results, depth = _llama_results_at(binary, path, 0, gpu, layers, depth, notes)
     found = _decode_rows(results, depth)
     missing = [d for d in sorted({0, depth}) if d not in found]
     if missing:
@@ -296,23 +321,25 @@ def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool
     return rows
 
 
-def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool) -> list[Measurement]:
+def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool,
+                    notes: list[str] | None = None) -> list[Measurement]:  # fmt: skip
     """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
     of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s), decode at
     depth 0 and at depth ``prefill`` (where ftlab's decode rows run); RuntimeError naming the
-    command if it fails or prints no result of each test."""
-    cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu, depth=prefill))
+    command if it fails or prints no result of each test (a llama-bench without ``-d``: no depth
+    row, and a line in ``notes``)."""
+    cmd, results, depth = _llama_results_at(binary, path, prefill, gpu, None, prefill, notes)
     rows = {}
     for r in results:
         n_prompt, n_gen, ts = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("avg_ts", 0)
         if n_prompt == prefill and n_gen == 0 and ts > 0 and r.get("n_depth", 0) == 0:
             rows["prefill"] = Measurement(f"prefill {prefill} tokens: {ts:.0f} tokens/s", "llama.cpp",
                                           prefill / ts * 1e6, 0, True, "llama-bench")  # fmt: skip
-    for d, ts in _decode_rows(results, prefill).items():
+    for d, ts in _decode_rows(results, depth).items():
         at = f" at depth {d}" if d else ""
         rows[f"decode{at}"] = Measurement(f"decode batch 1{at}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True,
                                           "llama-bench")  # fmt: skip
-    keys = ["prefill", "decode", f"decode at depth {prefill}"]
+    keys = ["prefill", "decode"] + ([f"decode at depth {depth}"] if depth else [])
     missing = [k for k in keys if k not in rows]
     if missing:
         raise RuntimeError(f"{cmd} gave no {' or '.join(missing)} result")

@@ -175,6 +175,24 @@ def test_llama_bench_failures(tmp_path):
         model_gguf.run_llama_bench(shallow, Q4_K_M, 8, gpu=False)
 
 
+def test_a_llama_bench_without_depth_gives_depth_zero_rows(tmp_path):
+    """A llama-bench older than -d (it exits 1 on the option) is run again without it: its prefill
+    and tg128 rows stand, the depth rows are missing, and a note says why."""
+    script = tmp_path / "llama-bench"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      "if '-d' in sys.argv: print('error: invalid parameter for argument: -d', file=sys.stderr); "
+                      "sys.exit(1)\n"
+                      f"print({json.dumps(json.dumps(LLAMA_BENCH_JSON[:2]))})\n")  # fmt: skip
+    script.chmod(0o755)
+    notes = []
+    rows = model_gguf.run_llama_bench(script, Q4_K_M, 8, gpu=False, notes=notes)
+    assert [r.case for r in rows] == ["prefill 8 tokens: 4000 tokens/s", "decode batch 1: 250 tokens/s"]
+    assert len(notes) == 1 and notes[0].startswith("llama.cpp: no rows at depth 8 (llama-bench failed with -d:")
+    assert "invalid parameter for argument: -d" in notes[0]
+    hybrid = model_gguf.run_llama_bench_ncmoe(script, Q4_K_M, 1, gpu=False, depth=8, notes=notes)
+    assert [r.case for r in hybrid] == ["hybrid decode batch 1, -ncmoe 1: 250 tokens/s"] and len(notes) == 2
+
+
 def test_a_failing_llama_bench_keeps_ftlabs_rows(tmp_path):
     """llama-bench that cannot load the file: the report keeps ftlab's rows and says why."""
     bad = fake_llama_bench(tmp_path, [], status=1)
