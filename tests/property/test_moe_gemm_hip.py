@@ -114,3 +114,22 @@ def test_hip_grouped_gemm_entries_refuse_other_block_m_gpu():
     x8 = quantize_q8_1(x.float())
     with pytest.raises(ValueError, match="Q4_0 grouped GEMM.*block_m = 64, got 32"):
         module.moe_gemm_q4(q, x8.q, x8.d, x8.s, *align32, flat_w, h.float(), 2, True)
+
+
+def test_gemm_block_m_rule():
+    """moe_align's block_m for hip's grouped GEMMs: 32 on the matrix cores (16-bit banks, rows in
+    whole 16-byte chunks) when an expert has under 16 rows on average, else 64 (as the dp4a and FMA
+    tiles need)."""
+    from ftlab.hip.moe import gemm_block_m
+
+    experts, hidden, inter = 8, 64, 32
+    gu = torch.zeros(experts, 2 * inter, hidden, dtype=torch.bfloat16)
+    dn = torch.zeros(experts, hidden, inter, dtype=torch.bfloat16)
+    x = torch.zeros(40, hidden, dtype=torch.bfloat16)
+    assert gemm_block_m(x, gu, dn, pairs=16 * experts - 1) == 32
+    assert gemm_block_m(x, gu, dn, pairs=16 * experts) == 64
+    assert gemm_block_m(x.float(), gu.float(), dn.float(), pairs=8) == 64  # fp32: FMA tiles
+    off = torch.zeros(40, hidden + 1, dtype=torch.bfloat16)[:, 1:]  # rows off 16-byte alignment
+    assert gemm_block_m(off, gu, dn, pairs=8) == 64
+    odd = torch.zeros(40, 36, dtype=torch.bfloat16)  # K = 36: not whole chunks
+    assert gemm_block_m(odd, gu[..., :36], torch.zeros(experts, 36, inter, dtype=torch.bfloat16), pairs=8) == 64
