@@ -345,8 +345,8 @@ __global__ void FTLAB_MMA_BOUNDS
     const bool in = k0 + koff < k;  // K is whole chunks: a chunk is all in or all out
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
-      const bool live = in && ((ok >> i) & 1u);
-      mma_copy16(st + i * kRowStep * kLd, live ? src_of(i, k0) : a, live);
+      const bool reads = in && ((ok >> i) & 1u);
+      mma_copy16(st + i * kRowStep * kLd, reads ? src_of(i, k0) : a, reads);
     }
     mma_commit();
   };

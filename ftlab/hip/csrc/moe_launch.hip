@@ -345,6 +345,7 @@ void launch_gemm_mma(const TensorView& a, const TensorView& w, const Align& al, 
   if (al.block_m == BM) return launch_mma_shape<T_, G_, BM, BN, KS>(a, w, al, wts, out, top_k);
   FTLAB_MMA_SHAPES(FTLAB_MMA_PICK, T, G)
 #undef FTLAB_MMA_PICK
+  TVM_FFI_THROW(ValueError) << "no matrix-core shape for block_m " << al.block_m;
 }
 
 template <typename W>
