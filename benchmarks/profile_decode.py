@@ -1,14 +1,20 @@
-"""Where a decode step's time goes, kernel by kernel: the model of a ``qwen3moe`` GGUF file (as
-``ftlab bench model --gguf`` loads it: the file's types, bf16 activations), one decode step of
+"""Where a decode step's time goes, kernel by kernel: the model of a GGUF file (as ``ftlab bench
+model --gguf`` loads it: the file's types, bf16 activations; ``qwen3moe``, ``qwen35moe`` or
+``qwen3next``), or with ``--random qwen35moe`` the Qwen3.6-35B-A3B shape with random Q4_0 weights
+made on the device (``ftlab bench model --arch qwen35moe``'s model), one decode step of
 ``--batch`` tokens at position ``--position``, replayed from a CUDA graph ``--steps`` times under
 ``torch.profiler``; the device time of each kernel name, per step, largest first, with its share
 of the step and its calls per step (divide by the layer count for a layer's). On the CPU
 (``--device cpu``): the eager step's operators, a smoke run. ``--host``: the eager step (no graph)
 under cProfile instead, the Python functions that take its host time, by own time and by
-cumulative time, with the eager step's wall time.
+cumulative time, with the eager step's wall time. ``--prefill N``: a prefill pass of one N-token
+prompt (the static model, as ``Pipeline.prefill`` with graphs on runs it: launched op by op, the
+last position's logits) instead: its wall time beside its kernels' time, the kernels by name, and
+the same pass replayed from a captured graph.
 
     python benchmarks/profile_decode.py FILE.gguf [--batch 1] [--position 512] [--steps 20]
         [--top 30] [--device cuda|cpu] [--host] [--fusions kv,router,qkv] [--attention hip]
+    python benchmarks/profile_decode.py --random qwen35moe [--prefill 512] ...
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ftlab.bench.harness import time_us
+from ftlab.bench.harness import capture, time_us
 from ftlab.models import layers as model_layers
-from ftlab.models.loader import load_gguf
+from ftlab.models.loader import load_gguf_model
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
+from ftlab.models.qwen3_next import NextWeights, Qwen3Next
 
 
 def kernel_times(prof, device: str) -> dict[str, tuple[float, int]]:
@@ -74,9 +81,69 @@ def host_profile(step, dev: torch.device, batch: int, steps: int, top: int) -> N
         print(f"--- by {key} ({steps} steps)\n" + text[text.find("   ncalls"):].rstrip())
 
 
+def load(args, dev: torch.device, dtype: torch.dtype):
+    """(config, weights) of the file, or of the random model ``--random`` names."""
+    if args.random is None:
+        if args.file is None:
+            raise SystemExit("give a GGUF file or --random")
+        config, weights, _ = load_gguf_model(args.file, device=dev, dtype=dtype)
+        return config, weights
+    from ftlab.bench.qwen35moe_random import QWEN35_35B_A3B, SMALL, RandomTensors, hf_config
+    from ftlab.models.qwen3_next_config import Qwen3NextConfig
+    from ftlab.models.qwen3_next_weights import build_weights
+
+    hf = hf_config(QWEN35_35B_A3B if args.random == "qwen35moe" else SMALL)
+    config = Qwen3NextConfig.from_hf(hf)
+    args.file = f"random {args.random}"
+    return config, build_weights(config, RandomTensors(hf, dev), device=dev, dtype=dtype, where=args.file)
+
+
+def table(times: dict[str, tuple[float, int]], steps: int, total: float, top: int) -> None:
+    print(f"{'us/step':>9} {'share':>6} {'calls/step':>10}  name")
+    for name, (t, calls) in sorted(times.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{t / steps:9.1f} {100 * t / steps / total:5.1f}% {calls / steps:10.1f}  {name[:110]}")
+
+
+def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> None:
+    """One ``args.prefill``-token prompt through the static ``model`` (last position's logits):
+    wall time launched op by op, its kernels by name, and the pass replayed from a graph."""
+    n = args.prefill
+    tokens = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).to(dev)
+    pos = torch.arange(n, device=dev)[None]
+    step = lambda: model.forward(tokens, pos, last_only=True)  # noqa: E731
+    eager = step()
+    if dev.type != "cuda":
+        print(f"{args.file}: prefill {n} tokens ran, logits finite: {bool(torch.isfinite(eager).all())}")
+        return
+    wall = time_us(step, warmup=2, reps=5)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+    times = kernel_times(prof, "cuda")
+    total = sum(t for t, _ in times.values()) / args.steps
+    calls = sum(c for _, c in times.values()) / args.steps
+    print(f"{args.file}: prefill {n} tokens, {model.config.num_hidden_layers} layers, launched op by op: "
+          f"{wall:.1f} us of wall time ({n * 1e6 / wall:.0f} tokens/s), kernels {total:.1f} us in {calls:.0f} "
+          f"launches ({args.steps} passes profiled)")  # fmt: skip
+    try:
+        replay, out = capture(step, warmup=2)
+        replay()
+        same = float((out - eager).abs().max()) / float(eager.abs().max())
+        t = time_us(replay, warmup=2, reps=5)
+        print(f"graph-replayed: {t:.1f} us ({n * 1e6 / t:.0f} tokens/s); max |logits - eager's| / max |eager's| "
+              f"{same:.2e}")  # fmt: skip
+    except Exception as e:  # noqa: BLE001 -- say why the pass does not capture
+        print(f"graph capture failed: {type(e).__name__}: {str(e)[:300]}")
+    table(times, args.steps, total, args.top)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("file")
+    ap.add_argument("file", nargs="?", help="a GGUF file (or --random)")
+    ap.add_argument("--random", choices=["qwen35moe", "qwen35moe-small"], help="random Q4_0 weights of the "
+                    "Qwen3.6-35B-A3B shape (or the bench's scaled-down one, a CPU smoke run) instead of a file")
+    ap.add_argument("--prefill", type=int, default=0, help="profile a prefill pass of this many tokens instead")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--position", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
@@ -96,10 +163,14 @@ def main() -> None:
         setattr(model_layers, flags[name], True)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    config, weights = load_gguf(args.file, device=dev, dtype=dtype)
-    model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True,
-                     backends={"decode_attention": args.attention})
+    config, weights = load(args, dev, dtype)
+    kind = Qwen3Next if isinstance(weights, NextWeights) else Qwen3Moe
+    length = max(args.position, args.prefill) + 8
+    model = kind(config, weights, max_batch=args.batch, max_seq_len=length, static=True,
+                 backends={"decode_attention": args.attention})
     gen = torch.Generator().manual_seed(0)
+    if args.prefill:
+        return profile_prefill(model, args, dev, gen)
     tokens = torch.randint(0, config.vocab_size, (args.batch, 1), generator=gen).to(dev)
     positions = torch.full((args.batch, 1), args.position, device=dev)
     if args.host:
@@ -130,9 +201,7 @@ def main() -> None:
         wall = time_us(step, warmup=3, reps=50)
         print(f"a step takes {wall:.1f} us of wall time replayed ({args.batch * 1e6 / wall:.0f} tokens/s), "
               f"{wall - total:.1f} us more than its kernels")  # fmt: skip
-    print(f"{'us/step':>9} {'share':>6} {'calls/step':>10}  name")
-    for name, (t, calls) in sorted(times.items(), key=lambda kv: -kv[1][0])[: args.top]:
-        print(f"{t / args.steps:9.1f} {100 * t / args.steps / total:5.1f}% {calls / args.steps:10.1f}  {name[:110]}")
+    table(times, args.steps, total, args.top)
 
 
 if __name__ == "__main__":

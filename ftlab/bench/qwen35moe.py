@@ -23,6 +23,7 @@ from tqdm import tqdm
 from ftlab.bench.harness import (
     Measurement,
     Report,
+    capture,
     copy_bandwidth,
     device_info,
     require_gpu,
@@ -47,8 +48,9 @@ from ftlab.quant import QuantWeight
 DECODE_BATCHES = (1, 8)
 DECODE_ROOM = 64  # cache positions after the prompt: the decode steps timed
 NOTES = [
-    "prefill: one prompt through Pipeline.prefill (eager, host checks and launches included, logits of "
-    "every position as the pipeline returns them).",
+    "prefill: one prompt through Pipeline.prefill (eager, host checks and launches included, the last "
+    "position's logits as the pipeline returns them); on a GPU with graphs also graph: the same pass of the "
+    "static model replayed from a captured CUDA graph.",
     "decode batch 1: Pipeline.decode_step after that prefill (graph: its captured CUDA graph, host copies of "
     "the token and position included); batch 8: a Qwen3Next of 8 sequences at the prompt's length over the "
     "same weights, DecodeGraph; eager: the same model's forward launched op by op.",
@@ -167,6 +169,19 @@ def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, 
     report.notes.append(
         f"prefill logits: finite {finite}, RMS {float(logits.float().pow(2).mean().sqrt()):.2f}"
     )
+    if dev.type == "cuda" and pipe.model.static:  # the same pass replayed from a graph: no host launches
+        replay, out = capture(lambda: pipe.model.forward(tokens[None], pos, last_only=True), warmup=2)
+        replay()
+        got = out[0, -1]
+        ok = bool(torch.isfinite(got).all()) and float((got - logits).abs().max()) <= 0.05 * float(logits.abs().max())
+        t = timer(replay, 2, 5)
+        report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s",
+                                               "auto", t, 0, ok, "graph"))  # fmt: skip
+        report.notes.append(f"prefill graph: the static model's pass replayed from a captured graph; its logits "
+                            f"{'bit-equal to' if torch.equal(got, logits) else 'within 5% of the largest of'} the "
+                            "eager pass's")  # fmt: skip
+        del replay, out
+        torch.cuda.empty_cache()
     mean = length * c.num_experts_per_tok / c.num_experts
     report.notes.append(
         f"prefill expert load over {len(loads)} layers (routes per expert, mean {mean:.1f}): min {load.min():.0f}, "

@@ -8,7 +8,10 @@
   routes it as ``route_topk`` does. The counters live in one zeroed int32 buffer per device
   (65535 of them, 256 KiB), made by the first call and kept for the process (graphs hold its
   address): a first call inside a graph capture is an error, and calls on two streams of one
-  device must not overlap.
+  device must not overlap. Past ``ROUTER_GEMM_TOKENS`` tokens of fp16 / bf16 (a prefill) the
+  logits are one GEMM of the vendor BLAS instead (fp32 sums and output, rounded to x's dtype:
+  ``torch.mm(..., out_dtype=torch.float32)``, where the build has it), then ``route_topk``'s
+  kernel: the one-launch grid reads every weight row once a token.
 - ``moe_align``: a count kernel and a scatter kernel, one block per expert, deterministic
   and without host synchronization (graph-safe).
 - ``moe_experts``: up to ``DECODE_MAX_TOKENS`` tokens, per (token, slot) matvecs in two
@@ -42,6 +45,11 @@ MAX_EXPERTS = 1024  # kMaxExperts: the router's LDS row
 MAX_TOP_K = 32  # a slot per lane of the router's 32-lane group
 ROUTER_MAX_TOKENS = 65535  # router_topk: tokens a launch (grid y)
 GEMM_BLOCK_M = 64  # kGemmTile: the grouped GEMM's rows per block, moe_align's block_m
+#: router_topk: tokens past which fp16 / bf16 logits are one BLAS GEMM (module docstring). The
+#: one-launch kernel took 191 us for 512 tokens of the Qwen3.6 router (256 x 2048) on the H200,
+#: 7.6 ms of a 87.5 ms prefill (benchmarks/NOTES.md).
+ROUTER_GEMM_TOKENS = DECODE_MAX_TOKENS
+_FP32_OUT_MM: dict[torch.device, bool] = {}
 
 
 def _module(device: torch.device):
@@ -77,6 +85,10 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
     ids = x.new_empty((t, top_k), dtype=torch.int32)
     if t == 0:
         return logits, weights, ids
+    if t > ROUTER_GEMM_TOKENS and x.dtype != torch.float32 and _fp32_out_mm(dev):
+        logits = torch.mm(x, weight.t(), out_dtype=torch.float32).to(x.dtype)
+        weights, ids = route_topk(logits, top_k, renormalize)
+        return logits, weights, ids
     x = x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.shape[1] <= 1 or weight.stride(1) == 1 else weight.contiguous()
     counters = zeroed_counters("router_topk", dev, ROUTER_MAX_TOKENS)
@@ -86,6 +98,19 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
         jit.on_device(dev, lambda a=a, b=b: module.moe_router_topk(x[a:b], weight, logits[a:b], weights[a:b], ids[a:b],
                                                                    counters, top_k, renormalize))  # fmt: skip
     return logits, weights, ids
+
+
+def _fp32_out_mm(dev: torch.device) -> bool:
+    """Whether torch's half-precision GEMM with fp32 output (``torch.mm(..., out_dtype=)``) runs on
+    ``dev`` (asked once a device, on two small matrices: not inside a graph capture, as the router's
+    counters are made at its first call too)."""
+    if dev not in _FP32_OUT_MM:
+        a = torch.ones((2, 8), dtype=torch.bfloat16, device=dev)
+        try:
+            _FP32_OUT_MM[dev] = torch.mm(a, a.t(), out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, NotImplementedError, TypeError):
+            _FP32_OUT_MM[dev] = False
+    return _FP32_OUT_MM[dev]
 
 
 def _rows16(t: torch.Tensor) -> bool:

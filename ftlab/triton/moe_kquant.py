@@ -275,6 +275,15 @@ def kq_gemm_config(dtype: torch.dtype, qtype: str, arch: str | None, gated: bool
     return {**table["gate_up" if gated else "down"], "BLOCK_K": 64, "PAIRS": True}
 
 
+def block_m_for(pairs: int, num_experts: int) -> int:
+    """The grouped GEMM's rows a tile before the table's cap: the power of two >= 4x the mean rows
+    an expert (at least 16). At 512 tokens top-8 of 256 Q4_0 experts (16 rows an expert, the
+    Qwen3.6 layer) 64-row tiles -- one warpgroup's wgmma on sm_90 -- took gate/up 674 and down
+    250 us against 900 and 305 at 32 rows (benchmarks/results/2026-12-04-nvidia-h200-sweep-moe-
+    q4_0-prefill.txt); at 32 rows an expert (Qwen3-30B-A3B) both rules give 64."""
+    return max(16, triton.next_power_of_2(4 * max(1, pairs // num_experts)))
+
+
 def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids, configs=None) -> torch.Tensor:
     """The dequant path: moe_align, the grouped GEMMs (gate/up + SwiGLU, weighted down) on tiles
     dequantized in registers, then the sum over the k slots. ``configs``: (gate/up, down) launch
@@ -289,7 +298,7 @@ def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids, configs=None) -> torch.T
     arch = current(x.device).arch if x.device.type != "cpu" else None
     if configs is None:
         configs = [kq_gemm_config(dt, w_gate_up.qtype, arch, True), kq_gemm_config(dt, w_down.qtype, arch, False)]
-    bm = min(min(c["BLOCK_M"] for c in configs), max(16, triton.next_power_of_2(2 * max(1, pairs // num_experts))))
+    bm = min(min(c["BLOCK_M"] for c in configs), block_m_for(pairs, num_experts))
     sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
     prec = "ieee" if interpreted() or current(x.device).kind != "cuda" else "tf32x3"
     h = torch.empty((pairs, inter), dtype=dt, device=x.device)
