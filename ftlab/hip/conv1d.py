@@ -1,6 +1,6 @@
 """conv1d through the HIP kernels of ``csrc/conv1d.hip`` (JIT-built, cached): one thread per
 (sequence, channel, run of tokens) for the prefill, one per (sequence, channel) for the decode
-step, which shifts the state in place."""
+step, which shifts the state in place (from zeros for the rows flagged in ``reset``)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
-                         silu: bool) -> torch.Tensor:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place)."""
+                         silu: bool, reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place; ``reset``
+    bool ``[B]`` or None, passed as its bytes)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    flags = reset.view(torch.uint8) if reset is not None else None
     module = jit.module_for("conv1d", x.device)
-    jit.on_device(x.device, lambda: module.causal_conv1d_update(x, weight, weight if bias is None else bias, state, y,
-                                                                bias is not None, silu))  # fmt: skip
+    jit.on_device(x.device, lambda: module.causal_conv1d_update(
+        x, weight, weight if bias is None else bias, state, y if flags is None else flags, y, bias is not None,
+        flags is not None, silu))  # fmt: skip
     return y

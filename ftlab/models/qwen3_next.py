@@ -52,6 +52,7 @@ from ftlab.models.layers import (
 from ftlab.models.pipeline_args import MODEL_OPS, backend_map
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight
+from ftlab.reference.deltanet import step_gates
 
 Weight = torch.Tensor | Q4_0Weight
 
@@ -173,6 +174,7 @@ class Qwen3Next:
                              f"{len(hybrid)}")  # fmt: skip
         self.hybrid = hybrid
         self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
+        self._zeros: dict[tuple, torch.Tensor] = {}  # _zero_ids' tensors
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static, self.q4_0_path = static, q4_0_path
         self.backends = backend_map(backends or {})
@@ -217,31 +219,34 @@ class Qwen3Next:
         kd, vd = hk * dk, hv * dv
         qkv, z, beta_in, a = self._proj(x, lw.in_proj(), [lw.in_proj_qkv, lw.in_proj_z, lw.in_proj_b, lw.in_proj_a])
         yield Stage(f"layer {i} in_proj", {"qkv": qkv, "z": z, "b": beta_in, "a": a}, "qkv")
-        keep = (~fresh).to(x.dtype)[:, None, None]
         conv_state = self.conv_state[i][:b]
-        if t == 1:  # decode: the state updated in place
-            conv_state.mul_(keep)
-            mixed = ops.causal_conv1d_update(qkv[:, 0], lw.conv, None, conv_state, activation="silu",
+        if t == 1:  # decode: the state updated in place, the fresh rows' reset inside the op
+            mixed = ops.causal_conv1d_update(qkv[:, 0], lw.conv, None, conv_state, activation="silu", reset=fresh,
                                              backend=self.backends["causal_conv1d_update"])[:, None]  # fmt: skip
         else:
+            keep = (~fresh).to(x.dtype)[:, None, None]
             mixed, new = ops.causal_conv1d(qkv, lw.conv, None, state=conv_state * keep, activation="silu",
                                            backend=self.backends["causal_conv1d"])  # fmt: skip
             conv_state.copy_(new)
         yield Stage(f"layer {i} conv", {"qkv": mixed, **self._state("state", conv_state, snapshot)}, "qkv")
         q, k, v = mixed.split([kd, kd, vd], dim=-1)
         q, k, v = q.reshape(b, t, hk, dk), k.reshape(b, t, hk, dk), v.reshape(b, t, hv, dv)
-        beta = torch.sigmoid(beta_in.float())
-        g = lw.a_neg * F.softplus(a.float() + lw.dt_bias)
         state = self.delta_state[i][:b]
-        if t == 1:
-            state.mul_(keep[..., None].float())
-            o = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state,
+        gates = {}
+        if t == 1:  # the gates g and beta from a and b inside the step's kernel, the fresh rows reset there
+            o = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], a[:, 0], beta_in[:, 0], state,
+                                     gates=(lw.a_neg, lw.dt_bias), reset=fresh,
                                      backend=self.backends["gated_delta_step"])[:, None]  # fmt: skip
+            if snapshot:  # the stage shows them as a prefill's does
+                gates = dict(zip(("g", "beta"), step_gates(a, beta_in, lw.a_neg, lw.dt_bias), strict=True))
         else:
-            o, final = ops.gated_delta_rule(q, k, v, g, beta, state=state * keep[..., None].float(),
+            g, beta = step_gates(a, beta_in, lw.a_neg, lw.dt_bias)
+            keep = (~fresh).float()[:, None, None, None]
+            o, final = ops.gated_delta_rule(q, k, v, g, beta, state=state * keep,
                                             backend=self.backends["gated_delta_rule"])  # fmt: skip
             state.copy_(final)
-        yield Stage(f"layer {i} delta_rule", {"out": o, "g": g, "beta": beta, **self._state("state", state, snapshot)},
+            gates = {"g": g, "beta": beta}
+        yield Stage(f"layer {i} delta_rule", {"out": o, **gates, **self._state("state", state, snapshot)},
                     "out")  # fmt: skip
         y = ops.gated_rmsnorm(o.reshape(b * t, hv, dv), z.reshape(b * t, hv, dv), lw.norm, c.rms_norm_eps,
                               backend=self.backends["gated_rmsnorm"])  # fmt: skip
@@ -288,10 +293,17 @@ class Qwen3Next:
         routed = self._reduce(self.routed_experts(i, h, weights, ids))
         yield Stage(f"layer {i} experts", {"experts": routed}, "experts")
         gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the one expert's weight
-        zero = torch.zeros(h.shape[0], 1, dtype=torch.int32, device=h.device)
-        shared = self._reduce(ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, zero, **kw))
+        shared = self._reduce(ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, self._zero_ids(h), **kw))
         yield Stage(f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert")
         return routed + shared
+
+    def _zero_ids(self, h: torch.Tensor) -> torch.Tensor:
+        """int32 zeros ``[N, 1]``, the shared expert's ids for ``h [N, H]``: made once a row count and
+        kept (never written), not filled again every layer of every step."""
+        key = (h.shape[0], h.device)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros(h.shape[0], 1, dtype=torch.int32, device=h.device)
+        return self._zeros[key]
 
     def routed_experts(self, i: int, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s routed experts on ``h [N, H]`` with the router's top-k ``weights`` and

@@ -93,13 +93,33 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return impl.fn(x, weight, bias, state, lengths, silu)
 
 
+def _reset(reset: object, b: int, x: torch.Tensor) -> torch.Tensor:
+    """reset ``[B]`` bool on x's device (any stride)."""
+    argcheck.tensor("reset", reset)
+    if reset.dtype != torch.bool:
+        raise TypeError(f"reset must be a bool tensor, got {reset.dtype}")
+    if tuple(reset.shape) != (b,):
+        raise ValueError(f"reset must be [B={b}], got shape {tuple(reset.shape)}")
+    if reset.device != x.device:
+        raise ValueError(f"reset must be on x's device {x.device}, got {reset.device}")
+    return reset
+
+
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor, *,
-                         activation: str | None = "silu", backend: str = "auto") -> torch.Tensor:  # fmt: skip
-    """One decode token of :func:`causal_conv1d`: ``x [B, C]`` (contiguous channels, any batch
-    stride), ``weight [C, W]``, ``bias [C]`` or None, ``state [B, C, W-1]`` in x's dtype with a
-    unit last stride, updated IN PLACE to its last W-2 entries followed by x. Returns ``y [B, C]``
-    in x's dtype: ``act(bias + sum_j weight[:, j] * xin[:, j])`` with ``xin`` the old state then
-    x. No host synchronisation (the Triton and HIP backends can be captured in a CUDA graph).
+                         activation: str | None = "silu", backend: str = "auto",
+                         reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """One decode token of :func:`causal_conv1d`: ``x [B, C]`` (fp32 / fp16 / bf16, contiguous
+    channels, any batch stride), ``weight [C, W]`` (W in 2..4, any float dtype), ``bias [C]`` or
+    None, ``state [B, C, W-1]`` in x's dtype with a unit last stride, updated IN PLACE to its last
+    W-2 entries followed by x. Returns ``y [B, C]`` in x's dtype: ``act(bias + sum_j weight[:, j]
+    * xin[:, j])`` with ``xin`` the old state then x.
+
+    ``reset`` (None, or bool ``[B]`` on x's device, any stride): the rows where it is True start
+    afresh, as if their state were all zeros before the step: their old state is not read (NaN or
+    inf there cannot reach y or the new state), ``y[b]`` is the conv of zeros then ``x[b]`` and
+    ``state[b]`` becomes W-2 zeros then ``x[b]``. Rows where it is False are computed as without
+    ``reset``, bit for bit. No host synchronisation (the Triton and HIP backends can be captured
+    in a CUDA graph, ``reset`` included).
     """
     argcheck.float_tensor("x", x)
     if x.dim() != 2:
@@ -110,7 +130,11 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     _state(state, b, c, weight.shape[1], x)
     if state.numel() and state.shape[2] > 1 and state.stride(2) != 1:
         raise ValueError(f"state must have a unit last stride (it is updated in place), got strides {state.stride()}")
+    if reset is not None:
+        _reset(reset, b, x)
     if x.stride(1) != 1:
         x = x.contiguous()
     impl = backends.resolve("causal_conv1d_update", backend, x.device, x.dtype)
-    return impl.fn(x, weight, bias, state, silu)
+    if reset is None:  # a registered backend may take (x, weight, bias, state, silu) only
+        return impl.fn(x, weight, bias, state, silu)
+    return impl.fn(x, weight, bias, state, silu, reset)

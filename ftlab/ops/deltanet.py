@@ -100,8 +100,36 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                    chunk_size)  # fmt: skip
 
 
+def _gates(gates: object, g: torch.Tensor, beta: torch.Tensor, q: torch.Tensor, hv: int) -> None:
+    """``gates = (a_neg, dt_bias)`` fp32 ``[Hv]`` on q's device; g and beta then in fp32 or q's dtype."""
+    if not isinstance(gates, tuple) or len(gates) != 2:
+        raise TypeError(f"gates must be None or a tuple (a_neg, dt_bias), got {type(gates).__name__}")
+    for name, t in zip(("a_neg", "dt_bias"), gates, strict=True):
+        argcheck.tensor(f"gates' {name}", t)
+        if t.dtype != torch.float32:
+            raise TypeError(f"gates' {name} must be float32, got {t.dtype}")
+        if tuple(t.shape) != (hv,):
+            raise ValueError(f"gates' {name} must be [{hv}] (Hv), got {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"gates' {name} must be on q's device {q.device}, got {t.device}")
+    for name, t in (("g", g), ("beta", beta)):
+        if t.dtype not in (torch.float32, q.dtype):
+            raise TypeError(f"{name} must be float32 or q's dtype {q.dtype} with gates, got {t.dtype}")
+
+
+def _reset(reset: object, b: int, q: torch.Tensor) -> None:
+    argcheck.tensor("reset", reset)
+    if reset.dtype != torch.bool:
+        raise TypeError(f"reset must be a bool tensor, got {reset.dtype}")
+    if tuple(reset.shape) != (b,):
+        raise ValueError(f"reset must be [{b}] (B), got {tuple(reset.shape)}")
+    if reset.device != q.device:
+        raise ValueError(f"reset must be on q's device {q.device}, got {reset.device}")
+
+
 def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      state: torch.Tensor, *, scale: float | None = None, l2norm_qk: bool = True,
+                     gates: tuple[torch.Tensor, torch.Tensor] | None = None, reset: torch.Tensor | None = None,
                      backend: str = "auto") -> torch.Tensor:  # fmt: skip
     """One token of the gated delta rule per sequence (decode), the state updated in place.
 
@@ -109,6 +137,13 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     (contiguous fp32: written in place, anything else is refused); the rest as
     :func:`gated_delta_rule` for T = 1. Returns ``o [B, Hv, Dv]`` in v's dtype. The Triton and
     HIP kernels are graph-capturable (no host syncs, no data-dependent allocation).
+
+    ``gates = (a_neg, dt_bias)`` (fp32 ``[Hv]`` each): g and beta are then Gated DeltaNet's raw
+    projections ``a`` and ``b`` (fp32 or q's dtype), and the step uses ``g = a_neg * softplus(a
+    + dt_bias)`` and ``beta = sigmoid(b)``, computed in fp32 (softplus as torch's: ``x`` past 20,
+    else ``log1p(exp(x))``) -- what the models compute before the step, folded into its kernel.
+    ``reset`` (bool ``[B]``): the rows whose state starts afresh: their state is taken as zeros
+    (never read, so whatever it held cannot leak) before the step.
     """
     _, hv, scale = _check(q, k, v, g, beta, ("B",), scale, l2norm_qk)
     b, _, dk = q.shape
@@ -118,8 +153,17 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         raise ValueError(
             f"state must be contiguous (it is updated in place), got strides {state.stride()}"
         )
+    if gates is not None:
+        _gates(gates, g, beta, q, hv)
+    if reset is not None:
+        _reset(reset, b, q)
     impl = backends.resolve("gated_delta_step", backend, q.device, q.dtype)
     if b == 0:
         return torch.empty(0, hv, dv, dtype=v.dtype, device=v.device)
-    return impl.fn(q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
-                   beta.float().contiguous(), state, scale, l2norm_qk)  # fmt: skip
+    if gates is None:
+        g, beta = g.float(), beta.float()
+    else:
+        gates = (gates[0].contiguous(), gates[1].contiguous())
+    extra = {} if gates is None and reset is None else {"gates": gates, "reset": reset}
+    return impl.fn(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state, scale,
+                   l2norm_qk, **extra)  # fmt: skip

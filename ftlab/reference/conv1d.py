@@ -40,9 +40,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
-                         silu: bool) -> torch.Tensor:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place)."""
-    xin = torch.cat([state.transpose(1, 2), x[:, None, :]], dim=1)  # [B, W, C]
+                         silu: bool, reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place). A row
+    with ``reset[b]`` True reads zeros for its old state (a select: whatever it held is unused)."""
+    old = state
+    if reset is not None:
+        old = torch.where(reset[:, None, None], torch.zeros((), dtype=state.dtype, device=state.device), state)
+    xin = torch.cat([old.transpose(1, 2), x[:, None, :]], dim=1)  # [B, W, C]
     y = _conv(xin.float(), weight, bias, silu, 1)[:, 0, :].to(x.dtype)
     state.copy_(xin[:, 1:, :].transpose(1, 2))
     return y.contiguous()

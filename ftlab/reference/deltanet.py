@@ -95,10 +95,23 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     return o, s
 
 
-def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool):
+def step_gates(a: torch.Tensor, b: torch.Tensor, a_neg: torch.Tensor, dt_bias: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Gated DeltaNet's gates from its raw projections ``a, b [..., Hv]``: ``(g, beta)`` fp32,
+    ``g = a_neg * softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` (``a_neg = -exp(A_log)``,
+    ``dt_bias`` fp32 ``[Hv]``), as transformers' Qwen3-Next / Qwen3.5 layers compute them."""
+    return a_neg * F.softplus(a.float() + dt_bias), torch.sigmoid(b.float())
+
+
+def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, gates=None, reset=None):
     """Backend entry of :func:`ftlab.ops.gated_delta_step`: one token per row, ``state``
-    updated in place; returns ``o [B, Hv, Dv]`` in v's dtype."""
-    o, s = gated_delta_rule_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state, scale,
+    updated in place; returns ``o [B, Hv, Dv]`` in v's dtype. ``gates``: g and beta are the
+    raw projections (:func:`step_gates`); ``reset`` rows start from a zero state."""
+    if gates is not None:
+        g, beta = step_gates(g, beta, *gates)
+    start = state if reset is None else torch.where(reset[:, None, None, None], torch.zeros((), device=state.device),
+                                                     state)  # fmt: skip
+    o, s = gated_delta_rule_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], start, scale,
                                       l2norm_qk)  # fmt: skip
     state.copy_(s)
     return o[:, 0]

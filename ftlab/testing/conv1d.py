@@ -85,23 +85,38 @@ def check_causal_conv1d_case(x: torch.Tensor, weight: torch.Tensor, bias: torch.
 
 def check_causal_conv1d_update_case(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                     state: torch.Tensor, activation: str | None, device: torch.device | str = "cpu",
-                                    backends: Sequence[str] | None = None) -> None:  # fmt: skip
+                                    backends: Sequence[str] | None = None, *,
+                                    reset: torch.Tensor | None = None) -> None:  # fmt: skip
     """Every backend's causal_conv1d_update against the reference on its own copy of ``state``
     (any strides, as given: the update is in place): y within the tolerance of a one-token
-    causal_conv1d, the updated state bit for bit."""
+    causal_conv1d, the updated state bit for bit. With ``reset`` (bool ``[B]``, any stride) the
+    old state of the reset rows may hold anything (NaN, inf): the tolerance is that of their zero
+    state, and each backend must also give bit for bit what it gives without ``reset`` on the
+    state with those rows zeroed (the other rows untouched by the flag, the reset ones a zero
+    state)."""
     want_state = state.clone()
-    want_y = ops.causal_conv1d_update(x, weight, bias, want_state, activation=activation, backend="reference")
+    want_y = ops.causal_conv1d_update(x, weight, bias, want_state, activation=activation, backend="reference",
+                                      reset=reset)  # fmt: skip
     b, c = x.shape
-    bound = causal_conv1d_tolerance(x[:, None, :], weight, bias, state, activation)[:, 0, :]
+    fresh = state if reset is None else torch.where(reset[:, None, None], torch.zeros((), dtype=state.dtype), state)
+    bound = causal_conv1d_tolerance(x[:, None, :], weight, bias, fresh, activation)[:, 0, :]
     dev = torch.device(device)
+
+    def on(t):  # on dev with its strides: a view of a wider buffer stays one
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=dev).copy_(t)
+
     for name in backends_for("causal_conv1d_update", dev, x.dtype, backends):
         if name == "reference":
             continue
-        got_state = torch.empty_strided(state.shape, state.stride(), dtype=state.dtype, device=dev)
-        got_state.copy_(state)
-        xd = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=dev).copy_(x)
-        got_y = ops.causal_conv1d_update(xd, weight.to(dev), None if bias is None else bias.to(dev), got_state,
-                                         activation=activation, backend=name)  # fmt: skip
+        got_state = on(state)
+        wd, bd = weight.to(dev), None if bias is None else bias.to(dev)
+        got_y = ops.causal_conv1d_update(on(x), wd, bd, got_state, activation=activation, backend=name,
+                                         reset=on(reset))  # fmt: skip
         assert got_y.shape == (b, c) and got_y.dtype == x.dtype
         assert_within(name, "y", got_y, want_y, bound)
         assert torch.equal(got_state.cpu(), want_state), f"{name}: the updated state differs from the reference"
+        if reset is not None:
+            plain_state = on(fresh)
+            plain_y = ops.causal_conv1d_update(on(x), wd, bd, plain_state, activation=activation, backend=name)
+            assert torch.equal(got_y, plain_y), f"{name}: y with reset differs from y on the zeroed state"
+            assert torch.equal(got_state, plain_state), f"{name}: the state with reset differs from the zeroed one's"

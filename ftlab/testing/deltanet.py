@@ -55,9 +55,16 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     return o_bound, s_bound
 
 
-def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk):
+def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=None):
     qd, kd, vd = q.double().cpu(), k.double().cpu(), v.double().cpu()
     gd, bd = g.double().cpu(), beta.double().cpu()
+    gate_err = None
+    if gates is not None:  # g and beta are the raw a and b: the gates exact, their fp32 error bounded
+        a_neg, dt_bias = (x.double().cpu() for x in gates)
+        x = gd + dt_bias
+        sp = torch.nn.functional.softplus(x)
+        gd, bd = a_neg * sp, torch.sigmoid(bd)
+        gate_err = a_neg.abs() * (4 + 2 * sp + x.abs())
     b, t, hk, dk = qd.shape
     hv, dv = vd.shape[-2:]
     scale = dk**-0.5 if scale is None else scale
@@ -89,10 +96,12 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk):
         delta = bt * (vd[:, i] - (decayed * kt[..., None]).sum(-2))
         s = decayed + kt[..., None] * delta[..., None, :]
         m = bt * (vd[:, i].abs() + knorm * e * amag)
+        gates_term = 0.0 if gate_err is None else (gate_err[:, i, :, None] * e * amag + 4 * knorm * m)
         amag = e * amag + knorm * delta.abs()
         growth = e * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
         end = (i % chunk == chunk - 1) or i == t - 1
         err = growth * err + rho * (knorm * m + (amag if end else 0.0)) + 6 * amag
+        err = err + growth.clamp(min=1.0) * gates_term
         o[:, i] = (s * qt[..., None]).sum(-2)
         o_bound[:, i] = EPS32 * qt.norm(dim=-1, keepdim=True) * (err + rho * amag)
     s_bound = (EPS32 * (err + rho * amag) if t else torch.zeros_like(amag))[..., None, :].expand(
@@ -143,15 +152,22 @@ def check_gated_delta_rule_case(q, k, v, g, beta, state=None, scale=None, l2norm
 
 
 def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=True,
-                                device: torch.device | str = "cpu", backends: Sequence[str] | None = None
-                                ) -> None:  # fmt: skip
+                                device: torch.device | str = "cpu", backends: Sequence[str] | None = None,
+                                gates=None, reset=None) -> None:  # fmt: skip
     """Every backend's gated_delta_step (one token, ``q [B, Hk, Dk]`` ...) against the exact
     step within :func:`gated_delta_tolerance` (chunk 1), and against the reference within twice
-    that: the returned output and the state updated in place."""
+    that: the returned output and the state updated in place. ``gates = (a_neg, dt_bias)``: g
+    and beta are the raw a and b (the exact gates in f64; the bound adds their fp32 errors, g
+    within ``|a_neg| (4 + 2 softplus(x) + |x|)`` eps32 with ``x = a + dt_bias`` -- softplus as
+    ``log(1 + exp(x))`` rounds ``1 + exp(x)`` once -- and beta within 4 eps32 of itself);
+    ``reset`` (bool ``[B]``): those rows start from zeros, whatever their state holds."""
     seq = [x[:, None] for x in (q, k, v, g, beta)]
-    exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(*seq, state, scale, l2norm_qk, 1)
+    start = state if reset is None else torch.where(reset[:, None, None, None], torch.zeros(()), state)
+    exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(*seq, start, scale, l2norm_qk, 1, gates)
     o_bound = o_bound[:, 0]
     kw = {"scale": scale, "l2norm_qk": l2norm_qk}
+    if gates is not None or reset is not None:
+        kw.update(gates=gates, reset=reset)
     want_s = state.clone()
     want_o = ops.gated_delta_step(q, k, v, g, beta, want_s, **kw, backend="reference")
     _assert_close("reference", "o", want_o, exact_o[:, 0].to(v.dtype), o_bound)
@@ -160,8 +176,13 @@ def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=T
         if name == "reference":
             continue
         got_s = state.to(device).clone()
+        moved = {**kw}
+        if gates is not None:
+            moved["gates"] = tuple(x.to(device) for x in gates)
+        if reset is not None:
+            moved["reset"] = reset.to(device)
         got_o = ops.gated_delta_step(
-            *(x.to(device) for x in (q, k, v, g, beta)), got_s, **kw, backend=name
+            *(x.to(device) for x in (q, k, v, g, beta)), got_s, **moved, backend=name
         )
         assert got_o.dtype == v.dtype
         _assert_close(name, "o", got_o, want_o, 2 * o_bound)

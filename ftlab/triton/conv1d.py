@@ -4,8 +4,9 @@
 reads its W inputs straight from x, or from the carried state for the first W-1 tokens, sums
 them into the bias in fp32 (taps in order), applies SiLU and rounds once. The programs of the
 first token block also write their channels' new state. ``causal_conv1d_update``: one program
-per (sequence, block of channels) reads the state and the token, writes the output and shifts
-the state in place (each program owns its channels: no races, no host work).
+per (sequence, block of channels) reads the state (none of it for a row flagged in ``reset``:
+zeros) and the token, writes the output and shifts the state in place (each program owns its
+channels: no races, no host work).
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def causal_conv1d_kernel(x_ptr, x_sb, x_st, w_ptr, b_ptr, s_ptr, len_ptr, y_ptr,
 
 
 @triton.jit
-def causal_conv1d_update_kernel(x_ptr, x_sb, w_ptr, b_ptr, s_ptr, s_sb, s_sc, y_ptr, C, W: tl.constexpr,
-                                HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+def causal_conv1d_update_kernel(x_ptr, x_sb, w_ptr, b_ptr, s_ptr, s_sb, s_sc, r_ptr, r_sb, y_ptr, C,
+                                W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESET: tl.constexpr, SILU: tl.constexpr,
+                                BLOCK_C: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
@@ -71,12 +73,15 @@ def causal_conv1d_update_kernel(x_ptr, x_sb, w_ptr, b_ptr, s_ptr, s_sb, s_sc, y_
     else:
         acc = tl.zeros((BLOCK_C,), tl.float32)
     s_row = s_ptr + b.to(tl.int64) * s_sb + c.to(tl.int64) * s_sc
+    old = cmask  # where the old state is read; a reset row reads none of it: zeros (masked loads' other)
+    if HAS_RESET:
+        old = tl.where(tl.load(r_ptr + b.to(tl.int64) * r_sb) != 0, False, cmask)
     x = tl.load(x_ptr + b.to(tl.int64) * x_sb + c, mask=cmask, other=0.0)
-    prev = tl.load(s_row, mask=cmask, other=0.0)
+    prev = tl.load(s_row, mask=old, other=0.0)
     for j in tl.static_range(W - 1):
         acc = acc + tl.load(w_ptr + c * W + j, mask=cmask, other=0.0) * prev.to(tl.float32)
         if j < W - 2:
-            nxt = tl.load(s_row + j + 1, mask=cmask, other=0.0)
+            nxt = tl.load(s_row + j + 1, mask=old, other=0.0)
         else:
             nxt = x
         tl.store(s_row + j, nxt, mask=cmask)
@@ -111,22 +116,27 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
-                         silu: bool) -> torch.Tensor:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place)."""
+                         silu: bool, reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place; ``reset``
+    bool ``[B]`` or None, read as bytes)."""
     b, c = x.shape
     w = weight.shape[1]
     y = torch.empty((b, c), dtype=x.dtype, device=x.device)
     if b and c:
         block_c = _block_c(c)
+        flags = reset.view(torch.uint8) if reset is not None else None
         causal_conv1d_update_kernel[(b, triton.cdiv(c, block_c))](
-            x, x.stride(0), weight, weight if bias is None else bias, state, state.stride(0), state.stride(1), y, c,
-            W=w, HAS_BIAS=bias is not None, SILU=silu, BLOCK_C=block_c, num_warps=4)  # fmt: skip
+            x, x.stride(0), weight, weight if bias is None else bias, state, state.stride(0), state.stride(1),
+            y if flags is None else flags, 0 if flags is None else flags.stride(0), y, c, W=w,
+            HAS_BIAS=bias is not None, HAS_RESET=flags is not None, SILU=silu, BLOCK_C=block_c,
+            num_warps=4)  # fmt: skip
     return y
 
 
 def compile_specs(target: str) -> list:
     """The configurations compile-checked for ``target`` (see ftlab.compile_check): width 4 with
-    bias, state, lengths and SiLU (the gated deltanet's conv), in each float dtype."""
+    bias, state, lengths and SiLU (the gated deltanet's conv), in each float dtype; the decode
+    step with and without ``reset``."""
     from ftlab.triton.compile_spec import spec
 
     specs = []
@@ -137,8 +147,13 @@ def compile_specs(target: str) -> list:
                                  "T": "i32", "C": "i32"},
                           constexprs={"W": 4, "HAS_BIAS": True, "HAS_STATE": True, "HAS_LENGTHS": True, "SILU": True,
                                       "BLOCK_T": 8, "BLOCK_C": 64}, num_warps=4))  # fmt: skip
-        specs.append(spec(causal_conv1d_update_kernel, f"causal_conv1d_update_kernel[{dt}, W 4]",
-                          types={"x_ptr": f"*{dt}", "x_sb": "i64", "w_ptr": "*fp32", "b_ptr": "*fp32",
-                                 "s_ptr": f"*{dt}", "s_sb": "i64", "s_sc": "i64", "y_ptr": f"*{dt}", "C": "i32"},
-                          constexprs={"W": 4, "HAS_BIAS": True, "SILU": True, "BLOCK_C": 128}, num_warps=4))  # fmt: skip
+        for has_reset in (False, True):
+            specs.append(spec(causal_conv1d_update_kernel,
+                              f"causal_conv1d_update_kernel[{dt}, W 4{', reset' if has_reset else ''}]",
+                              types={"x_ptr": f"*{dt}", "x_sb": "i64", "w_ptr": "*fp32", "b_ptr": "*fp32",
+                                     "s_ptr": f"*{dt}", "s_sb": "i64", "s_sc": "i64",
+                                     "r_ptr": "*u8" if has_reset else f"*{dt}", "r_sb": "i64", "y_ptr": f"*{dt}",
+                                     "C": "i32"},
+                              constexprs={"W": 4, "HAS_BIAS": True, "HAS_RESET": has_reset, "SILU": True,
+                                          "BLOCK_C": 128}, num_warps=4))  # fmt: skip
     return specs

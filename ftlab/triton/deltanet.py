@@ -29,9 +29,10 @@ def _unit(x, L2NORM: tl.constexpr):
 
 
 @triton.jit
-def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale, HK: tl.constexpr,
-                            HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
-                            BLOCK_V: tl.constexpr, L2NORM: tl.constexpr):  # fmt: skip
+def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale, a_neg_ptr, dt_bias_ptr,
+                            reset_ptr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                            BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
+                            GATES: tl.constexpr, RESET: tl.constexpr):  # fmt: skip
     bh = tl.program_id(0)
     b = bh // HV
     h = bh % HV
@@ -45,11 +46,20 @@ def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, 
     q = _unit(q, L2NORM) * scale
     k = _unit(k, L2NORM)
     v = tl.load(v_ptr + bh * DV + dv, mask=mv, other=0.0).to(tl.float32)
-    decay = tl.exp(tl.load(g_ptr + bh))
-    beta = tl.load(beta_ptr + bh)
+    g = tl.load(g_ptr + bh).to(tl.float32)
+    beta = tl.load(beta_ptr + bh).to(tl.float32)
+    if GATES:  # g and beta are the raw projections a and b: the layer's gates, as torch computes them
+        x = g + tl.load(dt_bias_ptr + h)
+        g = tl.load(a_neg_ptr + h) * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        beta = 1.0 / (1.0 + tl.exp(-beta))
+    decay = tl.exp(g)
     offs = bh.to(tl.int64) * DK * DV + dk[:, None] * DV + dv[None, :]
     smask = mk[:, None] & mv[None, :]
-    s = tl.load(s_ptr + offs, mask=smask, other=0.0) * decay
+    if RESET:  # a fresh row's state is zeros, never read (its flag loaded along dk: a tensor mask)
+        smask_in = smask & (tl.load(reset_ptr + b + 0 * dk) == 0)[:, None]
+    else:
+        smask_in = smask
+    s = tl.load(s_ptr + offs, mask=smask_in, other=0.0) * decay
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
     s = s + k[:, None] * delta[None, :]
     tl.store(s_ptr + offs, s, mask=smask)
@@ -65,16 +75,20 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     return deltanet_chunk.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
 
 
-def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool):
-    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in place)."""
+def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, gates=None, reset=None):
+    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in
+    place; ``gates``: g and beta are the raw projections; ``reset``: rows from a zero state)."""
     b, hk, dk = q.shape
     hv, dv = v.shape[1:]
     o = torch.empty(b, hv, dv, dtype=v.dtype, device=v.device)
     bk = max(16, triton.next_power_of_2(dk))
     bv = min(max(16, triton.next_power_of_2(dv)), max(16, 4096 // bk))
-    gated_delta_step_kernel[(b * hv, triton.cdiv(dv, bv))](q, k, v, g, beta, state, o, float(scale), HK=hk, HV=hv,
-                                                            DK=dk, DV=dv, BLOCK_K=bk, BLOCK_V=bv, L2NORM=l2norm_qk,
-                                                            num_warps=4)  # fmt: skip
+    a_neg, dt_bias = gates if gates is not None else (g, g)  # placeholders when unused
+    flags = reset.contiguous().view(torch.uint8) if reset is not None else g
+    gated_delta_step_kernel[(b * hv, triton.cdiv(dv, bv))](q, k, v, g, beta, state, o, float(scale), a_neg, dt_bias,
+                                                            flags, HK=hk, HV=hv, DK=dk, DV=dv, BLOCK_K=bk,
+                                                            BLOCK_V=bv, L2NORM=l2norm_qk, GATES=gates is not None,
+                                                            RESET=reset is not None, num_warps=4)  # fmt: skip
     return o
 
 
@@ -89,6 +103,13 @@ def compile_specs(target: str) -> list:
     for dt in ("fp32", "fp16", "bf16"):
         specs.append(spec(gated_delta_step_kernel, f"gated_delta_step_kernel[{dt}, 16/32 heads of 128]",
                           types={"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32",
-                                 "beta_ptr": "*fp32", "s_ptr": "*fp32", "o_ptr": f"*{dt}", "scale": "fp32"},
-                          constexprs={**heads, "BLOCK_V": 32}))  # fmt: skip
+                                 "beta_ptr": "*fp32", "s_ptr": "*fp32", "o_ptr": f"*{dt}", "scale": "fp32",
+                                 "a_neg_ptr": "*fp32", "dt_bias_ptr": "*fp32", "reset_ptr": "*u8"},
+                          constexprs={**heads, "BLOCK_V": 32, "GATES": False, "RESET": False}))  # fmt: skip
+    # the models' decode: the gates from a and b in the activations' dtype, fresh rows reset
+    specs.append(spec(gated_delta_step_kernel, "gated_delta_step_kernel[bf16, gates from a and b, reset]",
+                      types={"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*bf16",
+                             "beta_ptr": "*bf16", "s_ptr": "*fp32", "o_ptr": "*bf16", "scale": "fp32",
+                             "a_neg_ptr": "*fp32", "dt_bias_ptr": "*fp32", "reset_ptr": "*u8"},
+                      constexprs={**heads, "BLOCK_V": 32, "GATES": True, "RESET": True}))  # fmt: skip
     return specs

@@ -71,7 +71,7 @@ KERNELS = {
     "moe_gemm": 16,  # 3 dtypes x 2 dense GEMMs on FMA tiles, 2 dtypes x 2 x 2 shapes on the matrix cores, 2 Q4_0
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes
-    "deltanet": 9,  # 3 dtypes x (decode step of 16 or 32 columns a block, prefill scan)
+    "deltanet": 15,  # 3 dtypes x (decode step of 16 or 32 columns a block, with or without the gates; prefill scan)
     "quants": 15,  # 3 dtypes x (dequantize Q8_0, Q4_K, Q5_K, Q6_K; quantize Q8_0)
     "conv1d": 18,  # 3 dtypes x 3 widths (2, 3, 4) x (prefill, decode step)
     "gated_norm": 12,  # 3 dtypes x 3 gate dtypes (gated_rmsnorm), 3 dtypes (output_gate)

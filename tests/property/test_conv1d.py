@@ -14,6 +14,7 @@ import ftlab.testing as ft
 from ftlab import backends, ops
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GARBAGE = (float("nan"), float("inf"), -float("inf"), 1e4)  # in the old state of a reset row
 
 
 def _fused_view(gen, b, t, c, dtype, scale, view):
@@ -55,7 +56,14 @@ def conv1d_update_case(draw, dtypes=DTYPES):
     bias = torch.randn(c, generator=gen) if draw(st.booleans()) else None
     pool = (torch.randn(b + 1, c + 2, w - 1, generator=gen) * scale).to(dtype)
     state = pool[1:, 1 : c + 1] if draw(st.booleans()) else pool[:b, :c].contiguous()  # a slot view of a cache
-    return x, weight, bias, state, draw(st.sampled_from(["silu", None]))
+    reset = None
+    if draw(st.booleans()):  # some sequences start afresh: their old state is garbage, never read
+        flags = torch.tensor(draw(st.lists(st.booleans(), min_size=b, max_size=b)))
+        if draw(st.booleans()):  # a strided view
+            flags = torch.stack([flags, ~flags], dim=1)[:, 0]
+        reset = flags
+        state[reset] = torch.tensor(GARBAGE, dtype=dtype)[torch.arange(c * (w - 1)) % len(GARBAGE)].view(c, w - 1)
+    return x, weight, bias, state, draw(st.sampled_from(["silu", None])), reset
 
 
 @given(conv1d_case())
@@ -65,7 +73,8 @@ def test_causal_conv1d_cpu(case):
 
 @given(conv1d_update_case())
 def test_causal_conv1d_update_cpu(case):
-    ft.check_causal_conv1d_update_case(*case)
+    *args, reset = case
+    ft.check_causal_conv1d_update_case(*args, reset=reset)
 
 
 @pytest.mark.gpu
@@ -77,7 +86,8 @@ def test_causal_conv1d_gpu(case):
 @pytest.mark.gpu
 @given(conv1d_update_case())
 def test_causal_conv1d_update_gpu(case):
-    ft.check_causal_conv1d_update_case(*case, device="cuda")
+    *args, reset = case
+    ft.check_causal_conv1d_update_case(*args, device="cuda", reset=reset)
 
 
 def test_reference_is_the_model_conv():
@@ -138,10 +148,51 @@ def test_chunks_and_decode_steps_chain(backend):
     assert torch.equal(s2, state)
 
 
+def _reset_rows_are_a_zero_state(backend, device):
+    """Rows flagged in ``reset`` (NaN / inf in their old state) give y and the new state of the op
+    on a zero state; the other rows what they give without ``reset``, bit for bit."""
+    if backend not in backends.available_backends("causal_conv1d_update", torch.device(device), torch.float32):
+        pytest.skip(f"{backend} cannot serve {device} tensors in this process")
+    gen = torch.Generator().manual_seed(4)
+    b, c, w = 4, 37, 4
+    weight = torch.randn(c, w, generator=gen).to(device)
+    bias = torch.randn(c, generator=gen).to(device)
+    for dtype in DTYPES:
+        x = torch.randn(b, c, generator=gen).to(dtype).to(device)
+        state = torch.randn(b, c, w - 1, generator=gen).to(dtype).to(device)
+        for flags in ([True, False, True, False], [True] * b, [False] * b):
+            reset = torch.tensor(flags, device=device)
+            dirty = state.clone()
+            dirty[reset] = float("nan")
+            dirty[reset, :, 0] = float("inf")
+            zeroed = torch.where(reset[:, None, None], torch.zeros((), dtype=dtype, device=device), state)
+            want_state = zeroed.clone()
+            want = ops.causal_conv1d_update(x, weight, bias, want_state, backend=backend)
+            got = ops.causal_conv1d_update(x, weight, bias, dirty, backend=backend, reset=reset)
+            assert torch.equal(got, want) and torch.equal(dirty, want_state), (backend, dtype, flags)
+            assert not dirty[reset, :, : w - 2].any() and torch.equal(dirty[reset, :, -1], x[reset])
+            kept_state = state.clone()  # the rows not reset: as without the argument
+            kept = ops.causal_conv1d_update(x, weight, bias, kept_state, backend=backend)
+            assert torch.equal(got[~reset], kept[~reset]) and torch.equal(dirty[~reset], kept_state[~reset])
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_update_reset_rows_are_a_zero_state(backend):
+    _reset_rows_are_a_zero_state(backend, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["reference", "triton", "hip"])
+def test_update_reset_rows_are_a_zero_state_gpu(backend):
+    _reset_rows_are_a_zero_state(backend, "cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "hip"])
-def test_update_is_graph_capturable(backend):
-    """The decode step captures in a CUDA graph (no host work) and replays on the live state."""
+@pytest.mark.parametrize("with_reset", [False, True])
+def test_update_is_graph_capturable(backend, with_reset):
+    """The decode step captures in a CUDA graph (no host work) and replays on the live state (and
+    the live reset flags, set after the capture)."""
     if backend not in backends.available_backends("causal_conv1d_update", torch.device("cuda"), torch.bfloat16):
         pytest.skip(f"{backend} cannot serve on this GPU")
     gen = torch.Generator().manual_seed(3)
@@ -150,15 +201,18 @@ def test_update_is_graph_capturable(backend):
     bias = torch.randn(c, generator=gen).cuda()
     state = torch.randn(b, c, w - 1, generator=gen).bfloat16().cuda()
     x = torch.randn(b, c, generator=gen).bfloat16().cuda()
+    reset = torch.zeros(b, dtype=torch.bool, device="cuda") if with_reset else None
     start = state.clone()
-    ops.causal_conv1d_update(x, weight, bias, state.clone(), backend=backend)  # build and load before capture
+    ops.causal_conv1d_update(x, weight, bias, state.clone(), backend=backend, reset=reset)  # build, load
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = ops.causal_conv1d_update(x, weight, bias, state, backend=backend)
+        y = ops.causal_conv1d_update(x, weight, bias, state, backend=backend, reset=reset)
     state.copy_(start)
+    if with_reset:
+        reset[1] = True
     graph.replay()
     want_state = start.clone()
-    want = ops.causal_conv1d_update(x, weight, bias, want_state, backend="reference")
+    want = ops.causal_conv1d_update(x, weight, bias, want_state, backend="reference", reset=reset)
     torch.cuda.synchronize()
     assert torch.equal(state, want_state)
     torch.testing.assert_close(y.float(), want.float(), rtol=2**-7, atol=1e-3)
@@ -199,4 +253,20 @@ def test_bad_arguments_name_themselves():
         ops.causal_conv1d_update(x[:, 0], w, None, torch.randn(2, 3, 4).transpose(1, 2))
     with pytest.raises(ValueError, match="activation must be"):
         ops.causal_conv1d_update(x[:, 0], w, None, state, activation="relu")
+    assert torch.equal(state, before)
+
+
+def test_bad_reset_names_itself():
+    """reset must be a bool tensor [B] (on x's device: not testable without a GPU); nothing is
+    written when it is not."""
+    x, w, state = torch.randn(2, 4), torch.randn(4, 4), torch.randn(2, 4, 3)
+    before = state.clone()
+    with pytest.raises(TypeError, match="reset must be a torch.Tensor, got list"):
+        ops.causal_conv1d_update(x, w, None, state, reset=[True, False])
+    for bad in (torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.uint8), torch.tensor([1.0, 0.0])):
+        with pytest.raises(TypeError, match=f"reset must be a bool tensor, got {bad.dtype}"):
+            ops.causal_conv1d_update(x, w, None, state, reset=bad)
+    for shape in ((3,), (2, 1), (1,), ()):
+        with pytest.raises(ValueError, match=r"reset must be \[B=2\], got shape"):
+            ops.causal_conv1d_update(x, w, None, state, reset=torch.ones(shape, dtype=torch.bool))
     assert torch.equal(state, before)

@@ -43,14 +43,34 @@ def rule_case(
     return case, draw(st.sampled_from([16, 32, 64]))
 
 
+def _model_gates(gen, b, hv, dtype, state):
+    """The models' decode form: raw a and b (in ``dtype``), the gates' a_neg = -exp(A_log) with
+    A_log = log U[1, 16] and dt_bias, and a reset mask whose rows' state is made NaN / inf
+    garbage (in place) that must not be read."""
+    a = (torch.randn(b, hv, generator=gen) * 4).to(dtype)
+    braw = (torch.randn(b, hv, generator=gen) * 3).to(dtype)
+    a_neg = -torch.empty(hv).uniform_(1.0, 16.0, generator=gen)
+    dt_bias = torch.randn(hv, generator=gen) * 2
+    reset = torch.rand(b, generator=gen) < 0.5
+    state[reset] = float("nan")
+    state[reset, 0, 0, 0] = float("inf")
+    return a, braw, {"gates": (a_neg, dt_bias), "reset": reset}
+
+
 @st.composite
 def step_case(draw, dims=(16, 32, 64), dtypes=(torch.float32, torch.bfloat16, torch.float16)):
+    """((q, k, v, g, beta, state), kwargs): half the cases in the models' form (_model_gates),
+    the raw a and b in q's dtype or fp32."""
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     hk = draw(st.sampled_from([1, 2, 4]))
     hv = hk * draw(st.sampled_from([1, 2]))
     b, dk, dv = draw(st.sampled_from([1, 3])), draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
-    q, k, v, g, beta, state = _inputs(gen, b, 1, hk, hv, dk, dv, draw(st.sampled_from(dtypes)), with_state=True)
-    return q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state
+    dtype = draw(st.sampled_from(dtypes))
+    q, k, v, g, beta, state = _inputs(gen, b, 1, hk, hv, dk, dv, dtype, with_state=True)
+    g, beta, kw = g[:, 0], beta[:, 0], {}
+    if draw(st.booleans()):
+        g, beta, kw = _model_gates(gen, b, hv, draw(st.sampled_from([dtype, torch.float32])), state)
+    return (q[:, 0], k[:, 0], v[:, 0], g, beta, state), kw
 
 
 @settings(max_examples=12)
@@ -63,7 +83,8 @@ def test_gated_delta_rule_cpu(case):
 @settings(max_examples=12)
 @given(step_case())
 def test_gated_delta_step_cpu(case):
-    ft.check_gated_delta_step_case(*case)
+    args, kw = case
+    ft.check_gated_delta_step_case(*args, **kw)
 
 
 @pytest.mark.gpu
@@ -78,7 +99,8 @@ def test_gated_delta_rule_gpu(case):
 @settings(max_examples=12, deadline=None)
 @given(step_case(dims=(32, 64, 128)))
 def test_gated_delta_step_gpu(case):
-    ft.check_gated_delta_step_case(*case, device="cuda")
+    args, kw = case
+    ft.check_gated_delta_step_case(*args, **kw, device="cuda")
 
 
 @pytest.mark.parametrize("hv", [2, 4])
@@ -180,6 +202,53 @@ def test_bad_arguments_name_themselves():
         ops.gated_delta_step(q[:, 0], q[:, 0], v[:, 0], g[:, 0], beta[:, 0], state)
     with pytest.raises(ValueError, match="q must be 3-D"):
         ops.gated_delta_step(q, q[:, 0], v[:, 0], g[:, 0], beta[:, 0], state.contiguous())
+    step = (q[:, 0], q[:, 0], v[:, 0], g[:, 0], beta[:, 0], state.contiguous())
+    gates = (-torch.ones(4), torch.zeros(4))
+    with pytest.raises(TypeError, match="gates must be None or a tuple"):
+        ops.gated_delta_step(*step, gates=[*gates])
+    with pytest.raises(TypeError, match="gates' a_neg must be float32"):
+        ops.gated_delta_step(*step, gates=(gates[0].double(), gates[1]))
+    with pytest.raises(ValueError, match=r"gates' dt_bias must be \[4\] \(Hv\)"):
+        ops.gated_delta_step(*step, gates=(gates[0], torch.zeros(2)))
+    with pytest.raises(TypeError, match="g must be float32 or q's dtype"):
+        ops.gated_delta_step(*step[:3], g[:, 0].half(), *step[4:], gates=gates)
+    with pytest.raises(TypeError, match="reset must be a bool tensor"):
+        ops.gated_delta_step(*step, reset=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"reset must be \[1\] \(B\)"):
+        ops.gated_delta_step(*step, reset=torch.zeros(2, dtype=torch.bool))
+
+
+def test_gates_and_reset_are_the_models_arithmetic():
+    """With gates, the step is the step given the reference's gates (step_gates, transformers'
+    formula) bit for bit in the reference; reset rows equal a step from zeros, NaN state or not."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, _, _, state = _inputs(gen, 4, 1, 2, 4, 16, 16, torch.float32, with_state=True)
+    q, k, v = q[:, 0], k[:, 0], v[:, 0]
+    clean = state.clone()
+    a, braw, kw = _model_gates(gen, 4, 4, torch.float32, state)
+    kw["reset"] = torch.tensor([True, False, True, False])  # a mix, whatever the draw
+    state = torch.where(kw["reset"][:, None, None, None], torch.full((), float("nan")), clean)
+    g, beta = ref.step_gates(a, braw, *kw["gates"])
+    assert torch.equal(g, kw["gates"][0] * torch.nn.functional.softplus(a + kw["gates"][1]))
+    fused = state.clone()
+    o = ops.gated_delta_step(q, k, v, a, braw, fused, **kw, backend="reference")
+    plain = torch.where(kw["reset"][:, None, None, None], torch.zeros(()), state)
+    o2 = ops.gated_delta_step(q, k, v, g, beta, plain, backend="reference")
+    assert torch.equal(o, o2) and torch.equal(fused, plain) and bool(torch.isfinite(fused).all())
+
+
+def test_gate_bound_catches_dt_bias_left_out():
+    """The gates' added bound is not loose enough to pass gates computed without dt_bias."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, _, _, state = _inputs(gen, 2, 1, 2, 2, 16, 16, torch.float32, with_state=True)
+    a, braw = torch.randn(2, 2, generator=gen) * 4, torch.randn(2, 2, generator=gen) * 3
+    a_neg, dt_bias = -torch.empty(2).uniform_(1.0, 16.0, generator=gen), torch.randn(2, generator=gen) * 2
+    wrong = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], *ref.step_gates(a, braw, a_neg, torch.zeros(2)),
+                                 state.clone(), backend="reference")  # fmt: skip
+    g, beta = (x[:, None] for x in ref.step_gates(a, braw, a_neg, dt_bias))
+    exact, _ = ft.gated_delta_exact(q, k, v, g, beta, state)
+    bound, _ = ft.gated_delta_tolerance(q, k, v, g, beta, state)
+    assert bool(((wrong.double() - exact[:, 0]).abs() > 4 * bound[:, 0].double()).any())
 
 
 def test_input_state_untouched_and_empty_sequences():

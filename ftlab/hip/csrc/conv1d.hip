@@ -6,7 +6,8 @@
 // slide along, so each input is read once. Taps are summed into the bias in order in fp32,
 // SiLU applied, one rounding. The threads of the first run first write the new state (the W-1
 // inputs ending at the sequence's length). causal_conv1d_update_kernel: one thread per
-// (sequence, channel) computes the token's output and shifts that channel's state in place.
+// (sequence, channel) computes the token's output and shifts that channel's state in place
+// (zeros in place of the old state for a sequence flagged in reset).
 // No cross-lane work: wave-size agnostic.
 #pragma once
 #include "q4_0_common.h"
@@ -78,21 +79,30 @@ __global__ void __launch_bounds__(kConvThreads)
   }
 }
 
-// x [B, C] (stride x_sb), state [B, C, W-1] (strides s_sb, s_sc, 1) updated in place, y [B, C].
+// x [B, C] (stride x_sb), state [B, C, W-1] (strides s_sb, s_sc, 1) updated in place, reset [B]
+// bytes (stride r_sb; nonzero: the row starts afresh, its old state is not read but taken as
+// zeros) or null (no row does), y [B, C].
 template <typename T, int W>
 __global__ void __launch_bounds__(kConvThreads)
     causal_conv1d_update_kernel(const typename T::storage* __restrict__ x, int64_t x_sb,
                                 const float* __restrict__ weight, const float* __restrict__ bias,
                                 typename T::storage* __restrict__ state, int64_t s_sb, int64_t s_sc,
-                                typename T::storage* __restrict__ y, int channels, bool silu) {
+                                const uint8_t* __restrict__ reset, int64_t r_sb, typename T::storage* __restrict__ y,
+                                int channels, bool silu) {
   const int c = blockIdx.x * kConvThreads + threadIdx.x;
   const int b = blockIdx.y;
   if (c >= channels) return;
   typename T::storage* sb = state + b * s_sb + c * s_sc;
   const typename T::storage xv = x[b * x_sb + c];
+  const bool fresh = reset != nullptr && reset[b * r_sb] != 0;
   typename T::storage in[W];
+  if (fresh) {  // a select, not a product: NaN / inf in the old state stay out
 #pragma unroll
-  for (int j = 0; j < W - 1; ++j) in[j] = sb[j];
+    for (int j = 0; j < W - 1; ++j) in[j] = T::from_float(0.0f);
+  } else {
+#pragma unroll
+    for (int j = 0; j < W - 1; ++j) in[j] = sb[j];
+  }
   in[W - 1] = xv;
   float acc = bias == nullptr ? 0.0f : bias[c];
 #pragma unroll
@@ -108,7 +118,7 @@ __global__ void __launch_bounds__(kConvThreads)
                                                       T::storage*, T::storage*, int, int, bool);             \
   template __global__ void causal_conv1d_update_kernel<T, W>(const T::storage*, int64_t, const float*,       \
                                                              const float*, T::storage*, int64_t, int64_t,    \
-                                                             T::storage*, int, bool);
+                                                             const uint8_t*, int64_t, T::storage*, int, bool);
 #define FTLAB_CONV1D_WIDTHS(T) \
   FTLAB_CONV1D_INSTANTIATE(T, 2) FTLAB_CONV1D_INSTANTIATE(T, 3) FTLAB_CONV1D_INSTANTIATE(T, 4)
 FTLAB_CONV1D_WIDTHS(f32_t)

@@ -42,13 +42,14 @@ void launch_prefill(const TensorView& x, const TensorView& w, const float* bias,
 
 template <typename T, int W>
 void launch_update(const TensorView& x, const TensorView& w, const float* bias, const TensorView& state,
-                   const TensorView& y, bool silu) {
+                   const uint8_t* reset, int64_t r_sb, const TensorView& y, bool silu) {
   using S = typename T::storage;
   const int b = static_cast<int>(x.size(0)), c = static_cast<int>(x.size(1));
   const dim3 grid((c + kConvThreads - 1) / kConvThreads, b);
   causal_conv1d_update_kernel<T, W><<<grid, kConvThreads, 0, stream_of(x)>>>(
       static_cast<const S*>(base_of(x)), x.stride(0), static_cast<const float*>(base_of(w)), bias,
-      static_cast<S*>(base_of(state)), state.stride(0), state.stride(1), static_cast<S*>(base_of(y)), c, silu);
+      static_cast<S*>(base_of(state)), state.stride(0), state.stride(1), reset, r_sb, static_cast<S*>(base_of(y)), c,
+      silu);
   check_launch("causal_conv1d_update_kernel");
 }
 
@@ -111,9 +112,11 @@ void causal_conv1d(TensorView x, TensorView w, TensorView bias, TensorView state
 }
 
 // x [B, C] (unit channel stride), weight [C, W] fp32, bias [C] fp32 (when has_bias), state
-// [B, C, W-1] in x's dtype with a unit last stride (updated in place), y [B, C] contiguous.
-void causal_conv1d_update(TensorView x, TensorView w, TensorView bias, TensorView state, TensorView y, bool has_bias,
-                          bool silu) {
+// [B, C, W-1] in x's dtype with a unit last stride (updated in place), reset [B] uint8 (a bool
+// tensor's bytes, any stride; when has_reset: nonzero rows start from a zero state), y [B, C]
+// contiguous.
+void causal_conv1d_update(TensorView x, TensorView w, TensorView bias, TensorView state, TensorView reset, TensorView y,
+                          bool has_bias, bool has_reset, bool silu) {
   TVM_FFI_CHECK(x.ndim() == 2 && (x.size(1) <= 1 || x.stride(1) == 1), ValueError)
       << "x must be [B, C] with a unit channel stride";
   const int64_t b = x.size(0), c = x.size(1);
@@ -127,9 +130,16 @@ void causal_conv1d_update(TensorView x, TensorView w, TensorView bias, TensorVie
       << "state must be [B, C, W-1] with a unit last stride";
   check_contiguous(y, "y");
   TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == b && y.size(1) == c, ValueError) << "y must be [B, C]";
+  if (has_reset) {
+    TVM_FFI_CHECK(reset.dtype().code == kDLUInt && reset.dtype().bits == 8 && reset.dtype().lanes == 1, TypeError)
+        << "reset must be uint8 (a bool tensor's bytes)";
+    TVM_FFI_CHECK(reset.ndim() == 1 && reset.size(0) == b, ValueError) << "reset must be [B]";
+  }
   if (b == 0 || c == 0) return;
   const float* bias_p = has_bias ? static_cast<const float*>(base_of(bias)) : nullptr;
-  FTLAB_CONV1D_DISPATCH(launch_update, fp, width, x, w, bias_p, state, y, silu)
+  const uint8_t* reset_p = has_reset ? static_cast<const uint8_t*>(base_of(reset)) : nullptr;
+  const int64_t r_sb = has_reset ? reset.stride(0) : 0;
+  FTLAB_CONV1D_DISPATCH(launch_update, fp, width, x, w, bias_p, state, reset_p, r_sb, y, silu)
 }
 
 }  // namespace ftlab

@@ -150,15 +150,34 @@ __device__ __forceinline__ void ds_store(float* p, bool vec, int left, const flo
     if (j < left) p[j] = in[j];
 }
 
-// q, k [B, Hk, Dk]; v, o [B, Hv, Dv]; g, beta [B, Hv] fp32; state [B, Hv, Dk, Dv] fp32 in place.
+// A step's decay and write strength: g and beta [B, Hv] fp32 as given, or with Gates the raw
+// projections a and b in T, from which g = a_neg[h] * softplus(a + dt_bias[h]) (softplus x past
+// 20, else log(1 + exp(x))) and beta = sigmoid(b), in fp32.
+template <typename T, bool Gates>
+__device__ __forceinline__ void ds_gates(const void* g, const void* beta, const float* a_neg, const float* dt_bias,
+                                         int bh, int h, float& decay, float& bt) {
+  if constexpr (Gates) {
+    const float x = T::load(static_cast<const typename T::storage*>(g) + bh) + dt_bias[h];
+    const float sp = x > 20.0f ? x : port_logf(1.0f + port_expf(x));
+    decay = port_expf(a_neg[h] * sp);
+    bt = 1.0f / (1.0f + port_expf(-T::load(static_cast<const typename T::storage*>(beta) + bh)));
+  } else {
+    decay = port_expf(static_cast<const float*>(g)[bh]);
+    bt = static_cast<const float*>(beta)[bh];
+  }
+}
+
+// q, k [B, Hk, Dk]; v, o [B, Hv, Dv]; g, beta [B, Hv] (ds_gates); state [B, Hv, Dk, Dv] fp32 in
+// place; reset [B] bytes or null: a nonzero row's state is taken as zeros (never read).
 // Grid (B * Hv, ceil(Dv / (4 * Quads))), kDsThreads threads.
-template <typename T, int Quads>
+template <typename T, int Quads, bool Gates>
 __global__ void __launch_bounds__(kDsThreads)
     gated_delta_step_kernel(const typename T::storage* __restrict__ q, const typename T::storage* __restrict__ k,
-                            const typename T::storage* __restrict__ v, const float* __restrict__ g,
-                            const float* __restrict__ beta, float* __restrict__ state,
-                            typename T::storage* __restrict__ o, int hk, int hv, int dk, int dv, float scale,
-                            int l2norm, int vec) {
+                            const typename T::storage* __restrict__ v, const void* __restrict__ g,
+                            const void* __restrict__ beta, float* __restrict__ state,
+                            typename T::storage* __restrict__ o, const float* __restrict__ a_neg,
+                            const float* __restrict__ dt_bias, const uint8_t* __restrict__ reset, int hk, int hv,
+                            int dk, int dv, float scale, int l2norm, int vec) {
   constexpr int kRowThreads = kDsThreads / Quads, kPer = kDnMaxDk / kRowThreads;
   static_assert(kDsThreads % Quads == 0 && kDnMaxDk % kRowThreads == 0 && Quads <= 16, "block shape");
   __shared__ DsShared<Quads> sh;
@@ -171,11 +190,12 @@ __global__ void __launch_bounds__(kDsThreads)
   if (tid < kDnMaxDk) sh.q[tid] = tid < dk ? T::load(q + head * dk + tid) : 0.0f;
   else sh.k[tid - kDnMaxDk] = tid - kDnMaxDk < dk ? T::load(k + head * dk + tid - kDnMaxDk) : 0.0f;
   float* s_cols = state + static_cast<int64_t>(bh) * dk * dv + col;
+  const bool fresh = reset != nullptr && reset[b] != 0;
   float s[kPer][4];
 #pragma unroll
   for (int m = 0; m < kPer; ++m) {
     const int i = r + m * kRowThreads;
-    if (live && i < dk) ds_load(s_cols + static_cast<int64_t>(i) * dv, vec != 0, left, s[m]);
+    if (live && i < dk && !fresh) ds_load(s_cols + static_cast<int64_t>(i) * dv, vec != 0, left, s[m]);
     else
 #pragma unroll
       for (int j = 0; j < 4; ++j) s[m][j] = 0.0f;
@@ -183,7 +203,8 @@ __global__ void __launch_bounds__(kDsThreads)
   float vv[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) vv[j] = j < left ? T::load(v + static_cast<int64_t>(bh) * dv + col + j) : 0.0f;
-  const float decay = port_expf(g[bh]), bt = beta[bh];
+  float decay, bt;
+  ds_gates<T, Gates>(g, beta, a_neg, dt_bias, bh, h, decay, bt);
   __syncthreads();
   // k^T S (per column) and |k|^2 over this thread's rows, then over the block
   float kv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, kk = 0.0f;
@@ -314,13 +335,15 @@ __global__ void __launch_bounds__(kDnThreads)
   }
 }
 
-#define FTLAB_DELTANET_STEP(T, Q)                                                                          \
-  template __global__ void gated_delta_step_kernel<T, Q>(const T::storage*, const T::storage*,              \
-                                                         const T::storage*, const float*, const float*, float*, \
-                                                         T::storage*, int, int, int, int, float, int, int);
+#define FTLAB_DELTANET_STEP(T, Q, G)                                                                          \
+  template __global__ void gated_delta_step_kernel<T, Q, G>(                                                   \
+      const T::storage*, const T::storage*, const T::storage*, const void*, const void*, float*, T::storage*,  \
+      const float*, const float*, const uint8_t*, int, int, int, int, float, int, int);
 #define FTLAB_DELTANET_INSTANTIATE(T)                                                                          \
-  FTLAB_DELTANET_STEP(T, 4)                                                                                    \
-  FTLAB_DELTANET_STEP(T, 8)                                                                                    \
+  FTLAB_DELTANET_STEP(T, 4, false)                                                                             \
+  FTLAB_DELTANET_STEP(T, 8, false)                                                                             \
+  FTLAB_DELTANET_STEP(T, 4, true)                                                                              \
+  FTLAB_DELTANET_STEP(T, 8, true)                                                                              \
   template __global__ void gated_delta_scan_kernel<T>(const T::storage*, const T::storage*, const T::storage*, \
                                                       const float*, const float*, float*, T::storage*, int, int, \
                                                       int, int, int, float, int);

@@ -36,9 +36,23 @@ DnDims check_all(const TensorView& q, const TensorView& k, const TensorView& v, 
   TVM_FFI_CHECK(state.numel() == d.b * d.hv * d.dk * d.dv, ValueError) << "state must be [B, Hv, Dk, Dv]";
   const Fp fp = fp_of(q, "q");
   for (const TensorView* x : {&k, &v, &o}) TVM_FFI_CHECK(fp_of(*x, "operand") == fp, TypeError) << "q, k, v, o: one dtype";
-  for (const TensorView* x : {&g, &beta, &state})
-    TVM_FFI_CHECK(fp_of(*x, "g, beta, state") == Fp::f32, TypeError) << "g, beta and state must be float32";
+  TVM_FFI_CHECK(fp_of(state, "state") == Fp::f32, TypeError) << "state must be float32";
   return d;
+}
+
+// a_neg or dt_bias: [n] fp32, contiguous.
+void check_gate_vector(const TensorView& t, const char* name, int64_t n) {
+  TVM_FFI_CHECK(t.ndim() == 1 && t.size(0) == n && fp_of(t, name) == Fp::f32, ValueError)
+      << name << " must be [Hv] float32";
+  check_contiguous(t, name);
+}
+
+// g and beta fp32 (as given) or, with the gates, the raw projections in q's dtype.
+void check_gates(const TensorView& q, const TensorView& g, const TensorView& beta, bool gates) {
+  const Fp want = gates ? fp_of(q, "q") : Fp::f32;
+  for (const TensorView* x : {&g, &beta})
+    TVM_FFI_CHECK(fp_of(*x, "g, beta") == want, TypeError)
+        << (gates ? "g and beta (a and b) must have q's dtype with the gates" : "g and beta must be float32");
 }
 
 // The decode step's columns a block (16 or 32; 0: 16 when 32 would give fewer than 256 blocks).
@@ -47,23 +61,45 @@ int step_cols(const DnDims& d, int cols) {
   return d.b * d.hv * ((d.dv + 31) / 32) < 256 ? 16 : 32;
 }
 
+// The step's optional inputs: the gates' a_neg and dt_bias [Hv] fp32, the reset bytes [B].
+struct StepExtras {
+  const float* a_neg = nullptr;
+  const float* dt_bias = nullptr;
+  const uint8_t* reset = nullptr;
+};
+
+template <typename T, bool Gates>
+void launch_step(const dim3& grid, int cols, const typename T::storage* qp, const typename T::storage* kp,
+                 const typename T::storage* vp, const void* gp, const void* bp, float* sp, typename T::storage* op,
+                 const StepExtras& x, int hk, int hv, int dk, int dv, float scale, int l2norm, int vec,
+                 const TensorView& q) {
+  if (cols == 32)
+    gated_delta_step_kernel<T, 8, Gates><<<grid, kDsThreads, 0, stream_of(q)>>>(
+        qp, kp, vp, gp, bp, sp, op, x.a_neg, x.dt_bias, x.reset, hk, hv, dk, dv, scale, l2norm, vec);
+  else
+    gated_delta_step_kernel<T, 4, Gates><<<grid, kDsThreads, 0, stream_of(q)>>>(
+        qp, kp, vp, gp, bp, sp, op, x.a_neg, x.dt_bias, x.reset, hk, hv, dk, dv, scale, l2norm, vec);
+  check_launch("gated_delta_step_kernel");
+}
+
 template <typename T>
 void launch(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
             const TensorView& beta, const TensorView& state, const TensorView& o, const DnDims& d, float scale,
-            int l2norm, bool seq, int cols) {
+            int l2norm, bool seq, int cols, const StepExtras& extras) {
   using S = typename T::storage;
   const auto* qp = static_cast<const S*>(base_of(q));
   const auto* kp = static_cast<const S*>(base_of(k));
   const auto* vp = static_cast<const S*>(base_of(v));
-  const auto* gp = static_cast<const float*>(base_of(g));
-  const auto* bp = static_cast<const float*>(base_of(beta));
+  const void* gp = base_of(g);
+  const void* bp = base_of(beta);
   auto* sp = static_cast<float*>(base_of(state));
   auto* op = static_cast<S*>(base_of(o));
   const int hk = static_cast<int>(d.hk), hv = static_cast<int>(d.hv), dk = static_cast<int>(d.dk),
             dv = static_cast<int>(d.dv);
   if (seq) {
     const dim3 grid(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + kDnCols - 1) / kDnCols));
-    gated_delta_scan_kernel<T><<<grid, kDnThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op,
+    gated_delta_scan_kernel<T><<<grid, kDnThreads, 0, stream_of(q)>>>(qp, kp, vp, static_cast<const float*>(gp),
+                                                                      static_cast<const float*>(bp), sp, op,
                                                                       static_cast<int>(d.t), hk, hv, dk, dv, scale,
                                                                       l2norm);
     check_launch("gated_delta_scan_kernel");
@@ -72,43 +108,59 @@ void launch(const TensorView& q, const TensorView& k, const TensorView& v, const
   // 16-byte state accesses when every row starts 16-byte aligned
   const int vec = d.dv % 4 == 0 && reinterpret_cast<uintptr_t>(sp) % 16 == 0;
   const dim3 grid(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + cols - 1) / cols));
-  if (cols == 32)
-    gated_delta_step_kernel<T, 8><<<grid, kDsThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op, hk, hv, dk, dv,
-                                                                         scale, l2norm, vec);
+  if (extras.a_neg != nullptr)
+    launch_step<T, true>(grid, cols, qp, kp, vp, gp, bp, sp, op, extras, hk, hv, dk, dv, scale, l2norm, vec, q);
   else
-    gated_delta_step_kernel<T, 4><<<grid, kDsThreads, 0, stream_of(q)>>>(qp, kp, vp, gp, bp, sp, op, hk, hv, dk, dv,
-                                                                         scale, l2norm, vec);
-  check_launch("gated_delta_step_kernel");
+    launch_step<T, false>(grid, cols, qp, kp, vp, gp, bp, sp, op, extras, hk, hv, dk, dv, scale, l2norm, vec, q);
 }
 
 void run(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state, TensorView o,
-         double scale, bool l2norm, bool seq, int64_t cols) {
+         double scale, bool l2norm, bool seq, int64_t cols, const StepExtras& extras) {
   const DnDims d = check_all(q, k, v, g, beta, state, o, seq);
+  check_gates(q, g, beta, extras.a_neg != nullptr);
   TVM_FFI_CHECK(cols == 0 || cols == 16 || cols == 32, ValueError) << "cols must be 0, 16 or 32, got " << cols;
   const int c = seq ? 0 : step_cols(d, static_cast<int>(cols));
   if (d.b * d.t == 0) return;
   const float sc = static_cast<float>(scale);
   switch (fp_of(q, "q")) {
-    case Fp::f32: launch<f32_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c); break;
-    case Fp::f16: launch<f16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c); break;
-    case Fp::bf16: launch<bf16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c); break;
+    case Fp::f32: launch<f32_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c, extras); break;
+    case Fp::f16: launch<f16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c, extras); break;
+    case Fp::bf16: launch<bf16_t>(q, k, v, g, beta, state, o, d, sc, l2norm, seq, c, extras); break;
   }
 }
 
 }  // namespace
 
 // One token: q, k [B, Hk, Dk], v, o [B, Hv, Dv], g, beta [B, Hv], state [B, Hv, Dk, Dv] in place;
-// cols: the state columns a block (16 or 32; 0 picks by the block count).
+// cols: the state columns a block (16 or 32; 0 picks by the block count). With has_gates, g and
+// beta are the raw projections a and b in q's dtype and a_neg, dt_bias [Hv] fp32 make the gates;
+// with has_reset, reset [B] (bytes, nonzero: the row starts from a zero state). Unused tensors
+// are placeholders, never read.
 void gated_delta_step(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
-                      TensorView o, double scale, bool l2norm, int64_t cols) {
-  run(q, k, v, g, beta, state, o, scale, l2norm, false, cols);
+                      TensorView o, double scale, bool l2norm, int64_t cols, TensorView a_neg, TensorView dt_bias,
+                      TensorView reset, bool has_gates, bool has_reset) {
+  StepExtras x;
+  if (has_gates) {
+    const int64_t hv = v.ndim() == 3 ? v.size(1) : 0;
+    check_gate_vector(a_neg, "a_neg", hv);
+    check_gate_vector(dt_bias, "dt_bias", hv);
+    x.a_neg = static_cast<const float*>(base_of(a_neg));
+    x.dt_bias = static_cast<const float*>(base_of(dt_bias));
+  }
+  if (has_reset) {
+    TVM_FFI_CHECK(reset.ndim() == 1 && reset.size(0) == q.size(0) && reset.dtype().bits == 8, ValueError)
+        << "reset must be [B] bytes";
+    check_contiguous(reset, "reset");
+    x.reset = static_cast<const uint8_t*>(base_of(reset));
+  }
+  run(q, k, v, g, beta, state, o, scale, l2norm, false, cols, x);
 }
 
 // A sequence: q, k [B, T, Hk, Dk], v, o [B, T, Hv, Dv], g, beta [B, T, Hv]; state holds the
 // initial state and receives the final one.
 void gated_delta_scan(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
                       TensorView o, double scale, bool l2norm) {
-  run(q, k, v, g, beta, state, o, scale, l2norm, true, 0);
+  run(q, k, v, g, beta, state, o, scale, l2norm, true, 0, StepExtras{});
 }
 
 }  // namespace ftlab

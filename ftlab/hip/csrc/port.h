@@ -198,9 +198,11 @@ __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
 // ---------------------------------------------------------------- exp
 #if defined(PORT_BARE_CLANG)
 __device__ __forceinline__ float port_expf(float x) { return __builtin_expf(x); }
+__device__ __forceinline__ float port_logf(float x) { return __builtin_logf(x); }
 __device__ __forceinline__ float port_sqrtf(float x) { return __builtin_sqrtf(x); }
 #else
 __device__ __forceinline__ float port_expf(float x) { return expf(x); }
+__device__ __forceinline__ float port_logf(float x) { return logf(x); }
 __device__ __forceinline__ float port_sqrtf(float x) { return sqrtf(x); }
 #endif
 
