@@ -145,6 +145,18 @@ def index_vector(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be 1-D [L], got shape {tuple(t.shape)}")
 
 
+def reset_rows(name: str, t: object, b: int, ref_name: str, ref: torch.Tensor) -> torch.Tensor:
+    """A bool ``[B]`` row mask (any stride) on ``ref``'s device: the decode ops' ``reset``."""
+    tensor(name, t)
+    if t.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor, got {t.dtype}")
+    if tuple(t.shape) != (b,):
+        raise ValueError(f"{name} must be [B={b}], got shape {tuple(t.shape)}")
+    if t.device != ref.device:
+        raise ValueError(f"{name} must be on {ref_name}'s device {ref.device}, got {t.device}")
+    return t
+
+
 def shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
     if tuple(t.shape) != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")

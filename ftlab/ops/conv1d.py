@@ -93,18 +93,6 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return impl.fn(x, weight, bias, state, lengths, silu)
 
 
-def _reset(reset: object, b: int, x: torch.Tensor) -> torch.Tensor:
-    """reset ``[B]`` bool on x's device (any stride)."""
-    argcheck.tensor("reset", reset)
-    if reset.dtype != torch.bool:
-        raise TypeError(f"reset must be a bool tensor, got {reset.dtype}")
-    if tuple(reset.shape) != (b,):
-        raise ValueError(f"reset must be [B={b}], got shape {tuple(reset.shape)}")
-    if reset.device != x.device:
-        raise ValueError(f"reset must be on x's device {x.device}, got {reset.device}")
-    return reset
-
-
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor, *,
                          activation: str | None = "silu", backend: str = "auto",
                          reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
@@ -131,7 +119,7 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if state.numel() and state.shape[2] > 1 and state.stride(2) != 1:
         raise ValueError(f"state must have a unit last stride (it is updated in place), got strides {state.stride()}")
     if reset is not None:
-        _reset(reset, b, x)
+        argcheck.reset_rows("reset", reset, b, "x", x)
     if x.stride(1) != 1:
         x = x.contiguous()
     impl = backends.resolve("causal_conv1d_update", backend, x.device, x.dtype)

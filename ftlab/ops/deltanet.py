@@ -117,16 +117,6 @@ def _gates(gates: object, g: torch.Tensor, beta: torch.Tensor, q: torch.Tensor, 
             raise TypeError(f"{name} must be float32 or q's dtype {q.dtype} with gates, got {t.dtype}")
 
 
-def _reset(reset: object, b: int, q: torch.Tensor) -> None:
-    argcheck.tensor("reset", reset)
-    if reset.dtype != torch.bool:
-        raise TypeError(f"reset must be a bool tensor, got {reset.dtype}")
-    if tuple(reset.shape) != (b,):
-        raise ValueError(f"reset must be [{b}] (B), got {tuple(reset.shape)}")
-    if reset.device != q.device:
-        raise ValueError(f"reset must be on q's device {q.device}, got {reset.device}")
-
-
 def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      state: torch.Tensor, *, scale: float | None = None, l2norm_qk: bool = True,
                      gates: tuple[torch.Tensor, torch.Tensor] | None = None, reset: torch.Tensor | None = None,
@@ -156,7 +146,7 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if gates is not None:
         _gates(gates, g, beta, q, hv)
     if reset is not None:
-        _reset(reset, b, q)
+        argcheck.reset_rows("reset", reset, b, "q", q)
     impl = backends.resolve("gated_delta_step", backend, q.device, q.dtype)
     if b == 0:
         return torch.empty(0, hv, dv, dtype=v.dtype, device=v.device)

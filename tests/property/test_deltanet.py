@@ -214,7 +214,7 @@ def test_bad_arguments_name_themselves():
         ops.gated_delta_step(*step[:3], g[:, 0].half(), *step[4:], gates=gates)
     with pytest.raises(TypeError, match="reset must be a bool tensor"):
         ops.gated_delta_step(*step, reset=torch.zeros(1, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"reset must be \[1\] \(B\)"):
+    with pytest.raises(ValueError, match=r"reset must be \[B=1\], got shape \(2,\)"):
         ops.gated_delta_step(*step, reset=torch.zeros(2, dtype=torch.bool))
 
 
