@@ -121,6 +121,44 @@ class MoeWeights:
     shared_gate_up: Weight
     shared_down: Weight
     shared_gate: torch.Tensor
+    banks: tuple[Weight, Weight] | None = None  # shared_in_banks(): gate_up, down of E + 1 experts
+
+    def shared_in_banks(self) -> bool:
+        """Whether the shared expert is expert E of one pair of banks ``[E + 1, ...]`` (made here
+        once, True after): the routed banks and the shared expert then become views of them (no
+        second copy), and one ``moe_experts`` call with a (k + 1)-th slot -- id E, weight the
+        shared gate -- runs both. Possible when the shared expert's width is the routed experts'
+        and the four banks are all Q4_0 or all dense of one dtype; False otherwise."""
+        if self.banks is not None:
+            return True
+        e = self.w_gate_up.shape[0]
+        if self.shared_gate_up.shape[1:] != self.w_gate_up.shape[1:] or self.shared_down.shape[1:] != self.w_down.shape[1:]:
+            return False
+        banks = [_experts_cat(self.w_gate_up, self.shared_gate_up), _experts_cat(self.w_down, self.shared_down)]
+        if None in banks:
+            return False
+        self.banks = (banks[0], banks[1])
+        self.w_gate_up, self.shared_gate_up = _experts_view(banks[0], 0, e), _experts_view(banks[0], e, e + 1)
+        self.w_down, self.shared_down = _experts_view(banks[1], 0, e), _experts_view(banks[1], e, e + 1)
+        return True
+
+
+def _experts_cat(a: Weight, b: Weight) -> Weight | None:
+    """Two banks ``[E_a, N, K]``, ``[E_b, N, K]`` as one ``[E_a + E_b, N, K]`` (both Q4_0, or dense
+    of one dtype and device); None for a mix."""
+    if isinstance(a, Q4_0Weight) and isinstance(b, Q4_0Weight):
+        data = torch.cat([a.data, b.data])
+        return Q4_0Weight(data, (data.shape[0], *a.shape[1:]))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device:
+        return torch.cat([a, b])
+    return None
+
+
+def _experts_view(w: Weight, start: int, stop: int) -> Weight:
+    """Experts ``start:stop`` of a bank, a view."""
+    if isinstance(w, Q4_0Weight):
+        return Q4_0Weight(w.data[start:stop], (stop - start, *w.shape[1:]))
+    return w[start:stop]
 
 
 @dataclass
@@ -174,7 +212,7 @@ class Qwen3Next:
                              f"{len(hybrid)}")  # fmt: skip
         self.hybrid = hybrid
         self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
-        self._zeros: dict[tuple, torch.Tensor] = {}  # _zero_ids' tensors
+        self._zeros: dict[tuple, torch.Tensor] = {}  # _ids' tensors
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static, self.q4_0_path = static, q4_0_path
         self.backends = backend_map(backends or {})
@@ -189,6 +227,10 @@ class Qwen3Next:
                            for i in c.linear_layers}  # fmt: skip
         self.delta_state = {i: torch.zeros(max_batch, hv, dk, dv, device=device, dtype=torch.float32)
                             for i in c.linear_layers}  # fmt: skip
+        # the layers whose routed and shared experts run as one moe_experts call (MoeWeights.shared_in_banks):
+        # not a hybrid layer's (its routed experts go through the executor), not a tensor-parallel shard's
+        self.one_call = set() if tp is not None else {
+            i for i, lw in enumerate(weights.layers) if not (hybrid and hybrid[i]) and lw.moe.shared_in_banks()}
 
     def recurrent_state(self) -> list[torch.Tensor]:
         """Every conv and delta state buffer (what a decode graph's warm-up saves and restores)."""
@@ -290,19 +332,27 @@ class Qwen3Next:
         logits, weights, ids = route(h, mw.router, c.num_experts_per_tok, c.norm_topk_prob, self.backends)
         yield Stage(f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights")
         kw = {"path": self.q4_0_path, "backend": self.backends["moe_experts"]}
+        gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the shared expert's weight
+        if i in self.one_call:  # routed and shared experts in one call: the shared one as slot k, expert E
+            both = ops.moe_experts(h, *mw.banks, torch.cat([weights, gate], 1), torch.cat([ids, self._ids(h, mw)], 1),
+                                   **kw)  # fmt: skip
+            yield Stage(f"layer {i} experts", {"experts": both}, "experts")
+            yield Stage(f"layer {i} shared_expert", {"gate": gate}, "gate")
+            return both
         routed = self._reduce(self.routed_experts(i, h, weights, ids))
         yield Stage(f"layer {i} experts", {"experts": routed}, "experts")
-        gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the one expert's weight
-        shared = self._reduce(ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, self._zero_ids(h), **kw))
+        shared = self._reduce(ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, self._ids(h), **kw))
         yield Stage(f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert")
         return routed + shared
 
-    def _zero_ids(self, h: torch.Tensor) -> torch.Tensor:
-        """int32 zeros ``[N, 1]``, the shared expert's ids for ``h [N, H]``: made once a row count and
-        kept (never written), not filled again every layer of every step."""
-        key = (h.shape[0], h.device)
+    def _ids(self, h: torch.Tensor, mw: MoeWeights | None = None) -> torch.Tensor:
+        """The shared expert's ids ``[N, 1]`` int32 for ``h [N, H]``: 0 in its own bank, or E in the
+        banks of ``mw.shared_in_banks()``; made once a row count and kept (never written), not
+        filled again every layer of every step."""
+        e = 0 if mw is None else mw.w_gate_up.shape[0]
+        key = (h.shape[0], e, h.device)
         if key not in self._zeros:
-            self._zeros[key] = torch.zeros(h.shape[0], 1, dtype=torch.int32, device=h.device)
+            self._zeros[key] = torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
         return self._zeros[key]
 
     def routed_experts(self, i: int, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
