@@ -64,8 +64,9 @@ __all__ = ["AttentionWeights", "DeltaNetWeights", "MoeWeights", "NextLayerWeight
 class DeltaNetWeights:
     """A linear-attention layer's mixer: the input projection's parts (rows of q, k, v -- the
     conv's channels, ``[conv_dim, H]`` -- then z ``[value_dim, H]``, b and a ``[Hv, H]``), the conv
-    ``[conv_dim, W]``, ``dt_bias`` and ``a_neg = -exp(A_log)`` fp32 ``[Hv]``, the gated norm's
-    weight ``[Dv]`` and out_proj ``[H, value_dim]``; ``out_perm`` int64 ``[value_dim]`` or None:
+    ``[conv_dim, W]`` (fp32 from a checkpoint: the values of the model's dtype), ``dt_bias`` and
+    ``a_neg = -exp(A_log)`` fp32 ``[Hv]``, the gated norm's weight ``[Dv]`` (likewise) and out_proj
+    ``[H, value_dim]``; ``out_perm`` int64 ``[value_dim]`` or None:
     out_proj's columns are stored permuted (column j is HF's column ``out_perm[j]``, as a packed
     weight must stay), so it is fed ``y[..., out_perm]``."""
 

@@ -101,9 +101,10 @@ class _Reader:
 
     def norm(self, name: str, n: int, zero_centred: bool) -> torch.Tensor:
         """A norm's scale ``[n]``: a zero-centred one's ``1 + w`` in fp32 (rounded to a 16-bit
-        dtype, ``1 + w`` loses the low bits of a small ``w``), any other in the model's dtype."""
+        dtype, ``1 + w`` loses the low bits of a small ``w``), any other the model's dtype's values
+        held in fp32 (the gated norm reads it in fp32: no cast a decode step)."""
         w = self.dense(name, n, dtype=torch.float32)
-        return w + 1 if zero_centred else w.to(self.dtype)
+        return w + 1 if zero_centred else w.to(self.dtype).float()
 
 
 def take_rows(w: Weight, rows: torch.Tensor) -> Weight:
@@ -175,7 +176,8 @@ def _delta_net(rd: _Reader, c: Qwen3NextConfig, p: str, perms: Mapping) -> Delta
         b, a = rd.weight(p + "in_proj_b.weight", hv, h), rd.weight(p + "in_proj_a.weight", hv, h)
     width = c.linear_conv_kernel_dim
     conv_shape = (c.conv_dim, 1, width) if len(rd.shape(p + "conv1d.weight")) == 3 else (c.conv_dim, width)
-    conv = rd.dense(p + "conv1d.weight", *conv_shape).reshape(c.conv_dim, width)
+    # held in fp32 (the values of the model's dtype), as the conv reads it: no cast a decode step
+    conv = rd.dense(p + "conv1d.weight", *conv_shape).reshape(c.conv_dim, width).float()
     a_log = rd.dense(p + "A_log", hv, dtype=torch.float32)
     out_proj, out_perm = _out_proj(rd, c, p + "out_proj.weight", perms.get(p + "out_proj.weight"))
     return DeltaNetWeights(qkv, z, b, a, conv, rd.dense(p + "dt_bias", hv, dtype=torch.float32), -a_log.exp(),

@@ -14,12 +14,13 @@ from ftlab.testing.common import assert_within, backends_for, ulp
 EPS32 = 2.0**-23
 
 
-def gated_delta_exact(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True):
-    """The recurrence in f64 on the CPU: ``(o [B, T, Hv, Dv], final_state)`` f64."""
-    return _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, 1)[:2]
+def gated_delta_exact(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, gates=None):
+    """The recurrence in f64 on the CPU: ``(o [B, T, Hv, Dv], final_state)`` f64. ``gates =
+    (a_neg, dt_bias)``: g and beta are the raw a and b (``ops.gated_delta_step``'s gates)."""
+    return _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, 1, gates)[:2]
 
 
-def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=1):
+def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=1, gates=None):
     """Per-element bounds ``(o [B, T, Hv, Dv], final_state [B, Hv, Dk, Dv])`` on |computed -
     exact| for one fp32 computation of the gated delta rule in chunks of ``chunk_size``
     (1: the recurrence, token by token), derived in f64 from the exact recurrence.
@@ -47,10 +48,11 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     error ``E_t = growth_t E_{t-1} + rho (|k_t| m_t + [chunk end] A_t) + 6 A_t`` then bounds the
     state's column error, the output's ``|q_t| (E_t + rho A_t)`` eps32 (q scaled), the final
     state's ``(E_T + rho A_T)`` eps32. Outputs of fp16 / bf16 add the rounding to v's dtype,
-    one ulp (Triton's interpreter truncates) at ``|exact| + bound``.
+    one ulp (Triton's interpreter truncates) at ``|exact| + bound``. ``gates = (a_neg, dt_bias)``:
+    g and beta are the raw a and b, the gates' fp32 errors added (:func:`check_gated_delta_step_case`).
     """
     _, _, o_bound, s_bound = _exact_and_bounds(
-        q, k, v, g, beta, state, scale, l2norm_qk, chunk_size
+        q, k, v, g, beta, state, scale, l2norm_qk, chunk_size, gates
     )
     return o_bound, s_bound
 

@@ -40,20 +40,23 @@ def _ptr(t: torch.Tensor):
 
 
 @pytest.mark.parametrize(
-    "b, t, hk, hv, dk, dv, l2norm, cols, vec",
+    "b, t, hk, hv, dk, dv, l2norm, cols, vec, gates",
     [
-        (1, 0, 1, 2, 16, 40, True, 16, True),
-        (1, 0, 1, 2, 16, 40, True, 32, True),  # a partial last block of columns
-        (2, 0, 2, 4, 128, 32, True, 32, True),
-        (1, 0, 2, 2, 100, 37, False, 32, False),  # Dv % 4 != 0: the scalar accesses
-        (1, 0, 1, 1, 128, 20, True, 16, False),
-        (1, 9, 1, 2, 32, 48, True, 0, False),
-        (2, 5, 2, 2, 100, 16, False, 0, False),
+        (1, 0, 1, 2, 16, 40, True, 16, True, False),
+        (1, 0, 1, 2, 16, 40, True, 32, True, False),  # a partial last block of columns
+        (2, 0, 2, 4, 128, 32, True, 32, True, False),
+        (1, 0, 2, 2, 100, 37, False, 32, False, False),  # Dv % 4 != 0: the scalar accesses
+        (1, 0, 1, 1, 128, 20, True, 16, False, False),
+        (3, 0, 2, 4, 32, 40, True, 16, True, True),  # the gates from a and b, a row reset
+        (3, 0, 1, 2, 64, 37, True, 32, False, True),
+        (1, 9, 1, 2, 32, 48, True, 0, False, False),
+        (2, 5, 2, 2, 100, 16, False, 0, False, False),
     ],
 )
-def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, cols, vec):
+def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, cols, vec, gates):
     """t = 0: the decode step on one token (``cols`` state columns a block, 16-byte accesses
-    when ``vec``); else the prefill scan over t tokens."""
+    when ``vec``; ``gates``: g and beta made in the kernel from the raw a and b, the middle row
+    reset over a state of NaN); else the prefill scan over t tokens."""
     gen = torch.Generator().manual_seed(b + t + dk)
     steps = max(t, 1)
     q = torch.randn(b, steps, hk, dk, generator=gen)
@@ -63,11 +66,20 @@ def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, cols, ve
     beta = torch.sigmoid(torch.randn(b, steps, hv, generator=gen))
     state = torch.randn(b, hv, dk, dv, generator=gen) * 0.5
     scale = dk**-0.5
+    extra, kw, start = (None, None, None), {}, state
+    if gates:  # raw a and b in g and beta's places, the gates' vectors, row 1 reset
+        g, beta = torch.randn(b, steps, hv, generator=gen) * 4, torch.randn(b, steps, hv, generator=gen) * 3
+        a_neg, dt_bias = -torch.empty(hv).uniform_(1.0, 16.0, generator=gen), torch.randn(hv, generator=gen) * 2
+        reset = torch.tensor([i == 1 for i in range(b)], dtype=torch.uint8)
+        extra, kw = (_ptr(a_neg), _ptr(dt_bias), _ptr(reset)), {"gates": (a_neg, dt_bias)}
+        start = state.clone()
+        start[1] = 0.0
+        state[1] = float("nan")
     got_state = state.clone()
     o = torch.full((b, steps, hv, dv), float("nan"))
     harness.run(_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(got_state), _ptr(o), b, t, hk, hv, dk, dv,
-                ctypes.c_float(scale), int(l2norm), cols, int(vec))  # fmt: skip
-    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, l2norm)
-    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, l2norm, chunk_size=1)
+                ctypes.c_float(scale), int(l2norm), cols, int(vec), *extra)  # fmt: skip
+    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, start, scale, l2norm, **kw)
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, start, scale, l2norm, chunk_size=1, **kw)
     assert bool(((o.double() - exact_o).abs() <= o_bound).all()), float((o.double() - exact_o).abs().max())
     assert bool(((got_state.double() - exact_s).abs() <= s_bound).all())

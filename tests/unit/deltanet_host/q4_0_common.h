@@ -35,6 +35,7 @@ inline float port_shfl_xor(float v, int lane_mask) {
 inline void load4f(const float* p, float out[4]) { std::memcpy(out, p, 16); }
 inline void store4f(float* p, const float in[4]) { std::memcpy(p, in, 16); }
 inline float port_expf(float x) { return std::exp(x); }
+inline float port_logf(float x) { return std::log(x); }
 struct f32_t {
   using storage = float;
   static float load(const storage* p) { return *p; }
