@@ -51,7 +51,7 @@ def one_shape(shape: str, e: int, hidden: int, inter: int, top_k: int, dev: torc
     dn = ops.quantize_q4_0(torch.randn(e, hidden, inter, device=dev, generator=g) * inter**-0.5)
     pairs = t * top_k
     table = [mk.kq_gemm_config(torch.bfloat16, "Q4_0", arch, gated) for gated in (True, False)]
-    bm_table = min(min(c["BLOCK_M"] for c in table), max(16, triton.next_power_of_2(2 * max(1, pairs // e))))
+    bm_table = min(min(c["BLOCK_M"] for c in table), mk.block_m_for(pairs, e))
     wbytes = (gu.data.numel() + dn.data.numel()) * gu.data.element_size()
     print(f"{shape}: T {t}, {pairs / e:.1f} rows an expert; banks {wbytes / 1e6:.0f} MB; table {table}, "
           f"BLOCK_M {bm_table}", flush=True)  # fmt: skip

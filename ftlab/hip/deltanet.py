@@ -43,10 +43,10 @@ def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, col
     A block of 256 threads per (sequence, value head, ``cols`` state columns), 16-byte state
     accesses when Dv % 4 == 0 and the state is 16-byte aligned. ``cols``: 16 or 32, or 0 to pick
     (16 when 32 would give fewer than 256 blocks). ``gates``: the kernel makes g and beta from a
-    and b in q's dtype (a and b in fp32 beside half q: the reference's gates first, then the
+    and b in q's dtype (a or b in fp32 beside a half q: the reference's gates first, then the
     kernel without); ``reset``: rows from a zero state, read as bytes."""
     _check_dk(q.shape[-1])
-    if gates is not None and g.dtype != q.dtype:
+    if gates is not None and (g.dtype != q.dtype or beta.dtype != q.dtype):
         g, beta = step_gates(g, beta, *gates)
         gates = None
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)

@@ -49,7 +49,7 @@ GEMM_BLOCK_M = 64  # kGemmTile: the grouped GEMM's rows per block, moe_align's b
 #: one-launch kernel took 191 us for 512 tokens of the Qwen3.6 router (256 x 2048) on the H200,
 #: 7.6 ms of a 87.5 ms prefill (benchmarks/NOTES.md).
 ROUTER_GEMM_TOKENS = DECODE_MAX_TOKENS
-_FP32_OUT_MM: dict[torch.device, bool] = {}
+_FP32_OUT_MM: dict[tuple[torch.device, torch.dtype], bool] = {}
 
 
 def _module(device: torch.device):
@@ -80,14 +80,14 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
             f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = {e}, top_k = {top_k}"
         )
     dev = x.device
+    if t > ROUTER_GEMM_TOKENS and x.dtype != torch.float32 and _fp32_out_mm(dev, x.dtype):
+        logits = torch.mm(x, weight.t(), out_dtype=torch.float32).to(x.dtype)
+        weights, ids = route_topk(logits, top_k, renormalize)
+        return logits, weights, ids
     logits = x.new_empty((t, e))
     weights = x.new_empty((t, top_k), dtype=torch.float32)
     ids = x.new_empty((t, top_k), dtype=torch.int32)
     if t == 0:
-        return logits, weights, ids
-    if t > ROUTER_GEMM_TOKENS and x.dtype != torch.float32 and _fp32_out_mm(dev):
-        logits = torch.mm(x, weight.t(), out_dtype=torch.float32).to(x.dtype)
-        weights, ids = route_topk(logits, top_k, renormalize)
         return logits, weights, ids
     x = x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.shape[1] <= 1 or weight.stride(1) == 1 else weight.contiguous()
@@ -100,17 +100,18 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
     return logits, weights, ids
 
 
-def _fp32_out_mm(dev: torch.device) -> bool:
-    """Whether torch's half-precision GEMM with fp32 output (``torch.mm(..., out_dtype=)``) runs on
-    ``dev`` (asked once a device, on two small matrices: not inside a graph capture, as the router's
-    counters are made at its first call too)."""
-    if dev not in _FP32_OUT_MM:
-        a = torch.ones((2, 8), dtype=torch.bfloat16, device=dev)
+def _fp32_out_mm(dev: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's GEMM of ``dtype`` (fp16 / bf16) with fp32 output (``torch.mm(...,
+    out_dtype=)``) runs on ``dev`` (asked once a device and dtype, on two small matrices: not inside
+    a graph capture, as the router's counters are made at its first call too)."""
+    key = (dev, dtype)
+    if key not in _FP32_OUT_MM:
+        a = torch.ones((2, 8), dtype=dtype, device=dev)
         try:
-            _FP32_OUT_MM[dev] = torch.mm(a, a.t(), out_dtype=torch.float32).dtype == torch.float32
+            _FP32_OUT_MM[key] = torch.mm(a, a.t(), out_dtype=torch.float32).dtype == torch.float32
         except (RuntimeError, NotImplementedError, TypeError):
-            _FP32_OUT_MM[dev] = False
-    return _FP32_OUT_MM[dev]
+            _FP32_OUT_MM[key] = False
+    return _FP32_OUT_MM[key]
 
 
 def _rows16(t: torch.Tensor) -> bool:

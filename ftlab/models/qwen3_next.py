@@ -147,7 +147,7 @@ class MoeWeights:
 def _experts_cat(a: Weight, b: Weight) -> Weight | None:
     """Two banks ``[E_a, N, K]``, ``[E_b, N, K]`` as one ``[E_a + E_b, N, K]`` (both Q4_0, or dense
     of one dtype and device); None for a mix."""
-    if isinstance(a, Q4_0Weight) and isinstance(b, Q4_0Weight):
+    if isinstance(a, Q4_0Weight) and isinstance(b, Q4_0Weight) and a.data.device == b.data.device:
         data = torch.cat([a.data, b.data])
         return Q4_0Weight(data, (data.shape[0], *a.shape[1:]))
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device:
@@ -267,8 +267,8 @@ class Qwen3Next:
             mixed = ops.causal_conv1d_update(qkv[:, 0], lw.conv, None, conv_state, activation="silu", reset=fresh,
                                              backend=self.backends["causal_conv1d_update"])[:, None]  # fmt: skip
         else:
-            keep = (~fresh).to(x.dtype)[:, None, None]
-            mixed, new = ops.causal_conv1d(qkv, lw.conv, None, state=conv_state * keep, activation="silu",
+            start = torch.where(fresh[:, None, None], torch.zeros((), dtype=x.dtype, device=x.device), conv_state)
+            mixed, new = ops.causal_conv1d(qkv, lw.conv, None, state=start, activation="silu",
                                            backend=self.backends["causal_conv1d"])  # fmt: skip
             conv_state.copy_(new)
         yield Stage(f"layer {i} conv", {"qkv": mixed, **self._state("state", conv_state, snapshot)}, "qkv")
@@ -284,8 +284,8 @@ class Qwen3Next:
                 gates = dict(zip(("g", "beta"), step_gates(a, beta_in, lw.a_neg, lw.dt_bias), strict=True))
         else:
             g, beta = step_gates(a, beta_in, lw.a_neg, lw.dt_bias)
-            keep = (~fresh).float()[:, None, None, None]
-            o, final = ops.gated_delta_rule(q, k, v, g, beta, state=state * keep,
+            start = torch.where(fresh[:, None, None, None], torch.zeros((), device=x.device), state)
+            o, final = ops.gated_delta_rule(q, k, v, g, beta, state=start,
                                             backend=self.backends["gated_delta_rule"])  # fmt: skip
             state.copy_(final)
             gates = {"g": g, "beta": beta}
@@ -348,9 +348,11 @@ class Qwen3Next:
 
     def _ids(self, h: torch.Tensor, mw: MoeWeights | None = None) -> torch.Tensor:
         """The shared expert's ids ``[N, 1]`` int32 for ``h [N, H]``: 0 in its own bank, or E in the
-        banks of ``mw.shared_in_banks()``; made once a row count and kept (never written), not
-        filled again every layer of every step."""
+        banks of ``mw.shared_in_banks()``; for a decode step's row counts made once and kept (never
+        written), not filled again every layer of every step."""
         e = 0 if mw is None else mw.w_gate_up.shape[0]
+        if h.shape[0] > DECODE_MAX_TOKENS:  # a prefill's: made each call (kept, every prompt length would stay)
+            return torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
         key = (h.shape[0], e, h.device)
         if key not in self._zeros:
             self._zeros[key] = torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)

@@ -65,8 +65,8 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=No
         a_neg, dt_bias = (x.double().cpu() for x in gates)
         x = gd + dt_bias
         sp = torch.nn.functional.softplus(x)
+        gate_err = (a_neg.abs() * (4 + 2 * sp + x.abs()), 4 + bd.abs())  # g's error, beta's relative, in eps32
         gd, bd = a_neg * sp, torch.sigmoid(bd)
-        gate_err = a_neg.abs() * (4 + 2 * sp + x.abs())
     b, t, hk, dk = qd.shape
     hv, dv = vd.shape[-2:]
     scale = dk**-0.5 if scale is None else scale
@@ -98,12 +98,15 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=No
         delta = bt * (vd[:, i] - (decayed * kt[..., None]).sum(-2))
         s = decayed + kt[..., None] * delta[..., None, :]
         m = bt * (vd[:, i].abs() + knorm * e * amag)
-        gates_term = 0.0 if gate_err is None else (gate_err[:, i, :, None] * e * amag + 4 * knorm * m)
+        # the gates' errors: g's, a decay error of the state carried through (I - beta k k^T); beta's, of the delta
+        gates_term = 0.0 if gate_err is None else (
+            gate_err[0][:, i, :, None] * e * amag * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
+            + gate_err[1][:, i, :, None] * knorm * m)  # fmt: skip
         amag = e * amag + knorm * delta.abs()
         growth = e * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
         end = (i % chunk == chunk - 1) or i == t - 1
         err = growth * err + rho * (knorm * m + (amag if end else 0.0)) + 6 * amag
-        err = err + growth.clamp(min=1.0) * gates_term
+        err = err + gates_term
         o[:, i] = (s * qt[..., None]).sum(-2)
         o_bound[:, i] = EPS32 * qt.norm(dim=-1, keepdim=True) * (err + rho * amag)
     s_bound = (EPS32 * (err + rho * amag) if t else torch.zeros_like(amag))[..., None, :].expand(
@@ -161,7 +164,8 @@ def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=T
     that: the returned output and the state updated in place. ``gates = (a_neg, dt_bias)``: g
     and beta are the raw a and b (the exact gates in f64; the bound adds their fp32 errors, g
     within ``|a_neg| (4 + 2 softplus(x) + |x|)`` eps32 with ``x = a + dt_bias`` -- softplus as
-    ``log(1 + exp(x))`` rounds ``1 + exp(x)`` once -- and beta within 4 eps32 of itself);
+    ``log(1 + exp(x))`` rounds ``1 + exp(x)`` once -- and beta within ``(4 + |b|)`` eps32 of
+    itself: an exp whose argument is rounded first, as Triton's, is off by ``|b|`` eps32);
     ``reset`` (bool ``[B]``): those rows start from zeros, whatever their state holds."""
     seq = [x[:, None] for x in (q, k, v, g, beta)]
     start = state if reset is None else torch.where(reset[:, None, None, None], torch.zeros(()), state)

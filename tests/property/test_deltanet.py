@@ -43,24 +43,31 @@ def rule_case(
     return case, draw(st.sampled_from([16, 32, 64]))
 
 
-def _model_gates(gen, b, hv, dtype, state):
-    """The models' decode form: raw a and b (in ``dtype``), the gates' a_neg = -exp(A_log) with
-    A_log = log U[1, 16] and dt_bias, and a reset mask whose rows' state is made NaN / inf
-    garbage (in place) that must not be read."""
-    a = (torch.randn(b, hv, generator=gen) * 4).to(dtype)
-    braw = (torch.randn(b, hv, generator=gen) * 3).to(dtype)
+def _model_gates(gen, b, hv, dtypes, state, gates=True, reset=True):
+    """The models' decode form: raw a and b (in ``dtypes``' two dtypes; a spread that reaches
+    softplus' x > 20 branch), the gates' a_neg = -exp(A_log) with A_log = log U[1, 16] and
+    dt_bias, and a reset mask whose rows' state is made NaN / inf garbage (in place) that must
+    not be read; each part only when asked (``gates`` False: a and b are g and beta)."""
+    a = (torch.randn(b, hv, generator=gen) * 8).to(dtypes[0])
+    braw = (torch.randn(b, hv, generator=gen) * 3).to(dtypes[1])
     a_neg = -torch.empty(hv).uniform_(1.0, 16.0, generator=gen)
-    dt_bias = torch.randn(hv, generator=gen) * 2
-    reset = torch.rand(b, generator=gen) < 0.5
-    state[reset] = float("nan")
-    state[reset, 0, 0, 0] = float("inf")
-    return a, braw, {"gates": (a_neg, dt_bias), "reset": reset}
+    dt_bias = torch.randn(hv, generator=gen) * 4
+    kw = {}
+    if gates:
+        kw["gates"] = (a_neg, dt_bias)
+    else:  # a log decay <= 0 and a write strength in (0, 1)
+        a, braw = -torch.nn.functional.softplus(a.float()).to(dtypes[0]), torch.sigmoid(braw.float()).to(dtypes[1])
+    if reset:
+        kw["reset"] = torch.rand(b, generator=gen) < 0.5
+        state[kw["reset"]] = float("nan")
+        state[kw["reset"], 0, 0, 0] = float("inf")
+    return a, braw, kw
 
 
 @st.composite
 def step_case(draw, dims=(16, 32, 64), dtypes=(torch.float32, torch.bfloat16, torch.float16)):
-    """((q, k, v, g, beta, state), kwargs): half the cases in the models' form (_model_gates),
-    the raw a and b in q's dtype or fp32."""
+    """((q, k, v, g, beta, state), kwargs): the gates and the reset each drawn (_model_gates), a
+    and b each in q's dtype or fp32."""
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     hk = draw(st.sampled_from([1, 2, 4]))
     hv = hk * draw(st.sampled_from([1, 2]))
@@ -68,8 +75,10 @@ def step_case(draw, dims=(16, 32, 64), dtypes=(torch.float32, torch.bfloat16, to
     dtype = draw(st.sampled_from(dtypes))
     q, k, v, g, beta, state = _inputs(gen, b, 1, hk, hv, dk, dv, dtype, with_state=True)
     g, beta, kw = g[:, 0], beta[:, 0], {}
-    if draw(st.booleans()):
-        g, beta, kw = _model_gates(gen, b, hv, draw(st.sampled_from([dtype, torch.float32])), state)
+    gates, reset = draw(st.booleans()), draw(st.booleans())
+    if gates or reset:
+        dtypes = (draw(st.sampled_from([dtype, torch.float32])), draw(st.sampled_from([dtype, torch.float32])))
+        g, beta, kw = _model_gates(gen, b, hv, dtypes, state, gates, reset)
     return (q[:, 0], k[:, 0], v[:, 0], g, beta, state), kw
 
 
@@ -219,17 +228,17 @@ def test_bad_arguments_name_themselves():
 
 
 def test_gates_and_reset_are_the_models_arithmetic():
-    """With gates, the step is the step given the reference's gates (step_gates, transformers'
-    formula) bit for bit in the reference; reset rows equal a step from zeros, NaN state or not."""
+    """In the reference, the step with gates is bit for bit the step given step_gates' g and beta
+    (the formula the layers used before it, held to transformers by the model oracle tests), and
+    reset rows are a step from zeros, whatever NaN their state held."""
     gen = torch.Generator().manual_seed(5)
     q, k, v, _, _, state = _inputs(gen, 4, 1, 2, 4, 16, 16, torch.float32, with_state=True)
     q, k, v = q[:, 0], k[:, 0], v[:, 0]
     clean = state.clone()
-    a, braw, kw = _model_gates(gen, 4, 4, torch.float32, state)
+    a, braw, kw = _model_gates(gen, 4, 4, (torch.float32, torch.float32), state)
     kw["reset"] = torch.tensor([True, False, True, False])  # a mix, whatever the draw
     state = torch.where(kw["reset"][:, None, None, None], torch.full((), float("nan")), clean)
     g, beta = ref.step_gates(a, braw, *kw["gates"])
-    assert torch.equal(g, kw["gates"][0] * torch.nn.functional.softplus(a + kw["gates"][1]))
     fused = state.clone()
     o = ops.gated_delta_step(q, k, v, a, braw, fused, **kw, backend="reference")
     plain = torch.where(kw["reset"][:, None, None, None], torch.zeros(()), state)
@@ -237,18 +246,21 @@ def test_gates_and_reset_are_the_models_arithmetic():
     assert torch.equal(o, o2) and torch.equal(fused, plain) and bool(torch.isfinite(fused).all())
 
 
-def test_gate_bound_catches_dt_bias_left_out():
-    """The gates' added bound is not loose enough to pass gates computed without dt_bias."""
+def test_gate_bound_catches_gates_rounded_to_bf16():
+    """The bound with the gates' errors (gates=) is tight enough to fail gates off by a bf16
+    rounding -- far less than a dt_bias left out -- and holds the reference's own gated step."""
     gen = torch.Generator().manual_seed(9)
     q, k, v, _, _, state = _inputs(gen, 2, 1, 2, 2, 16, 16, torch.float32, with_state=True)
-    a, braw = torch.randn(2, 2, generator=gen) * 4, torch.randn(2, 2, generator=gen) * 3
-    a_neg, dt_bias = -torch.empty(2).uniform_(1.0, 16.0, generator=gen), torch.randn(2, generator=gen) * 2
-    wrong = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], *ref.step_gates(a, braw, a_neg, torch.zeros(2)),
-                                 state.clone(), backend="reference")  # fmt: skip
-    g, beta = (x[:, None] for x in ref.step_gates(a, braw, a_neg, dt_bias))
-    exact, _ = ft.gated_delta_exact(q, k, v, g, beta, state)
-    bound, _ = ft.gated_delta_tolerance(q, k, v, g, beta, state)
-    assert bool(((wrong.double() - exact[:, 0]).abs() > 4 * bound[:, 0].double()).any())
+    a, braw = torch.randn(2, 1, 2, generator=gen) * 4, torch.randn(2, 1, 2, generator=gen) * 3
+    gates = (-torch.empty(2).uniform_(1.0, 16.0, generator=gen), torch.randn(2, generator=gen) * 2)
+    g, beta = (x.bfloat16().float() for x in ref.step_gates(a[:, 0], braw[:, 0], *gates))
+    wrong = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g, beta, state.clone(), backend="reference")
+    exact, _ = ft.gated_delta_exact(q, k, v, a, braw, state, gates=gates)
+    bound, _ = ft.gated_delta_tolerance(q, k, v, a, braw, state, gates=gates)
+    assert bool(((wrong.double() - exact[:, 0]).abs() > bound[:, 0].double()).any())
+    right = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], a[:, 0], braw[:, 0], state.clone(), gates=gates,
+                                 backend="reference")  # fmt: skip
+    assert bool(((right.double() - exact[:, 0]).abs() <= bound[:, 0].double()).all())
 
 
 def test_input_state_untouched_and_empty_sequences():
