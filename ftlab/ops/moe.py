@@ -54,7 +54,8 @@ def router_topk(
     in x's dtype, top-k weights fp32 ``[T, k]``, ids int32 ``[T, k]``). The logits are an fp32
     dot rounded to x's dtype (a backend's summation order may move one by the bound of
     docs/OPS.md section 3); weights and ids are exactly :func:`route_topk` of the returned
-    logits. The hip backend does it in one launch (the last block of a token routes it), with a
+    logits. The hip backend does it in one launch for up to 8 tokens (the last block of a token
+    routes it; past 8 fp16 / bf16 tokens one BLAS GEMM, then route_topk's kernel), with a
     per-device counter buffer: calls on two streams of one device must not overlap."""
     _router_checks(x, weight, top_k, renormalize)
     impl = backends.resolve("router_topk", backend, x.device, x.dtype)
