@@ -61,11 +61,11 @@ def check_field(name: str, value: object) -> None:
 
 
 def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weight | None:
-    """Weights ``[N_i, K]`` stacked along N when all are Q4_0 or all dense of one dtype; None
-    for a mix (they then stay separate, each on its own path)."""
+    """Weights ``[N_i, K]`` (or banks ``[E_i, N, K]``) stacked along the first dim when all are
+    Q4_0 or all dense of one dtype; None for a mix (they then stay separate, each on its own path)."""
     if all(isinstance(w, Q4_0Weight) for w in ws):
         data = torch.cat([w.data for w in ws])
-        return Q4_0Weight(data, (data.shape[0], ws[0].shape[-1]))
+        return Q4_0Weight(data, (data.shape[0], *ws[0].shape[1:]))
     if all(isinstance(w, torch.Tensor) and w.dtype == ws[0].dtype for w in ws):
         return torch.cat(ws)
     return None

@@ -135,24 +135,13 @@ class MoeWeights:
         e = self.w_gate_up.shape[0]
         if self.shared_gate_up.shape[1:] != self.w_gate_up.shape[1:] or self.shared_down.shape[1:] != self.w_down.shape[1:]:
             return False
-        banks = [_experts_cat(self.w_gate_up, self.shared_gate_up), _experts_cat(self.w_down, self.shared_down)]
+        banks = [concat_rows([self.w_gate_up, self.shared_gate_up]), concat_rows([self.w_down, self.shared_down])]
         if None in banks:
             return False
         self.banks = (banks[0], banks[1])
         self.w_gate_up, self.shared_gate_up = _experts_view(banks[0], 0, e), _experts_view(banks[0], e, e + 1)
         self.w_down, self.shared_down = _experts_view(banks[1], 0, e), _experts_view(banks[1], e, e + 1)
         return True
-
-
-def _experts_cat(a: Weight, b: Weight) -> Weight | None:
-    """Two banks ``[E_a, N, K]``, ``[E_b, N, K]`` as one ``[E_a + E_b, N, K]`` (both Q4_0, or dense
-    of one dtype and device); None for a mix."""
-    if isinstance(a, Q4_0Weight) and isinstance(b, Q4_0Weight) and a.data.device == b.data.device:
-        data = torch.cat([a.data, b.data])
-        return Q4_0Weight(data, (data.shape[0], *a.shape[1:]))
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device:
-        return torch.cat([a, b])
-    return None
 
 
 def _experts_view(w: Weight, start: int, stop: int) -> Weight:
@@ -213,7 +202,7 @@ class Qwen3Next:
                              f"{len(hybrid)}")  # fmt: skip
         self.hybrid = hybrid
         self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
-        self._zeros: dict[tuple, torch.Tensor] = {}  # _ids' tensors
+        self._id_cols: dict[tuple, torch.Tensor] = {}  # _ids' columns of decode steps
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static, self.q4_0_path = static, q4_0_path
         self.backends = backend_map(backends or {})
@@ -354,9 +343,9 @@ class Qwen3Next:
         if h.shape[0] > DECODE_MAX_TOKENS:  # a prefill's: made each call (kept, every prompt length would stay)
             return torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
         key = (h.shape[0], e, h.device)
-        if key not in self._zeros:
-            self._zeros[key] = torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
-        return self._zeros[key]
+        if key not in self._id_cols:
+            self._id_cols[key] = torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
+        return self._id_cols[key]
 
     def routed_experts(self, i: int, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s routed experts on ``h [N, H]`` with the router's top-k ``weights`` and
