@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ftlab.bench.harness import capture, time_us
 from ftlab.models import layers as model_layers
-from ftlab.models.loader import load_gguf_model
+from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf, load_gguf_model
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
 from ftlab.models.qwen3_next import NextWeights, Qwen3Next
@@ -86,6 +86,8 @@ def load(args, dev: torch.device, dtype: torch.dtype):
     if args.random is None:
         if args.file is None:
             raise SystemExit("give a GGUF file or --random")
+        if gguf_architecture(args.file) == GGUF_ARCH:  # no tokenizer needed (random files have none)
+            return load_gguf(args.file, device=dev, dtype=dtype)
         config, weights, _ = load_gguf_model(args.file, device=dev, dtype=dtype)
         return config, weights
     from ftlab.bench.qwen35moe_random import QWEN35_35B_A3B, SMALL, RandomTensors, hf_config

@@ -27,6 +27,10 @@
 - ``moe_experts`` on Q8_0 / K-quant banks (a Q4_0 bank beside one too), int8 path, any T:
   ``csrc/moe_kquant.hip`` -- x and h quantized to Q8_1 by the Q4_0 family's kernel, a 32-thread
   group per weight row through quant_matmul.hip's block types, h in fp32 between the launches.
+  Up to ``DECODE_MAX_TOKENS`` tokens on Q4_K / Q5_K / Q6_K banks of both kinds (any mix: Q4_K_M's
+  Q4_K gate/up with Q6_K down), 16-byte aligned, ``KQUANT_DECODE == "vec"``: two launches as for
+  Q4_0 -- x quantized in every gate/up block, the weights read as quant_vec.h's 16-byte pieces
+  (eight lanes a super-block), h written as Q8_1 by the gate/up kernel, y in x's dtype.
 """
 
 from __future__ import annotations
@@ -182,6 +186,21 @@ def decode_ok(x: torch.Tensor, top_k: int, inter: int) -> bool:
 
 #: the bank type codes of ``csrc/moe_kquant_launch.hip``
 KQ_CODES = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4}
+#: the decode kernels of K-quant banks (up to DECODE_MAX_TOKENS tokens): "vec" (two launches, the
+#: weights in 16-byte pieces) or "lanes" (four launches and a cast: a 32-thread group a row, the
+#: path of any T). The bank types "vec" serves:
+KQUANT_DECODE = "vec"
+VEC_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def kquant_vec_ok(x: torch.Tensor, w_gate_up: QuantWeight, w_down: QuantWeight, top_k: int) -> bool:
+    """Whether ``moe_experts`` takes the "vec" decode kernels for these K-quant banks: few tokens,
+    Q4_K / Q5_K / Q6_K banks (any mix) of H and I multiples of 256 that fit the LDS, contiguous
+    and 16-byte aligned."""
+    inter = w_down.shape[-1]
+    return (KQUANT_DECODE == "vec" and w_gate_up.qtype in VEC_TYPES and w_down.qtype in VEC_TYPES
+            and decode_ok(x, top_k, inter) and x.shape[1] % 256 == 0 and inter % 256 == 0 and top_k >= 1
+            and all(w.data.is_contiguous() and w.data.data_ptr() % 16 == 0 for w in (w_gate_up, w_down)))  # fmt: skip
 
 
 def _experts_kquant(x, w_gate_up, w_down, ids, wts) -> torch.Tensor:
@@ -192,6 +211,14 @@ def _experts_kquant(x, w_gate_up, w_down, ids, wts) -> torch.Tensor:
     t, hidden = x.shape
     top_k, inter, dev = ids.shape[1], w_down.shape[-1], x.device
     module = jit.module_for("moe_kquant", dev)
+    if kquant_vec_ok(x, w_gate_up, w_down, top_k):
+        hq = torch.empty((t * top_k, inter), dtype=torch.int8, device=dev)
+        hd = torch.empty((t * top_k, inter // 32), dtype=torch.float32, device=dev)
+        hs = torch.empty_like(hd)
+        y = x.new_empty((t, hidden))
+        jit.on_device(dev, lambda: module.moe_experts_decode_kq(x, w_gate_up.data, KQ_CODES[w_gate_up.qtype], w_down.data,
+                                                                KQ_CODES[w_down.qtype], ids, wts, hq, hd, hs, y))  # fmt: skip
+        return y
     # the kernels read 32-bit words of the blocks: an unaligned view is copied
     gu, dn = (w.data if w.data.is_contiguous() and w.data.data_ptr() % 4 == 0 else w.data.clone()
               for w in (w_gate_up, w_down))  # fmt: skip

@@ -19,6 +19,13 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
   four super-blocks' quant bytes in one coalesced sweep; a persistent grid as "lanes", activations
   held in registers where K <= 2048, two steps' loads issued together beyond. w must start 16-byte
   aligned (else "lanes"); at M >= 2 it is "lanes".
+- ``"fused"`` (default at M = 1 for the K-quants where it applies): "vec"'s pieces in one launch
+  (``csrc/quant_mv_fused.hip``): every block quantizes x to Q8_1 in LDS (the bits of the
+  quantize kernel), y is written in x's dtype; where a row is two steps or less (K <= 2048) the
+  next row's pieces are loaded before this row's sum, and a group's first row before the wait on
+  the kernel before (programmatic launch on sm_90). K a multiple of 256 up to 8192, w contiguous
+  and 16-byte aligned (else "vec"). One launch where "vec" is three (quantize, matvec, cast): the
+  decode step's attention projections.
 """
 
 from __future__ import annotations
@@ -38,7 +45,11 @@ MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "ti
 #: the tiled one for every type (lm_head: 1.3-1.9x; 4096 x 14336: 1.1-1.4x), and vec than lanes
 #: for every K-quant at every bench shape (lm_head 1.1-1.3x); the tiled one is 1.5-2.2x faster
 #: than lanes at M = 8
-MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "vec", "Q5_K": "vec", "Q6_K": "vec"}
+MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "fused", "Q5_K": "fused", "Q6_K": "fused"}
+#: K (weights a row) the fused one-row matvec takes: its activation records in LDS (kFusedMaxK)
+FUSED_MAX_K = 8192
+#: the bank type codes of ``quant_mv_fused`` (csrc/quant_matmul_launch.hip)
+FUSED_CODES = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
 #: rows share an activation block the more supers a region takes per row
 TILED_G = {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
@@ -69,10 +80,17 @@ def quant_matmul(
         )
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
     variant = variant or (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
-    if variant not in ("tiled", "lanes", "vec"):
-        raise ValueError(f"variant must be 'tiled', 'lanes' or 'vec', got {variant!r}")
-    x8 = quantize_q8_1(x)
+    if variant not in ("tiled", "lanes", "vec", "fused"):
+        raise ValueError(f"variant must be 'tiled', 'lanes', 'vec' or 'fused', got {variant!r}")
     module = jit.module_for("quant_matmul", x.device)
+    if variant == "fused":
+        if m == 1 and fused_ok(x, w):
+            y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+            xc = x.contiguous()
+            jit.on_device(x.device, lambda: module.quant_mv_fused(xc, w.data, FUSED_CODES[w.qtype], y))
+            return y
+        variant = "vec" if m == 1 else MATVEC_VARIANT[w.qtype]
+    x8 = quantize_q8_1(x)
     suffix = _SUFFIX[w.qtype]
     # the kernels read 32-bit words of the blocks: an unaligned view is copied
     data = w.data if w.data.data_ptr() % 4 == 0 else w.data.clone()
@@ -93,6 +111,14 @@ def quant_matmul(
         fn = getattr(module, kernel + suffix)
         jit.on_device(x.device, lambda: fn(data, x8.q, x8.d, x8.s, y))
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def fused_ok(x: torch.Tensor, w: QuantWeight) -> bool:
+    """Whether the fused one-row matvec takes ``x [1, K] @ w.T``: a Q4_K / Q5_K / Q6_K weight, K a
+    multiple of 256 up to :data:`FUSED_MAX_K`, its bytes contiguous and 16-byte aligned."""
+    k = x.shape[1]
+    return (w.qtype in FUSED_CODES and k % 256 == 0 and 0 < k <= FUSED_MAX_K and w.data.is_contiguous()
+            and w.data.data_ptr() % 16 == 0)  # fmt: skip
 
 
 def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tuple[int, int]:

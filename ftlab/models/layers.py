@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ftlab import backends as ftbackends
 from ftlab import ops
 from ftlab import platform as ftplatform
+from ftlab.hip.quant_matmul import fused_ok as hip_fused_ok
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 
 
@@ -106,21 +107,30 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
     return ops.router_topk(x, router, top_k, renormalize, backend=backends["router_topk"])
 
 
-_ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], str] = {}
+_ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], tuple[str, bool]] = {}
+#: one-row K-quant matvecs up to these weight bytes take hip's fused kernel (one launch: x's Q8_1 in
+#: every block, y in x's dtype) on an NVIDIA GPU; larger ones (the lm_head) Triton's word matvec,
+#: faster per byte there (74% against 62% of copy on the Q4_K lm_head; benchmarks/NOTES.md)
+ONE_ROW_FUSED_MAX_BYTES = 64 << 20
 
 
-def one_row_quant_backend(x: torch.Tensor) -> str:
-    """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x``: Triton on an NVIDIA
-    GPU, where its word matvec measured faster than the HIP kernels at every type and decode
-    shape on the H200 (M = 1: 7.3 against 12.2 us on Q4_K 2048 -> 5120, 82 against 178 us on
-    the Q6_K lm_head; benchmarks/results/2026-12-01-nvidia-h200-quant.md; at M = 8 the HIP
-    kernels are faster), else "auto"."""
+def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None) -> str:
+    """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x`` (by ``w``): on an
+    NVIDIA GPU, hip where its fused one-launch kernel takes ``w`` (``ftlab.hip.quant_matmul.
+    fused_ok``) of at most :data:`ONE_ROW_FUSED_MAX_BYTES`, else Triton, whose word matvec measured
+    faster than the HIP kernels of three launches at every type and decode shape on the H200 (M =
+    1: 7.3 against 12.2 us on Q4_K 2048 -> 5120, 82 against 178 us on the Q6_K lm_head;
+    benchmarks/results/2026-12-01-nvidia-h200-quant.md; at M = 8 the HIP kernels are faster);
+    "auto" elsewhere."""
     key = (x.device, x.dtype)
     if key not in _ONE_ROW_QUANT:
         nvidia = x.device.type == "cuda" and torch.version.hip is None
-        fast = nvidia and "triton" in ftbackends.available_backends("quant_matmul", x.device, x.dtype)
-        _ONE_ROW_QUANT[key] = "triton" if fast else "auto"
-    return _ONE_ROW_QUANT[key]
+        avail = ftbackends.available_backends("quant_matmul", x.device, x.dtype)
+        _ONE_ROW_QUANT[key] = ("triton" if nvidia and "triton" in avail else "auto", nvidia and "hip" in avail)
+    chosen, hip = _ONE_ROW_QUANT[key]
+    if hip and w is not None and w.data.nbytes <= ONE_ROW_FUSED_MAX_BYTES and hip_fused_ok(x, w):
+        return "hip"
+    return chosen
 
 
 def linear(
@@ -139,7 +149,7 @@ def linear(
         else:
             qb = quant_backend or backend
             if qb == "auto" and flat.shape[0] == 1:
-                qb = one_row_quant_backend(flat)
+                qb = one_row_quant_backend(flat, w)
             out = ops.quant_matmul(flat, w, path=path, backend=qb, validate=OP_CHECKS)
         return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)

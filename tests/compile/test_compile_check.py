@@ -78,11 +78,12 @@ KERNELS = {
     "norm": 18,  # 3 dtypes x 3 weight dtypes x (16-byte pieces, scalar) (add_rmsnorm)
     "attention": 15,  # 3 dtypes x ((16-byte, scalar) x (1, 2 columns) partial + combine)
     "attention_tiles": 8,  # 2 dtypes (fp16, bf16) x 2 head dims (128, 256) x 2 or 4 rows a thread
-    "moe_kquant": 10,  # 5 bank types x 2 expert kernels
+    "moe_kquant": 28,  # 5 bank types x 2 expert kernels; 3 dtypes x 3 K-quants x 2 "vec" decode kernels
     # 4 types (Q8_0, Q4_K, Q5_K, Q6_K) x (8 matvec widths, the M = 1 matvec, the GEMM), and the
     # M = 1 "vec" matvec of the three K-quants
     "quant_matmul": 43,
     "quant_matmul_tiled": 32,  # 4 types x 8 tiled matvec widths
+    "quant_mv_fused": 9,  # 3 dtypes x 3 K-quants (the one-launch one-row matvec)
 }
 
 

@@ -169,3 +169,64 @@ def test_kquant_banks_on_backends_without_them():
 @given(kquant_expert_cases(tokens=(1, 3, 9)))
 def test_kquant_experts_gpu(case):
     ft.check_experts_case(*case, device="cuda")
+
+
+@st.composite
+def kquant_vec_cases(draw):
+    """Decode-sized routings (T <= 8, up to 8 slots, some invalid) of Q4_K / Q5_K / Q6_K banks at
+    model widths: hip's "vec" decode kernels. (2048, 768) is Qwen3-30B-A3B's layer, (2048, 512)
+    Qwen3.6's; H = 2304 takes the gate/up kernel's long-row walk; I = 768 and 1024 give down rows
+    of three and four super-blocks."""
+    gate, down = draw(st.sampled_from([("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q6_K", "Q5_K")]))
+    h, inter = draw(st.sampled_from([(2048, 768), (2048, 512), (2304, 256), (512, 1024), (256, 256)]))
+    e = draw(st.integers(2, 16))
+    k, t = draw(st.integers(1, min(e, 8))), draw(st.integers(1, 8))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
+    ids[torch.rand(ids.shape, generator=gen) < 0.15] = draw(st.sampled_from([-1, e]))
+    x = torch.randn(t, h, generator=gen) * draw(st.sampled_from([1.0, 0.05, 8.0]))
+    x = x.to(draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])))
+    gu = ft.random_quant_bank(seed, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
+    dn = ft.random_quant_bank(seed + 7, down, e, h, inter, magnitude=4 * inter**-0.5)
+    return x, gu, dn, weights, ids
+
+
+@pytest.mark.gpu
+@settings(max_examples=30, deadline=None)
+@given(kquant_vec_cases())
+def test_kquant_vec_decode_gpu(case):
+    """hip's vec decode experts against the int8 reference within its bound, and the same bits
+    from a second call (no atomics: a replayed graph and an eager step agree)."""
+    import ftlab.hip.moe as hip_moe
+
+    x, gu, dn, weights, ids = (v.to("cuda") for v in case)
+    assert hip_moe.kquant_vec_ok(x, gu, dn, ids.shape[1])
+    ft.check_experts_case(x, gu, dn, weights, ids, path="int8", device="cuda", backends=["hip"])
+    got = ops.moe_experts(x, gu, dn, weights, ids, path="int8", backend="hip")
+    again = ops.moe_experts(x, gu, dn, weights, ids, path="int8", backend="hip")
+    assert torch.equal(got, again)
+
+
+@pytest.mark.gpu
+def test_kquant_vec_decode_entry_checks_gpu():
+    """The vec entry's checks name the argument, what it expects and what came."""
+    from ftlab import jit
+
+    dev = torch.device("cuda")
+    module = jit.module_for("moe_kquant", dev)
+    gu = ft.random_quant_bank(0, "Q4_K", 2, 512, 256).to(dev)
+    dn = ft.random_quant_bank(1, "Q6_K", 2, 256, 256).to(dev)
+    x = torch.randn(1, 256, device=dev, dtype=torch.bfloat16)
+    ids = torch.zeros(1, 1, dtype=torch.int32, device=dev)
+    wts = torch.ones(1, 1, device=dev)
+    hq = torch.empty(1, 256, dtype=torch.int8, device=dev)
+    hd, hs = torch.empty(1, 8, device=dev), torch.empty(1, 8, device=dev)
+    y = torch.empty_like(x)
+    module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 3, ids, wts, hq, hd, hs, y)  # well formed
+    with pytest.raises(ValueError, match="w_gate_up, got code 0"):
+        module.moe_experts_decode_kq(x, gu.data, 0, dn.data, 3, ids, wts, hq, hd, hs, y)
+    with pytest.raises(ValueError, match=r"w_down must be \[E, 256, 144\]"):
+        module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 1, ids, wts, hq, hd, hs, y)
+    with pytest.raises(ValueError, match="in x's dtype"):
+        module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 3, ids, wts, hq, hd, hs, y.float())

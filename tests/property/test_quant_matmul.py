@@ -135,7 +135,8 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
 @pytest.mark.parametrize(
     "variant, g, splits, offset",
     [("lanes", None, None, 0), ("vec", None, None, 0), ("vec", None, None, 4), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
-     ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4)],
+     ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4), ("fused", None, None, 0),
+     ("fused", None, None, 4)],
 )  # fmt: skip
 def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     """Every HIP matvec variant and region shape, with and without K splits (None: the default
@@ -159,13 +160,13 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
-@pytest.mark.parametrize("variant", ["lanes", "vec"])
+@pytest.mark.parametrize("variant", ["lanes", "vec", "fused"])
 @pytest.mark.parametrize("k", [1280, 2048, 4096, 5120])
 def test_hip_m1_variants_gpu(qtype, variant, k):
     """hip's one-row matvecs where their branches differ: K = 1280 (lanes partly idle; Q6_K
     super-blocks at every even offset mod 16) and 2048 (activations held in registers), 4096 and
     5120 (walked; vec: two whole step pairs, then one with its second step empty); within the
-    int8 bound."""
+    int8 bound. "fused" (one launch, x quantized in every block) walks the same branches."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     w = random_quant_weight(k + len(qtype), qtype, 300, k).to("cuda")
@@ -173,6 +174,47 @@ def test_hip_m1_variants_gpu(qtype, variant, k):
     y = hip_qmm.quant_matmul(x, w, "int8", variant=variant)
     exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
     assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n, k", [(4608, 2048), (2048, 4096), (37, 8192)])
+def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
+    """The one-launch matvec in x's 16-bit dtype at the decode projections' shapes (and K at its
+    8192 limit): y in x's dtype within the int8 bound (which adds the output's rounding), and the
+    bits of the three-launch "vec" path (the same Q8_1 of x, terms and sums) rounded to that dtype."""
+    from ftlab.hip import quant_matmul as hip_qmm
+
+    w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
+    scale = 3.0 if dtype == torch.bfloat16 else 0.02  # fp16: sums well inside its range (65504)
+    x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
+    assert hip_qmm.fused_ok(x, w)
+    y = hip_qmm.quant_matmul(x, w, "int8", variant="fused")
+    assert y.dtype == dtype and y.shape == (1, n)
+    exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
+    assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
+    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="fused"))  # the same bits again
+    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="vec"))
+
+
+@pytest.mark.gpu
+def test_hip_fused_matvec_entry_checks_gpu():
+    """quant_mv_fused's checks name the argument, what it expects and what came."""
+    from ftlab import jit
+
+    w = random_quant_weight(0, "Q4_K", 64, 512).to("cuda")
+    x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+    module = jit.module_for("quant_matmul", x.device)
+    y = torch.empty(1, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="codes 1..3\\), got code 0"):
+        module.quant_mv_fused(x, w.data, 0, y)
+    with pytest.raises(ValueError, match=r"w must be \[N, 420\] for K = 512"):
+        module.quant_mv_fused(x, w.data, 3, y)
+    with pytest.raises(ValueError, match="K a multiple of 256 up to 8192, got K = 384"):
+        module.quant_mv_fused(x[:, :384].contiguous(), w.data, 1, y)
+    with pytest.raises(ValueError, match="in x's dtype"):
+        module.quant_mv_fused(x, w.data, 1, y.float())
 
 
 @pytest.mark.gpu

@@ -5,34 +5,19 @@ ftlab.testing.gated_delta_tolerance. Catches indexing and reduction mistakes wit
 GPU tests (tests/property/test_deltanet.py, ``gpu``) run the real thing."""
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
+from host_build import CSRC, ROOT, build_harness
 
 import ftlab.testing as ft
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    build = tmp_path_factory.mktemp("deltanet_host")
-    for src in (ROOT / "ftlab/hip/csrc/deltanet.hip", *(ROOT / "tests/unit/deltanet_host").iterdir()):
-        shutil.copy(src, build / src.name)  # beside the stand-in q4_0_common.h, which it then includes
-    lib = build / "harness.so"
-    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-x", "c++",
-                          str(build / "harness.cpp"), "-o", str(lib)], capture_output=True, text=True)  # fmt: skip
-    if res.returncode:
-        if "_Float16" in res.stderr or "barrier" in res.stderr:
-            pytest.skip(f"{cxx} lacks C++20 barriers or _Float16")
-        raise AssertionError(res.stderr[-3000:])
-    return ctypes.CDLL(str(lib))
+    # beside the stand-in q4_0_common.h, which it then includes
+    return build_harness(tmp_path_factory.mktemp("deltanet_host"),
+                         [CSRC / "deltanet.hip", *(ROOT / "tests/unit/deltanet_host").iterdir()], "harness.cpp")  # fmt: skip
 
 
 def _ptr(t: torch.Tensor):

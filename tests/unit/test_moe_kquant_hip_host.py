@@ -1,45 +1,30 @@
 """moe_experts' HIP kernels on Q8_0 / K-quant banks (ftlab/hip/csrc/moe_kquant.hip) run on the CPU:
-the device code compiled by the host C++ compiler against the stand-ins of tests/unit/hip_host
+the device code compiled by the host C++ compiler against the host port.h of tests/unit/moe_vec_host
 (a thread per GPU thread), the gate/up and down launches chained as ftlab/hip/moe.py chains them
 (Q8_1 of x, then of h, by the reference quantizer), held to the int8 reference within
 ftlab.testing.experts_tolerance. Catches layout and indexing mistakes without a GPU; the GPU
 tests (test_moe.py, ``gpu``) run the real thing."""
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
+from host_build import CSRC, ROOT, build_harness
 
 import ftlab.testing as ft
 from ftlab import ops
 from ftlab.reference.q4_0 import quantize_q8_1
 
-ROOT = Path(__file__).resolve().parents[2]
 CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4}
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    build = tmp_path_factory.mktemp("moe_hip_host")
-    sources = (ROOT / "ftlab/hip/csrc/quant_units.h",
-               ROOT / "ftlab/hip/csrc/moe_kquant.hip",
-               ROOT / "tests/unit/hip_host/q4_0_common.h", ROOT / "tests/unit/moe_hip_host/harness_moe.cpp")  # fmt: skip
-    for src in sources:  # the stand-in q4_0_common.h beside the device code, which then includes it
-        shutil.copy(src, build / src.name)
-    lib = build / "harness_moe.so"
-    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-x", "c++",
-                          str(build / "harness_moe.cpp"), "-o", str(lib)], capture_output=True, text=True)  # fmt: skip
-    if res.returncode:
-        if "_Float16" in res.stderr or "barrier" in res.stderr:
-            pytest.skip(f"{cxx} lacks C++20 barriers or _Float16")
-        raise AssertionError(res.stderr[-3000:])
-    return ctypes.CDLL(str(lib))
+    sources = [CSRC / n for n in ("q4_0_common.h", "moe_common.h", "quant_units.h", "quant_vec.h", "quant_records.h",
+                                  "moe_kquant.hip")]  # fmt: skip
+    sources += [ROOT / "tests/unit/moe_vec_host/port.h", ROOT / "tests/unit/moe_hip_host/harness_moe.cpp"]
+    # the host port.h beside the real device headers, which include it
+    return build_harness(tmp_path_factory.mktemp("moe_hip_host"), sources, "harness_moe.cpp")
 
 
 @pytest.mark.parametrize("gate, down, ids", [("Q4_K", "Q6_K", [[1, 0]]), ("Q5_K", "Q8_0", [[0, -1]]),

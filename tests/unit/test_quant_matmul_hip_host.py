@@ -5,44 +5,23 @@ within ftlab.testing.quant_matmul_tolerance. Catches layout and indexing mistake
 the GPU tests (test_quant_matmul.py, ``gpu``) run the real thing."""
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
+from host_build import CSRC, ROOT, build_harness
 
 from ftlab.reference.q4_0 import quantize_q8_1
 from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weight
 
-ROOT = Path(__file__).resolve().parents[2]
 CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    build = tmp_path_factory.mktemp("hip_host")
-    for src in (
-        ROOT / "ftlab/hip/csrc/quant_units.h",
-        ROOT / "ftlab/hip/csrc/quant_vec.h",
-        ROOT / "ftlab/hip/csrc/quant_matmul.hip",
-        ROOT / "ftlab/hip/csrc/quant_matmul_tiled.hip",
-        *(ROOT / "tests/unit/hip_host").iterdir(),
-    ):
-        shutil.copy(
-            src, build / src.name
-        )  # beside the stand-in q4_0_common.h, which it then includes
-    lib = build / "harness.so"
-    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-x", "c++",
-                          str(build / "harness.cpp"), "-o", str(lib)], capture_output=True, text=True)  # fmt: skip
-    if res.returncode:
-        if "_Float16" in res.stderr or "barrier" in res.stderr:
-            pytest.skip(f"{cxx} lacks C++20 barriers or _Float16")
-        raise AssertionError(res.stderr[-3000:])
-    return ctypes.CDLL(str(lib))
+    sources = [CSRC / n for n in ("quant_units.h", "quant_vec.h", "quant_matmul.hip", "quant_matmul_tiled.hip")]
+    # beside the stand-in q4_0_common.h, which they then include
+    return build_harness(tmp_path_factory.mktemp("hip_host"), [*sources, *(ROOT / "tests/unit/hip_host").iterdir()],
+                         "harness.cpp")  # fmt: skip
 
 
 @pytest.mark.parametrize("qtype", list(CODE))

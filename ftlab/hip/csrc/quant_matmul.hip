@@ -67,13 +67,6 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
   }
 }
 
-// The sum of a group's partial sums, in every lane.
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
-  return v;
-}
-
 // quant_mv1_kernel's rows for the K-quants as quant_vec.h's pieces: lane c = l % 8 of super-block
 // l / 8 of each step of four (super-blocks s, s + 4, ... of the row), every piece (and activation
 // half) of kVecSteps steps loaded before the first is used. Where a row is at most two steps

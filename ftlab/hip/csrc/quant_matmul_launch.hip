@@ -15,6 +15,7 @@
 #include "launch_common.h"
 #include "quant_matmul.hip"
 #include "quant_matmul_tiled.hip"
+#include "quant_mv_fused.hip"
 
 namespace ftlab {
 namespace qmm {
@@ -244,6 +245,71 @@ void quant_gemm_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Ten
   gemm<Q6_K>(w, q, d, s, y, "Q6_K");
 }
 
+namespace {
+
+// quant_mv1_fused_kernel<T, Q> on a persistent grid: as many blocks as fit an SM at its registers
+// (each quantizes x once), at most one per 8 rows.
+template <typename T, typename Q>
+void launch_fused(const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n, int k) {
+  int device = 0, sms = 1, resident = 0;
+  port_get_device(&device);
+  port_sm_count(&sms, device);
+  port_occupancy(&resident, quant_mv1_fused_kernel<T, Q>, kFusedThreads);
+  const int64_t rows_per_block = kFusedThreads / kGroup;
+  const int64_t blocks = std::min<int64_t>((n + rows_per_block - 1) / rows_per_block, int64_t{sms} * std::max(resident, 1));
+  launch_pdl(quant_mv1_fused_kernel<T, Q>, dim3(static_cast<unsigned>(blocks)), dim3(kFusedThreads), stream_of(y),
+             static_cast<const typename T::storage*>(base_of(x)), w, row_bytes,
+             static_cast<typename T::storage*>(base_of(y)), n, k);
+}
+
+template <typename T>
+void fused_of(int64_t code, const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n,
+              int k) {
+  switch (code) {
+    case 1: launch_fused<T, QK4<false>>(x, w, row_bytes, y, n, k); break;
+    case 2: launch_fused<T, QK4<true>>(x, w, row_bytes, y, n, k); break;
+    default: launch_fused<T, Q6_K>(x, w, row_bytes, y, n, k); break;
+  }
+}
+
+}  // namespace
+
+// The one-row matvec in one launch (quant_mv_fused.hip): x [1, K] (fp32, fp16 or bf16,
+// contiguous, K a multiple of 256 up to 8192), w [N, K/256*bytes] of type code (1 Q4_K, 2 Q5_K,
+// 3 Q6_K), contiguous and 16-byte aligned; y [1, N] in x's dtype.
+void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) {
+  constexpr int64_t kBytes[4] = {0, 144, 176, 210};
+  TVM_FFI_CHECK(code >= 1 && code <= 3, ValueError)
+      << "the fused matvec takes Q4_K, Q5_K or Q6_K weights (codes 1..3), got code " << code;
+  check_contiguous(x, "x");
+  check_contiguous(w, "w");
+  check_contiguous(y, "y");
+  const Fp fp = fp_of(x, "x");
+  TVM_FFI_CHECK(x.ndim() == 2 && x.size(0) == 1, ValueError) << "x must be [1, K], got ndim " << x.ndim()
+                                                             << (x.ndim() == 2 ? " with rows " : "")
+                                                             << (x.ndim() == 2 ? x.size(0) : 0);
+  const int64_t k = x.size(1);
+  TVM_FFI_CHECK(k % 256 == 0 && k > 0 && k <= kFusedMaxK, ValueError)
+      << "x must have K a multiple of 256 up to " << kFusedMaxK << ", got K = " << k;
+  TVM_FFI_CHECK(w.dtype().code == kDLUInt && w.dtype().bits == 8, TypeError) << "w must be uint8";
+  TVM_FFI_CHECK(w.ndim() == 2 && w.size(1) == k / 256 * kBytes[code], ValueError)
+      << "w must be [N, " << k / 256 * kBytes[code] << "] for K = " << k << ", got ndim " << w.ndim() << " with "
+      << (w.ndim() == 2 ? w.size(1) : -1) << " bytes a row";
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(w)) % 16 == 0, ValueError) << "w must be 16-byte aligned";
+  const int64_t n = w.size(0);
+  TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == 1 && y.size(1) == n && fp_of(y, "y") == fp, ValueError)
+      << "y must be [1, " << n << "] in x's dtype";
+  if (n == 0) return;
+  const auto* wp = static_cast<const uint8_t*>(base_of(w));
+  const int kk = static_cast<int>(k);
+  switch (fp) {
+    case Fp::f32: fused_of<f32_t>(code, x, wp, w.size(1), y, n, kk); break;
+    case Fp::f16: fused_of<f16_t>(code, x, wp, w.size(1), y, n, kk); break;
+    case Fp::bf16: fused_of<bf16_t>(code, x, wp, w.size(1), y, n, kk); break;
+  }
+  check_launch("quant_mv1_fused_kernel");
+}
+
 }  // namespace qmm
 }  // namespace ftlab
 
@@ -251,6 +317,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q8_0, ftlab::qmm::quant_mv_q8_0);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q4_k, ftlab::qmm::quant_mv_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_fused, ftlab::qmm::quant_mv_fused);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q4_k, ftlab::qmm::quant_mv_vec_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q5_k, ftlab::qmm::quant_mv_vec_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q6_k, ftlab::qmm::quant_mv_vec_q6_k);

@@ -121,6 +121,13 @@ struct Q6_K {
   static constexpr bool kVec = true;
 };
 
+// The sum of a group's partial sums, in every lane.
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int off = kGroup / 2; off > 0; off >>= 1) v += port_shfl_xor(v, off);
+  return v;
+}
+
 // The term of unit u of a row of activations (q8 row, its d8 / s8).
 template <typename Q>
 __device__ __forceinline__ float unit_term(const Q& blk, const int8_t* q8, const float* d8, const float* s8,

@@ -1,13 +1,11 @@
-// Runs moe_kquant.hip's expert kernels on the CPU with the host stand-ins of
-// tests/unit/hip_host/q4_0_common.h (one std::thread per GPU thread of a block, blocks in turn).
-#include <cmath>
+// Runs moe_kquant.hip's lanes expert kernels on the CPU with the host port.h of
+// tests/unit/moe_vec_host beside the real device headers (one std::thread per GPU thread of a
+// block, blocks in turn; a barrier per block and per 32-lane group).
+#include <memory>
 #include <thread>
 #include <vector>
 
-#include "q4_0_common.h"
-
-inline float port_expf(float x) { return std::exp(x); }
-
+#include "port.h"
 #include "moe_kquant.hip"
 
 using namespace ftlab::qmm;
@@ -16,15 +14,19 @@ template <typename F>
 void run_block(int bx, int by, F kernel) {
   constexpr int threads = kGroup * kRowsPerBlock;
   std::barrier<> bar(threads);
-  host_barrier = &bar;
+  std::vector<std::unique_ptr<std::barrier<>>> groups;
+  for (int g = 0; g < threads / 32; ++g) groups.push_back(std::make_unique<std::barrier<>>(32));
+  host_block_barrier = &bar;
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
-    pool.emplace_back([=] {
-      blockIdx = {bx, by};
-      threadIdx = {t % kGroup, t / kGroup};
-      host_lane_base = 32 * (t / 32);
+    pool.emplace_back([=, &groups] {
+      blockIdx = {bx, by, 0};
+      threadIdx = {t % kGroup, t / kGroup, 0};
+      host_tid = t;
+      host_group_barrier = groups[t / 32].get();
       kernel();
-      host_barrier->arrive_and_drop();
+      host_group_barrier->arrive_and_drop();
+      host_block_barrier->arrive_and_drop();
     });
   for (auto& th : pool) th.join();
 }
