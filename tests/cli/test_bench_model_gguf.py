@@ -226,8 +226,10 @@ def test_arguments(tmp_path, capsys):
 def test_bench_on_the_gpu(tmp_path):
     report = model_gguf.run(Q4_K_M, quick=True, device="cuda", prefill=32)
     modes = [(m.case.split(":")[0], m.mode) for m in report.measurements]
+    # batch 1 launches only hip kernels on this file (the vec experts, the fused projections), so
+    # its step is recorded and launched too; batch 8's tiled matvec sums its K splits in torch
     assert modes == [("prefill 32 tokens", "eager"), ("prefill 32 tokens", "graph"), ("decode batch 1", "graph"),
-                     ("decode batch 1", "eager"),
+                     ("decode batch 1", "launches"), ("decode batch 1", "eager"),
                      ("decode batch 8", "graph"), ("decode batch 8", "eager")]  # fmt: skip
     assert all(m.validated for m in report.measurements)
 
