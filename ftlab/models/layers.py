@@ -114,10 +114,11 @@ _ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], tuple[str, bool]] = {}
 ONE_ROW_FUSED_MAX_BYTES = 64 << 20
 
 
-def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None) -> str:
+def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: str = "auto") -> str:
     """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x`` (by ``w``): on an
     NVIDIA GPU, hip where its fused one-launch kernel takes ``w`` (``ftlab.hip.quant_matmul.
-    fused_ok``) of at most :data:`ONE_ROW_FUSED_MAX_BYTES`, else Triton, whose word matvec measured
+    fused_ok``) of at most :data:`ONE_ROW_FUSED_MAX_BYTES` on the int8 ``path`` ("auto" or "int8":
+    hip has no other), else Triton, whose word matvec measured
     faster than the HIP kernels of three launches at every type and decode shape on the H200 (M =
     1: 7.3 against 12.2 us on Q4_K 2048 -> 5120, 82 against 178 us on the Q6_K lm_head;
     benchmarks/results/2026-12-01-nvidia-h200-quant.md; at M = 8 the HIP kernels are faster);
@@ -125,10 +126,11 @@ def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None) -> str:
     key = (x.device, x.dtype)
     if key not in _ONE_ROW_QUANT:
         nvidia = x.device.type == "cuda" and torch.version.hip is None
-        avail = ftbackends.available_backends("quant_matmul", x.device, x.dtype)
-        _ONE_ROW_QUANT[key] = ("triton" if nvidia and "triton" in avail else "auto", nvidia and "hip" in avail)
+        avail = ftbackends.available_backends("quant_matmul", x.device, x.dtype) if nvidia else ()
+        _ONE_ROW_QUANT[key] = ("triton" if "triton" in avail else "auto", "hip" in avail)
     chosen, hip = _ONE_ROW_QUANT[key]
-    if hip and w is not None and w.data.nbytes <= ONE_ROW_FUSED_MAX_BYTES and hip_fused_ok(x, w):
+    if (hip and path in ("auto", "int8") and w is not None and w.data.nbytes <= ONE_ROW_FUSED_MAX_BYTES
+            and hip_fused_ok(x, w)):  # fmt: skip
         return "hip"
     return chosen
 
@@ -149,7 +151,7 @@ def linear(
         else:
             qb = quant_backend or backend
             if qb == "auto" and flat.shape[0] == 1:
-                qb = one_row_quant_backend(flat, w)
+                qb = one_row_quant_backend(flat, w, path)
             out = ops.quant_matmul(flat, w, path=path, backend=qb, validate=OP_CHECKS)
         return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)

@@ -173,14 +173,15 @@ def test_kquant_experts_gpu(case):
 
 @st.composite
 def kquant_vec_cases(draw):
-    """Decode-sized routings (T <= 8, up to 8 slots, some invalid) of Q4_K / Q5_K / Q6_K banks at
+    """Decode-sized routings (T <= 8, up to 10 slots, some invalid) of Q4_K / Q5_K / Q6_K banks at
     model widths: hip's "vec" decode kernels. (2048, 768) is Qwen3-30B-A3B's layer, (2048, 512)
     Qwen3.6's; H = 2304 takes the gate/up kernel's long-row walk; I = 768 and 1024 give down rows
     of three and four super-blocks."""
     gate, down = draw(st.sampled_from([("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q6_K", "Q5_K")]))
     h, inter = draw(st.sampled_from([(2048, 768), (2048, 512), (2304, 256), (512, 1024), (256, 256)]))
     e = draw(st.integers(2, 16))
-    k, t = draw(st.integers(1, min(e, 8))), draw(st.integers(1, 8))
+    # up to 10 slots (Qwen3-Next's top-10: more slots than a block's 8 groups), k * I <= 8192
+    k, t = draw(st.integers(1, min(e, 10, 8192 // inter))), draw(st.integers(1, 8))
     seed = draw(st.integers(0, 2**31 - 1))
     gen = torch.Generator().manual_seed(seed)
     weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
@@ -230,3 +231,8 @@ def test_kquant_vec_decode_entry_checks_gpu():
         module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 1, ids, wts, hq, hd, hs, y)
     with pytest.raises(ValueError, match="in x's dtype"):
         module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 3, ids, wts, hq, hd, hs, y.float())
+    off = torch.empty(257 + 16, dtype=torch.int8, device=dev)[1:257].view(1, 256)
+    with pytest.raises(ValueError, match="hq must be 16-byte aligned"):
+        module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 3, ids, wts, off, hd, hs, y)
+    with pytest.raises(TypeError, match="hq must be int8"):
+        module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 3, ids, wts, hq.view(torch.uint8), hd, hs, y)

@@ -199,6 +199,22 @@ def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
 
 
 @pytest.mark.gpu
+def test_one_row_backend_of_the_models_gpu():
+    """The models' one-row K-quant matvec: hip's fused kernel on the int8 path (auto included) for
+    a projection-sized weight, never on the dequant path (hip has none); Triton for the lm_head."""
+    from ftlab.models import layers as model_layers
+
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    proj = random_quant_weight(1, "Q4_K", 512, 2048).to("cuda")
+    big = QuantWeight(torch.zeros(65536, 1152, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q4_K")
+    nvidia = torch.version.hip is None
+    for path in ("auto", "int8"):
+        assert model_layers.one_row_quant_backend(x, proj, path) == ("hip" if nvidia else "auto")
+    assert model_layers.one_row_quant_backend(x, proj, "dequant") != "hip"
+    assert model_layers.one_row_quant_backend(x, big, "auto") != "hip"  # 72 MiB: past ONE_ROW_FUSED_MAX_BYTES
+
+
+@pytest.mark.gpu
 def test_hip_fused_matvec_entry_checks_gpu():
     """quant_mv_fused's checks name the argument, what it expects and what came."""
     from ftlab import jit

@@ -26,8 +26,11 @@ def build_harness(build: Path, sources: Iterable[Path], main: str) -> ctypes.CDL
     for src in sources:
         shutil.copy(src, build / src.name)
     lib = build / (Path(main).stem + ".so")
-    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-x", "c++", str(build / main),
-                          "-o", str(lib)], capture_output=True, text=True)  # fmt: skip
+    # g++ binds inline variables and function statics once per process (GNU unique symbols) across
+    # every library loaded: two harnesses' stand-ins of one name would share (and clash)
+    unique = ["-fno-gnu-unique"] if Path(cxx).name.startswith("g++") else []
+    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", *unique, "-x", "c++",
+                          str(build / main), "-o", str(lib)], capture_output=True, text=True)  # fmt: skip
     if res.returncode:
         if "_Float16" in res.stderr or "barrier" in res.stderr:
             pytest.skip(f"{cxx} lacks C++20 barriers or _Float16")

@@ -44,12 +44,14 @@ def harness(tmp_path_factory):
         ("Q5_K", "Q4_K", 2304, 256, [[1, 0]], torch.float32),
         # Q6_K gate/up (2-byte aligned super-blocks), Q5_K down, a token with every slot invalid
         ("Q6_K", "Q5_K", 256, 512, [[3, 0], [-1, -1]], torch.float16),
+        # ten slots (a down block's groups take two slots each: j, j + 8), one of them invalid
+        ("Q4_K", "Q4_K", 256, 256, [[4, 0, 9, 1, 11, -1, 2, 7, 3, 5]], torch.bfloat16),
     ],
 )
 def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, ids, dtype):
     gen = torch.Generator().manual_seed(hidden + inter)
-    e = 4
     ids = torch.tensor(ids, dtype=torch.int32)
+    e = max(4, int(ids.max()) + 1)
     t, k = ids.shape
     weights = torch.rand(t, k, generator=gen)
     x = (torch.randn(t, hidden, generator=gen) * 2).to(dtype)

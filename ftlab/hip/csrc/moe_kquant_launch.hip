@@ -213,8 +213,11 @@ void moe_experts_decode_kq(TensorView x, TensorView w_gate_up, int64_t gu_code, 
   check_contiguous(hq, "hq");
   check_contiguous(hd, "hd");
   check_contiguous(hs, "hs");
-  TVM_FFI_CHECK(hq.size(0) == tokens * top_k && hq.dtype().code == kDLInt && hq.dtype().bits == 8, ValueError)
-      << "hq must be int8 [T * k, I] = [" << tokens * top_k << ", " << inter << "], got " << hq.size(0) << " rows";
+  TVM_FFI_CHECK(hq.dtype().code == kDLInt && hq.dtype().bits == 8, TypeError) << "hq must be int8";
+  TVM_FFI_CHECK(hq.size(0) == tokens * top_k, ValueError)
+      << "hq must be [T * k, I] = [" << tokens * top_k << ", " << inter << "], got " << hq.size(0) << " rows";
+  TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(hq)) % 16 == 0, ValueError)
+      << "hq must be 16-byte aligned (its rows are read as 16-byte pieces)";
   for (const TensorView* v : {&hd, &hs}) {
     TVM_FFI_CHECK(v->numel() == tokens * top_k * (inter / 32) && v->dtype().code == kDLFloat && v->dtype().bits == 32,
                   ValueError)

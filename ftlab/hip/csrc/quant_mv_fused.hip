@@ -21,8 +21,8 @@ constexpr int kFusedMaxK = 8192;    // x's activation records in LDS: 32 super-b
 // quantize_records: quantize_q8_1_kernel's bits), then its groups walk rows n = block * 8 + group,
 // + 8 * grid, ... with quant_vec.h's pieces (eight lanes a super-block, 16-byte loads). Where a row is
 // at most two steps (K <= 2048) each lane's activation halves stay in registers and the next row's
-// pieces are loaded before this row's terms are summed; the group's first row is loaded before
-// the wait on the kernel before (launch_pdl: weights do not depend on it). w 16-byte aligned.
+// pieces are loaded before this row's terms are summed; the group's first row is asked of the L2
+// before the wait on the kernel before (launch_pdl: prefetches only). w 16-byte aligned.
 template <typename T, typename Q>
 __global__ void __launch_bounds__(kFusedThreads)
     quant_mv1_fused_kernel(const typename T::storage* __restrict__ x, const uint8_t* __restrict__ w,
@@ -37,14 +37,21 @@ __global__ void __launch_bounds__(kFusedThreads)
   int64_t n = static_cast<int64_t>(blockIdx.x) * (kFusedThreads / kGroup) + group;
   if (supers <= 4 * kFusedSteps) {
     bool has[kFusedSteps];
-    V cur[kFusedSteps];
 #pragma unroll
     for (int t = 0; t < kFusedSteps; ++t) {
       has[t] = s0 + 4 * t < supers;
+      // the first row's lines asked of the L2 while the kernel before finishes (a hint: no data
+      // is read before the wait, so weights written by that kernel are never seen stale)
+      if (PORT_HAS_L2_PREFETCH && has[t] && n < n_rows)  // eight lanes spread over the super-block
+        port_prefetch_l2(w + n * row_bytes + (s0 + 4 * t) * Q::kBytes + Q::kBytes * c / 8);
+    }
+    port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): w and x only after this
+    port_pdl_trigger();
+    V cur[kFusedSteps];
+#pragma unroll
+    for (int t = 0; t < kFusedSteps; ++t) {
       if (has[t] && n < n_rows) cur[t].load(w + n * row_bytes + (s0 + 4 * t) * Q::kBytes, c);
     }
-    port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): x only after this
-    port_pdl_trigger();
     quantize_records<T, 1, kFusedThreads>(x, 0, k / kQK, threadIdx.x, rec);
     __syncthreads();
     XHalf xh[kFusedSteps];

@@ -22,11 +22,13 @@
 struct HostIdx {
   int x, y, z;
 };
-inline thread_local HostIdx threadIdx, blockIdx;
-inline thread_local int host_tid;  // the thread's linear index in its block (x fastest)
-inline HostIdx gridDim;
-inline std::barrier<>* host_block_barrier;
-inline thread_local std::barrier<>* host_group_barrier;
+// Internal linkage (static): each harness library keeps its own, where inline variables would be
+// bound once per process (GNU unique symbols) across the libraries the tests load side by side.
+static thread_local HostIdx threadIdx, blockIdx;
+static thread_local int host_tid;  // the thread's linear index in its block (x fastest)
+static HostIdx gridDim;
+static std::barrier<>* host_block_barrier;
+static thread_local std::barrier<>* host_group_barrier;
 inline void __syncthreads() { host_block_barrier->arrive_and_wait(); }
 struct bytes16 {
   uint32_t x, y, z, w;
@@ -36,7 +38,7 @@ struct float4 {
 };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 template <typename V>
-inline V port_shfl_xor(V v, int lane_mask) {
+static V port_shfl_xor(V v, int lane_mask) {
   static V table[1024];
   table[host_tid] = v;
   host_group_barrier->arrive_and_wait();
