@@ -23,9 +23,9 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
   (``csrc/quant_mv_fused.hip``): every block quantizes x to Q8_1 in LDS (the bits of the
   quantize kernel), y is written in x's dtype; where a row is two steps or less (K <= 2048) the
   next row's pieces are loaded before this row's sum, and a group's first row is asked of the L2
-  before the wait on the kernel before (programmatic launch on sm_90; prefetches only). K a multiple of 256 up to 8192, w contiguous
-  and 16-byte aligned (else "vec"). One launch where "vec" is three (quantize, matvec, cast): the
-  decode step's attention projections.
+  before the wait on the kernel before (programmatic launch on sm_90; prefetches only). K a
+  multiple of 256 up to 8192, w contiguous and 16-byte aligned (else "vec"). One launch where
+  "vec" is three (quantize, matvec, cast): the decode step's attention projections.
 """
 
 from __future__ import annotations

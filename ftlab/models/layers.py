@@ -118,11 +118,10 @@ def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: s
     """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x`` (by ``w``): on an
     NVIDIA GPU, hip where its fused one-launch kernel takes ``w`` (``ftlab.hip.quant_matmul.
     fused_ok``) of at most :data:`ONE_ROW_FUSED_MAX_BYTES` on the int8 ``path`` ("auto" or "int8":
-    hip has no other), else Triton, whose word matvec measured
-    faster than the HIP kernels of three launches at every type and decode shape on the H200 (M =
-    1: 7.3 against 12.2 us on Q4_K 2048 -> 5120, 82 against 178 us on the Q6_K lm_head;
-    benchmarks/results/2026-12-01-nvidia-h200-quant.md; at M = 8 the HIP kernels are faster);
-    "auto" elsewhere."""
+    hip has no other), else Triton, whose word matvec measured faster than the HIP kernels of three
+    launches at every type and decode shape on the H200 (M = 1: 7.3 against 12.2 us on Q4_K 2048
+    -> 5120, 82 against 178 us on the Q6_K lm_head; benchmarks/results/2026-12-01-nvidia-h200-
+    quant.md; at M = 8 the HIP kernels are faster); "auto" elsewhere."""
     key = (x.device, x.dtype)
     if key not in _ONE_ROW_QUANT:
         nvidia = x.device.type == "cuda" and torch.version.hip is None

@@ -1,5 +1,5 @@
 """Builds the host harnesses of the HIP kernels' CPU tests: device sources and a harness copied side
-by side into a fresh directory (so a stand-in header beside them is the one they include), the
+by side into a fresh directory (so the host port.h beside them is the one they include), the
 harness compiled by the host C++ compiler into a shared library. Skips the test where there is no
 compiler, or it lacks C++20 barriers or _Float16."""
 
@@ -15,6 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "ftlab/hip/csrc"
+#: the host stand-in for csrc/port.h (and the thread pool the harnesses run blocks on)
+HOST_PORT = ROOT / "tests/unit/host/port.h"
 
 
 def build_harness(build: Path, sources: Iterable[Path], main: str) -> ctypes.CDLL:

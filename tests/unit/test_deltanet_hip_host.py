@@ -1,6 +1,6 @@
 """The gated delta rule's HIP kernels (ftlab/hip/csrc/deltanet.hip) run on the CPU: the device
-code compiled by the host C++ compiler against stand-ins for the GPU helpers
-(tests/unit/deltanet_host), a thread per GPU thread, fp32, held to the exact recurrence within
+code and the real q4_0_common.h compiled by the host C++ compiler against the host port.h of
+tests/unit/host (harness: tests/unit/deltanet_host), a thread per GPU thread, fp32, held to the exact recurrence within
 ftlab.testing.gated_delta_tolerance. Catches indexing and reduction mistakes without a GPU; the
 GPU tests (tests/property/test_deltanet.py, ``gpu``) run the real thing."""
 
@@ -8,16 +8,16 @@ import ctypes
 
 import pytest
 import torch
-from host_build import CSRC, ROOT, build_harness
+from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    # beside the stand-in q4_0_common.h, which it then includes
-    return build_harness(tmp_path_factory.mktemp("deltanet_host"),
-                         [CSRC / "deltanet.hip", *(ROOT / "tests/unit/deltanet_host").iterdir()], "harness.cpp")  # fmt: skip
+    # the host port.h beside the real device headers, which include it
+    sources = [CSRC / "q4_0_common.h", CSRC / "deltanet.hip", HOST_PORT, ROOT / "tests/unit/deltanet_host/harness.cpp"]
+    return build_harness(tmp_path_factory.mktemp("deltanet_host"), sources, "harness.cpp")
 
 
 def _ptr(t: torch.Tensor):

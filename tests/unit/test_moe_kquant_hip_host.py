@@ -9,7 +9,7 @@ import ctypes
 
 import pytest
 import torch
-from host_build import CSRC, ROOT, build_harness
+from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
 from ftlab import ops
@@ -22,7 +22,7 @@ CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4}
 def harness(tmp_path_factory):
     sources = [CSRC / n for n in ("q4_0_common.h", "moe_common.h", "quant_units.h", "quant_vec.h", "quant_records.h",
                                   "moe_kquant.hip")]  # fmt: skip
-    sources += [ROOT / "tests/unit/moe_vec_host/port.h", ROOT / "tests/unit/moe_hip_host/harness_moe.cpp"]
+    sources += [HOST_PORT, ROOT / "tests/unit/moe_hip_host/harness_moe.cpp"]
     # the host port.h beside the real device headers, which include it
     return build_harness(tmp_path_factory.mktemp("moe_hip_host"), sources, "harness_moe.cpp")
 

@@ -12,7 +12,7 @@ import ctypes
 
 import pytest
 import torch
-from host_build import CSRC, ROOT, build_harness
+from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
 from ftlab import ops
@@ -32,7 +32,7 @@ def harness(tmp_path_factory):
                                   "moe_kquant.hip", "quant_mv_fused.hip")]  # fmt: skip
     # the host port.h beside the real device headers, which include it
     return build_harness(tmp_path_factory.mktemp("moe_vec_host"),
-                         [*sources, *(ROOT / "tests/unit/moe_vec_host").iterdir()], "harness_vec.cpp")  # fmt: skip
+                         [*sources, HOST_PORT, ROOT / "tests/unit/moe_vec_host/harness_vec.cpp"], "harness_vec.cpp")  # fmt: skip
 
 
 @pytest.mark.parametrize(

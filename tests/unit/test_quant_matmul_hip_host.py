@@ -1,5 +1,6 @@
 """quant_matmul's HIP kernels (ftlab/hip/csrc/quant_matmul.hip, quant_matmul_tiled.hip) run on the CPU: the device code
-compiled by the host C++ compiler against stand-ins for the GPU helpers (tests/unit/hip_host),
+compiled with the real q4_0_common.h by the host C++ compiler against the host port.h of tests/unit/host
+(harness: tests/unit/hip_host),
 the matvec lane by lane and the GEMM with a thread per GPU thread, held to the int8 reference
 within ftlab.testing.quant_matmul_tolerance. Catches layout and indexing mistakes without a GPU;
 the GPU tests (test_quant_matmul.py, ``gpu``) run the real thing."""
@@ -8,7 +9,7 @@ import ctypes
 
 import pytest
 import torch
-from host_build import CSRC, ROOT, build_harness
+from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 from ftlab.reference.q4_0 import quantize_q8_1
 from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weight
@@ -18,10 +19,11 @@ CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    sources = [CSRC / n for n in ("quant_units.h", "quant_vec.h", "quant_matmul.hip", "quant_matmul_tiled.hip")]
-    # beside the stand-in q4_0_common.h, which they then include
-    return build_harness(tmp_path_factory.mktemp("hip_host"), [*sources, *(ROOT / "tests/unit/hip_host").iterdir()],
-                         "harness.cpp")  # fmt: skip
+    sources = [CSRC / n for n in ("q4_0_common.h", "quant_units.h", "quant_vec.h", "quant_matmul.hip",
+                                  "quant_matmul_tiled.hip")]  # fmt: skip
+    # the host port.h beside the real device headers, which include it
+    return build_harness(tmp_path_factory.mktemp("hip_host"),
+                         [*sources, HOST_PORT, ROOT / "tests/unit/hip_host/harness.cpp"], "harness.cpp")  # fmt: skip
 
 
 @pytest.mark.parametrize("qtype", list(CODE))

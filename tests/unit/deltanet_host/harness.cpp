@@ -1,28 +1,16 @@
-// Runs deltanet.hip's kernels on the CPU (see q4_0_common.h here), one std::thread per GPU
-// thread of a block, fp32 operands.
-#include <thread>
-#include <vector>
-
+// Runs deltanet.hip's kernels on the CPU with the host port.h of tests/unit/host beside the real
+// device headers (its HostPool: one std::thread per GPU thread of a block, blocks in turn), fp32
+// operands.
+#include "port.h"
 #include "deltanet.hip"
 
 using namespace ftlab;
 
 template <typename F>
 void run_grid(int blocks_x, int blocks_y, int threads, F kernel) {
+  HostPool pool(threads);
   for (int by = 0; by < blocks_y; ++by)
-    for (int bx = 0; bx < blocks_x; ++bx) {
-      std::barrier<> bar(threads);
-      host_barrier = &bar;
-      std::vector<std::thread> pool;
-      for (int t = 0; t < threads; ++t)
-        pool.emplace_back([=] {
-          blockIdx = {bx, by};
-          threadIdx = {t, 0};
-          kernel();
-          host_barrier->arrive_and_drop();
-        });
-      for (auto& th : pool) th.join();
-    }
+    for (int bx = 0; bx < blocks_x; ++bx) pool.run(bx, by, kernel);
 }
 
 // tokens == 0: the decode step (q, k [B, Hk, Dk] ...) with step_cols (16 or 32) columns a block

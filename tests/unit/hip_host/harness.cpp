@@ -1,30 +1,13 @@
-// Runs quant_matmul.hip's and quant_matmul_tiled.hip's kernels on the CPU (see q4_0_common.h here), one std::thread per GPU
-// thread of a block.
+// Runs quant_matmul.hip's and quant_matmul_tiled.hip's kernels on the CPU with the host port.h of
+// tests/unit/host beside the real device headers (its HostPool: one std::thread per GPU thread of
+// a block, blocks in turn).
 #include <algorithm>
-#include <thread>
-#include <vector>
 
+#include "port.h"
 #include "quant_matmul.hip"
 #include "quant_matmul_tiled.hip"
 
 using namespace ftlab::qmm;
-
-// Runs one block of `threads` host threads, each calling kernel() as GPU thread (tx, ty).
-template <typename F>
-void run_block(int threads, int width, int bx, int by, F kernel) {
-  std::barrier<> bar(threads);
-  host_barrier = &bar;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([=] {
-      blockIdx = {bx, by};
-      threadIdx = {t % width, t / width};
-      host_lane_base = 32 * (t / 32);
-      kernel();
-      host_barrier->arrive_and_drop();
-    });
-  for (auto& th : pool) th.join();
-}
 
 // M = 1: quant_mv1_kernel's persistent grid, at most 3 blocks here, so that groups walk several rows.
 template <typename Q, int M>
@@ -32,9 +15,10 @@ void mv(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const f
         int64_t k, int variant) {
   const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   const int grid = static_cast<int>(M == 1 ? std::min<int64_t>(blocks, 3) : blocks);
-  gridDim = {grid, 1};
+  gridDim = {grid, 1, 1};
+  HostPool pool(kGroup * kRowsPerBlock, kGroup);
   for (int bx = 0; bx < grid; ++bx)
-    run_block(kGroup * kRowsPerBlock, kGroup, bx, 0, [=] {
+    pool.run(bx, 0, [=] {
       if (M == 1 && variant == kMv1Vec && Q::kVec)
         quant_mv1_kernel<Q, kMv1Vec>(w, rb, q8, d8, s8, y, n, k);
       else if (M == 1)
@@ -47,9 +31,10 @@ void mv(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const f
 template <typename Q>
 void gemm(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t m,
           int64_t n, int64_t k) {
+  HostPool pool(kGemmThreads);
   for (int by = 0; by < (m + kTileM - 1) / kTileM; ++by)
     for (int bx = 0; bx < (n + kTileN - 1) / kTileN; ++bx)
-      run_block(kGemmThreads, kGemmThreads, bx, by, [=] { quant_gemm_kernel<Q>(w, rb, q8, d8, s8, y, m, n, k); });
+      pool.run(bx, by, [=] { quant_gemm_kernel<Q>(w, rb, q8, d8, s8, y, m, n, k); });
 }
 
 template <typename Q>
@@ -78,10 +63,10 @@ extern "C" void run(int qtype, const uint8_t* w, int64_t rb, const int8_t* q8, c
 template <typename Q, int M>
 void tiled(const uint8_t* w, int64_t rb, const int8_t* q8, const float* d8, const float* s8, float* y, int64_t n,
            int64_t k, int g, int splits, int grid) {
-  gridDim = {grid, 1};
+  gridDim = {grid, 1, 1};
+  HostPool pool(ftlab::qmt::kGroup * ftlab::qmt::kGroups, ftlab::qmt::kGroup);
   for (int bx = 0; bx < grid; ++bx)
-    run_block(ftlab::qmt::kGroup * ftlab::qmt::kGroups, ftlab::qmt::kGroup, bx, 0,
-              [=] { ftlab::qmt::quant_mv_tiled_kernel<Q, M>(w, rb, q8, d8, s8, y, n, k, g, splits); });
+    pool.run(bx, 0, [=] { ftlab::qmt::quant_mv_tiled_kernel<Q, M>(w, rb, q8, d8, s8, y, n, k, g, splits); });
 }
 
 template <typename Q>

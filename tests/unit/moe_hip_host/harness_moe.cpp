@@ -1,51 +1,28 @@
-// Runs moe_kquant.hip's lanes expert kernels on the CPU with the host port.h of
-// tests/unit/moe_vec_host beside the real device headers (one std::thread per GPU thread of a
-// block, blocks in turn; a barrier per block and per 32-lane group).
-#include <memory>
-#include <thread>
-#include <vector>
-
+// Runs moe_kquant.hip's lanes expert kernels on the CPU with the host port.h of tests/unit/host
+// beside the real device headers (its HostPool: one std::thread per GPU thread of a block, blocks
+// in turn; a barrier per block and per 32-lane group).
 #include "port.h"
 #include "moe_kquant.hip"
 
 using namespace ftlab::qmm;
 
-template <typename F>
-void run_block(int bx, int by, F kernel) {
-  constexpr int threads = kGroup * kRowsPerBlock;
-  std::barrier<> bar(threads);
-  std::vector<std::unique_ptr<std::barrier<>>> groups;
-  for (int g = 0; g < threads / 32; ++g) groups.push_back(std::make_unique<std::barrier<>>(32));
-  host_block_barrier = &bar;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([=, &groups] {
-      blockIdx = {bx, by, 0};
-      threadIdx = {t % kGroup, t / kGroup, 0};
-      host_tid = t;
-      host_group_barrier = groups[t / 32].get();
-      kernel();
-      host_group_barrier->arrive_and_drop();
-      host_block_barrier->arrive_and_drop();
-    });
-  for (auto& th : pool) th.join();
-}
-
 template <typename Q>
 void gate_up(const int8_t* q8, const float* d8, const float* s8, const uint8_t* w, int64_t eb, int64_t rb,
              const int32_t* ids, float* h, int64_t e, int64_t hidden, int64_t inter, int64_t tokens, int64_t k) {
+  HostPool pool(kGroup * kRowsPerBlock, kGroup);
   for (int p = 0; p < tokens * k; ++p)
     for (int by = 0; by < (inter + kRowsPerBlock - 1) / kRowsPerBlock; ++by)
-      run_block(p, by, [=] { moe_gate_up_kq_kernel<Q>(q8, d8, s8, w, eb, rb, ids, h, e, hidden, inter, k); });
+      pool.run(p, by, [=] { moe_gate_up_kq_kernel<Q>(q8, d8, s8, w, eb, rb, ids, h, e, hidden, inter, k); });
 }
 
 template <typename Q>
 void down(const int8_t* q8, const float* d8, const float* s8, const uint8_t* w, int64_t eb, int64_t rb,
           const int32_t* ids, const float* wts, float* y, int64_t e, int64_t hidden, int64_t inter, int64_t tokens,
           int64_t k) {
+  HostPool pool(kGroup * kRowsPerBlock, kGroup);
   for (int t = 0; t < tokens; ++t)
     for (int by = 0; by < (hidden + kRowsPerBlock - 1) / kRowsPerBlock; ++by)
-      run_block(t, by, [=] { moe_down_kq_kernel<Q>(q8, d8, s8, w, eb, rb, ids, wts, y, e, hidden, inter, k); });
+      pool.run(t, by, [=] { moe_down_kq_kernel<Q>(q8, d8, s8, w, eb, rb, ids, wts, y, e, hidden, inter, k); });
 }
 
 #define FTLAB_BY_CODE(code, F, ...)              \

@@ -1,12 +1,7 @@
 // Runs moe_kquant.hip's vec decode kernels (moe_gate_up_kq_vec_kernel, moe_down_kq_vec_kernel) and
 // quant_mv_fused.hip's one-row matvec (quant_mv1_fused_kernel) on
-// the CPU with the host port.h beside them: 256 std::threads (a pool) run each block, blocks in turn, the two
+// the CPU with the host port.h beside them (its HostPool: 256 std::threads run each block, blocks in turn); the two
 // launches chained as moe_kquant_launch.hip chains them.
-#include <functional>
-#include <memory>
-#include <thread>
-#include <vector>
-
 #include "port.h"
 #include "moe_kquant.hip"
 #include "quant_mv_fused.hip"
@@ -14,63 +9,13 @@
 using namespace ftlab;
 using namespace ftlab::qmm;
 
-// kMoeThreads host threads that run the blocks handed to them one after another: per block, fresh
-// barriers (the block's and its 32-lane groups'), released by `start`, joined by `done`.
-struct Pool {
-  std::barrier<> start{kMoeThreads + 1}, done{kMoeThreads + 1};
-  std::function<void()> kernel;
-  int bx = 0, by = 0;
-  bool quit = false;
-  std::barrier<>* block = nullptr;
-  std::barrier<>* groups[kMoeThreads / 32] = {};
-  std::vector<std::thread> threads;
-  Pool() {
-    for (int t = 0; t < kMoeThreads; ++t)
-      threads.emplace_back([this, t] {
-        for (;;) {
-          start.arrive_and_wait();
-          if (quit) return;
-          blockIdx = {bx, by, 0};
-          threadIdx = {t, 0, 0};
-          host_tid = t;
-          host_block_barrier = block;
-          host_group_barrier = groups[t / 32];
-          kernel();
-          host_group_barrier->arrive_and_drop();
-          host_block_barrier->arrive_and_drop();
-          done.arrive_and_wait();
-        }
-      });
-  }
-  template <typename F>
-  void run(int x, int y, F f) {
-    std::barrier<> b(kMoeThreads);
-    std::vector<std::unique_ptr<std::barrier<>>> gs;
-    for (int g = 0; g < kMoeThreads / 32; ++g) {
-      gs.push_back(std::make_unique<std::barrier<>>(32));
-      groups[g] = gs.back().get();
-    }
-    block = &b;
-    bx = x;
-    by = y;
-    kernel = f;
-    start.arrive_and_wait();
-    done.arrive_and_wait();
-  }
-  ~Pool() {
-    quit = true;
-    start.arrive_and_wait();
-    for (auto& th : threads) th.join();
-  }
-};
-
 template <typename T, typename QG, typename QD>
 void run(const void* x, const uint8_t* gu, int64_t gs, int64_t gr, const uint8_t* dn, int64_t ds, int64_t dr,
          const int32_t* ids, const float* wts, int8_t* hq, float* hd, float* hs, void* y, int experts, int hidden,
          int inter, int tokens, int k) {
   const auto* xp = static_cast<const typename T::storage*>(x);
   auto* yp = static_cast<typename T::storage*>(y);
-  Pool pool;
+  HostPool pool(kMoeThreads);
   gridDim = {tokens * k, inter / kQK, 1};
   for (int p = 0; p < tokens * k; ++p)
     for (int by = 0; by < inter / kQK; ++by)
@@ -120,7 +65,7 @@ extern "C" void run_vec(int fp, int gu_code, int dn_code, const void* x, const u
 
 template <typename T, typename Q>
 void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid) {
-  Pool pool;
+  HostPool pool(kMoeThreads);
   gridDim = {grid, 1, 1};
   for (int b = 0; b < grid; ++b)
     pool.run(b, 0, [=] {
