@@ -1,6 +1,7 @@
 """The one-row (M = 1) K-quant matvec, variant by variant, at ``ftlab bench quant``'s shapes: hip's
-"lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled" and "fused" (vec's pieces in
-one launch, x quantized in every block, y in x's dtype), and Triton's default,
+"lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled", "fused" (vec's pieces in
+one launch, x quantized in every block, y in x's dtype) and "staged" (fused with the rows copied
+into LDS slots asynchronously; K <= 2048, else it runs "fused"), and Triton's default,
 each graph-replayed with the weights cycled past the L2 (as ``bench quant`` does), beside the copy
 bandwidth measured in the same run; each variant's output checked against the reference on the
 first rows first.
@@ -54,7 +55,7 @@ def time_case(qtype: str, label: str, bw: float, dev: torch.device) -> None:
     part = QuantWeight(w.data[:rows], (rows, k), qtype)
     exact, bound = quant_matmul_tolerance(x.float(), part, "int8", x.dtype)  # the outputs are in x's dtype
     runs = [(f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", variant=v))
-            for v in ("lanes", "vec", "tiled", "fused")]  # fmt: skip
+            for v in ("lanes", "vec", "tiled", "fused", "staged")]  # fmt: skip
     runs.append(("triton", lambda wv: ops.quant_matmul(x, wv, backend="triton")))
     for name, fn in runs:
         y = fn(part).float()  # every one on the int8 path: within its derived bound

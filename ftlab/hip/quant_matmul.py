@@ -13,19 +13,27 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
   and where K <= 2048 each lane's activation words stay in registers for all its rows; at M >= 2
   (``quant_mv_kernel``) one group a row, the activations re-read for every row. Also taken where
   the tiled one cannot: w not starting and ending 16-byte aligned, Q8_0 with K % 128 != 0.
-- ``"vec"`` (default at M = 1 for the K-quants): at M = 1 a K-quant row is read by eight lanes to a
+- ``"vec"`` (M = 1, where "fused" does not apply): at M = 1 a K-quant row is read by eight lanes to a
   super-block, lane c taking 16 contiguous bytes of its quant field in one 16-byte load
   (``csrc/quant_vec.h``: 16 weights of each of two units), so a group's load instruction covers
   four super-blocks' quant bytes in one coalesced sweep; a persistent grid as "lanes", activations
   held in registers where K <= 2048, two steps' loads issued together beyond. w must start 16-byte
   aligned (else "lanes"); at M >= 2 it is "lanes".
-- ``"fused"`` (default at M = 1 for the K-quants where it applies): "vec"'s pieces in one launch
+- ``"fused"`` (default at M = 1 for Q4_K / Q5_K where it applies): "vec"'s pieces in one launch
   (``csrc/quant_mv_fused.hip``): every block quantizes x to Q8_1 in LDS (the bits of the
   quantize kernel), y is written in x's dtype; where a row is two steps or less (K <= 2048) the
   next row's pieces are loaded before this row's sum, and a group's first row is asked of the L2
   before the wait on the kernel before (programmatic launch on sm_90; prefetches only). K a
   multiple of 256 up to 8192, w contiguous and 16-byte aligned (else "vec"). One launch where
-  "vec" is three (quantize, matvec, cast): the decode step's attention projections.
+  "vec" is three (quantize, matvec, cast): the decode step's attention projections. Q6_K is cut
+  into quads here (four lanes a super-block, each taking 16 weights of all four quarters of a
+  half: three pieces, the q - 32 offset from the held activations' sums), not vec's eighths.
+- ``"staged"`` (default at M = 1 for Q6_K where copies are asynchronous: NVIDIA sm_80+, else
+  "fused"): "fused" with each lane group's rows copied into a
+  ring of three row slots in LDS by asynchronous 16-byte copies (cp.async on sm_80+; plain copies
+  elsewhere), two rows ahead of the one it sums, so no register holds a row in flight; the same
+  sums in the same order as "fused" (the same bits). K a multiple of 256 up to 2048 and rows of
+  whole 16-byte pieces (Q6_K: K = 2048), else "fused".
 """
 
 from __future__ import annotations
@@ -44,10 +52,14 @@ MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "ti
 #: ... and for M = 1: on the H200 (benchmarks/NOTES.md) the persistent lanes matvec is faster than
 #: the tiled one for every type (lm_head: 1.3-1.9x; 4096 x 14336: 1.1-1.4x), and vec than lanes
 #: for every K-quant at every bench shape (lm_head 1.1-1.3x); the tiled one is 1.5-2.2x faster
-#: than lanes at M = 8
-MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "fused", "Q5_K": "fused", "Q6_K": "fused"}
+#: than lanes at M = 8. Q6_K takes "staged" on NVIDIA sm_80+ (:func:`async_copies`; it falls back to
+#: "fused" where it does not apply): on the lm_head 83% of copy
+#: against "fused"'s 59% (80 registers, three blocks an SM); Q4_K / Q5_K "fused" (88% / 83%)
+MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "fused", "Q5_K": "fused", "Q6_K": "staged"}
 #: K (weights a row) the fused one-row matvec takes: its activation records in LDS (kFusedMaxK)
 FUSED_MAX_K = 8192
+#: K the staged one-row matvec takes: a row fits one of its LDS slots (8 super-blocks)
+STAGED_MAX_K = 2048
 #: the bank type codes of ``quant_mv_fused`` (csrc/quant_matmul_launch.hip)
 FUSED_CODES = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
@@ -79,15 +91,21 @@ def quant_matmul(
             f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"
         )
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
-    variant = variant or (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
-    if variant not in ("tiled", "lanes", "vec", "fused"):
-        raise ValueError(f"variant must be 'tiled', 'lanes', 'vec' or 'fused', got {variant!r}")
+    if variant is None:
+        variant = (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
+        if variant == "staged" and not async_copies(x.device):
+            variant = "fused"  # its copies would go through registers: no overlap, not measured
+    if variant not in ("tiled", "lanes", "vec", "fused", "staged"):
+        raise ValueError(f"variant must be 'tiled', 'lanes', 'vec', 'fused' or 'staged', got {variant!r}")
     module = jit.module_for("quant_matmul", x.device)
-    if variant == "fused":
-        if m == 1 and fused_ok(x, w):
+    if variant == "staged" and not (m == 1 and staged_ok(x, w)):
+        variant = "fused"
+    if variant in ("fused", "staged"):  # the one-launch kernels: "staged" has been checked above
+        if m == 1 and (variant == "staged" or fused_ok(x, w)):
             y = torch.empty((1, n), dtype=x.dtype, device=x.device)
             xc = x.contiguous()
-            jit.on_device(x.device, lambda: module.quant_mv_fused(xc, w.data, FUSED_CODES[w.qtype], y))
+            fn = getattr(module, "quant_mv_" + variant)
+            jit.on_device(x.device, lambda: fn(xc, w.data, FUSED_CODES[w.qtype], y))
             return y
         variant = "vec" if m == 1 else MATVEC_VARIANT[w.qtype]
     x8 = quantize_q8_1(x)
@@ -119,6 +137,25 @@ def fused_ok(x: torch.Tensor, w: QuantWeight) -> bool:
     k = x.shape[1]
     return (w.qtype in FUSED_CODES and k % 256 == 0 and 0 < k <= FUSED_MAX_K and w.data.is_contiguous()
             and w.data.data_ptr() % 16 == 0)  # fmt: skip
+
+
+_ASYNC: dict[torch.device, bool] = {}
+
+
+def async_copies(device: torch.device) -> bool:
+    """Whether the hip kernels copy into LDS asynchronously on ``device`` (cp.async: an NVIDIA GPU
+    of compute capability 8.0 or later); elsewhere ``port_copy16_async`` is a plain copy, and the
+    staged matvec is not the default."""
+    if device not in _ASYNC:
+        _ASYNC[device] = (device.type == "cuda" and torch.version.hip is None
+                          and torch.cuda.get_device_capability(device) >= (8, 0))  # fmt: skip
+    return _ASYNC[device]
+
+
+def staged_ok(x: torch.Tensor, w: QuantWeight) -> bool:
+    """Whether the staged one-row matvec takes ``x [1, K] @ w.T``: as :func:`fused_ok`, with K up
+    to :data:`STAGED_MAX_K` and rows a multiple of 16 bytes."""
+    return fused_ok(x, w) and x.shape[1] <= STAGED_MAX_K and w.data.shape[-1] % 16 == 0
 
 
 def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tuple[int, int]:

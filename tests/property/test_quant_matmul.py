@@ -136,14 +136,15 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
     "variant, g, splits, offset",
     [("lanes", None, None, 0), ("vec", None, None, 0), ("vec", None, None, 4), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
      ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4), ("fused", None, None, 0),
-     ("fused", None, None, 4)],
+     ("fused", None, None, 4), ("staged", None, None, 0)],
 )  # fmt: skip
 def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     """Every HIP matvec variant and region shape, with and without K splits (None: the default
     rule, which splits at this N), M = 1..8, N not a multiple of G = 1's 32 rows, K not a
     multiple of G supers, Q6_K rows of an odd number of supers (N a multiple of 8 keeps their
     total 16-byte aligned); and the default route on a weight view 4 bytes past an aligned
-    address (the tiled and vec kernels need 16: they take the lanes one)."""
+    address (the tiled and vec kernels need 16: they take the lanes one). K = 2304 is past the
+    staged kernel's 2048: "staged" falls back to "fused" here (its own cases are below)."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     n, k = 304, 2304
@@ -160,13 +161,14 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
-@pytest.mark.parametrize("variant", ["lanes", "vec", "fused"])
+@pytest.mark.parametrize("variant", ["lanes", "vec", "fused", "staged"])
 @pytest.mark.parametrize("k", [1280, 2048, 4096, 5120])
 def test_hip_m1_variants_gpu(qtype, variant, k):
     """hip's one-row matvecs where their branches differ: K = 1280 (lanes partly idle; Q6_K
     super-blocks at every even offset mod 16) and 2048 (activations held in registers), 4096 and
     5120 (walked; vec: two whole step pairs, then one with its second step empty); within the
-    int8 bound. "fused" (one launch, x quantized in every block) walks the same branches."""
+    int8 bound. "fused" (one launch, x quantized in every block) walks the same branches;
+    "staged" takes K = 1280 (Q4_K / Q5_K) and 2048, and falls back to "fused" elsewhere."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     w = random_quant_weight(k + len(qtype), qtype, 300, k).to("cuda")
@@ -182,8 +184,10 @@ def test_hip_m1_variants_gpu(qtype, variant, k):
 @pytest.mark.parametrize("n, k", [(4608, 2048), (2048, 4096), (37, 8192)])
 def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
     """The one-launch matvec in x's 16-bit dtype at the decode projections' shapes (and K at its
-    8192 limit): y in x's dtype within the int8 bound (which adds the output's rounding), and the
-    bits of the three-launch "vec" path (the same Q8_1 of x, terms and sums) rounded to that dtype."""
+    8192 limit): y in x's dtype within the int8 bound (which adds the output's rounding), and for
+    Q4_K / Q5_K the bits of the three-launch "vec" path (the same Q8_1 of x, terms and sums) rounded
+    to that dtype (Q6_K's one-launch kernels cut a super-block in quads, not vec's eighths: other
+    partial sums, held to the bound only)."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
@@ -195,23 +199,68 @@ def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
     assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="fused"))  # the same bits again
-    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="vec"))
+    if qtype != "Q6_K":
+        assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="vec"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n, k", [(37, 2048), (20000, 2048), (5120, 768)])
+def test_hip_staged_matvec_gpu(qtype, dtype, n, k):
+    """The staged one-row matvec (rows copied into LDS slots asynchronously): the bits of "fused"
+    (the same sums in the same order) and within the int8 bound, at a few rows (most groups idle),
+    20000 rows (each group walks ~5 rows: its three-slot ring wraps) and K = 768 (three
+    super-blocks, a part-filled step; Q6_K's 630-byte rows are not whole 16-byte pieces, so it takes
+    "fused" there)."""
+    from ftlab.hip import quant_matmul as hip_qmm
+
+    w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
+    scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
+    x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
+    assert hip_qmm.staged_ok(x, w) == (qtype != "Q6_K" or k == 2048)
+    y = hip_qmm.quant_matmul(x, w, "int8", variant="staged")
+    assert y.dtype == dtype and y.shape == (1, n)
+    exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
+    assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
+    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="fused"))
+
+
+@pytest.mark.gpu
+def test_hip_staged_matvec_entry_checks_gpu():
+    """quant_mv_staged's own checks: K up to 2048, rows of whole 16-byte pieces."""
+    from ftlab import jit
+
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    module = jit.module_for("quant_matmul", x.device)
+    w = random_quant_weight(0, "Q4_K", 64, 4096).to("cuda")
+    y = torch.empty(1, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"up to 2048 \(the staged matvec\), got K = 4096"):
+        module.quant_mv_staged(x, w.data, 1, y)
+    w6 = random_quant_weight(0, "Q6_K", 64, 1024).to("cuda")
+    with pytest.raises(ValueError, match="multiple of 16 bytes .*got 840 bytes a row"):
+        module.quant_mv_staged(x[:, :1024].contiguous(), w6.data, 3, y)
+    with pytest.raises(ValueError, match=r"w must be \[N, 1152\] for K = 2048"):
+        module.quant_mv_staged(x[:, :2048].contiguous(), w6.data, 1, y)
 
 
 @pytest.mark.gpu
 def test_one_row_backend_of_the_models_gpu():
-    """The models' one-row K-quant matvec: hip's fused kernel on the int8 path (auto included) for
-    a projection-sized weight, never on the dequant path (hip has none); Triton for the lm_head."""
+    """The models' one-row K-quant matvec: hip's one-launch kernels on the int8 path (auto
+    included) for a projection-sized weight and the Q4_K and Q6_K lm_heads, never on the dequant
+    path (hip has none)."""
     from ftlab.models import layers as model_layers
 
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     proj = random_quant_weight(1, "Q4_K", 512, 2048).to("cuda")
-    big = QuantWeight(torch.zeros(65536, 1152, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q4_K")
+    big4 = QuantWeight(torch.zeros(65536, 1152, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q4_K")
+    big6 = QuantWeight(torch.zeros(65536, 1680, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q6_K")
     nvidia = torch.version.hip is None
     for path in ("auto", "int8"):
-        assert model_layers.one_row_quant_backend(x, proj, path) == ("hip" if nvidia else "auto")
+        for w in (proj, big4, big6):
+            assert model_layers.one_row_quant_backend(x, w, path) == ("hip" if nvidia else "auto")
     assert model_layers.one_row_quant_backend(x, proj, "dequant") != "hip"
-    assert model_layers.one_row_quant_backend(x, big, "auto") != "hip"  # 72 MiB: past ONE_ROW_FUSED_MAX_BYTES
+    assert model_layers.one_row_quant_backend(x, big6, "dequant") != "hip"
 
 
 @pytest.mark.gpu
@@ -227,7 +276,7 @@ def test_hip_fused_matvec_entry_checks_gpu():
         module.quant_mv_fused(x, w.data, 0, y)
     with pytest.raises(ValueError, match=r"w must be \[N, 420\] for K = 512"):
         module.quant_mv_fused(x, w.data, 3, y)
-    with pytest.raises(ValueError, match="K a multiple of 256 up to 8192, got K = 384"):
+    with pytest.raises(ValueError, match=r"K a multiple of 256 up to 8192 \(the fused matvec\), got K = 384"):
         module.quant_mv_fused(x[:, :384].contiguous(), w.data, 1, y)
     with pytest.raises(ValueError, match="in x's dtype"):
         module.quant_mv_fused(x, w.data, 1, y.float())

@@ -1,6 +1,6 @@
 """moe_experts' HIP decode kernels on K-quant banks, the "vec" pair (moe_gate_up_kq_vec_kernel and
 moe_down_kq_vec_kernel in ftlab/hip/csrc/moe_kquant.hip), and quant_matmul's one-launch one-row
-matvec (quant_mv1_fused_kernel, ftlab/hip/csrc/quant_mv_fused.hip), run on the CPU: the real device headers
+matvecs (quant_mv1_fused_kernel and its staged form quant_mv1_staged_kernel, ftlab/hip/csrc/quant_mv_fused.hip), run on the CPU: the real device headers
 (q4_0_common.h, moe_common.h, quant_units.h, quant_vec.h) compiled by the host C++ compiler
 against the host port.h of tests/unit/moe_vec_host (a thread per GPU thread, a barrier per
 32-lane group for the shuffles), the two launches chained as moe_kquant_launch.hip chains them,
@@ -81,17 +81,21 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
 
 
 @pytest.mark.parametrize(
-    "qtype, n, k, dtype",
+    "qtype, n, k, dtype, staged",
     [
-        ("Q4_K", 37, 2048, torch.bfloat16),  # two steps held in registers, rows walked past the grid
-        ("Q5_K", 21, 768, torch.float32),  # three super-blocks: a part-filled step
-        ("Q6_K", 29, 1792, torch.bfloat16),  # seven: Q6_K's 2-byte aligned rows, a part-filled second step
-        ("Q5_K", 9, 512, torch.float16),  # fp16 x and y (scales drawn small: the sums stay in fp16's range)
-        ("Q6_K", 11, 2560, torch.bfloat16),  # ten super-blocks: the long-row walk, activations from LDS
-        ("Q4_K", 5, 4096, torch.float32),  # an o_proj's K
+        ("Q4_K", 37, 2048, torch.bfloat16, False),  # two steps held in registers, rows walked past the grid
+        ("Q5_K", 21, 768, torch.float32, False),  # three super-blocks: a part-filled step
+        ("Q6_K", 29, 1792, torch.bfloat16, False),  # seven: Q6_K's 2-byte aligned rows, a part-filled second step
+        ("Q5_K", 9, 512, torch.float16, False),  # fp16 x and y (scales drawn small: the sums stay in fp16's range)
+        ("Q6_K", 11, 2560, torch.bfloat16, False),  # ten super-blocks: the long-row walk, activations from LDS
+        ("Q4_K", 5, 4096, torch.float32, False),  # an o_proj's K
+        # the staged kernel: 100 rows over 16 groups (six or seven a group: its three-slot ring wraps twice)
+        ("Q6_K", 100, 2048, torch.bfloat16, True),
+        ("Q4_K", 53, 1280, torch.float16, True),  # five super-blocks: a part-filled second step
+        ("Q5_K", 11, 768, torch.float32, True),  # fewer rows than groups: idle groups
     ],
 )
-def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype):
+def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype, staged):
     # the special fp16 scales (up to 65504) give sums past fp16's range: subnormal ones for fp16
     specials = (0x0001, 0x03FF, 0x0400) if dtype == torch.float16 else FINITE_SPECIAL_F16
     w = random_quant_weight(n + k, qtype, n, k, specials=specials)
@@ -99,7 +103,8 @@ def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype):
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(n)) * 3).to(dtype)
     y = torch.full((1, n), float("nan"), dtype=dtype)
     harness.run_fused(FP[dtype], CODE[qtype], ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data.data_ptr()),
-                      ctypes.c_int64(w.data.shape[1]), ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(n), k, 2)  # fmt: skip
+                      ctypes.c_int64(w.data.shape[1]), ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(n), k, 2,
+                      int(staged))  # fmt: skip
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     err = (y.float() - exact).abs()
     assert bool((err <= bound).all()), float(err.max())

@@ -370,3 +370,37 @@ typedef uint32_t bytes4;
 typedef uint16_t bytes2;
 typedef uint8_t bytes1;
 }  // namespace ftlab
+
+// Copies of 16 bytes from global memory into LDS that need no register while in flight: on
+// sm_80 and later cp.async (the copy lands later; port_copy_commit() closes a group of copies,
+// port_copy_wait<N>() returns once at most N of this thread's groups are still in flight).
+// Elsewhere a plain copy through registers, done when it returns (commit and wait are no-ops),
+// so a kernel written for the first is correct on every target, only without the overlap.
+// Other threads see a copy after the wait and a barrier (port_sync_group, __syncthreads).
+// dst and src 16-byte aligned.
+#if defined(PORT_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PORT_HAS_ASYNC_COPY 1
+#else
+#define PORT_HAS_ASYNC_COPY 0
+#endif
+namespace ftlab {
+__device__ __forceinline__ void port_copy16_async(void* dst, const void* src) {
+#if PORT_HAS_ASYNC_COPY
+  const unsigned lds = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(lds), "l"(src) : "memory");
+#else
+  *static_cast<bytes16*>(dst) = *static_cast<const bytes16*>(src);
+#endif
+}
+__device__ __forceinline__ void port_copy_commit() {
+#if PORT_HAS_ASYNC_COPY
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void port_copy_wait() {
+#if PORT_HAS_ASYNC_COPY
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+}  // namespace ftlab

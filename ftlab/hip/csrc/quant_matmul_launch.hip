@@ -247,40 +247,40 @@ void quant_gemm_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Ten
 
 namespace {
 
-// quant_mv1_fused_kernel<T, Q> on a persistent grid: as many blocks as fit an SM at its registers
-// (each quantizes x once), at most one per 8 rows.
+// quant_mv1_fused_kernel<T, Q> (staged: quant_mv1_staged_kernel<T, Q>) on a persistent grid: as
+// many blocks as fit an SM at its registers and LDS (each quantizes x once), at most one per 8 rows.
 template <typename T, typename Q>
-void launch_fused(const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n, int k) {
+void launch_fused(const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n, int k,
+                  bool staged) {
+  auto kernel = staged ? quant_mv1_staged_kernel<T, Q> : quant_mv1_fused_kernel<T, Q>;
   int device = 0, sms = 1, resident = 0;
   port_get_device(&device);
   port_sm_count(&sms, device);
-  port_occupancy(&resident, quant_mv1_fused_kernel<T, Q>, kFusedThreads);
+  port_occupancy(&resident, kernel, kFusedThreads);
   const int64_t rows_per_block = kFusedThreads / kGroup;
   const int64_t blocks = std::min<int64_t>((n + rows_per_block - 1) / rows_per_block, int64_t{sms} * std::max(resident, 1));
-  launch_pdl(quant_mv1_fused_kernel<T, Q>, dim3(static_cast<unsigned>(blocks)), dim3(kFusedThreads), stream_of(y),
+  launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kFusedThreads), stream_of(y),
              static_cast<const typename T::storage*>(base_of(x)), w, row_bytes,
              static_cast<typename T::storage*>(base_of(y)), n, k);
 }
 
 template <typename T>
 void fused_of(int64_t code, const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n,
-              int k) {
+              int k, bool staged) {
   switch (code) {
-    case 1: launch_fused<T, QK4<false>>(x, w, row_bytes, y, n, k); break;
-    case 2: launch_fused<T, QK4<true>>(x, w, row_bytes, y, n, k); break;
-    default: launch_fused<T, Q6_K>(x, w, row_bytes, y, n, k); break;
+    case 1: launch_fused<T, QK4<false>>(x, w, row_bytes, y, n, k, staged); break;
+    case 2: launch_fused<T, QK4<true>>(x, w, row_bytes, y, n, k, staged); break;
+    default: launch_fused<T, Q6_K>(x, w, row_bytes, y, n, k, staged); break;
   }
 }
 
-}  // namespace
-
-// The one-row matvec in one launch (quant_mv_fused.hip): x [1, K] (fp32, fp16 or bf16,
-// contiguous, K a multiple of 256 up to 8192), w [N, K/256*bytes] of type code (1 Q4_K, 2 Q5_K,
-// 3 Q6_K), contiguous and 16-byte aligned; y [1, N] in x's dtype.
-void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) {
+// The checks and launch of the two one-launch matvecs (staged: K up to 2048, rows of whole 16-byte pieces).
+void one_row(TensorView x, TensorView w, int64_t code, TensorView y, bool staged) {
   constexpr int64_t kBytes[4] = {0, 144, 176, 210};
+  const char* name = staged ? "the staged matvec" : "the fused matvec";
+  const int64_t max_k = staged ? 2048 : kFusedMaxK;
   TVM_FFI_CHECK(code >= 1 && code <= 3, ValueError)
-      << "the fused matvec takes Q4_K, Q5_K or Q6_K weights (codes 1..3), got code " << code;
+      << name << " takes Q4_K, Q5_K or Q6_K weights (codes 1..3), got code " << code;
   check_contiguous(x, "x");
   check_contiguous(w, "w");
   check_contiguous(y, "y");
@@ -289,13 +289,17 @@ void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) {
                                                              << (x.ndim() == 2 ? " with rows " : "")
                                                              << (x.ndim() == 2 ? x.size(0) : 0);
   const int64_t k = x.size(1);
-  TVM_FFI_CHECK(k % 256 == 0 && k > 0 && k <= kFusedMaxK, ValueError)
-      << "x must have K a multiple of 256 up to " << kFusedMaxK << ", got K = " << k;
+  TVM_FFI_CHECK(k % 256 == 0 && k > 0 && k <= max_k, ValueError)
+      << "x must have K a multiple of 256 up to " << max_k << " (" << name << "), got K = " << k;
   TVM_FFI_CHECK(w.dtype().code == kDLUInt && w.dtype().bits == 8, TypeError) << "w must be uint8";
   TVM_FFI_CHECK(w.ndim() == 2 && w.size(1) == k / 256 * kBytes[code], ValueError)
       << "w must be [N, " << k / 256 * kBytes[code] << "] for K = " << k << ", got ndim " << w.ndim() << " with "
       << (w.ndim() == 2 ? w.size(1) : -1) << " bytes a row";
   TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(w)) % 16 == 0, ValueError) << "w must be 16-byte aligned";
+  TVM_FFI_CHECK(!staged || w.size(1) % 16 == 0, ValueError)
+      << "the staged matvec copies whole 16-byte pieces: w's rows must be a multiple of 16 bytes (Q6_K: K = "
+         "2048), got "
+      << w.size(1) << " bytes a row";
   const int64_t n = w.size(0);
   TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == 1 && y.size(1) == n && fp_of(y, "y") == fp, ValueError)
       << "y must be [1, " << n << "] in x's dtype";
@@ -303,12 +307,23 @@ void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) {
   const auto* wp = static_cast<const uint8_t*>(base_of(w));
   const int kk = static_cast<int>(k);
   switch (fp) {
-    case Fp::f32: fused_of<f32_t>(code, x, wp, w.size(1), y, n, kk); break;
-    case Fp::f16: fused_of<f16_t>(code, x, wp, w.size(1), y, n, kk); break;
-    case Fp::bf16: fused_of<bf16_t>(code, x, wp, w.size(1), y, n, kk); break;
+    case Fp::f32: fused_of<f32_t>(code, x, wp, w.size(1), y, n, kk, staged); break;
+    case Fp::f16: fused_of<f16_t>(code, x, wp, w.size(1), y, n, kk, staged); break;
+    case Fp::bf16: fused_of<bf16_t>(code, x, wp, w.size(1), y, n, kk, staged); break;
   }
-  check_launch("quant_mv1_fused_kernel");
+  check_launch(staged ? "quant_mv1_staged_kernel" : "quant_mv1_fused_kernel");
 }
+
+}  // namespace
+
+// The one-row matvec in one launch (quant_mv_fused.hip): x [1, K] (fp32, fp16 or bf16,
+// contiguous, K a multiple of 256 up to 8192), w [N, K/256*bytes] of type code (1 Q4_K, 2 Q5_K,
+// 3 Q6_K), contiguous and 16-byte aligned; y [1, N] in x's dtype.
+void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, false); }
+
+// The same, rows staged through LDS by asynchronous copies (quant_mv1_staged_kernel): K up to
+// 2048, w's rows a multiple of 16 bytes.
+void quant_mv_staged(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, true); }
 
 }  // namespace qmm
 }  // namespace ftlab
@@ -318,6 +333,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q4_k, ftlab::qmm::quant_mv_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_fused, ftlab::qmm::quant_mv_fused);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_staged, ftlab::qmm::quant_mv_staged);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q4_k, ftlab::qmm::quant_mv_vec_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q5_k, ftlab::qmm::quant_mv_vec_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q6_k, ftlab::qmm::quant_mv_vec_q6_k);

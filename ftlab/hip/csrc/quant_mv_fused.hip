@@ -1,7 +1,9 @@
 // quant_mv_fused.hip — device code of the one-row int8 matvec of K-quant weights (Q4_K, Q5_K,
 // Q6_K) in one launch: x (fp32 / fp16 / bf16) quantized to Q8_1 in every block, the weights read
-// as quant_vec.h's 16-byte pieces, y written in x's dtype. The decode step's attention
-// projections take it where the quantize, matvec and cast were three launches.
+// in 16-byte pieces (quant_records.h's MvOf: quant_vec.h's eighths of a super-block for Q4_K /
+// Q5_K, quads for Q6_K), y written in x's dtype. The decode step's attention projections take it
+// where the quantize, matvec and cast were three launches; its staged form (rows copied into LDS
+// slots asynchronously, below) takes Q6_K's lm_head.
 //
 // Contract: docs/OPS.md section 11 (quant_matmul, int8 path); reference:
 // ftlab/reference/quant_matmul.py. Includes quant_records.h (then quant_vec.h, quant_units.h,
@@ -12,67 +14,68 @@
 namespace ftlab {
 namespace qmm {
 
-constexpr int kFusedSteps = 2;  // steps of four super-blocks a lane holds activations for (K <= 2048)
+constexpr int kFusedSteps = 2;  // steps (kGroup / kLanes super-blocks each) loaded at once on long rows
 constexpr int kFusedThreads = 256;  // 8 groups of 32 lanes a block
 constexpr int kFusedMaxK = 8192;    // x's activation records in LDS: 32 super-blocks, 10.5 KiB
 
 // y[n] (x's dtype) = the int8 dot of weight row n with the Q8_1 of x [K] (fp32 / fp16 / bf16), in
 // one launch: each block quantizes x into activation records in LDS (q4_0_common.h's
 // quantize_records: quantize_q8_1_kernel's bits), then its groups walk rows n = block * 8 + group,
-// + 8 * grid, ... with quant_vec.h's pieces (eight lanes a super-block, 16-byte loads). Where a row is
-// at most two steps (K <= 2048) each lane's activation halves stay in registers and the next row's
+// + 8 * grid, ... with MvOf<Q>'s pieces (kLanes lanes a super-block, 16-byte loads). Where a row is
+// at most kHeld steps (K <= 2048) each lane's activations stay in registers and the next row's
 // pieces are loaded before this row's terms are summed; the group's first row is asked of the L2
 // before the wait on the kernel before (launch_pdl: prefetches only). w 16-byte aligned.
 template <typename T, typename Q>
 __global__ void __launch_bounds__(kFusedThreads)
     quant_mv1_fused_kernel(const typename T::storage* __restrict__ x, const uint8_t* __restrict__ w,
                            int64_t row_bytes, typename T::storage* __restrict__ y, int64_t n_rows, int k) {
-  using V = Vec<Q>;
+  using V = typename MvOf<Q>::type;
+  constexpr int kPer = kGroup / V::kLanes;  // super-blocks a step
   __shared__ bytes16 rec_v[kFusedMaxK / 256 * kRecordWords / 4];
   uint32_t* rec = reinterpret_cast<uint32_t*>(rec_v);
   const int group = threadIdx.x / kGroup, lane = threadIdx.x % kGroup;
-  const int c = lane & 7, half = lane & 1, s0 = lane >> 3;
+  const int c = lane % V::kLanes, s0 = lane / V::kLanes;
   const int supers = k / Q::kBlock;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (kFusedThreads / kGroup);
   int64_t n = static_cast<int64_t>(blockIdx.x) * (kFusedThreads / kGroup) + group;
-  if (supers <= 4 * kFusedSteps) {
-    bool has[kFusedSteps];
+  if (supers <= kPer * V::kHeld) {
+    bool has[V::kHeld];
 #pragma unroll
-    for (int t = 0; t < kFusedSteps; ++t) {
-      has[t] = s0 + 4 * t < supers;
+    for (int t = 0; t < V::kHeld; ++t) {
+      has[t] = s0 + kPer * t < supers;
       // the first row's lines asked of the L2 while the kernel before finishes (a hint: no data
       // is read before the wait, so weights written by that kernel are never seen stale)
-      if (PORT_HAS_L2_PREFETCH && has[t] && n < n_rows)  // eight lanes spread over the super-block
-        port_prefetch_l2(w + n * row_bytes + (s0 + 4 * t) * Q::kBytes + Q::kBytes * c / 8);
+      if (PORT_HAS_L2_PREFETCH && has[t] && n < n_rows)  // kLanes lanes spread over the super-block
+        port_prefetch_l2(w + n * row_bytes + (s0 + kPer * t) * Q::kBytes + Q::kBytes * c / V::kLanes);
     }
     port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): w and x only after this
     port_pdl_trigger();
-    V cur[kFusedSteps];
+    V cur[V::kHeld];
 #pragma unroll
-    for (int t = 0; t < kFusedSteps; ++t) {
-      if (has[t] && n < n_rows) cur[t].load(w + n * row_bytes + (s0 + 4 * t) * Q::kBytes, c);
+    for (int t = 0; t < V::kHeld; ++t) {
+      if (has[t] && n < n_rows) cur[t].load(w + n * row_bytes + (s0 + kPer * t) * Q::kBytes, c);
     }
     quantize_records<T, 1, kFusedThreads>(x, 0, k / kQK, threadIdx.x, rec);
     __syncthreads();
-    XHalf xh[kFusedSteps];
+    typename V::X xh[V::kHeld];
 #pragma unroll
-    for (int t = 0; t < kFusedSteps; ++t) {
-      if (has[t]) xhalf_of_record(xh[t], rec + (s0 + 4 * t) * kRecordWords, V::unit_a(c), V::unit_b(c), half);
+    for (int t = 0; t < V::kHeld; ++t) {
+      if (has[t]) V::xload(xh[t], rec + (s0 + kPer * t) * kRecordWords, c);
     }
     for (; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
-      V next[kFusedSteps];
+      V next[V::kHeld];
 #pragma unroll
-      for (int t = 0; t < kFusedSteps; ++t) {
-        if (has[t] && n + stride < n_rows) next[t].load(w + (n + stride) * row_bytes + (s0 + 4 * t) * Q::kBytes, c);
+      for (int t = 0; t < V::kHeld; ++t) {
+        if (has[t] && n + stride < n_rows) next[t].load(w + (n + stride) * row_bytes + (s0 + kPer * t) * Q::kBytes, c);
       }
       float acc = 0.0f;
 #pragma unroll
-      for (int t = 0; t < kFusedSteps; ++t)
+      for (int t = 0; t < V::kHeld; ++t)
         if (has[t]) acc += cur[t].term(c, xh[t]);
       acc = group_sum(acc);
       if (lane == 0) y[n] = T::from_float(acc);
 #pragma unroll
-      for (int t = 0; t < kFusedSteps; ++t) cur[t] = next[t];
+      for (int t = 0; t < V::kHeld; ++t) cur[t] = next[t];
     }
     return;
   }
@@ -83,17 +86,17 @@ __global__ void __launch_bounds__(kFusedThreads)
   for (; n < n_rows; n += stride) {
     const uint8_t* row = w + n * row_bytes;
     float acc = 0.0f;
-    for (int base = 0; base < supers; base += 4 * kFusedSteps) {
+    for (int base = 0; base < supers; base += kPer * kFusedSteps) {
       V p[kFusedSteps];
 #pragma unroll
       for (int t = 0; t < kFusedSteps; ++t)
-        if (base + s0 + 4 * t < supers) p[t].load(row + (base + s0 + 4 * t) * Q::kBytes, c);
+        if (base + s0 + kPer * t < supers) p[t].load(row + (base + s0 + kPer * t) * Q::kBytes, c);
 #pragma unroll
       for (int t = 0; t < kFusedSteps; ++t) {
-        const int s = base + s0 + 4 * t;
+        const int s = base + s0 + kPer * t;
         if (s < supers) {
-          XHalf xs;
-          xhalf_of_record(xs, rec + s * kRecordWords, V::unit_a(c), V::unit_b(c), half);
+          typename V::X xs;
+          V::xload(xs, rec + s * kRecordWords, c);
           acc += p[t].term(c, xs);
         }
       }
@@ -103,9 +106,87 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
 }
 
+constexpr int kStages = 3;  // rows a group's LDS ring holds (the staged kernel): two in flight while one is read
+
+// The staged variant of quant_mv1_fused_kernel for rows of at most 8 super-blocks (K <= 2048) of
+// whole 16-byte pieces (row_bytes % 16 == 0): each group copies its rows into a ring of kStages
+// row slots in LDS with port_copy16_async (cp.async on sm_80+: no register holds a row in flight),
+// kStages - 1 rows ahead of the one it sums, so an SM keeps its groups' next two rows in flight where
+// the register prefetch of quant_mv1_fused_kernel holds one. The lanes read MvOf<Q>'s pieces
+// from the slot and sum them in quant_mv1_fused_kernel's order: the same bits. Where the target has
+// no asynchronous copy (PORT_HAS_ASYNC_COPY 0) the copies are plain ones: correct, no overlap.
+template <typename T, typename Q>
+__global__ void __launch_bounds__(kFusedThreads)
+    quant_mv1_staged_kernel(const typename T::storage* __restrict__ x, const uint8_t* __restrict__ w,
+                            int64_t row_bytes, typename T::storage* __restrict__ y, int64_t n_rows, int k) {
+  using V = typename MvOf<Q>::type;
+  constexpr int kPer = kGroup / V::kLanes;  // super-blocks a step
+  constexpr int kGroups = kFusedThreads / kGroup;
+  constexpr int kSlot = 8 * Q::kBytes;  // a row of up to 8 super-blocks: a multiple of 16 bytes
+  static_assert(kPer * V::kHeld >= 8, "the held activations must cover a slot's 8 super-blocks");
+  __shared__ bytes16 rec_v[8 * kRecordWords / 4];
+  __shared__ bytes16 ring_v[kGroups * kStages * kSlot / 16];
+  uint32_t* rec = reinterpret_cast<uint32_t*>(rec_v);
+  const int group = threadIdx.x / kGroup, lane = threadIdx.x % kGroup;
+  const int c = lane % V::kLanes, s0 = lane / V::kLanes;
+  const int supers = k / Q::kBlock, pieces = static_cast<int>(row_bytes / 16);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroups;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kGroups + group;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(ring_v) + group * (kStages * kSlot);
+  // row n's pieces into a slot, one commit group whether or not the row exists (uniform counts)
+  auto stage = [&](int64_t n, int slot) {
+    if (n < n_rows) {
+      const uint8_t* src = w + n * row_bytes + 16 * lane;
+      uint8_t* dst = ring + slot * kSlot + 16 * lane;
+#pragma unroll
+      for (int i = 0; i < (kSlot / 16 + kGroup - 1) / kGroup; ++i)
+        if (lane + kGroup * i < pieces) port_copy16_async(dst + 16 * kGroup * i, src + 16 * kGroup * i);
+    }
+    port_copy_commit();
+  };
+  if (PORT_HAS_L2_PREFETCH && first < n_rows) {  // hints only before the wait (launch_pdl)
+    for (int64_t b = 128 * lane; b < row_bytes; b += 128 * kGroup) port_prefetch_l2(w + first * row_bytes + b);
+  }
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): w and x only after this
+  port_pdl_trigger();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) stage(first + s * stride, s);
+  quantize_records<T, 1, kFusedThreads>(x, 0, k / kQK, threadIdx.x, rec);
+  __syncthreads();
+  bool has[V::kHeld];
+  typename V::X xh[V::kHeld];
+#pragma unroll
+  for (int t = 0; t < V::kHeld; ++t) {
+    has[t] = s0 + kPer * t < supers;
+    if (has[t]) V::xload(xh[t], rec + (s0 + kPer * t) * kRecordWords, c);
+  }
+  int slot = 0;
+  for (int64_t n = first; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
+    port_copy_wait<kStages - 2>();  // this lane's copies of row n have landed ...
+    port_sync_group();              // ... and every lane's; every lane is done with the slot before
+    stage(n + (kStages - 1) * stride, slot == 0 ? kStages - 1 : slot - 1);
+    const uint8_t* row = ring + slot * kSlot;
+    float acc = 0.0f;
+#pragma unroll
+    for (int t = 0; t < V::kHeld; ++t) {
+      if (has[t]) {
+        V p;
+        p.load_slot(row, (s0 + kPer * t) * Q::kBytes, c);
+        acc += p.term(c, xh[t]);
+      }
+    }
+    acc = group_sum(acc);
+    if (lane == 0) y[n] = T::from_float(acc);
+    slot = slot == kStages - 1 ? 0 : slot + 1;
+  }
+  port_copy_wait<0>();  // no copy outlives the block's LDS
+}
+
 #define FTLAB_QMM_FUSED(T, Q)                                                                         \
   template __global__ void quant_mv1_fused_kernel<T, Q>(const T::storage*, const uint8_t*, int64_t, T::storage*, \
-                                                        int64_t, int);
+                                                        int64_t, int);                                        \
+  template __global__ void quant_mv1_staged_kernel<T, Q>(const T::storage*, const uint8_t*, int64_t, T::storage*, \
+                                                         int64_t, int);
 #define FTLAB_QMM_FUSED_T(T) FTLAB_QMM_FUSED(T, QK4<false>) FTLAB_QMM_FUSED(T, QK4<true>) FTLAB_QMM_FUSED(T, Q6_K)
 FTLAB_QMM_FUSED_T(f32_t)
 FTLAB_QMM_FUSED_T(f16_t)

@@ -21,5 +21,107 @@ __device__ __forceinline__ void xhalf_of_record(XHalf& x, const uint32_t* rec, i
   x.sb = port_bits_to_float(rec[72 + jb]);
 }
 
+
+// The one-row kernels' view of a type (quant_mv_fused.hip): kLanes lanes to a super-block (a group
+// takes kGroup / kLanes super-blocks a step), X a lane's activations of one super-block, read from
+// its activation record by xload, kHeld steps of them held in registers where a row is that
+// short. For Q4_K / Q5_K quant_vec.h's pieces (eight lanes, two 16-weight halves each).
+template <typename Q>
+struct VecMv : Vec<Q> {
+  static constexpr int kLanes = 8, kHeld = 2;
+  using X = XHalf;
+  static __device__ __forceinline__ void xload(X& x, const uint32_t* rec, int c) {
+    xhalf_of_record(x, rec, Vec<Q>::unit_a(c), Vec<Q>::unit_b(c), c & 1);
+  }
+  // the super-block `off` bytes into a 16-byte aligned LDS row (the staged kernel)
+  __device__ __forceinline__ void load_slot(const uint8_t* slot, int off, int c) { this->load(slot + off, c); }
+};
+
+// The 16 bytes `off` (even) bytes past `base` (16-byte aligned; LDS or global), as load16_a2 cuts
+// them, but from an offset rather than an address, so that a pointer into LDS stays one (the
+// compiler then emits shared-memory loads, where an address cast to an integer makes them generic).
+__device__ __forceinline__ void load16_at(const uint8_t* base, int off, uint32_t out[4]) {
+  cut16(reinterpret_cast<const bytes16*>(base + (off & ~15)), off & 15, out);
+}
+
+// Q6_K in quads: four lanes to a super-block, lane c taking weights 16 (c % 2) .. + 15 of all four
+// quarters of half c / 2 (64 weights, as Triton's word matvec cuts Q6_K): three 16-byte pieces
+// (ql bytes 64 h + 16 s and 64 h + 32 + 16 s, qh bytes 128 + 32 h + 16 s; 2-byte aligned, cut by
+// load16_a2), where eight lanes of quant_vec.h's Vec<Q6_K> load four pieces for half as many
+// weights each and one qh piece twice. The q - 32 offset is taken from the activations' sums,
+// which xload computes into X: once a kernel where the activations are held (K <= 2048), once a
+// super-block a row on longer rows (as vec's eight extra dp4a a piece would be).
+struct Q6QuadX {
+  int q[16];  // words 4 s .. 4 s + 3 of the Q8_1 blocks of quarters 0..3 (blocks 4 h + t)
+  float d[4];
+  int sum[4];  // the sums of those 16 int8 activations, per quarter
+};
+struct Q6Quad {
+  static constexpr int kLanes = 4, kHeld = 1;
+  using X = Q6QuadX;
+  uint32_t l0[4], l1[4], e[4];  // ql (quarters 0 / 2), ql (1 / 3), qh
+  float sc[4], d;
+  static __device__ __forceinline__ void xload(X& x, const uint32_t* rec, int c) {
+    const int h = c >> 1, s = c & 1;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int j = 4 * h + t;
+      int sum = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x.q[4 * t + i] = static_cast<int>(rec[8 * j + 4 * s + i]);
+        sum = port_dp4a(0x01010101, x.q[4 * t + i], sum);
+      }
+      x.d[t] = port_bits_to_float(rec[64 + j]);
+      x.sum[t] = sum;
+    }
+  }
+  __device__ __forceinline__ void load(const uint8_t* blk, int c) {
+    const int h = c >> 1, s = c & 1;
+    load16_a2(blk + 64 * h + 16 * s, l0);
+    load16_a2(blk + 64 * h + 32 + 16 * s, l1);
+    load16_a2(blk + 128 + 32 * h + 16 * s, e);
+    scales_of(blk, c);
+  }
+  // the super-block `off` bytes into a 16-byte aligned LDS row (the staged kernel)
+  __device__ __forceinline__ void load_slot(const uint8_t* slot, int off, int c) {
+    const int h = c >> 1, s = c & 1;
+    load16_at(slot, off + 64 * h + 16 * s, l0);
+    load16_at(slot, off + 64 * h + 32 + 16 * s, l1);
+    load16_at(slot, off + 128 + 32 * h + 16 * s, e);
+    scales_of(slot + off, c);
+  }
+  __device__ __forceinline__ void scales_of(const uint8_t* blk, int c) {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192 + 8 * (c >> 1) + (c & 1));  // 8 h + 2 t + s
+#pragma unroll
+    for (int t = 0; t < 4; ++t) sc[t] = static_cast<float>(scales[2 * t]);
+    d = half_at(blk + 208);
+  }
+  __device__ __forceinline__ float term(int, const X& x) const {
+    float r = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      int sum = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t lw = (t & 1) ? l1[i] : l0[i];
+        const uint32_t wq = ((lw >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((e[i] >> (2 * t)) & 0x03030303u) << 4);
+        sum = port_dp4a(static_cast<int>(wq), x.q[4 * t + i], sum);
+      }
+      r += x.d[t] * (sc[t] * static_cast<float>(sum - 32 * x.sum[t]));
+    }
+    return d * r;
+  }
+};
+
+template <typename Q>
+struct MvOf {
+  using type = VecMv<Q>;
+};
+template <>
+struct MvOf<Q6_K> {
+  using type = Q6Quad;
+};
+
 }  // namespace qmm
 }  // namespace ftlab

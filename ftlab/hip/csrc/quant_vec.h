@@ -40,12 +40,6 @@ struct XHalf {
   }
 };
 
-// Byte i (0..11) of the scale field held in words h1..h3 of a Q4_K / Q5_K header.
-__device__ __forceinline__ uint32_t scale_byte(uint32_t h1, uint32_t h2, uint32_t h3, int i) {
-  const uint32_t word = i < 4 ? h1 : (i < 8 ? h2 : h3);
-  return (word >> (8 * (i & 3))) & 0xFFu;
-}
-
 template <typename Q>
 struct Vec;
 
@@ -61,22 +55,20 @@ struct Vec<QK4<kFifth>> {
   }
   __device__ __forceinline__ float term(int c, const XHalf& x) const {
     const int ja = 2 * (c >> 1), jb = ja + 1;
-    float sca, mna, scb, mnb;  // llama.cpp's get_scale_min_k4 for sub-blocks ja, jb
-    if (ja < 4) {
-      sca = static_cast<float>(scale_byte(h[1], h[2], h[3], ja) & 63);
-      mna = static_cast<float>(scale_byte(h[1], h[2], h[3], ja + 4) & 63);
-      scb = static_cast<float>(scale_byte(h[1], h[2], h[3], jb) & 63);
-      mnb = static_cast<float>(scale_byte(h[1], h[2], h[3], jb + 4) & 63);
-    } else {
-      const uint32_t a4 = scale_byte(h[1], h[2], h[3], ja + 4), a0 = scale_byte(h[1], h[2], h[3], ja - 4),
-                     aj = scale_byte(h[1], h[2], h[3], ja);
-      const uint32_t b4 = scale_byte(h[1], h[2], h[3], jb + 4), b0 = scale_byte(h[1], h[2], h[3], jb - 4),
-                     bj = scale_byte(h[1], h[2], h[3], jb);
-      sca = static_cast<float>((a4 & 0x0F) | ((a0 >> 6) << 4));
-      mna = static_cast<float>((a4 >> 4) | ((aj >> 6) << 4));
-      scb = static_cast<float>((b4 & 0x0F) | ((b0 >> 6) << 4));
-      mnb = static_cast<float>((b4 >> 4) | ((bj >> 6) << 4));
-    }
+    // llama.cpp's get_scale_min_k4 for sub-blocks ja, jb at once, on the 16-bit words of the
+    // scale field (bytes ja, jb are word c / 2), branch-free: the lanes of a group differ in c, so
+    // branches on it would run both sides. Sub-blocks 0..3: scales in bytes j, mins in j + 4 (low
+    // six bits); 4..7: low four bits from byte j + 4, high two from the top of bytes j - 4 (scale)
+    // and j (min).
+    const bool up = c >= 4;
+    const int sh = 16 * ((c >> 1) & 1);
+    const uint32_t a = ((up ? h[2] : h[1]) >> sh) & 0xFFFFu;  // bytes ja, jb
+    const uint32_t b = ((up ? h[3] : h[2]) >> sh) & 0xFFFFu;  // bytes ja + 4, jb + 4
+    const uint32_t lo = (h[1] >> sh) & 0xFFFFu;               // bytes ja - 4, jb - 4 (c >= 4)
+    const uint32_t sc = up ? ((b & 0x0F0Fu) | ((lo & 0xC0C0u) >> 2)) : (a & 0x3F3Fu);
+    const uint32_t mn = up ? (((b >> 4) & 0x0F0Fu) | ((a & 0xC0C0u) >> 2)) : (b & 0x3F3Fu);
+    const float sca = static_cast<float>(sc & 0xFFu), scb = static_cast<float>(sc >> 8);
+    const float mna = static_cast<float>(mn & 0xFFu), mnb = static_cast<float>(mn >> 8);
     int ia = 0, ib = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -90,32 +82,37 @@ struct Vec<QK4<kFifth>> {
     }
     const float d = port_half_to_float(static_cast<uint16_t>(h[0] & 0xFFFFu));
     const float dmin = port_half_to_float(static_cast<uint16_t>(h[0] >> 16));
-    float r = d * (x.da * (sca * static_cast<float>(ia)) + x.db * (scb * static_cast<float>(ib)));
-    if ((c & 1) == 0) r -= dmin * (mna * x.sa + mnb * x.sb);
-    return r;
+    const float r = d * (x.da * (sca * static_cast<float>(ia)) + x.db * (scb * static_cast<float>(ib)));
+    const float m = dmin * (mna * x.sa + mnb * x.sb);
+    return (c & 1) == 0 ? r - m : r;  // a select, not a branch (see above)
   }
 };
 
-// The 16 bytes at p as four words, cut from the two aligned 16-byte loads that cover them (the 32
-// bytes from p & ~15 must be readable): 64-bit funnel shifts of named values
-// (an array indexed by the offset would land in scratch on AMD).
-__device__ __forceinline__ void load16_a2(const uint8_t* p, uint32_t out[4]) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const bytes16* base = reinterpret_cast<const bytes16*>(a & ~static_cast<uintptr_t>(15));
+// The 16 bytes `mis` (0..15) bytes past the 16-byte aligned p, as four words, cut from the two
+// aligned 16-byte loads p[0], p[1] by 64-bit funnel shifts of named values (an array indexed by
+// the offset would land in scratch on AMD).
+__device__ __forceinline__ void cut16(const bytes16* p, int mis, uint32_t out[4]) {
   uint32_t w[4], v[4];
-  words_of(base[0], w);
-  words_of(base[1], v);
+  words_of(p[0], w);
+  words_of(p[1], v);
   const uint64_t q0 = w[0] | (static_cast<uint64_t>(w[1]) << 32), q1 = w[2] | (static_cast<uint64_t>(w[3]) << 32);
   const uint64_t q2 = v[0] | (static_cast<uint64_t>(v[1]) << 32), q3 = v[2] | (static_cast<uint64_t>(v[3]) << 32);
-  const bool up = (a & 8) != 0;  // the piece starts in the second 8 bytes
+  const bool up = (mis & 8) != 0;  // the piece starts in the second 8 bytes
   const uint64_t x0 = up ? q1 : q0, x1 = up ? q2 : q1, x2 = up ? q3 : q2;
-  const int sh = static_cast<int>(a & 7) * 8;  // 0, 16, 32 or 48 bits
+  const int sh = (mis & 7) * 8;  // 0, 16, 32 or 48 bits (pieces start at even offsets)
   const uint64_t r0 = sh == 0 ? x0 : (x0 >> sh) | (x1 << (64 - sh));
   const uint64_t r1 = sh == 0 ? x1 : (x1 >> sh) | (x2 << (64 - sh));
   out[0] = static_cast<uint32_t>(r0);
   out[1] = static_cast<uint32_t>(r0 >> 32);
   out[2] = static_cast<uint32_t>(r1);
   out[3] = static_cast<uint32_t>(r1 >> 32);
+}
+
+// The 16 bytes at p (2-byte aligned), cut from the two aligned 16-byte loads that cover them (the
+// 32 bytes from p & ~15 must be readable).
+__device__ __forceinline__ void load16_a2(const uint8_t* p, uint32_t out[4]) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  cut16(reinterpret_cast<const bytes16*>(a & ~static_cast<uintptr_t>(15)), static_cast<int>(a & 15), out);
 }
 
 template <>

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -91,6 +92,28 @@ inline uint16_t port_float_to_bf16(float f) {  // round to nearest even (no NaN 
 inline void port_pdl_wait() {}
 inline void port_pdl_trigger() {}
 inline void port_prefetch_l2(const void*) {}
+// Asynchronous copies at their latest: a copy lands only at the port_copy_wait that retires its
+// commit group (cp.async may land any time before), so a kernel that reads a slot before its wait,
+// waits for too few groups, or skips the barrier after the wait reads stale bytes here.
+#define PORT_HAS_ASYNC_COPY 1
+struct HostCopy {
+  void* dst;
+  const void* src;
+};
+static thread_local std::vector<HostCopy> host_open_copies;
+static thread_local std::deque<std::vector<HostCopy>> host_copy_groups;
+inline void port_copy16_async(void* dst, const void* src) { host_open_copies.push_back({dst, src}); }
+inline void port_copy_commit() {
+  host_copy_groups.push_back(std::move(host_open_copies));
+  host_open_copies.clear();
+}
+template <int N>
+inline void port_copy_wait() {
+  while (static_cast<int>(host_copy_groups.size()) > N) {
+    for (const HostCopy& c : host_copy_groups.front()) std::memcpy(c.dst, c.src, 16);
+    host_copy_groups.pop_front();
+  }
+}
 
 // `threads` host threads that run the blocks handed to them one after another, thread t as GPU
 // thread (t % width, t / width): per block fresh barriers (the block's and each 32-thread

@@ -1,5 +1,5 @@
 // Runs moe_kquant.hip's vec decode kernels (moe_gate_up_kq_vec_kernel, moe_down_kq_vec_kernel) and
-// quant_mv_fused.hip's one-row matvec (quant_mv1_fused_kernel) on
+// quant_mv_fused.hip's one-row matvecs (quant_mv1_fused_kernel, quant_mv1_staged_kernel) on
 // the CPU with the host port.h beside them (its HostPool: 256 std::threads run each block, blocks in turn); the two
 // launches chained as moe_kquant_launch.hip chains them.
 #include "port.h"
@@ -64,31 +64,37 @@ extern "C" void run_vec(int fp, int gu_code, int dn_code, const void* x, const u
 }
 
 template <typename T, typename Q>
-void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid) {
+void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid, bool staged) {
   HostPool pool(kMoeThreads);
   gridDim = {grid, 1, 1};
+  const auto* xp = static_cast<const typename T::storage*>(x);
+  auto* yp = static_cast<typename T::storage*>(y);
   for (int b = 0; b < grid; ++b)
     pool.run(b, 0, [=] {
-      quant_mv1_fused_kernel<T, Q>(static_cast<const typename T::storage*>(x), w, row_bytes,
-                                   static_cast<typename T::storage*>(y), n, k);
+      if (staged)
+        quant_mv1_staged_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
+      else
+        quant_mv1_fused_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
     });
 }
 
 template <typename T>
-void fused_by_code(int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid) {
+void fused_by_code(int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid,
+                   bool staged) {
   switch (code) {
-    case 1: fused<T, QK4<false>>(x, w, row_bytes, y, n, k, grid); break;
-    case 2: fused<T, QK4<true>>(x, w, row_bytes, y, n, k, grid); break;
-    default: fused<T, Q6_K>(x, w, row_bytes, y, n, k, grid); break;
+    case 1: fused<T, QK4<false>>(x, w, row_bytes, y, n, k, grid, staged); break;
+    case 2: fused<T, QK4<true>>(x, w, row_bytes, y, n, k, grid, staged); break;
+    default: fused<T, Q6_K>(x, w, row_bytes, y, n, k, grid, staged); break;
   }
 }
 
-// quant_mv1_fused_kernel on a grid of `grid` blocks (few: each group walks several rows).
+// quant_mv1_fused_kernel (staged != 0: quant_mv1_staged_kernel) on a grid of `grid` blocks (few:
+// each group walks several rows).
 extern "C" void run_fused(int fp, int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n,
-                          int k, int grid) {
+                          int k, int grid, int staged) {
   switch (fp) {
-    case 0: fused_by_code<f32_t>(code, x, w, row_bytes, y, n, k, grid); break;
-    case 1: fused_by_code<f16_t>(code, x, w, row_bytes, y, n, k, grid); break;
-    default: fused_by_code<bf16_t>(code, x, w, row_bytes, y, n, k, grid); break;
+    case 0: fused_by_code<f32_t>(code, x, w, row_bytes, y, n, k, grid, staged != 0); break;
+    case 1: fused_by_code<f16_t>(code, x, w, row_bytes, y, n, k, grid, staged != 0); break;
+    default: fused_by_code<bf16_t>(code, x, w, row_bytes, y, n, k, grid, staged != 0); break;
   }
 }
