@@ -100,14 +100,14 @@ def quant_matmul(
     module = jit.module_for("quant_matmul", x.device)
     if variant == "staged" and not (m == 1 and staged_ok(x, w)):
         variant = "fused"
-    if variant in ("fused", "staged"):  # the one-launch kernels: "staged" has been checked above
-        if m == 1 and (variant == "staged" or fused_ok(x, w)):
-            y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-            xc = x.contiguous()
-            fn = getattr(module, "quant_mv_" + variant)
-            jit.on_device(x.device, lambda: fn(xc, w.data, FUSED_CODES[w.qtype], y))
-            return y
+    if variant == "fused" and not (m == 1 and fused_ok(x, w)):
         variant = "vec" if m == 1 else MATVEC_VARIANT[w.qtype]
+    if variant in ("fused", "staged"):  # the one-launch kernels
+        y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+        xc = x.contiguous()
+        fn = getattr(module, "quant_mv_" + variant)
+        jit.on_device(x.device, lambda: fn(xc, w.data, FUSED_CODES[w.qtype], y))
+        return y
     x8 = quantize_q8_1(x)
     suffix = _SUFFIX[w.qtype]
     # the kernels read 32-bit words of the blocks: an unaligned view is copied

@@ -108,21 +108,17 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
 
 
 _ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], tuple[str, bool]] = {}
-#: one-row K-quant matvecs take hip's one-launch kernels (x's Q8_1 in every block, y in x's dtype)
-#: on an NVIDIA GPU up to these weight bytes per type (None: any; a type not listed: never), Triton's
-#: word matvec above: on the H200 hip is ahead at every size, the lm_head included (Q4_K / Q5_K /
-#: Q6_K 88% / 83% / 83% of copy against Triton's 74% / 62% / 74%; benchmarks/NOTES.md)
-ONE_ROW_HIP_MAX_BYTES: dict[str, int | None] = {"Q4_K": None, "Q5_K": None, "Q6_K": None}
 
 
 def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: str = "auto") -> str:
     """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x`` (by ``w``): on an
-    NVIDIA GPU, hip where its fused one-launch kernel takes ``w`` (``ftlab.hip.quant_matmul.
-    fused_ok``) within :data:`ONE_ROW_HIP_MAX_BYTES` on the int8 ``path`` ("auto" or "int8":
-    hip has no other), else Triton, whose word matvec measured faster than the HIP kernels of three
-    launches at every type and decode shape on the H200 (M = 1: 7.3 against 12.2 us on Q4_K 2048
-    -> 5120, 82 against 178 us on the Q6_K lm_head; benchmarks/results/2026-12-01-nvidia-h200-
-    quant.md; at M = 8 the HIP kernels are faster); "auto" elsewhere."""
+    NVIDIA GPU, hip where its one-launch kernels take ``w`` (``ftlab.hip.quant_matmul.fused_ok``:
+    Q4_K / Q5_K / Q6_K) on the int8 ``path`` ("auto" or "int8": hip has no other), at every size,
+    the lm_head included (H200: Q4_K / Q5_K / Q6_K 88% / 83% / 83% of copy on the lm_head against
+    Triton's 74% / 62% / 74%; benchmarks/NOTES.md); else Triton, whose word matvec measured faster
+    than the HIP kernels of three launches at every type and decode shape (M = 1: 7.3 against 12.2
+    us on Q4_K 2048 -> 5120; benchmarks/results/2026-12-01-nvidia-h200-quant.md; at M = 8 the HIP
+    kernels are faster); "auto" elsewhere."""
     key = (x.device, x.dtype)
     if key not in _ONE_ROW_QUANT:
         nvidia = x.device.type == "cuda" and torch.version.hip is None
@@ -130,9 +126,7 @@ def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: s
         _ONE_ROW_QUANT[key] = ("triton" if "triton" in avail else "auto", "hip" in avail)
     chosen, hip = _ONE_ROW_QUANT[key]
     if hip and path in ("auto", "int8") and w is not None and hip_fused_ok(x, w):
-        cap = ONE_ROW_HIP_MAX_BYTES.get(w.qtype, 0)
-        if cap is None or w.data.nbytes <= cap:
-            return "hip"
+        return "hip"
     return chosen
 
 

@@ -276,7 +276,7 @@ void fused_of(int64_t code, const TensorView& x, const uint8_t* w, int64_t row_b
 
 // The checks and launch of the two one-launch matvecs (staged: K up to 2048, rows of whole 16-byte pieces).
 void one_row(TensorView x, TensorView w, int64_t code, TensorView y, bool staged) {
-  constexpr int64_t kBytes[4] = {0, 144, 176, 210};
+  constexpr int64_t kBytes[4] = {0, QK4<false>::kBytes, QK4<true>::kBytes, Q6_K::kBytes};  // by code
   const char* name = staged ? "the staged matvec" : "the fused matvec";
   const int64_t max_k = staged ? 2048 : kFusedMaxK;
   TVM_FFI_CHECK(code >= 1 && code <= 3, ValueError)

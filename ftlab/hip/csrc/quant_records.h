@@ -1,6 +1,7 @@
-// quant_records.h — the "vec" pieces (quant_vec.h) against activations held as q4_0_common.h's
-// activation records in LDS: the one-launch kernels that quantize x themselves (moe_kquant.hip's
-// decode experts, quant_mv_fused.hip's one-row matvec) read a lane's halves from there.
+// quant_records.h — K-quant pieces against activations held as q4_0_common.h's activation records
+// in LDS, for the one-launch kernels that quantize x themselves: quant_vec.h's pieces and a lane's
+// halves of a record (moe_kquant.hip's decode experts, quant_mv_fused.hip), and the one-row
+// matvecs' view of each type (MvOf: VecMv for Q4_K / Q5_K, Q6Quad for Q6_K).
 #pragma once
 #include "quant_vec.h"
 
@@ -20,7 +21,6 @@ __device__ __forceinline__ void xhalf_of_record(XHalf& x, const uint32_t* rec, i
   x.sa = port_bits_to_float(rec[72 + ja]);
   x.sb = port_bits_to_float(rec[72 + jb]);
 }
-
 
 // The one-row kernels' view of a type (quant_mv_fused.hip): kLanes lanes to a super-block (a group
 // takes kGroup / kLanes super-blocks a step), X a lane's activations of one super-block, read from
