@@ -1,12 +1,16 @@
 """The one-row (M = 1) K-quant matvec, variant by variant, at ``ftlab bench quant``'s shapes: hip's
 "lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled", "fused" (vec's pieces in
-one launch, x quantized in every block, y in x's dtype) and "staged" (fused with the rows copied
-into LDS slots asynchronously; K <= 2048, else it runs "fused"), and Triton's default,
+one launch, x quantized in every block, y in x's dtype), "staged" (fused with the rows copied
+into LDS slots asynchronously; K <= 2048, else it runs "fused") and "sliced" (a row's slices of 8
+super-blocks held by the lane groups of a block; K <= 16384), and Triton's default; Q4_0 (its
+region matvec, then the one-launch kernels on groups of eight blocks) and Q8_0 as well,
 each graph-replayed with the weights cycled past the L2 (as ``bench quant`` does), beside the copy
 bandwidth measured in the same run; each variant's output checked against the reference on the
-first rows first.
+first rows first. ``--resident`` also times each variant on one weight called again and again
+(a weight that fits the L2 stays there: how llama.cpp's ``test-backend-ops perf`` times MUL_MAT).
 
     python benchmarks/time_quant_mv1.py [--types Q4_K,Q5_K,Q6_K] [--shapes lm,llama,qkv,o_proj]
+        [--variants lanes,vec,tiled,fused,staged,sliced,triton] [--resident]
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from ftlab import ops
 from ftlab.bench.harness import copy_bandwidth, device_info, time_graph_us
 from ftlab.bench.quant import MIN_INNER, SHAPES, random_weight
 from ftlab.hip import quant_matmul as hip_qmm
-from ftlab.quant import QuantWeight
+from ftlab.quant import quant_weight
+from ftlab.testing.q4_0 import matmul_tolerance as q4_0_matmul_tolerance
 from ftlab.testing.quant_matmul import quant_matmul_tolerance
 
 SHORT = {"lm": "lm_head 2048->151936", "llama": "llama.cpp 4096x14336", "qkv": "qkv 2048->5120",
@@ -31,6 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
     ap.add_argument("--shapes", default="lm,llama,qkv,o_proj")
+    ap.add_argument("--variants", default="lanes,vec,tiled,fused,staged,sliced,triton")
+    ap.add_argument("--resident", action="store_true", help="also time one weight called again and again")
     args = ap.parse_args()
     dev = torch.device("cuda")
     info = device_info()
@@ -39,32 +46,46 @@ def main() -> None:
           f"ftlab {info.get('commit')}; copy bandwidth {bw:.0f} GB/s; M = 1, bf16 x, graph-replayed")  # fmt: skip
     for qtype in args.types.split(","):
         for short in args.shapes.split(","):
-            time_case(qtype, SHORT[short], bw, dev)
+            time_case(qtype, SHORT[short], bw, dev, args.variants.split(","), args.resident)
             torch.cuda.empty_cache()
 
 
-def time_case(qtype: str, label: str, bw: float, dev: torch.device) -> None:
+def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: list[str], resident: bool) -> None:
     """One type at one shape: every variant checked on the first rows, then timed."""
     n, k = SHAPES[label]
     w = random_weight(qtype, n, k, dev)
     reps = max(1, min(32, -(-ROTATE_BYTES // w.nbytes)))
-    banks = [w] + [QuantWeight(w.data.clone(), w.shape, qtype) for _ in range(reps - 1)]
+    banks = [w] + [quant_weight(w.data.clone(), w.shape, qtype) for _ in range(reps - 1)]
     inner = reps * -(-MIN_INNER // reps)
     x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
     rows = min(n, 2048)
-    part = QuantWeight(w.data[:rows], (rows, k), qtype)
-    exact, bound = quant_matmul_tolerance(x.float(), part, "int8", x.dtype)  # the outputs are in x's dtype
-    runs = [(f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", variant=v))
-            for v in ("lanes", "vec", "tiled", "fused", "staged")]  # fmt: skip
-    runs.append(("triton", lambda wv: ops.quant_matmul(x, wv, backend="triton")))
+    part = quant_weight(w.data[:rows], (rows, k), qtype)
+    if qtype == "Q4_0":
+        exact = ops.q4_0_matmul(x.float(), part, path="int8", backend="reference")
+        bound = q4_0_matmul_tolerance(x.float(), part, "int8", x.dtype)
+    else:
+        exact, bound = quant_matmul_tolerance(x.float(), part, "int8", x.dtype)  # the outputs are in x's dtype
+    if qtype == "Q4_0":  # the region matvec (q4_0_matmul's default), then the one-launch kernels
+        runs = [("hip region", lambda wv: ops.q4_0_matmul(x, wv, backend="hip"))]
+        runs += [(f"hip {v}", lambda wv, v=v: hip_qmm.q4_0_one_row(x, wv, v))
+                 for v in variants if v in ("fused", "staged", "sliced")]  # fmt: skip
+    else:
+        runs = [(f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", variant=v))
+                for v in variants if v != "triton"]  # fmt: skip
+    if "triton" in variants:
+        op = ops.q4_0_matmul if qtype == "Q4_0" else ops.quant_matmul
+        runs.append(("triton", lambda wv: op(x, wv, backend="triton")))
+    applies = {"hip fused": hip_qmm.fused_ok, "hip staged": hip_qmm.staged_ok, "hip sliced": hip_qmm.sliced_ok}
     for name, fn in runs:
+        taken = name not in applies or applies[name](x, w)  # else the kernel falls back: say so
         y = fn(part).float()  # every one on the int8 path: within its derived bound
         ok = bool(((y - exact.to(dev)).abs() <= bound.to(dev)).all())
         turn = iter(range(1 << 62))
         t = time_graph_us(lambda f=fn, tn=turn: f(banks[next(tn) % reps]), inner=inner)
         gbps = w.nbytes / t / 1e3
+        one = f"  one weight {time_graph_us(lambda f=fn: f(w), inner=MIN_INNER):8.2f} us" if resident else ""
         print(f"{qtype} {label:>22} {name:>11}: {t:8.2f} us {gbps:7.0f} GB/s {100 * gbps / bw:5.1f}% of copy"
-              f"  {'ok' if ok else 'WRONG'}")  # fmt: skip
+              f"  {'ok' if ok else 'WRONG'}{one}{'' if taken else '  (not taken here: its fallback)'}")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,7 @@ from ftlab.bench.harness import (
     require_gpu,
     time_graph_us,
 )
-from ftlab.quant import QTYPES, QuantWeight
+from ftlab.quant import QTYPES, QuantWeight, quant_weight
 
 SHAPES = {  # name: (N, K)
     "qkv 2048->5120": (5120, 2048),
@@ -32,7 +32,7 @@ SHAPES = {  # name: (N, K)
     "llama.cpp 4096x14336": (4096, 14336),
 }
 TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
-SCALE_OFFSETS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+SCALE_OFFSETS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q4_0": (0,)}
 MIN_INNER = 8
 ROTATE_BYTES = 256 << 20
 VALIDATE_ROWS = 4096  # weight rows the validation compares (the int8 reference is an einsum)
@@ -55,7 +55,7 @@ def random_weight(qtype: str, n: int, k: int, dev: torch.device, seed: int = 0) 
     for off in SCALE_OFFSETS[qtype]:
         scale = (torch.rand(blocks.shape[0], device=dev, generator=gen) * 9e-3 + 1e-3).half()
         blocks[:, off : off + 2] = scale.view(torch.uint8).view(-1, 2)
-    return QuantWeight(data, (n, k), qtype)
+    return quant_weight(data, (n, k), qtype)
 
 
 def _copies(nbytes: int) -> int:

@@ -34,6 +34,15 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
   elsewhere), two rows ahead of the one it sums, so no register holds a row in flight; the same
   sums in the same order as "fused" (the same bits). K a multiple of 256 up to 2048 and rows of
   whole 16-byte pieces (Q6_K: K = 2048), else "fused".
+- ``"sliced"`` (long rows): a row taken by G = 1, 2, 4 or 8 lane groups of a block, each
+  holding one slice of 8 super-blocks for the whole kernel ("fused"'s held form: its pieces,
+  activations in registers, the next row's pieces loaded before this row's sum), the slices'
+  sums added in LDS in a fixed order every 8 rounds of rows; one launch, x quantized in every
+  block of a persistent grid. K a multiple of 256 up to 16384 (else "fused"); its sums are
+  grouped otherwise than "fused"'s (deterministic, held to the int8 bound).
+
+"fused", "staged" and "sliced" also take Q8_0 (no "staged") and Q4_0 as groups of eight blocks,
+lane c of eight taking block c whole (:func:`q4_0_one_row`); neither type's default yet.
 """
 
 from __future__ import annotations
@@ -42,8 +51,8 @@ import torch
 
 from ftlab import jit
 from ftlab import platform as ftplatform
-from ftlab.hip.q4_0 import quantize_q8_1
-from ftlab.quant import QuantWeight
+from ftlab.hip.q4_0 import q4_0_matmul, quantize_q8_1
+from ftlab.quant import Q4_0Weight, QuantWeight
 
 #: rows the matvecs are instantiated for (1..8); more go to quant_gemm_kernel
 MATVEC_ROWS = 8
@@ -60,8 +69,12 @@ MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "fused", "Q5_K": "fused", "Q6_K": 
 FUSED_MAX_K = 8192
 #: K the staged one-row matvec takes: a row fits one of its LDS slots (8 super-blocks)
 STAGED_MAX_K = 2048
-#: the bank type codes of ``quant_mv_fused`` (csrc/quant_matmul_launch.hip)
-FUSED_CODES = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
+#: K the sliced one-row matvec takes (a block's 8 groups hold 8 slices of 8 super-blocks; x's
+#: activation records in LDS, kSlicedMaxK)
+SLICED_MAX_K = 16384
+#: the weight type codes of ``quant_mv_fused`` / ``_staged`` / ``_sliced`` (csrc/quant_matmul_launch.hip;
+#: Q4_0 and Q8_0 in groups of eight blocks; Q8_0 has no staged form)
+FUSED_CODES = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q8_0": 5}
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
 #: rows share an activation block the more supers a region takes per row
 TILED_G = {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
@@ -95,14 +108,20 @@ def quant_matmul(
         variant = (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
         if variant == "staged" and not async_copies(x.device):
             variant = "fused"  # its copies would go through registers: no overlap, not measured
-    if variant not in ("tiled", "lanes", "vec", "fused", "staged"):
-        raise ValueError(f"variant must be 'tiled', 'lanes', 'vec', 'fused' or 'staged', got {variant!r}")
+    if variant not in ("tiled", "lanes", "vec", "fused", "staged", "sliced"):
+        raise ValueError(
+            f"variant must be 'tiled', 'lanes', 'vec', 'fused', 'staged' or 'sliced', got {variant!r}"
+        )
     module = jit.module_for("quant_matmul", x.device)
+    if variant == "sliced" and not (m == 1 and sliced_ok(x, w)):
+        variant = "fused"
     if variant == "staged" and not (m == 1 and staged_ok(x, w)):
         variant = "fused"
     if variant == "fused" and not (m == 1 and fused_ok(x, w)):
         variant = "vec" if m == 1 else MATVEC_VARIANT[w.qtype]
-    if variant in ("fused", "staged"):  # the one-launch kernels
+    if w.qtype == "Q4_0" and variant not in ("fused", "staged", "sliced"):
+        return q4_0_matmul(x, w, "int8")  # hip's other matvecs take no Q4_0: its own kernels do
+    if variant in ("fused", "staged", "sliced"):  # the one-launch kernels
         y = torch.empty((1, n), dtype=x.dtype, device=x.device)
         xc = x.contiguous()
         fn = getattr(module, "quant_mv_" + variant)
@@ -132,8 +151,8 @@ def quant_matmul(
 
 
 def fused_ok(x: torch.Tensor, w: QuantWeight) -> bool:
-    """Whether the fused one-row matvec takes ``x [1, K] @ w.T``: a Q4_K / Q5_K / Q6_K weight, K a
-    multiple of 256 up to :data:`FUSED_MAX_K`, its bytes contiguous and 16-byte aligned."""
+    """Whether the fused one-row matvec takes ``x [1, K] @ w.T``: a Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0
+    weight, K a multiple of 256 up to :data:`FUSED_MAX_K`, its bytes contiguous and 16-byte aligned."""
     k = x.shape[1]
     return (w.qtype in FUSED_CODES and k % 256 == 0 and 0 < k <= FUSED_MAX_K and w.data.is_contiguous()
             and w.data.data_ptr() % 16 == 0)  # fmt: skip
@@ -154,8 +173,37 @@ def async_copies(device: torch.device) -> bool:
 
 def staged_ok(x: torch.Tensor, w: QuantWeight) -> bool:
     """Whether the staged one-row matvec takes ``x [1, K] @ w.T``: as :func:`fused_ok`, with K up
-    to :data:`STAGED_MAX_K` and rows a multiple of 16 bytes."""
-    return fused_ok(x, w) and x.shape[1] <= STAGED_MAX_K and w.data.shape[-1] % 16 == 0
+    to :data:`STAGED_MAX_K`, rows a multiple of 16 bytes and not Q8_0."""
+    return fused_ok(x, w) and x.shape[1] <= STAGED_MAX_K and w.data.shape[-1] % 16 == 0 and w.qtype != "Q8_0"
+
+
+def one_launch_default(x: torch.Tensor, w: QuantWeight) -> bool:
+    """Whether hip's M = 1 default for ``w`` is a one-launch kernel that takes ``x [1, K] @ w.T``:
+    Q4_K / Q5_K / Q6_K (:data:`MATVEC_VARIANT_M1` "fused" or "staged") where :func:`fused_ok`
+    holds. Q8_0's default is still "lanes" (three launches), though "fused" takes it."""
+    return MATVEC_VARIANT_M1.get(w.qtype) in ("fused", "staged") and fused_ok(x, w)
+
+
+def sliced_ok(x: torch.Tensor, w: QuantWeight) -> bool:
+    """Whether the sliced one-row matvec takes ``x [1, K] @ w.T``: as :func:`fused_ok`, with K up
+    to :data:`SLICED_MAX_K`."""
+    k = x.shape[1]
+    return (w.qtype in FUSED_CODES and k % 256 == 0 and 0 < k <= SLICED_MAX_K and w.data.is_contiguous()
+            and w.data.data_ptr() % 16 == 0)  # fmt: skip
+
+
+def q4_0_one_row(x: torch.Tensor, w: Q4_0Weight, variant: str) -> torch.Tensor:
+    """``x [1, K] @ w.T`` on the int8 path through one of the one-launch one-row kernels
+    (``quant_mv_fused`` / ``_staged`` / ``_sliced``), which take Q4_0 in groups of eight blocks (csrc/quant_records.h's
+    ``Q4Eighth``: eight lanes a group, lane c taking block c whole): ``"fused"`` (K up to 8192),
+    ``"staged"`` (up to 2048, rows through LDS by asynchronous copies) or ``"sliced"`` (up to
+    16384, a row's slices of 2048 weights held by the lane groups of a block). x is fp32 / fp16 /
+    bf16 ``[1, K]``, K a multiple of 256, w's bytes contiguous and 16-byte aligned; y ``[1, N]`` in
+    x's dtype, within q4_0_matmul's int8 bound (its sums are grouped otherwise than the region
+    matvec's). Where the variant does not apply, :func:`ftlab.hip.q4_0.q4_0_matmul`."""
+    if variant not in ("fused", "staged", "sliced"):
+        raise ValueError(f"variant must be 'fused', 'staged' or 'sliced', got {variant!r}")
+    return quant_matmul(x, w, "int8", variant=variant)  # it takes q4_0_matmul where they do not apply
 
 
 def tiled_config(m: int, n: int, k: int, qtype: str, device: torch.device) -> tuple[int, int]:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ftlab import backends as ftbackends
 from ftlab import ops
 from ftlab import platform as ftplatform
-from ftlab.hip.quant_matmul import fused_ok as hip_fused_ok
+from ftlab.hip.quant_matmul import one_launch_default as hip_one_launch_default
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 
 
@@ -112,8 +112,8 @@ _ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], tuple[str, bool]] = {}
 
 def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: str = "auto") -> str:
     """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x`` (by ``w``): on an
-    NVIDIA GPU, hip where its one-launch kernels take ``w`` (``ftlab.hip.quant_matmul.fused_ok``:
-    Q4_K / Q5_K / Q6_K) on the int8 ``path`` ("auto" or "int8": hip has no other), at every size,
+    NVIDIA GPU, hip where its one-launch kernels are its default for ``w``
+    (``ftlab.hip.quant_matmul.one_launch_default``: Q4_K / Q5_K / Q6_K) on the int8 ``path`` ("auto" or "int8": hip has no other), at every size,
     the lm_head included (H200: Q4_K / Q5_K / Q6_K 88% / 83% / 83% of copy on the lm_head against
     Triton's 74% / 62% / 74%; benchmarks/NOTES.md); else Triton, whose word matvec measured faster
     than the HIP kernels of three launches at every type and decode shape (M = 1: 7.3 against 12.2
@@ -125,7 +125,7 @@ def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: s
         avail = ftbackends.available_backends("quant_matmul", x.device, x.dtype) if nvidia else ()
         _ONE_ROW_QUANT[key] = ("triton" if "triton" in avail else "auto", "hip" in avail)
     chosen, hip = _ONE_ROW_QUANT[key]
-    if hip and path in ("auto", "int8") and w is not None and hip_fused_ok(x, w):
+    if hip and path in ("auto", "int8") and w is not None and hip_one_launch_default(x, w):
         return "hip"
     return chosen
 

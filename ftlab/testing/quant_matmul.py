@@ -23,7 +23,7 @@ import torch
 from hypothesis import strategies as st
 
 from ftlab import ops
-from ftlab.quant import QTYPES, QuantWeight
+from ftlab.quant import QTYPES, QuantWeight, quant_weight
 from ftlab.reference import q4_0 as ref_q4_0
 from ftlab.reference import quant_matmul as ref
 from ftlab.reference.quants import dequantize
@@ -51,7 +51,7 @@ def random_quant_weight(seed: int, qtype: str, n: int, k: int, specials: Sequenc
         scale = np.where(rng.random(blocks.shape[0]) < 0.25, special, ordinary)
         blocks[:, off : off + 2] = scale.astype("<u2").view(np.uint8).reshape(-1, 2)
     data[rng.random(n) < zero_rows] = 0
-    return QuantWeight(torch.from_numpy(data), (n, k), qtype)
+    return quant_weight(torch.from_numpy(data), (n, k), qtype)
 
 
 @dataclass

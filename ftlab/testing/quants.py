@@ -21,7 +21,7 @@ from ftlab.testing.common import backends_for
 
 #: the types of ``ops.dequantize`` beside Q4_0, and the byte offsets of their fp16 scales
 KQUANT_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
-SCALE_OFFSETS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+SCALE_OFFSETS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q4_0": (0,)}
 _SPECIAL_F16 = (0x0000, 0x8000, 0x0001, 0x03FF, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0xFE01)
 #: the finite ones: zero, subnormal, the largest finite
 FINITE_SPECIAL_F16 = (0x0000, 0x8000, 0x0001, 0x03FF, 0x7BFF)

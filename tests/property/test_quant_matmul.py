@@ -136,7 +136,7 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
     "variant, g, splits, offset",
     [("lanes", None, None, 0), ("vec", None, None, 0), ("vec", None, None, 4), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
      ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4), ("fused", None, None, 0),
-     ("fused", None, None, 4), ("staged", None, None, 0)],
+     ("fused", None, None, 4), ("staged", None, None, 0), ("sliced", None, None, 0), ("sliced", None, None, 4)],
 )  # fmt: skip
 def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     """Every HIP matvec variant and region shape, with and without K splits (None: the default
@@ -161,7 +161,7 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
-@pytest.mark.parametrize("variant", ["lanes", "vec", "fused", "staged"])
+@pytest.mark.parametrize("variant", ["lanes", "vec", "fused", "staged", "sliced"])
 @pytest.mark.parametrize("k", [1280, 2048, 4096, 5120])
 def test_hip_m1_variants_gpu(qtype, variant, k):
     """hip's one-row matvecs where their branches differ: K = 1280 (lanes partly idle; Q6_K
@@ -242,13 +242,16 @@ def test_hip_staged_matvec_entry_checks_gpu():
         module.quant_mv_staged(x[:, :1024].contiguous(), w6.data, 3, y)
     with pytest.raises(ValueError, match=r"w must be \[N, 1152\] for K = 2048"):
         module.quant_mv_staged(x[:, :2048].contiguous(), w6.data, 1, y)
+    w8 = random_quant_weight(0, "Q8_0", 64, 2048).to("cuda")  # Q8_0 has no staged form
+    with pytest.raises(ValueError, match=r"Q6_K or Q4_0 weights \(codes 1..4\), got code 5"):
+        module.quant_mv_staged(x[:, :2048].contiguous(), w8.data, 5, y)
 
 
 @pytest.mark.gpu
 def test_one_row_backend_of_the_models_gpu():
     """The models' one-row K-quant matvec: hip's one-launch kernels on the int8 path (auto
     included) for a projection-sized weight and the Q4_K and Q6_K lm_heads, never on the dequant
-    path (hip has none)."""
+    path (hip has none), nor for Q8_0 (hip's default there is not one launch)."""
     from ftlab.models import layers as model_layers
 
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
@@ -259,6 +262,9 @@ def test_one_row_backend_of_the_models_gpu():
     for path in ("auto", "int8"):
         for w in (proj, big4, big6):
             assert model_layers.one_row_quant_backend(x, w, path) == ("hip" if nvidia else "auto")
+    # Q8_0: the one-launch kernels take it, but hip's default for it is three launches: Triton serves
+    q8 = random_quant_weight(2, "Q8_0", 512, 2048).to("cuda")
+    assert model_layers.one_row_quant_backend(x, q8, "int8") == ("triton" if nvidia else "auto")
     assert model_layers.one_row_quant_backend(x, proj, "dequant") != "hip"
     assert model_layers.one_row_quant_backend(x, big6, "dequant") != "hip"
 
@@ -272,8 +278,10 @@ def test_hip_fused_matvec_entry_checks_gpu():
     x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
     module = jit.module_for("quant_matmul", x.device)
     y = torch.empty(1, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="codes 1..3\\), got code 0"):
+    with pytest.raises(ValueError, match="codes 1..5\\), got code 0"):
         module.quant_mv_fused(x, w.data, 0, y)
+    with pytest.raises(ValueError, match="codes 1..5\\), got code 6"):
+        module.quant_mv_fused(x, w.data, 6, y)
     with pytest.raises(ValueError, match=r"w must be \[N, 420\] for K = 512"):
         module.quant_mv_fused(x, w.data, 3, y)
     with pytest.raises(ValueError, match=r"K a multiple of 256 up to 8192 \(the fused matvec\), got K = 384"):

@@ -1,6 +1,7 @@
 """moe_experts' HIP decode kernels on K-quant banks, the "vec" pair (moe_gate_up_kq_vec_kernel and
 moe_down_kq_vec_kernel in ftlab/hip/csrc/moe_kquant.hip), and quant_matmul's one-launch one-row
-matvecs (quant_mv1_fused_kernel and its staged form quant_mv1_staged_kernel, ftlab/hip/csrc/quant_mv_fused.hip), run on the CPU: the real device headers
+matvecs (quant_mv1_fused_kernel, its staged form quant_mv1_staged_kernel and the long rows' quant_mv1_sliced_kernel,
+ftlab/hip/csrc/quant_mv_fused.hip), run on the CPU: the real device headers
 (q4_0_common.h, moe_common.h, quant_units.h, quant_vec.h) compiled by the host C++ compiler
 against the host port.h of tests/unit/moe_vec_host (a thread per GPU thread, a barrier per
 32-lane group for the shuffles), the two launches chained as moe_kquant_launch.hip chains them,
@@ -9,6 +10,7 @@ matvec). Catches layout, indexing and reduction mistakes without a GPU; the GPU 
 (test_moe_kquant.py, test_quant_matmul.py, ``gpu``) run the real thing."""
 
 import ctypes
+import mmap
 
 import pytest
 import torch
@@ -16,13 +18,15 @@ from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
 from ftlab import ops
+from ftlab.quant import quant_weight
+from ftlab.testing.q4_0 import matmul_tolerance as q4_0_matmul_tolerance
 from ftlab.testing.quant_matmul import (
     FINITE_SPECIAL_F16,
     quant_matmul_tolerance,
     random_quant_weight,
 )
 
-CODE = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
+CODE = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q8_0": 5}
 FP = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
@@ -81,30 +85,95 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
 
 
 @pytest.mark.parametrize(
-    "qtype, n, k, dtype, staged",
+    "qtype, n, k, dtype, variant",
     [
-        ("Q4_K", 37, 2048, torch.bfloat16, False),  # two steps held in registers, rows walked past the grid
-        ("Q5_K", 21, 768, torch.float32, False),  # three super-blocks: a part-filled step
-        ("Q6_K", 29, 1792, torch.bfloat16, False),  # seven: Q6_K's 2-byte aligned rows, a part-filled second step
-        ("Q5_K", 9, 512, torch.float16, False),  # fp16 x and y (scales drawn small: the sums stay in fp16's range)
-        ("Q6_K", 11, 2560, torch.bfloat16, False),  # ten super-blocks: the long-row walk, activations from LDS
-        ("Q4_K", 5, 4096, torch.float32, False),  # an o_proj's K
+        ("Q4_K", 37, 2048, torch.bfloat16, "fused"),  # two steps held in registers, rows walked past the grid
+        ("Q5_K", 21, 768, torch.float32, "fused"),  # three super-blocks: a part-filled step
+        ("Q6_K", 29, 1792, torch.bfloat16, "fused"),  # seven: Q6_K's 2-byte aligned rows, a part-filled second step
+        ("Q5_K", 9, 512, torch.float16, "fused"),  # fp16 x and y (scales drawn small: the sums stay in fp16's range)
+        ("Q6_K", 11, 2560, torch.bfloat16, "fused"),  # ten super-blocks: the long-row walk, activations from LDS
+        ("Q4_K", 5, 4096, torch.float32, "fused"),  # an o_proj's K
         # the staged kernel: 100 rows over 16 groups (six or seven a group: its three-slot ring wraps twice)
-        ("Q6_K", 100, 2048, torch.bfloat16, True),
-        ("Q4_K", 53, 1280, torch.float16, True),  # five super-blocks: a part-filled second step
-        ("Q5_K", 11, 768, torch.float32, True),  # fewer rows than groups: idle groups
+        ("Q6_K", 100, 2048, torch.bfloat16, "staged"),
+        ("Q4_K", 53, 1280, torch.float16, "staged"),  # five super-blocks: a part-filled second step
+        ("Q5_K", 11, 768, torch.float32, "staged"),  # fewer rows than groups: idle groups
+        # the sliced kernel, 2 blocks. K = 14336: 56 super-blocks, 8 groups a row (slices 0..6 full, slice 7
+        # empty), one row a round; 19 rows: 10 and 9 rounds a block (a second set of rounds, short of eight)
+        ("Q4_K", 19, 14336, torch.bfloat16, "sliced"),
+        ("Q6_K", 37, 12288, torch.float32, "sliced"),  # 48: 8 groups, two slices empty; 19 / 18 rounds: 3 sets
+        ("Q5_K", 13, 6144, torch.float32, "sliced"),  # 24: 4 groups a row (the fourth slice empty), 2 rows a round
+        ("Q5_K", 45, 4096, torch.float16, "sliced"),  # 16: 2 groups a row, 4 rows a round: 6 rounds a block
+        ("Q6_K", 7, 2304, torch.bfloat16, "sliced"),  # nine super-blocks: the second slice holds one
+        ("Q4_K", 70, 1024, torch.float32, "sliced"),  # a group a row: 8 rows a round, 5 and 4 rounds a block
+        ("Q4_K", 3, 1024, torch.float32, "sliced"),  # 3 rows: the second block has none
+        # Q4_0 / Q8_0 in groups of eight blocks (the last block's piece is 16-byte aligned and ends the group)
+        ("Q4_0", 37, 2048, torch.bfloat16, "fused"),
+        ("Q4_0", 11, 2560, torch.float32, "fused"),  # the long-row walk
+        ("Q4_0", 100, 2048, torch.float16, "staged"),
+        ("Q4_0", 19, 14336, torch.bfloat16, "sliced"),
+        ("Q4_0", 21, 5120, torch.bfloat16, "sliced"),  # 20 groups of eight blocks: 4 groups a row, the third half full
+        ("Q8_0", 29, 1792, torch.bfloat16, "fused"),
+        ("Q8_0", 9, 4608, torch.float32, "fused"),
+        ("Q8_0", 23, 12288, torch.float16, "sliced"),
     ],
 )
-def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype, staged):
+def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype, variant):
+    """Each case within its int8 bound; the weights end at an unreadable page (a read past them
+    faults), y is followed by NaN that must stay (no write past N), and the threads that add the
+    slices' sums sleep after every block barrier (the host port.h's stress mode), so that the
+    other groups run ahead into the next set of sums."""
     # the special fp16 scales (up to 65504) give sums past fp16's range: subnormal ones for fp16
     specials = (0x0001, 0x03FF, 0x0400) if dtype == torch.float16 else FINITE_SPECIAL_F16
     w = random_quant_weight(n + k, qtype, n, k, specials=specials)
+    w = quant_weight(_fenced(w.data), w.shape, qtype)
     assert w.data.data_ptr() % 16 == 0  # the kernel's alignment
-    x = (torch.randn(1, k, generator=torch.Generator().manual_seed(n)) * 3).to(dtype)
-    y = torch.full((1, n), float("nan"), dtype=dtype)
-    harness.run_fused(FP[dtype], CODE[qtype], ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data.data_ptr()),
-                      ctypes.c_int64(w.data.shape[1]), ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(n), k, 2,
-                      int(staged))  # fmt: skip
-    exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
+    # fp16: x drawn smaller the longer the row (the same at K = 512), so the sums stay in its range
+    scale = 3 * min(1.0, (512 / k) ** 0.5) if dtype == torch.float16 else 3
+    x = (torch.randn(1, k, generator=torch.Generator().manual_seed(n)) * scale).to(dtype)
+    y_all = torch.full((1, n + 64), float("nan"), dtype=dtype)
+    y = y_all[:, :n]
+    status = harness.run_fused(FP[dtype], CODE[qtype], ctypes.c_void_p(x.data_ptr()),
+                               ctypes.c_void_p(w.data.data_ptr()), ctypes.c_int64(w.data.shape[1]),
+                               ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(n), k, 2,
+                               ("fused", "staged", "sliced").index(variant), 64)  # fmt: skip
+    assert status == 0
+    assert bool(y_all[:, n:].isnan().all())  # nothing written past row N - 1
+    if qtype == "Q4_0":
+        exact = ops.q4_0_matmul(x.float(), w, path="int8", backend="reference")
+        bound = q4_0_matmul_tolerance(x.float(), w, "int8", dtype)
+    else:
+        exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     err = (y.float() - exact).abs()
     assert bool((err <= bound).all()), float(err.max())
+
+
+def test_no_staged_q8_0_on_the_host(harness):
+    """The device build has no staged Q8_0 kernel (its LDS slots would pass 48 KiB): the harness
+    refuses it as the launcher does."""
+    x, y = torch.zeros(1, 256), torch.zeros(1, 1)
+    w = torch.zeros(1, 272, dtype=torch.uint8)
+    assert harness.run_fused(0, CODE["Q8_0"], ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
+                             ctypes.c_int64(272), ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(1), 256, 1, 1,
+                             0) == -1  # fmt: skip
+
+
+_MAPS = []  # the fenced buffers' mappings, kept for the session
+
+
+def _fenced(data: torch.Tensor) -> torch.Tensor:
+    """``data`` copied into anonymous memory whose next page is made unreadable (mprotect
+    PROT_NONE), the copy 16-byte aligned and ending at most 15 bytes before that page: a kernel
+    that reads past the last row's bytes (beyond those few) faults."""
+    page = mmap.PAGESIZE
+    nbytes = data.numel()
+    size = -(-(nbytes + 16) // page) * page + page
+    buf = mmap.mmap(-1, size)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+    start = (size - page - nbytes) // 16 * 16
+    _MAPS.append(buf)
+    out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=start).view(data.shape)
+    out.copy_(data)
+    return out

@@ -247,17 +247,28 @@ void quant_gemm_q6_k(TensorView w, TensorView q, TensorView d, TensorView s, Ten
 
 namespace {
 
-// quant_mv1_fused_kernel<T, Q> (staged: quant_mv1_staged_kernel<T, Q>) on a persistent grid: as
-// many blocks as fit an SM at its registers and LDS (each quantizes x once), at most one per 8 rows.
+enum class OneRow { fused, staged, sliced };
+template <typename Q>
+constexpr bool kHasStaged = true;  // quant_mv_fused.hip instantiates no staged kernel of Q8_0
+template <>
+constexpr bool kHasStaged<Q8_0x8> = false;
+
+// quant_mv1_fused_kernel<T, Q> (staged: quant_mv1_staged_kernel, sliced: quant_mv1_sliced_kernel) on
+// a persistent grid: as many blocks as fit an SM at its registers and LDS (each quantizes x once),
+// at most one per block's round of rows (8; sliced: 8 / sliced_groups).
 template <typename T, typename Q>
 void launch_fused(const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n, int k,
-                  bool staged) {
-  auto kernel = staged ? quant_mv1_staged_kernel<T, Q> : quant_mv1_fused_kernel<T, Q>;
+                  OneRow v) {
+  auto kernel = v == OneRow::sliced ? quant_mv1_sliced_kernel<T, Q> : quant_mv1_fused_kernel<T, Q>;
+  if constexpr (kHasStaged<Q>) {
+    if (v == OneRow::staged) kernel = quant_mv1_staged_kernel<T, Q>;
+  }
   int device = 0, sms = 1, resident = 0;
   port_get_device(&device);
   port_sm_count(&sms, device);
   port_occupancy(&resident, kernel, kFusedThreads);
-  const int64_t rows_per_block = kFusedThreads / kGroup;
+  const int64_t groups = kFusedThreads / kGroup;
+  const int64_t rows_per_block = v == OneRow::sliced ? groups / sliced_groups(k / Q::kBlock) : groups;
   const int64_t blocks = std::min<int64_t>((n + rows_per_block - 1) / rows_per_block, int64_t{sms} * std::max(resident, 1));
   launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kFusedThreads), stream_of(y),
              static_cast<const typename T::storage*>(base_of(x)), w, row_bytes,
@@ -266,21 +277,27 @@ void launch_fused(const TensorView& x, const uint8_t* w, int64_t row_bytes, cons
 
 template <typename T>
 void fused_of(int64_t code, const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n,
-              int k, bool staged) {
+              int k, OneRow v) {
   switch (code) {
-    case 1: launch_fused<T, QK4<false>>(x, w, row_bytes, y, n, k, staged); break;
-    case 2: launch_fused<T, QK4<true>>(x, w, row_bytes, y, n, k, staged); break;
-    default: launch_fused<T, Q6_K>(x, w, row_bytes, y, n, k, staged); break;
+    case 1: launch_fused<T, QK4<false>>(x, w, row_bytes, y, n, k, v); break;
+    case 2: launch_fused<T, QK4<true>>(x, w, row_bytes, y, n, k, v); break;
+    case 3: launch_fused<T, Q6_K>(x, w, row_bytes, y, n, k, v); break;
+    case 4: launch_fused<T, Q4_0x8>(x, w, row_bytes, y, n, k, v); break;
+    default: launch_fused<T, Q8_0x8>(x, w, row_bytes, y, n, k, v); break;  // no staged form (one_row)
   }
 }
 
-// The checks and launch of the two one-launch matvecs (staged: K up to 2048, rows of whole 16-byte pieces).
-void one_row(TensorView x, TensorView w, int64_t code, TensorView y, bool staged) {
-  constexpr int64_t kBytes[4] = {0, QK4<false>::kBytes, QK4<true>::kBytes, Q6_K::kBytes};  // by code
-  const char* name = staged ? "the staged matvec" : "the fused matvec";
-  const int64_t max_k = staged ? 2048 : kFusedMaxK;
-  TVM_FFI_CHECK(code >= 1 && code <= 3, ValueError)
-      << name << " takes Q4_K, Q5_K or Q6_K weights (codes 1..3), got code " << code;
+// The checks and launch of the three one-launch matvecs (fused: K up to 8192; staged: up to 2048,
+// rows of whole 16-byte pieces; sliced: up to 16384).
+void one_row(TensorView x, TensorView w, int64_t code, TensorView y, OneRow v) {
+  constexpr int64_t kBytes[6] = {0, QK4<false>::kBytes, QK4<true>::kBytes, Q6_K::kBytes, Q4_0x8::kBytes,
+                                 Q8_0x8::kBytes};  // by code, for 256 weights
+  const bool staged = v == OneRow::staged;
+  const char* name = staged ? "the staged matvec" : v == OneRow::sliced ? "the sliced matvec" : "the fused matvec";
+  const int64_t max_k = staged ? 2048 : v == OneRow::sliced ? kSlicedMaxK : kFusedMaxK;
+  TVM_FFI_CHECK(code >= 1 && code <= (staged ? 4 : 5), ValueError)
+      << name << " takes Q4_K, Q5_K, Q6_K" << (staged ? " or Q4_0" : ", Q4_0 or Q8_0") << " weights (codes 1.."
+      << (staged ? 4 : 5) << "), got code " << code;
   check_contiguous(x, "x");
   check_contiguous(w, "w");
   check_contiguous(y, "y");
@@ -307,23 +324,26 @@ void one_row(TensorView x, TensorView w, int64_t code, TensorView y, bool staged
   const auto* wp = static_cast<const uint8_t*>(base_of(w));
   const int kk = static_cast<int>(k);
   switch (fp) {
-    case Fp::f32: fused_of<f32_t>(code, x, wp, w.size(1), y, n, kk, staged); break;
-    case Fp::f16: fused_of<f16_t>(code, x, wp, w.size(1), y, n, kk, staged); break;
-    case Fp::bf16: fused_of<bf16_t>(code, x, wp, w.size(1), y, n, kk, staged); break;
+    case Fp::f32: fused_of<f32_t>(code, x, wp, w.size(1), y, n, kk, v); break;
+    case Fp::f16: fused_of<f16_t>(code, x, wp, w.size(1), y, n, kk, v); break;
+    case Fp::bf16: fused_of<bf16_t>(code, x, wp, w.size(1), y, n, kk, v); break;
   }
-  check_launch(staged ? "quant_mv1_staged_kernel" : "quant_mv1_fused_kernel");
+  check_launch(staged ? "quant_mv1_staged_kernel" : v == OneRow::sliced ? "quant_mv1_sliced_kernel" : "quant_mv1_fused_kernel");
 }
 
 }  // namespace
 
 // The one-row matvec in one launch (quant_mv_fused.hip): x [1, K] (fp32, fp16 or bf16,
 // contiguous, K a multiple of 256 up to 8192), w [N, K/256*bytes] of type code (1 Q4_K, 2 Q5_K,
-// 3 Q6_K), contiguous and 16-byte aligned; y [1, N] in x's dtype.
-void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, false); }
+// 3 Q6_K, 4 Q4_0, 5 Q8_0; bytes for 256 weights), contiguous and 16-byte aligned; y [1, N] in x's dtype.
+void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, OneRow::fused); }
 
 // The same, rows staged through LDS by asynchronous copies (quant_mv1_staged_kernel): K up to
-// 2048, w's rows a multiple of 16 bytes.
-void quant_mv_staged(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, true); }
+// 2048, w's rows a multiple of 16 bytes, no Q8_0.
+void quant_mv_staged(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, OneRow::staged); }
+
+// Long rows in slices held by the groups of a block (quant_mv1_sliced_kernel): K up to 16384.
+void quant_mv_sliced(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, OneRow::sliced); }
 
 }  // namespace qmm
 }  // namespace ftlab
@@ -334,6 +354,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q5_k, ftlab::qmm::quant_mv_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_fused, ftlab::qmm::quant_mv_fused);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_staged, ftlab::qmm::quant_mv_staged);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_sliced, ftlab::qmm::quant_mv_sliced);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q4_k, ftlab::qmm::quant_mv_vec_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q5_k, ftlab::qmm::quant_mv_vec_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q6_k, ftlab::qmm::quant_mv_vec_q6_k);

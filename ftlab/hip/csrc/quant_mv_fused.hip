@@ -1,5 +1,5 @@
 // quant_mv_fused.hip — device code of the one-row int8 matvec of K-quant weights (Q4_K, Q5_K,
-// Q6_K) in one launch: x (fp32 / fp16 / bf16) quantized to Q8_1 in every block, the weights read
+// Q6_K; and Q4_0 / Q8_0 in groups of eight blocks, quant_records.h) in one launch: x (fp32 / fp16 / bf16) quantized to Q8_1 in every block, the weights read
 // in 16-byte pieces (quant_records.h's MvOf: quant_vec.h's eighths of a super-block for Q4_K /
 // Q5_K, quads for Q6_K), y written in x's dtype. The decode step's attention projections take it
 // where the quantize, matvec and cast were three launches; its staged form (rows copied into LDS
@@ -182,17 +182,115 @@ __global__ void __launch_bounds__(kFusedThreads)
   port_copy_wait<0>();  // no copy outlives the block's LDS
 }
 
-#define FTLAB_QMM_FUSED(T, Q)                                                                         \
-  template __global__ void quant_mv1_fused_kernel<T, Q>(const T::storage*, const uint8_t*, int64_t, T::storage*, \
-                                                        int64_t, int);                                        \
-  template __global__ void quant_mv1_staged_kernel<T, Q>(const T::storage*, const uint8_t*, int64_t, T::storage*, \
-                                                         int64_t, int);
-#define FTLAB_QMM_FUSED_T(T) FTLAB_QMM_FUSED(T, QK4<false>) FTLAB_QMM_FUSED(T, QK4<true>) FTLAB_QMM_FUSED(T, Q6_K)
+constexpr int kSlicedMaxK = 16384;  // x's activation records in LDS: 64 super-blocks, 21 KiB
+constexpr int kSlice = 8;            // super-blocks a group's slice of a row (an lm_head row: 2048 weights)
+constexpr int kSlicedRounds = 8;     // row rounds between the block's barriers (the slices' sums meet in LDS)
+
+// Groups (32 lanes) a row of `supers` super-blocks takes in the sliced matvec: the fewest slices of
+// kSlice that cover it, rounded up to a power of two (1, 2, 4 or 8); a block of 8 groups takes
+// 8 / that rows a round.
+__host__ __device__ constexpr int sliced_groups(int supers) {
+  return supers <= kSlice ? 1 : supers <= 2 * kSlice ? 2 : supers <= 4 * kSlice ? 4 : 8;
+}
+
+// The one-row matvec of long rows (K up to kSlicedMaxK) in one launch: each block quantizes x into
+// activation records in LDS, then its 8 groups of 32 lanes take G = sliced_groups(K / 256) groups a
+// row, group j of a row summing super-blocks 8 j .. 8 j + 7 of it -- the fused kernel's held form
+// (MvOf<Q>'s pieces, kHeld steps, activations held in registers for the whole kernel, the next
+// row's pieces loaded before this row's terms are summed) on a slice rather than a whole row. The
+// block walks rounds of 8 / G rows over a persistent grid; each group's sum lands in LDS, and every
+// kSlicedRounds rounds (one barrier) the block adds each row's slices in order (slice 0 first) and
+// writes y in x's dtype. Deterministic; its sums are grouped otherwise than fused's (held to the
+// int8 bound, not to fused's bits). w 16-byte aligned.
+template <typename T, typename Q>
+__global__ void __launch_bounds__(kFusedThreads)
+    quant_mv1_sliced_kernel(const typename T::storage* __restrict__ x, const uint8_t* __restrict__ w,
+                            int64_t row_bytes, typename T::storage* __restrict__ y, int64_t n_rows, int k) {
+  using V = typename MvOf<Q>::type;
+  constexpr int kPer = kGroup / V::kLanes;  // super-blocks a step
+  constexpr int kGroups = kFusedThreads / kGroup;
+  static_assert(kPer * V::kHeld == kSlice, "a group's held steps are its slice");
+  __shared__ bytes16 rec_v[kSlicedMaxK / 256 * kRecordWords / 4];
+  __shared__ float part[2][kSlicedRounds][kGroups];  // two sets: one barrier a set
+  uint32_t* rec = reinterpret_cast<uint32_t*>(rec_v);
+  const int group = threadIdx.x / kGroup, lane = threadIdx.x % kGroup;
+  const int c = lane % V::kLanes, s0 = lane / V::kLanes;
+  const int supers = k / Q::kBlock, g = sliced_groups(supers), per_round = kGroups / g;
+  const int j = group % g, r = group / g;  // this group's slice and its row in a round
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * per_round;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * per_round;
+  bool has[V::kHeld];
+  int off[V::kHeld];  // the step's super-block, in bytes into a row
+#pragma unroll
+  for (int t = 0; t < V::kHeld; ++t) {
+    const int s = kSlice * j + s0 + kPer * t;
+    has[t] = s < supers;
+    off[t] = s * Q::kBytes;
+    if (PORT_HAS_L2_PREFETCH && has[t] && first + r < n_rows)  // hints only before the wait (launch_pdl)
+      port_prefetch_l2(w + (first + r) * row_bytes + off[t] + Q::kBytes * c / V::kLanes);
+  }
+  port_pdl_wait();  // launched dependent on the kernel before (launch_pdl): w and x only after this
+  port_pdl_trigger();
+  V cur[V::kHeld];
+#pragma unroll
+  for (int t = 0; t < V::kHeld; ++t)
+    if (has[t] && first + r < n_rows) cur[t].load(w + (first + r) * row_bytes + off[t], c);
+  quantize_records<T, 1, kFusedThreads>(x, 0, k / kQK, threadIdx.x, rec);
+  __syncthreads();
+  typename V::X xh[V::kHeld];
+#pragma unroll
+  for (int t = 0; t < V::kHeld; ++t)
+    if (has[t]) V::xload(xh[t], rec + (off[t] / Q::kBytes) * kRecordWords, c);
+  int round = 0, set = 0;
+  for (int64_t base = first; base < n_rows; base += stride) {  // uniform in the block: the barriers
+    const int64_t n = base + r, next_n = n + stride;
+    V next[V::kHeld];
+#pragma unroll
+    for (int t = 0; t < V::kHeld; ++t)
+      if (has[t] && next_n < n_rows) next[t].load(w + next_n * row_bytes + off[t], c);
+    float acc = 0.0f;
+    if (n < n_rows) {
+#pragma unroll
+      for (int t = 0; t < V::kHeld; ++t)
+        if (has[t]) acc += cur[t].term(c, xh[t]);
+    }
+    acc = group_sum(acc);
+    if (lane == 0) part[set][round][group] = acc;
+#pragma unroll
+    for (int t = 0; t < V::kHeld; ++t) cur[t] = next[t];
+    if (++round == kSlicedRounds || base + stride >= n_rows) {
+      __syncthreads();  // the set's sums are in; the other set's readers are past this barrier
+      if (threadIdx.x < round * per_round) {
+        const int q = threadIdx.x / per_round, rr = threadIdx.x % per_round;
+        const int64_t row = base - (round - 1 - q) * stride + rr;
+        if (row < n_rows) {
+          float sum = 0.0f;
+          for (int i = 0; i < g; ++i) sum += part[set][q][rr * g + i];
+          y[row] = T::from_float(sum);
+        }
+      }
+      round = 0;
+      set ^= 1;
+    }
+  }
+}
+
+#define FTLAB_QMM_ONE(K, T, Q) \
+  template __global__ void K<T, Q>(const T::storage*, const uint8_t*, int64_t, T::storage*, int64_t, int);
+#define FTLAB_QMM_FUSED(T, Q) \
+  FTLAB_QMM_ONE(quant_mv1_fused_kernel, T, Q) FTLAB_QMM_ONE(quant_mv1_sliced_kernel, T, Q)
+#define FTLAB_QMM_FUSED_STAGED(T, Q) FTLAB_QMM_FUSED(T, Q) FTLAB_QMM_ONE(quant_mv1_staged_kernel, T, Q)
+// Q8_0 has no staged form: three slots of eight of its 272-byte groups a lane group are 52 KiB of LDS
+#define FTLAB_QMM_FUSED_T(T)                                                                 \
+  FTLAB_QMM_FUSED_STAGED(T, QK4<false>) FTLAB_QMM_FUSED_STAGED(T, QK4<true>) FTLAB_QMM_FUSED_STAGED(T, Q6_K) \
+  FTLAB_QMM_FUSED_STAGED(T, Q4_0x8) FTLAB_QMM_FUSED(T, Q8_0x8)
 FTLAB_QMM_FUSED_T(f32_t)
 FTLAB_QMM_FUSED_T(f16_t)
 FTLAB_QMM_FUSED_T(bf16_t)
 #undef FTLAB_QMM_FUSED_T
+#undef FTLAB_QMM_FUSED_STAGED
 #undef FTLAB_QMM_FUSED
+#undef FTLAB_QMM_ONE
 
 }  // namespace qmm
 }  // namespace ftlab

@@ -1,7 +1,8 @@
 // quant_records.h — K-quant pieces against activations held as q4_0_common.h's activation records
 // in LDS, for the one-launch kernels that quantize x themselves: quant_vec.h's pieces and a lane's
 // halves of a record (moe_kquant.hip's decode experts, quant_mv_fused.hip), and the one-row
-// matvecs' view of each type (MvOf: VecMv for Q4_K / Q5_K, Q6Quad for Q6_K).
+// matvecs' view of each type (MvOf: VecMv for Q4_K / Q5_K, Q6Quad for Q6_K, Q4Eighth / Q8Eighth for
+// Q4_0 / Q8_0 in groups of eight blocks).
 #pragma once
 #include "quant_vec.h"
 
@@ -114,6 +115,85 @@ struct Q6Quad {
   }
 };
 
+// Q4_0 and Q8_0 to the one-row kernels: eight blocks (256 weights; 144 / 272 bytes, so every group
+// of eight starts 16-byte aligned where w does) taken as one super-block.
+struct Q4_0x8 {
+  static constexpr int kBlock = 256, kBytes = 8 * 18;
+};
+struct Q8_0x8 {
+  static constexpr int kBlock = 256, kBytes = 8 * 34;
+};
+
+// The 16 bytes `off` (even) bytes past `base` (16-byte aligned), as load16_at cuts them, but never
+// reading the aligned 16 bytes after them when they are aligned themselves (the last of a row's
+// blocks then ends its buffer).
+__device__ __forceinline__ void load16_in(const uint8_t* base, int off, uint32_t out[4]) {
+  const bytes16* p = reinterpret_cast<const bytes16*>(base + (off & ~15));
+  const int mis = off & 15;
+  const bytes16 two[2] = {p[0], p[mis != 0 ? 1 : 0]};
+  cut16(two, mis, out);
+}
+
+// A lane's activations of one Q8_1 block: its eight q8 words, d8, s8.
+struct BlockX {
+  int q[8];
+  float d, s;
+};
+__device__ __forceinline__ void block_x_of_record(BlockX& x, const uint32_t* rec, int c) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x.q[i] = static_cast<int>(rec[8 * c + i]);
+  x.d = port_bits_to_float(rec[64 + c]);
+  x.s = port_bits_to_float(rec[72 + c]);
+}
+
+// What the eighths views share: eight lanes to a group of eight blocks, two steps held, a lane's
+// activations its block's Q8_1 (Self::load_slot reads a group at an offset into LDS or memory).
+template <typename Self>
+struct Eighths {
+  static constexpr int kLanes = 8, kHeld = 2;
+  using X = BlockX;
+  static __device__ __forceinline__ void xload(X& x, const uint32_t* rec, int c) { block_x_of_record(x, rec, c); }
+  __device__ __forceinline__ void load(const uint8_t* blk, int c) { static_cast<Self*>(this)->load_slot(blk, 0, c); }
+};
+
+// Q4_0 in eighths: lane c of eight takes block c of a group of eight whole (d at byte 18 c, its 16
+// qs bytes after: one 2-byte aligned piece); the term is the Q4_0 kernels' d4 (d8 sumi - 8 s8).
+struct Q4Eighth : Eighths<Q4Eighth> {
+  uint32_t q[4];
+  float d;
+  __device__ __forceinline__ void load_slot(const uint8_t* slot, int off, int c) {
+    load16_in(slot, off + 18 * c + 2, q);
+    d = half_at(slot + off + 18 * c);
+  }
+  __device__ __forceinline__ float term(int, const X& x) const {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sumi = port_dp4a(static_cast<int>(q[i] & 0x0F0F0F0Fu), x.q[i], sumi);
+      sumi = port_dp4a(static_cast<int>((q[i] >> 4) & 0x0F0F0F0Fu), x.q[i + 4], sumi);
+    }
+    return d * (x.d * static_cast<float>(sumi) - 8.0f * x.s);
+  }
+};
+
+// Q8_0 in eighths: lane c of eight takes block c of a group of eight (d at byte 34 c, its 32 q
+// bytes after: two 2-byte aligned pieces); the term is d (d8 sumi).
+struct Q8Eighth : Eighths<Q8Eighth> {
+  uint32_t q[8];
+  float d;
+  __device__ __forceinline__ void load_slot(const uint8_t* slot, int off, int c) {
+    load16_in(slot, off + 34 * c + 2, q);
+    load16_in(slot, off + 34 * c + 18, q + 4);
+    d = half_at(slot + off + 34 * c);
+  }
+  __device__ __forceinline__ float term(int, const X& x) const {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sumi = port_dp4a(static_cast<int>(q[i]), x.q[i], sumi);
+    return d * (x.d * static_cast<float>(sumi));
+  }
+};
+
 template <typename Q>
 struct MvOf {
   using type = VecMv<Q>;
@@ -121,6 +201,14 @@ struct MvOf {
 template <>
 struct MvOf<Q6_K> {
   using type = Q6Quad;
+};
+template <>
+struct MvOf<Q4_0x8> {
+  using type = Q4Eighth;
+};
+template <>
+struct MvOf<Q8_0x8> {
+  using type = Q8Eighth;
 };
 
 }  // namespace qmm

@@ -8,6 +8,7 @@
 // 16-byte types' CUDA spelling (uint4, float4).
 #pragma once
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
@@ -20,6 +21,7 @@
 #define PORT_CUDA 1
 #define PORT_HAS_L2_PREFETCH 0
 #define PORT_WARP_SIZE 32
+#define __host__
 #define __device__
 #define __forceinline__ inline
 #define __global__
@@ -36,7 +38,14 @@ static thread_local int host_tid;  // the thread's linear index in its block (x 
 static HostIdx gridDim;
 static std::barrier<>* host_block_barrier;
 static thread_local std::barrier<>* host_group_barrier;
-inline void __syncthreads() { host_block_barrier->arrive_and_wait(); }
+// A stress mode (a harness sets it): threads below this index of their block sleep 2 ms after every
+// block barrier, so that the others run ahead of them -- a reader of LDS that the barrier was to
+// protect from the next writes then reads too late, where an ordinary run hardly ever does.
+static int host_late_below = 0;
+inline void __syncthreads() {
+  host_block_barrier->arrive_and_wait();
+  if (host_tid < host_late_below) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
 inline void port_sync_group() { host_group_barrier->arrive_and_wait(); }
 struct bytes16 {
   uint32_t x, y, z, w;

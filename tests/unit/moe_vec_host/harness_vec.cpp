@@ -64,15 +64,17 @@ extern "C" void run_vec(int fp, int gu_code, int dn_code, const void* x, const u
 }
 
 template <typename T, typename Q>
-void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid, bool staged) {
+void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid, int variant) {
   HostPool pool(kMoeThreads);
   gridDim = {grid, 1, 1};
   const auto* xp = static_cast<const typename T::storage*>(x);
   auto* yp = static_cast<typename T::storage*>(y);
   for (int b = 0; b < grid; ++b)
     pool.run(b, 0, [=] {
-      if (staged)
+      if (variant == 1)
         quant_mv1_staged_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
+      else if (variant == 2)
+        quant_mv1_sliced_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
       else
         quant_mv1_fused_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
     });
@@ -80,21 +82,29 @@ void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t 
 
 template <typename T>
 void fused_by_code(int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid,
-                   bool staged) {
+                   int variant) {
   switch (code) {
-    case 1: fused<T, QK4<false>>(x, w, row_bytes, y, n, k, grid, staged); break;
-    case 2: fused<T, QK4<true>>(x, w, row_bytes, y, n, k, grid, staged); break;
-    default: fused<T, Q6_K>(x, w, row_bytes, y, n, k, grid, staged); break;
+    case 1: fused<T, QK4<false>>(x, w, row_bytes, y, n, k, grid, variant); break;
+    case 2: fused<T, QK4<true>>(x, w, row_bytes, y, n, k, grid, variant); break;
+    case 3: fused<T, Q6_K>(x, w, row_bytes, y, n, k, grid, variant); break;
+    case 4: fused<T, Q4_0x8>(x, w, row_bytes, y, n, k, grid, variant); break;
+    default: fused<T, Q8_0x8>(x, w, row_bytes, y, n, k, grid, variant); break;
   }
 }
 
-// quant_mv1_fused_kernel (staged != 0: quant_mv1_staged_kernel) on a grid of `grid` blocks (few:
-// each group walks several rows).
-extern "C" void run_fused(int fp, int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n,
-                          int k, int grid, int staged) {
+// quant_mv1_fused_kernel (variant 1: quant_mv1_staged_kernel, 2: quant_mv1_sliced_kernel) on a grid
+// of `grid` blocks (few: each group walks several rows), threads below `late` of each block late
+// after every block barrier (the host port.h's stress mode). Returns 0, or -1 for a staged Q8_0
+// (code 5), which the device build does not instantiate.
+extern "C" int run_fused(int fp, int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n,
+                         int k, int grid, int variant, int late) {
+  if (code == 5 && variant == 1) return -1;
+  host_late_below = late;
   switch (fp) {
-    case 0: fused_by_code<f32_t>(code, x, w, row_bytes, y, n, k, grid, staged != 0); break;
-    case 1: fused_by_code<f16_t>(code, x, w, row_bytes, y, n, k, grid, staged != 0); break;
-    default: fused_by_code<bf16_t>(code, x, w, row_bytes, y, n, k, grid, staged != 0); break;
+    case 0: fused_by_code<f32_t>(code, x, w, row_bytes, y, n, k, grid, variant); break;
+    case 1: fused_by_code<f16_t>(code, x, w, row_bytes, y, n, k, grid, variant); break;
+    default: fused_by_code<bf16_t>(code, x, w, row_bytes, y, n, k, grid, variant); break;
   }
+  host_late_below = 0;
+  return 0;
 }
