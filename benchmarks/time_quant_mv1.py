@@ -2,7 +2,8 @@
 "lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled", "fused" (vec's pieces in
 one launch, x quantized in every block, y in x's dtype), "staged" (fused with the rows copied
 into LDS slots asynchronously; K <= 2048, else it runs "fused") and "sliced" (a row's slices of 8
-super-blocks held by the lane groups of a block; K <= 16384), and Triton's default; Q4_0 (its
+super-blocks held by the lane groups of a block; K <= 16384; "sliced_q8" given x's Q8_1 by its own
+launch), and Triton's default; Q4_0 (its
 region matvec, then the one-launch kernels on groups of eight blocks) and Q8_0 as well,
 each graph-replayed with the weights cycled past the L2 (as ``bench quant`` does), beside the copy
 bandwidth measured in the same run; each variant's output checked against the reference on the
@@ -10,7 +11,7 @@ first rows first. ``--resident`` also times each variant on one weight called ag
 (a weight that fits the L2 stays there: how llama.cpp's ``test-backend-ops perf`` times MUL_MAT).
 
     python benchmarks/time_quant_mv1.py [--types Q4_K,Q5_K,Q6_K] [--shapes lm,llama,qkv,o_proj]
-        [--variants lanes,vec,tiled,fused,staged,sliced,triton] [--resident]
+        [--variants lanes,vec,tiled,fused,staged,sliced,sliced_q8,triton] [--resident]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
     ap.add_argument("--shapes", default="lm,llama,qkv,o_proj")
-    ap.add_argument("--variants", default="lanes,vec,tiled,fused,staged,sliced,triton")
+    ap.add_argument("--variants", default="lanes,vec,tiled,fused,staged,sliced,sliced_q8,triton")
     ap.add_argument("--resident", action="store_true", help="also time one weight called again and again")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -68,14 +69,15 @@ def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: li
     if qtype == "Q4_0":  # the region matvec (q4_0_matmul's default), then the one-launch kernels
         runs = [("hip region", lambda wv: ops.q4_0_matmul(x, wv, backend="hip"))]
         runs += [(f"hip {v}", lambda wv, v=v: hip_qmm.q4_0_one_row(x, wv, v))
-                 for v in variants if v in ("fused", "staged", "sliced")]  # fmt: skip
+                 for v in variants if v in ("fused", "staged", "sliced", "sliced_q8")]  # fmt: skip
     else:
         runs = [(f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", variant=v))
                 for v in variants if v != "triton"]  # fmt: skip
     if "triton" in variants:
         op = ops.q4_0_matmul if qtype == "Q4_0" else ops.quant_matmul
         runs.append(("triton", lambda wv: op(x, wv, backend="triton")))
-    applies = {"hip fused": hip_qmm.fused_ok, "hip staged": hip_qmm.staged_ok, "hip sliced": hip_qmm.sliced_ok}
+    applies = {"hip fused": hip_qmm.fused_ok, "hip staged": hip_qmm.staged_ok, "hip sliced": hip_qmm.sliced_ok,
+               "hip sliced_q8": hip_qmm.sliced_ok}  # fmt: skip
     for name, fn in runs:
         taken = name not in applies or applies[name](x, w)  # else the kernel falls back: say so
         y = fn(part).float()  # every one on the int8 path: within its derived bound

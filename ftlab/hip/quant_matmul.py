@@ -34,12 +34,14 @@ GEMM (64x64 output tiles, the weight units decoded into LDS). Matvec variants:
   elsewhere), two rows ahead of the one it sums, so no register holds a row in flight; the same
   sums in the same order as "fused" (the same bits). K a multiple of 256 up to 2048 and rows of
   whole 16-byte pieces (Q6_K: K = 2048), else "fused".
-- ``"sliced"`` (long rows): a row taken by G = 1, 2, 4 or 8 lane groups of a block, each
+- ``"sliced"`` / ``"sliced_q8"`` (long rows): a row taken by G = 1, 2, 4 or 8 lane groups of a block, each
   holding one slice of 8 super-blocks for the whole kernel ("fused"'s held form: its pieces,
   activations in registers, the next row's pieces loaded before this row's sum), the slices'
   sums added in LDS in a fixed order every 8 rounds of rows; one launch, x quantized in every
-  block of a persistent grid. K a multiple of 256 up to 16384 (else "fused"); its sums are
-  grouped otherwise than "fused"'s (deterministic, held to the int8 bound).
+  block of a persistent grid ("sliced_q8": x quantized by its own launch first, each lane then
+  reading its slice's Q8_1 from memory: two launches, no quantization in the blocks). K a
+  multiple of 256 up to 16384 (else "fused"); its sums are grouped otherwise than "fused"'s
+  (deterministic, held to the int8 bound).
 
 "fused", "staged" and "sliced" also take Q8_0 (no "staged") and Q4_0 as groups of eight blocks,
 lane c of eight taking block c whole (:func:`q4_0_one_row`); neither type's default yet.
@@ -108,18 +110,25 @@ def quant_matmul(
         variant = (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
         if variant == "staged" and not async_copies(x.device):
             variant = "fused"  # its copies would go through registers: no overlap, not measured
-    if variant not in ("tiled", "lanes", "vec", "fused", "staged", "sliced"):
+    if variant not in ("tiled", "lanes", "vec", "fused", "staged", "sliced", "sliced_q8"):
         raise ValueError(
-            f"variant must be 'tiled', 'lanes', 'vec', 'fused', 'staged' or 'sliced', got {variant!r}"
+            "variant must be 'tiled', 'lanes', 'vec', 'fused', 'staged', 'sliced' or 'sliced_q8', "
+            f"got {variant!r}"
         )
     module = jit.module_for("quant_matmul", x.device)
-    if variant == "sliced" and not (m == 1 and sliced_ok(x, w)):
+    if variant in ("sliced", "sliced_q8") and not (m == 1 and sliced_ok(x, w)):
         variant = "fused"
+    if variant == "sliced_q8":  # x's Q8_1 first (its own launch), which every block then reads
+        x8 = quantize_q8_1(x)
+        y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+        code = FUSED_CODES[w.qtype]
+        jit.on_device(x.device, lambda: module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w.data, code, y))
+        return y
     if variant == "staged" and not (m == 1 and staged_ok(x, w)):
         variant = "fused"
     if variant == "fused" and not (m == 1 and fused_ok(x, w)):
         variant = "vec" if m == 1 else MATVEC_VARIANT[w.qtype]
-    if w.qtype == "Q4_0" and variant not in ("fused", "staged", "sliced"):
+    if w.qtype == "Q4_0" and variant not in ("fused", "staged", "sliced", "sliced_q8"):
         return q4_0_matmul(x, w, "int8")  # hip's other matvecs take no Q4_0: its own kernels do
     if variant in ("fused", "staged", "sliced"):  # the one-launch kernels
         y = torch.empty((1, n), dtype=x.dtype, device=x.device)
@@ -196,13 +205,14 @@ def q4_0_one_row(x: torch.Tensor, w: Q4_0Weight, variant: str) -> torch.Tensor:
     """``x [1, K] @ w.T`` on the int8 path through one of the one-launch one-row kernels
     (``quant_mv_fused`` / ``_staged`` / ``_sliced``), which take Q4_0 in groups of eight blocks (csrc/quant_records.h's
     ``Q4Eighth``: eight lanes a group, lane c taking block c whole): ``"fused"`` (K up to 8192),
-    ``"staged"`` (up to 2048, rows through LDS by asynchronous copies) or ``"sliced"`` (up to
-    16384, a row's slices of 2048 weights held by the lane groups of a block). x is fp32 / fp16 /
+    ``"staged"`` (up to 2048, rows through LDS by asynchronous copies), ``"sliced"`` (up to
+    16384, a row's slices of 2048 weights held by the lane groups of a block) or ``"sliced_q8"``
+    (the same given x's Q8_1 from its own launch). x is fp32 / fp16 /
     bf16 ``[1, K]``, K a multiple of 256, w's bytes contiguous and 16-byte aligned; y ``[1, N]`` in
     x's dtype, within q4_0_matmul's int8 bound (its sums are grouped otherwise than the region
     matvec's). Where the variant does not apply, :func:`ftlab.hip.q4_0.q4_0_matmul`."""
-    if variant not in ("fused", "staged", "sliced"):
-        raise ValueError(f"variant must be 'fused', 'staged' or 'sliced', got {variant!r}")
+    if variant not in ("fused", "staged", "sliced", "sliced_q8"):
+        raise ValueError(f"variant must be 'fused', 'staged', 'sliced' or 'sliced_q8', got {variant!r}")
     return quant_matmul(x, w, "int8", variant=variant)  # it takes q4_0_matmul where they do not apply
 
 

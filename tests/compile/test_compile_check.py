@@ -83,7 +83,7 @@ KERNELS = {
     # M = 1 "vec" matvec of the three K-quants
     "quant_matmul": 43,
     "quant_matmul_tiled": 32,  # 4 types x 8 tiled matvec widths
-    "quant_mv_fused": 42,  # 3 dtypes x (3 K-quants + Q4_0 x (fused, staged, sliced), Q8_0 x (fused, sliced)): one-row matvecs
+    "quant_mv_fused": 57,  # 3 dtypes x (4 types x (fused, staged, sliced x 2) + Q8_0 x (fused, sliced x 2)): one-row matvecs
 }
 
 

@@ -14,20 +14,22 @@ from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weig
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n, k", [(4096, 14336), (2048, 4096), (37, 16384), (20000, 2304), (300, 1024)])
-def test_hip_sliced_matvec_gpu(qtype, dtype, n, k):
+@pytest.mark.parametrize("variant", ["sliced", "sliced_q8"])
+def test_hip_sliced_matvec_gpu(qtype, dtype, n, k, variant):
     """The sliced one-row matvec (a row's slices of 8 super-blocks held by 1, 2, 4 or 8 lane
     groups): within the int8 bound at the long rows it is for (14336: 56 super-blocks, 8 groups a
     row, slices 0..6 full and slice 7 empty; 16384 at its limit, 37 blocks of one row each),
     4096 (2 groups a row), 2304 (2 groups, the second holding one super-block; 20000 rows: a
     dozen rounds a block, more than one set of eight) and 1024 (a group a row); the same bits when
-    called again (fixed-order sums)."""
+    called again (fixed-order sums). "sliced_q8" is given x's Q8_1 by its own launch: the same
+    activations, so the same bits as "sliced"."""
     from ftlab.hip import quant_matmul as hip_qmm
 
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
     assert hip_qmm.sliced_ok(x, w)
-    y = hip_qmm.quant_matmul(x, w, "int8", variant="sliced")
+    y = hip_qmm.quant_matmul(x, w, "int8", variant=variant)
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
@@ -50,11 +52,24 @@ def test_hip_sliced_matvec_entry_checks_gpu():
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", x.dtype)
     got = hip_qmm.quant_matmul(x, w, "int8", variant="sliced").float()  # "vec" takes it
     assert bool(((got - exact.to("cuda")).abs() <= bound.to("cuda")).all())
+    # quant_mv_sliced_q8: x's Q8_1 checked, y's dtype is the output's
+    x8 = ops.quantize_q8_1(x[:, :2048].contiguous(), backend="hip")
+    w2 = random_quant_weight(0, "Q4_K", 64, 2048).to("cuda")
+    with pytest.raises(ValueError, match=r"d8 must be fp32 \[1, 64\] for K = 2048"):
+        module.quant_mv_sliced_q8(x8.q, x8.d[:, :32].contiguous(), x8.s, w2.data, 1, y)
+    with pytest.raises(ValueError, match="q8 must be int8"):
+        module.quant_mv_sliced_q8(x8.d, x8.d, x8.s, w2.data, 1, y)
+    with pytest.raises(TypeError, match="y must be float32, float16 or bfloat16"):
+        module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w2.data, 1, y.int())
+    y16 = torch.empty(1, 64, device="cuda", dtype=torch.float16)
+    module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w2.data, 1, y16)  # any float y: fp16 here, from bf16 x's Q8_1
+    y32 = hip_qmm.quant_matmul(x[:, :2048].float(), w2, "int8", variant="sliced")  # the same values quantized
+    assert torch.equal(y16, y32.to(torch.float16))  # the fp32 sums rounded once, as torch rounds
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
-@pytest.mark.parametrize("variant", ["fused", "staged", "sliced"])
+@pytest.mark.parametrize("variant", ["fused", "staged", "sliced", "sliced_q8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n, k", [(4096, 14336), (20000, 2048), (300, 2560), (37, 1024)])
 def test_hip_one_row_q4_0_q8_0_gpu(qtype, variant, dtype, n, k):
@@ -68,8 +83,9 @@ def test_hip_one_row_q4_0_q8_0_gpu(qtype, variant, dtype, n, k):
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
-    applies = {"fused": k <= 8192, "staged": k <= 2048 and qtype != "Q8_0", "sliced": True}[variant]
-    assert {"fused": hip_qmm.fused_ok, "staged": hip_qmm.staged_ok, "sliced": hip_qmm.sliced_ok}[variant](x, w) == applies
+    applies = {"fused": k <= 8192, "staged": k <= 2048 and qtype != "Q8_0", "sliced": True, "sliced_q8": True}[variant]
+    ok = {"fused": hip_qmm.fused_ok, "staged": hip_qmm.staged_ok, "sliced": hip_qmm.sliced_ok, "sliced_q8": hip_qmm.sliced_ok}
+    assert ok[variant](x, w) == applies
     if qtype == "Q4_0":
         y = hip_qmm.q4_0_one_row(x, w, variant)
         exact = ops.q4_0_matmul(x.float(), w, path="int8", backend="reference").cpu()

@@ -115,6 +115,12 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
         ("Q8_0", 29, 1792, torch.bfloat16, "fused"),
         ("Q8_0", 9, 4608, torch.float32, "fused"),
         ("Q8_0", 23, 12288, torch.float16, "sliced"),
+        # the sliced kernel given x's Q8_1 (no records: each lane reads its slice's activations from memory)
+        ("Q4_K", 19, 14336, torch.bfloat16, "sliced_q8"),
+        ("Q6_K", 13, 6144, torch.float32, "sliced_q8"),
+        ("Q5_K", 45, 4096, torch.float16, "sliced_q8"),
+        ("Q4_0", 21, 5120, torch.bfloat16, "sliced_q8"),
+        ("Q8_0", 70, 1024, torch.float32, "sliced_q8"),
     ],
 )
 def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype, variant):
@@ -132,10 +138,11 @@ def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype, variant):
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(n)) * scale).to(dtype)
     y_all = torch.full((1, n + 64), float("nan"), dtype=dtype)
     y = y_all[:, :n]
-    status = harness.run_fused(FP[dtype], CODE[qtype], ctypes.c_void_p(x.data_ptr()),
+    x8 = ops.quantize_q8_1(x, backend="reference")  # "sliced_q8" reads it (the others quantize x themselves)
+    status = harness.run_fused(FP[dtype], CODE[qtype], *(ctypes.c_void_p(t.data_ptr()) for t in (x, x8.q, x8.d, x8.s)),
                                ctypes.c_void_p(w.data.data_ptr()), ctypes.c_int64(w.data.shape[1]),
                                ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(n), k, 2,
-                               ("fused", "staged", "sliced").index(variant), 64)  # fmt: skip
+                               ("fused", "staged", "sliced", "sliced_q8").index(variant), 64)  # fmt: skip
     assert status == 0
     assert bool(y_all[:, n:].isnan().all())  # nothing written past row N - 1
     if qtype == "Q4_0":
@@ -152,9 +159,10 @@ def test_no_staged_q8_0_on_the_host(harness):
     refuses it as the launcher does."""
     x, y = torch.zeros(1, 256), torch.zeros(1, 1)
     w = torch.zeros(1, 272, dtype=torch.uint8)
-    assert harness.run_fused(0, CODE["Q8_0"], ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
-                             ctypes.c_int64(272), ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(1), 256, 1, 1,
-                             0) == -1  # fmt: skip
+    none = ctypes.c_void_p(0)
+    assert harness.run_fused(0, CODE["Q8_0"], ctypes.c_void_p(x.data_ptr()), none, none, none,
+                             ctypes.c_void_p(w.data_ptr()), ctypes.c_int64(272), ctypes.c_void_p(y.data_ptr()),
+                             ctypes.c_int64(1), 256, 1, 1, 0) == -1  # fmt: skip
 
 
 _MAPS = []  # the fenced buffers' mappings, kept for the session

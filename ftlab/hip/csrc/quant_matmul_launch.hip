@@ -253,43 +253,59 @@ constexpr bool kHasStaged = true;  // quant_mv_fused.hip instantiates no staged 
 template <>
 constexpr bool kHasStaged<Q8_0x8> = false;
 
-// quant_mv1_fused_kernel<T, Q> (staged: quant_mv1_staged_kernel, sliced: quant_mv1_sliced_kernel) on
-// a persistent grid: as many blocks as fit an SM at its registers and LDS (each quantizes x once),
-// at most one per block's round of rows (8; sliced: 8 / sliced_groups).
-template <typename T, typename Q>
-void launch_fused(const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n, int k,
-                  OneRow v) {
-  auto kernel = v == OneRow::sliced ? quant_mv1_sliced_kernel<T, Q> : quant_mv1_fused_kernel<T, Q>;
-  if constexpr (kHasStaged<Q>) {
-    if (v == OneRow::staged) kernel = quant_mv1_staged_kernel<T, Q>;
-  }
+// Blocks of a persistent grid for `kernel`: as many as fit an SM at its registers and LDS (each
+// quantizes x once, or reads its slices' Q8_1), at most one per block's round of rows.
+template <typename K>
+int64_t persistent_blocks(K kernel, int64_t n, int64_t rows_per_block) {
   int device = 0, sms = 1, resident = 0;
   port_get_device(&device);
   port_sm_count(&sms, device);
   port_occupancy(&resident, kernel, kFusedThreads);
+  return std::min<int64_t>((n + rows_per_block - 1) / rows_per_block, int64_t{sms} * std::max(resident, 1));
+}
+
+// quant_mv1_fused_kernel<T, Q> (staged: quant_mv1_staged_kernel; sliced: quant_mv1_sliced_kernel,
+// given x's Q8_1 where q8 is not null) on a persistent grid: rounds of 8 rows a block (sliced: 8 / sliced_groups).
+template <typename T, typename Q>
+void launch_fused(const TensorView& x, const int8_t* q8, const float* d8, const float* s8, const uint8_t* w,
+                  int64_t row_bytes, const TensorView& y, int64_t n, int k, OneRow v) {
+  using S = typename T::storage;
+  const auto* xp = q8 ? nullptr : static_cast<const S*>(base_of(x));
+  auto* yp = static_cast<S*>(base_of(y));
   const int64_t groups = kFusedThreads / kGroup;
-  const int64_t rows_per_block = v == OneRow::sliced ? groups / sliced_groups(k / Q::kBlock) : groups;
-  const int64_t blocks = std::min<int64_t>((n + rows_per_block - 1) / rows_per_block, int64_t{sms} * std::max(resident, 1));
-  launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kFusedThreads), stream_of(y),
-             static_cast<const typename T::storage*>(base_of(x)), w, row_bytes,
-             static_cast<typename T::storage*>(base_of(y)), n, k);
+  if (v == OneRow::sliced) {
+    auto kernel = q8 ? quant_mv1_sliced_kernel<T, Q, true> : quant_mv1_sliced_kernel<T, Q, false>;
+    const int64_t blocks = persistent_blocks(kernel, n, groups / sliced_groups(k / Q::kBlock));
+    launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kFusedThreads), stream_of(y), xp, q8, d8, s8, w,
+               row_bytes, yp, n, k);
+    return;
+  }
+  auto kernel = quant_mv1_fused_kernel<T, Q>;
+  if constexpr (kHasStaged<Q>) {
+    if (v == OneRow::staged) kernel = quant_mv1_staged_kernel<T, Q>;
+  }
+  const int64_t blocks = persistent_blocks(kernel, n, groups);
+  launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kFusedThreads), stream_of(y), xp, w, row_bytes, yp, n,
+             k);
 }
 
 template <typename T>
-void fused_of(int64_t code, const TensorView& x, const uint8_t* w, int64_t row_bytes, const TensorView& y, int64_t n,
-              int k, OneRow v) {
+void fused_of(int64_t code, const TensorView& x, const int8_t* q8, const float* d8, const float* s8, const uint8_t* w,
+              int64_t row_bytes, const TensorView& y, int64_t n, int k, OneRow v) {
   switch (code) {
-    case 1: launch_fused<T, QK4<false>>(x, w, row_bytes, y, n, k, v); break;
-    case 2: launch_fused<T, QK4<true>>(x, w, row_bytes, y, n, k, v); break;
-    case 3: launch_fused<T, Q6_K>(x, w, row_bytes, y, n, k, v); break;
-    case 4: launch_fused<T, Q4_0x8>(x, w, row_bytes, y, n, k, v); break;
-    default: launch_fused<T, Q8_0x8>(x, w, row_bytes, y, n, k, v); break;  // no staged form (one_row)
+    case 1: launch_fused<T, QK4<false>>(x, q8, d8, s8, w, row_bytes, y, n, k, v); break;
+    case 2: launch_fused<T, QK4<true>>(x, q8, d8, s8, w, row_bytes, y, n, k, v); break;
+    case 3: launch_fused<T, Q6_K>(x, q8, d8, s8, w, row_bytes, y, n, k, v); break;
+    case 4: launch_fused<T, Q4_0x8>(x, q8, d8, s8, w, row_bytes, y, n, k, v); break;
+    default: launch_fused<T, Q8_0x8>(x, q8, d8, s8, w, row_bytes, y, n, k, v); break;  // no staged form (one_row)
   }
 }
 
-// The checks and launch of the three one-launch matvecs (fused: K up to 8192; staged: up to 2048,
-// rows of whole 16-byte pieces; sliced: up to 16384).
-void one_row(TensorView x, TensorView w, int64_t code, TensorView y, OneRow v) {
+// The weights' and y's checks and the launch of the one-launch matvecs (fused: K up to 8192; staged:
+// up to 2048, rows of whole 16-byte pieces; sliced: up to 16384), of K and dtype fp taken from x
+// (given x's Q8_1 where q8 is not null: sliced only).
+void checked_launch(const TensorView& x, const int8_t* q8, const float* d8, const float* s8, Fp fp, int64_t k,
+                    const TensorView& w, int64_t code, const TensorView& y, OneRow v) {
   constexpr int64_t kBytes[6] = {0, QK4<false>::kBytes, QK4<true>::kBytes, Q6_K::kBytes, Q4_0x8::kBytes,
                                  Q8_0x8::kBytes};  // by code, for 256 weights
   const bool staged = v == OneRow::staged;
@@ -298,16 +314,10 @@ void one_row(TensorView x, TensorView w, int64_t code, TensorView y, OneRow v) {
   TVM_FFI_CHECK(code >= 1 && code <= (staged ? 4 : 5), ValueError)
       << name << " takes Q4_K, Q5_K, Q6_K" << (staged ? " or Q4_0" : ", Q4_0 or Q8_0") << " weights (codes 1.."
       << (staged ? 4 : 5) << "), got code " << code;
-  check_contiguous(x, "x");
+  TVM_FFI_CHECK(k % 256 == 0 && k > 0 && k <= max_k, ValueError)
+      << (q8 ? "q8" : "x") << " must have K a multiple of 256 up to " << max_k << " (" << name << "), got K = " << k;
   check_contiguous(w, "w");
   check_contiguous(y, "y");
-  const Fp fp = fp_of(x, "x");
-  TVM_FFI_CHECK(x.ndim() == 2 && x.size(0) == 1, ValueError) << "x must be [1, K], got ndim " << x.ndim()
-                                                             << (x.ndim() == 2 ? " with rows " : "")
-                                                             << (x.ndim() == 2 ? x.size(0) : 0);
-  const int64_t k = x.size(1);
-  TVM_FFI_CHECK(k % 256 == 0 && k > 0 && k <= max_k, ValueError)
-      << "x must have K a multiple of 256 up to " << max_k << " (" << name << "), got K = " << k;
   TVM_FFI_CHECK(w.dtype().code == kDLUInt && w.dtype().bits == 8, TypeError) << "w must be uint8";
   TVM_FFI_CHECK(w.ndim() == 2 && w.size(1) == k / 256 * kBytes[code], ValueError)
       << "w must be [N, " << k / 256 * kBytes[code] << "] for K = " << k << ", got ndim " << w.ndim() << " with "
@@ -319,16 +329,25 @@ void one_row(TensorView x, TensorView w, int64_t code, TensorView y, OneRow v) {
       << w.size(1) << " bytes a row";
   const int64_t n = w.size(0);
   TVM_FFI_CHECK(y.ndim() == 2 && y.size(0) == 1 && y.size(1) == n && fp_of(y, "y") == fp, ValueError)
-      << "y must be [1, " << n << "] in x's dtype";
+      << "y must be [1, " << n << "] in " << (q8 ? "a float dtype" : "x's dtype");
   if (n == 0) return;
   const auto* wp = static_cast<const uint8_t*>(base_of(w));
   const int kk = static_cast<int>(k);
   switch (fp) {
-    case Fp::f32: fused_of<f32_t>(code, x, wp, w.size(1), y, n, kk, v); break;
-    case Fp::f16: fused_of<f16_t>(code, x, wp, w.size(1), y, n, kk, v); break;
-    case Fp::bf16: fused_of<bf16_t>(code, x, wp, w.size(1), y, n, kk, v); break;
+    case Fp::f32: fused_of<f32_t>(code, x, q8, d8, s8, wp, w.size(1), y, n, kk, v); break;
+    case Fp::f16: fused_of<f16_t>(code, x, q8, d8, s8, wp, w.size(1), y, n, kk, v); break;
+    case Fp::bf16: fused_of<bf16_t>(code, x, q8, d8, s8, wp, w.size(1), y, n, kk, v); break;
   }
   check_launch(staged ? "quant_mv1_staged_kernel" : v == OneRow::sliced ? "quant_mv1_sliced_kernel" : "quant_mv1_fused_kernel");
+}
+
+void one_row(TensorView x, TensorView w, int64_t code, TensorView y, OneRow v) {
+  check_contiguous(x, "x");
+  const Fp fp = fp_of(x, "x");
+  TVM_FFI_CHECK(x.ndim() == 2 && x.size(0) == 1, ValueError) << "x must be [1, K], got ndim " << x.ndim()
+                                                             << (x.ndim() == 2 ? " with rows " : "")
+                                                             << (x.ndim() == 2 ? x.size(0) : 0);
+  checked_launch(x, nullptr, nullptr, nullptr, fp, x.size(1), w, code, y, v);
 }
 
 }  // namespace
@@ -345,6 +364,29 @@ void quant_mv_staged(TensorView x, TensorView w, int64_t code, TensorView y) { o
 // Long rows in slices held by the groups of a block (quant_mv1_sliced_kernel): K up to 16384.
 void quant_mv_sliced(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, OneRow::sliced); }
 
+// The same given x's Q8_1 (quantize_q8_1's q8 [1, K] int8, d8 and s8 [1, K / 32] fp32, contiguous,
+// 4-byte aligned), which the kernel reads instead of quantizing x in every block; y [1, N] fp32, fp16
+// or bf16.
+void quant_mv_sliced_q8(TensorView q8, TensorView d8, TensorView s8, TensorView w, int64_t code, TensorView y) {
+  check_contiguous(q8, "q8");
+  check_contiguous(d8, "d8");
+  check_contiguous(s8, "s8");
+  TVM_FFI_CHECK(q8.dtype().code == kDLInt && q8.dtype().bits == 8 && q8.ndim() == 2 && q8.size(0) == 1, ValueError)
+      << "q8 must be int8 [1, K]";
+  const int64_t k = q8.size(1);
+  for (const auto* t : {&d8, &s8}) {
+    TVM_FFI_CHECK(t->dtype().code == kDLFloat && t->dtype().bits == 32 && t->ndim() == 2 && t->size(0) == 1 &&
+                      t->size(1) == k / 32,
+                  ValueError)
+        << (t == &d8 ? "d8" : "s8") << " must be fp32 [1, " << k / 32 << "] for K = " << k;
+  }
+  for (const auto* t : {&q8, &d8, &s8})
+    TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(*t)) % 4 == 0, ValueError)
+        << (t == &q8 ? "q8" : t == &d8 ? "d8" : "s8") << " must be 4-byte aligned";
+  checked_launch(y, static_cast<const int8_t*>(base_of(q8)), static_cast<const float*>(base_of(d8)),
+                 static_cast<const float*>(base_of(s8)), fp_of(y, "y"), k, w, code, y, OneRow::sliced);
+}
+
 }  // namespace qmm
 }  // namespace ftlab
 
@@ -355,6 +397,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_q6_k, ftlab::qmm::quant_mv_q6_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_fused, ftlab::qmm::quant_mv_fused);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_staged, ftlab::qmm::quant_mv_staged);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_sliced, ftlab::qmm::quant_mv_sliced);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_sliced_q8, ftlab::qmm::quant_mv_sliced_q8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q4_k, ftlab::qmm::quant_mv_vec_q4_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q5_k, ftlab::qmm::quant_mv_vec_q5_k);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quant_mv_vec_q6_k, ftlab::qmm::quant_mv_vec_q6_k);

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     typename V::X xh[V::kHeld];
 #pragma unroll
     for (int t = 0; t < V::kHeld; ++t) {
-      if (has[t]) V::xload(xh[t], rec + (s0 + kPer * t) * kRecordWords, c);
+      if (has[t]) V::xload(xh[t], acts_of_record(rec + (s0 + kPer * t) * kRecordWords), c);
     }
     for (; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
       V next[V::kHeld];
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kFusedThreads)
         const int s = base + s0 + kPer * t;
         if (s < supers) {
           typename V::X xs;
-          V::xload(xs, rec + s * kRecordWords, c);
+          V::xload(xs, acts_of_record(rec + s * kRecordWords), c);
           acc += p[t].term(c, xs);
         }
       }
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kFusedThreads)
 #pragma unroll
   for (int t = 0; t < V::kHeld; ++t) {
     has[t] = s0 + kPer * t < supers;
-    if (has[t]) V::xload(xh[t], rec + (s0 + kPer * t) * kRecordWords, c);
+    if (has[t]) V::xload(xh[t], acts_of_record(rec + (s0 + kPer * t) * kRecordWords), c);
   }
   int slot = 0;
   for (int64_t n = first; n < n_rows; n += stride) {  // uniform in a group: the shuffles stay in-group
@@ -202,17 +202,19 @@ __host__ __device__ constexpr int sliced_groups(int supers) {
 // kSlicedRounds rounds (one barrier) the block adds each row's slices in order (slice 0 first) and
 // writes y in x's dtype. Deterministic; its sums are grouped otherwise than fused's (held to the
 // int8 bound, not to fused's bits). w 16-byte aligned.
-template <typename T, typename Q>
+// kGiven: x comes quantized already (q8 [K] int8, d8 and s8 [K / 32] fp32: quantize_q8_1_kernel's,
+// launched before this one; 4-byte aligned), each lane reading its slice's activations from them
+// into registers: no records, no quantization in the block (x is unread). Else q8, d8, s8 are unread.
+template <typename T, typename Q, bool kGiven>
 __global__ void __launch_bounds__(kFusedThreads)
-    quant_mv1_sliced_kernel(const typename T::storage* __restrict__ x, const uint8_t* __restrict__ w,
+    quant_mv1_sliced_kernel(const typename T::storage* __restrict__ x, const int8_t* __restrict__ q8,
+                            const float* __restrict__ d8, const float* __restrict__ s8, const uint8_t* __restrict__ w,
                             int64_t row_bytes, typename T::storage* __restrict__ y, int64_t n_rows, int k) {
   using V = typename MvOf<Q>::type;
   constexpr int kPer = kGroup / V::kLanes;  // super-blocks a step
   constexpr int kGroups = kFusedThreads / kGroup;
   static_assert(kPer * V::kHeld == kSlice, "a group's held steps are its slice");
-  __shared__ bytes16 rec_v[kSlicedMaxK / 256 * kRecordWords / 4];
   __shared__ float part[2][kSlicedRounds][kGroups];  // two sets: one barrier a set
-  uint32_t* rec = reinterpret_cast<uint32_t*>(rec_v);
   const int group = threadIdx.x / kGroup, lane = threadIdx.x % kGroup;
   const int c = lane % V::kLanes, s0 = lane / V::kLanes;
   const int supers = k / Q::kBlock, g = sliced_groups(supers), per_round = kGroups / g;
@@ -235,12 +237,20 @@ __global__ void __launch_bounds__(kFusedThreads)
 #pragma unroll
   for (int t = 0; t < V::kHeld; ++t)
     if (has[t] && first + r < n_rows) cur[t].load(w + (first + r) * row_bytes + off[t], c);
-  quantize_records<T, 1, kFusedThreads>(x, 0, k / kQK, threadIdx.x, rec);
-  __syncthreads();
   typename V::X xh[V::kHeld];
+  if constexpr (kGiven) {
 #pragma unroll
-  for (int t = 0; t < V::kHeld; ++t)
-    if (has[t]) V::xload(xh[t], rec + (off[t] / Q::kBytes) * kRecordWords, c);
+    for (int t = 0; t < V::kHeld; ++t)
+      if (has[t]) V::xload(xh[t], acts_of_q8(q8, d8, s8, off[t] / Q::kBytes), c);
+  } else {
+    __shared__ bytes16 rec_v[kSlicedMaxK / 256 * kRecordWords / 4];
+    uint32_t* rec = reinterpret_cast<uint32_t*>(rec_v);
+    quantize_records<T, 1, kFusedThreads>(x, 0, k / kQK, threadIdx.x, rec);
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < V::kHeld; ++t)
+      if (has[t]) V::xload(xh[t], acts_of_record(rec + (off[t] / Q::kBytes) * kRecordWords), c);
+  }
   int round = 0, set = 0;
   for (int64_t base = first; base < n_rows; base += stride) {  // uniform in the block: the barriers
     const int64_t n = base + r, next_n = n + stride;
@@ -277,8 +287,12 @@ __global__ void __launch_bounds__(kFusedThreads)
 
 #define FTLAB_QMM_ONE(K, T, Q) \
   template __global__ void K<T, Q>(const T::storage*, const uint8_t*, int64_t, T::storage*, int64_t, int);
+#define FTLAB_QMM_SLICED(T, Q, GIVEN)                                                                        \
+  template __global__ void quant_mv1_sliced_kernel<T, Q, GIVEN>(const T::storage*, const int8_t*, const float*, \
+                                                                const float*, const uint8_t*, int64_t, T::storage*, \
+                                                                int64_t, int);
 #define FTLAB_QMM_FUSED(T, Q) \
-  FTLAB_QMM_ONE(quant_mv1_fused_kernel, T, Q) FTLAB_QMM_ONE(quant_mv1_sliced_kernel, T, Q)
+  FTLAB_QMM_ONE(quant_mv1_fused_kernel, T, Q) FTLAB_QMM_SLICED(T, Q, false) FTLAB_QMM_SLICED(T, Q, true)
 #define FTLAB_QMM_FUSED_STAGED(T, Q) FTLAB_QMM_FUSED(T, Q) FTLAB_QMM_ONE(quant_mv1_staged_kernel, T, Q)
 // Q8_0 has no staged form: three slots of eight of its 272-byte groups a lane group are 52 KiB of LDS
 #define FTLAB_QMM_FUSED_T(T)                                                                 \
@@ -291,6 +305,7 @@ FTLAB_QMM_FUSED_T(bf16_t)
 #undef FTLAB_QMM_FUSED_STAGED
 #undef FTLAB_QMM_FUSED
 #undef FTLAB_QMM_ONE
+#undef FTLAB_QMM_SLICED
 
 }  // namespace qmm
 }  // namespace ftlab

@@ -9,18 +9,33 @@
 namespace ftlab {
 namespace qmm {
 
-// Lane c's activation halves of units ja, jb (words 4 half ..) of a super-block's activation record
-// (q4_0_common.h: block j's q8 words 8j..8j+7, d8 at word 64 + j, s8 at 72 + j).
-__device__ __forceinline__ void xhalf_of_record(XHalf& x, const uint32_t* rec, int ja, int jb, int half) {
+// One super-block's Q8_1 activations (256 of them) as 32-bit words: q the 64 words of its eight
+// blocks' int8 (block j's at 8j .. 8j + 7), d and s the eight blocks' d8 and s8 as float bits. From an
+// activation record in LDS (q4_0_common.h: d8 at word 64 + j, s8 at 72 + j) or from Q8_1 arrays in
+// memory (q [K] int8, d and s [K / 32] fp32: quantize_q8_1_kernel's, which the records copy).
+struct Acts {
+  const uint32_t *q, *d, *s;
+};
+__device__ __forceinline__ Acts acts_of_record(const uint32_t* rec) { return {rec, rec + 64, rec + 72}; }
+__device__ __forceinline__ Acts acts_of_q8(const int8_t* q8, const float* d8, const float* s8, int sb) {
+  return {reinterpret_cast<const uint32_t*>(q8) + 64 * sb, reinterpret_cast<const uint32_t*>(d8) + 8 * sb,
+          reinterpret_cast<const uint32_t*>(s8) + 8 * sb};
+}
+
+// Lane c's activation halves of units ja, jb (words 4 half ..) of a super-block's activations.
+__device__ __forceinline__ void xhalf_of(XHalf& x, const Acts& a, int ja, int jb, int half) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    x.a[i] = static_cast<int>(rec[8 * ja + 4 * half + i]);
-    x.b[i] = static_cast<int>(rec[8 * jb + 4 * half + i]);
+    x.a[i] = static_cast<int>(a.q[8 * ja + 4 * half + i]);
+    x.b[i] = static_cast<int>(a.q[8 * jb + 4 * half + i]);
   }
-  x.da = port_bits_to_float(rec[64 + ja]);
-  x.db = port_bits_to_float(rec[64 + jb]);
-  x.sa = port_bits_to_float(rec[72 + ja]);
-  x.sb = port_bits_to_float(rec[72 + jb]);
+  x.da = port_bits_to_float(a.d[ja]);
+  x.db = port_bits_to_float(a.d[jb]);
+  x.sa = port_bits_to_float(a.s[ja]);
+  x.sb = port_bits_to_float(a.s[jb]);
+}
+__device__ __forceinline__ void xhalf_of_record(XHalf& x, const uint32_t* rec, int ja, int jb, int half) {
+  xhalf_of(x, acts_of_record(rec), ja, jb, half);
 }
 
 // The one-row kernels' view of a type (quant_mv_fused.hip): kLanes lanes to a super-block (a group
@@ -31,8 +46,8 @@ template <typename Q>
 struct VecMv : Vec<Q> {
   static constexpr int kLanes = 8, kHeld = 2;
   using X = XHalf;
-  static __device__ __forceinline__ void xload(X& x, const uint32_t* rec, int c) {
-    xhalf_of_record(x, rec, Vec<Q>::unit_a(c), Vec<Q>::unit_b(c), c & 1);
+  static __device__ __forceinline__ void xload(X& x, const Acts& a, int c) {
+    xhalf_of(x, a, Vec<Q>::unit_a(c), Vec<Q>::unit_b(c), c & 1);
   }
   // the super-block `off` bytes into a 16-byte aligned LDS row (the staged kernel)
   __device__ __forceinline__ void load_slot(const uint8_t* slot, int off, int c) { this->load(slot + off, c); }
@@ -62,7 +77,7 @@ struct Q6Quad {
   using X = Q6QuadX;
   uint32_t l0[4], l1[4], e[4];  // ql (quarters 0 / 2), ql (1 / 3), qh
   float sc[4], d;
-  static __device__ __forceinline__ void xload(X& x, const uint32_t* rec, int c) {
+  static __device__ __forceinline__ void xload(X& x, const Acts& a, int c) {
     const int h = c >> 1, s = c & 1;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
@@ -70,10 +85,10 @@ struct Q6Quad {
       int sum = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        x.q[4 * t + i] = static_cast<int>(rec[8 * j + 4 * s + i]);
+        x.q[4 * t + i] = static_cast<int>(a.q[8 * j + 4 * s + i]);
         sum = port_dp4a(0x01010101, x.q[4 * t + i], sum);
       }
-      x.d[t] = port_bits_to_float(rec[64 + j]);
+      x.d[t] = port_bits_to_float(a.d[j]);
       x.sum[t] = sum;
     }
   }
@@ -139,11 +154,11 @@ struct BlockX {
   int q[8];
   float d, s;
 };
-__device__ __forceinline__ void block_x_of_record(BlockX& x, const uint32_t* rec, int c) {
+__device__ __forceinline__ void block_x_of(BlockX& x, const Acts& a, int c) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) x.q[i] = static_cast<int>(rec[8 * c + i]);
-  x.d = port_bits_to_float(rec[64 + c]);
-  x.s = port_bits_to_float(rec[72 + c]);
+  for (int i = 0; i < 8; ++i) x.q[i] = static_cast<int>(a.q[8 * c + i]);
+  x.d = port_bits_to_float(a.d[c]);
+  x.s = port_bits_to_float(a.s[c]);
 }
 
 // What the eighths views share: eight lanes to a group of eight blocks, two steps held, a lane's
@@ -152,7 +167,7 @@ template <typename Self>
 struct Eighths {
   static constexpr int kLanes = 8, kHeld = 2;
   using X = BlockX;
-  static __device__ __forceinline__ void xload(X& x, const uint32_t* rec, int c) { block_x_of_record(x, rec, c); }
+  static __device__ __forceinline__ void xload(X& x, const Acts& a, int c) { block_x_of(x, a, c); }
   __device__ __forceinline__ void load(const uint8_t* blk, int c) { static_cast<Self*>(this)->load_slot(blk, 0, c); }
 };
 

@@ -64,7 +64,8 @@ extern "C" void run_vec(int fp, int gu_code, int dn_code, const void* x, const u
 }
 
 template <typename T, typename Q>
-void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid, int variant) {
+void fused(const void* x, const int8_t* q8, const float* d8, const float* s8, const uint8_t* w, int64_t row_bytes,
+           void* y, int64_t n, int k, int grid, int variant) {
   HostPool pool(kMoeThreads);
   gridDim = {grid, 1, 1};
   const auto* xp = static_cast<const typename T::storage*>(x);
@@ -74,36 +75,39 @@ void fused(const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t 
       if (variant == 1)
         quant_mv1_staged_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
       else if (variant == 2)
-        quant_mv1_sliced_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
+        quant_mv1_sliced_kernel<T, Q, false>(xp, nullptr, nullptr, nullptr, w, row_bytes, yp, n, k);
+      else if (variant == 3)
+        quant_mv1_sliced_kernel<T, Q, true>(nullptr, q8, d8, s8, w, row_bytes, yp, n, k);
       else
         quant_mv1_fused_kernel<T, Q>(xp, w, row_bytes, yp, n, k);
     });
 }
 
 template <typename T>
-void fused_by_code(int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid,
-                   int variant) {
+void fused_by_code(int code, const void* x, const int8_t* q8, const float* d8, const float* s8, const uint8_t* w,
+                   int64_t row_bytes, void* y, int64_t n, int k, int grid, int variant) {
   switch (code) {
-    case 1: fused<T, QK4<false>>(x, w, row_bytes, y, n, k, grid, variant); break;
-    case 2: fused<T, QK4<true>>(x, w, row_bytes, y, n, k, grid, variant); break;
-    case 3: fused<T, Q6_K>(x, w, row_bytes, y, n, k, grid, variant); break;
-    case 4: fused<T, Q4_0x8>(x, w, row_bytes, y, n, k, grid, variant); break;
-    default: fused<T, Q8_0x8>(x, w, row_bytes, y, n, k, grid, variant); break;
+    case 1: fused<T, QK4<false>>(x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
+    case 2: fused<T, QK4<true>>(x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
+    case 3: fused<T, Q6_K>(x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
+    case 4: fused<T, Q4_0x8>(x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
+    default: fused<T, Q8_0x8>(x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
   }
 }
 
-// quant_mv1_fused_kernel (variant 1: quant_mv1_staged_kernel, 2: quant_mv1_sliced_kernel) on a grid
-// of `grid` blocks (few: each group walks several rows), threads below `late` of each block late
-// after every block barrier (the host port.h's stress mode). Returns 0, or -1 for a staged Q8_0
-// (code 5), which the device build does not instantiate.
-extern "C" int run_fused(int fp, int code, const void* x, const uint8_t* w, int64_t row_bytes, void* y, int64_t n,
-                         int k, int grid, int variant, int late) {
+// quant_mv1_fused_kernel (variant 1: quant_mv1_staged_kernel, 2: quant_mv1_sliced_kernel, 3: the sliced
+// kernel given x's Q8_1 q8 / d8 / s8) on a grid of `grid` blocks (few: each group walks several rows),
+// threads below `late` of each block late after every block barrier (the host port.h's stress mode).
+// Returns 0, or -1 for a staged Q8_0 (code 5), which the device build does not instantiate.
+extern "C" int run_fused(int fp, int code, const void* x, const int8_t* q8, const float* d8, const float* s8,
+                         const uint8_t* w, int64_t row_bytes, void* y, int64_t n, int k, int grid, int variant,
+                         int late) {
   if (code == 5 && variant == 1) return -1;
   host_late_below = late;
   switch (fp) {
-    case 0: fused_by_code<f32_t>(code, x, w, row_bytes, y, n, k, grid, variant); break;
-    case 1: fused_by_code<f16_t>(code, x, w, row_bytes, y, n, k, grid, variant); break;
-    default: fused_by_code<bf16_t>(code, x, w, row_bytes, y, n, k, grid, variant); break;
+    case 0: fused_by_code<f32_t>(code, x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
+    case 1: fused_by_code<f16_t>(code, x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
+    default: fused_by_code<bf16_t>(code, x, q8, d8, s8, w, row_bytes, y, n, k, grid, variant); break;
   }
   host_late_below = 0;
   return 0;
