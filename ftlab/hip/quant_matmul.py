@@ -106,6 +106,8 @@ def quant_matmul(
             f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"
         )
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
+    if w.qtype == "Q4_0" and not (m == 1 and variant in ("fused", "staged", "sliced", "sliced_q8")):
+        return q4_0_matmul(x, w, "int8")  # only the one-launch one-row kernels here take Q4_0
     if variant is None:
         variant = (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
         if variant == "staged" and not async_copies(x.device):
@@ -129,7 +131,7 @@ def quant_matmul(
     if variant == "fused" and not (m == 1 and fused_ok(x, w)):
         variant = "vec" if m == 1 else MATVEC_VARIANT[w.qtype]
     if w.qtype == "Q4_0" and variant not in ("fused", "staged", "sliced", "sliced_q8"):
-        return q4_0_matmul(x, w, "int8")  # hip's other matvecs take no Q4_0: its own kernels do
+        return q4_0_matmul(x, w, "int8")  # where they do not apply: hip's other matvecs take no Q4_0
     if variant in ("fused", "staged", "sliced"):  # the one-launch kernels
         y = torch.empty((1, n), dtype=x.dtype, device=x.device)
         xc = x.contiguous()
