@@ -77,6 +77,8 @@ SLICED_MAX_K = 16384
 #: the weight type codes of ``quant_mv_fused`` / ``_staged`` / ``_sliced`` (csrc/quant_matmul_launch.hip;
 #: Q4_0 and Q8_0 in groups of eight blocks; Q8_0 has no staged form)
 FUSED_CODES = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q8_0": 5}
+#: the variants of those one-launch one-row kernels (the only ones here that take Q4_0)
+ONE_LAUNCH = ("fused", "staged", "sliced", "sliced_q8")
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
 #: rows share an activation block the more supers a region takes per row
 TILED_G = {1: 4, 2: 4, 3: 2, 4: 2, 5: 1, 6: 1, 7: 1, 8: 1}
@@ -106,13 +108,13 @@ def quant_matmul(
             f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"
         )
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
-    if w.qtype == "Q4_0" and not (m == 1 and variant in ("fused", "staged", "sliced", "sliced_q8")):
+    if w.qtype == "Q4_0" and not (m == 1 and variant in ONE_LAUNCH):
         return q4_0_matmul(x, w, "int8")  # only the one-launch one-row kernels here take Q4_0
     if variant is None:
         variant = (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
         if variant == "staged" and not async_copies(x.device):
             variant = "fused"  # its copies would go through registers: no overlap, not measured
-    if variant not in ("tiled", "lanes", "vec", "fused", "staged", "sliced", "sliced_q8"):
+    if variant not in ("tiled", "lanes", "vec", *ONE_LAUNCH):
         raise ValueError(
             "variant must be 'tiled', 'lanes', 'vec', 'fused', 'staged', 'sliced' or 'sliced_q8', "
             f"got {variant!r}"
@@ -130,7 +132,7 @@ def quant_matmul(
         variant = "fused"
     if variant == "fused" and not (m == 1 and fused_ok(x, w)):
         variant = "vec" if m == 1 else MATVEC_VARIANT[w.qtype]
-    if w.qtype == "Q4_0" and variant not in ("fused", "staged", "sliced", "sliced_q8"):
+    if w.qtype == "Q4_0" and variant not in ONE_LAUNCH:
         return q4_0_matmul(x, w, "int8")  # where they do not apply: hip's other matvecs take no Q4_0
     if variant in ("fused", "staged", "sliced"):  # the one-launch kernels
         y = torch.empty((1, n), dtype=x.dtype, device=x.device)
@@ -164,8 +166,12 @@ def quant_matmul(
 def fused_ok(x: torch.Tensor, w: QuantWeight) -> bool:
     """Whether the fused one-row matvec takes ``x [1, K] @ w.T``: a Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0
     weight, K a multiple of 256 up to :data:`FUSED_MAX_K`, its bytes contiguous and 16-byte aligned."""
+    return _one_row_ok(x, w, FUSED_MAX_K)
+
+
+def _one_row_ok(x: torch.Tensor, w: QuantWeight, max_k: int) -> bool:
     k = x.shape[1]
-    return (w.qtype in FUSED_CODES and k % 256 == 0 and 0 < k <= FUSED_MAX_K and w.data.is_contiguous()
+    return (w.qtype in FUSED_CODES and k % 256 == 0 and 0 < k <= max_k and w.data.is_contiguous()
             and w.data.data_ptr() % 16 == 0)  # fmt: skip
 
 
@@ -198,9 +204,7 @@ def one_launch_default(x: torch.Tensor, w: QuantWeight) -> bool:
 def sliced_ok(x: torch.Tensor, w: QuantWeight) -> bool:
     """Whether the sliced one-row matvec takes ``x [1, K] @ w.T``: as :func:`fused_ok`, with K up
     to :data:`SLICED_MAX_K`."""
-    k = x.shape[1]
-    return (w.qtype in FUSED_CODES and k % 256 == 0 and 0 < k <= SLICED_MAX_K and w.data.is_contiguous()
-            and w.data.data_ptr() % 16 == 0)  # fmt: skip
+    return _one_row_ok(x, w, SLICED_MAX_K)
 
 
 def q4_0_one_row(x: torch.Tensor, w: Q4_0Weight, variant: str) -> torch.Tensor:
@@ -213,7 +217,7 @@ def q4_0_one_row(x: torch.Tensor, w: Q4_0Weight, variant: str) -> torch.Tensor:
     bf16 ``[1, K]``, K a multiple of 256, w's bytes contiguous and 16-byte aligned; y ``[1, N]`` in
     x's dtype, within q4_0_matmul's int8 bound (its sums are grouped otherwise than the region
     matvec's). Where the variant does not apply, :func:`ftlab.hip.q4_0.q4_0_matmul`."""
-    if variant not in ("fused", "staged", "sliced", "sliced_q8"):
+    if variant not in ONE_LAUNCH:
         raise ValueError(f"variant must be 'fused', 'staged', 'sliced' or 'sliced_q8', got {variant!r}")
     return quant_matmul(x, w, "int8", variant=variant)  # it takes q4_0_matmul where they do not apply
 
