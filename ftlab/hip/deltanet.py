@@ -1,7 +1,9 @@
-"""The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` (JIT-built, cached):
-a block per (sequence, value head, 16 or 32 state columns) with its state slice in registers.
-Decode is one step written back in place; prefill is the recurrence scanned token by token over
-the sequence (not the chunked form; ``chunk_size`` does not change it). Dk up to 128."""
+"""The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` and
+``csrc/deltanet_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32 state
+columns) with its state slice in registers. Decode is one step written back in place. Prefill
+takes one of two methods: ``"scan"`` (the default), the recurrence scanned token by token over
+the sequence, any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks
+of 64 on the matrix cores (:func:`chunk_ok`: bf16 q, k, v and ``chunk_size`` 64). Dk up to 128."""
 
 from __future__ import annotations
 
@@ -18,11 +20,51 @@ def _check_dk(dk: int) -> None:
         raise ValueError(f"the HIP gated delta rule takes head sizes Dk <= {MAX_DK}, got {dk}")
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
-    """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32)."""
-    b, _, _, dk = q.shape
+#: the prefill methods of :func:`gated_delta_rule`
+PREFILL_METHODS = ("scan", "chunk")
+#: tokens a chunk of the "chunk" method
+CHUNK = 64
+
+
+def chunk_why_not(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str | None:
+    """Why the "chunk" prefill cannot take these operands (``q [B, T, Hk, Dk]``, ``v [B, T, Hv,
+    Dv]``), or None when it can: bf16 q (and so k, v), ``chunk_size`` 64, Dk <= 128, B * Hk *
+    ceil(Hv / Hk / 4) <= 65535 (its first launch's grid) and Hv * Dv < 2^25."""
+    b, _, hk, dk = q.shape
+    hv, dv = v.shape[2:]
+    if q.dtype != torch.bfloat16:
+        return f"it takes bf16 q, k and v, got {q.dtype}"
+    if chunk_size != CHUNK:
+        return f"it takes chunk_size {CHUNK}, got {chunk_size}"
+    if dk > MAX_DK:
+        return f"it takes head sizes Dk <= {MAX_DK}, got {dk}"
+    if b * hk * -(-hv // hk // 4) > 65535 or hv * dv >= 2**25:
+        return f"B * Hk * ceil(Hv / Hk / 4) must be <= 65535 and Hv * Dv < 2^25, got B={b}, Hk={hk}, Hv={hv}, Dv={dv}"
+    return None
+
+
+def chunk_ok(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
+    """Whether the "chunk" prefill takes these operands (:func:`chunk_why_not`)."""
+    return chunk_why_not(q, v, chunk_size) is None
+
+
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, method: str = "scan"):
+    """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32).
+
+    ``method``: ``"scan"`` (token by token) or ``"chunk"`` (two launches on the matrix cores:
+    per chunk and key head the (I + L)^-1 solve and the masked decayed Q K^T, then a block per
+    (sequence, value head, 32 state columns) carrying its state slice through the chunks; fp32
+    operands split into three bf16 parts, so within the same derived bound as the fp32 chunked
+    form). "chunk" takes what :func:`chunk_ok` allows (anything else is a ValueError) and
+    ``B * Hv * ceil(T / 64) * 33`` KiB of fp32 scratch (for one sequence of 16384 tokens and
+    32 value heads, 264 MiB)."""
+    if method not in PREFILL_METHODS:
+        raise ValueError(f"method must be one of {PREFILL_METHODS}, got {method!r}")
+    b, t, _, dk = q.shape
     hv, dv = v.shape[2:]
     _check_dk(dk)
+    if method == "chunk" and (why := chunk_why_not(q, v, chunk_size)) is not None:
+        raise ValueError(f"the HIP chunked prefill cannot take these operands: {why}")
     final = (
         state.clone()
         if state is not None
@@ -30,6 +72,16 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     )
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     module = jit.module_for("deltanet", q.device)
+    if method == "chunk":
+        nt = -(-t // CHUNK)
+        ab = torch.empty(b, hv, nt, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
+        attn = torch.empty_like(ab)
+        sc = torch.empty(b, hv, nt, 4, CHUNK, dtype=torch.float32, device=q.device)
+        jit.on_device(
+            q.device,
+            lambda: module.gated_delta_chunk(q, k, v, g, beta, final, o, ab, attn, sc, float(scale), l2norm_qk),
+        )
+        return o, final
     jit.on_device(
         q.device,
         lambda: module.gated_delta_scan(q, k, v, g, beta, final, o, float(scale), l2norm_qk),

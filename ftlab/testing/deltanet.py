@@ -37,12 +37,13 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     solve's inverse is the recurrence itself, so an error in one row reaches the later rows
     through the same contractive map) terms, the L2 norm and scale (Dk / 2 + a few), the
     products and sums (16); each term of a dot within 2 eps32 (tensor cores' tf32x3 splits each
-    product into three, dropping a 2^-22 part, and may truncate as they accumulate), so ``rho =
-    2 (Dk + 2 chunk) + 16`` -- and the state formed at a
-    chunk's end adds ``rho`` eps32 of ``A``, a state formed token by token 6 eps32 of ``A`` a
-    token (the decay, its exp, the outer product and the sum, each rounded once; added at
-    every token, so that the bound of any chunk size also covers the recurrence, which HIP's
-    prefill runs whatever the chunk size). In chunks the decays are ``exp(c_i - c_j)`` of fp32
+    product into three, dropping a 2^-22 part, and may truncate as they accumulate; HIP's chunked
+    prefill splits fp32 operands into three bf16 parts, 3 or 6 products a term, within the same),
+    so ``rho = 2 (Dk + 2 chunk) + 16`` -- and the state formed at a chunk's end adds ``rho``
+    eps32 of ``A``, a state formed token by token 6 eps32 of ``A`` a token (the decay, its exp,
+    the outer product and the sum, each rounded once; added at every token, so that the bound
+    of any chunk size also covers the recurrence, which HIP's prefill scan runs whatever the
+    chunk size). In chunks the decays are ``exp(c_i - c_j)`` of fp32
     cumulative sums over the chunk, whose exponents are off by up to ``(chunk + 2) eps32 (|c_i|
     + |c_j|)``: ``rho`` adds ``2 (chunk + 2) G`` with ``G`` the chunk's sum of |g|. The carried
     error ``E_t = growth_t E_{t-1} + rho (|k_t| m_t + [chunk end] A_t) + 6 A_t`` then bounds the

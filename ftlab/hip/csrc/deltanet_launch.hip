@@ -1,10 +1,12 @@
-// deltanet_launch.hip — host glue for deltanet.hip (tvm-ffi entry, torch's current stream).
+// deltanet_launch.hip — host glue for deltanet.hip and deltanet_chunk.hip (tvm-ffi entries, torch's
+// current stream).
 // ftlab.ops checked shapes, dtypes and layouts; the checks here keep a direct caller in bounds.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
 
 #include "deltanet.hip"
+#include "deltanet_chunk.hip"
 #include "launch_common.h"
 
 namespace ftlab {
@@ -163,7 +165,59 @@ void gated_delta_scan(TensorView q, TensorView k, TensorView v, TensorView g, Te
   run(q, k, v, g, beta, state, o, scale, l2norm, true, 0, StepExtras{});
 }
 
+// The chunked prefill on the matrix cores (deltanet_chunk.hip): as gated_delta_scan for bf16 q, k,
+// v, o (Dk <= 128), with scratch ab and attn [B, Hv, NT, 64, 64] and sc [B, Hv, NT, 4, 64] fp32
+// (NT = ceil(T / 64); contiguous, any contents: every element is written before it is read).
+void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
+                       TensorView o, TensorView ab, TensorView attn, TensorView sc, double scale, bool l2norm) {
+  static_assert(kCkDk == kDnMaxDk, "one Dk limit for both prefills");
+  const DnDims d = check_all(q, k, v, g, beta, state, o, true);
+  check_gates(q, g, beta, false);
+  TVM_FFI_CHECK(fp_of(q, "q") == Fp::bf16, TypeError) << "the chunked prefill takes bf16 q, k and v";
+  const int64_t nt = (d.t + kCk - 1) / kCk, chunks = d.b * d.hv * nt;
+  const int64_t heads_q = (d.hv / d.hk + kCkHeads - 1) / kCkHeads;
+  auto check_scratch = [&](const TensorView& x, const char* name, int rows) {
+    TVM_FFI_CHECK(fp_of(x, name) == Fp::f32 && x.numel() == chunks * rows * kCk, ValueError)
+        << name << " must be float32 [B, Hv, NT, " << rows << ", 64] (" << chunks * rows * kCk << " elements), got "
+        << x.numel() << " elements";
+    check_contiguous(x, name);
+  };
+  check_scratch(ab, "ab", kCk);
+  check_scratch(attn, "attn", kCk);
+  check_scratch(sc, "sc", 4);
+  TVM_FFI_CHECK(
+      d.t < (int64_t{1} << 31) - kCk && d.b * d.hk * heads_q <= 65535 && d.hv * d.dv * kCk < (int64_t{1} << 31),
+      ValueError)
+      << "the chunked prefill takes T < 2^31 - 64, B * Hk * ceil(Hv / Hk / 4) <= 65535 and Hv * Dv < 2^25";
+  if (d.b * d.t == 0) return;
+  const port_error_t err = port_max_dynamic_lds(dn_chunk_prep_kernel, kCkPrepLds);
+  const port_error_t err2 = port_max_dynamic_lds(dn_chunk_scan_kernel, kCkScanLds);
+  if (err != port_success || err2 != port_success) port_get_last_error();  // cleared for the launch checks
+  TVM_FFI_CHECK(err == port_success && err2 == port_success, RuntimeError)
+      << "the chunked prefill needs " << kCkPrepLds << " and " << kCkScanLds
+      << " bytes of shared memory a block, which this device does not grant: "
+      << port_error_string(err != port_success ? err : err2);
+  const auto* qp = static_cast<const uint16_t*>(base_of(q));
+  const auto* kp = static_cast<const uint16_t*>(base_of(k));
+  auto* abp = static_cast<float*>(base_of(ab));
+  auto* attnp = static_cast<float*>(base_of(attn));
+  auto* scp = static_cast<float*>(base_of(sc));
+  const int t = static_cast<int>(d.t), hk = static_cast<int>(d.hk), hv = static_cast<int>(d.hv),
+            dk = static_cast<int>(d.dk), dv = static_cast<int>(d.dv);
+  const dim3 prep(static_cast<unsigned>(nt), static_cast<unsigned>(d.b * d.hk * heads_q));
+  dn_chunk_prep_kernel<<<prep, kCkThreads, kCkPrepLds, stream_of(q)>>>(
+      qp, kp, static_cast<const float*>(base_of(g)), static_cast<const float*>(base_of(beta)), abp, attnp, scp, t, hk,
+      hv, dk, static_cast<int>(heads_q), static_cast<float>(scale), l2norm);
+  check_launch("dn_chunk_prep_kernel");
+  const dim3 scan(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + kCkBV - 1) / kCkBV));
+  dn_chunk_scan_kernel<<<scan, kCkThreads, kCkScanLds, stream_of(q)>>>(
+      qp, kp, static_cast<const uint16_t*>(base_of(v)), abp, attnp, scp, static_cast<float*>(base_of(state)),
+      static_cast<uint16_t*>(base_of(o)), t, hk, hv, dk, dv);
+  check_launch("dn_chunk_scan_kernel");
+}
+
 }  // namespace ftlab
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gated_delta_chunk, ftlab::gated_delta_chunk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gated_delta_step, ftlab::gated_delta_step);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gated_delta_scan, ftlab::gated_delta_scan);

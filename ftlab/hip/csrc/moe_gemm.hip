@@ -266,7 +266,7 @@ __global__ void FTLAB_MMA_BOUNDS
   // the groups of the first rows -- the live ones of a partly filled block -- are all busy
   constexpr int kTilesN = BN / 16, kRowStride = kGroups / kTilesN, kPerGroup = kTilesM / kRowStride;
   static_assert(kGroups % kTilesN == 0 && kTilesM % kRowStride == 0 && kPerGroup >= 1, "tiles per group");
-  extern __shared__ __attribute__((aligned(16))) uint16_t mma_lds[];  // [kStages][kRows][kLd]
+  PORT_DYNAMIC_LDS(uint16_t, mma_lds);  // [kStages][kRows][kLd]
   __shared__ int32_t rows[BM];
   if (static_cast<int64_t>(blockIdx.y) * BM >= *npad) return;
   const int tid = threadIdx.x;

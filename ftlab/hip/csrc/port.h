@@ -195,6 +195,11 @@ __device__ __forceinline__ float port_shfl_xor(float v, int lane_mask) {
 #error "port.h: compile with nvcc, hipcc, or clang -x hip"
 #endif
 
+// ---------------------------------------------------------------- dynamic LDS
+// The block's dynamic shared memory (the launch's third argument) as a 16-byte aligned array of T
+// named name; on NVIDIA more than 48 KB needs port_max_dynamic_lds first.
+#define PORT_DYNAMIC_LDS(T, name) extern __shared__ __attribute__((aligned(16))) T name[]
+
 // ---------------------------------------------------------------- exp
 #if defined(PORT_BARE_CLANG)
 __device__ __forceinline__ float port_expf(float x) { return __builtin_expf(x); }

@@ -47,6 +47,9 @@ inline void __syncthreads() {
   if (host_tid < host_late_below) std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 inline void port_sync_group() { host_group_barrier->arrive_and_wait(); }
+// Dynamic shared memory: a function static of 64 KiB (the most any target grants), one per kernel
+// instantiation, shared by the block's threads like the other __shared__ variables.
+#define PORT_DYNAMIC_LDS(T, name) alignas(16) static T name[65536 / sizeof(T)]
 struct bytes16 {
   uint32_t x, y, z, w;
 };

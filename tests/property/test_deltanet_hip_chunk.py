@@ -1,0 +1,123 @@
+"""HIP's chunked gated delta rule prefill (``ftlab.hip.deltanet.gated_delta_rule(...,
+method="chunk")``, csrc/deltanet_chunk.hip): on a GPU against the exact recurrence within the
+derived chunk-64 bound (ftlab.testing.gated_delta_tolerance), bf16 inputs at the models' shapes
+and at awkward ones; its entry's checks; on the CPU, which inputs it refuses and what it hands the
+kernels (the JIT module replaced by a recorder). The kernels' arithmetic is also held on the CPU by
+tests/unit/test_deltanet_chunk_host.py."""
+
+import pytest
+import torch
+
+import ftlab.testing as ft
+from ftlab.hip import deltanet as hip_dn
+
+
+def _inputs(seed, b, t, hk, hv, dk, dv, *, with_state, decay=1.0, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, hk, dk, generator=gen).to(dtype)
+    k = torch.randn(b, t, hk, dk, generator=gen).to(dtype)
+    v = torch.randn(b, t, hv, dv, generator=gen).to(dtype)
+    g = -decay * torch.nn.functional.softplus(torch.randn(b, t, hv, generator=gen))
+    beta = torch.sigmoid(torch.randn(b, t, hv, generator=gen))
+    state = torch.randn(b, hv, dk, dv, generator=gen) * 0.5 if with_state else None
+    return q, k, v, g, beta, state
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def entry(*args):
+            self.calls.append((name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]))
+
+        return entry
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(hip_dn.jit, "module_for", lambda name, device: rec)
+    monkeypatch.setattr(hip_dn.jit, "on_device", lambda device, launch: launch())
+    return rec.calls
+
+
+@pytest.mark.parametrize("method, want", [("chunk", "gated_delta_chunk"), ("scan", "gated_delta_scan")])
+def test_method_picks_the_entry(calls, method, want):
+    q, k, v, g, beta, state = _inputs(0, 2, 130, 2, 12, 32, 24, with_state=True)
+    hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, 64, method=method)
+    assert [c[0] for c in calls] == [want]
+    if method == "chunk":  # q k v g beta state o, then ab, attn [B, Hv, NT, 64, 64] and sc [B, Hv, NT, 4, 64]
+        assert calls[0][1][-3:] == [(2, 12, 3, 64, 64), (2, 12, 3, 64, 64), (2, 12, 3, 4, 64)]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"method": "chunked"}, r"method must be one of \('scan', 'chunk'\), got 'chunked'"),
+        ({"dtype": torch.float16}, r"bf16 q, k and v, got torch.float16"),
+        ({"chunk_size": 32}, r"chunk_size 64, got 32"),
+        ({"dk": 129}, r"Dk <= 128, got 129"),
+        ({"dv": 2**20}, r"Hv \* Dv < 2\^25"),
+    ],
+)
+def test_refusals_name_themselves(calls, change, match):
+    dk, dv, hv = change.get("dk", 32), change.get("dv", 16), 32
+    dtype = change.get("dtype", torch.bfloat16)
+    # only the shapes and dtypes matter: expanded views, nothing the size of their shapes
+    q, k = (torch.zeros((), dtype=dtype).expand(1, 3, 1, dk) for _ in range(2))
+    v = torch.zeros((), dtype=dtype).expand(1, 3, hv, dv)
+    g, beta = (torch.zeros(1, 3, hv) for _ in range(2))
+    with pytest.raises(ValueError, match=match):
+        hip_dn.gated_delta_rule(q, k, v, g, beta, None, 0.2, True, change.get("chunk_size", 64),
+                                method=change.get("method", "chunk"))  # fmt: skip
+    assert calls == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "b, t, hk, hv, dk, dv, with_state, decay",
+    [
+        (1, 512, 16, 32, 128, 128, True, 1.0),  # Qwen3.6 / Qwen3-Next's linear-attention heads
+        (1, 1000, 4, 8, 128, 128, True, 1.0),
+        (2, 200, 1, 6, 128, 40, True, 1.0),  # two prep blocks a key head; a partial column block
+        (1, 333, 2, 2, 100, 37, False, 8.0),  # Dk < 128, odd Dv, fast decay, from zeros
+        (3, 5, 1, 1, 16, 16, True, 0.01),  # fewer tokens than a tile
+        (1, 64, 2, 4, 64, 64, True, 1.0),  # one whole chunk
+    ],
+)
+def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay):
+    q, k, v, g, beta, state = _inputs(b * t + dk + dv, b, t, hk, hv, dk, dv, with_state=with_state, decay=decay)
+    scale = dk**-0.5
+    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, True)
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, True, chunk_size=64)
+    dev = torch.device("cuda")
+    args = [x.to(dev) for x in (q, k, v, g, beta)]
+    start = None if state is None else state.to(dev)
+    o, s = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk")
+    err_o, err_s = (o.cpu().double() - exact_o).abs(), (s.cpu().double() - exact_s).abs()
+    assert bool((err_o <= o_bound).all()), float((err_o / o_bound).max())
+    assert bool((err_s <= s_bound).all()), float((err_s / s_bound).max())
+    if state is not None:
+        assert torch.equal(start.cpu(), state)  # the initial state is left as it was
+    o2, s2 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk")
+    assert torch.equal(o2, o) and torch.equal(s2, s)  # the same bits again
+
+
+@pytest.mark.gpu
+def test_hip_chunk_entry_checks_gpu():
+    """The entry's own checks, for a caller that skips the Python wrapper."""
+    from ftlab import jit
+
+    dev = torch.device("cuda")
+    q, k, v, g, beta, state = (x.to(dev) for x in _inputs(2, 1, 70, 1, 2, 32, 16, with_state=True))
+    o = torch.empty_like(v)
+    ab = torch.empty(1, 2, 2, 64, 64, device=dev)
+    sc = torch.empty(1, 2, 2, 4, 64, device=dev)
+    module = jit.module_for("deltanet", dev)
+    with pytest.raises(ValueError, match="ab must be float32"):
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab[:, :, :1], ab, sc, 0.2, True)
+    with pytest.raises(ValueError, match="sc must be float32"):
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), ab, 0.2, True)
+    with pytest.raises(TypeError, match="bf16"):
+        module.gated_delta_chunk(q.half(), k.half(), v.half(), g, beta, state, o.half(), ab, ab.clone(), sc, 0.2, True)

@@ -1,0 +1,103 @@
+"""The chunked gated delta rule prefill's HIP kernels (ftlab/hip/csrc/deltanet_chunk.hip: the prep
+and the scan on mma.h's 16 x 16 x 16 bf16 product, fp32 operands in three bf16 planes) run on the
+CPU: the device code, mma.h's scalar path and the real q4_0_common.h compiled by the host C++
+compiler against the host port.h of tests/unit/host (harness: tests/unit/deltanet_host/
+harness_chunk.cpp), a thread per GPU thread. Held to the exact recurrence within
+ftlab.testing.gated_delta_tolerance(chunk_size=64) -- the bound every chunked backend meets --
+with bf16 q, k, v. The planes' arithmetic on the host is that of the GPU (bf16 parts of fp32
+values, fp32 sums); the GPU's products sum in another order, which the bound allows. The GPU
+tests (tests/property/test_deltanet.py, ``gpu``) run the real thing."""
+
+import ctypes
+import mmap
+
+import pytest
+import torch
+from host_build import CSRC, HOST_PORT, ROOT, build_harness
+
+import ftlab.testing as ft
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "deltanet_chunk.hip", HOST_PORT,
+               ROOT / "tests/unit/deltanet_host/harness_chunk.cpp"]  # fmt: skip
+    return build_harness(tmp_path_factory.mktemp("deltanet_chunk_host"), sources, "harness_chunk.cpp")
+
+
+def _ptr(t: torch.Tensor):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _fenced(x: torch.Tensor) -> torch.Tensor:
+    """x copied to the end of anonymous memory whose next page is unreadable (mprotect PROT_NONE):
+    a kernel that reads an element past x's last faults."""
+    page, nbytes = mmap.PAGESIZE, x.numel() * x.element_size()
+    size = -(-nbytes // page) * page + page
+    buf = mmap.mmap(-1, size)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0, ctypes.get_errno()
+    out = torch.frombuffer(buf, dtype=torch.uint8, offset=size - page - nbytes, count=nbytes)
+    out = out.view(x.dtype).view(x.shape)
+    out.copy_(x)
+    return out
+
+
+def _inputs(b, t, hk, hv, dk, dv, l2norm, seed, gscale, state):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, hk, dk, generator=gen).bfloat16()
+    k = (torch.randn(b, t, hk, dk, generator=gen) * (1.0 if l2norm else dk**-0.5)).bfloat16()
+    v = torch.randn(b, t, hv, dv, generator=gen).bfloat16()
+    g = -torch.nn.functional.softplus(torch.randn(b, t, hv, generator=gen)) * gscale
+    beta = torch.sigmoid(torch.randn(b, t, hv, generator=gen))
+    s0 = torch.randn(b, hv, dk, dv, generator=gen) * 0.5 if state else torch.zeros(b, hv, dk, dv)
+    return (*(_fenced(x) for x in (q, k, v, g, beta)), s0)
+
+
+def _run(harness, q, k, v, g, beta, s0, scale, l2norm, late=0):
+    b, t, hk, dk = q.shape
+    hv, dv = v.shape[2:]
+    nt = (t + 63) // 64
+    # scratch of NaN: a read of what the prep did not write shows
+    ab = torch.full((b * hv * nt * 64 * 64,), float("nan"))
+    attn, sc = ab.clone(), torch.full((b * hv * nt * 4 * 64,), float("nan"))
+    o = torch.full((b, t, hv, dv), float("nan")).bfloat16()
+    got = _fenced(s0)  # the state read as far as its last element, no further
+    harness.run_chunk(_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(got), _ptr(o), _ptr(ab), _ptr(attn),
+                      _ptr(sc), b, t, hk, hv, dk, dv, ctypes.c_float(scale), int(l2norm), late)  # fmt: skip
+    return o, got
+
+
+@pytest.mark.parametrize(
+    "b, t, hk, hv, dk, dv, l2norm, seed, gscale, state",
+    [
+        (1, 64, 1, 2, 128, 32, True, 0, 1.0, True),  # one whole chunk, Qwen3.6's head sizes
+        (1, 150, 1, 2, 128, 40, True, 1, 1.0, True),  # a partial last chunk, a partial column block
+        (1, 130, 2, 2, 100, 37, False, 3, 1.0, True),  # Dk < 128 padded, no norm
+        (2, 70, 1, 1, 32, 16, True, 5, 0.01, False),  # slow decay, from zeros, two sequences
+        (1, 5, 1, 6, 16, 8, True, 7, 1.0, True),  # T < 16; six value heads a key head: two prep blocks
+        (1, 66, 2, 16, 64, 32, True, 9, 3.0, True),  # sixteen value heads over two key heads, fast decay
+    ],
+)
+def test_chunked_prefill_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, seed, gscale, state):
+    q, k, v, g, beta, s0 = _inputs(b, t, hk, hv, dk, dv, l2norm, seed, gscale, state)
+    scale = dk**-0.5
+    o, got = _run(harness, q, k, v, g, beta, s0, scale, l2norm)
+    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, s0, scale, l2norm)
+    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, s0, scale, l2norm, chunk_size=64)
+    err_o, err_s = (o.double() - exact_o).abs(), (got.double() - exact_s).abs()
+    assert bool((err_o <= o_bound).all()), float((err_o / o_bound).max())
+    assert bool((err_s <= s_bound).all()), float((err_s / s_bound).max())
+
+
+def test_chunked_prefill_with_late_readers(harness):
+    """The stress mode: the first 64 threads of a block (a wave of gfx9, two warps elsewhere) sleep
+    after every barrier, so a phase that wrote LDS another still read -- the scan's regions alias
+    across its four phases -- would show; the bits must equal an ordinary run's."""
+    q, k, v, g, beta, s0 = _inputs(1, 80, 1, 2, 64, 40, True, 11, 1.0, True)
+    o, s = _run(harness, q, k, v, g, beta, s0, 0.125, True)
+    o_late, s_late = _run(harness, q, k, v, g, beta, s0, 0.125, True, late=64)
+    assert torch.equal(o.view(torch.int16), o_late.view(torch.int16))
+    assert torch.equal(s, s_late)
