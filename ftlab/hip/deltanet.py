@@ -29,7 +29,8 @@ CHUNK = 64
 def chunk_why_not(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str | None:
     """Why the "chunk" prefill cannot take these operands (``q [B, T, Hk, Dk]``, ``v [B, T, Hv,
     Dv]``), or None when it can: bf16 q (and so k, v), ``chunk_size`` 64, Dk <= 128, B * Hk *
-    ceil(Hv / Hk / 4) <= 65535 (its first launch's grid) and Hv * Dv < 2^25."""
+    ceil(Hv / Hk / 4) <= 65535 and ceil(Dv / 32) <= 65535 (its grids) and Hv * Dv < 2^25 (its 32-bit
+    offsets)."""
     b, _, hk, dk = q.shape
     hv, dv = v.shape[2:]
     if q.dtype != torch.bfloat16:
@@ -38,8 +39,9 @@ def chunk_why_not(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str | No
         return f"it takes chunk_size {CHUNK}, got {chunk_size}"
     if dk > MAX_DK:
         return f"it takes head sizes Dk <= {MAX_DK}, got {dk}"
-    if b * hk * -(-hv // hk // 4) > 65535 or hv * dv >= 2**25:
-        return f"B * Hk * ceil(Hv / Hk / 4) must be <= 65535 and Hv * Dv < 2^25, got B={b}, Hk={hk}, Hv={hv}, Dv={dv}"
+    if b * hk * -(-hv // hk // 4) > 65535 or -(-dv // 32) > 65535 or hv * dv >= 2**25:
+        return (f"B * Hk * ceil(Hv / Hk / 4) and ceil(Dv / 32) must be <= 65535 and Hv * Dv < 2^25, got B={b}, "
+                f"Hk={hk}, Hv={hv}, Dv={dv}")  # fmt: skip
     return None
 
 

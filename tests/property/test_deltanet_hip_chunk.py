@@ -58,11 +58,12 @@ def test_method_picks_the_entry(calls, method, want):
         ({"dtype": torch.float16}, r"bf16 q, k and v, got torch.float16"),
         ({"chunk_size": 32}, r"chunk_size 64, got 32"),
         ({"dk": 129}, r"Dk <= 128, got 129"),
-        ({"dv": 2**20}, r"Hv \* Dv < 2\^25"),
+        ({"dv": 2**20}, r"Hv \* Dv < 2\^25, got B=1, Hk=1, Hv=32, Dv=1048576"),
+        ({"dv": 2**21 + 64, "hv": 1}, r"ceil\(Dv / 32\) must be <= 65535"),
     ],
 )
 def test_refusals_name_themselves(calls, change, match):
-    dk, dv, hv = change.get("dk", 32), change.get("dv", 16), 32
+    dk, dv, hv = change.get("dk", 32), change.get("dv", 16), change.get("hv", 32)
     dtype = change.get("dtype", torch.bfloat16)
     # only the shapes and dtypes matter: expanded views, nothing the size of their shapes
     q, k = (torch.zeros((), dtype=dtype).expand(1, 3, 1, dk) for _ in range(2))
@@ -98,6 +99,7 @@ def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay):
     err_o, err_s = (o.cpu().double() - exact_o).abs(), (s.cpu().double() - exact_s).abs()
     assert bool((err_o <= o_bound).all()), float((err_o / o_bound).max())
     assert bool((err_s <= s_bound).all()), float((err_s / s_bound).max())
+    ft.assert_three_plane_accuracy(o, s, exact_o, exact_s)  # the planes all there, not just within the bound
     if state is not None:
         assert torch.equal(start.cpu(), state)  # the initial state is left as it was
     o2, s2 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk")

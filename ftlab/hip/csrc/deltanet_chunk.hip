@@ -20,7 +20,8 @@
 //       S = e^c_last S + K^T (fx X) (3 products)
 //     No per-chunk state, W, U or v_new goes to memory.
 // Precision: an fp32 operand x is split into three bf16 parts, x = p0 + p1 + p2 + r with
-// |r| <= 2^-24 |x| (each part rounded to nearest even; the differences are exact in fp32), so a
+// |r| <= 2^-24 |x| while the parts are normal numbers (each rounded to nearest even; the
+// differences are exact in fp32; below ~1e-36 the parts go subnormal and r is absolute), so a
 // product of such operands is within a few fp32 roundings of the fp32 product -- what tf32x3
 // reaches, and what ftlab.testing.gated_delta_tolerance's chunked terms allow.
 // Keys past the sequence's end are zero rows (their beta and g zero), so they change nothing.
@@ -38,7 +39,7 @@ constexpr int kCkGroups = kCkThreads / PORT_WARP_SIZE;
 constexpr int kLdK = kCkDk + 8;  // LDS row of Dk bf16 (16-byte aligned rows, banks spread)
 constexpr int kLdT = kCk + 8;    // LDS row of 64 tokens
 
-// x = bf16(p0) + bf16(p1) + bf16(p2) + r, |r| <= 2^-24 |x|
+// x = bf16(p0) + bf16(p1) + bf16(p2) + r, |r| <= 2^-24 |x| for normal parts
 __device__ __forceinline__ void ck_split3(float x, uint16_t& p0, uint16_t& p1, uint16_t& p2) {
   p0 = port_float_to_bf16(x);
   const float r = x - port_bf16_to_float(p0);
@@ -414,9 +415,11 @@ __global__ void __launch_bounds__(kCkThreads)
       for (int kb = 0; kb < kCk; kb += 16)
         ck_mma_x3(s[j], lkt + 16 * rt * kLdT + kb, kLdT, lxt + 16 * ct * kLdT + kb, kLdT, kTPlane);
     }
+    if (n + 1 == nt) break;
     __syncthreads();
-    put_s();  // over X~'s planes and O's tile
-    __syncthreads();
+    // over X~'s planes and O's tile; the next chunk's phase 1 writes elsewhere and reads these
+    // only after its barrier
+    put_s();
   }
 #pragma unroll
   for (int j = 0; j < kSTiles; ++j)

@@ -177,19 +177,22 @@ void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, T
   const int64_t nt = (d.t + kCk - 1) / kCk, chunks = d.b * d.hv * nt;
   const int64_t heads_q = (d.hv / d.hk + kCkHeads - 1) / kCkHeads;
   auto check_scratch = [&](const TensorView& x, const char* name, int rows) {
-    TVM_FFI_CHECK(fp_of(x, name) == Fp::f32 && x.numel() == chunks * rows * kCk, ValueError)
-        << name << " must be float32 [B, Hv, NT, " << rows << ", 64] (" << chunks * rows * kCk << " elements), got "
+    TVM_FFI_CHECK(fp_of(x, name) == Fp::f32, TypeError) << name << " must be float32";
+    TVM_FFI_CHECK(x.numel() == chunks * rows * kCk, ValueError)
+        << name << " must be [B, Hv, NT, " << rows << ", 64] (" << chunks * rows * kCk << " elements), got "
         << x.numel() << " elements";
     check_contiguous(x, name);
   };
   check_scratch(ab, "ab", kCk);
   check_scratch(attn, "attn", kCk);
   check_scratch(sc, "sc", 4);
-  TVM_FFI_CHECK(
-      d.t < (int64_t{1} << 31) - kCk && d.b * d.hk * heads_q <= 65535 && d.hv * d.dv * kCk < (int64_t{1} << 31),
-      ValueError)
-      << "the chunked prefill takes T < 2^31 - 64, B * Hk * ceil(Hv / Hk / 4) <= 65535 and Hv * Dv < 2^25";
-  if (d.b * d.t == 0) return;
+  TVM_FFI_CHECK(d.t < (int64_t{1} << 31) - kCk, ValueError) << "the chunked prefill takes T < 2^31 - 64, got " << d.t;
+  TVM_FFI_CHECK(d.b * d.hk * heads_q <= 65535 && (d.dv + kCkBV - 1) / kCkBV <= 65535, ValueError)
+      << "the chunked prefill's grids take B * Hk * ceil(Hv / Hk / 4) <= 65535 and ceil(Dv / 32) <= 65535, got "
+      << d.b * d.hk * heads_q << " and " << (d.dv + kCkBV - 1) / kCkBV;
+  TVM_FFI_CHECK(d.hv * d.dv * kCk < (int64_t{1} << 31), ValueError)
+      << "the chunked prefill takes Hv * Dv < 2^25, got " << d.hv * d.dv;
+  if (chunks == 0) return;
   const port_error_t err = port_max_dynamic_lds(dn_chunk_prep_kernel, kCkPrepLds);
   const port_error_t err2 = port_max_dynamic_lds(dn_chunk_scan_kernel, kCkScanLds);
   if (err != port_success || err2 != port_success) port_get_last_error();  // cleared for the launch checks

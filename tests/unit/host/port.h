@@ -20,7 +20,11 @@
 #include <vector>
 #define PORT_CUDA 1
 #define PORT_HAS_L2_PREFETCH 0
+// A harness may build the wave64 (gfx9) layout of a kernel that uses no group operations (the
+// exchanges and group barriers below stay 32 lanes wide) with -DPORT_WARP_SIZE=64.
+#ifndef PORT_WARP_SIZE
 #define PORT_WARP_SIZE 32
+#endif
 #define __host__
 #define __device__
 #define __forceinline__ inline
