@@ -1,8 +1,11 @@
 """The chunked gated delta rule prefill's HIP kernels (ftlab/hip/csrc/deltanet_chunk.hip: the prep
 and the scan on mma.h's 16 x 16 x 16 bf16 product, fp32 operands in three bf16 planes) run on the
-CPU: the device code, mma.h's scalar path and the real q4_0_common.h compiled by the host C++
-compiler against the host port.h of tests/unit/host (harness: tests/unit/deltanet_host/
-harness_chunk.cpp), a thread per GPU thread. Held to the exact recurrence within
+CPU: the device code, mma.h and the real q4_0_common.h compiled by the host C++ compiler against
+the host port.h of tests/unit/host (harness: tests/unit/deltanet_host/harness_chunk.cpp), a
+thread per GPU thread, in four builds (LAYOUTS): mma.h's scalar path, and the fragment and
+accumulator layouts of CDNA's MFMA (wave64), RDNA4's and RDNA3's WMMA with the instruction
+emulated -- the AMD layouts, which no GPU of ours runs, each caught a planted mistake in mma.h's
+rows, columns or fragment offsets. Held to the exact recurrence within
 ftlab.testing.gated_delta_tolerance(chunk_size=64) -- the bound every chunked backend meets --
 with bf16 q, k, v. The planes' arithmetic on the host is that of the GPU (bf16 parts of fp32
 values, fp32 sums); the GPU's products sum in another order, which the bound allows. The bound
@@ -19,16 +22,24 @@ from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
 
+#: the harness's builds: mma.h's scalar path in 32-lane groups (8 a block, 8 accumulators a lane
+#: of a tile), and the AMD matrix instructions' own fragment layouts, the instruction emulated
+#: (mma.h's FTLAB_MMA_EMULATE): CDNA's MFMA in wave64 (4 groups, 4 accumulators), RDNA4's and
+#: RDNA3's WMMA in wave32 -- the layouts no GPU of ours runs
+LAYOUTS = {
+    "scalar": ["PORT_WARP_SIZE=32"],
+    "cdna-mfma": ["PORT_WARP_SIZE=64", "FTLAB_MMA_EMULATE=1"],
+    "rdna4-wmma": ["PORT_WARP_SIZE=32", "FTLAB_MMA_EMULATE=2"],
+    "rdna3-wmma": ["PORT_WARP_SIZE=32", "FTLAB_MMA_EMULATE=3"],
+}
 
-@pytest.fixture(scope="module", params=[32, 64], ids=["wave32", "wave64"])
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
 def harness(request, tmp_path_factory):
-    """The harness built for 32-lane groups (NVIDIA, RDNA: 8 groups a block, 8 accumulators a lane
-    of a tile) and for gfx9's wave64 (4 groups, 4 accumulators): the kernels' tiles split over
-    the groups differently."""
     sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "deltanet_chunk.hip", HOST_PORT,
                ROOT / "tests/unit/deltanet_host/harness_chunk.cpp"]  # fmt: skip
     build = tmp_path_factory.mktemp(f"deltanet_chunk_host_{request.param}")
-    return build_harness(build, sources, "harness_chunk.cpp", [f"PORT_WARP_SIZE={request.param}"])
+    return build_harness(build, sources, "harness_chunk.cpp", LAYOUTS[request.param])
 
 
 def _ptr(t: torch.Tensor):
@@ -84,7 +95,7 @@ def _run(harness, q, k, v, g, beta, s0, scale, l2norm, late=0):
         (1, 130, 2, 2, 100, 37, False, 3, 1.0, True),  # Dk < 128 padded, no norm
         (2, 70, 1, 1, 32, 16, True, 5, 0.01, False),  # slow decay, from zeros, two sequences
         (1, 5, 1, 6, 16, 8, True, 7, 1.0, True),  # T < 16; six value heads a key head: two prep blocks
-        (1, 66, 2, 16, 64, 32, True, 9, 3.0, True),  # sixteen value heads over two key heads, fast decay
+        (1, 66, 2, 8, 64, 32, True, 9, 3.0, True),  # eight value heads over two key heads, fast decay
     ],
 )
 def test_chunked_prefill_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, seed, gscale, state):

@@ -15,6 +15,8 @@
 //     8 (l / 16) .. +7; D rows 8 (l / 16) .. +7 of column l % 16.
 //   - anything else (sm_70 / sm_75, the host pass): scalar FMAs from LDS, lane l holding the
 //     kMmaAcc consecutive elements of D from l * kMmaAcc on (row-major).
+//   - host tests with FTLAB_MMA_EMULATE (1 CDNA, 2 RDNA4, 3 RDNA3; tests/unit/host/port.h): that
+//     target's fragments and accumulators, its instruction emulated across the group's lanes.
 // mma_row / mma_col give the place in D of a lane's accumulator i, so kernels store D without
 // knowing the target; mma_lds_at / mma_frag_at lay operands out in swizzled LDS rows on sm_80+.
 // Callers: moe_gemm.hip (the grouped GEMM on 16-bit banks).
@@ -23,7 +25,15 @@
 
 namespace ftlab {
 
-#if defined(PORT_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(FTLAB_MMA_EMULATE)  // host tests only: an AMD layout, its instruction emulated (below)
+#if FTLAB_MMA_EMULATE == 1
+#define FTLAB_MMA_MFMA 1
+#elif FTLAB_MMA_EMULATE == 2
+#define FTLAB_MMA_WMMA12 1
+#else
+#define FTLAB_MMA_WMMA11 1
+#endif
+#elif defined(PORT_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define FTLAB_MMA_SYNC 1
 #elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || \
     defined(__gfx950__)
@@ -104,10 +114,16 @@ constexpr int kMmaLaneK = 8;  // from 8 (l / 16) on
 #else
 constexpr int kMmaLaneK = 16;  // all of them
 #endif
+#if defined(FTLAB_MMA_EMULATE)
+struct MmaFrag {
+  uint32_t w[kMmaLaneK / 2];
+};
+#else
 typedef uint32_t mma_words __attribute__((ext_vector_type(kMmaLaneK / 2)));
 struct MmaFrag {
   mma_words w;
 };
+#endif
 __device__ __forceinline__ MmaFrag mma_frag(const uint16_t* p, int ld) {
   const int l = mma_lane();
   const uint16_t* r = p + (l % 16) * ld + (kMmaLaneK == 16 ? 0 : kMmaLaneK * (l / 16));
@@ -156,7 +172,8 @@ __device__ __forceinline__ MmaFrag mma_frag_at(const uint16_t* st, int r0, int k
 #define FTLAB_MMA_SYNC_OPERANDS                                    \
   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                 \
   : "r"(a.w[0]), "r"(a.w[1]), "r"(a.w[2]), "r"(a.w[3]), "r"(b0), "r"(b1)
-#elif defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)
+#elif (defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)) && \
+    !defined(FTLAB_MMA_EMULATE)
 typedef __bf16 mma_bf16v __attribute__((ext_vector_type(kMmaLaneK)));
 typedef _Float16 mma_f16v __attribute__((ext_vector_type(kMmaLaneK)));
 typedef float mma_accv __attribute__((ext_vector_type(kMmaAcc)));
@@ -202,6 +219,38 @@ __device__ __forceinline__ void mma_16x16x16(MmaAcc& d, const MmaFrag& a, const 
       asm volatile(FTLAB_MMA_SYNC_ASM("f16") FTLAB_MMA_SYNC_OPERANDS);
     }
   }
+#elif defined(FTLAB_MMA_EMULATE)
+  // The instruction as its ISA document describes it, for the host tests: the group's lanes
+  // publish their fragments, then each lane forms its accumulators' sums over K from the lanes
+  // that hold A's row and B's row (lane 16 (k / kMmaLaneK) + row, word (k % kMmaLaneK) / 2).
+  // Accumulator i of lane l is D's (row, column) as the ISA lays it out, spelled here apart from
+  // mma_row / mma_col, so that a mistake in either shows.
+  static uint32_t frag_a[1024][kMmaLaneK / 2], frag_b[1024][kMmaLaneK / 2];
+  const int tid = static_cast<int>(threadIdx.x), l = mma_lane(), base = tid - l;
+  for (int i = 0; i < kMmaLaneK / 2; ++i) {
+    frag_a[tid][i] = a.w[i];
+    frag_b[tid][i] = b.w[i];
+  }
+  port_sync_group();
+  for (int i = 0; i < kMmaAcc; ++i) {
+#if FTLAB_MMA_EMULATE == 1
+    const int r = (l >> 4) * 4 + i;  // v_mfma_f32_16x16x16: 4 rows a lane, lanes 16 apart 4 rows on
+#elif FTLAB_MMA_EMULATE == 2
+    const int r = (l >> 4) * 8 + i;  // gfx12 WMMA: 8 rows a lane, lanes 16-31 the lower half
+#else
+    const int r = i * 2 + (l >> 4);  // gfx11 WMMA: every other row, lanes 16-31 the odd ones
+#endif
+    const int c = l & 15;
+    float s = d.v[i];
+    for (int k = 0; k < 16; ++k) {
+      const int lane = 16 * (k / kMmaLaneK), w = (k % kMmaLaneK) / 2, half = 16 * (k % 2);
+      const uint16_t x = static_cast<uint16_t>(frag_a[base + lane + r][w] >> half);
+      const uint16_t y = static_cast<uint16_t>(frag_b[base + lane + c][w] >> half);
+      s += T::load(&x) * T::load(&y);
+    }
+    d.v[i] = s;
+  }
+  port_sync_group();
 #elif defined(FTLAB_MMA_MFMA) || defined(FTLAB_MMA_WMMA12) || defined(FTLAB_MMA_WMMA11)
   typedef typename MmaOperand<T::kIsBf16>::type opv;
   mma_accv c;

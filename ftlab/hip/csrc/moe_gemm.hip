@@ -236,7 +236,7 @@ struct MmaShape {
   // (mma_lds_at: 3 blocks an SM at 64 rows); elsewhere 2 buffers of rows padded by 16 bytes
   // (chunks stay aligned, fragment reads spread over the banks). Host and device passes agree:
   // the launcher sizes the LDS.
-#if defined(PORT_CUDA)
+#if defined(PORT_CUDA) && !defined(FTLAB_MMA_EMULATE)  // (the host tests' AMD layouts take AMD's)
   static constexpr int kStages = 3;
   static constexpr int kLd = KS;
 #else

@@ -2,8 +2,8 @@
 // what includes it: the K-quant matvecs and experts, the gated delta rule) compile with a host
 // C++20 compiler and run on the CPU: one std::thread per GPU thread of a block (HostPool below;
 // blocks run one after another), __syncthreads a block barrier, port_shfl_xor an exchange through
-// a table between two barriers of the thread's 32-lane group, port_sync_group that group's
-// barrier, __shared__ variables function statics. A thread that returns leaves its barriers
+// a table between two barriers of the thread's group (PORT_WARP_SIZE lanes), port_sync_group that
+// group's barrier, __shared__ variables function statics. A thread that returns leaves its barriers
 // (arrive_and_drop), as a finished GPU thread stops counting. PORT_CUDA is defined for the
 // 16-byte types' CUDA spelling (uint4, float4).
 #pragma once
@@ -20,8 +20,8 @@
 #include <vector>
 #define PORT_CUDA 1
 #define PORT_HAS_L2_PREFETCH 0
-// A harness may build the wave64 (gfx9) layout of a kernel that uses no group operations (the
-// exchanges and group barriers below stay 32 lanes wide) with -DPORT_WARP_SIZE=64.
+// A harness may build a kernel's wave64 (gfx9) layout with -DPORT_WARP_SIZE=64: the groups,
+// their exchanges and barriers, are then 64 threads wide.
 #ifndef PORT_WARP_SIZE
 #define PORT_WARP_SIZE 32
 #endif
@@ -51,9 +51,9 @@ inline void __syncthreads() {
   if (host_tid < host_late_below) std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 inline void port_sync_group() { host_group_barrier->arrive_and_wait(); }
-// Dynamic shared memory: a function static of 64 KiB (the most any target grants), one per kernel
-// instantiation, shared by the block's threads like the other __shared__ variables.
-#define PORT_DYNAMIC_LDS(T, name) alignas(16) static T name[65536 / sizeof(T)]
+// Dynamic shared memory: a function static of 227 KiB (the most any target grants: an H100's), one
+// per kernel instantiation, shared by the block's threads like the other __shared__ variables.
+#define PORT_DYNAMIC_LDS(T, name) alignas(16) static T name[227 * 1024 / sizeof(T)]
 struct bytes16 {
   uint32_t x, y, z, w;
 };
@@ -132,7 +132,7 @@ inline void port_copy_wait() {
 }
 
 // `threads` host threads that run the blocks handed to them one after another, thread t as GPU
-// thread (t % width, t / width): per block fresh barriers (the block's and each 32-thread
+// thread (t % width, t / width): per block fresh barriers (the block's and each wave-sized
 // group's), released by `start`, joined by `done`.
 struct HostPool {
   int threads, width;
@@ -143,7 +143,7 @@ struct HostPool {
   std::barrier<>* block = nullptr;
   std::vector<std::barrier<>*> groups;
   std::vector<std::thread> pool;
-  explicit HostPool(int n, int w = 0) : threads(n), width(w > 0 ? w : n), start(n + 1), done(n + 1), groups((n + 31) / 32) {
+  explicit HostPool(int n, int w = 0) : threads(n), width(w > 0 ? w : n), start(n + 1), done(n + 1), groups((n + PORT_WARP_SIZE - 1) / PORT_WARP_SIZE) {
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([this, t] {
         for (;;) {
@@ -153,7 +153,7 @@ struct HostPool {
           threadIdx = {t % width, t / width, 0};
           host_tid = t;
           host_block_barrier = block;
-          host_group_barrier = groups[t / 32];
+          host_group_barrier = groups[t / PORT_WARP_SIZE];
           kernel();
           host_group_barrier->arrive_and_drop();
           host_block_barrier->arrive_and_drop();
@@ -166,7 +166,7 @@ struct HostPool {
     std::barrier<> b(threads);
     std::vector<std::unique_ptr<std::barrier<>>> gs;
     for (int g = 0; g < static_cast<int>(groups.size()); ++g) {
-      gs.push_back(std::make_unique<std::barrier<>>(std::min(32, threads - 32 * g)));
+      gs.push_back(std::make_unique<std::barrier<>>(std::min(PORT_WARP_SIZE, threads - PORT_WARP_SIZE * g)));
       groups[g] = gs.back().get();
     }
     block = &b;
