@@ -10,6 +10,7 @@ import torch
 
 import ftlab.testing as ft
 from ftlab.hip import deltanet as hip_dn
+from ftlab.testing.deltanet import _exact_and_bounds
 
 
 def _inputs(seed, b, t, hk, hv, dk, dv, *, with_state, decay=1.0, dtype=torch.bfloat16):
@@ -79,8 +80,8 @@ def test_refusals_name_themselves(calls, change, match):
 @pytest.mark.parametrize(
     "b, t, hk, hv, dk, dv, with_state, decay",
     [
-        (1, 512, 16, 32, 128, 128, True, 1.0),  # Qwen3.6 / Qwen3-Next's linear-attention heads
-        (1, 1000, 4, 8, 128, 128, True, 1.0),
+        (1, 192, 16, 32, 128, 128, True, 1.0),  # Qwen3.6 / Qwen3-Next's linear-attention heads
+        (1, 300, 2, 4, 128, 128, True, 1.0),
         (2, 200, 1, 6, 128, 40, True, 1.0),  # two prep blocks a key head; a partial column block
         (1, 333, 2, 2, 100, 37, False, 8.0),  # Dk < 128, odd Dv, fast decay, from zeros
         (3, 5, 1, 1, 16, 16, True, 0.01),  # fewer tokens than a tile
@@ -90,8 +91,8 @@ def test_refusals_name_themselves(calls, change, match):
 def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay):
     q, k, v, g, beta, state = _inputs(b * t + dk + dv, b, t, hk, hv, dk, dv, with_state=with_state, decay=decay)
     scale = dk**-0.5
-    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, True)
-    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, True, chunk_size=64)
+    # the exact recurrence and its chunk-64 bound in one f64 pass on the CPU (the slow part)
+    exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(q, k, v, g, beta, state, scale, True, 64)
     dev = torch.device("cuda")
     args = [x.to(dev) for x in (q, k, v, g, beta)]
     start = None if state is None else state.to(dev)
@@ -117,9 +118,11 @@ def test_hip_chunk_entry_checks_gpu():
     ab = torch.empty(1, 2, 2, 64, 64, device=dev)
     sc = torch.empty(1, 2, 2, 4, 64, device=dev)
     module = jit.module_for("deltanet", dev)
-    with pytest.raises(ValueError, match="ab must be float32"):
+    with pytest.raises(ValueError, match=r"ab must be \[B, Hv, NT, 64, 64\] \(16384 elements\), got 8192"):
         module.gated_delta_chunk(q, k, v, g, beta, state, o, ab[:, :, :1], ab, sc, 0.2, True)
-    with pytest.raises(ValueError, match="sc must be float32"):
+    with pytest.raises(ValueError, match=r"sc must be \[B, Hv, NT, 4, 64\]"):
         module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), ab, 0.2, True)
+    with pytest.raises(TypeError, match="attn must be float32"):
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.half(), sc, 0.2, True)
     with pytest.raises(TypeError, match="bf16"):
         module.gated_delta_chunk(q.half(), k.half(), v.half(), g, beta, state, o.half(), ab, ab.clone(), sc, 0.2, True)
