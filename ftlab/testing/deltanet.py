@@ -58,6 +58,12 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     return o_bound, s_bound
 
 
+def gated_delta_exact_and_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=1):
+    """:func:`gated_delta_exact` and :func:`gated_delta_tolerance` in one f64 pass:
+    ``(o, final_state, o_bound, state_bound)``."""
+    return _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
+
+
 def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=None):
     qd, kd, vd = q.double().cpu(), k.double().cpu(), v.double().cpu()
     gd, bd = g.double().cpu(), beta.double().cpu()

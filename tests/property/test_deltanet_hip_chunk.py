@@ -10,7 +10,7 @@ import torch
 
 import ftlab.testing as ft
 from ftlab.hip import deltanet as hip_dn
-from ftlab.testing.deltanet import _exact_and_bounds
+from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
 
 
 def _inputs(seed, b, t, hk, hv, dk, dv, *, with_state, decay=1.0, dtype=torch.bfloat16):
@@ -92,7 +92,7 @@ def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay):
     q, k, v, g, beta, state = _inputs(b * t + dk + dv, b, t, hk, hv, dk, dv, with_state=with_state, decay=decay)
     scale = dk**-0.5
     # the exact recurrence and its chunk-64 bound in one f64 pass on the CPU (the slow part)
-    exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(q, k, v, g, beta, state, scale, True, 64)
+    exact_o, exact_s, o_bound, s_bound = gated_delta_exact_and_tolerance(q, k, v, g, beta, state, scale, True, 64)
     dev = torch.device("cuda")
     args = [x.to(dev) for x in (q, k, v, g, beta)]
     start = None if state is None else state.to(dev)
