@@ -1,9 +1,10 @@
 """The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` and
 ``csrc/deltanet_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32 state
 columns) with its state slice in registers. Decode is one step written back in place. Prefill
-takes one of two methods: ``"scan"`` (the default), the recurrence scanned token by token over
-the sequence, any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks
-of 64 on the matrix cores (:func:`chunk_ok`: bf16 q, k, v and ``chunk_size`` 64). Dk up to 128."""
+takes one of two methods: ``"scan"``, the recurrence scanned token by token over the sequence,
+any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks of 64 on the
+matrix cores (:func:`chunk_ok`: bf16 q, k, v and ``chunk_size`` 64). The default, ``"auto"``,
+takes "chunk" where :func:`chunk_ok` allows it and "scan" elsewhere. Dk up to 128."""
 
 from __future__ import annotations
 
@@ -50,18 +51,21 @@ def chunk_ok(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
     return chunk_why_not(q, v, chunk_size) is None
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, method: str = "scan"):
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, method: str = "auto"):
     """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32).
 
-    ``method``: ``"scan"`` (token by token) or ``"chunk"`` (two launches on the matrix cores:
+    ``method``: ``"auto"`` ("chunk" where :func:`chunk_ok` allows, else "scan"), ``"scan"``
+    (token by token) or ``"chunk"`` (two launches on the matrix cores:
     per chunk and key head the (I + L)^-1 solve and the masked decayed Q K^T, then a block per
     (sequence, value head, 32 state columns) carrying its state slice through the chunks; fp32
     operands split into three bf16 parts, so within the same derived bound as the fp32 chunked
     form). "chunk" takes what :func:`chunk_ok` allows (anything else is a ValueError) and
     ``B * Hv * ceil(T / 64) * 33`` KiB of fp32 scratch (for one sequence of 16384 tokens and
     32 value heads, 264 MiB)."""
-    if method not in PREFILL_METHODS:
-        raise ValueError(f"method must be one of {PREFILL_METHODS}, got {method!r}")
+    if method not in ("auto", *PREFILL_METHODS):
+        raise ValueError(f"method must be 'auto' or one of {PREFILL_METHODS}, got {method!r}")
+    if method == "auto":
+        method = "chunk" if chunk_ok(q, v, chunk_size) else "scan"
     b, t, _, dk = q.shape
     hv, dv = v.shape[2:]
     _check_dk(dk)

@@ -53,9 +53,27 @@ def test_method_picks_the_entry(calls, method, want):
 
 
 @pytest.mark.parametrize(
+    "change, want",
+    [
+        ({}, "gated_delta_chunk"),
+        ({"dtype": torch.float16}, "gated_delta_scan"),
+        ({"dtype": torch.float32}, "gated_delta_scan"),
+        ({"chunk_size": 32}, "gated_delta_scan"),
+        ({"t": 1}, "gated_delta_chunk"),
+    ],
+)
+def test_auto_takes_the_chunks_where_they_apply(calls, change, want):
+    """The default method: the chunked form for bf16 with chunk_size 64, the scan for the rest."""
+    q, k, v, g, beta, state = _inputs(0, 1, change.get("t", 70), 2, 4, 32, 24, with_state=False,
+                                      dtype=change.get("dtype", torch.bfloat16))  # fmt: skip
+    hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, change.get("chunk_size", 64))
+    assert [c[0] for c in calls] == [want]
+
+
+@pytest.mark.parametrize(
     "change, match",
     [
-        ({"method": "chunked"}, r"method must be one of \('scan', 'chunk'\), got 'chunked'"),
+        ({"method": "chunked"}, r"method must be 'auto' or one of \('scan', 'chunk'\), got 'chunked'"),
         ({"dtype": torch.float16}, r"bf16 q, k and v, got torch.float16"),
         ({"chunk_size": 32}, r"chunk_size 64, got 32"),
         ({"dk": 129}, r"Dk <= 128, got 129"),

@@ -37,7 +37,8 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The harness of a layout, built once a module."""
-    sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "deltanet_chunk.hip", HOST_PORT,
+    sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "deltanet_chunk.h", CSRC / "deltanet_chunk.hip",
+               CSRC / "deltanet_chunk_prep.hip", HOST_PORT,
                ROOT / "tests/unit/deltanet_host/harness_chunk.cpp"]  # fmt: skip
     built = {}
 

@@ -7,6 +7,7 @@
 
 #include "deltanet.hip"
 #include "deltanet_chunk.hip"
+#include "deltanet_chunk_prep.hip"
 #include "launch_common.h"
 
 namespace ftlab {

@@ -3,6 +3,7 @@
 // std::thread per GPU thread of a block, blocks in turn, dynamic LDS a function static.
 #include "port.h"
 #include "deltanet_chunk.hip"
+#include "deltanet_chunk_prep.hip"
 
 using namespace ftlab;
 

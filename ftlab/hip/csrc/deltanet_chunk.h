@@ -1,0 +1,85 @@
+// deltanet_chunk.h — what the chunked prefill's two kernels share (deltanet_chunk_prep.hip,
+// deltanet_chunk.hip): the chunk's sizes, the three-plane bf16 split of fp32 and its products, loads.
+// The design is in deltanet_chunk.hip's head comment.
+#pragma once
+#include "mma.h"
+
+namespace ftlab {
+
+constexpr int kCk = 64;          // tokens a chunk
+constexpr int kCkDk = 128;       // key rows (Dk padded with zeros)
+constexpr int kCkBV = 32;        // state columns a scan block
+constexpr int kCkHeads = 4;      // value heads a prep block
+constexpr int kCkThreads = 256;
+constexpr int kCkGroups = kCkThreads / PORT_WARP_SIZE;
+constexpr int kLdK = kCkDk + 8;  // LDS row of Dk bf16 (16-byte aligned rows, banks spread)
+constexpr int kLdT = kCk + 8;    // LDS row of 64 tokens
+constexpr int kCkKQ = kCk * kCkDk / 8 / kCkThreads;  // 16-byte pieces of K (of Q) a thread
+constexpr int kCkAB = kCk * kCk / 4 / kCkThreads;    // float4s of ab (of attn) a thread
+
+// x = bf16(p0) + bf16(p1) + bf16(p2) + r, |r| <= 2^-24 |x| for normal parts
+__device__ __forceinline__ void ck_split3(float x, uint16_t& p0, uint16_t& p1, uint16_t& p2) {
+  p0 = port_float_to_bf16(x);
+  const float r = x - port_bf16_to_float(p0);
+  p1 = port_float_to_bf16(r);
+  p2 = port_float_to_bf16(r - port_bf16_to_float(p1));
+}
+// x's three planes, `plane` elements apart, at p
+__device__ __forceinline__ void ck_put3(uint16_t* p, int plane, float x) {
+  uint16_t p0, p1, p2;
+  ck_split3(x, p0, p1, p2);
+  p[0] = p0;
+  p[plane] = p1;
+  p[2 * plane] = p2;
+}
+
+// D += A B^T, A exact in bf16 (one plane), B in three planes bplane elements apart
+__device__ __forceinline__ void ck_mma_x3(MmaAcc& d, const uint16_t* a, int lda, const uint16_t* b, int ldb,
+                                          int bplane) {
+  const MmaFrag fa = mma_frag(a, lda);
+#pragma unroll
+  for (int p = 0; p < 3; ++p) mma_16x16x16<bf16_t>(d, fa, mma_frag(b + p * bplane, ldb));
+}
+// D += A B^T, both in three planes: the six products of parts down to 2^-16 relative, small first
+__device__ __forceinline__ void ck_mma_x6(MmaAcc& d, const uint16_t* a, int lda, int aplane, const uint16_t* b,
+                                          int ldb, int bplane) {
+  const MmaFrag a0 = mma_frag(a, lda), a1 = mma_frag(a + aplane, lda), a2 = mma_frag(a + 2 * aplane, lda);
+  const MmaFrag b0 = mma_frag(b, ldb), b1 = mma_frag(b + bplane, ldb), b2 = mma_frag(b + 2 * bplane, ldb);
+  mma_16x16x16<bf16_t>(d, a2, b0);
+  mma_16x16x16<bf16_t>(d, a1, b1);
+  mma_16x16x16<bf16_t>(d, a0, b2);
+  mma_16x16x16<bf16_t>(d, a1, b0);
+  mma_16x16x16<bf16_t>(d, a0, b1);
+  mma_16x16x16<bf16_t>(d, a0, b0);
+}
+
+// min(a, b) without a comparison (|a - b| < 2^31): no lane mask for the compiler to keep
+__device__ __forceinline__ int ck_min(int a, int b) { return b + ((a - b) & ((a - b) >> 31)); }
+
+// Eight bf16 of row p from element d on (zeros past dk or past the sequence, row_ok false): one
+// 16-byte load when vec (Dk % 8 == 0 and the tensor 16-byte aligned), else element by element.
+__device__ __forceinline__ bytes16 ck_load8(const uint16_t* p, int d, int dk, bool row_ok, bool vec) {
+  bytes16 w = {0u, 0u, 0u, 0u};
+  if (vec) {
+    if (row_ok && d < dk) w = *reinterpret_cast<const bytes16*>(p + d);
+    return w;
+  }
+  uint32_t e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = row_ok && d + i < dk ? p[d + i] : 0u;
+  const bytes16 x = {e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16};
+  return x;
+}
+
+__device__ __forceinline__ void ck_zero(MmaAcc& d) {
+#pragma unroll
+  for (int i = 0; i < kMmaAcc; ++i) d.v[i] = 0.0f;
+}
+
+// Row tile i and column tile j of the w-th of the 10 lower 16 x 16 tiles of a 64 x 64 matrix.
+__device__ __forceinline__ void ck_lower_tile(int w, int& i, int& j) {
+  i = w < 1 ? 0 : w < 3 ? 1 : w < 6 ? 2 : 3;
+  j = w - i * (i + 1) / 2;
+}
+
+}  // namespace ftlab
