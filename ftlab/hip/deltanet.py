@@ -60,8 +60,9 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     (sequence, value head, 32 state columns) carrying its state slice through the chunks; fp32
     operands split into three bf16 parts, so within the same derived bound as the fp32 chunked
     form). "chunk" takes what :func:`chunk_ok` allows (anything else is a ValueError) and
-    ``B * Hv * ceil(T / 64) * 33`` KiB of fp32 scratch (for one sequence of 16384 tokens and
-    32 value heads, 264 MiB)."""
+    ``B * Hv * ceil(T / 64) * 49`` KiB of scratch (``A diag(beta)`` and the masked decayed
+    ``Q K^T`` in three bf16 planes each, four fp32 row factors; for one sequence of 16384
+    tokens and 32 value heads, 392 MiB)."""
     if method not in ("auto", *PREFILL_METHODS):
         raise ValueError(f"method must be 'auto' or one of {PREFILL_METHODS}, got {method!r}")
     if method == "auto":
@@ -80,7 +81,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     module = jit.module_for("deltanet", q.device)
     if method == "chunk":
         nt = -(-t // CHUNK)
-        ab = torch.empty(b, hv, nt, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
+        ab = torch.empty(b, hv, nt, 3, CHUNK, CHUNK, dtype=torch.bfloat16, device=q.device)  # three planes
         attn = torch.empty_like(ab)
         sc = torch.empty(b, hv, nt, 4, CHUNK, dtype=torch.float32, device=q.device)
         jit.on_device(

@@ -48,8 +48,8 @@ def test_method_picks_the_entry(calls, method, want):
     q, k, v, g, beta, state = _inputs(0, 2, 130, 2, 12, 32, 24, with_state=True)
     hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, 64, method=method)
     assert [c[0] for c in calls] == [want]
-    if method == "chunk":  # q k v g beta state o, then ab, attn [B, Hv, NT, 64, 64] and sc [B, Hv, NT, 4, 64]
-        assert calls[0][1][-3:] == [(2, 12, 3, 64, 64), (2, 12, 3, 64, 64), (2, 12, 3, 4, 64)]
+    if method == "chunk":  # q k v g beta state o, then ab, attn [B, Hv, NT, 3, 64, 64] and sc [B, Hv, NT, 4, 64]
+        assert calls[0][1][-3:] == [(2, 12, 3, 3, 64, 64), (2, 12, 3, 3, 64, 64), (2, 12, 3, 4, 64)]
 
 
 @pytest.mark.parametrize(
@@ -133,14 +133,16 @@ def test_hip_chunk_entry_checks_gpu():
     dev = torch.device("cuda")
     q, k, v, g, beta, state = (x.to(dev) for x in _inputs(2, 1, 70, 1, 2, 32, 16, with_state=True))
     o = torch.empty_like(v)
-    ab = torch.empty(1, 2, 2, 64, 64, device=dev)
+    ab = torch.empty(1, 2, 2, 3, 64, 64, device=dev, dtype=torch.bfloat16)
     sc = torch.empty(1, 2, 2, 4, 64, device=dev)
     module = jit.module_for("deltanet", dev)
-    with pytest.raises(ValueError, match=r"ab must be \[B, Hv, NT, 64, 64\] \(16384 elements\), got 8192"):
+    with pytest.raises(ValueError, match=r"ab must be \[B, Hv, NT, 3, 64, 64\] \(49152 elements\), got 24576"):
         module.gated_delta_chunk(q, k, v, g, beta, state, o, ab[:, :, :1], ab, sc, 0.2, True)
     with pytest.raises(ValueError, match=r"sc must be \[B, Hv, NT, 4, 64\]"):
-        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), ab, 0.2, True)
-    with pytest.raises(TypeError, match="attn must be float32"):
-        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.half(), sc, 0.2, True)
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), ab.float(), 0.2, True)
+    with pytest.raises(TypeError, match="attn must be bfloat16"):
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.float(), sc, 0.2, True)
+    with pytest.raises(ValueError, match="attn must be 16-byte aligned"):
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.view(-1)[1:49153].view(ab.shape), sc, 0.2, True)
     with pytest.raises(TypeError, match="bf16"):
         module.gated_delta_chunk(q.half(), k.half(), v.half(), g, beta, state, o.half(), ab, ab.clone(), sc, 0.2, True)

@@ -29,8 +29,8 @@ import ftlab.testing as ft
 LAYOUTS = {
     "scalar": ["PORT_WARP_SIZE=32"],
     "cdna-mfma": ["PORT_WARP_SIZE=64", "FTLAB_MMA_EMULATE=1"],
-    "rdna4-wmma": ["PORT_WARP_SIZE=32", "FTLAB_MMA_EMULATE=2"],
-    "rdna3-wmma": ["PORT_WARP_SIZE=32", "FTLAB_MMA_EMULATE=3"],
+    "rdna4-wmma": ["PORT_WARP_SIZE=32", "FTLAB_MMA_EMULATE=2", "FTLAB_CK_LEAN=1"],
+    "rdna3-wmma": ["PORT_WARP_SIZE=32", "FTLAB_MMA_EMULATE=3", "FTLAB_CK_LEAN=1"],
 }
 
 
@@ -93,7 +93,7 @@ def _run(harness, q, k, v, g, beta, s0, scale, l2norm, late=0):
     hv, dv = v.shape[2:]
     nt = (t + 63) // 64
     # scratch of NaN: a read of what the prep did not write shows
-    ab = torch.full((b * hv * nt * 64 * 64,), float("nan"))
+    ab = torch.full((b * hv * nt * 3 * 64 * 64,), float("nan"), dtype=torch.bfloat16)  # three planes
     attn, sc = ab.clone(), torch.full((b * hv * nt * 4 * 64,), float("nan"))
     o = torch.full((b, t, hv, dv), float("nan")).bfloat16()
     got = _fenced(s0)  # the state read as far as its last element, no further
@@ -130,7 +130,7 @@ def test_chunked_prefill_on_the_host(harness, case):
     ft.assert_three_plane_accuracy(o, got, exact_o, exact_s)
 
 
-@pytest.mark.parametrize("harness", ["scalar", "cdna-mfma"], indirect=True)  # 32- and 64-lane groups
+@pytest.mark.parametrize("harness", ["scalar", "cdna-mfma", "rdna3-wmma"], indirect=True)  # 32 / 64 lanes, lean
 def test_chunked_prefill_with_late_readers(harness):
     """The stress mode: the first 64 threads of a block (a wave of gfx9, two warps elsewhere) sleep
     after every barrier, so a phase that wrote LDS another still read -- the scan's regions alias

@@ -15,14 +15,26 @@ constexpr int kCkGroups = kCkThreads / PORT_WARP_SIZE;
 constexpr int kLdK = kCkDk + 8;  // LDS row of Dk bf16 (16-byte aligned rows, banks spread)
 constexpr int kLdT = kCk + 8;    // LDS row of 64 tokens
 constexpr int kCkKQ = kCk * kCkDk / 8 / kCkThreads;  // 16-byte pieces of K (of Q) a thread
-constexpr int kCkAB = kCk * kCk / 4 / kCkThreads;    // float4s of ab (of attn) a thread
+constexpr int kCkPlanes = kCk * kCk;                    // elements a bf16 plane of ab (of attn)
+constexpr int kCkAB = 3 * kCkPlanes / 8 / kCkThreads;  // 16-byte pieces of ab's planes (attn's) a thread
 
+// fp32 -> bf16 rounded to nearest even: one cvt on sm_80+ (port_float_to_bf16's bits for every
+// finite x; a NaN stays a NaN), port_float_to_bf16 elsewhere
+__device__ __forceinline__ uint16_t ck_bf16(float x) {
+#if defined(PORT_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(x));
+  return b;
+#else
+  return port_float_to_bf16(x);
+#endif
+}
 // x = bf16(p0) + bf16(p1) + bf16(p2) + r, |r| <= 2^-24 |x| for normal parts
 __device__ __forceinline__ void ck_split3(float x, uint16_t& p0, uint16_t& p1, uint16_t& p2) {
-  p0 = port_float_to_bf16(x);
+  p0 = ck_bf16(x);
   const float r = x - port_bf16_to_float(p0);
-  p1 = port_float_to_bf16(r);
-  p2 = port_float_to_bf16(r - port_bf16_to_float(p1));
+  p1 = ck_bf16(r);
+  p2 = ck_bf16(r - port_bf16_to_float(p1));
 }
 // x's three planes, `plane` elements apart, at p
 __device__ __forceinline__ void ck_put3(uint16_t* p, int plane, float x) {
@@ -56,17 +68,23 @@ __device__ __forceinline__ void ck_mma_x6(MmaAcc& d, const uint16_t* a, int lda,
 // min(a, b) without a comparison (|a - b| < 2^31): no lane mask for the compiler to keep
 __device__ __forceinline__ int ck_min(int a, int b) { return b + ((a - b) & ((a - b) >> 31)); }
 
-// Eight bf16 of row p from element d on (zeros past dk or past the sequence, row_ok false): one
-// 16-byte load when vec (Dk % 8 == 0 and the tensor 16-byte aligned), else element by element.
-__device__ __forceinline__ bytes16 ck_load8(const uint16_t* p, int d, int dk, bool row_ok, bool vec) {
-  bytes16 w = {0u, 0u, 0u, 0u};
+// Eight bf16 of row p from element d on, zeros past dk or where past < 0 (a row past the sequence;
+// p must then still be a row inside it): one 16-byte load when vec (Dk % 8 == 0 and the tensor
+// 16-byte aligned), else element by element. In-bounds loads masked by bits, no branches: on
+// wave64 every lane mask is two SGPRs, and the compiler keeps them live across unrolled loads.
+__device__ __forceinline__ bytes16 ck_load8(const uint16_t* p, int d, int dk, int past, bool vec) {
   if (vec) {
-    if (row_ok && d < dk) w = *reinterpret_cast<const bytes16*>(p + d);
-    return w;
+    const uint32_t keep = ~static_cast<uint32_t>((past | (dk - 1 - d)) >> 31);
+    const bytes16 w = *reinterpret_cast<const bytes16*>(p + ck_min(d, dk - 8));
+    uint32_t x[4];
+    words_of(w, x);
+    const bytes16 y = {x[0] & keep, x[1] & keep, x[2] & keep, x[3] & keep};
+    return y;
   }
   uint32_t e[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = row_ok && d + i < dk ? p[d + i] : 0u;
+  for (int i = 0; i < 8; ++i)
+    e[i] = p[ck_min(d + i, dk - 1)] & ~static_cast<uint32_t>((past | (dk - 1 - d - i)) >> 31) & 0xffffu;
   const bytes16 x = {e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16};
   return x;
 }

@@ -10,7 +10,8 @@
 //     G and QK (exact bf16 products), then for each of up to four value heads of the key head
 //       L = strictly lower (beta_i rk_i rk_j e^(c_i - c_j) G_ij), A = (I + L)^-1 by 16-row blocks
 //     in fp32 FMAs, and writes ab = A diag(beta) [64][64], attn = lower (QK_ij rq_i rk_j
-//     e^(c_i - c_j)) [64][64] and the row factors sc[4][64]: fk = e^c rk, fq = e^c rq,
+//     e^(c_i - c_j)) [64][64] (each as its three bf16 planes, split once here rather than in
+//     each of the scan's column blocks) and the row factors sc[4][64]: fk = e^c rk, fq = e^c rq,
 //     fx = rk e^(c_last - c), and e^c_last (sc[3][0]; the rest of row 3 zero).
 //   dn_chunk_scan_kernel  grid (B * Hv, ceil(Dv / 32)), 256 threads, 61 KB LDS: the state slice
 //     S [128 x 32] fp32 in MMA accumulators over all chunks, per chunk
@@ -28,6 +29,20 @@
 // Keys past the sequence's end are zero rows (their beta and g zero), so they change nothing.
 #pragma once
 #include "deltanet_chunk.h"
+
+// RDNA's 256 VGPRs a lane do not hold what the other targets keep beside its WMMA fragments
+// without spilling, so there (FTLAB_CK_LEAN 1) a chunk's K, Q, V and factors are loaded at the
+// chunk's top rather than during the previous chunk's state update, ab's and attn's planes where
+// they go to LDS rather than a phase before, and a thread's K / Q pieces run along a row rather
+// than down the tokens (whose K^T stores are free of LDS bank conflicts on NVIDIA but cost VGPRs
+// on RDNA). Host tests build it either way.
+#if !defined(FTLAB_CK_LEAN)
+#if defined(__GFX11__) || defined(__GFX12__)
+#define FTLAB_CK_LEAN 1
+#else
+#define FTLAB_CK_LEAN 0
+#endif
+#endif
 
 namespace ftlab {
 
@@ -50,8 +65,8 @@ static_assert(kCkScanLds <= 64 * 1024, "64 KB of LDS a block at most");
 // fp32, the initial state in, the final one out.
 __global__ void __launch_bounds__(kCkThreads)
     dn_chunk_scan_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                         const uint16_t* __restrict__ v, const float* __restrict__ ab,
-                         const float* __restrict__ attn, const float* __restrict__ sc, float* __restrict__ state,
+                         const uint16_t* __restrict__ v, const uint16_t* __restrict__ ab,
+                         const uint16_t* __restrict__ attn, const float* __restrict__ sc, float* __restrict__ state,
                          uint16_t* __restrict__ o, int tokens, int hk, int hv, int dk, int dv) {
   PORT_DYNAMIC_LDS(uint16_t, lds);
   float (*fac)[kCk] = reinterpret_cast<float (*)[kCk]>(lds + kOffFac / 2);
@@ -105,22 +120,25 @@ __global__ void __launch_bounds__(kCkThreads)
   const bool kq16 = dk % 8 == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k)) & 15) == 0;
   const int clast = dv - 1 - col0, vstride = hv * dv;
   bytes16 kv[kCkKQ], qv[kCkKQ];
-  float abv[kCkAB][4], atv[kCkAB][4], facv;
+  float facv;
   uint16_t vb[kPTiles][kMmaAcc];
+  // a thread's K / Q pieces: token r = e % 64 (the lanes of a group on consecutive tokens, so that
+  // K^T's LDS stores below fall in distinct banks), elements d = 8 (e / 64) .. +7; lean: along rows
+  auto kq_at = [&](int i, int& r, int& d) {
+    const int e = tid + i * kCkThreads;
+    r = FTLAB_CK_LEAN ? e / (kCkDk / 8) : e % kCk;
+    d = 8 * (FTLAB_CK_LEAN ? e % (kCkDk / 8) : e / kCk);
+  };
   auto load_chunk = [&](int n) {
     const int t0 = n * kCk, rlast = tokens - 1 - t0;
     const int64_t chunk = static_cast<int64_t>(bh) * nt + n;
 #pragma unroll
     for (int i = 0; i < kCkKQ; ++i) {
-      const int e = tid + i * kCkThreads, r = e / (kCkDk / 8), d = 8 * (e % (kCkDk / 8));
+      int r, d;
+      kq_at(i, r, d);
       const int64_t row = ((static_cast<int64_t>(b) * tokens + t0 + ck_min(r, rlast)) * hk + kh) * dk;
-      kv[i] = ck_load8(k + row, d, dk, r <= rlast, kq16);
-      qv[i] = ck_load8(q + row, d, dk, r <= rlast, kq16);
-    }
-#pragma unroll
-    for (int i = 0; i < kCkAB; ++i) {
-      load4f(ab + chunk * kCk * kCk + 4 * (tid + i * kCkThreads), abv[i]);
-      load4f(attn + chunk * kCk * kCk + 4 * (tid + i * kCkThreads), atv[i]);
+      kv[i] = ck_load8(k + row, d, dk, rlast - r, kq16);
+      qv[i] = ck_load8(q + row, d, dk, rlast - r, kq16);
     }
     facv = sc[chunk * 4 * kCk + tid];  // 256 threads: the 4 x 64 factors
     // v's elements of R's tiles, or 0 past the sequence or the row: in-bounds loads masked by
@@ -139,13 +157,30 @@ __global__ void __launch_bounds__(kCkThreads)
       }
     }
   };
-  load_chunk(0);
+  // ab's (attn's) three planes as the prep wrote them, 16 bytes a load, into LDS rows of kLdT
+  bytes16 pv[kCkAB];
+  auto load_planes = [&](const uint16_t* src) {
+#pragma unroll
+    for (int i = 0; i < kCkAB; ++i) pv[i] = reinterpret_cast<const bytes16*>(src)[tid + i * kCkThreads];
+  };
+  auto put_planes = [&]() {
+#pragma unroll
+    for (int i = 0; i < kCkAB; ++i) {
+      const int e = 8 * (tid + i * kCkThreads), plane = e / kCkPlanes, at = e % kCkPlanes;
+      *reinterpret_cast<bytes16*>(la + plane * kAPlane + (at / kCk) * kLdT + at % kCk) = pv[i];
+    }
+  };
+  if (!FTLAB_CK_LEAN) load_chunk(0);
   for (int n = 0; n < nt; ++n) {
     const int t0 = n * kCk;
+    if (FTLAB_CK_LEAN) load_chunk(n);
+    const int64_t chunk = static_cast<int64_t>(bh) * nt + n;
+    if (!FTLAB_CK_LEAN) load_planes(ab + chunk * 3 * kCkPlanes);  // in flight through P and Qs
     // ---- phase 1: K and Q rows; P = K S, Qs = Q S
 #pragma unroll
     for (int i = 0; i < kCkKQ; ++i) {
-      const int e = tid + i * kCkThreads, r = e / (kCkDk / 8), d = 8 * (e % (kCkDk / 8));
+      int r, d;
+      kq_at(i, r, d);
       *reinterpret_cast<bytes16*>(lk + r * kLdK + d) = kv[i];
       *reinterpret_cast<bytes16*>(lq + r * kLdK + d) = qv[i];
     }
@@ -162,13 +197,9 @@ __global__ void __launch_bounds__(kCkThreads)
     }
     __syncthreads();
     // ---- phase 2: ab in planes; R = V - fk P in planes (R^T [col][token]); X = ab R
-#pragma unroll
-    for (int i = 0; i < kCkAB; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int e = 4 * (tid + i * kCkThreads) + c;
-        ck_put3(la + (e / kCk) * kLdT + e % kCk, kAPlane, abv[i][c]);
-      }
+    if (FTLAB_CK_LEAN) load_planes(ab + chunk * 3 * kCkPlanes);
+    put_planes();
+    if (!FTLAB_CK_LEAN) load_planes(attn + chunk * 3 * kCkPlanes);  // in flight through X
 #pragma unroll
     for (int j = 0; j < kPTiles; ++j) {
       const int tile = group + j * kCkGroups, rt = tile % 8, ct = tile / 8;
@@ -192,13 +223,8 @@ __global__ void __launch_bounds__(kCkThreads)
     }
     __syncthreads();
     // ---- phase 3: attn in planes, X and X~ = fx X in planes; O = fq Qs + attn X (in p)
-#pragma unroll
-    for (int i = 0; i < kCkAB; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int e = 4 * (tid + i * kCkThreads) + c;
-        ck_put3(la + (e / kCk) * kLdT + e % kCk, kAPlane, atv[i][c]);
-      }
+    if (FTLAB_CK_LEAN) load_planes(attn + chunk * 3 * kCkPlanes);
+    put_planes();
 #pragma unroll
     for (int j = 0; j < kXTiles; ++j) {
       const int tile = group + j * kCkGroups, rt = tile % 4, ct = tile / 4;
@@ -235,7 +261,8 @@ __global__ void __launch_bounds__(kCkThreads)
     }
 #pragma unroll
     for (int i = 0; i < kCkKQ; ++i) {
-      const int e = tid + i * kCkThreads, r = e / (kCkDk / 8), d = 8 * (e % (kCkDk / 8));
+      int r, d;
+      kq_at(i, r, d);
       uint32_t w[4];
       words_of(kv[i], w);
 #pragma unroll
@@ -244,7 +271,7 @@ __global__ void __launch_bounds__(kCkThreads)
         lkt[(d + 2 * m + 1) * kLdT + r] = static_cast<uint16_t>(w[m] >> 16);
       }
     }
-    if (n + 1 < nt) load_chunk(n + 1);  // in flight through the state update below
+    if (!FTLAB_CK_LEAN && n + 1 < nt) load_chunk(n + 1);  // in flight through the state update below
     __syncthreads();
     const float el = fac[3][0];
 #pragma unroll

@@ -24,12 +24,13 @@ struct CkPrepShared {
 constexpr int kCkPrepLds = static_cast<int>(sizeof(CkPrepShared));
 static_assert(kCkPrepLds <= 64 * 1024, "64 KB of LDS a block at most");
 
-// q, k [B, T, Hk, Dk] bf16, g, beta [B, T, Hv] fp32; writes ab, attn [B, Hv, NT, 64, 64] and
-// sc [B, Hv, NT, 4, 64] fp32 (NT = ceil(T / 64)); heads_q = ceil(Hv / Hk / 4).
+// q, k [B, T, Hk, Dk] bf16, g, beta [B, T, Hv] fp32; writes ab, attn [B, Hv, NT, 3, 64, 64] (each
+// in three bf16 planes, ck_split3) and sc [B, Hv, NT, 4, 64] fp32 (NT = ceil(T / 64));
+// heads_q = ceil(Hv / Hk / 4).
 __global__ void __launch_bounds__(kCkThreads)
     dn_chunk_prep_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ ab,
-                         float* __restrict__ attn, float* __restrict__ sc, int tokens, int hk, int hv, int dk,
+                         const float* __restrict__ g, const float* __restrict__ beta, uint16_t* __restrict__ ab,
+                         uint16_t* __restrict__ attn, float* __restrict__ sc, int tokens, int hk, int hv, int dk,
                          int heads_q, float scale, int l2norm) {
   PORT_DYNAMIC_LDS(uint16_t, ck_lds);
   CkPrepShared& sh = *reinterpret_cast<CkPrepShared*>(ck_lds);
@@ -44,8 +45,8 @@ __global__ void __launch_bounds__(kCkThreads)
     for (int i = 0; i < kCkKQ; ++i) {
       const int e = tid + i * kCkThreads, r = e / (kCkDk / 8), d = 8 * (e % (kCkDk / 8));
       const int64_t row = ((static_cast<int64_t>(b) * tokens + ck_min(t0 + r, tokens - 1)) * hk + kh) * dk;
-      kv[i] = ck_load8(k + row, d, dk, t0 + r < tokens, vec);
-      qv[i] = ck_load8(q + row, d, dk, t0 + r < tokens, vec);
+      kv[i] = ck_load8(k + row, d, dk, tokens - 1 - t0 - r, vec);
+      qv[i] = ck_load8(q + row, d, dk, tokens - 1 - t0 - r, vec);
     }
 #pragma unroll
     for (int i = 0; i < kCkKQ; ++i) {
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(kCkThreads)
   for (int e = tid; e < heads * kCk * kCk; e += kCkThreads) {
     const int j = e / (kCk * kCk), r = (e / kCk) % kCk, cc = e % kCk;
     const float x = cc <= r ? sh.u.m.a[r][cc] * sh.rq[r] * sh.rk[cc] * port_expf(sh.c[j][r] - sh.c[j][cc]) : 0.0f;
-    attn[((head0 + j) * nt + n) * kCk * kCk + r * kCk + cc] = x;
+    ck_put3(attn + ((head0 + j) * nt + n) * 3 * kCkPlanes + r * kCk + cc, kCkPlanes, x);
   }
   for (int j = 0; j < heads; ++j) {
     __syncthreads();  // a is free (attn read, or the previous head's A written out)
@@ -156,8 +157,9 @@ __global__ void __launch_bounds__(kCkThreads)
       }
       __syncthreads();
     }
-    float* abj = ab + ((head0 + j) * nt + n) * kCk * kCk;
-    for (int e = tid; e < kCk * kCk; e += kCkThreads) abj[e] = sh.u.m.a[e / kCk][e % kCk] * sh.beta[j][e % kCk];
+    uint16_t* abj = ab + ((head0 + j) * nt + n) * 3 * kCkPlanes;
+    for (int e = tid; e < kCkPlanes; e += kCkThreads)
+      ck_put3(abj + e, kCkPlanes, sh.u.m.a[e / kCk][e % kCk] * sh.beta[j][e % kCk]);
   }
 }
 

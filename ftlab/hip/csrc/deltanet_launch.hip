@@ -177,16 +177,17 @@ void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, T
   TVM_FFI_CHECK(fp_of(q, "q") == Fp::bf16, TypeError) << "the chunked prefill takes bf16 q, k and v";
   const int64_t nt = (d.t + kCk - 1) / kCk, chunks = d.b * d.hv * nt;
   const int64_t heads_q = (d.hv / d.hk + kCkHeads - 1) / kCkHeads;
-  auto check_scratch = [&](const TensorView& x, const char* name, int rows) {
-    TVM_FFI_CHECK(fp_of(x, name) == Fp::f32, TypeError) << name << " must be float32";
-    TVM_FFI_CHECK(x.numel() == chunks * rows * kCk, ValueError)
-        << name << " must be [B, Hv, NT, " << rows << ", 64] (" << chunks * rows * kCk << " elements), got "
-        << x.numel() << " elements";
+  auto check_scratch = [&](const TensorView& x, const char* name, Fp fp, const char* dims, int64_t per_chunk) {
+    TVM_FFI_CHECK(fp_of(x, name) == fp, TypeError) << name << " must be " << (fp == Fp::f32 ? "float32" : "bfloat16");
+    TVM_FFI_CHECK(x.numel() == chunks * per_chunk, ValueError)
+        << name << " must be [B, Hv, NT, " << dims << "] (" << chunks * per_chunk << " elements), got " << x.numel()
+        << " elements";
     check_contiguous(x, name);
+    TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(x)) % 16 == 0, ValueError) << name << " must be 16-byte aligned";
   };
-  check_scratch(ab, "ab", kCk);
-  check_scratch(attn, "attn", kCk);
-  check_scratch(sc, "sc", 4);
+  check_scratch(ab, "ab", Fp::bf16, "3, 64, 64", 3 * kCkPlanes);
+  check_scratch(attn, "attn", Fp::bf16, "3, 64, 64", 3 * kCkPlanes);
+  check_scratch(sc, "sc", Fp::f32, "4, 64", 4 * kCk);
   TVM_FFI_CHECK(d.t < (int64_t{1} << 31) - kCk, ValueError) << "the chunked prefill takes T < 2^31 - 64, got " << d.t;
   TVM_FFI_CHECK(d.b * d.hk * heads_q <= 65535 && (d.dv + kCkBV - 1) / kCkBV <= 65535, ValueError)
       << "the chunked prefill's grids take B * Hk * ceil(Hv / Hk / 4) <= 65535 and ceil(Dv / 32) <= 65535, got "
@@ -203,8 +204,8 @@ void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, T
       << port_error_string(err != port_success ? err : err2);
   const auto* qp = static_cast<const uint16_t*>(base_of(q));
   const auto* kp = static_cast<const uint16_t*>(base_of(k));
-  auto* abp = static_cast<float*>(base_of(ab));
-  auto* attnp = static_cast<float*>(base_of(attn));
+  auto* abp = static_cast<uint16_t*>(base_of(ab));
+  auto* attnp = static_cast<uint16_t*>(base_of(attn));
   auto* scp = static_cast<float*>(base_of(sc));
   const int t = static_cast<int>(d.t), hk = static_cast<int>(d.hk), hv = static_cast<int>(d.hv),
             dk = static_cast<int>(d.dk), dv = static_cast<int>(d.dv);

@@ -15,11 +15,11 @@ void run_grid(int blocks_x, int blocks_y, F kernel) {
 }
 
 // q, k [B, T, Hk, Dk], v, o [B, T, Hv, Dv] bf16; g, beta [B, T, Hv] fp32; state [B, Hv, Dk, Dv]
-// fp32 in and out; ab, attn [B, Hv, NT, 64, 64] and sc [B, Hv, NT, 4, 64] fp32 scratch. late:
+// fp32 in and out; ab, attn [B, Hv, NT, 3, 64, 64] bf16 and sc [B, Hv, NT, 4, 64] fp32 scratch. late:
 // the stress mode of the host port.h (the first `late` threads of a block sleep after each
 // barrier).
 extern "C" void run_chunk(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
-                          float* state, uint16_t* o, float* ab, float* attn, float* sc, int b, int tokens, int hk,
+                          float* state, uint16_t* o, uint16_t* ab, uint16_t* attn, float* sc, int b, int tokens, int hk,
                           int hv, int dk, int dv, float scale, int l2norm, int late) {
   host_late_below = late;
   const int nt = (tokens + kCk - 1) / kCk, heads_q = (hv / hk + kCkHeads - 1) / kCkHeads;
