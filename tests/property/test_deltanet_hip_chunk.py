@@ -143,6 +143,7 @@ def test_hip_chunk_entry_checks_gpu():
     with pytest.raises(TypeError, match="attn must be bfloat16"):
         module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.float(), sc, 0.2, True)
     with pytest.raises(ValueError, match="attn must be 16-byte aligned"):
-        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.view(-1)[1:49153].view(ab.shape), sc, 0.2, True)
+        shifted = torch.empty(ab.numel() + 8, device=dev, dtype=torch.bfloat16)[1 : ab.numel() + 1].view(ab.shape)
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, shifted, sc, 0.2, True)
     with pytest.raises(TypeError, match="bf16"):
         module.gated_delta_chunk(q.half(), k.half(), v.half(), g, beta, state, o.half(), ab, ab.clone(), sc, 0.2, True)

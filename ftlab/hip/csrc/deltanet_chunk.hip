@@ -115,6 +115,23 @@ __global__ void __launch_bounds__(kCkThreads)
   put_s();
   // P / Qs: 8 row tiles (4 of K, then 4 of Q) x 2 column tiles; X: 4 x 2
   constexpr int kPTiles = 16 / kCkGroups, kXTiles = (8 + kCkGroups - 1) / kCkGroups;
+  // A group's j-th P / Qs tile: half t / 8 of t = group + j groups (0: K's rows, 1: Q's), slot
+  // u = t % 8; K row tile u % 4, Q row tile 3 - u or u - 4, column tile u / 4. So each group holds
+  // K and Q tiles alike, and its share of O (attn X: rt + 1 products a tile) is the same in every
+  // group of a wave64 block (its two Q tiles' row tiles sum to 3) and at most one tile's elsewhere.
+  auto p_tile = [&](int j, bool& isq, int& rt, int& ct) {
+    const int t = group + j * kCkGroups, u = t % 8;
+    isq = t >= 8;
+    rt = isq ? (u < 4 ? 3 - u : u - 4) : u % 4;
+    ct = u / 4;
+  };
+  // A group's j-th X tile (j < 8 / groups): column tile t / 4 of t = group + j groups, row tile t % 4
+  // or 3 - t % 4, so that a wave64 group's two tiles take 5 of X's 10 row-tile products (kb <= rt).
+  auto x_tile = [&](int j, int& rt, int& ct) {
+    const int t = group + j * kCkGroups;
+    ct = t / 4;
+    rt = ct == 0 ? t % 4 : 3 - t % 4;
+  };
   // A chunk's operands from global memory, held in registers: the next chunk's are loaded while
   // this one's state update runs (every load of a chunk issued together, none waited on in a loop).
   const bool kq16 = dk % 8 == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k)) & 15) == 0;
@@ -147,8 +164,10 @@ __global__ void __launch_bounds__(kCkThreads)
     const uint16_t* vrow = v + ((static_cast<int64_t>(b) * tokens + t0) * hv + h) * dv + col0;
 #pragma unroll
     for (int j = 0; j < kPTiles; ++j) {
-      const int tile = group + j * kCkGroups, rt = tile % 8, ct = tile / 8;
-      if (rt >= 4) continue;  // a tile of Qs
+      bool isq;
+      int rt, ct;
+      p_tile(j, isq, rt, ct);
+      if (isq) continue;  // a tile of Qs
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e) {
         const int r = 16 * rt + mma_row(e), c = 16 * ct + mma_col(e);
@@ -190,8 +209,10 @@ __global__ void __launch_bounds__(kCkThreads)
 #pragma unroll
     for (int j = 0; j < kPTiles; ++j) {
       ck_zero(p[j]);
-      const int tile = group + j * kCkGroups, rt = tile % 8, ct = tile / 8;
-      const uint16_t* arow = rt < 4 ? lk + 16 * rt * kLdK : lq + 16 * (rt - 4) * kLdK;
+      bool isq;
+      int rt, ct;
+      p_tile(j, isq, rt, ct);
+      const uint16_t* arow = (isq ? lq : lk) + 16 * rt * kLdK;
 #pragma unroll 2
       for (int kk = 0; kk < kCkDk; kk += 16) ck_mma_x3(p[j], arow + kk, kLdK, ls + 16 * ct * kLdK + kk, kLdK, kSPlane);
     }
@@ -202,8 +223,10 @@ __global__ void __launch_bounds__(kCkThreads)
     if (!FTLAB_CK_LEAN) load_planes(attn + chunk * 3 * kCkPlanes);  // in flight through X
 #pragma unroll
     for (int j = 0; j < kPTiles; ++j) {
-      const int tile = group + j * kCkGroups, rt = tile % 8, ct = tile / 8;
-      if (rt >= 4) continue;
+      bool isq;
+      int rt, ct;
+      p_tile(j, isq, rt, ct);
+      if (isq) continue;
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e) {
         const int r = 16 * rt + mma_row(e), c = 16 * ct + mma_col(e);
@@ -215,8 +238,9 @@ __global__ void __launch_bounds__(kCkThreads)
 #pragma unroll
     for (int j = 0; j < kXTiles; ++j) {
       ck_zero(x[j]);
-      const int tile = group + j * kCkGroups, rt = tile % 4, ct = tile / 4;
-      if (tile >= 8) continue;
+      if (group + j * kCkGroups >= 8) continue;
+      int rt, ct;
+      x_tile(j, rt, ct);
 #pragma unroll 1
       for (int kb = 0; kb <= rt; ++kb)
         ck_mma_x6(x[j], la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb, kLdT, kTPlane);
@@ -227,8 +251,9 @@ __global__ void __launch_bounds__(kCkThreads)
     put_planes();
 #pragma unroll
     for (int j = 0; j < kXTiles; ++j) {
-      const int tile = group + j * kCkGroups, rt = tile % 4, ct = tile / 4;
-      if (tile >= 8) continue;
+      if (group + j * kCkGroups >= 8) continue;
+      int rt, ct;
+      x_tile(j, rt, ct);
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e) {
         const int r = 16 * rt + mma_row(e), c = 16 * ct + mma_col(e);
@@ -239,8 +264,10 @@ __global__ void __launch_bounds__(kCkThreads)
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kPTiles; ++j) {
-      const int tile = group + j * kCkGroups, rt = tile % 8 - 4, ct = tile / 8;
-      if (rt < 0) continue;
+      bool isq;
+      int rt, ct;
+      p_tile(j, isq, rt, ct);
+      if (!isq) continue;
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e) p[j].v[e] *= fac[1][16 * rt + mma_row(e)];
 #pragma unroll 1
