@@ -45,24 +45,36 @@ __device__ __forceinline__ void ck_put3(uint16_t* p, int plane, float x) {
   p[2 * plane] = p2;
 }
 
-// D += A B^T, A exact in bf16 (one plane), B in three planes bplane elements apart
-__device__ __forceinline__ void ck_mma_x3(MmaAcc& d, const uint16_t* a, int lda, const uint16_t* b, int ldb,
-                                          int bplane) {
-  const MmaFrag fa = mma_frag(a, lda);
-#pragma unroll
-  for (int p = 0; p < 3; ++p) mma_16x16x16<bf16_t>(d, fa, mma_frag(b + p * bplane, ldb));
-}
-// D += A B^T, both in three planes: the six products of parts down to 2^-16 relative, small first
-__device__ __forceinline__ void ck_mma_x6(MmaAcc& d, const uint16_t* a, int lda, int aplane, const uint16_t* b,
+// D += A B^T, A exact in bf16 (one plane), B in three planes bplane elements apart; the two small
+// products go to t (added to D by the caller after its last call), so that D's and t's chains of
+// dependent products run side by side
+__device__ __forceinline__ void ck_mma_x3(MmaAcc& d, MmaAcc& t, const uint16_t* a, int lda, const uint16_t* b,
                                           int ldb, int bplane) {
+  const MmaFrag fa = mma_frag(a, lda);
+  mma_16x16x16<bf16_t>(t, fa, mma_frag(b + 2 * bplane, ldb));
+  mma_16x16x16<bf16_t>(d, fa, mma_frag(b, ldb));
+  mma_16x16x16<bf16_t>(t, fa, mma_frag(b + bplane, ldb));
+}
+// D += A B^T, both in three planes: the six products of parts down to 2^-16 relative, the three
+// small ones to t (as ck_mma_x3)
+__device__ __forceinline__ void ck_mma_x6(MmaAcc& d, MmaAcc& t, const uint16_t* a, int lda, int aplane,
+                                          const uint16_t* b, int ldb, int bplane) {
   const MmaFrag a0 = mma_frag(a, lda), a1 = mma_frag(a + aplane, lda), a2 = mma_frag(a + 2 * aplane, lda);
   const MmaFrag b0 = mma_frag(b, ldb), b1 = mma_frag(b + bplane, ldb), b2 = mma_frag(b + 2 * bplane, ldb);
-  mma_16x16x16<bf16_t>(d, a2, b0);
-  mma_16x16x16<bf16_t>(d, a1, b1);
-  mma_16x16x16<bf16_t>(d, a0, b2);
+  mma_16x16x16<bf16_t>(t, a2, b0);
   mma_16x16x16<bf16_t>(d, a1, b0);
+  mma_16x16x16<bf16_t>(t, a1, b1);
   mma_16x16x16<bf16_t>(d, a0, b1);
+  mma_16x16x16<bf16_t>(t, a0, b2);
   mma_16x16x16<bf16_t>(d, a0, b0);
+}
+// d += t, t = 0
+__device__ __forceinline__ void ck_fold(MmaAcc& d, MmaAcc& t) {
+#pragma unroll
+  for (int i = 0; i < kMmaAcc; ++i) {
+    d.v[i] += t.v[i];
+    t.v[i] = 0.0f;
+  }
 }
 
 // min(a, b) without a comparison (|a - b| < 2^31): no lane mask for the compiler to keep

@@ -189,6 +189,8 @@ __global__ void __launch_bounds__(kCkThreads)
       *reinterpret_cast<bytes16*>(la + plane * kAPlane + (at / kCk) * kLdT + at % kCk) = pv[i];
     }
   };
+  MmaAcc small;  // the small products' sums of a tile (ck_mma_x3 / x6), folded in after its last
+  ck_zero(small);
   if (!FTLAB_CK_LEAN) load_chunk(0);
   for (int n = 0; n < nt; ++n) {
     const int t0 = n * kCk;
@@ -214,7 +216,9 @@ __global__ void __launch_bounds__(kCkThreads)
       p_tile(j, isq, rt, ct);
       const uint16_t* arow = (isq ? lq : lk) + 16 * rt * kLdK;
 #pragma unroll 2
-      for (int kk = 0; kk < kCkDk; kk += 16) ck_mma_x3(p[j], arow + kk, kLdK, ls + 16 * ct * kLdK + kk, kLdK, kSPlane);
+      for (int kk = 0; kk < kCkDk; kk += 16)
+        ck_mma_x3(p[j], small, arow + kk, kLdK, ls + 16 * ct * kLdK + kk, kLdK, kSPlane);
+      ck_fold(p[j], small);
     }
     __syncthreads();
     // ---- phase 2: ab in planes; R = V - fk P in planes (R^T [col][token]); X = ab R
@@ -243,7 +247,9 @@ __global__ void __launch_bounds__(kCkThreads)
       x_tile(j, rt, ct);
 #pragma unroll 1
       for (int kb = 0; kb <= rt; ++kb)
-        ck_mma_x6(x[j], la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb, kLdT, kTPlane);
+        ck_mma_x6(x[j], small, la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb, kLdT,
+                  kTPlane);
+      ck_fold(x[j], small);
     }
     __syncthreads();
     // ---- phase 3: attn in planes, X and X~ = fx X in planes; O = fq Qs + attn X (in p)
@@ -272,7 +278,9 @@ __global__ void __launch_bounds__(kCkThreads)
       for (int e = 0; e < kMmaAcc; ++e) p[j].v[e] *= fac[1][16 * rt + mma_row(e)];
 #pragma unroll 1
       for (int kb = 0; kb <= rt; ++kb)
-        ck_mma_x6(p[j], la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb, kLdT, kTPlane);
+        ck_mma_x6(p[j], small, la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb, kLdT,
+                  kTPlane);
+      ck_fold(p[j], small);
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e)
         lo[(16 * rt + mma_row(e)) * kCkBV + 16 * ct + mma_col(e)] = port_float_to_bf16(p[j].v[e]);
@@ -308,7 +316,8 @@ __global__ void __launch_bounds__(kCkThreads)
       for (int e = 0; e < kMmaAcc; ++e) s[j].v[e] *= el;
 #pragma unroll 2
       for (int kb = 0; kb < kCk; kb += 16)
-        ck_mma_x3(s[j], lkt + 16 * rt * kLdT + kb, kLdT, lxt + 16 * ct * kLdT + kb, kLdT, kTPlane);
+        ck_mma_x3(s[j], small, lkt + 16 * rt * kLdT + kb, kLdT, lxt + 16 * ct * kLdT + kb, kLdT, kTPlane);
+      ck_fold(s[j], small);
     }
     if (n + 1 == nt) break;
     __syncthreads();
