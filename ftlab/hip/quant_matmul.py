@@ -67,6 +67,11 @@ MATVEC_VARIANT = {"Q8_0": "tiled", "Q4_K": "tiled", "Q5_K": "tiled", "Q6_K": "ti
 #: "fused" where it does not apply): on the lm_head 83% of copy
 #: against "fused"'s 59% (80 registers, three blocks an SM); Q4_K / Q5_K "fused" (88% / 83%)
 MATVEC_VARIANT_M1 = {"Q8_0": "lanes", "Q4_K": "fused", "Q5_K": "fused", "Q6_K": "staged"}
+#: the K-quants' M = 1 default where K is past fused's limit, up to SLICED_MAX_K (a dense model's
+#: down projection, K = 14336): on the H200, same run, "sliced_q8" against "vec" (the fallback
+#: before) and Triton: Q4_K 14.5 / 29.1 / 25.1 us, Q5_K 17.3 / 29.9 / 27.7, Q6_K 24.2 / 36.3 / 26.7
+#: (benchmarks/results/2026-12-05-nvidia-h200-time-quant-mv1-all.txt)
+LONG_ROW_VARIANT = "sliced_q8"
 #: K (weights a row) the fused one-row matvec takes: its activation records in LDS (kFusedMaxK)
 FUSED_MAX_K = 8192
 #: K the staged one-row matvec takes: a row fits one of its LDS slots (8 super-blocks)
@@ -114,6 +119,8 @@ def quant_matmul(
         variant = (MATVEC_VARIANT_M1 if m == 1 else MATVEC_VARIANT)[w.qtype]
         if variant == "staged" and not async_copies(x.device):
             variant = "fused"  # its copies would go through registers: no overlap, not measured
+        if variant in ("fused", "staged") and m == 1 and not fused_ok(x, w) and sliced_ok(x, w):
+            variant = LONG_ROW_VARIANT  # rows past fused's K
     if variant not in ("tiled", "lanes", "vec", *ONE_LAUNCH):
         raise ValueError(
             "variant must be 'tiled', 'lanes', 'vec', 'fused', 'staged', 'sliced' or 'sliced_q8', "
@@ -195,10 +202,12 @@ def staged_ok(x: torch.Tensor, w: QuantWeight) -> bool:
 
 
 def one_launch_default(x: torch.Tensor, w: QuantWeight) -> bool:
-    """Whether hip's M = 1 default for ``w`` is a one-launch kernel that takes ``x [1, K] @ w.T``:
-    Q4_K / Q5_K / Q6_K (:data:`MATVEC_VARIANT_M1` "fused" or "staged") where :func:`fused_ok`
-    holds. Q8_0's default is still "lanes" (three launches), though "fused" takes it."""
-    return MATVEC_VARIANT_M1.get(w.qtype) in ("fused", "staged") and fused_ok(x, w)
+    """Whether hip's M = 1 default for ``w`` is one of its one-row kernels of one launch over the
+    weights that takes ``x [1, K] @ w.T``: Q4_K / Q5_K / Q6_K (:data:`MATVEC_VARIANT_M1` "fused" or
+    "staged") where :func:`fused_ok` holds, and :data:`LONG_ROW_VARIANT` past its K where
+    :func:`sliced_ok` does (x's Q8_1 first, its own small launch). Q8_0's default is still "lanes"
+    (three launches), though "fused" takes it."""
+    return MATVEC_VARIANT_M1.get(w.qtype) in ("fused", "staged") and (fused_ok(x, w) or sliced_ok(x, w))
 
 
 def sliced_ok(x: torch.Tensor, w: QuantWeight) -> bool:

@@ -113,7 +113,8 @@ _ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], tuple[str, bool]] = {}
 def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: str = "auto") -> str:
     """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x`` (by ``w``): on an
     NVIDIA GPU, hip where its one-launch kernels are its default for ``w``
-    (``ftlab.hip.quant_matmul.one_launch_default``: Q4_K / Q5_K / Q6_K) on the int8 ``path`` ("auto" or "int8": hip has no other), at every size,
+    (``ftlab.hip.quant_matmul.one_launch_default``: Q4_K / Q5_K / Q6_K; past fused's K its
+    "sliced_q8", 1.1-2.0x Triton's at K = 14336) on the int8 ``path`` ("auto" or "int8": hip has no other), at every size,
     the lm_head included (H200: Q4_K / Q5_K / Q6_K 88% / 83% / 83% of copy on the lm_head against
     Triton's 74% / 62% / 74%; benchmarks/NOTES.md); else Triton, whose word matvec measured faster
     than the HIP kernels of three launches at every type and decode shape (M = 1: 7.3 against 12.2

@@ -59,6 +59,10 @@ def _weight(qtype, k, n=16):
         ("Q4_K", 1, 16640, "sliced", [("quantize_q8_1", None), ("quant_mv_vec_q4_k", None)]),  # past 16384: vec
         ("Q6_K", 1, 14336, "sliced_q8", [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
         ("Q5_K", 1, 4096, None, [("quant_mv_fused", 2)]),  # the default is unchanged
+        ("Q4_K", 1, 14336, None, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 1)]),  # past fused's K
+        ("Q6_K", 1, 14336, None, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
+        ("Q5_K", 1, 16640, None, [("quantize_q8_1", None), ("quant_mv_vec_q5_k", None)]),  # past sliced's: vec
+        ("Q8_0", 1, 14336, None, [("quantize_q8_1", None), ("quant_mv_q8_0", None)]),  # Q8_0: lanes still
     ],
 )
 def test_one_row_routing(calls, qtype, m, k, variant, want):
@@ -75,4 +79,5 @@ def test_models_keep_q8_0_off_the_one_launch_kernels():
     assert hip_qmm.fused_ok(x, _weight("Q8_0", 2048))
     assert not hip_qmm.one_launch_default(x, _weight("Q8_0", 2048))
     assert all(hip_qmm.one_launch_default(x, _weight(t, 2048)) for t in ("Q4_K", "Q5_K", "Q6_K"))
-    assert not hip_qmm.one_launch_default(torch.randn(1, 14336), _weight("Q4_K", 14336))  # past fused's K
+    assert hip_qmm.one_launch_default(torch.randn(1, 14336), _weight("Q4_K", 14336))  # past fused's K: sliced_q8
+    assert not hip_qmm.one_launch_default(torch.randn(1, 16640), _weight("Q4_K", 16640))  # past sliced's K
