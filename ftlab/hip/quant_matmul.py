@@ -207,7 +207,7 @@ def one_launch_default(x: torch.Tensor, w: QuantWeight) -> bool:
     "staged") where :func:`fused_ok` holds, and :data:`LONG_ROW_VARIANT` past its K where
     :func:`sliced_ok` does (x's Q8_1 first, its own small launch). Q8_0's default is still "lanes"
     (three launches), though "fused" takes it."""
-    return MATVEC_VARIANT_M1.get(w.qtype) in ("fused", "staged") and (fused_ok(x, w) or sliced_ok(x, w))
+    return MATVEC_VARIANT_M1.get(w.qtype) in ("fused", "staged") and sliced_ok(x, w)  # fused_ok implies it
 
 
 def sliced_ok(x: torch.Tensor, w: QuantWeight) -> bool:

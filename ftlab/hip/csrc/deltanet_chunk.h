@@ -101,6 +101,20 @@ __device__ __forceinline__ bytes16 ck_load8(const uint16_t* p, int d, int dk, in
   return x;
 }
 
+// Whether q and k take ck_load8's 16-byte loads: Dk % 8 == 0 and both 16-byte aligned
+__device__ __forceinline__ bool ck_kq16(const uint16_t* q, const uint16_t* k, int dk) {
+  return dk % 8 == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k)) & 15) == 0;
+}
+// K's and Q's eight bf16 from element d of token t0 + r (q, k [B, T, Hk, Dk]; sequence b, key head
+// kh), zeros past the sequence or Dk
+__device__ __forceinline__ void ck_load_kq(const uint16_t* q, const uint16_t* k, int b, int tokens, int hk, int kh,
+                                           int dk, int t0, int r, int d, bool vec, bytes16& kv, bytes16& qv) {
+  const int rlast = tokens - 1 - t0;
+  const int64_t row = ((static_cast<int64_t>(b) * tokens + ck_min(t0 + r, tokens - 1)) * hk + kh) * dk;
+  kv = ck_load8(k + row, d, dk, rlast - r, vec);
+  qv = ck_load8(q + row, d, dk, rlast - r, vec);
+}
+
 __device__ __forceinline__ void ck_zero(MmaAcc& d) {
 #pragma unroll
   for (int i = 0; i < kMmaAcc; ++i) d.v[i] = 0.0f;

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kCkThreads)
   };
   // A chunk's operands from global memory, held in registers: the next chunk's are loaded while
   // this one's state update runs (every load of a chunk issued together, none waited on in a loop).
-  const bool kq16 = dk % 8 == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k)) & 15) == 0;
+  const bool kq16 = ck_kq16(q, k, dk);
   const int clast = dv - 1 - col0, vstride = hv * dv;
   bytes16 kv[kCkKQ], qv[kCkKQ];
   float facv;
@@ -153,9 +153,7 @@ __global__ void __launch_bounds__(kCkThreads)
     for (int i = 0; i < kCkKQ; ++i) {
       int r, d;
       kq_at(i, r, d);
-      const int64_t row = ((static_cast<int64_t>(b) * tokens + t0 + ck_min(r, rlast)) * hk + kh) * dk;
-      kv[i] = ck_load8(k + row, d, dk, rlast - r, kq16);
-      qv[i] = ck_load8(q + row, d, dk, rlast - r, kq16);
+      ck_load_kq(q, k, b, tokens, hk, kh, dk, t0, r, d, kq16, kv[i], qv[i]);
     }
     facv = sc[chunk * 4 * kCk + tid];  // 256 threads: the 4 x 64 factors
     // v's elements of R's tiles, or 0 past the sequence or the row: in-bounds loads masked by

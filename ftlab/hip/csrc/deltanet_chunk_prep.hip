@@ -39,14 +39,12 @@ __global__ void __launch_bounds__(kCkThreads)
   const int heads = rep - j0 < kCkHeads ? rep - j0 : kCkHeads;
   const int group = tid / PORT_WARP_SIZE;
   {  // K and Q rows, every load issued before the first store
-    const bool vec = dk % 8 == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k)) & 15) == 0;
+    const bool vec = ck_kq16(q, k, dk);
     bytes16 kv[kCkKQ], qv[kCkKQ];
 #pragma unroll
     for (int i = 0; i < kCkKQ; ++i) {
       const int e = tid + i * kCkThreads, r = e / (kCkDk / 8), d = 8 * (e % (kCkDk / 8));
-      const int64_t row = ((static_cast<int64_t>(b) * tokens + ck_min(t0 + r, tokens - 1)) * hk + kh) * dk;
-      kv[i] = ck_load8(k + row, d, dk, tokens - 1 - t0 - r, vec);
-      qv[i] = ck_load8(q + row, d, dk, tokens - 1 - t0 - r, vec);
+      ck_load_kq(q, k, b, tokens, hk, kh, dk, t0, r, d, vec, kv[i], qv[i]);
     }
 #pragma unroll
     for (int i = 0; i < kCkKQ; ++i) {
