@@ -4,7 +4,10 @@ columns) with its state slice in registers. Decode is one step written back in p
 takes one of two methods: ``"scan"``, the recurrence scanned token by token over the sequence,
 any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks of 64 on the
 matrix cores (:func:`chunk_ok`: bf16 q, k, v and ``chunk_size`` 64). The default, ``"auto"``,
-takes "chunk" where :func:`chunk_ok` allows it and "scan" elsewhere. Dk up to 128."""
+takes "chunk" where :func:`chunk_ok` allows it and "scan" elsewhere. Dk up to 128. The chunks'
+``precision``: ``"fp32"`` (the default: fp32 operands of the products in three bf16 parts, fp32
+accuracy) or ``"bf16"`` (each rounded to bf16 once, one product each: fla's precision, its own
+derived bound)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ def _check_dk(dk: int) -> None:
 PREFILL_METHODS = ("scan", "chunk")
 #: tokens a chunk of the "chunk" method
 CHUNK = 64
+#: the "chunk" method's precisions, and the bf16 planes each keeps of an fp32 operand
+PRECISIONS = {"fp32": 3, "bf16": 1}
 
 
 def chunk_why_not(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str | None:
@@ -51,20 +56,28 @@ def chunk_ok(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
     return chunk_why_not(q, v, chunk_size) is None
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, method: str = "auto"):
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, method: str = "auto",
+                     precision: str = "fp32"):  # fmt: skip
     """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32).
 
     ``method``: ``"auto"`` ("chunk" where :func:`chunk_ok` allows, else "scan"), ``"scan"``
     (token by token) or ``"chunk"`` (two launches on the matrix cores:
     per chunk and key head the (I + L)^-1 solve and the masked decayed Q K^T, then a block per
-    (sequence, value head, 32 state columns) carrying its state slice through the chunks; fp32
-    operands split into three bf16 parts, so within the same derived bound as the fp32 chunked
-    form). "chunk" takes what :func:`chunk_ok` allows (anything else is a ValueError) and
-    ``B * Hv * ceil(T / 64) * 49`` KiB of scratch (``A diag(beta)`` and the masked decayed
-    ``Q K^T`` in three bf16 planes each, four fp32 row factors; for one sequence of 16384
-    tokens and 32 value heads, 392 MiB)."""
+    (sequence, value head, 32 state columns) carrying its state slice through the chunks).
+    "chunk" takes what :func:`chunk_ok` allows (anything else is a ValueError).
+
+    ``precision`` (the chunks'; the scan is fp32 throughout): ``"fp32"``, the fp32 operands of
+    the products (the state, ``A diag(beta)``, the masked decayed ``Q K^T``, the chunk's
+    corrected values) split into three bf16 parts, so within the fp32 chunked form's derived
+    bound, with ``B * Hv * ceil(T / 64) * 49`` KiB of scratch (for one sequence of 16384 tokens
+    and 32 value heads, 392 MiB); ``"bf16"``, each rounded to bf16 once and every product one
+    MMA with fp32 sums, the state kept in fp32 -- the precision of fla's
+    ``chunk_gated_delta_rule`` -- within ``ftlab.testing.gated_delta_tolerance(...,
+    operands="bf16")``, with ``B * Hv * ceil(T / 64) * 17`` KiB of scratch."""
     if method not in ("auto", *PREFILL_METHODS):
         raise ValueError(f"method must be 'auto' or one of {PREFILL_METHODS}, got {method!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
     if method == "auto":
         method = "chunk" if chunk_ok(q, v, chunk_size) else "scan"
     b, t, _, dk = q.shape
@@ -81,12 +94,14 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     module = jit.module_for("deltanet", q.device)
     if method == "chunk":
         nt = -(-t // CHUNK)
-        ab = torch.empty(b, hv, nt, 3, CHUNK, CHUNK, dtype=torch.bfloat16, device=q.device)  # three planes
+        planes = PRECISIONS[precision]
+        ab = torch.empty(b, hv, nt, planes, CHUNK, CHUNK, dtype=torch.bfloat16, device=q.device)
         attn = torch.empty_like(ab)
         sc = torch.empty(b, hv, nt, 4, CHUNK, dtype=torch.float32, device=q.device)
         jit.on_device(
             q.device,
-            lambda: module.gated_delta_chunk(q, k, v, g, beta, final, o, ab, attn, sc, float(scale), l2norm_qk),
+            lambda: module.gated_delta_chunk(q, k, v, g, beta, final, o, ab, attn, sc, float(scale), l2norm_qk,
+                                             planes),  # fmt: skip
         )
         return o, final
     jit.on_device(

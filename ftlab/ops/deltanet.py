@@ -8,6 +8,8 @@ import torch
 from ftlab import argcheck, backends
 
 CHUNK_SIZES = (16, 32, 64)
+#: the precisions of :func:`gated_delta_rule`'s products
+PRECISIONS = ("fp32", "bf16")
 
 
 def _floating(name: str, t: object) -> torch.Tensor:
@@ -70,7 +72,8 @@ def _state(name: str, state: object, shape: tuple[int, ...], device: torch.devic
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
                      state: torch.Tensor | None = None, scale: float | None = None, l2norm_qk: bool = True,
-                     chunk_size: int = 64, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                     chunk_size: int = 64, precision: str = "fp32",
+                     backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The gated delta rule over a sequence (prefill), in chunks.
 
     ``q, k [B, T, Hk, Dk]`` and ``v [B, T, Hv, Dv]`` (one dtype of fp32 / fp16 / bf16; Hv a
@@ -83,6 +86,14 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     (scale * q_t)^T S`` -- transformers' ``torch_recurrent_gated_delta_rule`` -- computed in
     chunks of ``chunk_size`` tokens (16, 32 or 64; the result is the same up to rounding).
     Returns ``(o [B, T, Hv, Dv]`` in v's dtype, ``final_state [B, Hv, Dk, Dv]`` fp32, new).
+
+    ``precision``: ``"fp32"`` (the default) computes every product at fp32 accuracy, within
+    ``ftlab.testing.gated_delta_tolerance``; ``"bf16"`` lets the chunked kernels round each
+    fp32 operand of a product (the state, the chunk's solve, its deltas) to bf16 once, with fp32
+    sums and the state kept in fp32 -- the precision of fla's ``chunk_gated_delta_rule`` --
+    within ``gated_delta_tolerance(..., operands="bf16")``. It applies to bf16 q, k, v in chunks
+    of 64 on the GPU backends (HIP's chunks in one bf16 plane, Triton's chunk-64 kernels with
+    bf16 dots); elsewhere the result is the "fp32" one, which is within both bounds.
     """
     _, hv, scale = _check(q, k, v, g, beta, ("B", "T"), scale, l2norm_qk)
     b, t, _, dk = q.shape
@@ -91,13 +102,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         _state("state", state, (b, hv, dk, dv), q.device)
     if not argcheck.is_int(chunk_size) or chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     impl = backends.resolve("gated_delta_rule", backend, q.device, q.dtype)
     if b == 0 or t == 0:
         final = state.clone() if state is not None else torch.zeros(b, hv, dk, dv, device=q.device)
         return torch.empty(b, t, hv, dv, dtype=v.dtype, device=v.device), final
     return impl.fn(q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
                    beta.float().contiguous(), None if state is None else state.contiguous(), scale, l2norm_qk,
-                   chunk_size)  # fmt: skip
+                   chunk_size, precision=precision)  # fmt: skip
 
 
 def _gates(gates: object, g: torch.Tensor, beta: torch.Tensor, q: torch.Tensor, hv: int) -> None:

@@ -62,9 +62,9 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, state, scale: float, l2norm_qk:
     return out.transpose(1, 2).to(v.dtype).contiguous(), s
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int):
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, precision: str = "fp32"):
     """Backend entry of :func:`ftlab.ops.gated_delta_rule`: ``(o [B, T, Hv, Dv] in v's dtype,
-    final_state [B, Hv, Dk, Dv] fp32)``, the chunked form."""
+    final_state [B, Hv, Dk, Dv] fp32)``, the chunked form in fp32 whatever ``precision`` allows."""
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, l2norm_qk)
     b, hv, t, dv = vf.shape
     dk = kf.shape[-1]

@@ -31,6 +31,7 @@ from ftlab.testing.conv1d import (
     check_causal_conv1d_update_case,
 )
 from ftlab.testing.deltanet import (
+    assert_one_plane_accuracy,
     assert_three_plane_accuracy,
     check_gated_delta_rule_case,
     check_gated_delta_step_case,
@@ -123,6 +124,7 @@ __all__ = [
     "hybrid_tolerance",
     "check_gated_delta_rule_case",
     "check_gated_delta_step_case",
+    "assert_one_plane_accuracy",
     "assert_three_plane_accuracy",
     "gated_delta_exact",
     "gated_delta_tolerance",

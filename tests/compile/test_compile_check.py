@@ -72,8 +72,8 @@ KERNELS = {
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes
     "deltanet": 15,  # 3 dtypes x (decode step of 16 or 32 columns a block, with or without the gates; prefill scan)
-    "deltanet_chunk": 1,  # bf16: the chunked prefill's scan on the matrix cores
-    "deltanet_chunk_prep": 1,  # bf16: the chunked prefill's prep (the solve, attn, the row factors)
+    "deltanet_chunk": 2,  # bf16: the chunked prefill's scan on the matrix cores, three planes or one
+    "deltanet_chunk_prep": 2,  # bf16: the chunked prefill's prep (the solve, attn, the row factors), 3 or 1 planes
     "quants": 15,  # 3 dtypes x (dequantize Q8_0, Q4_K, Q5_K, Q6_K; quantize Q8_0)
     "conv1d": 18,  # 3 dtypes x 3 widths (2, 3, 4) x (prefill, decode step)
     "gated_norm": 12,  # 3 dtypes x 3 gate dtypes (gated_rmsnorm), 3 dtypes (output_gate)

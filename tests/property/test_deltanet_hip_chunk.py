@@ -30,7 +30,8 @@ class _Recorder:
 
     def __getattr__(self, name):
         def entry(*args):
-            self.calls.append((name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]))
+            self.calls.append((name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
+                               [a for a in args if not isinstance(a, torch.Tensor)]))  # fmt: skip
 
         return entry
 
@@ -44,12 +45,14 @@ def calls(monkeypatch):
 
 
 @pytest.mark.parametrize("method, want", [("chunk", "gated_delta_chunk"), ("scan", "gated_delta_scan")])
-def test_method_picks_the_entry(calls, method, want):
+@pytest.mark.parametrize("precision, planes", [("fp32", 3), ("bf16", 1)])
+def test_method_picks_the_entry(calls, method, want, precision, planes):
     q, k, v, g, beta, state = _inputs(0, 2, 130, 2, 12, 32, 24, with_state=True)
-    hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, 64, method=method)
+    hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, 64, method=method, precision=precision)
     assert [c[0] for c in calls] == [want]
-    if method == "chunk":  # q k v g beta state o, then ab, attn [B, Hv, NT, 3, 64, 64] and sc [B, Hv, NT, 4, 64]
-        assert calls[0][1][-3:] == [(2, 12, 3, 3, 64, 64), (2, 12, 3, 3, 64, 64), (2, 12, 3, 4, 64)]
+    if method == "chunk":  # q k v g beta state o, then ab, attn [B, Hv, NT, P, 64, 64] and sc [B, Hv, NT, 4, 64]
+        assert calls[0][1][-3:] == [(2, 12, 3, planes, 64, 64), (2, 12, 3, planes, 64, 64), (2, 12, 3, 4, 64)]
+        assert calls[0][2][-1] == planes  # the planes the kernels are built for
 
 
 @pytest.mark.parametrize(
@@ -74,6 +77,7 @@ def test_auto_takes_the_chunks_where_they_apply(calls, change, want):
     "change, match",
     [
         ({"method": "chunked"}, r"method must be 'auto' or one of \('scan', 'chunk'\), got 'chunked'"),
+        ({"precision": "tf32"}, r"precision must be one of \('fp32', 'bf16'\), got 'tf32'"),
         ({"dtype": torch.float16}, r"bf16 q, k and v, got torch.float16"),
         ({"chunk_size": 32}, r"chunk_size 64, got 32"),
         ({"dk": 129}, r"Dk <= 128, got 129"),
@@ -90,7 +94,7 @@ def test_refusals_name_themselves(calls, change, match):
     g, beta = (torch.zeros(1, 3, hv) for _ in range(2))
     with pytest.raises(ValueError, match=match):
         hip_dn.gated_delta_rule(q, k, v, g, beta, None, 0.2, True, change.get("chunk_size", 64),
-                                method=change.get("method", "chunk"))  # fmt: skip
+                                method=change.get("method", "chunk"), precision=change.get("precision", "fp32"))  # fmt: skip
     assert calls == []
 
 
@@ -106,22 +110,27 @@ def test_refusals_name_themselves(calls, change, match):
         (1, 64, 2, 4, 64, 64, True, 1.0),  # one whole chunk
     ],
 )
-def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay, precision):
+    """Within the derived chunk-64 bound of the precision (fp32: three planes; bf16: each fp32
+    operand rounded to bf16 once, the bound's bf16-operand terms added) and its accuracy check."""
     q, k, v, g, beta, state = _inputs(b * t + dk + dv, b, t, hk, hv, dk, dv, with_state=with_state, decay=decay)
     scale = dk**-0.5
     # the exact recurrence and its chunk-64 bound in one f64 pass on the CPU (the slow part)
-    exact_o, exact_s, o_bound, s_bound = gated_delta_exact_and_tolerance(q, k, v, g, beta, state, scale, True, 64)
+    exact_o, exact_s, o_bound, s_bound = gated_delta_exact_and_tolerance(q, k, v, g, beta, state, scale, True, 64,
+                                                                         operands=precision)  # fmt: skip
     dev = torch.device("cuda")
     args = [x.to(dev) for x in (q, k, v, g, beta)]
     start = None if state is None else state.to(dev)
-    o, s = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk")
+    o, s = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk", precision=precision)
     err_o, err_s = (o.cpu().double() - exact_o).abs(), (s.cpu().double() - exact_s).abs()
     assert bool((err_o <= o_bound).all()), float((err_o / o_bound).max())
     assert bool((err_s <= s_bound).all()), float((err_s / s_bound).max())
-    ft.assert_three_plane_accuracy(o, s, exact_o, exact_s)  # the planes all there, not just within the bound
+    # the planes all there (three), or one plane's accuracy: not just within the bound
+    (ft.assert_three_plane_accuracy if precision == "fp32" else ft.assert_one_plane_accuracy)(o, s, exact_o, exact_s)
     if state is not None:
         assert torch.equal(start.cpu(), state)  # the initial state is left as it was
-    o2, s2 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk")
+    o2, s2 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk", precision=precision)
     assert torch.equal(o2, o) and torch.equal(s2, s)  # the same bits again
 
 
@@ -137,13 +146,17 @@ def test_hip_chunk_entry_checks_gpu():
     sc = torch.empty(1, 2, 2, 4, 64, device=dev)
     module = jit.module_for("deltanet", dev)
     with pytest.raises(ValueError, match=r"ab must be \[B, Hv, NT, 3, 64, 64\] \(49152 elements\), got 24576"):
-        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab[:, :, :1], ab, sc, 0.2, True)
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab[:, :, :1], ab, sc, 0.2, True, 3)
     with pytest.raises(ValueError, match=r"sc must be \[B, Hv, NT, 4, 64\]"):
-        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), ab.float(), 0.2, True)
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), ab.float(), 0.2, True, 3)
     with pytest.raises(TypeError, match="attn must be bfloat16"):
-        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.float(), sc, 0.2, True)
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.float(), sc, 0.2, True, 3)
     with pytest.raises(ValueError, match="attn must be 16-byte aligned"):
         shifted = torch.empty(ab.numel() + 8, device=dev, dtype=torch.bfloat16)[1 : ab.numel() + 1].view(ab.shape)
-        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, shifted, sc, 0.2, True)
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, shifted, sc, 0.2, True, 3)
+    with pytest.raises(ValueError, match=r"ab must be \[B, Hv, NT, 1, 64, 64\] \(16384 elements\), got 49152"):
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), sc, 0.2, True, 1)
+    with pytest.raises(ValueError, match="planes must be 1 or 3, got 2"):
+        module.gated_delta_chunk(q, k, v, g, beta, state, o, ab, ab.clone(), sc, 0.2, True, 2)
     with pytest.raises(TypeError, match="bf16"):
-        module.gated_delta_chunk(q.half(), k.half(), v.half(), g, beta, state, o.half(), ab, ab.clone(), sc, 0.2, True)
+        module.gated_delta_chunk(q.half(), k.half(), v.half(), g, beta, state, o.half(), ab, ab.clone(), sc, 0.2, True, 3)

@@ -10,7 +10,9 @@ ftlab.testing.gated_delta_tolerance(chunk_size=64) -- the bound every chunked ba
 with bf16 q, k, v. The planes' arithmetic on the host is that of the GPU (bf16 parts of fp32
 values, fp32 sums); the GPU's products sum in another order, which the bound allows. The bound
 is loose enough to pass a state kept in one bf16 plane, so the cases also hold the three planes'
-fp32-class accuracy (ftlab.testing.assert_three_plane_accuracy). The GPU tests
+fp32-class accuracy (ftlab.testing.assert_three_plane_accuracy). The one-plane kernels
+(``precision="bf16"``: each fp32 operand rounded to bf16 once) are held to the bound with
+``operands="bf16"`` and to ftlab.testing.assert_one_plane_accuracy. The GPU tests
 (tests/property/test_deltanet_hip_chunk.py, ``gpu``) run the real thing."""
 
 import ctypes
@@ -21,6 +23,7 @@ import torch
 from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
+from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
 
 #: the harness's builds: mma.h's scalar path in 32-lane groups (8 a block, 8 accumulators a lane
 #: of a tile), and the AMD matrix instructions' own fragment layouts, the instruction emulated
@@ -88,17 +91,17 @@ def _inputs(b, t, hk, hv, dk, dv, l2norm, seed, gscale, state):
     return (*(_fenced(x) for x in (q, k, v, g, beta)), s0)
 
 
-def _run(harness, q, k, v, g, beta, s0, scale, l2norm, late=0):
+def _run(harness, q, k, v, g, beta, s0, scale, l2norm, late=0, planes=3):
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
     nt = (t + 63) // 64
-    # scratch of NaN: a read of what the prep did not write shows
-    ab = torch.full((b * hv * nt * 3 * 64 * 64,), float("nan"), dtype=torch.bfloat16)  # three planes
-    attn, sc = ab.clone(), torch.full((b * hv * nt * 4 * 64,), float("nan"))
+    # scratch of NaN, as long as the planes need: a read of what the prep did not write shows
+    ab = _fenced(torch.full((b * hv * nt * planes * 64 * 64,), float("nan"), dtype=torch.bfloat16))
+    attn, sc = _fenced(ab.clone()), torch.full((b * hv * nt * 4 * 64,), float("nan"))
     o = torch.full((b, t, hv, dv), float("nan")).bfloat16()
     got = _fenced(s0)  # the state read as far as its last element, no further
     harness.run_chunk(_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(got), _ptr(o), _ptr(ab), _ptr(attn),
-                      _ptr(sc), b, t, hk, hv, dk, dv, ctypes.c_float(scale), int(l2norm), late)  # fmt: skip
+                      _ptr(sc), b, t, hk, hv, dk, dv, ctypes.c_float(scale), int(l2norm), late, planes)  # fmt: skip
     return o, got
 
 
@@ -113,30 +116,34 @@ CASES = [
     (2, 70, 1, 1, 32, 16, True, 5, 0.01, False),  # slow decay, from zeros, two sequences
     (1, 66, 2, 8, 64, 32, True, 9, 3.0, True),  # eight value heads over two key heads, fast decay
 ]
-PARAMS = [(layout, case) for layout in LAYOUTS for i, case in enumerate(CASES) if i < 3 or layout == "scalar"]
+#: three planes: the first three cases in every layout, the rest in the scalar build; one plane: every
+#: case in the scalar build, the second (a partial chunk and column block) in the others
+PARAMS = [(layout, case, 3) for layout in LAYOUTS for i, case in enumerate(CASES) if i < 3 or layout == "scalar"] + [
+    (layout, case, 1) for layout in LAYOUTS for i, case in enumerate(CASES) if i == 1 or layout == "scalar"]
 
 
-@pytest.mark.parametrize("harness, case", PARAMS, indirect=["harness"])
-def test_chunked_prefill_on_the_host(harness, case):
+@pytest.mark.parametrize("harness, case, planes", PARAMS, indirect=["harness"])
+def test_chunked_prefill_on_the_host(harness, case, planes):
     b, t, hk, hv, dk, dv, l2norm, seed, gscale, state = case
     q, k, v, g, beta, s0 = _inputs(b, t, hk, hv, dk, dv, l2norm, seed, gscale, state)
     scale = dk**-0.5
-    o, got = _run(harness, q, k, v, g, beta, s0, scale, l2norm)
-    exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, s0, scale, l2norm)
-    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, s0, scale, l2norm, chunk_size=64)
+    o, got = _run(harness, q, k, v, g, beta, s0, scale, l2norm, planes=planes)
+    exact_o, exact_s, o_bound, s_bound = gated_delta_exact_and_tolerance(
+        q, k, v, g, beta, s0, scale, l2norm, 64, operands="fp32" if planes == 3 else "bf16")
     err_o, err_s = (o.double() - exact_o).abs(), (got.double() - exact_s).abs()
     assert bool((err_o <= o_bound).all()), float((err_o / o_bound).max())
     assert bool((err_s <= s_bound).all()), float((err_s / s_bound).max())
-    ft.assert_three_plane_accuracy(o, got, exact_o, exact_s)
+    (ft.assert_three_plane_accuracy if planes == 3 else ft.assert_one_plane_accuracy)(o, got, exact_o, exact_s)
 
 
-@pytest.mark.parametrize("harness", ["scalar", "cdna-mfma", "rdna3-wmma"], indirect=True)  # 32 / 64 lanes, lean
-def test_chunked_prefill_with_late_readers(harness):
+@pytest.mark.parametrize("harness, planes", [("scalar", 3), ("cdna-mfma", 3), ("rdna3-wmma", 3), ("cdna-mfma", 1)],
+                         indirect=["harness"])  # 32 / 64 lanes, lean; fmt: skip
+def test_chunked_prefill_with_late_readers(harness, planes):
     """The stress mode: the first 64 threads of a block (a wave of gfx9, two warps elsewhere) sleep
     after every barrier, so a phase that wrote LDS another still read -- the scan's regions alias
     across its four phases -- would show; the bits must equal an ordinary run's."""
     q, k, v, g, beta, s0 = _inputs(1, 80, 1, 2, 64, 40, True, 11, 1.0, True)
-    o, s = _run(harness, q, k, v, g, beta, s0, 0.125, True)
-    o_late, s_late = _run(harness, q, k, v, g, beta, s0, 0.125, True, late=64)
+    o, s = _run(harness, q, k, v, g, beta, s0, 0.125, True, planes=planes)
+    o_late, s_late = _run(harness, q, k, v, g, beta, s0, 0.125, True, late=64, planes=planes)
     assert torch.equal(o.view(torch.int16), o_late.view(torch.int16))
     assert torch.equal(s, s_late)

@@ -15,8 +15,10 @@ constexpr int kCkGroups = kCkThreads / PORT_WARP_SIZE;
 constexpr int kLdK = kCkDk + 8;  // LDS row of Dk bf16 (16-byte aligned rows, banks spread)
 constexpr int kLdT = kCk + 8;    // LDS row of 64 tokens
 constexpr int kCkKQ = kCk * kCkDk / 8 / kCkThreads;  // 16-byte pieces of K (of Q) a thread
-constexpr int kCkPlanes = kCk * kCk;                    // elements a bf16 plane of ab (of attn)
-constexpr int kCkAB = 3 * kCkPlanes / 8 / kCkThreads;  // 16-byte pieces of ab's planes (attn's) a thread
+constexpr int kCkPlanes = kCk * kCk;  // elements a bf16 plane of ab (of attn)
+// 16-byte pieces of ab's (attn's) P planes a thread
+template <int P>
+constexpr int kCkAB = P * kCkPlanes / 8 / kCkThreads;
 
 // fp32 -> bf16 rounded to nearest even: one cvt on sm_80+ (port_float_to_bf16's bits for every
 // finite x; a NaN stays a NaN), port_float_to_bf16 elsewhere
@@ -45,6 +47,14 @@ __device__ __forceinline__ void ck_put3(uint16_t* p, int plane, float x) {
   p[2 * plane] = p2;
 }
 
+// x's P planes (P = 1: x rounded to bf16 once; P = 3: ck_put3)
+template <int P>
+__device__ __forceinline__ void ck_putp(uint16_t* p, int plane, float x) {
+  static_assert(P == 1 || P == 3, "one or three planes");
+  if constexpr (P == 3) ck_put3(p, plane, x);
+  else p[0] = ck_bf16(x);
+}
+
 // D += A B^T, A exact in bf16 (one plane), B in three planes bplane elements apart; the two small
 // products go to t (added to D by the caller after its last call), so that D's and t's chains of
 // dependent products run side by side
@@ -68,6 +78,20 @@ __device__ __forceinline__ void ck_mma_x6(MmaAcc& d, MmaAcc& t, const uint16_t* 
   mma_16x16x16<bf16_t>(t, a0, b2);
   mma_16x16x16<bf16_t>(d, a0, b0);
 }
+// D += A B^T with B (ck_mma_p) or both (ck_mma_pp) in P planes: P = 3, ck_mma_x3 / ck_mma_x6; P =
+// 1, the one product of the bf16 operands (t untouched)
+template <int P>
+__device__ __forceinline__ void ck_mma_p(MmaAcc& d, MmaAcc& t, const uint16_t* a, int lda, const uint16_t* b, int ldb,
+                                         int bplane) {
+  if constexpr (P == 3) ck_mma_x3(d, t, a, lda, b, ldb, bplane);
+  else mma_16x16x16<bf16_t>(d, mma_frag(a, lda), mma_frag(b, ldb));
+}
+template <int P>
+__device__ __forceinline__ void ck_mma_pp(MmaAcc& d, MmaAcc& t, const uint16_t* a, int lda, int aplane,
+                                          const uint16_t* b, int ldb, int bplane) {
+  if constexpr (P == 3) ck_mma_x6(d, t, a, lda, aplane, b, ldb, bplane);
+  else mma_16x16x16<bf16_t>(d, mma_frag(a, lda), mma_frag(b, ldb));
+}
 // d += t, t = 0
 __device__ __forceinline__ void ck_fold(MmaAcc& d, MmaAcc& t) {
 #pragma unroll
@@ -75,6 +99,12 @@ __device__ __forceinline__ void ck_fold(MmaAcc& d, MmaAcc& t) {
     d.v[i] += t.v[i];
     t.v[i] = 0.0f;
   }
+}
+
+// ck_fold where the products had small terms (P = 3); nothing for one plane
+template <int P>
+__device__ __forceinline__ void ck_foldp(MmaAcc& d, MmaAcc& t) {
+  if constexpr (P == 3) ck_fold(d, t);
 }
 
 // min(a, b) without a comparison (|a - b| < 2^31): no lane mask for the compiler to keep

@@ -25,7 +25,11 @@
 // |r| <= 2^-24 |x| while the parts are normal numbers (each rounded to nearest even; the
 // differences are exact in fp32; below ~1e-36 the parts go subnormal and r is absolute), so a
 // product of such operands is within a few fp32 roundings of the fp32 product -- what tf32x3
-// reaches, and what ftlab.testing.gated_delta_tolerance's chunked terms allow.
+// reaches, and what ftlab.testing.gated_delta_tolerance's chunked terms allow. Both kernels are
+// templates on the planes P: 3 as above, or 1 (the "bf16" precision), where S, R, X, fx X, ab and
+// attn are each rounded to bf16 once (relative error <= 2^-8) and every product is one MMA, as fla's
+// chunk_gated_delta_rule computes with bf16 operands and fp32 sums (the state itself stays fp32);
+// gated_delta_tolerance(operands="bf16") adds those roundings' terms.
 // Keys past the sequence's end are zero rows (their beta and g zero), so they change nothing.
 #pragma once
 #include "deltanet_chunk.h"
@@ -62,7 +66,9 @@ static_assert(kOffO + kCk * kCkBV * 2 <= kOffFac && kOffKt + kCkDk * kLdT * 2 <=
 static_assert(kCkScanLds <= 64 * 1024, "64 KB of LDS a block at most");
 
 // q, k [B, T, Hk, Dk], v, o [B, T, Hv, Dv] bf16; ab, attn, sc from the prep; state [B, Hv, Dk, Dv]
-// fp32, the initial state in, the final one out.
+// fp32, the initial state in, the final one out. P: the planes of ab, attn and the fp32 operands (3,
+// or 1: each rounded to bf16 once -- fla's precision, ftlab.testing's bf16-operand bound).
+template <int P>
 __global__ void __launch_bounds__(kCkThreads)
     dn_chunk_scan_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                          const uint16_t* __restrict__ v, const uint16_t* __restrict__ ab,
@@ -97,7 +103,7 @@ __global__ void __launch_bounds__(kCkThreads)
       for (int e = 0; e < kMmaAcc; ++e) {
         int r, c;
         s_rc(j, e, r, c);
-        ck_put3(ls + c * kLdK + r, kSPlane, s[j].v[e]);
+        ck_putp<P>(ls + c * kLdK + r, kSPlane, s[j].v[e]);
       }
   };
 #pragma unroll
@@ -174,15 +180,15 @@ __global__ void __launch_bounds__(kCkThreads)
       }
     }
   };
-  // ab's (attn's) three planes as the prep wrote them, 16 bytes a load, into LDS rows of kLdT
-  bytes16 pv[kCkAB];
+  // ab's (attn's) P planes as the prep wrote them, 16 bytes a load, into LDS rows of kLdT
+  bytes16 pv[kCkAB<P>];
   auto load_planes = [&](const uint16_t* src) {
 #pragma unroll
-    for (int i = 0; i < kCkAB; ++i) pv[i] = reinterpret_cast<const bytes16*>(src)[tid + i * kCkThreads];
+    for (int i = 0; i < kCkAB<P>; ++i) pv[i] = reinterpret_cast<const bytes16*>(src)[tid + i * kCkThreads];
   };
   auto put_planes = [&]() {
 #pragma unroll
-    for (int i = 0; i < kCkAB; ++i) {
+    for (int i = 0; i < kCkAB<P>; ++i) {
       const int e = 8 * (tid + i * kCkThreads), plane = e / kCkPlanes, at = e % kCkPlanes;
       *reinterpret_cast<bytes16*>(la + plane * kAPlane + (at / kCk) * kLdT + at % kCk) = pv[i];
     }
@@ -194,7 +200,7 @@ __global__ void __launch_bounds__(kCkThreads)
     const int t0 = n * kCk;
     if (FTLAB_CK_LEAN) load_chunk(n);
     const int64_t chunk = static_cast<int64_t>(bh) * nt + n;
-    if (!FTLAB_CK_LEAN) load_planes(ab + chunk * 3 * kCkPlanes);  // in flight through P and Qs
+    if (!FTLAB_CK_LEAN) load_planes(ab + chunk * P * kCkPlanes);  // in flight through P and Qs
     // ---- phase 1: K and Q rows; P = K S, Qs = Q S
 #pragma unroll
     for (int i = 0; i < kCkKQ; ++i) {
@@ -215,14 +221,14 @@ __global__ void __launch_bounds__(kCkThreads)
       const uint16_t* arow = (isq ? lq : lk) + 16 * rt * kLdK;
 #pragma unroll 2
       for (int kk = 0; kk < kCkDk; kk += 16)
-        ck_mma_x3(p[j], small, arow + kk, kLdK, ls + 16 * ct * kLdK + kk, kLdK, kSPlane);
-      ck_fold(p[j], small);
+        ck_mma_p<P>(p[j], small, arow + kk, kLdK, ls + 16 * ct * kLdK + kk, kLdK, kSPlane);
+      ck_foldp<P>(p[j], small);
     }
     __syncthreads();
     // ---- phase 2: ab in planes; R = V - fk P in planes (R^T [col][token]); X = ab R
-    if (FTLAB_CK_LEAN) load_planes(ab + chunk * 3 * kCkPlanes);
+    if (FTLAB_CK_LEAN) load_planes(ab + chunk * P * kCkPlanes);
     put_planes();
-    if (!FTLAB_CK_LEAN) load_planes(attn + chunk * 3 * kCkPlanes);  // in flight through X
+    if (!FTLAB_CK_LEAN) load_planes(attn + chunk * P * kCkPlanes);  // in flight through X
 #pragma unroll
     for (int j = 0; j < kPTiles; ++j) {
       bool isq;
@@ -232,7 +238,7 @@ __global__ void __launch_bounds__(kCkThreads)
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e) {
         const int r = 16 * rt + mma_row(e), c = 16 * ct + mma_col(e);
-        ck_put3(lr + c * kLdT + r, kTPlane, port_bf16_to_float(vb[j][e]) - fac[0][r] * p[j].v[e]);
+        ck_putp<P>(lr + c * kLdT + r, kTPlane, port_bf16_to_float(vb[j][e]) - fac[0][r] * p[j].v[e]);
       }
     }
     __syncthreads();
@@ -245,13 +251,13 @@ __global__ void __launch_bounds__(kCkThreads)
       x_tile(j, rt, ct);
 #pragma unroll 1
       for (int kb = 0; kb <= rt; ++kb)
-        ck_mma_x6(x[j], small, la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb, kLdT,
-                  kTPlane);
-      ck_fold(x[j], small);
+        ck_mma_pp<P>(x[j], small, la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb,
+                     kLdT, kTPlane);
+      ck_foldp<P>(x[j], small);
     }
     __syncthreads();
     // ---- phase 3: attn in planes, X and X~ = fx X in planes; O = fq Qs + attn X (in p)
-    if (FTLAB_CK_LEAN) load_planes(attn + chunk * 3 * kCkPlanes);
+    if (FTLAB_CK_LEAN) load_planes(attn + chunk * P * kCkPlanes);
     put_planes();
 #pragma unroll
     for (int j = 0; j < kXTiles; ++j) {
@@ -261,8 +267,8 @@ __global__ void __launch_bounds__(kCkThreads)
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e) {
         const int r = 16 * rt + mma_row(e), c = 16 * ct + mma_col(e);
-        ck_put3(lr + c * kLdT + r, kTPlane, x[j].v[e]);
-        ck_put3(lxt + c * kLdT + r, kTPlane, fac[2][r] * x[j].v[e]);
+        ck_putp<P>(lr + c * kLdT + r, kTPlane, x[j].v[e]);
+        ck_putp<P>(lxt + c * kLdT + r, kTPlane, fac[2][r] * x[j].v[e]);
       }
     }
     __syncthreads();
@@ -276,9 +282,9 @@ __global__ void __launch_bounds__(kCkThreads)
       for (int e = 0; e < kMmaAcc; ++e) p[j].v[e] *= fac[1][16 * rt + mma_row(e)];
 #pragma unroll 1
       for (int kb = 0; kb <= rt; ++kb)
-        ck_mma_x6(p[j], small, la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb, kLdT,
-                  kTPlane);
-      ck_fold(p[j], small);
+        ck_mma_pp<P>(p[j], small, la + 16 * rt * kLdT + 16 * kb, kLdT, kAPlane, lr + 16 * ct * kLdT + 16 * kb,
+                     kLdT, kTPlane);
+      ck_foldp<P>(p[j], small);
 #pragma unroll
       for (int e = 0; e < kMmaAcc; ++e)
         lo[(16 * rt + mma_row(e)) * kCkBV + 16 * ct + mma_col(e)] = port_float_to_bf16(p[j].v[e]);
@@ -314,8 +320,8 @@ __global__ void __launch_bounds__(kCkThreads)
       for (int e = 0; e < kMmaAcc; ++e) s[j].v[e] *= el;
 #pragma unroll 2
       for (int kb = 0; kb < kCk; kb += 16)
-        ck_mma_x3(s[j], small, lkt + 16 * rt * kLdT + kb, kLdT, lxt + 16 * ct * kLdT + kb, kLdT, kTPlane);
-      ck_fold(s[j], small);
+        ck_mma_p<P>(s[j], small, lkt + 16 * rt * kLdT + kb, kLdT, lxt + 16 * ct * kLdT + kb, kLdT, kTPlane);
+      ck_foldp<P>(s[j], small);
     }
     if (n + 1 == nt) break;
     __syncthreads();
@@ -332,5 +338,13 @@ __global__ void __launch_bounds__(kCkThreads)
       if (r < dk && col0 + c < dv) st[static_cast<int64_t>(r) * dv + col0 + c] = s[j].v[e];
     }
 }
+
+// the launcher's configurations, instantiated here so that a device-only build of this file has them
+template __global__ void dn_chunk_scan_kernel<1>(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
+                                                 const uint16_t*, const float*, float*, uint16_t*, int, int, int, int,
+                                                 int);
+template __global__ void dn_chunk_scan_kernel<3>(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
+                                                 const uint16_t*, const float*, float*, uint16_t*, int, int, int, int,
+                                                 int);
 
 }  // namespace ftlab

@@ -24,9 +24,10 @@ struct CkPrepShared {
 constexpr int kCkPrepLds = static_cast<int>(sizeof(CkPrepShared));
 static_assert(kCkPrepLds <= 64 * 1024, "64 KB of LDS a block at most");
 
-// q, k [B, T, Hk, Dk] bf16, g, beta [B, T, Hv] fp32; writes ab, attn [B, Hv, NT, 3, 64, 64] (each
-// in three bf16 planes, ck_split3) and sc [B, Hv, NT, 4, 64] fp32 (NT = ceil(T / 64));
-// heads_q = ceil(Hv / Hk / 4).
+// q, k [B, T, Hk, Dk] bf16, g, beta [B, T, Hv] fp32; writes ab, attn [B, Hv, NT, P, 64, 64] (each
+// in P bf16 planes: ck_split3's three, or one rounding) and sc [B, Hv, NT, 4, 64] fp32 (NT =
+// ceil(T / 64)); heads_q = ceil(Hv / Hk / 4).
+template <int P>
 __global__ void __launch_bounds__(kCkThreads)
     dn_chunk_prep_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                          const float* __restrict__ g, const float* __restrict__ beta, uint16_t* __restrict__ ab,
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kCkThreads)
   for (int e = tid; e < heads * kCk * kCk; e += kCkThreads) {
     const int j = e / (kCk * kCk), r = (e / kCk) % kCk, cc = e % kCk;
     const float x = cc <= r ? sh.u.m.a[r][cc] * sh.rq[r] * sh.rk[cc] * port_expf(sh.c[j][r] - sh.c[j][cc]) : 0.0f;
-    ck_put3(attn + ((head0 + j) * nt + n) * 3 * kCkPlanes + r * kCk + cc, kCkPlanes, x);
+    ck_putp<P>(attn + ((head0 + j) * nt + n) * P * kCkPlanes + r * kCk + cc, kCkPlanes, x);
   }
   for (int j = 0; j < heads; ++j) {
     __syncthreads();  // a is free (attn read, or the previous head's A written out)
@@ -155,10 +156,16 @@ __global__ void __launch_bounds__(kCkThreads)
       }
       __syncthreads();
     }
-    uint16_t* abj = ab + ((head0 + j) * nt + n) * 3 * kCkPlanes;
+    uint16_t* abj = ab + ((head0 + j) * nt + n) * P * kCkPlanes;
     for (int e = tid; e < kCkPlanes; e += kCkThreads)
-      ck_put3(abj + e, kCkPlanes, sh.u.m.a[e / kCk][e % kCk] * sh.beta[j][e % kCk]);
+      ck_putp<P>(abj + e, kCkPlanes, sh.u.m.a[e / kCk][e % kCk] * sh.beta[j][e % kCk]);
   }
 }
+
+// the launcher's configurations, instantiated here so that a device-only build of this file has them
+template __global__ void dn_chunk_prep_kernel<1>(const uint16_t*, const uint16_t*, const float*, const float*,
+                                                 uint16_t*, uint16_t*, float*, int, int, int, int, int, float, int);
+template __global__ void dn_chunk_prep_kernel<3>(const uint16_t*, const uint16_t*, const float*, const float*,
+                                                 uint16_t*, uint16_t*, float*, int, int, int, int, int, float, int);
 
 }  // namespace ftlab

@@ -1,6 +1,8 @@
 // deltanet_launch.hip — host glue for deltanet.hip and deltanet_chunk.hip (tvm-ffi entries, torch's
 // current stream).
 // ftlab.ops checked shapes, dtypes and layouts; the checks here keep a direct caller in bounds.
+#include <type_traits>
+
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
@@ -167,10 +169,12 @@ void gated_delta_scan(TensorView q, TensorView k, TensorView v, TensorView g, Te
 }
 
 // The chunked prefill on the matrix cores (deltanet_chunk.hip): as gated_delta_scan for bf16 q, k,
-// v, o (Dk <= 128), with scratch ab and attn [B, Hv, NT, 64, 64] and sc [B, Hv, NT, 4, 64] fp32
-// (NT = ceil(T / 64); contiguous, any contents: every element is written before it is read).
+// v, o (Dk <= 128), with scratch ab and attn [B, Hv, NT, planes, 64, 64] bf16 and sc [B, Hv, NT, 4,
+// 64] fp32 (NT = ceil(T / 64); contiguous, any contents: every element is written before it is
+// read). planes: 3 (fp32 operands in three bf16 parts) or 1 (each rounded to bf16 once).
 void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, TensorView beta, TensorView state,
-                       TensorView o, TensorView ab, TensorView attn, TensorView sc, double scale, bool l2norm) {
+                       TensorView o, TensorView ab, TensorView attn, TensorView sc, double scale, bool l2norm,
+                       int64_t planes) {
   static_assert(kCkDk == kDnMaxDk, "one Dk limit for both prefills");
   const DnDims d = check_all(q, k, v, g, beta, state, o, true);
   check_gates(q, g, beta, false);
@@ -185,8 +189,10 @@ void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, T
     check_contiguous(x, name);
     TVM_FFI_CHECK(reinterpret_cast<uintptr_t>(base_of(x)) % 16 == 0, ValueError) << name << " must be 16-byte aligned";
   };
-  check_scratch(ab, "ab", Fp::bf16, "3, 64, 64", 3 * kCkPlanes);
-  check_scratch(attn, "attn", Fp::bf16, "3, 64, 64", 3 * kCkPlanes);
+  TVM_FFI_CHECK(planes == 1 || planes == 3, ValueError) << "planes must be 1 or 3, got " << planes;
+  const char* const dims = planes == 3 ? "3, 64, 64" : "1, 64, 64";
+  check_scratch(ab, "ab", Fp::bf16, dims, planes * kCkPlanes);
+  check_scratch(attn, "attn", Fp::bf16, dims, planes * kCkPlanes);
   check_scratch(sc, "sc", Fp::f32, "4, 64", 4 * kCk);
   TVM_FFI_CHECK(d.t < (int64_t{1} << 31) - kCk, ValueError) << "the chunked prefill takes T < 2^31 - 64, got " << d.t;
   TVM_FFI_CHECK(d.b * d.hk * heads_q <= 65535 && (d.dv + kCkBV - 1) / kCkBV <= 65535, ValueError)
@@ -195,13 +201,6 @@ void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, T
   TVM_FFI_CHECK(d.hv * d.dv * kCk < (int64_t{1} << 31), ValueError)
       << "the chunked prefill takes Hv * Dv < 2^25, got " << d.hv * d.dv;
   if (chunks == 0) return;
-  const port_error_t err = port_max_dynamic_lds(dn_chunk_prep_kernel, kCkPrepLds);
-  const port_error_t err2 = port_max_dynamic_lds(dn_chunk_scan_kernel, kCkScanLds);
-  if (err != port_success || err2 != port_success) port_get_last_error();  // cleared for the launch checks
-  TVM_FFI_CHECK(err == port_success && err2 == port_success, RuntimeError)
-      << "the chunked prefill needs " << kCkPrepLds << " and " << kCkScanLds
-      << " bytes of shared memory a block, which this device does not grant: "
-      << port_error_string(err != port_success ? err : err2);
   const auto* qp = static_cast<const uint16_t*>(base_of(q));
   const auto* kp = static_cast<const uint16_t*>(base_of(k));
   auto* abp = static_cast<uint16_t*>(base_of(ab));
@@ -210,15 +209,27 @@ void gated_delta_chunk(TensorView q, TensorView k, TensorView v, TensorView g, T
   const int t = static_cast<int>(d.t), hk = static_cast<int>(d.hk), hv = static_cast<int>(d.hv),
             dk = static_cast<int>(d.dk), dv = static_cast<int>(d.dv);
   const dim3 prep(static_cast<unsigned>(nt), static_cast<unsigned>(d.b * d.hk * heads_q));
-  dn_chunk_prep_kernel<<<prep, kCkThreads, kCkPrepLds, stream_of(q)>>>(
-      qp, kp, static_cast<const float*>(base_of(g)), static_cast<const float*>(base_of(beta)), abp, attnp, scp, t, hk,
-      hv, dk, static_cast<int>(heads_q), static_cast<float>(scale), l2norm);
-  check_launch("dn_chunk_prep_kernel");
   const dim3 scan(static_cast<unsigned>(d.b * d.hv), static_cast<unsigned>((d.dv + kCkBV - 1) / kCkBV));
-  dn_chunk_scan_kernel<<<scan, kCkThreads, kCkScanLds, stream_of(q)>>>(
-      qp, kp, static_cast<const uint16_t*>(base_of(v)), abp, attnp, scp, static_cast<float*>(base_of(state)),
-      static_cast<uint16_t*>(base_of(o)), t, hk, hv, dk, dv);
-  check_launch("dn_chunk_scan_kernel");
+  auto launch = [&](auto planes_of) {
+    constexpr int P = decltype(planes_of)::value;
+    const port_error_t err = port_max_dynamic_lds(dn_chunk_prep_kernel<P>, kCkPrepLds);
+    const port_error_t err2 = port_max_dynamic_lds(dn_chunk_scan_kernel<P>, kCkScanLds);
+    if (err != port_success || err2 != port_success) port_get_last_error();  // cleared for the launch checks
+    TVM_FFI_CHECK(err == port_success && err2 == port_success, RuntimeError)
+        << "the chunked prefill needs " << kCkPrepLds << " and " << kCkScanLds
+        << " bytes of shared memory a block, which this device does not grant: "
+        << port_error_string(err != port_success ? err : err2);
+    dn_chunk_prep_kernel<P><<<prep, kCkThreads, kCkPrepLds, stream_of(q)>>>(
+        qp, kp, static_cast<const float*>(base_of(g)), static_cast<const float*>(base_of(beta)), abp, attnp, scp, t,
+        hk, hv, dk, static_cast<int>(heads_q), static_cast<float>(scale), l2norm);
+    check_launch("dn_chunk_prep_kernel");
+    dn_chunk_scan_kernel<P><<<scan, kCkThreads, kCkScanLds, stream_of(q)>>>(
+        qp, kp, static_cast<const uint16_t*>(base_of(v)), abp, attnp, scp, static_cast<float*>(base_of(state)),
+        static_cast<uint16_t*>(base_of(o)), t, hk, hv, dk, dv);
+    check_launch("dn_chunk_scan_kernel");
+  };
+  if (planes == 3) launch(std::integral_constant<int, 3>{});
+  else launch(std::integral_constant<int, 1>{});
 }
 
 }  // namespace ftlab

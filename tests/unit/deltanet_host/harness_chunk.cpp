@@ -15,19 +15,27 @@ void run_grid(int blocks_x, int blocks_y, F kernel) {
 }
 
 // q, k [B, T, Hk, Dk], v, o [B, T, Hv, Dv] bf16; g, beta [B, T, Hv] fp32; state [B, Hv, Dk, Dv]
-// fp32 in and out; ab, attn [B, Hv, NT, 3, 64, 64] bf16 and sc [B, Hv, NT, 4, 64] fp32 scratch. late:
-// the stress mode of the host port.h (the first `late` threads of a block sleep after each
-// barrier).
-extern "C" void run_chunk(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
-                          float* state, uint16_t* o, uint16_t* ab, uint16_t* attn, float* sc, int b, int tokens, int hk,
-                          int hv, int dk, int dv, float scale, int l2norm, int late) {
-  host_late_below = late;
+// fp32 in and out; ab, attn [B, Hv, NT, planes, 64, 64] bf16 and sc [B, Hv, NT, 4, 64] fp32 scratch.
+// planes: 3 or 1 (the kernels' P). late: the stress mode of the host port.h (the first `late` threads
+// of a block sleep after each barrier).
+template <int P>
+void run_planes(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
+                float* state, uint16_t* o, uint16_t* ab, uint16_t* attn, float* sc, int b, int tokens, int hk, int hv,
+                int dk, int dv, float scale, int l2norm) {
   const int nt = (tokens + kCk - 1) / kCk, heads_q = (hv / hk + kCkHeads - 1) / kCkHeads;
   run_grid(nt, b * hk * heads_q, [=] {
-    dn_chunk_prep_kernel(q, k, g, beta, ab, attn, sc, tokens, hk, hv, dk, heads_q, scale, l2norm);
+    dn_chunk_prep_kernel<P>(q, k, g, beta, ab, attn, sc, tokens, hk, hv, dk, heads_q, scale, l2norm);
   });
   run_grid(b * hv, (dv + kCkBV - 1) / kCkBV, [=] {
-    dn_chunk_scan_kernel(q, k, v, ab, attn, sc, state, o, tokens, hk, hv, dk, dv);
+    dn_chunk_scan_kernel<P>(q, k, v, ab, attn, sc, state, o, tokens, hk, hv, dk, dv);
   });
+}
+
+extern "C" void run_chunk(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
+                          float* state, uint16_t* o, uint16_t* ab, uint16_t* attn, float* sc, int b, int tokens, int hk,
+                          int hv, int dk, int dv, float scale, int l2norm, int late, int planes) {
+  host_late_below = late;
+  if (planes == 3) run_planes<3>(q, k, v, g, beta, state, o, ab, attn, sc, b, tokens, hk, hv, dk, dv, scale, l2norm);
+  else run_planes<1>(q, k, v, g, beta, state, o, ab, attn, sc, b, tokens, hk, hv, dk, dv, scale, l2norm);
   host_late_below = 0;
 }
