@@ -32,9 +32,9 @@ ROTATE_BYTES = 512 << 20  # decode states rotated until one graph reads many tim
 NOTES = [
     "prefill: eager (host launches and scratch allocation included); GB/s counts q, k, v, g, "
     "beta read and o written. Triton runs the chunked form (chunks of 64); HIP the chunked "
-    "form on the matrix cores (its default for bf16), as 'hip scan' the token-by-token scan, and "
-    "as 'hip chunk bf16' the chunks with each fp32 operand rounded to bf16 once (fla's precision; "
-    "checked, as fla is, to 1e-2 of the state).",
+    "form on the matrix cores (its default for bf16), and as 'hip scan' the token-by-token scan. "
+    "Rows '<backend> bf16': precision='bf16', each fp32 operand of a product rounded to bf16 once "
+    "(fla's precision; checked, as fla is, to 1e-2 of the state).",
     "decode: graph mode, the state (fp32 [B, 32, 128, 128]) rotated over copies so that it is "
     "read from DRAM; GB/s counts the state read and written.",
     "fla: fla-org/flash-linear-attention's chunk_gated_delta_rule / "
@@ -95,29 +95,26 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
     want_o, want_s = ops.gated_delta_rule(q, k, v, g, beta, backend="reference")
     case = f"prefill T={t}"
     reps = 3 if t > 4096 else 10
-    for name in names:
-        o, s = ops.gated_delta_rule(q, k, v, g, beta, backend=name)
-        ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-4)
-        us = time_us(
-            lambda nm=name: ops.gated_delta_rule(q, k, v, g, beta, backend=nm), warmup=2, reps=reps
-        )
-        report.measurements.append(Measurement(case, name, us, nbytes, ok, "eager"))
-    if "hip" in names:  # HIP's other forms, asked for by method / precision ("hip" is the chunked fp32 form)
+    # (backend, precision, label, the state's relative error allowed: fla's for bf16 operands)
+    rows = [(n, "fp32", n, 1e-4) for n in names] + [(n, "bf16", f"{n} bf16", 1e-2) for n in names]
+    for name, precision, label, s_limit in rows:
+        o, s = ops.gated_delta_rule(q, k, v, g, beta, precision=precision, backend=name)
+        ok = _close(o, want_o, 1e-2) and _close(s, want_s, s_limit)
+        us = time_us(lambda nm=name, p=precision: ops.gated_delta_rule(q, k, v, g, beta, precision=p, backend=nm),
+                     warmup=2, reps=reps)  # fmt: skip
+        report.measurements.append(Measurement(case, label, us, nbytes, ok, "eager"))
+    if "hip" in names:  # HIP's token-by-token scan, asked for by its method ("hip" is the chunked form here)
         from ftlab.hip import deltanet as hip_dn
 
         gf, bf = g.float(), beta.float()
-        # (label, method, precision, the state's relative error allowed: fla's for bf16 operands)
-        for label, method, precision, s_limit in (("hip scan", "scan", "fp32", 1e-4),
-                                                  ("hip chunk bf16", "chunk", "bf16", 1e-2)):  # fmt: skip
 
-            def hip_form(method=method, precision=precision):
-                return hip_dn.gated_delta_rule(q, k, v, gf, bf, None, D**-0.5, True, 64, method=method,
-                                               precision=precision)  # fmt: skip
+        def hip_scan():
+            return hip_dn.gated_delta_rule(q, k, v, gf, bf, None, D**-0.5, True, 64, method="scan")
 
-            o, s = hip_form()
-            ok = _close(o, want_o, 1e-2) and _close(s, want_s, s_limit)
-            report.measurements.append(Measurement(case, label, time_us(hip_form, warmup=2, reps=reps), nbytes, ok,
-                                                   "eager"))  # fmt: skip
+        o, s = hip_scan()
+        ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-4)
+        report.measurements.append(Measurement(case, "hip scan", time_us(hip_scan, warmup=2, reps=reps), nbytes, ok,
+                                               "eager"))  # fmt: skip
     if fla is not None:
         chunk = fla[0]
         rep = HV // HK

@@ -68,10 +68,11 @@ def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, 
 
 
 def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, precision: str = "fp32"):
-    """Backend entry of :func:`ftlab.ops.gated_delta_rule`: the chunk-64 kernels where they apply,
-    else the general chunked kernels; both at fp32 accuracy whatever ``precision`` allows."""
+    """Backend entry of :func:`ftlab.ops.gated_delta_rule`: the chunk-64 kernels where they apply
+    (with bf16 operands for bf16 inputs when ``precision`` is "bf16"), else the general chunked
+    kernels (at fp32 accuracy whatever ``precision`` allows)."""
     if chunk_size == deltanet_chunk64.C and deltanet_chunk64.supports(q.shape[-1], v.shape[-1], q.device):
-        return deltanet_chunk64.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk)
+        return deltanet_chunk64.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, precision=precision)
     return deltanet_chunk.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
 
 

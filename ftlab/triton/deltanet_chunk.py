@@ -212,6 +212,29 @@ def chunk_output_kernel(q_ptr, k_ptr, g_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, 
     tl.store(o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :])
 
 
+@triton.jit
+def _bf16_rne(x):
+    """fp32 x rounded to the nearest bf16 (ties to even), in fp32: the interpreter's casts to bf16
+    truncate, so it rounds by bits as the GPU's conversion does."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # a NaN stays a NaN
+
+
+@triton.jit
+def mmp(a, b, PRECISION: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """``a b`` of fp32 tiles: at PRECISION, or (BF16) each operand rounded to bf16 once and one
+    bf16 product with fp32 sums (the interpreter, whose bf16 dot is not one: the rounded
+    operands' exact products in an fp32 dot)."""
+    if BF16:
+        if NATIVE:
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            return tl.dot(_bf16_rne(a), _bf16_rne(b), input_precision=PRECISION)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
 def precision(device: torch.device) -> str:
     """The fp32 dots' input precision on ``device``."""
     return "ieee" if interpreted() or current(device).kind != "cuda" else "tf32x3"

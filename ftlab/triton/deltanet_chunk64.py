@@ -21,7 +21,10 @@ The products of two input rows (``K K^T``, ``Q K^T``) take the inputs' own dtype
 (bf16 / fp16 products are exact in the fp32 accumulator); every dot with an fp32 operand is
 IEEE, or tf32x3 on NVIDIA (three tf32 products, fp32 accuracy), so the bound of
 :func:`ftlab.testing.gated_delta_tolerance` (fp32 dots) holds for these kernels as for the
-reference.
+reference. With ``precision="bf16"`` (bf16 inputs) the WY, scan and output kernels' fp32
+operands are each rounded to bf16 once and every such dot is one bf16 product with fp32 sums, as
+fla's kernels compute (the inverse, the state in registers and the scratch stay fp32), within
+``gated_delta_tolerance(..., operands="bf16")``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import triton
 import triton.language as tl
 
 from ftlab.platform import current
-from ftlab.triton.deltanet_chunk import precision, scratch
+from ftlab.triton.deltanet_chunk import mmp as _mmp
+from ftlab.triton.deltanet_chunk import precision as dot_precision
+from ftlab.triton.deltanet_chunk import scratch
 from ftlab.triton.q4_0_common import interpreted
 
 C = 64
@@ -175,7 +180,8 @@ def _inverse(a_ptr, row0):
 
 @triton.jit
 def wy_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr,
-              HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+              HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr,
+              BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b, h, kh, t0, row0 = _chunk(n, bh, NT, HK, HV)
@@ -186,11 +192,11 @@ def wy_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, T, NT,
     d = tl.arange(0, BS)
     for s0 in range(0, DK, BS):
         x = _rows(k_ptr, b, t0, T, kh, HK, DK, 64, BS, s0).to(tl.float32) * fk[:, None]
-        tl.store(w_ptr + (row0 + rows)[:, None] * DK + s0 + d[None, :], _mm(a, x, PRECISION),
+        tl.store(w_ptr + (row0 + rows)[:, None] * DK + s0 + d[None, :], _mmp(a, x, PRECISION, BF16, NATIVE),
                  mask=(s0 + d < DK)[None, :])  # fmt: skip
     for s0 in range(0, DV, BS):
         y = _rows(v_ptr, b, t0, T, h, HV, DV, 64, BS, s0).to(tl.float32) * beta[:, None]
-        tl.store(u_ptr + (row0 + rows)[:, None] * DV + s0 + d[None, :], _mm(a, y, PRECISION),
+        tl.store(u_ptr + (row0 + rows)[:, None] * DV + s0 + d[None, :], _mmp(a, y, PRECISION, BF16, NATIVE),
                  mask=(s0 + d < DV)[None, :])  # fmt: skip
 
 
@@ -210,23 +216,24 @@ def _slab(q0, dv, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr):
 
 
 @triton.jit
-def _delta_part(x, w_ptr, row, s, q: tl.constexpr, DK: tl.constexpr, BQ: tl.constexpr, PRECISION: tl.constexpr):
+def _delta_part(x, w_ptr, row, s, q: tl.constexpr, DK: tl.constexpr, BQ: tl.constexpr, PRECISION: tl.constexpr,
+                BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
     """``x - W[:, q BQ ..] s`` for the state block ``s`` of key rows q BQ .. (q + 1) BQ."""
-    return x - _mm(_scratch(w_ptr, row, q * BQ, DK, BQ), s, PRECISION)
+    return x - _mmp(_scratch(w_ptr, row, q * BQ, DK, BQ), s, PRECISION, BF16, NATIVE)
 
 
 @triton.jit
 def _update(s, e, k_ptr, b, t0, T, kh, xf, q: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
-            BQ: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+            BQ: tl.constexpr, PRECISION: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
     """``e s + K[:, q BQ ..]^T xf`` for the state block ``s``."""
     kq = _rows(k_ptr, b, t0, T, kh, HK, DK, 64, BQ, q * BQ).to(tl.float32)
-    return s * e + _mm(tl.trans(kq), xf, PRECISION)
+    return s * e + _mmp(tl.trans(kq), xf, PRECISION, BF16, NATIVE)
 
 
 @triton.jit
 def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
                 DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, NQ: tl.constexpr, BV: tl.constexpr,
-                PRECISION: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+                PRECISION: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
     """The state slice ``[Dk, BV]`` in registers as NQ (1, 2 or 4) blocks of BQ key rows, so that
     every dot's operands stay narrow (tf32x3 splits each operand in registers)."""
     bh = tl.program_id(1)
@@ -253,26 +260,26 @@ def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constex
         hn = hb + n * DK * DV
         x = _scratch(u_ptr, row, tl.program_id(0) * BV, DV, BV)
         tl.store(hn + o0, s0, mask=m0)
-        x = _delta_part(x, w_ptr, row, s0, 0, DK, BQ, PRECISION)
+        x = _delta_part(x, w_ptr, row, s0, 0, DK, BQ, PRECISION, BF16, NATIVE)
         if NQ > 1:
             tl.store(hn + o1, s1, mask=m1)
-            x = _delta_part(x, w_ptr, row, s1, 1, DK, BQ, PRECISION)
+            x = _delta_part(x, w_ptr, row, s1, 1, DK, BQ, PRECISION, BF16, NATIVE)
         if NQ > 2:
             tl.store(hn + o2, s2, mask=m2)
             tl.store(hn + o3, s3, mask=m3)
-            x = _delta_part(x, w_ptr, row, s2, 2, DK, BQ, PRECISION)
-            x = _delta_part(x, w_ptr, row, s3, 3, DK, BQ, PRECISION)
+            x = _delta_part(x, w_ptr, row, s2, 2, DK, BQ, PRECISION, BF16, NATIVE)
+            x = _delta_part(x, w_ptr, row, s3, 3, DK, BQ, PRECISION, BF16, NATIVE)
         tl.store(u_ptr + row[:, None] * DV + dv[None, :], x, mask=mv[None, :])
         c = tl.load(c_ptr + row)
         c_last = tl.sum(tl.where(rows == 63, c, 0.0), axis=0)
         e = tl.exp(c_last)
         xf = x * (tl.exp(c_last - c) * tl.load(rk_ptr + row))[:, None]
-        s0 = _update(s0, e, k_ptr, b, t0, T, kh, xf, 0, HK, DK, BQ, PRECISION)
+        s0 = _update(s0, e, k_ptr, b, t0, T, kh, xf, 0, HK, DK, BQ, PRECISION, BF16, NATIVE)
         if NQ > 1:
-            s1 = _update(s1, e, k_ptr, b, t0, T, kh, xf, 1, HK, DK, BQ, PRECISION)
+            s1 = _update(s1, e, k_ptr, b, t0, T, kh, xf, 1, HK, DK, BQ, PRECISION, BF16, NATIVE)
         if NQ > 2:
-            s2 = _update(s2, e, k_ptr, b, t0, T, kh, xf, 2, HK, DK, BQ, PRECISION)
-            s3 = _update(s3, e, k_ptr, b, t0, T, kh, xf, 3, HK, DK, BQ, PRECISION)
+            s2 = _update(s2, e, k_ptr, b, t0, T, kh, xf, 2, HK, DK, BQ, PRECISION, BF16, NATIVE)
+            s3 = _update(s3, e, k_ptr, b, t0, T, kh, xf, 3, HK, DK, BQ, PRECISION, BF16, NATIVE)
     hn = hb + NT * DK * DV
     tl.store(hn + o0, s0, mask=m0)
     if NQ > 1:
@@ -285,7 +292,7 @@ def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constex
 @triton.jit
 def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, HK: tl.constexpr,
                HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
-               L2NORM: tl.constexpr, PRECISION: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
+               L2NORM: tl.constexpr, PRECISION: tl.constexpr, NATIVE: tl.constexpr, BF16: tl.constexpr):  # fmt: skip
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b, h, kh, t0, row0 = _chunk(n, bh, NT, HK, HV)
@@ -302,7 +309,7 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
         qf = q.to(tl.float32)
         ss += tl.sum(qf * qf, axis=1)
         offs, m = _slab(s0, dv, DK, DV, BS)
-        qs += _mm(qf, tl.load(hn + offs, mask=m, other=0.0), PRECISION)
+        qs += _mmp(qf, tl.load(hn + offs, mask=m, other=0.0), PRECISION, BF16, NATIVE)
     if L2NORM:
         rq = scale / tl.sqrt(ss + 1e-6)
     else:
@@ -313,7 +320,7 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
     gap = tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0))
     attn = tl.where(upto, qk * rq[:, None] * rk[None, :] * gap, 0.0)
     x = tl.load(u_ptr + (row0 + rows)[:, None] * DV + dv[None, :], mask=mv[None, :], other=0.0)
-    o = qs * (rq * tl.exp(c))[:, None] + _mm(attn, x, PRECISION)
+    o = qs * (rq * tl.exp(c))[:, None] + _mmp(attn, x, PRECISION, BF16, NATIVE)
     offs = ((b * T + t0 + rows).to(tl.int64)[:, None] * HV + h) * DV + dv[None, :]
     tl.store(o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :])
 
@@ -345,19 +352,24 @@ def _config(dev: torch.device) -> dict[str, int]:
     return CONFIGS.get(current(dev).arch if dev.type != "cpu" else "default", CONFIGS["default"])
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, config: dict | None = None):
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, config: dict | None = None,
+                     precision: str = "fp32"):  # fmt: skip
     """Chunks of 64: backend entry below :func:`ftlab.triton.deltanet.gated_delta_rule`
     (contiguous q, k, v ``[B, T, H, D]``; g and beta fp32 ``[B, T, Hv]``; state fp32 ``[B, Hv, Dk,
     Dv]`` or None). Returns ``(o [B, T, Hv, Dv] in v's dtype, final state fp32)``; ``config``
-    overrides entries of :data:`CONFIGS` (benchmark sweeps)."""
+    overrides entries of :data:`CONFIGS` (benchmark sweeps). ``precision="bf16"`` with bf16
+    inputs: the WY, scan and output kernels round each fp32 operand to bf16 once and take one bf16
+    product (fp32 sums; the inverse stays at fp32 accuracy) -- the WY form of
+    ``ftlab.testing.deltanet.bf16_operand_terms``; otherwise (and for other dtypes) fp32 dots."""
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
     nt = triton.cdiv(t, C)
     bhv = b * hv
     dev = q.device
     cfg = {**_config(dev), **(config or {})}
-    prec = precision(dev)
+    prec = dot_precision(dev)
     native = not interpreted()
+    bf16 = precision == "bf16" and q.dtype == torch.bfloat16
     bk = max(16, triton.next_power_of_2(dk))
     heads = dict(HK=hk, HV=hv, DK=dk)
     a, w, u, hs, rk = scratch(bhv, nt, C, dk, dv, state, dev)
@@ -365,26 +377,27 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, con
     inverse_kernel[(nt, bhv)](k, g, beta, a, cs, rk, t, nt, **heads, BS=min(cfg["INV_BS"], bk), L2NORM=l2norm_qk,
                               PRECISION=prec, NATIVE=native, num_warps=cfg["INV_WARPS"])  # fmt: skip
     wbs = min(cfg["WY_BS"], max(16, triton.next_power_of_2(max(dk, dv))))
-    wy_kernel[(nt, bhv)](k, v, beta, a, cs, rk, w, u, t, nt, **heads, DV=dv, BS=wbs, PRECISION=prec,
-                         num_warps=cfg["WY_WARPS"])  # fmt: skip
+    wy_kernel[(nt, bhv)](k, v, beta, a, cs, rk, w, u, t, nt, **heads, DV=dv, BS=wbs, PRECISION=prec, BF16=bf16,
+                         NATIVE=native, num_warps=cfg["WY_WARPS"])  # fmt: skip
     nq = max(1, min(cfg["SCAN_NQ"], bk // 16))
     bq = bk // nq
     sbv = min(cfg["SCAN_BV"], max(16, triton.next_power_of_2(dv)))
     scan_kernel[(triton.cdiv(dv, sbv), bhv)](k, cs, rk, w, u, hs, t, nt, **heads, DV=dv, BQ=bq, NQ=nq,
-                                              BV=sbv, PRECISION=prec, STAGES=cfg["SCAN_STAGES"],
-                                              num_warps=cfg["SCAN_WARPS"])  # fmt: skip
+                                              BV=sbv, PRECISION=prec, STAGES=cfg["SCAN_STAGES"], BF16=bf16,
+                                              NATIVE=native, num_warps=cfg["SCAN_WARPS"])  # fmt: skip
     obs = min(cfg["OUT_BS"], bk)
     obv = min(cfg["OUT_BV_F32" if q.dtype == torch.float32 else "OUT_BV"], max(16, triton.next_power_of_2(dv)))
     o = torch.empty(b, t, hv, dv, dtype=v.dtype, device=dev)
     out_kernel[(triton.cdiv(dv, obv), nt, bhv)](q, k, cs, rk, u, hs, o, float(scale), t, nt, **heads, DV=dv,
                                                  BS=obs, BV=obv, L2NORM=l2norm_qk, PRECISION=prec,
-                                                 NATIVE=native, num_warps=cfg["OUT_WARPS"])  # fmt: skip
+                                                 NATIVE=native, BF16=bf16, num_warps=cfg["OUT_WARPS"])  # fmt: skip
     return o, hs[:, nt].reshape(b, hv, dk, dv).contiguous()
 
 
 def compile_specs(target: str) -> list:
     """The configurations compile-checked for ``target`` (see ftlab.compile_check): Qwen3-Next's
-    16 key / 32 value heads of 128 in chunks of 64, in each float dtype."""
+    16 key / 32 value heads of 128 in chunks of 64, in each float dtype, and for bf16 also with
+    bf16 operands (``precision="bf16"``: the WY, scan and output kernels)."""
     from ftlab.triton.compile_spec import spec
 
     if target.startswith(GENERAL_ONLY):
@@ -394,23 +407,29 @@ def compile_specs(target: str) -> list:
     heads = {"HK": 16, "HV": 32, "DK": 128}
     f32 = "*fp32"
     specs = []
-    for dt in ("fp32", "fp16", "bf16"):
+    for dt, bf16 in (("fp32", False), ("fp16", False), ("bf16", False), ("bf16", True)):
         x = f"*{dt}"
-        for kernel, types, extra, warps in (
+        ops16 = {"BF16": bf16, "NATIVE": True}
+        kernels = [
             (inverse_kernel, {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "c_ptr": f32, "rk_ptr": f32},
              {"BS": cfg["INV_BS"], "L2NORM": True, "NATIVE": True}, cfg["INV_WARPS"]),
             (wy_kernel, {"k_ptr": x, "v_ptr": x, "beta_ptr": f32, "a_ptr": f32, "c_ptr": f32, "rk_ptr": f32,
-                         "w_ptr": f32, "u_ptr": f32}, {"DV": 128, "BS": cfg["WY_BS"]}, cfg["WY_WARPS"]),
+                         "w_ptr": f32, "u_ptr": f32}, {"DV": 128, "BS": cfg["WY_BS"], **ops16}, cfg["WY_WARPS"]),
             (scan_kernel, {"k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32},
-             {"DV": 128, "BQ": 128 // cfg["SCAN_NQ"], "NQ": cfg["SCAN_NQ"], "BV": cfg["SCAN_BV"], "STAGES": cfg["SCAN_STAGES"]},
+             {"DV": 128, "BQ": 128 // cfg["SCAN_NQ"], "NQ": cfg["SCAN_NQ"], "BV": cfg["SCAN_BV"],
+              "STAGES": cfg["SCAN_STAGES"], **ops16},
              cfg["SCAN_WARPS"]),
             (out_kernel, {"q_ptr": x, "k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "u_ptr": f32, "h_ptr": f32,
                           "o_ptr": x, "scale": "fp32"},
              {"DV": 128, "BS": cfg["OUT_BS"], "BV": cfg["OUT_BV_F32" if dt == "fp32" else "OUT_BV"], "L2NORM": True,
-              "NATIVE": True},
+              **ops16},
              cfg["OUT_WARPS"]),
-        ):  # fmt: skip
+        ]  # fmt: skip
+        if bf16:  # the inverse does not change with the operands' precision
+            kernels = kernels[1:]
+        for kernel, types, extra, warps in kernels:
             name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
-            specs.append(spec(kernel, f"{name}[{dt}, chunk 64, 16/32 heads of 128]", types=types,
+            what = f"{dt}, bf16 operands" if bf16 else dt
+            specs.append(spec(kernel, f"{name}[{what}, chunk 64, 16/32 heads of 128]", types=types,
                               constexprs={**heads, "PRECISION": prec, **extra}, num_warps=warps))  # fmt: skip
     return specs

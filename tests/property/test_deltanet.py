@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 import ftlab.testing as ft
 from ftlab import backends, ops
 from ftlab.reference import deltanet as ref
-from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
 
 
 def _inputs(gen, b, t, hk, hv, dk, dv, dtype, *, with_state, decay=1.0):
@@ -295,24 +294,6 @@ def test_bound_catches_mistakes(decay):
         assert not bool(((o.double() - exact_o).abs() <= 2 * o_bound).all()), what
 
 
-@pytest.mark.parametrize("decay", [0.01, 1.0, 8.0])
-def test_bf16_operand_bound_catches_mistakes(decay):
-    """The bound of bf16 operands (worst-case, so looser) still fails value heads mapped modulo
-    Hk and beta squared at every decay, and the decay one token off or g off by 5% where the
-    decay matters (not at g ~ -0.01, where those change little); bf16 inputs over three chunks."""
-    gen = torch.Generator().manual_seed(11)
-    q, k, v, g, beta, state = _inputs(gen, 1, 130, 2, 4, 32, 32, torch.bfloat16, with_state=True, decay=decay)
-    exact_o, _, o_bound, _ = gated_delta_exact_and_tolerance(q, k, v, g, beta, state, None, True, 64,
-                                                             operands="bf16")  # fmt: skip
-    regrouped = torch.cat([v[:, :, 0::2], v[:, :, 1::2]], 2)
-    mistakes = [("heads modulo", (q, k, regrouped, g, beta)), ("beta squared", (q, k, v, g, beta**2))]
-    if decay >= 1.0:
-        mistakes += [("g shifted", (q, k, v, g.roll(1, 1), beta)), ("g * 1.05", (q, k, v, g * 1.05, beta))]
-    for what, args in mistakes:
-        o, _ = ops.gated_delta_rule(*args, state=state, backend="reference")
-        assert not bool(((o.double() - exact_o).abs() <= 2 * o_bound).all()), what
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("cols", [16, 32])
 @pytest.mark.parametrize(
@@ -414,3 +395,4 @@ def test_triton_chunk64_configs(monkeypatch, dims, config):
         q, k, v, g, beta, state = _inputs(gen, b, t, hk, hv, dk, dv, dtype, with_state=dtype == torch.float32,
                                           decay=0.01)  # fmt: skip
         ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=64, backends=["triton"])
+

@@ -132,6 +132,9 @@ def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay, precis
         assert torch.equal(start.cpu(), state)  # the initial state is left as it was
     o2, s2 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk", precision=precision)
     assert torch.equal(o2, o) and torch.equal(s2, s)  # the same bits again
+    if precision == "bf16":  # one plane ran, not three
+        _, s3 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk", precision="fp32")
+        assert not torch.equal(s3, s)
 
 
 @pytest.mark.gpu

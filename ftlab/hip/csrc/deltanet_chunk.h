@@ -16,7 +16,7 @@ constexpr int kLdK = kCkDk + 8;  // LDS row of Dk bf16 (16-byte aligned rows, ba
 constexpr int kLdT = kCk + 8;    // LDS row of 64 tokens
 constexpr int kCkKQ = kCk * kCkDk / 8 / kCkThreads;  // 16-byte pieces of K (of Q) a thread
 constexpr int kCkPlanes = kCk * kCk;  // elements a bf16 plane of ab (of attn)
-// 16-byte pieces of ab's (attn's) P planes a thread
+// 16-byte pieces of ab's (attn's) P planes a thread (the scan asserts they divide evenly)
 template <int P>
 constexpr int kCkAB = P * kCkPlanes / 8 / kCkThreads;
 

@@ -15,7 +15,8 @@
 //     fx = rk e^(c_last - c), and e^c_last (sc[3][0]; the rest of row 3 zero).
 //   dn_chunk_scan_kernel  grid (B * Hv, ceil(Dv / 32)), 256 threads, 61 KB LDS: the state slice
 //     S [128 x 32] fp32 in MMA accumulators over all chunks, per chunk
-//       P = K S, Qs = Q S          (K, Q exact in bf16; S in three bf16 planes: 3 products)
+//       P = K S, Qs = Q S          (K, Q exact in bf16; S in three bf16 planes: 3 products; one
+//                                  plane, P = 1 below: 1 product, and so for every product)
 //       R = V - fk P               (fp32)
 //       X = ab R                   (both in three planes: 6 products)
 //       O = fq Qs + attn X         (6 products), rounded once to bf16 -> o
@@ -74,6 +75,7 @@ __global__ void __launch_bounds__(kCkThreads)
                          const uint16_t* __restrict__ v, const uint16_t* __restrict__ ab,
                          const uint16_t* __restrict__ attn, const float* __restrict__ sc, float* __restrict__ state,
                          uint16_t* __restrict__ o, int tokens, int hk, int hv, int dk, int dv) {
+  static_assert(P * kCkPlanes % (8 * kCkThreads) == 0, "the planes in whole 16-byte pieces a thread");
   PORT_DYNAMIC_LDS(uint16_t, lds);
   float (*fac)[kCk] = reinterpret_cast<float (*)[kCk]>(lds + kOffFac / 2);
   uint16_t* const lk = lds + kOffK / 2;
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kCkThreads)
     r = 16 * (tile % 8) + mma_row(e);
     c = 16 * (tile / 8) + mma_col(e);
   };
-  auto put_s = [&]() {  // S^T [col][dk] in three planes
+  auto put_s = [&]() {  // S^T [col][dk] in P planes
 #pragma unroll
     for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
