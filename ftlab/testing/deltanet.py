@@ -91,13 +91,13 @@ def bf16_operand_terms(qd, kd, vd, gd, bd, state, carried, start, end):
       the state's new part ``sum_l k_l e^(c_last - c_l) X_l`` (that factor times X rounded)
       within ``4 u z`` componentwise, ``z = |K|^T (e^(c_last - c) y)``;
     - the WY form (Triton's: ``W = A diag(beta e^c) K`` and ``U = A diag(beta) V``, each from two
-      rounded operands; W rounded again where it meets S, ``X = U - W S``): ``|W| <= |ab| diag(e)
-      |K|``, so W S is within ``4 u y`` and U within ``2 u y``: X within ``6 u y``; o within ``u
-      e_i (|Q| |S| + |q_i| E)_ij + 8 u (|attn| y)_ij`` (attn and X rounded once more), the state's
-      new part within ``7 u z``.
+      rounded operands and kept in bf16 (rounded once more), ``X = U - W S``, kept in bf16 for
+      the output): ``|W| <= |ab| diag(e) |K|``, so W S is within ``4 u y`` (S rounded too) and U
+      within ``3 u y``: X within ``7 u y``; o within ``u e_i (|Q| |S| + |q_i| E)_ij + 9 u (|attn|
+      y)_ij`` (attn and X rounded), the state's new part within ``8 u z``.
 
     Returned, the larger of each (one bound holds both): ``lo [B, Hv, n, Dv]`` (o's local term)
-    and ``ls [B, Hv, Dv]`` (the 2-norm of z's columns times 7u: the state's, carried to later
+    and ``ls [B, Hv, Dv]`` (the 2-norm of z's columns times 8u: the state's, carried to later
     chunks as the fp32 terms' state error is). Products of two roundings are left to the caller's
     factor. f64 tensors: ``qd, kd [B, T, Hv, Dk]`` (normalised, q scaled, repeated to the value
     heads), ``vd [B, T, Hv, Dv]``, ``gd, bd [B, T, Hv]``, ``state [B, Hv, Dk, Dv]``, ``carried
@@ -119,9 +119,9 @@ def bf16_operand_terms(qd, kd, vd, gd, bd, state, carried, start, end):
     m = kc.abs() @ sabs + kc.norm(dim=-1, keepdim=True) * held
     y = ab.abs() @ (vc.abs() + e * m)
     attn = (qc @ kc.transpose(-1, -2)) * decay_on
-    lo = u * e * (qc.abs() @ sabs + qc.norm(dim=-1, keepdim=True) * held) + 8 * u * (attn.abs() @ y)
+    lo = u * e * (qc.abs() @ sabs + qc.norm(dim=-1, keepdim=True) * held) + 9 * u * (attn.abs() @ y)
     z = kc.abs().transpose(-1, -2) @ ((c[..., -1:] - c).exp()[..., None] * y)  # [B, Hv, Dk, Dv]
-    return lo, 7 * u * z.norm(dim=-2)
+    return lo, 8 * u * z.norm(dim=-2)
 
 
 def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=None, operands="fp32"):

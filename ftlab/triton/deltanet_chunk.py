@@ -213,7 +213,7 @@ def chunk_output_kernel(q_ptr, k_ptr, g_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, 
 
 
 @triton.jit
-def _bf16_rne(x):
+def bf16_rne(x):
     """fp32 x rounded to the nearest bf16 (ties to even), in fp32: the interpreter's casts to bf16
     truncate, so it rounds by bits as the GPU's conversion does."""
     bits = x.to(tl.uint32, bitcast=True)
@@ -230,9 +230,22 @@ def mmp(a, b, PRECISION: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr)
         if NATIVE:
             return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
         else:
-            return tl.dot(_bf16_rne(a), _bf16_rne(b), input_precision=PRECISION)
+            return tl.dot(bf16_rne(a), bf16_rne(b), input_precision=PRECISION)
     else:
         return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def narrow(x, BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """fp32 x as the scratch keeps it: bf16 (rounded to nearest; in the interpreter by bits, as its
+    casts truncate) when BF16, else as it is."""
+    if BF16:
+        if NATIVE:
+            return x.to(tl.bfloat16)
+        else:
+            return bf16_rne(x).to(tl.bfloat16)
+    else:
+        return x
 
 
 def precision(device: torch.device) -> str:

@@ -13,7 +13,7 @@ cumulative log decays ``c`` from its start and ``L = beta_i (k_i . k_j) exp(c_i 
 - ``scan_kernel`` (chunk after chunk, per sequence, value head and BV state columns): the state
   slice ``[Dk, BV]`` stays in registers, in up to four blocks of key rows; a chunk's deltas
   ``X = U - W S`` (written over U) and ``S' = exp(c_last) S + (K exp(c_last - c))^T X``; every
-  chunk's starting state is kept in ``h`` (fp32 ``[NT + 1, Dk, Dv]`` a head) for the output;
+  chunk's starting state is kept in ``h`` (``[NT, Dk, Dv]`` a head) for the output;
 - ``out_kernel`` (chunks in parallel, BV output columns a program): ``O = diag(exp(c)) Q S +
   (Q K^T * D) X`` with ``D[i, j] = exp(c_i - c_j)`` (j <= i).
 
@@ -23,8 +23,8 @@ IEEE, or tf32x3 on NVIDIA (three tf32 products, fp32 accuracy), so the bound of
 :func:`ftlab.testing.gated_delta_tolerance` (fp32 dots) holds for these kernels as for the
 reference. With ``precision="bf16"`` (bf16 inputs) the WY, scan and output kernels' fp32
 operands are each rounded to bf16 once and every such dot is one bf16 product with fp32 sums, as
-fla's kernels compute (the inverse, the state in registers and the scratch stay fp32), within
-``gated_delta_tolerance(..., operands="bf16")``.
+fla's kernels compute (the inverse and the state in registers stay fp32; W, U / X and h are kept
+in bf16), within ``gated_delta_tolerance(..., operands="bf16")``.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import triton.language as tl
 
 from ftlab.platform import current
 from ftlab.triton.deltanet_chunk import mmp as _mmp
+from ftlab.triton.deltanet_chunk import narrow
 from ftlab.triton.deltanet_chunk import precision as dot_precision
-from ftlab.triton.deltanet_chunk import scratch
 from ftlab.triton.q4_0_common import interpreted
 
 C = 64
@@ -192,20 +192,20 @@ def wy_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, T, NT,
     d = tl.arange(0, BS)
     for s0 in range(0, DK, BS):
         x = _rows(k_ptr, b, t0, T, kh, HK, DK, 64, BS, s0).to(tl.float32) * fk[:, None]
-        tl.store(w_ptr + (row0 + rows)[:, None] * DK + s0 + d[None, :], _mmp(a, x, PRECISION, BF16, NATIVE),
-                 mask=(s0 + d < DK)[None, :])  # fmt: skip
+        tl.store(w_ptr + (row0 + rows)[:, None] * DK + s0 + d[None, :],
+                 narrow(_mmp(a, x, PRECISION, BF16, NATIVE), BF16, NATIVE), mask=(s0 + d < DK)[None, :])  # fmt: skip
     for s0 in range(0, DV, BS):
         y = _rows(v_ptr, b, t0, T, h, HV, DV, 64, BS, s0).to(tl.float32) * beta[:, None]
-        tl.store(u_ptr + (row0 + rows)[:, None] * DV + s0 + d[None, :], _mmp(a, y, PRECISION, BF16, NATIVE),
-                 mask=(s0 + d < DV)[None, :])  # fmt: skip
+        tl.store(u_ptr + (row0 + rows)[:, None] * DV + s0 + d[None, :],
+                 narrow(_mmp(a, y, PRECISION, BF16, NATIVE), BF16, NATIVE), mask=(s0 + d < DV)[None, :])  # fmt: skip
 
 
 @triton.jit
 def _scratch(ptr, row, c0, D: tl.constexpr, BD: tl.constexpr):
-    """fp32 ``[len(row), BD]``: columns c0 .. c0 + BD of the given rows of an fp32 ``[*, D]``
-    scratch, zeros past D."""
+    """fp32 ``[len(row), BD]``: columns c0 .. c0 + BD of the given rows of an fp32 (bf16) ``[*,
+    D]`` scratch, zeros past D."""
     d = c0 + tl.arange(0, BD)
-    return tl.load(ptr + row[:, None] * D + d[None, :], mask=(d < D)[None, :], other=0.0)
+    return tl.load(ptr + row[:, None] * D + d[None, :], mask=(d < D)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -231,11 +231,13 @@ def _update(s, e, k_ptr, b, t0, T, kh, xf, q: tl.constexpr, HK: tl.constexpr, DK
 
 
 @triton.jit
-def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
+def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, st_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
                 DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, NQ: tl.constexpr, BV: tl.constexpr,
                 PRECISION: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
     """The state slice ``[Dk, BV]`` in registers as NQ (1, 2 or 4) blocks of BQ key rows, so that
-    every dot's operands stay narrow (tf32x3 splits each operand in registers)."""
+    every dot's operands stay narrow (tf32x3 splits each operand in registers): from ``st``
+    (fp32 ``[Dk, Dv]`` a head), each chunk's start written to ``h`` (``[NT, Dk, Dv]``, bf16 when
+    BF16), the last back to ``st``."""
     bh = tl.program_id(1)
     b = bh // HV
     h = bh % HV
@@ -243,33 +245,34 @@ def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constex
     rows = tl.arange(0, 64)
     dv = tl.program_id(0) * BV + tl.arange(0, BV)
     mv = dv < DV
-    hb = h_ptr + bh.to(tl.int64) * (NT + 1) * DK * DV
+    hb = h_ptr + bh.to(tl.int64) * NT * DK * DV
+    sb = st_ptr + bh.to(tl.int64) * DK * DV
     o0, m0 = _slab(0, dv, DK, DV, BQ)
-    s0 = tl.load(hb + o0, mask=m0, other=0.0)
+    s0 = tl.load(sb + o0, mask=m0, other=0.0)
     if NQ > 1:
         o1, m1 = _slab(BQ, dv, DK, DV, BQ)
-        s1 = tl.load(hb + o1, mask=m1, other=0.0)
+        s1 = tl.load(sb + o1, mask=m1, other=0.0)
     if NQ > 2:
         o2, m2 = _slab(2 * BQ, dv, DK, DV, BQ)
         o3, m3 = _slab(3 * BQ, dv, DK, DV, BQ)
-        s2 = tl.load(hb + o2, mask=m2, other=0.0)
-        s3 = tl.load(hb + o3, mask=m3, other=0.0)
+        s2 = tl.load(sb + o2, mask=m2, other=0.0)
+        s3 = tl.load(sb + o3, mask=m3, other=0.0)
     for n in tl.range(0, NT, num_stages=STAGES):
         t0 = n * 64
         row = bh.to(tl.int64) * NT * 64 + t0 + rows
         hn = hb + n * DK * DV
         x = _scratch(u_ptr, row, tl.program_id(0) * BV, DV, BV)
-        tl.store(hn + o0, s0, mask=m0)
+        tl.store(hn + o0, narrow(s0, BF16, NATIVE), mask=m0)
         x = _delta_part(x, w_ptr, row, s0, 0, DK, BQ, PRECISION, BF16, NATIVE)
         if NQ > 1:
-            tl.store(hn + o1, s1, mask=m1)
+            tl.store(hn + o1, narrow(s1, BF16, NATIVE), mask=m1)
             x = _delta_part(x, w_ptr, row, s1, 1, DK, BQ, PRECISION, BF16, NATIVE)
         if NQ > 2:
-            tl.store(hn + o2, s2, mask=m2)
-            tl.store(hn + o3, s3, mask=m3)
+            tl.store(hn + o2, narrow(s2, BF16, NATIVE), mask=m2)
+            tl.store(hn + o3, narrow(s3, BF16, NATIVE), mask=m3)
             x = _delta_part(x, w_ptr, row, s2, 2, DK, BQ, PRECISION, BF16, NATIVE)
             x = _delta_part(x, w_ptr, row, s3, 3, DK, BQ, PRECISION, BF16, NATIVE)
-        tl.store(u_ptr + row[:, None] * DV + dv[None, :], x, mask=mv[None, :])
+        tl.store(u_ptr + row[:, None] * DV + dv[None, :], narrow(x, BF16, NATIVE), mask=mv[None, :])
         c = tl.load(c_ptr + row)
         c_last = tl.sum(tl.where(rows == 63, c, 0.0), axis=0)
         e = tl.exp(c_last)
@@ -280,13 +283,13 @@ def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, T, NT, HK: tl.constex
         if NQ > 2:
             s2 = _update(s2, e, k_ptr, b, t0, T, kh, xf, 2, HK, DK, BQ, PRECISION, BF16, NATIVE)
             s3 = _update(s3, e, k_ptr, b, t0, T, kh, xf, 3, HK, DK, BQ, PRECISION, BF16, NATIVE)
-    hn = hb + NT * DK * DV
-    tl.store(hn + o0, s0, mask=m0)
+    sb = st_ptr + (bh * DK).to(tl.int64) * DV  # again from the argument: nothing more live through the loop
+    tl.store(sb + o0, s0, mask=m0)
     if NQ > 1:
-        tl.store(hn + o1, s1, mask=m1)
+        tl.store(sb + o1, s1, mask=m1)
     if NQ > 2:
-        tl.store(hn + o2, s2, mask=m2)
-        tl.store(hn + o3, s3, mask=m3)
+        tl.store(sb + o2, s2, mask=m2)
+        tl.store(sb + o3, s3, mask=m3)
 
 
 @triton.jit
@@ -299,7 +302,7 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
     rows = tl.arange(0, 64)
     dv = tl.program_id(0) * BV + tl.arange(0, BV)
     mv = dv < DV
-    hn = h_ptr + (bh.to(tl.int64) * (NT + 1) + n) * DK * DV
+    hn = h_ptr + (bh.to(tl.int64) * NT + n) * DK * DV
     qk = tl.zeros((64, 64), dtype=tl.float32)
     qs = tl.zeros((64, BV), dtype=tl.float32)
     ss = tl.zeros((64,), dtype=tl.float32)
@@ -309,7 +312,7 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
         qf = q.to(tl.float32)
         ss += tl.sum(qf * qf, axis=1)
         offs, m = _slab(s0, dv, DK, DV, BS)
-        qs += _mmp(qf, tl.load(hn + offs, mask=m, other=0.0), PRECISION, BF16, NATIVE)
+        qs += _mmp(qf, tl.load(hn + offs, mask=m, other=0.0).to(tl.float32), PRECISION, BF16, NATIVE)
     if L2NORM:
         rq = scale / tl.sqrt(ss + 1e-6)
     else:
@@ -319,7 +322,7 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
     upto = rows[:, None] >= rows[None, :]
     gap = tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0))
     attn = tl.where(upto, qk * rq[:, None] * rk[None, :] * gap, 0.0)
-    x = tl.load(u_ptr + (row0 + rows)[:, None] * DV + dv[None, :], mask=mv[None, :], other=0.0)
+    x = tl.load(u_ptr + (row0 + rows)[:, None] * DV + dv[None, :], mask=mv[None, :], other=0.0).to(tl.float32)
     o = qs * (rq * tl.exp(c))[:, None] + _mmp(attn, x, PRECISION, BF16, NATIVE)
     offs = ((b * T + t0 + rows).to(tl.int64)[:, None] * HV + h) * DV + dv[None, :]
     tl.store(o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :])
@@ -359,8 +362,10 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, con
     Dv]`` or None). Returns ``(o [B, T, Hv, Dv] in v's dtype, final state fp32)``; ``config``
     overrides entries of :data:`CONFIGS` (benchmark sweeps). ``precision="bf16"`` with bf16
     inputs: the WY, scan and output kernels round each fp32 operand to bf16 once and take one bf16
-    product (fp32 sums; the inverse stays at fp32 accuracy) -- the WY form of
-    ``ftlab.testing.deltanet.bf16_operand_terms``; otherwise (and for other dtypes) fp32 dots."""
+    product (fp32 sums; the inverse and the state in registers stay at fp32 accuracy), and W, U /
+    X and the chunks' start states are kept in bf16 -- the WY form of
+    ``ftlab.testing.deltanet.bf16_operand_terms``; otherwise (and for other dtypes) fp32 dots and
+    fp32 scratch."""
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
     nt = triton.cdiv(t, C)
@@ -372,7 +377,13 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, con
     bf16 = precision == "bf16" and q.dtype == torch.bfloat16
     bk = max(16, triton.next_power_of_2(dk))
     heads = dict(HK=hk, HV=hv, DK=dk)
-    a, w, u, hs, rk = scratch(bhv, nt, C, dk, dv, state, dev)
+    a = torch.empty(bhv, nt * C, C, dtype=torch.float32, device=dev)
+    keep = torch.bfloat16 if bf16 else torch.float32  # W, U / X and the chunks' start states
+    w = torch.empty(bhv, nt * C, dk, dtype=keep, device=dev)
+    u = torch.empty(bhv, nt * C, dv, dtype=keep, device=dev)
+    hs = torch.empty(bhv, nt, dk, dv, dtype=keep, device=dev)
+    st = state.reshape(bhv, dk, dv).clone() if state is not None else torch.zeros(bhv, dk, dv, device=dev)
+    rk = torch.empty(bhv, nt * C, dtype=torch.float32, device=dev)
     cs = torch.empty(bhv, nt * C, dtype=torch.float32, device=dev)
     inverse_kernel[(nt, bhv)](k, g, beta, a, cs, rk, t, nt, **heads, BS=min(cfg["INV_BS"], bk), L2NORM=l2norm_qk,
                               PRECISION=prec, NATIVE=native, num_warps=cfg["INV_WARPS"])  # fmt: skip
@@ -382,7 +393,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, con
     nq = max(1, min(cfg["SCAN_NQ"], bk // 16))
     bq = bk // nq
     sbv = min(cfg["SCAN_BV"], max(16, triton.next_power_of_2(dv)))
-    scan_kernel[(triton.cdiv(dv, sbv), bhv)](k, cs, rk, w, u, hs, t, nt, **heads, DV=dv, BQ=bq, NQ=nq,
+    scan_kernel[(triton.cdiv(dv, sbv), bhv)](k, cs, rk, w, u, hs, st, t, nt, **heads, DV=dv, BQ=bq, NQ=nq,
                                               BV=sbv, PRECISION=prec, STAGES=cfg["SCAN_STAGES"], BF16=bf16,
                                               NATIVE=native, num_warps=cfg["SCAN_WARPS"])  # fmt: skip
     obs = min(cfg["OUT_BS"], bk)
@@ -391,7 +402,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, con
     out_kernel[(triton.cdiv(dv, obv), nt, bhv)](q, k, cs, rk, u, hs, o, float(scale), t, nt, **heads, DV=dv,
                                                  BS=obs, BV=obv, L2NORM=l2norm_qk, PRECISION=prec,
                                                  NATIVE=native, BF16=bf16, num_warps=cfg["OUT_WARPS"])  # fmt: skip
-    return o, hs[:, nt].reshape(b, hv, dk, dv).contiguous()
+    return o, st.reshape(b, hv, dk, dv)
 
 
 def compile_specs(target: str) -> list:
@@ -410,16 +421,18 @@ def compile_specs(target: str) -> list:
     for dt, bf16 in (("fp32", False), ("fp16", False), ("bf16", False), ("bf16", True)):
         x = f"*{dt}"
         ops16 = {"BF16": bf16, "NATIVE": True}
+        keep = "*bf16" if bf16 else f32  # the scratch W, U / X and start states
         kernels = [
             (inverse_kernel, {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "c_ptr": f32, "rk_ptr": f32},
              {"BS": cfg["INV_BS"], "L2NORM": True, "NATIVE": True}, cfg["INV_WARPS"]),
             (wy_kernel, {"k_ptr": x, "v_ptr": x, "beta_ptr": f32, "a_ptr": f32, "c_ptr": f32, "rk_ptr": f32,
-                         "w_ptr": f32, "u_ptr": f32}, {"DV": 128, "BS": cfg["WY_BS"], **ops16}, cfg["WY_WARPS"]),
-            (scan_kernel, {"k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32},
+                         "w_ptr": keep, "u_ptr": keep}, {"DV": 128, "BS": cfg["WY_BS"], **ops16}, cfg["WY_WARPS"]),
+            (scan_kernel, {"k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "w_ptr": keep, "u_ptr": keep, "h_ptr": keep,
+                           "st_ptr": f32},
              {"DV": 128, "BQ": 128 // cfg["SCAN_NQ"], "NQ": cfg["SCAN_NQ"], "BV": cfg["SCAN_BV"],
               "STAGES": cfg["SCAN_STAGES"], **ops16},
              cfg["SCAN_WARPS"]),
-            (out_kernel, {"q_ptr": x, "k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "u_ptr": f32, "h_ptr": f32,
+            (out_kernel, {"q_ptr": x, "k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "u_ptr": keep, "h_ptr": keep,
                           "o_ptr": x, "scale": "fp32"},
              {"DV": 128, "BS": cfg["OUT_BS"], "BV": cfg["OUT_BV_F32" if dt == "fp32" else "OUT_BV"], "L2NORM": True,
               **ops16},
