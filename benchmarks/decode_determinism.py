@@ -1,7 +1,7 @@
 """Whether a decode step repeats bit for bit, over many token draws (random Qwen3-30B-A3B-shaped Q4_0
 model, every cache slot filled, position 512). Per draw: A and A2, two eager steps through exactly
-the captured kernels (``layers.as_captured``); B, the eager step as ``bench model``'s check runs it
-(``layers.attention_as_captured``: the fused norm and q/k/v matvec on); R and R2, two replays of the
+the captured kernels (``DecodePlan.as_captured``); B, the eager step as ``bench model``'s check runs it
+(``DecodePlan.attention_as_captured``: the fused norm and q/k/v matvec on); R and R2, two replays of the
 captured step. Counts the draws where each pair parts. ``--locate``: instead, every ftlab op's and
 SDPA's outputs of two A steps held (no copies, so no extra kernels) and compared op by op: the first
 op whose outputs part, with every op before it bit-equal.
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import ftlab.ops as ops
 from ftlab.bench.model import CONFIG, fill_cache, random_model
-from ftlab.models import layers as L
+from ftlab.models import DecodePlan
 from ftlab.models.decode_steps import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
 
@@ -83,11 +83,11 @@ def counts(model, graph, cfg, batch: int, draws: int, fixed: bool, gen: torch.Ge
         if d == 0 or not fixed:
             tok = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen).to(dev)
         model.forward(tok, pos)  # as bench model: a plain eager step first
-        with L.attention_as_captured():
+        with model.planned(model.plan.attention_as_captured()):
             b = model.forward(tok, pos).clone()
         r = graph(tok, pos).clone()
         r2 = graph(tok, pos).clone()
-        with L.as_captured():
+        with model.planned(model.plan.as_captured()):
             a = model.forward(tok, pos).clone()
             a2 = model.forward(tok, pos).clone()
         for key, (x, y) in {"A/A2": (a, a2), "A/R": (a, r), "R/R2": (r, r2), "A/B": (a, b), "B/R": (b, r)}.items():
@@ -101,7 +101,7 @@ def locate(model, cfg, batch: int, draws: int, gen: torch.Generator, rec: Record
     parted, where = 0, {}
     for _ in range(draws):
         tok = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen).to(dev)
-        with L.as_captured():
+        with model.planned(model.plan.as_captured()):
             runs = [rec.run(lambda tok=tok: model.forward(tok, pos)) for _ in range(2)]
         op = first_part(*runs)
         if op is not None:
@@ -117,12 +117,11 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--fixed", action="store_true", help="one token draw for every round")
     ap.add_argument("--sdpa", action="store_true", help="the captured step on torch's SDPA "
-                    "(layers.DECODE_ATTENTION_HIP and ATTENTION_Q8 off), as before 2026-12-03")  # fmt: skip
+                    "(the plan's hip_attention and attention_q8 off), as before 2026-12-03")  # fmt: skip
     ap.add_argument("--locate", action="store_true", help="the first op whose outputs part, per draw")
     ap.add_argument("--no-cudnn", action="store_true", help="torch's SDPA without cuDNN's kernel")
     args = ap.parse_args()
-    if args.sdpa:
-        L.DECODE_ATTENTION_HIP = L.ATTENTION_Q8 = False
+    plan = DecodePlan(hip_attention="never", attention_q8=False) if args.sdpa else DecodePlan()
     if args.no_cudnn:
         torch.backends.cuda.enable_cudnn_sdp(False)
     rec = Recorder() if args.locate else None
@@ -133,7 +132,7 @@ def main() -> None:
     print(f"# {args.layers} layers, captured attention {'SDPA' if args.sdpa else 'hip'}"
           f"{', cuDNN off' if args.no_cudnn else ''}{', one token draw' if args.fixed else ''}", flush=True)  # fmt: skip
     for batch in (int(b) for b in args.batches.split(",")):
-        model = Qwen3Moe(cfg, weights, max_batch=batch, max_seq_len=520, static=True)
+        model = Qwen3Moe(cfg, weights, max_batch=batch, max_seq_len=520, static=True, plan=plan)
         fill_cache(model.cache)
         t0 = time.time()
         if rec is not None:

@@ -1,7 +1,7 @@
 """Why an eager decode step on hip's attention parts from one on SDPA: the model of a ``qwen3moe``
 GGUF file, its KV cache filled with random rows (RMS ~1, so every position matters), one eager
 decode step at position 512 for 1, 8 and 16 sequences, run twice from the same cache -- once
-with hip's one-launch attention (``layers.DECODE_ATTENTION_HIP_EAGER``), every layer's attention
+with hip's one-launch attention (a ``DecodePlan``'s ``hip_attention``), every layer's attention
 held to the reference on its inputs (``ftlab.testing.decode_attention_held_to_reference``), once
 through SDPA -- then, layer by layer, how many sequences' top-k expert sets differ between the two,
 and how far the logits ended apart.
@@ -16,7 +16,6 @@ import argparse
 import torch
 
 from ftlab.bench.model import fill_cache
-from ftlab.models import layers
 from ftlab.models.gguf_loader import load_gguf
 from ftlab.models.qwen3_moe import Qwen3Moe
 from ftlab.testing import decode_attention_held_to_reference
@@ -50,17 +49,12 @@ def main() -> None:
         saved = [t.clone() for t in model.cache.k + model.cache.v]
         tok = torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev)
         pos = torch.full((batch, 1), length, device=dev)
-        flag = layers.DECODE_ATTENTION_HIP_EAGER
-        try:
-            layers.DECODE_ATTENTION_HIP_EAGER = True
-            with decode_attention_held_to_reference() as held:
-                hip_ids, hip_attn, hip_logits = step(model, tok, pos)
-            for t, s in zip(model.cache.k + model.cache.v, saved, strict=True):
-                t.copy_(s)
-            layers.DECODE_ATTENTION_HIP_EAGER = False
+        with model.planned(model.plan.with_(hip_attention="eager")), decode_attention_held_to_reference() as held:
+            hip_ids, hip_attn, hip_logits = step(model, tok, pos)
+        for t, s in zip(model.cache.k + model.cache.v, saved, strict=True):
+            t.copy_(s)
+        with model.planned(model.plan.with_(hip_attention="never")):
             sd_ids, sd_attn, sd_logits = step(model, tok, pos)
-        finally:
-            layers.DECODE_ATTENTION_HIP_EAGER = flag
         print(f"batch {batch}: hip's attention, elements over the bound of the reference per layer: "
               f"{[over for _, over, _ in held]} (backends {sorted({b for b, _, _ in held})})", flush=True)  # fmt: skip
         flips = [int((a.sort(-1).values != b.sort(-1).values).any(-1).sum()) for a, b in zip(hip_ids, sd_ids, strict=True)]

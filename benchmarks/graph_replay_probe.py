@@ -15,7 +15,6 @@ import time
 import torch
 
 from ftlab.bench.model import CONFIG, fill_cache, random_model
-from ftlab.models import layers as model_layers
 from ftlab.models.decode_steps import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
 
@@ -36,7 +35,7 @@ def main() -> None:
         tok = torch.randint(0, CONFIG.vocab_size, (batch, 1), generator=gen).to(dev)
         pos = torch.full((batch, 1), 512, device=dev)
         graph = DecodeGraph(model, batch)
-        with model_layers.attention_as_captured():  # the graph's kernels, launched eagerly
+        with model.planned(model.plan.attention_as_captured()):  # the graph's kernels, launched eagerly
             same = model.forward(tok, pos).clone()
             again = model.forward(tok, pos).clone()
         print(f"batch {batch}: two eager steps equal: {torch.equal(same, again)}", flush=True)
@@ -52,7 +51,7 @@ def main() -> None:
         bad, worst = 0, 0.0
         for _ in range(args.rounds):
             model.forward(tok, pos)  # as bench model does: an eager step (its own attention) first
-            with model_layers.attention_as_captured():
+            with model.planned(model.plan.attention_as_captured()):
                 e = model.forward(tok, pos).clone()
             r = graph(tok, pos).clone()
             if not torch.equal(r, e):

@@ -17,7 +17,8 @@ import time
 import torch
 
 from ftlab import backends, jit
-from ftlab.models import layers
+from ftlab.backends.registry import forget
+from ftlab.models import DecodePlan
 from ftlab.models.gguf_loader import load_gguf
 from ftlab.models.qwen3_moe import Qwen3Moe
 
@@ -39,13 +40,13 @@ def stub_hip() -> None:
     jit.load_gpu = lambda name, plat=None: _Stub()
     orig = backends.Impl.cannot_serve
 
-    def cannot_serve(self, plat, device_type, dtype, path=None):
+    def cannot_serve(self, plat, device_type, dtype, path=None, probe=True):
         if self.backend == "hip":
             return None
-        return orig(self, plat, device_type, dtype, path)
+        return orig(self, plat, device_type, dtype, path, probe)
 
     backends.Impl.cannot_serve = cannot_serve
-    backends._RESOLVED.clear()
+    forget()
 
 
 def main() -> None:
@@ -57,11 +58,11 @@ def main() -> None:
     ap.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
     args = ap.parse_args()
     stub_hip()
-    layers.NORM_IN_QKV = layers.NORM_IN_QKV_EAGER  # what an eager step on a GPU takes (CPU tensors here)
     config, weights = load_gguf(args.gguf, device="cpu", dtype=torch.bfloat16, progress=False)
     names = {op: "hip" for op in Qwen3Moe.OPS if "hip" in backends.backends_of(op)}
     names["decode_attention"] = "hip"
-    model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=520, static=True, backends=names)
+    plan = DecodePlan(names, norm_in_qkv="always")  # what an eager step on a GPU takes (CPU tensors here)
+    model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=520, static=True, plan=plan)
     tok = torch.zeros(args.batch, 1, dtype=torch.long)
     pos = torch.full((args.batch, 1), 512)
     for _ in range(3):
@@ -74,7 +75,7 @@ def main() -> None:
     times.sort()
     n = config.num_hidden_layers
     med = times[len(times) // 2]
-    print(f"{n} layers, batch {args.batch}, OP_CHECKS={layers.OP_CHECKS}: step median {med * 1e3:.3f} ms, "
+    print(f"{n} layers, batch {args.batch}, checks={plan.checks}: step median {med * 1e3:.3f} ms, "
           f"min {times[0] * 1e3:.3f} ms; per layer ~{med / n * 1e6:.1f} us")
     if args.profile:
         import cProfile

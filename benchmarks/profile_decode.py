@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ftlab.bench.harness import capture, time_us
-from ftlab.models import layers as model_layers
+from ftlab.models import DecodePlan
 from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf, load_gguf_model
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import Qwen3Moe
@@ -152,24 +152,26 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--host", action="store_true", help="cProfile the eager step's Python instead")
-    ap.add_argument("--fusions", default="", help="comma-separated decode fusions to turn on: kv (the KV store "
-                    "inside qk_norm_rope, layers.KV_STORE_IN_ROPE), router (the post-attention norm inside the "
-                    "router, layers.NORM_IN_ROUTER), qkv (the input norm inside the q/k/v matvec, "
-                    "layers.NORM_IN_QKV)")  # fmt: skip
-    ap.add_argument("--attention", default="auto", help="the decode_attention backend (auto: hip's kernel under layers.DECODE_ATTENTION_HIP, on by default, or for the eager --host step under DECODE_ATTENTION_HIP_EAGER; else SDPA)")
+    ap.add_argument("--fusions", default="", help="comma-separated decode fusions to turn on for every "
+                    "step: kv (the KV store inside qk_norm_rope, DecodePlan.kv_store_in_rope), router (the "
+                    "post-attention norm inside the router, norm_in_router), qkv (the input norm inside the "
+                    "q/k/v matvec, norm_in_qkv)")  # fmt: skip
+    ap.add_argument("--attention", default="auto", help="the decode_attention backend (auto: hip's kernel "
+                    "where the plan's hip_attention picks it, else SDPA)")  # fmt: skip
     args = ap.parse_args()
-    flags = {"kv": "KV_STORE_IN_ROPE", "router": "NORM_IN_ROUTER", "qkv": "NORM_IN_QKV"}
+    fields = {"kv": ("kv_store_in_rope", True), "router": ("norm_in_router", True), "qkv": ("norm_in_qkv", "always")}
+    changes = {}
     for name in filter(None, args.fusions.split(",")):
-        if name not in flags:
-            raise SystemExit(f"--fusions takes {', '.join(flags)}, got {name!r}")
-        setattr(model_layers, flags[name], True)
+        if name not in fields:
+            raise SystemExit(f"--fusions takes {', '.join(fields)}, got {name!r}")
+        changes[fields[name][0]] = fields[name][1]
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     config, weights = load(args, dev, dtype)
     kind = Qwen3Next if isinstance(weights, NextWeights) else Qwen3Moe
     length = max(args.position, args.prefill) + 8
-    model = kind(config, weights, max_batch=args.batch, max_seq_len=length, static=True,
-                 backends={"decode_attention": args.attention})
+    plan = DecodePlan({"decode_attention": args.attention}).with_(**changes)
+    model = kind(config, weights, max_batch=args.batch, max_seq_len=length, static=True, plan=plan)
     gen = torch.Generator().manual_seed(0)
     if args.prefill:
         return profile_prefill(model, args, dev, gen)

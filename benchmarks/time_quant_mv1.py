@@ -20,7 +20,8 @@ import argparse
 
 import torch
 
-from ftlab import ops
+from ftlab import backends, ops
+from ftlab.backends import calls
 from ftlab.bench.harness import copy_bandwidth, device_info, time_graph_us
 from ftlab.bench.quant import MIN_INNER, SHAPES, random_weight
 from ftlab.hip import quant_matmul as hip_qmm
@@ -76,10 +77,13 @@ def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: li
     if "triton" in variants:
         op = ops.q4_0_matmul if qtype == "Q4_0" else ops.quant_matmul
         runs.append(("triton", lambda wv: op(x, wv, backend="triton")))
-    applies = {"hip fused": hip_qmm.fused_ok, "hip staged": hip_qmm.staged_ok, "hip sliced": hip_qmm.sliced_ok,
-               "hip sliced_q8": hip_qmm.sliced_ok}  # fmt: skip
+    one_launch = ("fused", "staged", "sliced", "sliced_q8")
     for name, fn in runs:
-        taken = name not in applies or applies[name](x, w)  # else the kernel falls back: say so
+        variant = name.removeprefix("hip ")
+        why = backends.why_not("quant_matmul", "hip", variant, calls.matmul(x, w)) if variant in one_launch else None
+        if why is not None:  # refused, never swapped: say so
+            print(f"{qtype} {label:>22} {name:>11}: does not serve ({why})")
+            continue
         y = fn(part).float()  # every one on the int8 path: within its derived bound
         ok = bool(((y - exact.to(dev)).abs() <= bound.to(dev)).all())
         turn = iter(range(1 << 62))
@@ -87,7 +91,7 @@ def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: li
         gbps = w.nbytes / t / 1e3
         one = f"  one weight {time_graph_us(lambda f=fn: f(w), inner=MIN_INNER):8.2f} us" if resident else ""
         print(f"{qtype} {label:>22} {name:>11}: {t:8.2f} us {gbps:7.0f} GB/s {100 * gbps / bw:5.1f}% of copy"
-              f"  {'ok' if ok else 'WRONG'}{one}{'' if taken else '  (not taken here: its fallback)'}")  # fmt: skip
+              f"  {'ok' if ok else 'WRONG'}{one}")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -100,6 +100,27 @@ class Platform:
             return int(self.arch.removeprefix("sm_"))
         return None
 
+    @property
+    def vendor(self) -> str | None:
+        """``"nvidia"``, ``"amd"``, or None on the CPU."""
+        return {"cuda": "nvidia", "rocm": "amd"}.get(self.kind)
+
+    @property
+    def rdna(self) -> bool:
+        """An RDNA GPU (gfx11, gfx12: wave32, 256 VGPRs a lane), where wide per-row tiles spill."""
+        return self.kind == "rocm" and bool(self.arch) and self.arch.startswith(("gfx11", "gfx12"))
+
+    @property
+    def async_copies(self) -> bool:
+        """Whether copies into shared memory (LDS) run asynchronously: cp.async, NVIDIA sm_80+.
+        Elsewhere ``port_copy16_async`` is a plain copy through registers."""
+        return (self.sm or 0) >= 80
+
+    @property
+    def tf32(self) -> bool:
+        """Whether an fp32 ``tl.dot`` may take Triton's tf32x3 (NVIDIA's matrix units)."""
+        return self.kind == "cuda"
+
     def describe(self) -> str:
         if not self.is_gpu:
             return f"cpu ({self.name})"

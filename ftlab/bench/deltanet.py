@@ -109,7 +109,7 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
         gf, bf = g.float(), beta.float()
 
         def hip_scan():
-            return hip_dn.gated_delta_rule(q, k, v, gf, bf, None, D**-0.5, True, 64, method="scan")
+            return hip_dn.gated_delta_rule(q, k, v, gf, bf, None, D**-0.5, True, 64, variant="scan")
 
         o, s = hip_scan()
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-4)

@@ -36,7 +36,6 @@ from ftlab.bench.harness import (
     require_gpu,
     time_us,
 )
-from ftlab.models import layers as model_layers
 from ftlab.models.decode_steps import DecodeLaunches, NotReplayable
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe, Qwen3MoeConfig
@@ -253,12 +252,12 @@ def which_side(graph: Callable[..., torch.Tensor], model, tokens: torch.Tensor, 
                replayed: torch.Tensor, same: torch.Tensor) -> str:  # fmt: skip
     """After a failed graph check: whether each side gives its logits again (a second replay, a
     second eager step through the graph's kernels), and whether the step launched eagerly through
-    exactly the captured kernels (``layers.as_captured``: the fused norm and q/k/v matvec off too)
+    exactly the captured kernels (``DecodePlan.as_captured``: the fused norm and q/k/v matvec off too)
     equals the replay -- a text for the report, which tells a flaky kernel from a path that parts."""
     again = graph(tokens, positions).clone()
-    with model_layers.attention_as_captured():
+    with model.planned(model.plan.attention_as_captured()):
         same2 = model.forward(tokens, positions).clone()
-    with model_layers.as_captured():
+    with model.planned(model.plan.as_captured()):
         exact = model.forward(tokens, positions).clone()
 
     def eq(a: torch.Tensor, b: torch.Tensor) -> str:
@@ -272,8 +271,8 @@ def which_side(graph: Callable[..., torch.Tensor], model, tokens: torch.Tensor, 
 def eager_step_ok(step: Callable[[], torch.Tensor], eager: torch.Tensor, same: torch.Tensor) -> bool:
     """Whether an eager decode step is right: its logits ``eager`` equal ``same``, those of the step
     through the graph's kernels, where it took the same kernels (the default: both attend through
-    hip's one-launch kernel); where the graph's attention is SDPA (``layers.DECODE_ATTENTION_HIP``
-    off) and the eager step's hip's (``layers.DECODE_ATTENTION_HIP_EAGER``) the two may part -- a last-bit difference
+    hip's one-launch kernel); where the graph's attention is SDPA and the eager step's hip's (a
+    plan's ``hip_attention="eager"``) the two may part -- a last-bit difference
     in one layer's attention flips a routing choice a few layers on (random weights: ~7% of the
     largest logit apart after 48 layers, at batch 1 as at 8 and 16; benchmarks/NOTES.md, "Eager
     decode") -- so ``step`` is run again (it rewrites the same cache slots) with every layer's
@@ -292,7 +291,7 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
            length: int, timer, tp=None) -> None:  # fmt: skip
     """One decode step at position ``length`` for ``batch`` sequences: graph (on a GPU) and eager.
     Validated: finite logits; on a GPU the graph's equal to an eager step's through the graph's
-    kernels (``layers.attention_as_captured``), and the eager step by :func:`eager_step_ok`."""
+    kernels (``DecodePlan.attention_as_captured``), and the eager step by :func:`eager_step_ok`."""
     dev = weights.embed.device
     model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True, tp=tp)
     fill_cache(model.cache)  # a prefix of `length` positions to attend over
@@ -302,7 +301,7 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
     eager = model.forward(steps[0], positions).clone()
     ok = {"eager": bool(torch.isfinite(eager).all())}
     if graph is not None:
-        with model_layers.attention_as_captured():  # the graph's kernels, launched eagerly
+        with model.planned(model.plan.attention_as_captured()):  # the graph's kernels, launched eagerly
             same = model.forward(steps[0], positions).clone()
         replayed = graph(steps[0], positions)
         ok["graph"] = bool(torch.isfinite(same).all()) and bool(torch.equal(replayed, same))

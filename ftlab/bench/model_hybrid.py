@@ -33,7 +33,6 @@ from ftlab.bench.harness import Measurement, Report
 from ftlab.bench.model import decode_bytes, fill_cache, parted_note
 from ftlab.hybrid import cpu_layers, layer_executors
 from ftlab.hybrid.handshake import default_threads
-from ftlab.models import layers as model_layers
 from ftlab.models.decode_steps import DecodeGraph
 from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig
 
@@ -102,7 +101,7 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
 
         def replay_is_eager(t: torch.Tensor, when: str) -> bool:
             """The replay bit-equal to the same step through the graph's kernels, launched eagerly."""
-            with model_layers.attention_as_captured():
+            with model.planned(model.plan.attention_as_captured()):
                 same = model.forward(t, pos).clone()
             replayed = graph(t, pos)
             if torch.equal(replayed, same):

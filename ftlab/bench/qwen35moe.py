@@ -38,7 +38,6 @@ from ftlab.bench.qwen35moe_random import (
     byte_tokenizer,
     hf_config,
 )
-from ftlab.models.layers import attention_as_captured
 from ftlab.models.pipeline import DecodeGraph, Pipeline
 from ftlab.models.qwen3_next import NextWeights, Qwen3Next
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
@@ -214,7 +213,7 @@ def _same_step(
 
 def _eager_held(model: Qwen3Next, step: Callable[[], torch.Tensor]) -> bool:
     """An eager decode step from the model's state (put back after): finite logits, and every layer's
-    ``ops.decode_attention`` (hip's kernel where ``layers.DECODE_ATTENTION_HIP_EAGER`` picks it)
+    ``ops.decode_attention`` (hip's kernel where the plan's ``hip_attention`` picks it)
     within the derived bound of the reference on the same inputs. Its logits are not held to the
     graph's: a last-bit difference between attention kernels flips routing choices later on."""
     from ftlab.testing.attention import decode_attention_held_to_reference
@@ -232,8 +231,8 @@ def _decode(
 ) -> None:
     """Decode steps of ``batch`` sequences at position ``length``: graph (on a GPU) and eager. Validated:
     the graph's step (or the pipeline's, at batch 1) bit for bit against an eager step through the
-    graph's kernels (``layers.attention_as_captured``); the eager step, which takes hip's attention
-    where ``layers.DECODE_ATTENTION_HIP_EAGER`` picks it, by :func:`_eager_held`."""
+    graph's kernels (``DecodePlan.attention_as_captured``); the eager step, which takes hip's attention
+    where the plan's ``hip_attention`` picks it, by :func:`_eager_held`."""
     c, dev = pipe.config, pipe.device
     steps = [
         torch.randint(0, c.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)
@@ -250,17 +249,17 @@ def _decode(
             return pipe.decode_step(ids[next(it) % 8])
 
         pipe.position = length
-        with attention_as_captured():  # an eager step through the graph's kernels
+        with model.planned(model.plan.attention_as_captured()):  # an eager step through the graph's kernels
             ok = _same_step(model, lambda: pipe.decode_step(ids[0]), lambda: model.forward(steps[0], positions)[0, -1])
         eager_ok = ok and _eager_held(model, lambda: model.forward(steps[0], positions))
         pipe.position = length
     else:
-        model = Qwen3Next(c, pipe.weights, max_batch=batch, max_seq_len=pipe.max_seq_len, backends=pipe.model.backends,
-                          q4_0_path=pipe.q4_0_path, static=pipe.graph_capturable)  # fmt: skip
+        model = Qwen3Next(c, pipe.weights, max_batch=batch, max_seq_len=pipe.max_seq_len, plan=pipe.model.plan,
+                          static=pipe.graph_capturable)  # fmt: skip
         fill_cache(model.cache)  # a prefix to attend over (the recurrent state starts at zeros)
         graph = DecodeGraph(model, batch) if pipe.graph_capturable else None
         eager = lambda: model.forward(steps[0], positions)  # noqa: E731
-        with attention_as_captured():  # an eager step through the graph's kernels
+        with model.planned(model.plan.attention_as_captured()):  # an eager step through the graph's kernels
             ok = _same_step(model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager)
         eager_ok = ok and _eager_held(model, eager)
 

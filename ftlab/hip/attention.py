@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import jit
+from ftlab import backends, jit
 from ftlab import platform as ftplatform
+from ftlab.backends import calls
+from ftlab.backends.rules import ATTENTION_TILE_HEAD_DIMS as TILE_HEAD_DIMS
 from ftlab.hip.counters import zeroed_counters
 from ftlab.quant import Q8_1
 from ftlab.reference.attention import split_plan
 
-#: the most query heads a key head and the largest head dim the kernel holds
-MAX_GROUP, MAX_HEAD_DIM = 8, 256
-#: head dims of the one-launch kernel, and the most splits it takes a (sequence, key head)
-TILE_HEAD_DIMS = (128, 256)
+#: the most splits the one-launch kernel takes a (sequence, key head)
 TILE_MAX_SPLITS = 64
 #: by head dim: the one-launch kernel's blocks resident on a multiprocessor (H200: 168 registers a
 #: thread at head dim 128 fit 3, 255 at 256 fit 2) and the blocks a multiprocessor its split plan
@@ -71,23 +70,18 @@ def tile_want(b: int, kvh: int, device: torch.device, d: int) -> int:
     return max(1, min(TILE_MAX_SPLITS, -(-int(TILE_BLOCKS_PER_SM[d] * sms) // heads)))
 
 
-def _tiles_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    d = q.shape[2]
-    if q.dtype not in (torch.float16, torch.bfloat16) or d not in TILE_HEAD_DIMS or q.shape[1] // k.shape[2] > 8:
-        return False
-    return q.data_ptr() % 16 == 0 and all(t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0
-                                          for t in (k, v))  # fmt: skip
-
-
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                     scale: float, quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
+                     scale: float, quantize: bool = False,
+                     variant: str | None = None) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.decode_attention` (ops checked the layouts; ``quantize``:
-    also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after)."""
+    also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after).
+    ``variant``: ``"tiles"`` (the one-launch kernel: fp16 / bf16, head dim 128 or 256, 16-byte
+    aligned) or ``"split"``; None: the planner's default; one that cannot serve raises
+    ``BackendUnavailable`` (as do more than 8 query heads a key head or head dim past 256)."""
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
-    if h // kvh > MAX_GROUP or d > MAX_HEAD_DIM:
-        raise ValueError(f"the hip decode_attention holds at most {MAX_GROUP} query heads a key head and head dim "
-                         f"{MAX_HEAD_DIM}, got {h // kvh} and {d}")  # fmt: skip
+    call = calls.attention(q, k, v)
+    variant = backends.variant_for("decode_attention", "hip", call, variant)
     out = q.new_empty((b, h, d))
     if b == 0 or s == 0:
         out.zero_()
@@ -96,7 +90,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         lengths = lengths.clamp(0, s).to(torch.int32)
     g = h // kvh
     module = jit.module_for("attention", q.device)
-    tiles = _tiles_ok(q, k, v)
+    tiles = variant == "tiles"
     rows = ROWS_PER_THREAD
     chunk, splits = tile_plan(s, d, rows) if tiles else split_plan(s)
     ml = q.new_empty((b, kvh, splits, g, 2) if splits > 1 else (1,), dtype=torch.float32)

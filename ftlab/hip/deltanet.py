@@ -1,10 +1,10 @@
 """The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` and
 ``csrc/deltanet_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32 state
 columns) with its state slice in registers. Decode is one step written back in place. Prefill
-takes one of two methods: ``"scan"``, the recurrence scanned token by token over the sequence,
+takes one of two variants: ``"scan"``, the recurrence scanned token by token over the sequence,
 any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks of 64 on the
-matrix cores (:func:`chunk_ok`: bf16 q, k, v and ``chunk_size`` 64). The default, ``"auto"``,
-takes "chunk" where :func:`chunk_ok` allows it and "scan" elsewhere. Dk up to 128. The chunks'
+matrix cores (bf16 q, k, v and ``chunk_size`` 64). Which one runs by default is the planner's
+(``ftlab.backends.rules``: "chunk" where it serves, else "scan"). Dk up to 128. The chunks'
 ``precision``: ``"fp32"`` (the default: fp32 operands of the products in three bf16 parts, fp32
 accuracy) or ``"bf16"`` (each rounded to bf16 once, one product each: fla's precision, its own
 derived bound)."""
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import jit
+from ftlab import backends, jit
+from ftlab.backends import calls
 from ftlab.reference.deltanet import step_gates
 
 MAX_DK = 128
@@ -24,47 +25,21 @@ def _check_dk(dk: int) -> None:
         raise ValueError(f"the HIP gated delta rule takes head sizes Dk <= {MAX_DK}, got {dk}")
 
 
-#: the prefill methods of :func:`gated_delta_rule`
-PREFILL_METHODS = ("scan", "chunk")
-#: tokens a chunk of the "chunk" method
+#: tokens a chunk of the "chunk" variant
 CHUNK = 64
-#: the "chunk" method's precisions, and the bf16 planes each keeps of an fp32 operand
+#: the "chunk" variant's precisions, and the bf16 planes each keeps of an fp32 operand
 PRECISIONS = {"fp32": 3, "bf16": 1}
 
 
-def chunk_why_not(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> str | None:
-    """Why the "chunk" prefill cannot take these operands (``q [B, T, Hk, Dk]``, ``v [B, T, Hv,
-    Dv]``), or None when it can: bf16 q (and so k, v), ``chunk_size`` 64, Dk <= 128, B * Hk *
-    ceil(Hv / Hk / 4) <= 65535 and ceil(Dv / 32) <= 65535 (its grids) and Hv * Dv < 2^25 (its 32-bit
-    offsets)."""
-    b, _, hk, dk = q.shape
-    hv, dv = v.shape[2:]
-    if q.dtype != torch.bfloat16:
-        return f"it takes bf16 q, k and v, got {q.dtype}"
-    if chunk_size != CHUNK:
-        return f"it takes chunk_size {CHUNK}, got {chunk_size}"
-    if dk > MAX_DK:
-        return f"it takes head sizes Dk <= {MAX_DK}, got {dk}"
-    if b * hk * -(-hv // hk // 4) > 65535 or -(-dv // 32) > 65535 or hv * dv >= 2**25:
-        return (f"B * Hk * ceil(Hv / Hk / 4) and ceil(Dv / 32) must be <= 65535 and Hv * Dv < 2^25, got B={b}, "
-                f"Hk={hk}, Hv={hv}, Dv={dv}")  # fmt: skip
-    return None
-
-
-def chunk_ok(q: torch.Tensor, v: torch.Tensor, chunk_size: int) -> bool:
-    """Whether the "chunk" prefill takes these operands (:func:`chunk_why_not`)."""
-    return chunk_why_not(q, v, chunk_size) is None
-
-
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, method: str = "auto",
-                     precision: str = "fp32"):  # fmt: skip
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int,
+                     variant: str | None = None, precision: str = "fp32"):  # fmt: skip
     """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32).
 
-    ``method``: ``"auto"`` ("chunk" where :func:`chunk_ok` allows, else "scan"), ``"scan"``
-    (token by token) or ``"chunk"`` (two launches on the matrix cores:
+    ``variant``: ``"scan"`` (token by token) or ``"chunk"`` (two launches on the matrix cores:
     per chunk and key head the (I + L)^-1 solve and the masked decayed Q K^T, then a block per
-    (sequence, value head, 32 state columns) carrying its state slice through the chunks).
-    "chunk" takes what :func:`chunk_ok` allows (anything else is a ValueError).
+    (sequence, value head, 32 state columns) carrying its state slice through the chunks: bf16,
+    chunk_size 64, Dk <= 128, grids within their limits; else ``BackendUnavailable``); None: the
+    planner's default.
 
     ``precision`` (the chunks'; the scan is fp32 throughout): ``"fp32"``, the fp32 operands of
     the products (the state, ``A diag(beta)``, the masked decayed ``Q K^T``, the chunk's
@@ -74,17 +49,13 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     MMA with fp32 sums, the state kept in fp32 -- the precision of fla's
     ``chunk_gated_delta_rule`` -- within ``ftlab.testing.gated_delta_tolerance(...,
     operands="bf16")``, with ``B * Hv * ceil(T / 64) * 17`` KiB of scratch."""
-    if method not in ("auto", *PREFILL_METHODS):
-        raise ValueError(f"method must be 'auto' or one of {PREFILL_METHODS}, got {method!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-    if method == "auto":
-        method = "chunk" if chunk_ok(q, v, chunk_size) else "scan"
+    call = calls.delta_rule(q, v, chunk_size, precision)
+    variant = backends.variant_for("gated_delta_rule", "hip", call, variant)
     b, t, _, dk = q.shape
     hv, dv = v.shape[2:]
     _check_dk(dk)
-    if method == "chunk" and (why := chunk_why_not(q, v, chunk_size)) is not None:
-        raise ValueError(f"the HIP chunked prefill cannot take these operands: {why}")
     final = (
         state.clone()
         if state is not None
@@ -92,7 +63,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     )
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     module = jit.module_for("deltanet", q.device)
-    if method == "chunk":
+    if variant == "chunk":
         nt = -(-t // CHUNK)
         planes = PRECISIONS[precision]
         ab = torch.empty(b, hv, nt, planes, CHUNK, CHUNK, dtype=torch.bfloat16, device=q.device)

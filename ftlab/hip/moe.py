@@ -28,23 +28,25 @@
   ``csrc/moe_kquant.hip`` -- x and h quantized to Q8_1 by the Q4_0 family's kernel, a 32-thread
   group per weight row through quant_matmul.hip's block types, h in fp32 between the launches.
   Up to ``DECODE_MAX_TOKENS`` tokens on Q4_K / Q5_K / Q6_K banks of both kinds (any mix: Q4_K_M's
-  Q4_K gate/up with Q6_K down), 16-byte aligned, ``KQUANT_DECODE == "vec"``: two launches as for
+  Q4_K gate/up with Q6_K down), 16-byte aligned (variant ``"vec"``): two launches as for
   Q4_0 -- x quantized in every gate/up block, the weights read as quant_vec.h's 16-byte pieces
   (eight lanes a super-block), h written as Q8_1 by the gate/up kernel, y in x's dtype.
+
+Which kernels run (variants ``"decode"`` / ``"gemm"`` for Q4_0 and dense banks, ``"vec"`` /
+``"lanes"`` for the others) is the planner's (``ftlab.backends.rules``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ftlab import jit
-from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab import backends, jit
+from ftlab.backends import DECODE_MAX_TOKENS, calls
 from ftlab.hip.counters import zeroed_counters
 from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0Weight, QuantWeight
 from ftlab.reference.moe import align_capacity
 
-DECODE_MAX_FLOATS = 8192  # kDecodeFloats: H and k * I staged in LDS by the decode kernels
 MAX_EXPERTS = 1024  # kMaxExperts: the router's LDS row
 MAX_TOP_K = 32  # a slot per lane of the router's 32-lane group
 ROUTER_MAX_TOKENS = 65535  # router_topk: tokens a launch (grid y)
@@ -174,36 +176,9 @@ def _bank(w, dtype: torch.dtype) -> torch.Tensor:
     return w.to(dtype).contiguous()
 
 
-def decode_ok(x: torch.Tensor, top_k: int, inter: int) -> bool:
-    """Whether the decode kernels serve: few tokens, and x and k rows of h fit their LDS."""
-    return (
-        x.shape[0] <= DECODE_MAX_TOKENS
-        and x.shape[1] <= DECODE_MAX_FLOATS
-        and top_k * inter <= DECODE_MAX_FLOATS
-        and top_k <= MAX_TOP_K
-    )
-
-
 #: the bank type codes of ``csrc/moe_kquant_launch.hip``
 KQ_CODES = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4}
-#: the decode kernels of K-quant banks (up to DECODE_MAX_TOKENS tokens): "vec" (two launches, the
-#: weights in 16-byte pieces) or "lanes" (four launches and a cast: a 32-thread group a row, the
-#: path of any T). The bank types "vec" serves:
-KQUANT_DECODE = "vec"
-VEC_TYPES = ("Q4_K", "Q5_K", "Q6_K")
-
-
-def kquant_vec_ok(x: torch.Tensor, w_gate_up: QuantWeight, w_down: QuantWeight, top_k: int) -> bool:
-    """Whether ``moe_experts`` takes the "vec" decode kernels for these K-quant banks: few tokens,
-    Q4_K / Q5_K / Q6_K banks (any mix) of H and I multiples of 256 that fit the LDS, contiguous
-    and 16-byte aligned."""
-    inter = w_down.shape[-1]
-    return (KQUANT_DECODE == "vec" and w_gate_up.qtype in VEC_TYPES and w_down.qtype in VEC_TYPES
-            and decode_ok(x, top_k, inter) and x.shape[1] % 256 == 0 and inter % 256 == 0 and top_k >= 1
-            and all(w.data.is_contiguous() and w.data.data_ptr() % 16 == 0 for w in (w_gate_up, w_down)))  # fmt: skip
-
-
-def _experts_kquant(x, w_gate_up, w_down, ids, wts) -> torch.Tensor:
+def _experts_kquant(x, w_gate_up, w_down, ids, wts, variant: str) -> torch.Tensor:
     """The int8 path on Q8_0 / K-quant banks (``csrc/moe_kquant.hip``), any T: Q8_1 x -> gate/up
     + SwiGLU (a 32-thread group a row) -> Q8_1 h -> down + the weighted sum over the slots."""
     from ftlab.hip.q4_0 import quantize_q8_1
@@ -211,7 +186,7 @@ def _experts_kquant(x, w_gate_up, w_down, ids, wts) -> torch.Tensor:
     t, hidden = x.shape
     top_k, inter, dev = ids.shape[1], w_down.shape[-1], x.device
     module = jit.module_for("moe_kquant", dev)
-    if kquant_vec_ok(x, w_gate_up, w_down, top_k):
+    if variant == "vec":
         hq = torch.empty((t * top_k, inter), dtype=torch.int8, device=dev)
         hd = torch.empty((t * top_k, inter // 32), dtype=torch.float32, device=dev)
         hs = torch.empty_like(hd)
@@ -231,8 +206,13 @@ def _experts_kquant(x, w_gate_up, w_down, ids, wts) -> torch.Tensor:
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.moe_experts` (quantized banks: ``path == "int8"``)."""
+def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str, variant: str | None = None) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.moe_experts` (quantized banks: ``path == "int8"``).
+    ``variant``: ``"decode"`` / ``"gemm"`` (Q4_0 or dense banks), ``"vec"`` / ``"lanes"`` (other
+    quantized banks); None: the planner's default; one that cannot serve raises
+    ``BackendUnavailable``."""
+    call = calls.experts(x, w_gate_up, w_down, topk_ids.shape[1])
+    variant = backends.variant_for("moe_experts", "hip", call, variant, path=path)
     if isinstance(w_gate_up, QuantWeight) and not (isinstance(w_gate_up, Q4_0Weight)
                                                    and isinstance(w_down, Q4_0Weight)):  # fmt: skip
         if path != "int8":
@@ -241,7 +221,7 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
             return torch.empty(x.shape, dtype=x.dtype, device=x.device)
         x = x if x.stride(1) == 1 else x.contiguous()
         return _experts_kquant(x, w_gate_up, w_down, topk_ids.to(torch.int32).contiguous(),
-                               topk_weights.contiguous())  # fmt: skip
+                               topk_weights.contiguous(), variant)  # fmt: skip
     q4 = isinstance(w_gate_up, Q4_0Weight)
     if q4 and path != "int8":
         raise ValueError(f"the hip experts implement the int8 path for Q4_0 banks, got path={path!r}")
@@ -259,7 +239,7 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     wts = topk_weights.contiguous()
     gu, dn = _bank(w_gate_up, x.dtype), _bank(w_down, x.dtype)
     module = _module(dev)
-    if decode_ok(x, top_k, inter):
+    if variant == "decode":
         if q4:  # h as Q8_1, written by the gate/up kernel
             hq = x.new_empty((t * top_k, inter), dtype=torch.int8)
             hd = x.new_empty((t * top_k, inter // 32), dtype=torch.float32)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import jit
+from ftlab import backends, jit
+from ftlab.backends import calls
 from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
-FUSED_MAX_M = 4
 #: rows q4_0_mv_kernel is instantiated for (1..8, csrc/q4_0_matvec.hip): a kernel's capacity,
 #: at least backends.DECODE_MAX_TOKENS (the rows the int8 path is taken for); more go to the GEMM
 MATVEC_ROWS = 8
@@ -49,46 +49,31 @@ def quantize_q8_1(x: torch.Tensor) -> Q8_1:
     return out
 
 
-def matvec_ok(w: Q4_0Weight) -> bool:
-    """The LDS-staged matvec reads block pairs as 4-byte words."""
-    return (w.shape[-1] // QK) % 2 == 0 and w.data.data_ptr() % 4 == 0
-
-
-FUSED_X_BYTES = 28 * 1024  # kFusedXBytes: LDS for the activation records of the fused matvec
-SUPER_K = 256  # 8 Q4_0 blocks: the fused matvec's unit of K
 # For one row up to here the fused matvec quantizes x itself (one launch); longer rows, and
 # several rows, are quantized first (quantize_q8_1) and the fused matvec is given their Q8_1:
 # every block of the one-launch form quantizes all of x, which costs more than the launch it
-# saves (H200, bf16, DRAM-cycled weights, results/2026-12-02-nvidia-h200-matvec-fused-q8*.txt:
-# M = 1 4096 x 8192 15.5 against 11.3 us, 14336 x 4096 16.1 against 14.3, 4096 x 14336 26.5
-# against 17.1; M = 4 5120 x 2048 13.8 against 8.8; M = 1 5120 x 2048 5.7 against 5.8).
+# saves (results/2026-12-02-nvidia-h200-matvec-fused-q8*.txt).
 FUSED_QUANTIZE_MAX_K = 2048
 
 
-def fused_matvec_ok(x: torch.Tensor, w: Q4_0Weight) -> bool:
-    """Whether the fused (region) matvec serves ``x @ w.T``: M <= 4, K a multiple of 256,
-    16-byte aligned blocks, and M x K small enough for its LDS (M = 1: K <= 21760)."""
-    m, k = x.shape
-    return (
-        1 <= m <= FUSED_MAX_M
-        and k % SUPER_K == 0
-        and w.data.data_ptr() % 16 == 0
-        and m * (k // SUPER_K) * 84 * 4 <= FUSED_X_BYTES
-    )
-
-
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None) -> torch.Tensor:
+def q4_0_matmul(
+    x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None, variant: str | None = None
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (``path == "int8"``; ``x_q8``: x's Q8_1,
-    taken instead of quantizing x)."""
+    taken instead of quantizing x). ``variant``: ``"fused"`` (the region matvec, M <= 4),
+    ``"matvec"`` (M <= 8) or ``"gemm"`` (``ftlab.backends.rules.KERNELS``); None: the planner's
+    default for the call; one that cannot serve raises ``BackendUnavailable``."""
     if path != "int8":
         raise ValueError(
             f"the hip backend implements q4_0_matmul's int8 path only, got path={path!r}"
         )
+    call = calls.matmul(x, w)
+    variant = backends.variant_for("q4_0_matmul", "hip", call, variant, path="int8")
     m, n = x.shape[0], w.shape[0]
     module = jit.module_for("q4_0", x.device)
     if x_q8 is not None and not all(t.data_ptr() % 16 == 0 for t in (x_q8.q, x_q8.d, x_q8.s)):
         x_q8 = Q8_1(x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone())  # the kernels read 16-byte (4-byte) pieces
-    if fused_matvec_ok(x, w):
+    if variant == "fused":
         y = x.new_empty((m, n))
         if x_q8 is None and (m > 1 or x.shape[1] > FUSED_QUANTIZE_MAX_K):
             x_q8 = quantize_q8_1(x)
@@ -98,7 +83,7 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
             jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
         return y
     x8 = quantize_q8_1(x) if x_q8 is None else x_q8
-    if m <= MATVEC_ROWS and matvec_ok(w):  # y written in x's dtype by the kernel
+    if variant == "matvec":  # y written in x's dtype by the kernel
         y = x.new_empty((m, n))
         jit.on_device(x.device, lambda: module.q4_0_mv(w.data, x8.q, x8.d, x8.s, y))
         return y
@@ -115,8 +100,9 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
     :func:`q4_0_matmul` of its output (the same bits)."""
     m, k = x.shape
     aligned = all(t.data_ptr() % 16 == 0 for t in (x, norm_weight, x if residual is None else residual))
+    fused = backends.why_not("q4_0_matmul", "hip", "fused", calls.matmul(x, w)) is None
     if not (m == 1 and w.shape[0] > 0 and path == "int8" and x.dtype in (torch.float16, torch.bfloat16)
-            and norm_weight.dtype == x.dtype and k <= 2048 and fused_matvec_ok(x, w) and aligned):  # fmt: skip
+            and norm_weight.dtype == x.dtype and k <= 2048 and fused and aligned):  # fmt: skip
         y, s = add_rmsnorm(x, residual, norm_weight, eps)
         return y, s, q4_0_matmul(y, w, path)
     y = x.new_empty((1, k))

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from ftlab.launches import NotReplayable, Schedule, record
-from ftlab.models import layers as model_layers
 
 if TYPE_CHECKING:
     from ftlab.models.qwen3_moe import Qwen3Moe
@@ -61,7 +60,7 @@ class DecodeGraph:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         # compile, build and allocate outside the capture, through the kernels it takes
-        with torch.cuda.stream(side), model_layers.as_captured():
+        with torch.cuda.stream(side), model.planned(model.plan.as_captured()):
             for _ in range(2):
                 model.forward(self.tokens, self.positions)
             for t, kept in zip(state, saved, strict=True):

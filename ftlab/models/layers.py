@@ -9,9 +9,8 @@ decode step has fixed shapes and addresses (what a captured graph needs).
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +19,8 @@ import torch.nn.functional as F
 from ftlab import backends as ftbackends
 from ftlab import ops
 from ftlab import platform as ftplatform
-from ftlab.hip.quant_matmul import one_launch_default as hip_one_launch_default
+from ftlab.backends import calls
+from ftlab.models.decode_plan import DecodePlan
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 
 
@@ -32,13 +32,6 @@ class Stage:
     tensors: dict[str, torch.Tensor]
     main: str  # the tensor that backend comparisons look at
 
-
-# Whether the models' calls of the hot ops run the ops' argument checks (their ``validate``). Off: a
-# model's tensors are built from a checked config and checked weights, and the checks' host time
-# (~20-30 us an op on the GPU host) was a large part of the eager decode step's host time
-# (benchmarks/NOTES.md, "Eager decode"). The backends still refuse layouts they cannot read;
-# tests/unit/test_ops_validate.py runs the models with the checks on.
-OP_CHECKS = False
 
 BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
@@ -83,14 +76,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-             backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+             backend: str = "auto", checks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(rms_norm(x + residual), x + residual)`` for ``x [..., H]`` (``residual`` of x's shape, or
     None: ``(rms_norm(x), x)``) through ``ops.add_rmsnorm``: the residual add of a layer and the
     norm after it in one pass (each rounded once to x's dtype, as the add and :func:`rms_norm`
-    round)."""
+    round); ``checks``: the op's argument checks (a model's :class:`DecodePlan` ``checks``)."""
     shape = x.shape
     flat = None if residual is None else residual.reshape(-1, shape[-1])
-    h, s = ops.add_rmsnorm(x.reshape(-1, shape[-1]), flat, weight, eps, backend=backend, validate=OP_CHECKS)
+    h, s = ops.add_rmsnorm(x.reshape(-1, shape[-1]), flat, weight, eps, backend=backend, validate=checks)
     return h.view(shape), s.view(shape)
 
 
@@ -107,48 +100,22 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
     return ops.router_topk(x, router, top_k, renormalize, backend=backends["router_topk"])
 
 
-_ONE_ROW_QUANT: dict[tuple[torch.device, torch.dtype], tuple[str, bool]] = {}
-
-
-def one_row_quant_backend(x: torch.Tensor, w: QuantWeight | None = None, path: str = "auto") -> str:
-    """The backend "auto" takes for a one-row Q8_0 / K-quant matvec of ``x`` (by ``w``): on an
-    NVIDIA GPU, hip where its one-launch kernels are its default for ``w``
-    (``ftlab.hip.quant_matmul.one_launch_default``: Q4_K / Q5_K / Q6_K; past fused's K its
-    "sliced_q8", 1.1-2.0x Triton's at K = 14336) on the int8 ``path`` ("auto" or "int8": hip has no other), at every size,
-    the lm_head included (H200: Q4_K / Q5_K / Q6_K 88% / 83% / 83% of copy on the lm_head against
-    Triton's 74% / 62% / 74%; benchmarks/NOTES.md); else Triton, whose word matvec measured faster
-    than the HIP kernels of three launches at every type and decode shape (M = 1: 7.3 against 12.2
-    us on Q4_K 2048 -> 5120; benchmarks/results/2026-12-01-nvidia-h200-quant.md; at M = 8 the HIP
-    kernels are faster); "auto" elsewhere."""
-    key = (x.device, x.dtype)
-    if key not in _ONE_ROW_QUANT:
-        nvidia = x.device.type == "cuda" and torch.version.hip is None
-        avail = ftbackends.available_backends("quant_matmul", x.device, x.dtype) if nvidia else ()
-        _ONE_ROW_QUANT[key] = ("triton" if "triton" in avail else "auto", "hip" in avail)
-    chosen, hip = _ONE_ROW_QUANT[key]
-    if hip and path in ("auto", "int8") and w is not None and hip_one_launch_default(x, w):
-        return "hip"
-    return chosen
-
-
 def linear(
     x: torch.Tensor, w: torch.Tensor | QuantWeight, backend: str = "auto", path: str = "auto",
-    quant_backend: str | None = None, x_q8: Q8_1 | None = None,
+    quant_backend: str | None = None, x_q8: Q8_1 | None = None, checks: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``backend``; ``x_q8``:
     x's Q8_1 when the caller has it, e.g. from ``ops.decode_attention(quantize=True)``), Q8_0 and
-    K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``; "auto" for
-    one row of x: :func:`one_row_quant_backend`), both on ``path``; dense weights through
-    ``F.linear``."""
+    K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``), both on
+    ``path`` (the planner picks backend, path and kernel for "auto"); dense weights through
+    ``F.linear``. ``checks``: the ops' argument checks."""
     if isinstance(w, QuantWeight):
         flat = x.reshape(-1, x.shape[-1])
         if isinstance(w, Q4_0Weight):
-            out = ops.q4_0_matmul(flat, w, path=path, backend=backend, x_q8=x_q8, validate=OP_CHECKS)
+            out = ops.q4_0_matmul(flat, w, path=path, backend=backend, x_q8=x_q8, validate=checks)
         else:
             qb = quant_backend or backend
-            if qb == "auto" and flat.shape[0] == 1:
-                qb = one_row_quant_backend(flat, w, path)
-            out = ops.quant_matmul(flat, w, path=path, backend=qb, validate=OP_CHECKS)
+            out = ops.quant_matmul(flat, w, path=path, backend=qb, validate=checks)
         return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)
 
@@ -177,98 +144,23 @@ def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dty
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
-# Whether Qwen3Moe writes a layer's KV cache inside ops.qk_norm_rope (its k_cache / v_cache / slots
-# arguments: one launch fewer a layer) instead of a separate ops.store. On: GPU-tested (H200) and
-# the faster kernel pair (hip 2.42 against 3.55 us; benchmarks/NOTES.md, "The fusions on the GPU").
-KV_STORE_IN_ROPE = True
-# Whether Qwen3Moe runs each layer's post-attention residual add and RMSNorm inside the router's
-# op (ops.add_rmsnorm_router_topk: hip's one launch, one fewer a layer). On: GPU-tested, 7.86
-# against 8.49 us for the two launches.
-NORM_IN_ROUTER = True
-# Whether Qwen3Moe runs each layer's input residual add and RMSNorm inside its q/k/v matvec
-# (ops.add_rmsnorm_q4_0_matmul: hip's fused matvec with the norm in its prologue; decode, Q4_0
-# q/k/v). Off: GPU-tested, but slower on the H200 than the two launches it replaces (8.22 against
-# 7.44 us: every block recomputes the norm before its weights).
-NORM_IN_QKV = False
-# Whether a decode step launched eagerly on a GPU (not under graph capture) takes that fused q/k/v
-# path all the same: there the host's launches bound the step, and the fusion is one op call (~40 us
-# of host time) fewer a layer for its 0.8 us of device time. The same bits as the two ops (the op's
-# contract, property-tested), so a replayed step still equals an eager one bit for bit.
-NORM_IN_QKV_EAGER = True
-# Whether a decode step (one token a sequence, on a GPU) with decode_attention left "auto" attends
-# through ops.decode_attention's hip kernel over the live positions (one launch, programmatically
-# dependent: the o_proj matvec after it prefetches its weights meanwhile), not torch's SDPA over
-# every slot. On: torch's SDPA takes cuDNN's kernel there, and on the H200 that kernel is not
-# deterministic in the model: over 30 token draws of the 48-layer Qwen3-30B-A3B shape, two eager
-# steps through the same kernels on the same inputs parted at 27 of 30 draws at batch 8 and 7 of 30
-# at batch 1, the first parting op always a cuDNN SDPA call whose inputs were bit-equal; they parted
-# as often with programmatic launches off (so not ftlab's kernels) and never with cuDNN's SDPA
-# turned off (benchmarks/NOTES.md, "Graph against eager decode: cuDNN's attention"). hip's kernel
-# merges its splits in a fixed order: a replayed step equals an eager one bit for bit. Alone it is
-# still slower than cuDNN's (10.2 against 8.3 us at 513 positions, 14.2 against 9.5 us at batch 8
-# with ftlab.hip.attention.tile_want's plan: "Decode attention by row groups"); on the Q4_0 file
-# bench model's graph rows are batch 1 412 and batch 8 1196 tokens/s with it (cuDNN's, in the last
-# same-file run before: 388 and 1019).
-DECODE_ATTENTION_HIP = True
-# Whether a decode step launched eagerly (not under graph capture) with decode_attention "auto" takes
-# that hip kernel too, where it serves (with the flag above off, a captured step keeps SDPA). SDPA's
-# eager path (the boolean mask over every slot) costs ~90 us of host time a layer against ~30 us for
-# the op: the eager step at batch 1 went 48.9 -> 59.7 tokens/s with it (benchmarks/NOTES.md, "Eager
-# decode"). With the flag above off an eager step and a replayed one differ beyond the last bits: a
-# last-bit difference between the two attention kernels flips a routing choice some layers on (on
-# the bench's random 48-layer model, at batch 1, 8 and 16 alike, the logits ended ~7% of the largest
-# apart while every layer's hip attention was within the derived bound of the reference);
-# layers.attention_as_captured() gives an eager step the graph's kernels, to hold one to the other.
-DECODE_ATTENTION_HIP_EAGER = True
-# Whether that hip decode attention also writes its output's Q8_1 (the same launch), which the Q4_0
-# o_proj matvec after it takes instead of quantizing its input in every block (the matvec's
-# prologue: 2.7 of 8.2 us at 4096 -> 2048, benchmarks/NOTES.md "Q8_1 given"). Only where the
-# attention output goes straight into a Q4_0 o_proj (Qwen3-MoE). The same bits (a GPU test); in
-# one process the step took 2746 against 2781 us without it.
-ATTENTION_Q8 = True
-
-
-@contextlib.contextmanager
-def _flags_off(*names: str) -> Iterator[None]:
-    """Within: the module flags ``names`` off; put back after."""
-    old = {name: globals()[name] for name in names}
-    globals().update(dict.fromkeys(names, False))
-    try:
-        yield
-    finally:
-        globals().update(old)
-
-
-def attention_as_captured() -> contextlib.AbstractContextManager[None]:
-    """Within: eager decode steps attend as a captured step does (:data:`DECODE_ATTENTION_HIP_EAGER`
-    off), so an eager step can be held bit for bit to a replayed one. :data:`NORM_IN_QKV_EAGER`
-    stays as it is: the fused norm and q/k/v matvec give the two ops' bits (its contract), which
-    such a comparison then holds too (:func:`as_captured` turns both off)."""
-    return _flags_off("DECODE_ATTENTION_HIP_EAGER")
-
-
-def as_captured() -> contextlib.AbstractContextManager[None]:
-    """Within: an eager decode step takes the kernels a captured one does -- neither
-    :data:`DECODE_ATTENTION_HIP_EAGER` nor :data:`NORM_IN_QKV_EAGER` -- e.g. a graph's warm-up
-    (``DecodeGraph``), so that every module and buffer the capture uses is built before it."""
-    return _flags_off("DECODE_ATTENTION_HIP_EAGER", "NORM_IN_QKV_EAGER")
-
-
-def decode_attention_backend(name: str, q: torch.Tensor, groups: int, geo: dict) -> str:
-    """The backend a decode step's attention takes: ``name`` when named; under "auto" "hip" where
-    :data:`DECODE_ATTENTION_HIP` (or :data:`DECODE_ATTENTION_HIP_EAGER` and the step is not being
-    captured), hip serves the device and its one-launch kernel takes the shape (fp16 / bf16, head
-    dim 128 or 256, ``groups`` = query heads a key head at most 8), else "auto" (SDPA). Once a
-    forward pass."""
+def hip_attention(plan: DecodePlan, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  geo: dict) -> str:  # fmt: skip
+    """The backend a decode step's attention takes: ``name`` when named; under "auto" "hip" on a
+    GPU where ``plan.hip_attention`` holds now and the planner gives the call hip's one-launch
+    kernel ("tiles"), else "auto" (SDPA). ``q [B, H, D]``, ``k, v [B, S, KVH, D]``. Once a
+    forward pass (kept in ``geo``)."""
     if name != "auto" or q.device.type != "cuda":
         return name
     if "attention_backend" not in geo:
-        from ftlab.hip.attention import TILE_HEAD_DIMS
-
-        ok = DECODE_ATTENTION_HIP or (DECODE_ATTENTION_HIP_EAGER and not ftplatform.capturing(q.device))
-        ok = ok and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in TILE_HEAD_DIMS and groups <= 8
-        ok = ok and "hip" in ftbackends.available_backends("decode_attention", q.device, q.dtype)
-        geo["attention_backend"] = "hip" if ok else "auto"
+        chosen = "auto"
+        if plan.now("hip_attention", q.device):
+            try:
+                got = ftbackends.plan("decode_attention", calls.attention(q, k, v))
+                chosen = "hip" if (got.backend, got.variant) == ("hip", "tiles") else "auto"
+            except ftbackends.BackendUnavailable:
+                chosen = "auto"
+        geo["attention_backend"] = chosen
     return geo["attention_backend"]
 
 
@@ -365,18 +257,19 @@ class KVCache:
         return self._tables[(n, step)]
 
     def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
-               backends: dict[str, str], stored: bool = False,
+               plan: DecodePlan, stored: bool = False,
                quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1 | None]:  # fmt: skip
         """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots (not when
         ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then
         attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
         positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, except one
-        token a sequence (decode) when ``backends["decode_attention"]`` names a backend, or is
-        "auto" on a GPU where :func:`decode_attention_backend` picks hip's one-launch kernel: then
+        token a sequence (decode) when ``plan.backends["decode_attention"]`` names a backend, or is
+        "auto" on a GPU where :func:`hip_attention` picks hip's one-launch kernel: then
         ``ops.decode_attention`` over the live positions only. ``quantize``: returns ``(out,
         out_q8)``, ``out_q8`` the Q8_1 of ``out`` viewed ``[B * T, heads * hd]`` where the op path
         made it (``ops.decode_attention(quantize=True)``), else None (SDPA's path makes none)."""
         b, t, kvh, hd = k.shape
+        backends = plan.backends
         if not stored:
             ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
                       check=False, backend=backends["store"])  # fmt: skip
@@ -386,15 +279,16 @@ class KVCache:
         else:
             keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])
             vals = ops.index(self.v[j], geo["read"], check=False, backend=backends["index"])
-        op = decode_attention_backend(backends["decode_attention"], q, q.shape[2] // kvh, geo) if t == 1 else "auto"
-        if op != "auto":  # a decode step through the op, when named (or DECODE_ATTENTION_HIP)
-            if not self.static:
-                keys, vals = keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd)
-            res = ops.decode_attention(q.view(b, -1, hd), keys, vals, geo["lengths"], backend=op, quantize=quantize,
-                                       validate=OP_CHECKS)  # fmt: skip
-            if quantize:
-                return res[0].view(b, 1, -1, hd), res[1]
-            return res.view(b, 1, -1, hd)
+            keys, vals = keys.view(b, span, kvh, hd), vals.view(b, span, kvh, hd)
+        if t == 1:  # a decode step through the op, when named (or plan.hip_attention)
+            q1 = q.view(b, -1, hd)
+            op = hip_attention(plan, backends["decode_attention"], q1, keys, vals, geo)
+            if op != "auto":
+                res = ops.decode_attention(q1, keys, vals, geo["lengths"], backend=op, quantize=quantize,
+                                           validate=plan.checks)  # fmt: skip
+                if quantize:
+                    return res[0].view(b, 1, -1, hd), res[1]
+                return res.view(b, 1, -1, hd)
         keys = keys.reshape(b, span, kvh, hd).transpose(1, 2)  # [B, kvh, S, hd]
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         mask = geo["mask"]

@@ -30,6 +30,7 @@ import torch
 
 from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
+from ftlab.models.decode_plan import DecodePlan
 from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, NotReplayable
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline_args import backend_map
@@ -83,8 +84,11 @@ class Pipeline:
                  tokenizer: Tokenizer, *,
                  backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
                  q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-                 tp=None, launches: bool = True, hybrid_policy: str = "lru"):  # fmt: skip
+                 tp=None, launches: bool = True, hybrid_policy: str = "lru",
+                 plan: DecodePlan | None = None):  # fmt: skip
         ops = check.usable(backend_map(backends), weights.embed.device)
+        if plan is not None and not isinstance(plan, DecodePlan):
+            raise TypeError(f"plan must be a ftlab.models.DecodePlan or None, got {type(plan).__name__}")
         check.flag("launches", launches)
         check.hybrid_policy(hybrid_policy)
         if tp is not None and hybrid_slots is not None:
@@ -109,6 +113,8 @@ class Pipeline:
         self._static_eager = (launches and not self.graphs and weights.embed.device.type == "cuda" and not blocking
                               and hybrid_slots is None and tp is None
                               and hasattr(self.model_class, "layer_stages"))  # fmt: skip
+        #: the models' plan: ``plan``'s choices, this pipeline's backends and quantized-weight path
+        self.plan = (plan or DecodePlan()).with_(backends=ops, quant_path=self.q4_0_path)
         self.model = self._model(ops, self.hybrid)
         self._graph: DecodeGraph | None = None
         self._launches: DecodeLaunches | None = None
@@ -121,7 +127,7 @@ class Pipeline:
              backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
              quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
              q4_0_path: str = "auto", tp: int = 1, launches: bool = True,
-             hybrid_policy: str = "lru") -> Pipeline:  # fmt: skip
+             hybrid_policy: str = "lru", plan: DecodePlan | None = None) -> Pipeline:  # fmt: skip
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
         ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
         directory (Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE, by its config's ``model_type``), or a
@@ -168,7 +174,7 @@ class Pipeline:
         try:
             return cls._load(path, dev, group, tiny_model, expected, path_or_tiny, name, backends=backends, dtype=dtype,
                              max_seq_len=max_seq_len, graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path,
-                             launches=launches, hybrid_policy=hybrid_policy)  # fmt: skip
+                             launches=launches, hybrid_policy=hybrid_policy, plan=plan)  # fmt: skip
         except BaseException:
             if group is not None:  # no process group left behind by a failed load
                 from ftlab.models.tensor_parallel import close
@@ -179,7 +185,7 @@ class Pipeline:
     @classmethod
     def _load(cls, path: Path, dev: torch.device, group, tiny_model: bool, expected: str, path_or_tiny, name: str, *,
               backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str,
-              launches: bool, hybrid_policy: str = "lru") -> Pipeline:  # fmt: skip
+              launches: bool, hybrid_policy: str = "lru", plan: DecodePlan | None = None) -> Pipeline:  # fmt: skip
         """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
         at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
         experts, vocab = (None if group is None else rank_ranges(path, group)) or (None, None)  # tp: its rows only
@@ -200,14 +206,13 @@ class Pipeline:
             weights = shard(config, weights, group, dev)
         return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
                    graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group, launches=launches,
-                   hybrid_policy=hybrid_policy)  # fmt: skip
+                   hybrid_policy=hybrid_policy, plan=plan)  # fmt: skip
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
-        if self.model_class is Qwen3Next:
-            return Qwen3Next(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                             q4_0_path=self.q4_0_path, static=self._static, hybrid=hybrid, tp=self.tp)  # fmt: skip
-        return Qwen3Moe(self.config, self.weights, max_seq_len=self.max_seq_len, backends=backends,
-                        q4_0_path=self.q4_0_path, static=self._static, hybrid=hybrid, tp=self.tp)  # fmt: skip
+        """The model over ``backends``, its :class:`DecodePlan` made here once."""
+        plan = self.plan.with_(backends=backends)
+        return self.model_class(self.config, self.weights, max_seq_len=self.max_seq_len, plan=plan,
+                                static=self._static, hybrid=hybrid, tp=self.tp)  # fmt: skip
 
     @property
     def _static(self) -> bool:

@@ -2,7 +2,7 @@
 
 Per layer: RMSNorm -> attention (q/k/v projections, per-head RMSNorm on q and k, RoPE, GQA,
 the KV cache written with ``ops.store`` -- or by ``ops.qk_norm_rope`` in the same pass under
-``layers.KV_STORE_IN_ROPE`` -- and read with ``ops.index``) -> residual -> RMSNorm
+the plan's ``kv_store_in_rope`` -- and read with ``ops.index``) -> residual -> RMSNorm
 -> MoE (``ops.route_topk`` then the SwiGLU experts of ``ops.moe_experts``, which together are
 ``ops.fused_moe``; no shared expert) -> residual.
 Embedding through ``ops.index``, final RMSNorm, lm_head (tied or not).
@@ -19,9 +19,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from ftlab import ops
-from ftlab import platform as ftplatform
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.models import layers
+from ftlab.models.decode_plan import DecodePlan, Planned, plan_of
 from ftlab.models.layers import (
     KVCache,
     Stage,
@@ -36,7 +35,7 @@ from ftlab.models.layers import (
     rope_tables,
     route,
 )
-from ftlab.models.pipeline_args import QWEN3_MOE_OPS, backend_map
+from ftlab.models.pipeline_args import QWEN3_MOE_OPS
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 
 __all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe", "Qwen3MoeConfig", "Stage", "linear", "rms_norm", "rope_tables"]
@@ -172,28 +171,26 @@ class ModelWeights:
     lm_head: torch.Tensor | Q4_0Weight  # [V, H] (the embedding when tied)
 
 
-class Qwen3Moe:
-    """The model over ftlab ops. ``backends`` maps op names -- "index", "store" (the KV cache's
-    writes; under ``layers.KV_STORE_IN_ROPE`` by qk_norm_rope's launch unless this names another
-    backend), "router_topk" (the
-    router: its linear layer and top-k), "route_topk" (when named: the top-k alone, after
-    ``F.linear``), "moe_experts", "q4_0_matmul" (the Q4_0 projections), "quant_matmul" (the Q8_0 / K-quant
-    projections; dense ones are ``F.linear``), "qk_norm_rope", "decode_attention" (a decode
-    step's attention: torch's SDPA unless a backend is named, or on a GPU hip's one-launch kernel under ``layers.DECODE_ATTENTION_HIP`` (or ``layers.DECODE_ATTENTION_HIP_EAGER`` for a step launched eagerly); see ``KVCache.attend``) and "add_rmsnorm" (each residual add with the norm after it) -- to a backend name (default "auto" for each). ``static=True`` keeps every shape fixed and the host out of the forward pass (what graph capture of a decode step needs).
-    ``q4_0_path`` is the path of quantized weights (Q4_0, Q8_0, K-quants), linears and experts ("auto" | "int8" | "dequant":
-    see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor``
-    a layer (or None), which then runs that layer's experts, some on the GPU's expert slots and
-    the rest on the CPU; :meth:`end_step` moves their residency between steps. ``tp``: this
-    rank's :class:`ftlab.models.tensor_parallel.TensorParallel` when ``weights`` is its shard
+class Qwen3Moe(Planned):
+    """The model over ftlab ops. ``plan``: its :class:`~ftlab.models.decode_plan.DecodePlan` --
+    the backend of each op it runs (``OPS``: "index", "store", "router_topk", "route_topk",
+    "moe_experts", "q4_0_matmul", "quant_matmul", "qk_norm_rope", "decode_attention",
+    "add_rmsnorm"), the path of quantized weights, the fusions and how a decode step attends;
+    without one, a default plan of ``backends`` and ``q4_0_path``. ``static=True`` keeps every
+    shape fixed and the host out of the forward pass (what graph capture of a decode step
+    needs). ``hybrid``: one ``ftlab.hybrid.HybridDecodeExecutor`` a layer (or None), which then
+    runs that layer's experts, some on the GPU's expert slots and the rest on the CPU;
+    :meth:`end_step` moves their residency between steps. ``tp``: this rank's
+    :class:`ftlab.models.tensor_parallel.TensorParallel` when ``weights`` is its shard
     (:func:`~ftlab.models.tensor_parallel.shard_qwen3_moe`): heads, experts and vocabulary split
     across the ranks, the partial results combined by collectives (that module's docstring)."""
 
     OPS = QWEN3_MOE_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
-                 max_seq_len: int = 512, backends: dict[str, str] | None = None,
-                 q4_0_path: str = "auto", static: bool = False, hybrid: list | None = None,
-                 tp=None):  # fmt: skip
+                 max_seq_len: int = 512, plan: DecodePlan | None = None,
+                 backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False,
+                 hybrid: list | None = None, tp=None):  # fmt: skip
         self.config = config
         self.tp = tp
         if tp is not None and hybrid is not None:
@@ -201,6 +198,7 @@ class Qwen3Moe:
         if hybrid is not None and len(hybrid) != config.num_hidden_layers:
             raise ValueError(f"hybrid must hold one executor (or None) a layer: {config.num_hidden_layers}, got "
                              f"{len(hybrid)}")  # fmt: skip
+        self.plan = plan_of(plan, backends, q4_0_path)
         self.hybrid = hybrid
         self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
         # static: no host synchronization in a forward pass (attention reads all max_seq_len
@@ -209,8 +207,6 @@ class Qwen3Moe:
         self.weights = weights
         self.max_batch = max_batch
         self.max_seq_len = max_seq_len
-        self.backends = backend_map(backends or {})  # keys: MODEL_OPS; every name checked
-        self.q4_0_path = q4_0_path
         c = config
         world = tp.world if tp is not None else 1
         if tp is not None:
@@ -224,7 +220,8 @@ class Qwen3Moe:
         self._qkv_q4: bool | None = None  # every layer's q/k/v one stacked Q4_0 weight (_norm_in_qkv)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight, x_q8: Q8_1 | None = None) -> torch.Tensor:
-        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, self.backends["quant_matmul"], x_q8=x_q8)
+        b, p = self.backends, self.plan
+        return linear(x, w, b["q4_0_matmul"], p.quant_path, b["quant_matmul"], x_q8=x_q8, checks=p.checks)
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
@@ -240,7 +237,7 @@ class Qwen3Moe:
         """x ``[B, T, H]`` at ``positions [B, T]`` -> ``[B, T, H]``; writes the layer's KV cache.
         ``geo``: :meth:`geometry` of the positions (computed here when not given). ``qkv``: the
         output ``[B * T, N]`` of the layer's one stacked q/k/v projection, when the caller made
-        it (``ops.add_rmsnorm_q4_0_matmul``, under ``layers.NORM_IN_QKV``)."""
+        it (``ops.add_rmsnorm_q4_0_matmul``, under the plan's ``norm_in_qkv``)."""
         c, lw = self.config, self.weights.layers[i]
         geo = geo or self.geometry(positions, x.dtype)
         b, t, _ = x.shape
@@ -252,17 +249,18 @@ class Qwen3Moe:
             q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split_with_sizes(widths, dim=-1))
         v = v.reshape(b, t, nkvh, hd)
         # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope), which also writes
-        # k and v into the cache (layers.KV_STORE_IN_ROPE) unless "store" names a backend of its own
+        # k and v into the cache (plan.kv_store_in_rope) unless "store" names a backend of its own
+        plan = self.plan
         rope_backend = self.backends["qk_norm_rope"]
-        fused = layers.KV_STORE_IN_ROPE and self.backends["store"] in ("auto", rope_backend)
+        fused = plan.kv_store_in_rope and self.backends["store"] in ("auto", rope_backend)
         cache = dict(k_cache=self.cache.k[i], v_cache=self.cache.v[i], slots=geo["write"], v=v.reshape(b * t, -1))
         q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
                                 geo["cos"], geo["sin"], c.rms_norm_eps, backend=rope_backend,
-                                validate=layers.OP_CHECKS, **(cache if fused else {}))  # fmt: skip
-        # a decode step on hip's attention kernel can hand the o_proj matvec its input's Q8_1 (layers.ATTENTION_Q8)
-        q8 = layers.ATTENTION_Q8 and t == 1 and isinstance(lw.o_proj, Q4_0Weight)
+                                validate=plan.checks, **(cache if fused else {}))  # fmt: skip
+        # a decode step on hip's attention kernel can hand the o_proj matvec its input's Q8_1 (plan.attention_q8)
+        q8 = plan.attention_q8 and t == 1 and isinstance(lw.o_proj, Q4_0Weight)
         q8 = q8 and self.q4_0_path in ("auto", "int8")  # the dequant path would not use it
-        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, self.backends, stored=fused,
+        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, plan, stored=fused,
                                 quantize=q8)  # fmt: skip
         out, out_q8 = out if q8 else (out, None)
         out = self.linear(out.reshape(b, t, -1), lw.o_proj, x_q8=out_q8)
@@ -270,15 +268,12 @@ class Qwen3Moe:
 
     def _norm_in_qkv(self, rows: int) -> bool:
         """Whether each layer's input residual add and norm run inside its q/k/v matvec
-        (``ops.add_rmsnorm_q4_0_matmul``, under ``layers.NORM_IN_QKV``, or
-        ``layers.NORM_IN_QKV_EAGER`` for a step launched eagerly on a GPU): decode rows, every
+        (``ops.add_rmsnorm_q4_0_matmul``, under the plan's ``norm_in_qkv``): decode rows, every
         layer's q/k/v one stacked Q4_0 weight on the int8 path ("auto" at decode), one backend name
         for add_rmsnorm and q4_0_matmul ("auto" for both included: both then resolve to the same
         backend's kernels)."""
         b = self.backends
-        dev = self.weights.embed.device
-        wanted = layers.NORM_IN_QKV or (layers.NORM_IN_QKV_EAGER and dev.type == "cuda"
-                                        and not ftplatform.capturing(dev))  # fmt: skip
+        wanted = self.plan.now("norm_in_qkv", self.weights.embed.device)
         if not (wanted and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] == b["q4_0_matmul"]
                 and self.q4_0_path in ("auto", "int8")):  # fmt: skip
             return False
@@ -296,11 +291,11 @@ class Qwen3Moe:
 
     def _norm_in_router(self) -> bool:
         """Whether the post-attention residual add and norm run inside the router's op
-        (``ops.add_rmsnorm_router_topk``, under ``layers.NORM_IN_ROUTER``): one backend name for
+        (``ops.add_rmsnorm_router_topk``, under the plan's ``norm_in_router``): one backend name for
         add_rmsnorm and router_topk ("auto" for both included), route_topk that one or "auto"."""
         b = self.backends
-        return layers.NORM_IN_ROUTER and b["add_rmsnorm"] == b["router_topk"] and \
-            b["route_topk"] in ("auto", b["router_topk"])  # fmt: skip
+        same = b["add_rmsnorm"] == b["router_topk"] and b["route_topk"] in ("auto", b["router_topk"])
+        return self.plan.norm_in_router and same
 
     def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[N, H]`` -> (router logits ``[N, E]``, top-k weights fp32, top-k ids int32)."""
@@ -322,7 +317,7 @@ class Qwen3Moe:
         if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
             ids = ids - self.tp.rank * lw.w_gate_up.shape[0]
         y = ops.moe_experts(x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path,
-                            backend=self.backends["moe_experts"], validate=layers.OP_CHECKS)  # fmt: skip
+                            backend=self.backends["moe_experts"], validate=self.plan.checks)  # fmt: skip
         return y if self.tp is None else self.tp.all_reduce(y)
 
     def end_step(self) -> None:
@@ -356,7 +351,7 @@ class Qwen3Moe:
         ``[B, T, H]``, not yet added. A decode step's layers are what
         :class:`ftlab.models.decode_steps.DecodeLaunches` records."""
         c, w = self.config, self.weights
-        eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]
+        eps, nb, checks = c.rms_norm_eps, self.backends["add_rmsnorm"], self.plan.checks
         # each residual add is fused with the norm after it (ops.add_rmsnorm): the attention's
         # with the post-attention norm, the experts' with the next layer's input norm
         fuse = self._norm_in_router()  # the post-attention add and norm inside the router's launch
@@ -365,7 +360,7 @@ class Qwen3Moe:
         if fuse_qkv:
             h, _, qkv = self._norm_qkv(0, x, None, eps)
         else:
-            h, _ = add_norm(x, None, w.layers[0].input_norm, eps, nb)
+            h, _ = add_norm(x, None, w.layers[0].input_norm, eps, nb, checks)
         for i in range(c.num_hidden_layers):
             lw = w.layers[i]
             attn = self.attention(i, h, positions, geo, qkv=qkv)
@@ -374,10 +369,10 @@ class Qwen3Moe:
                 h, x, logits, weights, ids = ops.add_rmsnorm_router_topk(
                     x.reshape(-1, flat), attn.reshape(-1, flat), lw.post_attention_norm, eps, lw.router,
                     c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["router_topk"],
-                    validate=layers.OP_CHECKS)  # fmt: skip
+                    validate=self.plan.checks)  # fmt: skip
                 x = x.view(attn.shape)
             else:
-                h, x = add_norm(x, attn, lw.post_attention_norm, eps, nb)
+                h, x = add_norm(x, attn, lw.post_attention_norm, eps, nb, checks)
                 h = h.reshape(-1, x.shape[-1])
             yield Stage(f"layer {i} attention", {"attention": attn, "hidden": x}, "attention")
             if not fuse:
@@ -391,13 +386,14 @@ class Qwen3Moe:
             if fuse_qkv:
                 h, x, qkv = self._norm_qkv(i + 1, moe, x, eps)
             else:
-                h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb)
+                h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb, checks)
             yield Stage(f"layer {i} experts", {"experts": moe, "hidden": x}, "experts")
 
     def final_norm(self, x: torch.Tensor, moe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's residual add with the final norm (``ops.add_rmsnorm``): ``(norm(x +
         moe), x + moe)`` of ``x, moe [B, T, H]``."""
-        return add_norm(x, moe, self.weights.norm, self.config.rms_norm_eps, self.backends["add_rmsnorm"])
+        return add_norm(x, moe, self.weights.norm, self.config.rms_norm_eps, self.backends["add_rmsnorm"],
+                        self.plan.checks)  # fmt: skip
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[B, T, V]`` of the final norm's output ``h [B, T, H]`` (the lm_head)."""
@@ -408,3 +404,4 @@ class Qwen3Moe:
         with ``last_only``)."""
         *_, last = self.stages(tokens, positions, last_only)
         return last.tensors["logits"]
+

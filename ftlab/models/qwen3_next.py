@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.models.decode_plan import DecodePlan, Planned, plan_of
 from ftlab.models.layers import (
     KVCache,
     Stage,
@@ -49,7 +50,7 @@ from ftlab.models.layers import (
     rms_norm,
     route,
 )
-from ftlab.models.pipeline_args import MODEL_OPS, backend_map
+from ftlab.models.pipeline_args import MODEL_OPS
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight
 from ftlab.reference.deltanet import step_gates
@@ -167,9 +168,10 @@ class NextWeights:
     lm_head: Weight  # [V, H] (the embedding when tied)
 
 
-class Qwen3Next:
-    """The model over ftlab ops. ``backends`` maps op names (``pipeline_args.MODEL_OPS``) to a
-    backend name ("auto" for each unset). ``static=True`` keeps every shape fixed and the host out
+class Qwen3Next(Planned):
+    """The model over ftlab ops. ``plan``: its :class:`~ftlab.models.decode_plan.DecodePlan` (the
+    backend of each op of ``pipeline_args.MODEL_OPS``, the quantized weights' path, fusions; without
+    one, the default plan of ``backends`` and ``q4_0_path``). ``static=True`` keeps every shape fixed and the host out
     of the forward pass (what graph capture of a decode step needs). ``q4_0_path``: the path of
     Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one
     ``ftlab.hybrid.HybridDecodeExecutor`` a layer (or None), which then runs that layer's routed
@@ -183,9 +185,10 @@ class Qwen3Next:
     OPS = MODEL_OPS  # the ops of its backends map that it runs
 
     def __init__(self, config: Qwen3NextConfig, weights: NextWeights, *, max_batch: int = 1, max_seq_len: int = 512,
-                 backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False,
-                 hybrid: list | None = None, tp=None):  # fmt: skip
+                 plan: DecodePlan | None = None, backends: dict[str, str] | None = None, q4_0_path: str = "auto",
+                 static: bool = False, hybrid: list | None = None, tp=None):  # fmt: skip
         c = self.config = config
+        self.plan = plan_of(plan, backends, q4_0_path)
         self.tp = tp
         if tp is not None and hybrid is not None:
             raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
@@ -204,8 +207,7 @@ class Qwen3Next:
         self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
         self._id_cols: dict[tuple, torch.Tensor] = {}  # _ids' columns of decode steps
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
-        self.static, self.q4_0_path = static, q4_0_path
-        self.backends = backend_map(backends or {})
+        self.static = static
         device, dtype = weights.embed.device, weights.embed.dtype
         self.slot = {i: j for j, i in enumerate(c.attention_layers)}  # layer -> its KV cache index
         self.cache = KVCache(len(self.slot), self.kv_heads * c.head_dim, max_batch, max_seq_len, static,
@@ -233,7 +235,7 @@ class Qwen3Next:
         hybrid_end_step(self.hybrid, self._routed)
 
     def linear(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
-        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path)
+        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, checks=self.plan.checks)
 
     def _proj(self, x: torch.Tensor, fused: Weight | None, parts: list[Weight]) -> list[torch.Tensor]:
         """``x`` through each of ``parts``: one matmul over ``fused`` (their rows stacked) when it exists."""
@@ -309,7 +311,7 @@ class Qwen3Next:
         q, k = q.to(x.dtype), k.to(x.dtype)
         yield Stage(f"layer {i} qk_norm_rope", {"q": q, "k": k}, "q")
         att = self.cache.attend(self.slot[i], q.view(b, t, nh, hd), k.view(b, t, nkv, hd), v.reshape(b, t, nkv, hd),
-                                geo, self.backends).reshape(b * t, nh * hd)  # fmt: skip
+                                geo, self.plan).reshape(b * t, nh * hd)  # fmt: skip
         yield Stage(f"layer {i} attention", {"attention": att}, "attention")
         gated = ops.output_gate(att, gate.reshape(b * t, nh * hd), backend=self.backends["output_gate"])
         yield Stage(f"layer {i} output_gate", {"attention": gated}, "attention")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.backends import calls
 from ftlab.quant import Q8_1, QK
 
 
@@ -42,22 +43,23 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     one, else "auto").
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     if validate:
         scale = _checks(q, k, v, lengths, scale, quantize)
     b, h, d = q.shape
     scale = d**-0.5 if scale is None else scale
-    impl = backends.resolve("decode_attention", backend, q.device, q.dtype)
     args = (q.contiguous(), _cache(k), _cache(v), lengths.contiguous(), float(scale))
+    plan = backends.plan("decode_attention", calls.attention(*args[:3]), backend=backend)
     if not quantize:
-        return impl.fn(*args)
-    if impl.backend == "hip":  # its one-launch kernel writes the Q8_1 itself
-        return impl.fn(*args, quantize=True)
+        return plan.run(*args)
+    if plan.backend == "hip":  # its kernels write the Q8_1 themselves (or quantize after)
+        return plan.run(*args, quantize=True)
     from ftlab.ops.q4_0 import quantize_q8_1
 
-    out = impl.fn(*args)
-    qb = impl.backend if impl.backend in backends.available_backends("quantize_q8_1", q.device, q.dtype) else "auto"
+    out = plan.run(*args)
+    avail = backends.available_backends("quantize_q8_1", q.device, q.dtype)
+    qb = plan.backend if plan.backend in avail else "auto"
     return out, quantize_q8_1(out.view(b, h * d), backend=qb)
 
 

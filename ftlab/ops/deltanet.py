@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.backends import calls
 
 CHUNK_SIZES = (16, 32, 64)
 #: the precisions of :func:`gated_delta_rule`'s products
@@ -93,7 +94,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     sums and the state kept in fp32 -- the precision of fla's ``chunk_gated_delta_rule`` --
     within ``gated_delta_tolerance(..., operands="bf16")``. It applies to bf16 q, k, v in chunks
     of 64 on the GPU backends (HIP's chunks in one bf16 plane, Triton's chunk-64 kernels with
-    bf16 dots); elsewhere the result is the "fp32" one, which is within both bounds.
+    bf16 dots); elsewhere the result is the "fp32" one, which is within both bounds, and the
+    plan's reason says so (``ftlab ops gated_delta_rule --explain``).
     """
     _, hv, scale = _check(q, k, v, g, beta, ("B", "T"), scale, l2norm_qk)
     b, t, _, dk = q.shape
@@ -104,13 +106,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    impl = backends.resolve("gated_delta_rule", backend, q.device, q.dtype)
+    call = calls.delta_rule(q, v, chunk_size, precision)
+    plan = backends.plan("gated_delta_rule", call, backend=backend)
     if b == 0 or t == 0:
         final = state.clone() if state is not None else torch.zeros(b, hv, dk, dv, device=q.device)
         return torch.empty(b, t, hv, dv, dtype=v.dtype, device=v.device), final
-    return impl.fn(q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
-                   beta.float().contiguous(), None if state is None else state.contiguous(), scale, l2norm_qk,
-                   chunk_size, precision=precision)  # fmt: skip
+    initial = None if state is None else state.contiguous()
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return plan.run(q, k, v, g, beta, initial, scale, l2norm_qk, chunk_size, precision=precision)
 
 
 def _gates(gates: object, g: torch.Tensor, beta: torch.Tensor, q: torch.Tensor, hv: int) -> None:

@@ -6,27 +6,10 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.backends import calls
 from ftlab.ops.norm import checked as norm_checked
 from ftlab.ops.norm import contiguous_rows as norm_rows
-from ftlab.quant import QTYPES, Q4_0Weight, QuantWeight
-
-#: the paths of moe_experts on QuantWeight banks of other types than Q4_0 (Q8_0, the K-quants),
-#: by backend; a backend not named has none
-KQUANT_PATHS = {"reference": ("int8", "dequant"), "cpu": ("int8",), "triton": ("int8", "dequant"),
-                "hip": ("int8",)}  # fmt: skip
-
-
-def kquant_path(backend: str, requested: str, resolved: str, qtypes: str) -> str:
-    """The path ``backend`` takes on Q8_0 / K-quant banks (``qtypes`` names them for the message):
-    ``resolved`` (what "auto" or the request resolved to) where it has it, else int8 for a
-    request of "auto"; else ``BackendUnavailable``."""
-    paths = KQUANT_PATHS.get(backend, ())
-    if resolved in paths:
-        return resolved
-    if requested == "auto" and paths:
-        return paths[0]
-    raise backends.BackendUnavailable(f"moe_experts: backend {backend!r} cannot serve {qtypes} banks on path "
-                                      f"{resolved!r} (paths on banks other than Q4_0: {KQUANT_PATHS})")  # fmt: skip
+from ftlab.quant import QTYPES, QuantWeight
 
 
 def route_topk(
@@ -92,7 +75,7 @@ def add_rmsnorm_router_topk(
     streams of one device must not overlap.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read."""
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read."""
     if validate:
         eps = norm_checked(x, residual, norm_weight, eps)
         _router_checks(x, weight, top_k, renormalize)
@@ -173,36 +156,23 @@ def moe_experts(
     exact integer sub-block dots), ``"dequant"`` (weights dequantized; a backend may round them,
     and h, to x's dtype for its matrix units), ``"auto"`` (int8 up to
     ``backends.DECODE_MAX_TOKENS`` tokens, else the backend's prefill path: reference and triton
-    ``"dequant"``, hip and cpu ``"int8"``). Dense banks ignore it. Banks of other types than
-    Q4_0 take the paths of :data:`KQUANT_PATHS` (``"auto"`` falls back to int8 where the
-    backend's prefill path is missing; the others raise ``BackendUnavailable``). The routing weight
+    ``"dequant"``, hip and cpu ``"int8"``); with ``backend="auto"`` the planner may take another
+    backend and path where one measured faster (``ftlab ops moe_experts --explain``). Dense banks
+    ignore it. A path a backend lacks raises ``BackendUnavailable``. The routing weight
     multiplies each expert's down output before the sum over the k slots, in every backend.
     ``backend="cpu"``: the native CPU kernels (CPU tensors; what the hybrid executor runs).
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     if validate:
         _experts_checks(x, w_gate_up, w_down, topk_weights, topk_ids)
-    if isinstance(w_gate_up, QuantWeight):
-        requested = path
-        impl, path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0], path)
-        gu4, dn4 = isinstance(w_gate_up, Q4_0Weight), isinstance(w_down, Q4_0Weight)
-        # a Q4_0 bank beside a K-quant one keeps the resolved backend (untimed against hip)
-        over = None if gu4 != dn4 else backends.kquant_prefill("moe_experts", impl, backend, requested, x.device,
-                                                                x.dtype, x.shape[0], q4_0=gu4)  # fmt: skip
-        if over is not None:  # prefill: Triton's grouped dequant GEMM over hip's int8 kernels
-            impl, path = over
-        elif not (gu4 and dn4):
-            if backend == "auto" and impl.backend not in KQUANT_PATHS:  # a GPU's auto order: hip first
-                impl, path = backends.resolve_path("moe_experts", "triton", x.device, x.dtype, x.shape[0],
-                                                   requested)  # fmt: skip
-            path = kquant_path(impl.backend, requested, path, f"{w_gate_up.qtype} / {w_down.qtype}")
-    else:
-        if path != "auto" and path not in backends.Q4_0_PATHS:
-            raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")
-        impl = backends.resolve("moe_experts", backend, x.device, x.dtype)
-    return impl.fn(x, w_gate_up, w_down, topk_weights, _valid_ids(topk_ids, w_gate_up.shape[0]), path)
+    if path != "auto" and path not in backends.Q4_0_PATHS:
+        raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")
+    call = calls.experts(x, w_gate_up, w_down, topk_ids.shape[1])
+    plan = backends.plan("moe_experts", call, backend=backend, path=path)
+    ids = _valid_ids(topk_ids, w_gate_up.shape[0])
+    return plan.run(x, w_gate_up, w_down, topk_weights, ids, plan.path or path)
 
 
 def _experts_checks(x: object, w_gate_up: object, w_down: object, topk_weights: object, topk_ids: object) -> None:

@@ -25,7 +25,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     ``s`` (a new contiguous ``[N, H]``, or x), both in x's dtype; the inputs are never written.
 
     ``validate=False`` skips the argument checks above (the caller vouches for them, as the models
-    do: ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
+    do: a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     eps = checked(x, residual, weight, eps) if validate else float(eps)
     impl = backends.resolve("add_rmsnorm", backend, x.device, x.dtype)

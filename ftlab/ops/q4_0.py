@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.backends import calls
 from ftlab.ops.norm import add_rmsnorm, checked, contiguous_rows
 from ftlab.quant import Q8_1, QK, Q4_0Weight
 
@@ -67,8 +68,8 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
       tile (Triton) -- within one rounding of each weight of the fp32 result.
       ``"auto"``: int8 up to ``backends.DECODE_MAX_TOKENS`` rows (decode); for more rows the
       backend's prefill path (reference, triton: dequant; hip: int8). With ``backend="auto"``
-      on the GPUs of ``backends.Q4_0_PREFILL_ARCHS`` (16-bit x), prefill takes Triton's dequant
-      GEMM (``backends.kquant_prefill``).
+      the planner may take another backend and path where one measured faster (Hopper, 16-bit
+      x: Triton's dequant GEMM for prefill; ``ftlab ops q4_0_matmul --explain`` says why).
     With ``backend="auto"`` and an explicit path, the first backend in auto order that
     implements that path serves the call.
 
@@ -81,21 +82,18 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
     Unused by the dequant path.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     if validate:
         _matmul_checks(x, w, x_q8)
-    impl, chosen = backends.resolve_path("q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
-    over = backends.kquant_prefill("q4_0_matmul", impl, backend, path, x.device, x.dtype, x.shape[0], q4_0=True)
-    if over is not None:  # prefill where Triton's 64-weight steps beat hip's int8 tiles
-        impl, chosen = over
+    plan = backends.plan("q4_0_matmul", calls.matmul(x, w), backend=backend, path=path)
     if x.shape[0] == 0 or w.shape[0] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:
         x = x.contiguous()
-    if x_q8 is None or chosen != "int8":  # a registered backend may take (x, w, path) only
-        return impl.fn(x, w, chosen)
-    return impl.fn(x, w, chosen, x_q8)
+    if x_q8 is None or plan.path != "int8":  # a registered backend may take (x, w, path) only
+        return plan.run(x, w, plan.path)
+    return plan.run(x, w, plan.path, x_q8)
 
 
 def _matmul_checks(x: object, w: object, x_q8: object) -> None:
@@ -130,7 +128,8 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
         raise ValueError(f"w must be a 2-D Q4_0Weight [N, K] with x's K = {x.shape[1]}, got shape {tuple(w.shape)}")
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
-    impl, chosen = backends.resolve_path("add_rmsnorm_q4_0_matmul", backend, x.device, x.dtype, x.shape[0], path)
+    plan = backends.plan("add_rmsnorm_q4_0_matmul", calls.matmul(x, w), backend=backend, path=path)
+    impl, chosen = plan.impl, plan.path
     if x.shape[0] == 0 or w.shape[0] == 0:  # nothing to multiply: the two ops' own empty cases
         y, s = add_rmsnorm(x, residual, norm_weight, eps, backend=impl.backend)
         return y, s, torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)

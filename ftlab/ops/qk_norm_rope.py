@@ -37,7 +37,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     graph capture); two tokens with one slot leave either's rows. No other cache row is touched.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     if validate:
         rot, eps = _checks(q, k, q_weight, k_weight, cos, sin, eps, rotary_dim)

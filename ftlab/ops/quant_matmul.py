@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ftlab import argcheck, backends
+from ftlab.backends import calls
 from ftlab.ops.q4_0 import q4_0_matmul
 from ftlab.quant import Q4_0Weight, QuantWeight
 
@@ -27,27 +28,24 @@ def quant_matmul(
       ``"dequant"``: ``x @ dequantize(W).T`` with the weights rounded to x's dtype in the tile,
       accumulated in fp32.
       ``"auto"``: int8 up to ``backends.DECODE_MAX_TOKENS`` rows, else the backend's prefill path.
+    ``backend="auto"`` and the path and kernel variant are the planner's
+    (``ftlab.backends.plan``; ``ftlab ops quant_matmul --explain`` prints its choice and why).
     A :class:`~ftlab.quant.Q4_0Weight` goes to :func:`~ftlab.ops.q4_0_matmul` (same paths).
     x may be non-contiguous (row stride > K).
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    ``ftlab.models.layers.OP_CHECKS``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     if isinstance(w, Q4_0Weight):
         return q4_0_matmul(x, w, path=path, backend=backend, validate=validate)
     if validate:
         _checks(x, w)
-    impl, chosen = backends.resolve_path(
-        "quant_matmul", backend, x.device, x.dtype, x.shape[0], path
-    )
-    over = backends.kquant_prefill("quant_matmul", impl, backend, path, x.device, x.dtype, x.shape[0])
-    if over is not None:
-        impl, chosen = over
+    plan = backends.plan("quant_matmul", calls.matmul(x, w), backend=backend, path=path)
     if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:
         x = x.contiguous()
-    return impl.fn(x, w, chosen)
+    return plan.run(x, w, plan.path)
 
 
 def _checks(x: object, w: object) -> None:

@@ -317,22 +317,17 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
     """Every backend's moe_experts against the reference of the same path, within
     :func:`experts_tolerance`. Backends lacking the path for quantized banks, or the banks'
     types, are skipped when ``backends`` is None."""
-    from ftlab.ops.moe import KQUANT_PATHS, kquant_path
-
     device = torch.device(device)
     q4 = isinstance(w_gate_up, QuantWeight)
-    kquant = q4 and not (isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight))
     args = (x.to(device), w_gate_up.to(device), w_down.to(device), weights.to(device), ids.to(device))
     names = backends_for("moe_experts", device, x.dtype, backends)
     for name in names:
-        if name == "reference" or (kquant and backends is None and name not in KQUANT_PATHS):
+        if name == "reference":
             continue
         chosen = "dequant"  # dense banks: the path is moot, the dequant bound applies
         if q4:
             try:
                 chosen = resolve_path("moe_experts", name, device, x.dtype, x.shape[0], path)[1]
-                if kquant:
-                    chosen = kquant_path(name, path, chosen, "these")
             except BackendUnavailable:
                 if backends is None:  # all backends: those that implement this path
                     continue

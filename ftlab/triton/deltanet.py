@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab import backends
+from ftlab.backends import calls
 from ftlab.triton import deltanet_chunk, deltanet_chunk64
 
 
@@ -67,11 +69,16 @@ def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, 
     tl.store(o_ptr + bh * DV + dv, o.to(o_ptr.dtype.element_ty), mask=mv)
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, precision: str = "fp32"):
-    """Backend entry of :func:`ftlab.ops.gated_delta_rule`: the chunk-64 kernels where they apply
-    (with bf16 operands for bf16 inputs when ``precision`` is "bf16"), else the general chunked
-    kernels (at fp32 accuracy whatever ``precision`` allows)."""
-    if chunk_size == deltanet_chunk64.C and deltanet_chunk64.supports(q.shape[-1], v.shape[-1], q.device):
+def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int,
+                     variant: str | None = None, precision: str = "fp32"):  # fmt: skip
+    """Backend entry of :func:`ftlab.ops.gated_delta_rule`. ``variant``: ``"chunk64"`` (the
+    chunk-64 kernels, the state kept in registers across chunks; bf16 operands for bf16 inputs
+    when ``precision`` is "bf16") or ``"chunk"`` (the general chunked kernels, fp32 accuracy
+    whatever ``precision`` allows); None: the planner's default; one that cannot serve raises
+    ``BackendUnavailable``."""
+    call = calls.delta_rule(q, v, chunk_size, precision)
+    variant = backends.variant_for("gated_delta_rule", "triton", call, variant)
+    if variant == "chunk64":
         return deltanet_chunk64.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, precision=precision)
     return deltanet_chunk.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
 

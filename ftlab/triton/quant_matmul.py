@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab import backends
+from ftlab.backends import calls
 from ftlab.platform import current
 from ftlab.quant import Q8_1, QuantWeight
 from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, quantize_q8_1, rows_16
@@ -295,12 +297,16 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
     return y
 
 
-def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.quant_matmul` (arguments validated, path resolved)."""
+def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str, variant: str | None = None) -> torch.Tensor:
+    """Backend entry of :func:`ftlab.ops.quant_matmul` (arguments validated, path resolved).
+    ``variant``: ``"words"`` or ``"tiles"`` (the int8 path's matvecs, ``MATVEC_ROWS`` rows a
+    pass) or ``"gemm"`` (the dequant path's); None: the planner's default for the call; one that
+    cannot serve raises ``BackendUnavailable``."""
+    variant = backends.variant_for("quant_matmul", "triton", calls.matmul(x, w), variant, path=path)
     if path == "int8":
         x8, rows = quantize_q8_1(x), MATVEC_ROWS
-        outs = [quant_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
-                for i in range(0, x.shape[0], rows)]  # fmt: skip
+        outs = [quant_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype,
+                             variant) for i in range(0, x.shape[0], rows)]  # fmt: skip
         return outs[0] if len(outs) == 1 else torch.cat(outs)
     return quant_dequant_gemm(x, w)
 

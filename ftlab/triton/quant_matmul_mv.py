@@ -2,11 +2,10 @@
 of Q8_1 activations; docs/OPS.md section 11; reference: ``ftlab/reference/quant_matmul.py``),
 used by ``quant_matmul``'s int8 path (``ftlab/triton/quant_matmul.py``).
 
-``MATVEC_VARIANT`` picks the kernel: ``"words"`` (default) the unit-per-thread kernel of
-``ftlab/triton/quant_matmul_mvw.py`` where the rows are word-addressable (Q8_0: an even number of
-blocks a row; Q6_K: a whole number of words in all), else ``"tiles"``, the kernels below. On the
-H200 the words kernel is 2.6-7x faster than the tiles at M = 1 and 3-9x at M = 8 (lm_head: Q4_K
-and Q6_K 76% of copy against 23% and 15%); the tiles remain for rows it cannot read.
+Two kernels (the planner picks: ``ftlab.backends.rules``): ``"words"``, the unit-per-thread
+kernel of ``ftlab/triton/quant_matmul_mvw.py`` where the rows are word-addressable (Q8_0: an even
+number of blocks a row; Q6_K: a whole number of words in all), and ``"tiles"``, the kernels
+below, for the rows it cannot read.
 
 One program takes ``BLOCK_N`` weight rows and walks its share of K (split-K over a second grid
 axis when the rows alone would leave SMs idle) ``BLOCK_SB`` blocks at a time, reading each
@@ -44,7 +43,6 @@ from ftlab.triton.quant_matmul_mvw import (
 from ftlab.triton.quants import scale_min_k4
 
 #: "words" (kq_mvw_kernel where the rows allow it) or "tiles" (the kernels of this module)
-MATVEC_VARIANT = "words"
 #: rows one matvec pass takes (MP up to 8); more rows run pass by pass
 MATVEC_ROWS = 8
 #: per type: rows and blocks of a program's tile, warps. Untimed starting points: 2048 weights
@@ -346,12 +344,13 @@ def words_matvec(
     return y.to(out_dtype)
 
 
-def quant_matvec(
-    x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, variant: str | None = None
-) -> torch.Tensor:
-    """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]``; split-K when N alone would leave SMs idle.
-    ``variant`` overrides ``MATVEC_VARIANT``."""
-    if (variant or MATVEC_VARIANT) == "words" and words_fit(w):
+def quant_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, variant: str) -> torch.Tensor:
+    """int8-dot ``[M <= 8, K] x [N, K] -> [M, N]`` by ``variant`` (``"words"``: rows of whole
+    32-bit words, :func:`words_fit`; ``"tiles"``); split-K when N alone would leave SMs idle."""
+    if variant == "words":
+        if not words_fit(w):
+            raise ValueError(f"the words matvec reads rows of whole 32-bit words; a {w.qtype} "
+                             f"weight of shape {tuple(w.shape)} has none")  # fmt: skip
         return words_matvec(x8, w, out_dtype)
     return tiles_matvec(x8, w, out_dtype)
 

@@ -7,9 +7,10 @@ import torch
 
 import ftlab
 from ftlab import cli, environment
+from ftlab.cli import app as cli_app
 
 
-def run(*args, module="ftlab.cli"):
+def run(*args, module="ftlab"):
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
 
 
@@ -117,7 +118,10 @@ def test_debug_shows_the_traceback(where):
     args = ["run", "--model", "/nonexistent.gguf"]
     res = run(*(["--debug", *args] if where == "before" else [*args, "--debug"]))
     assert res.returncode == 1
-    assert "Traceback (most recent call last)" in res.stderr and "FileNotFoundError: model must be" in res.stderr
+    assert (
+        "Traceback (most recent call last)" in res.stderr
+        and "FileNotFoundError: model must be" in res.stderr
+    )
 
 
 @pytest.mark.parametrize("args, message", [
@@ -167,7 +171,7 @@ def test_an_unexpected_error_names_its_type(monkeypatch, capsys):
     def broken(_args):
         raise KeyError("no such thing\nsecond line")
 
-    monkeypatch.setattr(cli, "cmd_env", broken)
+    monkeypatch.setattr(cli_app, "cmd_env", broken)
     assert cli.main(["env"]) == 1
     line = one_error_line(capsys.readouterr().err)
     assert line == "ftlab: error: KeyError: no such thing (+1 more lines: --debug shows them)"
@@ -217,10 +221,14 @@ def test_ops_lists_and_describes():
     res = subprocess.run([sys.executable, "-m", "ftlab", "ops"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "moe_experts      moe           reference, triton, hip, cpu" in res.stdout
-    res = subprocess.run([sys.executable, "-m", "ftlab", "ops", "q4_0_matmul"], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "ftlab", "ops", "q4_0_matmul"], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     for piece in ("ftlab/ops/q4_0.py", "ftlab/reference/q4_0.py", "ftlab/triton/q4_0.py", "ftlab/hip/csrc/q4_0.hip",
                   "tests/property/test_q4_0.py", "docs/OPS.md#q4_0_matmul", "paths int8, prefill int8"):  # fmt: skip
         assert piece in res.stdout, piece
-    res = subprocess.run([sys.executable, "-m", "ftlab", "ops", "nope"], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "ftlab", "ops", "nope"], capture_output=True, text=True
+    )
     assert res.returncode == 1 and res.stderr.startswith("ftlab: error: op must be one of")

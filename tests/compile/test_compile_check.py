@@ -136,7 +136,7 @@ def test_cli_writes_support_matrix(tmp_path):
     """The CLI end to end on one target and one family (every target's rows are checked above)."""
     out = tmp_path / "matrix.md"
     res = subprocess.run(
-        [sys.executable, "-m", "ftlab.cli", "compile-check", "--targets", "gfx1100", "--only", "index_store", "--write",
+        [sys.executable, "-m", "ftlab", "compile-check", "--targets", "gfx1100", "--only", "index_store", "--write",
          str(out)],  # fmt: skip
         capture_output=True,
         text=True,

@@ -2,7 +2,7 @@
 Q4_0 weights, every cache slot filled, position 512): over many token draws, two eager steps through
 the captured kernels are equal, a replay of the captured step equals them, and so does the eager
 step as the pipeline launches it (the fused norm and q/k/v matvec, same bits by contract). torch's
-SDPA on cuDNN parted from itself here on the H200 (``layers.DECODE_ATTENTION_HIP``'s comment): one
+SDPA on cuDNN parted from itself here on the H200 (benchmarks/NOTES.md, "Graph against eager decode: cuDNN's attention"): one
 draw gives no evidence, hence the draws, batch 1 and 8."""
 
 from dataclasses import replace
@@ -23,7 +23,6 @@ def bench_shape():
 @pytest.mark.parametrize("batch", [1, 8])
 def test_decode_steps_repeat_bit_for_bit_gpu(bench_shape, batch):
     from ftlab.bench.model import fill_cache
-    from ftlab.models import layers
     from ftlab.models.decode_steps import DecodeGraph
     from ftlab.models.qwen3_moe import Qwen3Moe
 
@@ -37,7 +36,7 @@ def test_decode_steps_repeat_bit_for_bit_gpu(bench_shape, batch):
     parted = []
     for draw in range(40):
         tok = torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev)
-        with layers.as_captured():
+        with model.planned(model.plan.as_captured()):
             first = model.forward(tok, pos).clone()
             second = model.forward(tok, pos).clone()
         replayed = graph(tok, pos).clone()

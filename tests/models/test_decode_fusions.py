@@ -1,38 +1,37 @@
-"""Qwen3Moe's decode-step fusions against the separate ops they replace, through the same backend:
-the KV cache written by ops.qk_norm_rope's launch (layers.KV_STORE_IN_ROPE) against ops.store,
-and the post-attention add and norm inside ops.add_rmsnorm_router_topk (layers.NORM_IN_ROUTER)
-against add_rmsnorm then router_topk: the same bits, and the replaced launch gone."""
+"""Qwen3Moe's decode-step fusions (its DecodePlan's choices) against the separate ops they
+replace, through the same backend: the KV cache written by ops.qk_norm_rope's launch
+(``kv_store_in_rope``) against ops.store, and the post-attention add and norm inside
+ops.add_rmsnorm_router_topk (``norm_in_router``) against add_rmsnorm then router_topk: the same
+bits, and the replaced launch gone."""
 
 import pytest
 import torch
 
+from ftlab.models import DecodePlan
 from ftlab.models.pipeline import Pipeline
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_kv_store_in_rope_equals_the_store_op(monkeypatch, backend):
-    """The KV cache written by ops.qk_norm_rope's launch (layers.KV_STORE_IN_ROPE) gives the bits of
+    """The KV cache written by ops.qk_norm_rope's launch (kv_store_in_rope) gives the bits of
     the separate ops.store: prefill, then decode steps, through one backend; "store" named
     apart keeps the separate op."""
-    from ftlab.models import layers
-
     ids = Pipeline.load("tiny-qwen3-moe-wide").tokenizer.encode("Every operator has a reference")
     runs = []
     for fused in (False, True):
-        monkeypatch.setattr(layers, "KV_STORE_IN_ROPE", fused)
-        pipe = Pipeline.load("tiny-qwen3-moe-wide", backends={"qk_norm_rope": backend, "store": backend})
+        plan = DecodePlan(kv_store_in_rope=fused)
+        pipe = Pipeline.load("tiny-qwen3-moe-wide", backends={"qk_norm_rope": backend, "store": backend}, plan=plan)
         runs.append([pipe.prefill(ids[:3])] + [pipe.decode_step(t) for t in ids[3:]])
     for a, b in zip(*runs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_kv_store_in_rope_replaces_the_store_launch(monkeypatch):
-    """Under layers.KV_STORE_IN_ROPE the model calls ops.store no more (the cache is written by
-    qk_norm_rope), unless the backends map names a store backend of its own."""
+    """Under kv_store_in_rope (the default) the model calls ops.store no more (the cache is written
+    by qk_norm_rope), unless the backends map names a store backend of its own."""
     from ftlab import ops
-    from ftlab.models import layers
 
-    monkeypatch.setattr(layers, "KV_STORE_IN_ROPE", True)
+    assert DecodePlan().kv_store_in_rope
     stores = []
     real = ops.store
     monkeypatch.setattr(ops, "store", lambda *a, **k: stores.append(1) or real(*a, **k))
@@ -46,15 +45,13 @@ def test_kv_store_in_rope_replaces_the_store_launch(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_norm_in_router_equals_norm_then_router(monkeypatch, backend):
-    """The post-attention add and norm inside the router's op (layers.NORM_IN_ROUTER) give the bits
+    """The post-attention add and norm inside the router's op (norm_in_router) give the bits
     of add_rmsnorm then router_topk: prefill, then decode steps, and every stage of a pass."""
-    from ftlab.models import layers
-
     ids = Pipeline.load("tiny-qwen3-moe-wide").tokenizer.encode("Every operator has a reference")
     runs, stages = [], []
     for fused in (False, True):
-        monkeypatch.setattr(layers, "NORM_IN_ROUTER", fused)
-        pipe = Pipeline.load("tiny-qwen3-moe-wide", backends={"add_rmsnorm": backend, "router_topk": backend})
+        pipe = Pipeline.load("tiny-qwen3-moe-wide", backends={"add_rmsnorm": backend, "router_topk": backend},
+                             plan=DecodePlan(norm_in_router=fused))  # fmt: skip
         stages.append(list(pipe.stages("Every operator")))
         runs.append([pipe.prefill(ids[:3])] + [pipe.decode_step(t) for t in ids[3:]])
     for a, b in zip(*runs, strict=True):
@@ -65,34 +62,34 @@ def test_norm_in_router_equals_norm_then_router(monkeypatch, backend):
 
 @pytest.mark.parametrize("backend", ["reference"])  # Triton's bits: tests/property/test_q4_0_norm_matvec.py
 def test_norm_in_qkv_equals_norm_then_matvec(monkeypatch, backend):
-    """Each layer's input add and norm inside its q/k/v matvec (layers.NORM_IN_QKV, the Q4_0 file)
+    """Each layer's input add and norm inside its q/k/v matvec (norm_in_qkv, the Q4_0 file)
     give the bits of add_rmsnorm then q4_0_matmul: a 3-token prefill (the fused op, which falls
     back to the two ops past one row), then decode steps."""
     from ftlab import ops
-    from ftlab.models import layers
 
     ids = Pipeline.load("tiny-qwen3-moe", quant="q4_0").tokenizer.encode("Every operator has a reference")
     runs, calls = [], []
     real = ops.add_rmsnorm_q4_0_matmul
     monkeypatch.setattr(ops, "add_rmsnorm_q4_0_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
     for fused in (False, True):
-        monkeypatch.setattr(layers, "NORM_IN_QKV", fused)
-        pipe = Pipeline.load("tiny-qwen3-moe", quant="q4_0", backends={"add_rmsnorm": backend, "q4_0_matmul": backend})
+        plan = DecodePlan(norm_in_qkv="always" if fused else "never")
+        pipe = Pipeline.load("tiny-qwen3-moe", quant="q4_0", backends={"add_rmsnorm": backend, "q4_0_matmul": backend},
+                             plan=plan)  # fmt: skip
         runs.append([pipe.prefill(ids[:3])] + [pipe.decode_step(t) for t in ids[3:]])
         assert bool(calls) == fused
     for a, b in zip(*runs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_decode_attention_hip_flag_picks_the_backend():
-    """layers.DECODE_ATTENTION_HIP turns only "auto" to hip, and only on a GPU for the shapes of
-    hip's one-launch kernel (fp16 / bf16, head dim 128 or 256, at most 8 query heads a key head);
-    a named backend stays."""
+def test_hip_attention_picks_the_backend():
+    """The plan's hip_attention turns only "auto" to hip, and only on a GPU where the planner gives
+    the call hip's one-launch kernel (fp16 / bf16, head dim 128 or 256, at most 8 query heads a
+    key head); a named backend stays."""
     from ftlab.models import layers
 
-    cpu = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
-    assert layers.decode_attention_backend("auto", cpu, 4, {}) == "auto"
-    assert layers.decode_attention_backend("triton", cpu, 4, {}) == "triton"
+    q, kv = torch.zeros(1, 8, 128, dtype=torch.bfloat16), torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16)
+    assert layers.hip_attention(DecodePlan(), "auto", q, kv, kv, {}) == "auto"
+    assert layers.hip_attention(DecodePlan(), "triton", q, kv, kv, {}) == "triton"
 
 
 def _head_dim_128_model(dev: torch.device):
@@ -109,11 +106,10 @@ def _head_dim_128_model(dev: torch.device):
 
 @pytest.mark.gpu
 def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
-    """Under layers.DECODE_ATTENTION_HIP a bf16 model of head dim 128 attends each decode step through
+    """Under hip_attention="always" a bf16 model of head dim 128 attends each decode step through
     ops.decode_attention's hip kernel: the logits of backends={"decode_attention": "hip"} bit for
     bit (prefill, then decode steps), and a graph-replayed step equals the eager one."""
     from ftlab import ops
-    from ftlab.models import layers
     from ftlab.models.pipeline import DecodeGraph
     from ftlab.models.qwen3_moe import Qwen3Moe
 
@@ -125,16 +121,15 @@ def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
     real = ops.decode_attention
     monkeypatch.setattr(ops, "decode_attention", lambda *a, **k: calls.append(k.get("backend")) or real(*a, **k))
     runs = []
-    for flag, backends in ((True, None), (False, {"decode_attention": "hip"})):
-        monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", flag)
-        model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=64, static=True, backends=backends)
+    for flag, backends in ((True, {}), (False, {"decode_attention": "hip"})):
+        plan = DecodePlan(backends, hip_attention="always" if flag else "never")
+        model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=64, static=True, plan=plan)
         out = [model.forward(tokens[:, :20], torch.arange(20, device=dev)[None]).clone()]
         out += [model.forward(tokens[:, p:p + 1], torch.full((1, 1), p, device=dev)).clone() for p in range(20, 40)]
         runs.append(out)
     assert calls and set(calls) == {"hip"} and len(calls) == 2 * 20 * config.num_hidden_layers
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
-    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", True)
     graph = DecodeGraph(model, 1)
     for p in range(40, 50):
         replayed = graph(tokens[:, p - 40:p - 39], torch.full((1, 1), p, device=dev)).clone()
@@ -143,24 +138,21 @@ def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
 
 @pytest.mark.gpu
 def test_eager_decode_takes_hip_attention_gpu(monkeypatch):
-    """Under layers.DECODE_ATTENTION_HIP_EAGER an eager decode step of a bf16 model of
-    head dim 128 attends through hip's kernel, a captured one through SDPA; within
-    layers.attention_as_captured() the eager step takes SDPA too and equals the replayed step bit
+    """Under hip_attention="eager" an eager decode step of a bf16 model of
+    head dim 128 attends through hip's kernel, a captured one through SDPA; under
+    plan.attention_as_captured() the eager step takes SDPA too and equals the replayed step bit
     for bit; the eager step again, its attention held to the reference's in every layer, gives the
     same bits."""
     import ftlab.testing as ft
     from ftlab import ops
-    from ftlab.models import layers
     from ftlab.models.pipeline import DecodeGraph
     from ftlab.models.qwen3_moe import Qwen3Moe
 
-    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", False)
-    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP_EAGER", True)
     dev = torch.device("cuda")
     config, weights = _head_dim_128_model(dev)
     gen = torch.Generator(device=dev).manual_seed(4)
     tokens = torch.randint(0, config.vocab_size, (1, 30), device=dev, generator=gen)
-    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=64, static=True)
+    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=64, static=True, plan=DecodePlan(hip_attention="eager"))
     model.forward(tokens[:, :20], torch.arange(20, device=dev)[None])
     graph = DecodeGraph(model, 1)
     calls = []
@@ -173,7 +165,7 @@ def test_eager_decode_takes_hip_attention_gpu(monkeypatch):
         eager = model.forward(tok, pos).clone()
         assert calls == ["hip"] * config.num_hidden_layers
         calls.clear()
-        with layers.attention_as_captured():
+        with model.planned(model.plan.attention_as_captured()):
             same = model.forward(tok, pos).clone()
         assert calls == [] and torch.equal(replayed, same)
         with ft.decode_attention_held_to_reference() as held:
@@ -185,12 +177,11 @@ def test_eager_decode_takes_hip_attention_gpu(monkeypatch):
 
 @pytest.mark.gpu
 def test_attention_q8_for_o_proj_in_the_model_gpu(monkeypatch):
-    """Under layers.ATTENTION_Q8 (with DECODE_ATTENTION_HIP) hip's decode attention writes its
+    """Under attention_q8 (hip_attention "always") hip's decode attention writes its
     output's Q8_1 and the Q4_0 o_proj matvec takes it instead of quantizing its input: the same
     arithmetic, so the logits equal those with the flag off bit for bit (eager decode steps, and a
     graph-replayed step equals the eager one)."""
     from ftlab import ops
-    from ftlab.models import layers
     from ftlab.models.pipeline import DecodeGraph
     from ftlab.models.qwen3_moe import Qwen3Moe
 
@@ -201,18 +192,17 @@ def test_attention_q8_for_o_proj_in_the_model_gpu(monkeypatch):
     given = []
     real = ops.q4_0_matmul
     monkeypatch.setattr(ops, "q4_0_matmul", lambda *a, **k: given.append(k.get("x_q8") is not None) or real(*a, **k))
-    monkeypatch.setattr(layers, "DECODE_ATTENTION_HIP", True)
     runs = []
     for flag in (True, False):
-        monkeypatch.setattr(layers, "ATTENTION_Q8", flag)
-        model = Qwen3Moe(config, weights, max_batch=2, max_seq_len=96, static=True)
+        plan = DecodePlan(hip_attention="always", attention_q8=flag)
+        model = Qwen3Moe(config, weights, max_batch=2, max_seq_len=96, static=True, plan=plan)
         out = [model.forward(tokens[:, :30], torch.arange(30, device=dev)[None].expand(2, -1)).clone()]
         out += [model.forward(tokens[:, p:p + 1], torch.full((2, 1), p, device=dev)).clone() for p in range(30, 60)]
         runs.append(out)
     assert sum(given) == 30 * config.num_hidden_layers  # the flag's decode steps: every layer's o_proj
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
-    monkeypatch.setattr(layers, "ATTENTION_Q8", True)
+    model.plan = model.plan.with_(attention_q8=True)
     graph = DecodeGraph(model, 2)
     for p in range(60, 70):
         tok, pos = tokens[:, p - 60:p - 59], torch.full((2, 1), p, device=dev)

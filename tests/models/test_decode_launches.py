@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ftlab import jit, launches
+from ftlab.backends.registry import forget
 from ftlab.launches import NotReplayable, record
 
 
@@ -211,7 +212,15 @@ def test_decode_launches_records_the_hip_layers_on_cpu(monkeypatch):
     serve = backends.Impl.cannot_serve
     monkeypatch.setattr(backends.Impl, "cannot_serve",
                         lambda self, *a, **k: None if self.backend == "hip" else serve(self, *a, **k))  # fmt: skip
-    monkeypatch.setattr(backends, "_RESOLVED", {})
+    forget()  # no plan of another test's, none of this one's left behind (below)
+    try:
+        _record_the_hip_layers(Pipeline, Qwen3Moe, DecodeLaunches, backends)
+    finally:
+        monkeypatch.undo()
+        forget()
+
+
+def _record_the_hip_layers(Pipeline, Qwen3Moe, DecodeLaunches, backends) -> None:
     pipe = Pipeline.load("tiny-qwen3-moe", quant="q4_0")
     names = {op: "hip" for op in Qwen3Moe.OPS if "hip" in backends.backends_of(op)}
     model = Qwen3Moe(pipe.config, pipe.weights, max_batch=2, max_seq_len=32, static=True,

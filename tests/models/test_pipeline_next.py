@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ftlab import backends as ftbackends
-from ftlab.models import layers, tiny
+from ftlab.models import tiny
 from ftlab.models.pipeline import Pipeline, format_compare
 from ftlab.models.pipeline_args import MODEL_OPS
 from ftlab.models.qwen3_next import Qwen3Next
@@ -181,10 +181,10 @@ def test_bf16_is_close_to_fp32_on_gpu(name):
 
 def _static_eager_step(pipe: Pipeline, token: int) -> torch.Tensor:
     """``pipe.decode_step(token)`` through its static model launched op by op, with the kernels
-    its captured step takes (``layers.as_captured``): what the graph must replay bit for bit."""
+    its captured step takes (``DecodePlan.as_captured``): what the graph must replay bit for bit."""
     pos = torch.tensor([[pipe.position]], device=pipe.device)
     pipe.position += 1
-    with layers.as_captured():
+    with pipe.model.planned(pipe.model.plan.as_captured()):
         logits = pipe.model.forward(torch.tensor([[token]], device=pipe.device), pos)[0, -1]
     pipe.model.end_step()
     return logits

@@ -1,5 +1,5 @@
 """HIP's chunked gated delta rule prefill (``ftlab.hip.deltanet.gated_delta_rule(...,
-method="chunk")``, csrc/deltanet_chunk.hip): on a GPU against the exact recurrence within the
+variant="chunk")``, csrc/deltanet_chunk.hip): on a GPU against the exact recurrence within the
 derived chunk-64 bound (ftlab.testing.gated_delta_tolerance), bf16 inputs at the models' shapes
 and at awkward ones; its entry's checks; on the CPU, which inputs it refuses and what it hands the
 kernels (the JIT module replaced by a recorder). The kernels' arithmetic is also held on the CPU by
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ftlab.testing as ft
+from ftlab.backends import BackendUnavailable
 from ftlab.hip import deltanet as hip_dn
 from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
 
@@ -44,13 +45,13 @@ def calls(monkeypatch):
     return rec.calls
 
 
-@pytest.mark.parametrize("method, want", [("chunk", "gated_delta_chunk"), ("scan", "gated_delta_scan")])
+@pytest.mark.parametrize("variant, want", [("chunk", "gated_delta_chunk"), ("scan", "gated_delta_scan")])
 @pytest.mark.parametrize("precision, planes", [("fp32", 3), ("bf16", 1)])
-def test_method_picks_the_entry(calls, method, want, precision, planes):
+def test_variant_picks_the_entry(calls, variant, want, precision, planes):
     q, k, v, g, beta, state = _inputs(0, 2, 130, 2, 12, 32, 24, with_state=True)
-    hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, 64, method=method, precision=precision)
+    hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, 64, variant=variant, precision=precision)
     assert [c[0] for c in calls] == [want]
-    if method == "chunk":  # q k v g beta state o, then ab, attn [B, Hv, NT, P, 64, 64] and sc [B, Hv, NT, 4, 64]
+    if variant == "chunk":  # q k v g beta state o, then ab, attn [B, Hv, NT, P, 64, 64] and sc [B, Hv, NT, 4, 64]
         assert calls[0][1][-3:] == [(2, 12, 3, planes, 64, 64), (2, 12, 3, planes, 64, 64), (2, 12, 3, 4, 64)]
         assert calls[0][2][-1] == planes  # the planes the kernels are built for
 
@@ -66,7 +67,8 @@ def test_method_picks_the_entry(calls, method, want, precision, planes):
     ],
 )
 def test_auto_takes_the_chunks_where_they_apply(calls, change, want):
-    """The default method: the chunked form for bf16 with chunk_size 64, the scan for the rest."""
+    """The default variant (the planner's): the chunked form for bf16 with chunk_size 64, the scan
+    for the rest."""
     q, k, v, g, beta, state = _inputs(0, 1, change.get("t", 70), 2, 4, 32, 24, with_state=False,
                                       dtype=change.get("dtype", torch.bfloat16))  # fmt: skip
     hip_dn.gated_delta_rule(q, k, v, g, beta, state, 0.2, True, change.get("chunk_size", 64))
@@ -74,27 +76,28 @@ def test_auto_takes_the_chunks_where_they_apply(calls, change, want):
 
 
 @pytest.mark.parametrize(
-    "change, match",
+    "change, error, match",
     [
-        ({"method": "chunked"}, r"method must be 'auto' or one of \('scan', 'chunk'\), got 'chunked'"),
-        ({"precision": "tf32"}, r"precision must be one of \('fp32', 'bf16'\), got 'tf32'"),
-        ({"dtype": torch.float16}, r"bf16 q, k and v, got torch.float16"),
-        ({"chunk_size": 32}, r"chunk_size 64, got 32"),
-        ({"dk": 129}, r"Dk <= 128, got 129"),
-        ({"dv": 2**20}, r"Hv \* Dv < 2\^25, got B=1, Hk=1, Hv=32, Dv=1048576"),
-        ({"dv": 2**21 + 64, "hv": 1}, r"ceil\(Dv / 32\) must be <= 65535"),
+        ({"variant": "chunked"}, ValueError, r"variant must be one of \['chunk', 'scan'\].*got 'chunked'"),
+        ({"precision": "tf32"}, ValueError, r"precision must be one of \('fp32', 'bf16'\), got 'tf32'"),
+        ({"dtype": torch.float16}, BackendUnavailable, r"'chunk' cannot serve.*not for float16 \(only bfloat16\)"),
+        ({"chunk_size": 32}, BackendUnavailable, r"chunk_size 32 \(it takes 64\)"),
+        ({"dk": 129}, BackendUnavailable, r"Dk = 129 > 128"),
+        ({"dv": 2**20}, BackendUnavailable, r"Hv \* Dv < 2\^25 .*got B=1, Hk=1, Hv=32, Dv=1048576"),
+        ({"dv": 2**21 + 64, "hv": 1}, BackendUnavailable, r"ceil\(Dv / 32\) must be <= 65535"),
     ],
 )
-def test_refusals_name_themselves(calls, change, match):
+def test_refusals_name_themselves(calls, change, error, match):
+    """A variant that cannot take the call is refused naming the limit (never swapped)."""
     dk, dv, hv = change.get("dk", 32), change.get("dv", 16), change.get("hv", 32)
     dtype = change.get("dtype", torch.bfloat16)
     # only the shapes and dtypes matter: expanded views, nothing the size of their shapes
     q, k = (torch.zeros((), dtype=dtype).expand(1, 3, 1, dk) for _ in range(2))
     v = torch.zeros((), dtype=dtype).expand(1, 3, hv, dv)
     g, beta = (torch.zeros(1, 3, hv) for _ in range(2))
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         hip_dn.gated_delta_rule(q, k, v, g, beta, None, 0.2, True, change.get("chunk_size", 64),
-                                method=change.get("method", "chunk"), precision=change.get("precision", "fp32"))  # fmt: skip
+                                variant=change.get("variant", "chunk"), precision=change.get("precision", "fp32"))  # fmt: skip
     assert calls == []
 
 
@@ -122,7 +125,7 @@ def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay, precis
     dev = torch.device("cuda")
     args = [x.to(dev) for x in (q, k, v, g, beta)]
     start = None if state is None else state.to(dev)
-    o, s = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk", precision=precision)
+    o, s = hip_dn.gated_delta_rule(*args, start, scale, True, 64, variant="chunk", precision=precision)
     err_o, err_s = (o.cpu().double() - exact_o).abs(), (s.cpu().double() - exact_s).abs()
     assert bool((err_o <= o_bound).all()), float((err_o / o_bound).max())
     assert bool((err_s <= s_bound).all()), float((err_s / s_bound).max())
@@ -130,10 +133,10 @@ def test_hip_chunked_prefill_gpu(b, t, hk, hv, dk, dv, with_state, decay, precis
     (ft.assert_three_plane_accuracy if precision == "fp32" else ft.assert_one_plane_accuracy)(o, s, exact_o, exact_s)
     if state is not None:
         assert torch.equal(start.cpu(), state)  # the initial state is left as it was
-    o2, s2 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk", precision=precision)
+    o2, s2 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, variant="chunk", precision=precision)
     assert torch.equal(o2, o) and torch.equal(s2, s)  # the same bits again
     if precision == "bf16":  # one plane ran, not three
-        _, s3 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, method="chunk", precision="fp32")
+        _, s3 = hip_dn.gated_delta_rule(*args, start, scale, True, 64, variant="chunk", precision="fp32")
         assert not torch.equal(s3, s)
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import backends, ops
-from ftlab.backends import BackendUnavailable
+from ftlab.backends import BackendUnavailable, calls
 from ftlab.jit import cpu_unavailable_reason
 
 #: (gate_up, down) bank types: Q4_K_M's two mixes, the others alone, and Q4_0 beside a K-quant
@@ -123,7 +123,7 @@ def test_kquant_gemm_configs_cpu(pairs):
 def test_q4_0_bank_tiles():
     """Q4_0 banks take 64-weight steps only where KQ_GEMM_CONFIGS["q4_0_pairs"] has timed tiles
     (16-bit activations), the weight-at-a-time tiles elsewhere; the archs are the ones where
-    auto's prefill leaves hip for them (backends.Q4_0_PREFILL_ARCHS), as for the dense GEMM."""
+    auto's prefill plan leaves hip for them, as for the dense GEMM."""
     import ftlab.triton.moe_kquant as mk
     import ftlab.triton.quant_matmul as tqm
 
@@ -135,7 +135,11 @@ def test_q4_0_bank_tiles():
     for arch in (None, "gfx1100", "sm_80"):
         assert not mk.q4_0_pairs(torch.bfloat16, arch)
         assert not mk.kq_gemm_config(torch.float16, "Q4_0", arch, True)["PAIRS"]
-    archs = set(backends.Q4_0_PREFILL_ARCHS)
+    from ftlab.platform import ARCHS, platform_from_arch
+
+    call = backends.Call("cuda", 0, torch.bfloat16, (512, 2048, 768, 128, 8), "Q4_0", "Q4_0")
+    archs = {a for a in ARCHS if backends.plan("moe_experts", call, path="auto",
+                                                platform=platform_from_arch(a)).backend == "triton"}  # fmt: skip
     assert archs == set(mk.KQ_GEMM_CONFIGS["q4_0_pairs"]) == set(tqm.GEMM_CONFIGS["q4_0"])
 
 
@@ -199,10 +203,8 @@ def kquant_vec_cases(draw):
 def test_kquant_vec_decode_gpu(case):
     """hip's vec decode experts against the int8 reference within its bound, and the same bits
     from a second call (no atomics: a replayed graph and an eager step agree)."""
-    import ftlab.hip.moe as hip_moe
-
     x, gu, dn, weights, ids = (v.to("cuda") for v in case)
-    assert hip_moe.kquant_vec_ok(x, gu, dn, ids.shape[1])
+    assert backends.variant_for("moe_experts", "hip", calls.experts(x, gu, dn, ids.shape[1]), path="int8") == "vec"
     ft.check_experts_case(x, gu, dn, weights, ids, path="int8", device="cuda", backends=["hip"])
     got = ops.moe_experts(x, gu, dn, weights, ids, path="int8", backend="hip")
     again = ops.moe_experts(x, gu, dn, weights, ids, path="int8", backend="hip")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import backends, ops
+from ftlab.backends import calls
 from ftlab.quant import QTYPES, QuantWeight
 from ftlab.reference import q4_0 as ref_q4_0
 from ftlab.reference import quant_matmul as ref
@@ -193,7 +194,7 @@ def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 3.0 if dtype == torch.bfloat16 else 0.02  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
-    assert hip_qmm.fused_ok(x, w)
+    assert backends.why_not("quant_matmul", "hip", "fused", calls.matmul(x, w)) is None
     y = hip_qmm.quant_matmul(x, w, "int8", variant="fused")
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
@@ -218,7 +219,12 @@ def test_hip_staged_matvec_gpu(qtype, dtype, n, k):
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
-    assert hip_qmm.staged_ok(x, w) == (qtype != "Q6_K" or k == 2048)
+    serves = backends.why_not("quant_matmul", "hip", "staged", calls.matmul(x, w)) is None
+    assert serves == (qtype != "Q6_K" or k == 2048)
+    if not serves:  # refused, never swapped
+        with pytest.raises(backends.BackendUnavailable, match="16-byte pieces"):
+            hip_qmm.quant_matmul(x, w, "int8", variant="staged")
+        return
     y = hip_qmm.quant_matmul(x, w, "int8", variant="staged")
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
@@ -248,12 +254,11 @@ def test_hip_staged_matvec_entry_checks_gpu():
 
 
 @pytest.mark.gpu
-def test_one_row_backend_of_the_models_gpu():
-    """The models' one-row K-quant matvec: hip's one-launch kernels on the int8 path (auto
-    included) for a projection-sized weight and the Q4_K and Q6_K lm_heads, never on the dequant
-    path (hip has none), nor for Q8_0 (hip's default there is not one launch)."""
-    from ftlab.models import layers as model_layers
-
+def test_one_row_plan_gpu():
+    """A one-row K-quant matvec's plan on this GPU: hip's one-launch kernels on the int8 path
+    (auto included) for a projection-sized weight and the Q4_K and Q6_K lm_heads, never on the
+    dequant path (hip has none); Q8_0 on NVIDIA Triton's (hip's default there is three
+    launches)."""
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     proj = random_quant_weight(1, "Q4_K", 512, 2048).to("cuda")
     big4 = QuantWeight(torch.zeros(65536, 1152, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q4_K")
@@ -261,12 +266,11 @@ def test_one_row_backend_of_the_models_gpu():
     nvidia = torch.version.hip is None
     for path in ("auto", "int8"):
         for w in (proj, big4, big6):
-            assert model_layers.one_row_quant_backend(x, w, path) == ("hip" if nvidia else "auto")
-    # Q8_0: the one-launch kernels take it, but hip's default for it is three launches: Triton serves
+            got = backends.plan("quant_matmul", calls.matmul(x, w), path=path)
+            assert got.backend == "hip" and got.variant in ("fused", "staged"), got
     q8 = random_quant_weight(2, "Q8_0", 512, 2048).to("cuda")
-    assert model_layers.one_row_quant_backend(x, q8, "int8") == ("triton" if nvidia else "auto")
-    assert model_layers.one_row_quant_backend(x, proj, "dequant") != "hip"
-    assert model_layers.one_row_quant_backend(x, big6, "dequant") != "hip"
+    assert backends.plan("quant_matmul", calls.matmul(x, q8), path="int8").backend == ("triton" if nvidia else "hip")
+    assert backends.plan("quant_matmul", calls.matmul(x, proj), path="dequant").backend != "hip"
 
 
 @pytest.mark.gpu

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import ftlab.triton.quant_matmul_mv as mv
+from ftlab import backends
+from ftlab.backends import calls
 from ftlab.quant import QuantWeight
 from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weight
 from ftlab.triton.q4_0 import quantize_q8_1
@@ -66,15 +68,20 @@ def test_words_kernel_unaligned_buffer_bf16_out(qtype):
         ("Q6_K", 2, 256, True),
     ],
 )
-def test_variant_choice_and_tile_kernels(qtype, n, k, fits, monkeypatch):
-    """Rows the word kernel cannot address take the tile kernels; both variants agree with the
-    reference wherever they run."""
+def test_variant_choice_and_tile_kernels(qtype, n, k, fits):
+    """Rows the word kernel cannot address are refused by it and planned on the tile kernels;
+    both variants agree with the reference wherever they run."""
     w = random_quant_weight(5, qtype, n, k)
     assert mv.words_fit(w) == fits
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(2))
-    for variant in ("words", "tiles"):
-        monkeypatch.setattr(mv, "MATVEC_VARIANT", variant)
-        _check(mv.quant_matvec(quantize_q8_1(x), w, torch.float32), x, w)
+    call = calls.matmul(x, w)
+    assert backends.variant_for("quant_matmul", "triton", call, path="int8") == ("words" if fits else "tiles")
+    _check(mv.quant_matvec(quantize_q8_1(x), w, torch.float32, "tiles"), x, w)
+    if fits:
+        _check(mv.quant_matvec(quantize_q8_1(x), w, torch.float32, "words"), x, w)
+    else:
+        with pytest.raises(ValueError, match="whole 32-bit words"):
+            mv.quant_matvec(quantize_q8_1(x), w, torch.float32, "words")
 
 
 @pytest.mark.gpu

@@ -6,7 +6,8 @@ harness (tests/unit/test_moe_kquant_vec_host.py) runs the same kernels on the CP
 import pytest
 import torch
 
-from ftlab import ops
+from ftlab import backends, ops
+from ftlab.backends import calls
 from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weight
 
 
@@ -28,7 +29,7 @@ def test_hip_sliced_matvec_gpu(qtype, dtype, n, k, variant):
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
-    assert hip_qmm.sliced_ok(x, w)
+    assert backends.why_not("quant_matmul", "hip", "sliced", calls.matmul(x, w)) is None
     y = hip_qmm.quant_matmul(x, w, "int8", variant=variant)
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
@@ -38,7 +39,7 @@ def test_hip_sliced_matvec_gpu(qtype, dtype, n, k, variant):
 
 @pytest.mark.gpu
 def test_hip_sliced_matvec_entry_checks_gpu():
-    """quant_mv_sliced's own checks: K a multiple of 256 up to 16384; "sliced" past that falls back."""
+    """quant_mv_sliced's own checks: K a multiple of 256 up to 16384; "sliced" past that is refused."""
     from ftlab import jit
     from ftlab.hip import quant_matmul as hip_qmm
 
@@ -48,9 +49,10 @@ def test_hip_sliced_matvec_entry_checks_gpu():
     y = torch.empty(1, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"up to 16384 \(the sliced matvec\), got K = 16640"):
         module.quant_mv_sliced(x, w.data, 1, y)
-    assert not hip_qmm.sliced_ok(x, w)
+    with pytest.raises(backends.BackendUnavailable, match="K = 16640"):  # refused, never swapped
+        hip_qmm.quant_matmul(x, w, "int8", variant="sliced")
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", x.dtype)
-    got = hip_qmm.quant_matmul(x, w, "int8", variant="sliced").float()  # "vec" takes it
+    got = hip_qmm.quant_matmul(x, w, "int8").float()  # the default there: "vec"
     assert bool(((got - exact.to("cuda")).abs() <= bound.to("cuda")).all())
     # quant_mv_sliced_q8: x's Q8_1 checked, y's dtype is the output's
     x8 = ops.quantize_q8_1(x[:, :2048].contiguous(), backend="hip")
@@ -75,8 +77,7 @@ def test_hip_sliced_matvec_entry_checks_gpu():
 def test_hip_one_row_q4_0_q8_0_gpu(qtype, variant, dtype, n, k):
     """Q4_0 and Q8_0 in groups of eight blocks through the one-launch one-row kernels, within
     their int8 bounds (Q4_0: q4_0_matmul's), every row. Where a variant does not apply (staged
-    past K = 2048 or on Q8_0, fused past 8192: asserted, so a wrong applicability check cannot
-    pass by falling back) its fallback is held to the same bound."""
+    past K = 2048 or on Q8_0, fused past 8192) it is refused, never swapped."""
     from ftlab.hip import quant_matmul as hip_qmm
     from ftlab.testing.q4_0 import matmul_tolerance as q4_0_tolerance
 
@@ -84,8 +85,11 @@ def test_hip_one_row_q4_0_q8_0_gpu(qtype, variant, dtype, n, k):
     scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
     applies = {"fused": k <= 8192, "staged": k <= 2048 and qtype != "Q8_0", "sliced": True, "sliced_q8": True}[variant]
-    ok = {"fused": hip_qmm.fused_ok, "staged": hip_qmm.staged_ok, "sliced": hip_qmm.sliced_ok, "sliced_q8": hip_qmm.sliced_ok}
-    assert ok[variant](x, w) == applies
+    assert (backends.why_not("quant_matmul", "hip", variant, calls.matmul(x, w)) is None) == applies
+    if not applies:
+        with pytest.raises(backends.BackendUnavailable):
+            hip_qmm.quant_matmul(x, w, "int8", variant=variant)
+        return
     if qtype == "Q4_0":
         y = hip_qmm.q4_0_one_row(x, w, variant)
         exact = ops.q4_0_matmul(x.float(), w, path="int8", backend="reference").cpu()

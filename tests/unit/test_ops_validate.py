@@ -1,4 +1,4 @@
-"""``validate=False`` on the ops a decode step calls (the models' calls, ``layers.OP_CHECKS``): on
+"""``validate=False`` on the ops a decode step calls (the models' calls, a DecodePlan's ``checks``): on
 arguments the checks pass, every backend returns the bits of the checked call, on the layouts the
 models hand over (views of a fused projection, ``[B, T, 1, R]`` rope tables, v as ``[N, Hv, D]``,
 a slot-indexed cache viewed per sequence, weights of another dtype) and on plain ones; and the
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ftlab import ops
-from ftlab.models import layers
+from ftlab.models import DecodePlan
 from ftlab.models.pipeline import Pipeline
 from ftlab.models.qwen3_moe import rope_tables
 from ftlab.quant import Q4_0Weight
@@ -118,7 +118,7 @@ def test_decode_attention_unvalidated(device, backend, dtype):
 
 
 def test_models_pass_the_op_checks(monkeypatch):
-    """The models' op calls run with the checks on (layers.OP_CHECKS) raise nothing and give the
+    """The models' op calls run with the checks on (DecodePlan(checks=True)) raise nothing and give the
     logits they give with them off: prefill, then decode steps, Qwen3-MoE (dense and Q4_0) and a
     hybrid model (Q4_0). The checks do not depend on the backend: the reference serves (the Triton
     interpreter takes minutes for these models)."""
@@ -126,8 +126,7 @@ def test_models_pass_the_op_checks(monkeypatch):
     for name, quant in (("tiny-qwen3-moe-wide", "f32"), ("tiny-qwen3-moe-wide", "q4_0"), ("tiny-qwen35-moe", "q4_0")):
         runs = []
         for checks in (False, True):
-            monkeypatch.setattr(layers, "OP_CHECKS", checks)
-            pipe = Pipeline.load(name, backends=backend, quant=quant)
+            pipe = Pipeline.load(name, backends=backend, quant=quant, plan=DecodePlan(checks=checks))
             ids = pipe.tokenizer.encode("Every operator has a reference")
             runs.append([pipe.prefill(ids[:4])] + [pipe.decode_step(t) for t in ids[4:8]])
         for a, b in zip(*runs, strict=True):

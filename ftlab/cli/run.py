@@ -1,0 +1,240 @@
+"""``ftlab run``: generate with a model, printing tokens as they come and the tokens/s."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+
+from ftlab.cli.options import HelpFormatter, backend_set, device, option
+from ftlab.models import pipeline_args as check
+
+#: The environment variables that change what ``ftlab run`` does, for its ``--help`` (the
+#: README's "Environment variables" lists every one ftlab reads).
+ENV_VARS = {
+    "FTLAB_BACKEND": "replaces backend 'auto' of every op (reference | triton | hip); it then "
+    "raises where that backend cannot serve, as an explicit one does",
+    "FTLAB_ARCH": "fakes the GPU platform for routing, e.g. gfx1201",
+    "TRITON_INTERPRET": "1: Triton kernels run on CPU tensors in Triton's interpreter (slow; "
+    "set before ftlab is imported)",
+    "FTLAB_CACHE_DIR": "where tiny models and JIT-built kernels are kept (default ~/.cache/ftlab)",
+    "FTLAB_CPU_THREADS": "OpenMP threads of the hybrid CPU expert worker (default: cores - 2)",
+    "FTLAB_CPU_ISA": "native (default) | avx2 (x86-64-v3) | portable (no -march): the CPU kernels' build",
+    "FTLAB_HYBRID_MECHANISM": "host_func | stream_memop | eager: force the hybrid handshake",
+    "FTLAB_HYBRID_PROBE_FAIL": "handshakes (comma-separated, or all) whose probe is made to fail",
+    "CUDA_HOME, ROCM_HOME": "where nvcc / hipcc are, for the HIP JIT (or CUDA_PATH, ROCM_PATH)",
+    "CXX": "the C++ compiler (with OpenMP) of the CPU kernels (default c++)",
+}
+
+
+def cmd_run(args) -> int:
+    """Generate with a model, printing tokens as they come and the tokens/s."""
+    import torch
+
+    from ftlab.models.pipeline import Pipeline
+
+    where = args.device
+    if where == "auto":
+        where = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.hybrid_policy != "lru" and args.hybrid_slots is None:
+        raise ValueError(
+            f"--hybrid-policy {args.hybrid_policy} places hybrid experts: give --hybrid-slots N too"
+        )
+    pipe = Pipeline.load(
+        args.model,
+        where,
+        backends=args.backend,
+        quant=args.quant,
+        max_seq_len=args.max_seq_len,
+        hybrid_slots=args.hybrid_slots,
+        graphs=args.graphs,
+        tp=args.tp,
+        hybrid_policy=args.hybrid_policy,
+    )
+    if pipe.tp is None:
+        return run_once(pipe, args)
+    from ftlab.models.tensor_parallel import close
+
+    if pipe.tp.rank != 0:  # every rank computes; rank 0 prints
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
+    try:
+        code = run_once(pipe, args)
+    except BaseException:
+        close(wait=False)
+        raise
+    pipe._graph = None  # a captured decode graph goes before the group it captured
+    close()
+    return code
+
+
+def run_once(pipe, args) -> int:
+    """cmd_run's work once the pipeline is loaded."""
+    from ftlab.models.pipeline import format_compare, timed_generate
+
+    if pipe.executors:
+        ex = pipe.executors[0]
+        where = (
+            (
+                f"every expert of {len(pipe.executors)} of {pipe.config.num_hidden_layers} layers on the CPU, the "
+                f"other layers' on {pipe.device} (the share of {args.hybrid_slots} of {pipe.config.num_experts} a "
+                "layer)"
+            )
+            if args.hybrid_policy == "layers"
+            else (
+                f"{args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} ({args.hybrid_policy}), "
+                "the rest on the CPU"
+            )
+        )
+        print(f"[hybrid experts: {where}; handshake {ex.mechanism}: {ex.mechanism_reason}]")
+    check.backend_sets(args.compare or [], pipe.device)  # refused now, not after generating
+    if args.stages:
+        for stage in pipe.stages(args.prompt):
+            shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in stage.tensors.items())
+            print(f"[{stage.name}] {shapes}")
+    pieces = timed_generate(
+        pipe,
+        args.prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    print(args.prompt, end="", flush=True)
+    timing = None
+    for piece, now in pieces:
+        print(piece, end="", flush=True)
+        timing = now
+    decode = (
+        "graph-captured decode (its capture in the first decode step)"
+        if pipe.graph_capturable
+        else "eager decode"
+    )
+    ranks = f", tp = {pipe.tp.world} ranks" if pipe.tp is not None else ""
+    print(
+        f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, {pipe.device}{ranks}, {decode}]"
+    )
+    if pipe.executors:
+        hits = sum(ex.policy.hits for ex in pipe.executors)
+        misses = sum(ex.policy.misses for ex in pipe.executors)
+        print(f"[hybrid residency over all layers: {hits} hits, {misses} misses]")
+    if args.compare:
+        print(format_compare(pipe.compare(args.prompt, args.compare)))
+    return 0
+
+
+def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
+    env = "\n".join(
+        textwrap.fill(what, 100, initial_indent=f"  {name:<25}", subsequent_indent=" " * 27)
+        for name, what in ENV_VARS.items()
+    )
+    p = sub.add_parser(
+        "run",
+        parents=common,
+        formatter_class=HelpFormatter,
+        help="generate text with a model (a tiny model name, a HF directory or a .gguf)",
+        description="Generate text with a Qwen3-MoE, Qwen3.5-MoE or Qwen3-Next model, printing tokens as they come "
+        "and the tokens/s.",
+        epilog=f"environment variables:\n{env}\n\nexample:\n  ftlab run --model tiny-qwen3-moe --stages "
+        "--compare triton q4_0_matmul=triton,route_topk=reference",
+    )
+    p.add_argument(
+        "--model",
+        default="tiny-qwen3-moe",
+        help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, tiny-qwen3-next), a HF "
+        "directory or a .gguf file (qwen3moe, qwen35moe or qwen3next)",
+    )
+    p.add_argument(
+        "--prompt",
+        default="The router sends every token",
+        type=option(str, "text", check.prompt),
+        help="the text to continue",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=option(int, "an int", check.max_new_tokens),
+        default=32,
+        help="generate at most this many tokens (fewer at end-of-text or max-seq-len)",
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", *check.backend_names()],
+        help="backend of every op; auto: hip, else triton, else the reference on a GPU, the "
+        "reference on the CPU",
+    )
+    p.add_argument(
+        "--quant",
+        default="q4_0",
+        choices=check.TINY_QUANTS,
+        help="which file of a tiny model: its HF directory (hf) or the fp32 / Q4_0 GGUF file (not "
+        "used for a path)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=option(float, "a number", check.temperature),
+        default=0.0,
+        help="sampling temperature, >= 0; 0 is greedy",
+    )
+    p.add_argument(
+        "--top-p",
+        type=option(float, "a number", check.top_p),
+        default=1.0,
+        help="nucleus sampling mass, in (0, 1]",
+    )
+    p.add_argument(
+        "--seed", type=option(int, "an int", check.seed), default=0, help="seed of the sampler"
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=option(int, "an int", check.max_seq_len),
+        default=512,
+        help="KV-cache positions: the prompt and generated tokens together",
+    )
+    p.add_argument(
+        "--device",
+        type=option(str, "a device", device),
+        default="auto",
+        help="cpu | cuda | cuda:N; auto: cuda when torch sees a GPU, else cpu",
+    )
+    p.add_argument(
+        "--stages", action="store_true", help="print every stage of the prompt's forward pass first"
+    )
+    p.add_argument(
+        "--hybrid-slots",
+        type=option(int, "an int", check.hybrid_slots),
+        default=None,
+        help="hybrid CPU/GPU experts: this many experts a layer on the device, the rest on the CPU "
+        "(default: off, every expert on the device)",
+    )
+    p.add_argument(
+        "--hybrid-policy",
+        choices=list(check.HYBRID_POLICIES),
+        default="lru",
+        help="--hybrid-slots: lru moves a step's missed experts in after it; static keeps experts "
+        "0 .. N-1 of every layer on the device for good; layers puts the same share of the expert "
+        "bytes on the CPU by whole layers, as llama.cpp's --n-cpu-moe (default: lru)",
+    )
+    p.add_argument(
+        "--tp",
+        type=option(int, "an int", check.tp),
+        default=1,
+        help="tensor / expert parallelism over this many processes: start them with torchrun "
+        "--nproc-per-node N -m ftlab run --tp N ... (rank 0 prints)",
+    )
+    p.add_argument(
+        "--graphs",
+        action=argparse.BooleanOptionalAction,
+        default=check.GRAPHS_AUTO,
+        help="capture the decode step in a CUDA/HIP graph; auto: on a CUDA/ROCm device, not on "
+        "the CPU (--graphs on the CPU is an error)",
+    )
+    p.add_argument(
+        "--compare",
+        nargs="*",
+        metavar="SET",
+        type=option(str, "a backend set", backend_set),
+        help="backend sets to compare stage by stage against the reference: NAME (every op) or "
+        "OP=NAME[,OP=NAME...] (default: none)",
+    )
+    p.set_defaults(fn=cmd_run)
