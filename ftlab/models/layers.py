@@ -42,13 +42,17 @@ OP_CHECKS = False
 
 BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+#: The largest count a config field may hold: fp32 holds every int up to it (RoPE takes positions
+#: through fp32), no model comes near it, and what a loader builds per count before it reads a
+#: shard (the layer pattern, the layers and experts the shards must hold) stays small.
+MAX_COUNT = 2**24
 
 
 def check_field(name: str, value: object) -> None:
     """ValueError naming config field ``name`` unless ``value`` is of its kind: a count (an
-    int >= 1, not a bool), a bool, or a finite float > 0 (``rope_theta`` > 1: the RoPE
-    frequencies ``theta^(-2i/d)`` must fall with i; a base <= 1 makes them grow, and a
-    subnormal base makes them overflow to inf)."""
+    int in [1, :data:`MAX_COUNT`], not a bool), a bool, or a finite float > 0 (``rope_theta``
+    > 1: the RoPE frequencies ``theta^(-2i/d)`` must fall with i; a base <= 1 makes them grow,
+    and a subnormal base makes them overflow to inf)."""
     if name in BOOL_FIELDS:
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be a bool, got {value!r}")
@@ -59,6 +63,8 @@ def check_field(name: str, value: object) -> None:
             raise ValueError(f"{name} must be a finite number > {least:g}, got {value!r}")
     elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    elif value > MAX_COUNT:
+        raise ValueError(f"{name} must be an int <= 2^24 = {MAX_COUNT}, got {value!r}")
 
 
 def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weight | None:
