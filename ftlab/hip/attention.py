@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import jit
+from ftlab import argcheck, jit
 from ftlab import platform as ftplatform
 from ftlab.hip.counters import zeroed_counters
 from ftlab.quant import Q8_1
@@ -82,7 +82,9 @@ def _tiles_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                      scale: float, quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.decode_attention` (ops checked the layouts; ``quantize``:
-    also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after)."""
+    also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after;
+    layouts checked here too: the op's checks may be off)."""
+    argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     if h // kvh > MAX_GROUP or d > MAX_HEAD_DIM:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import jit
+from ftlab import argcheck, jit
 from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
@@ -79,7 +79,8 @@ def fused_matvec_ok(x: torch.Tensor, w: Q4_0Weight) -> bool:
 
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (``path == "int8"``; ``x_q8``: x's Q8_1,
-    taken instead of quantizing x)."""
+    taken instead of quantizing x; the shapes checked here too: the op's checks may be off)."""
+    argcheck.matmul_layout(x, w)
     if path != "int8":
         raise ValueError(
             f"the hip backend implements q4_0_matmul's int8 path only, got path={path!r}"

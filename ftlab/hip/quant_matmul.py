@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import jit
+from ftlab import argcheck, jit
 from ftlab import platform as ftplatform
 from ftlab.hip.q4_0 import q4_0_matmul, quantize_q8_1
 from ftlab.quant import Q4_0Weight, QuantWeight
@@ -107,7 +107,8 @@ def quant_matmul(
 ) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.quant_matmul` (``path == "int8"``). ``variant`` /
     ``g`` / ``splits`` override :data:`MATVEC_VARIANT` / :func:`tiled_config` for M <= 8
-    (benchmarks)."""
+    (benchmarks). The shapes are checked here too: the op's checks may be off."""
+    argcheck.matmul_layout(x, w)
     if path != "int8":
         raise ValueError(
             f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab import argcheck
 from ftlab.platform import current
 from ftlab.quant import Q8_1, QuantWeight
 from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, quantize_q8_1, rows_16
@@ -296,7 +297,9 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
 
 
 def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str) -> torch.Tensor:
-    """Backend entry of :func:`ftlab.ops.quant_matmul` (arguments validated, path resolved)."""
+    """Backend entry of :func:`ftlab.ops.quant_matmul` (path resolved; the shapes checked here too:
+    the op's checks may be off)."""
+    argcheck.matmul_layout(x, w)
     if path == "int8":
         x8, rows = quantize_q8_1(x), MATVEC_ROWS
         outs = [quant_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
