@@ -22,6 +22,7 @@ from ftlab import ops
 from ftlab import platform as ftplatform
 from ftlab.hip.quant_matmul import one_launch_default as hip_one_launch_default
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
+from ftlab.reference.norm import rms_norm  # noqa: F401 (the models' RMSNorm, re-exported)
 
 
 @dataclass
@@ -76,16 +77,6 @@ def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weigh
     if all(isinstance(w, torch.Tensor) and w.dtype == ws[0].dtype for w in ws):
         return torch.cat(ws)
     return None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32 and rounded once to x's dtype
-    (one fused kernel where torch has one: a decode step runs 2 of these a layer, and the q / k
-    head norms inside ``ops.qk_norm_rope``). ``weight`` of x's dtype or fp32 (an fp32 scale is
-    applied unrounded)."""
-    if weight.dtype != x.dtype:
-        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # fp32 inside for 16-bit x, weight included
 
 
 def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
