@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import torch
 
 from ftlab.backends import FLOAT_DTYPES
-from ftlab.quant import Q8_1, QK, Q4_0Weight
+from ftlab.quant import Q8_1, QK, Q4_0Weight, QuantWeight
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -171,3 +171,38 @@ def data_checks_allowed(op: str, what: str = "check=True reads the indices",
 
 def first_position(mask: torch.Tensor) -> int:
     return int(mask.nonzero()[0, 0])
+
+
+def decode_attention_layout(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor
+) -> None:
+    """The shapes a decode_attention backend reads, checked at its entry whether or not the op
+    validated (host-side shape reads, no device sync): ``q [B, H, D]``, ``k``, ``v [B, S, KVH,
+    D]`` with KVH dividing H, ``lengths [B]``."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-D [B, H, D], got shape {tuple(q.shape)}")
+    b, h, d = q.shape
+    kvh = k.shape[2] if k.dim() == 4 else -1
+    if kvh <= 0 or h % kvh:
+        raise ValueError(
+            f"k must be [B, S, KVH, D] with KVH dividing q's {h} heads, got shape {tuple(k.shape)}"
+        )
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 4 or t.shape[0] != b or t.shape[2] != kvh or t.shape[3] != d:
+            raise ValueError(
+                f"{name} must be [B={b}, S, KVH, D={d}] (KVH dividing q's heads), got shape "
+                f"{tuple(t.shape)}"
+            )
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"v must have k's {k.shape[1]} positions, got {v.shape[1]}")
+    shape("lengths", lengths, (b,))
+
+
+def matmul_layout(x: torch.Tensor, w: torch.Tensor | QuantWeight) -> None:
+    """The shapes a matmul backend reads (``x [M, K] @ W.T`` for ``W [N, K]``), checked at its
+    entry whether or not the op validated (host-side shape reads, no device sync)."""
+    if x.dim() != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"x must be 2-D [M, K] with w's K = {w.shape[-1]} columns (w is {tuple(w.shape)}), got "
+            f"shape {tuple(x.shape)}"
+        )

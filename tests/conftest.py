@@ -5,6 +5,8 @@ before any kernel module is imported, hence here. Hypothesis profiles: ``ci`` (t
 derandomized, bounded) and ``deep`` (many random examples; HYPOTHESIS_PROFILE=deep).
 """
 
+import importlib
+import inspect
 import os
 
 import pytest
@@ -42,27 +44,52 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+DELTA_RULE_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+
+
+def torch_delta_rule(module, name: str):
+    """transformers' own torch function ``name`` of ``module`` (a modeling module), behind the
+    wrappers that may bind fla's kernels in its place: ``use_kernel_func_from_hub_with_fallback``'s
+    function (which keeps the torch one as ``__wrapped__``), and, where the ``kernels`` package is
+    installed, the ``nn.Module`` its ``use_kernel_forward_from_hub`` makes of that function (which
+    calls it as ``func`` from its ``forward``). AssertionError naming what it looked for when the
+    name or the torch function behind it is not found (a transformers that binds them otherwise)."""
+    bound = getattr(module, name, None)
+    fn = bound
+    if isinstance(bound, torch.nn.Module):
+        fn = inspect.getclosurevars(type(bound).forward).nonlocals.get("func")
+    fn = inspect.unwrap(fn) if callable(fn) else None
+    if not (inspect.isfunction(fn) and fn.__module__ == module.__name__ and fn.__name__ == name):
+        raise AssertionError(
+            f"{module.__name__}.{name}: expected transformers' torch function {name} (a function of "
+            f"that module, or one behind its __wrapped__ or a kernels Func module's forward), got "
+            f"{bound!r} -> {fn!r}: the patch that keeps fla's kernels out of the comparisons "
+            "with transformers must learn how this transformers binds it"
+        )
+    return fn
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _transformers_torch_delta_rule():
     """transformers' Qwen3-Next / Qwen3.5-MoE models bind fla's Triton kernels in place of their
     own torch ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule`` when fla
     is importable; those run on CUDA only and are not the spec. The comparisons with transformers
-    run its torch functions (kept by the decorator as ``__wrapped__``) whatever is installed."""
+    run its torch functions (:func:`torch_delta_rule` finds them) whatever is installed: the
+    modules' names are bound to them for the session, checked to have taken effect."""
     patched = []
-    for name in ("qwen3_next", "qwen3_5_moe"):
+    for family in ("qwen3_next", "qwen3_5_moe"):
         try:
-            module = __import__(f"transformers.models.{name}.modeling_{name}", fromlist=["_"])
-        except ImportError:
+            module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        except ImportError:  # no transformers, or one without this model
             continue
-        for fn in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-            bound = getattr(module, fn, None)
-            torch_fn = getattr(bound, "__wrapped__", None)
-            if torch_fn is not None and torch_fn is not bound:
-                patched.append((module, fn, bound))
-                setattr(module, fn, torch_fn)
+        for name in DELTA_RULE_FUNCTIONS:
+            torch_fn = torch_delta_rule(module, name)
+            patched.append((module, name, getattr(module, name)))
+            setattr(module, name, torch_fn)
+            assert getattr(module, name) is torch_fn, f"{module.__name__}.{name} was not patched"
     yield
-    for module, fn, bound in patched:
-        setattr(module, fn, bound)
+    for module, name, bound in patched:
+        setattr(module, name, bound)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import backends, jit
+from ftlab import argcheck, backends, jit
 from ftlab import platform as ftplatform
 from ftlab.backends import calls
 from ftlab.backends.rules import ATTENTION_TILE_HEAD_DIMS as TILE_HEAD_DIMS
@@ -77,7 +77,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after).
     ``variant``: ``"tiles"`` (the one-launch kernel: fp16 / bf16, head dim 128 or 256, 16-byte
     aligned) or ``"split"``; None: the planner's default; one that cannot serve raises
-    ``BackendUnavailable`` (as do more than 8 query heads a key head or head dim past 256)."""
+    ``BackendUnavailable`` (as do more than 8 query heads a key head or head dim past 256). The layouts are checked
+    here too: the op's checks may be off."""
+    argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     call = calls.attention(q, k, v)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import backends, jit
+from ftlab import argcheck, backends, jit
 from ftlab.backends import calls
 from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
@@ -62,7 +62,9 @@ def q4_0_matmul(
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (``path == "int8"``; ``x_q8``: x's Q8_1,
     taken instead of quantizing x). ``variant``: ``"fused"`` (the region matvec, M <= 4),
     ``"matvec"`` (M <= 8) or ``"gemm"`` (``ftlab.backends.rules.KERNELS``); None: the planner's
-    default for the call; one that cannot serve raises ``BackendUnavailable``."""
+    default for the call; one that cannot serve raises ``BackendUnavailable``.
+    The shapes are checked here too: the op's checks may be off."""
+    argcheck.matmul_layout(x, w)
     if path != "int8":
         raise ValueError(
             f"the hip backend implements q4_0_matmul's int8 path only, got path={path!r}"

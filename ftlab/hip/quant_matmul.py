@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import torch
 
-from ftlab import backends, jit
+from ftlab import argcheck, backends, jit
 from ftlab import platform as ftplatform
 from ftlab.backends import calls
 from ftlab.backends.rules import ONE_LAUNCH, TILED_SUPER_K
@@ -91,7 +91,8 @@ def quant_matmul(
     "hip")]``, None for the planner's default for this call; one that cannot take the call
     raises ``BackendUnavailable`` naming why. A Q4_0 weight goes to :func:`q4_0_matmul` unless a
     one-launch variant is named (:func:`q4_0_one_row`). ``g`` / ``splits`` override
-    :func:`tiled_config` (benchmarks)."""
+    :func:`tiled_config` (benchmarks). The shapes are checked here too: the op's checks may be off."""
+    argcheck.matmul_layout(x, w)
     if path != "int8":
         raise ValueError(
             f"the hip backend implements quant_matmul's int8 path only, got path={path!r}"

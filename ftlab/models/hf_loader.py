@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -27,10 +28,15 @@ from tqdm import tqdm
 
 from ftlab.formats import CheckpointError
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
+from ftlab.models.qwen3_next_config import MODEL_TYPES as NEXT_MODEL_TYPES
 
 INDEX = "model.safetensors.index.json"
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
+# a bias of a layer's attention (a Qwen3.5 checkpoint's text model under model.language_model.)
+_ATTENTION_BIAS = re.compile(r"model\.(language_model\.)?layers\.\d+\.(self|linear)_attn\..+\.bias")
+#: The HF ``model_type`` values ftlab loads: this module's, and those of ``hf_next_loader``.
+MODEL_TYPES = ("qwen3_moe", *NEXT_MODEL_TYPES)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -106,14 +112,9 @@ class SafetensorsShards:
         more fails on the first missing tensor only after loading all before it."""
         layers = {int(m[1]) for t in self.where if (m := _LAYER.match(t))}
         experts = {int(m[1]) for t in self.where if (m := _EXPERT.match(t))}
-        for key, count, stored, what in (
-            ("num_hidden_layers", config.num_hidden_layers, layers, "layers"),
-            ("num_experts", config.num_experts, experts, "experts"),
-        ):
-            if len(stored) != count or max(stored) != count - 1:  # i.e. stored != {0..count-1}
-                have = f"{what} {min(stored)}..{max(stored)} ({len(stored)})" if stored else f"no {what}"
-                raise CheckpointError(f"{config_file}: {key} is {count}, but the shards in "
-                                      f"{self.path} hold {have}")  # fmt: skip
+        path, n = self.path, config.num_hidden_layers
+        check_count(config_file, path, "num_hidden_layers", n, layers, "layers")
+        check_count(config_file, path, "num_experts", config.num_experts, experts, "experts")
 
     def read(self, name: str, rows: tuple[int, int] | None = None, columns: tuple[int, int] | None = None,
              ) -> tuple[torch.Tensor, tuple[int, ...], Path]:  # fmt: skip
@@ -152,6 +153,32 @@ class SafetensorsShards:
         return t.to(device=device, dtype=dtype)
 
 
+def check_count(
+    config_file: Path, path: Path, key: str, count: int, stored: set[int], what: str
+) -> None:
+    """CheckpointError naming config key ``key`` unless the indices ``stored`` (ints >= 0: of
+    the layers or experts that the shards in ``path`` hold) are ``0 .. count - 1``, checked
+    without building that range."""
+    if len(stored) != count or max(stored) != count - 1:  # i.e. stored != {0..count-1}
+        have = f"{what} {min(stored)}..{max(stored)} ({len(stored)})" if stored else f"no {what}"
+        raise CheckpointError(
+            f"{config_file}: {key} is {count}, but the shards in {path} hold {have}"
+        )
+
+
+def refuse_attention_biases(stored: Iterable[str], path: Path) -> None:
+    """CheckpointError naming the first of the tensors ``stored`` (in the shards in ``path``) that
+    is a bias of a layer's attention (``self_attn.q_proj.bias``, any ``.bias`` under
+    ``self_attn.`` or ``linear_attn.``): ftlab's attention has none (a config's
+    ``attention_bias`` must be false), and a bias left unread would compute another model."""
+    for name in stored:
+        if _ATTENTION_BIAS.fullmatch(name):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} is an attention bias, which ftlab does not apply (its "
+                "attention projections have no bias)"
+            )
+
+
 def read_hf_config(path: Path) -> dict:
     """The dict of ``path/config.json`` (CheckpointError when absent, not JSON or not an object)."""
     config_file = path / "config.json"
@@ -178,6 +205,11 @@ def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeC
     ``dtype``; bf16 when it names none)."""
     config_file = path / "config.json"
     hf = read_hf_config(path)
+    model_type = hf.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:  # no loader reads it
+        raise CheckpointError(
+            f"{config_file}: model_type must be one of {sorted(MODEL_TYPES)}, got {model_type!r}"
+        )
     try:
         config = Qwen3MoeConfig.from_hf(hf)
     except ValueError as e:
@@ -213,6 +245,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     device = torch.device(device)
     tensors = SafetensorsShards(path)
     tensors.check_counts(config, path / "config.json")
+    refuse_attention_biases(tensors.where, path)
     c = config
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
     q_out, kv_out = c.num_attention_heads * hd, c.num_key_value_heads * hd

@@ -24,7 +24,13 @@ from tqdm import tqdm
 from ftlab import ops
 from ftlab.formats import CheckpointError
 from ftlab.models.gguf_loader import expert_range, row_range
-from ftlab.models.hf_loader import SafetensorsShards, read_hf_config, stored_dtype
+from ftlab.models.hf_loader import (
+    SafetensorsShards,
+    check_count,
+    read_hf_config,
+    refuse_attention_biases,
+    stored_dtype,
+)
 from ftlab.models.qwen3_next import NextWeights
 from ftlab.models.qwen3_next_config import MODEL_TYPES, Qwen3NextConfig
 from ftlab.models.qwen3_next_weights import build_weights
@@ -100,16 +106,12 @@ class HFTensors(Mapping):
 
     def check_counts(self, config: Qwen3NextConfig, config_file: Path) -> None:
         """The layers and experts stored are those the config counts."""
+        path, n = self.shards.path, config.num_hidden_layers
         layers = {int(m[1]) for t in self.names if (m := _LAYER.match(t))}
-        if layers != set(range(config.num_hidden_layers)):
-            have = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layers"
-            raise CheckpointError(f"{config_file}: num_hidden_layers is {config.num_hidden_layers}, but the shards in "
-                                  f"{self.shards.path} hold {have}")  # fmt: skip
+        check_count(config_file, path, "num_hidden_layers", n, layers, "layers")
         experts = {int(m[1]) for t in self.names if (m := _EXPERT.match(t))}
-        if experts and experts != set(range(config.num_experts)):
-            raise CheckpointError(f"{config_file}: num_experts is {config.num_experts}, but the shards in "
-                                  f"{self.shards.path} hold experts {min(experts)}..{max(experts)} "
-                                  f"({len(experts)})")  # fmt: skip
+        if experts:  # else the experts are stored as banks [num_experts, ...]
+            check_count(config_file, path, "num_experts", config.num_experts, experts, "experts")
 
 
 def read_next_config(path: Path) -> Qwen3NextConfig:
@@ -146,6 +148,7 @@ def load_hf_next(path: str | Path, device: str | torch.device = "cpu", dtype: to
         dtype = stored_dtype(read_hf_config(path), path / "config.json")
     tensors = HFTensors(SafetensorsShards(path), quantize, experts, config.num_experts, vocab, config.vocab_size)
     tensors.check_counts(config, path / "config.json")
+    refuse_attention_biases(tensors.names.values(), path)
     bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
     return config, build_weights(config, tensors, device=device, dtype=dtype, where=str(path), progress=bar,
                                  experts=experts, vocab=vocab)  # fmt: skip

@@ -22,6 +22,7 @@ from ftlab import platform as ftplatform
 from ftlab.backends import calls
 from ftlab.models.decode_plan import DecodePlan
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
+from ftlab.reference.norm import rms_norm  # noqa: F401 (the models' RMSNorm, re-exported)
 
 
 @dataclass
@@ -35,13 +36,17 @@ class Stage:
 
 BOOL_FIELDS = ("norm_topk_prob", "tie_word_embeddings")
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+#: The largest count a config field may hold: fp32 holds every int up to it (RoPE takes positions
+#: through fp32), no model comes near it, and what a loader builds per count before it reads a
+#: shard (the layer pattern, the layers and experts the shards must hold) stays small.
+MAX_COUNT = 2**24
 
 
 def check_field(name: str, value: object) -> None:
     """ValueError naming config field ``name`` unless ``value`` is of its kind: a count (an
-    int >= 1, not a bool), a bool, or a finite float > 0 (``rope_theta`` > 1: the RoPE
-    frequencies ``theta^(-2i/d)`` must fall with i; a base <= 1 makes them grow, and a
-    subnormal base makes them overflow to inf)."""
+    int in [1, :data:`MAX_COUNT`], not a bool), a bool, or a finite float > 0 (``rope_theta``
+    > 1: the RoPE frequencies ``theta^(-2i/d)`` must fall with i; a base <= 1 makes them grow,
+    and a subnormal base makes them overflow to inf)."""
     if name in BOOL_FIELDS:
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be a bool, got {value!r}")
@@ -52,6 +57,8 @@ def check_field(name: str, value: object) -> None:
             raise ValueError(f"{name} must be a finite number > {least:g}, got {value!r}")
     elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    elif value > MAX_COUNT:
+        raise ValueError(f"{name} must be an int <= 2^24 = {MAX_COUNT}, got {value!r}")
 
 
 def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weight | None:
@@ -63,16 +70,6 @@ def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weigh
     if all(isinstance(w, torch.Tensor) and w.dtype == ws[0].dtype for w in ws):
         return torch.cat(ws)
     return None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight``, computed in fp32 and rounded once to x's dtype
-    (one fused kernel where torch has one: a decode step runs 2 of these a layer, and the q / k
-    head norms inside ``ops.qk_norm_rope``). ``weight`` of x's dtype or fp32 (an fp32 scale is
-    applied unrounded)."""
-    if weight.dtype != x.dtype:
-        return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # fp32 inside for 16-bit x, weight included
 
 
 def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,

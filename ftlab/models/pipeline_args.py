@@ -110,11 +110,17 @@ def tp(value: object) -> int:
 
 
 def prompt(value: object) -> str:
-    """A non-empty str."""
+    """A non-empty str of Unicode text (UTF-8 encodable: no lone surrogate, as the bytes of a
+    command line that are not UTF-8 become)."""
     if not isinstance(value, str):
         raise TypeError(f"prompt must be a str, got {type(value).__name__}")
     if not value:
         raise ValueError("prompt must be a non-empty string, got ''")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        where = f"character {e.start} is a lone surrogate: a byte of a command line, not UTF-8"
+        raise ValueError(f"prompt must be UTF-8 text, got {value!r} ({where})") from None
     return value
 
 

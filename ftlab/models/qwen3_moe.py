@@ -20,6 +20,7 @@ import torch
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
+from ftlab.models import hf_config
 from ftlab.models.decode_plan import DecodePlan, Planned, plan_of
 from ftlab.models.layers import (
     KVCache,
@@ -76,17 +77,11 @@ class Qwen3MoeConfig:
     def from_hf(cls, hf: dict) -> Qwen3MoeConfig:
         """From a HF ``config.json`` dict (model_type ``qwen3_moe``); ValueError naming the key
         for a missing key, a value of the wrong type or range, or a feature ftlab lacks
-        (attention bias, dense layers, RoPE scaling)."""
+        (:func:`ftlab.models.hf_config.refuse_unsupported`, RoPE scaling)."""
         if hf.get("model_type") != "qwen3_moe":
             raise ValueError(f"model_type must be 'qwen3_moe', got {hf.get('model_type')!r}")
         values = dict(hf)
-        for key in ("rope_parameters", "rope_scaling"):
-            if not isinstance(values.get(key) or {}, dict):
-                raise ValueError(f"{key} must be an object or null, got {values[key]!r}")
-        rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"rope type {rope_type!r} is not supported (default RoPE only)")
+        rope = hf_config.rope(values)
         # a key config.json lacks means what transformers' Qwen3MoeConfig defaults to, not what
         # this dataclass defaults to (Qwen3-30B-A3B's values): the two differ on these
         values.setdefault("rope_theta", rope.get("rope_theta", 10_000.0))
@@ -99,23 +94,8 @@ class Qwen3MoeConfig:
             check_field("hidden_size", values["hidden_size"])
             check_field("num_attention_heads", values["num_attention_heads"])
             values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
-        if not isinstance(values.get("attention_bias", False), bool):
-            raise ValueError(f"attention_bias must be a bool, got {values['attention_bias']!r}")
-        if values.get("attention_bias"):
-            raise ValueError("attention_bias = true is not supported")
-        dense, step = values.get("mlp_only_layers"), values.get("decoder_sparse_step", 1)
-        dense = [] if dense is None else dense
-        if not isinstance(dense, list) or isinstance(step, bool) or not isinstance(step, int):
-            raise ValueError("mlp_only_layers must be a list and decoder_sparse_step an int, got "
-                             f"{dense!r} and {step!r}")  # fmt: skip
-        if dense or step != 1:
-            raise ValueError("dense (mlp_only) layers are not supported: mlp_only_layers must be "
-                             "[] and decoder_sparse_step 1, every layer MoE")  # fmt: skip
-        names = {f.name for f in fields(cls)}
-        try:
-            return cls(**{k: values[k] for k in names if k in values})
-        except TypeError as e:  # a required field absent: the constructor names it
-            raise ValueError(f"missing key ({e})") from e
+        hf_config.refuse_unsupported(values)
+        return hf_config.build(cls, values)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ftlab.models import hf_config
 from ftlab.models.layers import check_field
 
 ARCHS = ("qwen3_next", "qwen3_5_moe")
@@ -109,7 +110,7 @@ class Qwen3NextConfig:
         """From a HF ``config.json`` dict (model_type ``qwen3_next``, ``qwen3_5_moe`` with the text
         model's config under ``text_config``, or ``qwen3_5_moe_text``); ValueError naming the key
         for a missing key, a value of the wrong type or range, or a feature ftlab lacks
-        (attention bias, dense layers, RoPE scaling, an activation other than SiLU)."""
+        (:func:`ftlab.models.hf_config.refuse_unsupported`, RoPE scaling)."""
         model_type = hf.get("model_type")
         if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {sorted(MODEL_TYPES)}, got {model_type!r}")
@@ -126,24 +127,14 @@ class Qwen3NextConfig:
             values["norm_topk_prob"] = True  # Qwen3.5's router always renormalizes its top k
         _rope(values)
         _layer_types(values)
-        _refuse(values)
-        names = {f.name for f in fields(cls)}
-        try:
-            return cls(**{k: values[k] for k in names if k in values})
-        except TypeError as e:  # a required field absent: the constructor names it
-            raise ValueError(f"missing key ({e})") from e
+        hf_config.refuse_unsupported(values)
+        return hf_config.build(cls, values)
 
 
 def _rope(values: dict) -> None:
     """rope_theta and partial_rotary_factor from ``rope_parameters`` (or ``rope_scaling``, or the
     top level); default RoPE only (Qwen3.5's mrope sections are plain RoPE for text)."""
-    for key in ("rope_parameters", "rope_scaling"):
-        if not isinstance(values.get(key) or {}, dict):
-            raise ValueError(f"{key} must be an object or null, got {values[key]!r}")
-    rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"rope type {rope_type!r} is not supported (default RoPE only)")
+    rope = hf_config.rope(values)
     values["rope_theta"] = rope.get("rope_theta", values.get("rope_theta", 10_000.0))
     values["partial_rotary_factor"] = rope.get("partial_rotary_factor", values.get("partial_rotary_factor", 0.25))
 
@@ -158,21 +149,3 @@ def _layer_types(values: dict) -> None:
     check_field("full_attention_interval", interval)
     values["layer_types"] = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
 
-
-def _refuse(values: dict) -> None:
-    """ValueError for what ftlab does not run: attention bias, dense (non-MoE) layers, an
-    activation other than SiLU."""
-    if not isinstance(values.get("attention_bias", False), bool):
-        raise ValueError(f"attention_bias must be a bool, got {values['attention_bias']!r}")
-    if values.get("attention_bias"):
-        raise ValueError("attention_bias = true is not supported")
-    if values.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act must be 'silu', got {values['hidden_act']!r}")
-    dense, step = values.get("mlp_only_layers"), values.get("decoder_sparse_step", 1)
-    dense = [] if dense is None else dense
-    if not isinstance(dense, list) or isinstance(step, bool) or not isinstance(step, int):
-        raise ValueError("mlp_only_layers must be a list and decoder_sparse_step an int, got "
-                         f"{dense!r} and {step!r}")  # fmt: skip
-    if dense or step != 1:
-        raise ValueError("dense (mlp_only) layers are not supported: mlp_only_layers must be "
-                         "[] and decoder_sparse_step 1, every layer MoE")  # fmt: skip

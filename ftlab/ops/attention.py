@@ -68,24 +68,15 @@ def _checks(q: object, k: object, v: object, lengths: object, scale: object, qua
     argcheck.float_tensor("q", q)
     if q.dim() != 3 or q.shape[1] == 0 or q.shape[2] == 0:
         raise ValueError(f"q must be 3-D [B, H, D] with H, D > 0, got shape {tuple(q.shape)}")
-    b, h, d = q.shape
+    _, h, d = q.shape
     for name, t in (("k", k), ("v", v)):
         argcheck.tensor(name, t)
         argcheck.same_dtype(name, t, "q", q)
         argcheck.same_device(name, t, "q", q)
-    kvh = k.shape[2] if k.dim() == 4 else -1
-    if kvh <= 0 or h % kvh:
-        raise ValueError(f"k must be [B, S, KVH, D] with KVH dividing q's {h} heads, got shape {tuple(k.shape)}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dim() != 4 or t.shape[0] != b or t.shape[2] != kvh or t.shape[3] != d:
-            raise ValueError(f"{name} must be [B={b}, S, KVH, D={d}] (KVH dividing q's heads), got shape "
-                             f"{tuple(t.shape)}")  # fmt: skip
-    if v.shape[1] != k.shape[1]:
-        raise ValueError(f"v must have k's {k.shape[1]} positions, got {v.shape[1]}")
     argcheck.tensor("lengths", lengths)
     argcheck.dtype_in("lengths", lengths, argcheck.INDEX_DTYPES)
     argcheck.same_device("lengths", lengths, "q", q)
-    argcheck.shape("lengths", lengths, (b,))
+    argcheck.decode_attention_layout(q, k, v, lengths)
     if quantize and (h * d) % QK:
         raise ValueError(f"quantize=True needs H * D a multiple of {QK} (Q8_1 blocks of out viewed [B, H * D]), "
                          f"got H={h}, D={d}")  # fmt: skip

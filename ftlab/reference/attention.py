@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ftlab import argcheck
+
 #: positions a split holds at least, and the most splits a (sequence, key head) gets
 SPLIT_POSITIONS = 64
 MAX_SPLITS = 64
@@ -27,6 +29,7 @@ def split_plan(s: int) -> tuple[int, int]:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                      scale: float) -> torch.Tensor:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.decode_attention`."""
+    argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     qf = q.float().view(b, kvh, h // kvh, d)  # query heads grouped by the key head they read

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ftlab import argcheck
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 from ftlab.reference.norm import add_rmsnorm
 
@@ -109,6 +110,7 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str = "int8", x_q8: Q8_1 |
     summed in fp32.
     path ``"dequant"``: ``x.float() @ dequantize(W).float().T``.
     """
+    argcheck.matmul_layout(x, w)
     if path == "int8":
         return q4_0_block_dots(quantize_q8_1(x) if x_q8 is None else x_q8, w).sum(-1).to(x.dtype)
     if path == "dequant":

@@ -4,18 +4,22 @@ For each row ``x`` of ``D`` elements (a head of a token) with the token's rotary
 ``R`` (rotary_dim) elements: ``y = x / sqrt(mean(x^2) + eps) * weight`` over all D, and
 ``out[d] = y[d] * cos[d] + y[(d + R/2) % R] * sin[d]`` for d < R, where ``sin`` is the signed
 table of ``rope_tables`` (-sin on the first half), the rotate-half form of RoPE; ``out[d] =
-y[d]`` for the D - R dims past the rotary ones. Computed in fp32, rounded once to q's dtype.
+y[d]`` for the D - R dims past the rotary ones. Computed in fp32, rounded once to q's dtype;
+``1 / sqrt(mean(x^2) + eps)`` by ``ftlab.reference.norm.rms_factor`` (a row whose squares
+overflow fp32 too).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ftlab.reference.norm import rms_factor
+
 
 def _one(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
          rot: int) -> torch.Tensor:  # fmt: skip
     xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    y = xf * rms_factor(xf, eps) * weight.float()
     yr = y[..., :rot]
     out = yr * cos.float()[:, None] + torch.roll(yr, rot // 2, dims=-1) * sin.float()[:, None]
     return torch.cat([out, y[..., rot:]], dim=-1).to(x.dtype)

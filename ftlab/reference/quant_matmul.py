@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ftlab import argcheck
 from ftlab.quant import Q8_1, QTYPES, QuantWeight
 from ftlab.reference.q4_0 import quantize_q8_1
 from ftlab.reference.quants import dequantize, scale_min_k4
@@ -98,6 +99,7 @@ def block_terms(x8: Q8_1, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str = "int8") -> torch.Tensor:
     """``x [M, K] @ W.T -> [M, N]`` in x's dtype for ``w`` Q8_0 / Q4_K / Q5_K / Q6_K ``[N, K]``."""
+    argcheck.matmul_layout(x, w)
     if path == "int8":
         return block_terms(quantize_q8_1(x), w)[0].sum(-1).to(x.dtype)
     if path == "dequant":

@@ -23,7 +23,9 @@ changes stored values only (``Mutation.values_only``: the loaders do not scan va
 such a copy loads, and may give non-finite results). :class:`HFMutator` writes a mutated HF
 directory: ``config.json`` values (types, ranges, deletions, broken JSON), safetensors
 headers, truncations, stored values, and shard layouts with and without an index (extra,
-missing, duplicated, mis-mapped shards); it lives in :mod:`ftlab.testing.hf_fuzz`.
+missing, duplicated, mis-mapped shards), and features ftlab lacks (``Mutation.unsupported``:
+a sliding window, attention biases, another activation); it lives in
+:mod:`ftlab.testing.hf_fuzz`.
 """
 
 from __future__ import annotations
@@ -50,11 +52,13 @@ _BAD_U64 = (0, 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1)
 @dataclass(frozen=True)
 class Mutation:
     """What one seed changed: ``kind`` (the family, e.g. ``gguf.tensor-offset``), ``detail``
-    (where and how), ``values_only`` (only stored tensor values changed)."""
+    (where and how), ``values_only`` (only stored tensor values changed), ``unsupported`` (the
+    copy asks for what ftlab does not compute: a loader must refuse it, not load it)."""
 
     kind: str
     detail: str
     values_only: bool = False
+    unsupported: bool = False
 
 
 def encode_value(vtype: int, value) -> bytes:

@@ -24,9 +24,21 @@ def restride(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 def backends_for(op: str, device: torch.device, dtype: torch.dtype, names: Sequence[str] | None,
                  path: str | None = None) -> list[str]:  # fmt: skip
     """The backends a case runs: ``names`` (each must be able to serve, ``path`` too when given),
-    else all that can (and implement ``path``)."""
+    else all that can (and implement ``path``). A pytest skip, naming the op and why, where only
+    the reference can serve: the case would compare the reference with itself (on the CPU: Triton
+    absent or its interpreter off; tests/conftest.py turns it on, so CI compares)."""
     if names is None:
-        return ftbackends.available_backends(op, device, dtype, path)
+        why_not = ftbackends.availability(op, device, dtype, path)
+        names = [name for name, why in why_not.items() if why is None]
+        if all(name == "reference" for name in names):
+            import pytest
+
+            others = "; ".join(f"{name}: {why}" for name, why in why_not.items() if why is not None)
+            what = f"{device.type} {dtype}" + ("" if path is None else f" path {path!r}")
+            pytest.skip(
+                f"{op}: only the reference can serve {what}, nothing to compare it with ({others})"
+            )
+        return names
     for name in names:  # an explicit name that cannot serve is an error, not a skip
         ftbackends.resolve(op, name, device, dtype, path=path)
     return list(names)

@@ -18,13 +18,14 @@ class HFMutator:
     written to a fresh directory per case (module docstring: which)."""
 
     KINDS = ("config-type", "config-value", "config-remove", "config-bytes", "st-header",
-             "st-truncate", "st-bytes", "st-values", "shards")  # fmt: skip
+             "st-truncate", "st-bytes", "st-values", "shards", "unsupported")  # fmt: skip
     # keys the loader reads (fields of Qwen3MoeConfig, and the switches it refuses)
     READ = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
             "moe_intermediate_size", "rms_norm_eps", "rope_theta", "norm_topk_prob",
             "tie_word_embeddings", "max_position_embeddings", "model_type", "torch_dtype",
-            "attention_bias", "mlp_only_layers", "decoder_sparse_step", "rope_scaling")  # fmt: skip
+            "attention_bias", "mlp_only_layers", "decoder_sparse_step", "rope_scaling",
+            "hidden_act")  # fmt: skip
     INDEX = "model.safetensors.index.json"
 
     def __init__(self, path: str | Path):
@@ -48,12 +49,16 @@ class HFMutator:
             config, detail = getattr(self, "_" + kind.replace("-", "_"))(rng)
         elif kind.startswith("st"):
             weights, detail = getattr(self, "_" + kind.replace("-", "_"))(rng)
+        elif kind == "unsupported":
+            config, weights, detail = self._unsupported(rng)
         (out / "config.json").write_bytes(config)
         if kind == "shards":
             detail = self._shards(rng, out)
         else:
             (out / "model.safetensors").write_bytes(weights)
-        return Mutation("hf." + kind, detail, values_only=kind == "st-values")
+        return Mutation(
+            "hf." + kind, detail, values_only=kind == "st-values", unsupported=kind == "unsupported"
+        )
 
     def _key(self, rng) -> str:
         keys = [k for k in self.READ if k in self.config]
@@ -86,6 +91,25 @@ class HFMutator:
         }.get(key, [])  # fmt: skip
         new = rng.choice(choices)
         return self._dump({**c, key: new}), f"config.json '{key}': {v!r} -> {new!r}"
+
+    def _unsupported(self, rng):
+        """A valid copy that asks for what ftlab's models do not compute: a sliding window, an
+        activation other than SiLU, attention biases by the config or by a bias tensor."""
+        from safetensors.torch import save
+
+        how = rng.choice(["sliding window", "activation", "attention_bias", "bias tensor"])
+        if how == "bias tensor":
+            weight = rng.choice([n for n in self.tensors if n.endswith("attn.q_proj.weight")])
+            name = weight.removesuffix(".weight") + ".bias"
+            bias = self.tensors[weight].new_zeros(self.tensors[weight].shape[0])
+            weights = save({**self.tensors, name: bias}, metadata={"format": "pt"})
+            return self.config_bytes, weights, f"safetensors: tensor '{name}' added"
+        change = {
+            "sliding window": {"use_sliding_window": True, "sliding_window": 2},
+            "activation": {"hidden_act": rng.choice(["gelu", "relu", "gelu_pytorch_tanh"])},
+            "attention_bias": {"attention_bias": True},
+        }[how]
+        return self._dump({**self.config, **change}), self.weights_raw, f"config.json: {change}"
 
     def _config_remove(self, rng):
         key = self._key(rng)

@@ -34,6 +34,26 @@ def add_rmsnorm_tolerance(s: torch.Tensor, weight: torch.Tensor, eps: float) -> 
     return bound.float()
 
 
+#: the largest |x| of the rows of :func:`overflow_rows`, in turn: ordinary, past 2^64 (the squares
+#: overflow fp32), the top binades of fp32
+OVERFLOW_SCALES = (3.0, 1e20, 1e30, 1e38)
+
+
+def overflow_rows(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rows ``shape = [..., R, D]`` of uniform values, row i below ``OVERFLOW_SCALES[i % 4]`` in
+    magnitude: ordinary rows beside rows whose squares overflow fp32 (docs/OPS.md, add_rmsnorm)."""
+    gen = torch.Generator().manual_seed(seed)
+    scales = [OVERFLOW_SCALES[i % len(OVERFLOW_SCALES)] for i in range(shape[-2])]
+    x = torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1
+    return (x * torch.tensor(scales, dtype=torch.float64)[:, None]).to(dtype)
+
+
+def rms_exact(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps)`` over the last dim, in f64 on the host (no overflow there)."""
+    xd = x.double().cpu()
+    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def _moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """``t`` on ``device`` with its strides (a view of a wider buffer stays one); None stays None."""
     if t is None or t.device == device:

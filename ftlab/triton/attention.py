@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab import argcheck
 from ftlab.reference.attention import split_plan
 
 
@@ -94,7 +95,9 @@ def _block_n(block_g: int, block_d: int) -> int:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                      scale: float) -> torch.Tensor:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.decode_attention` (ops checked the layouts)."""
+    """Backend entry of :func:`ftlab.ops.decode_attention` (layouts checked here too: the op's
+    checks may be off)."""
+    argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)

@@ -1,8 +1,9 @@
 """gated_norm in Triton (reference: ftlab/reference/gated_norm.py).
 
-``gated_rmsnorm``: one program per (token, head) row: the mean square in fp32, then each element
-normalized, scaled by the weight and by SiLU of its gate, rounded once. ``output_gate``: one
-program per (row, block of features), ``attn * sigmoid(gate)`` in fp32, rounded once.
+``gated_rmsnorm``: one program per (token, head) row: the mean square in fp32 (``row_rms_factor``:
+a row whose squares overflow fp32 too), then each element normalized, scaled by the weight and by
+SiLU of its gate, rounded once. ``output_gate``: one program per (row, block of features), ``attn
+* sigmoid(gate)`` in fp32, rounded once.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ftlab.triton.norm import row_rms_factor
 
 
 @triton.jit
@@ -21,7 +24,7 @@ def gated_rmsnorm_kernel(x_ptr, x_row, z_ptr, z_row, w_ptr, y_ptr, eps, H: tl.co
     mask = d < D
     x = tl.load(x_ptr + n.to(tl.int64) * x_row + h * D + d, mask=mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + n.to(tl.int64) * z_row + h * D + d, mask=mask, other=0.0).to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    r = row_rms_factor(x, D, eps)
     y = x * r * tl.load(w_ptr + d, mask=mask, other=0.0) * (z / (1.0 + tl.exp(-z)))
     tl.store(y_ptr + (n.to(tl.int64) * H + h) * D + d, y.to(y_ptr.dtype.element_ty), mask=mask)
 

@@ -4,7 +4,8 @@
 (stored), the mean of the rounded s's squares in fp32, then ``y = s * r * weight`` rounded once.
 A row of up to :data:`MAX_BLOCK_H` elements stays in registers; a longer one is walked in blocks
 twice, the second pass recomputing s (the same rounding, bit for bit) rather than reading back
-stores of other threads. The rounding to bf16 is done on the bits (nearest even), so the
+stores of other threads. A row whose squares overflow fp32 takes its factor from the squares of
+``s * 2^-80`` (:func:`row_rms_factor`; ftlab.reference.norm). The rounding to bf16 is done on the bits (nearest even), so the
 result is the same on GPUs and in the CPU interpreter, whose own bf16 casts truncate.
 """
 
@@ -16,6 +17,28 @@ import triton.language as tl
 
 #: the widest row one block of registers holds; longer rows take two passes over blocks
 MAX_BLOCK_H = 8192
+#: ftlab.reference.norm.NORM_SCALE: a row whose squares overflow fp32 sums those of x times it
+NORM_SCALE = tl.constexpr(2.0**-80)
+
+
+@triton.jit
+def scaled_rms_factor(ss, n, eps):
+    """``1 / sqrt(mean(x^2) + eps)`` of a row of ``n`` elements whose squares overflowed fp32 (a
+    finite |x| >= ~2^64 / sqrt(n)), from ``ss``, the sum of the squares of ``x * NORM_SCALE``
+    (exact: a power of two), scaled back (``ftlab.reference.norm.rms_factor``)."""
+    return (1.0 / tl.sqrt(ss / n + eps * NORM_SCALE * NORM_SCALE)) * NORM_SCALE
+
+
+@triton.jit
+def row_rms_factor(x, n, eps):
+    """``1 / sqrt(mean(x^2) + eps)`` of a row ``x`` held in registers (fp32, masked elements 0):
+    the plain formula, or :func:`scaled_rms_factor` where the squares' sum overflows."""
+    ss = tl.sum(x * x, axis=0)
+    r = 1.0 / tl.sqrt(ss / n + eps)
+    if ss == float("inf"):
+        xs = x * NORM_SCALE
+        r = scaled_rms_factor(tl.sum(xs * xs, axis=0), n, eps)
+    return r
 
 
 @triton.jit
@@ -56,7 +79,7 @@ def add_rmsnorm_kernel(x_ptr, x_row, r_ptr, r_row, w_ptr, s_ptr, y_ptr, eps, H: 
         h = tl.arange(0, BLOCK_H)
         mask = h < H
         s = sum_of(xr, rr, sr, h, mask, HAS_RESIDUAL, True)
-        r = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / H + eps)
+        r = row_rms_factor(s, H, eps)
         w = tl.load(w_ptr + h, mask=mask, other=0.0).to(tl.float32)
         q, _ = round_to(s * r * w, y_ptr.dtype.element_ty)
         tl.store(yr + h, q, mask=mask)
@@ -66,7 +89,15 @@ def add_rmsnorm_kernel(x_ptr, x_row, r_ptr, r_row, w_ptr, s_ptr, y_ptr, eps, H: 
             h = off + tl.arange(0, BLOCK_H)
             s = sum_of(xr, rr, sr, h, h < H, HAS_RESIDUAL, True)
             acc += s * s
-        r = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / H + eps)
+        ss = tl.sum(acc, axis=0)
+        r = 1.0 / tl.sqrt(ss / H + eps)
+        if ss == float("inf"):  # the squares overflowed: summed again, scaled (scaled_rms_factor)
+            acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for off in range(0, H, BLOCK_H):
+                h = off + tl.arange(0, BLOCK_H)
+                s = sum_of(xr, rr, sr, h, h < H, HAS_RESIDUAL, False) * NORM_SCALE
+                acc += s * s
+            r = scaled_rms_factor(tl.sum(acc, axis=0), H, eps)
         for off in range(0, H, BLOCK_H):
             h = off + tl.arange(0, BLOCK_H)
             mask = h < H

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab import argcheck
 from ftlab.platform import current
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 from ftlab.triton.norm import add_rmsnorm
@@ -198,7 +199,8 @@ def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
 
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (path already resolved; ``x_q8``: x's Q8_1,
-    taken instead of quantizing x)."""
+    taken instead of quantizing x; the shapes checked here too: the op's checks may be off)."""
+    argcheck.matmul_layout(x, w)
     if path == "int8":  # the matvec takes up to MATVEC_ROWS rows a pass over W
         x8, rows = quantize_q8_1(x) if x_q8 is None else x_q8, MATVEC_ROWS
         if x8.q.data_ptr() % 16:  # the kernels read q as int32 words: a view needs 4-byte offsets

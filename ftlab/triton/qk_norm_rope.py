@@ -2,10 +2,10 @@
 
 One program per (token, head) row of q and k together: the row and its rotation partner
 (element ``(d + R/2) % R`` of the R = rotary_dim rotated ones, loaded a second time rather
-than permuted in registers; the D - R dims past them pass through normed) are
-normalized in fp32 with the row's mean square, scaled by the weight, rotated with the token's
-cos / signed sin, and rounded once to the output dtype. Decode runs this as one launch where
-the torch form takes a dozen.
+than permuted in registers; the D - R dims past them pass through normed) are normalized in
+fp32 with the row's mean square (``row_rms_factor``: a row whose squares overflow fp32 too),
+scaled by the weight, rotated with the token's cos / signed sin, and rounded once to the output
+dtype. Decode runs this as one launch where the torch form takes a dozen.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ftlab.triton.norm import row_rms_factor
 
 
 @triton.jit
@@ -34,7 +36,7 @@ def _norm_rope_row(q_ptr, q_row, k_ptr, k_row, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
         dst = ko_ptr + (n * HK + h - HQ) * D
     x = tl.load(src + d, mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(src + partner, mask=mask, other=0.0).to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    r = row_rms_factor(x, D, eps)
     y = x * r * tl.load(w_ptr + d, mask=mask, other=0.0).to(tl.float32)
     yp = xp * r * tl.load(w_ptr + partner, mask=mask, other=0.0).to(tl.float32)
     c = tl.load(cos_ptr + n * ROT + d, mask=mask & rotated, other=1.0).to(tl.float32)

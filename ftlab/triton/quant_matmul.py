@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab import backends
+from ftlab import argcheck, backends
 from ftlab.backends import calls
 from ftlab.platform import current
 from ftlab.quant import Q8_1, QuantWeight
@@ -301,7 +301,9 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str, variant: str | None
     """Backend entry of :func:`ftlab.ops.quant_matmul` (arguments validated, path resolved).
     ``variant``: ``"words"`` or ``"tiles"`` (the int8 path's matvecs, ``MATVEC_ROWS`` rows a
     pass) or ``"gemm"`` (the dequant path's); None: the planner's default for the call; one that
-    cannot serve raises ``BackendUnavailable``."""
+    cannot serve raises ``BackendUnavailable``. The shapes are checked here too: the op's checks
+    may be off."""
+    argcheck.matmul_layout(x, w)
     variant = backends.variant_for("quant_matmul", "triton", calls.matmul(x, w), variant, path=path)
     if path == "int8":
         x8, rows = quantize_q8_1(x), MATVEC_ROWS

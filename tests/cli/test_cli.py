@@ -136,6 +136,8 @@ def test_debug_shows_the_traceback(where):
     (["--hybrid-slots", "-2"], "hybrid_slots must be an int >= 0, got -2"),
     (["--device", "gpu"], "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
     (["--prompt", ""], "prompt must be a non-empty string, got ''"),
+    (["--prompt", "ab\udcff\udcfe"], "argument --prompt: prompt must be UTF-8 text, got 'ab\\udcff\\udcfe' (character 2 "
+                                     "is a lone surrogate"),
     (["--quant", "q8_0"], "argument --quant: invalid choice: 'q8_0'"),
     (["--compare", "moe_experts=nope"], "backends['moe_experts'] must be 'auto' or one of"),
     (["--compare", "moe_experts"], "backends must be 'auto', one of"),

@@ -155,7 +155,9 @@ CONFIG = [
     ("mlp_only_layers", "[]", "mlp_only_layers must be a list"),
     ("torch_dtype", "int8", "torch_dtype must be one of ['bfloat16', 'float16', 'float32'] (or pass dtype=), got 'int8'"),
     ("torch_dtype", ["float32"], "torch_dtype must be one of"),
-    ("model_type", "llama", "model_type must be 'qwen3_moe', got 'llama'"),
+    ("model_type", "llama", "model_type must be one of ['qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_moe', 'qwen3_next'], "
+                            "got 'llama'"),
+    ("num_hidden_layers", 2**63, "num_hidden_layers must be an int <= 2^24 = 16777216, got 9223372036854775808"),
 ]  # fmt: skip
 
 
@@ -189,7 +191,7 @@ def test_config_counts_must_match_the_shards(tmp_path, source):
     config = json.loads((source / "config.json").read_text())
     shutil.copy(source / "model.safetensors", tmp_path / "model.safetensors")
     for key, value, expected in [("num_hidden_layers", 1, "hold layers 0..1 (2)"),
-                                 ("num_hidden_layers", 2**63, "num_hidden_layers is 9223372036854775808"),
+                                 ("num_hidden_layers", 2**24, "hold layers 0..1 (2)"),
                                  ("num_experts", 4, "hold experts 0..7 (8)")]:  # fmt: skip
         (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
         assert f"config.json: {key} is {value}, but the shards" in (m := refusal(tmp_path)), m

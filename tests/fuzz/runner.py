@@ -45,9 +45,11 @@ def _alarm(signum, frame):
     raise CaseTimeout()
 
 
-def check_case(target: str, path: Path, values_only: bool) -> str:
-    """Load ``path`` as ``target`` does and return the outcome ("loaded", "loaded, non-finite
-    logits" or "refused: <error class>"); raise when the case breaks the contract."""
+def check_case(target: str, path: Path, mutation) -> str:
+    """Load ``path`` (``mutation``'s copy) as ``target`` does and return the outcome ("loaded",
+    "loaded, non-finite logits" or "refused: <error class>"); raise when the case breaks the
+    contract: a copy that asks for what ftlab does not compute (``mutation.unsupported``) must
+    be refused."""
     import torch
 
     from ftlab.formats import CheckpointError
@@ -67,11 +69,13 @@ def check_case(target: str, path: Path, values_only: bool) -> str:
         if str(path) not in str(e):
             raise AssertionError(f"the error does not name {path}: {e}") from e
         return f"refused: {type(e).__name__}"
+    if mutation.unsupported:
+        raise AssertionError("loaded, but it asks for what ftlab does not compute: refuse it")
     tokens = torch.arange(1, 5)[None] % config.vocab_size
     logits = Qwen3Moe(config, weights, max_seq_len=8).forward(tokens, torch.arange(4)[None])
     if bool(torch.isfinite(logits).all()):
         return "loaded"
-    if not values_only:
+    if not mutation.values_only:
         raise AssertionError("loaded, but the logits are not finite")
     return "loaded, non-finite logits"
 
@@ -127,11 +131,13 @@ def worker(target: str, source: Path, seeds: list[int], work: Path, case_seconds
     import torch
 
     import ftlab
+    from ftlab.testing.checkpoint_fuzz import Mutation
 
     torch.set_num_threads(1)
     mutator = _mutator(target, source)
     warm = source if target == "hf" else source / TARGETS[target]
-    assert check_case(target, warm, False) == "loaded", "the unmutated checkpoint must load"
+    unmutated = Mutation("none", "the checkpoint as it is")
+    assert check_case(target, warm, unmutated) == "loaded", "the unmutated checkpoint must load"
     _emit({"worker": os.getpid(), "ftlab": ftlab.__file__})
     limit = _vm_bytes() + int(headroom_gib * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
@@ -152,7 +158,7 @@ def worker(target: str, source: Path, seeds: list[int], work: Path, case_seconds
             if seed in inject:
                 outcome = _inject(inject[seed])
             else:
-                outcome = check_case(target, path, mutation.values_only)
+                outcome = check_case(target, path, mutation)
         except CaseTimeout:
             outcome, error = "failed: timeout", f"ran past {case_seconds} s"
         except BaseException as e:  # every other exception fails the case
@@ -306,7 +312,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path, mutation = _prepare(args.target, _mutator(args.target, source), args.seed, Path(tmp))
         print(f"seed {args.seed}: {mutation.kind}: {mutation.detail}")
-        print(check_case(args.target, path, mutation.values_only))
+        print(check_case(args.target, path, mutation))
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def test_loader_errors_name_the_problem(tmp_path):
         load_hf(tmp_path, progress=False)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="model_type must be 'qwen3_moe'"):
+    with pytest.raises(CheckpointError, match=r"model_type must be one of \['qwen3_5_moe', .*'qwen3_moe', .*got 'llama'"):
         load_hf(tmp_path, progress=False)
     raw = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -193,3 +193,32 @@ def test_triton_backends_under_the_interpreter_match_reference(tmp_path):
         out += [model.forward(tokens[:, p : p + 1], torch.tensor([[p]])) for p in range(17, 20)]
         results.append(torch.cat(out, 1))
     torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])
+def test_the_oracle_runs_transformers_torch_delta_rule(family):
+    """The session fixture (tests/conftest.py) binds transformers' delta-rule names to its own torch
+    functions, not to a wrapper that would call fla's kernels where fla is installed."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        fn = getattr(module, name)
+        assert inspect.isfunction(fn) and not hasattr(fn, "__wrapped__"), (name, fn)
+        assert fn.__module__ == module.__name__ and fn.__code__.co_name == name, (name, fn)
+
+
+def test_the_patch_names_what_it_did_not_find():
+    """A transformers that binds the functions some new way fails the session loudly."""
+    import types
+
+    from tests.conftest import torch_delta_rule
+
+    module = types.ModuleType("transformers.models.x.modeling_x")
+    module.torch_chunk_gated_delta_rule = torch.nn.Identity()
+    named = r"modeling_x\.torch_chunk_gated_delta_rule: expected transformers' torch function"
+    with pytest.raises(AssertionError, match=named):
+        torch_delta_rule(module, "torch_chunk_gated_delta_rule")
+    with pytest.raises(AssertionError, match=r"x\.torch_recurrent_gated_delta_rule: expected"):
+        torch_delta_rule(module, "torch_recurrent_gated_delta_rule")  # absent

@@ -117,6 +117,35 @@ def test_decode_attention_unvalidated(device, backend, dtype):
     both(ops.decode_attention, q, kt, v, lengths, backend=backend)
 
 
+@pytest.mark.parametrize("device, backend", CASES)
+def test_unvalidated_layouts_a_backend_cannot_read_are_refused(device, backend):
+    """validate=False skips the ops' checks; each backend's entry still refuses, naming the
+    argument, the shapes it cannot read (a head count KVH does not divide, a K unlike w's), where it
+    would otherwise give a result of another shape or an unnamed error."""
+    gen = torch.Generator().manual_seed(4)
+    q, k = (
+        torch.randn(1, 3, 8, generator=gen).to(device),
+        torch.randn(1, 5, 2, 8, generator=gen).to(device),
+    )
+    lengths = torch.tensor([5], device=device)
+    for args, message in [
+        ((q, k, k, lengths), r"k must be \[B, S, KVH, D\] with KVH dividing q's 3 heads"),
+        ((q[:, :2], k, k[:, :4], lengths), r"v must have k's 5 positions, got 4"),
+        ((q[:, :2], k, k, lengths[:0]), r"lengths must have shape \(1,\), got \(0,\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ops.decode_attention(*args, backend=backend, validate=False)
+    x = torch.randn(2, 224, generator=gen).to(device)
+    w = torch.randn(16, 256, generator=gen).to(device)
+    k_unlike_w = r"x must be 2-D \[M, K\] with w's K = 256 columns .*, got shape \(2, 224\)"
+    for weight in (ops.quantize(w, "Q8_0"), ops.quantize_q4_0(w)):
+        for path in ("int8", "dequant") if backend != "hip" else ("int8",):
+            with pytest.raises(ValueError, match=k_unlike_w):
+                ops.quant_matmul(x, weight, path=path, backend=backend, validate=False)
+    with pytest.raises(ValueError, match=k_unlike_w):
+        ops.q4_0_matmul(x, ops.quantize_q4_0(w), backend=backend, validate=False)
+
+
 def test_models_pass_the_op_checks(monkeypatch):
     """The models' op calls run with the checks on (DecodePlan(checks=True)) raise nothing and give the
     logits they give with them off: prefill, then decode steps, Qwen3-MoE (dense and Q4_0) and a

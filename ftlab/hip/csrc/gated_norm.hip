@@ -3,11 +3,12 @@
 //
 // gated_rmsnorm_kernel: one wave per (token, head) row; lanes stride over the D elements, the
 // sum of squares reduced by shuffles, then each element normalized, scaled by the weight and
-// by SiLU of its gate, rounded once. output_gate_kernel: one thread per element,
+// by SiLU of its gate, rounded once (a row whose squares overflow fp32: norm_common.h).
+// output_gate_kernel: one thread per element,
 // a row's blocks side by side on a 1-D grid (no 65535 limit on the rows). fp32
 // throughout. Wave-size generic (PORT_WARP_SIZE).
 #pragma once
-#include "q4_0_common.h"
+#include "norm_common.h"
 
 namespace ftlab {
 
@@ -35,7 +36,15 @@ __global__ void __launch_bounds__(kGatedNormWaves * PORT_WARP_SIZE)
   }
 #pragma unroll
   for (int m = PORT_WARP_SIZE / 2; m > 0; m >>= 1) ss += port_shfl_xor(ss, m);
-  const float r = 1.0f / port_sqrtf(ss / static_cast<float>(d) + eps);
+  float r = 1.0f / port_sqrtf(ss / static_cast<float>(d) + eps);
+  if (ss == __builtin_inff()) {  // the squares overflowed (norm_common.h): summed again, scaled
+    float scaled = 0.0f;
+    for (int i = lane; i < d; i += PORT_WARP_SIZE) {
+      const float v = T::load(xr + i) * kNormScale;
+      scaled += v * v;
+    }
+    r = norm_scaled_factor(norm_wave_sum(scaled), d, eps);
+  }
   typename T::storage* yr = y + row * d;
   for (int i = lane; i < d; i += PORT_WARP_SIZE) {
     const float g = Z::load(zr + i);

@@ -213,7 +213,9 @@ __global__ void __launch_bounds__(kMoeThreads)
   float total = 0.0f;
 #pragma unroll
   for (int k = 0; k < kNormThreads / PORT_WARP_SIZE; ++k) total += partial[k];
-  const float r = 1.0f / port_sqrtf(total / static_cast<float>(h) + eps);
+  float r = 1.0f / port_sqrtf(total / static_cast<float>(h) + eps);
+  if (total == __builtin_inff())  // the squares overflowed (norm_common.h): summed again, scaled
+    r = norm_scaled_factor(norm_block_sum(norm_cached_scaled_squares<T, V>(xs, tid, h), partial, tid), h, eps);
 #pragma unroll
   for (int c = 0; c < kNormCache; ++c) {
     const int64_t at = static_cast<int64_t>(tid + c * kNormThreads) * V;

@@ -10,8 +10,9 @@
 // kNormCache pieces (x and the residual all loaded before any is used) stay in registers
 // between the passes, the rounded s as raw vectors of x's dtype; further pieces (rows longer
 // than kNormThreads * kNormCache * V) are read back from the thread's own stores of s (x
-// without a residual). No allocation, no host work: graph-capturable. Wave-size generic
-// (PORT_WARP_SIZE; the LDS partials are sized for the smaller wave).
+// without a residual). A row whose squares overflow fp32 sums them again, scaled (norm_common.h).
+// No allocation, no host work: graph-capturable. Wave-size generic (PORT_WARP_SIZE; the LDS
+// partials are sized for the smaller wave).
 #pragma once
 #include "norm_common.h"
 
@@ -68,7 +69,16 @@ __global__ void __launch_bounds__(kNormThreads)
   float total = 0.0f;
 #pragma unroll
   for (int k = 0; k < kNormThreads / PORT_WARP_SIZE; ++k) total += partial[k];
-  const float r = 1.0f / port_sqrtf(total / static_cast<float>(h) + eps);
+  float r = 1.0f / port_sqrtf(total / static_cast<float>(h) + eps);
+  if (total == __builtin_inff()) {  // the squares overflowed (norm_common.h): summed again, scaled
+    float scaled = norm_cached_scaled_squares<T, V>(xs, t, h);
+    for (int j = t + kNormCache * kNormThreads; j < pieces; j += kNormThreads) {
+      norm_pieces<T, V> su;
+      norm_fetch<T, V>((residual ? sr : xr) + static_cast<int64_t>(j) * V, su);  // s: stored above
+      scaled += norm_scaled_squares<T, V>(su);
+    }
+    r = norm_scaled_factor(norm_block_sum(scaled, partial, t), h, eps);
+  }
 #pragma unroll
   for (int c = 0; c < kNormCache; ++c) {
     const int64_t at = static_cast<int64_t>(t + c * kNormThreads) * V;

@@ -40,7 +40,18 @@ __device__ __forceinline__ void norm_prologue(const typename T::storage* x, cons
   float total = 0.0f;
 #pragma unroll
   for (int i = 0; i < kNormThreads / PORT_WARP_SIZE; ++i) total += partial[i];
-  const float r = 1.0f / port_sqrtf(total / static_cast<float>(8 * pieces) + eps);
+  float r = 1.0f / port_sqrtf(total / static_cast<float>(8 * pieces) + eps);
+  if (total == __builtin_inff()) {  // the squares overflowed (norm_common.h): norm_block_sum's order
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kRounds; ++c) {
+      const int t = c * NT + tid;
+      const float scaled = norm_wave_sum(t < pieces ? norm_scaled_squares<T, 8>(xs[c]) : 0.0f);
+      if (t % PORT_WARP_SIZE == 0) partial[t / PORT_WARP_SIZE] = scaled;
+    }
+    __syncthreads();
+    r = norm_scaled_factor(norm_partials_sum(partial), 8 * pieces, eps);
+  }
 #pragma unroll
   for (int c = 0; c < kRounds; ++c) {
     const int t = c * NT + tid;

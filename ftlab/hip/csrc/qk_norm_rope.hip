@@ -4,7 +4,8 @@
 // One wave per (token, head) row, rows of q then rows of k: lane l takes the element pairs
 // (p, p + R/2) for p = l, l + W, ... < R/2 (R = rot, the rotated dims; R = D for full RoPE) --
 // a pair holds each other's rotation partner, so nothing crosses lanes but the sum of squares
-// (a shuffle reduction) -- and the elements R, ..., D-1 past them, which pass through normed.
+// (a shuffle reduction; a row whose squares overflow fp32: norm_common.h) -- and the elements R,
+// ..., D-1 past them, which pass through normed.
 // fp32 throughout, one rounding to the output dtype. Wave-size generic (PORT_WARP_SIZE).
 //
 // With a KV cache (kc non-null): token n's slot = slots[n] (int32 or int64); a k row is also
@@ -12,7 +13,7 @@
 // elements) to vc[slot]: what store(kc, vc, slots, k_out, v) writes with check=False (slot -1
 // or outside [0, num_slots): that token's cache rows are not written).
 #pragma once
-#include "q4_0_common.h"
+#include "norm_common.h"
 
 namespace ftlab {
 
@@ -65,7 +66,15 @@ __global__ void __launch_bounds__(kNormRopeWaves * PORT_WARP_SIZE)
   }
 #pragma unroll
   for (int m = PORT_WARP_SIZE / 2; m > 0; m >>= 1) ss += port_shfl_xor(ss, m);
-  const float r = 1.0f / port_sqrtf(ss / static_cast<float>(d) + eps);
+  float r = 1.0f / port_sqrtf(ss / static_cast<float>(d) + eps);
+  if (ss == __builtin_inff()) {  // the squares overflowed (norm_common.h): summed again, scaled
+    float scaled = 0.0f;
+    for (int i = lane; i < d; i += PORT_WARP_SIZE) {
+      const float v = T::load(src + i) * kNormScale;
+      scaled += v * v;
+    }
+    r = norm_scaled_factor(norm_wave_sum(scaled), d, eps);
+  }
   const typename T::storage* c = cos + static_cast<int64_t>(n) * rot;
   const typename T::storage* s = sin + static_cast<int64_t>(n) * rot;
   for (int p = lane; p < half; p += PORT_WARP_SIZE) {

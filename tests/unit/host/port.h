@@ -1,17 +1,18 @@
 // Host stand-in for ftlab/hip/csrc/port.h, so that the real device sources (q4_0_common.h and
-// what includes it: the K-quant matvecs and experts, the gated delta rule) compile with a host
-// C++20 compiler and run on the CPU: one std::thread per GPU thread of a block (HostPool below;
-// blocks run one after another), __syncthreads a block barrier, port_shfl_xor an exchange through
-// a table between two barriers of the thread's group (PORT_WARP_SIZE lanes), port_sync_group that
-// group's barrier, __shared__ variables function statics. A thread that returns leaves its barriers
-// (arrive_and_drop), as a finished GPU thread stops counting. PORT_CUDA is defined for the
-// 16-byte types' CUDA spelling (uint4, float4).
+// what includes it: the K-quant matvecs and experts, the gated delta rule, the norms) compile with
+// a host C++20 compiler and run on the CPU: one std::thread per GPU thread of a block (HostPool
+// below; blocks run one after another), __syncthreads a block barrier, port_shfl_xor an exchange
+// through a table between two barriers of the thread's group (PORT_WARP_SIZE lanes),
+// port_sync_group that group's barrier, __shared__ variables function statics. A thread that
+// returns leaves its barriers (arrive_and_drop), as a finished GPU thread stops counting. PORT_CUDA
+// is defined for the 16-byte types' CUDA spelling (uint4, float4).
 #pragma once
 #include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -57,6 +58,11 @@ inline void port_sync_group() { host_group_barrier->arrive_and_wait(); }
 struct bytes16 {
   uint32_t x, y, z, w;
 };
+struct bytes8 {
+  uint32_t x, y;
+};
+typedef uint32_t bytes4;
+typedef uint16_t bytes2;
 struct float4 {
   float x, y, z, w;
 };
@@ -105,6 +111,9 @@ inline uint16_t port_float_to_bf16(float f) {  // round to nearest even (no NaN 
   const uint32_t u = port_float_to_bits(f);
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+// Blocks run one after another here: what a block wrote is seen by the blocks after it.
+inline void port_fence_device() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline uint32_t port_atomic_add(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline void port_pdl_wait() {}
 inline void port_pdl_trigger() {}
 inline void port_prefetch_l2(const void*) {}
