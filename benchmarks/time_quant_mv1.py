@@ -22,8 +22,8 @@ import torch
 
 from ftlab import backends, ops
 from ftlab.backends import calls
-from ftlab.bench.harness import copy_bandwidth, device_info, time_graph_us
-from ftlab.bench.quant import MIN_INNER, SHAPES, random_weight
+from ftlab.bench.harness import MIN_INNER, copy_bandwidth, device_info, time_graph_us
+from ftlab.bench.quant import SHAPES, random_weight
 from ftlab.hip import quant_matmul as hip_qmm
 from ftlab.quant import quant_weight
 from ftlab.testing.q4_0 import matmul_tolerance as q4_0_matmul_tolerance

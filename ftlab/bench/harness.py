@@ -14,15 +14,23 @@ import os
 import re
 import statistics
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from ftlab import backends
 from ftlab import platform as ftplatform
 
 RESULTS_DIR = Path("benchmarks") / "results"
+#: weight bytes a captured graph reads at the least, over rotated copies of a weight that fits in
+#: L2 (:func:`rotation`), so that every call reads DRAM
+ROTATE_BYTES = 256 << 20
+#: at least this many calls per captured graph, so that the gap between graph replays is spread
+#: thin (it added ~4 us per call at 2 calls a graph on the Q4_0 lm_head shape)
+MIN_INNER = 8
 
 
 @dataclass
@@ -52,6 +60,16 @@ class Report:
     measurements: list[Measurement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     copy_what: str = "device-to-device"  # whose copy bandwidth copy_gbps is
+
+    @classmethod
+    def for_device(cls, name: str, notes: list[str], device: torch.device | str = "cuda") -> Report:
+        """The empty report ``name`` of a bench that times ``device``, with a copy of ``notes``:
+        the device's description and the copy bandwidth measured now -- device-to-device on a GPU
+        (raises without one: :func:`require_gpu`), the host memory's on the CPU."""
+        if torch.device(device).type != "cuda":
+            return cls(name, device_info(), host_copy_gbps(), notes=list(notes), copy_what="host")
+        require_gpu()
+        return cls(name, device_info(), copy_bandwidth(), notes=list(notes))
 
     @classmethod
     def from_json(cls, data: dict) -> Report:
@@ -125,6 +143,20 @@ def require_gpu() -> None:
         raise RuntimeError(
             "ftlab bench needs a CUDA or ROCm GPU: timings from a CPU are not reported"
         )
+
+
+def gpu_backends(op: str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """The GPU backends (``hip``, then ``triton``) that serve ``op`` on the GPU for ``dtype``."""
+    dev = torch.device("cuda")
+    return [b for b in ("hip", "triton") if b in backends.available_backends(op, dev, dtype)]
+
+
+def rotation(nbytes: int) -> tuple[int, int]:
+    """(copies, calls per captured graph) for a weight of ``nbytes`` that each call reads once:
+    copies (1 to 32) until a graph reads :data:`ROTATE_BYTES`, and a whole number of rounds over
+    them of at least :data:`MIN_INNER` calls."""
+    copies = max(1, min(32, -(-ROTATE_BYTES // nbytes)))
+    return copies, copies * -(-MIN_INNER // copies)
 
 
 def device_info() -> dict:
@@ -217,6 +249,20 @@ def time_graph_us(fn: Callable[[], object], inner: int = 20, reps: int = 50) -> 
     holds ``inner`` calls: what a captured decode step pays, without host launch cost."""
     replay, _ = capture(lambda: [fn() for _ in range(inner)], warmup=-(-3 // inner))  # >= 3 warm-up calls
     return time_us(replay, warmup=3, reps=reps) / inner
+
+
+def host_copy_gbps(nbytes: int = 1 << 26) -> float:
+    """Host memory copy bandwidth in GB/s (bytes read + written): the median of five torch copies
+    of ``nbytes`` after one that touches the destination's pages."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        samples.append(time.perf_counter() - start)
+    return 2 * nbytes / statistics.median(samples) / 1e9
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:

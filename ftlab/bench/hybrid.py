@@ -21,23 +21,10 @@ import time
 
 import torch
 
-from ftlab.bench.harness import Measurement, Report, device_info
+from ftlab.bench.harness import Measurement, Report, device_info, host_copy_gbps
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 RESIDENT = (1.0, 0.5, 0.25)
-
-
-def host_copy_gbps(nbytes: int = 512 << 20) -> float:
-    """Host memory copy bandwidth in GB/s (bytes read + written), median of 5."""
-    src = torch.empty(nbytes, dtype=torch.uint8).random_(0, 255)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return 2 * nbytes / statistics.median(times) / 1e9
 
 
 def _validate(y: torch.Tensor, x: torch.Tensor, gu, dn, w: torch.Tensor, ids: torch.Tensor,
@@ -70,7 +57,7 @@ def run(quick: bool = False) -> Report:
     from ftlab import backends
     from ftlab.bench.model import random_q4_0
 
-    copy = host_copy_gbps()
+    copy = host_copy_gbps(512 << 20)
     report = Report("hybrid", device_info(), copy, copy_what="host memory", notes=[
         "copy bandwidth: host memory (torch copy of 512 MiB, bytes read + written) -- the CPU part's limit.",
         f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "

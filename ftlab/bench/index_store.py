@@ -13,16 +13,8 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from ftlab import backends, ops
-from ftlab.bench.harness import (
-    Measurement,
-    Report,
-    copy_bandwidth,
-    device_info,
-    require_gpu,
-    time_graph_us,
-    time_us,
-)
+from ftlab import ops
+from ftlab.bench.harness import Measurement, Report, gpu_backends, time_graph_us, time_us
 
 NOTES = [
     "eager: per-call time of back-to-back calls from Python (host launch cost included); "
@@ -37,14 +29,11 @@ CASES = {"decode": 64, "prefill": 8192, "large scatter": 65536}
 
 
 def run(quick: bool = False) -> Report:
-    require_gpu()
     torch.manual_seed(0)
-    dev = torch.device("cuda")
-    dtype = torch.bfloat16
-    report = Report("index_store", device_info(), copy_bandwidth(), notes=NOTES)
-    kc = torch.zeros(SLOTS, D, dtype=dtype, device=dev)
+    report = Report.for_device("index_store", NOTES)
+    kc = torch.zeros(SLOTS, D, dtype=torch.bfloat16, device="cuda")
     vc = torch.zeros_like(kc)
-    names = [b for b in ("hip", "triton") if b in backends.available_backends("store", dev, dtype)]
+    names = gpu_backends("store")
     for case, length in tqdm(list(CASES.items()), desc="index_store", unit="case"):
         _bench_case(report, kc, vc, case, length, names, reps=10 if quick else 50)
     return report

@@ -27,15 +27,7 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from ftlab.bench.harness import (
-    Measurement,
-    Report,
-    capture,
-    copy_bandwidth,
-    device_info,
-    require_gpu,
-    time_us,
-)
+from ftlab.bench.harness import Measurement, Report, capture, time_us
 from ftlab.models.decode_steps import DecodeLaunches, NotReplayable
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe, Qwen3MoeConfig
@@ -120,9 +112,8 @@ def decode_bytes(config: Qwen3MoeConfig, weights: ModelWeights, experts_used: fl
 
 
 def run(quick: bool = False) -> Report:
-    require_gpu()
     dev = torch.device("cuda")
-    report = Report("model", device_info(), copy_bandwidth(), notes=list(NOTES))
+    report = Report.for_device("model", NOTES)
     config = CONFIG
     if quick:
         from dataclasses import replace
@@ -173,18 +164,6 @@ def timer(dev: torch.device, quick: bool) -> Callable[..., float]:
     return host
 
 
-def host_copy_gbps(nbytes: int = 1 << 26) -> float:
-    """Host memory copy bandwidth in GB/s (bytes read + written), median of five copies."""
-    src = torch.ones(nbytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        dst.copy_(src)
-        samples.append(time.perf_counter() - start)
-    return 2 * nbytes / statistics.median(samples) / 1e9
-
-
 def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: torch.Generator, length: int,
             timer, tp=None) -> None:  # fmt: skip
     """``length`` random tokens through the dynamic model; the router's choices give the expert load."""
@@ -192,36 +171,61 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
     model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, tp=tp)
     tokens = torch.randint(0, config.vocab_size, (1, length), generator=gen).to(dev)
     pos = torch.arange(length, device=dev)[None]
-    loads = [
-        torch.bincount(stage.tensors["ids"].flatten().long(), minlength=config.num_experts)
-        for stage in model.stages(tokens, pos, last_only=True)
-        if stage.name.endswith("router")
-    ]
-    load = torch.stack(loads).float()  # [layers, E]
+    load = expert_loads(model.stages(tokens, pos, last_only=True), config.num_experts)
     eager = model.forward(tokens, pos, last_only=True)
     finite = bool(torch.isfinite(eager).all())
     t = timer(lambda: model.forward(tokens, pos, last_only=True), 2, 5)
-    report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s", "auto",
-                                           t, 0, finite, "eager"))  # fmt: skip
+    prefill_row(report, length, t, finite, "eager")
     if dev.type == "cuda":  # the same pass replayed from a graph: the device's time without host launches
         del model
         static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, static=True, tp=tp)
         replay, out = capture(lambda: static.forward(tokens, pos, last_only=True), warmup=2)
         replay()
-        # the static model reads every cache slot under a mask: the same logits up to summation order
-        # in x's dtype over every layer (a sanity bound, 5% of the largest logit: garbage fails it)
-        ok = bool(torch.isfinite(out).all()) and float((out - eager).abs().max()) <= 0.05 * float(eager.abs().max())
-        t = timer(replay, 2, 5)
-        report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s",
-                                               "auto", t, 0, ok, "graph"))  # fmt: skip
-    mean = length * config.num_experts_per_tok / config.num_experts
+        # the static model reads every cache slot under a mask: eager's logits up to summation order
+        ok = near_logits(out, eager)
+        prefill_row(report, length, timer(replay, 2, 5), ok, "graph")
+    note_expert_load(report, load, length, config.num_experts_per_tok)
+
+
+def expert_loads(stages, experts: int) -> torch.Tensor:
+    """How many routes each of ``experts`` experts got in each layer, ``[layers, E]`` fp32: the
+    choices (``ids``) of the router stages among a model's ``stages``."""
+    loads = [
+        torch.bincount(stage.tensors["ids"].flatten().long(), minlength=experts)
+        for stage in stages
+        if stage.name.endswith("router")
+    ]
+    return torch.stack(loads).float()
+
+
+def prefill_row(report: Report, length: int, t: float, ok: bool, mode: str) -> None:
+    """The row of a ``length``-token prefill that took ``t`` microseconds (tokens/s in its case)."""
+    case = f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s"
+    report.measurements.append(Measurement(case, "auto", t, 0, ok, mode))
+
+
+def near_logits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether logits ``got`` are finite and no further from ``want`` than 5% of its largest: a
+    sanity bound for sums in x's dtype taken in another order than ``want``'s over every layer,
+    which garbage fails."""
+    finite = bool(torch.isfinite(got).all())
+    return finite and float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+
+
+def note_expert_load(report: Report, load: torch.Tensor, length: int, top_k: int) -> None:
+    """Two notes on the expert load ``[layers, E]`` (:func:`expert_loads`) of a ``length``-token
+    prefill routing each token to ``top_k`` experts: its spread, and a histogram over the mean."""
+    mean = length * top_k / load.shape[1]
+    spread = float((load.max(1).values / mean).median())
     report.notes.append(
-        f"prefill expert load over {len(loads)} layers (routes per expert, mean {mean:.1f}): min {load.min():.0f}, "
-        f"max {load.max():.0f}, median per-layer max/mean {float((load.max(1).values / mean).median()):.2f}, "
+        f"prefill expert load over {load.shape[0]} layers (routes per expert, mean {mean:.1f}): "
+        f"min {load.min():.0f}, max {load.max():.0f}, median per-layer max/mean {spread:.2f}, "
         f"experts with no route {int((load == 0).sum())} of {load.numel()}"
     )
     hist = torch.histc(load / mean, bins=8, min=0, max=4).int().tolist()
-    report.notes.append(f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}")
+    report.notes.append(
+        f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}"
+    )
 
 
 def fill_cache(cache, seed: int = 1) -> None:
@@ -309,8 +313,7 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
             report.notes.append(parted_note(f"decode batch {batch}: the graph step", replayed, same)
                                 + which_side(graph, model, steps[0], positions, replayed.clone(), same))  # fmt: skip
         ok["eager"] = ok["eager"] and eager_step_ok(lambda: model.forward(steps[0], positions), eager, same)
-    k, e = config.num_experts_per_tok, config.num_experts
-    used = e * (1 - (1 - k / e) ** batch)  # distinct experts a layer, expected under uniform routing
+    used = experts_used(config, batch)
     nbytes = int(decode_bytes(config, weights, used, batch))
     launched = None
     if graph is not None:  # eager steps launched from a recorded schedule: the same kernels as eager's
@@ -326,10 +329,29 @@ def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch:
     if launched is not None:
         times["launches"] = timer(lambda: launched(steps[next(it) % 8], positions), 3, 20)
     times["eager"] = timer(lambda: model.forward(steps[next(it) % 8], positions), 2, 10)
+    rates = decode_rows(report, batch, times, nbytes, ok)
+    report.notes.append(
+        f"decode batch {batch}: {nbytes / 1e9:.3f} GB of weights a step (~{used:.0f} experts a "
+        f"layer): {rates}"
+    )
+
+
+def experts_used(config, batch: int) -> float:
+    """The distinct experts a layer that a decode step of ``batch`` tokens uses, expected under
+    uniform routing (``config``: its ``num_experts``, ``num_experts_per_tok``)."""
+    k, e = config.num_experts_per_tok, config.num_experts
+    return e * (1 - (1 - k / e) ** batch)
+
+
+def decode_rows(
+    report: Report, batch: int, times: dict[str, float], nbytes: int, ok: dict[str, bool]
+) -> str:
+    """A row per mode of ``times`` (the microseconds of a decode step of ``batch`` tokens that
+    reads ``nbytes``; ``ok``: each mode's check); returns the end of the step's note: the bound
+    that reading ``nbytes`` at the copy bandwidth gives, and each mode's tokens/s."""
     for mode, tm in times.items():
         label = f"decode batch {batch}: {batch / (tm * 1e-6):.0f} tokens/s"
         report.measurements.append(Measurement(label, "auto", tm, nbytes, ok[mode], mode))
     bound = batch / (nbytes / (report.copy_gbps * 1e9))
     rates = ", ".join(f"{mode} {batch / (tm * 1e-6):.0f}" for mode, tm in times.items())
-    report.notes.append(f"decode batch {batch}: {nbytes / 1e9:.3f} GB of weights a step (~{used:.0f} experts a "
-                        f"layer): bound {bound:.0f} tokens/s at {report.copy_gbps:.0f} GB/s; {rates} tokens/s")  # fmt: skip
+    return f"bound {bound:.0f} tokens/s at {report.copy_gbps:.0f} GB/s; {rates} tokens/s"

@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ftlab.bench.harness import Measurement, Report, copy_bandwidth, device_info, require_gpu
-from ftlab.bench.model import PREFILL, bench_weights, host_copy_gbps, timer
+from ftlab.bench.harness import Measurement, Report, require_gpu
+from ftlab.bench.model import PREFILL, bench_weights, timer
 from ftlab.bench.qwen35moe import bench_pipeline
 from ftlab.formats.gguf import GGUFError, open_reader
 from ftlab.models import pipeline_args as check
@@ -114,10 +114,9 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         group = process_group(tp, dev)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    gbps, what = (copy_bandwidth(), "device-to-device") if dev.type == "cuda" else (host_copy_gbps(), "host")
     notes = [file_note(path), type_note(path)] + [n.format(length=prefill) for n in NOTES]
     name = f"model-gguf-{_slug(path.stem)}" + (f"-tp{tp}" if tp > 1 else "")
-    report = Report(name, device_info(), gbps, notes=notes, copy_what=what)
+    report = Report.for_device(name, notes, dev)
     clock = timer(dev, quick)
     if group is not None:
         from ftlab.models.pipeline import rank_heads, rank_ranges

@@ -21,15 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ftlab import backends, ops
-from ftlab.bench.harness import (
-    Measurement,
-    Report,
-    copy_bandwidth,
-    device_info,
-    require_gpu,
-    time_graph_us,
-    time_us,
-)
+from ftlab.bench.harness import Measurement, Report, gpu_backends, time_graph_us, time_us
 from ftlab.quant import Q4_0Weight
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
@@ -84,10 +76,9 @@ def torch_moe(x, logits, w_gate_up, w_down, top_k: int, dequant_backend: str = "
 
 
 def run(quick: bool = False) -> Report:
-    require_gpu()
     dev = torch.device("cuda")
-    report = Report("moe", device_info(), copy_bandwidth(), notes=list(NOTES))
-    names = [b for b in ("hip", "triton") if b in backends.available_backends("moe_experts", dev, torch.bfloat16)]
+    report = Report.for_device("moe", NOTES)
+    names = gpu_backends("moe_experts")
     tokens = (1, 512) if quick else TOKENS
     for q4 in (True, False):
         w_gate_up, w_down = make_banks(q4, dev)

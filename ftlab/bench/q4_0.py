@@ -17,14 +17,7 @@ import torch
 from tqdm import tqdm
 
 from ftlab import backends, ops
-from ftlab.bench.harness import (
-    Measurement,
-    Report,
-    copy_bandwidth,
-    device_info,
-    require_gpu,
-    time_graph_us,
-)
+from ftlab.bench.harness import Measurement, Report, gpu_backends, rotation, time_graph_us
 from ftlab.quant import Q4_0Weight
 
 SHAPES = {  # name: (N, K)
@@ -36,10 +29,6 @@ SHAPES = {  # name: (N, K)
     "lm_head 2048->151936": (151936, 2048),
     "llama.cpp 4096x14336": (4096, 14336),
 }
-# at least this many calls per captured graph, so that the gap between graph replays is
-# spread thin (it added ~4 us per call at 2 calls a graph on the lm_head shape)
-MIN_INNER = 8
-ROTATE_BYTES = 256 << 20  # rotate copies until the weights read per graph exceed L2 many times
 
 NOTES = [
     "graph mode: calls replayed from a captured CUDA graph (device time). Weight GB/s counts "
@@ -51,19 +40,9 @@ NOTES = [
 ]
 
 
-def _copies(nbytes: int) -> int:
-    return max(1, min(32, -(-ROTATE_BYTES // nbytes)))
-
-
 def run(quick: bool = False) -> Report:
-    require_gpu()
-    dev = torch.device("cuda")
-    report = Report("q4_0", device_info(), copy_bandwidth(), notes=NOTES)
-    names = [
-        b
-        for b in ("hip", "triton")
-        if b in backends.available_backends("q4_0_matmul", dev, torch.bfloat16)
-    ]
+    report = Report.for_device("q4_0", NOTES)
+    names = gpu_backends("q4_0_matmul")
     for label, (n, k) in tqdm(list(SHAPES.items()), desc="q4_0", unit="shape"):
         _bench_shape(report, label, n, k, names, (1,) if quick else (1, 512))
         torch.cuda.empty_cache()
@@ -77,8 +56,8 @@ def _bench_shape(
     torch.manual_seed(0)
     w16 = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
     wq = ops.quantize_q4_0(w16)
-    reps = _copies(wq.nbytes)
-    banks = [wq] + [Q4_0Weight(wq.data.clone(), wq.shape) for _ in range(reps - 1)]
+    copies = rotation(wq.nbytes)[0]
+    banks = [wq] + [Q4_0Weight(wq.data.clone(), wq.shape) for _ in range(copies - 1)]
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         _bench_rows(
@@ -102,7 +81,7 @@ def _bench_rows(
         add(
             name,
             lambda nm=name, t=turn: ops.q4_0_matmul(x, banks[next(t) % reps], backend=nm),
-            reps * -(-MIN_INNER // reps),
+            rotation(wq.nbytes)[1],
             ok=ok,
         )
         if hot:

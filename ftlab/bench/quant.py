@@ -15,14 +15,7 @@ import torch
 from tqdm import tqdm
 
 from ftlab import backends, ops
-from ftlab.bench.harness import (
-    Measurement,
-    Report,
-    copy_bandwidth,
-    device_info,
-    require_gpu,
-    time_graph_us,
-)
+from ftlab.bench.harness import Measurement, Report, gpu_backends, rotation, time_graph_us
 from ftlab.quant import QTYPES, QuantWeight, quant_weight
 
 SHAPES = {  # name: (N, K)
@@ -33,8 +26,6 @@ SHAPES = {  # name: (N, K)
 }
 TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 SCALE_OFFSETS = {"Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q4_0": (0,)}
-MIN_INNER = 8
-ROTATE_BYTES = 256 << 20
 VALIDATE_ROWS = 4096  # weight rows the validation compares (the int8 reference is an einsum)
 
 NOTES = [
@@ -58,24 +49,10 @@ def random_weight(qtype: str, n: int, k: int, dev: torch.device, seed: int = 0) 
     return quant_weight(data, (n, k), qtype)
 
 
-def _copies(nbytes: int) -> int:
-    return max(1, min(32, -(-ROTATE_BYTES // nbytes)))
-
-
 def run(quick: bool = False) -> Report:
-    require_gpu()
-    dev = torch.device("cuda")
-    report = Report("quant", device_info(), copy_bandwidth(), notes=NOTES)
-    names = [
-        b
-        for b in ("hip", "triton")
-        if b in backends.available_backends("quant_matmul", dev, torch.bfloat16)
-    ]
-    deq = [
-        b
-        for b in ("hip", "triton")
-        if b in backends.available_backends("dequantize", dev, torch.bfloat16)
-    ]
+    report = Report.for_device("quant", NOTES)
+    names = gpu_backends("quant_matmul")
+    deq = gpu_backends("dequantize")
     cases = [(t, s) for t in TYPES for s in SHAPES]
     for qtype, label in tqdm(cases, desc="quant", unit="case"):
         n, k = SHAPES[label]
@@ -95,9 +72,8 @@ def _bench_case(report: Report, qtype: str, label: str, n: int, k: int, names: l
                 ms: tuple[int, ...]) -> None:  # fmt: skip
     dev = torch.device("cuda")
     w = random_weight(qtype, n, k, dev)
-    reps = _copies(w.nbytes)
+    reps, inner = rotation(w.nbytes)
     banks = [w] + [QuantWeight(w.data.clone(), w.shape, qtype) for _ in range(reps - 1)]
-    inner = reps * -(-MIN_INNER // reps)
     for name in deq:
         turn = iter(range(1 << 62))
         _timed(report, f"{qtype} {label} dequantize", name,

@@ -20,15 +20,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ftlab.bench.harness import (
-    Measurement,
-    Report,
-    capture,
-    copy_bandwidth,
-    device_info,
-    require_gpu,
+from ftlab.bench.harness import Report, capture, require_gpu
+from ftlab.bench.model import (
+    decode_rows,
+    expert_loads,
+    experts_used,
+    fill_cache,
+    near_logits,
+    note_expert_load,
+    prefill_row,
 )
-from ftlab.bench.model import fill_cache, host_copy_gbps
 from ftlab.bench.model import timer as bench_timer
 from ftlab.bench.qwen35moe_gguf import write_random_gguf
 from ftlab.bench.qwen35moe_random import (
@@ -81,13 +82,8 @@ def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda"
         write_random_gguf(
             write_gguf, hf, tensors, progress=lambda r: tqdm(r, desc="GGUF layers", unit="layer")
         )
-    gbps, what = (
-        (copy_bandwidth(), "device-to-device")
-        if dev.type == "cuda"
-        else (host_copy_gbps(), "host")
-    )
     name = "model-qwen35moe" if shape == QWEN35_35B_A3B else "model-qwen35moe-scaled"
-    report = Report(name, device_info(), gbps, notes=list(NOTES), copy_what=what)
+    report = Report.for_device(name, NOTES, dev)
     config = Qwen3NextConfig.from_hf(hf)
     weights = build_weights(config, tensors, device=dev, dtype=dtype, where="random qwen35moe",
                             progress=lambda r: tqdm(r, desc="random Q4_0 layers", unit="layer"))  # fmt: skip
@@ -158,13 +154,9 @@ def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, 
     logits = pipe.prefill(tokens)
     finite = bool(torch.isfinite(logits).all())
     pos = torch.arange(length, device=dev)[None]
-    loads = [torch.bincount(stage.tensors["ids"].flatten().long(), minlength=c.num_experts)
-             for stage in pipe.model.stages(tokens[None], pos, last_only=True, snapshot=False)
-             if stage.name.endswith("router")]  # fmt: skip
-    load = torch.stack(loads).float()  # [layers, E]
-    t = timer(lambda: pipe.prefill(tokens), 2, 5)
-    report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s", "auto",
-                                           t, 0, finite, "eager"))  # fmt: skip
+    stages = pipe.model.stages(tokens[None], pos, last_only=True, snapshot=False)
+    load = expert_loads(stages, c.num_experts)
+    prefill_row(report, length, timer(lambda: pipe.prefill(tokens), 2, 5), finite, "eager")
     report.notes.append(
         f"prefill logits: finite {finite}, RMS {float(logits.float().pow(2).mean().sqrt()):.2f}"
     )
@@ -172,25 +164,14 @@ def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, 
         replay, out = capture(lambda: pipe.model.forward(tokens[None], pos, last_only=True), warmup=2)
         replay()
         got = out[0, -1]
-        ok = bool(torch.isfinite(got).all()) and float((got - logits).abs().max()) <= 0.05 * float(logits.abs().max())
-        t = timer(replay, 2, 5)
-        report.measurements.append(Measurement(f"prefill {length} tokens: {length / (t * 1e-6):.0f} tokens/s",
-                                               "auto", t, 0, ok, "graph"))  # fmt: skip
+        ok = near_logits(got, logits)
+        prefill_row(report, length, timer(replay, 2, 5), ok, "graph")
         report.notes.append(f"prefill graph: the static model's pass replayed from a captured graph; its logits "
                             f"{'bit-equal to' if torch.equal(got, logits) else 'within 5% of the largest of'} the "
                             "eager pass's")  # fmt: skip
         del replay, out
         torch.cuda.empty_cache()
-    mean = length * c.num_experts_per_tok / c.num_experts
-    report.notes.append(
-        f"prefill expert load over {len(loads)} layers (routes per expert, mean {mean:.1f}): min {load.min():.0f}, "
-        f"max {load.max():.0f}, median per-layer max/mean {float((load.max(1).values / mean).median()):.2f}, "
-        f"experts with no route {int((load == 0).sum())} of {load.numel()}"
-    )
-    hist = torch.histc(load / mean, bins=8, min=0, max=4).int().tolist()
-    report.notes.append(
-        f"prefill expert load histogram (routes / mean, 8 bins over [0, 4), all layers): {hist}"
-    )
+    note_expert_load(report, load, length, c.num_experts_per_tok)
 
 
 def _same_step(
@@ -266,9 +247,7 @@ def _decode(
         def graph_step() -> torch.Tensor:
             return graph(steps[next(it) % 8], positions)
 
-    k, e = c.num_experts_per_tok, c.num_experts
-    # distinct experts a layer, expected under uniform routing
-    used = e * (1 - (1 - k / e) ** batch)
+    used = experts_used(c, batch)
     attended = pipe.max_seq_len if model.static else length + 1
     weight, state = decode_bytes(c, pipe.weights, used, batch, attended)
     nbytes = int(weight + state)
@@ -276,11 +255,8 @@ def _decode(
     if pipe.graph_capturable:
         times["graph"] = timer(graph_step, 3, 20)
     times["eager"] = timer(lambda: model.forward(steps[next(it) % 8], positions), 2, 10)
-    for mode, tm in times.items():
-        label = f"decode batch {batch}: {batch / (tm * 1e-6):.0f} tokens/s"
-        report.measurements.append(Measurement(label, "auto", tm, nbytes, eager_ok if mode == "eager" else ok, mode))
-    bound = batch / (nbytes / (report.copy_gbps * 1e9))
-    rates = ", ".join(f"{mode} {batch / (tm * 1e-6):.0f}" for mode, tm in times.items())
-    report.notes.append(f"decode batch {batch}: {weight / 1e9:.3f} GB of weights (~{used:.0f} experts a layer) + "
-                        f"{state / 1e9:.3f} GB of state a step: bound {bound:.0f} tokens/s at "
-                        f"{report.copy_gbps:.0f} GB/s; {rates} tokens/s")  # fmt: skip
+    rates = decode_rows(report, batch, times, nbytes, {"graph": ok, "eager": eager_ok})
+    report.notes.append(
+        f"decode batch {batch}: {weight / 1e9:.3f} GB of weights (~{used:.0f} experts a layer) + "
+        f"{state / 1e9:.3f} GB of state a step: {rates}"
+    )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -57,6 +58,14 @@ def _valid_bound(bound: torch.Tensor, lengths: torch.Tensor | None) -> torch.Ten
     return torch.where(valid[:, :, None], bound, torch.zeros(()))
 
 
+def _copy_on(dev: torch.device, t: torch.Tensor | None) -> torch.Tensor | None:
+    """A copy of ``t`` on ``dev`` with its strides (a view of a wider buffer stays one, and a
+    state updated in place is the backend's own); None stays None."""
+    if t is None:
+        return None
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=dev).copy_(t)
+
+
 def check_causal_conv1d_case(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                              state: torch.Tensor | None, lengths: torch.Tensor | None, activation: str | None,
                              device: torch.device | str = "cpu", backends: Sequence[str] | None = None) -> None:  # fmt: skip
@@ -67,10 +76,7 @@ def check_causal_conv1d_case(x: torch.Tensor, weight: torch.Tensor, bias: torch.
                                            backend="reference")  # fmt: skip
     bound = _valid_bound(causal_conv1d_tolerance(x, weight, bias, state, activation), lengths)
     dev = torch.device(device)
-
-    def on(t):  # on dev with its strides: a view of a wider buffer stays one
-        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=dev).copy_(t)
-
+    on = functools.partial(_copy_on, dev)
     for name in backends_for("causal_conv1d", dev, x.dtype, backends):
         if name == "reference":
             continue
@@ -101,10 +107,7 @@ def check_causal_conv1d_update_case(x: torch.Tensor, weight: torch.Tensor, bias:
     fresh = state if reset is None else torch.where(reset[:, None, None], torch.zeros((), dtype=state.dtype), state)
     bound = causal_conv1d_tolerance(x[:, None, :], weight, bias, fresh, activation)[:, 0, :]
     dev = torch.device(device)
-
-    def on(t):  # on dev with its strides: a view of a wider buffer stays one
-        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=dev).copy_(t)
-
+    on = functools.partial(_copy_on, dev)
     for name in backends_for("causal_conv1d_update", dev, x.dtype, backends):
         if name == "reference":
             continue

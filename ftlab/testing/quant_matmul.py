@@ -23,13 +23,13 @@ import torch
 from hypothesis import strategies as st
 
 from ftlab import ops
-from ftlab.quant import QTYPES, QuantWeight, quant_weight
+from ftlab.quant import QuantWeight, quant_weight
 from ftlab.reference import q4_0 as ref_q4_0
 from ftlab.reference import quant_matmul as ref
 from ftlab.reference.quants import dequantize
 from ftlab.testing.common import FLOAT_DTYPES, backends_for, restride, ulp
 from ftlab.testing.q4_0 import DEQUANT_WEIGHT_ROUNDING
-from ftlab.testing.quants import FINITE_SPECIAL_F16, KQUANT_TYPES, SCALE_OFFSETS
+from ftlab.testing.quants import FINITE_SPECIAL_F16, KQUANT_TYPES, random_blocks
 
 EPS32 = torch.finfo(torch.float32).eps
 #: an fp16 scale small enough that every dequantized weight of every type fits in fp16
@@ -41,15 +41,8 @@ def random_quant_weight(seed: int, qtype: str, n: int, k: int, specials: Sequenc
                         zero_rows: float = 0.1) -> QuantWeight:  # fmt: skip
     """``[N, K]`` of random ``qtype`` blocks, a quarter of the fp16 scales from ``specials``,
     a fraction ``zero_rows`` of the rows all-zero bytes."""
-    qt = QTYPES[qtype]
     rng = np.random.default_rng(seed)
-    data = rng.integers(0, 256, (n, qt.row_bytes(k)), dtype=np.uint8)
-    blocks = data.reshape(-1, qt.nbytes)
-    for off in SCALE_OFFSETS[qtype]:
-        ordinary = rng.uniform(1e-3, 1.0, blocks.shape[0]).astype(np.float16).view(np.uint16)
-        special = rng.choice(np.array(specials, dtype=np.uint16), blocks.shape[0])
-        scale = np.where(rng.random(blocks.shape[0]) < 0.25, special, ordinary)
-        blocks[:, off : off + 2] = scale.astype("<u2").view(np.uint8).reshape(-1, 2)
+    data = random_blocks(rng, qtype, (n,), k, specials)
     data[rng.random(n) < zero_rows] = 0
     return quant_weight(torch.from_numpy(data), (n, k), qtype)
 

@@ -40,14 +40,25 @@ def quant_weights(draw, qtypes: Sequence[str] = KQUANT_TYPES, max_rows: int = 12
     n = draw(st.integers(1, max_rows))
     k = qt.block * draw(st.integers(1, max_blocks if qt.block > 32 else 4 * max_blocks))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    data = rng.integers(0, 256, (*lead, n, qt.row_bytes(k)), dtype=np.uint8)
+    data = random_blocks(rng, qtype, (*lead, n), k, specials)
+    return QuantWeight(torch.from_numpy(data), (*lead, n, k), qtype)
+
+
+def random_blocks(
+    rng: np.random.Generator, qtype: str, rows: tuple[int, ...], k: int, specials: Sequence[int]
+) -> np.ndarray:
+    """uint8 ``[*rows, row bytes]``: rows of ``k`` weights in random ``qtype`` blocks from ``rng``,
+    whose fp16 scales are ordinary (uniform in [1e-3, 1)) or, a quarter of them, drawn from
+    ``specials`` (fp16 bit patterns)."""
+    qt = QTYPES[qtype]
+    data = rng.integers(0, 256, (*rows, qt.row_bytes(k)), dtype=np.uint8)
     blocks = data.reshape(-1, qt.nbytes)
     for off in SCALE_OFFSETS[qtype]:
         ordinary = rng.uniform(1e-3, 1.0, blocks.shape[0]).astype(np.float16).view(np.uint16)
         special = rng.choice(np.array(specials, dtype=np.uint16), blocks.shape[0])
         scale = np.where(rng.random(blocks.shape[0]) < 0.25, special, ordinary)
         blocks[:, off : off + 2] = scale.astype("<u2").view(np.uint8).reshape(-1, 2)
-    return QuantWeight(torch.from_numpy(data), (*lead, n, k), qtype)
+    return data
 
 
 @st.composite

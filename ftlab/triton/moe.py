@@ -23,7 +23,7 @@ from ftlab.platform import current
 from ftlab.quant import Q4_0Weight
 from ftlab.triton.moe_gemm import bank_args, experts_gemm
 from ftlab.triton.moe_kquant import experts_kquant, experts_kquant_gemm, q4_0_pairs
-from ftlab.triton.moe_route import moe_align, route_topk, router_topk
+from ftlab.triton.moe_route import expert_slot, moe_align, route_topk, router_topk
 from ftlab.triton.norm import add_rmsnorm
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import (
@@ -77,10 +77,7 @@ def moe_gate_up_kernel(x_ptr, x_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, ids_ptr, h
     pair = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < INTER
-    e = tl.load(ids_ptr + pair)
-    valid = (e >= 0) & (e < E)
-    e = tl.where(valid, e, 0)
-    rows_ok = n_ok & (tl.zeros((BLOCK_N,), dtype=tl.int32) + valid.to(tl.int32) != 0)
+    e, rows_ok = expert_slot(ids_ptr, pair, E, n, INTER)
     t = pair // TOP_K
     gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
     up = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -107,10 +104,7 @@ def moe_down_kernel(h_ptr, w_ptr, W_ESTRIDE, ROW_STRIDE, ids_ptr, wts_ptr, y_ptr
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in range(TOP_K):  # a loop, not unrolled: unrolled k = 8 runs RDNA out of SGPRs
         pair = t * TOP_K + j
-        e = tl.load(ids_ptr + pair)
-        valid = (e >= 0) & (e < E)
-        e = tl.where(valid, e, 0)
-        rows_ok = n_ok & (tl.zeros((BLOCK_N,), dtype=tl.int32) + valid.to(tl.int32) != 0)
+        e, rows_ok = expert_slot(ids_ptr, pair, E, n, H)
         part = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for i0 in range(0, INTER, BLOCK_I):
             cols = i0 + tl.arange(0, BLOCK_I)
@@ -152,10 +146,8 @@ def moe_gate_up_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H,
     n + I of expert ids[pair] (``E_H``, ``ROW_H``: expert and row strides in halfwords)."""
     pair = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    e = tl.load(ids_ptr + pair)
-    valid = (e >= 0) & (e < E)
-    rows_ok = (n < INTER) & (tl.zeros((BLOCK_N,), dtype=tl.int32) + valid.to(tl.int32) != 0)
-    base = tl.where(valid, e, 0).to(tl.int64) * E_H
+    e, rows_ok = expert_slot(ids_ptr, pair, E, n, INTER)
+    base = e.to(tl.int64) * E_H
     xrow = (pair // TOP_K).to(tl.int64)
     g = _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, xrow, w32_ptr, w16_ptr, base + n.to(tl.int64) * ROW_H, rows_ok, NBK,
                      WORDS, BLOCK_KB, ASM)  # fmt: skip
@@ -179,10 +171,8 @@ def moe_down_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H, id
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in range(TOP_K):
         pair = t.to(tl.int64) * TOP_K + j
-        e = tl.load(ids_ptr + pair)
-        valid = (e >= 0) & (e < E)
-        rows_ok = n_ok & (tl.zeros((BLOCK_N,), dtype=tl.int32) + valid.to(tl.int32) != 0)
-        row16 = tl.where(valid, e, 0).to(tl.int64) * E_H + n.to(tl.int64) * ROW_H
+        e, rows_ok = expert_slot(ids_ptr, pair, E, n, H)
+        row16 = e.to(tl.int64) * E_H + n.to(tl.int64) * ROW_H
         part = _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, pair, w32_ptr, w16_ptr, row16, rows_ok, NBI, WORDS, BLOCK_KB,
                             ASM)  # fmt: skip
         acc += tl.where(rows_ok, tl.load(wts_ptr + pair) * part, 0.0)

@@ -54,6 +54,19 @@ def _gemm_b_tile(w_ptr, e_off, rn, n_ok, k0, K, ROW_STRIDE, Q4: tl.constexpr, BL
 
 
 @triton.jit
+def store_pairs(out_ptr, out_stride, rows, r_ok, rn, n_ok, acc, acc_up, wts_ptr, GATED: tl.constexpr):
+    """A grouped-GEMM tile's output ``out[rows, rn]``: ``GATED`` silu(acc) * acc_up, else acc
+    scaled by each pair's routing weight ``w[rows]``; padding rows and columns past N store
+    nothing."""
+    if GATED:
+        res = acc / (1.0 + tl.exp(-acc)) * acc_up
+    else:
+        res = acc * tl.load(wts_ptr + rows, mask=r_ok, other=0.0)[:, None]
+    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + rn[None, :]
+    tl.store(out, res.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def moe_gemm_kernel(a_ptr, a_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, sorted_ptr, expert_ids_ptr, npad_ptr,
                     out_ptr, out_stride, wts_ptr, P, TOP_K, N, K,
                     GATED: tl.constexpr, Q4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -93,12 +106,7 @@ def moe_gemm_kernel(a_ptr, a_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, sorted_ptr, e
         if GATED:
             b_up = _gemm_b_tile(w_ptr, e_off, rn + N, n_ok, k0, K, ROW_STRIDE, Q4, BLOCK_K, DT)
             acc_up = tl.dot(a, b_up, acc_up, input_precision=F32_PRECISION)
-    if GATED:
-        res = acc / (1.0 + tl.exp(-acc)) * acc_up
-    else:
-        res = acc * tl.load(wts_ptr + rows, mask=r_ok, other=0.0)[:, None]
-    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + rn[None, :]
-    tl.store(out, res.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & n_ok[None, :])
+    store_pairs(out_ptr, out_stride, rows, r_ok, rn, n_ok, acc, acc_up, wts_ptr, GATED)
 
 
 GEMM_CONFIGS: dict[str, dict[str, int]] = {

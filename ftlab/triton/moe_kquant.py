@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from ftlab.platform import current
-from ftlab.triton.moe_route import moe_align
+from ftlab.triton.moe_gemm import store_pairs
+from ftlab.triton.moe_route import expert_slot, moe_align
 from ftlab.triton.q4_0 import quantize_q8_1
 from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, rows_16
 from ftlab.triton.quant_matmul import dequant_pair, dequant_tile
@@ -112,10 +113,8 @@ def moe_gate_up_kq_kernel(q8_ptr, d8_ptr, s8_ptr, w_ptr, E_BYTES, ROW_BYTES, ids
     expert ids[pair] (``E_BYTES``, ``ROW_BYTES``: the bank's expert and row strides)."""
     pair = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    e = tl.load(ids_ptr + pair)
-    valid = (e >= 0) & (e < E)
-    rows_ok = (n < INTER) & (tl.zeros((BLOCK_N,), dtype=tl.int32) + valid.to(tl.int32) != 0)
-    base = w_ptr + tl.where(valid, e, 0).to(tl.int64) * E_BYTES
+    e, rows_ok = expert_slot(ids_ptr, pair, E, n, INTER)
+    base = w_ptr + e.to(tl.int64) * E_BYTES
     t = (pair // TOP_K).to(tl.int64)
     xq, xd, xs = q8_ptr + t * H, d8_ptr + t * (H // 32), s8_ptr + t * (H // 32)
     g = _kq_dot(base + n.to(tl.int64) * ROW_BYTES, rows_ok, xq, xd, xs, H, QT, BLOCK_N)
@@ -135,10 +134,8 @@ def moe_down_kq_kernel(q8_ptr, d8_ptr, s8_ptr, w_ptr, E_BYTES, ROW_BYTES, ids_pt
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in range(TOP_K):
         pair = t.to(tl.int64) * TOP_K + j
-        e = tl.load(ids_ptr + pair)
-        valid = (e >= 0) & (e < E)
-        rows_ok = n_ok & (tl.zeros((BLOCK_N,), dtype=tl.int32) + valid.to(tl.int32) != 0)
-        rows = w_ptr + tl.where(valid, e, 0).to(tl.int64) * E_BYTES + n.to(tl.int64) * ROW_BYTES
+        e, rows_ok = expert_slot(ids_ptr, pair, E, n, H)
+        rows = w_ptr + e.to(tl.int64) * E_BYTES + n.to(tl.int64) * ROW_BYTES
         part = _kq_dot(rows, rows_ok, q8_ptr + pair * INTER, d8_ptr + pair * (INTER // 32),
                        s8_ptr + pair * (INTER // 32), INTER, QT, BLOCK_N)  # fmt: skip
         acc += tl.where(rows_ok, tl.load(wts_ptr + pair) * part, 0.0)
@@ -205,12 +202,7 @@ def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, e
             if GATED:
                 b_up = _kq_b_tile(w_ptr, row + N * ROW_BYTES, n_ok, k0, K, QT, BLOCK_K, DT)
                 acc_up = tl.dot(a, b_up, acc_up, input_precision=F32_PRECISION)
-    if GATED:
-        res = acc / (1.0 + tl.exp(-acc)) * acc_up
-    else:
-        res = acc * tl.load(wts_ptr + rows, mask=r_ok, other=0.0)[:, None]
-    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + rn[None, :]
-    tl.store(out, res.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & n_ok[None, :])
+    store_pairs(out_ptr, out_stride, rows, r_ok, rn, n_ok, acc, acc_up, wts_ptr, GATED)
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}

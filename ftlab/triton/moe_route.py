@@ -9,6 +9,7 @@ reference: ``ftlab/reference/moe.py``); ``ftlab/triton/moe.py`` is the family's 
 - ``moe_align_*``: deterministic grouping by expert (no atomics, so the order within a
   group is the flat order t * k + j, as in the reference): count per expert, a prefix sum
   of the padded counts, then each expert's program writes its pairs' rows.
+- ``expert_slot``: the expert of one route as the experts' decode kernels read it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ import triton.language as tl
 from ftlab.reference.moe import align_capacity
 
 _CHUNK = 256
+
+
+@triton.jit
+def expert_slot(ids_ptr, pair, E, n, N):
+    """The expert of route ``pair`` (``ids[pair]``, or 0 where it is no expert of ``[0, E)``) and
+    which of its rows ``n`` ``[BN]`` to read: those below ``N``, none where it is no expert, so
+    that an invalid route loads nothing."""
+    e = tl.load(ids_ptr + pair)
+    valid = (e >= 0) & (e < E)
+    rows_ok = (n < N) & (tl.zeros(n.shape, dtype=tl.int32) + valid.to(tl.int32) != 0)
+    return tl.where(valid, e, 0), rows_ok
 
 
 @triton.jit

@@ -12,6 +12,9 @@ matvecs), ``ftlab/triton/moe.py`` (the int8-path expert kernels) and ``ftlab/tri
   :func:`round_half_away` (C's roundf);
 - activations: :func:`quantize_q8_1` (its kernel ``quantize_q8_1_kernel``; ``ftlab/triton/q4_0.py``
   serves it as ``ops.quantize_q8_1``'s entry), the int8 paths' other side;
+- split-K matvecs (these and ``ftlab/triton/quant_matmul_mv*.py``'s): :func:`split_k` (the second
+  grid axis), :func:`split_tile` (a program's rows and units), :func:`add_row`,
+  :func:`store_split` (its partial sums), :func:`sum_splits`;
 - launch: ``CONFIGS`` (the per-arch launch configurations, one table), :func:`config`,
   :func:`launch_table`, :func:`sm_count`, :func:`interpreted`.
 """
@@ -104,6 +107,20 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def split_k(units: int, step: int, programs_n: int, device: torch.device) -> tuple[int, int]:
+    """(splits, units per split) of a matvec whose ``programs_n`` programs along N walk ``units``
+    units of K ``step`` at a time: split-K over a second grid axis up to two programs an SM (one
+    split where N alone gives them), each split a whole number of steps, none empty."""
+    splits = max(1, min(triton.cdiv(2 * sm_count(device), programs_n), triton.cdiv(units, step)))
+    per_split = triton.cdiv(triton.cdiv(units, splits), step) * step
+    return triton.cdiv(units, per_split), per_split
+
+
+def sum_splits(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[M, N]`` in ``dtype``: the sum of a split-K matvec's fp32 partial sums ``[splits, M, N]``."""
+    return (parts[0] if parts.shape[0] == 1 else parts.sum(0)).to(dtype)
+
+
 # ------------------------------------------------------------------ device helpers
 
 
@@ -190,6 +207,33 @@ def block_sums(q0, q1, q2, q3, x0, x1, x2, x3, x4, x5, x6, x7, ASM: tl.constexpr
     s = dp4a((q1 >> 4) & 0x0F0F0F0F, x5, s, ASM)
     s = dp4a((q2 >> 4) & 0x0F0F0F0F, x6, s, ASM)
     return dp4a((q3 >> 4) & 0x0F0F0F0F, x7, s, ASM)
+
+
+@triton.jit
+def split_tile(N, UNITS, PER_SPLIT, BLOCK_N: tl.constexpr):
+    """A split-K matvec program's share (:func:`split_k`): its split ``program_id(1)``, the rows
+    ``n`` ``[BLOCK_N]`` of row tile ``program_id(0)``, ``n < N``, and its units ``lo .. hi`` of
+    ``UNITS``."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    lo = split * PER_SPLIT
+    return split, n, n < N, lo, tl.minimum(lo + PER_SPLIT, UNITS)
+
+
+@triton.jit
+def add_row(acc, part, m, MP: tl.constexpr):
+    """``acc`` ``[MP, BN]`` with ``part`` ``[BN]`` added to its row ``m``."""
+    return acc + tl.where(tl.arange(0, MP)[:, None] == m, part[None, :], 0.0)
+
+
+@triton.jit
+def store_split(part_ptr, acc, split, n, n_ok, M, N, MP: tl.constexpr):
+    """A program's partial sums ``acc`` ``[MP, BN]`` of rows ``n`` to ``partial[split, :M, n]``
+    (``part_ptr``: fp32 ``[splits, M, N]``, summed by :func:`sum_splits`)."""
+    mrange = tl.arange(0, MP)
+    out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
+    tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
 
 
 @triton.jit

@@ -17,6 +17,7 @@ import triton.language as tl
 from ftlab.quant import Q8_1, QK, Q4_0Weight
 from ftlab.triton.q4_0_common import (
     CONFIGS,
+    add_row,
     block_sums,
     config,
     interpreted,
@@ -24,6 +25,10 @@ from ftlab.triton.q4_0_common import (
     load_blocks,
     load_x_words,
     sm_count,
+    split_k,
+    split_tile,
+    store_split,
+    sum_splits,
 )
 
 #: rows one matvec pass takes (MP, a power of two up to 8: the compile-checked configurations);
@@ -43,16 +48,10 @@ def q4_0_mv_kernel(
     of each block; the ``d`` word is read apart), so neighbouring lanes read neighbouring
     words and a warp's loads stay contiguous within a row.
     """
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    split, n, n_ok, kb_lo, kb_hi = split_tile(N, NBK, KB_PER_SPLIT, BLOCK_N)
     i = tl.arange(0, 8)
-    mrange = tl.arange(0, MP)
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
     row = n.to(tl.int64) * row_words
-    kb_lo = split * KB_PER_SPLIT
-    kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, NBK)
     for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
         kb = kb0 + tl.arange(0, BLOCK_KB)
         kb_ok = kb < kb_hi
@@ -83,9 +82,8 @@ def q4_0_mv_kernel(
                 d8 = tl.load(d8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
                 s8 = tl.load(s8_ptr + m * NBK + kb, mask=kb_ok, other=0.0)
                 part = tl.sum(d4 * (d8[None, :] * sumi.to(tl.float32) - 8.0 * s8[None, :]), axis=1)
-                acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
-    out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
-    tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
+                acc = add_row(acc, part, m, MP)
+    store_split(part_ptr, acc, split, n, n_ok, M, N, MP)
 
 
 @triton.jit
@@ -107,7 +105,6 @@ def q4_0_mv4_kernel(
     dtype) by a persistent grid that keeps the activations in registers.
     """
     pid_n = tl.program_id(0)
-    split = tl.program_id(1)
     if HOIST:
         # the activations are loaded once; the program walks row tiles pid_n, pid_n + programs..
         kb = tl.arange(0, BLOCK_KB)
@@ -126,13 +123,9 @@ def q4_0_mv4_kernel(
             y = tl.sum(d4 * (x_d * sumi.to(tl.float32) - 8.0 * x_s), axis=1)
             tl.store(part_ptr + n, y.to(part_ptr.dtype.element_ty), mask=n_ok)
     else:
-        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < N
-        mrange = tl.arange(0, MP)
+        split, n, n_ok, kb_lo, kb_hi = split_tile(N, NBK, KB_PER_SPLIT, BLOCK_N)
         acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
         row32 = n.to(tl.int64) * row_words
-        kb_lo = split * KB_PER_SPLIT
-        kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, NBK)
         for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
             kb = kb0 + tl.arange(0, BLOCK_KB)
             kb_ok = kb < kb_hi
@@ -150,9 +143,8 @@ def q4_0_mv4_kernel(
                     part = tl.sum(
                         d4 * (d8[None, :] * sumi.to(tl.float32) - 8.0 * s8[None, :]), axis=1
                     )
-                    acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
-        out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
-        tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
+                    acc = add_row(acc, part, m, MP)
+        store_split(part_ptr, acc, split, n, n_ok, M, N, MP)
 
 
 
@@ -170,11 +162,7 @@ def q4_0_matvec(x8: Q8_1, w: Q4_0Weight, out_dtype: torch.dtype) -> torch.Tensor
     dot = _use_mv4(w)
     cfg = config("mv4" if dot else "mv", w.device)
     programs_n = triton.cdiv(n, cfg["BLOCK_N"])
-    splits = max(
-        1, min(triton.cdiv(2 * sm_count(w.device), programs_n), triton.cdiv(nbk, cfg["BLOCK_KB"]))
-    )
-    kb_per_split = triton.cdiv(triton.cdiv(nbk, splits), cfg["BLOCK_KB"]) * cfg["BLOCK_KB"]
-    splits = triton.cdiv(nbk, kb_per_split)
+    splits, kb_per_split = split_k(nbk, cfg["BLOCK_KB"], programs_n, w.device)
     if dot and m == 1 and nbk <= cfg["BLOCK_KB"]:
         y = torch.empty((1, n), dtype=out_dtype, device=w.device)
         programs = min(programs_n, sm_count(w.device) * cfg["progs_per_sm"])
@@ -200,8 +188,7 @@ def q4_0_matvec(x8: Q8_1, w: Q4_0Weight, out_dtype: torch.dtype) -> torch.Tensor
             MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
             num_warps=cfg["num_warps"],
         )  # fmt: skip
-    y = parts[0] if splits == 1 else parts.sum(0)
-    return y.to(out_dtype)
+    return sum_splits(parts, out_dtype)
 
 
 def matvec_specs(target: str) -> list:

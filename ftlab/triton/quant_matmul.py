@@ -8,8 +8,8 @@ ftlab/reference/quant_matmul.py).
   (each value computed as ``ops.dequantize`` computes it, then rounded to x's dtype) and
   ``tl.dot``s it with the activation tile, accumulating in fp32 (fp32 x: tf32x3 on NVIDIA, IEEE
   elsewhere). BLOCK_K 64 with row scales (the sm_90 table): :func:`dequant_pair`, 64 weights a
-  step as two 32-column halves, each row's scales decoded once; else :func:`dequant_tile32` /
-  :func:`dequant_tile`. x goes through :func:`~ftlab.triton.q4_0_common.rows_16` first.
+  step as two 32-column halves, each row's scales decoded once; else :func:`dequant_tile` (with
+  row scales: 32 weights a step). x goes through :func:`~ftlab.triton.q4_0_common.rows_16` first.
 """
 
 from __future__ import annotations
@@ -49,85 +49,57 @@ Q4_0_CODE = 4
 
 
 @triton.jit
-def dequant_tile(w_ptr, row, kg, mask, QTYPE: tl.constexpr):
-    """fp32 values ``[BN, BK]`` of weights ``kg`` ``[BK]`` (column indices) of rows at byte offsets
-    ``row`` ``[BN]``, computed in the reference's order (``ftlab/reference/quants.py``)."""
+def dequant_tile(w_ptr, row, k, mask, QTYPE: tl.constexpr, ROW_SCALES: tl.constexpr = False):
+    """fp32 values ``[BN, BK]`` of the weights of rows at byte offsets ``row`` ``[BN]``, computed in
+    the reference's order (``ftlab/reference/quants.py``): columns ``k`` ``[BK]`` under ``mask``
+    ``[BN, BK]``, each weight's scales decoded for it; with ``ROW_SCALES``, the 32 columns
+    ``k .. k + 32`` (k a multiple of 32, inside one Q8_0 block / one K-quant sub-block pair) of the
+    rows ``mask`` ``[BN, 1]`` lets through, the same values with each row's scales (and the
+    sub-block's position) loaded and decoded once."""
     tl.static_assert(QTYPE != 4, "Q4_0 (code 4) is decoded by dequant_pair only")
+    if ROW_SCALES:  # k the first column: the block's position a scalar, li its 32 columns
+        kb = k
+        li = tl.arange(0, 32)[None, :]
+        smask = mask
+        mask = smask & (li < 32)
+    else:  # k each column's: positions [1, BK]
+        kb = k[None, :]
+        smask = mask
     if QTYPE == 0:  # Q8_0: d * q
-        wb = w_ptr + row[:, None] + ((kg // 32) * 34)[None, :]
-        d = load_q4_0_scale(wb, mask)
-        q = tl.load(wb + 2 + (kg % 32)[None, :], mask=mask, other=0).to(tl.int8, bitcast=True)
-        return d * q.to(tl.float32)
+        wb = w_ptr + row[:, None] + (kb // 32) * 34
+        d = load_q4_0_scale(wb, smask)
+        q = tl.load(wb + 2 + (li if ROW_SCALES else kb % 32), mask=mask, other=0)
+        return d * q.to(tl.int8, bitcast=True).to(tl.float32)
     elif QTYPE == 3:  # Q6_K: (d * scales[e // 16]) * q
-        e = (kg % 256)[None, :]
-        wb = w_ptr + row[:, None] + ((kg // 256) * 210)[None, :]
+        e = kb % 256
+        wb = w_ptr + row[:, None] + (kb // 256) * 210
         h = e // 128
         t = (e % 128) // 32
-        li = e % 32
+        if not ROW_SCALES:
+            li = e % 32
         ql = tl.load(wb + 64 * h + 32 * (t % 2) + li, mask=mask, other=0).to(tl.int32)
         qh = tl.load(wb + 128 + 32 * h + li, mask=mask, other=0).to(tl.int32)
         q = (((ql >> (4 * (t // 2))) & 0x0F) | (((qh >> (2 * t)) & 3) << 4)) - 32
-        sc = (
-            tl.load(wb + 192 + e // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-        )
-        d = load_q4_0_scale(wb + 208, mask)
+        sp = wb + 192 + ((e + li) if ROW_SCALES else e) // 16  # the column's scale
+        sc = tl.load(sp, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        d = load_q4_0_scale(wb + 208, smask)
         return (d * sc) * q.to(tl.float32)
     else:  # Q4_K / Q5_K: (d * sc[j]) * q - (dmin * m[j])
         NBYTES: tl.constexpr = 176 if QTYPE == 2 else 144
         QS: tl.constexpr = 48 if QTYPE == 2 else 16
-        e = (kg % 256)[None, :]
-        wb = w_ptr + row[:, None] + ((kg // 256) * NBYTES)[None, :]
+        wb = w_ptr + row[:, None] + (kb // 256) * NBYTES
+        e = kb % 256
         j = e // 32
-        li = e % 32
+        if not ROW_SCALES:
+            li = e % 32
         byte = tl.load(wb + QS + 32 * (j // 2) + li, mask=mask, other=0).to(tl.int32)
         q = (byte >> (4 * (j % 2))) & 0x0F
         if QTYPE == 2:
             qh = tl.load(wb + 16 + li, mask=mask, other=0).to(tl.int32)
             q = q | (((qh >> j) & 1) << 4)
-        sc, mn = scale_min_k4(wb + 4, j, mask)
-        d = load_q4_0_scale(wb, mask)
-        dmin = load_q4_0_scale(wb + 2, mask)
-        return (d * sc) * q.to(tl.float32) - dmin * mn
-
-
-@triton.jit
-def dequant_tile32(w_ptr, row, k0, n_ok, QTYPE: tl.constexpr):
-    """:func:`dequant_tile` of the 32 weights ``k0 .. k0 + 32`` (k0 a multiple of 32, inside one
-    Q8_0 block / one K-quant sub-block pair): the same values, with each row's scales (and the
-    sub-block's position) loaded and decoded once instead of once a weight."""
-    tl.static_assert(QTYPE != 4, "Q4_0 (code 4) is decoded by dequant_pair only")
-    li = tl.arange(0, 32)[None, :]
-    rmask = n_ok[:, None]
-    mask = rmask & (li < 32)
-    if QTYPE == 0:  # Q8_0: d * q
-        wb = w_ptr + row[:, None] + (k0 // 32) * 34
-        d = load_q4_0_scale(wb, rmask)
-        q = tl.load(wb + 2 + li, mask=mask, other=0).to(tl.int8, bitcast=True)
-        return d * q.to(tl.float32)
-    elif QTYPE == 3:  # Q6_K: (d * scales[e // 16]) * q
-        e0 = k0 % 256
-        wb = w_ptr + row[:, None] + (k0 // 256) * 210
-        h = e0 // 128
-        t = (e0 % 128) // 32
-        ql = tl.load(wb + 64 * h + 32 * (t % 2) + li, mask=mask, other=0).to(tl.int32)
-        qh = tl.load(wb + 128 + 32 * h + li, mask=mask, other=0).to(tl.int32)
-        q = (((ql >> (4 * (t // 2))) & 0x0F) | (((qh >> (2 * t)) & 3) << 4)) - 32
-        sc = tl.load(wb + 192 + (e0 + li) // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-        d = load_q4_0_scale(wb + 208, rmask)
-        return (d * sc) * q.to(tl.float32)
-    else:  # Q4_K / Q5_K: (d * sc[j]) * q - (dmin * m[j])
-        NBYTES: tl.constexpr = 176 if QTYPE == 2 else 144
-        QS: tl.constexpr = 48 if QTYPE == 2 else 16
-        wb = w_ptr + row[:, None] + (k0 // 256) * NBYTES
-        j = (k0 % 256) // 32
-        byte = tl.load(wb + QS + 32 * (j // 2) + li, mask=mask, other=0).to(tl.int32)
-        q = (byte >> (4 * (j % 2))) & 0x0F
-        if QTYPE == 2:
-            qh = tl.load(wb + 16 + li, mask=mask, other=0).to(tl.int32)
-            q = q | (((qh >> j) & 1) << 4)
-        sc, mn = scale_min_k4(wb + 4, j, rmask)
-        d = load_q4_0_scale(wb, rmask)
-        dmin = load_q4_0_scale(wb + 2, rmask)
+        sc, mn = scale_min_k4(wb + 4, j, smask)
+        d = load_q4_0_scale(wb, smask)
+        dmin = load_q4_0_scale(wb + 2, smask)
         return (d * sc) * q.to(tl.float32) - dmin * mn
 
 
@@ -230,7 +202,7 @@ def quant_dequant_gemm_kernel(
             k_ok = kg < K
             xt = tl.load(xrow + kg[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if ROW_SCALES and BLOCK_K == 32:  # K is a multiple of 32 for every type
-                wt = dequant_tile32(w_ptr, row, k0, n_ok, QTYPE).to(x_ptr.dtype.element_ty)
+                wt = dequant_tile(w_ptr, row, k0, n_ok[:, None], QTYPE, True).to(x_ptr.dtype.element_ty)
             else:
                 wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(x_ptr.dtype.element_ty)
             if DOT_F32:
@@ -258,7 +230,7 @@ def q4_0_config(dtype: torch.dtype, arch: str | None) -> dict[str, int] | None:
 
 
 def row_scales(arch: str) -> bool:
-    """Whether the GEMM decodes a weight tile's scales once a row (:func:`dequant_tile32`) on
+    """Whether the GEMM decodes a weight tile's scales once a row (``dequant_tile``'s ROW_SCALES) on
     ``arch``: not on RDNA, where the per-row values held across the tile spill registers."""
     return not arch.startswith(("gfx11", "gfx12"))
 

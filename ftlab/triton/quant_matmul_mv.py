@@ -31,11 +31,22 @@ import triton
 import triton.language as tl
 
 from ftlab.quant import Q8_1, QTYPES, QuantWeight
-from ftlab.triton.q4_0_common import dp4a, interpreted, launch_table, sm_count
+from ftlab.triton.q4_0_common import (
+    add_row,
+    dp4a,
+    interpreted,
+    launch_table,
+    sm_count,
+    split_k,
+    split_tile,
+    store_split,
+    sum_splits,
+)
 from ftlab.triton.quant_matmul_mvw import (
     MVW_CONFIGS,
     QCODE,
     UNIT_MAJOR_BLOCK,
+    f16_bits,
     kq_mvw_kernel,
     unit_major,
     unit_major_kernel,
@@ -53,24 +64,6 @@ MV_CONFIGS: dict[str, dict[str, int]] = {
     "Q5_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
     "Q6_K": {"BLOCK_N": 4, "BLOCK_SB": 2, "num_warps": 4},
 }
-
-
-@triton.jit
-def _accumulate(acc, part, m, MP: tl.constexpr):
-    return acc + tl.where(tl.arange(0, MP)[:, None] == m, part[None, :], 0.0)
-
-
-@triton.jit
-def _store_parts(part_ptr, acc, split, n, n_ok, M, N, MP: tl.constexpr):
-    mrange = tl.arange(0, MP)
-    out = part_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
-    tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
-
-
-@triton.jit
-def _f16_bits(h):
-    """fp32 of fp16 bit patterns held in the low 16 bits of int32 ``h``."""
-    return (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -95,21 +88,16 @@ def q8_0_mv_kernel(
 ):  # fmt: skip
     """partial[split, m, n] = sum over this split's 32-blocks of d * (d8 * sumi). Block b is
     halfwords 17b (d) .. 17b + 16 of the row: its q words are halfword pairs 17b + 1 + 2i."""
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    split, n, n_ok, lo, hi = split_tile(N, NSB, SB_PER_SPLIT, BLOCK_N)
     i = tl.arange(0, 8)
     row16 = n.to(tl.int64) * (row_bytes // 2)
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
-    lo = split * SB_PER_SPLIT
-    hi = tl.minimum(lo + SB_PER_SPLIT, NSB)
     for b0 in range(lo, hi, BLOCK_SB):
         b = b0 + tl.arange(0, BLOCK_SB)
         b_ok = b < hi
         mask = n_ok[:, None] & b_ok[None, :]
         hb = w16_ptr + row16[:, None] + b[None, :] * 17  # [BN, SB]
-        d = _f16_bits(tl.load(hb, mask=mask, other=0).to(tl.int32))
+        d = f16_bits(tl.load(hb, mask=mask, other=0).to(tl.int32))
         q = _words16(hb[:, :, None] + 1 + 2 * i[None, None, :], mask[:, :, None])  # [BN, SB, 8]
         for m in tl.static_range(MP):
             if m < M:
@@ -121,8 +109,8 @@ def q8_0_mv_kernel(
                 sumi = _dot_words(q, xw[None], 2, ASM)  # [BN, SB], exact
                 d8 = tl.load(d8_ptr + m * (K // 32) + b, mask=b_ok, other=0.0)
                 part = tl.sum(d * (d8[None, :] * sumi.to(tl.float32)), axis=1)
-                acc = _accumulate(acc, part, m, MP)
-    _store_parts(part_ptr, acc, split, n, n_ok, M, N, MP)
+                acc = add_row(acc, part, m, MP)
+    store_split(part_ptr, acc, split, n, n_ok, M, N, MP)
 
 
 @triton.jit
@@ -147,10 +135,7 @@ def q4_k_mv_kernel(
     weights 4i.. (bit j for sub-block j)."""
     NWORDS: tl.constexpr = 44 if FIFTH else 36
     QSW: tl.constexpr = 12 if FIFTH else 4
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    split, n, n_ok, lo, hi = split_tile(N, NSB, SB_PER_SPLIT, BLOCK_N)
     row = n.to(tl.int64) * row_bytes
     row32 = n.to(tl.int64) * (row_bytes // 4)
     p4 = tl.arange(0, 4)[None, None, :, None]  # sub-block pair, [1, 1, 4, 1]
@@ -159,16 +144,14 @@ def q4_k_mv_kernel(
     i3 = tl.arange(0, 8)[None, None, :]
     pj = tl.arange(0, 4)[None, None, :]  # [1, 1, 4] for the scales [BN, SB, 4]
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
-    lo = split * SB_PER_SPLIT
-    hi = tl.minimum(lo + SB_PER_SPLIT, NSB)
     for b0 in range(lo, hi, BLOCK_SB):
         b = b0 + tl.arange(0, BLOCK_SB)
         b_ok = b < hi
         mask = n_ok[:, None] & b_ok[None, :]
         wb32 = w32_ptr + row32[:, None] + b[None, :] * NWORDS  # [BN, SB]
         head = tl.load(wb32, mask=mask, other=0)
-        d = _f16_bits(head)
-        dmin = _f16_bits(head >> 16)
+        d = f16_bits(head)
+        dmin = f16_bits(head >> 16)
         wb = w_ptr + row[:, None, None] + b[None, :, None] * (4 * NWORDS) + 4  # the 12 scale bytes
         sc_lo, mn_lo = scale_min_k4(wb, 2 * pj, mask[:, :, None])  # [BN, SB, 4]
         sc_hi, mn_hi = scale_min_k4(wb, 2 * pj + 1, mask[:, :, None])
@@ -195,8 +178,8 @@ def q4_k_mv_kernel(
                 t += _k4_half(
                     q_hi, x_hi, d8_ptr + jb + 1, s8_ptr + jb + 1, b_ok, d, dmin, sc_hi, mn_hi, ASM
                 )
-                acc = _accumulate(acc, tl.sum(tl.sum(t, axis=2), axis=1), m, MP)
-    _store_parts(part_ptr, acc, split, n, n_ok, M, N, MP)
+                acc = add_row(acc, tl.sum(tl.sum(t, axis=2), axis=1), m, MP)
+    store_split(part_ptr, acc, split, n, n_ok, M, N, MP)
 
 
 @triton.jit
@@ -225,10 +208,7 @@ def q6_k_mv_kernel(
     64h + 32 (t % 2) + l with bits 2t, 2t + 1 of ``qh`` byte 128 + 32h + l, scale 8h + 2t + l // 16.
     Blocks are 105 halfwords (d: halfword 104): words are read as halfword pairs, tiles
     ``[BN, SB, 2 (h), 2 (l // 16), 4 (word of the sixteen)]``."""
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
+    split, n, n_ok, lo, hi = split_tile(N, NSB, SB_PER_SPLIT, BLOCK_N)
     row = n.to(tl.int64) * row_bytes
     row16 = n.to(tl.int64) * (row_bytes // 2)
     h5 = tl.arange(0, 2)[None, None, :, None, None]
@@ -241,14 +221,12 @@ def q6_k_mv_kernel(
         192 + 8 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :]
     )  # [1, 1, 2, 2]
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
-    lo = split * SB_PER_SPLIT
-    hi = tl.minimum(lo + SB_PER_SPLIT, NSB)
     for b0 in range(lo, hi, BLOCK_SB):
         b = b0 + tl.arange(0, BLOCK_SB)
         b_ok = b < hi
         mask = n_ok[:, None] & b_ok[None, :]
         hb = w16_ptr + row16[:, None] + b[None, :] * 105  # [BN, SB]
-        d = _f16_bits(tl.load(hb + 104, mask=mask, other=0).to(tl.int32))
+        d = f16_bits(tl.load(hb + 104, mask=mask, other=0).to(tl.int32))
         m5 = mask[:, :, None, None, None]
         h5p = hb[:, :, None, None, None]
         ql0 = _words16(h5p + 32 * h5 + wl5, m5)  # quarters 0, 2
@@ -275,8 +253,8 @@ def q6_k_mv_kernel(
                 t += _q6_quarter(ql1, qh, sc1, xp + 8, d8p + 1, b_ok, d, 0, 1, ASM)
                 t += _q6_quarter(ql0, qh, sc2, xp + 16, d8p + 2, b_ok, d, 1, 2, ASM)
                 t += _q6_quarter(ql1, qh, sc3, xp + 24, d8p + 3, b_ok, d, 1, 3, ASM)
-                acc = _accumulate(acc, tl.sum(tl.sum(tl.sum(t, axis=3), axis=2), axis=1), m, MP)
-    _store_parts(part_ptr, acc, split, n, n_ok, M, N, MP)
+                acc = add_row(acc, tl.sum(tl.sum(tl.sum(t, axis=3), axis=2), axis=1), m, MP)
+    store_split(part_ptr, acc, split, n, n_ok, M, N, MP)
 
 
 def _kernel(qtype: str):
@@ -331,17 +309,14 @@ def words_matvec(
     if xt:
         q8w, d8, s8 = unit_major(q8w, d8, s8, w.qtype)
     bu = cfg["BLOCK_U"]
-    splits = max(1, min(triton.cdiv(2 * sm_count(w.device), programs_n), triton.cdiv(nu, bu)))
-    u_per_split = triton.cdiv(triton.cdiv(nu, splits), bu) * bu
-    splits = triton.cdiv(nu, u_per_split)
+    splits, u_per_split = split_k(nu, bu, programs_n, w.device)
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
     kq_mvw_kernel[(programs_n, splits)](
         words, data.shape[-1], q8w, d8, s8, parts, m, n, k, nu, u_per_split,
         QTYPE=QCODE[w.qtype], ASM=asm, MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_U=bu,
         HOIST=False, XT=xt, num_warps=cfg["num_warps"],
     )  # fmt: skip
-    y = parts[0] if splits == 1 else parts.sum(0)
-    return y.to(out_dtype)
+    return sum_splits(parts, out_dtype)
 
 
 def quant_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, variant: str) -> torch.Tensor:
@@ -362,11 +337,7 @@ def tiles_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype) -> torch.Tens
     nsb = k // QTYPES[w.qtype].block
     cfg = MV_CONFIGS[w.qtype]
     programs_n = triton.cdiv(n, cfg["BLOCK_N"])
-    splits = max(
-        1, min(triton.cdiv(2 * sm_count(w.device), programs_n), triton.cdiv(nsb, cfg["BLOCK_SB"]))
-    )
-    sb_per_split = triton.cdiv(triton.cdiv(nsb, splits), cfg["BLOCK_SB"]) * cfg["BLOCK_SB"]
-    splits = triton.cdiv(nsb, sb_per_split)
+    splits, sb_per_split = split_k(nsb, cfg["BLOCK_SB"], programs_n, w.device)
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
     kernel, extra, wide = _kernel(w.qtype)
     # the kernels read 16- / 32-bit words of the blocks: an unaligned view is copied
@@ -376,8 +347,7 @@ def tiles_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype) -> torch.Tens
         sb_per_split, **extra, ASM=_asm(w.device), MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"],
         BLOCK_SB=cfg["BLOCK_SB"], num_warps=cfg["num_warps"],
     )  # fmt: skip
-    y = parts[0] if splits == 1 else parts.sum(0)
-    return y.to(out_dtype)
+    return sum_splits(parts, out_dtype)
 
 
 def matvec_specs(target: str) -> list:

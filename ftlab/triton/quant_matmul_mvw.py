@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab.triton.q4_0_common import dp4a
+from ftlab.triton.q4_0_common import add_row, dp4a, split_tile, store_split
 
 #: per type: the tile of one-row calls (HOIST where K fits ``BLOCK_U`` units) and of 2..8 rows;
 #: ``XT``: the activations gathered unit-major first (:func:`unit_major`; not for HOIST). From the
@@ -44,7 +44,7 @@ QCODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 
 
 @triton.jit
-def _f16(h):
+def f16_bits(h):
     """fp32 of fp16 bit patterns held in the low 16 bits of int32 ``h``."""
     return (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
@@ -56,28 +56,19 @@ def _hi16(lo, hi):
 
 
 @triton.jit
-def _run4(w32_ptr, h, mask):
-    """Four words starting at halfword offsets ``h`` (int64, any parity)."""
+def _run(w32_ptr, h, mask, WORDS: tl.constexpr):
+    """``WORDS`` words starting at halfword offsets ``h`` (int64, any parity): the words under
+    them, and one more where ``h`` is odd."""
     p = w32_ptr + (h >> 1)
     odd = (h & 1) == 1
-    a = tl.load(p, mask=mask, other=0)
-    b = tl.load(p + 1, mask=mask, other=0)
-    c = tl.load(p + 2, mask=mask, other=0)
-    d = tl.load(p + 3, mask=mask, other=0)
-    e = tl.load(p + 4, mask=mask & odd, other=0)
-    return (tl.where(odd, _hi16(a, b), a), tl.where(odd, _hi16(b, c), b),
-            tl.where(odd, _hi16(c, d), c), tl.where(odd, _hi16(d, e), d))  # fmt: skip
-
-
-@triton.jit
-def _run2(w32_ptr, h, mask):
-    """Two words starting at halfword offsets ``h`` (int64, any parity)."""
-    p = w32_ptr + (h >> 1)
-    odd = (h & 1) == 1
-    a = tl.load(p, mask=mask, other=0)
-    b = tl.load(p + 1, mask=mask, other=0)
-    c = tl.load(p + 2, mask=mask & odd, other=0)
-    return tl.where(odd, _hi16(a, b), a), tl.where(odd, _hi16(b, c), b)
+    w = ()
+    for i in tl.static_range(WORDS):
+        w = w + (tl.load(p + i, mask=mask, other=0),)
+    w = w + (tl.load(p + WORDS, mask=mask & odd, other=0),)
+    run = ()
+    for i in tl.static_range(WORDS):
+        run = run + (tl.where(odd, _hi16(w[i], w[i + 1]), w[i]),)
+    return run
 
 
 @triton.jit
@@ -117,18 +108,18 @@ def load_units(w32_ptr, row_bytes, n, u, mask, QTYPE: tl.constexpr):
              tl.load(p + 11, mask=mask, other=0), tl.load(p + 12, mask=mask, other=0),
              tl.load(p + 13, mask=mask, other=0), tl.load(p + 14, mask=mask, other=0),
              tl.load(p + 15, mask=mask, other=0), tl.load(p + 16, mask=mask, other=0))  # fmt: skip
-        c = (_f16(w[0]), _f16(w[8] >> 16), zero, zero)
+        c = (f16_bits(w[0]), f16_bits(w[8] >> 16), zero, zero)
         return q, c, (zero, zero)
     elif QTYPE == 3:
         hh = (u // 2) % 2
         s = u % 2
         hb = n.to(tl.int64) * (row_bytes // 2) + 105 * (u // 4)  # the block's first halfword
-        ql0 = _run4(w32_ptr, hb + 32 * hh + 8 * s, mask)  # quarters 0, 2
-        ql1 = _run4(w32_ptr, hb + 32 * hh + 16 + 8 * s, mask)  # quarters 1, 3
-        qh = _run4(w32_ptr, hb + 64 + 16 * hh + 8 * s, mask)
-        sw0, sw1 = _run2(w32_ptr, hb + 96 + 4 * hh, mask)  # the half's eight scales
+        ql0 = _run(w32_ptr, hb + 32 * hh + 8 * s, mask, 4)  # quarters 0, 2
+        ql1 = _run(w32_ptr, hb + 32 * hh + 16 + 8 * s, mask, 4)  # quarters 1, 3
+        qh = _run(w32_ptr, hb + 64 + 16 * hh + 8 * s, mask, 4)
+        sw0, sw1 = _run(w32_ptr, hb + 96 + 4 * hh, mask, 2)  # the half's eight scales
         dw = tl.load(w32_ptr + ((hb + 104) >> 1), mask=mask, other=0)
-        d = _f16(tl.where((hb & 1) == 1, dw >> 16, dw))
+        d = f16_bits(tl.where((hb & 1) == 1, dw >> 16, dw))
         q = ()
         c = ()
         for t in tl.static_range(4):
@@ -156,8 +147,8 @@ def load_units(w32_ptr, row_bytes, n, u, mask, QTYPE: tl.constexpr):
         s2 = tl.load(p + 3, mask=mask, other=0)
         sc0, mn0 = _scale_min(s0, s1, s2, 2 * pr)
         sc1, mn1 = _scale_min(s0, s1, s2, 2 * pr + 1)
-        d = _f16(head)
-        dmin = _f16(head >> 16)
+        d = f16_bits(head)
+        dmin = f16_bits(head >> 16)
         lo = ()
         hi = ()
         for i in tl.static_range(8):
@@ -270,13 +261,8 @@ def kq_mvw_kernel(
             y = tl.sum(unit_terms(wq, wc, wm, xq, xe, xs, QTYPE, ASM), axis=1)
             tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
     else:
-        split = tl.program_id(1)
-        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < N
-        mrange = tl.arange(0, MP)
+        split, n, n_ok, lo, hi = split_tile(N, NU, U_PER_SPLIT, BLOCK_N)
         acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
-        lo = split * U_PER_SPLIT
-        hi = tl.minimum(lo + U_PER_SPLIT, NU)
         for u0 in range(lo, hi, BLOCK_U):
             u = u0 + tl.arange(0, BLOCK_U)[None, :]
             u_ok = u < hi
@@ -284,9 +270,8 @@ def kq_mvw_kernel(
             for m in range(0, M):  # not unrolled: one row's activation words live at a time
                 xq, xe, xs = load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, u_ok, QTYPE, XT)
                 part = tl.sum(unit_terms(wq, wc, wm, xq, xe, xs, QTYPE, ASM), axis=1)
-                acc += tl.where(mrange[:, None] == m, part[None, :], 0.0)
-        out = out_ptr + split.to(tl.int64) * M * N + mrange[:, None] * N + n[None, :]
-        tl.store(out, acc, mask=(mrange[:, None] < M) & n_ok[None, :])
+                acc = add_row(acc, part, m, MP)
+        store_split(out_ptr, acc, split, n, n_ok, M, N, MP)
 
 
 @triton.jit

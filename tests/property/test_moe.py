@@ -138,12 +138,18 @@ def test_invalid_ids_contribute_nothing_and_read_nothing():
     assert not torch.equal(y, only_valid)
 
 
-def test_q4_0_banks_dequant_path_equals_dense_dequantized():
-    gen = torch.Generator().manual_seed(0)
+def _small_q4_0_layer(seed: int, gu_scale: float, dn_scale: float):
+    """x [4, 64], Q4_0 banks of 8 experts [8, 64, 64] and [8, 64, 32] (random values times the
+    scales) and a top-2 routing: (x, gu, dn, weights, ids)."""
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(4, 64, generator=gen)
-    gu = ops.quantize_q4_0(torch.randn(8, 64, 64, generator=gen) * 0.1)
-    dn = ops.quantize_q4_0(torch.randn(8, 64, 32, generator=gen) * 0.1)
-    weights, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
+    gu = ops.quantize_q4_0(torch.randn(8, 64, 64, generator=gen) * gu_scale)
+    dn = ops.quantize_q4_0(torch.randn(8, 64, 32, generator=gen) * dn_scale)
+    return (x, gu, dn, *ops.route_topk(torch.randn(4, 8, generator=gen), 2))
+
+
+def test_q4_0_banks_dequant_path_equals_dense_dequantized():
+    x, gu, dn, weights, ids = _small_q4_0_layer(0, 0.1, 0.1)
     q = ops.moe_experts(x, gu, dn, weights, ids, path="dequant")
     dense = ops.moe_experts(x, ops.dequantize_q4_0(gu), ops.dequantize_q4_0(dn), weights, ids)
     torch.testing.assert_close(q, dense, rtol=1e-6, atol=1e-6)
@@ -164,6 +170,19 @@ def test_fused_moe_is_route_then_experts():
     )
 
 
+def _experts_with(**given):
+    """ops.moe_experts of x [2, 32], banks [4, 16, 32] and [4, 32, 8], weights and ids [2, 1], with
+    the arguments ``given`` in their place."""
+    args = {
+        "x": torch.randn(2, 32),
+        "w_gate_up": torch.randn(4, 16, 32),
+        "w_down": torch.randn(4, 32, 8),
+        "topk_weights": torch.ones(2, 1),
+        "topk_ids": torch.zeros(2, 1, dtype=torch.int32),
+    }
+    return ops.moe_experts(*{**args, **given}.values())
+
+
 BAD = [
     ("top_k 0", lambda: ops.route_topk(torch.randn(2, 8), 0), ValueError, "top_k must be"),
     ("top_k > E", lambda: ops.route_topk(torch.randn(2, 8), 9), ValueError, r"\[1, 8\]"),
@@ -182,36 +201,20 @@ BAD = [
     ),
     (
         "bank shapes",
-        lambda: ops.moe_experts(
-            torch.randn(2, 32),
-            torch.randn(4, 16, 32),
-            torch.randn(4, 32, 9),
-            torch.ones(2, 1),
-            torch.zeros(2, 1, dtype=torch.int32),
-        ),
+        lambda: _experts_with(w_down=torch.randn(4, 32, 9)),
         ValueError,
         "banks must be",
     ),
     (
         "weights dtype",
-        lambda: ops.moe_experts(
-            torch.randn(2, 32),
-            torch.randn(4, 16, 32),
-            torch.randn(4, 32, 8),
-            torch.ones(2, 1).half(),
-            torch.zeros(2, 1, dtype=torch.int32),
-        ),
+        lambda: _experts_with(topk_weights=torch.ones(2, 1).half()),
         TypeError,
         "topk_weights must be float32",
     ),
     (
         "ids rows",
-        lambda: ops.moe_experts(
-            torch.randn(2, 32),
-            torch.randn(4, 16, 32),
-            torch.randn(4, 32, 8),
-            torch.ones(3, 1),
-            torch.zeros(3, 1, dtype=torch.int32),
+        lambda: _experts_with(
+            topk_weights=torch.ones(3, 1), topk_ids=torch.zeros(3, 1, dtype=torch.int32)
         ),
         ValueError,
         "T = 2",
@@ -291,11 +294,7 @@ def test_experts_prefill_backends_cpu(case):
 
 def test_experts_tolerance_catches_a_wrong_slot_weight():
     """The bound is tight enough to fail a kernel that mixes up two slots' weights."""
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(4, 64, generator=gen)
-    gu = ops.quantize_q4_0(torch.randn(8, 64, 64, generator=gen) * 0.125)
-    dn = ops.quantize_q4_0(torch.randn(8, 64, 32, generator=gen) * 0.18)
-    weights, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
+    x, gu, dn, weights, ids = _small_q4_0_layer(3, 0.125, 0.18)
     for path in ("int8", "dequant"):
         good = ops.moe_experts(x, gu, dn, weights, ids, path=path)
         swapped = ops.moe_experts(x, gu, dn, weights.flip(1), ids, path=path)

@@ -374,6 +374,27 @@ def test_dequant_gemm_pair_steps_cpu(qtype, n, k, dtype):
     torch.testing.assert_close(got, tqm.quant_dequant_gemm(x, w), rtol=0, atol=0)  # = the 32-column steps
 
 
+@pytest.mark.parametrize("qtype, n, k", [("Q4_K", 40, 512), ("Q5_K", 33, 256), ("Q6_K", 40, 512), ("Q8_0", 40, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dequant_gemm_scales_per_weight_cpu(monkeypatch, qtype, n, k, dtype):
+    """The dense GEMM with each weight's scales decoded for it (dequant_tile without ROW_SCALES:
+    RDNA's steps) gives, in 32-column steps, bit for bit what the steps with each row's scales
+    decoded once give (the interpreter's), and in 64-column steps (two blocks or sub-blocks a
+    step) stays within the dequant bound of the exact product; a partial column block included."""
+    import ftlab.triton.quant_matmul as tqm
+
+    w = ft.random_quant_bank(5, qtype, 1, n, k)
+    w = QuantWeight(w.data[0], (n, k), qtype)
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
+    once_a_row = tqm.quant_dequant_gemm(x, w, cfg)
+    monkeypatch.setattr(tqm, "row_scales", lambda arch: False)
+    torch.testing.assert_close(tqm.quant_dequant_gemm(x, w, cfg), once_a_row, rtol=0, atol=0, equal_nan=True)
+    got = tqm.quant_dequant_gemm(x, w, {**cfg, "BLOCK_K": 64})
+    want, bound = quant_matmul_tolerance(x, w, "dequant", dtype)
+    assert bool(((got.double() - want).abs() <= bound).all()), float((got.double() - want).abs().max())
+
+
 @pytest.mark.parametrize("n, k", [(40, 96), (33, 256)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_dequant_gemm_q4_0_pair_steps_cpu(n, k, dtype):
