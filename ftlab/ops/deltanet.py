@@ -86,7 +86,10 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     ``S = S * exp(g_t); delta = (v_t - k_t^T S) * beta_t; S = S + outer(k_t, delta); o_t =
     (scale * q_t)^T S`` -- transformers' ``torch_recurrent_gated_delta_rule`` -- computed in
     chunks of ``chunk_size`` tokens (16, 32 or 64; the result is the same up to rounding).
-    Returns ``(o [B, T, Hv, Dv]`` in v's dtype, ``final_state [B, Hv, Dk, Dv]`` fp32, new).
+    Returns ``(o [B, T, Hv, Dv]`` in v's dtype, ``final_state [B, Hv, Dk, Dv]`` fp32, new). A g
+    below -110 (``-inf``, ``-1e30``) is a full forget: the state before that token's update is
+    multiplied by 0. A NaN g makes that head's o from its token on and its final state NaN, and
+    changes nothing before it (docs/OPS.md section 9).
 
     ``precision``: ``"fp32"`` (the default) computes every product at fp32 accuracy, within
     ``ftlab.testing.gated_delta_tolerance``; ``"bf16"`` lets the chunked kernels round each

@@ -17,6 +17,23 @@ with ``L[i, j] = beta_i (k_i . k_j) exp(c_i - c_j)`` (j < i) and ``K_dec[i] = ex
 then ``O = (Q exp(c)) S0 + (Q K^T * D) X`` with ``D[i, j] = exp(c_i - c_j)`` (j <= i), and
 ``S1 = exp(c_last) S0 + K^T (exp(c_last - c) X)``. All in fp32; outputs rounded once to v's
 dtype. Both read tensors on the host only as PyTorch does: not for graph capture.
+
+Hostile decays, in both forms (the chunked one as the recurrence computes them):
+
+- ``g`` below :data:`G_FLOOR` (``-inf`` or ``-1e30`` included) is a full forget: the state
+  before that token's update is multiplied by exactly 0, as fp32 ``exp(g)`` is 0 for every
+  ``g < -103.97``. The chunked form takes such a ``g`` as ``G_FLOOR`` (``exp(G_FLOOR)`` is 0 in
+  fp32 too), so that a chunk's cumulative sums stay finite and within ``64 |G_FLOOR|`` rather
+  than losing the small decays after the forget to fp32 cancellation (or becoming ``-inf -
+  -inf``).
+- A NaN (or ``+inf``) ``g`` at token ``p`` of a (sequence, value head): ``o`` from ``p`` on and
+  the final state are NaN there (not finite, for ``+inf``), and everything else -- ``o`` before
+  ``p``, the other heads -- is exactly what it is without it. The chunked form keeps the NaN in
+  ``c``, where it reaches the start state's factors ``exp(c)`` (into the outputs) and
+  ``exp(c_last)`` (into the next state); the two operands that carry a row's decay into a sum
+  over the chunk's rows, ``L`` and ``K_dec``, are selected to 0 on the rows whose ``c`` is not
+  finite (a select, not a multiply: ``NaN * 0`` is NaN), so that a row's NaN never meets an
+  earlier row's zero coefficient.
 """
 
 from __future__ import annotations
@@ -25,6 +42,12 @@ import torch
 import torch.nn.functional as F
 
 L2NORM_EPS = 1e-6
+#: The floor of a token's log decay in the chunked forms: fp32 ``exp`` is 0 below ``-150 ln 2 =
+#: -103.97`` (half the smallest subnormal, 2^-150, rounds to 0), and ``e^-110 ~ 2^-158.7`` is 0
+#: from any exp within a factor of 2^8 of exact, so a g below the floor and the floor itself
+#: decay the state alike, to 0. Not lower: after a forget a chunk's cumulative sums sit near the
+#: floor, where fp32's step (2^-17 up to 128, 2^-16 past it) rounds the decays that follow.
+G_FLOOR = -110.0
 
 
 def _prepare(q, k, v, g, beta, scale: float, l2norm_qk: bool):
@@ -75,13 +98,14 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     n = (t + pad) // c
     qf, kf, vf = (x.reshape(b, hv, n, c, x.shape[-1]) for x in (qf, kf, vf))
     gf, bf = gf.reshape(b, hv, n, c), bf.reshape(b, hv, n, c)
-    cum = gf.cumsum(-1)
+    cum = torch.where(gf < G_FLOOR, G_FLOOR, gf).cumsum(-1)  # a NaN stays, from its token on
+    ok = cum.isfinite()[..., None]  # the rows whose decays may enter a sum over the chunk's rows
     causal = torch.ones(c, c, dtype=torch.bool, device=v.device).tril()
     gap = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-    lower = ((kf @ kf.transpose(-1, -2)) * gap * bf[..., None]).tril(-1)
+    lower = torch.where(ok, (kf @ kf.transpose(-1, -2)) * gap * bf[..., None], 0.0).tril(-1)
     system = lower + torch.eye(c, dtype=torch.float32, device=v.device)
     attn = (qf @ kf.transpose(-1, -2)) * gap
-    k_dec = kf * cum.exp()[..., None]
+    k_dec = torch.where(ok, kf * cum.exp()[..., None], 0.0)
     q_dec = qf * cum.exp()[..., None]
     k_end = kf * (cum[..., -1:] - cum).exp()[..., None]
     s = _initial(state, v, dk)

@@ -31,10 +31,12 @@ from ftlab.testing.conv1d import (
     check_causal_conv1d_update_case,
 )
 from ftlab.testing.deltanet import (
+    HOSTILE_DECAYS,
     assert_one_plane_accuracy,
     assert_three_plane_accuracy,
     check_gated_delta_rule_case,
     check_gated_delta_step_case,
+    check_hostile_decays,
     gated_delta_exact,
     gated_delta_tolerance,
 )
@@ -124,6 +126,8 @@ __all__ = [
     "hybrid_tolerance",
     "check_gated_delta_rule_case",
     "check_gated_delta_step_case",
+    "HOSTILE_DECAYS",
+    "check_hostile_decays",
     "assert_one_plane_accuracy",
     "assert_three_plane_accuracy",
     "gated_delta_exact",

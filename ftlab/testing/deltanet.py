@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from ftlab import ops
-from ftlab.reference.deltanet import L2NORM_EPS
+from ftlab.reference.deltanet import G_FLOOR, L2NORM_EPS
 from ftlab.testing.common import assert_within, backends_for, ulp
 
 EPS32 = 2.0**-23
@@ -54,6 +54,12 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     state's ``(E_T + rho A_T)`` eps32. Outputs of fp16 / bf16 add the rounding to v's dtype,
     one ulp (Triton's interpreter truncates) at ``|exact| + bound``. ``gates = (a_neg, dt_bias)``:
     g and beta are the raw a and b, the gates' fp32 errors added (:func:`check_gated_delta_step_case`).
+
+    A g below ``G_FLOOR`` (-inf, -1e30: a full forget) is computed as ``G_FLOOR``: its fp32 exp
+    is 0, within 2^-158 of the exact ``exp(g)`` (far below fp32's smallest subnormal); the exact
+    recurrence takes exp of the g given, and ``G`` the floored ``|g|``, which is what the chunks'
+    cumulative sums hold. A NaN g has no bound (o from its token on is NaN):
+    :func:`check_hostile_decays` holds what comes before it.
     """
     _, _, o_bound, s_bound = _exact_and_bounds(
         q, k, v, g, beta, state, scale, l2norm_qk, chunk_size, gates, operands
@@ -136,6 +142,7 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=No
         sp = torch.nn.functional.softplus(x)
         gate_err = (a_neg.abs() * (4 + 2 * sp + x.abs()), 4 + bd.abs())  # g's error, beta's relative, in eps32
         gd, bd = a_neg * sp, torch.sigmoid(bd)
+    gf = gd.clamp(min=G_FLOOR)  # g floored, as the chunks' cumulative sums take it
     b, t, hk, dk = qd.shape
     hv, dv = vd.shape[-2:]
     scale = dk**-0.5 if scale is None else scale
@@ -158,12 +165,10 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=No
     err_bf = torch.zeros_like(amag)  # the bf16 roundings' state error (column 2-norms), carried
     for i in range(t):
         start = i - i % chunk
-        gsum = (
-            gd[:, start : start + chunk].abs().sum(1) if chunk > 1 else torch.zeros_like(gd[:, 0])
-        )
+        gsum = gf[:, start : start + chunk].abs().sum(1) if chunk > 1 else 0 * gf[:, 0]
         rho = (base + 2 * (chunk + 2) * gsum)[..., None]
         if bf16 and i == start:  # the computed state is within EPS32 (err + rho A) + err_bf of s, per column
-            lo, ls = bf16_operand_terms(qd, kd, vd, gd, bd, s, EPS32 * (err + rho * amag) + err_bf, start,
+            lo, ls = bf16_operand_terms(qd, kd, vd, gf, bd, s, EPS32 * (err + rho * amag) + err_bf, start,
                                         min(start + chunk, t))  # fmt: skip
         e = gd[:, i].exp()[..., None]
         kt, qt, bt = kd[:, i], qd[:, i], bd[:, i, :, None]
@@ -234,6 +239,65 @@ def check_gated_delta_rule_case(q, k, v, g, beta, state=None, scale=None, l2norm
         _assert_close(name, "final_state", got_s, want_s, 2 * s_bound)
         if state is not None:
             assert torch.equal(dev_state, before), f"{name}: the input state was modified"
+
+
+#: the hostile log decays of :func:`check_hostile_decays`
+HOSTILE_DECAYS = ("nan", "-inf", "-1e30")
+
+
+def check_hostile_decays(
+    run, case, hostile, *, chunk_size, operands="fp32", scale=None, l2norm_qk=True, name="prefill"
+) -> None:
+    """A prefill ``run(q, k, v, g, beta, state) -> (o, final_state)`` (``ops.gated_delta_rule``'s
+    arguments and results, any backend and chunk form) on ``case = (q, k, v, g, beta, state)``
+    under ``hostile``, one of :data:`HOSTILE_DECAYS`, in value heads 0 and 1 (``Hv >= 2``; every
+    sequence):
+
+    - ``"nan"``: g NaN at token ``p = min(5, T - 1)`` of head 0 and ``+inf`` at token ``2T // 3``
+      of head 1. Against a clean run of the same inputs, each head's o before its token is the
+      same bits, and from it on, with the head's final state, NaN (not finite, for ``+inf``); the
+      other heads are the same bits.
+    - ``"-inf"``, ``"-1e30"``: a full forget at token ``T // 2`` of head 0 and at token 0 of head
+      1, within :func:`gated_delta_tolerance` (``chunk_size``, ``operands``, ``scale``,
+      ``l2norm_qk``) of the exact recurrence; and what came before a forget weighs nothing: with
+      the initial state and head 0's values before its forget changed, head 0's o from its
+      forget on, all of head 1's and both final states are the same bits.
+    """
+    if hostile not in HOSTILE_DECAYS:
+        raise ValueError(f"hostile must be one of {HOSTILE_DECAYS}, got {hostile!r}")
+    q, k, v, g, beta, state = case
+    t, hv = g.shape[1], g.shape[2]
+    assert hv >= 2 and t >= 1, f"{name}: the hostile cases need Hv >= 2, got g {tuple(g.shape)}"
+    if hostile == "nan":
+        clean_o, clean_s = run(q, k, v, g, beta, state)
+        bad = g.clone()
+        marks = ((0, min(5, t - 1), float("nan")), (1, (2 * t) // 3, float("inf")))
+        for h, p, x in marks:
+            bad[:, p, h] = x
+        o, s = run(q, k, v, bad, beta, state)
+        for h, p, x in marks:
+            what = f"{name}: g = {x} at token {p} of head {h}"
+            assert torch.equal(o[:, :p, h], clean_o[:, :p, h]), f"{what}: o before it changed"
+            after = o[:, p:, h].isnan() if x != x else ~o[:, p:, h].isfinite()
+            assert bool(after.all()), f"{what}: o finite at or after it"
+            assert not bool(s[:, h].isfinite().any()), f"{what}: the final state finite"
+        rest = (o[:, :, 2:], clean_o[:, :, 2:]), (s[:, 2:], clean_s[:, 2:])
+        assert all(torch.equal(a, b) for a, b in rest), f"{name}: the other heads changed"
+        return
+    p = t // 2
+    forget = g.clone()
+    forget[:, p, 0] = forget[:, 0, 1] = float(hostile)
+    o1, s1 = run(q, k, v, forget, beta, state)
+    exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(
+        q, k, v, forget, beta, state, scale, l2norm_qk, chunk_size, None, operands
+    )
+    _assert_close(name, f"o with g = {hostile}", o1, exact_o.to(v.dtype), o_bound)
+    _assert_close(name, f"final_state with g = {hostile}", s1, exact_s.float(), s_bound)
+    v2 = v.clone()
+    v2[:, :p, 0] = -v[:, :p, 0]
+    o2, s2 = run(q, k, v2, forget, beta, torch.ones_like(s1) if state is None else -2 * state)
+    kept = (o1[:, p:, 0], o2[:, p:, 0]), (o1[:, :, 1], o2[:, :, 1]), (s1[:, :2], s2[:, :2])
+    assert all(torch.equal(a, b) for a, b in kept), f"{name}: what came before a forget weighed in"
 
 
 def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=True,

@@ -16,7 +16,10 @@ on tiles of at most ``[C, C]`` or ``[C, BS]`` (head dimensions taken BS columns 
 - ``chunk_output_kernel`` (chunks in parallel): ``O = (Q exp(c)) S + (Q K^T * D) X`` with
   ``D[i, j] = exp(c_i - c_j)`` (j <= i).
 
-The fp32 dots are IEEE, or tf32x3 on NVIDIA (three tf32 products, fp32 accuracy).
+The fp32 dots are IEEE, or tf32x3 on NVIDIA (three tf32 products, fp32 accuracy). Hostile
+decays as the reference computes them: g at least ``G_FLOOR`` (:func:`floor_decay`), a NaN kept
+in ``c``, and ``L`` and the keys' factor ``beta exp(c)`` selected to 0 on the rows whose ``c``
+is not finite (:func:`finite`), so that a NaN reaches its own and later tokens only.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ import triton
 import triton.language as tl
 
 from ftlab.platform import current
+from ftlab.reference.deltanet import G_FLOOR
 from ftlab.triton.q4_0_common import interpreted
+
+_G_FLOOR = tl.constexpr(G_FLOOR)
 
 
 @triton.jit
@@ -54,11 +60,26 @@ def _inv_norms(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.cons
 
 
 @triton.jit
+def floor_decay(g):
+    """Log decays g at least G_FLOOR (ftlab.reference.deltanet: a full forget either way, as fp32
+    exp is 0 below it), so that a chunk's cumulative sums stay finite and well-conditioned; a NaN
+    stays a NaN."""
+    return tl.where(g < _G_FLOOR, _G_FLOOR, g)
+
+
+@triton.jit
+def finite(c):
+    """Whether each cumulative log decay is finite: a row whose c is NaN (or +inf) has its decays
+    selected out of every sum over the chunk's rows."""
+    return c - c == 0.0
+
+
+@triton.jit
 def _decay(g_ptr, b, t0, T, h, HV: tl.constexpr, R: tl.constexpr, before):
     """``[R]``: the cumulative log decay of rows t0 .. t0 + R, ``before`` the sum ahead of t0."""
     t = t0 + tl.arange(0, R)
     g = tl.load(g_ptr + (b * T + t).to(tl.int64) * HV + h, mask=t < T, other=0.0)
-    return before + tl.cumsum(g, axis=0)
+    return before + tl.cumsum(floor_decay(g), axis=0)
 
 
 @triton.jit
@@ -66,7 +87,7 @@ def _sum_before(g_ptr, b, t0, n, T, h, HV: tl.constexpr, C: tl.constexpr):
     """The sum of the log decays of the chunk's first n rows (chunk at t0)."""
     t = t0 + tl.arange(0, C)
     g = tl.load(g_ptr + (b * T + t).to(tl.int64) * HV + h, mask=(t < T) & (tl.arange(0, C) < n), other=0.0)
-    return tl.sum(g, axis=0)
+    return tl.sum(floor_decay(g), axis=0)
 
 
 @triton.jit
@@ -87,7 +108,7 @@ def chunk_kkt_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, T, NT, HK: tl.conste
     r = _inv_norms(k_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM)
     c = _decay(g_ptr, b, t0, T, h, HV, C, 0.0)
     beta = tl.load(beta_ptr + (b * T + t0 + rows).to(tl.int64) * HV + h, mask=t0 + rows < T, other=0.0)
-    below = rows[:, None] > rows[None, :]
+    below = (rows[:, None] > rows[None, :]) & finite(c)[:, None]  # the rows from a NaN on: out of L
     gap = tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0))
     lower = tl.where(below, acc * r[:, None] * r[None, :] * gap * beta[:, None], 0.0)
     tl.store(a_ptr + (bh.to(tl.int64) * NT * C + t0 + rows)[:, None] * C + rows[None, :], lower)
@@ -130,7 +151,7 @@ def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, w_ptr, u_pt
             inv = tl.where(rows[:, None] == r, inv - tl.sum(a[:, None] * inv, axis=0)[None, :], inv)
         beta = tl.load(beta_ptr + (b * T + ti + rows).to(tl.int64) * HV + h, mask=ti + rows < T, other=0.0)
         c = _decay(g_ptr, b, ti, T, h, HV, 16, _sum_before(g_ptr, b, t0, i * 16, T, h, HV, C))
-        wk = beta * tl.exp(c) * tl.load(rk_ptr + row0 + i * 16 + rows)
+        wk = tl.where(finite(c), beta * tl.exp(c) * tl.load(rk_ptr + row0 + i * 16 + rows), 0.0)
         for s0 in range(0, DK, BS):
             rhs = _rows(k_ptr, b, ti, T, kh, HK, DK, 16, BS, s0) * wk[:, None]
             _solve_columns(w_ptr, a_ptr, row0, i, rhs, inv, DK, C, s0, BS, PRECISION)

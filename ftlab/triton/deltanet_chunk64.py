@@ -24,7 +24,8 @@ IEEE, or tf32x3 on NVIDIA (three tf32 products, fp32 accuracy), so the bound of
 reference. With ``precision="bf16"`` (bf16 inputs) the WY, scan and output kernels' fp32
 operands are each rounded to bf16 once and every such dot is one bf16 product with fp32 sums, as
 fla's kernels compute (the inverse and the state in registers stay fp32; W, U / X and h are kept
-in bf16), within ``gated_delta_tolerance(..., operands="bf16")``.
+in bf16), within ``gated_delta_tolerance(..., operands="bf16")``. Hostile decays as in
+:mod:`ftlab.triton.deltanet_chunk`: :func:`floor_decay` at load, ``L`` and ``fk`` :func:`finite`.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import triton
 import triton.language as tl
 
 from ftlab.platform import current
+from ftlab.triton.deltanet_chunk import finite, floor_decay, narrow
 from ftlab.triton.deltanet_chunk import mmp as _mmp
-from ftlab.triton.deltanet_chunk import narrow
 from ftlab.triton.deltanet_chunk import precision as dot_precision
 from ftlab.triton.q4_0_common import interpreted
 
@@ -130,11 +131,11 @@ def inverse_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, T, NT, HK: tl.c
         r = 1.0 / tl.sqrt(ss + 1e-6)
     else:
         r = ss * 0.0 + 1.0
-    c = tl.cumsum(_per_row(g_ptr, b, t0, T, h, HV, 64), axis=0)
+    c = tl.cumsum(floor_decay(_per_row(g_ptr, b, t0, T, h, HV, 64)), axis=0)
     beta = _per_row(beta_ptr, b, t0, T, h, HV, 64)
     tl.store(c_ptr + row0 + rows, c)
     tl.store(rk_ptr + row0 + rows, r)
-    below = rows[:, None] > rows[None, :]
+    below = (rows[:, None] > rows[None, :]) & finite(c)[:, None]  # the rows from a NaN on: out of L
     gap = tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0))
     lower = tl.where(below, gram * r[:, None] * r[None, :] * gap * beta[:, None], 0.0)
     base = row0 * 64
@@ -188,7 +189,8 @@ def wy_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, T, NT,
     rows = tl.arange(0, 64)
     a = _inverse(a_ptr, row0)
     beta = _per_row(beta_ptr, b, t0, T, h, HV, 64)
-    fk = beta * tl.exp(tl.load(c_ptr + row0 + rows)) * tl.load(rk_ptr + row0 + rows)
+    c = tl.load(c_ptr + row0 + rows)
+    fk = tl.where(finite(c), beta * tl.exp(c) * tl.load(rk_ptr + row0 + rows), 0.0)
     d = tl.arange(0, BS)
     for s0 in range(0, DK, BS):
         x = _rows(k_ptr, b, t0, T, kh, HK, DK, 64, BS, s0).to(tl.float32) * fk[:, None]

@@ -149,3 +149,31 @@ def test_chunked_prefill_with_late_readers(harness, planes):
     o_late, s_late = _run(harness, q, k, v, g, beta, s0, 0.125, True, late=64, planes=planes)
     assert torch.equal(o.view(torch.int16), o_late.view(torch.int16))
     assert torch.equal(s, s_late)
+
+
+#: the hostile decays: every one in the scalar build at both precisions (Qwen3.6's Dk, six value
+#: heads over two prep blocks, three chunks), one each in two AMD layouts on a smaller case
+HOSTILE = [("scalar", p, h, (1, 150, 1, 6, 128, 40)) for p in (3, 1) for h in ft.HOSTILE_DECAYS]
+HOSTILE += [
+    ("cdna-mfma", 3, "nan", (1, 70, 1, 2, 64, 32)),
+    ("rdna3-wmma", 1, "-inf", (1, 70, 1, 2, 64, 32)),
+]
+
+
+@pytest.mark.parametrize("harness, planes, hostile, dims", HOSTILE, indirect=["harness"])
+def test_hostile_decays_on_the_host(harness, planes, hostile, dims):
+    """A NaN or +inf g reaches its token and the later ones only (the earlier ones the same bits),
+    -inf and -1e30 are full forgets within the bound (ft.check_hostile_decays): the prep's floor
+    and its selects of L and fk, the scan carrying the NaN through fq, fx and e^c_last."""
+    case = _inputs(*dims, True, 13, 1.0, True)
+    scale = dims[4] ** -0.5
+
+    def run(q, k, v, g, beta, state):
+        inputs = (_fenced(x) for x in (q, k, v, g, beta))
+        return _run(harness, *inputs, state, scale, True, planes=planes)
+
+    operands = "fp32" if planes == 3 else "bf16"
+    name = f"{planes} planes"
+    ft.check_hostile_decays(
+        run, case, hostile, chunk_size=64, operands=operands, scale=scale, name=name
+    )

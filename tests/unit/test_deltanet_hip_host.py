@@ -68,3 +68,36 @@ def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, cols, ve
     o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, start, scale, l2norm, chunk_size=1, **kw)
     assert bool(((o.double() - exact_o).abs() <= o_bound).all()), float((o.double() - exact_o).abs().max())
     assert bool(((got_state.double() - exact_s).abs() <= s_bound).all())
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("hostile", ft.HOSTILE_DECAYS)
+@pytest.mark.parametrize("step, b, t", [(False, 2, 40), (True, 1, 8)])
+def test_hostile_decays_on_the_host(harness, hostile, step, b, t):
+    """The prefill scan, and the decode step token after token (``step``), under hostile decays
+    (ft.check_hostile_decays): the recurrence as it stands takes them (exp(-inf) = 0, a NaN
+    reaches its token and the later ones only); this holds it there."""
+    gen = torch.Generator().manual_seed(21)
+    hk, hv, dk, dv = 1, 3, 32, 24
+    q, k = torch.randn(b, t, hk, dk, generator=gen), torch.randn(b, t, hk, dk, generator=gen)
+    v = torch.randn(b, t, hv, dv, generator=gen)
+    g = -torch.nn.functional.softplus(torch.randn(b, t, hv, generator=gen))
+    beta = torch.sigmoid(torch.randn(b, t, hv, generator=gen))
+    state = torch.randn(b, hv, dk, dv, generator=gen) * 0.5
+    sizes = (b, 0 if step else t, hk, hv, dk, dv, ctypes.c_float(dk**-0.5), 1)
+    # a step's 32 columns a block, its scalar state accesses, no gates, no reset
+    plain = (32, 0, None, None, None)
+
+    def run(q, k, v, g, beta, state):
+        s, o = state.clone(), torch.full(v.shape, float("nan"))
+        if step:  # token after token, the state carried in place
+            for i in range(t):
+                one = [x[:, i].contiguous() for x in (q, k, v, g, beta)] + [s, o[:, i].contiguous()]
+                harness.run(*(_ptr(x) for x in one), *sizes, *plain)
+                o[:, i] = one[-1]
+        else:
+            harness.run(*(_ptr(x) for x in (q, k, v, g, beta, s, o)), *sizes, *plain)
+        return o, s
+
+    case = (q, k, v, g, beta, state)
+    ft.check_hostile_decays(run, case, hostile, chunk_size=1, name="step" if step else "scan")

@@ -107,6 +107,15 @@ __device__ __forceinline__ void ck_foldp(MmaAcc& d, MmaAcc& t) {
   if constexpr (P == 3) ck_fold(d, t);
 }
 
+// A token's log decay at least ftlab.reference.deltanet.G_FLOOR (-110: fp32 exp is 0 below it, so
+// -inf or -1e30 still forget fully), so that a chunk's cumulative sums stay finite and keep the small
+// decays after a forget; a NaN stays a NaN
+constexpr float kCkGFloor = -110.0f;
+__device__ __forceinline__ float ck_floor_g(float g) { return g < kCkGFloor ? kCkGFloor : g; }
+// Whether a cumulative log decay is finite (not NaN, not +inf): a row whose c is not has its decays
+// selected out of every sum over the chunk's rows (a select: NaN * 0 is NaN)
+__device__ __forceinline__ bool ck_finite(float c) { return c - c == 0.0f; }
+
 // min(a, b) without a comparison (|a - b| < 2^31): no lane mask for the compiler to keep
 __device__ __forceinline__ int ck_min(int a, int b) { return b + ((a - b) & ((a - b) >> 31)); }
 

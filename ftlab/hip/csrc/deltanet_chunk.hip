@@ -32,6 +32,10 @@
 // chunk_gated_delta_rule computes with bf16 operands and fp32 sums (the state itself stays fp32);
 // gated_delta_tolerance(operands="bf16") adds those roundings' terms.
 // Keys past the sequence's end are zero rows (their beta and g zero), so they change nothing.
+// Hostile decays as the reference computes them: g floored at -110 (ck_floor_g: a full forget
+// still, without a chunk's cumulative sums losing the decays after it), and a NaN g kept in c but
+// selected out of L and fk (ck_finite), so that it reaches o from its token on (through fq) and the
+// state (through fx and e^c_last), never an earlier token through a zero coefficient.
 #pragma once
 #include "deltanet_chunk.h"
 

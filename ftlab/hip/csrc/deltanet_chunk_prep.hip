@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kCkThreads)
   for (int e = tid; e < heads * kCk; e += kCkThreads) {
     const int j = e / kCk, r = e % kCk;
     const int64_t at = (static_cast<int64_t>(b) * tokens + t0 + r) * hv + kh * rep + j0 + j;
-    sh.c[j][r] = t0 + r < tokens ? g[at] : 0.0f;
+    sh.c[j][r] = t0 + r < tokens ? ck_floor_g(g[at]) : 0.0f;
     sh.beta[j][r] = t0 + r < tokens ? beta[at] : 0.0f;
   }
   __syncthreads();
@@ -116,12 +116,13 @@ __global__ void __launch_bounds__(kCkThreads)
     const float clast = c[kCk - 1];
     for (int e = tid; e < kCk * kCk; e += kCkThreads) {
       const int r = e / kCk, cc = e % kCk;
-      sh.l[r][cc] = cc < r ? sh.beta[j][r] * sh.rk[r] * sh.rk[cc] * port_expf(c[r] - c[cc]) * sh.u.m.g[r][cc] : 0.0f;
+      const bool live = cc < r && ck_finite(c[r]);  // rows from a NaN g on: out of the solve
+      sh.l[r][cc] = live ? sh.beta[j][r] * sh.rk[r] * sh.rk[cc] * port_expf(c[r] - c[cc]) * sh.u.m.g[r][cc] : 0.0f;
       sh.u.m.a[r][cc] = 0.0f;
     }
-    if (tid < kCk) {
+    if (tid < kCk) {  // fk selected as L is (R = V - fk P is summed over rows); the others keep a NaN
       const float ec = port_expf(c[tid]);
-      scj[tid] = ec * sh.rk[tid];
+      scj[tid] = ck_finite(c[tid]) ? ec * sh.rk[tid] : 0.0f;
       scj[kCk + tid] = ec * sh.rq[tid];
       scj[2 * kCk + tid] = sh.rk[tid] * port_expf(clast - c[tid]);
       scj[3 * kCk + tid] = tid == 0 ? port_expf(clast) : 0.0f;
