@@ -181,10 +181,10 @@ def test_prefill_gpu(hostile, backend, chunk, dtype, precision):
 @pytest.mark.gpu
 @hostile
 @pytest.mark.parametrize(
-    "method, precision", [("scan", "fp32"), ("chunk", "fp32"), ("chunk", "bf16")]
+    "variant, precision", [("scan", "fp32"), ("chunk", "fp32"), ("chunk", "bf16")]
 )
-def test_hip_methods_gpu(hostile, method, precision):
-    """HIP's two prefill methods asked for by name, at Qwen3.6's heads."""
+def test_hip_variants_gpu(hostile, variant, precision):
+    """HIP's two prefill variants asked for by name, at Qwen3.6's heads."""
     from ftlab.hip import deltanet as hip_dn
 
     case = _inputs(7, 150, dk=128, dv=128, hk=2, hv=4, dtype=torch.bfloat16)
@@ -192,11 +192,11 @@ def test_hip_methods_gpu(hostile, method, precision):
     def run(q, k, v, g, beta, state):
         args = (x.cuda() for x in (q, k, v, g, beta, state))
         o, s = hip_dn.gated_delta_rule(
-            *args, 128**-0.5, True, 64, method=method, precision=precision
+            *args, 128**-0.5, True, 64, variant=variant, precision=precision
         )
         return o.cpu(), s.cpu()
 
-    operands = "bf16" if method == "chunk" and precision == "bf16" else "fp32"
+    operands = "bf16" if variant == "chunk" and precision == "bf16" else "fp32"
     ft.check_hostile_decays(
         run,
         case,
