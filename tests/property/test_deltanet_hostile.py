@@ -4,7 +4,7 @@ g reaches its own token and the later ones only, the earlier ones the same bits;
 -1e30 is a full forget, within the derived bound, with nothing before it weighing in. Every
 prefill form through ftlab.testing.check_hostile_decays: the reference (chunked, every chunk
 size, and the recurrence), Triton's general and chunk-64 kernels in the interpreter (both
-precisions), the decode step token by token; on a GPU, Triton and both HIP methods. HIP's
+precisions), the decode step token by token; on a GPU, Triton and both HIP variants. HIP's
 kernels on the CPU: tests/unit/test_deltanet_chunk_host.py, tests/unit/test_deltanet_hip_host.py."""
 
 import pytest
@@ -204,7 +204,7 @@ def test_hip_variants_gpu(hostile, variant, precision):
         scale=128**-0.5,
         chunk_size=64,
         operands=operands,
-        name=f"hip {method}, {precision}",
+        name=f"hip {variant}, {precision}",
     )
 
 
