@@ -20,7 +20,7 @@ import ftlab.triton.q4_0 as ft_q4_0
 import ftlab.triton.quant_matmul as qm
 from ftlab import ops
 from ftlab.bench.harness import copy_bandwidth, require_gpu, time_graph_us
-from ftlab.bench.quant import random_weight
+from ftlab.bench.quant_matmul import random_weight
 from ftlab.quant import QuantWeight
 from ftlab.triton.moe_gemm import experts_gemm
 from ftlab.triton.moe_route import moe_align

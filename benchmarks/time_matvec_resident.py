@@ -16,7 +16,7 @@ import torch
 
 from ftlab import ops
 from ftlab.bench.harness import copy_bandwidth, device_info, time_graph_us
-from ftlab.bench.quant import SCALE_OFFSETS, random_weight
+from ftlab.bench.quant_matmul import SCALE_OFFSETS, random_weight
 from ftlab.quant import QTYPES, quant_weight
 from ftlab.testing.q4_0 import matmul_tolerance as q4_0_matmul_tolerance
 from ftlab.testing.quant_matmul import quant_matmul_tolerance

@@ -1,4 +1,4 @@
-"""The one-row (M = 1) K-quant matvec, variant by variant, at ``ftlab bench quant``'s shapes: hip's
+"""The one-row (M = 1) K-quant matvec, variant by variant, at ``ftlab bench quant_matmul``'s shapes: hip's
 "lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled", "fused" (vec's pieces in
 one launch, x quantized in every block, y in x's dtype), "staged" (fused with the rows copied
 into LDS slots asynchronously; K <= 2048, else it runs "fused") and "sliced" (a row's slices of 8
@@ -23,7 +23,7 @@ import torch
 from ftlab import backends, ops
 from ftlab.backends import calls
 from ftlab.bench.harness import MIN_INNER, copy_bandwidth, device_info, time_graph_us
-from ftlab.bench.quant import SHAPES, random_weight
+from ftlab.bench.quant_matmul import SHAPES, random_weight
 from ftlab.hip import quant_matmul as hip_qmm
 from ftlab.quant import quant_weight
 from ftlab.testing.q4_0 import matmul_tolerance as q4_0_matmul_tolerance

@@ -12,12 +12,30 @@ or backend appears here by being registered.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ftlab import backends
 
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent  # the checkout (tests/ and docs/ exist only there, not in an installed wheel)
+
+#: The native sources that belong to no one op family (every other one's name starts with its
+#: family's), and what they are; ``ftlab ops NAME`` lists those a family's kernels include.
+SHARED = {
+    "hip/csrc/port.h": "the portability header every kernel includes (HIP, CUDA, bare clang)",
+    "hip/csrc/mma.h": "the matrix-core tiles (MMA, MFMA, WMMA) of the GEMMs",
+    "hip/csrc/launch_common.h": "launch helpers: programmatic dependent launch",
+    "hip/csrc/quant_units.h": "the GGUF block types' int8 units (quant_matmul, moe, quants)",
+    "hip/csrc/quant_records.h": "the one-row kernels' activation records (quant_matmul, moe)",
+    "hip/csrc/quant_vec.h": "a K-quant row in 16-byte pieces (quant_matmul, moe)",
+    "hip/csrc/handshake.hip": "the hybrid executor's graph handshake (ftlab.hybrid)",
+    "hip/csrc/handshake_host.h": "the hybrid handshake's host side",
+    "hip/csrc/handshake_launch.hip": "the hybrid handshake's tvm-ffi entries",
+    "cpu/csrc/cpu_job.h": "the CPU expert worker's job (ftlab.hybrid)",
+    "cpu/csrc/launch_runner.cc": "launch schedules replayed from C++ (ftlab.launches)",
+}
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
 def _rel(path: Path) -> str:
@@ -31,6 +49,23 @@ def _family_files(folder: Path, family: str, *suffixes: str) -> list[str]:
     for suffix in suffixes:
         found += [folder / f"{family}{suffix}", *sorted(folder.glob(f"{family}_*{suffix}"))]
     return [_rel(p) for p in found if p.is_file()]
+
+
+def shared_includes(files: list[str]) -> list[str]:
+    """The :data:`SHARED` sources that ``files`` (relative to the checkout) include, directly
+    or through each other."""
+    seen: set[str] = set()
+    todo = [ROOT / f for f in files]
+    while todo:
+        path = todo.pop()
+        if not path.is_file():
+            continue
+        for name in _INCLUDE.findall(path.read_text()):
+            rel = _rel(path.parent / name) if (path.parent / name).is_file() else None
+            if rel and rel not in seen and rel.removeprefix("ftlab/") in SHARED:
+                seen.add(rel)
+                todo.append(ROOT / rel)
+    return sorted(seen)
 
 
 def describe(op: str) -> dict[str, object]:
@@ -70,8 +105,11 @@ def describe(op: str) -> dict[str, object]:
         "paths": list(spec.paths),
         "public": f"ftlab.ops.{op} ({_rel(PACKAGE / 'ops' / f'{fam}.py')})",
         "implementations": impls,
+        "shared": shared_includes([f for i in impls.values() for f in i["files"]]),
         "case functions": _family_files(PACKAGE / "testing", fam, ".py"),
-        "tests": _family_files(ROOT / "tests" / "property", f"test_{fam}", ".py"),
+        "tests": _family_files(ROOT / "tests" / "property", f"test_{fam}", ".py")
+        + _family_files(ROOT / "tests" / "unit", f"test_{fam}", ".py"),
+        "variants": {b: [k.name for k in ks] for (o, b), ks in backends.rules.KERNELS.items() if o == op},
         "bench": f"ftlab bench {fam}" if (PACKAGE / "bench" / f"{fam}.py").is_file() else None,
         "docs": f"docs/OPS.md#{op}" if (ROOT / "docs" / "OPS.md").is_file() else None,
     }
@@ -93,7 +131,9 @@ def format_op(op: str) -> str:
         lines.append(f"  {name:<9}: {impl['entry']}  [{'; '.join(extra)}]")
         for f in impl["files"]:
             lines.append(f"{'':13}{f}")
-    for key in ("case functions", "tests", "bench", "docs"):
+    for backend, names in d.get("variants", {}).items():
+        lines.append(f"  variants : {backend}: {', '.join(names)} (ftlab ops {op} --explain: which runs)")
+    for key in ("shared", "case functions", "tests", "bench", "docs"):
         if key in d:
             value = d[key]
             lines.append(f"  {key:<9}: {', '.join(value) if isinstance(value, list) else value}")

@@ -17,11 +17,7 @@ def report() -> str:
     lines = [f"platform : {plat.describe()}"]
     if plat.info:
         lines.append(f"           LDS {plat.info.lds_bytes // 1024} KiB per workgroup")
-    build = (
-        torch.version.hip
-        and f"ROCm/HIP {torch.version.hip}"
-        or (torch.version.cuda and f"CUDA {torch.version.cuda}")
-    )
+    build = ftplatform.torch_build()
     lines.append(f"torch    : {torch.__version__} ({build or 'CPU build'})")
     try:
         import triton

@@ -197,6 +197,14 @@ def current(device: torch.device | str | int | None = None) -> Platform:
     return _detected_gpu(torch.cuda.current_device() if index is None else index)
 
 
+def torch_build() -> str | None:
+    """What the installed torch was built for: ``"ROCm/HIP <version>"``, ``"CUDA <version>"``,
+    or None for a CPU build."""
+    if getattr(torch.version, "hip", None):
+        return f"ROCm/HIP {torch.version.hip}"
+    return f"CUDA {torch.version.cuda}" if torch.version.cuda else None
+
+
 def capturing(device: torch.device) -> bool:
     """Whether ``device``'s current stream is capturing a CUDA/HIP graph (that device's stream,
     not the current device's); False on the CPU."""

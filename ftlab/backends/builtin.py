@@ -105,9 +105,9 @@ builtin("decode_attention", "attention", "one query token a sequence over its ca
         "values (split-K)", F, ("B", "H", "KVH", "D", "S"))
 builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize_q4_0)", F,
         ("N", "K"))
-builtin("gated_delta_rule", "deltanet", "Gated DeltaNet linear attention over a sequence "
+builtin("gated_delta_rule", "gated_delta_rule", "Gated DeltaNet linear attention over a sequence "
         "(prefill)", F, ("B", "T", "Hk", "Hv", "Dk", "Dv"))
-builtin("gated_delta_step", "deltanet", "Gated DeltaNet, one decode token, the state in place", F,
+builtin("gated_delta_step", "gated_delta_rule", "Gated DeltaNet, one decode token, the state in place", F,
         ("B", "Hk", "Hv", "Dk", "Dv"))
 builtin("quant_matmul", "quant_matmul", "x @ W.T for Q8_0 / Q4_K / Q5_K / Q6_K weights (Q4_0: "
         "q4_0_matmul)", F, MATMUL, paths=Q4_0_PATHS)

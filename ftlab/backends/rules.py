@@ -272,13 +272,13 @@ def attention_tiles(call: Call, sizes: Sizes, plat: Platform) -> str | None:
     )
 
 
-def deltanet_chunks(call: Call, sizes: Sizes, plat: Platform) -> str | None:
+def delta_rule_chunks(call: Call, sizes: Sizes, plat: Platform) -> str | None:
     if call.chunk != DELTANET_CHUNK:
         return f"chunk_size {call.chunk} (it takes {DELTANET_CHUNK})"
     return need(sizes["Dk"] <= DELTANET_MAX_DK, f"Dk = {sizes['Dk']} > {DELTANET_MAX_DK}")
 
 
-def hip_deltanet_grid(call: Call, sizes: Sizes, plat: Platform) -> str | None:
+def hip_delta_rule_grid(call: Call, sizes: Sizes, plat: Platform) -> str | None:
     b, hk, hv, dv = sizes["B"], sizes["Hk"], sizes["Hv"], sizes["Dv"]
     ok = b * hk * -(-hv // hk // 4) <= 65535 and -(-dv // 32) <= 65535 and hv * dv < 2**25
     return need(ok, "B * Hk * ceil(Hv / Hk / 4) and ceil(Dv / 32) must be <= 65535 and Hv * Dv < "
@@ -360,12 +360,12 @@ KERNELS: dict[tuple[str, str], tuple[Kernel, ...]] = {
     ),
     ("gated_delta_rule", "hip"): (
         Kernel("chunk", When(dtypes=(torch.bfloat16,)), "chunks of 64 on the matrix cores (two "
-               "launches)", all_of(deltanet_chunks, hip_deltanet_grid)),  # fmt: skip
+               "launches)", all_of(delta_rule_chunks, hip_delta_rule_grid)),  # fmt: skip
         Kernel("scan", When(), "token by token, the state in registers"),
     ),
     ("gated_delta_rule", "triton"): (
         Kernel("chunk64", When(needs=("!rdna",)), "chunks of 64: WY factors, the state kept in "
-               "registers across chunks", deltanet_chunks),  # fmt: skip
+               "registers across chunks", delta_rule_chunks),  # fmt: skip
         Kernel("chunk", When(), "the general chunked form (chunks of 16, 32 or 64)"),
     ),
 }

@@ -173,8 +173,9 @@ def device_info() -> dict:
         info["triton"] = triton.__version__
     except ImportError:
         pass
-    if torch.version.hip:
-        info["driver"] = f"HIP {torch.version.hip}"
+    build = ftplatform.torch_build() or ""
+    if build.startswith("ROCm"):
+        info["driver"] = build.replace("ROCm/", "")
     else:
         try:
             info["driver"] = (

@@ -10,11 +10,11 @@ from ftlab.models import pipeline_args as check
 BENCHES = {
     "index_store": "ftlab.bench.index_store",
     "q4_0": "ftlab.bench.q4_0",
-    "quant": "ftlab.bench.quant",
+    "quant_matmul": "ftlab.bench.quant_matmul",
     "moe": "ftlab.bench.moe",
     "model": "ftlab.bench.model",
     "hybrid": "ftlab.bench.hybrid",
-    "deltanet": "ftlab.bench.deltanet",
+    "gated_delta_rule": "ftlab.bench.gated_delta_rule",
 }
 #: ``ftlab bench model --arch``: the model shapes, each its module.
 MODEL_ARCHS = {"qwen3moe": "ftlab.bench.model", "qwen35moe": "ftlab.bench.qwen35moe"}

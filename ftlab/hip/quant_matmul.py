@@ -22,7 +22,7 @@ why); this module runs the one it is given, or raises ``BackendUnavailable``. Ma
   held in registers where K <= 2048, two steps' loads issued together beyond. w must start 16-byte
   aligned (else "lanes"); at M >= 2 it is "lanes".
 - ``"fused"`` (default at M = 1 for Q4_K / Q5_K where it applies): "vec"'s pieces in one launch
-  (``csrc/quant_mv_fused.hip``): every block quantizes x to Q8_1 in LDS (the bits of the
+  (``csrc/quant_matmul_mv1.hip``): every block quantizes x to Q8_1 in LDS (the bits of the
   quantize kernel), y is written in x's dtype; where a row is two steps or less (K <= 2048) the
   next row's pieces are loaded before this row's sum, and a group's first row is asked of the L2
   before the wait on the kernel before (programmatic launch on sm_90; prefetches only). K a

@@ -70,14 +70,14 @@ class DecodeGraph:
         with torch.cuda.graph(self.graph):
             self.logits = model.forward(self.tokens, self.positions)
         # a hybrid model's router ids of each hybrid layer, as the graph writes them every replay
-        self.routed = dict(getattr(model, "_routed", {}))
+        self.routed = dict(getattr(model, "routed", {}))
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
         self.graph.replay()
         if self.routed:  # the model's end_step reads this replay's ids, even after an eager pass in between
-            self.model._routed.update(self.routed)
+            self.model.routed.update(self.routed)
         return self.logits
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from ftlab import backends as ftbackends
+from ftlab import platform as ftplatform
 
 #: The ops a model's ``backends`` map names (each "auto" unless set): Qwen3-MoE's, then those the
 #: hybrid models (Qwen3-Next, Qwen3.5-MoE) add.
@@ -200,7 +201,7 @@ def device(value: object) -> torch.device:
     if dev.type == "cuda":
         count = torch.cuda.device_count()
         if count == 0:
-            build = "a CPU build" if not (torch.version.cuda or torch.version.hip) else "no GPU visible"
+            build = "no GPU visible" if ftplatform.torch_build() else "a CPU build"
             raise ValueError(f"device {str(dev)!r} needs a CUDA or ROCm GPU, got none (torch "
                              f"{torch.__version__}: {build}); use device='cpu'")  # fmt: skip
         if dev.index is not None and dev.index >= count:

@@ -180,7 +180,7 @@ class Qwen3Moe(Planned):
                              f"{len(hybrid)}")  # fmt: skip
         self.plan = plan_of(plan, backends, q4_0_path)
         self.hybrid = hybrid
-        self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
+        self.routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
         # static: no host synchronization in a forward pass (attention reads all max_seq_len
         # slots under a mask, index checks off), so a decode step can be captured in a graph
         self.static = static
@@ -288,7 +288,7 @@ class Qwen3Moe(Planned):
         lw = self.weights.layers[i]
         ex = self.hybrid[i] if self.hybrid else None
         if ex is not None:
-            self._routed[i] = ids
+            self.routed[i] = ids
             # decode: the executor's handshake (a channel with pinned staging per batch size,
             # graph-capturable); longer passes (prefill) through its eager schedule
             if x.shape[0] <= DECODE_MAX_TOKENS:
@@ -303,7 +303,7 @@ class Qwen3Moe(Planned):
     def end_step(self) -> None:
         """Between steps (never inside a captured graph): each hybrid layer's residency follows
         the routes of the last forward pass (one synchronization for all layers)."""
-        hybrid_end_step(self.hybrid, self._routed)
+        hybrid_end_step(self.hybrid, self.routed)
 
     def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
         """The forward pass of tokens ``[B, T]`` at positions ``[B, T]``, one named stage at a

@@ -53,7 +53,7 @@ from ftlab.models.layers import (
 from ftlab.models.pipeline_args import MODEL_OPS
 from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight
-from ftlab.reference.deltanet import step_gates
+from ftlab.reference.gated_delta_rule import step_gates
 
 Weight = torch.Tensor | Q4_0Weight
 
@@ -204,7 +204,7 @@ class Qwen3Next(Planned):
             raise ValueError(f"hybrid must hold one executor (or None) a layer: {c.num_hidden_layers}, got "
                              f"{len(hybrid)}")  # fmt: skip
         self.hybrid = hybrid
-        self._routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
+        self.routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
         self._id_cols: dict[tuple, torch.Tensor] = {}  # _ids' columns of decode steps
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static = static
@@ -232,7 +232,7 @@ class Qwen3Next(Planned):
         """Between steps (never inside a captured graph): each hybrid layer's residency follows
         the routes of the last forward pass (one synchronization for all layers); nothing to do
         without hybrid layers."""
-        hybrid_end_step(self.hybrid, self._routed)
+        hybrid_end_step(self.hybrid, self.routed)
 
     def linear(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
         return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, checks=self.plan.checks)
@@ -361,7 +361,7 @@ class Qwen3Next(Planned):
                 ids = ids - self.tp.rank * mw.w_gate_up.shape[0]
             return ops.moe_experts(h, mw.w_gate_up, mw.w_down, weights, ids, path=self.q4_0_path,
                                    backend=self.backends["moe_experts"])  # fmt: skip
-        self._routed[i] = ids
+        self.routed[i] = ids
         if h.shape[0] <= DECODE_MAX_TOKENS:
             return ex(h, weights, ids)
         return ex.eager(h, weights, ids)

@@ -11,7 +11,7 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
 - ``moe``: :func:`route_topk`, :func:`router_topk`, :func:`add_rmsnorm_router_topk`, :func:`moe_align`,
   :func:`moe_experts`, :func:`fused_moe`;
 - ``qk_norm_rope``: :func:`qk_norm_rope`;
-- ``deltanet``: :func:`gated_delta_rule` (prefill), :func:`gated_delta_step` (decode);
+- ``gated_delta_rule``: :func:`gated_delta_rule` (prefill), :func:`gated_delta_step` (decode);
 - ``conv1d``: :func:`causal_conv1d`, :func:`causal_conv1d_update`;
 - ``gated_norm``: :func:`gated_rmsnorm`, :func:`output_gate`;
 - ``norm``: :func:`add_rmsnorm` (the residual add fused with the next RMSNorm);
@@ -25,7 +25,7 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
 
 from ftlab.ops.attention import decode_attention
 from ftlab.ops.conv1d import causal_conv1d, causal_conv1d_update
-from ftlab.ops.deltanet import gated_delta_rule, gated_delta_step
+from ftlab.ops.gated_delta_rule import gated_delta_rule, gated_delta_step
 from ftlab.ops.gated_norm import gated_rmsnorm, output_gate
 from ftlab.ops.index_store import index, store
 from ftlab.ops.moe import (

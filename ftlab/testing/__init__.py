@@ -30,7 +30,7 @@ from ftlab.testing.conv1d import (
     check_causal_conv1d_case,
     check_causal_conv1d_update_case,
 )
-from ftlab.testing.deltanet import (
+from ftlab.testing.gated_delta_rule import (
     HOSTILE_DECAYS,
     assert_one_plane_accuracy,
     assert_three_plane_accuracy,

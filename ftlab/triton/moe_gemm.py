@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab.platform import current
+from ftlab.backends import tuning
+from ftlab.platform import current, platform_from_arch
 from ftlab.quant import Q4_0Weight
 from ftlab.triton.moe_route import moe_align
 from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale
@@ -109,11 +110,7 @@ def moe_gemm_kernel(a_ptr, a_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, sorted_ptr, e
     store_pairs(out_ptr, out_stride, rows, r_ok, rn, n_ok, acc, acc_up, wts_ptr, GATED)
 
 
-GEMM_CONFIGS: dict[str, dict[str, int]] = {
-    # untimed starting points but for sm_90 (see benchmarks/NOTES.md)
-    "sm_90": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-    "default": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
-}
+GEMM_CONFIGS = tuning.TRITON_MOE_GEMM
 GEMM_F32_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2}
 
 
@@ -167,7 +164,7 @@ def compile_specs(target: str) -> list:
     specs = []
     big = GEMM_CONFIGS.get(target, GEMM_CONFIGS["default"])
     for dt, cfg in (("bf16", big), ("bf16", {**big, "BLOCK_M": 16}), ("fp32", GEMM_F32_CONFIG)):
-        prec = "tf32x3" if dt == "fp32" and target.startswith("sm_") else "ieee"
+        prec = "tf32x3" if dt == "fp32" and platform_from_arch(target).tf32 else "ieee"
         for q4 in (False, True):
             for gated in (True, False):
                 label = (f"moe_gemm_kernel[{'gate_up' if gated else 'down'}, {'Q4_0' if q4 else dt} bank, {dt}, "

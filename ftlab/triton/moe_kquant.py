@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab.platform import current
+from ftlab.backends import tuning
+from ftlab.platform import current, platform_from_arch
 from ftlab.triton.moe_gemm import store_pairs
 from ftlab.triton.moe_route import expert_slot, moe_align
 from ftlab.triton.q4_0 import quantize_q8_1
@@ -209,41 +210,7 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 #: the dequant GEMM's tiles. "pairs" (Q8_0 / K-quant banks: 64 weights a step,
 #: :func:`~ftlab.triton.quant_matmul.dequant_pair`) by arch and kernel (gate_up holds two weight
 #: tiles, gate and up), else "default"; fp32 operands ("f32": 3xTF32 dots on NVIDIA) smaller.
-#: "q4_0_pairs": Q4_0 banks' 64-weight steps by arch (timed for two Q4_0 banks; a Q4_0 bank beside
-#: a K-quant one takes them too when Triton's dequant path is asked for). "generic" (Q4_0 banks
-#: elsewhere, and RDNA, where the pair tiles spill): :func:`_kq_b_tile` a weight at a time,
-#: 32x32x16 at 8 warps.
-#: sm_90's are the fastest of the sweeps in benchmarks/NOTES.md (Qwen3-30B-A3B layer, T = 512 and
-#: 2048), spill-free with the activations aligned as :func:`~ftlab.triton.q4_0_common.rows_16`
-#: makes them.
-KQ_GEMM_CONFIGS = {
-    "pairs": {
-        "sm_90": {
-            "gate_up": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-            "down": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-        },
-        "default": {
-            "gate_up": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-            "down": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-        },
-        "f32": {
-            "gate_up": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 8, "num_stages": 2},
-            "down": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2},
-        },
-    },
-    # Q4_0 banks (16-bit activations) in 64-weight steps: the archs where these were timed
-    # against moe_gemm's experts_gemm and HIP's int8 kernels (backends.Q4_0_PREFILL_ARCHS)
-    "q4_0_pairs": {
-        "sm_90": {
-            "gate_up": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-            "down": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-        },
-    },
-    "generic": {
-        "half": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
-        "f32": {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
-    },
-}
+KQ_GEMM_CONFIGS = tuning.TRITON_KQUANT_GEMM
 
 
 def q4_0_pairs(dtype: torch.dtype, arch: str | None) -> bool:
@@ -260,7 +227,7 @@ def kq_gemm_config(dtype: torch.dtype, qtype: str, arch: str | None, gated: bool
     f32 = dtype == torch.float32
     if qtype == "Q4_0" and q4_0_pairs(dtype, arch):
         return {**KQ_GEMM_CONFIGS["q4_0_pairs"][arch]["gate_up" if gated else "down"], "BLOCK_K": 64, "PAIRS": True}
-    if qtype == "Q4_0" or (arch or "").startswith(("gfx11", "gfx12")):
+    if qtype == "Q4_0" or platform_from_arch(arch or "cpu").rdna:
         return {**KQ_GEMM_CONFIGS["generic"]["f32" if f32 else "half"], "PAIRS": False}
     pairs = KQ_GEMM_CONFIGS["pairs"]
     table = pairs["f32"] if f32 else pairs.get(arch or "default", pairs["default"])
@@ -344,9 +311,10 @@ def compile_specs(target: str) -> list:
         specs.append(spec(moe_down_kq_kernel, f"moe_down_kq_kernel[{qtype}, bf16 out]",
                           types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
                           constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
-    arch = target if target.startswith(("sm_", "gfx")) else None
+    plat = platform_from_arch(target)
+    arch = target if plat.is_gpu else None
     for dt in ("bf16", "fp32"):
-        prec = "tf32x3" if dt == "fp32" and target.startswith("sm_") else "ieee"
+        prec = "tf32x3" if dt == "fp32" and plat.tf32 else "ieee"
         for qtype in QT_CODES:
             for gated in (True, False):
                 cfg = kq_gemm_config(torch.bfloat16 if dt == "bf16" else torch.float32, qtype, arch, gated)

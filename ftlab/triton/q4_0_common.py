@@ -27,59 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.backends import tuning
 from ftlab.platform import current
 from ftlab.quant import Q8_1, QK
 
-# Launch configurations, one table. sm_90's matvec entry is the best of a sweep on an H200
-# (benchmarks/NOTES.md); its GEMM entry and every gfx entry are untimed starting points
-# (wave32 / wave64 sized), compile-checked for their targets.
-CONFIGS: dict[str, dict[str, dict[str, int]]] = {
-    # mv4 (the dp4a matvec over 32-bit words) where PTX dp4a exists (asm: 1); the gfx targets
-    # keep mv, the int16-word matvec. sm_90 mv4: best of 12 (BLOCK_N 2-16, BLOCK_KB 32/64,
-    # 2-8 warps, 4-32 programs per SM) on lm_head, 71.6% of copy (benchmarks/NOTES.md).
-    "sm_90": {
-        "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
-        "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 1, "progs_per_sm": 8},
-        # the MoE decode experts' int8 matvecs (ftlab/triton/moe.py): best of 9 at T = 1
-        "moe_mv": {"BLOCK_N": 4, "BLOCK_KB": 32, "num_warps": 2, "asm": 1},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 3},
-        "gemm_f32": {
-            "BLOCK_M": 64,
-            "BLOCK_N": 64,
-            "BLOCK_KB": 1,
-            "num_warps": 4,
-            "num_stages": 2,
-            "f32_precision": "tf32x3",
-        },
-    },
-    "gfx1100": {
-        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-    },
-    "gfx1201": {
-        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-    },
-    "gfx942": {  # wave64; BLOCK_KB 8 spills SGPRs at M = 8
-        "mv": {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-    },
-    "default": {
-        "mv": {"BLOCK_N": 16, "BLOCK_KB": 8, "num_warps": 4},
-        "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 0, "progs_per_sm": 8},
-        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-        "gemm_f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 2},
-    },
-}
-CONFIGS["gfx1151"] = CONFIGS["gfx1100"]
-# Triton's CPU interpreter runs one program at a time in Python, so its cost is the number of
-# programs: the default table with the MoE decode matvecs in fewer, larger tiles (the same
-# kernels and masks; 24.5 -> 2.5 s for one T = 3 int8 moe_experts call on 2 cores).
-CONFIGS["interpreter"] = {**CONFIGS["default"], "moe_mv": {"BLOCK_N": 32, "BLOCK_KB": 8, "num_warps": 4, "asm": 0}}
-
+CONFIGS = tuning.TRITON_Q4_0
 
 
 def launch_table(device: torch.device) -> dict[str, dict[str, int]]:

@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from ftlab import argcheck, backends
-from ftlab.backends import calls
-from ftlab.platform import current
+from ftlab.backends import calls, tuning
+from ftlab.platform import current, platform_from_arch
 from ftlab.quant import Q8_1, QuantWeight
 from ftlab.triton.q4_0_common import interpreted, load_q4_0_scale, quantize_q8_1, rows_16
 from ftlab.triton.quant_matmul_mv import MATVEC_ROWS, matvec_specs, quant_matvec
@@ -28,22 +28,7 @@ from ftlab.triton.quants import scale_min_k4
 
 #: constexpr codes of the types in the GEMM kernel
 QTYPE_CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
-#: GEMM tiles by activation dtype ("half": 16-bit, by arch, else "default"; "f32"). BLOCK_K 64
-#: takes 64 weights a step as two 32-column halves (:func:`dequant_pair`; where row scales are on);
-#: sm_90's from the sweeps at M = 512 in benchmarks/NOTES.md (spill-free with x aligned as
-#: :func:`~ftlab.triton.q4_0_common.rows_16` makes it), the others untimed
-GEMM_CONFIGS: dict[str, dict] = {
-    "half": {
-        "sm_90": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-        "default": {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
-    },
-    "f32": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2},
-    # Q4_0 weights (16-bit x; only the 64-weight steps decode Q4_0): the archs where these tiles
-    # were timed against ftlab.triton.q4_0's GEMM and HIP's int8 tiles (backends.Q4_0_PREFILL_ARCHS)
-    "q4_0": {
-        "sm_90": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-    },
-}
+GEMM_CONFIGS = tuning.TRITON_QUANT_GEMM
 #: dequant_pair's code of Q4_0 (as ftlab.triton.moe_kquant's QT_CODES)
 Q4_0_CODE = 4
 
@@ -229,10 +214,10 @@ def q4_0_config(dtype: torch.dtype, arch: str | None) -> dict[str, int] | None:
     return None if dtype == torch.float32 else GEMM_CONFIGS["q4_0"].get(arch or "")
 
 
-def row_scales(arch: str) -> bool:
+def row_scales(arch: str | None) -> bool:
     """Whether the GEMM decodes a weight tile's scales once a row (``dequant_tile``'s ROW_SCALES) on
     ``arch``: not on RDNA, where the per-row values held across the tile spill registers."""
-    return not arch.startswith(("gfx11", "gfx12"))
+    return not platform_from_arch(arch or "cpu").rdna
 
 
 def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = None) -> torch.Tensor:
@@ -245,7 +230,7 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
     arch = current(x.device).arch if x.device.type != "cpu" else None
     if w.qtype == "Q4_0":
         cfg = config or q4_0_config(x.dtype, arch)
-        if cfg is None or cfg["BLOCK_K"] != 64 or not row_scales(arch or "cpu"):
+        if cfg is None or cfg["BLOCK_K"] != 64 or not row_scales(arch):
             raise ValueError(f"Q4_0 weights are decoded in 64-weight steps only: config must have BLOCK_K 64 on an "
                              f"arch with row scales (q4_0_config has tiles for 16-bit x on {sorted(GEMM_CONFIGS['q4_0'])}"
                              f"), got {cfg} for {x.dtype} x on {arch or 'the CPU interpreter'}")  # fmt: skip
@@ -255,7 +240,7 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
     f32 = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreted())
     precision = (
         "tf32x3"
-        if x.device.type == "cuda" and torch.version.hip is None and not interpreted()
+        if current(x.device).tf32 and not interpreted()
         else "ieee"
     )
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
@@ -263,7 +248,7 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
         x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k,
         QTYPE=Q4_0_CODE if w.qtype == "Q4_0" else QTYPE_CODE[w.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         DOT_F32=f32, F32_PRECISION=precision if x.dtype == torch.float32 else "ieee",
-        ROW_SCALES=row_scales(arch or "cpu"),
+        ROW_SCALES=row_scales(arch),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return y
@@ -289,9 +274,10 @@ def compile_specs(target: str) -> list:
     """The configurations ftlab launches on ``target``, for ftlab.compile_check."""
     from ftlab.triton.compile_spec import spec
 
-    precision = "tf32x3" if target.startswith("sm_") else "ieee"
+    plat = platform_from_arch(target)
+    precision = "tf32x3" if plat.tf32 else "ieee"
     specs = matvec_specs(target)
-    arch = target if target.startswith(("sm_", "gfx")) else None
+    arch = target if plat.is_gpu else None
     for qtype, code in {**QTYPE_CODE, "Q4_0": Q4_0_CODE}.items():
         for dt in ("fp32", "fp16", "bf16"):
             torch_dt = torch.float32 if dt == "fp32" else torch.float16

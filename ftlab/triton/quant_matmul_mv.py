@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ftlab.platform import platform_from_arch
 from ftlab.quant import Q8_1, QTYPES, QuantWeight
 from ftlab.triton.q4_0_common import (
     add_row,
@@ -354,7 +355,7 @@ def matvec_specs(target: str) -> list:
     """The matvec configurations ftlab launches on ``target``, for ftlab.compile_check."""
     from ftlab.triton.compile_spec import spec
 
-    asm = target.startswith("sm_")
+    asm = platform_from_arch(target).vendor == "nvidia"
     specs = []
     for qtype, cfg in MV_CONFIGS.items():
         kernel, extra, wide = _kernel(qtype)

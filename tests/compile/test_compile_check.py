@@ -71,9 +71,9 @@ KERNELS = {
     "moe_gemm": 16,  # 3 dtypes x 2 dense GEMMs on FMA tiles, 2 dtypes x 2 x 2 shapes on the matrix cores, 2 Q4_0
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes
-    "deltanet": 15,  # 3 dtypes x (decode step of 16 or 32 columns a block, with or without the gates; prefill scan)
-    "deltanet_chunk": 2,  # bf16: the chunked prefill's scan on the matrix cores, three planes or one
-    "deltanet_chunk_prep": 2,  # bf16: the chunked prefill's prep (the solve, attn, the row factors), 3 or 1 planes
+    "gated_delta_rule": 15,  # 3 dtypes x (decode step of 16 or 32 columns a block, with or without the gates; prefill scan)
+    "gated_delta_rule_chunk": 2,  # bf16: the chunked prefill's scan on the matrix cores, three planes or one
+    "gated_delta_rule_chunk_prep": 2,  # bf16: the chunked prefill's prep (the solve, attn, the row factors), 3 or 1 planes
     "quants": 15,  # 3 dtypes x (dequantize Q8_0, Q4_K, Q5_K, Q6_K; quantize Q8_0)
     "conv1d": 18,  # 3 dtypes x 3 widths (2, 3, 4) x (prefill, decode step)
     "gated_norm": 12,  # 3 dtypes x 3 gate dtypes (gated_rmsnorm), 3 dtypes (output_gate)
@@ -85,7 +85,7 @@ KERNELS = {
     # M = 1 "vec" matvec of the three K-quants
     "quant_matmul": 43,
     "quant_matmul_tiled": 32,  # 4 types x 8 tiled matvec widths
-    "quant_mv_fused": 57,  # 3 dtypes x (4 types x (fused, staged, sliced x 2) + Q8_0 x (fused, sliced x 2)): one-row matvecs
+    "quant_matmul_mv1": 57,  # 3 dtypes x (4 types x (fused, staged, sliced x 2) + Q8_0 x (fused, sliced x 2)): one-row matvecs
 }
 
 

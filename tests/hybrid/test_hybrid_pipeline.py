@@ -149,7 +149,7 @@ def test_residency_follows_the_replays_after_an_eager_pass_gpu():
     pipe.model.forward(torch.tensor([[token]], device="cuda"), pos)  # rewrites the same cache slot
     for _ in range(4):
         logits = pipe.decode_step(int(logits.argmax()))
-        assert all(pipe.model._routed[i] is ids for i, ids in pipe._graph.routed.items())
+        assert all(pipe.model.routed[i] is ids for i, ids in pipe._graph.routed.items())
         for i, ex in enumerate(pipe.hybrid):  # the slots hold this replay's experts
             routed = set(pipe._graph.routed[i].flatten().tolist())
             assert routed <= ex.policy.resident(), (i, routed, ex.policy.resident())

@@ -191,3 +191,102 @@ def test_everything_about_an_op_is_found_by_its_name(op):
     for f in (f for impl in impls.values() for f in impl["files"]):
         assert (ROOT / f).is_file(), f
     assert op in catalog.format_op(op)
+
+
+FAMILIES = sorted({backends.spec(op).family for op in backends.ops()})
+
+
+def _owner(name: str) -> str | None:
+    stem = name.removeprefix("test_")
+    found = [f for f in FAMILIES if stem.split(".")[0] == f or stem.startswith(f + "_")]
+    return max(found, key=len) if found else None
+
+
+def test_every_native_source_and_property_test_has_an_owner():
+    """Each source of hip/csrc and cpu/csrc and each property test belongs to an op family (its
+    name starts with the family's) or is on catalog.SHARED, which says what it is."""
+    loose = []
+    for folder in (PACKAGE / "hip" / "csrc", PACKAGE / "cpu" / "csrc"):
+        for p in sorted(folder.iterdir()):
+            rel = str(p.relative_to(PACKAGE))
+            if p.is_file() and _owner(p.name) is None and rel not in catalog.SHARED:
+                loose.append(rel)
+    loose += [p.name for p in sorted((ROOT / "tests" / "property").glob("test_*.py")) if _owner(p.name) is None]
+    assert loose == []
+    assert all((PACKAGE / rel).is_file() for rel in catalog.SHARED), "catalog.SHARED names a file that is gone"
+
+
+def test_the_architecture_lists_every_family():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = re.findall(r"^\| `(\w+)` \| `", text, re.M)
+    assert sorted(listed) == FAMILIES
+    for family in FAMILIES:
+        row = re.search(rf"^\| `{family}` \| (.*) \|$", text, re.M).group(1)
+        ops = sorted(re.findall(r"`(\w+)`", row))
+        assert ops == sorted(op for op in backends.ops() if backends.spec(op).family == family), family
+
+
+#: where arch facts may be read: the platform, the planner (its tables) and the native sources
+ARCH_HOMES = ("ftlab/platform.py", "ftlab/backends/", "ftlab/compile_check.py", "ftlab/support_matrix.py")
+ARCH_CHECK = re.compile(
+    r"""torch\.version\.hip|get_device_capability|\.startswith\(\(?["'](?:gfx|sm_)|["'](?:gfx\d[0-9a-f]*|sm_\d+)["']"""
+)
+
+
+def test_no_arch_check_outside_the_platform_and_the_planner():
+    """An arch string, a HIP-or-CUDA test or a compute-capability read appears only in
+    ftlab/platform.py (the facts), ftlab/backends/ (the planner's tables) and the compile check
+    (which enumerates targets); everything else asks ``Platform`` a named fact."""
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(ARCH_HOMES):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if ARCH_CHECK.search(code) and '"""' not in code:
+                bad.append(f"{rel}:{n}: {line.strip()}")
+    assert bad == []
+
+
+def test_the_models_keep_no_module_flags():
+    """No module-level bool in ftlab/models (a choice of the forward pass is a DecodePlan field),
+    and no ``globals()`` anywhere in ftlab."""
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        rel = str(path.relative_to(ROOT))
+        bad += [f"{rel}:{node.lineno}: globals()" for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "globals"]  # fmt: skip
+        if rel.startswith("ftlab/models/"):
+            for node in tree.body:
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
+                    if isinstance(node.value.value, bool):
+                        bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert bad == []
+
+
+def _getattr_private(path: Path) -> list[str]:
+    """``getattr(x, "_name")`` (hasattr, setattr) on anything but ``self`` / ``cls``: a reach into
+    another object's private name, as ``x._name`` is."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr"):
+            if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+                name, root = node.args[1].value, node.args[0]
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                own = isinstance(root, ast.Name) and root.id in ("self", "cls")
+                if isinstance(name, str) and name.startswith("_") and not name.startswith("__") and not own:
+                    bad.append(f"{_where(path)}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_no_private_name_through_getattr():
+    assert [b for path in sorted(PACKAGE.rglob("*.py")) for b in _getattr_private(path)] == []
+
+
+def test_the_getattr_checker_sees_the_environ_trick(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('import os\nd = getattr(os.environ, "_data", None)\nok = hasattr(self, "_cache")\n')
+    assert [b.split(": ", 1)[1] for b in _getattr_private(src)] == ["getattr(os.environ, '_data', None)"]

@@ -1,7 +1,7 @@
 """moe_experts' HIP decode kernels on K-quant banks, the "vec" pair (moe_gate_up_kq_vec_kernel and
 moe_down_kq_vec_kernel in ftlab/hip/csrc/moe_kquant.hip), and quant_matmul's one-launch one-row
 matvecs (quant_mv1_fused_kernel, its staged form quant_mv1_staged_kernel and the long rows' quant_mv1_sliced_kernel,
-ftlab/hip/csrc/quant_mv_fused.hip), run on the CPU: the real device headers
+ftlab/hip/csrc/quant_matmul_mv1.hip), run on the CPU: the real device headers
 (q4_0_common.h, moe_common.h, quant_units.h, quant_vec.h) compiled by the host C++ compiler
 against the host port.h of tests/unit/moe_vec_host (a thread per GPU thread, a barrier per
 32-lane group for the shuffles), the two launches chained as moe_kquant_launch.hip chains them,
@@ -33,7 +33,7 @@ FP = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     sources = [CSRC / n for n in ("q4_0_common.h", "moe_common.h", "quant_units.h", "quant_vec.h", "quant_records.h",
-                                  "moe_kquant.hip", "quant_mv_fused.hip")]  # fmt: skip
+                                  "moe_kquant.hip", "quant_matmul_mv1.hip")]  # fmt: skip
     # the host port.h beside the real device headers, which include it
     return build_harness(tmp_path_factory.mktemp("moe_vec_host"),
                          [*sources, HOST_PORT, ROOT / "tests/unit/moe_vec_host/harness_vec.cpp"], "harness_vec.cpp")  # fmt: skip

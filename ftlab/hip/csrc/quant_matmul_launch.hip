@@ -15,7 +15,7 @@
 #include "launch_common.h"
 #include "quant_matmul.hip"
 #include "quant_matmul_tiled.hip"
-#include "quant_mv_fused.hip"
+#include "quant_matmul_mv1.hip"
 
 namespace ftlab {
 namespace qmm {
@@ -249,7 +249,7 @@ namespace {
 
 enum class OneRow { fused, staged, sliced };
 template <typename Q>
-constexpr bool kHasStaged = true;  // quant_mv_fused.hip instantiates no staged kernel of Q8_0
+constexpr bool kHasStaged = true;  // quant_matmul_mv1.hip instantiates no staged kernel of Q8_0
 template <>
 constexpr bool kHasStaged<Q8_0x8> = false;
 
@@ -352,7 +352,7 @@ void one_row(TensorView x, TensorView w, int64_t code, TensorView y, OneRow v) {
 
 }  // namespace
 
-// The one-row matvec in one launch (quant_mv_fused.hip): x [1, K] (fp32, fp16 or bf16,
+// The one-row matvec in one launch (quant_matmul_mv1.hip): x [1, K] (fp32, fp16 or bf16,
 // contiguous, K a multiple of 256 up to 8192), w [N, K/256*bytes] of type code (1 Q4_K, 2 Q5_K,
 // 3 Q6_K, 4 Q4_0, 5 Q8_0; bytes for 256 weights), contiguous and 16-byte aligned; y [1, N] in x's dtype.
 void quant_mv_fused(TensorView x, TensorView w, int64_t code, TensorView y) { one_row(x, w, code, y, OneRow::fused); }

@@ -1,6 +1,6 @@
 // quant_records.h — K-quant pieces against activations held as q4_0_common.h's activation records
 // in LDS, for the one-launch kernels that quantize x themselves: quant_vec.h's pieces and a lane's
-// halves of a record (moe_kquant.hip's decode experts, quant_mv_fused.hip), and the one-row
+// halves of a record (moe_kquant.hip's decode experts, quant_matmul_mv1.hip), and the one-row
 // matvecs' view of each type (MvOf: VecMv for Q4_K / Q5_K, Q6Quad for Q6_K, Q4Eighth / Q8Eighth for
 // Q4_0 / Q8_0 in groups of eight blocks).
 #pragma once
@@ -38,7 +38,7 @@ __device__ __forceinline__ void xhalf_of_record(XHalf& x, const uint32_t* rec, i
   xhalf_of(x, acts_of_record(rec), ja, jb, half);
 }
 
-// The one-row kernels' view of a type (quant_mv_fused.hip): kLanes lanes to a super-block (a group
+// The one-row kernels' view of a type (quant_matmul_mv1.hip): kLanes lanes to a super-block (a group
 // takes kGroup / kLanes super-blocks a step), X a lane's activations of one super-block, read from
 // its activation record by xload, kHeld steps of them held in registers where a row is that
 // short. For Q4_K / Q5_K quant_vec.h's pieces (eight lanes, two 16-weight halves each).

@@ -1,10 +1,10 @@
 // Runs moe_kquant.hip's vec decode kernels (moe_gate_up_kq_vec_kernel, moe_down_kq_vec_kernel) and
-// quant_mv_fused.hip's one-row matvecs (quant_mv1_fused_kernel, quant_mv1_staged_kernel) on
+// quant_matmul_mv1.hip's one-row matvecs (quant_mv1_fused_kernel, quant_mv1_staged_kernel) on
 // the CPU with the host port.h beside them (its HostPool: 256 std::threads run each block, blocks in turn); the two
 // launches chained as moe_kquant_launch.hip chains them.
 #include "port.h"
 #include "moe_kquant.hip"
-#include "quant_mv_fused.hip"
+#include "quant_matmul_mv1.hip"
 
 using namespace ftlab;
 using namespace ftlab::qmm;

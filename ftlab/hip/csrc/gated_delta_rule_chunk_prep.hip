@@ -1,8 +1,8 @@
-// deltanet_chunk_prep.hip — the chunked prefill's first launch, dn_chunk_prep_kernel: per chunk of
+// gated_delta_rule_chunk_prep.hip — the chunked prefill's first launch, dn_chunk_prep_kernel: per chunk of
 // 64 tokens and key head, for up to four of its value heads, A diag(beta) with A = (I + L)^-1, the
-// masked decayed Q K^T and the row factors (deltanet_chunk.hip's head comment has the design).
+// masked decayed Q K^T and the row factors (gated_delta_rule_chunk.hip's head comment has the design).
 #pragma once
-#include "deltanet_chunk.h"
+#include "gated_delta_rule_chunk.h"
 
 namespace ftlab {
 

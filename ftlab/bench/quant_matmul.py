@@ -1,4 +1,4 @@
-"""``ftlab bench quant``: GGUF Q8_0 / Q4_K / Q5_K / Q6_K at Qwen3-30B-A3B shapes -- dequantize,
+"""``ftlab bench quant_matmul``: GGUF Q8_0 / Q4_K / Q5_K / Q6_K at Qwen3-30B-A3B shapes -- dequantize,
 the int8 matvec at M = 1 and 8 (decode) and the prefill matmul at M = 512 -- every backend,
 bf16 activations.
 

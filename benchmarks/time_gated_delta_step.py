@@ -5,7 +5,7 @@ comes from DRAM. Prints microseconds, the state's read + write GB/s and its shar
 bandwidth measured in the same run, and whether the output and the new state match the
 reference (relative L2 error of o < 1e-2, of the state < 1e-5).
 
-    python benchmarks/time_deltanet_step.py [--batches 1,8,32]
+    python benchmarks/time_gated_delta_step.py [--batches 1,8,32]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from ftlab import ops
 from ftlab.bench.harness import copy_bandwidth, time_graph_us
-from ftlab.hip import deltanet as hip_dn
+from ftlab.hip import gated_delta_rule as hip_dn
 
 HK, HV, D = 16, 32, 128
 ROTATE_BYTES = 512 << 20

@@ -1,8 +1,8 @@
-"""The gated delta rule's HIP kernels (ftlab/hip/csrc/deltanet.hip) run on the CPU: the device
+"""The gated delta rule's HIP kernels (ftlab/hip/csrc/gated_delta_rule.hip) run on the CPU: the device
 code and the real q4_0_common.h compiled by the host C++ compiler against the host port.h of
-tests/unit/host (harness: tests/unit/deltanet_host), a thread per GPU thread, fp32, held to the exact recurrence within
+tests/unit/host (harness: tests/unit/gated_delta_rule_host), a thread per GPU thread, fp32, held to the exact recurrence within
 ftlab.testing.gated_delta_tolerance. Catches indexing and reduction mistakes without a GPU; the
-GPU tests (tests/property/test_deltanet.py, ``gpu``) run the real thing."""
+GPU tests (tests/property/test_gated_delta_rule.py, ``gpu``) run the real thing."""
 
 import ctypes
 
@@ -16,8 +16,8 @@ import ftlab.testing as ft
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     # the host port.h beside the real device headers, which include it
-    sources = [CSRC / "q4_0_common.h", CSRC / "deltanet.hip", HOST_PORT, ROOT / "tests/unit/deltanet_host/harness.cpp"]
-    return build_harness(tmp_path_factory.mktemp("deltanet_host"), sources, "harness.cpp")
+    sources = [CSRC / "q4_0_common.h", CSRC / "gated_delta_rule.hip", HOST_PORT, ROOT / "tests/unit/gated_delta_rule_host/harness.cpp"]
+    return build_harness(tmp_path_factory.mktemp("gated_delta_rule_host"), sources, "harness.cpp")
 
 
 def _ptr(t: torch.Tensor):

@@ -1,4 +1,4 @@
-"""The chunked prefill of the gated delta rule in Triton (reference: ftlab/reference/deltanet.py).
+"""The chunked prefill of the gated delta rule in Triton (reference: ftlab/reference/gated_delta_rule.py).
 
 Chunks of C tokens; with a chunk's keys ``K`` (L2-normalised when asked), cumulative log decay
 ``c`` from its start and ``L = beta_i (k_i . k_j) exp(c_i - c_j)`` (j < i), four kernels, each
@@ -28,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab.platform import current
-from ftlab.reference.deltanet import G_FLOOR
+from ftlab.backends import tuning
+from ftlab.platform import current, platform_from_arch
+from ftlab.reference.gated_delta_rule import G_FLOOR
 from ftlab.triton.q4_0_common import interpreted
 
 _G_FLOOR = tl.constexpr(G_FLOOR)
@@ -61,7 +62,7 @@ def _inv_norms(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.cons
 
 @triton.jit
 def floor_decay(g):
-    """Log decays g at least G_FLOOR (ftlab.reference.deltanet: a full forget either way, as fp32
+    """Log decays g at least G_FLOOR (ftlab.reference.gated_delta_rule: a full forget either way, as fp32
     exp is 0 below it), so that a chunk's cumulative sums stay finite and well-conditioned; a NaN
     stays a NaN."""
     return tl.where(g < _G_FLOOR, _G_FLOOR, g)
@@ -274,18 +275,7 @@ def precision(device: torch.device) -> str:
     return "ieee" if interpreted() or current(device).kind != "cuda" else "tf32x3"
 
 
-_RDNA = {"BS": 16, "BV": 16, "num_warps": 8}
-#: Per target: head dimensions BS columns at a time, BV state columns a program in the state and
-#: output kernels (STATE_BV in the state kernel: narrower, so that more programs share the
-#: chunk-after-chunk work), warps a program; each free of spills in the compile check.
-CONFIGS: dict[str, dict[str, int]] = {
-    "default": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 8},
-    "sm_90": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 8},
-    "gfx942": {"BS": 32, "BV": 32, "STATE_BV": 16, "num_warps": 4},
-    "gfx1100": _RDNA,
-    "gfx1151": _RDNA,
-    "gfx1201": _RDNA,
-}
+CONFIGS = tuning.TRITON_DELTA_RULE_CHUNK
 
 
 def scratch(bhv: int, nt: int, c: int, dk: int, dv: int, state, dev: torch.device):
@@ -332,7 +322,7 @@ def compile_specs(target: str) -> list:
     16 key / 32 value heads of 128, chunks of 64, in each float dtype."""
     from ftlab.triton.compile_spec import spec
 
-    prec = "tf32x3" if target.startswith("sm_") else "ieee"
+    prec = "tf32x3" if platform_from_arch(target).tf32 else "ieee"
     cfg = CONFIGS.get(target, CONFIGS["default"])
     bs, bv, nw = cfg["BS"], cfg["BV"], cfg["num_warps"]
     base = {"HK": 16, "HV": 32, "DK": 128, "C": 64, "BS": bs, "L2NORM": True, "PRECISION": prec}

@@ -1,4 +1,4 @@
-"""``ftlab bench deltanet``: the gated delta rule at Qwen3-Next's linear-attention shape (16 key /
+"""``ftlab bench gated_delta_rule``: the gated delta rule at Qwen3-Next's linear-attention shape (16 key /
 32 value heads of 128, bf16), prefill at T = 512 / 4096 / 16384 (one sequence) and decode
 (one token, batch 1 and 32), every backend beside fla's kernels when ``fla`` is importable.
 
@@ -71,14 +71,14 @@ def _close(got: torch.Tensor, want: torch.Tensor, limit: float) -> bool:
 def run(quick: bool = False) -> Report:
     require_gpu()
     dev = torch.device("cuda")
-    report = Report("deltanet", device_info(), copy_bandwidth(), notes=NOTES)
+    report = Report("gated_delta_rule", device_info(), copy_bandwidth(), notes=NOTES)
     fla = _fla()
     names = [
         n
         for n in ("hip", "triton")
         if n in backends.available_backends("gated_delta_rule", dev, torch.bfloat16)
     ]
-    for t in tqdm(PREFILL_T[:2] if quick else PREFILL_T, desc="deltanet prefill", unit="T"):
+    for t in tqdm(PREFILL_T[:2] if quick else PREFILL_T, desc="gated_delta_rule prefill", unit="T"):
         _prefill(report, t, names, fla, dev)
         torch.cuda.empty_cache()
     for b in DECODE_B:
@@ -104,7 +104,7 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
                      warmup=2, reps=reps)  # fmt: skip
         report.measurements.append(Measurement(case, label, us, nbytes, ok, "eager"))
     if "hip" in names:  # HIP's token-by-token scan, asked for by its method ("hip" is the chunked form here)
-        from ftlab.hip import deltanet as hip_dn
+        from ftlab.hip import gated_delta_rule as hip_dn
 
         gf, bf = g.float(), beta.float()
 

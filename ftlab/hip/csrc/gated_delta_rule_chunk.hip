@@ -1,9 +1,9 @@
-// deltanet_chunk.hip — the gated delta rule's prefill in chunks of 64 tokens on the matrix cores
+// gated_delta_rule_chunk.hip — the gated delta rule's prefill in chunks of 64 tokens on the matrix cores
 // (mma.h's 16 x 16 x 16 bf16 product, fp32 sums), for bf16 q, k, v and Dk <= 128.
-// Contract: ftlab/ops/deltanet.py; reference: ftlab/reference/deltanet.py (the chunked form);
-// the token-by-token scan of deltanet.hip takes every other case.
+// Contract: ftlab/ops/gated_delta_rule.py; reference: ftlab/reference/gated_delta_rule.py (the chunked form);
+// the token-by-token scan of gated_delta_rule.hip takes every other case.
 //
-// Two launches (the first in deltanet_chunk_prep.hip; what both share in deltanet_chunk.h). Per
+// Two launches (the first in gated_delta_rule_chunk_prep.hip; what both share in gated_delta_rule_chunk.h). Per
 // chunk of 64 tokens, with c = cumsum g, rk / rq the norm factors (rq with the
 // scale), G = K K^T and QK = Q K^T on the raw bf16 rows:
 //   dn_chunk_prep_kernel  grid (NT, B * Hk * ceil(R / 4)), R = Hv / Hk, 256 threads, 57 KB LDS:
@@ -37,7 +37,7 @@
 // selected out of L and fk (ck_finite), so that it reaches o from its token on (through fq) and the
 // state (through fx and e^c_last), never an earlier token through a zero coefficient.
 #pragma once
-#include "deltanet_chunk.h"
+#include "gated_delta_rule_chunk.h"
 
 // RDNA's 256 VGPRs a lane do not hold what the other targets keep beside its WMMA fragments
 // without spilling, so there (FTLAB_CK_LEAN 1) a chunk's K, Q, V and factors are loaded at the

@@ -1,5 +1,5 @@
-"""Tiles of Triton's chunk-64 gated delta rule prefill (``ftlab.triton.deltanet_chunk64``) in both
-precisions, on a GPU: ``python benchmarks/sweep_deltanet_chunk64.py [--quick]``.
+"""Tiles of Triton's chunk-64 gated delta rule prefill (``ftlab.triton.gated_delta_rule_chunk64``) in both
+precisions, on a GPU: ``python benchmarks/sweep_gated_delta_rule_chunk64.py [--quick]``.
 
 Qwen3.6's linear-attention heads (16 key / 32 value heads of 128), bf16, one sequence of T tokens.
 For each precision ("fp32": tf32x3 dots and fp32 scratch; "bf16": bf16 operands and scratch) the
@@ -7,7 +7,7 @@ table's configuration is timed, then each setting of CONFIGS changed one at a ti
 checked against the exact recurrence's bound of its precision on a short prefix (the same kernels
 and tiles), and the whole length against the table's output (relative error of o and the final
 state). fla's ``chunk_gated_delta_rule`` is timed beside, when importable. Times: the median of
-eager calls (the ops allocate their scratch), as ``ftlab bench deltanet`` reports them.
+eager calls (the ops allocate their scratch), as ``ftlab bench gated_delta_rule`` reports them.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 
 from ftlab.bench.harness import copy_bandwidth, require_gpu, time_us
 from ftlab.platform import current
-from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
-from ftlab.triton import deltanet_chunk64 as dc
+from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
+from ftlab.triton import gated_delta_rule_chunk64 as dc
 
 HK, HV, D = 16, 32, 128
 #: each setting tried apart from the table's (compile-checked spill-free only at the table's)

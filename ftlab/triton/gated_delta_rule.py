@@ -1,4 +1,4 @@
-"""The gated delta rule in Triton (reference: ftlab/reference/deltanet.py).
+"""The gated delta rule in Triton (reference: ftlab/reference/gated_delta_rule.py).
 
 Decode (:func:`gated_delta_step`): one program per (sequence, value head, block of BLOCK_V
 state columns) holds its ``[Dk, BLOCK_V]`` slice of the fp32 state in registers, L2-normalises
@@ -6,9 +6,9 @@ its query and key head (the key head ``h // (Hv // Hk)``), decays, reads, writes
 the state, and stores it back in place: one pass over the state, no host work, capturable.
 
 Prefill (:func:`gated_delta_rule`): in chunks of 64 (the models' size) with key heads up to 128,
-except on RDNA, the kernels of :mod:`ftlab.triton.deltanet_chunk64` (the state kept in registers across chunks,
+except on RDNA, the kernels of :mod:`ftlab.triton.gated_delta_rule_chunk64` (the state kept in registers across chunks,
 each chunk's triangle inverted once); other chunk sizes the general kernels of
-:mod:`ftlab.triton.deltanet_chunk`.
+:mod:`ftlab.triton.gated_delta_rule_chunk`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ftlab import backends
 from ftlab.backends import calls
-from ftlab.triton import deltanet_chunk, deltanet_chunk64
+from ftlab.triton import gated_delta_rule_chunk, gated_delta_rule_chunk64
 
 
 @triton.jit
@@ -79,8 +79,8 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     call = calls.delta_rule(q, v, chunk_size, precision)
     variant = backends.variant_for("gated_delta_rule", "triton", call, variant)
     if variant == "chunk64":
-        return deltanet_chunk64.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, precision=precision)
-    return deltanet_chunk.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
+        return gated_delta_rule_chunk64.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, precision=precision)
+    return gated_delta_rule_chunk.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size)
 
 
 def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, gates=None, reset=None):
@@ -103,7 +103,7 @@ def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, gat
 def compile_specs(target: str) -> list:
     """The decode configurations compile-checked for ``target`` (see ftlab.compile_check):
     Qwen3-Next's 16 key / 32 value heads of 128, in each float dtype (the prefill's:
-    ftlab.triton.deltanet_chunk)."""
+    ftlab.triton.gated_delta_rule_chunk)."""
     from ftlab.triton.compile_spec import spec
 
     heads = {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "L2NORM": True}

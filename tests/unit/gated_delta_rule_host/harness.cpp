@@ -1,8 +1,8 @@
-// Runs deltanet.hip's kernels on the CPU with the host port.h of tests/unit/host beside the real
+// Runs gated_delta_rule.hip's kernels on the CPU with the host port.h of tests/unit/host beside the real
 // device headers (its HostPool: one std::thread per GPU thread of a block, blocks in turn), fp32
 // operands.
 #include "port.h"
-#include "deltanet.hip"
+#include "gated_delta_rule.hip"
 
 using namespace ftlab;
 

@@ -1,15 +1,15 @@
 """The gated delta rule with bf16 operands (``ops.gated_delta_rule(..., precision="bf16")``): the
 bound of bf16 operands (``ftlab.testing.gated_delta_tolerance(..., operands="bf16")``) against the
 usual mistakes, and Triton's chunk-64 kernels with bf16 dots in the interpreter and on a GPU
-within it and within one plane's accuracy. HIP's one-plane chunks: tests/unit/test_deltanet_chunk_host.py
-(the CPU) and tests/property/test_deltanet_hip_chunk.py (the GPU)."""
+within it and within one plane's accuracy. HIP's one-plane chunks: tests/unit/test_gated_delta_rule_chunk_host.py
+(the CPU) and tests/property/test_gated_delta_rule_hip_chunk.py (the GPU)."""
 
 import pytest
 import torch
 
 import ftlab.testing as ft
 from ftlab import backends, ops
-from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
+from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
 
 
 def _inputs(gen, b, t, hk, hv, dk, dv, *, decay=1.0):

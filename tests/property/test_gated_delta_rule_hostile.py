@@ -1,18 +1,18 @@
 """The gated delta rule under hostile log decays (docs/OPS.md section 9, the docstring of
-ftlab/reference/deltanet.py), one test per decay (ftlab.testing.HOSTILE_DECAYS): a NaN (or +inf)
+ftlab/reference/gated_delta_rule.py), one test per decay (ftlab.testing.HOSTILE_DECAYS): a NaN (or +inf)
 g reaches its own token and the later ones only, the earlier ones the same bits; a g of -inf or
 -1e30 is a full forget, within the derived bound, with nothing before it weighing in. Every
 prefill form through ftlab.testing.check_hostile_decays: the reference (chunked, every chunk
 size, and the recurrence), Triton's general and chunk-64 kernels in the interpreter (both
 precisions), the decode step token by token; on a GPU, Triton and both HIP variants. HIP's
-kernels on the CPU: tests/unit/test_deltanet_chunk_host.py, tests/unit/test_deltanet_hip_host.py."""
+kernels on the CPU: tests/unit/test_gated_delta_rule_chunk_host.py, tests/unit/test_gated_delta_rule_hip_host.py."""
 
 import pytest
 import torch
 
 import ftlab.testing as ft
 from ftlab import backends, ops
-from ftlab.reference import deltanet as ref
+from ftlab.reference import gated_delta_rule as ref
 
 # NaN and inf through numpy in Triton's interpreter: what these tests are about
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -127,10 +127,10 @@ def test_triton_general_kernels_at_chunk_64(hostile):
     """The general kernels in chunks of 64, as RDNA runs them (the op takes the chunk-64 kernels
     here)."""
     _interpreted()
-    from ftlab.triton import deltanet_chunk
+    from ftlab.triton import gated_delta_rule_chunk
 
     def run(q, k, v, g, beta, state):
-        return deltanet_chunk.gated_delta_rule(q, k, v, g, beta, state, 32**-0.5, True, 64)
+        return gated_delta_rule_chunk.gated_delta_rule(q, k, v, g, beta, state, 32**-0.5, True, 64)
 
     ft.check_hostile_decays(
         run, _inputs(3, 70, hv=2, b=1), hostile, chunk_size=64, name="triton general, chunk 64"
@@ -185,7 +185,7 @@ def test_prefill_gpu(hostile, backend, chunk, dtype, precision):
 )
 def test_hip_variants_gpu(hostile, variant, precision):
     """HIP's two prefill variants asked for by name, at Qwen3.6's heads."""
-    from ftlab.hip import deltanet as hip_dn
+    from ftlab.hip import gated_delta_rule as hip_dn
 
     case = _inputs(7, 150, dk=128, dv=128, hk=2, hv=4, dtype=torch.bfloat16)
 

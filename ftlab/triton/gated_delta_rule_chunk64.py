@@ -1,6 +1,6 @@
 """The chunked prefill of the gated delta rule in Triton for chunks of 64 tokens, the models'
-chunk size (reference: ftlab/reference/deltanet.py; other chunk sizes:
-:mod:`ftlab.triton.deltanet_chunk`). With a chunk's keys ``K`` (L2-normalised when asked),
+chunk size (reference: ftlab/reference/gated_delta_rule.py; other chunk sizes:
+:mod:`ftlab.triton.gated_delta_rule_chunk`). With a chunk's keys ``K`` (L2-normalised when asked),
 cumulative log decays ``c`` from its start and ``L = beta_i (k_i . k_j) exp(c_i - c_j)``
 (j < i), four kernels:
 
@@ -25,7 +25,7 @@ reference. With ``precision="bf16"`` (bf16 inputs) the WY, scan and output kerne
 operands are each rounded to bf16 once and every such dot is one bf16 product with fp32 sums, as
 fla's kernels compute (the inverse and the state in registers stay fp32; W, U / X and h are kept
 in bf16), within ``gated_delta_tolerance(..., operands="bf16")``. Hostile decays as in
-:mod:`ftlab.triton.deltanet_chunk`: :func:`floor_decay` at load, ``L`` and ``fk`` :func:`finite`.
+:mod:`ftlab.triton.gated_delta_rule_chunk`: :func:`floor_decay` at load, ``L`` and ``fk`` :func:`finite`.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlab.platform import current
-from ftlab.triton.deltanet_chunk import finite, floor_decay, narrow
-from ftlab.triton.deltanet_chunk import mmp as _mmp
-from ftlab.triton.deltanet_chunk import precision as dot_precision
+from ftlab.backends import tuning
+from ftlab.platform import current, platform_from_arch
+from ftlab.triton.gated_delta_rule_chunk import finite, floor_decay, narrow
+from ftlab.triton.gated_delta_rule_chunk import mmp as _mmp
+from ftlab.triton.gated_delta_rule_chunk import precision as dot_precision
 from ftlab.triton.q4_0_common import interpreted
 
 C = 64
@@ -330,27 +331,7 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
     tl.store(o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :])
 
 
-#: Per target: head-dimension columns an inverse / WY / output step (BS), state columns a scan
-#: program (SCAN_BV) in SCAN_NQ blocks of key rows, its warps and pipeline stages, output columns a
-#: program (OUT_BV; OUT_BV_F32 for fp32 inputs, whose tiles are twice the bytes) and warps; each
-#: free of spills in the compile check. From the H200 sweep of 2026-12-01 (benchmarks/NOTES.md).
-CONFIGS: dict[str, dict[str, int]] = {
-    "default": {"INV_BS": 32, "INV_WARPS": 4, "WY_BS": 32, "WY_WARPS": 4, "SCAN_NQ": 2, "SCAN_BV": 16,
-                "SCAN_WARPS": 4, "SCAN_STAGES": 2, "OUT_BS": 32, "OUT_BV": 64, "OUT_BV_F32": 16, "OUT_WARPS": 4},
-}  # fmt: skip
-CONFIGS["gfx942"] = {**CONFIGS["default"], "SCAN_STAGES": 1}  # 2 stages spill SGPRs there
-
-
-#: Targets that take the general kernels instead: RDNA has no fp32 matrix instructions, and the
-#: FMA dots of these tiles spill there at every tile and warp count tried (the compile check).
-GENERAL_ONLY = ("gfx11", "gfx12")
-
-
-def supports(dk: int, dv: int, device: torch.device) -> bool:
-    """Whether these kernels take heads of ``dk`` x ``dv`` on ``device`` (the scan's state
-    blocks cover at most 128 key rows; not on RDNA, see :data:`GENERAL_ONLY`)."""
-    arch = current(device).arch if device.type != "cpu" else "default"
-    return dk <= 128 and not arch.startswith(GENERAL_ONLY)
+CONFIGS = tuning.TRITON_DELTA_RULE_CHUNK64
 
 
 def _config(dev: torch.device) -> dict[str, int]:
@@ -359,14 +340,14 @@ def _config(dev: torch.device) -> dict[str, int]:
 
 def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, config: dict | None = None,
                      precision: str = "fp32"):  # fmt: skip
-    """Chunks of 64: backend entry below :func:`ftlab.triton.deltanet.gated_delta_rule`
+    """Chunks of 64: backend entry below :func:`ftlab.triton.gated_delta_rule.gated_delta_rule`
     (contiguous q, k, v ``[B, T, H, D]``; g and beta fp32 ``[B, T, Hv]``; state fp32 ``[B, Hv, Dk,
     Dv]`` or None). Returns ``(o [B, T, Hv, Dv] in v's dtype, final state fp32)``; ``config``
     overrides entries of :data:`CONFIGS` (benchmark sweeps). ``precision="bf16"`` with bf16
     inputs: the WY, scan and output kernels round each fp32 operand to bf16 once and take one bf16
     product (fp32 sums; the inverse and the state in registers stay at fp32 accuracy), and W, U /
     X and the chunks' start states are kept in bf16 -- the WY form of
-    ``ftlab.testing.deltanet.bf16_operand_terms``; otherwise (and for other dtypes) fp32 dots and
+    ``ftlab.testing.gated_delta_rule.bf16_operand_terms``; otherwise (and for other dtypes) fp32 dots and
     fp32 scratch."""
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
@@ -413,10 +394,10 @@ def compile_specs(target: str) -> list:
     bf16 operands (``precision="bf16"``: the WY, scan and output kernels)."""
     from ftlab.triton.compile_spec import spec
 
-    if target.startswith(GENERAL_ONLY):
+    if platform_from_arch(target).rdna:  # the general kernels serve RDNA (the planner's rules)
         return []
     cfg = CONFIGS.get(target, CONFIGS["default"])
-    prec = "tf32x3" if target.startswith("sm_") else "ieee"
+    prec = "tf32x3" if platform_from_arch(target).tf32 else "ieee"
     heads = {"HK": 16, "HV": 32, "DK": 128}
     f32 = "*fp32"
     specs = []

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from ftlab import ops
-from ftlab.reference.deltanet import G_FLOOR, L2NORM_EPS
+from ftlab.reference.gated_delta_rule import G_FLOOR, L2NORM_EPS
 from ftlab.testing.common import assert_within, backends_for, ulp
 
 EPS32 = 2.0**-23

@@ -1,5 +1,5 @@
-"""The gated delta rule through the HIP kernels of ``csrc/deltanet.hip`` and
-``csrc/deltanet_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32 state
+"""The gated delta rule through the HIP kernels of ``csrc/gated_delta_rule.hip`` and
+``csrc/gated_delta_rule_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32 state
 columns) with its state slice in registers. Decode is one step written back in place. Prefill
 takes one of two variants: ``"scan"``, the recurrence scanned token by token over the sequence,
 any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks of 64 on the
@@ -15,7 +15,7 @@ import torch
 
 from ftlab import backends, jit
 from ftlab.backends import calls
-from ftlab.reference.deltanet import step_gates
+from ftlab.reference.gated_delta_rule import step_gates
 
 MAX_DK = 128
 
@@ -62,7 +62,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
         else torch.zeros(b, hv, dk, dv, dtype=torch.float32, device=q.device)
     )
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    module = jit.module_for("deltanet", q.device)
+    module = jit.module_for("gated_delta_rule", q.device)
     if variant == "chunk":
         nt = -(-t // CHUNK)
         planes = PRECISIONS[precision]
@@ -97,7 +97,7 @@ def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, col
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     a_neg, dt_bias = gates if gates is not None else (state, state)  # placeholders when unused
     flags = reset.contiguous().view(torch.uint8) if reset is not None else state
-    module = jit.module_for("deltanet", q.device)
+    module = jit.module_for("gated_delta_rule", q.device)
     jit.on_device(
         q.device,
         lambda: module.gated_delta_step(q, k, v, g, beta, state, o, float(scale), l2norm_qk, int(cols), a_neg,

@@ -1,9 +1,9 @@
-// Runs deltanet_chunk.hip's two kernels (the chunked prefill on the matrix cores) on the CPU with
+// Runs gated_delta_rule_chunk.hip's two kernels (the chunked prefill on the matrix cores) on the CPU with
 // the host port.h of tests/unit/host beside the real device headers: mma.h's scalar path, one
 // std::thread per GPU thread of a block, blocks in turn, dynamic LDS a function static.
 #include "port.h"
-#include "deltanet_chunk.hip"
-#include "deltanet_chunk_prep.hip"
+#include "gated_delta_rule_chunk.hip"
+#include "gated_delta_rule_chunk_prep.hip"
 
 using namespace ftlab;
 

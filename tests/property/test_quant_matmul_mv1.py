@@ -1,6 +1,6 @@
 """hip's one-launch one-row matvecs on long rows and on Q4_0 / Q8_0 (``ftlab.hip.quant_matmul``'s
 "sliced" variant, its "fused" / "staged" / "sliced" kernels on groups of eight Q4_0 / Q8_0 blocks:
-csrc/quant_mv_fused.hip, csrc/quant_records.h), on the GPU, within the int8 bounds. The host
+csrc/quant_matmul_mv1.hip, csrc/quant_records.h), on the GPU, within the int8 bounds. The host
 harness (tests/unit/test_moe_kquant_vec_host.py) runs the same kernels on the CPU."""
 
 import pytest

@@ -1,4 +1,4 @@
-// deltanet_launch.hip — host glue for deltanet.hip and deltanet_chunk.hip (tvm-ffi entries, torch's
+// gated_delta_rule_launch.hip — host glue for gated_delta_rule.hip and gated_delta_rule_chunk.hip (tvm-ffi entries, torch's
 // current stream).
 // ftlab.ops checked shapes, dtypes and layouts; the checks here keep a direct caller in bounds.
 #include <type_traits>
@@ -7,9 +7,9 @@
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
 
-#include "deltanet.hip"
-#include "deltanet_chunk.hip"
-#include "deltanet_chunk_prep.hip"
+#include "gated_delta_rule.hip"
+#include "gated_delta_rule_chunk.hip"
+#include "gated_delta_rule_chunk_prep.hip"
 #include "launch_common.h"
 
 namespace ftlab {
@@ -168,7 +168,7 @@ void gated_delta_scan(TensorView q, TensorView k, TensorView v, TensorView g, Te
   run(q, k, v, g, beta, state, o, scale, l2norm, true, 0, StepExtras{});
 }
 
-// The chunked prefill on the matrix cores (deltanet_chunk.hip): as gated_delta_scan for bf16 q, k,
+// The chunked prefill on the matrix cores (gated_delta_rule_chunk.hip): as gated_delta_scan for bf16 q, k,
 // v, o (Dk <= 128), with scratch ab and attn [B, Hv, NT, planes, 64, 64] bf16 and sc [B, Hv, NT, 4,
 // 64] fp32 (NT = ceil(T / 64); contiguous, any contents: every element is written before it is
 // read). planes: 3 (fp32 operands in three bf16 parts) or 1 (each rounded to bf16 once).

@@ -1,6 +1,6 @@
-// deltanet_chunk.h — what the chunked prefill's two kernels share (deltanet_chunk_prep.hip,
-// deltanet_chunk.hip): the chunk's sizes, the three-plane bf16 split of fp32 and its products, loads.
-// The design is in deltanet_chunk.hip's head comment.
+// gated_delta_rule_chunk.h — what the chunked prefill's two kernels share (gated_delta_rule_chunk_prep.hip,
+// gated_delta_rule_chunk.hip): the chunk's sizes, the three-plane bf16 split of fp32 and its products, loads.
+// The design is in gated_delta_rule_chunk.hip's head comment.
 #pragma once
 #include "mma.h"
 
@@ -107,7 +107,7 @@ __device__ __forceinline__ void ck_foldp(MmaAcc& d, MmaAcc& t) {
   if constexpr (P == 3) ck_fold(d, t);
 }
 
-// A token's log decay at least ftlab.reference.deltanet.G_FLOOR (-110: fp32 exp is 0 below it, so
+// A token's log decay at least ftlab.reference.gated_delta_rule.G_FLOOR (-110: fp32 exp is 0 below it, so
 // -inf or -1e30 still forget fully), so that a chunk's cumulative sums stay finite and keep the small
 // decays after a forget; a NaN stays a NaN
 constexpr float kCkGFloor = -110.0f;

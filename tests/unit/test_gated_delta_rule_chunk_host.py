@@ -1,7 +1,7 @@
-"""The chunked gated delta rule prefill's HIP kernels (ftlab/hip/csrc/deltanet_chunk.hip: the prep
+"""The chunked gated delta rule prefill's HIP kernels (ftlab/hip/csrc/gated_delta_rule_chunk.hip: the prep
 and the scan on mma.h's 16 x 16 x 16 bf16 product, fp32 operands in three bf16 planes) run on the
 CPU: the device code, mma.h and the real q4_0_common.h compiled by the host C++ compiler against
-the host port.h of tests/unit/host (harness: tests/unit/deltanet_host/harness_chunk.cpp), a
+the host port.h of tests/unit/host (harness: tests/unit/gated_delta_rule_host/harness_chunk.cpp), a
 thread per GPU thread, in four builds (LAYOUTS): mma.h's scalar path, and the fragment and
 accumulator layouts of CDNA's MFMA (wave64), RDNA4's and RDNA3's WMMA with the instruction
 emulated -- the AMD layouts, which no GPU of ours runs, each caught a planted mistake in mma.h's
@@ -13,7 +13,7 @@ is loose enough to pass a state kept in one bf16 plane, so the cases also hold t
 fp32-class accuracy (ftlab.testing.assert_three_plane_accuracy). The one-plane kernels
 (``precision="bf16"``: each fp32 operand rounded to bf16 once) are held to the bound with
 ``operands="bf16"`` and to ftlab.testing.assert_one_plane_accuracy. The GPU tests
-(tests/property/test_deltanet_hip_chunk.py, ``gpu``) run the real thing."""
+(tests/property/test_gated_delta_rule_hip_chunk.py, ``gpu``) run the real thing."""
 
 import ctypes
 import mmap
@@ -23,7 +23,7 @@ import torch
 from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
-from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
+from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
 
 #: the harness's builds: mma.h's scalar path in 32-lane groups (8 a block, 8 accumulators a lane
 #: of a tile), and the AMD matrix instructions' own fragment layouts, the instruction emulated
@@ -40,14 +40,14 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The harness of a layout, built once a module."""
-    sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "deltanet_chunk.h", CSRC / "deltanet_chunk.hip",
-               CSRC / "deltanet_chunk_prep.hip", HOST_PORT,
-               ROOT / "tests/unit/deltanet_host/harness_chunk.cpp"]  # fmt: skip
+    sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "gated_delta_rule_chunk.h", CSRC / "gated_delta_rule_chunk.hip",
+               CSRC / "gated_delta_rule_chunk_prep.hip", HOST_PORT,
+               ROOT / "tests/unit/gated_delta_rule_host/harness_chunk.cpp"]  # fmt: skip
     built = {}
 
     def get(layout: str):
         if layout not in built:
-            build = tmp_path_factory.mktemp(f"deltanet_chunk_host_{layout}")
+            build = tmp_path_factory.mktemp(f"gated_delta_rule_chunk_host_{layout}")
             built[layout] = build_harness(build, sources, "harness_chunk.cpp", LAYOUTS[layout])
         return built[layout]
 

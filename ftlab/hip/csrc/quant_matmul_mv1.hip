@@ -1,4 +1,4 @@
-// quant_mv_fused.hip — device code of the one-row int8 matvec of K-quant weights (Q4_K, Q5_K,
+// quant_matmul_mv1.hip — device code of the one-row int8 matvec of K-quant weights (Q4_K, Q5_K,
 // Q6_K; and Q4_0 / Q8_0 in groups of eight blocks, quant_records.h) in one launch: x (fp32 / fp16 / bf16) quantized to Q8_1 in every block, the weights read
 // in 16-byte pieces (quant_records.h's MvOf: quant_vec.h's eighths of a super-block for Q4_K /
 // Q5_K, quads for Q6_K), y written in x's dtype. The decode step's attention projections take it

@@ -1,17 +1,17 @@
-"""HIP's chunked gated delta rule prefill (``ftlab.hip.deltanet.gated_delta_rule(...,
-variant="chunk")``, csrc/deltanet_chunk.hip): on a GPU against the exact recurrence within the
+"""HIP's chunked gated delta rule prefill (``ftlab.hip.gated_delta_rule.gated_delta_rule(...,
+variant="chunk")``, csrc/gated_delta_rule_chunk.hip): on a GPU against the exact recurrence within the
 derived chunk-64 bound (ftlab.testing.gated_delta_tolerance), bf16 inputs at the models' shapes
 and at awkward ones; its entry's checks; on the CPU, which inputs it refuses and what it hands the
 kernels (the JIT module replaced by a recorder). The kernels' arithmetic is also held on the CPU by
-tests/unit/test_deltanet_chunk_host.py."""
+tests/unit/test_gated_delta_rule_chunk_host.py."""
 
 import pytest
 import torch
 
 import ftlab.testing as ft
 from ftlab.backends import BackendUnavailable
-from ftlab.hip import deltanet as hip_dn
-from ftlab.testing.deltanet import gated_delta_exact_and_tolerance
+from ftlab.hip import gated_delta_rule as hip_dn
+from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
 
 
 def _inputs(seed, b, t, hk, hv, dk, dv, *, with_state, decay=1.0, dtype=torch.bfloat16):
@@ -150,7 +150,7 @@ def test_hip_chunk_entry_checks_gpu():
     o = torch.empty_like(v)
     ab = torch.empty(1, 2, 2, 3, 64, 64, device=dev, dtype=torch.bfloat16)
     sc = torch.empty(1, 2, 2, 4, 64, device=dev)
-    module = jit.module_for("deltanet", dev)
+    module = jit.module_for("gated_delta_rule", dev)
     with pytest.raises(ValueError, match=r"ab must be \[B, Hv, NT, 3, 64, 64\] \(49152 elements\), got 24576"):
         module.gated_delta_chunk(q, k, v, g, beta, state, o, ab[:, :, :1], ab, sc, 0.2, True, 3)
     with pytest.raises(ValueError, match=r"sc must be \[B, Hv, NT, 4, 64\]"):

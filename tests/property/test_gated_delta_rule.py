@@ -1,5 +1,5 @@
 """The gated delta rule (Gated DeltaNet linear attention): every backend against the exact
-recurrence and the reference within the derived bound (ftlab.testing.deltanet), prefill and
+recurrence and the reference within the derived bound (ftlab.testing.gated_delta_rule), prefill and
 decode, in the Triton interpreter on the CPU and on a GPU; the reference against transformers'
 Qwen3-Next functions; the chunked form against the recurrence; bad arguments name themselves."""
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import backends, ops
-from ftlab.reference import deltanet as ref
+from ftlab.reference import gated_delta_rule as ref
 
 
 def _inputs(gen, b, t, hk, hv, dk, dv, dtype, *, with_state, decay=1.0):
@@ -307,7 +307,7 @@ def test_hip_step_block_widths_gpu(cols, dk, dv, aligned):
     state accesses (Dv % 4 == 0, the state aligned) and on its scalar ones (odd Dv, or a state 4
     bytes off 16-byte alignment), partial column blocks included, against the exact step within
     the derived bound (fp32: this is about which state element goes where)."""
-    from ftlab.hip import deltanet as hip_dn
+    from ftlab.hip import gated_delta_rule as hip_dn
 
     gen = torch.Generator().manual_seed(dk + dv + cols)
     q, k, v, g, beta, state = _inputs(gen, 3, 1, 2, 4, dk, dv, torch.float32, with_state=True)
@@ -365,9 +365,9 @@ def test_triton_prefill_every_target_config(monkeypatch, target):
     not dividing Dk / Dv, chunks past T), on the CPU: the configurations the GPUs launch."""
     if "triton" not in backends.available_backends("gated_delta_rule", torch.device("cpu"), torch.float32):
         pytest.skip("Triton's interpreter is off in this process")
-    from ftlab.triton import deltanet_chunk
+    from ftlab.triton import gated_delta_rule_chunk
 
-    monkeypatch.setitem(deltanet_chunk.CONFIGS, "default", deltanet_chunk.CONFIGS[target])
+    monkeypatch.setitem(gated_delta_rule_chunk.CONFIGS, "default", gated_delta_rule_chunk.CONFIGS[target])
     gen = torch.Generator().manual_seed(5)
     q, k, v, g, beta, state = _inputs(gen, 1, 70, 2, 4, 48, 40, torch.bfloat16, with_state=True)
     ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=32, backends=["triton"])
@@ -383,15 +383,15 @@ def test_triton_prefill_every_target_config(monkeypatch, target):
     ],
 )
 def test_triton_chunk64_configs(monkeypatch, dims, config):
-    """The chunk-64 Triton prefill (ftlab.triton.deltanet_chunk64) in the interpreter with its
+    """The chunk-64 Triton prefill (ftlab.triton.gated_delta_rule_chunk64) in the interpreter with its
     tile choices: the state in one, two or four blocks of key rows, head dimensions not powers
     of two, chunks past T, Dk = 128 as the models have it; slow decays, so that the state
     carried from chunk to chunk weighs in the output."""
     if "triton" not in backends.available_backends("gated_delta_rule", torch.device("cpu"), torch.float32):
         pytest.skip("Triton's interpreter is off in this process")
-    from ftlab.triton import deltanet_chunk64
+    from ftlab.triton import gated_delta_rule_chunk64
 
-    monkeypatch.setitem(deltanet_chunk64.CONFIGS, "default", {**deltanet_chunk64.CONFIGS["default"], **config})
+    monkeypatch.setitem(gated_delta_rule_chunk64.CONFIGS, "default", {**gated_delta_rule_chunk64.CONFIGS["default"], **config})
     b, t, hk, hv, dk, dv = dims
     gen = torch.Generator().manual_seed(t + dk)
     for dtype in (torch.float32, torch.bfloat16):

@@ -1,5 +1,5 @@
 // deltanet.hip — the gated delta rule (Gated DeltaNet linear attention): decode step and prefill scan.
-// Contract: ftlab/ops/deltanet.py; reference: ftlab/reference/deltanet.py.
+// Contract: ftlab/ops/gated_delta_rule.py; reference: ftlab/reference/gated_delta_rule.py.
 //
 // Both kernels hold a slice of one (sequence, value head)'s fp32 state S [Dk, Dv] in registers.
 // Per token: q and k of the key head h / (Hv / Hk) go to shared memory and are L2-normalised
