@@ -22,6 +22,7 @@ import torch
 
 from ftlab import backends, ops
 from ftlab.backends import calls
+from ftlab.backends.rules import STAGINGS
 from ftlab.bench.harness import MIN_INNER, copy_bandwidth, device_info, time_graph_us
 from ftlab.bench.quant_matmul import SHAPES, random_weight
 from ftlab.hip import quant_matmul as hip_qmm
@@ -38,7 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
     ap.add_argument("--shapes", default="lm,llama,qkv,o_proj")
-    ap.add_argument("--variants", default="lanes,vec,tiled,fused,staged,sliced,sliced_q8,triton")
+    ap.add_argument("--variants", default="lanes,vec,held,staged,sliced,sliced_q8,triton",
+                    help="hip's lanes / vec, mv1's stagings (held, staged, sliced, sliced_q8), triton")
     ap.add_argument("--resident", action="store_true", help="also time one weight called again and again")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -50,6 +52,17 @@ def main() -> None:
         for short in args.shapes.split(","):
             time_case(qtype, SHORT[short], bw, dev, args.variants.split(","), args.resident)
             torch.cuda.empty_cache()
+
+
+def _as_hip(name: str) -> dict:
+    """hip quant_matmul's arguments for a variant name or one of mv1's stagings."""
+    return {"variant": "mv1", "staging": name} if name in STAGINGS else {"variant": name}
+
+
+def _why_not(name: str, call) -> str | None:
+    """Why hip's variant (or mv1's staging) ``name`` cannot serve ``call``, or None."""
+    return backends.why_not("quant_matmul", "hip", "mv1", call, staging=name) if name in STAGINGS else \
+        backends.why_not("quant_matmul", "hip", name, call)  # fmt: skip
 
 
 def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: list[str], resident: bool) -> None:
@@ -70,17 +83,16 @@ def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: li
     if qtype == "Q4_0":  # the region matvec (q4_0_matmul's default), then the one-launch kernels
         runs = [("hip region", lambda wv: ops.q4_0_matmul(x, wv, backend="hip"))]
         runs += [(f"hip {v}", lambda wv, v=v: hip_qmm.q4_0_one_row(x, wv, v))
-                 for v in variants if v in ("fused", "staged", "sliced", "sliced_q8")]  # fmt: skip
+                 for v in variants if v in STAGINGS]  # fmt: skip
     else:
-        runs = [(f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", variant=v))
+        runs = [(f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", **_as_hip(v)))
                 for v in variants if v != "triton"]  # fmt: skip
     if "triton" in variants:
         op = ops.q4_0_matmul if qtype == "Q4_0" else ops.quant_matmul
         runs.append(("triton", lambda wv: op(x, wv, backend="triton")))
-    one_launch = ("fused", "staged", "sliced", "sliced_q8")
     for name, fn in runs:
         variant = name.removeprefix("hip ")
-        why = backends.why_not("quant_matmul", "hip", variant, calls.matmul(x, w)) if variant in one_launch else None
+        why = _why_not(variant, calls.matmul(x, w)) if name.startswith("hip ") and variant != "region" else None
         if why is not None:  # refused, never swapped: say so
             print(f"{qtype} {label:>22} {name:>11}: does not serve ({why})")
             continue

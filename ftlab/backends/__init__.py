@@ -17,7 +17,7 @@ implementation's prefill path; ``FTLAB_BACKEND=<name>`` replaces ``auto`` (then 
 """
 
 from ftlab.backends import builtin as builtin
-from ftlab.backends.plan import Plan, plan, variant_for, why_not
+from ftlab.backends.plan import Plan, option_for, plan, variant_for, why_not
 from ftlab.backends.registry import (
     ALL_PLATFORMS,
     AUTO_ORDER_CPU,
@@ -71,6 +71,7 @@ __all__ = [
     "cpu_unavailable",
     "define_op",
     "hip_unavailable",
+    "option_for",
     "ops",
     "plan",
     "register",

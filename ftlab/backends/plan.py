@@ -44,16 +44,18 @@ class Plan:
     variant: str | None
     reasons: tuple[str, ...]
     impl: Impl = field(repr=False, compare=False)
+    options: tuple[tuple[str, str], ...] = ()
 
     @property
     def reason(self) -> str:
         return "; ".join(self.reasons)
 
     def run(self, *args, **kwargs):
-        """Call the implementation (with ``variant=`` where the plan names one: the backends
-        with variant tables take it)."""
+        """Call the implementation (with ``variant=`` where the plan names one, and the variant's
+        options: the backends with variant tables take them)."""
         if self.variant is not None:
             kwargs["variant"] = self.variant
+        kwargs.update(self.options)
         return self.impl.fn(*args, **kwargs)
 
     def describe(self) -> str:
@@ -63,6 +65,7 @@ class Plan:
             head += f", path {self.path}"
         if self.variant is not None:
             head += f", variant {self.variant}"
+        head += "".join(f", {name} {value}" for name, value in self.options)
         return "\n".join([head, *(f"  - {clause}" for clause in self.reasons)])
 
 
@@ -148,10 +151,16 @@ def make_plan(
                 why = f"{rows} rows: {impl.backend}'s prefill path"
             reason.append(f"path {chosen}: {why}")
     found, why = pick_variant(op, impl.backend, call, sizes, where, plat, variant, chosen)
+    options = ()
     if found is not None:
         reason.append(f"variant {found}: {why}")
+        picked = pick_option(op, impl.backend, found, call, sizes, where, plat, None)
+        if picked is not None:
+            name, value, why = picked
+            options = ((name, value),)
+            reason.append(f"{name} {value}: {why}")
     reason += precision_note(op, impl.backend, found, call)
-    return Plan(op, impl.backend, chosen, found, tuple(reason), impl)
+    return Plan(op, impl.backend, chosen, found, tuple(reason), impl, options)
 
 
 def explain_backend(op: str, backend: str, impl: Impl, call: Call, plat) -> str:
@@ -229,6 +238,53 @@ def pick_variant(op, backend, call, sizes, where, plat, asked, path) -> tuple[st
     raise BackendUnavailable(f"{op}: no kernel of {backend} serves this call ({'; '.join(passed)})")
 
 
+def pick_option(op, backend, variant, call, sizes, where, plat, asked) -> tuple[str, str, str] | None:
+    """(option name, value, why) of ``backend``'s ``variant`` for the call: ``asked`` where its
+    limit passes (else BackendUnavailable), else the first default row that holds and passes; None
+    for a variant without options."""
+    spec_ = rules.OPTIONS.get((op, backend, variant))
+    if spec_ is None:
+        if asked is not None:
+            raise ValueError(f"{op}: {backend}'s variant {variant!r} takes no option, got {asked!r}")
+        return None
+    name, rows = spec_
+    values = sorted({k[3] for k in rules.OPTION_LIMITS if k[:3] == (op, backend, variant)})
+    if asked is not None:
+        if asked not in values:
+            raise ValueError(f"{name} must be one of {values} for {backend}'s {variant}, got {asked!r}")
+        why = rules.OPTION_LIMITS[(op, backend, variant, asked)](call, sizes, plat)
+        if why is not None:
+            raise BackendUnavailable(f"{op}: {backend}'s {variant} with {name} {asked!r} cannot serve "
+                                     f"this call: {why}")  # fmt: skip
+        return name, asked, "asked for by name"
+    passed = []
+    for row in rows:
+        if row.when.miss(call, plat, where) is not None:
+            continue
+        why = rules.OPTION_LIMITS[(op, backend, variant, row.value)](call, sizes, plat)
+        if why is None:
+            note = f" (passed over: {', '.join(passed)})" if passed else ""
+            return name, row.value, row.why + note
+        passed.append(f"{row.value}: {why}")
+    raise BackendUnavailable(f"{op}: no {name} of {backend}'s {variant} serves this call ({'; '.join(passed)})")
+
+
+def option_for(
+    op: str, backend: str, variant: str, call: Call, name: str, asked: str | None = None
+) -> str:
+    """The value of ``backend``'s ``variant``'s option ``name`` for ``call``: ``asked`` where it
+    serves (else BackendUnavailable), None: the default. What a backend entry asks; cached."""
+    key = (op, backend, variant, call, name, asked, *routing_env())
+    if key not in VARIANTS:
+        plat = ftplatform.current(torch.device(call.device, call.index))
+        where = rules.regime(call.dims[0] if call.dims else 1)
+        got = pick_option(op, backend, variant, call, sizes_of(op, call), where, plat, asked)
+        if got is None or got[0] != name:
+            raise ValueError(f"{op}: {backend}'s variant {variant!r} has no option {name!r}")
+        VARIANTS[key] = got[1]
+    return VARIANTS[key]
+
+
 def precision_note(op: str, backend: str, variant: str | None, call: Call) -> list[str]:
     """Where ``precision="bf16"`` is asked of a kernel that keeps fp32 operands: say so."""
     if call.precision != "bf16":
@@ -260,9 +316,19 @@ def variant_for(
     return found
 
 
-def why_not(op: str, backend: str, variant: str, call: Call, path: str | None = None) -> str | None:
-    """Why ``backend``'s kernel ``variant`` of ``op`` cannot serve ``call`` (on ``path``) on its
-    device's platform, or None where it can (ValueError for a variant the backend lacks)."""
+def why_not(
+    op: str, backend: str, variant: str, call: Call, path: str | None = None, staging: str | None = None
+) -> str | None:
+    """Why ``backend``'s kernel ``variant`` of ``op`` (with the option value ``staging``, for the
+    variants that take one) cannot serve ``call`` (on ``path``) on its device's platform, or None
+    where it can (ValueError for a variant or value the backend lacks)."""
     plat = ftplatform.current(torch.device(call.device, call.index))
     where = rules.regime(call.dims[0] if call.dims else 1)
-    return kernel_miss(op, backend, variant, call, sizes_of(op, call), where, plat, path)
+    sizes = sizes_of(op, call)
+    why = kernel_miss(op, backend, variant, call, sizes, where, plat, path)
+    if why is None and staging is not None:
+        try:
+            pick_option(op, backend, variant, call, sizes, where, plat, staging)
+        except BackendUnavailable as e:
+            why = str(e).rsplit("this call: ", 1)[-1]
+    return why

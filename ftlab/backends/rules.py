@@ -139,6 +139,16 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class Option:
+    """A default value of a kernel's option (e.g. the one-row matvec's staging): taken where
+    ``when`` holds and the value's limit (:data:`OPTION_LIMITS`) passes; ``why`` it is."""
+
+    value: str
+    why: str
+    when: When = When()
+
+
+@dataclass(frozen=True)
 class Default:
     """A backend runs ``variant`` by default where ``when`` holds and the kernel serves."""
 
@@ -195,7 +205,11 @@ FUSED_MAX_K, STAGED_MAX_K, SLICED_MAX_K = 8192, 2048, 16384
 TILED_SUPER_K = {"Q8_0": 128, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 #: the weight types of hip's one-launch one-row kernels (Q4_0 and Q8_0 in groups of 8 blocks)
 ONE_LAUNCH_TYPES = (*K_QUANTS, "Q4_0", "Q8_0")
-ONE_LAUNCH = ("fused", "staged", "sliced", "sliced_q8")
+#: hip's one-row matvec of one launch ("mv1") and its staging policies (csrc OneRow): rows held in
+#: registers, copied into an LDS ring, or a long row's slices held by a block's lane groups (x
+#: quantized in every block, or given quantized by its own launch: sliced_q8)
+ONE_LAUNCH = ("mv1",)
+STAGINGS = ("held", "staged", "sliced", "sliced_q8")
 #: hip's Q4_0 region matvec: rows it takes, LDS for its activation records, K of its unit
 Q4_0_FUSED_MAX_M, Q4_0_FUSED_X_BYTES, Q4_0_SUPER_K = 4, 28 * 1024, 256
 #: hip's experts: H and k * I its decode kernels stage in LDS, slots a token (router lanes)
@@ -310,26 +324,17 @@ PREFER: tuple[Prefer, ...] = (
 one, small, pre = When(regimes=(ONE_ROW,)), When(regimes=(ONE_ROW, SMALL)), When()
 KERNELS: dict[tuple[str, str], tuple[Kernel, ...]] = {
     ("quant_matmul", "hip"): (
-        Kernel("fused", When(regimes=(ONE_ROW,), qtypes=ONE_LAUNCH_TYPES),
-               "one launch: x quantized in every block, rows held in registers",
-               all_of(k_range("K", 256, FUSED_MAX_K), aligned)),  # fmt: skip
-        Kernel("staged", When(regimes=(ONE_ROW,), qtypes=(*K_QUANTS, "Q4_0")),
-               "fused, rows copied into an LDS ring ahead of use (asynchronously on sm_80+)",
-               all_of(k_range("K", 256, STAGED_MAX_K), aligned, row_pieces)),  # fmt: skip
-        Kernel("sliced", When(regimes=(ONE_ROW,), qtypes=ONE_LAUNCH_TYPES),
-               "fused, a long row's slices held by the lane groups of a block",
-               all_of(k_range("K", 256, SLICED_MAX_K), aligned)),  # fmt: skip
-        Kernel("sliced_q8", When(regimes=(ONE_ROW,), qtypes=ONE_LAUNCH_TYPES),
-               "sliced, given x's Q8_1 from its own launch",
-               all_of(k_range("K", 256, SLICED_MAX_K), aligned)),  # fmt: skip
+        Kernel("mv1", When(regimes=(ONE_ROW,), qtypes=ONE_LAUNCH_TYPES),
+               "one launch: x quantized in every block (or given), y in x's dtype; its staging "
+               "an option (STAGING)", all_of(k_range("K", 256, SLICED_MAX_K), aligned)),  # fmt: skip
         Kernel("vec", When(regimes=(ONE_ROW,), qtypes=K_QUANTS),
                "eight lanes a super-block, 16-byte loads (three launches)", aligned),
         Kernel("lanes", When(regimes=(ONE_ROW, SMALL), qtypes=BLOCK_QUANTS),
                "a 32-thread group a row (three launches)"),
-        Kernel("tiled", When(regimes=(ONE_ROW, SMALL), qtypes=BLOCK_QUANTS),
+        Kernel("tiled", When(regimes=(SMALL,), qtypes=BLOCK_QUANTS),
                "regions of 32 super-blocks through LDS, K split across groups",
                all_of(aligned, whole_pieces, tiled_k)),  # fmt: skip
-        Kernel("gemm", When(qtypes=BLOCK_QUANTS), "dp4a-tiled GEMM, 64x64 output tiles"),
+        Kernel("gemm", When(regimes=(PREFILL,), qtypes=BLOCK_QUANTS), "dp4a-tiled GEMM, 64x64 output tiles"),
     ),
     ("quant_matmul", "triton"): (
         Kernel("words", When(paths=("int8",)), "a unit of a row a thread, rows read as 32-bit "
@@ -378,13 +383,8 @@ DEFAULTS: dict[tuple[str, str], tuple[Default, ...]] = {
         Default("gemm", "its dequant path"),
     ),
     ("quant_matmul", "hip"): (
-        Default("staged", "83% of copy against fused's 59% on the Q6_K lm_head; "
-                + R + "2026-12-04-nvidia-h200-time-quant-mv1-staged.txt",
-                When(qtypes=("Q6_K",), needs=("async_copies",))),  # fmt: skip
-        Default("fused", "one launch where vec is three: " + R + "2026-12-04-nvidia-h200-time-"
-                "quant-mv1-fused.txt", When(qtypes=K_QUANTS)),  # fmt: skip
-        Default("sliced_q8", "past fused's K: 2.0x vec and 1.1-1.7x Triton at K = 14336; "
-                + R + "2026-12-05-nvidia-h200-time-quant-mv1-all.txt",
+        Default("mv1", "one launch where vec is three; 88% / 83% / 83% of copy on the lm_head (Q4_K "
+                "/ Q5_K / Q6_K): " + R + "2026-12-05-nvidia-h200-time-quant-mv1-all.txt",
                 When(qtypes=K_QUANTS)),  # fmt: skip
         Default("vec", "1.1-1.3x lanes on every K-quant at M = 1; " + R + "2026-12-02-nvidia-"
                 "h200-quant-mv1-vec-final.txt", When(qtypes=K_QUANTS, regimes=(ONE_ROW,))),  # fmt: skip
@@ -427,5 +427,29 @@ DEFAULTS: dict[tuple[str, str], tuple[Default, ...]] = {
     ),
 }
 
+def not_q8_0(call: Call, sizes: Sizes, plat: Platform) -> str | None:
+    return need(call.qtype != "Q8_0", "Q8_0 has no staged form")
+
+
+#: what each value of a kernel's option takes, asked for by name or by default:
+#: (op, backend, variant, value) -> its limit
+OPTION_LIMITS: dict[tuple[str, str, str, str], Limit] = {
+    ("quant_matmul", "hip", "mv1", "held"): k_range("K", 256, FUSED_MAX_K),
+    ("quant_matmul", "hip", "mv1", "staged"): all_of(k_range("K", 256, STAGED_MAX_K), row_pieces, not_q8_0),
+    ("quant_matmul", "hip", "mv1", "sliced"): k_range("K", 256, SLICED_MAX_K),
+    ("quant_matmul", "hip", "mv1", "sliced_q8"): k_range("K", 256, SLICED_MAX_K),
+}
+#: the options of a kernel variant: (op, backend, variant) -> (option name, its default values in
+#: order: the first whose conditions hold and whose limit passes)
+OPTIONS: dict[tuple[str, str, str], tuple[str, tuple[Option, ...]]] = {
+    ("quant_matmul", "hip", "mv1"): ("staging", (
+        Option("staged", "83% of copy against held's 59% on the Q6_K lm_head: " + R + "2026-12-04-"
+               "nvidia-h200-time-quant-mv1-staged.txt", When(qtypes=("Q6_K",), needs=("async_copies",))),
+        Option("held", "activations and the next row held in registers: " + R + "2026-12-04-"
+               "nvidia-h200-time-quant-mv1-fused.txt"),
+        Option("sliced_q8", "past held's K: 2.0x vec, 1.1-1.7x Triton at K = 14336: " + R + "2026-12-"
+               "05-nvidia-h200-time-quant-mv1-all.txt"),
+    )),
+}  # fmt: skip
 #: which kernel variants take ``precision="bf16"`` (bf16 operands, fp32 sums) by backend
 BF16_OPERANDS = {("gated_delta_rule", "hip"): ("chunk",), ("gated_delta_rule", "triton"): ("chunk64",)}

@@ -194,12 +194,12 @@ def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 3.0 if dtype == torch.bfloat16 else 0.02  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
-    assert backends.why_not("quant_matmul", "hip", "fused", calls.matmul(x, w)) is None
-    y = hip_qmm.quant_matmul(x, w, "int8", variant="fused")
+    assert backends.why_not("quant_matmul", "hip", "mv1", calls.matmul(x, w)) is None
+    y = hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="held")
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
-    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="fused"))  # the same bits again
+    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="held"))  # the same bits again
     if qtype != "Q6_K":
         assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="vec"))
 
@@ -219,17 +219,16 @@ def test_hip_staged_matvec_gpu(qtype, dtype, n, k):
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
-    serves = backends.why_not("quant_matmul", "hip", "staged", calls.matmul(x, w)) is None
-    assert serves == (qtype != "Q6_K" or k == 2048)
+    serves = qtype != "Q6_K" or k == 2048  # Q6_K's rows are whole 16-byte pieces at K = 2048 only
     if not serves:  # refused, never swapped
         with pytest.raises(backends.BackendUnavailable, match="16-byte pieces"):
-            hip_qmm.quant_matmul(x, w, "int8", variant="staged")
+            hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="staged")
         return
-    y = hip_qmm.quant_matmul(x, w, "int8", variant="staged")
+    y = hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="staged")
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
-    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="fused"))
+    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="held"))
 
 
 @pytest.mark.gpu

@@ -34,18 +34,51 @@ def planned(op, call, arch, **kw):
         ("gfx942", (512, 2048, 4096), "Q4_K", ("hip", "int8", "gemm")),  # ROCm keeps hip
         ("gfx1100", (512, 2048, 4096), "Q6_K", ("hip", "int8", "gemm")),
         ("sm_90", (4, 2048, 4096), "Q4_K", ("hip", "int8", "tiled")),  # small batch: hip's tiles
-        ("sm_90", (1, 2048, 151936), "Q4_K", ("hip", "int8", "fused")),  # one row: one launch
-        ("sm_90", (1, 2048, 151936), "Q6_K", ("hip", "int8", "staged")),  # async copies
-        ("sm_90", (1, 14336, 4096), "Q5_K", ("hip", "int8", "sliced_q8")),  # past fused's K
+        ("sm_90", (1, 2048, 151936), "Q4_K", ("hip", "int8", "mv1")),  # one row: one launch
+        ("sm_90", (1, 2048, 151936), "Q6_K", ("hip", "int8", "mv1")),
+        ("sm_90", (1, 14336, 4096), "Q5_K", ("hip", "int8", "mv1")),
         ("sm_90", (1, 16640, 4096), "Q4_K", ("triton", "int8", "words")),  # hip would take vec
         ("sm_90", (1, 2048, 4096), "Q8_0", ("triton", "int8", "words")),  # hip would take lanes
-        ("gfx942", (1, 2048, 151936), "Q6_K", ("hip", "int8", "fused")),  # no async copies
-        ("gfx1201", (1, 2048, 151936), "Q4_K", ("hip", "int8", "fused")),
+        ("gfx942", (1, 2048, 151936), "Q6_K", ("hip", "int8", "mv1")),
+        ("gfx1201", (1, 2048, 151936), "Q4_K", ("hip", "int8", "mv1")),
         ("gfx1201", (1, 2048, 4096), "Q8_0", ("hip", "int8", "lanes")),
     ],
 )
 def test_quant_matmul_plans(arch, dims, qtype, want):
     assert planned("quant_matmul", gpu(dims, qtype=qtype), arch, path="auto") == want
+
+
+@pytest.mark.parametrize(
+    "arch, dims, qtype, staging",
+    [
+        ("sm_90", (1, 2048, 151936), "Q6_K", "staged"),  # asynchronous copies, rows of 16-byte pieces
+        ("gfx942", (1, 2048, 151936), "Q6_K", "held"),  # no asynchronous copies there
+        ("sm_90", (1, 4096, 4096), "Q6_K", "held"),  # past staged's K
+        ("sm_90", (1, 2048, 151936), "Q4_K", "held"),
+        ("sm_90", (1, 14336, 4096), "Q5_K", "sliced_q8"),  # past held's K
+    ],
+)
+def test_the_one_row_matvec_staging(arch, dims, qtype, staging):
+    got = plan("quant_matmul", gpu(dims, qtype=qtype), backend="hip", path="int8", platform=platform_from_arch(arch))
+    assert (got.variant, dict(got.options)) == ("mv1", {"staging": staging})
+    assert f"staging {staging}" in got.describe().splitlines()[0]
+
+
+def test_no_more_than_three_kernels_a_regime():
+    """A backend ships at most three kernel variants for any one regime and weight type of an op
+    (the rest fold into a variant's options, or go to benchmarks/dev/)."""
+    sm90 = platform_from_arch("sm_90")
+    dims = {"quant_matmul": (1, 2048, 4096), "q4_0_matmul": (1, 2048, 4096), "moe_experts": (1, 2048, 768, 128, 8),
+            "decode_attention": (1, 32, 4, 128, 4096), "gated_delta_rule": (1, 4096, 16, 32, 128, 128)}  # fmt: skip
+    for (op, backend), kernels in rules.KERNELS.items():
+        for where in rules.REGIMES:
+            for qt in (None, "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
+                for path in (None, "int8", "dequant"):
+                    call = gpu(dims[op], qtype=qt, qtype_down=qt if op == "moe_experts" else None, chunk=64)
+                    sizes = dict(zip(backends.spec(op).shape, call.dims, strict=True))
+                    serving = [k.name for k in kernels if k.when.miss(call, sm90, where, path) is None
+                               and (k.limit is None or k.limit(call, sizes, sm90) is None)]  # fmt: skip
+                    assert len(serving) <= 3, (op, backend, where, qt, path, serving)
 
 
 def test_an_explicit_backend_or_path_keeps_the_auto_order():
@@ -127,8 +160,8 @@ def test_decode_attention_and_delta_rule_variants():
 
 def test_a_named_variant_is_checked_never_swapped():
     call = gpu((1, 4096, 4096), qtype="Q4_K")
-    with pytest.raises(backends.BackendUnavailable, match="staged.*K = 4096"):
-        plan("quant_matmul", call, backend="hip", path="int8", variant="staged",
+    with pytest.raises(backends.BackendUnavailable, match="'mv1' cannot serve.*K = 16640"):
+        plan("quant_matmul", call._replace(dims=(1, 16640, 4096)), backend="hip", path="int8", variant="mv1",
              platform=platform_from_arch("sm_90"))  # fmt: skip
     with pytest.raises(ValueError, match="variant must be one of"):
         plan("quant_matmul", call, backend="hip", path="int8", variant="nope",
@@ -196,5 +229,5 @@ def test_the_reason_reads_in_clauses():
     got = plan("quant_matmul", gpu((1, 2048, 151936), qtype="Q4_K"), path="auto",
                platform=platform_from_arch("gfx1201"))  # fmt: skip
     text = got.describe()
-    assert text.splitlines()[0] == "quant_matmul: backend hip, path int8, variant fused"
-    assert "the first of the auto order" in text and "gfx1201" in text and "variant fused" in text
+    assert text.splitlines()[0] == "quant_matmul: backend hip, path int8, variant mv1, staging held"
+    assert "the first of the auto order" in text and "gfx1201" in text and "variant mv1" in text

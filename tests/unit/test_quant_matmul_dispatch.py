@@ -46,58 +46,62 @@ def _weight(qtype, k, n=16):
     return quant_weight(view, w.shape, qtype)
 
 
+MV1 = {"variant": "mv1"}
+
+
 @pytest.mark.parametrize(
-    "qtype, m, k, variant, want",
+    "qtype, m, k, kw, want",
     [
-        ("Q4_0", 1, 2048, "fused", [("quant_mv_fused", 4)]),
-        ("Q4_0", 1, 2048, "staged", [("quant_mv_staged", 4)]),
-        ("Q4_0", 1, 14336, "sliced", [("quant_mv_sliced", 4)]),
-        ("Q4_0", 1, 14336, "sliced_q8", [("quantize_q8_1", None), ("quant_mv_sliced_q8", 4)]),
-        ("Q4_0", 1, 2048, None, [("q4_0_matmul", None)]),  # no default here: q4_0_matmul's
-        ("Q8_0", 1, 12288, "sliced", [("quant_mv_sliced", 5)]),
-        ("Q6_K", 1, 14336, "sliced_q8", [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
-        ("Q4_K", 1, 2048, "tiled", [("quantize_q8_1", None), ("quant_mv_tiled_q4_k", 4)]),
-        ("Q4_K", 4, 2048, "lanes", [("quantize_q8_1", None), ("quant_mv_q4_k", None)]),
-        ("Q4_K", 1, 2048, "vec", [("quantize_q8_1", None), ("quant_mv_vec_q4_k", None)]),
-        ("Q5_K", 1, 4096, None, [("quant_mv_fused", 2)]),  # the default on the CPU's platform
-        ("Q4_K", 1, 14336, None, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 1)]),  # past fused's K
-        ("Q6_K", 1, 14336, None, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
-        ("Q5_K", 1, 16640, None, [("quantize_q8_1", None), ("quant_mv_vec_q5_k", None)]),  # past sliced's: vec
-        ("Q8_0", 1, 14336, None, [("quantize_q8_1", None), ("quant_mv_q8_0", None)]),  # Q8_0: lanes
-        ("Q8_0", 4, 2048, None, [("quantize_q8_1", None), ("quant_mv_tiled_q8_0", 4)]),  # G = 4
-        ("Q4_K", 9, 2048, None, [("quantize_q8_1", None), ("quant_gemm_q4_k", None)]),
+        ("Q4_0", 1, 2048, {**MV1, "staging": "held"}, [("quant_mv_fused", 4)]),
+        ("Q4_0", 1, 2048, {**MV1, "staging": "staged"}, [("quant_mv_staged", 4)]),
+        ("Q4_0", 1, 14336, {**MV1, "staging": "sliced"}, [("quant_mv_sliced", 4)]),
+        ("Q4_0", 1, 14336, {**MV1, "staging": "sliced_q8"}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 4)]),
+        ("Q4_0", 1, 2048, {}, [("q4_0_matmul", None)]),  # no default here: q4_0_matmul's
+        ("Q4_0", 1, 2048, MV1, [("quant_mv_fused", 4)]),  # mv1's staging by its table: held
+        ("Q8_0", 1, 12288, {**MV1, "staging": "sliced"}, [("quant_mv_sliced", 5)]),
+        ("Q6_K", 1, 14336, {**MV1, "staging": "sliced_q8"}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
+        ("Q4_K", 4, 2048, {"variant": "tiled"}, [("quantize_q8_1", None), ("quant_mv_tiled_q4_k", 4)]),
+        ("Q4_K", 4, 2048, {"variant": "lanes"}, [("quantize_q8_1", None), ("quant_mv_q4_k", None)]),
+        ("Q4_K", 1, 2048, {"variant": "vec"}, [("quantize_q8_1", None), ("quant_mv_vec_q4_k", None)]),
+        ("Q5_K", 1, 4096, {}, [("quant_mv_fused", 2)]),  # the default on the CPU's platform: mv1, held
+        ("Q4_K", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 1)]),  # past held's K
+        ("Q6_K", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
+        ("Q5_K", 1, 16640, {}, [("quantize_q8_1", None), ("quant_mv_vec_q5_k", None)]),  # past sliced's: vec
+        ("Q8_0", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_q8_0", None)]),  # Q8_0: lanes
+        ("Q8_0", 4, 2048, {}, [("quantize_q8_1", None), ("quant_mv_tiled_q8_0", 4)]),  # G = 4
+        ("Q4_K", 9, 2048, {}, [("quantize_q8_1", None), ("quant_gemm_q4_k", None)]),
     ],
 )
-def test_variant_to_kernel(calls, qtype, m, k, variant, want):
+def test_variant_to_kernel(calls, qtype, m, k, kw, want):
     w = _weight(qtype, k)
     x = torch.randn(m, k, dtype=torch.bfloat16)
-    hip_qmm.quant_matmul(x, w, "int8", variant=variant)
+    hip_qmm.quant_matmul(x, w, "int8", **kw)
     assert calls == want
 
 
 @pytest.mark.parametrize(
-    "qtype, m, k, variant, why",
+    "qtype, m, k, kw, error, why",
     [
-        ("Q4_0", 1, 14336, "fused", "K = 14336 is not a multiple of 256 in \\(0, 8192\\]"),
-        ("Q4_0", 1, 4096, "staged", "K = 4096 is not a multiple of 256 in \\(0, 2048\\]"),
-        ("Q4_0", 2, 2048, "sliced", "not for small batch"),
-        ("Q8_0", 1, 2048, "staged", "only Q4_K/Q5_K/Q6_K/Q4_0"),
-        ("Q4_K", 1, 16640, "sliced", "K = 16640"),
-        ("Q4_K", 9, 2048, "lanes", "not for prefill"),
-        ("Q4_K", 2, 2048, "vec", "not for small batch"),
-        ("Q4_K", 1, 2048, "no_such", None),
+        ("Q4_0", 1, 14336, {**MV1, "staging": "held"}, BackendUnavailable, "K = 14336 is not a multiple of 256 in \\(0, 8192\\]"),
+        ("Q4_0", 1, 4096, {**MV1, "staging": "staged"}, BackendUnavailable, "K = 4096 is not a multiple of 256 in \\(0, 2048\\]"),
+        ("Q8_0", 1, 2048, {**MV1, "staging": "staged"}, BackendUnavailable, "Q8_0 has no staged form"),
+        ("Q4_0", 2, 2048, {**MV1, "staging": "sliced"}, BackendUnavailable, "not for small batch"),
+        ("Q4_K", 1, 16640, MV1, BackendUnavailable, "K = 16640"),
+        ("Q4_K", 9, 2048, {"variant": "lanes"}, BackendUnavailable, "not for prefill"),
+        ("Q4_K", 2, 2048, {"variant": "vec"}, BackendUnavailable, "not for small batch"),
+        ("Q4_K", 1, 2048, {"variant": "tiled"}, BackendUnavailable, "not for one row"),
+        ("Q4_K", 1, 2048, {"variant": "no_such"}, ValueError, "variant must be one of"),
+        ("Q4_K", 1, 2048, {**MV1, "staging": "no_such"}, ValueError, "staging must be one of"),
+        ("Q4_K", 1, 2048, {"variant": "vec", "staging": "held"}, ValueError, "staging is an option of variant 'mv1'"),
     ],
 )
-def test_a_variant_that_cannot_serve_is_refused(calls, qtype, m, k, variant, why):
-    """Nothing is swapped for a named variant: it runs, or the call is refused naming why."""
+def test_a_variant_that_cannot_serve_is_refused(calls, qtype, m, k, kw, error, why):
+    """Nothing is swapped for a named variant or staging: it runs, or the call is refused naming
+    why."""
     w = _weight(qtype, k)
     x = torch.randn(m, k, dtype=torch.bfloat16)
-    if why is None:
-        with pytest.raises(ValueError, match="variant must be one of"):
-            hip_qmm.quant_matmul(x, w, "int8", variant=variant)
-    else:
-        with pytest.raises(BackendUnavailable, match=why):
-            hip_qmm.quant_matmul(x, w, "int8", variant=variant)
+    with pytest.raises(error, match=why):
+        hip_qmm.quant_matmul(x, w, "int8", **kw)
     assert calls == []
 
 
@@ -109,6 +113,6 @@ def test_an_unaligned_weight_is_refused_by_the_one_launch_kernels(calls):
     bad = quant_weight(view, w.shape, "Q4_K")
     x = torch.randn(1, 2048, dtype=torch.bfloat16)
     with pytest.raises(BackendUnavailable, match="16-byte aligned"):
-        hip_qmm.quant_matmul(x, bad, "int8", variant="fused")
+        hip_qmm.quant_matmul(x, bad, "int8", variant="mv1")
     hip_qmm.quant_matmul(x, bad, "int8")  # the default for it: lanes (vec needs 16-byte alignment)
     assert calls == [("quantize_q8_1", None), ("quant_mv_q4_k", None)]
