@@ -22,7 +22,7 @@ import torch
 
 from ftlab import backends, ops
 from ftlab.backends import calls
-from ftlab.backends.rules import STAGINGS
+from ftlab.backends.limits import STAGINGS
 from ftlab.bench.harness import MIN_INNER, copy_bandwidth, device_info, time_graph_us
 from ftlab.bench.quant_matmul import SHAPES, random_weight
 from ftlab.hip import quant_matmul as hip_qmm

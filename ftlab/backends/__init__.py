@@ -17,6 +17,7 @@ implementation's prefill path; ``FTLAB_BACKEND=<name>`` replaces ``auto`` (then 
 """
 
 from ftlab.backends import builtin as builtin
+from ftlab.backends.calls import Call
 from ftlab.backends.plan import Plan, option_for, plan, variant_for, why_not
 from ftlab.backends.registry import (
     ALL_PLATFORMS,
@@ -46,7 +47,6 @@ from ftlab.backends.registry import (
     triton_unavailable,
     unregister,
 )
-from ftlab.backends.rules import Call
 
 __all__ = [
     "ALL_PLATFORMS",

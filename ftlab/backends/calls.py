@@ -1,12 +1,104 @@
-"""A :class:`~ftlab.backends.rules.Call` from the tensors of an op's call: what the planner reads
-(device, dtype, sizes, weight types and layout), made in a microsecond or two."""
+"""What the planner reads of a call (:class:`Call`; never the tensors, so that ``ftlab ops NAME
+--explain`` plans a call nobody makes), the conditions a table row puts on one (:class:`When`),
+the regimes, and a Call made from an op's tensors in a microsecond or two."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
-from ftlab.backends.rules import Call
+from ftlab.backends.registry import DECODE_MAX_TOKENS
+from ftlab.platform import Platform
 from ftlab.quant import QuantWeight
+
+ONE_ROW, SMALL, PREFILL = "one row", "small batch", "prefill"
+REGIMES = (ONE_ROW, SMALL, PREFILL)
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+BLOCK_QUANTS = ("Q8_0", *K_QUANTS)
+HALF = (torch.float16, torch.bfloat16)
+
+
+def regime(rows: int) -> str:
+    """The regime of a call on ``rows`` rows (tokens) of activations."""
+    if rows <= 1:
+        return ONE_ROW
+    return SMALL if rows <= DECODE_MAX_TOKENS else PREFILL
+
+
+class Call(NamedTuple):
+    """What the planner reads of a call -- never the tensors, so that ``ftlab ops NAME --explain``
+    plans a call nobody makes. ``dims``: the op's sizes in the order of its spec's ``shape``
+    (``quant_matmul``: M, K, N); ``qtype``: the weight's quant type (``moe_experts``: the gate/up
+    bank's, ``qtype_down`` the down bank's), None for dense weights; ``align``: the byte alignment
+    (1, 2, 4, 8 or 16) the operands' addresses share, and ``contiguous`` whether the weights'
+    bytes are; ``rows16``: each weight row a whole number of 16-byte pieces, ``bytes16``: all of
+    them together; ``chunk``,
+    ``precision``: the gated delta rule's."""
+
+    device: str = "cpu"
+    index: int | None = None
+    dtype: torch.dtype | None = None
+    dims: tuple[int, ...] = ()
+    qtype: str | None = None
+    qtype_down: str | None = None
+    align: int = 16
+    contiguous: bool = True
+    rows16: bool = True
+    bytes16: bool = True
+    chunk: int = 0
+    precision: str = "fp32"
+
+    @property
+    def qtypes(self) -> tuple[str, ...]:
+        """The weights' quant types (one, or gate/up and down), empty for dense weights."""
+        return tuple(q for q in (self.qtype, self.qtype_down) if q is not None)
+
+
+Sizes = dict[str, int]
+Limit = Callable[[Call, Sizes, Platform], "str | None"]
+
+
+@dataclass(frozen=True)
+class When:
+    """Conditions of a table row (None: any). ``qtypes`` holds when every weight of the call is
+    of one of them (dense weights never match); ``needs`` names :class:`~ftlab.platform.Platform`
+    facts that must be true (``"async_copies"``, ``"rdna"``), ``"!fact"`` one that must not;
+    ``paths``: the quantized-weight paths (a kernel's)."""
+
+    vendors: tuple[str, ...] | None = None
+    families: tuple[str, ...] | None = None
+    regimes: tuple[str, ...] | None = None
+    dtypes: tuple[torch.dtype, ...] | None = None
+    qtypes: tuple[str, ...] | None = None
+    needs: tuple[str, ...] = ()
+    paths: tuple[str, ...] | None = None
+
+    def miss(self, call: Call, plat: Platform, where: str, path: str | None = None) -> str | None:
+        """Why this does not hold for ``call`` on ``plat`` in regime ``where`` on ``path`` (None:
+        it holds)."""
+        if self.paths is not None and path not in self.paths:
+            return f"not on the {path} path (only {'/'.join(self.paths)})"
+        if self.vendors is not None and plat.vendor not in self.vendors:
+            return f"not on {plat.vendor or 'the CPU'} (only {'/'.join(self.vendors)})"
+        if self.families is not None and plat.family not in self.families:
+            return f"not on {plat.family or plat.kind} (only {'/'.join(self.families)})"
+        if self.regimes is not None and where not in self.regimes:
+            return f"not for {where} (only {' / '.join(self.regimes)})"
+        if self.dtypes is not None and call.dtype not in self.dtypes:
+            names = "/".join(str(d).removeprefix("torch.") for d in self.dtypes)
+            return f"not for {str(call.dtype).removeprefix('torch.')} (only {names})"
+        if self.qtypes is not None:
+            have = call.qtypes
+            if not have or any(q not in self.qtypes for q in have):
+                return f"not for {'/'.join(have) or 'dense'} weights (only {'/'.join(self.qtypes)})"
+        for fact in self.needs:
+            want = not fact.startswith("!")
+            if getattr(plat, fact.lstrip("!")) != want:
+                return f"{'needs' if want else 'not where'} {fact.lstrip('!')}"
+        return None
 
 
 def align(*tensors: torch.Tensor) -> int:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from ftlab import platform as ftplatform
+from ftlab.backends.calls import Call
 from ftlab.backends.plan import Plan, plan
 from ftlab.backends.registry import spec
-from ftlab.backends.rules import Call
 
 FLOATS = {
     "fp32": torch.float32,

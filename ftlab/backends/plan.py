@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ftlab import platform as ftplatform
-from ftlab.backends import rules
+from ftlab.backends import calls, rules
+from ftlab.backends.calls import Call
 from ftlab.backends.registry import (
     DECODE_MAX_TOKENS,
     FORGET_HOOKS,
@@ -29,7 +30,6 @@ from ftlab.backends.registry import (
     routing_env,
     spec,
 )
-from ftlab.backends.rules import Call
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def make_plan(
 ) -> Plan:
     entry = spec(op)
     sizes = sizes_of(op, call)
-    where = rules.regime(call.dims[0] if call.dims else 1)
+    where = calls.regime(call.dims[0] if call.dims else 1)
     if path is not None and path != "auto" and path not in entry.paths:
         raise ValueError(f"path must be 'auto' or one of {entry.paths}, got {path!r}")
     dense = op == "moe_experts" and not call.qtypes  # dense banks: no path
@@ -277,7 +277,7 @@ def option_for(
     key = (op, backend, variant, call, name, asked, *routing_env())
     if key not in VARIANTS:
         plat = ftplatform.current(torch.device(call.device, call.index))
-        where = rules.regime(call.dims[0] if call.dims else 1)
+        where = calls.regime(call.dims[0] if call.dims else 1)
         got = pick_option(op, backend, variant, call, sizes_of(op, call), where, plat, asked)
         if got is None or got[0] != name:
             raise ValueError(f"{op}: {backend}'s variant {variant!r} has no option {name!r}")
@@ -310,7 +310,7 @@ def variant_for(
     if key in VARIANTS:
         return VARIANTS[key]
     plat = ftplatform.current(torch.device(call.device, call.index))
-    where = rules.regime(call.dims[0] if call.dims else 1)
+    where = calls.regime(call.dims[0] if call.dims else 1)
     found, _ = pick_variant(op, backend, call, sizes_of(op, call), where, plat, variant, path)
     VARIANTS[key] = found
     return found
@@ -323,7 +323,7 @@ def why_not(
     variants that take one) cannot serve ``call`` (on ``path``) on its device's platform, or None
     where it can (ValueError for a variant or value the backend lacks)."""
     plat = ftplatform.current(torch.device(call.device, call.index))
-    where = rules.regime(call.dims[0] if call.dims else 1)
+    where = calls.regime(call.dims[0] if call.dims else 1)
     sizes = sizes_of(op, call)
     why = kernel_miss(op, backend, variant, call, sizes, where, plat, path)
     if why is None and staging is not None:

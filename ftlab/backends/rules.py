@@ -17,100 +17,36 @@ Each row's ``why`` says why it is there and names the committed results that mea
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
-from ftlab.backends.registry import DECODE_MAX_TOKENS
-from ftlab.platform import Platform
-
-ONE_ROW, SMALL, PREFILL = "one row", "small batch", "prefill"
-REGIMES = (ONE_ROW, SMALL, PREFILL)
-K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
-BLOCK_QUANTS = ("Q8_0", *K_QUANTS)
-HALF = (torch.float16, torch.bfloat16)
-
-
-def regime(rows: int) -> str:
-    """The regime of a call on ``rows`` rows (tokens) of activations."""
-    if rows <= 1:
-        return ONE_ROW
-    return SMALL if rows <= DECODE_MAX_TOKENS else PREFILL
-
-
-class Call(NamedTuple):
-    """What the planner reads of a call -- never the tensors, so that ``ftlab ops NAME --explain``
-    plans a call nobody makes. ``dims``: the op's sizes in the order of its spec's ``shape``
-    (``quant_matmul``: M, K, N); ``qtype``: the weight's quant type (``moe_experts``: the gate/up
-    bank's, ``qtype_down`` the down bank's), None for dense weights; ``align``: the byte alignment
-    (1, 2, 4, 8 or 16) the operands' addresses share, and ``contiguous`` whether the weights'
-    bytes are; ``rows16``: each weight row a whole number of 16-byte pieces, ``bytes16``: all of
-    them together; ``chunk``,
-    ``precision``: the gated delta rule's."""
-
-    device: str = "cpu"
-    index: int | None = None
-    dtype: torch.dtype | None = None
-    dims: tuple[int, ...] = ()
-    qtype: str | None = None
-    qtype_down: str | None = None
-    align: int = 16
-    contiguous: bool = True
-    rows16: bool = True
-    bytes16: bool = True
-    chunk: int = 0
-    precision: str = "fp32"
-
-    @property
-    def qtypes(self) -> tuple[str, ...]:
-        """The weights' quant types (one, or gate/up and down), empty for dense weights."""
-        return tuple(q for q in (self.qtype, self.qtype_down) if q is not None)
-
-
-Sizes = dict[str, int]
-Limit = Callable[[Call, Sizes, Platform], "str | None"]
-
-
-@dataclass(frozen=True)
-class When:
-    """Conditions of a table row (None: any). ``qtypes`` holds when every weight of the call is
-    of one of them (dense weights never match); ``needs`` names :class:`~ftlab.platform.Platform`
-    facts that must be true (``"async_copies"``, ``"rdna"``), ``"!fact"`` one that must not;
-    ``paths``: the quantized-weight paths (a kernel's)."""
-
-    vendors: tuple[str, ...] | None = None
-    families: tuple[str, ...] | None = None
-    regimes: tuple[str, ...] | None = None
-    dtypes: tuple[torch.dtype, ...] | None = None
-    qtypes: tuple[str, ...] | None = None
-    needs: tuple[str, ...] = ()
-    paths: tuple[str, ...] | None = None
-
-    def miss(self, call: Call, plat: Platform, where: str, path: str | None = None) -> str | None:
-        """Why this does not hold for ``call`` on ``plat`` in regime ``where`` on ``path`` (None:
-        it holds)."""
-        if self.paths is not None and path not in self.paths:
-            return f"not on the {path} path (only {'/'.join(self.paths)})"
-        if self.vendors is not None and plat.vendor not in self.vendors:
-            return f"not on {plat.vendor or 'the CPU'} (only {'/'.join(self.vendors)})"
-        if self.families is not None and plat.family not in self.families:
-            return f"not on {plat.family or plat.kind} (only {'/'.join(self.families)})"
-        if self.regimes is not None and where not in self.regimes:
-            return f"not for {where} (only {' / '.join(self.regimes)})"
-        if self.dtypes is not None and call.dtype not in self.dtypes:
-            names = "/".join(str(d).removeprefix("torch.") for d in self.dtypes)
-            return f"not for {str(call.dtype).removeprefix('torch.')} (only {names})"
-        if self.qtypes is not None:
-            have = call.qtypes
-            if not have or any(q not in self.qtypes for q in have):
-                return f"not for {'/'.join(have) or 'dense'} weights (only {'/'.join(self.qtypes)})"
-        for fact in self.needs:
-            want = not fact.startswith("!")
-            if getattr(plat, fact.lstrip("!")) != want:
-                return f"{'needs' if want else 'not where'} {fact.lstrip('!')}"
-        return None
+from ftlab.backends.calls import BLOCK_QUANTS, HALF, K_QUANTS, ONE_ROW, PREFILL, SMALL, Limit, When
+from ftlab.backends.limits import (
+    FUSED_MAX_K,
+    ONE_LAUNCH,
+    ONE_LAUNCH_TYPES,
+    SLICED_MAX_K,
+    STAGED_MAX_K,
+    aligned,
+    all_of,
+    attention_split,
+    attention_tiles,
+    banks_block_quants,
+    banks_q4_0_or_dense,
+    delta_rule_chunks,
+    experts_decode,
+    experts_vec,
+    hip_delta_rule_grid,
+    k_range,
+    not_q8_0,
+    q4_0_region,
+    q4_0_words,
+    row_pieces,
+    tiled_k,
+    whole_pieces,
+    words_fit,
+)
 
 
 @dataclass(frozen=True)
@@ -155,148 +91,6 @@ class Default:
     variant: str
     why: str
     when: When = When()
-
-
-def need(ok: bool, why: str) -> str | None:
-    return None if ok else why
-
-
-def aligned(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    return need(call.align >= 16 and call.contiguous, "weights not contiguous and 16-byte aligned")
-
-
-def all_of(*limits: Limit) -> Limit:
-    """A limit that holds where each of ``limits`` does (the first failure's reason)."""
-
-    def check(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-        for limit in limits:
-            why = limit(call, sizes, plat)
-            if why is not None:
-                return why
-        return None
-
-    return check
-
-
-def k_range(dim: str, multiple: int, most: int) -> Limit:
-    """``dim`` a multiple of ``multiple`` in (0, ``most``]."""
-
-    def check(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-        k = sizes[dim]
-        return need(0 < k <= most and k % multiple == 0, f"{dim} = {k} is not a multiple of "
-                    f"{multiple} in (0, {most}]")  # fmt: skip
-
-    return check
-
-
-def row_pieces(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    return need(call.rows16, "weight rows are not whole 16-byte pieces")
-
-
-def whole_pieces(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    return need(call.bytes16, "the weights' bytes are not whole 16-byte pieces")
-
-
-# -------------------------------------------------------------- kernel facts (their buffers)
-
-#: the hip one-row matvecs of quant_matmul: K they take (the fused one's activation records in
-#: LDS, a staged row in an LDS slot, a block's eight slices), K of a tiled super-block by type
-FUSED_MAX_K, STAGED_MAX_K, SLICED_MAX_K = 8192, 2048, 16384
-TILED_SUPER_K = {"Q8_0": 128, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
-#: the weight types of hip's one-launch one-row kernels (Q4_0 and Q8_0 in groups of 8 blocks)
-ONE_LAUNCH_TYPES = (*K_QUANTS, "Q4_0", "Q8_0")
-#: hip's one-row matvec of one launch ("mv1") and its staging policies (csrc OneRow): rows held in
-#: registers, copied into an LDS ring, or a long row's slices held by a block's lane groups (x
-#: quantized in every block, or given quantized by its own launch: sliced_q8)
-ONE_LAUNCH = ("mv1",)
-STAGINGS = ("held", "staged", "sliced", "sliced_q8")
-#: hip's Q4_0 region matvec: rows it takes, LDS for its activation records, K of its unit
-Q4_0_FUSED_MAX_M, Q4_0_FUSED_X_BYTES, Q4_0_SUPER_K = 4, 28 * 1024, 256
-#: hip's experts: H and k * I its decode kernels stage in LDS, slots a token (router lanes)
-EXPERTS_DECODE_FLOATS, EXPERTS_MAX_TOP_K = 8192, 32
-#: hip's decode attention: query heads a key head and head dims it takes; the one-launch kernel's
-ATTENTION_MAX_GROUP, ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE_HEAD_DIMS = 8, 256, (128, 256)
-#: the chunked delta-rule kernels: tokens a chunk and the key head size they take
-DELTANET_CHUNK, DELTANET_MAX_DK = 64, 128
-
-
-def words_fit(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    """Triton's word matvec reads rows as 32-bit words of the units it takes."""
-    n, k = sizes["N"], sizes["K"]
-    if call.qtype == "Q8_0":
-        return need((k // 32) % 2 == 0, f"an odd number of Q8_0 blocks a row (K = {k})")
-    if call.qtype == "Q6_K":
-        return need(n * (k // 256) * 210 % 4 == 0, "the Q6_K rows are not whole 32-bit words")
-    return None
-
-
-def tiled_k(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    k, unit = sizes["K"], TILED_SUPER_K.get(call.qtype or "", 256)
-    return need(k % unit == 0, f"K = {k} is not a multiple of its super-block's {unit}")
-
-
-def q4_0_region(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    m, k = sizes["M"], sizes["K"]
-    if not 1 <= m <= Q4_0_FUSED_MAX_M:
-        return f"M = {m} rows (it takes 1..{Q4_0_FUSED_MAX_M})"
-    if k % Q4_0_SUPER_K or call.align < 16:
-        return f"K = {k} not a multiple of {Q4_0_SUPER_K}, or weights not 16-byte aligned"
-    return need(m * (k // Q4_0_SUPER_K) * 84 * 4 <= Q4_0_FUSED_X_BYTES, "M x K past its LDS")
-
-
-def q4_0_words(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    ok = sizes["M"] <= DECODE_MAX_TOKENS and (sizes["K"] // 32) % 2 == 0 and call.align >= 4
-    return need(ok, "needs M <= 8, an even number of blocks a row and 4-byte aligned weights")
-
-
-def banks_q4_0_or_dense(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    q = call.qtypes
-    return need(not q or q == ("Q4_0", "Q4_0"), "takes two Q4_0 banks or two dense ones")
-
-
-def banks_block_quants(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    q = call.qtypes
-    return need(len(q) == 2 and q != ("Q4_0", "Q4_0"), "takes quantized banks, not two Q4_0 ones")
-
-
-def experts_decode(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    h, i, top_k = sizes["H"], sizes["I"], sizes["top_k"]
-    ok = h <= EXPERTS_DECODE_FLOATS and top_k * i <= EXPERTS_DECODE_FLOATS and top_k <= 32
-    return need(ok, f"H and top_k * I must fit {EXPERTS_DECODE_FLOATS} floats of LDS, top_k <= 32")
-
-
-def experts_vec(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    ok = sizes["H"] % 256 == 0 and sizes["I"] % 256 == 0 and sizes["top_k"] >= 1
-    return need(ok, "H and I must be multiples of 256") or aligned(call, sizes, plat)
-
-
-def attention_split(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    g, d = sizes["H"] // max(1, sizes["KVH"]), sizes["D"]
-    ok = g <= ATTENTION_MAX_GROUP and d <= ATTENTION_MAX_HEAD_DIM
-    return need(ok, f"{g} query heads a key head and head dim {d} (at most "
-                f"{ATTENTION_MAX_GROUP} and {ATTENTION_MAX_HEAD_DIM})")  # fmt: skip
-
-
-def attention_tiles(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    d = sizes["D"]
-    if d not in ATTENTION_TILE_HEAD_DIMS:
-        return f"head dim {d} (it takes {' or '.join(map(str, ATTENTION_TILE_HEAD_DIMS))})"
-    return attention_split(call, sizes, plat) or need(
-        call.align >= 16, "q, k, v not 16-byte aligned with strides of whole 16-byte pieces"
-    )
-
-
-def delta_rule_chunks(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    if call.chunk != DELTANET_CHUNK:
-        return f"chunk_size {call.chunk} (it takes {DELTANET_CHUNK})"
-    return need(sizes["Dk"] <= DELTANET_MAX_DK, f"Dk = {sizes['Dk']} > {DELTANET_MAX_DK}")
-
-
-def hip_delta_rule_grid(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    b, hk, hv, dv = sizes["B"], sizes["Hk"], sizes["Hv"], sizes["Dv"]
-    ok = b * hk * -(-hv // hk // 4) <= 65535 and -(-dv // 32) <= 65535 and hv * dv < 2**25
-    return need(ok, "B * Hk * ceil(Hv / Hk / 4) and ceil(Dv / 32) must be <= 65535 and Hv * Dv < "
-                f"2^25 (its grids, its 32-bit offsets), got B={b}, Hk={hk}, Hv={hv}, Dv={dv}")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -426,9 +220,6 @@ DEFAULTS: dict[tuple[str, str], tuple[Default, ...]] = {
         Default("chunk", "RDNA (its chunk-64 tiles spill there) and other chunk sizes"),
     ),
 }
-
-def not_q8_0(call: Call, sizes: Sizes, plat: Platform) -> str | None:
-    return need(call.qtype != "Q8_0", "Q8_0 has no staged form")
 
 
 #: what each value of a kernel's option takes, asked for by name or by default:

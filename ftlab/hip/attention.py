@@ -19,7 +19,7 @@ import torch
 from ftlab import argcheck, backends, jit
 from ftlab import platform as ftplatform
 from ftlab.backends import calls
-from ftlab.backends.rules import ATTENTION_TILE_HEAD_DIMS as TILE_HEAD_DIMS
+from ftlab.backends.limits import ATTENTION_TILE_HEAD_DIMS as TILE_HEAD_DIMS
 from ftlab.hip.counters import zeroed_counters
 from ftlab.quant import Q8_1
 from ftlab.reference.attention import split_plan

@@ -31,7 +31,7 @@ import torch
 from ftlab import argcheck, backends, jit
 from ftlab import platform as ftplatform
 from ftlab.backends import calls
-from ftlab.backends.rules import TILED_SUPER_K
+from ftlab.backends.limits import TILED_SUPER_K
 from ftlab.hip.q4_0 import q4_0_matmul, quantize_q8_1
 from ftlab.quant import Q4_0Weight, QuantWeight
 

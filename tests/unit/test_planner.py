@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ftlab import backends
-from ftlab.backends import Call, plan, rules
+from ftlab.backends import Call, calls, plan, rules
 from ftlab.backends.registry import forget
 from ftlab.platform import platform_from_arch
 
@@ -71,7 +71,7 @@ def test_no_more_than_three_kernels_a_regime():
     dims = {"quant_matmul": (1, 2048, 4096), "q4_0_matmul": (1, 2048, 4096), "moe_experts": (1, 2048, 768, 128, 8),
             "decode_attention": (1, 32, 4, 128, 4096), "gated_delta_rule": (1, 4096, 16, 32, 128, 128)}  # fmt: skip
     for (op, backend), kernels in rules.KERNELS.items():
-        for where in rules.REGIMES:
+        for where in calls.REGIMES:
             for qt in (None, "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
                 for path in (None, "int8", "dequant"):
                     call = gpu(dims[op], qtype=qt, qtype_down=qt if op == "moe_experts" else None, chunk=64)
