@@ -96,7 +96,8 @@ class Pipeline:
         self.tp = tp
         self.model_class = Qwen3Next if isinstance(config, Qwen3NextConfig) else Qwen3Moe
         self.max_seq_len = check.max_seq_len(max_seq_len)
-        self.q4_0_path = check.q4_0_path(q4_0_path)
+        #: the models' plan: ``plan``'s choices, this pipeline's backends and quantized-weight path
+        self.plan = (plan or DecodePlan()).with_(backends=ops, quant_path=check.q4_0_path(q4_0_path))
         self.graphs = check.graphs(graphs, weights.embed.device)
         used = {op: ops[op] for op in self.model_class.OPS}
         blocking = check.not_capturable(used, weights.embed.device, weights.embed.dtype, self.q4_0_path)
@@ -113,14 +114,24 @@ class Pipeline:
         self._static_eager = (launches and not self.graphs and weights.embed.device.type == "cuda" and not blocking
                               and hybrid_slots is None and tp is None
                               and hasattr(self.model_class, "layer_stages"))  # fmt: skip
-        #: the models' plan: ``plan``'s choices, this pipeline's backends and quantized-weight path
-        self.plan = (plan or DecodePlan()).with_(backends=ops, quant_path=self.q4_0_path)
         self.model = self._model(ops, self.hybrid)
         self._graph: DecodeGraph | None = None
         self._launches: DecodeLaunches | None = None
         #: why decode steps run op by op though graphs are off on a GPU (the recording's refusal), else None
         self.launches_refused: str | None = None
         self.position = 0
+
+    @property
+    def q4_0_path(self) -> str:
+        """The path of quantized weights (the plan's): "auto", "int8" or "dequant"."""
+        return self.plan.quant_path
+
+    @q4_0_path.setter
+    def q4_0_path(self, path: str) -> None:
+        """A new path for the models from here on (a captured step is captured again)."""
+        self.plan = self.plan.with_(quant_path=check.q4_0_path(path))
+        self.model.plan = self.model.plan.with_(quant_path=self.plan.quant_path)
+        self._graph = self._launches = None
 
     @classmethod
     def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,

@@ -131,23 +131,35 @@ def test_quant_matmul_big_shapes_gpu(qtype, n, k, m):
         ft.check_quant_matmul_case(ft.QuantMatmulCase(x, w, path), "cuda")
 
 
+def _hip_or_refused(x, w, variant, **kw):
+    """hip's quant_matmul of x by ``variant`` ("held", "staged", "sliced": mv1's stagings), or
+    None where the planner's tables say it cannot serve -- and then the entry must refuse it."""
+    from ftlab.hip import quant_matmul as hip_qmm
+
+    name, staging = ("mv1", variant) if variant in ("held", "staged", "sliced", "sliced_q8") else (variant, None)
+    if name is not None and backends.why_not("quant_matmul", "hip", name, calls.matmul(x, w), staging=staging):
+        with pytest.raises(backends.BackendUnavailable):
+            hip_qmm.quant_matmul(x, w, "int8", variant=name, staging=staging, **kw)
+        return None
+    return hip_qmm.quant_matmul(x, w, "int8", variant=name, staging=staging, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize(
     "variant, g, splits, offset",
     [("lanes", None, None, 0), ("vec", None, None, 0), ("vec", None, None, 4), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
-     ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4), ("fused", None, None, 0),
-     ("fused", None, None, 4), ("staged", None, None, 0), ("sliced", None, None, 0), ("sliced", None, None, 4)],
+     ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4), ("held", None, None, 0),
+     ("held", None, None, 4), ("staged", None, None, 0), ("sliced", None, None, 0), ("sliced", None, None, 4)],
 )  # fmt: skip
 def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     """Every HIP matvec variant and region shape, with and without K splits (None: the default
     rule, which splits at this N), M = 1..8, N not a multiple of G = 1's 32 rows, K not a
     multiple of G supers, Q6_K rows of an odd number of supers (N a multiple of 8 keeps their
     total 16-byte aligned); and the default route on a weight view 4 bytes past an aligned
-    address (the tiled and vec kernels need 16: they take the lanes one). K = 2304 is past the
-    staged kernel's 2048: "staged" falls back to "fused" here (its own cases are below)."""
-    from ftlab.hip import quant_matmul as hip_qmm
-
+    address (tiled, vec and mv1 need 16: the planner gives it lanes). A variant that cannot take
+    a call (tiled at one row, the one-row kernels at several, staged past K = 2048, an unaligned
+    view) is refused, never swapped."""
     n, k = 304, 2304
     w = random_quant_weight(n + len(qtype), qtype, n, k)
     buf = torch.zeros(w.data.numel() + 16, dtype=torch.uint8, device="cuda")
@@ -155,28 +167,28 @@ def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     wv = QuantWeight(buf[offset : offset + w.data.numel()].view(n, -1), (n, k), qtype)
     for m in range(1, 9):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to("cuda") * 3
-        y = hip_qmm.quant_matmul(x, wv, "int8", variant=variant, g=g, splits=splits)
-        exact, bound = quant_matmul_tolerance(x, wv, "int8", torch.float32)
-        assert bool(((y - exact).abs() <= bound).all()), (m, (y - exact).abs().max())
+        y = _hip_or_refused(x, wv, variant, g=g, splits=splits)
+        if y is not None:
+            exact, bound = quant_matmul_tolerance(x, wv, "int8", torch.float32)
+            assert bool(((y - exact).abs() <= bound).all()), (m, (y - exact).abs().max())
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
-@pytest.mark.parametrize("variant", ["lanes", "vec", "fused", "staged", "sliced"])
+@pytest.mark.parametrize("variant", ["lanes", "vec", "held", "staged", "sliced"])
 @pytest.mark.parametrize("k", [1280, 2048, 4096, 5120])
 def test_hip_m1_variants_gpu(qtype, variant, k):
     """hip's one-row matvecs where their branches differ: K = 1280 (lanes partly idle; Q6_K
     super-blocks at every even offset mod 16) and 2048 (activations held in registers), 4096 and
     5120 (walked; vec: two whole step pairs, then one with its second step empty); within the
-    int8 bound. "fused" (one launch, x quantized in every block) walks the same branches;
-    "staged" takes K = 1280 (Q4_K / Q5_K) and 2048, and falls back to "fused" elsewhere."""
-    from ftlab.hip import quant_matmul as hip_qmm
-
+    int8 bound. mv1 "held" (one launch, x quantized in every block) walks the same branches;
+    "staged" takes K = 1280 (Q4_K / Q5_K) and 2048 and is refused elsewhere, as vec is on Q8_0."""
     w = random_quant_weight(k + len(qtype), qtype, 300, k).to("cuda")
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to("cuda") * 3
-    y = hip_qmm.quant_matmul(x, w, "int8", variant=variant)
-    exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
-    assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
+    y = _hip_or_refused(x, w, variant)
+    if y is not None:
+        exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
+        assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
 
 
 @pytest.mark.gpu
