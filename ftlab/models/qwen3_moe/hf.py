@@ -1,15 +1,11 @@
-"""Load a HF Qwen3-MoE directory into :class:`~ftlab.models.qwen3_moe.ModelWeights`.
+"""Load a HF Qwen3-MoE directory into :class:`~ftlab.models.qwen3_moe.model.ModelWeights`.
 
-``config.json`` + safetensors shards (memory-mapped through safetensors' ``safe_open``),
-per-expert tensors ``mlp.experts.{e}.{gate,up,down}_proj.weight`` stacked into banks
-``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and ``w_down [E, H, I]``.
-
-Which shards: with ``model.safetensors.index.json``, only those its ``weight_map`` names, and
-each tensor must be in the shard the index says (a stale extra shard in the folder is not
-read); without an index, every ``*.safetensors``. Either way a tensor found in two shards is
-refused instead of one copy silently winning. Every refusal is a
-:class:`~ftlab.formats.CheckpointError` naming the file and the key or tensor: a config value
-of the wrong type or range, a missing, misshapen or non-float tensor, an unreadable file.
+``config.json`` + safetensors shards (:class:`~ftlab.formats.hf.SafetensorsShards`: which
+shards, memory-mapped), per-expert tensors ``mlp.experts.{e}.{gate,up,down}_proj.weight``
+stacked into banks ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and ``w_down [E, H, I]``.
+Every refusal is a :class:`~ftlab.formats.CheckpointError` naming the file and the key or
+tensor: a config value of the wrong type or range, layers or experts stored other than the
+config counts, an attention bias, a missing, misshapen or non-float tensor, an unreadable file.
 
 Stored values are not scanned (that would read every byte of a checkpoint that is otherwise
 memory-mapped lazily): a NaN or inf weight loads, and shows as non-finite logits.
@@ -17,187 +13,41 @@ memory-mapped lazily): a NaN or inf weight loads, and shows as non-finite logits
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from tqdm import tqdm
 
 from ftlab.formats import CheckpointError
-from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
-from ftlab.models.qwen3_next_config import MODEL_TYPES as NEXT_MODEL_TYPES
+from ftlab.formats.hf import SafetensorsShards, read_hf_config, stored_dtype
+from ftlab.models.checkpoint_checks import (
+    check_count,
+    expert_range,
+    head_ranges,
+    refuse_attention_biases,
+    row_range,
+)
+from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
+from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights
+from ftlab.models.qwen3_next.config import MODEL_TYPES as NEXT_MODEL_TYPES
 
-INDEX = "model.safetensors.index.json"
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.")
-# a bias of a layer's attention (a Qwen3.5 checkpoint's text model under model.language_model.)
-_ATTENTION_BIAS = re.compile(r"model\.(language_model\.)?layers\.\d+\.(self|linear)_attn\..+\.bias")
-#: The HF ``model_type`` values ftlab loads: this module's, and those of ``hf_next_loader``.
+#: The HF ``model_type`` values ftlab loads: this module's, and those of
+#: :mod:`ftlab.models.qwen3_next.hf`.
 MODEL_TYPES = ("qwen3_moe", *NEXT_MODEL_TYPES)
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _read_json(file: Path) -> object:
-    try:
-        return json.loads(file.read_bytes())
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
-        raise CheckpointError(f"{file}: not valid JSON: {e}") from e
-
-
-def _weight_map(index_file: Path) -> dict[str, str]:
-    """``tensor -> shard file name`` of an index, each shard a plain file name."""
-    index = _read_json(index_file)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index_file}: 'weight_map' must be a non-empty object "
-                              f"{{tensor: shard file}}, got {weight_map!r:.80}")  # fmt: skip
-    for tensor, shard in weight_map.items():
-        if not isinstance(shard, str) or shard in ("", ".", "..") or Path(shard).name != shard:
-            raise CheckpointError(f"{index_file}: weight_map['{tensor}'] must be a file name in "
-                                  f"the directory, got {shard!r}")  # fmt: skip
-    return weight_map
-
-
-class SafetensorsShards:
-    """Name -> tensor over a directory's safetensors shards (module docstring: which shards),
-    read lazily."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        index_file = path / INDEX
-        weight_map = _weight_map(index_file) if index_file.is_file() else None
-        if weight_map is not None:
-            names = sorted(set(weight_map.values()))
-        else:
-            names = sorted(f.name for f in path.glob("*.safetensors"))
-            if not names:
-                raise CheckpointError(f"{path}: no *.safetensors files")
-        self.handles = {}
-        for name in names:
-            file = path / name
-            if not file.is_file():
-                raise CheckpointError(f"{index_file}: shard '{name}' is missing")
-            try:
-                self.handles[name] = safe_open(str(file), framework="pt", device="cpu")
-            except Exception as e:  # SafetensorError on a truncated or corrupt header
-                raise CheckpointError(f"{file}: not a readable safetensors file: {e}") from e
-        self.where: dict[str, str] = {}  # tensor -> shard name
-        for name, handle in self.handles.items():
-            for tensor in handle.keys():
-                if tensor in self.where:
-                    raise CheckpointError(f"{path}: tensor '{tensor}' is in two shards, "
-                                          f"{self.where[tensor]} and {name}")  # fmt: skip
-                self.where[tensor] = name
-        if weight_map is not None:
-            self._check_index(index_file, weight_map)
-
-    def _check_index(self, index_file: Path, weight_map: dict[str, str]) -> None:
-        """The index and the shards agree, tensor by tensor."""
-        for tensor, shard in weight_map.items():
-            if self.where.get(tensor) != shard:
-                found = f"it is in {self.where[tensor]}" if tensor in self.where else "no shard has it"
-                raise CheckpointError(f"{index_file}: tensor '{tensor}' is mapped to {shard}, which "
-                                      f"does not hold it ({found})")  # fmt: skip
-        for tensor, shard in self.where.items():
-            if tensor not in weight_map:
-                raise CheckpointError(f"{index_file}: tensor '{tensor}' of {shard} is not in "
-                                      f"'weight_map' (a stale index or shard?)")  # fmt: skip
-
-    def check_counts(self, config: Qwen3MoeConfig, config_file: Path) -> None:
-        """The layers (``model.layers.N``) and experts (``mlp.experts.J``) stored are those the
-        config counts: a config that counts fewer would silently drop some, one that counts
-        more fails on the first missing tensor only after loading all before it."""
-        layers = {int(m[1]) for t in self.where if (m := _LAYER.match(t))}
-        experts = {int(m[1]) for t in self.where if (m := _EXPERT.match(t))}
-        path, n = self.path, config.num_hidden_layers
-        check_count(config_file, path, "num_hidden_layers", n, layers, "layers")
-        check_count(config_file, path, "num_experts", config.num_experts, experts, "experts")
-
-    def read(self, name: str, rows: tuple[int, int] | None = None, columns: tuple[int, int] | None = None,
-             ) -> tuple[torch.Tensor, tuple[int, ...], Path]:  # fmt: skip
-        """Tensor ``name`` as stored (its dtype, on the host), its stored shape and its file.
-        ``rows``: ``(start, stop)`` -- only those rows along dim 0 (``[stop - start, ...]``; fewer
-        when the tensor has fewer: check the stored shape), a safetensors slice that reads only
-        their bytes, copied into memory of its own (a slice may be a view of the memory-mapped
-        file, which it then does not keep). ``columns``: ``(start, stop)`` -- only those columns of
-        a 2-D tensor (``[:, start:stop]``), likewise. CheckpointError naming the file for a tensor
-        missing or unreadable."""
-        shard = self.where.get(name)
-        if shard is None:
-            raise CheckpointError(f"{self.path}: missing tensor {name!r}")
-        file = self.path / shard
-        try:
-            if rows is None and columns is None:
-                t = self.handles[shard].get_tensor(name)
-                return t, tuple(t.shape), file
-            part = self.handles[shard].get_slice(name)
-            got = part[rows[0] : rows[1]] if columns is None else part[:, columns[0] : columns[1]]
-            return got.clone(), tuple(part.get_shape()), file
-        except Exception as e:  # SafetensorError
-            raise CheckpointError(f"{file}: tensor {name!r} cannot be read: {e}") from e
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-            rows: tuple[int, int] | None = None, columns: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
-        """Tensor ``name``, checked to be a float tensor of ``shape``, in ``dtype`` on
-        ``device``; ``rows``: ``(start, stop)``, only those rows read (:meth:`read`), ``[stop -
-        start, *shape[1:]]``; ``columns`` likewise, ``[shape[0], stop - start]``."""
-        t, stored, file = self.read(name, rows, columns)
-        if not t.dtype.is_floating_point:
-            raise CheckpointError(f"{file}: tensor {name!r} has dtype {t.dtype}, expected a "
-                                  "floating-point dtype")  # fmt: skip
-        if stored != tuple(shape):
-            raise CheckpointError(f"{file}: tensor {name!r} has shape {stored}, expected {tuple(shape)}")
-        return t.to(device=device, dtype=dtype)
-
-
-def check_count(
-    config_file: Path, path: Path, key: str, count: int, stored: set[int], what: str
-) -> None:
-    """CheckpointError naming config key ``key`` unless the indices ``stored`` (ints >= 0: of
-    the layers or experts that the shards in ``path`` hold) are ``0 .. count - 1``, checked
-    without building that range."""
-    if len(stored) != count or max(stored) != count - 1:  # i.e. stored != {0..count-1}
-        have = f"{what} {min(stored)}..{max(stored)} ({len(stored)})" if stored else f"no {what}"
-        raise CheckpointError(
-            f"{config_file}: {key} is {count}, but the shards in {path} hold {have}"
-        )
-
-
-def refuse_attention_biases(stored: Iterable[str], path: Path) -> None:
-    """CheckpointError naming the first of the tensors ``stored`` (in the shards in ``path``) that
-    is a bias of a layer's attention (``self_attn.q_proj.bias``, any ``.bias`` under
-    ``self_attn.`` or ``linear_attn.``): ftlab's attention has none (a config's
-    ``attention_bias`` must be false), and a bias left unread would compute another model."""
-    for name in stored:
-        if _ATTENTION_BIAS.fullmatch(name):
-            raise CheckpointError(
-                f"{path}: tensor {name!r} is an attention bias, which ftlab does not apply (its "
-                "attention projections have no bias)"
-            )
-
-
-def read_hf_config(path: Path) -> dict:
-    """The dict of ``path/config.json`` (CheckpointError when absent, not JSON or not an object)."""
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{path}: no config.json")
-    hf = _read_json(config_file)
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{config_file}: must hold a JSON object, got {type(hf).__name__}")
-    return hf
-
-
-def stored_dtype(hf: dict, config_file: Path) -> torch.dtype:
-    """The dtype a config names (``torch_dtype`` or ``dtype``; bf16 when it names none)."""
-    key = "torch_dtype" if hf.get("torch_dtype") is not None else "dtype"
-    stored = "bfloat16" if hf.get(key) is None else hf[key]
-    if not isinstance(stored, str) or stored not in DTYPES:
-        raise CheckpointError(f"{config_file}: {key} must be one of {sorted(DTYPES)} (or pass dtype=), got "
-                              f"{stored!r}")  # fmt: skip
-    return DTYPES[stored]
+def check_counts(shards: SafetensorsShards, config: Qwen3MoeConfig, config_file: Path) -> None:
+    """The layers (``model.layers.N``) and experts (``mlp.experts.J``) ``shards`` hold are those
+    the config counts: a config that counts fewer would silently drop some, one that counts
+    more fails on the first missing tensor only after loading all before it."""
+    layers = {int(m[1]) for t in shards.where if (m := _LAYER.match(t))}
+    experts = {int(m[1]) for t in shards.where if (m := _EXPERT.match(t))}
+    path, n = shards.path, config.num_hidden_layers
+    check_count(config_file, path, "num_hidden_layers", n, layers, "layers")
+    check_count(config_file, path, "num_experts", config.num_experts, experts, "experts")
 
 
 def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeConfig, torch.dtype]:
@@ -235,8 +85,6 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     shard; q_norm / k_norm, per head dim, stay whole). None: all, for any; ValueError naming
     ``experts``, ``vocab`` or ``heads`` for a range that is not ``0 <= start < stop <= count``.
     CheckpointError naming the file and the key or tensor for anything ftlab cannot load."""
-    from ftlab.models.gguf_loader import expert_range, head_ranges, row_range
-
     path = Path(path)
     config, dtype = read_config(path, dtype)
     e0, e1 = expert_range(experts, config.num_experts)
@@ -244,7 +92,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     heads = head_ranges(heads, config.num_attention_heads, config.num_key_value_heads)
     device = torch.device(device)
     tensors = SafetensorsShards(path)
-    tensors.check_counts(config, path / "config.json")
+    check_counts(tensors, config, path / "config.json")
     refuse_attention_biases(tensors.where, path)
     c = config
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
