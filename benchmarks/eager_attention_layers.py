@@ -16,8 +16,7 @@ import argparse
 import torch
 
 from ftlab.bench.model import fill_cache
-from ftlab.models.gguf_loader import load_gguf
-from ftlab.models.qwen3_moe import Qwen3Moe
+from ftlab.models.qwen3_moe import Qwen3Moe, load_gguf
 from ftlab.testing import decode_attention_held_to_reference
 
 

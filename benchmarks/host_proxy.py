@@ -19,8 +19,7 @@ import torch
 from ftlab import backends, jit
 from ftlab.backends.registry import forget
 from ftlab.models import DecodePlan
-from ftlab.models.gguf_loader import load_gguf
-from ftlab.models.qwen3_moe import Qwen3Moe
+from ftlab.models.qwen3_moe import Qwen3Moe, load_gguf
 
 
 class _Stub:

@@ -91,8 +91,7 @@ def load(args, dev: torch.device, dtype: torch.dtype):
         config, weights, _ = load_gguf_model(args.file, device=dev, dtype=dtype)
         return config, weights
     from ftlab.bench.qwen35moe_random import QWEN35_35B_A3B, SMALL, RandomTensors, hf_config
-    from ftlab.models.qwen3_next_config import Qwen3NextConfig
-    from ftlab.models.qwen3_next_weights import build_weights
+    from ftlab.models.qwen3_next import Qwen3NextConfig, build_weights
 
     hf = hf_config(QWEN35_35B_A3B if args.random == "qwen35moe" else SMALL)
     config = Qwen3NextConfig.from_hf(hf)

@@ -28,7 +28,7 @@ from ftlab import ops
 from ftlab.bench.kquant_pack import PACKERS
 from ftlab.bench.model import CONFIG
 from ftlab.formats.gguf_write import write_tensors
-from ftlab.models.gguf_loader import GGUF_ARCH
+from ftlab.models.qwen3_moe import GGUF_ARCH
 
 KEYS = {"num_hidden_layers": "block_count", "hidden_size": "embedding_length", "num_attention_heads":
         "attention.head_count", "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",

@@ -30,7 +30,8 @@ from tqdm import tqdm
 from ftlab.bench.harness import Measurement, Report, capture, time_us
 from ftlab.models.decode_steps import DecodeLaunches, NotReplayable
 from ftlab.models.pipeline import DecodeGraph
-from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe, Qwen3MoeConfig
+from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
+from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights, Qwen3Moe
 from ftlab.quant import QK, Q4_0Weight, QuantWeight
 
 CONFIG = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,

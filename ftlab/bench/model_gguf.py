@@ -3,7 +3,7 @@ the Qwen3-30B-A3B shape in Q4_K_M that ``benchmarks/make_kquant_model.sh`` makes
 weights. The file's ``general.architecture`` picks the model: ``qwen3moe`` is loaded by
 :func:`~ftlab.models.loader.load_gguf` and timed as ``ftlab bench model`` times its random model
 (:func:`ftlab.bench.model.bench_weights`: prefill, decode batch 1 and 8, graph and eager);
-``qwen35moe`` / ``qwen3next`` are read by :func:`~ftlab.models.gguf_qwen3_next.read_gguf_hf` and
+``qwen35moe`` / ``qwen3next`` are read by :func:`~ftlab.models.qwen3_next.gguf.read_gguf_hf` and
 timed through the pipeline as ``--arch qwen35moe`` times its model
 (:func:`ftlab.bench.qwen35moe.bench_pipeline`). Weights keep the file's types (Q4_0, Q8_0, Q4_K,
 Q5_K, Q6_K packed; others dequantized, with a warning), activations are bf16; prompts are random
@@ -45,10 +45,10 @@ from ftlab.bench.model import PREFILL, bench_weights, timer
 from ftlab.bench.qwen35moe import bench_pipeline
 from ftlab.formats.gguf import GGUFError, open_reader
 from ftlab.models import pipeline_args as check
-from ftlab.models.gguf_qwen3_next import read_gguf_hf
 from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
-from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.models.qwen3_next.config import Qwen3NextConfig
+from ftlab.models.qwen3_next.gguf import read_gguf_hf
+from ftlab.models.qwen3_next.weights import build_weights
 
 LLAMA_BENCH_GEN = 128  # tokens llama-bench generates in its decode test (its tg128)
 NOTES = [

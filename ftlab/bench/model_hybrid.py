@@ -34,7 +34,8 @@ from ftlab.bench.model import decode_bytes, fill_cache, parted_note
 from ftlab.hybrid import cpu_layers, layer_executors
 from ftlab.hybrid.handshake import default_threads
 from ftlab.models.decode_steps import DecodeGraph
-from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig
+from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
+from ftlab.models.qwen3_moe.model import ModelWeights, Qwen3Moe
 
 POLICIES = ("layers", "static", "lru")
 STEPS = 32  # decode steps a timed round

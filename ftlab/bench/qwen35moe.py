@@ -40,9 +40,9 @@ from ftlab.bench.qwen35moe_random import (
     hf_config,
 )
 from ftlab.models.pipeline import DecodeGraph, Pipeline
-from ftlab.models.qwen3_next import NextWeights, Qwen3Next
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
-from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.models.qwen3_next.config import Qwen3NextConfig
+from ftlab.models.qwen3_next.model import NextWeights, Qwen3Next
+from ftlab.models.qwen3_next.weights import build_weights
 from ftlab.quant import QuantWeight
 
 DECODE_BATCHES = (1, 8)

@@ -1,7 +1,7 @@
 """Write a random ``qwen35moe`` model (:class:`~ftlab.bench.qwen35moe_random.RandomTensors`) as
 the GGUF file llama.cpp's converter makes of such a checkpoint, one layer at a time: the tensor
 table is declared from the config's shapes first, then each layer's tensors are made on their
-device, transformed as the converter does (``gguf_qwen3_next_write.gguf_tensors``: V-head
+device, transformed as the converter does (``qwen3_next.gguf_write.gguf_tensors``: V-head
 reordering, ``w + 1`` norms, ``-exp(A_log)``, split expert banks) and appended, so host memory
 holds one layer, not the ~20 GB model.
 
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from ftlab.formats.gguf import QT
-from ftlab.models.gguf_qwen3_next_layout import GLOBAL_NAMES, gguf_shapes, plus_one
-from ftlab.models.gguf_qwen3_next_write import gguf_metadata_of, gguf_tensors, normalized_config
+from ftlab.models.qwen3_next.gguf_layout import GLOBAL_NAMES, gguf_shapes, plus_one
+from ftlab.models.qwen3_next.gguf_write import gguf_metadata_of, gguf_tensors, normalized_config
 from ftlab.quant import QK, QuantWeight
 
 ARCH = "qwen35moe"

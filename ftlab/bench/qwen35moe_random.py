@@ -28,8 +28,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from ftlab.bench.model import random_q4_0
-from ftlab.models.gguf_qwen3_next_layout import hf_shapes
-from ftlab.models.gguf_qwen3_next_write import MATMUL
+from ftlab.models.qwen3_next.gguf_layout import hf_shapes
+from ftlab.models.qwen3_next.gguf_write import MATMUL
 from ftlab.models.tokenizer import Tokenizer
 from ftlab.quant import QK
 

@@ -5,7 +5,9 @@ Q6_K) load as :class:`~ftlab.quant.QuantWeight` (Q4_0: :class:`~ftlab.quant.Q4_0
 straight from the memory-mapped file (copy-on-write: nothing is re-quantized and nothing is
 read until used); F32 / F16 / BF16 tensors load as torch tensors; the other quantized types
 (Q4_1, Q5_0, Q2_K, the IQ types, ...) load dequantized to fp32 by gguf-py.
-:func:`dequantized_types` lists what a model runs dense. Writing: ``gguf_write``.
+:func:`dequantized_types` lists what a model runs dense (and a loader warns of with
+:class:`~ftlab.formats.DequantizedWarning`); :func:`cut` takes a rank's rows of a tensor as read.
+Writing: ``gguf_write``.
 Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
 dimensions innermost first, and the ``gguf`` package does the reversal.
 
@@ -403,6 +405,20 @@ def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | QuantWeight:
             torch.from_numpy(data).view(torch.uint8).reshape(-1).view(torch.bfloat16).reshape(shape)
         )
     return torch.from_numpy(data).reshape(shape)
+
+
+def cut(bank, start: int, stop: int):
+    """Rows ``start .. stop`` (along dim 0) of a tensor as :func:`tensor_from_reader` gives it:
+    experts of a bank ``[E, ...]``, or vocabulary rows of an embedding or lm_head ``[V, H]`` (a
+    packed type's rows are independent, whole blocks); the tensor itself when that is all of it.
+    A packed slice is a view of the memory-mapped bytes (only what is used later is read: a packed
+    embedding is dequantized for these rows only); a float one is copied (only its pages are
+    read, and a tensor the reader dequantized whole is not kept alive by the slice)."""
+    if start == 0 and stop == bank.shape[0]:
+        return bank
+    if isinstance(bank, QuantWeight):
+        return quant_weight(bank.data[start:stop], (stop - start, *bank.shape[1:]), bank.qtype)
+    return bank[start:stop].clone()
 
 
 def dequantized_types(reader) -> dict[str, list[str]]:

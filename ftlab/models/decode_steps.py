@@ -24,8 +24,8 @@ import torch
 from ftlab.launches import NotReplayable, Schedule, record
 
 if TYPE_CHECKING:
-    from ftlab.models.qwen3_moe import Qwen3Moe
-    from ftlab.models.qwen3_next import Qwen3Next
+    from ftlab.models.qwen3_moe.model import Qwen3Moe
+    from ftlab.models.qwen3_next.model import Qwen3Next
 
 __all__ = ["DecodeGraph", "DecodeLaunches", "NotReplayable", "Schedule"]
 

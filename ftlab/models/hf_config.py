@@ -1,6 +1,6 @@
 """What both readers of a HF ``config.json`` check -- ``Qwen3MoeConfig.from_hf``
-(:mod:`ftlab.models.qwen3_moe`) and ``Qwen3NextConfig.from_hf``
-(:mod:`ftlab.models.qwen3_next_config`) -- in one place, so that the two model families refuse
+(:mod:`ftlab.models.qwen3_moe.config`) and ``Qwen3NextConfig.from_hf``
+(:mod:`ftlab.models.qwen3_next.config`) -- in one place, so that the two model families refuse
 the same things with the same words: the RoPE keys, the features ftlab's models lack, and the
 config dataclass built from the keys (its own checks: ``layers.check_field``)."""
 

@@ -1,10 +1,10 @@
-"""Load a checkpoint: a HF directory of Qwen3-MoE (:mod:`ftlab.models.hf_loader`, into
-:class:`~ftlab.models.qwen3_moe.ModelWeights`) or of Qwen3-Next / Qwen3.5-MoE
-(:mod:`ftlab.models.hf_next_loader`, into :class:`~ftlab.models.qwen3_next.NextWeights`), chosen
-by its config's ``model_type``; or a llama.cpp GGUF file, chosen by its
-``general.architecture``: ``qwen3moe`` (:mod:`ftlab.models.gguf_loader`), ``qwen35moe`` (Qwen3.5 /
-Qwen3.6) or ``qwen3next`` (:mod:`ftlab.models.gguf_qwen3_next`, read into the HF state dict, then
-built as a HF directory's is). A checkpoint ftlab cannot use raises
+"""Load a checkpoint: a HF directory of Qwen3-MoE (:mod:`ftlab.models.qwen3_moe.hf`, into
+:class:`~ftlab.models.qwen3_moe.model.ModelWeights`) or of Qwen3-Next / Qwen3.5-MoE
+(:mod:`ftlab.models.qwen3_next.hf`, into :class:`~ftlab.models.qwen3_next.model.NextWeights`),
+chosen by its config's ``model_type``; or a llama.cpp GGUF file, chosen by its
+``general.architecture``: ``qwen3moe`` (:mod:`ftlab.models.qwen3_moe.gguf`), ``qwen35moe``
+(Qwen3.5 / Qwen3.6) or ``qwen3next`` (:mod:`ftlab.models.qwen3_next.gguf`, read into the HF state
+dict, then built as a HF directory's is). A checkpoint ftlab cannot use raises
 :class:`~ftlab.formats.CheckpointError` (GGUF files: its subclass
 :class:`~ftlab.formats.gguf.GGUFError`) naming the file and the key or tensor.
 """
@@ -15,17 +15,19 @@ import torch
 from tqdm import tqdm
 
 from ftlab import argcheck
-from ftlab.formats import CheckpointError
+from ftlab.formats import CheckpointError, DequantizedWarning
 from ftlab.formats.gguf import GGUFError, field_value, open_reader
-from ftlab.models import hf_loader
-from ftlab.models.gguf_loader import GGUF_ARCH, DequantizedWarning, load_gguf, save_gguf
-from ftlab.models.gguf_qwen3_next import read_gguf_hf, read_gguf_tokenizer
-from ftlab.models.gguf_qwen3_next_layout import ARCHS as NEXT_GGUF_ARCHS
-from ftlab.models.hf_next_loader import is_next, load_hf_next
-from ftlab.models.qwen3_moe import ModelWeights, Qwen3MoeConfig
-from ftlab.models.qwen3_next import NextWeights
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
-from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.formats.hf import read_hf_config
+from ftlab.models.qwen3_moe import hf as qwen3_moe_hf
+from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
+from ftlab.models.qwen3_moe.gguf import GGUF_ARCH, load_gguf, save_gguf
+from ftlab.models.qwen3_moe.model import ModelWeights
+from ftlab.models.qwen3_next.config import Qwen3NextConfig
+from ftlab.models.qwen3_next.gguf import read_gguf_hf, read_gguf_tokenizer
+from ftlab.models.qwen3_next.gguf_layout import ARCHS as NEXT_GGUF_ARCHS
+from ftlab.models.qwen3_next.hf import is_next, load_hf_next
+from ftlab.models.qwen3_next.model import NextWeights
+from ftlab.models.qwen3_next.weights import build_weights
 from ftlab.models.tokenizer import Tokenizer
 
 __all__ = ["GGUF_ARCH", "GGUF_ARCHS", "CheckpointError", "DequantizedWarning", "GGUFError", "gguf_architecture",
@@ -42,20 +44,20 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     weights in ``dtype`` (default: the config's stored dtype, else bf16). ``quantize``: a hybrid
     model's projections and expert banks quantized to Q4_0 at load. ``experts``: ``(start,
     stop)``, routed banks with only those experts, only their tensors read (a tensor-parallel
-    rank's share: :func:`hf_loader.load_hf`, :func:`load_hf_next`). ``vocab``: ``(start, stop)``,
-    the embedding and an untied lm_head ``[stop - start, H]`` of only those vocabulary rows, a
-    safetensors slice of them read (a tensor-parallel rank's vocabulary shard). ``heads``:
-    ``((q_start, q_stop), (kv_start, kv_stop))``, a Qwen3-MoE model's attention of only those
-    heads (q/k/v rows, o_proj columns: :func:`hf_loader.load_hf`; a hybrid model's attention is
-    read whole, and refuses it). CheckpointError naming the file and the key or tensor for
-    anything ftlab cannot load."""
-    if is_next(hf_loader.read_hf_config(Path(path))):
+    rank's share: :func:`qwen3_moe_hf.load_hf`, :func:`load_hf_next`). ``vocab``: ``(start,
+    stop)``, the embedding and an untied lm_head ``[stop - start, H]`` of only those vocabulary
+    rows, a safetensors slice of them read (a tensor-parallel rank's vocabulary shard).
+    ``heads``: ``((q_start, q_stop), (kv_start, kv_stop))``, a Qwen3-MoE model's attention of
+    only those heads (q/k/v rows, o_proj columns: :func:`qwen3_moe_hf.load_hf`; a hybrid model's
+    attention is read whole, and refuses it). CheckpointError naming the file and the key or
+    tensor for anything ftlab cannot load."""
+    if is_next(read_hf_config(Path(path))):
         _whole_attention(heads)
         return load_hf_next(path, device, dtype, progress, quantize, experts, vocab)
     if quantize:
         raise ValueError("quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
                          "GGUF file)")  # fmt: skip
-    return hf_loader.load_hf(path, device, dtype, progress, experts, vocab, heads)
+    return qwen3_moe_hf.load_hf(path, device, dtype, progress, experts, vocab, heads)
 
 
 def _whole_attention(heads) -> None:

@@ -32,11 +32,13 @@ from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
 from ftlab.models.decode_plan import DecodePlan
 from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, NotReplayable
+from ftlab.models.layers import Stage
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline_args import backend_map
-from ftlab.models.qwen3_moe import ModelWeights, Qwen3Moe, Qwen3MoeConfig, Stage
-from ftlab.models.qwen3_next import NextWeights, Qwen3Next
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
+from ftlab.models.qwen3_moe.model import ModelWeights, Qwen3Moe
+from ftlab.models.qwen3_next.config import Qwen3NextConfig
+from ftlab.models.qwen3_next.model import NextWeights, Qwen3Next
 from ftlab.models.tokenizer import Tokenizer
 from ftlab.models.tp_ranges import rank_experts, rank_heads, rank_ranges
 

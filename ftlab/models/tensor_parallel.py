@@ -286,7 +286,7 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
     embedding, lm_head and attention projections loaded with only the rank's experts / rows /
     heads (q/k/v rows, o_proj columns) are kept as they are (:func:`held`).
     ValueError when tp does not divide the heads, the kv heads, the experts or the vocabulary."""
-    from ftlab.models.qwen3_moe import LayerWeights, ModelWeights
+    from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights
 
     c = config
     hd = c.head_dim
@@ -320,7 +320,7 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     if stored permuted); the shared expert its share of the intermediate
     columns (gate and up rows, down columns), its gate replicated. ValueError when tp does not
     divide a count."""
-    from ftlab.models.qwen3_next import (
+    from ftlab.models.qwen3_next.model import (
         AttentionWeights,
         DeltaNetWeights,
         MoeWeights,

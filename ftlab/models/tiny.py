@@ -4,10 +4,10 @@ Each tiny model exists as a HF directory (``config.json``, ``model.safetensors``
 per-expert tensor names of real Qwen3-MoE checkpoints, a byte-level BPE ``tokenizer.json``
 trained on a small built-in text) and as GGUF files (``model-f32.gguf``, ``model-q4_0.gguf``
 with its matmul weights Q4_0) with the tokenizer in ``tokenizer.ggml.*`` metadata. The tiny
-hybrid models (:data:`ftlab.models.tiny_next.HYBRID_MODELS`: Qwen3.5-MoE, Qwen3-Next) are HF
-checkpoints of their own layout, and their GGUF files are what llama.cpp's converter makes of
+hybrid models (:data:`ftlab.models.qwen3_next.tiny.HYBRID_MODELS`: Qwen3.5-MoE, Qwen3-Next) are
+HF checkpoints of their own layout, and their GGUF files are what llama.cpp's converter makes of
 them (``qwen35moe`` / ``qwen3next``, written by
-:func:`~ftlab.models.gguf_qwen3_next_write.write_gguf_hf`). Router weights are drawn, not zero,
+:func:`~ftlab.models.qwen3_next.gguf_write.write_gguf_hf`). Router weights are drawn, not zero,
 so routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny`` (``FTLAB_CACHE_DIR``).
 """
 
@@ -21,7 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ftlab.models.tiny_next import HYBRID_MODELS, hybrid_config, hybrid_weights, write_hybrid_gguf
+from ftlab.models.qwen3_next.tiny import (
+    HYBRID_MODELS,
+    hybrid_config,
+    hybrid_weights,
+    write_hybrid_gguf,
+)
 
 QWEN3_MOE_MODELS: dict[str, dict] = {
     "tiny-qwen3-moe": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -120,9 +125,10 @@ def spec_digest(name: str) -> str:
     weights = hybrid_weights if name in HYBRID_MODELS else random_weights
     recipe = json.dumps([TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(weights)], sort_keys=True)
     if name in HYBRID_MODELS:  # and what makes its GGUF files
-        from ftlab.models import gguf_qwen3_next_layout, gguf_qwen3_next_write, tiny_next
+        from ftlab.models.qwen3_next import gguf_layout, gguf_write
+        from ftlab.models.qwen3_next import tiny as hybrid_tiny
 
-        recipe += "".join(inspect.getsource(m) for m in (tiny_next, gguf_qwen3_next_write, gguf_qwen3_next_layout))
+        recipe += "".join(inspect.getsource(m) for m in (hybrid_tiny, gguf_write, gguf_layout))
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 

@@ -16,21 +16,24 @@ def _counts(path: Path) -> tuple[int, int, tuple[int, int] | None] | None:
     Qwen3-MoE model, None for a hybrid one (its attention is read whole). None for any other path
     (the load refuses it)."""
     from ftlab.formats.gguf import open_reader
-    from ftlab.models import gguf_loader, gguf_qwen3_next, hf_loader
-    from ftlab.models.hf_next_loader import read_next_config
-    from ftlab.models.loader import GGUF_ARCH, gguf_architecture, is_next
+    from ftlab.formats.hf import read_hf_config
+    from ftlab.models.loader import GGUF_ARCH, gguf_architecture
+    from ftlab.models.qwen3_moe import gguf as qwen3_moe_gguf
+    from ftlab.models.qwen3_moe import hf as qwen3_moe_hf
+    from ftlab.models.qwen3_next import gguf as qwen3_next_gguf
+    from ftlab.models.qwen3_next.hf import is_next, read_next_config
 
     if path.is_dir():
-        if is_next(hf_loader.read_hf_config(path)):
+        if is_next(read_hf_config(path)):
             c = read_next_config(path)
             return c.num_experts, c.vocab_size, None
-        c = hf_loader.read_config(path)[0]
+        c = qwen3_moe_hf.read_config(path)[0]
     elif path.suffix == ".gguf":
         reader = open_reader(path)
         if gguf_architecture(path) != GGUF_ARCH:
-            hf = gguf_qwen3_next.read_config(reader, path)
+            hf = qwen3_next_gguf.read_config(reader, path)
             return hf["num_experts"], hf["vocab_size"], None
-        c = gguf_loader.read_config(reader, path)
+        c = qwen3_moe_gguf.read_config(reader, path)
     else:
         return None
     return c.num_experts, c.vocab_size, (c.num_attention_heads, c.num_key_value_heads)

@@ -20,7 +20,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     q/k/v projection are taken as they are: any token stride, contiguous heads), ``q_weight`` /
     ``k_weight [D]``, ``rotary_dim`` R (even, in [2, D]; None: R = D, then D must be even),
     ``cos`` / ``sin [N, R]`` (or any shape of N * R elements, e.g. ``[B, T, 1, R]``) from
-    ``ftlab.models.qwen3_moe.rope_tables(positions, R, ...)``: ``sin`` is signed, -sin on the
+    ``ftlab.models.layers.rope_tables(positions, R, ...)``: ``sin`` is signed, -sin on the
     first half. Each row: ``y = x / sqrt(mean(x^2) + eps) * weight`` over all D, then ``out[d] =
     y[d] * cos[d] + y[(d + R/2) % R] * sin[d]`` for d < R (partial rotary: Qwen3-Next, Qwen3.5)
     and ``out[d] = y[d]`` for d >= R, in fp32, rounded once. Returns new contiguous

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ftlab.models.gguf_qwen3_next_layout import hf_shapes
+from ftlab.models.qwen3_next.gguf_layout import hf_shapes
 
 _COMMON = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,

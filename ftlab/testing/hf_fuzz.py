@@ -1,6 +1,6 @@
-"""Seeded mutations of HF checkpoint directories, to fuzz ``ftlab.models.hf_loader`` with:
-:class:`HFMutator` (see :mod:`ftlab.testing.checkpoint_fuzz` for the GGUF side and how a
-mutator is used)."""
+"""Seeded mutations of HF checkpoint directories, to fuzz the HF loaders
+(``ftlab.models.loader.load_hf``) with: :class:`HFMutator` (see :mod:`ftlab.testing.checkpoint_fuzz`
+for the GGUF side and how a mutator is used)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ import torch
 
 from ftlab import cli
 from ftlab.bench.qwen35moe_random import QWEN35_35B_A3B, SMALL, RandomTensors, Shape, hf_config
-from ftlab.models.gguf_qwen3_next import read_gguf_hf
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_next import Qwen3NextConfig, read_gguf_hf
 from ftlab.quant import QuantWeight
 
 

@@ -14,17 +14,16 @@ import torch
 from safetensors.torch import load_file
 
 from ftlab import ops
+from ftlab.formats import DequantizedWarning
 from ftlab.formats.gguf import GGUFError
 from ftlab.formats.gguf_write import write_tensors
-from ftlab.models.gguf_loader import DequantizedWarning
-from ftlab.models.gguf_qwen3_next import read_gguf_hf, read_gguf_tokenizer
-from ftlab.models.gguf_qwen3_next_layout import hf_shapes, v_perm
-from ftlab.models.gguf_qwen3_next_write import (
+from ftlab.models.qwen3_next import read_gguf_hf, read_gguf_tokenizer, write_gguf_hf
+from ftlab.models.qwen3_next.gguf_layout import hf_shapes, v_perm
+from ftlab.models.qwen3_next.gguf_write import (
     arch_of,
     gguf_metadata_of,
     gguf_tensors,
     normalized_config,
-    write_gguf_hf,
 )
 from ftlab.quant import Q4_0Weight, QuantWeight, quant_weight
 

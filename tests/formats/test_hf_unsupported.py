@@ -15,7 +15,7 @@ from ftlab.formats import CheckpointError
 from ftlab.models import tiny
 from ftlab.models.loader import load_hf
 from ftlab.models.qwen3_moe import Qwen3MoeConfig
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_next import Qwen3NextConfig
 
 FAMILIES = ["tiny-qwen3-moe", "tiny-qwen3-next", "tiny-qwen35-moe"]
 

@@ -15,16 +15,14 @@ import gguf
 import pytest
 import torch
 
+from ftlab.formats import DequantizedWarning
 from ftlab.formats.gguf import GGUFError
 from ftlab.formats.gguf_write import write_tensors
 from ftlab.models import tiny
-from ftlab.models.gguf_loader import DequantizedWarning
-from ftlab.models.gguf_qwen3_next import read_gguf_hf, read_gguf_tokenizer
 from ftlab.models.loader import GGUF_ARCHS, gguf_architecture, load_gguf_model, load_hf
 from ftlab.models.pipeline import Pipeline
-from ftlab.models.qwen3_next import Qwen3Next
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
-from ftlab.models.tiny_next import fused_state, hybrid_weights
+from ftlab.models.qwen3_next import Qwen3Next, Qwen3NextConfig, read_gguf_hf, read_gguf_tokenizer
+from ftlab.models.qwen3_next.tiny import fused_state, hybrid_weights
 from ftlab.quant import Q4_0Weight
 
 HYBRID = ["tiny-qwen35-moe", "tiny-qwen3-next"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_next import Qwen3NextConfig
 
 # the shape of Qwen3-Next-80B-A3B's config.json: RoPE keys at the top level, layer pattern by interval
 QWEN3_NEXT = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 151936,

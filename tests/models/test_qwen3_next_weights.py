@@ -11,9 +11,7 @@ from safetensors.torch import load_file
 from ftlab import ops
 from ftlab.formats import CheckpointError
 from ftlab.models import tiny
-from ftlab.models.qwen3_next import Qwen3Next
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
-from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.models.qwen3_next import Qwen3Next, Qwen3NextConfig, build_weights
 from ftlab.quant import Q4_0Weight, QuantWeight
 
 OUT = "model.layers.0.linear_attn.out_proj.weight"

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from ftlab.models import tiny
-from ftlab.models.gguf_loader import expert_range, load_gguf
+from ftlab.models.checkpoint_checks import expert_range
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline import rank_experts
+from ftlab.models.qwen3_moe import load_gguf
 from ftlab.models.tensor_parallel import TensorParallel, experts, rows
 from ftlab.quant import QuantWeight
 

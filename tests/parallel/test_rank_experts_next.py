@@ -15,15 +15,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ftlab.formats import CheckpointError
+from ftlab.formats import CheckpointError, DequantizedWarning
+from ftlab.formats.hf import SafetensorsShards
 from ftlab.models import tiny
-from ftlab.models.gguf_loader import DequantizedWarning, load_gguf
-from ftlab.models.gguf_qwen3_next import read_gguf_hf
-from ftlab.models.hf_loader import SafetensorsShards
-from ftlab.models.hf_next_loader import HFTensors, read_next_config
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline import rank_experts
-from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.models.qwen3_moe import load_gguf
+from ftlab.models.qwen3_next import build_weights, read_gguf_hf
+from ftlab.models.qwen3_next.hf import HFTensors, read_next_config
 from ftlab.models.tensor_parallel import TensorParallel, rows, shard_qwen3_next
 from ftlab.quant import QuantWeight
 from tests.parallel.test_rank_experts import same

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from ftlab.models import tiny
-from ftlab.models.gguf_loader import load_gguf
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline import rank_heads, rank_ranges
+from ftlab.models.qwen3_moe import load_gguf
 from ftlab.models.tensor_parallel import (
     ShardDequantizedWarning,
     TensorParallel,

@@ -18,14 +18,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ftlab import ops
-from ftlab.formats import CheckpointError
+from ftlab.formats import CheckpointError, DequantizedWarning
+from ftlab.formats.hf import SafetensorsShards
 from ftlab.models import tiny
-from ftlab.models.gguf_loader import DequantizedWarning, load_gguf, save_gguf
-from ftlab.models.gguf_qwen3_next import read_gguf_hf
-from ftlab.models.hf_loader import SafetensorsShards
-from ftlab.models.hf_next_loader import HFTensors
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline import rank_experts, rank_ranges
+from ftlab.models.qwen3_moe import load_gguf, save_gguf
+from ftlab.models.qwen3_next import read_gguf_hf
+from ftlab.models.qwen3_next.hf import HFTensors
 from ftlab.models.tensor_parallel import (
     ShardDequantizedWarning,
     TensorParallel,

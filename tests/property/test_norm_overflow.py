@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import ftlab.testing as ft
 from ftlab import ops
-from ftlab.models.qwen3_moe import rope_tables
+from ftlab.models.layers import rope_tables
 from ftlab.testing.common import assert_within
 from ftlab.testing.norm import overflow_rows, rms_exact
 

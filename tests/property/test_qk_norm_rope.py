@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import ftlab.testing as ft
 from ftlab import backends, ops
-from ftlab.models.qwen3_moe import rope_tables
+from ftlab.models.layers import rope_tables
 
 
 @st.composite

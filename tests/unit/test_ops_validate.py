@@ -10,8 +10,8 @@ import torch
 
 from ftlab import ops
 from ftlab.models import DecodePlan
+from ftlab.models.layers import rope_tables
 from ftlab.models.pipeline import Pipeline
-from ftlab.models.qwen3_moe import rope_tables
 from ftlab.quant import Q4_0Weight
 
 CASES = [("cpu", b) for b in ("reference", "triton")] + [

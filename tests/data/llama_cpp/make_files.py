@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from ftlab.models import tiny
-from ftlab.models.gguf_loader import save_gguf
-from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
+from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig, save_gguf
 from ftlab.models.tokenizer import gguf_metadata
 
 HERE = Path(__file__).resolve().parent

@@ -16,9 +16,10 @@ Q8_0 files hold) stay packed, zero-copy, moved to the device: the model multipli
 ``ops.q4_0_matmul``, ``ops.quant_matmul`` and ``ops.moe_experts``; the embedding is dequantized
 (``ops.index`` gathers dense rows). A file never fails for its quantization mix alone: tensors of
 a type without an ftlab matmul kernel (Q4_1, Q5_0, the IQ types, ..., dequantized by gguf-py)
-run dense in ``dtype``, with one :class:`DequantizedWarning` a file naming them; a layer whose
-expert banks mix packed and dequantized ones, or whose gate and up banks differ in type (their
-rows are stacked into one gate_up bank), runs them all dense, named in the same warning.
+run dense in ``dtype``, with one :class:`~ftlab.formats.DequantizedWarning` a file naming them;
+a layer whose expert banks mix packed and dequantized ones, or whose gate and up banks differ in
+type (their rows are stacked into one gate_up bank), runs them all dense, named in the same
+warning.
 """
 
 from __future__ import annotations
@@ -32,23 +33,22 @@ from gguf import quants as gguf_quants
 from tqdm import tqdm
 
 from ftlab import ops
+from ftlab.formats import DequantizedWarning
 from ftlab.formats.gguf import (
     GGUFError,
+    cut,
     dequantized_types,
     field_value,
     open_reader,
     tensor_from_reader,
 )
 from ftlab.formats.gguf_write import Blocks, write_tensors
-from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig
+from ftlab.models.checkpoint_checks import expert_range, head_ranges, row_range
+from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
+from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights
 from ftlab.quant import Q4_0Weight, QuantWeight, quant_weight
 
 GGUF_ARCH = "qwen3moe"
-
-
-class DequantizedWarning(UserWarning):
-    """Some tensors of a GGUF file have a type with no ftlab kernel and were loaded dequantized
-    (dense, in the model's dtype: more memory, and the dense matmul instead of the quantized one)."""
 _GGUF_KEYS = {  # Qwen3MoeConfig field -> qwen3moe.* metadata key
     "num_hidden_layers": "block_count",
     "hidden_size": "embedding_length",
@@ -140,50 +140,6 @@ def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> 
     if extra:  # llama.cpp refuses these too ("wrong number of tensors")
         raise GGUFError(f"{path}: tensor '{extra[0]}' is not part of a {GGUF_ARCH} model "
                         f"({len(extra)} such tensors)")  # fmt: skip
-
-
-def row_range(span: tuple[int, int] | None, total: int, what: str) -> tuple[int, int]:
-    """``span``, ``(start, stop)`` of ``total`` rows (experts of a bank, vocabulary rows of an
-    embedding), checked (None: all of them); ValueError naming ``what``, the expectation and what
-    came for anything but two ints with ``0 <= start < stop <= total``."""
-    if span is None:
-        return 0, total
-    ok = isinstance(span, tuple) and len(span) == 2 and all(type(v) is int for v in span)
-    if not ok or not 0 <= span[0] < span[1] <= total:
-        raise ValueError(f"{what} must be (start, stop) with 0 <= start < stop <= {total}, got {span!r}")
-    return span
-
-
-def head_ranges(heads, num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """``heads``, ``((start, stop), (start, stop))`` of the query heads of ``num_heads`` and the
-    key/value heads of ``num_kv_heads`` (a tensor-parallel rank's: :func:`TensorParallel.shard`,
-    :meth:`TensorParallel.kv_heads`), checked (None stays None: every head); ValueError naming
-    ``heads``, the expectation and what came otherwise (:func:`row_range`)."""
-    if heads is None:
-        return None
-    if not (isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, tuple) for h in heads)):
-        raise ValueError(f"heads must be ((start, stop), (start, stop)) of the query and key/value heads, got {heads!r}")
-    return (row_range(heads[0], num_heads, "heads[0] (the query heads)"),
-            row_range(heads[1], num_kv_heads, "heads[1] (the key/value heads)"))  # fmt: skip
-
-
-def expert_range(experts: tuple[int, int] | None, num_experts: int) -> tuple[int, int]:
-    """``experts`` checked against ``num_experts`` (None: all of them; :func:`row_range`)."""
-    return row_range(experts, num_experts, "experts")
-
-
-def cut(bank, start: int, stop: int):
-    """Rows ``start .. stop`` (along dim 0) of a tensor as read from the file: experts of a bank
-    ``[E, ...]``, or vocabulary rows of an embedding or lm_head ``[V, H]`` (a packed type's rows
-    are independent, whole blocks); the tensor itself when that is all of it. A packed slice is a view of the
-    memory-mapped bytes (only what is used later is read: a packed embedding is dequantized for
-    these rows only); a float one is copied (only its pages are read, and a tensor the reader
-    dequantized whole is not kept alive by the slice)."""
-    if start == 0 and stop == bank.shape[0]:
-        return bank
-    if isinstance(bank, QuantWeight):
-        return quant_weight(bank.data[start:stop], (stop - start, *bank.shape[1:]), bank.qtype)
-    return bank[start:stop].clone()
 
 
 def cut_columns(w, start: int, stop: int):

@@ -14,88 +14,29 @@ has fixed shapes and addresses (what a captured graph needs).
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
 from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
-from ftlab.models import hf_config
 from ftlab.models.decode_plan import DecodePlan, Planned, plan_of
 from ftlab.models.layers import (
     KVCache,
     Stage,
     add_norm,
-    check_field,
     concat_rows,
     embed,
     gather_logits,
     hybrid_end_step,
     linear,
-    rms_norm,
-    rope_tables,
     route,
 )
 from ftlab.models.pipeline_args import QWEN3_MOE_OPS
+from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 
-__all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe", "Qwen3MoeConfig", "Stage", "linear", "rms_norm", "rope_tables"]
-
-
-@dataclass
-class Qwen3MoeConfig:
-    """The shape and constants of a Qwen3-MoE model. Checked on construction (ValueError
-    naming the field): counts are ints >= 1, eps and rope_theta finite and > 0 (rope_theta
-    > 1), the flags bools, heads a multiple of kv heads, 1 <= experts per token <= experts."""
-
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    num_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
-    norm_topk_prob: bool = True
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 4096
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            check_field(f.name, getattr(self, f.name))
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
-                             f"of num_key_value_heads ({self.num_key_value_heads})")  # fmt: skip
-        if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(f"num_experts_per_tok must be <= num_experts ({self.num_experts}), "
-                             f"got {self.num_experts_per_tok}")  # fmt: skip
-
-    @classmethod
-    def from_hf(cls, hf: dict) -> Qwen3MoeConfig:
-        """From a HF ``config.json`` dict (model_type ``qwen3_moe``); ValueError naming the key
-        for a missing key, a value of the wrong type or range, or a feature ftlab lacks
-        (:func:`ftlab.models.hf_config.refuse_unsupported`, RoPE scaling)."""
-        if hf.get("model_type") != "qwen3_moe":
-            raise ValueError(f"model_type must be 'qwen3_moe', got {hf.get('model_type')!r}")
-        values = dict(hf)
-        rope = hf_config.rope(values)
-        # a key config.json lacks means what transformers' Qwen3MoeConfig defaults to, not what
-        # this dataclass defaults to (Qwen3-30B-A3B's values): the two differ on these
-        values.setdefault("rope_theta", rope.get("rope_theta", 10_000.0))
-        values.setdefault("norm_topk_prob", False)
-        if (
-            "num_experts" not in values and "num_local_experts" in values
-        ):  # newer transformers' name
-            values["num_experts"] = values["num_local_experts"]
-        if "head_dim" not in values and "hidden_size" in values and "num_attention_heads" in values:
-            check_field("hidden_size", values["hidden_size"])
-            check_field("num_attention_heads", values["num_attention_heads"])
-            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
-        hf_config.refuse_unsupported(values)
-        return hf_config.build(cls, values)
+__all__ = ["LayerWeights", "ModelWeights", "Qwen3Moe"]
 
 
 @dataclass
@@ -222,29 +163,46 @@ class Qwen3Moe(Planned):
         geo = geo or self.geometry(positions, x.dtype)
         b, t, _ = x.shape
         hd, nh, nkvh = c.head_dim, self.heads, self.kv_heads
-        # each part's output split into the projections it stacks
-        if qkv is not None:
-            q, k, v = qkv.view(b, t, -1).split_with_sizes(lw.qkv()[0][1], dim=-1)
-        else:
-            q, k, v = (out for w, widths in lw.qkv() for out in self.linear(x, w).split_with_sizes(widths, dim=-1))
+        q, k, v = self._project_qkv(i, x, qkv)
         v = v.reshape(b, t, nkvh, hd)
-        # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope), which also writes
-        # k and v into the cache (plan.kv_store_in_rope) unless "store" names a backend of its own
+        # per-head RMSNorm of q and k, then RoPE: one pass (ops.qk_norm_rope), which may also
+        # write k and v into the cache
         plan = self.plan
-        rope_backend = self.backends["qk_norm_rope"]
-        fused = plan.kv_store_in_rope and self.backends["store"] in ("auto", rope_backend)
+        fused = self._kv_store_in_rope()
         cache = dict(k_cache=self.cache.k[i], v_cache=self.cache.v[i], slots=geo["write"], v=v.reshape(b * t, -1))
         q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
-                                geo["cos"], geo["sin"], c.rms_norm_eps, backend=rope_backend,
+                                geo["cos"], geo["sin"], c.rms_norm_eps, backend=self.backends["qk_norm_rope"],
                                 validate=plan.checks, **(cache if fused else {}))  # fmt: skip
-        # a decode step on hip's attention kernel can hand the o_proj matvec its input's Q8_1 (plan.attention_q8)
-        q8 = plan.attention_q8 and t == 1 and isinstance(lw.o_proj, Q4_0Weight)
-        q8 = q8 and self.q4_0_path in ("auto", "int8")  # the dequant path would not use it
+        q8 = self._o_proj_q8(lw, t)
         out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, plan, stored=fused,
                                 quantize=q8)  # fmt: skip
         out, out_q8 = out if q8 else (out, None)
         out = self.linear(out.reshape(b, t, -1), lw.o_proj, x_q8=out_q8)
         return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj: partial sums
+
+    def _project_qkv(self, i: int, x: torch.Tensor, qkv: torch.Tensor | None) -> tuple:
+        """Layer i's q, k and v ``[B, T, width]`` of ``x [B, T, H]``: the output of each of its
+        stacked projections (:meth:`LayerWeights.qkv`) split into the projections it stacks;
+        ``qkv``: the one stacked projection's output ``[B * T, N]``, when the caller made it."""
+        b, t, _ = x.shape
+        parts = self.weights.layers[i].qkv()
+        if qkv is not None:
+            return qkv.view(b, t, -1).split_with_sizes(parts[0][1], dim=-1)
+        outs = (self.linear(x, w).split_with_sizes(widths, dim=-1) for w, widths in parts)
+        return tuple(out for split in outs for out in split)
+
+    def _kv_store_in_rope(self) -> bool:
+        """Whether ``ops.qk_norm_rope`` also writes k and v into the cache (the plan's
+        ``kv_store_in_rope``), which it does unless "store" names a backend of its own."""
+        b = self.backends
+        return self.plan.kv_store_in_rope and b["store"] in ("auto", b["qk_norm_rope"])
+
+    def _o_proj_q8(self, lw: LayerWeights, tokens: int) -> bool:
+        """Whether the attention of a step of ``tokens`` hands the o_proj matvec its input's Q8_1
+        (the plan's ``attention_q8``, on hip's attention kernel): a decode step, a Q4_0 o_proj,
+        the int8 path (the dequant path would not use it)."""
+        q8 = self.plan.attention_q8 and tokens == 1 and isinstance(lw.o_proj, Q4_0Weight)
+        return q8 and self.q4_0_path in ("auto", "int8")
 
     def _norm_in_qkv(self, rows: int) -> bool:
         """Whether each layer's input residual add and norm run inside its q/k/v matvec
@@ -276,6 +234,44 @@ class Qwen3Moe(Planned):
         b = self.backends
         same = b["add_rmsnorm"] == b["router_topk"] and b["route_topk"] in ("auto", b["router_topk"])
         return self.plan.norm_in_router and same
+
+    def _input_norm(self, i: int, x: torch.Tensor, out: torch.Tensor | None, into_qkv: bool):
+        """Layer i's input residual add and norm of the residual stream ``x [B, T, H]`` and the
+        last layer's output ``out`` (None before the first layer): ``(h, s, qkv)``, ``h`` the
+        norm of ``s``, the stream after the add, both ``[B, T, H]``; ``qkv`` the layer's stacked
+        q/k/v projection ``[B * T, N]`` when the add and norm run inside its matvec
+        (``into_qkv``: :meth:`_norm_in_qkv`), else None."""
+        eps, lw = self.config.rms_norm_eps, self.weights.layers[i]
+        if into_qkv:
+            x, residual = (x, None) if out is None else (out, x)
+            return self._norm_qkv(i, x, residual, eps)
+        h, s = add_norm(x, out, lw.input_norm, eps, self.backends["add_rmsnorm"], self.plan.checks)
+        return h, s, None
+
+    def _post_attention_norm(self, i: int, x: torch.Tensor, attn: torch.Tensor, into_router: bool):
+        """Layer i's post-attention residual add and norm of the stream ``x`` and the attention's
+        output ``attn`` (both ``[B, T, H]``): ``(h, s, routes)``, ``h [B * T, H]`` the norm of
+        ``s [B, T, H]``, the stream after the add; ``routes`` the router's (logits, top-k
+        weights, top-k ids) when the add and norm run inside its op (``into_router``:
+        :meth:`_norm_in_router`), else None."""
+        c, lw, b = self.config, self.weights.layers[i], self.backends
+        eps, checks = c.rms_norm_eps, self.plan.checks
+        if not into_router:
+            h, s = add_norm(x, attn, lw.post_attention_norm, eps, b["add_rmsnorm"], checks)
+            return h.reshape(-1, s.shape[-1]), s, None
+        flat = x.shape[-1]
+        h, s, logits, weights, ids = ops.add_rmsnorm_router_topk(
+            x.reshape(-1, flat),
+            attn.reshape(-1, flat),
+            lw.post_attention_norm,
+            eps,
+            lw.router,
+            c.num_experts_per_tok,
+            c.norm_topk_prob,
+            backend=b["router_topk"],
+            validate=checks,
+        )
+        return h, s.view(attn.shape), (logits, weights, ids)
 
     def router(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[N, H]`` -> (router logits ``[N, E]``, top-k weights fp32, top-k ids int32)."""
@@ -330,43 +326,24 @@ class Qwen3Moe(Planned):
         returns ``(x, moe)``, the last layer's residual stream and its experts' output, both
         ``[B, T, H]``, not yet added. A decode step's layers are what
         :class:`ftlab.models.decode_steps.DecodeLaunches` records."""
-        c, w = self.config, self.weights
-        eps, nb, checks = c.rms_norm_eps, self.backends["add_rmsnorm"], self.plan.checks
         # each residual add is fused with the norm after it (ops.add_rmsnorm): the attention's
-        # with the post-attention norm, the experts' with the next layer's input norm
-        fuse = self._norm_in_router()  # the post-attention add and norm inside the router's launch
-        fuse_qkv = self._norm_in_qkv(positions.numel())  # each input norm inside the q/k/v matvec
-        qkv = None
-        if fuse_qkv:
-            h, _, qkv = self._norm_qkv(0, x, None, eps)
-        else:
-            h, _ = add_norm(x, None, w.layers[0].input_norm, eps, nb, checks)
-        for i in range(c.num_hidden_layers):
-            lw = w.layers[i]
+        # with the post-attention norm (into_router: inside the router's launch too), the
+        # experts' with the next layer's input norm (into_qkv: inside its q/k/v matvec too)
+        into_router = self._norm_in_router()
+        into_qkv = self._norm_in_qkv(positions.numel())
+        h, _, qkv = self._input_norm(0, x, None, into_qkv)
+        for i in range(self.config.num_hidden_layers):
             attn = self.attention(i, h, positions, geo, qkv=qkv)
-            if fuse:
-                flat = x.shape[-1]
-                h, x, logits, weights, ids = ops.add_rmsnorm_router_topk(
-                    x.reshape(-1, flat), attn.reshape(-1, flat), lw.post_attention_norm, eps, lw.router,
-                    c.num_experts_per_tok, c.norm_topk_prob, backend=self.backends["router_topk"],
-                    validate=self.plan.checks)  # fmt: skip
-                x = x.view(attn.shape)
-            else:
-                h, x = add_norm(x, attn, lw.post_attention_norm, eps, nb, checks)
-                h = h.reshape(-1, x.shape[-1])
+            h, x, routes = self._post_attention_norm(i, x, attn, into_router)
             yield Stage(f"layer {i} attention", {"attention": attn, "hidden": x}, "attention")
-            if not fuse:
-                logits, weights, ids = self.router(i, h)
+            logits, weights, ids = routes or self.router(i, h)
             yield Stage(
                 f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights"
             )
             moe = self.experts(i, h, weights, ids).view_as(x)
-            if i + 1 == c.num_hidden_layers:
+            if i + 1 == self.config.num_hidden_layers:
                 return x, moe
-            if fuse_qkv:
-                h, x, qkv = self._norm_qkv(i + 1, moe, x, eps)
-            else:
-                h, x = add_norm(x, moe, w.layers[i + 1].input_norm, eps, nb, checks)
+            h, x, qkv = self._input_norm(i + 1, x, moe, into_qkv)
             yield Stage(f"layer {i} experts", {"experts": moe, "hidden": x}, "experts")
 
     def final_norm(self, x: torch.Tensor, moe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
 """The hybrid Qwen MoE models -- Qwen3-Next and Qwen3.5-MoE / Qwen3.6 (one config,
-:class:`~ftlab.models.qwen3_next_config.Qwen3NextConfig`, ``arch`` tells them apart) -- as plain
+:class:`~ftlab.models.qwen3_next.config.Qwen3NextConfig`, ``arch`` tells them apart) -- as plain
 PyTorch over ftlab ops.
 
 Per layer: RMSNorm -> a token mixer -> residual -> RMSNorm -> MoE -> residual. The mixer is
@@ -51,14 +51,20 @@ from ftlab.models.layers import (
     route,
 )
 from ftlab.models.pipeline_args import MODEL_OPS
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
+from ftlab.models.qwen3_next.config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight
 from ftlab.reference.gated_delta_rule import step_gates
 
 Weight = torch.Tensor | Q4_0Weight
 
-__all__ = ["AttentionWeights", "DeltaNetWeights", "MoeWeights", "NextLayerWeights", "NextWeights", "Qwen3Next",
-           "Qwen3NextConfig"]  # fmt: skip
+__all__ = [
+    "AttentionWeights",
+    "DeltaNetWeights",
+    "MoeWeights",
+    "NextLayerWeights",
+    "NextWeights",
+    "Qwen3Next",
+]
 
 
 @dataclass

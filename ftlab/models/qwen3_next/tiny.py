@@ -137,6 +137,6 @@ def write_hybrid_gguf(path, config: dict, weights: dict[str, torch.Tensor], toke
     """A tiny hybrid model (its HF ``config.json`` dict and checkpoint-named ``weights``) as the
     GGUF file llama.cpp's converter would make of the checkpoint, its matmul weights of ``qtype``
     (a ``gguf.GGMLQuantizationType``; F32: all float), ``tokenizer`` in the metadata."""
-    from ftlab.models.gguf_qwen3_next_write import write_gguf_hf
+    from ftlab.models.qwen3_next.gguf_write import write_gguf_hf
 
     write_gguf_hf(path, causal_lm_config(config), fused_state(weights), tokenizer=tokenizer, types=qtype)

@@ -1,6 +1,7 @@
 """Qwen3.6 (``qwen35moe``) and Qwen3-Next (``qwen3next``) GGUF files, as llama.cpp's converter
 writes them, read back into the HF state dict and config (transformers' names and
-conventions: ``Qwen3_5MoeForCausalLM`` / ``Qwen3NextForCausalLM``). Writing: ``gguf_qwen3_next_write``.
+conventions: ``Qwen3_5MoeForCausalLM`` / ``Qwen3NextForCausalLM``). Writing:
+:mod:`~ftlab.models.qwen3_next.gguf_write`.
 
 The converter (``conversion/qwen.py``) changes these, and reading undoes each:
 
@@ -29,7 +30,7 @@ the addition rounded away; ``1 + w``, what the model computes, is exact), and ``
 ``log(-A)`` (exact to the f32 rounding of ``exp``): these two are the only values not
 bit-identical to the checkpoint the file was made from.
 
-Validation follows the Qwen3-MoE loader (``gguf_loader``): the structure by
+Validation follows the Qwen3-MoE loader (:mod:`ftlab.models.qwen3_moe.gguf`): the structure by
 :func:`~ftlab.formats.gguf.open_reader`, then every metadata value of its type, the sizes
 consistent, ``block_count`` equal to the ``blk.N`` groups, every tensor present and of the shape
 the config implies, none extra. Refusals are :class:`~ftlab.formats.gguf.GGUFError` naming the
@@ -46,16 +47,18 @@ import torch
 from tokenizers import AddedToken
 
 from ftlab import argcheck, ops
+from ftlab.formats import DequantizedWarning
 from ftlab.formats.gguf import (
     FLOAT_TYPES,
     PACKED_TYPES,
     GGUFError,
+    cut,
     field_value,
     open_reader,
     tensor_from_reader,
 )
-from ftlab.models.gguf_loader import DequantizedWarning, cut, expert_range, row_range
-from ftlab.models.gguf_qwen3_next_layout import (
+from ftlab.models.checkpoint_checks import expert_range, row_range
+from ftlab.models.qwen3_next.gguf_layout import (
     ARCHS,
     DEFAULTS,
     FLOAT_KEYS,
@@ -265,7 +268,7 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     ``experts``: ``(start, stop)`` (None: all) -- the routed banks of every layer (the MTP's
     too), ``mlp.experts.gate_up_proj`` ``[stop - start, 2I, H]`` and ``down_proj`` ``[stop -
     start, H, I]``, hold only those experts (a tensor-parallel rank's share): each GGUF bank is cut
-    by :func:`~ftlab.models.gguf_loader.cut` before it is joined, moved or cast (a packed bank's
+    by :func:`~ftlab.formats.gguf.cut` before it is joined, moved or cast (a packed bank's
     slice is a view of the memory-mapped file, so the other experts' bytes are never read; a float
     one is copied for the range; a bank of a type ftlab has no kernel for is dequantized whole by
     the reader first). The router (``mlp.gate`` ``[E, H]``) and the shared expert stay whole.

@@ -1,4 +1,4 @@
-"""A Qwen3-Next / Qwen3.5-MoE model's weights (:class:`~ftlab.models.qwen3_next.NextWeights`)
+"""A Qwen3-Next / Qwen3.5-MoE model's weights (:class:`~ftlab.models.qwen3_next.model.NextWeights`)
 from tensors under their HF names, whatever file they came from (a HF directory, a GGUF file
 whose tensors were renamed and un-transformed back to HF form).
 
@@ -47,8 +47,9 @@ import torch
 
 from ftlab import ops
 from ftlab.formats import CheckpointError
-from ftlab.models.gguf_loader import expert_range, row_range
-from ftlab.models.qwen3_next import (
+from ftlab.models.checkpoint_checks import expert_range, row_range
+from ftlab.models.qwen3_next.config import Qwen3NextConfig
+from ftlab.models.qwen3_next.model import (
     AttentionWeights,
     DeltaNetWeights,
     MoeWeights,
@@ -56,7 +57,6 @@ from ftlab.models.qwen3_next import (
     NextWeights,
     Weight,
 )
-from ftlab.models.qwen3_next_config import Qwen3NextConfig
 from ftlab.quant import Q4_0Weight, QuantWeight
 
 

@@ -2,8 +2,8 @@
 checkpoint, as data: the config <-> ``<arch>.*`` metadata keys, the HF <-> ``blk.N.*`` tensor
 names and shapes, the V-head permutations (``conversion/qwen.py``: ``Qwen3NextModel``,
 ``_LinearAttentionVReorderBase``) and the row / column gathers that apply them to float tensors
-and packed QuantWeights. Reading (``gguf_qwen3_next``) and writing
-(``gguf_qwen3_next_write``) both use these tables, one direction each.
+and packed QuantWeights. Reading (:mod:`~ftlab.models.qwen3_next.gguf`) and writing
+(:mod:`~ftlab.models.qwen3_next.gguf_write`) both use these tables, one direction each.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Load a HF Qwen3-Next (``Qwen3NextForCausalLM``) or Qwen3.5-MoE directory
 (``Qwen3_5MoeForCausalLM``, or the text model of ``Qwen3_5MoeForConditionalGeneration``) into
-:class:`~ftlab.models.qwen3_next.NextWeights`.
+:class:`~ftlab.models.qwen3_next.model.NextWeights`.
 
-Shards as :class:`~ftlab.models.hf_loader.SafetensorsShards` reads them (memory-mapped, by the
+Shards as :class:`~ftlab.formats.hf.SafetensorsShards` reads them (memory-mapped, by the
 index when there is one). The text model's tensors under ``model.language_model.`` are read as
 ``model.``; the vision tower (``model.visual.``) and the multi-token-prediction head (``mtp.``)
 are not read. Tensors become weights through
-:func:`~ftlab.models.qwen3_next_weights.build_weights`. With ``experts=(start, stop)`` (a
+:func:`~ftlab.models.qwen3_next.weights.build_weights`. With ``experts=(start, stop)`` (a
 tensor-parallel rank's share) only those routed experts are read: their per-expert tensors, or
 their rows of a stored bank (a safetensors slice: the other experts' bytes are not read); with
 ``vocab=(start, stop)`` only those rows of the embedding and of an untied ``lm_head``.
@@ -23,17 +23,16 @@ from tqdm import tqdm
 
 from ftlab import ops
 from ftlab.formats import CheckpointError
-from ftlab.models.gguf_loader import expert_range, row_range
-from ftlab.models.hf_loader import (
-    SafetensorsShards,
+from ftlab.formats.hf import SafetensorsShards, read_hf_config, stored_dtype
+from ftlab.models.checkpoint_checks import (
     check_count,
-    read_hf_config,
+    expert_range,
     refuse_attention_biases,
-    stored_dtype,
+    row_range,
 )
-from ftlab.models.qwen3_next import NextWeights
-from ftlab.models.qwen3_next_config import MODEL_TYPES, Qwen3NextConfig
-from ftlab.models.qwen3_next_weights import build_weights
+from ftlab.models.qwen3_next.config import MODEL_TYPES, Qwen3NextConfig
+from ftlab.models.qwen3_next.model import NextWeights
+from ftlab.models.qwen3_next.weights import build_weights
 
 TEXT_PREFIX = "model.language_model."
 SKIPPED = ("model.visual.", "mtp.")

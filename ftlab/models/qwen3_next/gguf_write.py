@@ -1,6 +1,6 @@
 """Qwen3.6 (``qwen35moe``) and Qwen3-Next (``qwen3next``) HF state dicts written as the GGUF
-files llama.cpp's converter makes of them (every transformation of ``gguf_qwen3_next``'s module
-docstring, forward). Reading: ``gguf_qwen3_next``."""
+files llama.cpp's converter makes of them (every transformation of :mod:`~ftlab.models.qwen3_next.gguf`'s
+module docstring, forward). Reading: :mod:`~ftlab.models.qwen3_next.gguf`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from ftlab import ops
 from ftlab.formats.gguf import QT
 from ftlab.formats.gguf_write import Blocks, write_tensors
-from ftlab.models.gguf_qwen3_next_layout import (
+from ftlab.models.qwen3_next.gguf_layout import (
     ARCHS,
     FLOAT_KEYS,
     INT_KEYS,
