@@ -4,7 +4,7 @@
   serve (``spec``, ``register``, ``resolve``, ``available_backends``);
 - :mod:`~ftlab.backends.rules`: the measured choices as tables (``PREFER``, ``KERNELS``,
   ``DEFAULTS``), each row with its reason and the results that measured it;
-- :mod:`~ftlab.backends.plan`: :func:`plan` reads them and returns a :class:`Plan` (backend,
+- :mod:`~ftlab.backends.planner`: :func:`plan` reads them and returns a :class:`Plan` (backend,
   path, variant, reason); ``ftlab ops NAME --explain`` prints one.
 
 Routing rules (docs/ARCHITECTURE.md, "Routing"): an explicit backend, path or variant that cannot
@@ -18,7 +18,7 @@ implementation's prefill path; ``FTLAB_BACKEND=<name>`` replaces ``auto`` (then 
 
 from ftlab.backends import builtin as builtin
 from ftlab.backends.calls import Call
-from ftlab.backends.plan import Plan, option_for, plan, variant_for, why_not
+from ftlab.backends.planner import Plan, checked_plan, option_for, plan, variant_for, why_not
 from ftlab.backends.registry import (
     ALL_PLATFORMS,
     AUTO_ORDER_CPU,
@@ -68,6 +68,7 @@ __all__ = [
     "available_backends",
     "backends_of",
     "builtin",
+    "checked_plan",
     "cpu_unavailable",
     "define_op",
     "hip_unavailable",

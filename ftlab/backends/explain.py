@@ -14,7 +14,7 @@ import torch
 
 from ftlab import platform as ftplatform
 from ftlab.backends.calls import Call
-from ftlab.backends.plan import Plan, plan
+from ftlab.backends.planner import Plan, plan
 from ftlab.backends.registry import spec
 
 FLOATS = {

@@ -6,7 +6,7 @@ Each :class:`OpSpec` names the op, its family (the module name it has in ``ftlab
 it takes, and its implementations per backend, each with a typed :class:`Capability`: the
 platforms and dtypes it serves, the paths it implements and its prefill path. Which
 implementation runs a call, on which path and in which kernel variant, is the planner's choice
-(:mod:`ftlab.backends.plan`); this module answers whether an implementation *can* serve.
+(:mod:`ftlab.backends.planner`); this module answers whether an implementation *can* serve.
 """
 
 from __future__ import annotations

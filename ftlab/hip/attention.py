@@ -19,6 +19,7 @@ import torch
 from ftlab import argcheck, backends, jit
 from ftlab import platform as ftplatform
 from ftlab.backends import calls
+from ftlab.backends.calls import Call
 from ftlab.backends.limits import ATTENTION_TILE_HEAD_DIMS as TILE_HEAD_DIMS
 from ftlab.hip.counters import zeroed_counters
 from ftlab.quant import Q8_1
@@ -72,7 +73,8 @@ def tile_want(b: int, kvh: int, device: torch.device, d: int) -> int:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                      scale: float, quantize: bool = False,
-                     variant: str | None = None) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
+                     variant: str | None = None,
+                     call: Call | None = None) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.decode_attention` (ops checked the layouts; ``quantize``:
     also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after).
     ``variant``: ``"tiles"`` (the one-launch kernel: fp16 / bf16, head dim 128 or 256, 16-byte
@@ -82,7 +84,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
-    call = calls.attention(q, k, v)
+    call = call or calls.attention(q, k, v)  # the planner's (a plan passes it), else made here
     variant = backends.variant_for("decode_attention", "hip", call, variant)
     out = q.new_empty((b, h, d))
     if b == 0 or s == 0:

@@ -32,7 +32,7 @@ PRECISIONS = {"fp32": 3, "bf16": 1}
 
 
 def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int,
-                     variant: str | None = None, precision: str = "fp32"):  # fmt: skip
+                     variant: str | None = None, precision: str = "fp32", call=None):  # fmt: skip
     """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32).
 
     ``variant``: ``"scan"`` (token by token) or ``"chunk"`` (two launches on the matrix cores:
@@ -51,7 +51,7 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     operands="bf16")``, with ``B * Hv * ceil(T / 64) * 17`` KiB of scratch."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-    call = calls.delta_rule(q, v, chunk_size, precision)
+    call = call or calls.delta_rule(q, v, chunk_size, precision)  # a plan passes its own
     variant = backends.variant_for("gated_delta_rule", "hip", call, variant)
     b, t, _, dk = q.shape
     hv, dv = v.shape[2:]

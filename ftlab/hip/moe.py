@@ -42,6 +42,7 @@ import torch
 
 from ftlab import backends, jit
 from ftlab.backends import DECODE_MAX_TOKENS, calls
+from ftlab.backends.calls import Call
 from ftlab.hip.counters import zeroed_counters
 from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0Weight, QuantWeight
@@ -206,12 +207,13 @@ def _experts_kquant(x, w_gate_up, w_down, ids, wts, variant: str) -> torch.Tenso
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str, variant: str | None = None) -> torch.Tensor:
+def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str, variant: str | None = None,
+                call: Call | None = None) -> torch.Tensor:  # fmt: skip
     """Backend entry of :func:`ftlab.ops.moe_experts` (quantized banks: ``path == "int8"``).
     ``variant``: ``"decode"`` / ``"gemm"`` (Q4_0 or dense banks), ``"vec"`` / ``"lanes"`` (other
     quantized banks); None: the planner's default; one that cannot serve raises
     ``BackendUnavailable``."""
-    call = calls.experts(x, w_gate_up, w_down, topk_ids.shape[1])
+    call = call or calls.experts(x, w_gate_up, w_down, topk_ids.shape[1])  # a plan passes its own
     variant = backends.variant_for("moe_experts", "hip", call, variant, path=path)
     if isinstance(w_gate_up, QuantWeight) and not (isinstance(w_gate_up, Q4_0Weight)
                                                    and isinstance(w_down, Q4_0Weight)):  # fmt: skip

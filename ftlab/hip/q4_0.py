@@ -14,6 +14,7 @@ import torch
 
 from ftlab import argcheck, backends, jit
 from ftlab.backends import calls
+from ftlab.backends.calls import Call
 from ftlab.hip.norm import add_rmsnorm
 from ftlab.quant import Q4_0_BLOCK_BYTES, Q8_1, QK, Q4_0Weight
 
@@ -57,7 +58,12 @@ FUSED_QUANTIZE_MAX_K = 2048
 
 
 def q4_0_matmul(
-    x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None, variant: str | None = None
+    x: torch.Tensor,
+    w: Q4_0Weight,
+    path: str,
+    x_q8: Q8_1 | None = None,
+    variant: str | None = None,
+    call: Call | None = None,
 ) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (``path == "int8"``; ``x_q8``: x's Q8_1,
     taken instead of quantizing x). ``variant``: ``"fused"`` (the region matvec, M <= 4),
@@ -69,7 +75,7 @@ def q4_0_matmul(
         raise ValueError(
             f"the hip backend implements q4_0_matmul's int8 path only, got path={path!r}"
         )
-    call = calls.matmul(x, w)
+    call = call or calls.matmul(x, w)  # the planner's (a plan passes it), else made here
     variant = backends.variant_for("q4_0_matmul", "hip", call, variant, path="int8")
     m, n = x.shape[0], w.shape[0]
     module = jit.module_for("q4_0", x.device)

@@ -31,6 +31,7 @@ import torch
 from ftlab import argcheck, backends, jit
 from ftlab import platform as ftplatform
 from ftlab.backends import calls
+from ftlab.backends.calls import Call
 from ftlab.backends.limits import TILED_SUPER_K
 from ftlab.hip.q4_0 import q4_0_matmul, quantize_q8_1
 from ftlab.quant import Q4_0Weight, QuantWeight
@@ -63,6 +64,7 @@ def quant_matmul(
     staging: str | None = None,
     g: int | None = None,
     splits: int | None = None,
+    call: Call | None = None,
 ) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.quant_matmul` (``path == "int8"``): ``x [M, K] @
     w.T`` in x's dtype. ``variant``: one of ``ftlab.backends.rules.KERNELS[("quant_matmul",
@@ -70,7 +72,9 @@ def quant_matmul(
     raises ``BackendUnavailable`` naming why. ``staging`` (variant ``"mv1"``: ``"held"``,
     ``"staged"``, ``"sliced"``, ``"sliced_q8"``; None: the planner's). A Q4_0 weight goes to
     :func:`q4_0_matmul` unless ``"mv1"`` is named (:func:`q4_0_one_row`). ``g`` / ``splits`` override
-    :func:`tiled_config` (benchmarks). The shapes are checked here too: the op's checks may be off."""
+    :func:`tiled_config` (benchmarks). ``call``: the planner's :class:`~ftlab.backends.Call` of
+    these tensors (a plan passes it; made here when None). The shapes are checked here too: the
+    op's checks may be off."""
     argcheck.matmul_layout(x, w)
     if path != "int8":
         raise ValueError(
@@ -78,7 +82,7 @@ def quant_matmul(
         )
     if w.qtype == "Q4_0" and variant is None:
         return q4_0_matmul(x, w, "int8")
-    call = calls.matmul(x, w)
+    call = call or calls.matmul(x, w)
     variant = backends.variant_for("quant_matmul", "hip", call, variant, path="int8")
     if staging is not None and variant != "mv1":
         raise ValueError(f"staging is an option of variant 'mv1', got staging={staging!r} with {variant!r}")

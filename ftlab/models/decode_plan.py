@@ -110,9 +110,16 @@ def plan_of(plan: DecodePlan | None, backends: dict[str, str] | None, q4_0_path:
 
 
 class Planned:
-    """What a model built over a :class:`DecodePlan` (its ``plan``) exposes of it."""
+    """What a model built over a :class:`DecodePlan` (its ``plan``) exposes of it, and the plans of
+    its op calls (``op_plans``: made once a weight and row count, ``ftlab.models.layers.op_plan``)."""
 
     plan: DecodePlan
+
+    @property
+    def op_plans(self) -> dict:
+        if "_op_plans" not in self.__dict__:
+            self.__dict__["_op_plans"] = {}
+        return self.__dict__["_op_plans"]
 
     @property
     def backends(self) -> Mapping[str, str]:

@@ -100,21 +100,50 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
 def linear(
     x: torch.Tensor, w: torch.Tensor | QuantWeight, backend: str = "auto", path: str = "auto",
     quant_backend: str | None = None, x_q8: Q8_1 | None = None, checks: bool = False,
+    plans: dict | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``backend``; ``x_q8``:
     x's Q8_1 when the caller has it, e.g. from ``ops.decode_attention(quantize=True)``), Q8_0 and
     K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``), both on
     ``path`` (the planner picks backend, path and kernel for "auto"); dense weights through
-    ``F.linear``. ``checks``: the ops' argument checks."""
+    ``F.linear``. ``checks``: the ops' argument checks. ``plans``: a model's plans, kept by
+    weight and row count (:func:`op_plan`): each call planned once."""
     if isinstance(w, QuantWeight):
         flat = x.reshape(-1, x.shape[-1])
-        if isinstance(w, Q4_0Weight):
-            out = ops.q4_0_matmul(flat, w, path=path, backend=backend, x_q8=x_q8, validate=checks)
+        q4 = isinstance(w, Q4_0Weight)
+        op, name = ("q4_0_matmul", backend) if q4 else ("quant_matmul", quant_backend or backend)
+        key = (op, id(w), flat.shape[0], flat.dtype, name, path)
+        plan = op_plan(plans, key, op, lambda: calls.matmul(flat, w), name, path)
+        if q4:
+            out = ops.q4_0_matmul(flat, w, path=path, backend=name, x_q8=x_q8, validate=checks, plan=plan)
         else:
-            qb = quant_backend or backend
-            out = ops.quant_matmul(flat, w, path=path, backend=qb, validate=checks)
+            out = ops.quant_matmul(flat, w, path=path, backend=name, validate=checks, plan=plan)
         return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)
+
+
+def experts(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor, backend: str,
+            path: str, checks: bool = False, plans: dict | None = None) -> torch.Tensor:  # fmt: skip
+    """``ops.moe_experts`` of ``x [N, H]`` over a layer's banks with the router's ``weights`` and
+    ``ids [N, k]``, planned once a bank, row count and slot count where the model keeps
+    ``plans``."""
+    key = ("moe_experts", id(w_gate_up), id(w_down), x.shape[0], ids.shape[1], x.dtype, backend, path)
+    plan = op_plan(plans, key, "moe_experts", lambda: calls.experts(x, w_gate_up, w_down, ids.shape[1]),
+                   backend, path)  # fmt: skip
+    return ops.moe_experts(x, w_gate_up, w_down, weights, ids, path=path, backend=backend, validate=checks,
+                           plan=plan)  # fmt: skip
+
+
+def op_plan(plans: dict | None, key: tuple, op: str, call_of, backend: str, path: str | None):
+    """The plan of a model's call of ``op`` (``call_of()`` its :class:`~ftlab.backends.Call`),
+    made once and kept in ``plans`` by ``key`` (what the plan depends on: the weights, the row
+    count, the dtype, the backend and path asked for); None without ``plans`` (the op plans)."""
+    if plans is None:
+        return None
+    got = plans.get(key)
+    if got is None:
+        got = plans[key] = ftbackends.plan(op, call_of(), backend=backend, path=path)
+    return got
 
 
 def hybrid_end_step(hybrid: list, routed: dict[int, torch.Tensor]) -> None:

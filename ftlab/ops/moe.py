@@ -141,6 +141,7 @@ def moe_experts(
     path: str = "auto",
     backend: str = "auto",
     validate: bool = True,
+    plan: backends.Plan | None = None,
 ) -> torch.Tensor:
     """SwiGLU experts: ``y[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``.
 
@@ -162,6 +163,9 @@ def moe_experts(
     multiplies each expert's down output before the sum over the k slots, in every backend.
     ``backend="cpu"``: the native CPU kernels (CPU tensors; what the hybrid executor runs).
 
+    ``plan``: a plan this op made for the same call, taken instead of planning again (a model keeps
+    one a layer and row count); ``backend`` and ``path`` are then the plan's.
+
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
     a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
@@ -169,8 +173,10 @@ def moe_experts(
         _experts_checks(x, w_gate_up, w_down, topk_weights, topk_ids)
     if path != "auto" and path not in backends.Q4_0_PATHS:
         raise ValueError(f"path must be 'auto' or one of {backends.Q4_0_PATHS}, got {path!r}")
-    call = calls.experts(x, w_gate_up, w_down, topk_ids.shape[1])
-    plan = backends.plan("moe_experts", call, backend=backend, path=path)
+    if plan is None:
+        call = calls.experts(x, w_gate_up, w_down, topk_ids.shape[1])
+        plan = backends.plan("moe_experts", call, backend=backend, path=path)
+    backends.checked_plan(plan, "moe_experts")
     ids = _valid_ids(topk_ids, w_gate_up.shape[0])
     return plan.run(x, w_gate_up, w_down, topk_weights, ids, plan.path or path)
 

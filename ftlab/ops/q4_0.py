@@ -56,7 +56,8 @@ def quantize_q8_1(x: torch.Tensor, *, backend: str = "auto") -> Q8_1:
 
 
 def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto",
-                x_q8: Q8_1 | None = None, validate: bool = True) -> torch.Tensor:  # fmt: skip
+                x_q8: Q8_1 | None = None, validate: bool = True,
+                plan: backends.Plan | None = None) -> torch.Tensor:  # fmt: skip
     """``x [M, K] @ W.T -> [M, N]`` for Q4_0 weights ``W [N, K]``, in x's dtype.
 
     Paths (docs/OPS.md section 2):
@@ -81,12 +82,17 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
     contiguity and device are checked): the int8 path computes the product of ``x_q8`` with W.
     Unused by the dequant path.
 
+    ``plan``: a plan this op made for the same call, taken instead of planning again (a model keeps
+    one a weight); ``backend`` and ``path`` are then the plan's.
+
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
     a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     if validate:
         _matmul_checks(x, w, x_q8)
-    plan = backends.plan("q4_0_matmul", calls.matmul(x, w), backend=backend, path=path)
+    plan = backends.checked_plan(plan, "q4_0_matmul") or backends.plan(
+        "q4_0_matmul", calls.matmul(x, w), backend=backend, path=path
+    )
     if x.shape[0] == 0 or w.shape[0] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:

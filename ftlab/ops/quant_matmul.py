@@ -15,7 +15,13 @@ MATMUL_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def quant_matmul(
-    x: torch.Tensor, w: QuantWeight, *, path: str = "auto", backend: str = "auto", validate: bool = True
+    x: torch.Tensor,
+    w: QuantWeight,
+    *,
+    path: str = "auto",
+    backend: str = "auto",
+    validate: bool = True,
+    plan: backends.Plan | None = None,
 ) -> torch.Tensor:
     """``x [M, K] @ W.T -> [M, N]`` in x's dtype (fp32 / fp16 / bf16) for a packed weight
     ``W [N, K]`` of any :data:`ftlab.quant.QTYPES` type.
@@ -33,14 +39,20 @@ def quant_matmul(
     A :class:`~ftlab.quant.Q4_0Weight` goes to :func:`~ftlab.ops.q4_0_matmul` (same paths).
     x may be non-contiguous (row stride > K).
 
+    ``plan``: a plan this op made for the same call (``backends.plan("quant_matmul", ...)``,
+    kept by a model for each weight), taken instead of planning again; ``backend`` and ``path``
+    are then the plan's.
+
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
     a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
     """
     if isinstance(w, Q4_0Weight):
-        return q4_0_matmul(x, w, path=path, backend=backend, validate=validate)
+        return q4_0_matmul(x, w, path=path, backend=backend, validate=validate, plan=plan)
     if validate:
         _checks(x, w)
-    plan = backends.plan("quant_matmul", calls.matmul(x, w), backend=backend, path=path)
+    plan = backends.checked_plan(plan, "quant_matmul") or backends.plan(
+        "quant_matmul", calls.matmul(x, w), backend=backend, path=path
+    )
     if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
     if x.shape[1] > 1 and x.stride(1) != 1:

@@ -70,13 +70,13 @@ def gated_delta_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, 
 
 
 def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int,
-                     variant: str | None = None, precision: str = "fp32"):  # fmt: skip
+                     variant: str | None = None, precision: str = "fp32", call=None):  # fmt: skip
     """Backend entry of :func:`ftlab.ops.gated_delta_rule`. ``variant``: ``"chunk64"`` (the
     chunk-64 kernels, the state kept in registers across chunks; bf16 operands for bf16 inputs
     when ``precision`` is "bf16") or ``"chunk"`` (the general chunked kernels, fp32 accuracy
     whatever ``precision`` allows); None: the planner's default; one that cannot serve raises
     ``BackendUnavailable``."""
-    call = calls.delta_rule(q, v, chunk_size, precision)
+    call = call or calls.delta_rule(q, v, chunk_size, precision)  # a plan passes its own
     variant = backends.variant_for("gated_delta_rule", "triton", call, variant)
     if variant == "chunk64":
         return gated_delta_rule_chunk64.gated_delta_rule(q, k, v, g, beta, state, scale, l2norm_qk, precision=precision)

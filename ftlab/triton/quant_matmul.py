@@ -254,14 +254,17 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
     return y
 
 
-def quant_matmul(x: torch.Tensor, w: QuantWeight, path: str, variant: str | None = None) -> torch.Tensor:
+def quant_matmul(
+    x: torch.Tensor, w: QuantWeight, path: str, variant: str | None = None, call=None
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.quant_matmul` (arguments validated, path resolved).
     ``variant``: ``"words"`` or ``"tiles"`` (the int8 path's matvecs, ``MATVEC_ROWS`` rows a
     pass) or ``"gemm"`` (the dequant path's); None: the planner's default for the call; one that
     cannot serve raises ``BackendUnavailable``. The shapes are checked here too: the op's checks
     may be off."""
     argcheck.matmul_layout(x, w)
-    variant = backends.variant_for("quant_matmul", "triton", calls.matmul(x, w), variant, path=path)
+    call = call or calls.matmul(x, w)  # the planner's (a plan passes it), else made here
+    variant = backends.variant_for("quant_matmul", "triton", call, variant, path=path)
     if path == "int8":
         x8, rows = quantize_q8_1(x), MATVEC_ROWS
         outs = [quant_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype,

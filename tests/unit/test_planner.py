@@ -231,3 +231,37 @@ def test_the_reason_reads_in_clauses():
     text = got.describe()
     assert text.splitlines()[0] == "quant_matmul: backend hip, path int8, variant mv1, staging held"
     assert "the first of the auto order" in text and "gfx1201" in text and "variant mv1" in text
+
+
+def test_an_op_takes_a_plan_made_for_it():
+    """``plan=``: the op runs the plan it is given (no planning of its own); a plan of another op
+    or anything else is refused naming the argument."""
+    from ftlab import ops
+    from ftlab.testing.quant_matmul import random_quant_weight
+
+    w = random_quant_weight(3, "Q4_K", 16, 256)
+    x = torch.randn(2, 256)
+    made = plan("quant_matmul", backends.calls.matmul(x, w), path="int8", backend="reference")
+    torch.testing.assert_close(ops.quant_matmul(x, w, plan=made), ops.quant_matmul(x, w, path="int8"))
+    other = plan("add_rmsnorm", Call("cpu", None, F32, (2, 256)))
+    with pytest.raises(ValueError, match="plan must be a plan of quant_matmul, got one of add_rmsnorm"):
+        ops.quant_matmul(x, w, plan=other)
+    with pytest.raises(TypeError, match="plan must be a ftlab.backends.Plan"):
+        ops.quant_matmul(x, w, plan="reference")
+
+
+def test_a_model_plans_each_call_once(monkeypatch):
+    """A model keeps the plan of each weight's call (its ``op_plans``): a second forward pass over
+    the same shapes plans nothing."""
+    from ftlab.backends import planner as plan_module
+    from ftlab.models.pipeline import Pipeline
+
+    pipe = Pipeline.load("tiny-qwen3-moe", quant="q4_0")
+    tokens, positions = torch.tensor([[3, 4]]), torch.tensor([[0, 1]])
+    pipe.model.forward(tokens, positions)
+    made = []
+    real = plan_module.plan
+    monkeypatch.setattr(plan_module, "plan", lambda *a, **k: made.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(backends, "plan", plan_module.plan)
+    pipe.model.forward(tokens, positions)
+    assert made == [] and pipe.model.op_plans

@@ -27,6 +27,7 @@ from ftlab.models.layers import (
     add_norm,
     concat_rows,
     embed,
+    experts,
     gather_logits,
     hybrid_end_step,
     linear,
@@ -142,7 +143,7 @@ class Qwen3Moe(Planned):
 
     def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight, x_q8: Q8_1 | None = None) -> torch.Tensor:
         b, p = self.backends, self.plan
-        return linear(x, w, b["q4_0_matmul"], p.quant_path, b["quant_matmul"], x_q8=x_q8, checks=p.checks)
+        return linear(x, w, b["q4_0_matmul"], p.quant_path, b["quant_matmul"], x_q8, p.checks, self.op_plans)
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
@@ -292,8 +293,8 @@ class Qwen3Moe(Planned):
             return ex.eager(x, weights, ids)  # prefill: synchronous, no channel per prompt length
         if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
             ids = ids - self.tp.rank * lw.w_gate_up.shape[0]
-        y = ops.moe_experts(x, lw.w_gate_up, lw.w_down, weights, ids, path=self.q4_0_path,
-                            backend=self.backends["moe_experts"], validate=self.plan.checks)  # fmt: skip
+        y = experts(x, lw.w_gate_up, lw.w_down, weights, ids, self.backends["moe_experts"], self.q4_0_path,
+                    self.plan.checks, self.op_plans)  # fmt: skip
         return y if self.tp is None else self.tp.all_reduce(y)
 
     def end_step(self) -> None:

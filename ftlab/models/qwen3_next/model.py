@@ -44,6 +44,7 @@ from ftlab.models.layers import (
     add_norm,
     concat_rows,
     embed,
+    experts,
     gather_logits,
     hybrid_end_step,
     linear,
@@ -241,7 +242,8 @@ class Qwen3Next(Planned):
         hybrid_end_step(self.hybrid, self.routed)
 
     def linear(self, x: torch.Tensor, w: Weight) -> torch.Tensor:
-        return linear(x, w, self.backends["q4_0_matmul"], self.q4_0_path, checks=self.plan.checks)
+        b, p = self.backends, self.plan
+        return linear(x, w, b["q4_0_matmul"], p.quant_path, checks=p.checks, plans=self.op_plans)
 
     def _proj(self, x: torch.Tensor, fused: Weight | None, parts: list[Weight]) -> list[torch.Tensor]:
         """``x`` through each of ``parts``: one matmul over ``fused`` (their rows stacked) when it exists."""
@@ -329,17 +331,18 @@ class Qwen3Next(Planned):
         c, mw = self.config, self.weights.layers[i].moe
         logits, weights, ids = route(h, mw.router, c.num_experts_per_tok, c.norm_topk_prob, self.backends)
         yield Stage(f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights")
-        kw = {"path": self.q4_0_path, "backend": self.backends["moe_experts"]}
+        kw = {"backend": self.backends["moe_experts"], "path": self.q4_0_path, "checks": True,
+              "plans": self.op_plans}  # fmt: skip
         gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the shared expert's weight
         if i in self.one_call:  # routed and shared experts in one call: the shared one as slot k, expert E
-            both = ops.moe_experts(h, *mw.banks, torch.cat([weights, gate], 1), torch.cat([ids, self._ids(h, mw)], 1),
-                                   **kw)  # fmt: skip
+            both = experts(h, *mw.banks, torch.cat([weights, gate], 1), torch.cat([ids, self._ids(h, mw)], 1),
+                           **kw)  # fmt: skip
             yield Stage(f"layer {i} experts", {"experts": both}, "experts")
             yield Stage(f"layer {i} shared_expert", {"gate": gate}, "gate")
             return both
         routed = self._reduce(self.routed_experts(i, h, weights, ids))
         yield Stage(f"layer {i} experts", {"experts": routed}, "experts")
-        shared = self._reduce(ops.moe_experts(h, mw.shared_gate_up, mw.shared_down, gate, self._ids(h), **kw))
+        shared = self._reduce(experts(h, mw.shared_gate_up, mw.shared_down, gate, self._ids(h), **kw))
         yield Stage(f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert")
         return routed + shared
 
@@ -365,8 +368,8 @@ class Qwen3Next(Planned):
             mw = self.weights.layers[i].moe
             if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
                 ids = ids - self.tp.rank * mw.w_gate_up.shape[0]
-            return ops.moe_experts(h, mw.w_gate_up, mw.w_down, weights, ids, path=self.q4_0_path,
-                                   backend=self.backends["moe_experts"])  # fmt: skip
+            return experts(h, mw.w_gate_up, mw.w_down, weights, ids, self.backends["moe_experts"], self.q4_0_path,
+                           True, self.op_plans)  # fmt: skip
         self.routed[i] = ids
         if h.shape[0] <= DECODE_MAX_TOKENS:
             return ex(h, weights, ids)

@@ -45,16 +45,18 @@ class Plan:
     reasons: tuple[str, ...]
     impl: Impl = field(repr=False, compare=False)
     options: tuple[tuple[str, str], ...] = ()
+    call: Call | None = field(default=None, repr=False, compare=False)
 
     @property
     def reason(self) -> str:
         return "; ".join(self.reasons)
 
     def run(self, *args, **kwargs):
-        """Call the implementation (with ``variant=`` where the plan names one, and the variant's
-        options: the backends with variant tables take them)."""
+        """Call the implementation (with ``variant=`` where the plan names one, the variant's
+        options and the plan's ``call``: the backends with variant tables take them)."""
         if self.variant is not None:
             kwargs["variant"] = self.variant
+            kwargs["call"] = self.call
         kwargs.update(self.options)
         return self.impl.fn(*args, **kwargs)
 
@@ -160,7 +162,7 @@ def make_plan(
             options = ((name, value),)
             reason.append(f"{name} {value}: {why}")
     reason += precision_note(op, impl.backend, found, call)
-    return Plan(op, impl.backend, chosen, found, tuple(reason), impl, options)
+    return Plan(op, impl.backend, chosen, found, tuple(reason), impl, options, call)
 
 
 def explain_backend(op: str, backend: str, impl: Impl, call: Call, plat) -> str:
@@ -238,6 +240,18 @@ def pick_variant(op, backend, call, sizes, where, plat, asked, path) -> tuple[st
     raise BackendUnavailable(f"{op}: no kernel of {backend} serves this call ({'; '.join(passed)})")
 
 
+def checked_plan(plan: Plan | None, op: str) -> Plan | None:
+    """``plan`` where it is one of ``op``'s (TypeError / ValueError naming the argument
+    otherwise); None stays None."""
+    if plan is None:
+        return None
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a ftlab.backends.Plan or None, got {type(plan).__name__}")
+    if plan.op != op:
+        raise ValueError(f"plan must be a plan of {op}, got one of {plan.op}")
+    return plan
+
+
 def pick_option(op, backend, variant, call, sizes, where, plat, asked) -> tuple[str, str, str] | None:
     """(option name, value, why) of ``backend``'s ``variant`` for the call: ``asked`` where its
     limit passes (else BackendUnavailable), else the first default row that holds and passes; None
@@ -274,7 +288,7 @@ def option_for(
 ) -> str:
     """The value of ``backend``'s ``variant``'s option ``name`` for ``call``: ``asked`` where it
     serves (else BackendUnavailable), None: the default. What a backend entry asks; cached."""
-    key = (op, backend, variant, call, name, asked, *routing_env())
+    key = (op, backend, variant, call, name, asked, os.environ.get("FTLAB_ARCH"))
     if key not in VARIANTS:
         plat = ftplatform.current(torch.device(call.device, call.index))
         where = calls.regime(call.dims[0] if call.dims else 1)
@@ -306,7 +320,7 @@ def variant_for(
     """The kernel a backend entry runs for ``call`` (on ``path``): ``variant`` where it serves
     (else BackendUnavailable naming why), None: the backend's default for the call. What a
     backend entry asks when called directly (benchmarks, tests) or from a plan; cached."""
-    key = (op, backend, call, variant, path, *routing_env())
+    key = (op, backend, call, variant, path, os.environ.get("FTLAB_ARCH"))
     if key in VARIANTS:
         return VARIANTS[key]
     plat = ftplatform.current(torch.device(call.device, call.index))
