@@ -54,12 +54,13 @@ demo: $(VENV)/.base
 	$(VENV)/bin/ftlab demo
 
 test: $(VENV)/.test toolchain
-	$(VENV)/bin/ruff check ftlab tests
+	$(VENV)/bin/ruff check ftlab tests benchmarks
+	$(VENV)/bin/ruff format --check ftlab tests benchmarks
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: $(VENV)/.test
-	$(VENV)/bin/ruff check ftlab tests
-	$(VENV)/bin/ruff format --check ftlab tests
+	$(VENV)/bin/ruff check ftlab tests benchmarks
+	$(VENV)/bin/ruff format --check ftlab tests benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

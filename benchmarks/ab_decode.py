@@ -55,12 +55,16 @@ def parse_setting(text: str) -> tuple[str, DecodePlan]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
-    ap.add_argument("settings", nargs="+", help="NAME or NAME=FIELD,!FIELD,... (DecodePlan choices on / off)")
+    ap.add_argument(
+        "settings", nargs="+", help="NAME or NAME=FIELD,!FIELD,... (DecodePlan choices on / off)"
+    )
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--position", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--eager", action="store_true", help="time eager steps (graphs off) instead of replays")
+    ap.add_argument(
+        "--eager", action="store_true", help="time eager steps (graphs off) instead of replays"
+    )
     args = ap.parse_args()
     settings = [parse_setting(s) for s in args.settings]
     dev = torch.device("cuda")
@@ -70,26 +74,42 @@ def main() -> None:
     positions = torch.full((args.batch, 1), args.position, device=dev)
     steps = {}
     for name, plan in settings:
-        model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=args.position + 8, static=True, plan=plan)
+        model = Qwen3Moe(
+            config,
+            weights,
+            max_batch=args.batch,
+            max_seq_len=args.position + 8,
+            static=True,
+            plan=plan,
+        )
         if args.eager:
             steps[name] = (lambda m: lambda: m.forward(tokens, positions))(model)
         else:
-            graph = DecodeGraph(model, args.batch)  # captured under this setting's plan (it keeps the model)
+            graph = DecodeGraph(
+                model, args.batch
+            )  # captured under this setting's plan (it keeps the model)
             steps[name] = (lambda g: lambda: g(tokens, positions))(graph)
     timer = _wall_us if args.eager else time_us
     times: dict[str, list[float]] = {name: [] for name, _ in settings}
     how = "eager steps (wall time)" if args.eager else "one captured step per setting"
-    print(f"{args.file}: decode batch {args.batch} at position {args.position}, {how}, "
-          f"{args.rounds} rounds of {args.reps} replays each (median us a step)")  # fmt: skip
+    print(
+        f"{args.file}: decode batch {args.batch} at position {args.position}, {how}, "
+        f"{args.rounds} rounds of {args.reps} replays each (median us a step)"
+    )
     for r in range(args.rounds):
         for name, _ in settings:
             times[name].append(timer(steps[name], warmup=5, reps=args.reps))
-        print(f"round {r + 1}: " + "  ".join(f"{name} {times[name][-1]:.1f}" for name, _ in settings))
+        print(
+            f"round {r + 1}: " + "  ".join(f"{name} {times[name][-1]:.1f}" for name, _ in settings)
+        )
     first = statistics.median(times[settings[0][0]])
     for name, plan in settings:
         med = statistics.median(times[name])
-        print(f"{name:>12}: {med:8.1f} us  {args.batch * 1e6 / med:6.1f} tokens/s  {med / first:.3f}x the first  "
-              f"(spread {min(times[name]):.1f} .. {max(times[name]):.1f}; {plan})")  # fmt: skip
+        print(
+            f"{name:>12}: {med:8.1f} us  {args.batch * 1e6 / med:6.1f} tokens/s  "
+            f"{med / first:.3f}x the first  "
+            f"(spread {min(times[name]):.1f} .. {max(times[name]):.1f}; {plan})"
+        )
 
 
 def _wall_us(fn, warmup: int, reps: int) -> float:

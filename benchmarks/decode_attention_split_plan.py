@@ -26,8 +26,11 @@ def row(b: int, s: int, live: int) -> str:
     mask = (torch.arange(s, device=dev) < live)[None, None, None, :]
     bias = torch.zeros(mask.shape, dtype=q.dtype, device=dev).masked_fill_(~mask, float("-inf"))
     want = ops.decode_attention(q, k, v, lengths, backend="reference")
-    sd = time_graph_us(lambda: F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
-                                                              attn_mask=bias, enable_gqa=True))  # fmt: skip
+    sd = time_graph_us(
+        lambda: F.scaled_dot_product_attention(
+            q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, enable_gqa=True
+        )
+    )
     res = {}
     for name, fn in (("before", lambda *args: ha.TILE_MAX_SPLITS), ("now", now)):
         ha.tile_want = fn
@@ -37,16 +40,35 @@ def row(b: int, s: int, live: int) -> str:
         us = time_graph_us(lambda: ops.decode_attention(q, k, v, lengths, backend="hip"))
         res[name] = (us, err, torch.equal(got, again))
     ha.tile_want = now
-    return (f"{b} | {live} / {s} | {sd:.2f} | {res['before'][0]:.2f} | {res['now'][0]:.2f} ({now(b, 4, dev, 128)}) | "
-            f"{res['before'][1]:.2g} / {res['now'][1]:.2g}{'' if res['now'][2] else ' NOT REPEATED'}")  # fmt: skip
+    return (
+        f"{b} | {live} / {s} | {sd:.2f} | {res['before'][0]:.2f} | {res['now'][0]:.2f} "
+        f"({now(b, 4, dev, 128)}) | "
+        f"{res['before'][1]:.2g} / {res['now'][1]:.2g}{'' if res['now'][2] else ' NOT REPEATED'}"
+    )
 
 
 def main() -> None:
     props = torch.cuda.get_device_properties(dev)
-    print(f"# {props.name}, {props.multi_processor_count} SMs; TILE_BLOCKS_PER_SM {ha.TILE_BLOCKS_PER_SM}")
-    print("batch | live / slots | SDPA us | hip before us | hip now us (want) | max diff before / now")
-    for b, s, live in [(1, 520, 513), (2, 520, 513), (4, 520, 513), (8, 520, 513), (16, 520, 513), (1, 4096, 4000),
-                       (8, 4096, 4000), (8, 640, 100), (8, 4096, 500), (1, 33000, 32000), (8, 33000, 1000)]:
+    print(
+        f"# {props.name}, {props.multi_processor_count} SMs; TILE_BLOCKS_PER_SM "
+        f"{ha.TILE_BLOCKS_PER_SM}"
+    )
+    print(
+        "batch | live / slots | SDPA us | hip before us | hip now us (want) | max diff before / now"
+    )
+    for b, s, live in [
+        (1, 520, 513),
+        (2, 520, 513),
+        (4, 520, 513),
+        (8, 520, 513),
+        (16, 520, 513),
+        (1, 4096, 4000),
+        (8, 4096, 4000),
+        (8, 640, 100),
+        (8, 4096, 500),
+        (1, 33000, 32000),
+        (8, 33000, 1000),
+    ]:
         print(row(b, s, live), flush=True)
 
 

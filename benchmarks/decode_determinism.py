@@ -1,7 +1,10 @@
-"""Whether a decode step repeats bit for bit, over many token draws (random Qwen3-30B-A3B-shaped Q4_0
+"""Whether a decode step repeats bit for bit, over many token draws (random Qwen3-30B-A3B-shaped
+Q4_0
 model, every cache slot filled, position 512). Per draw: A and A2, two eager steps through exactly
-the captured kernels (``DecodePlan.as_captured``); B, the eager step as ``bench model``'s check runs it
-(``DecodePlan.attention_as_captured``: the fused norm and q/k/v matvec on); R and R2, two replays of the
+the captured kernels (``DecodePlan.as_captured``); B, the eager step as ``bench model``'s check runs
+it
+(``DecodePlan.attention_as_captured``: the fused norm and q/k/v matvec on); R and R2, two replays of
+the
 captured step. Counts the draws where each pair parts. ``--locate``: instead, every ftlab op's and
 SDPA's outputs of two A steps held (no copies, so no extra kernels) and compared op by op: the first
 op whose outputs part, with every op before it bit-equal.
@@ -32,7 +35,9 @@ def _tensors(out) -> list[torch.Tensor]:
         return [out]
     if isinstance(out, (tuple, list)):
         return [t for o in out for t in _tensors(o)]
-    return [t for a in ("q", "d", "s", "data") if isinstance(t := getattr(out, a, None), torch.Tensor)]
+    return [
+        t for a in ("q", "d", "s", "data") if isinstance(t := getattr(out, a, None), torch.Tensor)
+    ]
 
 
 class Recorder:
@@ -90,12 +95,20 @@ def counts(model, graph, cfg, batch: int, draws: int, fixed: bool, gen: torch.Ge
         with model.planned(model.plan.as_captured()):
             a = model.forward(tok, pos).clone()
             a2 = model.forward(tok, pos).clone()
-        for key, (x, y) in {"A/A2": (a, a2), "A/R": (a, r), "R/R2": (r, r2), "A/B": (a, b), "B/R": (b, r)}.items():
+        for key, (x, y) in {
+            "A/A2": (a, a2),
+            "A/R": (a, r),
+            "R/R2": (r, r2),
+            "A/B": (a, b),
+            "B/R": (b, r),
+        }.items():
             parts[key] += not torch.equal(x, y)
     return parts
 
 
-def locate(model, cfg, batch: int, draws: int, gen: torch.Generator, rec: Recorder) -> tuple[int, dict]:
+def locate(
+    model, cfg, batch: int, draws: int, gen: torch.Generator, rec: Recorder
+) -> tuple[int, dict]:
     dev = model.weights.embed.device
     pos = torch.full((batch, 1), 512, device=dev)
     parted, where = 0, {}
@@ -116,9 +129,15 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=100)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--fixed", action="store_true", help="one token draw for every round")
-    ap.add_argument("--sdpa", action="store_true", help="the captured step on torch's SDPA "
-                    "(the plan's hip_attention and attention_q8 off), as before 2026-12-03")  # fmt: skip
-    ap.add_argument("--locate", action="store_true", help="the first op whose outputs part, per draw")
+    ap.add_argument(
+        "--sdpa",
+        action="store_true",
+        help="the captured step on torch's SDPA "
+        "(the plan's hip_attention and attention_q8 off), as before 2026-12-03",
+    )
+    ap.add_argument(
+        "--locate", action="store_true", help="the first op whose outputs part, per draw"
+    )
     ap.add_argument("--no-cudnn", action="store_true", help="torch's SDPA without cuDNN's kernel")
     args = ap.parse_args()
     plan = DecodePlan(hip_attention="never", attention_q8=False) if args.sdpa else DecodePlan()
@@ -129,20 +148,29 @@ def main() -> None:
     cfg = replace(CONFIG, num_hidden_layers=args.layers)
     weights = random_model(cfg, dev)
     gen = torch.Generator().manual_seed(1)
-    print(f"# {args.layers} layers, captured attention {'SDPA' if args.sdpa else 'hip'}"
-          f"{', cuDNN off' if args.no_cudnn else ''}{', one token draw' if args.fixed else ''}", flush=True)  # fmt: skip
+    print(
+        f"# {args.layers} layers, captured attention {'SDPA' if args.sdpa else 'hip'}"
+        f"{', cuDNN off' if args.no_cudnn else ''}{', one token draw' if args.fixed else ''}",
+        flush=True,
+    )
     for batch in (int(b) for b in args.batches.split(",")):
         model = Qwen3Moe(cfg, weights, max_batch=batch, max_seq_len=520, static=True, plan=plan)
         fill_cache(model.cache)
         t0 = time.time()
         if rec is not None:
             parted, where = locate(model, cfg, batch, args.draws, gen, rec)
-            print(f"batch {batch}: {parted} of {args.draws} draws part; first parting op {where}", flush=True)
+            print(
+                f"batch {batch}: {parted} of {args.draws} draws part; first parting op {where}",
+                flush=True,
+            )
         else:
             graph = DecodeGraph(model, batch)
             parts = counts(model, graph, cfg, batch, args.draws, args.fixed, gen)
-            print(f"batch {batch}: draws of {args.draws} where each pair parts: {parts} ({time.time() - t0:.0f} s)",
-                  flush=True)  # fmt: skip
+            print(
+                f"batch {batch}: draws of {args.draws} where each pair parts: {parts} "
+                f"({time.time() - t0:.0f} s)",
+                flush=True,
+            )
             del graph
         del model
         torch.cuda.empty_cache()

@@ -48,20 +48,34 @@ def main() -> None:
         saved = [t.clone() for t in model.cache.k + model.cache.v]
         tok = torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev)
         pos = torch.full((batch, 1), length, device=dev)
-        with model.planned(model.plan.with_(hip_attention="eager")), decode_attention_held_to_reference() as held:
+        with (
+            model.planned(model.plan.with_(hip_attention="eager")),
+            decode_attention_held_to_reference() as held,
+        ):
             hip_ids, hip_attn, hip_logits = step(model, tok, pos)
         for t, s in zip(model.cache.k + model.cache.v, saved, strict=True):
             t.copy_(s)
         with model.planned(model.plan.with_(hip_attention="never")):
             sd_ids, sd_attn, sd_logits = step(model, tok, pos)
-        print(f"batch {batch}: hip's attention, elements over the bound of the reference per layer: "
-              f"{[over for _, over, _ in held]} (backends {sorted({b for b, _, _ in held})})", flush=True)  # fmt: skip
-        flips = [int((a.sort(-1).values != b.sort(-1).values).any(-1).sum()) for a, b in zip(hip_ids, sd_ids, strict=True)]
+        print(
+            f"batch {batch}: hip's attention, elements over the bound of the reference per layer: "
+            f"{[over for _, over, _ in held]} (backends {sorted({b for b, _, _ in held})})",
+            flush=True,
+        )
+        flips = [
+            int((a.sort(-1).values != b.sort(-1).values).any(-1).sum())
+            for a, b in zip(hip_ids, sd_ids, strict=True)
+        ]
         first = next((i for i, f in enumerate(flips) if f), None)
         d0 = float((hip_attn[0] - sd_attn[0]).abs().max())
-        print(f"batch {batch}: layer 0's attention block output, hip against SDPA: max |diff| {d0:.3g} (max "
-              f"|out| {float(sd_attn[0].abs().max()):.3g}); sequences whose top-k set differs, per layer: {flips}; "
-              f"first layer {first}", flush=True)  # fmt: skip
+        print(
+            f"batch {batch}: layer 0's attention block output, hip against SDPA: max |diff| "
+            f"{d0:.3g} (max "
+            f"|out| {float(sd_attn[0].abs().max()):.3g}); sequences whose top-k set differs, per "
+            f"layer: {flips}; "
+            f"first layer {first}",
+            flush=True,
+        )
         rel = float((hip_logits - sd_logits).abs().max()) / float(sd_logits.abs().max())
         print(f"batch {batch}: logits max |diff| / max |logit| = {rel:.4f}", flush=True)
         del model

@@ -22,8 +22,12 @@ from ftlab.models.qwen3_moe import Qwen3Moe
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
-    ap.add_argument("--replays", type=int, default=200, help="replays back to back, each compared (default 200)")
-    ap.add_argument("--rounds", type=int, default=40, help="rounds of an eager step then a replay (default 40)")
+    ap.add_argument(
+        "--replays", type=int, default=200, help="replays back to back, each compared (default 200)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=40, help="rounds of an eager step then a replay (default 40)"
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     weights = random_model(CONFIG, dev)
@@ -35,7 +39,9 @@ def main() -> None:
         tok = torch.randint(0, CONFIG.vocab_size, (batch, 1), generator=gen).to(dev)
         pos = torch.full((batch, 1), 512, device=dev)
         graph = DecodeGraph(model, batch)
-        with model.planned(model.plan.attention_as_captured()):  # the graph's kernels, launched eagerly
+        with model.planned(
+            model.plan.attention_as_captured()
+        ):  # the graph's kernels, launched eagerly
             same = model.forward(tok, pos).clone()
             again = model.forward(tok, pos).clone()
         print(f"batch {batch}: two eager steps equal: {torch.equal(same, again)}", flush=True)
@@ -46,8 +52,12 @@ def main() -> None:
             if not torch.equal(r, same):
                 bad += 1
                 worst = max(worst, (r.float() - same.float()).abs().max().item())
-        print(f"  replays back to back: {bad} of {args.replays} differ (max |diff| {worst:.3g}, largest logit "
-              f"{same.abs().max().item():.3g}), {time.time() - t0:.1f} s", flush=True)  # fmt: skip
+        print(
+            f"  replays back to back: {bad} of {args.replays} differ (max |diff| {worst:.3g}, "
+            "largest logit "
+            f"{same.abs().max().item():.3g}), {time.time() - t0:.1f} s",
+            flush=True,
+        )
         bad, worst = 0, 0.0
         for _ in range(args.rounds):
             model.forward(tok, pos)  # as bench model does: an eager step (its own attention) first
@@ -57,7 +67,11 @@ def main() -> None:
             if not torch.equal(r, e):
                 bad += 1
                 worst = max(worst, (r.float() - e.float()).abs().max().item())
-        print(f"  an eager step, one through the graph's kernels, then a replay: {bad} of {args.rounds} differ (max |diff| {worst:.3g})", flush=True)
+        print(
+            f"  an eager step, one through the graph's kernels, then a replay: {bad} of "
+            f"{args.rounds} differ (max |diff| {worst:.3g})",
+            flush=True,
+        )
         del graph, model
         torch.cuda.empty_cache()
 

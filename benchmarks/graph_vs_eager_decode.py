@@ -23,7 +23,9 @@ def main() -> None:
     kw: dict = {"q4_0_path": over.pop("path", "auto")}
     if over:
         kw["backends"] = over
-    eager = Pipeline.load(name, "cuda", quant=quant, graphs=False, launches=False, max_seq_len=600, **kw)
+    eager = Pipeline.load(
+        name, "cuda", quant=quant, graphs=False, launches=False, max_seq_len=600, **kw
+    )
     graphed = Pipeline.load(name, "cuda", quant=quant, max_seq_len=600, **kw)
     ids = eager.tokenizer.encode(PROMPT)
     a, b = eager.prefill(ids), graphed.prefill(ids)

@@ -53,14 +53,18 @@ def main() -> None:
     ap.add_argument("gguf")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--profile", type=int, default=0, help="print the top N functions of a cProfile")
+    ap.add_argument(
+        "--profile", type=int, default=0, help="print the top N functions of a cProfile"
+    )
     ap.add_argument("--sort", default="tottime", help="the profile's order (tottime, cumulative)")
     args = ap.parse_args()
     stub_hip()
     config, weights = load_gguf(args.gguf, device="cpu", dtype=torch.bfloat16, progress=False)
     names = {op: "hip" for op in Qwen3Moe.OPS if "hip" in backends.backends_of(op)}
     names["decode_attention"] = "hip"
-    plan = DecodePlan(names, norm_in_qkv="always")  # what an eager step on a GPU takes (CPU tensors here)
+    plan = DecodePlan(
+        names, norm_in_qkv="always"
+    )  # what an eager step on a GPU takes (CPU tensors here)
     model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=520, static=True, plan=plan)
     tok = torch.zeros(args.batch, 1, dtype=torch.long)
     pos = torch.full((args.batch, 1), 512)
@@ -74,8 +78,10 @@ def main() -> None:
     times.sort()
     n = config.num_hidden_layers
     med = times[len(times) // 2]
-    print(f"{n} layers, batch {args.batch}, checks={plan.checks}: step median {med * 1e3:.3f} ms, "
-          f"min {times[0] * 1e3:.3f} ms; per layer ~{med / n * 1e6:.1f} us")
+    print(
+        f"{n} layers, batch {args.batch}, checks={plan.checks}: step median {med * 1e3:.3f} ms, "
+        f"min {times[0] * 1e3:.3f} ms; per layer ~{med / n * 1e6:.1f} us"
+    )
     if args.profile:
         import cProfile
         import pstats

@@ -22,7 +22,9 @@ import tarfile
 from pathlib import Path
 
 MEMBER = "llama.cpp/tests/test-backend-ops.cpp"
-ANCHOR = "test_cases.emplace_back(new test_mul_mat(type_a, type_b, 4096, bs, 14336, {1,  1}, {1, 1}));"
+ANCHOR = (
+    "test_cases.emplace_back(new test_mul_mat(type_a, type_b, 4096, bs, 14336, {1,  1}, {1, 1}));"
+)
 MARK = "// ftlab: one-row shapes"
 CASES = ((151936, 2048), (5120, 2048), (2048, 4096))  # (rows m, K)
 
@@ -32,11 +34,18 @@ def patched(source: str) -> str:
     if MARK in source:
         return source
     at = source.index(ANCHOR)
-    loop_end = source.index("\n    }\n", at) + len("\n    }\n")  # the end of the `for (int bs ...)` loop
-    lines = [f"    {MARK}, beside llama.cpp's own (benchmarks/llama_cpp_mul_mat_cases.py)",
-             "    for (ggml_type type_a : all_types) {"]  # fmt: skip
-    lines += [f"        test_cases.emplace_back(new test_mul_mat(type_a, GGML_TYPE_F32, {m}, 1, {k}, {{1, 1}}, {{1, 1}}));"
-              for m, k in CASES]  # fmt: skip
+    loop_end = source.index("\n    }\n", at) + len(
+        "\n    }\n"
+    )  # the end of the `for (int bs ...)` loop
+    lines = [
+        f"    {MARK}, beside llama.cpp's own (benchmarks/llama_cpp_mul_mat_cases.py)",
+        "    for (ggml_type type_a : all_types) {",
+    ]
+    lines += [
+        f"        test_cases.emplace_back(new test_mul_mat(type_a, GGML_TYPE_F32, {m}, 1, {k}, "
+        f"{{1, 1}}, {{1, 1}}));"
+        for m, k in CASES
+    ]
     lines.append("    }")
     return source[:loop_end] + "\n".join(lines) + "\n" + source[loop_end:]
 

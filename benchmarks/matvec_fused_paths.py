@@ -20,8 +20,19 @@ from ftlab.hip.q4_0 import quantize_q8_1
 from ftlab.quant import quant_weight
 from ftlab.testing.q4_0 import matmul_tolerance
 
-SHAPES = ((1, 4096, 14336), (1, 4096, 8192), (1, 2048, 4096), (1, 14336, 4096), (1, 5120, 2048), (1, 2048, 2048),
-          (2, 4096, 8192), (4, 4096, 4096), (2, 5120, 2048), (4, 5120, 2048), (1, 151936, 2048))  # fmt: skip
+SHAPES = (
+    (1, 4096, 14336),
+    (1, 4096, 8192),
+    (1, 2048, 4096),
+    (1, 14336, 4096),
+    (1, 5120, 2048),
+    (1, 2048, 2048),
+    (2, 4096, 8192),
+    (4, 4096, 4096),
+    (2, 5120, 2048),
+    (4, 5120, 2048),
+    (1, 151936, 2048),
+)
 
 
 def main() -> None:
@@ -52,7 +63,11 @@ def main() -> None:
             return y
 
         inner = reps * -(-8 // reps)
-        for name, fn in (("dispatch", dispatch), ("quantize+fused_q8", fused_q8), ("fused (quantizes)", fused)):
+        for name, fn in (
+            ("dispatch", dispatch),
+            ("quantize+fused_q8", fused_q8),
+            ("fused (quantizes)", fused),
+        ):
             try:
                 y = fn(w).float()
             except Exception as e:  # noqa: BLE001 - a path that cannot take the shape (its LDS)
@@ -60,10 +75,16 @@ def main() -> None:
                 continue
             ok = bool(((y - exact).abs() <= bound).all())
             turn = iter(range(1 << 62))
-            t_dram = time_graph_us(lambda f=fn, tn=turn, b=banks, r=reps: f(b[next(tn) % r]), inner=inner)
+            t_dram = time_graph_us(
+                lambda f=fn, tn=turn, b=banks, r=reps: f(b[next(tn) % r]), inner=inner
+            )
             t_l2 = time_graph_us(lambda f=fn, w=w: f(w), inner=inner)
-            print(f"M={m} {n}x{k} {name:>20}: cycled {t_dram:7.2f} us ({100 * w.nbytes / t_dram / 1e3 / bw:5.1f}% "
-                  f"of copy), one weight {t_l2:7.2f} us  {'ok' if ok else 'WRONG'}", flush=True)  # fmt: skip
+            print(
+                f"M={m} {n}x{k} {name:>20}: cycled {t_dram:7.2f} us "
+                f"({100 * w.nbytes / t_dram / 1e3 / bw:5.1f}% "
+                f"of copy), one weight {t_l2:7.2f} us  {'ok' if ok else 'WRONG'}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ def kernel_times(prof, device: str) -> dict[str, tuple[float, int]]:
     for ev in prof.events():
         if device == "cuda" and ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        if device == "cpu" and (ev.device_type != torch.autograd.DeviceType.CPU or ev.cpu_parent is not None):
+        if device == "cpu" and (
+            ev.device_type != torch.autograd.DeviceType.CPU or ev.cpu_parent is not None
+        ):
             continue  # top-level operators only: children are inside their parents' time
         t = totals[ev.name]
         t[0] += ev.device_time if device == "cuda" else ev.cpu_time
@@ -78,7 +80,7 @@ def host_profile(step, dev: torch.device, batch: int, steps: int, top: int) -> N
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(key).print_stats(top)
         text = out.getvalue()
-        print(f"--- by {key} ({steps} steps)\n" + text[text.find("   ncalls"):].rstrip())
+        print(f"--- by {key} ({steps} steps)\n" + text[text.find("   ncalls") :].rstrip())
 
 
 def load(args, dev: torch.device, dtype: torch.dtype):
@@ -86,7 +88,9 @@ def load(args, dev: torch.device, dtype: torch.dtype):
     if args.random is None:
         if args.file is None:
             raise SystemExit("give a GGUF file or --random")
-        if gguf_architecture(args.file) == GGUF_ARCH:  # no tokenizer needed (random files have none)
+        if (
+            gguf_architecture(args.file) == GGUF_ARCH
+        ):  # no tokenizer needed (random files have none)
             return load_gguf(args.file, device=dev, dtype=dtype)
         config, weights, _ = load_gguf_model(args.file, device=dev, dtype=dtype)
         return config, weights
@@ -96,13 +100,17 @@ def load(args, dev: torch.device, dtype: torch.dtype):
     hf = hf_config(QWEN35_35B_A3B if args.random == "qwen35moe" else SMALL)
     config = Qwen3NextConfig.from_hf(hf)
     args.file = f"random {args.random}"
-    return config, build_weights(config, RandomTensors(hf, dev), device=dev, dtype=dtype, where=args.file)
+    return config, build_weights(
+        config, RandomTensors(hf, dev), device=dev, dtype=dtype, where=args.file
+    )
 
 
 def table(times: dict[str, tuple[float, int]], steps: int, total: float, top: int) -> None:
     print(f"{'us/step':>9} {'share':>6} {'calls/step':>10}  name")
     for name, (t, calls) in sorted(times.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"{t / steps:9.1f} {100 * t / steps / total:5.1f}% {calls / steps:10.1f}  {name[:110]}")
+        print(
+            f"{t / steps:9.1f} {100 * t / steps / total:5.1f}% {calls / steps:10.1f}  {name[:110]}"
+        )
 
 
 def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> None:
@@ -114,7 +122,10 @@ def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> Non
     step = lambda: model.forward(tokens, pos, last_only=True)  # noqa: E731
     eager = step()
     if dev.type != "cuda":
-        print(f"{args.file}: prefill {n} tokens ran, logits finite: {bool(torch.isfinite(eager).all())}")
+        print(
+            f"{args.file}: prefill {n} tokens ran, logits finite: "
+            f"{bool(torch.isfinite(eager).all())}"
+        )
         return
     wall = time_us(step, warmup=2, reps=5)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -124,16 +135,23 @@ def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> Non
     times = kernel_times(prof, "cuda")
     total = sum(t for t, _ in times.values()) / args.steps
     calls = sum(c for _, c in times.values()) / args.steps
-    print(f"{args.file}: prefill {n} tokens, {model.config.num_hidden_layers} layers, launched op by op: "
-          f"{wall:.1f} us of wall time ({n * 1e6 / wall:.0f} tokens/s), kernels {total:.1f} us in {calls:.0f} "
-          f"launches ({args.steps} passes profiled)")  # fmt: skip
+    print(
+        f"{args.file}: prefill {n} tokens, {model.config.num_hidden_layers} layers, launched op by "
+        "op: "
+        f"{wall:.1f} us of wall time ({n * 1e6 / wall:.0f} tokens/s), kernels {total:.1f} us in "
+        f"{calls:.0f} "
+        f"launches ({args.steps} passes profiled)"
+    )
     try:
         replay, out = capture(step, warmup=2)
         replay()
         same = float((out - eager).abs().max()) / float(eager.abs().max())
         t = time_us(replay, warmup=2, reps=5)
-        print(f"graph-replayed: {t:.1f} us ({n * 1e6 / t:.0f} tokens/s); max |logits - eager's| / max |eager's| "
-              f"{same:.2e}")  # fmt: skip
+        print(
+            f"graph-replayed: {t:.1f} us ({n * 1e6 / t:.0f} tokens/s); max |logits - eager's| / "
+            "max |eager's| "
+            f"{same:.2e}"
+        )
     except Exception as e:  # noqa: BLE001 -- say why the pass does not capture
         print(f"graph capture failed: {type(e).__name__}: {str(e)[:300]}")
     table(times, args.steps, total, args.top)
@@ -142,23 +160,41 @@ def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", nargs="?", help="a GGUF file (or --random)")
-    ap.add_argument("--random", choices=["qwen35moe", "qwen35moe-small"], help="random Q4_0 weights of the "
-                    "Qwen3.6-35B-A3B shape (or the bench's scaled-down one, a CPU smoke run) instead of a file")
-    ap.add_argument("--prefill", type=int, default=0, help="profile a prefill pass of this many tokens instead")
+    ap.add_argument(
+        "--random",
+        choices=["qwen35moe", "qwen35moe-small"],
+        help="random Q4_0 weights of the "
+        "Qwen3.6-35B-A3B shape (or the bench's scaled-down one, a CPU smoke run) instead of a file",
+    )
+    ap.add_argument(
+        "--prefill", type=int, default=0, help="profile a prefill pass of this many tokens instead"
+    )
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--position", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--host", action="store_true", help="cProfile the eager step's Python instead")
-    ap.add_argument("--fusions", default="", help="comma-separated decode fusions to turn on for every "
-                    "step: kv (the KV store inside qk_norm_rope, DecodePlan.kv_store_in_rope), router (the "
-                    "post-attention norm inside the router, norm_in_router), qkv (the input norm inside the "
-                    "q/k/v matvec, norm_in_qkv)")  # fmt: skip
-    ap.add_argument("--attention", default="auto", help="the decode_attention backend (auto: hip's kernel "
-                    "where the plan's hip_attention picks it, else SDPA)")  # fmt: skip
+    ap.add_argument(
+        "--fusions",
+        default="",
+        help="comma-separated decode fusions to turn on for every "
+        "step: kv (the KV store inside qk_norm_rope, DecodePlan.kv_store_in_rope), router (the "
+        "post-attention norm inside the router, norm_in_router), qkv (the input norm inside the "
+        "q/k/v matvec, norm_in_qkv)",
+    )
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        help="the decode_attention backend (auto: hip's kernel "
+        "where the plan's hip_attention picks it, else SDPA)",
+    )
     args = ap.parse_args()
-    fields = {"kv": ("kv_store_in_rope", True), "router": ("norm_in_router", True), "qkv": ("norm_in_qkv", "always")}
+    fields = {
+        "kv": ("kv_store_in_rope", True),
+        "router": ("norm_in_router", True),
+        "qkv": ("norm_in_qkv", "always"),
+    }
     changes = {}
     for name in filter(None, args.fusions.split(",")):
         if name not in fields:
@@ -177,7 +213,9 @@ def main() -> None:
     tokens = torch.randint(0, config.vocab_size, (args.batch, 1), generator=gen).to(dev)
     positions = torch.full((args.batch, 1), args.position, device=dev)
     if args.host:
-        host_profile(lambda: model.forward(tokens, positions), dev, args.batch, args.steps, args.top)
+        host_profile(
+            lambda: model.forward(tokens, positions), dev, args.batch, args.steps, args.top
+        )
         return
     if dev.type == "cuda":
         graph = DecodeGraph(model, args.batch)
@@ -197,13 +235,18 @@ def main() -> None:
     times = kernel_times(prof, dev.type)
     total = sum(t for t, _ in times.values()) / args.steps
     layers = config.num_hidden_layers
-    print(f"{args.file}: decode batch {args.batch} at position {args.position}, {layers} layers; "
-          f"{total:.1f} us a step in {sum(c for _, c in times.values()) / args.steps:.0f} "
-          f"{'kernels' if dev.type == 'cuda' else 'operators'} ({args.steps} steps profiled)")  # fmt: skip
+    print(
+        f"{args.file}: decode batch {args.batch} at position {args.position}, {layers} layers; "
+        f"{total:.1f} us a step in {sum(c for _, c in times.values()) / args.steps:.0f} "
+        f"{'kernels' if dev.type == 'cuda' else 'operators'} ({args.steps} steps profiled)"
+    )
     if dev.type == "cuda":
         wall = time_us(step, warmup=3, reps=50)
-        print(f"a step takes {wall:.1f} us of wall time replayed ({args.batch * 1e6 / wall:.0f} tokens/s), "
-              f"{wall - total:.1f} us more than its kernels")  # fmt: skip
+        print(
+            f"a step takes {wall:.1f} us of wall time replayed ({args.batch * 1e6 / wall:.0f} "
+            "tokens/s), "
+            f"{wall - total:.1f} us more than its kernels"
+        )
     table(times, args.steps, total, args.top)
 
 

@@ -27,7 +27,11 @@ def main() -> None:
                     ops.fused_moe(xs[i], lg[i], gu, dn, TOP_K, backend=name)
                 torch.cuda.synchronize()
             print(f"== T={t} {name}")
-            print(p.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+            print(
+                p.key_averages().table(
+                    sort_by="cuda_time_total", row_limit=12, max_name_column_width=70
+                )
+            )
 
 
 if __name__ == "__main__":

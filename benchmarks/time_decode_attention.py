@@ -23,8 +23,12 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=520)
     ap.add_argument("--length", type=int, default=513)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--rows", default="4,2", help="hip's one-launch kernel: a thread's rows of a tile, each "
-                    "timed (comma-separated, 4 and / or 2)")  # fmt: skip
+    ap.add_argument(
+        "--rows",
+        default="4,2",
+        help="hip's one-launch kernel: a thread's rows of a tile, each "
+        "timed (comma-separated, 4 and / or 2)",
+    )
     args = ap.parse_args()
     dev, b, s = torch.device("cuda"), args.batch, args.slots
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -36,29 +40,48 @@ def main() -> None:
     live_bytes = 2 * b * min(args.length, s) * 4 * 128 * 2
     want = ops.decode_attention(q, k, v, lengths, backend="reference")
     bias = torch.zeros(mask.shape, dtype=q.dtype, device=dev).masked_fill_(~mask, float("-inf"))
-    rows = [("torch SDPA over every slot, boolean mask", lambda: F.scaled_dot_product_attention(
-        q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True)),
-        ("torch SDPA over every slot, additive mask (the models' graph path)", lambda: F.scaled_dot_product_attention(
-            q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, enable_gqa=True))]
+    rows = [
+        (
+            "torch SDPA over every slot, boolean mask",
+            lambda: F.scaled_dot_product_attention(
+                q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
+            ),
+        ),
+        (
+            "torch SDPA over every slot, additive mask (the models' graph path)",
+            lambda: F.scaled_dot_product_attention(
+                q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, enable_gqa=True
+            ),
+        ),
+    ]
     variants = []
     for name in backends.available_backends("decode_attention", dev, torch.bfloat16):
         if name == "reference":
             continue
-        for r in ([int(x) for x in args.rows.split(",")] if name == "hip" else [None]):
+        for r in [int(x) for x in args.rows.split(",")] if name == "hip" else [None]:
             variants.append((name, r))
-    print(f"batch {b}, {args.length} live positions of {s} slots, 32/4 heads of 128, bf16 (graph-replayed)")
+    print(
+        f"batch {b}, {args.length} live positions of {s} slots, 32/4 heads of 128, bf16 "
+        "(graph-replayed)"
+    )
     for label, fn in rows:
         us = time_graph_us(fn)
         print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {label}")
     setting = hip_attention.ROWS_PER_THREAD
-    for name, r in variants:  # hip's rows a thread is a module setting: each variant timed while it holds
+    for (
+        name,
+        r,
+    ) in variants:  # hip's rows a thread is a module setting: each variant timed while it holds
         if r is not None:
             hip_attention.ROWS_PER_THREAD = r
         got = ops.decode_attention(q, k, v, lengths, backend=name)
         err = (got.float() - want.float()).abs().max().item()
         us = time_graph_us(lambda name=name: ops.decode_attention(q, k, v, lengths, backend=name))
         what = f"decode_attention {name}" + (f", {r} rows a thread" if r is not None else "")
-        print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {what} (max |diff| {err:.1e})")
+        print(
+            f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {what} (max |diff| "
+            f"{err:.1e})"
+        )
     hip_attention.ROWS_PER_THREAD = setting
 
 

@@ -56,7 +56,10 @@ def _batch(b: int, copy: float, dev: torch.device) -> None:
         turn = iter(range(1 << 62))
         us = time_graph_us(lambda f=fn, it=turn: f(states[next(it) % copies]), inner=copies)
         gbs = 2 * state_bytes / (us * 1e-6) / 1e9
-        print(f"{b:>3} {name:<14} {us:8.2f} {gbs:7.0f} {100 * gbs / copy:6.1f}%  {'ok' if ok else 'MISMATCH'}")
+        print(
+            f"{b:>3} {name:<14} {us:8.2f} {gbs:7.0f} {100 * gbs / copy:6.1f}%  "
+            f"{'ok' if ok else 'MISMATCH'}"
+        )
 
 
 def main() -> None:
@@ -65,7 +68,9 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     copy = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {copy:.0f} GB/s")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {copy:.0f} GB/s"
+    )
     print(f"{'B':>3} {'variant':<14} {'us':>8} {'GB/s':>7} {'% copy':>7}  ok")
     for b in (int(x) for x in args.batches.split(",")):
         _batch(b, copy, dev)

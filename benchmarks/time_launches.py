@@ -70,8 +70,11 @@ def time_batch(config, weights, batch: int, steps: int) -> None:
         for _ in range(3):
             fn()
         issue, wall = timed(fn, steps)
-        print(f"batch {batch} {name:15s}: issue {issue:9.1f} us, wall {wall:9.1f} us "
-              f"({len(launched.schedule)} launch calls in the schedule)")  # fmt: skip
+        print(
+            f"batch {batch} {name:15s}: issue {issue:9.1f} us, wall {wall:9.1f} us "
+            f"({len(launched.schedule)} launch calls in the schedule)"
+        )
+
 
 if __name__ == "__main__":
     main()

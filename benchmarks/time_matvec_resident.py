@@ -5,7 +5,8 @@ or Q4_K matrix stays in the H200's 50 MB L2 between calls). Each backend's outpu
 against the int8 reference within its derived bound first; the copy bandwidth is measured in the
 same run.
 
-    python benchmarks/time_matvec_resident.py [--types Q4_0,Q8_0,Q4_K,Q5_K,Q6_K] [--n 4096] [--k 14336]
+    python benchmarks/time_matvec_resident.py [--types Q4_0,Q8_0,Q4_K,Q5_K,Q6_K] [--n 4096] [--k
+    14336]
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ def main() -> None:
     dev = torch.device("cuda")
     info = device_info()
     bw = copy_bandwidth()
-    print(f"# {info.get('name')} ({info.get('arch')}), torch {info.get('torch')}, triton {info.get('triton')}, "
-          f"ftlab {info.get('commit')}; copy bandwidth {bw:.0f} GB/s; M = 1, bf16 x, graph-replayed, "
-          f"{args.n} x {args.k}")  # fmt: skip
+    print(
+        f"# {info.get('name')} ({info.get('arch')}), torch {info.get('torch')}, triton "
+        f"{info.get('triton')}, "
+        f"ftlab {info.get('commit')}; copy bandwidth {bw:.0f} GB/s; M = 1, bf16 x, graph-replayed, "
+        f"{args.n} x {args.k}"
+    )
     for qtype in args.types.split(","):
         time_type(qtype, args.n, args.k, bw, dev)
 
@@ -75,8 +79,13 @@ def time_type(qtype: str, n: int, k: int, bw: float, dev: torch.device) -> None:
         turn = iter(range(1 << 62))
         t_dram = time_graph_us(lambda f=fn, tn=turn: f(banks[next(tn) % reps]), inner=inner)
         t_l2 = time_graph_us(lambda f=fn: f(w), inner=inner)
-        print(f"{qtype} {backend:>6}: cycled {t_dram:7.2f} us ({100 * w.nbytes / t_dram / 1e3 / bw:5.1f}% of copy), "
-              f"one weight {t_l2:7.2f} us  {'ok' if ok else 'WRONG'}", flush=True)  # fmt: skip
+        print(
+            f"{qtype} {backend:>6}: cycled {t_dram:7.2f} us "
+            f"({100 * w.nbytes / t_dram / 1e3 / bw:5.1f}% of copy), "
+            f"one weight {t_l2:7.2f} us  {'ok' if ok else 'WRONG'}",
+            flush=True,
+        )
+
 
 if __name__ == "__main__":
     main()

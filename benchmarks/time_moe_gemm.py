@@ -1,6 +1,7 @@
 """The two grouped GEMMs of the prefill experts on bf16 banks, one at a time, at the Qwen3-30B-A3B
 layer shape (E = 128, H = 2048, I = 768, top-8): HIP's matrix-core kernel at each block_m given
-(32 or 64 rows a block: moe_align's block_m, which picks the tile shape) beside Triton's grouped GEMM, for T tokens routed at random. Device time of one launch (median of events), the
+(32 or 64 rows a block: moe_align's block_m, which picks the tile shape) beside Triton's grouped
+GEMM, for T tokens routed at random. Device time of one launch (median of events), the
 weight bytes of the experts the call uses over that time, against the copy bandwidth measured in
 the same run, and each path's experts output against a torch fp32 computation (relative L2).
 
@@ -45,8 +46,10 @@ def _hip_gemms(x, gu, dn, ids, wts, block_m):
     h = torch.empty((pairs, INTER), dtype=x.dtype, device=x.device)
     out = torch.zeros((pairs, H), dtype=torch.float32, device=x.device)
     flat = wts.view(-1)
-    gate = lambda: module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat, h, TOP_K, True)  # noqa: E731
-    down = lambda: module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat, out, TOP_K, False)  # noqa: E731
+    gate = lambda: module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat, h, TOP_K, True)
+    down = lambda: module.moe_gemm_dense(
+        h, dn, sorted_ids, expert_ids, npad, flat, out, TOP_K, False
+    )  # noqa: E731
     return gate, down, lambda: out.view(t, TOP_K, H).sum(1)
 
 
@@ -58,17 +61,45 @@ def _triton_gemms(x, gu, dn, ids, wts):
     h = torch.empty((pairs, INTER), dtype=x.dtype, device=x.device)
     out = torch.zeros((pairs, H), dtype=torch.float32, device=x.device)
     blocks = sorted_ids.numel() // bm
-    common = dict(BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], DT=tr._TL_DTYPES[x.dtype],
-                  F32_PRECISION="tf32x3", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
+    common = dict(
+        BLOCK_M=bm,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
+        DT=tr._TL_DTYPES[x.dtype],
+        F32_PRECISION="tf32x3",
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
 
     def launch(a, w, dst, n, k, gated):
         wt, w_e, w_r, q4 = tr.bank_args(w)
         tr.moe_gemm_kernel[(blocks, -(-n // cfg["BLOCK_N"]))](
-            a, a.stride(0), wt, w_e, w_r, sorted_ids, expert_ids, npad, dst, dst.stride(0), wts, pairs, TOP_K,
-            n, k, GATED=gated, Q4=q4, **common)  # fmt: skip
+            a,
+            a.stride(0),
+            wt,
+            w_e,
+            w_r,
+            sorted_ids,
+            expert_ids,
+            npad,
+            dst,
+            dst.stride(0),
+            wts,
+            pairs,
+            TOP_K,
+            n,
+            k,
+            GATED=gated,
+            Q4=q4,
+            **common,
+        )
 
-    return (lambda: launch(x, gu, h, INTER, H, True), lambda: launch(h, dn, out, H, INTER, False),
-            lambda: out.view(t, TOP_K, H).sum(1), f"{bm}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}")
+    return (
+        lambda: launch(x, gu, h, INTER, H, True),
+        lambda: launch(h, dn, out, H, INTER, False),
+        lambda: out.view(t, TOP_K, H).sum(1),
+        f"{bm}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}",
+    )
 
 
 def main() -> None:
@@ -103,12 +134,24 @@ def main() -> None:
             err = _rel(res(), want)
             tg, td = time_us(g, warmup=5, reps=30), time_us(d, warmup=5, reps=30)
             gbs = nbytes / ((tg + td) * 1e-6) / 1e9
-            row = dict(tokens=t, path=name, shape=shape, gate_up_us=round(tg, 1), down_us=round(td, 1),
-                       total_us=round(tg + td, 1), gbs=round(gbs), copy_share=round(gbs / copy, 3),
-                       rel_err=err, experts=used)  # fmt: skip
+            row = dict(
+                tokens=t,
+                path=name,
+                shape=shape,
+                gate_up_us=round(tg, 1),
+                down_us=round(td, 1),
+                total_us=round(tg + td, 1),
+                gbs=round(gbs),
+                copy_share=round(gbs / copy, 3),
+                rel_err=err,
+                experts=used,
+            )
             rows.append(row)
-            print(f"T={t:4d} {name:6s} {shape:10s} gate/up {tg:7.1f} down {td:7.1f} total {tg + td:7.1f} us"
-                  f"  {gbs:6.0f} GB/s ({gbs / copy:.0%})  rel {err:.1e}")  # fmt: skip
+            print(
+                f"T={t:4d} {name:6s} {shape:10s} gate/up {tg:7.1f} down {td:7.1f} total "
+                f"{tg + td:7.1f} us"
+                f"  {gbs:6.0f} GB/s ({gbs / copy:.0%})  rel {err:.1e}"
+            )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": device_info(), "copy_gbs": copy, "rows": rows}, f, indent=1)

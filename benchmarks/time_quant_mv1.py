@@ -1,4 +1,5 @@
-"""The one-row (M = 1) K-quant matvec, variant by variant, at ``ftlab bench quant_matmul``'s shapes: hip's
+"""The one-row (M = 1) K-quant matvec, variant by variant, at ``ftlab bench quant_matmul``'s shapes:
+hip's
 "lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled", "fused" (vec's pieces in
 one launch, x quantized in every block, y in x's dtype), "staged" (fused with the rows copied
 into LDS slots asynchronously; K <= 2048, else it runs "fused") and "sliced" (a row's slices of 8
@@ -30,8 +31,12 @@ from ftlab.quant import quant_weight
 from ftlab.testing.q4_0 import matmul_tolerance as q4_0_matmul_tolerance
 from ftlab.testing.quant_matmul import quant_matmul_tolerance
 
-SHORT = {"lm": "lm_head 2048->151936", "llama": "llama.cpp 4096x14336", "qkv": "qkv 2048->5120",
-         "o_proj": "o_proj 4096->2048"}  # fmt: skip
+SHORT = {
+    "lm": "lm_head 2048->151936",
+    "llama": "llama.cpp 4096x14336",
+    "qkv": "qkv 2048->5120",
+    "o_proj": "o_proj 4096->2048",
+}
 ROTATE_BYTES = 256 << 20
 
 
@@ -39,15 +44,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
     ap.add_argument("--shapes", default="lm,llama,qkv,o_proj")
-    ap.add_argument("--variants", default="lanes,vec,held,staged,sliced,sliced_q8,triton",
-                    help="hip's lanes / vec, mv1's stagings (held, staged, sliced, sliced_q8), triton")
-    ap.add_argument("--resident", action="store_true", help="also time one weight called again and again")
+    ap.add_argument(
+        "--variants",
+        default="lanes,vec,held,staged,sliced,sliced_q8,triton",
+        help="hip's lanes / vec, mv1's stagings (held, staged, sliced, sliced_q8), triton",
+    )
+    ap.add_argument(
+        "--resident", action="store_true", help="also time one weight called again and again"
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     info = device_info()
     bw = copy_bandwidth()
-    print(f"# {info.get('name')} ({info.get('arch')}), torch {info.get('torch')}, triton {info.get('triton')}, "
-          f"ftlab {info.get('commit')}; copy bandwidth {bw:.0f} GB/s; M = 1, bf16 x, graph-replayed")  # fmt: skip
+    print(
+        f"# {info.get('name')} ({info.get('arch')}), torch {info.get('torch')}, triton "
+        f"{info.get('triton')}, "
+        f"ftlab {info.get('commit')}; copy bandwidth {bw:.0f} GB/s; M = 1, bf16 x, graph-replayed"
+    )
     for qtype in args.types.split(","):
         for short in args.shapes.split(","):
             time_case(qtype, SHORT[short], bw, dev, args.variants.split(","), args.resident)
@@ -61,11 +74,16 @@ def _as_hip(name: str) -> dict:
 
 def _why_not(name: str, call) -> str | None:
     """Why hip's variant (or mv1's staging) ``name`` cannot serve ``call``, or None."""
-    return backends.why_not("quant_matmul", "hip", "mv1", call, staging=name) if name in STAGINGS else \
-        backends.why_not("quant_matmul", "hip", name, call)  # fmt: skip
+    return (
+        backends.why_not("quant_matmul", "hip", "mv1", call, staging=name)
+        if name in STAGINGS
+        else backends.why_not("quant_matmul", "hip", name, call)
+    )
 
 
-def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: list[str], resident: bool) -> None:
+def time_case(
+    qtype: str, label: str, bw: float, dev: torch.device, variants: list[str], resident: bool
+) -> None:
     """One type at one shape: every variant checked on the first rows, then timed."""
     n, k = SHAPES[label]
     w = random_weight(qtype, n, k, dev)
@@ -79,20 +97,32 @@ def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: li
         exact = ops.q4_0_matmul(x.float(), part, path="int8", backend="reference")
         bound = q4_0_matmul_tolerance(x.float(), part, "int8", x.dtype)
     else:
-        exact, bound = quant_matmul_tolerance(x.float(), part, "int8", x.dtype)  # the outputs are in x's dtype
+        exact, bound = quant_matmul_tolerance(
+            x.float(), part, "int8", x.dtype
+        )  # the outputs are in x's dtype
     if qtype == "Q4_0":  # the region matvec (q4_0_matmul's default), then the one-launch kernels
         runs = [("hip region", lambda wv: ops.q4_0_matmul(x, wv, backend="hip"))]
-        runs += [(f"hip {v}", lambda wv, v=v: hip_qmm.q4_0_one_row(x, wv, v))
-                 for v in variants if v in STAGINGS]  # fmt: skip
+        runs += [
+            (f"hip {v}", lambda wv, v=v: hip_qmm.q4_0_one_row(x, wv, v))
+            for v in variants
+            if v in STAGINGS
+        ]
     else:
-        runs = [(f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", **_as_hip(v)))
-                for v in variants if v != "triton"]  # fmt: skip
+        runs = [
+            (f"hip {v}", lambda wv, v=v: hip_qmm.quant_matmul(x, wv, "int8", **_as_hip(v)))
+            for v in variants
+            if v != "triton"
+        ]
     if "triton" in variants:
         op = ops.q4_0_matmul if qtype == "Q4_0" else ops.quant_matmul
         runs.append(("triton", lambda wv: op(x, wv, backend="triton")))
     for name, fn in runs:
         variant = name.removeprefix("hip ")
-        why = _why_not(variant, calls.matmul(x, w)) if name.startswith("hip ") and variant != "region" else None
+        why = (
+            _why_not(variant, calls.matmul(x, w))
+            if name.startswith("hip ") and variant != "region"
+            else None
+        )
         if why is not None:  # refused, never swapped: say so
             print(f"{qtype} {label:>22} {name:>11}: does not serve ({why})")
             continue
@@ -101,9 +131,17 @@ def time_case(qtype: str, label: str, bw: float, dev: torch.device, variants: li
         turn = iter(range(1 << 62))
         t = time_graph_us(lambda f=fn, tn=turn: f(banks[next(tn) % reps]), inner=inner)
         gbps = w.nbytes / t / 1e3
-        one = f"  one weight {time_graph_us(lambda f=fn: f(w), inner=MIN_INNER):8.2f} us" if resident else ""
-        print(f"{qtype} {label:>22} {name:>11}: {t:8.2f} us {gbps:7.0f} GB/s {100 * gbps / bw:5.1f}% of copy"
-              f"  {'ok' if ok else 'WRONG'}{one}")  # fmt: skip
+        one = (
+            f"  one weight {time_graph_us(lambda f=fn: f(w), inner=MIN_INNER):8.2f} us"
+            if resident
+            else ""
+        )
+        print(
+            f"{qtype} {label:>22} {name:>11}: {t:8.2f} us {gbps:7.0f} GB/s {100 * gbps / bw:5.1f}% "
+            "of copy"
+            f"  {'ok' if ok else 'WRONG'}{one}"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -9,9 +9,11 @@ and quantized there: Q8_0 by ``ops.quantize`` (byte-identical to gguf-py's Q8_0)
 Q4_K_M type mix for this architecture (:func:`q4_k_m_type`); Q4_0 as llama-quantize's Q4_0 (every
 matrix Q4_0 by ``ops.quantize``, ``output.weight`` Q6_K). Host memory holds the packed model
 only (Q8_0: 32 GB; BF16: 61 GB; Q4_K_M: 18.6 GB). The tokenizer is llama.cpp's "none" type
-with the vocab size: llama-bench and ftlab's ``load_gguf`` run it; text generation has no vocabulary.
+with the vocab size: llama-bench and ftlab's ``load_gguf`` run it; text generation has no
+vocabulary.
 
-    python benchmarks/write_random_qwen3moe.py OUT.gguf [--type Q8_0|BF16|Q4_K_M|Q4_0] [--device cuda]
+    python benchmarks/write_random_qwen3moe.py OUT.gguf [--type Q8_0|BF16|Q4_K_M|Q4_0] [--device
+    cuda]
         [--layers N] [--experts N] [--vocab N]
 """
 
@@ -30,12 +32,20 @@ from ftlab.bench.model import CONFIG
 from ftlab.formats.gguf_write import write_tensors
 from ftlab.models.qwen3_moe import GGUF_ARCH
 
-KEYS = {"num_hidden_layers": "block_count", "hidden_size": "embedding_length", "num_attention_heads":
-        "attention.head_count", "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
-        "num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
-        "moe_intermediate_size": "expert_feed_forward_length", "rope_theta": "rope.freq_base",
-        "rms_norm_eps": "attention.layer_norm_rms_epsilon", "max_position_embeddings": "context_length",
-        "vocab_size": "vocab_size"}  # fmt: skip
+KEYS = {
+    "num_hidden_layers": "block_count",
+    "hidden_size": "embedding_length",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "num_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "moe_intermediate_size": "expert_feed_forward_length",
+    "rope_theta": "rope.freq_base",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "max_position_embeddings": "context_length",
+    "vocab_size": "vocab_size",
+}
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -79,8 +89,13 @@ def main() -> None:
         help="a smaller vocabulary for a quick check",
     )
     args = ap.parse_args()
-    c = dataclasses.replace(CONFIG, num_hidden_layers=args.layers, num_experts=args.experts, vocab_size=args.vocab,
-                            num_experts_per_tok=min(CONFIG.num_experts_per_tok, args.experts))  # fmt: skip
+    c = dataclasses.replace(
+        CONFIG,
+        num_hidden_layers=args.layers,
+        num_experts=args.experts,
+        vocab_size=args.vocab,
+        num_experts_per_tok=min(CONFIG.num_experts_per_tok, args.experts),
+    )
     dev = torch.device(args.device)
     gen = torch.Generator(device=dev).manual_seed(0)
 
@@ -92,38 +107,56 @@ def main() -> None:
         if args.type == "Q4_K_M":
             return PACKERS[q4_k_m_type(name, c.num_hidden_layers)](w).to("cpu")
         if args.type == "Q4_0":  # llama-quantize's Q4_0: output.weight in Q6_K
-            return (PACKERS["Q6_K"](w) if name == "output.weight" else ops.quantize(w, "Q4_0")).to("cpu")
+            return (PACKERS["Q6_K"](w) if name == "output.weight" else ops.quantize(w, "Q4_0")).to(
+                "cpu"
+            )
         return ops.quantize(w, "Q8_0").to("cpu")
 
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, dtype=torch.float32)
 
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
-    tensors = {"token_embd.weight": matrix("token_embd.weight", c.vocab_size, h, rms=4.0),
-               "output_norm.weight": ones(h), "output.weight": matrix("output.weight", c.vocab_size, h)}  # fmt: skip
+    tensors = {
+        "token_embd.weight": matrix("token_embd.weight", c.vocab_size, h, rms=4.0),
+        "output_norm.weight": ones(h),
+        "output.weight": matrix("output.weight", c.vocab_size, h),
+    }
     for i in tqdm(range(c.num_hidden_layers), desc=f"random {args.type} layers", unit="layer"):
         p = f"blk.{i}."
         tensors |= {
             p + "attn_q.weight": matrix(p + "attn_q.weight", c.num_attention_heads * hd, h),
             p + "attn_k.weight": matrix(p + "attn_k.weight", c.num_key_value_heads * hd, h),
             p + "attn_v.weight": matrix(p + "attn_v.weight", c.num_key_value_heads * hd, h),
-            p + "attn_output.weight": matrix(p + "attn_output.weight", h, c.num_attention_heads * hd),
-            p + "attn_q_norm.weight": ones(hd), p + "attn_k_norm.weight": ones(hd),
-            p + "attn_norm.weight": ones(h), p + "ffn_norm.weight": ones(h),
+            p + "attn_output.weight": matrix(
+                p + "attn_output.weight", h, c.num_attention_heads * hd
+            ),
+            p + "attn_q_norm.weight": ones(hd),
+            p + "attn_k_norm.weight": ones(hd),
+            p + "attn_norm.weight": ones(h),
+            p + "ffn_norm.weight": ones(h),
             p + "ffn_gate_inp.weight": torch.randn(e, h, generator=gen, device=dev).cpu() * h**-0.5,
             p + "ffn_gate_exps.weight": matrix(p + "ffn_gate_exps.weight", e, inter, h),
             p + "ffn_up_exps.weight": matrix(p + "ffn_up_exps.weight", e, inter, h),
             p + "ffn_down_exps.weight": matrix(p + "ffn_down_exps.weight", e, h, inter),
-        }  # fmt: skip
+        }
     meta = {f"{GGUF_ARCH}.{key}": getattr(c, field) for field, key in KEYS.items()}
     # llama.cpp takes a value head of embedding_length / head_count (64 here) unless told
     meta[f"{GGUF_ARCH}.attention.value_length"] = c.head_dim
-    meta |= {"general.name": f"random Qwen3-30B-A3B-shaped ({c.num_hidden_layers} layers, {e} experts)",
-             "tokenizer.ggml.model": "none"}  # fmt: skip
+    meta |= {
+        "general.name": f"random Qwen3-30B-A3B-shaped ({c.num_hidden_layers} layers, {e} experts)",
+        "tokenizer.ggml.model": "none",
+    }
     # the file's type, as llama-quantize writes it (llama-bench names the model's type from it)
     if args.type in ("Q4_K_M", "Q4_0"):
-        ftype = gguf.LlamaFileType.MOSTLY_Q4_K_M if args.type == "Q4_K_M" else gguf.LlamaFileType.MOSTLY_Q4_0
-        meta |= {"general.file_type": int(ftype), "general.quantization_version": gguf.GGML_QUANT_VERSION}
+        ftype = (
+            gguf.LlamaFileType.MOSTLY_Q4_K_M
+            if args.type == "Q4_K_M"
+            else gguf.LlamaFileType.MOSTLY_Q4_0
+        )
+        meta |= {
+            "general.file_type": int(ftype),
+            "general.quantization_version": gguf.GGML_QUANT_VERSION,
+        }
     print(f"writing {args.out}")
     write_tensors(args.out, tensors, arch=GGUF_ARCH, metadata=meta)
 

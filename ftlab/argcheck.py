@@ -58,8 +58,11 @@ def q8_1(name: str, a: object, x: torch.Tensor) -> Q8_1:
     if not isinstance(a, Q8_1):
         raise TypeError(f"{name} must be a ftlab.quant.Q8_1, got {type(a).__name__}")
     m, k = x.shape
-    for part, t, dtype, want in (("q", a.q, torch.int8, (m, k)), ("d", a.d, torch.float32, (m, k // QK)),
-                                 ("s", a.s, torch.float32, (m, k // QK))):  # fmt: skip
+    for part, t, dtype, want in (
+        ("q", a.q, torch.int8, (m, k)),
+        ("d", a.d, torch.float32, (m, k // QK)),
+        ("s", a.s, torch.float32, (m, k // QK)),
+    ):
         tensor(f"{name}.{part}", t)
         if t.dtype != dtype:
             raise TypeError(f"{name}.{part} must be {_names((dtype,))}, got {t.dtype}")
@@ -97,8 +100,9 @@ def finite_float(name: str, v: object, low: float = -math.inf) -> float:
     return float(v)
 
 
-def norm_weight(weight: object, dim: str, size: int, eps: object, x: torch.Tensor,
-                **inputs: torch.Tensor | None) -> float:  # fmt: skip
+def norm_weight(
+    weight: object, dim: str, size: int, eps: object, x: torch.Tensor, **inputs: torch.Tensor | None
+) -> float:
     """The weight and eps of a norm over a last dim ``dim`` of ``size``: weight a float tensor
     ``[size]``, eps finite and >= 0 (returned as a float); ``inputs`` (None allowed) and the weight
     on x's device, checked in that order."""
@@ -162,11 +166,17 @@ def shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
 
 
-def data_checks_allowed(op: str, what: str = "check=True reads the indices",
-                        instead: str = "validate the inputs before capture and pass check=False") -> None:  # fmt: skip
+def data_checks_allowed(
+    op: str,
+    what: str = "check=True reads the indices",
+    instead: str = "validate the inputs before capture and pass check=False",
+) -> None:
     """Data-dependent checks read the tensors on the host: impossible inside graph capture."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"{op}: {what} on the host, which cannot happen during CUDA/HIP graph capture; {instead}")
+        raise RuntimeError(
+            f"{op}: {what} on the host, which cannot happen during CUDA/HIP graph capture; "
+            f"{instead}"
+        )
 
 
 def first_position(mask: torch.Tensor) -> int:

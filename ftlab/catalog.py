@@ -78,13 +78,18 @@ def describe(op: str) -> dict[str, object]:
     impls = {}
     for name, impl in spec.impls.items():
         caps = impl.caps
-        target = impl.target if isinstance(impl.target, str) else f"{impl.target.__module__}:{impl.target.__name__}"
+        target = (
+            impl.target
+            if isinstance(impl.target, str)
+            else f"{impl.target.__module__}:{impl.target.__name__}"
+        )
         files: list[str] = []
         if name in ("reference", "triton"):
             files = _family_files(PACKAGE / name, fam, ".py")
         elif name in ("hip", "cpu"):  # the launch wrapper, then the native sources
-            files = _family_files(PACKAGE / name, fam, ".py") + _family_files(PACKAGE / name / "csrc", fam, ".hip",
-                                                                              ".h", ".cc")  # fmt: skip
+            files = _family_files(PACKAGE / name, fam, ".py") + _family_files(
+                PACKAGE / name / "csrc", fam, ".hip", ".h", ".cc"
+            )
         elif isinstance(impl.target, str):
             module = impl.target.partition(":")[0]
             path = ROOT / (module.replace(".", "/") + ".py")
@@ -93,7 +98,9 @@ def describe(op: str) -> dict[str, object]:
             "entry": target,
             "files": files,
             "platforms": sorted(caps.platforms),
-            "dtypes": None if caps.dtypes is None else sorted(str(d).removeprefix("torch.") for d in caps.dtypes),
+            "dtypes": None
+            if caps.dtypes is None
+            else sorted(str(d).removeprefix("torch.") for d in caps.dtypes),
             "paths": list(caps.paths),
             "prefill_path": caps.prefill_path,
             "auto": caps.auto,
@@ -109,7 +116,9 @@ def describe(op: str) -> dict[str, object]:
         "case functions": _family_files(PACKAGE / "testing", fam, ".py"),
         "tests": _family_files(ROOT / "tests" / "property", f"test_{fam}", ".py")
         + _family_files(ROOT / "tests" / "unit", f"test_{fam}", ".py"),
-        "variants": {b: [k.name for k in ks] for (o, b), ks in backends.rules.KERNELS.items() if o == op},
+        "variants": {
+            b: [k.name for k in ks] for (o, b), ks in backends.rules.KERNELS.items() if o == op
+        },
         "bench": f"ftlab bench {fam}" if (PACKAGE / "bench" / f"{fam}.py").is_file() else None,
         "docs": f"docs/OPS.md#{op}" if (ROOT / "docs" / "OPS.md").is_file() else None,
     }
@@ -119,9 +128,16 @@ def describe(op: str) -> dict[str, object]:
 def format_op(op: str) -> str:
     """:func:`describe` as readable text."""
     d = describe(op)
-    lines = [f"{d['op']}: {d['summary']}", f"  family   : {d['family']}", f"  public   : {d['public']}"]
+    lines = [
+        f"{d['op']}: {d['summary']}",
+        f"  family   : {d['family']}",
+        f"  public   : {d['public']}",
+    ]
     if d.get("paths"):
-        lines.append(f"  paths    : {', '.join(d['paths'])} (auto: int8 up to {backends.DECODE_MAX_TOKENS} rows)")
+        lines.append(
+            f"  paths    : {', '.join(d['paths'])} (auto: int8 up to {backends.DECODE_MAX_TOKENS} "
+            "rows)"
+        )
     for name, impl in d["implementations"].items():
         extra = [", ".join(impl["platforms"])]
         if impl["paths"]:
@@ -132,7 +148,9 @@ def format_op(op: str) -> str:
         for f in impl["files"]:
             lines.append(f"{'':13}{f}")
     for backend, names in d.get("variants", {}).items():
-        lines.append(f"  variants : {backend}: {', '.join(names)} (ftlab ops {op} --explain: which runs)")
+        lines.append(
+            f"  variants : {backend}: {', '.join(names)} (ftlab ops {op} --explain: which runs)"
+        )
     for key in ("shared", "case functions", "tests", "bench", "docs"):
         if key in d:
             value = d[key]

@@ -120,7 +120,8 @@ def _demangle(names: list[str]) -> dict[str, str]:
 
 
 def _short(name: str) -> str:
-    """``void ftlab::index_rows_kernel<ftlab::bytes16, int>(...)`` -> ``index_rows_kernel<bytes16, int32>``."""
+    """``void ftlab::index_rows_kernel<ftlab::bytes16, int>(...)`` -> ``index_rows_kernel<bytes16,
+    int32>``."""
     name = re.sub(r"^void ", "", name)
     name = name[: name.index(">(") + 1] if ">(" in name else name.split("(")[0]
     for long_name, short in (
@@ -245,7 +246,9 @@ def _finish(rows: dict[str, Row], source: Path, target: str) -> list[Row]:
     ]
 
 
-def hip_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> tuple[list[Row], list[str]]:
+def hip_rows(
+    targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None
+) -> tuple[list[Row], list[str]]:
     """Rows for every HIP kernel and target (of the device sources named in ``only``, by stem,
     when given), and notes on what could not be checked."""
     rows: list[Row] = []
@@ -308,7 +311,9 @@ def _amd_meta(asm: str, key: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def triton_rows_here(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> list[Row]:
+def triton_rows_here(
+    targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None
+) -> list[Row]:
     """Compile every spec of :func:`triton_modules` (those named in ``only``, by module name, when
     given) in this process (TRITON_INTERPRET must be unset)."""
     import triton
@@ -321,9 +326,13 @@ def triton_rows_here(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] |
         module = importlib.import_module(module_name)
         for target in targets:
             for spec in module.compile_specs(target):
-                row = Row("triton", spec.label, target, module=family(module_name.rsplit(".", 1)[-1]))
+                row = Row(
+                    "triton", spec.label, target, module=family(module_name.rsplit(".", 1)[-1])
+                )
                 try:
-                    src = ASTSource(spec.kernel, spec.signature, constexprs=spec.constexprs, attrs=spec.attrs)
+                    src = ASTSource(
+                        spec.kernel, spec.signature, constexprs=spec.constexprs, attrs=spec.attrs
+                    )
                     compiled = triton.compile(
                         src,
                         target=_gpu_target(target),
@@ -347,7 +356,9 @@ def triton_rows_here(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] |
     return rows
 
 
-def triton_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> list[Row]:
+def triton_rows(
+    targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None
+) -> list[Row]:
     """:func:`triton_rows_here` in child processes without TRITON_INTERPRET, one a core at a time:
     the (target, module) pairs are dealt into ``2 x cores`` jobs (each compiler run is
     single-threaded, and compiling every kernel for every target in one process took ~10 minutes
@@ -359,14 +370,17 @@ def triton_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None
     names = [m.rsplit(".", 1)[-1] for m in triton_modules()]
     names = [n for n in names if only is None or n in only]
     pairs = [(t, n) for n in names for t in targets]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     jobs = max(1, min(len(pairs), 2 * cores))
     dealt = [pairs[i::jobs] for i in range(jobs)]
 
     def run_job(job: list[tuple[str, str]]) -> dict[tuple[str, str], list[Row]] | str:
         code = (
             "import json, sys, dataclasses; from ftlab import compile_check as c; "
-            f"out = [[t, n, [dataclasses.asdict(r) for r in c.triton_rows_here((t,), (n,))]] for t, n in {job!r}]; "
+            "out = [[t, n, [dataclasses.asdict(r) for r in c.triton_rows_here((t,), (n,))]] for "
+            f"t, n in {job!r}]; "
             "json.dump(out, sys.stdout)"
         )
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -374,11 +388,15 @@ def triton_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None
             return res.stderr.strip()[-2000:]
         return {(t, n): [Row(**r) for r in rows] for t, n, rows in json.loads(res.stdout)}
 
-    with ThreadPoolExecutor(cores) as pool:  # the cores this process may run on (a container's share)
+    with ThreadPoolExecutor(
+        cores
+    ) as pool:  # the cores this process may run on (a container's share)
         results = list(pool.map(run_job, [job for job in dealt if job]))
     failed = [r for r in results if isinstance(r, str)]
     if failed:
-        return [Row("triton", "(all)", t, error=f"compile process failed: {failed[0]}") for t in targets]
+        return [
+            Row("triton", "(all)", t, error=f"compile process failed: {failed[0]}") for t in targets
+        ]
     got = {key: rows for r in results for key, rows in r.items()}
     return [row for n in names for t in targets for row in got[(t, n)]]
 
@@ -386,7 +404,9 @@ def triton_rows(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None
 # ------------------------------------------------------------------ report
 
 
-def run(targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None) -> tuple[list[Row], list[str]]:
+def run(
+    targets: tuple[str, ...] = TARGETS, only: tuple[str, ...] | None = None
+) -> tuple[list[Row], list[str]]:
     """HIP and Triton rows for ``targets``; ``only``: the families (device source stems, Triton
     module names) to check, all when None."""
     rows, notes = hip_rows(targets, only)
@@ -410,8 +430,10 @@ def table(rows: list[Row]) -> str:
         )
         lds = f"{r.lds} ({r.lds_limit // 1024} KiB)"
         lines.append(
-            f"| {r.backend} | `{r.kernel}` | {r.target} | {r.vgpr if r.vgpr is not None else '-'} | "
-            f"{r.sgpr if r.sgpr is not None else '-'} | {r.spill} | {r.scratch} | {lds} | {status} |"
+            f"| {r.backend} | `{r.kernel}` | {r.target} | {r.vgpr if r.vgpr is not None else '-'} "
+            "| "
+            f"{r.sgpr if r.sgpr is not None else '-'} | {r.spill} | {r.scratch} | {lds} | {status} "
+            "|"
         )
     return "\n".join(lines)
 

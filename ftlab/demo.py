@@ -58,7 +58,8 @@ def run() -> int:
     if not _q4_0(device):
         return 1
     print(
-        "\n(first-call times include Triton compilation / HIP JIT build; see `ftlab bench` for timings)"
+        "\n(first-call times include Triton compilation / HIP JIT build; see `ftlab bench` for "
+        "timings)"
     )
     return _pipeline(device)
 
@@ -77,7 +78,8 @@ def _q4_0(device) -> bool:
     ref_y = ops.q4_0_matmul(x, ref_q, path="int8", backend="reference").float()
     ref_d = ops.dequantize_q4_0(ref_q, backend="reference")
     print(
-        f"{'backend':<10} {'quantize bytes':<15} {'dequantize':<11} {'int8 matmul max rel diff':<25} {'wall ms':>8}"
+        f"{'backend':<10} {'quantize bytes':<15} {'dequantize':<11} "
+        f"{'int8 matmul max rel diff':<25} {'wall ms':>8}"
     )
     ok = True
     for name, why in backends.availability("q4_0_matmul", device, torch.bfloat16).items():
@@ -93,7 +95,8 @@ def _q4_0(device) -> bool:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1e3
         print(
-            f"{name:<10} {'identical' if same_q else 'DIFFERENT':<15} {'bit-exact' if same_d else 'DIFFERENT':<11} "
+            f"{name:<10} {'identical' if same_q else 'DIFFERENT':<15} "
+            f"{'bit-exact' if same_d else 'DIFFERENT':<11} "
             f"{rel:<25.2e} {ms:>8.1f}"
         )
         ok = ok and same_q and same_d and rel < 1e-2  # bf16 outputs: a few ulps at most
@@ -111,8 +114,10 @@ def _pipeline(device) -> int:
     pipe = Pipeline.load("tiny-qwen3-moe", device, quant="q4_0")
     prompt = "The router sends every token"
     c = pipe.config
-    print(f"model: {pipe.name} (Q4_0 GGUF), {c.num_hidden_layers} layers, {c.num_experts} experts, "
-          f"top-{c.num_experts_per_tok}; prompt: {prompt!r}")  # fmt: skip
+    print(
+        f"model: {pipe.name} (Q4_0 GGUF), {c.num_hidden_layers} layers, {c.num_experts} experts, "
+        f"top-{c.num_experts_per_tok}; prompt: {prompt!r}"
+    )
     print(f"{'stage':<22} {'tensor':<10} {'shape':<16} {'mean':>9} {'std':>9}")
     for stage in pipe.stages(prompt):
         t = stage.tensors[stage.main]
@@ -129,22 +134,31 @@ def _pipeline(device) -> int:
         tf = t.float()
         std = float(tf.std()) if tf.numel() > 1 else 0.0
         print(
-            f"{stage.name:<22} {stage.main:<10} {str(tuple(t.shape)):<16} {float(tf.mean()):>9.4f} {std:>9.4f}{extra}"
+            f"{stage.name:<22} {stage.main:<10} {str(tuple(t.shape)):<16} {float(tf.mean()):>9.4f} "
+            f"{std:>9.4f}{extra}"
         )
     print("\ndecode steps:")
     logits = pipe.prefill(pipe.tokenizer.encode(prompt))
     for _ in range(3):
         token = int(logits.argmax())
         logits = pipe.decode_step(token)
-        print(f"  position {pipe.position - 1}: token {token} {pipe.tokenizer.decode([token])!r}, "
-              f"next-token logit max {float(logits.max()):.3f}")  # fmt: skip
+        print(
+            f"  position {pipe.position - 1}: token {token} {pipe.tokenizer.decode([token])!r}, "
+            f"next-token logit max {float(logits.max()):.3f}"
+        )
     sets = []
     for b in ("triton", "hip"):
         linear_ok = b in ftbackends.available_backends("q4_0_matmul", device, torch.float32)
         moe_ok = b in ftbackends.available_backends("route_topk", device, torch.float32)
         if linear_ok or moe_ok:
             moe = b if moe_ok else "reference"
-            sets.append({"q4_0_matmul": b if linear_ok else "reference", "route_topk": moe, "moe_experts": moe})
+            sets.append(
+                {
+                    "q4_0_matmul": b if linear_ok else "reference",
+                    "route_topk": moe,
+                    "moe_experts": moe,
+                }
+            )
     if sets:
         print("\nbackends against the reference, stage by stage:")
         print(format_compare(pipe.compare(prompt, sets)))

@@ -46,7 +46,9 @@ ISA_ENV = "FTLAB_CPU_ISA"
 _loaded: dict[tuple, object] = {}
 _device_modules: dict[tuple[str, int], object] = {}
 _lock = threading.Lock()
-_recording = threading.local()  # .recorder: the launch recorder in effect on this thread (recording())
+_recording = (
+    threading.local()
+)  # .recorder: the launch recorder in effect on this thread (recording())
 
 
 class ToolchainError(RuntimeError):
@@ -131,10 +133,15 @@ def cpu_unavailable_reason() -> str | None:
     cxx = _cxx()
     if shutil.which(cxx) is None:
         return f"no C++ compiler ({cxx}) on PATH"
-    probe = subprocess.run([cxx, "-fopenmp", "-x", "c++", "-", "-o", os.devnull], input=b"int main(){return 0;}",
-                           capture_output=True, timeout=120)  # fmt: skip
+    probe = subprocess.run(
+        [cxx, "-fopenmp", "-x", "c++", "-", "-o", os.devnull],
+        input=b"int main(){return 0;}",
+        capture_output=True,
+        timeout=120,
+    )
     if probe.returncode != 0:
-        return f"{cxx} cannot build with -fopenmp: {probe.stderr.decode(errors='replace').strip()[-200:]}"
+        why = probe.stderr.decode(errors="replace").strip()[-200:]
+        return f"{cxx} cannot build with -fopenmp: {why}"
     return None
 
 
@@ -198,15 +205,24 @@ def cpu_flags() -> list[str]:
     if isa not in CPU_ISAS:
         raise ValueError(f"{ISA_ENV} must be one of {sorted(CPU_ISAS)}, got {isa!r}")
     march = CPU_ISAS[isa]
-    return [march if f == "-march=native" else f for f in CPU_FLAGS if march is not None or f != "-march=native"]
+    return [
+        march if f == "-march=native" else f
+        for f in CPU_FLAGS
+        if march is not None or f != "-march=native"
+    ]
 
 
 def cpu_build_dir(name: str) -> Path:
     """The cache directory of CPU module ``name`` with the current flags on this host."""
     import tvm_ffi
 
-    digest = _key(source_digest((CPU_CSRC,)), shutil.which(_cxx()) or _cxx(), " ".join(cpu_flags()),
-                  tvm_ffi.__version__, _host_flags())  # fmt: skip
+    digest = _key(
+        source_digest((CPU_CSRC,)),
+        shutil.which(_cxx()) or _cxx(),
+        " ".join(cpu_flags()),
+        tvm_ffi.__version__,
+        _host_flags(),
+    )
     return cache_root() / f"cpu-{name}-{pyplatform.machine()}-{digest}"
 
 
@@ -283,8 +299,13 @@ def load_gpu(name: str, plat: ftplatform.Platform | None = None):
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            _build(name, build_dir, cuda_files=[str(unit)], extra_include_paths=[str(HIP_CSRC), str(CPU_CSRC)],
-                   backend=tc.backend)  # fmt: skip
+            _build(
+                name,
+                build_dir,
+                cuda_files=[str(unit)],
+                extra_include_paths=[str(HIP_CSRC), str(CPU_CSRC)],
+                backend=tc.backend,
+            )
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -312,11 +333,18 @@ def load_cpu(name: str):
     src = CPU_CSRC / f"{name}.cc"
 
     def build() -> None:
-        common = dict(cpp_files=[str(src)], extra_ldflags=["-fopenmp"], extra_include_paths=[str(CPU_CSRC)])
+        common = dict(
+            cpp_files=[str(src)], extra_ldflags=["-fopenmp"], extra_include_paths=[str(CPU_CSRC)]
+        )
         try:
             _build(name, build_dir, extra_cflags=flags, **common)
         except RuntimeError:  # a compiler without this -march for this host: portable code
-            _build(name, build_dir, extra_cflags=[f for f in flags if not f.startswith("-march=")], **common)
+            _build(
+                name,
+                build_dir,
+                extra_cflags=[f for f in flags if not f.startswith("-march=")],
+                **common,
+            )
 
     return _load_cached(_cpu_key(name, flags), build_dir / f"{name}.so", build)
 

@@ -52,7 +52,9 @@ class NotReplayable(RuntimeError):
 
     def __init__(self, reasons: list[str]):
         self.reasons = list(reasons)
-        shown = "; ".join(self.reasons[:5]) + (f"; and {len(self.reasons) - 5} more" if len(self.reasons) > 5 else "")
+        shown = "; ".join(self.reasons[:5]) + (
+            f"; and {len(self.reasons) - 5} more" if len(self.reasons) > 5 else ""
+        )
         super().__init__(f"not replayable: {shown}")
 
 
@@ -79,10 +81,16 @@ class Schedule:
         if self._runner is None:
             try:
                 runner = jit.load_cpu(self.RUNNER).make_runner
-                self._runner = runner([fn for fn, _ in self.calls], [list(args) for _, args in self.calls])
+                self._runner = runner(
+                    [fn for fn, _ in self.calls], [list(args) for _, args in self.calls]
+                )
             except Exception as e:  # no compiler, a failed build: the Python loop, said once
-                warnings.warn(f"launch schedules run from a Python loop: the C++ runner is not available ({e})",
-                              RuntimeWarning, stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    "launch schedules run from a Python loop: the C++ runner is not available "
+                    f"({e})",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 self._runner = False
         if self._runner is False:
             self.launch_each()

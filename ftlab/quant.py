@@ -35,13 +35,20 @@ class QuantType:
 
 
 #: The packed types ftlab reads and computes on (docs/OPS.md sections 2 and 7).
-QTYPES: dict[str, QuantType] = {t.name: t for t in (
-    QuantType("Q4_0", QK, Q4_0_BLOCK_BYTES),
-    QuantType("Q8_0", 32, 34),  # fp16 d, then 32 int8: x = d * q
-    QuantType("Q4_K", 256, 144),  # fp16 d, dmin; 12 bytes of 6-bit scales / mins; 128 of nibbles
-    QuantType("Q5_K", 256, 176),  # as Q4_K, plus 32 bytes of fifth bits before the nibbles
-    QuantType("Q6_K", 256, 210),  # 128 of low nibbles, 64 of high 2 bits, 16 int8 scales, fp16 d
-)}  # fmt: skip
+QTYPES: dict[str, QuantType] = {
+    t.name: t
+    for t in (
+        QuantType("Q4_0", QK, Q4_0_BLOCK_BYTES),
+        QuantType("Q8_0", 32, 34),  # fp16 d, then 32 int8: x = d * q
+        QuantType(
+            "Q4_K", 256, 144
+        ),  # fp16 d, dmin; 12 bytes of 6-bit scales / mins; 128 of nibbles
+        QuantType("Q5_K", 256, 176),  # as Q4_K, plus 32 bytes of fifth bits before the nibbles
+        QuantType(
+            "Q6_K", 256, 210
+        ),  # 128 of low nibbles, 64 of high 2 bits, 16 int8 scales, fp16 d
+    )
+}
 
 
 class QuantWeight:
@@ -66,10 +73,16 @@ class QuantWeight:
         if len(shape) < 2 or min(shape) < 0:
             raise ValueError(f"shape must be (..., N, K), got {shape}")
         if shape[-1] % qt.block:
-            raise ValueError(f"K (the last dim of shape) must be a multiple of {qt.block} for {qtype}, got {shape[-1]}")
+            raise ValueError(
+                f"K (the last dim of shape) must be a multiple of {qt.block} for {qtype}, got "
+                f"{shape[-1]}"
+            )
         expected = (*shape[:-1], qt.row_bytes(shape[-1]))
         if tuple(data.shape) != expected:
-            raise ValueError(f"data must have shape {expected} for logical shape {shape}, got {tuple(data.shape)}")
+            raise ValueError(
+                f"data must have shape {expected} for logical shape {shape}, got "
+                f"{tuple(data.shape)}"
+            )
         if not data.is_contiguous():
             raise ValueError("data must be contiguous (rows of consecutive blocks)")
         self.data, self.shape, self.qtype = data, torch.Size(shape), qtype
@@ -100,7 +113,8 @@ class QuantWeight:
 
     def __repr__(self) -> str:
         dims = "x".join(str(s) for s in self.shape)
-        return f"{type(self).__name__}({self.qtype}, {dims}, {self.nbytes / 2**20:.2f} MiB, device={self.device})"
+        size = f"{self.nbytes / 2**20:.2f} MiB"
+        return f"{type(self).__name__}({self.qtype}, {dims}, {size}, device={self.device})"
 
 
 class Q4_0Weight(QuantWeight):
@@ -118,7 +132,9 @@ class Q4_0Weight(QuantWeight):
         return f"Q4_0Weight({dims}, {self.nbytes / 2**20:.2f} MiB, device={self.device})"
 
 
-def quant_weight(data: torch.Tensor, shape: tuple[int, ...] | torch.Size, qtype: str) -> QuantWeight:
+def quant_weight(
+    data: torch.Tensor, shape: tuple[int, ...] | torch.Size, qtype: str
+) -> QuantWeight:
     """A :class:`QuantWeight` of ``qtype`` (a :class:`Q4_0Weight` for Q4_0)."""
     return Q4_0Weight(data, shape) if qtype == "Q4_0" else QuantWeight(data, shape, qtype)
 
@@ -137,8 +153,11 @@ class Q8_1:
     def empty(cls, m: int, k: int, device: torch.device | str) -> Q8_1:
         """Uninitialized buffers of ``m`` rows of ``k`` values (a kernel's output)."""
         f32 = dict(dtype=torch.float32, device=device)
-        return cls(torch.empty((m, k), dtype=torch.int8, device=device), torch.empty((m, k // QK), **f32),
-                   torch.empty((m, k // QK), **f32))  # fmt: skip
+        return cls(
+            torch.empty((m, k), dtype=torch.int8, device=device),
+            torch.empty((m, k // QK), **f32),
+            torch.empty((m, k // QK), **f32),
+        )
 
     def dequantize(self) -> torch.Tensor:
         m, k = self.q.shape

@@ -29,18 +29,27 @@ def run_verified(results_dir: Path = RESULTS) -> set[tuple[str, str, str]]:
             if row.get("validated") and row.get("backend") in ("hip", "triton"):
                 found.add((data.get("name"), row["backend"], arch))
             # the hybrid bench's graph-replayed steps run the handshake kernels (handshake.hip)
-            if (data.get("name") == "hybrid" and row.get("validated") and row.get("mode") == "graph"
-                    and str(row.get("backend", "")).startswith("hybrid step (")):  # fmt: skip
+            if (
+                data.get("name") == "hybrid"
+                and row.get("validated")
+                and row.get("mode") == "graph"
+                and str(row.get("backend", "")).startswith("hybrid step (")
+            ):
                 found.add(("handshake", "hip", arch))
     return found
 
 
 def _implemented(module: str, backend: str) -> bool:
-    """Whether kernel family ``module`` has a ``backend`` implementation (``ftlab/hip/csrc/<module>.hip``,
+    """Whether kernel family ``module`` has a ``backend`` implementation
+    (``ftlab/hip/csrc/<module>.hip``,
     ``ftlab/<backend>/<module>.py``): the hybrid handshakes, say, are HIP only (their reference is
     the eager handshake)."""
     root = Path(__file__).resolve().parent
-    return (root / "hip" / "csrc" / f"{module}.hip" if backend == "hip" else root / backend / f"{module}.py").exists()
+    return (
+        root / "hip" / "csrc" / f"{module}.hip"
+        if backend == "hip"
+        else root / backend / f"{module}.py"
+    ).exists()
 
 
 def _tool_version(cmd: list[str]) -> str:
@@ -80,7 +89,8 @@ def render(rows: list[compile_check.Row], notes: list[str], results_dir: Path = 
         "HIP kernels need a GPU.",
         "",
         f"Toolchains: clang-19 `{_tool_version(['clang-19', '--version'])}`; "
-        f"nvcc `{_tool_version([str(compile_check.nvcc() or 'nvcc'), '--version'])}`; triton {triton_version}.",
+        f"nvcc `{_tool_version([str(compile_check.nvcc() or 'nvcc'), '--version'])}`; triton "
+        f"{triton_version}.",
         "",
         "| kernels | backend | " + " | ".join(targets) + " | CPU |",
         "|---|---|" + "---|" * (len(targets) + 1),

@@ -15,13 +15,17 @@ class Table:
     """Rows under a header. A cell prints through ``str``, a float through ``float_format``;
     a column of numbers aligns right."""
 
-    def __init__(self, header: Sequence[str], rows: Iterable[Sequence[object]], float_format: str = ".3g"):
+    def __init__(
+        self, header: Sequence[str], rows: Iterable[Sequence[object]], float_format: str = ".3g"
+    ):
         self.header = [str(h) for h in header]
         self.rows = [list(row) for row in rows]
         for i, row in enumerate(self.rows):
             if len(row) != len(self.header):
-                raise ValueError(f"rows must have {len(self.header)} cells (one per header column), got "
-                                 f"{len(row)} in row {i}")  # fmt: skip
+                raise ValueError(
+                    f"rows must have {len(self.header)} cells (one per header column), got "
+                    f"{len(row)} in row {i}"
+                )
         self.float_format = float_format
 
     def _text(self, cell: object) -> str:
@@ -33,7 +37,9 @@ class Table:
         """Per column: every cell a number (bools are not)."""
         return [
             bool(self.rows)
-            and all(isinstance(r[j], numbers.Number) and not isinstance(r[j], bool) for r in self.rows)
+            and all(
+                isinstance(r[j], numbers.Number) and not isinstance(r[j], bool) for r in self.rows
+            )
             for j in range(len(self.header))
         ]
 
@@ -43,7 +49,10 @@ class Table:
         right = self._numeric()
 
         def line(values: list[str]) -> str:
-            padded = (v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right, strict=True))
+            padded = (
+                v.rjust(w) if r else v.ljust(w)
+                for v, w, r in zip(values, widths, right, strict=True)
+            )
             return "  ".join(padded).rstrip()
 
         rule = "  ".join("-" * w for w in widths)
@@ -56,4 +65,6 @@ class Table:
             return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
 
         rule = "|" + "|".join("---:" if r else "---" for r in self._numeric()) + "|"
-        return "\n".join([line(self.header), rule, *(line([self._text(c) for c in row]) for row in self.rows)])
+        return "\n".join(
+            [line(self.header), rule, *(line([self._text(c) for c in row]) for row in self.rows)]
+        )

@@ -14,7 +14,11 @@ def env_names_in_sources() -> set[str]:
     names = set()
     for path in [*(ROOT / "ftlab").rglob("*.py"), ROOT / "tests" / "conftest.py"]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and ENV_NAME.fullmatch(node.value):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and ENV_NAME.fullmatch(node.value)
+            ):
                 names.add(node.value)
     return names
 

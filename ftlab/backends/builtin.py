@@ -78,8 +78,8 @@ builtin("dequantize_q4_0", "q4_0", "GGUF Q4_0 blocks to float", F, ("N", "K"))
 builtin("quantize_q8_1", "q4_0", "activations to Q8_1 blocks (the int8 dot's other side)", F)
 builtin("q4_0_matmul", "q4_0", "x @ W.T, Q4_0 weights: int8-dot matvec, prefill GEMM", F, MATMUL,
         paths=Q4_0_PATHS)
-builtin("add_rmsnorm_q4_0_matmul", "q4_0", "add_rmsnorm, then q4_0_matmul of y (decode: one launch)",
-        F, MATMUL, paths=Q4_0_PATHS)
+builtin("add_rmsnorm_q4_0_matmul", "q4_0",
+        "add_rmsnorm, then q4_0_matmul of y (decode: one launch)", F, MATMUL, paths=Q4_0_PATHS)
 builtin("route_topk", "moe", "router: softmax, top-k, renormalize", F, ("T", "E", "top_k"))
 builtin("router_topk", "moe", "router linear layer then route_topk (decode: one launch)", F,
         ("T", "H", "E", "top_k"))
@@ -107,8 +107,8 @@ builtin("quantize", "quants", "float weights to GGUF Q8_0 blocks (Q4_0: quantize
         ("N", "K"))
 builtin("gated_delta_rule", "gated_delta_rule", "Gated DeltaNet linear attention over a sequence "
         "(prefill)", F, ("B", "T", "Hk", "Hv", "Dk", "Dv"))
-builtin("gated_delta_step", "gated_delta_rule", "Gated DeltaNet, one decode token, the state in place", F,
-        ("B", "Hk", "Hv", "Dk", "Dv"))
+builtin("gated_delta_step", "gated_delta_rule",
+        "Gated DeltaNet, one decode token, the state in place", F, ("B", "Hk", "Hv", "Dk", "Dv"))
 builtin("quant_matmul", "quant_matmul", "x @ W.T for Q8_0 / Q4_K / Q5_K / Q6_K weights (Q4_0: "
         "q4_0_matmul)", F, MATMUL, paths=Q4_0_PATHS)
 # fmt: on

@@ -130,7 +130,8 @@ def matmul(x: torch.Tensor, w: QuantWeight) -> Call:
 
 
 def experts(x: torch.Tensor, w_gate_up, w_down, top_k: int) -> Call:
-    """``moe_experts`` of ``x [T, H]`` over banks ``[E, 2I, H]`` / ``[E, H, I]`` (dense or packed)."""
+    """``moe_experts`` of ``x [T, H]`` over banks ``[E, 2I, H]`` / ``[E, H, I]`` (dense or
+    packed)."""
     quant = isinstance(w_gate_up, QuantWeight)
     datas = (w_gate_up.data, w_down.data) if quant else (w_gate_up, w_down)
     e, _, h = w_gate_up.shape

@@ -37,9 +37,13 @@ def parse_shape(op: str, text: str | None) -> tuple[int, ...]:
     try:
         dims = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise ValueError(f"--shape must be {len(names)} integers {want} for {op}, got {text!r}") from None
+        raise ValueError(
+            f"--shape must be {len(names)} integers {want} for {op}, got {text!r}"
+        ) from None
     if len(dims) != len(names) or any(d < 0 for d in dims):
-        raise ValueError(f"--shape must be {len(names)} integers >= 0 ({want}) for {op}, got {text!r}")
+        raise ValueError(
+            f"--shape must be {len(names)} integers >= 0 ({want}) for {op}, got {text!r}"
+        )
     return dims
 
 
@@ -52,14 +56,18 @@ def parse_dtypes(op: str, text: str) -> tuple[torch.dtype, tuple[str, ...]]:
         elif word.upper() in QUANTS:
             quants.append(word.upper())
         else:
-            raise ValueError(f"--dtype must name float dtypes ({', '.join(FLOATS)}) or quant types "
-                             f"({', '.join(q.lower() for q in QUANTS)}), got {word!r}")  # fmt: skip
+            raise ValueError(
+                f"--dtype must name float dtypes ({', '.join(FLOATS)}) or quant types "
+                f"({', '.join(q.lower() for q in QUANTS)}), got {word!r}"
+            )
     if spec(op).paths:
         most = 2 if op == "moe_experts" else 1
         if op == "q4_0_matmul" or op == "add_rmsnorm_q4_0_matmul":
             quants = quants or ["Q4_0"]
         if not quants and op != "moe_experts":
-            raise ValueError(f"--dtype must name the weights' quant type for {op} (e.g. q4_k), got {text!r}")
+            raise ValueError(
+                f"--dtype must name the weights' quant type for {op} (e.g. q4_k), got {text!r}"
+            )
         if len(quants) > most:
             raise ValueError(f"--dtype names {len(quants)} quant types; {op} takes at most {most}")
         if op == "moe_experts" and len(quants) == 1:
@@ -88,7 +96,9 @@ def explain(
     if align not in (1, 2, 4, 8, 16):
         raise ValueError(f"--align must be 1, 2, 4, 8 or 16, got {align}")
     platform = ftplatform.platform_from_arch(arch) if arch else None
-    kind = device or ("cuda" if (platform and platform.is_gpu) or torch.cuda.is_available() else "cpu")
+    kind = device or (
+        "cuda" if (platform and platform.is_gpu) or torch.cuda.is_available() else "cpu"
+    )
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"--device must be 'cpu' or 'cuda', got {device!r}")
     if kind == "cuda" and platform is None and not torch.cuda.is_available():
@@ -104,5 +114,11 @@ def explain(
         chunk=chunk,
         precision=precision,
     )
-    return plan(op, call, backend=backend, path=path if spec(op).paths else None, variant=variant,
-                platform=platform)  # fmt: skip
+    return plan(
+        op,
+        call,
+        backend=backend,
+        path=path if spec(op).paths else None,
+        variant=variant,
+        platform=platform,
+    )

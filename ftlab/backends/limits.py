@@ -35,8 +35,10 @@ def k_range(dim: str, multiple: int, most: int) -> Limit:
 
     def check(call: Call, sizes: Sizes, plat: Platform) -> str | None:
         k = sizes[dim]
-        return need(0 < k <= most and k % multiple == 0, f"{dim} = {k} is not a multiple of "
-                    f"{multiple} in (0, {most}]")  # fmt: skip
+        return need(
+            0 < k <= most and k % multiple == 0,
+            f"{dim} = {k} is not a multiple of {multiple} in (0, {most}]",
+        )
 
     return check
 
@@ -125,8 +127,11 @@ def experts_vec(call: Call, sizes: Sizes, plat: Platform) -> str | None:
 def attention_split(call: Call, sizes: Sizes, plat: Platform) -> str | None:
     g, d = sizes["H"] // max(1, sizes["KVH"]), sizes["D"]
     ok = g <= ATTENTION_MAX_GROUP and d <= ATTENTION_MAX_HEAD_DIM
-    return need(ok, f"{g} query heads a key head and head dim {d} (at most "
-                f"{ATTENTION_MAX_GROUP} and {ATTENTION_MAX_HEAD_DIM})")  # fmt: skip
+    return need(
+        ok,
+        f"{g} query heads a key head and head dim {d} (at most "
+        f"{ATTENTION_MAX_GROUP} and {ATTENTION_MAX_HEAD_DIM})",
+    )
 
 
 def attention_tiles(call: Call, sizes: Sizes, plat: Platform) -> str | None:
@@ -147,8 +152,11 @@ def delta_rule_chunks(call: Call, sizes: Sizes, plat: Platform) -> str | None:
 def hip_delta_rule_grid(call: Call, sizes: Sizes, plat: Platform) -> str | None:
     b, hk, hv, dv = sizes["B"], sizes["Hk"], sizes["Hv"], sizes["Dv"]
     ok = b * hk * -(-hv // hk // 4) <= 65535 and -(-dv // 32) <= 65535 and hv * dv < 2**25
-    return need(ok, "B * Hk * ceil(Hv / Hk / 4) and ceil(Dv / 32) must be <= 65535 and Hv * Dv < "
-                f"2^25 (its grids, its 32-bit offsets), got B={b}, Hk={hk}, Hv={hv}, Dv={dv}")  # fmt: skip
+    return need(
+        ok,
+        "B * Hk * ceil(Hv / Hk / 4) and ceil(Dv / 32) must be <= 65535 and Hv * Dv < "
+        f"2^25 (its grids, its 32-bit offsets), got B={b}, Hk={hk}, Hv={hv}, Dv={dv}",
+    )
 
 
 def not_q8_0(call: Call, sizes: Sizes, plat: Platform) -> str | None:

@@ -79,8 +79,9 @@ def sizes_of(op: str, call: Call) -> dict[str, int]:
     """``call.dims`` by the names of ``op``'s shape."""
     names = spec(op).shape
     if len(call.dims) != len(names):
-        raise ValueError(f"{op}'s call must give {len(names)} dims ({', '.join(names)}), got "
-                         f"{call.dims}")  # fmt: skip
+        raise ValueError(
+            f"{op}'s call must give {len(names)} dims ({', '.join(names)}), got {call.dims}"
+        )
     return dict(zip(names, call.dims, strict=True))
 
 
@@ -204,8 +205,10 @@ def kernel_miss(op, backend, name, call, sizes, where, plat, path=None) -> str |
     kernels = {k.name: k for k in rules.KERNELS.get((op, backend), ())}
     kernel = kernels.get(name)
     if kernel is None:
-        raise ValueError(f"variant must be one of {sorted(kernels) or 'none'} for {op} on "
-                         f"{backend}, got {name!r}")  # fmt: skip
+        raise ValueError(
+            f"variant must be one of {sorted(kernels) or 'none'} for {op} on "
+            f"{backend}, got {name!r}"
+        )
     why = kernel.when.miss(call, plat, where, path)
     if why is None and kernel.limit is not None:
         why = kernel.limit(call, sizes, plat)
@@ -217,14 +220,17 @@ def pick_variant(op, backend, call, sizes, where, plat, asked, path) -> tuple[st
     (else BackendUnavailable), else the first default that holds and serves."""
     if (op, backend) not in rules.KERNELS:
         if asked is not None:
-            raise ValueError(f"variant must be None for {op} on {backend} (it has one kernel "
-                             f"path), got {asked!r}")  # fmt: skip
+            raise ValueError(
+                f"variant must be None for {op} on {backend} (it has one kernel "
+                f"path), got {asked!r}"
+            )
         return None, ""
     if asked is not None:
         why = kernel_miss(op, backend, asked, call, sizes, where, plat, path)
         if why is not None:
-            raise BackendUnavailable(f"{op}: {backend}'s variant {asked!r} cannot serve this "
-                                     f"call: {why}")  # fmt: skip
+            raise BackendUnavailable(
+                f"{op}: {backend}'s variant {asked!r} cannot serve this call: {why}"
+            )
         return asked, "asked for by name"
     passed = []
     kernels = {k.name: k for k in rules.KERNELS[(op, backend)]}
@@ -252,24 +258,31 @@ def checked_plan(plan: Plan | None, op: str) -> Plan | None:
     return plan
 
 
-def pick_option(op, backend, variant, call, sizes, where, plat, asked) -> tuple[str, str, str] | None:
+def pick_option(
+    op, backend, variant, call, sizes, where, plat, asked
+) -> tuple[str, str, str] | None:
     """(option name, value, why) of ``backend``'s ``variant`` for the call: ``asked`` where its
     limit passes (else BackendUnavailable), else the first default row that holds and passes; None
     for a variant without options."""
     spec_ = rules.OPTIONS.get((op, backend, variant))
     if spec_ is None:
         if asked is not None:
-            raise ValueError(f"{op}: {backend}'s variant {variant!r} takes no option, got {asked!r}")
+            raise ValueError(
+                f"{op}: {backend}'s variant {variant!r} takes no option, got {asked!r}"
+            )
         return None
     name, rows = spec_
     values = sorted({k[3] for k in rules.OPTION_LIMITS if k[:3] == (op, backend, variant)})
     if asked is not None:
         if asked not in values:
-            raise ValueError(f"{name} must be one of {values} for {backend}'s {variant}, got {asked!r}")
+            raise ValueError(
+                f"{name} must be one of {values} for {backend}'s {variant}, got {asked!r}"
+            )
         why = rules.OPTION_LIMITS[(op, backend, variant, asked)](call, sizes, plat)
         if why is not None:
-            raise BackendUnavailable(f"{op}: {backend}'s {variant} with {name} {asked!r} cannot serve "
-                                     f"this call: {why}")  # fmt: skip
+            raise BackendUnavailable(
+                f"{op}: {backend}'s {variant} with {name} {asked!r} cannot serve this call: {why}"
+            )
         return name, asked, "asked for by name"
     passed = []
     for row in rows:
@@ -280,7 +293,9 @@ def pick_option(op, backend, variant, call, sizes, where, plat, asked) -> tuple[
             note = f" (passed over: {', '.join(passed)})" if passed else ""
             return name, row.value, row.why + note
         passed.append(f"{row.value}: {why}")
-    raise BackendUnavailable(f"{op}: no {name} of {backend}'s {variant} serves this call ({'; '.join(passed)})")
+    raise BackendUnavailable(
+        f"{op}: no {name} of {backend}'s {variant} serves this call ({'; '.join(passed)})"
+    )
 
 
 def option_for(
@@ -306,8 +321,10 @@ def precision_note(op: str, backend: str, variant: str | None, call: Call) -> li
     takes = rules.BF16_OPERANDS.get((op, backend), ())
     if variant in takes and call.dtype == torch.bfloat16:
         return ["precision bf16: bf16 operands, fp32 sums"]
-    return [f"precision bf16 does not apply here ({backend} {variant or ''} on {call.dtype}); "
-            "the fp32 result, within both bounds"]  # fmt: skip
+    return [
+        f"precision bf16 does not apply here ({backend} {variant or ''} on {call.dtype}); "
+        "the fp32 result, within both bounds"
+    ]
 
 
 VARIANTS: dict[tuple, str | None] = {}
@@ -331,7 +348,12 @@ def variant_for(
 
 
 def why_not(
-    op: str, backend: str, variant: str, call: Call, path: str | None = None, staging: str | None = None
+    op: str,
+    backend: str,
+    variant: str,
+    call: Call,
+    path: str | None = None,
+    staging: str | None = None,
 ) -> str | None:
     """Why ``backend``'s kernel ``variant`` of ``op`` (with the option value ``staging``, for the
     variants that take one) cannot serve ``call`` (on ``path``) on its device's platform, or None

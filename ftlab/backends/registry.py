@@ -284,7 +284,9 @@ def resolve(
         hit = RESOLVED.get(key)
         if hit is not None:
             return hit
-    impl = resolve_uncached(spec(op), backend, device.type, dtype, plat or ftplatform.current(device), path)
+    impl = resolve_uncached(
+        spec(op), backend, device.type, dtype, plat or ftplatform.current(device), path
+    )
     if key is not None:
         RESOLVED[key] = impl
     return impl

@@ -57,7 +57,10 @@ TRITON_Q4_0["gfx1151"] = TRITON_Q4_0["gfx1100"]
 # Triton's CPU interpreter runs one program at a time in Python, so its cost is the number of
 # programs: the default table with the MoE decode matvecs in fewer, larger tiles (the same
 # kernels and masks; 24.5 -> 2.5 s for one T = 3 int8 moe_experts call on 2 cores).
-TRITON_Q4_0["interpreter"] = {**TRITON_Q4_0["default"], "moe_mv": {"BLOCK_N": 32, "BLOCK_KB": 8, "num_warps": 4, "asm": 0}}
+TRITON_Q4_0["interpreter"] = {
+    **TRITON_Q4_0["default"],
+    "moe_mv": {"BLOCK_N": 32, "BLOCK_KB": 8, "num_warps": 4, "asm": 0},
+}
 
 
 #: ftlab.triton.moe_gemm's grouped GEMM tiles (16-bit activations) by arch
@@ -142,7 +145,22 @@ TRITON_DELTA_RULE_CHUNK: dict[str, dict[str, int]] = {
 #: program (OUT_BV; OUT_BV_F32 for fp32 inputs, whose tiles are twice the bytes) and warps; each
 #: free of spills in the compile check. From the H200 sweep of 2026-12-01 (benchmarks/NOTES.md).
 TRITON_DELTA_RULE_CHUNK64: dict[str, dict[str, int]] = {
-    "default": {"INV_BS": 32, "INV_WARPS": 4, "WY_BS": 32, "WY_WARPS": 4, "SCAN_NQ": 2, "SCAN_BV": 16,
-                "SCAN_WARPS": 4, "SCAN_STAGES": 2, "OUT_BS": 32, "OUT_BV": 64, "OUT_BV_F32": 16, "OUT_WARPS": 4},
-}  # fmt: skip
-TRITON_DELTA_RULE_CHUNK64["gfx942"] = {**TRITON_DELTA_RULE_CHUNK64["default"], "SCAN_STAGES": 1}  # 2 stages spill SGPRs there
+    "default": {
+        "INV_BS": 32,
+        "INV_WARPS": 4,
+        "WY_BS": 32,
+        "WY_WARPS": 4,
+        "SCAN_NQ": 2,
+        "SCAN_BV": 16,
+        "SCAN_WARPS": 4,
+        "SCAN_STAGES": 2,
+        "OUT_BS": 32,
+        "OUT_BV": 64,
+        "OUT_BV_F32": 16,
+        "OUT_WARPS": 4,
+    },
+}
+TRITON_DELTA_RULE_CHUNK64["gfx942"] = {
+    **TRITON_DELTA_RULE_CHUNK64["default"],
+    "SCAN_STAGES": 1,
+}  # 2 stages spill SGPRs there

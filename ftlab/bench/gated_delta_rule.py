@@ -1,4 +1,5 @@
-"""``ftlab bench gated_delta_rule``: the gated delta rule at Qwen3-Next's linear-attention shape (16 key /
+"""``ftlab bench gated_delta_rule``: the gated delta rule at Qwen3-Next's linear-attention shape (16
+key /
 32 value heads of 128, bf16), prefill at T = 512 / 4096 / 16384 (one sequence) and decode
 (one token, batch 1 and 32), every backend beside fla's kernels when ``fla`` is importable.
 
@@ -100,10 +101,17 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
     for name, precision, label, s_limit in rows:
         o, s = ops.gated_delta_rule(q, k, v, g, beta, precision=precision, backend=name)
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, s_limit)
-        us = time_us(lambda nm=name, p=precision: ops.gated_delta_rule(q, k, v, g, beta, precision=p, backend=nm),
-                     warmup=2, reps=reps)  # fmt: skip
+        us = time_us(
+            lambda nm=name, p=precision: ops.gated_delta_rule(
+                q, k, v, g, beta, precision=p, backend=nm
+            ),
+            warmup=2,
+            reps=reps,
+        )
         report.measurements.append(Measurement(case, label, us, nbytes, ok, "eager"))
-    if "hip" in names:  # HIP's token-by-token scan, asked for by its method ("hip" is the chunked form here)
+    if (
+        "hip" in names
+    ):  # HIP's token-by-token scan, asked for by its method ("hip" is the chunked form here)
         from ftlab.hip import gated_delta_rule as hip_dn
 
         gf, bf = g.float(), beta.float()
@@ -113,17 +121,34 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
 
         o, s = hip_scan()
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-4)
-        report.measurements.append(Measurement(case, "hip scan", time_us(hip_scan, warmup=2, reps=reps), nbytes, ok,
-                                               "eager"))  # fmt: skip
+        report.measurements.append(
+            Measurement(
+                case, "hip scan", time_us(hip_scan, warmup=2, reps=reps), nbytes, ok, "eager"
+            )
+        )
     if fla is not None:
         chunk = fla[0]
         rep = HV // HK
-        for label, qq, kk in (("fla chunk_gated_delta_rule", q, k),
-                              ("fla chunk_gated_delta_rule (q, k repeated)", q.repeat_interleave(rep, 2),
-                               k.repeat_interleave(rep, 2))):  # fmt: skip
+        for label, qq, kk in (
+            ("fla chunk_gated_delta_rule", q, k),
+            (
+                "fla chunk_gated_delta_rule (q, k repeated)",
+                q.repeat_interleave(rep, 2),
+                k.repeat_interleave(rep, 2),
+            ),
+        ):
 
             def call(qq=qq, kk=kk):
-                return chunk(qq, kk, v, g, beta, scale=D**-0.5, output_final_state=True, use_qk_l2norm_in_kernel=True)
+                return chunk(
+                    qq,
+                    kk,
+                    v,
+                    g,
+                    beta,
+                    scale=D**-0.5,
+                    output_final_state=True,
+                    use_qk_l2norm_in_kernel=True,
+                )
 
             try:
                 o, s = call()
@@ -155,20 +180,38 @@ def _decode(report: Report, b: int, names: list[str], fla, dev: torch.device) ->
         def step(nm=name, it=turn):
             return ops.gated_delta_step(q, k, v, g, beta, states[next(it) % copies], backend=nm)
 
-        report.measurements.append(Measurement(case, name, time_graph_us(step, inner=copies), nbytes, ok, "graph"))
+        report.measurements.append(
+            Measurement(case, name, time_graph_us(step, inner=copies), nbytes, ok, "graph")
+        )
     if fla is not None:
         recurrent = fla[1]
         turn = iter(range(1 << 62))
 
         def call(it=turn):
-            return recurrent(q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None], scale=D**-0.5,
-                             initial_state=states[next(it) % copies], output_final_state=True,
-                             use_qk_l2norm_in_kernel=True)  # fmt: skip
+            return recurrent(
+                q[:, None],
+                k[:, None],
+                v[:, None],
+                g=g[:, None],
+                beta=beta[:, None],
+                scale=D**-0.5,
+                initial_state=states[next(it) % copies],
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )
 
         try:
-            o, _ = recurrent(q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None], scale=D**-0.5,
-                             initial_state=start.clone(), output_final_state=True,
-                             use_qk_l2norm_in_kernel=True)  # fmt: skip
+            o, _ = recurrent(
+                q[:, None],
+                k[:, None],
+                v[:, None],
+                g=g[:, None],
+                beta=beta[:, None],
+                scale=D**-0.5,
+                initial_state=start.clone(),
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )
             ok = _close(o[:, 0], want_o, 1e-2)
             us = time_graph_us(call, inner=copies)
         except Exception as e:

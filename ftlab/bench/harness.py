@@ -102,9 +102,11 @@ class Report:
             f"# ftlab bench {self.name}",
             "",
             f"- device: {d['name']} ({d['arch']}), driver {d.get('driver', '?')}",
-            f"- torch {d['torch']}, triton {d.get('triton', '-')}, ftlab commit {d.get('commit', '?')}",
+            f"- torch {d['torch']}, triton {d.get('triton', '-')}, ftlab commit "
+            f"{d.get('commit', '?')}",
             f"- date: {d['date']}",
-            f"- {self.copy_what} copy bandwidth measured in this run: **{self.copy_gbps:.0f} GB/s** "
+            f"- {self.copy_what} copy bandwidth measured in this run: **{self.copy_gbps:.0f} "
+            "GB/s** "
             "(bytes read + written)",
             "",
         ]
@@ -248,7 +250,9 @@ def capture(fn: Callable[[], object], warmup: int = 3) -> tuple[Callable[[], Non
 def time_graph_us(fn: Callable[[], object], inner: int = 20, reps: int = 50) -> float:
     """Median device time of one ``fn()`` in microseconds, replaying a CUDA/HIP graph that
     holds ``inner`` calls: what a captured decode step pays, without host launch cost."""
-    replay, _ = capture(lambda: [fn() for _ in range(inner)], warmup=-(-3 // inner))  # >= 3 warm-up calls
+    replay, _ = capture(
+        lambda: [fn() for _ in range(inner)], warmup=-(-3 // inner)
+    )  # >= 3 warm-up calls
     return time_us(replay, warmup=3, reps=reps) / inner
 
 

@@ -2,7 +2,8 @@
 experts top-8, Q4_0), with 100%, 50% and 25% of the experts resident on the GPU.
 
 Measured:
-- the CPU expert kernels (the ``cpu`` backend of ``moe_experts``, ``ftlab/cpu``) on the routes a step sends to the CPU, their GB/s
+- the CPU expert kernels (the ``cpu`` backend of ``moe_experts``, ``ftlab/cpu``) on the routes a
+step sends to the CPU, their GB/s
   (expert weight bytes read) against this machine's memory copy bandwidth (``torch`` copy of
   512 MiB, bytes read + written), with the thread count in the notes;
 - on a GPU: the decode step of ``HybridDecodeExecutor`` eager (split, synchronous CPU part, GPU
@@ -27,8 +28,15 @@ HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 RESIDENT = (1.0, 0.5, 0.25)
 
 
-def _validate(y: torch.Tensor, x: torch.Tensor, gu, dn, w: torch.Tensor, ids: torch.Tensor,
-              gpu_ids: torch.Tensor | None = None) -> bool:  # fmt: skip
+def _validate(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    gu,
+    dn,
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    gpu_ids: torch.Tensor | None = None,
+) -> bool:
     """y against the reference's int8 path over all experts, within ``experts_tolerance`` (a
     hybrid step's, ``hybrid_tolerance`` with its GPU slot ids)."""
     import ftlab.testing as ft
@@ -58,13 +66,22 @@ def run(quick: bool = False) -> Report:
     from ftlab.bench.model import random_q4_0
 
     copy = host_copy_gbps(512 << 20)
-    report = Report("hybrid", device_info(), copy, copy_what="host memory", notes=[
-        "copy bandwidth: host memory (torch copy of 512 MiB, bytes read + written) -- the CPU part's limit.",
-        f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
-        f"{os.cpu_count()} cores visible.",
-        "cpu experts rows: the native CPU kernels on the routes of one token sent to the CPU (eager, wall clock); "
-        "GB/s counts the Q4_0 bytes of those experts.",
-    ])  # fmt: skip
+    report = Report(
+        "hybrid",
+        device_info(),
+        copy,
+        copy_what="host memory",
+        notes=[
+            "copy bandwidth: host memory (torch copy of 512 MiB, bytes read + written) -- the CPU "
+            "part's limit.",
+            f"CPU threads: {torch.get_num_threads()} "
+            f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
+            f"{os.cpu_count()} cores visible.",
+            "cpu experts rows: the native CPU kernels on the routes of one token sent to the CPU "
+            "(eager, wall clock); "
+            "GB/s counts the Q4_0 bytes of those experts.",
+        ],
+    )
     gen = torch.Generator().manual_seed(0)
     cpu = torch.device("cpu")
     # the backend entry itself: the kernel's time, without ops' argument checks
@@ -86,8 +103,16 @@ def run(quick: bool = False) -> Report:
 
         ok = _validate(step(), x, gu, dn, w, ids)
         t = _median_s(step, 5 if quick else 30)
-        report.measurements.append(Measurement(f"T=1, {resident:.0%} resident: {routes} routes on the CPU",
-                                               "cpu experts", t * 1e6, routes * per_expert, ok, "eager"))  # fmt: skip
+        report.measurements.append(
+            Measurement(
+                f"T=1, {resident:.0%} resident: {routes} routes on the CPU",
+                "cpu experts",
+                t * 1e6,
+                routes * per_expert,
+                ok,
+                "eager",
+            )
+        )
     if torch.cuda.is_available():
         _gpu_steps(report, gu, dn, quick)
     return report
@@ -147,16 +172,29 @@ def _gpu_steps(report: Report, gu, dn, quick: bool) -> None:
                 jobs = after["jobs"] - before["jobs"]
                 if routes and jobs:
                     cpu_us = (after["cpu_ns"] - before["cpu_ns"]) / jobs / 1e3
-                    report.notes.append(f"{case}, {mechanism} graph: CPU job {cpu_us:.0f} us mean over {jobs} jobs, "
-                                        f"{cpu_us / t:.0%} of the {t:.0f} us step")  # fmt: skip
-            report.measurements.append(Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, mode))
+                    report.notes.append(
+                        f"{case}, {mechanism} graph: CPU job {cpu_us:.0f} us mean over {jobs} "
+                        "jobs, "
+                        f"{cpu_us / t:.0%} of the {t:.0f} us step"
+                    )
+            report.measurements.append(
+                Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, mode)
+            )
             ex.close()
         torch.cuda.empty_cache()
     _layers_in_one_graph(report, gu, dn, x, w, quick)
 
 
-def _layers_in_one_graph(report: Report, gu, dn, x: torch.Tensor, w: torch.Tensor, quick: bool, layers: int = 8,
-                         resident: float = 0.5) -> None:  # fmt: skip
+def _layers_in_one_graph(
+    report: Report,
+    gu,
+    dn,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    quick: bool,
+    layers: int = 8,
+    resident: float = 0.5,
+) -> None:
     """``layers`` hybrid layers (the same banks, each its own executor) one after another in one
     graph, as a decode step runs them: one CPU worker serves every layer's channel. Every layer
     takes the same input (chained through random weights without norms, activations shrink into
@@ -185,10 +223,18 @@ def _layers_in_one_graph(report: Report, gu, dn, x: torch.Tensor, w: torch.Tenso
         t = time_graph_us(step, inner=2, reps=5 if quick else 20)
         for ex in exs:
             ex.check()
-        case = f"{layers} layers in one graph, {resident:.0%} resident: {routes} routes a layer on the CPU"
-        report.measurements.append(Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, "graph"))
-        report.notes.append(f"{case}, {mechanism}: {t / layers:.0f} us a layer (equal to the eager schedule bit for "
-                            f"bit: {ok})")  # fmt: skip
+        case = (
+            f"{layers} layers in one graph, {resident:.0%} resident: "
+            f"{routes} routes a layer on the CPU"
+        )
+        report.measurements.append(
+            Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, "graph")
+        )
+        report.notes.append(
+            f"{case}, {mechanism}: {t / layers:.0f} us a layer (equal to the eager schedule bit "
+            "for "
+            f"bit: {ok})"
+        )
         for ex in exs:
             ex.close()
         torch.cuda.empty_cache()

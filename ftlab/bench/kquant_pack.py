@@ -40,7 +40,8 @@ def _check(w: object, qtype: str) -> torch.Tensor:
     argcheck.float_tensor("w", w)
     if w.dim() < 2 or w.shape[-1] % QK_K:
         raise ValueError(
-            f"w must be [..., N, K] with K a multiple of {QK_K} for {qtype}, got shape {tuple(w.shape)}"
+            f"w must be [..., N, K] with K a multiple of {QK_K} for {qtype}, got shape "
+            f"{tuple(w.shape)}"
         )
     if w.numel():
         bad = ~torch.isfinite(w)
@@ -62,8 +63,10 @@ def _fp16_at_least(v: torch.Tensor, qtype: str, what: str) -> torch.Tensor:
     below = h.float() < v
     h = torch.where(below, (h.view(torch.int16) + 1).view(torch.float16), h)  # next fp16 up
     if not bool(torch.isfinite(h).all()):
-        raise ValueError(f"w must fit {qtype}'s fp16 block scales ({what} at most 65504), got values "
-                         f"needing {what} = {float(v.max()):.4g}")  # fmt: skip
+        raise ValueError(
+            f"w must fit {qtype}'s fp16 block scales ({what} at most 65504), got values "
+            f"needing {what} = {float(v.max()):.4g}"
+        )
     return h
 
 
@@ -97,8 +100,14 @@ def _q4_k_blocks(x: torch.Tensor) -> torch.Tensor:  # [B, 256] fp32 -> [B, 144] 
     sc, m = sc.to(torch.uint8), m.to(torch.uint8)
     # llama.cpp's get_scale_min_k4, inverted: j < 4 in the low six bits of bytes j, j + 4; j >= 4
     # in the nibbles of byte j + 4 and the top two bits of bytes j - 4, j
-    scales = torch.cat([sc[:, :4] | ((sc[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
-                        (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)], dim=1)  # fmt: skip
+    scales = torch.cat(
+        [
+            sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
+            m[:, :4] | ((m[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4),
+        ],
+        dim=1,
+    )
     qs = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(b, 128)  # pair p: low nibbles 2p, high 2p + 1
     return torch.cat(
         [d.view(torch.uint8).view(b, 2), dmin.view(torch.uint8).view(b, 2), scales, qs], dim=1

@@ -34,24 +34,40 @@ from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
 from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights, Qwen3Moe
 from ftlab.quant import QK, Q4_0Weight, QuantWeight
 
-CONFIG = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
-                        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
-                        moe_intermediate_size=768)  # fmt: skip
+CONFIG = Qwen3MoeConfig(
+    vocab_size=151936,
+    hidden_size=2048,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+)
 PREFILL = 512
 DECODE_BATCHES = (1, 8)
 
 NOTES = [
-    "prefill: one 512-token sequence, logits of the last token only; eager (host launches included), and "
-    "graph: the same pass replayed from a captured CUDA graph (the static model, which reads every cache slot "
+    "prefill: one 512-token sequence, logits of the last token only; eager (host launches "
+    "included), and "
+    "graph: the same pass replayed from a captured CUDA graph (the static model, which reads every "
+    "cache slot "
     "under a mask), validated against eager's logits (within 5% of the largest).",
     "decode: one token per sequence per step at position 512, graph = the whole step replayed from "
-    "a captured CUDA graph, eager = launched op by op from Python, launches = eager's kernels launched from a "
-    "schedule recorded once (ftlab.models.decode_steps: no graph, the ops' Python run once), validated bit "
+    "a captured CUDA graph, eager = launched op by op from Python, launches = eager's kernels "
+    "launched from a "
+    "schedule recorded once (ftlab.models.decode_steps: no graph, the ops' Python run once), "
+    "validated bit "
     "for bit against the eager step.",
-    "bound: the weight bytes a decode step reads (attention projections, router, the experts the step's "
-    "tokens use, the lm_head, one embedding row per token) over the copy bandwidth measured in this run.",
-    "For scale (given, not measured here): llama.cpp (CUDA, flash attention) on the same H200 runs a model "
-    "of this shape and quantization at 332 tokens/s decode (tg128) and 7634 tokens/s prefill (pp512).",
+    "bound: the weight bytes a decode step reads (attention projections, router, the experts the "
+    "step's "
+    "tokens use, the lm_head, one embedding row per token) over the copy bandwidth measured in "
+    "this run.",
+    "For scale (given, not measured here): llama.cpp (CUDA, flash attention) on the same H200 runs "
+    "a model "
+    "of this shape and quantization at 332 tokens/s decode (tg128) and 7634 tokens/s prefill "
+    "(pp512).",
 ]
 
 
@@ -78,26 +94,36 @@ def random_model(config: Qwen3MoeConfig, device: torch.device) -> ModelWeights:
     hd_ones = torch.ones(hd, dtype=torch.bfloat16, device=device)
     layers = []
     for _ in tqdm(range(c.num_hidden_layers), desc="random Q4_0 layers", unit="layer"):
-        layers.append(LayerWeights(
-            q_proj=random_q4_0((c.num_attention_heads * hd, h), device, gen),
-            k_proj=random_q4_0((c.num_key_value_heads * hd, h), device, gen),
-            v_proj=random_q4_0((c.num_key_value_heads * hd, h), device, gen),
-            o_proj=random_q4_0((h, c.num_attention_heads * hd), device, gen),
-            q_norm=hd_ones, k_norm=hd_ones, input_norm=ones, post_attention_norm=ones,
-            router=(torch.randn(e, h, device=device, generator=gen) * h**-0.5).to(torch.bfloat16),
-            w_gate_up=random_q4_0((e, 2 * i, h), device, gen),
-            w_down=random_q4_0((e, h, i), device, gen),
-        ))  # fmt: skip
+        layers.append(
+            LayerWeights(
+                q_proj=random_q4_0((c.num_attention_heads * hd, h), device, gen),
+                k_proj=random_q4_0((c.num_key_value_heads * hd, h), device, gen),
+                v_proj=random_q4_0((c.num_key_value_heads * hd, h), device, gen),
+                o_proj=random_q4_0((h, c.num_attention_heads * hd), device, gen),
+                q_norm=hd_ones,
+                k_norm=hd_ones,
+                input_norm=ones,
+                post_attention_norm=ones,
+                router=(torch.randn(e, h, device=device, generator=gen) * h**-0.5).to(
+                    torch.bfloat16
+                ),
+                w_gate_up=random_q4_0((e, 2 * i, h), device, gen),
+                w_down=random_q4_0((e, h, i), device, gen),
+            )
+        )
     embed = (torch.randn(c.vocab_size, h, device=device, generator=gen) * 4.0).to(torch.bfloat16)
     return ModelWeights(embed, layers, ones, random_q4_0((c.vocab_size, h), device, gen))
 
 
 def nbytes(w: QuantWeight | torch.Tensor) -> int:
-    """The bytes a weight occupies: its packed blocks (any GGUF type), or a dense tensor's elements."""
+    """The bytes a weight occupies: its packed blocks (any GGUF type), or a dense tensor's
+    elements."""
     return w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
 
 
-def decode_bytes(config: Qwen3MoeConfig, weights: ModelWeights, experts_used: float, batch: int) -> float:
+def decode_bytes(
+    config: Qwen3MoeConfig, weights: ModelWeights, experts_used: float, batch: int
+) -> float:
     """Weight bytes one decode step of ``batch`` tokens reads with ``experts_used`` distinct
     experts per layer: every layer's projections, norms and router as stored (packed of any type,
     or dense), its expert banks per expert, the lm_head, one embedding row a token. Weights of a
@@ -106,9 +132,19 @@ def decode_bytes(config: Qwen3MoeConfig, weights: ModelWeights, experts_used: fl
     for lw in weights.layers:  # a rank's bank holds its share of the experts: bytes / E is the same
         per_expert = (nbytes(lw.w_gate_up) + nbytes(lw.w_down)) / config.num_experts
         total += experts_used * per_expert + sum(
-            nbytes(w) for w in (lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.q_norm, lw.k_norm, lw.input_norm,
-                                lw.post_attention_norm, lw.router)
-        )  # fmt: skip
+            nbytes(w)
+            for w in (
+                lw.q_proj,
+                lw.k_proj,
+                lw.v_proj,
+                lw.o_proj,
+                lw.q_norm,
+                lw.k_norm,
+                lw.input_norm,
+                lw.post_attention_norm,
+                lw.router,
+            )
+        )
     return total
 
 
@@ -125,8 +161,9 @@ def run(quick: bool = False) -> Report:
     return report
 
 
-def bench_weights(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, length: int, timer,
-                  tp=None) -> None:  # fmt: skip
+def bench_weights(
+    report: Report, config: Qwen3MoeConfig, weights: ModelWeights, length: int, timer, tp=None
+) -> None:
     """The prefill row of one ``length``-token prompt, then the decode rows of every batch of
     :data:`DECODE_BATCHES` at position ``length`` (graph and eager on a GPU, eager on the CPU),
     with their notes, into ``report``; ``timer(fn, warmup, reps)`` gives microseconds. ``tp``: a
@@ -150,7 +187,9 @@ def timer(dev: torch.device, quick: bool) -> Callable[..., float]:
     """``timer(fn, warmup, reps)``: median microseconds of ``fn()`` -- device events on a GPU, the
     host clock on the CPU (one warm-up and three repeats there; ``quick``: one call)."""
     if dev.type == "cuda":
-        return lambda fn, warmup, reps: time_us(fn, warmup=warmup, reps=max(3, reps // 2) if quick else reps)
+        return lambda fn, warmup, reps: time_us(
+            fn, warmup=warmup, reps=max(3, reps // 2) if quick else reps
+        )
 
     def host(fn: Callable[[], object], warmup: int, reps: int) -> float:
         if not quick:
@@ -165,9 +204,17 @@ def timer(dev: torch.device, quick: bool) -> Callable[..., float]:
     return host
 
 
-def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: torch.Generator, length: int,
-            timer, tp=None) -> None:  # fmt: skip
-    """``length`` random tokens through the dynamic model; the router's choices give the expert load."""
+def prefill(
+    report: Report,
+    config: Qwen3MoeConfig,
+    weights: ModelWeights,
+    gen: torch.Generator,
+    length: int,
+    timer,
+    tp=None,
+) -> None:
+    """``length`` random tokens through the dynamic model; the router's choices give the expert
+    load."""
     dev = weights.embed.device
     model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, tp=tp)
     tokens = torch.randint(0, config.vocab_size, (1, length), generator=gen).to(dev)
@@ -177,7 +224,9 @@ def prefill(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, gen: 
     finite = bool(torch.isfinite(eager).all())
     t = timer(lambda: model.forward(tokens, pos, last_only=True), 2, 5)
     prefill_row(report, length, t, finite, "eager")
-    if dev.type == "cuda":  # the same pass replayed from a graph: the device's time without host launches
+    if (
+        dev.type == "cuda"
+    ):  # the same pass replayed from a graph: the device's time without host launches
         del model
         static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, static=True, tp=tp)
         replay, out = capture(lambda: static.forward(tokens, pos, last_only=True), warmup=2)
@@ -247,18 +296,29 @@ def parted_note(what: str, got: torch.Tensor, want: torch.Tensor) -> str:
     diff = (got.float() - want.float()).abs()
     finite = bool(torch.isfinite(got).all())
     same_tokens = bool(torch.equal(got.argmax(-1), want.argmax(-1)))
-    return (f"{what} is not bit-equal to the eager step through its kernels: {int((diff != 0).sum())} of "
-            f"{diff.numel()} logits differ, max |diff| {diff.max().item():.3g} (largest logit "
-            f"{want.abs().max().item():.3g}), {'finite' if finite else 'NOT finite'}, greedy tokens "
-            f"{'the same' if same_tokens else 'different'}")  # fmt: skip
+    return (
+        f"{what} is not bit-equal to the eager step through its kernels: {int((diff != 0).sum())} "
+        "of "
+        f"{diff.numel()} logits differ, max |diff| {diff.max().item():.3g} (largest logit "
+        f"{want.abs().max().item():.3g}), {'finite' if finite else 'NOT finite'}, greedy tokens "
+        f"{'the same' if same_tokens else 'different'}"
+    )
 
 
-def which_side(graph: Callable[..., torch.Tensor], model, tokens: torch.Tensor, positions: torch.Tensor,
-               replayed: torch.Tensor, same: torch.Tensor) -> str:  # fmt: skip
+def which_side(
+    graph: Callable[..., torch.Tensor],
+    model,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    replayed: torch.Tensor,
+    same: torch.Tensor,
+) -> str:
     """After a failed graph check: whether each side gives its logits again (a second replay, a
     second eager step through the graph's kernels), and whether the step launched eagerly through
-    exactly the captured kernels (``DecodePlan.as_captured``: the fused norm and q/k/v matvec off too)
-    equals the replay -- a text for the report, which tells a flaky kernel from a path that parts."""
+    exactly the captured kernels (``DecodePlan.as_captured``: the fused norm and q/k/v matvec off
+    too)
+    equals the replay -- a text for the report, which tells a flaky kernel from a path that
+    parts."""
     again = graph(tokens, positions).clone()
     with model.planned(model.plan.attention_as_captured()):
         same2 = model.forward(tokens, positions).clone()
@@ -268,12 +328,17 @@ def which_side(graph: Callable[..., torch.Tensor], model, tokens: torch.Tensor, 
     def eq(a: torch.Tensor, b: torch.Tensor) -> str:
         return "equal" if torch.equal(a, b) else "differ"
 
-    return (f"; a second replay and the first: {eq(again, replayed)}; a second eager step and the first: "
-            f"{eq(same2, same)}; the replay and the step launched eagerly through exactly the captured "
-            f"kernels: {eq(replayed, exact)}")  # fmt: skip
+    return (
+        f"; a second replay and the first: {eq(again, replayed)}; a second eager step and the "
+        "first: "
+        f"{eq(same2, same)}; the replay and the step launched eagerly through exactly the captured "
+        f"kernels: {eq(replayed, exact)}"
+    )
 
 
-def eager_step_ok(step: Callable[[], torch.Tensor], eager: torch.Tensor, same: torch.Tensor) -> bool:
+def eager_step_ok(
+    step: Callable[[], torch.Tensor], eager: torch.Tensor, same: torch.Tensor
+) -> bool:
     """Whether an eager decode step is right: its logits ``eager`` equal ``same``, those of the step
     through the graph's kernels, where it took the same kernels (the default: both attend through
     hip's one-launch kernel); where the graph's attention is SDPA and the eager step's hip's (a
@@ -289,35 +354,55 @@ def eager_step_ok(step: Callable[[], torch.Tensor], eager: torch.Tensor, same: t
 
     with decode_attention_held_to_reference() as calls:
         again = step()
-    return bool(calls) and all(over == 0 for _, over, _ in calls) and bool(torch.equal(again, eager))
+    return (
+        bool(calls) and all(over == 0 for _, over, _ in calls) and bool(torch.equal(again, eager))
+    )
 
 
-def decode(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, batch: int, gen: torch.Generator,
-           length: int, timer, tp=None) -> None:  # fmt: skip
+def decode(
+    report: Report,
+    config: Qwen3MoeConfig,
+    weights: ModelWeights,
+    batch: int,
+    gen: torch.Generator,
+    length: int,
+    timer,
+    tp=None,
+) -> None:
     """One decode step at position ``length`` for ``batch`` sequences: graph (on a GPU) and eager.
     Validated: finite logits; on a GPU the graph's equal to an eager step's through the graph's
     kernels (``DecodePlan.attention_as_captured``), and the eager step by :func:`eager_step_ok`."""
     dev = weights.embed.device
     model = Qwen3Moe(config, weights, max_batch=batch, max_seq_len=length + 8, static=True, tp=tp)
     fill_cache(model.cache)  # a prefix of `length` positions to attend over
-    steps = [torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev) for _ in range(8)]
+    steps = [
+        torch.randint(0, config.vocab_size, (batch, 1), generator=gen).to(dev) for _ in range(8)
+    ]
     positions = torch.full((batch, 1), length, device=dev)
     graph = DecodeGraph(model, batch) if dev.type == "cuda" else None
     eager = model.forward(steps[0], positions).clone()
     ok = {"eager": bool(torch.isfinite(eager).all())}
     if graph is not None:
-        with model.planned(model.plan.attention_as_captured()):  # the graph's kernels, launched eagerly
+        with model.planned(
+            model.plan.attention_as_captured()
+        ):  # the graph's kernels, launched eagerly
             same = model.forward(steps[0], positions).clone()
         replayed = graph(steps[0], positions)
         ok["graph"] = bool(torch.isfinite(same).all()) and bool(torch.equal(replayed, same))
         if not ok["graph"]:  # what a failing check saw, for benchmarks/graph_replay_probe.py's hunt
-            report.notes.append(parted_note(f"decode batch {batch}: the graph step", replayed, same)
-                                + which_side(graph, model, steps[0], positions, replayed.clone(), same))  # fmt: skip
-        ok["eager"] = ok["eager"] and eager_step_ok(lambda: model.forward(steps[0], positions), eager, same)
+            report.notes.append(
+                parted_note(f"decode batch {batch}: the graph step", replayed, same)
+                + which_side(graph, model, steps[0], positions, replayed.clone(), same)
+            )
+        ok["eager"] = ok["eager"] and eager_step_ok(
+            lambda: model.forward(steps[0], positions), eager, same
+        )
     used = experts_used(config, batch)
     nbytes = int(decode_bytes(config, weights, used, batch))
     launched = None
-    if graph is not None:  # eager steps launched from a recorded schedule: the same kernels as eager's
+    if (
+        graph is not None
+    ):  # eager steps launched from a recorded schedule: the same kernels as eager's
         try:
             launched = DecodeLaunches(model, batch)
             ok["launches"] = bool(torch.equal(launched(steps[0], positions), eager))

@@ -52,18 +52,31 @@ from ftlab.models.qwen3_next.weights import build_weights
 
 LLAMA_BENCH_GEN = 128  # tokens llama-bench generates in its decode test (its tg128)
 NOTES = [
-    "prefill: one prompt of {length} random token ids, eager (host launches included); on a GPU also graph: "
-    "the same pass replayed from a captured CUDA graph (the static model: every cache slot read under a mask).",
-    "decode: one token per sequence per step at position {length}; graph = the step replayed from a captured "
-    "CUDA graph, eager = launched op by op from Python, launches = eager's kernels launched from a schedule "
-    "recorded once (ftlab.models.decode_steps: no graph), validated bit for bit against the eager step.",
-    "bound: the bytes a decode step reads, every tensor at its size in the file's type (packed) or as the "
+    "prefill: one prompt of {length} random token ids, eager (host launches included); on a GPU "
+    "also graph: "
+    "the same pass replayed from a captured CUDA graph (the static model: every cache slot read "
+    "under a mask).",
+    "decode: one token per sequence per step at position {length}; graph = the step replayed from "
+    "a captured "
+    "CUDA graph, eager = launched op by op from Python, launches = eager's kernels launched from a "
+    "schedule "
+    "recorded once (ftlab.models.decode_steps: no graph), validated bit for bit against the eager "
+    "step.",
+    "bound: the bytes a decode step reads, every tensor at its size in the file's type (packed) or "
+    "as the "
     "dense tensor ftlab holds, over the copy bandwidth measured in this run.",
 ]
 
 
-def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: int = PREFILL,
-        llama_bench: str | Path | None = None, tp: int = 1, hybrid_slots: int | None = None) -> Report:  # fmt: skip
+def run(
+    path: str | Path,
+    quick: bool = False,
+    device: str = "cuda",
+    prefill: int = PREFILL,
+    llama_bench: str | Path | None = None,
+    tp: int = 1,
+    hybrid_slots: int | None = None,
+) -> Report:
     """The bench of the model of the GGUF file ``path`` on ``device`` (``"cuda"``: a GPU is
     required; ``"cpu"``: eager, a smoke run) with prompts of ``prefill`` tokens (decode steps at
     that position); ``quick``: fewer repetitions; ``llama_bench``: llama.cpp's ``llama-bench``
@@ -91,17 +104,23 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
     if isinstance(prefill, bool) or not isinstance(prefill, int) or prefill < 1:
         raise ValueError(f"prefill must be an int >= 1, got {prefill!r}")
     if llama_bench is not None and not Path(llama_bench).is_file():
-        raise ValueError(f"llama_bench must be the path of llama.cpp's llama-bench, got {str(llama_bench)!r} "
-                         "(no such file)")  # fmt: skip
+        raise ValueError(
+            f"llama_bench must be the path of llama.cpp's llama-bench, got {str(llama_bench)!r} "
+            "(no such file)"
+        )
     check.hybrid_slots(hybrid_slots)
     path = Path(path)
     arch = gguf_architecture(path)  # the file's structure checked first
     tp = check.tp(tp)
     if hybrid_slots is not None and (arch != GGUF_ARCH or tp > 1):
-        raise ValueError(f"hybrid_slots benches a {GGUF_ARCH} file (Qwen3-MoE) with tp = 1 only; {path.name} is "
-                         f"{arch!r}, tp = {tp}")  # fmt: skip
+        raise ValueError(
+            f"hybrid_slots benches a {GGUF_ARCH} file (Qwen3-MoE) with tp = 1 only; {path.name} is "
+            f"{arch!r}, tp = {tp}"
+        )
     if tp > 1 and arch != GGUF_ARCH:
-        raise ValueError(f"tp > 1 benches a {GGUF_ARCH} file (Qwen3-MoE) only; {path.name} is {arch!r}")
+        raise ValueError(
+            f"tp > 1 benches a {GGUF_ARCH} file (Qwen3-MoE) only; {path.name} is {arch!r}"
+        )
     if tp > 1 and llama_bench is not None:
         raise ValueError("llama_bench cannot go with tp > 1: run llama-bench in a one-GPU run")
     if dev.type == "cuda":
@@ -122,14 +141,25 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
         from ftlab.models.pipeline import rank_heads, rank_ranges
         from ftlab.models.tensor_parallel import shard_qwen3_moe
 
-        experts, vocab = rank_ranges(path, group)  # a rank reads its experts, vocabulary rows and heads only
-        config, weights = load_gguf(path, device=torch.device("cpu"), dtype=dtype, experts=experts, vocab=vocab,
-                                    heads=rank_heads(path, group))  # fmt: skip
+        experts, vocab = rank_ranges(
+            path, group
+        )  # a rank reads its experts, vocabulary rows and heads only
+        config, weights = load_gguf(
+            path,
+            device=torch.device("cpu"),
+            dtype=dtype,
+            experts=experts,
+            vocab=vocab,
+            heads=rank_heads(path, group),
+        )
         weights = shard_qwen3_moe(config, weights, group, dev)
         report.notes.insert(2, _shape_note(arch, config))
-        report.notes.append(f"tp = {tp} ranks, one {dev.type} device each (rank 0's times; copy bandwidth and bound "
-                            "are one device's, the bytes a rank's): attention heads, experts and vocabulary cut "
-                            "across the ranks")  # fmt: skip
+        report.notes.append(
+            f"tp = {tp} ranks, one {dev.type} device each (rank 0's times; copy bandwidth and "
+            "bound "
+            "are one device's, the bytes a rank's): attention heads, experts and vocabulary cut "
+            "across the ranks"
+        )
         bench_weights(report, config, weights, prefill, clock, group)
         report.notes.append(collective_note(group, config.hidden_size, dev, dtype, clock))
     elif arch == GGUF_ARCH:
@@ -147,8 +177,15 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
             config = Qwen3NextConfig.from_hf(hf)
         except ValueError as e:
             raise GGUFError(f"{path}: {e}") from e
-        weights = build_weights(config, tensors, device=dev, dtype=dtype, where=str(path), input_perms=perms,
-                                progress=lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer"))  # fmt: skip
+        weights = build_weights(
+            config,
+            tensors,
+            device=dev,
+            dtype=dtype,
+            where=str(path),
+            input_perms=perms,
+            progress=lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer"),
+        )
         del tensors
         report.notes.insert(2, _shape_note(arch, config))
         bench_pipeline(report, config, weights, prefill, clock, path.name)
@@ -161,25 +198,39 @@ def run(path: str | Path, quick: bool = False, device: str = "cuda", prefill: in
         report.measurements.extend(rows)
         gpu = dev.type == "cuda"
         depth = prefill if any("at depth" in m.case for m in rows) else 0
-        deep = (f"; its decode at depth {prefill} is where ftlab's decode rows run, its tg128 without depth starts "
-                "from an empty cache") if depth else ""  # fmt: skip
-        report.notes.append(f"llama.cpp: {Path(llama_bench).name} "
-                            f"{' '.join(llama_bench_args(path, prefill, gpu, depth=depth))} on the same file in "
-                            f"this run (its own timing: mean of its repetitions{deep})")  # fmt: skip
+        deep = (
+            (
+                f"; its decode at depth {prefill} is where ftlab's decode rows run, its tg128 "
+                "without depth starts "
+                "from an empty cache"
+            )
+            if depth
+            else ""
+        )
+        report.notes.append(
+            f"llama.cpp: {Path(llama_bench).name} "
+            f"{' '.join(llama_bench_args(path, prefill, gpu, depth=depth))} on the same file in "
+            f"this run (its own timing: mean of its repetitions{deep})"
+        )
         if hybrid_slots is not None:
             from ftlab.bench.model_hybrid import llama_cpu_layers
 
             layers = llama_cpu_layers(config, hybrid_slots)
             try:
-                hybrid = run_llama_bench_ncmoe(llama_bench, path, layers, gpu, prefill, report.notes)
+                hybrid = run_llama_bench_ncmoe(
+                    llama_bench, path, layers, gpu, prefill, report.notes
+                )
             except RuntimeError as e:
                 report.notes.append(f"llama.cpp -ncmoe {layers}: no figure, {e}"[:600])
                 return report
             report.measurements.extend(hybrid)
             depth = prefill if len(hybrid) > 1 else 0
-            report.notes.append(f"llama.cpp hybrid: {Path(llama_bench).name} "
-                                f"{' '.join(llama_bench_args(path, 0, gpu, layers, depth))}: the experts of its first "
-                                f"{layers} of {config.num_hidden_layers} layers on the CPU (its default threads)")  # fmt: skip
+            report.notes.append(
+                f"llama.cpp hybrid: {Path(llama_bench).name} "
+                f"{' '.join(llama_bench_args(path, 0, gpu, layers, depth))}: the experts of its "
+                "first "
+                f"{layers} of {config.num_hidden_layers} layers on the CPU (its default threads)"
+            )
     return report
 
 
@@ -199,9 +250,13 @@ def collective_note(group, hidden: int, dev: torch.device, dtype: torch.dtype, c
             us = clock(lambda b=buf: group.all_reduce(b), 2, 5)
         times.append(f"[{batch}, {hidden}] {us:.1f} us")
     mode = "graph-replayed" if dev.type == "cuda" else "eager, host clock"
-    return (f"collectives: one all-reduce of {str(dtype).removeprefix('torch.')} activations ({mode}, over "
-            f"{group.world} ranks): {', '.join(times)}; a decode step makes 2 a layer + 1 (the embedding) and one "
-            "all-gather of the logits")
+    return (
+        f"collectives: one all-reduce of {str(dtype).removeprefix('torch.')} activations ({mode}, "
+        "over "
+        f"{group.world} ranks): {', '.join(times)}; a decode step makes 2 a layer + 1 (the "
+        "embedding) and one "
+        "all-gather of the logits"
+    )
 
 
 def _slug(stem: str) -> str:
@@ -226,7 +281,9 @@ def type_counts(path: str | Path) -> dict[str, tuple[int, int]]:
     for t in open_reader(path).tensors:
         counts[t.tensor_type.name] += 1
         sizes[t.tensor_type.name] += int(t.n_bytes)
-    return {kind: (n, sizes[kind]) for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
+    return {
+        kind: (n, sizes[kind]) for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    }
 
 
 def type_note(path: Path) -> str:
@@ -238,13 +295,20 @@ def type_note(path: Path) -> str:
 def _shape_note(arch: str, c) -> str:
     hybrid = ""
     if isinstance(c, Qwen3NextConfig):
-        hybrid = f" ({len(c.linear_layers)} Gated DeltaNet + {len(c.attention_layers)} gated attention)"
-    return (f"shape ({arch}): {c.num_hidden_layers} layers{hybrid}, hidden {c.hidden_size}, attention "
-            f"{c.num_attention_heads} / {c.num_key_value_heads} heads x {c.head_dim}, {c.num_experts} experts "
-            f"top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}")  # fmt: skip
+        hybrid = (
+            f" ({len(c.linear_layers)} Gated DeltaNet + {len(c.attention_layers)} gated attention)"
+        )
+    return (
+        f"shape ({arch}): {c.num_hidden_layers} layers{hybrid}, hidden {c.hidden_size}, attention "
+        f"{c.num_attention_heads} / {c.num_key_value_heads} heads x {c.head_dim}, {c.num_experts} "
+        "experts "
+        f"top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}"
+    )
 
 
-def llama_bench_args(path: Path, prefill: int, gpu: bool, ncmoe: int | None = None, depth: int = 0) -> list[str]:
+def llama_bench_args(
+    path: Path, prefill: int, gpu: bool, ncmoe: int | None = None, depth: int = 0
+) -> list[str]:
     """The arguments ``llama-bench`` runs with: the file, all layers offloaded and flash attention
     on a GPU, a prompt of ``prefill`` tokens, :data:`LLAMA_BENCH_GEN` generated, JSON out;
     ``ncmoe``: the experts of the first ``ncmoe`` layers kept on the CPU (``-ncmoe``); ``depth``
@@ -253,8 +317,21 @@ def llama_bench_args(path: Path, prefill: int, gpu: bool, ncmoe: int | None = No
     offload = ["-ngl", "99", "-fa", "1"] if gpu else ["-ngl", "0"]
     cpu_moe = [] if ncmoe is None else ["-ncmoe", str(ncmoe)]
     depths = [] if depth <= 0 else ["-d", f"0,{depth}"]
-    return ["-m", str(path), *offload, *cpu_moe, "-p", str(prefill), "-n", str(LLAMA_BENCH_GEN), *depths, "-r", "3",
-            "-o", "json"]  # fmt: skip
+    return [
+        "-m",
+        str(path),
+        *offload,
+        *cpu_moe,
+        "-p",
+        str(prefill),
+        "-n",
+        str(LLAMA_BENCH_GEN),
+        *depths,
+        "-r",
+        "3",
+        "-o",
+        "json",
+    ]
 
 
 def _decode_rows(results: list, depth: int) -> dict[int, float]:
@@ -263,14 +340,19 @@ def _decode_rows(results: list, depth: int) -> dict[int, float]:
     found = {}
     for r in results:
         d = r.get("n_depth", 0)
-        if r.get("n_gen", 0) == LLAMA_BENCH_GEN and r.get("n_prompt", 0) == 0 and r.get("avg_ts", 0) > 0 \
-                and d in (0, depth):  # fmt: skip
+        if (
+            r.get("n_gen", 0) == LLAMA_BENCH_GEN
+            and r.get("n_prompt", 0) == 0
+            and r.get("avg_ts", 0) > 0
+            and d in (0, depth)
+        ):
             found[d] = r["avg_ts"]
     return found
 
 
 def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
-    """(the command line, llama-bench's JSON results); RuntimeError if it fails or prints no JSON."""
+    """(the command line, llama-bench's JSON results); RuntimeError if it fails or prints no
+    JSON."""
     cmd = [str(binary), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -283,8 +365,15 @@ def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
     return " ".join(cmd), results if isinstance(results, list) else []
 
 
-def _llama_results_at(binary: str | Path, path: Path, prefill: int, gpu: bool, ncmoe: int | None, depth: int,
-                      notes: list[str] | None) -> tuple[str, list, int]:  # fmt: skip
+def _llama_results_at(
+    binary: str | Path,
+    path: Path,
+    prefill: int,
+    gpu: bool,
+    ncmoe: int | None,
+    depth: int,
+    notes: list[str] | None,
+) -> tuple[str, list, int]:
     """:func:`_llama_results` of :func:`llama_bench_args` with ``depth``; a llama-bench that fails
     with ``-d`` (one older than the option) is run again without it, the depth given up (0 is
     returned for it) and why appended to ``notes``. (command, results, the depth run)."""
@@ -297,12 +386,20 @@ def _llama_results_at(binary: str | Path, path: Path, prefill: int, gpu: bool, n
         first = str(e)
     cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu, ncmoe))
     if notes is not None:
-        notes.append(f"llama.cpp: no rows at depth {depth} (llama-bench failed with -d: {first}"[:600] + ")")
+        notes.append(
+            f"llama.cpp: no rows at depth {depth} (llama-bench failed with -d: {first}"[:600] + ")"
+        )
     return cmd, results, 0
 
 
-def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool, depth: int = 0,
-                          notes: list[str] | None = None) -> list[Measurement]:  # fmt: skip
+def run_llama_bench_ncmoe(
+    binary: str | Path,
+    path: Path,
+    layers: int,
+    gpu: bool,
+    depth: int = 0,
+    notes: list[str] | None = None,
+) -> list[Measurement]:
     """llama-bench's decode (``tg128``, no prompt test) with the experts of its first ``layers``
     layers on the CPU (``-ncmoe``), at depth 0 and (``depth`` > 0) ``depth``, as rows of backend
     ``llama.cpp``; RuntimeError naming the command if it fails or prints no decode result (a
@@ -315,13 +412,22 @@ def run_llama_bench_ncmoe(binary: str | Path, path: Path, layers: int, gpu: bool
     rows = []
     for d in sorted(found):
         at = f" at depth {d}" if d else ""
-        rows.append(Measurement(f"hybrid decode batch 1, -ncmoe {layers}{at}: {found[d]:.0f} tokens/s", "llama.cpp",
-                                1e6 / found[d], 0, True, "llama-bench"))  # fmt: skip
+        rows.append(
+            Measurement(
+                f"hybrid decode batch 1, -ncmoe {layers}{at}: {found[d]:.0f} tokens/s",
+                "llama.cpp",
+                1e6 / found[d],
+                0,
+                True,
+                "llama-bench",
+            )
+        )
     return rows
 
 
-def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool,
-                    notes: list[str] | None = None) -> list[Measurement]:  # fmt: skip
+def run_llama_bench(
+    binary: str | Path, path: Path, prefill: int, gpu: bool, notes: list[str] | None = None
+) -> list[Measurement]:
     """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
     of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s), decode at
     depth 0 and at depth ``prefill`` (where ftlab's decode rows run); RuntimeError naming the
@@ -332,12 +438,19 @@ def run_llama_bench(binary: str | Path, path: Path, prefill: int, gpu: bool,
     for r in results:
         n_prompt, n_gen, ts = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("avg_ts", 0)
         if n_prompt == prefill and n_gen == 0 and ts > 0 and r.get("n_depth", 0) == 0:
-            rows["prefill"] = Measurement(f"prefill {prefill} tokens: {ts:.0f} tokens/s", "llama.cpp",
-                                          prefill / ts * 1e6, 0, True, "llama-bench")  # fmt: skip
+            rows["prefill"] = Measurement(
+                f"prefill {prefill} tokens: {ts:.0f} tokens/s",
+                "llama.cpp",
+                prefill / ts * 1e6,
+                0,
+                True,
+                "llama-bench",
+            )
     for d, ts in _decode_rows(results, depth).items():
         at = f" at depth {d}" if d else ""
-        rows[f"decode{at}"] = Measurement(f"decode batch 1{at}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True,
-                                          "llama-bench")  # fmt: skip
+        rows[f"decode{at}"] = Measurement(
+            f"decode batch 1{at}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True, "llama-bench"
+        )
     keys = ["prefill", "decode"] + ([f"decode at depth {depth}"] if depth else [])
     missing = [k for k in keys if k not in rows]
     if missing:

@@ -4,7 +4,8 @@ beside llama.cpp's ``llama-bench -ncmoe L`` on the same file: the experts of its
 layers on the CPU, ``L`` chosen so that both engines keep the same share of the expert bytes on
 the CPU (``L = layers * (E - N) / E``, rounded; 24 of 48 layers for 64 of 128 experts).
 
-ftlab's rows, one a placement (``Pipeline(hybrid_policy=...)``, :func:`ftlab.hybrid.layer_executors`):
+ftlab's rows, one a placement (``Pipeline(hybrid_policy=...)``,
+:func:`ftlab.hybrid.layer_executors`):
 
 - ``layers``: the experts of the first ``L`` layers on the CPU, the others' on the GPU: where
   ``-ncmoe`` puts them;
@@ -48,21 +49,34 @@ def llama_cpu_layers(config: Qwen3MoeConfig, slots: int) -> int:
     return cpu_layers(config.num_hidden_layers, config.num_experts, slots)
 
 
-def bench_hybrid(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, slots: int, length: int,
-                 quick: bool = False) -> None:  # fmt: skip
+def bench_hybrid(
+    report: Report,
+    config: Qwen3MoeConfig,
+    weights: ModelWeights,
+    slots: int,
+    length: int,
+    quick: bool = False,
+) -> None:
     """The rows of :data:`POLICIES`, decode batch 1 at position ``length``, into ``report``."""
     dev = weights.embed.device
-    host = [(lw.w_gate_up.to("cpu"), lw.w_down.to("cpu"))
-            for lw in tqdm(weights.layers, desc="expert banks to the host", unit="layer")]  # fmt: skip
+    host = [
+        (lw.w_gate_up.to("cpu"), lw.w_down.to("cpu"))
+        for lw in tqdm(weights.layers, desc="expert banks to the host", unit="layer")
+    ]
     share = (config.num_experts - slots) / config.num_experts
     report.notes.append(
-        f"hybrid decode: {slots} of {config.num_experts} routed experts a layer on the GPU, {share:.0%} of the "
-        f"expert bytes run on the CPU ({default_threads()} OpenMP threads of the CPU worker); a step is the "
-        f"Pipeline's (graph where the handshakes passed their probes) plus its residency update, host clock "
-        f"over {4 if quick else STEPS} steps, median of {1 if quick else ROUNDS} rounds; layers: every expert of "
-        f"the first {llama_cpu_layers(config, slots)} layers on the CPU; static: experts 0..{slots - 1} of every "
+        f"hybrid decode: {slots} of {config.num_experts} routed experts a layer on the GPU, "
+        f"{share:.0%} of the "
+        f"expert bytes run on the CPU ({default_threads()} OpenMP threads of the CPU worker); a "
+        "step is the "
+        "Pipeline's (graph where the handshakes passed their probes) plus its residency update, "
+        "host clock "
+        f"over {4 if quick else STEPS} steps, median of {1 if quick else ROUNDS} rounds; layers: "
+        "every expert of "
+        f"the first {llama_cpu_layers(config, slots)} layers on the CPU; static: experts "
+        f"0..{slots - 1} of every "
         "layer on the GPU for good; lru: a step's missed experts copied in after it"
-    )  # fmt: skip
+    )
     for policy in POLICIES:
         executors = layer_executors(host, slots, dev, policy, path="auto")
         try:
@@ -79,17 +93,28 @@ def bench_hybrid(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, 
                 torch.cuda.empty_cache()
 
 
-def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, executors: list, policy: str,
-                length: int, quick: bool) -> None:  # fmt: skip
+def _policy_row(
+    report: Report,
+    config: Qwen3MoeConfig,
+    weights: ModelWeights,
+    executors: list,
+    policy: str,
+    length: int,
+    quick: bool,
+) -> None:
     rounds, n_steps, warmup = (1, 4, 1) if quick else (ROUNDS, STEPS, 4)
     dev = weights.embed.device
-    model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, static=True, hybrid=executors)
+    model = Qwen3Moe(
+        config, weights, max_batch=1, max_seq_len=length + 8, static=True, hybrid=executors
+    )
     fill_cache(model.cache)
     gen = torch.Generator().manual_seed(2)
     # a fresh token id every step (warm-up and timed): a residency that adapts (lru) must not see
     # the same few routes again and again
     count = warmup + rounds * n_steps + 2
-    tokens = [torch.randint(0, config.vocab_size, (1, 1), generator=gen).to(dev) for _ in range(count)]
+    tokens = [
+        torch.randint(0, config.vocab_size, (1, 1), generator=gen).to(dev) for _ in range(count)
+    ]
     served = [2]  # tokens[0] and [1] are the replay checks'
     pos = torch.full((1, 1), length, device=dev)
     eager = model.forward(tokens[0], pos).clone()
@@ -101,13 +126,16 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
         graph = DecodeGraph(model, 1)
 
         def replay_is_eager(t: torch.Tensor, when: str) -> bool:
-            """The replay bit-equal to the same step through the graph's kernels, launched eagerly."""
+            """The replay bit-equal to the same step through the graph's kernels, launched
+            eagerly."""
             with model.planned(model.plan.attention_as_captured()):
                 same = model.forward(t, pos).clone()
             replayed = graph(t, pos)
             if torch.equal(replayed, same):
                 return True
-            report.notes.append(parted_note(f"hybrid decode ({policy}){when}: the graph step", replayed, same))
+            report.notes.append(
+                parted_note(f"hybrid decode ({policy}){when}: the graph step", replayed, same)
+            )
             return False
 
         ok = replay_is_eager(tokens[0], "") and ok
@@ -150,16 +178,36 @@ def _policy_row(report: Report, config: Qwen3MoeConfig, weights: ModelWeights, e
     jobs, cpu_ns = (a - b for a, b in zip(_cpu_jobs(live), before, strict=True))
     hits = sum(ex.policy.hits for ex in live)
     misses = sum(ex.policy.misses for ex in live)
-    nbytes = int(decode_bytes(config, weights, config.num_experts_per_tok, 1))  # a token's k experts a layer
+    nbytes = int(
+        decode_bytes(config, weights, config.num_experts_per_tok, 1)
+    )  # a token's k experts a layer
     mech = live[0].mechanism if live else "none"
-    report.measurements.append(Measurement(f"hybrid decode batch 1, {policy}: {1e6 / us:.0f} tokens/s", "auto", us,
-                                           nbytes, ok, mode))  # fmt: skip
+    report.measurements.append(
+        Measurement(
+            f"hybrid decode batch 1, {policy}: {1e6 / us:.0f} tokens/s",
+            "auto",
+            us,
+            nbytes,
+            ok,
+            mode,
+        )
+    )
     total = rounds * n_steps
-    cpu = (f"; the CPU worker's jobs {cpu_ns / 1e3 / max(jobs, 1):.0f} us each, {cpu_ns / 1e3 / total:.0f} us a step "
-           f"({jobs / total:.0f} a step)") if jobs else ""  # fmt: skip
-    report.notes.append(f"hybrid decode ({policy}): {1e6 / us:.1f} tokens/s, {us:.0f} us a step ({mode}, handshake "
-                        f"{mech}); routed experts found on the GPU {hits} times, on the CPU {misses} (timed steps, the "
-                        f"{len(live)} layers with CPU experts){cpu}")  # fmt: skip
+    cpu = (
+        (
+            f"; the CPU worker's jobs {cpu_ns / 1e3 / max(jobs, 1):.0f} us each, "
+            f"{cpu_ns / 1e3 / total:.0f} us a step "
+            f"({jobs / total:.0f} a step)"
+        )
+        if jobs
+        else ""
+    )
+    report.notes.append(
+        f"hybrid decode ({policy}): {1e6 / us:.1f} tokens/s, {us:.0f} us a step ({mode}, handshake "
+        f"{mech}); routed experts found on the GPU {hits} times, on the CPU {misses} (timed steps, "
+        "the "
+        f"{len(live)} layers with CPU experts){cpu}"
+    )
 
 
 def _cpu_jobs(executors: list) -> tuple[int, int]:

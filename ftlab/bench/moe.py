@@ -49,8 +49,14 @@ def expert_bytes(q4: bool) -> int:
 def make_banks(q4: bool, device: torch.device):
     """Random expert banks ``w_gate_up [E, 2I, H]``, ``w_down [E, H, I]``: bf16, or Q4_0."""
     gen = torch.Generator(device=device).manual_seed(0)
-    gu = torch.randn(EXPERTS, 2 * INTER, HIDDEN, device=device, generator=gen, dtype=torch.bfloat16) * HIDDEN**-0.5
-    dn = torch.randn(EXPERTS, HIDDEN, INTER, device=device, generator=gen, dtype=torch.bfloat16) * INTER**-0.5
+    gu = (
+        torch.randn(EXPERTS, 2 * INTER, HIDDEN, device=device, generator=gen, dtype=torch.bfloat16)
+        * HIDDEN**-0.5
+    )
+    dn = (
+        torch.randn(EXPERTS, HIDDEN, INTER, device=device, generator=gen, dtype=torch.bfloat16)
+        * INTER**-0.5
+    )
     if q4:
         return ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)
     return gu, dn
@@ -93,7 +99,10 @@ def run(quick: bool = False) -> Report:
 def _bench_tokens(report: Report, t: int, q4: bool, w_gate_up, w_down, names: list[str]) -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(t)
-    xs = [torch.randn(t, HIDDEN, device=dev, generator=gen, dtype=torch.bfloat16) for _ in range(INNER)]
+    xs = [
+        torch.randn(t, HIDDEN, device=dev, generator=gen, dtype=torch.bfloat16)
+        for _ in range(INNER)
+    ]
     logits = [torch.randn(t, EXPERTS, device=dev, generator=gen) for _ in range(INNER)]
     used = sum(len(torch.topk(lg, TOP_K, -1).indices.unique()) for lg in logits) / INNER
     nbytes = int(used * expert_bytes(q4))
@@ -107,12 +116,16 @@ def _bench_tokens(report: Report, t: int, q4: bool, w_gate_up, w_down, names: li
             i = next(it) % INNER
             return ops.fused_moe(xs[i], logits[i], w_gate_up, w_down, TOP_K, backend=nm)
 
-        report.measurements.append(Measurement(case, name, time_graph_us(call, inner=INNER), nbytes, ok, "graph",
-                                               flops))  # fmt: skip
+        report.measurements.append(
+            Measurement(case, name, time_graph_us(call, inner=INNER), nbytes, ok, "graph", flops)
+        )
     deq = names[0] if names else "reference"
     i = iter(range(1 << 62))
-    base = time_us(lambda: torch_moe(xs[next(i) % INNER], logits[0], w_gate_up, w_down, TOP_K, deq), warmup=3,
-                   reps=10 if t >= 32 else 30)  # fmt: skip
+    base = time_us(
+        lambda: torch_moe(xs[next(i) % INNER], logits[0], w_gate_up, w_down, TOP_K, deq),
+        warmup=3,
+        reps=10 if t >= 32 else 30,
+    )
     label = f"torch: loop over experts{f' + dequantize ({deq})' if q4 else ''}"
     report.measurements.append(Measurement(case, label, base, nbytes, True, "eager", flops))
 
@@ -122,9 +135,15 @@ def _validate(x, logits, w_gate_up, w_down, backend: str) -> bool:
     (experts are per token, so a prefix of the batch is a valid check): relative error of
     fp32 sums (int8) or of bf16 operand rounding (dequant, dense)."""
     q4 = isinstance(w_gate_up, Q4_0Weight)
-    path = backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0])[1] if q4 else "dequant"
+    path = (
+        backends.resolve_path("moe_experts", backend, x.device, x.dtype, x.shape[0])[1]
+        if q4
+        else "dequant"
+    )
     got = ops.fused_moe(x, logits, w_gate_up, w_down, TOP_K, path=path, backend=backend)[:8].float()
-    want = ops.fused_moe(x[:8].float(), logits[:8], w_gate_up, w_down, TOP_K, path=path, backend="reference")
+    want = ops.fused_moe(
+        x[:8].float(), logits[:8], w_gate_up, w_down, TOP_K, path=path, backend="reference"
+    )
     rel = float((got - want).norm() / want.norm().clamp(min=1e-30))
     return rel < (1e-2 if path == "int8" else 2e-2)
 
@@ -136,9 +155,16 @@ def _targets(report: Report) -> None:
         if case == "T=1 Q4_0" and m.mode == "graph":
             bound = 2 * m.bytes_moved / (report.copy_gbps * 1e3) + 15
             verdict = "within" if m.time_us <= bound else "over"
-            report.notes.append(f"T=1 Q4_0 {backend}: {m.time_us:.1f} us, {verdict} the bound 2 x {m.bytes_moved / 1e6:.1f} MB "
-                                f"/ {report.copy_gbps:.0f} GB/s + 15 us = {bound:.1f} us")  # fmt: skip
+            report.notes.append(
+                f"T=1 Q4_0 {backend}: {m.time_us:.1f} us, {verdict} the bound 2 x "
+                f"{m.bytes_moved / 1e6:.1f} MB "
+                f"/ {report.copy_gbps:.0f} GB/s + 15 us = {bound:.1f} us"
+            )
         if case.startswith("T=512") and m.mode == "graph":
-            base = next((b for (c, n), b in rows.items() if c == case and n.startswith("torch")), None)
+            base = next(
+                (b for (c, n), b in rows.items() if c == case and n.startswith("torch")), None
+            )
             if base:
-                report.notes.append(f"{case} {backend}: {base.time_us / m.time_us:.1f}x the torch baseline")
+                report.notes.append(
+                    f"{case} {backend}: {base.time_us / m.time_us:.1f}x the torch baseline"
+                )

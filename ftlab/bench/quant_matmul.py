@@ -1,4 +1,5 @@
-"""``ftlab bench quant_matmul``: GGUF Q8_0 / Q4_K / Q5_K / Q6_K at Qwen3-30B-A3B shapes -- dequantize,
+"""``ftlab bench quant_matmul``: GGUF Q8_0 / Q4_K / Q5_K / Q6_K at Qwen3-30B-A3B shapes --
+dequantize,
 the int8 matvec at M = 1 and 8 (decode) and the prefill matmul at M = 512 -- every backend,
 bf16 activations.
 
@@ -30,9 +31,11 @@ VALIDATE_ROWS = 4096  # weight rows the validation compares (the int8 reference 
 
 NOTES = [
     "graph mode: calls replayed from a captured CUDA graph (device time).",
-    "matmul GB/s counts only the packed weight bytes read; dequantize GB/s the packed bytes read plus the "
+    "matmul GB/s counts only the packed weight bytes read; dequantize GB/s the packed bytes read "
+    "plus the "
     "bf16 values written.",
-    "int8 path = Q8_1 quantize of the activations + int8-dot matvec (both timed). M = 512: Triton's dequant-tile "
+    "int8 path = Q8_1 quantize of the activations + int8-dot matvec (both timed). M = 512: "
+    "Triton's dequant-tile "
     "tl.dot GEMM; HIP's dp4a-tiled GEMM.",
 ]
 
@@ -68,25 +71,49 @@ def _timed(
     report.measurements.append(Measurement(case, backend, t, nbytes, ok, "graph", flops))
 
 
-def _bench_case(report: Report, qtype: str, label: str, n: int, k: int, names: list[str], deq: list[str],
-                ms: tuple[int, ...]) -> None:  # fmt: skip
+def _bench_case(
+    report: Report,
+    qtype: str,
+    label: str,
+    n: int,
+    k: int,
+    names: list[str],
+    deq: list[str],
+    ms: tuple[int, ...],
+) -> None:
     dev = torch.device("cuda")
     w = random_weight(qtype, n, k, dev)
     reps, inner = rotation(w.nbytes)
     banks = [w] + [QuantWeight(w.data.clone(), w.shape, qtype) for _ in range(reps - 1)]
     for name in deq:
         turn = iter(range(1 << 62))
-        _timed(report, f"{qtype} {label} dequantize", name,
-               lambda nm=name, t=turn: ops.dequantize(banks[next(t) % reps], torch.bfloat16, backend=nm),
-               inner, w.nbytes + 2 * n * k, True, 0)  # fmt: skip
+        _timed(
+            report,
+            f"{qtype} {label} dequantize",
+            name,
+            lambda nm=name, t=turn: ops.dequantize(
+                banks[next(t) % reps], torch.bfloat16, backend=nm
+            ),
+            inner,
+            w.nbytes + 2 * n * k,
+            True,
+            0,
+        )
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         for name in names:
             ok = _validate(x, w, name)
             turn = iter(range(1 << 62))
-            _timed(report, f"{qtype} {label} M={m}", name,
-                   lambda nm=name, t=turn, x=x: ops.quant_matmul(x, banks[next(t) % reps], backend=nm),
-                   inner, w.nbytes, ok, 2 * m * n * k)  # fmt: skip
+            _timed(
+                report,
+                f"{qtype} {label} M={m}",
+                name,
+                lambda nm=name, t=turn, x=x: ops.quant_matmul(x, banks[next(t) % reps], backend=nm),
+                inner,
+                w.nbytes,
+                ok,
+                2 * m * n * k,
+            )
 
 
 def _validate(x: torch.Tensor, w: QuantWeight, backend: str) -> bool:

@@ -48,21 +48,32 @@ from ftlab.quant import QuantWeight
 DECODE_BATCHES = (1, 8)
 DECODE_ROOM = 64  # cache positions after the prompt: the decode steps timed
 NOTES = [
-    "prefill: one prompt through Pipeline.prefill (eager, host checks and launches included, the last "
-    "position's logits as the pipeline returns them); on a GPU with graphs also graph: the same pass of the "
+    "prefill: one prompt through Pipeline.prefill (eager, host checks and launches included, the "
+    "last "
+    "position's logits as the pipeline returns them); on a GPU with graphs also graph: the same "
+    "pass of the "
     "static model replayed from a captured CUDA graph.",
-    "decode batch 1: Pipeline.decode_step after that prefill (graph: its captured CUDA graph, host copies of "
-    "the token and position included); batch 8: a Qwen3Next of 8 sequences at the prompt's length over the "
+    "decode batch 1: Pipeline.decode_step after that prefill (graph: its captured CUDA graph, host "
+    "copies of "
+    "the token and position included); batch 8: a Qwen3Next of 8 sequences at the prompt's length "
+    "over the "
     "same weights, DecodeGraph; eager: the same model's forward launched op by op.",
-    "bound: the bytes a decode step reads -- weights (projections, routers, shared experts, the routed "
-    "experts the step's tokens use, lm_head, one embedding row a token) plus the recurrent state (DeltaNet "
-    "state read and written, conv state) and the KV cache of every slot a static step attends over -- over "
+    "bound: the bytes a decode step reads -- weights (projections, routers, shared experts, the "
+    "routed "
+    "experts the step's tokens use, lm_head, one embedding row a token) plus the recurrent state "
+    "(DeltaNet "
+    "state read and written, conv state) and the KV cache of every slot a static step attends over "
+    "-- over "
     "the copy bandwidth measured in this run.",
 ]
 
 
-def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda",
-        write_gguf: str | Path | None = None) -> Report:  # fmt: skip
+def run(
+    quick: bool = False,
+    shape: Shape = QWEN35_35B_A3B,
+    device: str = "cuda",
+    write_gguf: str | Path | None = None,
+) -> Report:
     """The bench of ``shape`` on ``device`` (``"cuda"``: a GPU is required; ``"cpu"``: eager, a
     smoke run); ``quick``: fewer repetitions; ``write_gguf``: a path to write the model's GGUF
     file to. The report is ``model-qwen35moe``, or ``model-qwen35moe-scaled`` for another shape
@@ -85,15 +96,24 @@ def run(quick: bool = False, shape: Shape = QWEN35_35B_A3B, device: str = "cuda"
     name = "model-qwen35moe" if shape == QWEN35_35B_A3B else "model-qwen35moe-scaled"
     report = Report.for_device(name, NOTES, dev)
     config = Qwen3NextConfig.from_hf(hf)
-    weights = build_weights(config, tensors, device=dev, dtype=dtype, where="random qwen35moe",
-                            progress=lambda r: tqdm(r, desc="random Q4_0 layers", unit="layer"))  # fmt: skip
+    weights = build_weights(
+        config,
+        tensors,
+        device=dev,
+        dtype=dtype,
+        where="random qwen35moe",
+        progress=lambda r: tqdm(r, desc="random Q4_0 layers", unit="layer"),
+    )
     report.notes.insert(0, _shape_note(config, weights))
-    bench_pipeline(report, config, weights, shape.prefill, bench_timer(dev, quick), "random qwen35moe")
+    bench_pipeline(
+        report, config, weights, shape.prefill, bench_timer(dev, quick), "random qwen35moe"
+    )
     return report
 
 
-def bench_pipeline(report: Report, config: Qwen3NextConfig, weights: NextWeights, length: int, timer,
-                   name: str) -> None:  # fmt: skip
+def bench_pipeline(
+    report: Report, config: Qwen3NextConfig, weights: NextWeights, length: int, timer, name: str
+) -> None:
     """The prefill row of one ``length``-token prompt and the decode rows of every batch of
     :data:`DECODE_BATCHES` (module docstring), with their notes, into ``report``, through a
     :class:`Pipeline` named ``name`` over ``weights``; ``timer(fn, warmup, reps)`` gives
@@ -115,17 +135,26 @@ def _shape_note(c: Qwen3NextConfig, w: NextWeights) -> str:
     total = sum(_nbytes(x) for lw in w.layers for x in (lw.moe.w_gate_up, lw.moe.w_down)) + _nbytes(
         w.lm_head
     )
-    return (f"shape: {c.num_hidden_layers} layers ({len(c.linear_layers)} Gated DeltaNet + {len(c.attention_layers)} "
-            f"gated attention), hidden {c.hidden_size}, attention {c.num_attention_heads} / {c.num_key_value_heads} "
-            f"heads x {c.head_dim} (rotary {c.rotary_dim}), linear attention {c.linear_num_key_heads} key / "
-            f"{c.linear_num_value_heads} value heads x {c.linear_key_head_dim}, conv {c.linear_conv_kernel_dim}, "
-            f"{c.num_experts} experts top-{c.num_experts_per_tok} of {c.moe_intermediate_size} + shared "
-            f"{c.shared_expert_intermediate_size}, vocab {c.vocab_size}; random Q4_0 matmul weights, dense "
-            f"{w.embed.dtype}; routed experts + lm_head {total / 1e9:.2f} GB")  # fmt: skip
+    return (
+        f"shape: {c.num_hidden_layers} layers ({len(c.linear_layers)} Gated DeltaNet + "
+        f"{len(c.attention_layers)} "
+        f"gated attention), hidden {c.hidden_size}, attention {c.num_attention_heads} / "
+        f"{c.num_key_value_heads} "
+        f"heads x {c.head_dim} (rotary {c.rotary_dim}), linear attention {c.linear_num_key_heads} "
+        "key / "
+        f"{c.linear_num_value_heads} value heads x {c.linear_key_head_dim}, conv "
+        f"{c.linear_conv_kernel_dim}, "
+        f"{c.num_experts} experts top-{c.num_experts_per_tok} of {c.moe_intermediate_size} + "
+        "shared "
+        f"{c.shared_expert_intermediate_size}, vocab {c.vocab_size}; random Q4_0 matmul weights, "
+        "dense "
+        f"{w.embed.dtype}; routed experts + lm_head {total / 1e9:.2f} GB"
+    )
 
 
-def decode_bytes(config: Qwen3NextConfig, weights: NextWeights, experts_used: float, batch: int,
-                 attended: int) -> tuple[float, float]:  # fmt: skip
+def decode_bytes(
+    config: Qwen3NextConfig, weights: NextWeights, experts_used: float, batch: int, attended: int
+) -> tuple[float, float]:
     """``(weight bytes, state bytes)`` one decode step of ``batch`` sequences reads (and, for the
     state, writes) with ``experts_used`` distinct experts a layer and ``attended`` KV-cache
     slots a full-attention layer."""
@@ -134,8 +163,9 @@ def decode_bytes(config: Qwen3NextConfig, weights: NextWeights, experts_used: fl
     for lw in w.layers:
         m = lw.moe
         per_expert = (_nbytes(m.w_gate_up) + _nbytes(m.w_down)) / c.num_experts
-        weight += experts_used * per_expert + sum(_nbytes(x) for x in (m.router, m.shared_gate_up, m.shared_down,
-                                                                        m.shared_gate))  # fmt: skip
+        weight += experts_used * per_expert + sum(
+            _nbytes(x) for x in (m.router, m.shared_gate_up, m.shared_down, m.shared_gate)
+        )
         mixer = lw.mixer
         parts = [getattr(mixer, f.name) for f in fields(mixer)]
         weight += sum(_nbytes(x) for x in parts if isinstance(x, (torch.Tensor, QuantWeight)))
@@ -160,15 +190,21 @@ def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, 
     report.notes.append(
         f"prefill logits: finite {finite}, RMS {float(logits.float().pow(2).mean().sqrt()):.2f}"
     )
-    if dev.type == "cuda" and pipe.model.static:  # the same pass replayed from a graph: no host launches
-        replay, out = capture(lambda: pipe.model.forward(tokens[None], pos, last_only=True), warmup=2)
+    if (
+        dev.type == "cuda" and pipe.model.static
+    ):  # the same pass replayed from a graph: no host launches
+        replay, out = capture(
+            lambda: pipe.model.forward(tokens[None], pos, last_only=True), warmup=2
+        )
         replay()
         got = out[0, -1]
         ok = near_logits(got, logits)
         prefill_row(report, length, timer(replay, 2, 5), ok, "graph")
-        report.notes.append(f"prefill graph: the static model's pass replayed from a captured graph; its logits "
-                            f"{'bit-equal to' if torch.equal(got, logits) else 'within 5% of the largest of'} the "
-                            "eager pass's")  # fmt: skip
+        report.notes.append(
+            f"prefill graph: the static model's pass replayed from a captured graph; its logits "
+            f"{'bit-equal to' if torch.equal(got, logits) else 'within 5% of the largest of'} the "
+            "eager pass's"
+        )
         del replay, out
         torch.cuda.empty_cache()
     note_expert_load(report, load, length, c.num_experts_per_tok)
@@ -193,7 +229,8 @@ def _same_step(
 
 
 def _eager_held(model: Qwen3Next, step: Callable[[], torch.Tensor]) -> bool:
-    """An eager decode step from the model's state (put back after): finite logits, and every layer's
+    """An eager decode step from the model's state (put back after): finite logits, and every
+    layer's
     ``ops.decode_attention`` (hip's kernel where the plan's ``hip_attention`` picks it)
     within the derived bound of the reference on the same inputs. Its logits are not held to the
     graph's: a last-bit difference between attention kernels flips routing choices later on."""
@@ -210,9 +247,11 @@ def _eager_held(model: Qwen3Next, step: Callable[[], torch.Tensor]) -> bool:
 def _decode(
     report: Report, pipe: Pipeline, length: int, batch: int, gen: torch.Generator, timer
 ) -> None:
-    """Decode steps of ``batch`` sequences at position ``length``: graph (on a GPU) and eager. Validated:
+    """Decode steps of ``batch`` sequences at position ``length``: graph (on a GPU) and eager.
+    Validated:
     the graph's step (or the pipeline's, at batch 1) bit for bit against an eager step through the
-    graph's kernels (``DecodePlan.attention_as_captured``); the eager step, which takes hip's attention
+    graph's kernels (``DecodePlan.attention_as_captured``); the eager step, which takes hip's
+    attention
     where the plan's ``hip_attention`` picks it, by :func:`_eager_held`."""
     c, dev = pipe.config, pipe.device
     steps = [
@@ -230,18 +269,34 @@ def _decode(
             return pipe.decode_step(ids[next(it) % 8])
 
         pipe.position = length
-        with model.planned(model.plan.attention_as_captured()):  # an eager step through the graph's kernels
-            ok = _same_step(model, lambda: pipe.decode_step(ids[0]), lambda: model.forward(steps[0], positions)[0, -1])
+        with model.planned(
+            model.plan.attention_as_captured()
+        ):  # an eager step through the graph's kernels
+            ok = _same_step(
+                model,
+                lambda: pipe.decode_step(ids[0]),
+                lambda: model.forward(steps[0], positions)[0, -1],
+            )
         eager_ok = ok and _eager_held(model, lambda: model.forward(steps[0], positions))
         pipe.position = length
     else:
-        model = Qwen3Next(c, pipe.weights, max_batch=batch, max_seq_len=pipe.max_seq_len, plan=pipe.model.plan,
-                          static=pipe.graph_capturable)  # fmt: skip
+        model = Qwen3Next(
+            c,
+            pipe.weights,
+            max_batch=batch,
+            max_seq_len=pipe.max_seq_len,
+            plan=pipe.model.plan,
+            static=pipe.graph_capturable,
+        )
         fill_cache(model.cache)  # a prefix to attend over (the recurrent state starts at zeros)
         graph = DecodeGraph(model, batch) if pipe.graph_capturable else None
         eager = lambda: model.forward(steps[0], positions)  # noqa: E731
-        with model.planned(model.plan.attention_as_captured()):  # an eager step through the graph's kernels
-            ok = _same_step(model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager)
+        with model.planned(
+            model.plan.attention_as_captured()
+        ):  # an eager step through the graph's kernels
+            ok = _same_step(
+                model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager
+            )
         eager_ok = ok and _eager_held(model, eager)
 
         def graph_step() -> torch.Tensor:

@@ -28,8 +28,14 @@ from ftlab.quant import QK, QuantWeight
 
 ARCH = "qwen35moe"
 #: GGUF tensors written as float (everything else is a Q4_0 matmul weight).
-_F32 = ("norm.weight", "ssm_a", "ssm_dt.bias", "ssm_conv1d.weight", "ffn_gate_inp.weight",
-        "ffn_gate_inp_shexp.weight")  # fmt: skip
+_F32 = (
+    "norm.weight",
+    "ssm_a",
+    "ssm_dt.bias",
+    "ssm_conv1d.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_inp_shexp.weight",
+)
 _BLOCK = re.compile(r"^blk\.0\.")
 
 
@@ -83,8 +89,13 @@ def _layer(c: dict, tensors: Mapping, i: int) -> dict:
     """The GGUF tensors of layer ``i`` (``blk.i.*``): the converter's transformations of a
     one-layer model holding it (its embedding a one-token stand-in)."""
     prefix = f"model.layers.{i}."
-    one = {**c, "num_hidden_layers": 1, "layer_types": [c["layer_types"][i]], "vocab_size": 1,
-           "tie_word_embeddings": True}  # fmt: skip
+    one = {
+        **c,
+        "num_hidden_layers": 1,
+        "layer_types": [c["layer_types"][i]],
+        "vocab_size": 1,
+        "tie_word_embeddings": True,
+    }
     one.pop("mtp_num_hidden_layers", None)
     h = c["hidden_size"]
     sub = {"model.embed_tokens.weight": torch.zeros(1, h), "model.norm.weight": torch.zeros(h)}
@@ -115,9 +126,12 @@ def write_random_gguf(path: str | Path, config: dict, tensors: Mapping, progress
     shapes = gguf_shapes(ARCH, c)
     writer = gguf.GGUFWriter(str(path), ARCH)
     meta = gguf_metadata_of(ARCH, c)
-    meta |= {"general.name": f"random Qwen3.6-35B-A3B-shaped ({c['num_hidden_layers']} layers, "
-                             f"{c['num_experts']} experts)",
-             "tokenizer.ggml.model": "none", f"{ARCH}.vocab_size": c["vocab_size"]}  # fmt: skip
+    meta |= {
+        "general.name": f"random Qwen3.6-35B-A3B-shaped ({c['num_hidden_layers']} layers, "
+        f"{c['num_experts']} experts)",
+        "tokenizer.ggml.model": "none",
+        f"{ARCH}.vocab_size": c["vocab_size"],
+    }
     _metadata(writer, meta)
     for name, shape in shapes.items():
         _declare(writer, name, shape)
@@ -131,15 +145,18 @@ def write_random_gguf(path: str | Path, config: dict, tensors: Mapping, progress
             name = next(names)
             t = out.pop(name)
             packed = isinstance(t, QuantWeight) and t.qtype == "Q4_0"
-            if packed != (_kind(name) == QT.Q4_0) or (not packed and (t.dtype == torch.bfloat16) != (
-                    _kind(name) == QT.BF16)):  # fmt: skip
+            if packed != (_kind(name) == QT.Q4_0) or (
+                not packed and (t.dtype == torch.bfloat16) != (_kind(name) == QT.BF16)
+            ):
                 raise RuntimeError(
                     f"tensor {name!r} is not of the type declared for it ({_kind(name).name})"
                 )
             array = _array(t)
             if array.nbytes != writer.tensors[0][name].nbytes:
-                raise RuntimeError(f"tensor {name!r} has {array.nbytes} bytes, the table declared "
-                                   f"{writer.tensors[0][name].nbytes}")  # fmt: skip
+                raise RuntimeError(
+                    f"tensor {name!r} has {array.nbytes} bytes, the table declared "
+                    f"{writer.tensors[0][name].nbytes}"
+                )
             writer.write_tensor_data(array)
 
     put(_globals(tensors))

@@ -55,13 +55,33 @@ class Shape:
     prefill: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "k_heads", "v_heads", "k_dim", "v_dim",
-                     "experts", "top_k", "inter", "shared", "vocab", "prefill"):  # fmt: skip
+        for name in (
+            "layers",
+            "hidden",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "k_heads",
+            "v_heads",
+            "k_dim",
+            "v_dim",
+            "experts",
+            "top_k",
+            "inter",
+            "shared",
+            "vocab",
+            "prefill",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        for name, k in (("hidden", self.hidden), ("heads * head_dim", self.heads * self.head_dim),
-                        ("v_dim", self.v_dim), ("inter", self.inter), ("shared", self.shared)):  # fmt: skip
+        for name, k in (
+            ("hidden", self.hidden),
+            ("heads * head_dim", self.heads * self.head_dim),
+            ("v_dim", self.v_dim),
+            ("inter", self.inter),
+            ("shared", self.shared),
+        ):
             if k % QK:
                 raise ValueError(f"{name} must be a multiple of {QK} (the Q4_0 block), got {k}")
         if self.top_k > self.experts:
@@ -72,35 +92,83 @@ class Shape:
     ) -> Shape:
         """This shape with fewer layers / experts (top-k capped at them) / a smaller vocabulary."""
         experts = experts if experts is not None else self.experts
-        return replace(self, layers=layers if layers is not None else self.layers, experts=experts,
-                       top_k=min(self.top_k, experts) if isinstance(experts, int) else self.top_k,
-                       vocab=vocab if vocab is not None else self.vocab)  # fmt: skip
+        return replace(
+            self,
+            layers=layers if layers is not None else self.layers,
+            experts=experts,
+            top_k=min(self.top_k, experts) if isinstance(experts, int) else self.top_k,
+            vocab=vocab if vocab is not None else self.vocab,
+        )
 
 
 QWEN35_35B_A3B = Shape()
 #: Every width scaled down, for a CPU run of the whole bench in seconds.
-SMALL = Shape(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, k_heads=2, v_heads=4, k_dim=32, v_dim=32,
-              experts=8, top_k=2, inter=64, shared=64, vocab=1024, prefill=32)  # fmt: skip
+SMALL = Shape(
+    layers=4,
+    hidden=256,
+    heads=4,
+    kv_heads=2,
+    head_dim=64,
+    k_heads=2,
+    v_heads=4,
+    k_dim=32,
+    v_dim=32,
+    experts=8,
+    top_k=2,
+    inter=64,
+    shared=64,
+    vocab=1024,
+    prefill=32,
+)
 
 
 def hf_config(shape: Shape) -> dict:
     """The HF ``config.json`` dict (``qwen3_5_moe_text``) of ``shape``."""
     s = shape
-    return {"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "vocab_size": s.vocab,
-            "hidden_size": s.hidden, "num_hidden_layers": s.layers, "full_attention_interval": 4,
-            "layer_types": ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(s.layers)],
-            "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
-            "linear_conv_kernel_dim": 4, "linear_key_head_dim": s.k_dim, "linear_value_head_dim": s.v_dim,
-            "linear_num_key_heads": s.k_heads, "linear_num_value_heads": s.v_heads, "num_experts": s.experts,
-            "num_experts_per_tok": s.top_k, "moe_intermediate_size": s.inter,
-            "shared_expert_intermediate_size": s.shared, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-            "attention_bias": False, "tie_word_embeddings": False, "max_position_embeddings": 262144,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                                "mrope_section": [11, 11, 10], "mrope_interleaved": True}}  # fmt: skip
+    return {
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "model_type": "qwen3_5_moe_text",
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "num_hidden_layers": s.layers,
+        "full_attention_interval": 4,
+        "layer_types": [
+            "linear_attention" if (i + 1) % 4 else "full_attention" for i in range(s.layers)
+        ],
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": s.k_dim,
+        "linear_value_head_dim": s.v_dim,
+        "linear_num_key_heads": s.k_heads,
+        "linear_num_value_heads": s.v_heads,
+        "num_experts": s.experts,
+        "num_experts_per_tok": s.top_k,
+        "moe_intermediate_size": s.inter,
+        "shared_expert_intermediate_size": s.shared,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 262144,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+    }
 
 
-_ZERO_CENTRED = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight",
-                 "model.norm.weight")  # fmt: skip
+_ZERO_CENTRED = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "q_norm.weight",
+    "k_norm.weight",
+    "model.norm.weight",
+)
 
 
 class RandomTensors(Mapping):

@@ -100,7 +100,8 @@ def parser() -> argparse.ArgumentParser:
         prog="ftlab",
         formatter_class=HelpFormatter,
         epilog="'ftlab COMMAND --help' shows a command's options.",
-        description="The kernels of a hybrid CPU/GPU MoE inference engine, from the shell. An error prints "
+        description="The kernels of a hybrid CPU/GPU MoE inference engine, from the shell. An "
+        "error prints "
         "one line and exits 2 (a bad option) or 1; --debug shows its traceback.",
     )
     top.add_argument("--version", action="version", version=f"ftlab {ftlab.__version__}")
@@ -133,7 +134,8 @@ def parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--shape",
-        help="the op's dims, comma-separated in its order, e.g. M,K,N for quant_matmul (default: none; "
+        help="the op's dims, comma-separated in its order, e.g. M,K,N for quant_matmul (default: "
+        "none; "
         "--explain needs it)",
     )
     e.add_argument("--dtype", default="bf16", help="activations' dtype and weights' quant type(s)")

@@ -20,7 +20,8 @@ BENCHES = {
 MODEL_ARCHS = {"qwen3moe": "ftlab.bench.model", "qwen35moe": "ftlab.bench.qwen35moe"}
 QWEN35 = "'ftlab bench model --arch qwen35moe'"
 GGUF = "'ftlab bench model --gguf FILE'"
-#: ``ftlab bench`` options: (what takes them, the benches that do: an op, or model's qwen3moe, qwen35moe, gguf).
+#: ``ftlab bench`` options: (what takes them, the benches that do: an op, or model's qwen3moe,
+#: qwen35moe, gguf).
 BENCH_OPTIONS = {
     "arch": ("'ftlab bench model'", {"qwen3moe", "qwen35moe"}),
     "gguf": ("'ftlab bench model'", {"gguf"}),
@@ -48,7 +49,8 @@ def cmd_bench(args) -> int:
             flag = "--" + name.replace("_", "-")
             if bench == "gguf":
                 raise ValueError(
-                    f"{flag} cannot go with --gguf (the file is the model, its general.architecture "
+                    f"{flag} cannot go with --gguf (the file is the model, its "
+                    "general.architecture "
                     "the shape)"
                 )
             raise ValueError(f"{flag} is an option of {owner} only")
@@ -120,7 +122,8 @@ def add_parser(p) -> None:
     m.add_argument(
         "--arch",
         choices=sorted(MODEL_ARCHS),
-        help="qwen3moe: the Qwen3-30B-A3B shape; qwen35moe: the Qwen3.6-35B-A3B shape (hybrid DeltaNet) "
+        help="qwen3moe: the Qwen3-30B-A3B shape; qwen35moe: the Qwen3.6-35B-A3B shape (hybrid "
+        "DeltaNet) "
         "(default: qwen3moe)",
     )
     m.add_argument(
@@ -156,7 +159,8 @@ def add_parser(p) -> None:
     m.add_argument(
         "--experts",
         type=option(int, "an int", at_least_one("--experts")),
-        help="this many experts a layer, top-k capped at them (default: the shape's, 256; --small: 8)",
+        help="this many experts a layer, top-k capped at them (default: the shape's, 256; --small: "
+        "8)",
     )
     m.add_argument(
         "--vocab",
@@ -166,7 +170,8 @@ def add_parser(p) -> None:
     m.add_argument(
         "--tp",
         type=option(int, "an int", at_least_one("--tp")),
-        help="--gguf (qwen3moe): tensor / expert parallelism over this many ranks, each on its own GPU; "
+        help="--gguf (qwen3moe): tensor / expert parallelism over this many ranks, each on its own "
+        "GPU; "
         "start them with torchrun --nproc-per-node N -m ftlab bench model --gguf FILE --tp N "
         "(rank 0 reports) (default: 1)",
     )
@@ -174,8 +179,10 @@ def add_parser(p) -> None:
         "--hybrid-slots",
         metavar="N",
         type=option(int, "an int", check.hybrid_slots),
-        help="--gguf (qwen3moe): also decode with N of every layer's experts on the GPU, the rest on the "
-        "CPU (static and lru residency), and with --llama-bench llama-bench -ncmoe at the same share "
+        help="--gguf (qwen3moe): also decode with N of every layer's experts on the GPU, the rest "
+        "on the "
+        "CPU (static and lru residency), and with --llama-bench llama-bench -ncmoe at the same "
+        "share "
         "of the expert bytes on the CPU (default: not run)",
     )
     m.add_argument(

@@ -20,7 +20,8 @@ ENV_VARS = {
     "set before ftlab is imported)",
     "FTLAB_CACHE_DIR": "where tiny models and JIT-built kernels are kept (default ~/.cache/ftlab)",
     "FTLAB_CPU_THREADS": "OpenMP threads of the hybrid CPU expert worker (default: cores - 2)",
-    "FTLAB_CPU_ISA": "native (default) | avx2 (x86-64-v3) | portable (no -march): the CPU kernels' build",
+    "FTLAB_CPU_ISA": "native (default) | avx2 (x86-64-v3) | portable (no -march): the CPU "
+    "kernels' build",
     "FTLAB_HYBRID_MECHANISM": "host_func | stream_memop | eager: force the hybrid handshake",
     "FTLAB_HYBRID_PROBE_FAIL": "handshakes (comma-separated, or all) whose probe is made to fail",
     "CUDA_HOME, ROCM_HOME": "where nvcc / hipcc are, for the HIP JIT (or CUDA_PATH, ROCM_PATH)",
@@ -76,13 +77,16 @@ def run_once(pipe, args) -> int:
         ex = pipe.executors[0]
         where = (
             (
-                f"every expert of {len(pipe.executors)} of {pipe.config.num_hidden_layers} layers on the CPU, the "
-                f"other layers' on {pipe.device} (the share of {args.hybrid_slots} of {pipe.config.num_experts} a "
+                f"every expert of {len(pipe.executors)} of {pipe.config.num_hidden_layers} layers "
+                "on the CPU, the "
+                f"other layers' on {pipe.device} (the share of {args.hybrid_slots} of "
+                f"{pipe.config.num_experts} a "
                 "layer)"
             )
             if args.hybrid_policy == "layers"
             else (
-                f"{args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} ({args.hybrid_policy}), "
+                f"{args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} "
+                f"({args.hybrid_policy}), "
                 "the rest on the CPU"
             )
         )
@@ -112,7 +116,8 @@ def run_once(pipe, args) -> int:
     )
     ranks = f", tp = {pipe.tp.world} ranks" if pipe.tp is not None else ""
     print(
-        f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, {pipe.device}{ranks}, {decode}]"
+        f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, "
+        f"{pipe.device}{ranks}, {decode}]"
     )
     if pipe.executors:
         hits = sum(ex.policy.hits for ex in pipe.executors)
@@ -133,15 +138,18 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
         parents=common,
         formatter_class=HelpFormatter,
         help="generate text with a model (a tiny model name, a HF directory or a .gguf)",
-        description="Generate text with a Qwen3-MoE, Qwen3.5-MoE or Qwen3-Next model, printing tokens as they come "
+        description="Generate text with a Qwen3-MoE, Qwen3.5-MoE or Qwen3-Next model, printing "
+        "tokens as they come "
         "and the tokens/s.",
-        epilog=f"environment variables:\n{env}\n\nexample:\n  ftlab run --model tiny-qwen3-moe --stages "
+        epilog=f"environment variables:\n{env}\n\nexample:\n  ftlab run --model tiny-qwen3-moe "
+        "--stages "
         "--compare triton q4_0_matmul=triton,route_topk=reference",
     )
     p.add_argument(
         "--model",
         default="tiny-qwen3-moe",
-        help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, tiny-qwen3-next), a HF "
+        help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, "
+        "tiny-qwen3-next), a HF "
         "directory or a .gguf file (qwen3moe, qwen35moe or qwen3next)",
     )
     p.add_argument(

@@ -31,8 +31,14 @@ def job_kind(w_gate_up, w_down) -> int:
     return bank_kind(w_gate_up) | bank_kind(w_down) << 8
 
 
-def moe_experts(x: torch.Tensor, w_gate_up, w_down, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                path: str) -> torch.Tensor:  # fmt: skip
+def moe_experts(
+    x: torch.Tensor,
+    w_gate_up,
+    w_down,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    path: str,
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.moe_experts` (arguments validated there: CPU tensors,
     banks both quantized or both dense, quantized on the int8 path). Dense banks of two dtypes
     are computed in w_gate_up's."""
@@ -43,10 +49,16 @@ def moe_experts(x: torch.Tensor, w_gate_up, w_down, topk_weights: torch.Tensor, 
     down_kind = bank_kind(w_down) if quant else gate_kind
     y = torch.empty(x.shape, dtype=torch.float32)
     if x.shape[0]:
-        jit.load_cpu(MODULE).moe_experts_cpu(x.float().contiguous(), gu.contiguous(), dn.contiguous(),
-                                             topk_ids.to(torch.int32).contiguous(),
-                                             topk_weights.float().contiguous(), y, gate_kind,
-                                             down_kind)  # fmt: skip
+        jit.load_cpu(MODULE).moe_experts_cpu(
+            x.float().contiguous(),
+            gu.contiguous(),
+            dn.contiguous(),
+            topk_ids.to(torch.int32).contiguous(),
+            topk_weights.float().contiguous(),
+            y,
+            gate_kind,
+            down_kind,
+        )
     return y.to(x.dtype)
 
 

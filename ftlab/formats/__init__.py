@@ -13,4 +13,5 @@ class CheckpointError(ValueError):
 
 class DequantizedWarning(UserWarning):
     """Some tensors of a GGUF file have a type with no ftlab kernel and were loaded dequantized
-    (dense, in the model's dtype: more memory, and the dense matmul instead of the quantized one)."""
+    (dense, in the model's dtype: more memory, and the dense matmul instead of the quantized
+    one)."""

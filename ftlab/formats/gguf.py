@@ -49,19 +49,34 @@ FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 #: Types read packed, as QuantWeight: those ftlab has kernels for (ftlab.quant.QTYPES).
 PACKED_TYPES = tuple(QT[name] for name in QTYPES)
 #: Types a model multiplies as they are stored (floats, Q4_0 through ``q4_0_matmul``, Q8_0 and the
-#: K-quants through ``quant_matmul``); tensors of the others run dequantized (:func:`dequantized_types`).
+#: K-quants through ``quant_matmul``); tensors of the others run dequantized
+#: (:func:`dequantized_types`).
 MATMUL_TYPES = (*FLOAT_TYPES, QT.Q4_0, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp's tensors have at most four dimensions
 # GGUFReader walks nested arrays recursively, one Python frame a level; no GGUF key needs more
 # than an array of arrays, and a bound keeps a file of nested array headers from exhausting
 # the interpreter's stack
 MAX_ARRAY_NESTING = 4
-_SCALAR_BYTES = {VT.UINT8: 1, VT.INT8: 1, VT.UINT16: 2, VT.INT16: 2, VT.UINT32: 4, VT.INT32: 4,
-                 VT.FLOAT32: 4, VT.BOOL: 1, VT.UINT64: 8, VT.INT64: 8, VT.FLOAT64: 8}  # fmt: skip
+_SCALAR_BYTES = {
+    VT.UINT8: 1,
+    VT.INT8: 1,
+    VT.UINT16: 2,
+    VT.INT16: 2,
+    VT.UINT32: 4,
+    VT.INT32: 4,
+    VT.FLOAT32: 4,
+    VT.BOOL: 1,
+    VT.UINT64: 8,
+    VT.INT64: 8,
+    VT.FLOAT64: 8,
+}
 _INT_TYPES = {VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64}
 _FLOAT_TYPES = {VT.FLOAT32, VT.FLOAT64}
-_KINDS = {"int": (_INT_TYPES, "an integer"), "float": (_FLOAT_TYPES, "a float"),
-          "str": ({VT.STRING}, "a string")}  # fmt: skip
+_KINDS = {
+    "int": (_INT_TYPES, "an integer"),
+    "float": (_FLOAT_TYPES, "a float"),
+    "str": ({VT.STRING}, "a string"),
+}
 
 
 class GGUFError(CheckpointError):
@@ -138,8 +153,10 @@ class _Cursor:
 
     def skip(self, n: int, what: str) -> int:
         if n > self.size - self.pos:
-            raise self.fail(f"{what} needs {n} bytes at offset {self.pos}, but the file "
-                            f"({self.size} bytes) has {self.size - self.pos} left")  # fmt: skip
+            raise self.fail(
+                f"{what} needs {n} bytes at offset {self.pos}, but the file "
+                f"({self.size} bytes) has {self.size - self.pos} left"
+            )
         start, self.pos = self.pos, self.pos + n
         return start
 
@@ -187,12 +204,16 @@ class _Cursor:
                 item = _value_type(self.u32(f"{where}: array item type"), self, where)
                 count = self.u64(f"{where}: array length")
                 if item == VT.ARRAY and depth + 1 >= MAX_ARRAY_NESTING:
-                    raise self.fail(f"{where}: arrays nested deeper than {MAX_ARRAY_NESTING} levels")
+                    raise self.fail(
+                        f"{where}: arrays nested deeper than {MAX_ARRAY_NESTING} levels"
+                    )
                 least = _SCALAR_BYTES.get(item, 12 if item == VT.ARRAY else 8)
                 if count > (self.size - self.pos) // least:
-                    raise self.fail(f"{where}: an array of {count} {item.name} values needs at "
-                                    f"least {count * least} bytes, the file has "
-                                    f"{self.size - self.pos} left")  # fmt: skip
+                    raise self.fail(
+                        f"{where}: an array of {count} {item.name} values needs at "
+                        f"least {count * least} bytes, the file has "
+                        f"{self.size - self.pos} left"
+                    )
                 frames.append([item, count, depth + 1])
 
 
@@ -232,8 +253,16 @@ def _walk(cur: _Cursor) -> GGUFLayout:
     metadata, alignment = _metadata(cur, n_kv)
     names: set[str] = set()
     tensors = tuple(_tensor_entry(cur, i, names) for i in range(n_tensors))
-    layout = GGUFLayout(cur.path, cur.size, version, alignment, metadata, tensors, cur.pos,
-                        _align(cur.pos, alignment))  # fmt: skip
+    layout = GGUFLayout(
+        cur.path,
+        cur.size,
+        version,
+        alignment,
+        metadata,
+        tensors,
+        cur.pos,
+        _align(cur.pos, alignment),
+    )
     _check_extents(layout)
     return layout
 
@@ -247,16 +276,19 @@ def _header(cur: _Cursor) -> tuple[int, int, int]:
     version = cur.u32("version")
     if version not in (2, 3):
         if version & 0xFFFF == 0 and (version >> 24) in (2, 3):
-            raise cur.fail("big-endian GGUF files are not supported (the version reads "
-                           f"{version:#x})")  # fmt: skip
+            raise cur.fail(
+                f"big-endian GGUF files are not supported (the version reads {version:#x})"
+            )
         raise cur.fail(f"GGUF version must be 2 or 3, got {version}")
     n_tensors = cur.u64("GGUF.tensor_count")
     n_kv = cur.u64("GGUF.kv_count")
     # the smallest key/value entry is 13 bytes (empty key, type, one byte), the smallest
     # tensor entry 32 (empty name, n_dims, one dim, type, offset)
     if n_kv * 13 + n_tensors * 32 > cur.size - cur.pos:
-        raise cur.fail(f"GGUF.kv_count {n_kv} and GGUF.tensor_count {n_tensors} cannot fit in "
-                       f"the {cur.size - cur.pos} bytes after the header")  # fmt: skip
+        raise cur.fail(
+            f"GGUF.kv_count {n_kv} and GGUF.tensor_count {n_tensors} cannot fit in "
+            f"the {cur.size - cur.pos} bytes after the header"
+        )
     return version, n_tensors, n_kv
 
 
@@ -273,10 +305,14 @@ def _metadata(cur: _Cursor, n_kv: int) -> tuple[tuple[MetadataEntry, ...], int]:
         entries.append(MetadataEntry(key, start, vtype, value_start, cur.pos))
         if key == "general.alignment":
             if vtype != VT.UINT32:
-                raise cur.fail(f"metadata 'general.alignment' must be a UINT32, got {VT(vtype).name}")
+                raise cur.fail(
+                    f"metadata 'general.alignment' must be a UINT32, got {VT(vtype).name}"
+                )
             alignment = struct.unpack_from("<I", cur.buf, value_start)[0]
             if alignment == 0 or alignment & (alignment - 1):
-                raise cur.fail(f"metadata 'general.alignment' must be a power of two, got {alignment}")
+                raise cur.fail(
+                    f"metadata 'general.alignment' must be a power of two, got {alignment}"
+                )
     return tuple(entries), alignment
 
 
@@ -299,8 +335,10 @@ def _tensor_entry(cur: _Cursor, i: int, names: set[str]) -> TensorEntry:
     except (ValueError, KeyError):
         raise cur.fail(f"{where}: type {raw_type} is not a GGML tensor type") from None
     if dims[0] % block:
-        raise cur.fail(f"{where}: {qtype.name} row length {dims[0]} is not a multiple of its "
-                       f"block size {block}")  # fmt: skip
+        raise cur.fail(
+            f"{where}: {qtype.name} row length {dims[0]} is not a multiple of its "
+            f"block size {block}"
+        )
     offset = cur.u64(f"{where}: data offset")
     return TensorEntry(name, start, dims, qtype, offset, math.prod(dims) // block * type_size)
 
@@ -318,26 +356,38 @@ def _check_extents(layout: GGUFLayout) -> None:
     for t in layout.tensors:
         where = f"{path}: tensor '{t.name}'"
         if layout.data_start + t.offset + t.nbytes > size:
-            raise GGUFError(f"{where}: data [offset {t.offset}, {t.nbytes} bytes] runs past the end "
-                            f"of the file ({size} bytes, data section at {layout.data_start})")  # fmt: skip
+            raise GGUFError(
+                f"{where}: data [offset {t.offset}, {t.nbytes} bytes] runs past the end "
+                f"of the file ({size} bytes, data section at {layout.data_start})"
+            )
         if t.offset % a:
-            raise GGUFError(f"{where}: data offset {t.offset} is not a multiple of the "
-                            f"alignment {a}")  # fmt: skip
+            raise GGUFError(
+                f"{where}: data offset {t.offset} is not a multiple of the alignment {a}"
+            )
         if t.offset < expected:
-            raise GGUFError(f"{where}: data [offset {t.offset}, {t.nbytes} bytes] overlaps tensor "
-                            f"{_describe(before)}, which ends at {before.offset + before.nbytes}")  # fmt: skip
+            raise GGUFError(
+                f"{where}: data [offset {t.offset}, {t.nbytes} bytes] overlaps tensor "
+                f"{_describe(before)}, which ends at {before.offset + before.nbytes}"
+            )
         if t.offset > expected:
-            after = (f"tensor {_describe(before)} ends at {expected} (padded to {a})" if before
-                     else "the data section starts at 0")
-            raise GGUFError(f"{where}: data starts at offset {t.offset}, but {after}: "
-                            f"{t.offset - expected} bytes belong to no tensor (a type or shape "
-                            f"that does not match the data?)")  # fmt: skip
+            after = (
+                f"tensor {_describe(before)} ends at {expected} (padded to {a})"
+                if before
+                else "the data section starts at 0"
+            )
+            raise GGUFError(
+                f"{where}: data starts at offset {t.offset}, but {after}: "
+                f"{t.offset - expected} bytes belong to no tensor (a type or shape "
+                f"that does not match the data?)"
+            )
         expected, before = _align(t.offset + t.nbytes, a), t
     if before is not None:
         trailing = size - (layout.data_start + before.offset + before.nbytes)
         if trailing >= a:
-            raise GGUFError(f"{path}: {trailing} bytes after the last tensor {_describe(before)} "
-                            f"belong to no tensor (a type or shape that does not match the data?)")  # fmt: skip
+            raise GGUFError(
+                f"{path}: {trailing} bytes after the last tensor {_describe(before)} "
+                f"belong to no tensor (a type or shape that does not match the data?)"
+            )
 
 
 def open_reader(path: str | Path) -> gguf.GGUFReader:
@@ -397,8 +447,10 @@ def tensor_from_reader(t, path: Path | str = "") -> torch.Tensor | QuantWeight:
         try:
             values = gguf.quants.dequantize(data, t.tensor_type)
         except NotImplementedError as e:  # integer tensors (I8 ... I64), F64, Q8_1, Q8_K
-            raise GGUFError(f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which neither ftlab nor "
-                            "gguf-py can dequantize") from e  # fmt: skip
+            raise GGUFError(
+                f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which neither ftlab nor "
+                "gguf-py can dequantize"
+            ) from e
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
     if t.tensor_type == QT.BF16:
         return (

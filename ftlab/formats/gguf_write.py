@@ -1,4 +1,5 @@
-"""Writing GGUF files through the ``gguf`` package's GGUFWriter (reading: ``ftlab.formats.gguf``)."""
+"""Writing GGUF files through the ``gguf`` package's GGUFWriter (reading:
+``ftlab.formats.gguf``)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def write_tensors(
         else:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise GGUFError(
-                f"{path}: tensor {name!r}: cannot write {got} (QuantWeight, Blocks, float32, float16, bfloat16)"
+                f"{path}: tensor {name!r}: cannot write {got} (QuantWeight, Blocks, float32, "
+                "float16, bfloat16)"
             )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -39,12 +39,16 @@ def _weight_map(index_file: Path) -> dict[str, str]:
     index = _read_json(index_file)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index_file}: 'weight_map' must be a non-empty object "
-                              f"{{tensor: shard file}}, got {weight_map!r:.80}")  # fmt: skip
+        raise CheckpointError(
+            f"{index_file}: 'weight_map' must be a non-empty object "
+            f"{{tensor: shard file}}, got {weight_map!r:.80}"
+        )
     for tensor, shard in weight_map.items():
         if not isinstance(shard, str) or shard in ("", ".", "..") or Path(shard).name != shard:
-            raise CheckpointError(f"{index_file}: weight_map['{tensor}'] must be a file name in "
-                                  f"the directory, got {shard!r}")  # fmt: skip
+            raise CheckpointError(
+                f"{index_file}: weight_map['{tensor}'] must be a file name in "
+                f"the directory, got {shard!r}"
+            )
     return weight_map
 
 
@@ -75,8 +79,10 @@ class SafetensorsShards:
         for name, handle in self.handles.items():
             for tensor in handle.keys():
                 if tensor in self.where:
-                    raise CheckpointError(f"{path}: tensor '{tensor}' is in two shards, "
-                                          f"{self.where[tensor]} and {name}")  # fmt: skip
+                    raise CheckpointError(
+                        f"{path}: tensor '{tensor}' is in two shards, "
+                        f"{self.where[tensor]} and {name}"
+                    )
                 self.where[tensor] = name
         if weight_map is not None:
             self._check_index(index_file, weight_map)
@@ -85,16 +91,26 @@ class SafetensorsShards:
         """The index and the shards agree, tensor by tensor."""
         for tensor, shard in weight_map.items():
             if self.where.get(tensor) != shard:
-                found = f"it is in {self.where[tensor]}" if tensor in self.where else "no shard has it"
-                raise CheckpointError(f"{index_file}: tensor '{tensor}' is mapped to {shard}, which "
-                                      f"does not hold it ({found})")  # fmt: skip
+                found = (
+                    f"it is in {self.where[tensor]}" if tensor in self.where else "no shard has it"
+                )
+                raise CheckpointError(
+                    f"{index_file}: tensor '{tensor}' is mapped to {shard}, which "
+                    f"does not hold it ({found})"
+                )
         for tensor, shard in self.where.items():
             if tensor not in weight_map:
-                raise CheckpointError(f"{index_file}: tensor '{tensor}' of {shard} is not in "
-                                      f"'weight_map' (a stale index or shard?)")  # fmt: skip
+                raise CheckpointError(
+                    f"{index_file}: tensor '{tensor}' of {shard} is not in "
+                    f"'weight_map' (a stale index or shard?)"
+                )
 
-    def read(self, name: str, rows: tuple[int, int] | None = None, columns: tuple[int, int] | None = None,
-             ) -> tuple[torch.Tensor, tuple[int, ...], Path]:  # fmt: skip
+    def read(
+        self,
+        name: str,
+        rows: tuple[int, int] | None = None,
+        columns: tuple[int, int] | None = None,
+    ) -> tuple[torch.Tensor, tuple[int, ...], Path]:
         """Tensor ``name`` as stored (its dtype, on the host), its stored shape and its file.
         ``rows``: ``(start, stop)`` -- only those rows along dim 0 (``[stop - start, ...]``; fewer
         when the tensor has fewer: check the stored shape), a safetensors slice that reads only
@@ -116,17 +132,27 @@ class SafetensorsShards:
         except Exception as e:  # SafetensorError
             raise CheckpointError(f"{file}: tensor {name!r} cannot be read: {e}") from e
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-            rows: tuple[int, int] | None = None, columns: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        rows: tuple[int, int] | None = None,
+        columns: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
         """Tensor ``name``, checked to be a float tensor of ``shape``, in ``dtype`` on
         ``device``; ``rows``: ``(start, stop)``, only those rows read (:meth:`read`), ``[stop -
         start, *shape[1:]]``; ``columns`` likewise, ``[shape[0], stop - start]``."""
         t, stored, file = self.read(name, rows, columns)
         if not t.dtype.is_floating_point:
-            raise CheckpointError(f"{file}: tensor {name!r} has dtype {t.dtype}, expected a "
-                                  "floating-point dtype")  # fmt: skip
+            raise CheckpointError(
+                f"{file}: tensor {name!r} has dtype {t.dtype}, expected a floating-point dtype"
+            )
         if stored != tuple(shape):
-            raise CheckpointError(f"{file}: tensor {name!r} has shape {stored}, expected {tuple(shape)}")
+            raise CheckpointError(
+                f"{file}: tensor {name!r} has shape {stored}, expected {tuple(shape)}"
+            )
         return t.to(device=device, dtype=dtype)
 
 
@@ -146,6 +172,7 @@ def stored_dtype(hf: dict, config_file: Path) -> torch.dtype:
     key = "torch_dtype" if hf.get("torch_dtype") is not None else "dtype"
     stored = "bfloat16" if hf.get(key) is None else hf[key]
     if not isinstance(stored, str) or stored not in DTYPES:
-        raise CheckpointError(f"{config_file}: {key} must be one of {sorted(DTYPES)} (or pass dtype=), got "
-                              f"{stored!r}")  # fmt: skip
+        raise CheckpointError(
+            f"{config_file}: {key} must be one of {sorted(DTYPES)} (or pass dtype=), got {stored!r}"
+        )
     return DTYPES[stored]

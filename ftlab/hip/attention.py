@@ -5,7 +5,8 @@
   caches): one launch (``decode_attention_tiles``), a block per (key head, sequence, split), every
   sequence's live splits dispatched before any dead one, whose
   four row groups of 32 lanes walk its tiles with their own online softmax, holding their key and
-  value rows in registers, and meet at the split's end; the last block of a (sequence, key head) to finish
+  value rows in registers, and meet at the split's end; the last block of a (sequence, key head) to
+  finish
   merges the splits (a counter per (sequence, key head) in one zeroed int32 buffer per device, made
   by the first call and left zeros by every launch; so, like the router's, one stream at a time
   on a device: two of these launches running at once on different streams would share counters).
@@ -59,27 +60,38 @@ def tile_plan(s: int, d: int, rows: int | None = None) -> tuple[int, int]:
 
 def tile_want(b: int, kvh: int, device: torch.device, d: int) -> int:
     """The most live splits a (sequence, key head) of the one-launch kernel on ``device`` for ``b``
-    sequences of ``kvh`` key heads of head dim ``d`` (128 or 256): :data:`TILE_MAX_SPLITS` where that
-    many for every one are resident at once, else ~:data:`TILE_BLOCKS_PER_SM` blocks a multiprocessor
+    sequences of ``kvh`` key heads of head dim ``d`` (128 or 256): :data:`TILE_MAX_SPLITS` where
+    that
+    many for every one are resident at once, else ~:data:`TILE_BLOCKS_PER_SM` blocks a
+    multiprocessor
     over them; the kernel grows a sequence's split past the plan's chunk by whole tiles where its
     live positions would make more."""
     if d not in TILE_HEAD_DIMS:
-        raise ValueError(f"the one-launch kernel takes head dim {' or '.join(map(str, TILE_HEAD_DIMS))}, got {d}")
+        raise ValueError(
+            f"the one-launch kernel takes head dim {' or '.join(map(str, TILE_HEAD_DIMS))}, got {d}"
+        )
     sms, heads = ftplatform.multiprocessors(device), max(1, b * kvh)
     if heads * TILE_MAX_SPLITS <= TILE_RESIDENT_PER_SM[d] * sms:  # every split resident at once
         return TILE_MAX_SPLITS
     return max(1, min(TILE_MAX_SPLITS, -(-int(TILE_BLOCKS_PER_SM[d] * sms) // heads)))
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                     scale: float, quantize: bool = False,
-                     variant: str | None = None,
-                     call: Call | None = None) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    quantize: bool = False,
+    variant: str | None = None,
+    call: Call | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:
     """Backend entry of :func:`ftlab.ops.decode_attention` (ops checked the layouts; ``quantize``:
     also out's Q8_1, written by the one-launch kernel, else by hip's ``quantize_q8_1`` after).
     ``variant``: ``"tiles"`` (the one-launch kernel: fp16 / bf16, head dim 128 or 256, 16-byte
     aligned) or ``"split"``; None: the planner's default; one that cannot serve raises
-    ``BackendUnavailable`` (as do more than 8 query heads a key head or head dim past 256). The layouts are checked
+    ``BackendUnavailable`` (as do more than 8 query heads a key head or head dim past 256). The
+    layouts are checked
     here too: the op's checks may be off."""
     argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
@@ -104,19 +116,47 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         want = tile_want(b, kvh, q.device, d)
         if quantize:  # the kernel writes out's Q8_1 too
             q8 = Q8_1.empty(b, h * d, q.device)
-            jit.on_device(q.device, lambda: module.decode_attention_tiles_q8(
-                q, k, v, lengths, ml, acc, counters, out, q8.q, q8.d, q8.s, chunk, splits, want, rows, float(scale)))  # fmt: skip
+            jit.on_device(
+                q.device,
+                lambda: module.decode_attention_tiles_q8(
+                    q,
+                    k,
+                    v,
+                    lengths,
+                    ml,
+                    acc,
+                    counters,
+                    out,
+                    q8.q,
+                    q8.d,
+                    q8.s,
+                    chunk,
+                    splits,
+                    want,
+                    rows,
+                    float(scale),
+                ),
+            )
             return out, q8
-        jit.on_device(q.device, lambda: module.decode_attention_tiles(q, k, v, lengths, ml, acc, counters, out, chunk,
-                                                                      splits, want, rows, float(scale)))  # fmt: skip
+        jit.on_device(
+            q.device,
+            lambda: module.decode_attention_tiles(
+                q, k, v, lengths, ml, acc, counters, out, chunk, splits, want, rows, float(scale)
+            ),
+        )
     else:
-        jit.on_device(q.device, lambda: module.decode_attention(q, k, v, lengths, ml, acc, out, chunk, splits,
-                                                                float(scale)))  # fmt: skip
+        jit.on_device(
+            q.device,
+            lambda: module.decode_attention(
+                q, k, v, lengths, ml, acc, out, chunk, splits, float(scale)
+            ),
+        )
     return _with_q8(out, quantize)
 
 
 def _with_q8(out: torch.Tensor, quantize: bool) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:
-    """``out``, or ``(out, its Q8_1)`` by hip's quantize_q8_1 kernel (the paths that do not write it)."""
+    """``out``, or ``(out, its Q8_1)`` by hip's quantize_q8_1 kernel (the paths that do not write
+    it)."""
     if not quantize:
         return out
     from ftlab.hip.q4_0 import quantize_q8_1

@@ -20,8 +20,10 @@ def zeroed_counters(user: str, device: torch.device, n: int) -> torch.Tensor:
     c = _buffers.get(key)
     if c is None or c.numel() < n:
         if ftplatform.capturing(device):
-            raise RuntimeError(f"{user} (hip) makes its counters on its first call: call it once on this device "
-                               "with as many rows before capturing a graph (as a warm-up does)")  # fmt: skip
+            raise RuntimeError(
+                f"{user} (hip) makes its counters on its first call: call it once on this device "
+                "with as many rows before capturing a graph (as a warm-up does)"
+            )
         if c is not None:
             _retired.append(c)
         c = _buffers[key] = torch.zeros(n, dtype=torch.int32, device=device)

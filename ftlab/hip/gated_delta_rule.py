@@ -1,5 +1,6 @@
 """The gated delta rule through the HIP kernels of ``csrc/gated_delta_rule.hip`` and
-``csrc/gated_delta_rule_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32 state
+``csrc/gated_delta_rule_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32
+state
 columns) with its state slice in registers. Decode is one step written back in place. Prefill
 takes one of two variants: ``"scan"``, the recurrence scanned token by token over the sequence,
 any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks of 64 on the
@@ -31,8 +32,20 @@ CHUNK = 64
 PRECISIONS = {"fp32": 3, "bf16": 1}
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int,
-                     variant: str | None = None, precision: str = "fp32", call=None):  # fmt: skip
+def gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    scale: float,
+    l2norm_qk: bool,
+    chunk_size: int,
+    variant: str | None = None,
+    precision: str = "fp32",
+    call=None,
+):
     """Backend entry of :func:`ftlab.ops.gated_delta_rule` (contiguous q, k, v; g and beta fp32).
 
     ``variant``: ``"scan"`` (token by token) or ``"chunk"`` (two launches on the matrix cores:
@@ -71,8 +84,9 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
         sc = torch.empty(b, hv, nt, 4, CHUNK, dtype=torch.float32, device=q.device)
         jit.on_device(
             q.device,
-            lambda: module.gated_delta_chunk(q, k, v, g, beta, final, o, ab, attn, sc, float(scale), l2norm_qk,
-                                             planes),  # fmt: skip
+            lambda: module.gated_delta_chunk(
+                q, k, v, g, beta, final, o, ab, attn, sc, float(scale), l2norm_qk, planes
+            ),
         )
         return o, final
     jit.on_device(
@@ -82,8 +96,11 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     return o, final
 
 
-def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, cols: int = 0, gates=None, reset=None):
-    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in place).
+def gated_delta_step(
+    q, k, v, g, beta, state, scale: float, l2norm_qk: bool, cols: int = 0, gates=None, reset=None
+):
+    """Backend entry of :func:`ftlab.ops.gated_delta_step` (``state`` contiguous fp32, updated in
+    place).
 
     A block of 256 threads per (sequence, value head, ``cols`` state columns), 16-byte state
     accesses when Dv % 4 == 0 and the state is 16-byte aligned. ``cols``: 16 or 32, or 0 to pick
@@ -100,7 +117,22 @@ def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, col
     module = jit.module_for("gated_delta_rule", q.device)
     jit.on_device(
         q.device,
-        lambda: module.gated_delta_step(q, k, v, g, beta, state, o, float(scale), l2norm_qk, int(cols), a_neg,
-                                        dt_bias, flags, gates is not None, reset is not None),  # fmt: skip
+        lambda: module.gated_delta_step(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state,
+            o,
+            float(scale),
+            l2norm_qk,
+            int(cols),
+            a_neg,
+            dt_bias,
+            flags,
+            gates is not None,
+            reset is not None,
+        ),
     )
     return o

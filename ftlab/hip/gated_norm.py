@@ -8,7 +8,9 @@ import torch
 from ftlab import jit
 
 
-def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.gated_rmsnorm` (ops checked the layouts)."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     module = jit.module_for("gated_norm", x.device)

@@ -63,28 +63,35 @@ def _module(device: torch.device):
     return jit.module_for("moe", device)
 
 
-def route_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route_topk(
+    logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.route_topk`."""
     t, e = logits.shape
     if e > MAX_EXPERTS or top_k > MAX_TOP_K:
         raise ValueError(
-            f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = {e}, top_k = {top_k}"
+            f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = "
+            f"{e}, top_k = {top_k}"
         )
     weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=logits.device)
     logits = logits if logits.shape[1] <= 1 or logits.stride(1) == 1 else logits.contiguous()
     module = _module(logits.device)
-    jit.on_device(logits.device, lambda: module.moe_route_topk(logits, weights, ids, top_k, renormalize))
+    jit.on_device(
+        logits.device, lambda: module.moe_route_topk(logits, weights, ids, top_k, renormalize)
+    )
     return weights, ids
 
 
-def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
-                renormalize: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def router_topk(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.router_topk`."""
     t, e = x.shape[0], weight.shape[0]
     if e > MAX_EXPERTS or top_k > MAX_TOP_K:
         raise ValueError(
-            f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = {e}, top_k = {top_k}"
+            f"the hip router takes at most {MAX_EXPERTS} experts and top_k <= {MAX_TOP_K}, got E = "
+            f"{e}, top_k = {top_k}"
         )
     dev = x.device
     if t > ROUTER_GEMM_TOKENS and x.dtype != torch.float32 and _fp32_out_mm(dev, x.dtype):
@@ -102,8 +109,12 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, top_k: int,
     module = _module(dev)
     for a in range(0, t, ROUTER_MAX_TOKENS):  # the grid's y dimension holds 65535 tokens a launch
         b = min(a + ROUTER_MAX_TOKENS, t)
-        jit.on_device(dev, lambda a=a, b=b: module.moe_router_topk(x[a:b], weight, logits[a:b], weights[a:b], ids[a:b],
-                                                                   counters, top_k, renormalize))  # fmt: skip
+        jit.on_device(
+            dev,
+            lambda a=a, b=b: module.moe_router_topk(
+                x[a:b], weight, logits[a:b], weights[a:b], ids[a:b], counters, top_k, renormalize
+            ),
+        )
     return logits, weights, ids
 
 
@@ -126,9 +137,17 @@ def _rows16(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
-def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                            weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: one launch (``csrc/moe_route.hip``,
+def add_rmsnorm_router_topk(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+) -> tuple:
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: one launch
+    (``csrc/moe_route.hip``,
     add_rmsnorm's and router_topk's arithmetic) for up to ``DECODE_MAX_TOKENS`` tokens with the
     norm weight in x's dtype and 16-byte aligned rows of H a multiple of 16 bytes (at most 1024
     such pieces); otherwise hip's add_rmsnorm then hip's router_topk (the same bits)."""
@@ -136,10 +155,18 @@ def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm
     e = weight.shape[0]
     elems = 16 // x.element_size()
     fused = (
-        0 < t <= DECODE_MAX_TOKENS and norm_weight.dtype == x.dtype and h % elems == 0 and h <= 1024 * elems
-        and e <= MAX_EXPERTS and top_k <= MAX_TOP_K and norm_weight.is_contiguous() and norm_weight.data_ptr() % 16 == 0
-        and residual is not None and _rows16(x) and _rows16(residual)
-    )  # fmt: skip
+        0 < t <= DECODE_MAX_TOKENS
+        and norm_weight.dtype == x.dtype
+        and h % elems == 0
+        and h <= 1024 * elems
+        and e <= MAX_EXPERTS
+        and top_k <= MAX_TOP_K
+        and norm_weight.is_contiguous()
+        and norm_weight.data_ptr() % 16 == 0
+        and residual is not None
+        and _rows16(x)
+        and _rows16(residual)
+    )
     if not fused:
         y, s = add_rmsnorm(x, residual, norm_weight, eps)
         return (y, s, *router_topk(y, weight, top_k, renormalize))
@@ -152,12 +179,30 @@ def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm
     weight = weight if h <= 1 or weight.stride(1) == 1 else weight.contiguous()
     counters = zeroed_counters("router_topk", dev, ROUTER_MAX_TOKENS)
     module = _module(dev)
-    jit.on_device(dev, lambda: module.moe_norm_router_topk(x, residual, norm_weight, s, y, float(eps), weight, logits,
-                                                           weights, ids, counters, top_k, renormalize))  # fmt: skip
+    jit.on_device(
+        dev,
+        lambda: module.moe_norm_router_topk(
+            x,
+            residual,
+            norm_weight,
+            s,
+            y,
+            float(eps),
+            weight,
+            logits,
+            weights,
+            ids,
+            counters,
+            top_k,
+            renormalize,
+        ),
+    )
     return y, s, logits, weights, ids
 
 
-def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_align(
+    ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.moe_align`."""
     flat = ids.reshape(-1).to(torch.int32).contiguous()
     capacity = align_capacity(flat.numel(), num_experts, block_m)
@@ -167,7 +212,9 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     npad = torch.empty((1,), dtype=torch.int32, device=dev)
     counts = torch.empty((num_experts,), dtype=torch.int32, device=dev)
     module = _module(dev)
-    jit.on_device(dev, lambda: module.moe_align(flat, counts, sorted_ids, expert_ids, npad, block_m))
+    jit.on_device(
+        dev, lambda: module.moe_align(flat, counts, sorted_ids, expert_ids, npad, block_m)
+    )
     return sorted_ids, expert_ids, npad
 
 
@@ -179,6 +226,8 @@ def _bank(w, dtype: torch.dtype) -> torch.Tensor:
 
 #: the bank type codes of ``csrc/moe_kquant_launch.hip``
 KQ_CODES = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4}
+
+
 def _experts_kquant(x, w_gate_up, w_down, ids, wts, variant: str) -> torch.Tensor:
     """The int8 path on Q8_0 / K-quant banks (``csrc/moe_kquant.hip``), any T: Q8_1 x -> gate/up
     + SwiGLU (a 32-thread group a row) -> Q8_1 h -> down + the weighted sum over the slots."""
@@ -192,43 +241,84 @@ def _experts_kquant(x, w_gate_up, w_down, ids, wts, variant: str) -> torch.Tenso
         hd = torch.empty((t * top_k, inter // 32), dtype=torch.float32, device=dev)
         hs = torch.empty_like(hd)
         y = x.new_empty((t, hidden))
-        jit.on_device(dev, lambda: module.moe_experts_decode_kq(x, w_gate_up.data, KQ_CODES[w_gate_up.qtype], w_down.data,
-                                                                KQ_CODES[w_down.qtype], ids, wts, hq, hd, hs, y))  # fmt: skip
+        jit.on_device(
+            dev,
+            lambda: module.moe_experts_decode_kq(
+                x,
+                w_gate_up.data,
+                KQ_CODES[w_gate_up.qtype],
+                w_down.data,
+                KQ_CODES[w_down.qtype],
+                ids,
+                wts,
+                hq,
+                hd,
+                hs,
+                y,
+            ),
+        )
         return y
     # the kernels read 32-bit words of the blocks: an unaligned view is copied
-    gu, dn = (w.data if w.data.is_contiguous() and w.data.data_ptr() % 4 == 0 else w.data.clone()
-              for w in (w_gate_up, w_down))  # fmt: skip
+    gu, dn = (
+        w.data if w.data.is_contiguous() and w.data.data_ptr() % 4 == 0 else w.data.clone()
+        for w in (w_gate_up, w_down)
+    )
     x8 = quantize_q8_1(x)
     h = torch.empty((t * top_k, inter), dtype=torch.float32, device=dev)
-    jit.on_device(dev, lambda: module.moe_gate_up_kq(x8.q, x8.d, x8.s, gu, KQ_CODES[w_gate_up.qtype], ids, h))
+    jit.on_device(
+        dev, lambda: module.moe_gate_up_kq(x8.q, x8.d, x8.s, gu, KQ_CODES[w_gate_up.qtype], ids, h)
+    )
     h8 = quantize_q8_1(h)
     y = torch.empty((t, hidden), dtype=torch.float32, device=dev)
-    jit.on_device(dev, lambda: module.moe_down_kq(h8.q, h8.d, h8.s, dn, KQ_CODES[w_down.qtype], ids, wts, y))
+    jit.on_device(
+        dev, lambda: module.moe_down_kq(h8.q, h8.d, h8.s, dn, KQ_CODES[w_down.qtype], ids, wts, y)
+    )
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str, variant: str | None = None,
-                call: Call | None = None) -> torch.Tensor:  # fmt: skip
+def moe_experts(
+    x,
+    w_gate_up,
+    w_down,
+    topk_weights,
+    topk_ids,
+    path: str,
+    variant: str | None = None,
+    call: Call | None = None,
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.moe_experts` (quantized banks: ``path == "int8"``).
     ``variant``: ``"decode"`` / ``"gemm"`` (Q4_0 or dense banks), ``"vec"`` / ``"lanes"`` (other
     quantized banks); None: the planner's default; one that cannot serve raises
     ``BackendUnavailable``."""
     call = call or calls.experts(x, w_gate_up, w_down, topk_ids.shape[1])  # a plan passes its own
     variant = backends.variant_for("moe_experts", "hip", call, variant, path=path)
-    if isinstance(w_gate_up, QuantWeight) and not (isinstance(w_gate_up, Q4_0Weight)
-                                                   and isinstance(w_down, Q4_0Weight)):  # fmt: skip
+    if isinstance(w_gate_up, QuantWeight) and not (
+        isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)
+    ):
         if path != "int8":
-            raise ValueError(f"the hip experts implement the int8 path for quantized banks, got path={path!r}")
+            raise ValueError(
+                f"the hip experts implement the int8 path for quantized banks, got path={path!r}"
+            )
         if x.shape[0] == 0:
             return torch.empty(x.shape, dtype=x.dtype, device=x.device)
         x = x if x.stride(1) == 1 else x.contiguous()
-        return _experts_kquant(x, w_gate_up, w_down, topk_ids.to(torch.int32).contiguous(),
-                               topk_weights.contiguous(), variant)  # fmt: skip
+        return _experts_kquant(
+            x,
+            w_gate_up,
+            w_down,
+            topk_ids.to(torch.int32).contiguous(),
+            topk_weights.contiguous(),
+            variant,
+        )
     q4 = isinstance(w_gate_up, Q4_0Weight)
     if q4 and path != "int8":
-        raise ValueError(f"the hip experts implement the int8 path for Q4_0 banks, got path={path!r}")
+        raise ValueError(
+            f"the hip experts implement the int8 path for Q4_0 banks, got path={path!r}"
+        )
     if q4 != isinstance(w_down, Q4_0Weight):
-        raise ValueError("w_gate_up and w_down must both be Q4_0 banks or both dense for the hip experts")
+        raise ValueError(
+            "w_gate_up and w_down must both be Q4_0 banks or both dense for the hip experts"
+        )
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
     inter = w_down.shape[-1]
@@ -246,7 +336,9 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str, variant
             hq = x.new_empty((t * top_k, inter), dtype=torch.int8)
             hd = x.new_empty((t * top_k, inter // 32), dtype=torch.float32)
             hs = torch.empty_like(hd)
-            jit.on_device(dev, lambda: module.moe_experts_decode_q4(x, gu, dn, ids, wts, hq, hd, hs, y))
+            jit.on_device(
+                dev, lambda: module.moe_experts_decode_q4(x, gu, dn, ids, wts, hq, hd, hs, y)
+            )
         else:
             h = torch.empty((t * top_k, inter), dtype=torch.float32, device=dev)
             jit.on_device(dev, lambda: module.moe_experts_decode_dense(x, gu, dn, ids, wts, h, y))
@@ -259,8 +351,15 @@ def gemm_block_m(x: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor, pairs: int
     whose rows are whole 16-byte chunks, as the launcher checks) when an expert has fewer than 16
     rows on average, so that few tokens an expert do not fill blocks with padding rows."""
     k, inter = x.shape[1], dn.shape[-1]
-    mma = (x.dtype in (torch.float16, torch.bfloat16) and k % 8 == 0 and inter % 8 == 0 and k < 2**30
-           and _rows16(x) and gu.data_ptr() % 16 == 0 and dn.data_ptr() % 16 == 0)  # fmt: skip
+    mma = (
+        x.dtype in (torch.float16, torch.bfloat16)
+        and k % 8 == 0
+        and inter % 8 == 0
+        and k < 2**30
+        and _rows16(x)
+        and gu.data_ptr() % 16 == 0
+        and dn.data_ptr() % 16 == 0
+    )
     return 32 if mma and pairs < 16 * gu.shape[0] else GEMM_BLOCK_M
 
 
@@ -273,19 +372,38 @@ def _experts_gemm(module, x, gu, dn, ids, wts, q4: bool, inter: int) -> torch.Te
     dev = x.device
     block_m = GEMM_BLOCK_M if q4 else gemm_block_m(x, gu, dn, pairs)
     sorted_ids, expert_ids, npad = moe_align(ids, gu.shape[0], block_m)
-    h_dtype = x.dtype if not q4 else torch.float32  # dense banks: h in the bank's (x's) dtype, as Triton's
+    h_dtype = (
+        x.dtype if not q4 else torch.float32
+    )  # dense banks: h in the bank's (x's) dtype, as Triton's
     h = torch.empty((pairs, inter), dtype=h_dtype, device=dev)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=dev)
     flat_w = wts.view(-1)
     if q4:
         x8 = quantize_q8_1(x)
-        jit.on_device(dev, lambda: module.moe_gemm_q4(gu, x8.q, x8.d, x8.s, sorted_ids, expert_ids, npad, flat_w, h,
-                                                         top_k, True))  # fmt: skip
+        jit.on_device(
+            dev,
+            lambda: module.moe_gemm_q4(
+                gu, x8.q, x8.d, x8.s, sorted_ids, expert_ids, npad, flat_w, h, top_k, True
+            ),
+        )
         h8 = quantize_q8_1(h)
-        jit.on_device(dev, lambda: module.moe_gemm_q4(dn, h8.q, h8.d, h8.s, sorted_ids, expert_ids, npad, flat_w, out,
-                                                         top_k, False))  # fmt: skip
+        jit.on_device(
+            dev,
+            lambda: module.moe_gemm_q4(
+                dn, h8.q, h8.d, h8.s, sorted_ids, expert_ids, npad, flat_w, out, top_k, False
+            ),
+        )
     else:
-        jit.on_device(dev, lambda: module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h, top_k, True))
-        jit.on_device(dev, lambda: module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat_w, out, top_k,
-                                                            False))  # fmt: skip
+        jit.on_device(
+            dev,
+            lambda: module.moe_gemm_dense(
+                x, gu, sorted_ids, expert_ids, npad, flat_w, h, top_k, True
+            ),
+        )
+        jit.on_device(
+            dev,
+            lambda: module.moe_gemm_dense(
+                h, dn, sorted_ids, expert_ids, npad, flat_w, out, top_k, False
+            ),
+        )
     return out.view(t, top_k, hidden).sum(1).to(x.dtype)

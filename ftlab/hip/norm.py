@@ -8,8 +8,9 @@ import torch
 from ftlab import jit
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm` (ops checked the layouts)."""
     y = x.new_empty(x.shape)
     module = jit.module_for("norm", x.device)

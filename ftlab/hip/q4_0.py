@@ -80,13 +80,17 @@ def q4_0_matmul(
     m, n = x.shape[0], w.shape[0]
     module = jit.module_for("q4_0", x.device)
     if x_q8 is not None and not all(t.data_ptr() % 16 == 0 for t in (x_q8.q, x_q8.d, x_q8.s)):
-        x_q8 = Q8_1(x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone())  # the kernels read 16-byte (4-byte) pieces
+        x_q8 = Q8_1(
+            x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone()
+        )  # the kernels read 16-byte (4-byte) pieces
     if variant == "fused":
         y = x.new_empty((m, n))
         if x_q8 is None and (m > 1 or x.shape[1] > FUSED_QUANTIZE_MAX_K):
             x_q8 = quantize_q8_1(x)
         if x_q8 is not None:
-            jit.on_device(x.device, lambda: module.q4_0_mv_fused_q8(w.data, x_q8.q, x_q8.d, x_q8.s, y))
+            jit.on_device(
+                x.device, lambda: module.q4_0_mv_fused_q8(w.data, x_q8.q, x_q8.d, x_q8.s, y)
+            )
         else:
             jit.on_device(x.device, lambda: module.q4_0_mv_fused(w.data, x, y))
         return y
@@ -100,17 +104,34 @@ def q4_0_matmul(
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                            w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: one launch (the fused matvec's norm
+def add_rmsnorm_q4_0_matmul(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w: Q4_0Weight,
+    path: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: one launch (the fused matvec's
+    norm
     prologue) for one fp16 / bf16 row on the int8 path with the norm weight in x's dtype, 16-byte
     aligned rows and K a multiple of 256 up to 2048; otherwise hip's add_rmsnorm, then
     :func:`q4_0_matmul` of its output (the same bits)."""
     m, k = x.shape
-    aligned = all(t.data_ptr() % 16 == 0 for t in (x, norm_weight, x if residual is None else residual))
+    aligned = all(
+        t.data_ptr() % 16 == 0 for t in (x, norm_weight, x if residual is None else residual)
+    )
     fused = backends.why_not("q4_0_matmul", "hip", "fused", calls.matmul(x, w)) is None
-    if not (m == 1 and w.shape[0] > 0 and path == "int8" and x.dtype in (torch.float16, torch.bfloat16)
-            and norm_weight.dtype == x.dtype and k <= 2048 and fused and aligned):  # fmt: skip
+    if not (
+        m == 1
+        and w.shape[0] > 0
+        and path == "int8"
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and norm_weight.dtype == x.dtype
+        and k <= 2048
+        and fused
+        and aligned
+    ):
         y, s = add_rmsnorm(x, residual, norm_weight, eps)
         return y, s, q4_0_matmul(y, w, path)
     y = x.new_empty((1, k))
@@ -118,6 +139,10 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
     out = x.new_empty((1, w.shape[0]))
     module = jit.module_for("q4_0", x.device)
     res = x if residual is None else residual
-    jit.on_device(x.device, lambda: module.q4_0_mv_fused_norm(w.data, x, res, residual is not None, norm_weight, s, y,
-                                                              float(eps), out))  # fmt: skip
+    jit.on_device(
+        x.device,
+        lambda: module.q4_0_mv_fused_norm(
+            w.data, x, res, residual is not None, norm_weight, s, y, float(eps), out
+        ),
+    )
     return y, s, out

@@ -38,7 +38,8 @@ from ftlab.quant import Q4_0Weight, QuantWeight
 
 #: rows the matvecs are instantiated for (1..8); more go to quant_gemm_kernel
 MATVEC_ROWS = 8
-#: the weight type codes of ``quant_mv_fused`` / ``_staged`` / ``_sliced`` (csrc/quant_matmul_launch.hip;
+#: the weight type codes of ``quant_mv_fused`` / ``_staged`` / ``_sliced``
+#: (csrc/quant_matmul_launch.hip;
 #: Q4_0 and Q8_0 in groups of eight blocks; Q8_0 has no staged form)
 FUSED_CODES = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 3, "Q4_0": 4, "Q8_0": 5}
 #: the tiled matvec's G (supers of a row per region: 1, 2, 4, 8, 16 or 32) by M (1..8); fewer
@@ -71,7 +72,8 @@ def quant_matmul(
     "hip")]``, None for the planner's default for this call; one that cannot take the call
     raises ``BackendUnavailable`` naming why. ``staging`` (variant ``"mv1"``: ``"held"``,
     ``"staged"``, ``"sliced"``, ``"sliced_q8"``; None: the planner's). A Q4_0 weight goes to
-    :func:`q4_0_matmul` unless ``"mv1"`` is named (:func:`q4_0_one_row`). ``g`` / ``splits`` override
+    :func:`q4_0_matmul` unless ``"mv1"`` is named (:func:`q4_0_one_row`). ``g`` / ``splits``
+    override
     :func:`tiled_config` (benchmarks). ``call``: the planner's :class:`~ftlab.backends.Call` of
     these tensors (a plan passes it; made here when None). The shapes are checked here too: the
     op's checks may be off."""
@@ -85,7 +87,9 @@ def quant_matmul(
     call = call or calls.matmul(x, w)
     variant = backends.variant_for("quant_matmul", "hip", call, variant, path="int8")
     if staging is not None and variant != "mv1":
-        raise ValueError(f"staging is an option of variant 'mv1', got staging={staging!r} with {variant!r}")
+        raise ValueError(
+            f"staging is an option of variant 'mv1', got staging={staging!r} with {variant!r}"
+        )
     n = w.shape[0]
     module = jit.module_for("quant_matmul", x.device)
     if variant == "mv1":
@@ -94,7 +98,9 @@ def quant_matmul(
         code = FUSED_CODES[w.qtype]
         if staging == "sliced_q8":  # x's Q8_1 first (its own launch), which every block then reads
             x8 = quantize_q8_1(x)
-            jit.on_device(x.device, lambda: module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w.data, code, y))
+            jit.on_device(
+                x.device, lambda: module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w.data, code, y)
+            )
             return y
         xc = x.contiguous()  # held, staged, sliced: x quantized in every block, y in x's dtype
         fn = getattr(module, MV1_ENTRY[staging])

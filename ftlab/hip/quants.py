@@ -26,7 +26,9 @@ _ENTRY = {
 def quantize(w: torch.Tensor, qtype: str) -> QuantWeight:
     """Backend entry of :func:`ftlab.ops.quantize` (``qtype`` "Q8_0"; w contiguous, finite)."""
     qt = QTYPES[qtype]
-    out = torch.empty((*w.shape[:-1], qt.row_bytes(w.shape[-1])), dtype=torch.uint8, device=w.device)
+    out = torch.empty(
+        (*w.shape[:-1], qt.row_bytes(w.shape[-1])), dtype=torch.uint8, device=w.device
+    )
     module = jit.module_for("quants", w.device)
     jit.on_device(w.device, lambda: module.quantize_q8_0(w, out))
     return QuantWeight(out, tuple(w.shape), qtype)

@@ -89,7 +89,9 @@ def _run_probe(name: str, device: torch.device, backend: str, forced: set[str]) 
     dn = torch.randn(e, h, inter, generator=gen) * inter**-0.5
     ex = None
     try:
-        ex = HybridDecodeExecutor(gu, dn, 4, device, backend=backend, path="auto", mechanism=name, probe=False)
+        ex = HybridDecodeExecutor(
+            gu, dn, 4, device, backend=backend, path="auto", mechanism=name, probe=False
+        )
         ex.end_step(torch.arange(4).view(2, 2))  # experts 0..3 resident
         x = torch.randn(t, h, generator=gen).to(device)
         w = torch.rand(t, k, generator=gen).to(device)
@@ -100,12 +102,18 @@ def _run_probe(name: str, device: torch.device, backend: str, forced: set[str]) 
             ex(x, w, ids)  # warm-up: the channel of this batch size
             if not _wait(stream, PROBE_DEADLINE_S):
                 ex.handshake.cpu.release(t, k)
-                return False, f"an eager step through it did not finish within {PROBE_DEADLINE_S:.0f} s"
+                return (
+                    False,
+                    f"an eager step through it did not finish within {PROBE_DEADLINE_S:.0f} s",
+                )
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 y = ex(x, w, ids)
-        splits = [torch.randint(0, 4, (t, k), generator=gen), torch.randint(4, e, (t, k), generator=gen),
-                  torch.randint(0, e, (t, k), generator=gen)]  # fmt: skip
+        splits = [
+            torch.randint(0, 4, (t, k), generator=gen),
+            torch.randint(4, e, (t, k), generator=gen),
+            torch.randint(0, e, (t, k), generator=gen),
+        ]
         for r in range(PROBE_REPLAYS):
             x.copy_(torch.randn(t, h, generator=gen))
             w.copy_(torch.rand(t, k, generator=gen))
@@ -119,7 +127,10 @@ def _run_probe(name: str, device: torch.device, backend: str, forced: set[str]) 
             ex.check()
             want = ex.eager(x, w, ids)
             if not torch.allclose(y, want, rtol=1e-5, atol=1e-6):
-                return False, f"replay {r} differs from eager by {float((y - want).abs().max()):.3g}"
+                return (
+                    False,
+                    f"replay {r} differs from eager by {float((y - want).abs().max()):.3g}",
+                )
         return True, f"{PROBE_REPLAYS} graph replays equal eager"
     except (RuntimeError, ValueError, TypeError) as err:  # HandshakeError is a RuntimeError
         return False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
@@ -135,8 +146,9 @@ def reset_probes() -> None:
     _warned.clear()
 
 
-def choose_mechanism(requested: str, device: torch.device, backend: str = "auto"
-                     ) -> tuple[str, str, list[tuple[str, bool, str]]]:  # fmt: skip
+def choose_mechanism(
+    requested: str, device: torch.device, backend: str = "auto"
+) -> tuple[str, str, list[tuple[str, bool, str]]]:
     """(mechanism, why, probe results) for ``requested`` in {"auto", "host_func", "stream_memop",
     "eager"}; ``FTLAB_HYBRID_MECHANISM`` overrides "auto". A capturable mechanism is used only
     if its probe passes; when none does on a GPU, "eager" and one warning per device."""
@@ -145,7 +157,9 @@ def choose_mechanism(requested: str, device: torch.device, backend: str = "auto"
     if requested == "auto" and forced:
         requested, how = forced, f"forced by {ENV_MECHANISM}"
     if requested not in ("auto", *HANDSHAKES):
-        raise ValueError(f"mechanism must be 'auto' or one of {sorted(HANDSHAKES)}, got {requested!r}")
+        raise ValueError(
+            f"mechanism must be 'auto' or one of {sorted(HANDSHAKES)}, got {requested!r}"
+        )
     if requested == "eager":
         return "eager", how, []
     results = []
@@ -153,12 +167,21 @@ def choose_mechanism(requested: str, device: torch.device, backend: str = "auto"
         ok, why = probe(name, device, backend)
         results.append((name, ok, why))
         if ok:
-            return name, f"{how if requested != 'auto' else 'first to pass the probe'}: {why}", results
+            return (
+                name,
+                f"{how if requested != 'auto' else 'first to pass the probe'}: {why}",
+                results,
+            )
     why = "; ".join(f"{n}: {w}" for n, _, w in results)
     if device.type == "cuda" and (str(device), why) not in _warned:
         _warned.add((str(device), why))
-        warnings.warn(f"hybrid MoE on {device}: no graph handshake passed its probe ({why}); graph capture is "
-                      "disabled for these layers, their steps run eagerly", RuntimeWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"hybrid MoE on {device}: no graph handshake passed its probe ({why}); graph capture "
+            "is "
+            "disabled for these layers, their steps run eagerly",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return "eager", f"no handshake passed the probe ({why})", results
 
 
@@ -166,7 +189,8 @@ class HybridDecodeExecutor:
     """Routed experts with ``slots`` of them resident on ``device`` and the rest on the CPU.
 
     ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]`` are the full banks on the host (dense or
-    quantized of any :data:`ftlab.quant.QTYPES` types). Each call: the router ids go through the live slot table (``expert -> slot | -1``,
+    quantized of any :data:`ftlab.quant.QTYPES` types). Each call: the router ids go through the
+    live slot table (``expert -> slot | -1``,
     int32 ``[E]`` on the device, read at run time, so a replayed graph sees the current
     residency) into GPU slot ids and CPU expert ids (-1 where the other side or nobody takes the
     route); the CPU part is handed over by the handshake, the GPU part runs
@@ -179,8 +203,19 @@ class HybridDecodeExecutor:
     ``executor.mechanism_reason`` why, ``executor.probe_results`` each probe's verdict.
     ``path`` is the quantized banks' path of the GPU part (the CPU part takes the int8 path)."""
 
-    def __init__(self, w_gate_up, w_down, slots: int, device: torch.device | str, *, policy: LruResidency | None = None,
-                 backend: str = "auto", path: str = "int8", mechanism: str = "auto", probe: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        w_gate_up,
+        w_down,
+        slots: int,
+        device: torch.device | str,
+        *,
+        policy: LruResidency | None = None,
+        backend: str = "auto",
+        path: str = "int8",
+        mechanism: str = "auto",
+        probe: bool = True,
+    ):
         self.device = torch.device(device)
         self.host_gate_up, self.host_down = w_gate_up, w_down
         num_experts = w_gate_up.shape[0]
@@ -189,22 +224,34 @@ class HybridDecodeExecutor:
             raise ValueError(f"policy must have {slots} slots over {num_experts} experts")
         self.backend, self.path = backend, path
         if probe or mechanism == "auto":
-            self.mechanism, self.mechanism_reason, self.probe_results = choose_mechanism(mechanism, self.device,
-                                                                                         backend)  # fmt: skip
+            self.mechanism, self.mechanism_reason, self.probe_results = choose_mechanism(
+                mechanism, self.device, backend
+            )
         else:
             if mechanism not in HANDSHAKES:
-                raise ValueError(f"mechanism must be 'auto' or one of {sorted(HANDSHAKES)}, got {mechanism!r}")
-            self.mechanism, self.mechanism_reason, self.probe_results = mechanism, "requested, not probed", []
+                raise ValueError(
+                    f"mechanism must be 'auto' or one of {sorted(HANDSHAKES)}, got {mechanism!r}"
+                )
+            self.mechanism, self.mechanism_reason, self.probe_results = (
+                mechanism,
+                "requested, not probed",
+                [],
+            )
         self.slot_gate_up = _slot_bank(w_gate_up, max(slots, 1), self.device)
         self.slot_down = _slot_bank(w_down, max(slots, 1), self.device)
-        self.table = self.policy.table(self.device)  # read live by every step (and by a replayed graph)
+        self.table = self.policy.table(
+            self.device
+        )  # read live by every step (and by a replayed graph)
         for slot, e in enumerate(self.policy.expert_in):  # a policy that arrives with residents
             if e >= 0:
                 _copy_expert(self.slot_gate_up, slot, w_gate_up, e)
                 _copy_expert(self.slot_down, slot, w_down, e)
         self._eager = EagerHandshake(w_gate_up, w_down, self.device)
-        self.handshake = self._eager if self.mechanism == "eager" else HANDSHAKES[self.mechanism](
-            w_gate_up, w_down, self.device)  # fmt: skip
+        self.handshake = (
+            self._eager
+            if self.mechanism == "eager"
+            else HANDSHAKES[self.mechanism](w_gate_up, w_down, self.device)
+        )
 
     @property
     def capturable(self) -> bool:
@@ -215,14 +262,23 @@ class HybridDecodeExecutor:
         """(GPU slot ids, CPU expert ids), both int32 ``[T, k]`` on ids' device."""
         return EagerHandshake.split(ids, self.table)
 
-    def gpu_part(self, x: torch.Tensor, weights: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def gpu_part(
+        self, x: torch.Tensor, weights: torch.Tensor
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The step's GPU part as a function of the GPU slot ids (what a handshake calls between
         handing the CPU routes over and joining them): the resident experts through
         ``ops.moe_experts`` on the slot banks, -1 ids skipped."""
 
         def run(gpu_ids: torch.Tensor) -> torch.Tensor:
-            return ops.moe_experts(x, self.slot_gate_up, self.slot_down, weights, gpu_ids, path=self.path,
-                                   backend=self.backend)  # fmt: skip
+            return ops.moe_experts(
+                x,
+                self.slot_gate_up,
+                self.slot_down,
+                weights,
+                gpu_ids,
+                path=self.path,
+                backend=self.backend,
+            )
 
         return run
 
@@ -259,19 +315,29 @@ class HybridDecodeExecutor:
         self.handshake.close()
 
 
-#: How ``layer_executors`` places the experts: every layer's slots following the routes, every layer's
+#: How ``layer_executors`` places the experts: every layer's slots following the routes, every
+#: layer's
 #: slots holding a fixed set, or whole layers on the CPU.
 PLACEMENTS = ("lru", "static", "layers")
 
 
-def layer_executors(banks: list, slots: int, device: torch.device | str, placement: str = "lru", *,
-                    backend: str = "auto", path: str = "int8") -> list:  # fmt: skip
+def layer_executors(
+    banks: list,
+    slots: int,
+    device: torch.device | str,
+    placement: str = "lru",
+    *,
+    backend: str = "auto",
+    path: str = "int8",
+) -> list:
     """One :class:`HybridDecodeExecutor` (or None) a layer over ``banks``, every layer's
     ``(w_gate_up, w_down)`` (on any device: the executors take host copies, of the layers that get
     one only), for ``slots`` of each layer's E experts' share on the GPU:
 
-    - ``"lru"``: every layer ``slots`` experts on the GPU, least recently used out (:class:`LruResidency`);
-    - ``"static"``: every layer experts ``0 .. slots - 1`` on the GPU for good (:class:`StaticResidency`);
+    - ``"lru"``: every layer ``slots`` experts on the GPU, least recently used out
+    (:class:`LruResidency`);
+    - ``"static"``: every layer experts ``0 .. slots - 1`` on the GPU for good
+    (:class:`StaticResidency`);
     - ``"layers"``: the same share placed by layers, as llama.cpp's ``--n-cpu-moe``: every expert of
       the first :func:`cpu_layers` layers on the CPU (an executor with no slots), the other layers'
       all on the GPU (None: the layer runs its experts as without hybrid experts).
@@ -284,10 +350,30 @@ def layer_executors(banks: list, slots: int, device: torch.device | str, placeme
     experts = banks[0][0].shape[0]
     if placement == "layers":
         on_cpu = cpu_layers(len(banks), experts, slots)
-        return [HybridDecodeExecutor(gu.to("cpu"), dn.to("cpu"), 0, device, policy=StaticResidency(experts, 0),
-                                     backend=backend, path=path)
-                if i < on_cpu else None for i, (gu, dn) in enumerate(banks)]  # fmt: skip
+        return [
+            HybridDecodeExecutor(
+                gu.to("cpu"),
+                dn.to("cpu"),
+                0,
+                device,
+                policy=StaticResidency(experts, 0),
+                backend=backend,
+                path=path,
+            )
+            if i < on_cpu
+            else None
+            for i, (gu, dn) in enumerate(banks)
+        ]
     kind = StaticResidency if placement == "static" else LruResidency
-    return [HybridDecodeExecutor(gu.to("cpu"), dn.to("cpu"), slots, device, policy=kind(experts, slots),
-                                 backend=backend, path=path)
-            for gu, dn in banks]  # fmt: skip
+    return [
+        HybridDecodeExecutor(
+            gu.to("cpu"),
+            dn.to("cpu"),
+            slots,
+            device,
+            policy=kind(experts, slots),
+            backend=backend,
+            path=path,
+        )
+        for gu, dn in banks
+    ]

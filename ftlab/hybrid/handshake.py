@@ -15,7 +15,8 @@ The first two run through a :class:`CpuMoeExecutor` (``ftlab/hip/csrc/handshake_
 channels and the worker in ``handshake_host.h``):
 pinned staging per batch size at stable addresses (so a graph can bake them in), a step counter
 on the device, and the process's one worker thread running the native CPU kernel (the ``cpu``
-backend of ``moe_experts``, ``ftlab/cpu``, OpenMP). The staged input and output both carry the step counter; the combine kernel turns any answer of
+backend of ``moe_experts``, ``ftlab/cpu``, OpenMP). The staged input and output both carry the step
+counter; the combine kernel turns any answer of
 another step into NaN plus a recorded error, and :meth:`check` raises :class:`HandshakeError`
 for it: a stale host buffer or flag is never returned as a result.
 """
@@ -46,8 +47,10 @@ def _bank_parts(w_gate_up, w_down) -> tuple[torch.Tensor, torch.Tensor, int]:
     if isinstance(w_gate_up, QuantWeight):
         return w_gate_up.data.contiguous(), w_down.data.contiguous(), job_kind(w_gate_up, w_down)
     if w_gate_up.dtype != w_down.dtype or w_gate_up.dtype not in DENSE_KINDS:
-        raise TypeError(f"dense banks must share a float32 / bfloat16 / float16 dtype, got {w_gate_up.dtype} "
-                        f"and {w_down.dtype}")  # fmt: skip
+        raise TypeError(
+            f"dense banks must share a float32 / bfloat16 / float16 dtype, got {w_gate_up.dtype} "
+            f"and {w_down.dtype}"
+        )
     return w_gate_up.contiguous(), w_down.contiguous(), job_kind(w_gate_up, w_down)
 
 
@@ -58,7 +61,9 @@ def default_threads() -> int:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"FTLAB_CPU_THREADS must be a positive integer, got {env!r}")
         return int(env)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     return max(1, cores - 2)
 
 
@@ -73,7 +78,13 @@ class _Channel:
         out = torch.zeros(5, dtype=torch.int64)
         self.module.hs_stats(self.handle, out)
         jobs, cpu_ns, stale, failures, last = out.tolist()
-        return {"jobs": jobs, "cpu_ns": cpu_ns, "stale_inputs": stale, "cpu_failures": failures, "last_step": last}
+        return {
+            "jobs": jobs,
+            "cpu_ns": cpu_ns,
+            "stale_inputs": stale,
+            "cpu_failures": failures,
+            "last_step": last,
+        }
 
     def timeline(self) -> torch.Tensor:
         out = torch.zeros(256, 4, dtype=torch.int64)
@@ -107,14 +118,23 @@ class CpuMoeExecutor:
     on first use, which must not be inside a graph capture (it allocates): warm up each batch
     size eagerly first, as a graph capture does anyway."""
 
-    def __init__(self, w_gate_up, w_down, mechanism: int, device: torch.device | str, threads: int | None = None):
+    def __init__(
+        self,
+        w_gate_up,
+        w_down,
+        mechanism: int,
+        device: torch.device | str,
+        threads: int | None = None,
+    ):
         from ftlab import jit
         from ftlab.cpu.moe import job_entry
 
         self.device = torch.device(device)
         self.gate_up, self.down, self.kind = _bank_parts(w_gate_up, w_down)
         if self.gate_up.device.type != "cpu":
-            raise ValueError(f"the CPU executor's banks must be on the host, got {self.gate_up.device}")
+            raise ValueError(
+                f"the CPU executor's banks must be on the host, got {self.gate_up.device}"
+            )
         self.num_experts = self.gate_up.shape[0]
         self.inter = self.gate_up.shape[1] // 2
         self.hidden = self.down.shape[1]
@@ -123,24 +143,43 @@ class CpuMoeExecutor:
         self.cpu_fn = job_entry()
         self.module = jit.module_for("handshake", self.device)
         self.channels: dict[tuple[int, int], _Channel] = {}
-        self._finalizer = weakref.finalize(self, _free_channels, self.module, self.device, self.channels)
+        self._finalizer = weakref.finalize(
+            self, _free_channels, self.module, self.device, self.channels
+        )
 
     def channel(self, tokens: int, top_k: int) -> _Channel:
         key = (tokens, top_k)
         ch = self.channels.get(key)
         if ch is None:
             if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"no hybrid channel for batch size {tokens} (top_k {top_k}) yet: run the step "
-                                   "once eagerly before capturing it")  # fmt: skip
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            handle = self.module.hs_new(self.mechanism, self.cpu_fn, self.gate_up, self.down, self.kind, tokens, top_k,
-                                        self.hidden, self.inter, self.num_experts, index, self.threads)  # fmt: skip
+                raise RuntimeError(
+                    f"no hybrid channel for batch size {tokens} (top_k {top_k}) yet: run the step "
+                    "once eagerly before capturing it"
+                )
+            index = (
+                self.device.index if self.device.index is not None else torch.cuda.current_device()
+            )
+            handle = self.module.hs_new(
+                self.mechanism,
+                self.cpu_fn,
+                self.gate_up,
+                self.down,
+                self.kind,
+                tokens,
+                top_k,
+                self.hidden,
+                self.inter,
+                self.num_experts,
+                index,
+                self.threads,
+            )
             ch = self.channels[key] = _Channel(self.module, int(handle), tokens, top_k, self.device)
         return ch
 
     def release(self, tokens: int, top_k: int) -> None:
         """Let a stream stuck waiting on batch size ``tokens``'s done flag go on (its step's output
-        is then NaN and recorded as failed): how a probe with a deadline frees a handshake that never answered."""
+        is then NaN and recorded as failed): how a probe with a deadline frees a handshake that
+        never answered."""
         self.module.hs_release(self.channel(tokens, top_k).handle)
 
     def errors(self) -> list[tuple[int, int, int]]:
@@ -174,7 +213,8 @@ class CpuMoeExecutor:
 
 class EagerHandshake:
     """No graph: split on the device, the CPU routes copied to the host and computed there
-    (``ops.moe_experts(..., backend="cpu")``) while nothing else runs, the result copied back and added."""
+    (``ops.moe_experts(..., backend="cpu")``) while nothing else runs, the result copied back and
+    added."""
 
     name = "eager"
     capturable = False
@@ -191,12 +231,23 @@ class EagerHandshake:
         slot = torch.where(valid, table.to(ids.device)[ids.clamp(0, table.numel() - 1).long()], -1)
         return torch.where(valid & (slot >= 0), slot, -1), torch.where(valid & (slot < 0), ids, -1)
 
-    def __call__(self, x, weights, ids, table, gpu_part: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def __call__(
+        self, x, weights, ids, table, gpu_part: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the eager handshake cannot run inside a graph capture (it synchronizes)")
+            raise RuntimeError(
+                "the eager handshake cannot run inside a graph capture (it synchronizes)"
+            )
         gpu_ids, cpu_ids = self.split(ids.to(x.device), table)
-        y_cpu = ops.moe_experts(x.cpu(), self.host_gate_up, self.host_down, weights.cpu(), cpu_ids.cpu(),
-                                path="int8", backend="cpu")
+        y_cpu = ops.moe_experts(
+            x.cpu(),
+            self.host_gate_up,
+            self.host_down,
+            weights.cpu(),
+            cpu_ids.cpu(),
+            path="int8",
+            backend="cpu",
+        )
         return gpu_part(gpu_ids) + y_cpu.to(x.device)
 
     def check(self) -> None:
@@ -215,14 +266,29 @@ class _ChannelHandshake:
         self.cpu = CpuMoeExecutor(w_gate_up, w_down, self.mechanism_id, device)
         self.device = self.cpu.device
 
-    def __call__(self, x, weights, ids, table, gpu_part: Callable[[torch.Tensor], torch.Tensor],
-                 mark: Callable[[int], None] | None = None) -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self,
+        x,
+        weights,
+        ids,
+        table,
+        gpu_part: Callable[[torch.Tensor], torch.Tensor],
+        mark: Callable[[int], None] | None = None,
+    ) -> torch.Tensor:
         """``mark(i)``, if given, runs before the submit (0), the GPU part (1), the join (2) and
         after it (3): where ``ftlab.hybrid.timeline`` records its events."""
         mark = mark or (lambda i: None)
-        if x.dim() != 2 or ids.dim() != 2 or ids.shape != weights.shape or ids.shape[0] != x.shape[0]:
-            raise ValueError(f"x must be [T, H] and ids, weights [T, k], got {tuple(x.shape)}, {tuple(ids.shape)}, "
-                             f"{tuple(weights.shape)}")  # fmt: skip
+        if (
+            x.dim() != 2
+            or ids.dim() != 2
+            or ids.shape != weights.shape
+            or ids.shape[0] != x.shape[0]
+        ):
+            raise ValueError(
+                f"x must be [T, H] and ids, weights [T, k], got {tuple(x.shape)}, "
+                f"{tuple(ids.shape)}, "
+                f"{tuple(weights.shape)}"
+            )
         if x.shape[1] != self.cpu.hidden:
             raise ValueError(f"x must have hidden size {self.cpu.hidden}, got {x.shape[1]}")
         ch = self.cpu.channel(x.shape[0], ids.shape[1])
@@ -245,11 +311,20 @@ class _ChannelHandshake:
         errors = self.cpu.errors()
         if errors:
             self.cpu.clear_errors()
-            what = {1: "output words of another step", 2: "a CPU kernel failure", 4: "a done flag of another step"}
-            parts = [f"batch size {t}, step {s}: " + ", ".join(v for b, v in what.items() if code & b)
-                     for t, code, s in errors]  # fmt: skip
-            raise HandshakeError(f"{self.name} handshake returned stale or failed CPU results ("
-                                 + "; ".join(parts) + "); the affected outputs are NaN")  # fmt: skip
+            what = {
+                1: "output words of another step",
+                2: "a CPU kernel failure",
+                4: "a done flag of another step",
+            }
+            parts = [
+                f"batch size {t}, step {s}: " + ", ".join(v for b, v in what.items() if code & b)
+                for t, code, s in errors
+            ]
+            raise HandshakeError(
+                f"{self.name} handshake returned stale or failed CPU results ("
+                + "; ".join(parts)
+                + "); the affected outputs are NaN"
+            )
 
     def close(self) -> None:
         self.cpu.close()

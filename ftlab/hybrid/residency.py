@@ -79,11 +79,18 @@ class StaticResidency(LruResidency):
     def __init__(self, num_experts: int, slots: int, experts: list[int] | None = None):
         super().__init__(num_experts, slots)
         chosen = list(range(slots)) if experts is None else experts
-        if not isinstance(chosen, (list, tuple)) or not all(isinstance(e, int) and not isinstance(e, bool)
-                                                           for e in chosen):  # fmt: skip
+        if not isinstance(chosen, (list, tuple)) or not all(
+            isinstance(e, int) and not isinstance(e, bool) for e in chosen
+        ):
             raise TypeError(f"experts must be a list or tuple of ints, got {experts!r}")
-        if len(chosen) != slots or len(set(chosen)) != slots or not all(0 <= e < num_experts for e in chosen):
-            raise ValueError(f"experts must be {slots} distinct ids in [0, {num_experts}), got {experts!r}")
+        if (
+            len(chosen) != slots
+            or len(set(chosen)) != slots
+            or not all(0 <= e < num_experts for e in chosen)
+        ):
+            raise ValueError(
+                f"experts must be {slots} distinct ids in [0, {num_experts}), got {experts!r}"
+            )
         for slot, e in enumerate(chosen):
             self.slot_of[e], self.expert_in[slot] = slot, e
             self._recent[e] = None
@@ -106,7 +113,9 @@ def cpu_layers(layers: int, num_experts: int, slots: int) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if layers < 0 or num_experts < 1:
-        raise ValueError(f"layers must be >= 0 and num_experts >= 1, got {layers} and {num_experts}")
+        raise ValueError(
+            f"layers must be >= 0 and num_experts >= 1, got {layers} and {num_experts}"
+        )
     if not 0 <= slots <= num_experts:
         raise ValueError(f"slots must be an int in [0, {num_experts}], got {slots!r}")
     return (2 * layers * (num_experts - slots) + num_experts) // (2 * num_experts)

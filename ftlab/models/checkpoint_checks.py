@@ -25,21 +25,32 @@ def row_range(span: tuple[int, int] | None, total: int, what: str) -> tuple[int,
         return 0, total
     ok = isinstance(span, tuple) and len(span) == 2 and all(type(v) is int for v in span)
     if not ok or not 0 <= span[0] < span[1] <= total:
-        raise ValueError(f"{what} must be (start, stop) with 0 <= start < stop <= {total}, got {span!r}")
+        raise ValueError(
+            f"{what} must be (start, stop) with 0 <= start < stop <= {total}, got {span!r}"
+        )
     return span
 
 
-def head_ranges(heads, num_heads: int, num_kv_heads: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+def head_ranges(
+    heads, num_heads: int, num_kv_heads: int
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """``heads``, ``((start, stop), (start, stop))`` of the query heads of ``num_heads`` and the
     key/value heads of ``num_kv_heads`` (a tensor-parallel rank's: :func:`TensorParallel.shard`,
     :meth:`TensorParallel.kv_heads`), checked (None stays None: every head); ValueError naming
     ``heads``, the expectation and what came otherwise (:func:`row_range`)."""
     if heads is None:
         return None
-    if not (isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, tuple) for h in heads)):
-        raise ValueError(f"heads must be ((start, stop), (start, stop)) of the query and key/value heads, got {heads!r}")
-    return (row_range(heads[0], num_heads, "heads[0] (the query heads)"),
-            row_range(heads[1], num_kv_heads, "heads[1] (the key/value heads)"))  # fmt: skip
+    if not (
+        isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, tuple) for h in heads)
+    ):
+        raise ValueError(
+            "heads must be ((start, stop), (start, stop)) of the query and key/value heads, got "
+            f"{heads!r}"
+        )
+    return (
+        row_range(heads[0], num_heads, "heads[0] (the query heads)"),
+        row_range(heads[1], num_kv_heads, "heads[1] (the key/value heads)"),
+    )
 
 
 def expert_range(experts: tuple[int, int] | None, num_experts: int) -> tuple[int, int]:

@@ -81,13 +81,17 @@ class DecodePlan:
     def as_captured(self) -> DecodePlan:
         """The plan whose eager steps take the kernels a captured step takes: every "eager"
         choice "never" (a graph's warm-up builds what its capture uses)."""
-        return replace(self, **{n: "never" for n in ("norm_in_qkv", "hip_attention")
-                                if getattr(self, n) == "eager"})  # fmt: skip
+        return replace(
+            self,
+            **{n: "never" for n in ("norm_in_qkv", "hip_attention") if getattr(self, n) == "eager"},
+        )
 
     def attention_as_captured(self) -> DecodePlan:
         """As :meth:`as_captured`, for the attention alone (the fused norm and q/k/v matvec
         gives the two ops' bits: its contract)."""
-        return replace(self, hip_attention="never" if self.hip_attention == "eager" else self.hip_attention)
+        return replace(
+            self, hip_attention="never" if self.hip_attention == "eager" else self.hip_attention
+        )
 
     def now(self, name: str, device: torch.device) -> bool:
         """Whether the WHEN choice ``name`` holds for a step on ``device`` now (a step being
@@ -111,7 +115,8 @@ def plan_of(plan: DecodePlan | None, backends: dict[str, str] | None, q4_0_path:
 
 class Planned:
     """What a model built over a :class:`DecodePlan` (its ``plan``) exposes of it, and the plans of
-    its op calls (``op_plans``: made once a weight and row count, ``ftlab.models.layers.op_plan``)."""
+    its op calls (``op_plans``: made once a weight and row count,
+    ``ftlab.models.layers.op_plan``)."""
 
     plan: DecodePlan
 

@@ -35,7 +35,9 @@ def _check_step(model, batch: int, why: str) -> None:
     if not model.static:
         raise ValueError(f"model must be built with static=True {why}")
     if not 1 <= batch <= model.max_batch:
-        raise ValueError(f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}")
+        raise ValueError(
+            f"batch must be in [1, {model.max_batch}] (the model's max_batch), got {batch}"
+        )
 
 
 class DecodeGraph:
@@ -54,7 +56,9 @@ class DecodeGraph:
         device = model.weights.embed.device
         self.model = model  # the graph reads its caches and weights: they live as long as it does
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
-        self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device)
+        self.positions = torch.full(
+            (batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device
+        )
         state = model.recurrent_state() if hasattr(model, "recurrent_state") else []
         saved = [t.clone() for t in state]
         side = torch.cuda.Stream(device)
@@ -76,7 +80,9 @@ class DecodeGraph:
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
         self.graph.replay()
-        if self.routed:  # the model's end_step reads this replay's ids, even after an eager pass in between
+        if (
+            self.routed
+        ):  # the model's end_step reads this replay's ids, even after an eager pass in between
             self.model.routed.update(self.routed)
         return self.logits
 
@@ -99,13 +105,17 @@ class DecodeLaunches:
         if not hasattr(model, "layer_stages"):
             raise NotReplayable([f"{type(model).__name__} has no layer_stages to record"])
         if getattr(model, "hybrid", None) or getattr(model, "tp", None) is not None:
-            raise NotReplayable(["hybrid CPU/GPU experts or tensor parallelism: work outside the HIP modules"])
+            raise NotReplayable(
+                ["hybrid CPU/GPU experts or tensor parallelism: work outside the HIP modules"]
+            )
         self.model = model
         dev = model.weights.embed.device
         # the step's inputs: written in place before each launch of the schedule
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=dev)
         self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=dev)
-        model.forward(self.tokens, self.positions)  # modules built, one-time buffers (counters, stacked weights) made
+        model.forward(
+            self.tokens, self.positions
+        )  # modules built, one-time buffers (counters, stacked weights) made
         self.geo = model.geometry(self.positions, model.weights.embed.dtype)
 
         def step() -> torch.Tensor:  # the embedding, every layer, the last add and the final norm
@@ -119,7 +129,9 @@ class DecodeLaunches:
         self.schedule, self.hidden = record(step)
         # every tensor of the geometry, rewritten in place before each launch ("read", every slot of
         # each sequence, is the same for any positions)
-        self.inputs = [k for k, v in self.geo.items() if isinstance(v, torch.Tensor) and k != "read"]
+        self.inputs = [
+            k for k, v in self.geo.items() if isinstance(v, torch.Tensor) and k != "read"
+        ]
 
     @property
     def schedule_length(self) -> int:
@@ -132,12 +144,16 @@ class DecodeLaunches:
         the static model: token ids in the vocabulary, positions in ``[0, max_seq_len)`` (checking
         device tensors on the host would stall the step)."""
         if tokens.shape != self.tokens.shape or positions.shape != self.positions.shape:
-            raise ValueError(f"tokens and positions must be {tuple(self.tokens.shape)} (the recorded batch), got "
-                             f"{tuple(tokens.shape)} and {tuple(positions.shape)}")  # fmt: skip
+            raise ValueError(
+                f"tokens and positions must be {tuple(self.tokens.shape)} (the recorded batch), "
+                "got "
+                f"{tuple(tokens.shape)} and {tuple(positions.shape)}"
+            )
         self.tokens.copy_(tokens)
         self.model.cache.update_geometry(self.geo, positions, self.inputs)
         self.schedule.launch()
-        return self.model.logits(self.hidden)  # the lm_head through the ops: it may take a Triton kernel
+        return self.model.logits(
+            self.hidden
+        )  # the lm_head through the ops: it may take a Triton kernel
 
     __call__ = step
-

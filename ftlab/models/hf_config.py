@@ -39,7 +39,8 @@ def refuse_unsupported(values: dict) -> None:
     dense = [] if dense is None else dense
     if not isinstance(dense, list) or isinstance(step, bool) or not isinstance(step, int):
         raise ValueError(
-            f"mlp_only_layers must be a list and decoder_sparse_step an int, got {dense!r} and {step!r}"
+            f"mlp_only_layers must be a list and decoder_sparse_step an int, got {dense!r} and "
+            f"{step!r}"
         )
     if dense or step != 1:
         raise ValueError(

@@ -63,7 +63,8 @@ def check_field(name: str, value: object) -> None:
 
 def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weight | None:
     """Weights ``[N_i, K]`` (or banks ``[E_i, N, K]``) stacked along the first dim when all are
-    Q4_0 or all dense of one dtype; None for a mix (they then stay separate, each on its own path)."""
+    Q4_0 or all dense of one dtype; None for a mix (they then stay separate, each on its own
+    path)."""
     if all(isinstance(w, Q4_0Weight) for w in ws):
         data = torch.cat([w.data for w in ws])
         return Q4_0Weight(data, (data.shape[0], *ws[0].shape[1:]))
@@ -72,20 +73,33 @@ def concat_rows(ws: list[torch.Tensor | Q4_0Weight]) -> torch.Tensor | Q4_0Weigh
     return None
 
 
-def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-             backend: str = "auto", checks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    backend: str = "auto",
+    checks: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)`` for ``x [..., H]`` (``residual`` of x's shape, or
     None: ``(rms_norm(x), x)``) through ``ops.add_rmsnorm``: the residual add of a layer and the
     norm after it in one pass (each rounded once to x's dtype, as the add and :func:`rms_norm`
     round); ``checks``: the op's argument checks (a model's :class:`DecodePlan` ``checks``)."""
     shape = x.shape
     flat = None if residual is None else residual.reshape(-1, shape[-1])
-    h, s = ops.add_rmsnorm(x.reshape(-1, shape[-1]), flat, weight, eps, backend=backend, validate=checks)
+    h, s = ops.add_rmsnorm(
+        x.reshape(-1, shape[-1]), flat, weight, eps, backend=backend, validate=checks
+    )
     return h.view(shape), s.view(shape)
 
 
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
-          backends: Mapping[str, str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def route(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    backends: Mapping[str, str],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The router of a MoE layer: x ``[N, H]`` -> (logits ``[N, E]``, top-k weights fp32, ids
     int32), by ``ops.router_topk`` (the linear layer and the top-k in one op: one launch in
     hip); when ``backends["route_topk"]`` names a backend that ``backends["router_topk"]`` does
@@ -98,10 +112,15 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool,
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor | QuantWeight, backend: str = "auto", path: str = "auto",
-    quant_backend: str | None = None, x_q8: Q8_1 | None = None, checks: bool = False,
+    x: torch.Tensor,
+    w: torch.Tensor | QuantWeight,
+    backend: str = "auto",
+    path: str = "auto",
+    quant_backend: str | None = None,
+    x_q8: Q8_1 | None = None,
+    checks: bool = False,
     plans: dict | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``x [..., K] @ w[N, K].T``; Q4_0 weights through ``ops.q4_0_matmul`` (``backend``; ``x_q8``:
     x's Q8_1 when the caller has it, e.g. from ``ops.decode_attention(quantize=True)``), Q8_0 and
     K-quant weights through ``ops.quant_matmul`` (``quant_backend``, else ``backend``), both on
@@ -115,23 +134,50 @@ def linear(
         key = (op, id(w), flat.shape[0], flat.dtype, name, path)
         plan = op_plan(plans, key, op, lambda: calls.matmul(flat, w), name, path)
         if q4:
-            out = ops.q4_0_matmul(flat, w, path=path, backend=name, x_q8=x_q8, validate=checks, plan=plan)
+            out = ops.q4_0_matmul(
+                flat, w, path=path, backend=name, x_q8=x_q8, validate=checks, plan=plan
+            )
         else:
             out = ops.quant_matmul(flat, w, path=path, backend=name, validate=checks, plan=plan)
         return out.view(*x.shape[:-1], -1)
     return F.linear(x, w)
 
 
-def experts(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor, backend: str,
-            path: str, checks: bool = False, plans: dict | None = None) -> torch.Tensor:  # fmt: skip
+def experts(
+    x: torch.Tensor,
+    w_gate_up,
+    w_down,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    backend: str,
+    path: str,
+    checks: bool = False,
+    plans: dict | None = None,
+) -> torch.Tensor:
     """``ops.moe_experts`` of ``x [N, H]`` over a layer's banks with the router's ``weights`` and
     ``ids [N, k]``, planned once a bank, row count and slot count where the model keeps
     ``plans``."""
-    key = ("moe_experts", id(w_gate_up), id(w_down), x.shape[0], ids.shape[1], x.dtype, backend, path)
-    plan = op_plan(plans, key, "moe_experts", lambda: calls.experts(x, w_gate_up, w_down, ids.shape[1]),
-                   backend, path)  # fmt: skip
-    return ops.moe_experts(x, w_gate_up, w_down, weights, ids, path=path, backend=backend, validate=checks,
-                           plan=plan)  # fmt: skip
+    key = (
+        "moe_experts",
+        id(w_gate_up),
+        id(w_down),
+        x.shape[0],
+        ids.shape[1],
+        x.dtype,
+        backend,
+        path,
+    )
+    plan = op_plan(
+        plans,
+        key,
+        "moe_experts",
+        lambda: calls.experts(x, w_gate_up, w_down, ids.shape[1]),
+        backend,
+        path,
+    )
+    return ops.moe_experts(
+        x, w_gate_up, w_down, weights, ids, path=path, backend=backend, validate=checks, plan=plan
+    )
 
 
 def op_plan(plans: dict | None, key: tuple, op: str, call_of, backend: str, path: str | None):
@@ -158,20 +204,30 @@ def hybrid_end_step(hybrid: list, routed: dict[int, torch.Tensor]) -> None:
         hybrid[i].end_step(row)
 
 
-def rope_tables(positions: torch.Tensor, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    positions: torch.Tensor, hd: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin ``[B, T, 1, hd]`` in ``dtype`` of the rotary angles at ``positions
     [B, T]`` (computed once a forward pass, shared by the layers); ``hd`` is the rotary dim (the
     head dim, or its rotated part under partial rotary): ``sin`` carries the sign of
     rotate-half, -sin on the first half."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd)
+    )
     angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
     emb = torch.cat([angles, angles], dim=-1)[:, :, None, :]  # [B, T, 1, hd]
-    sign = torch.cat([-torch.ones(hd // 2, device=positions.device), torch.ones(hd // 2, device=positions.device)])
+    sign = torch.cat(
+        [
+            -torch.ones(hd // 2, device=positions.device),
+            torch.ones(hd // 2, device=positions.device),
+        ]
+    )
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
-def hip_attention(plan: DecodePlan, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  geo: dict) -> str:  # fmt: skip
+def hip_attention(
+    plan: DecodePlan, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict
+) -> str:
     """The backend a decode step's attention takes: ``name`` when named; under "auto" "hip" on a
     GPU where ``plan.hip_attention`` holds now and the planner gives the call hip's one-launch
     kernel ("tiles"), else "auto" (SDPA). ``q [B, H, D]``, ``k, v [B, S, KVH, D]``. Once a
@@ -195,14 +251,24 @@ class KVCache:
     ``[max_batch * max_seq_len, kv_width]``. ``static``: no host synchronization in a forward
     pass (attention reads all max_seq_len slots under a mask, index checks off)."""
 
-    def __init__(self, layers: int, kv_width: int, max_batch: int, max_seq_len: int, static: bool,
-                 device: torch.device, dtype: torch.dtype):  # fmt: skip
+    def __init__(
+        self,
+        layers: int,
+        kv_width: int,
+        max_batch: int,
+        max_seq_len: int,
+        static: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
         slots = max_batch * max_seq_len
         self.k = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
         self.v = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
         self.max_batch, self.max_seq_len, self.static = max_batch, max_seq_len, static
         self._views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._tables: dict[tuple, object] = {}  # update_geometry's rope tables and aranges, made once
+        self._tables: dict[
+            tuple, object
+        ] = {}  # update_geometry's rope tables and aranges, made once
 
     def views(self, j: int, b: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``j``'s static cache as ``[b, max_seq_len, kv_heads, hd]`` views of the first ``b``
@@ -218,7 +284,9 @@ class KVCache:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
         return batch * self.max_seq_len + positions
 
-    def geometry(self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> dict:
+    def geometry(
+        self, positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype
+    ) -> dict:
         """What every attention layer needs of ``positions [B, T]``, computed once a forward
         pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
         causal mask (boolean; :meth:`attend` makes its additive form once when captured, in this
@@ -230,10 +298,22 @@ class KVCache:
         seq = torch.arange(b, device=dev)[:, None].expand(b, t)
         # read back every position up to the last one written, for every sequence
         span = self.max_seq_len if self.static else int(positions.max()) + 1
-        read = self.slots(torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :])
-        visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        geo = {"cos": cos, "sin": sin, "write": self.slots(seq, positions).reshape(-1), "read": read.reshape(-1),
-               "mask": visible[:, None], "span": span, "positions": positions, "rope": (rotary_dim, theta)}  # fmt: skip
+        read = self.slots(
+            torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :]
+        )
+        visible = (
+            torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]
+        )  # [B, T, S]
+        geo = {
+            "cos": cos,
+            "sin": sin,
+            "write": self.slots(seq, positions).reshape(-1),
+            "read": read.reshape(-1),
+            "mask": visible[:, None],
+            "span": span,
+            "positions": positions,
+            "rope": (rotary_dim, theta),
+        }
         if t == 1:  # a decode step: each sequence's live positions, for ops.decode_attention
             geo["lengths"] = (positions[:, -1] + 1).to(torch.int32)
         return geo
@@ -247,29 +327,43 @@ class KVCache:
         nearest position instead of a failed gather. What
         :class:`ftlab.models.decode_steps.DecodeLaunches` runs before each step."""
         if not self.static or positions.shape != geo["positions"].shape or positions.shape[1] != 1:
-            raise ValueError(f"update_geometry takes a static cache's decode geometry and positions of its shape "
-                             f"{tuple(geo['positions'].shape)}, got {tuple(positions.shape)}")  # fmt: skip
+            raise ValueError(
+                "update_geometry takes a static cache's decode geometry and positions of its "
+                "shape "
+                f"{tuple(geo['positions'].shape)}, got {tuple(positions.shape)}"
+            )
         flat = positions.reshape(-1)
         rows = None
         for key in keys:
             if key in ("cos", "sin"):
                 table = self._rope_table(key, geo["rope"], geo[key].dtype, positions.device)
-                if rows is None:  # a position past the tables gathers the last row, never outside them
+                if (
+                    rows is None
+                ):  # a position past the tables gathers the last row, never outside them
                     rows = flat.clamp(0, self.max_seq_len - 1)
                 torch.index_select(table, 0, rows, out=geo[key].view(-1, *table.shape[1:]))
             elif key == "write":  # slot b * max_seq_len + p
-                torch.add(self._arange(flat.numel(), flat.device, self.max_seq_len), flat, out=geo[key])
+                torch.add(
+                    self._arange(flat.numel(), flat.device, self.max_seq_len), flat, out=geo[key]
+                )
             elif key == "lengths":
                 geo[key].copy_(flat + 1)
             elif key == "mask":
-                torch.le(self._arange(geo["span"], flat.device), positions[:, :, None], out=geo[key][:, 0])
+                torch.le(
+                    self._arange(geo["span"], flat.device),
+                    positions[:, :, None],
+                    out=geo[key][:, 0],
+                )
             elif key == "positions":
                 geo[key].copy_(positions)
             elif key != "read":  # every slot of each sequence: the same for any positions
                 raise ValueError(f"update_geometry cannot rewrite geometry entry {key!r}")
 
-    def _rope_table(self, key: str, rope: tuple[int, float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """``rope_tables``' cos or sin of every position ``[max_seq_len, 1, rotary_dim]``, made once."""
+    def _rope_table(
+        self, key: str, rope: tuple[int, float], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """``rope_tables``' cos or sin of every position ``[max_seq_len, 1, rotary_dim]``, made
+        once."""
         if (rope, dtype) not in self._tables:
             every = torch.arange(self.max_seq_len, device=device)[None]
             cos, sin = rope_tables(every, rope[0], rope[1], dtype)
@@ -282,9 +376,17 @@ class KVCache:
             self._tables[(n, step)] = torch.arange(n, device=device) * step
         return self._tables[(n, step)]
 
-    def attend(self, j: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geo: dict,
-               plan: DecodePlan, stored: bool = False,
-               quantize: bool = False) -> torch.Tensor | tuple[torch.Tensor, Q8_1 | None]:  # fmt: skip
+    def attend(
+        self,
+        j: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        geo: dict,
+        plan: DecodePlan,
+        stored: bool = False,
+        quantize: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, Q8_1 | None]:
         """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots (not when
         ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then
         attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
@@ -297,8 +399,15 @@ class KVCache:
         b, t, kvh, hd = k.shape
         backends = plan.backends
         if not stored:
-            ops.store(self.k[j], self.v[j], geo["write"], k.reshape(b * t, -1), v.reshape(b * t, -1),
-                      check=False, backend=backends["store"])  # fmt: skip
+            ops.store(
+                self.k[j],
+                self.v[j],
+                geo["write"],
+                k.reshape(b * t, -1),
+                v.reshape(b * t, -1),
+                check=False,
+                backend=backends["store"],
+            )
         span = geo["span"]
         if self.static:  # every slot of each sequence, in order: the cache itself, no copy
             keys, vals = self.views(j, b, kvh)
@@ -310,8 +419,15 @@ class KVCache:
             q1 = q.view(b, -1, hd)
             op = hip_attention(plan, backends["decode_attention"], q1, keys, vals, geo)
             if op != "auto":
-                res = ops.decode_attention(q1, keys, vals, geo["lengths"], backend=op, quantize=quantize,
-                                           validate=plan.checks)  # fmt: skip
+                res = ops.decode_attention(
+                    q1,
+                    keys,
+                    vals,
+                    geo["lengths"],
+                    backend=op,
+                    quantize=quantize,
+                    validate=plan.checks,
+                )
                 if quantize:
                     return res[0].view(b, 1, -1, hd), res[1]
                 return res.view(b, 1, -1, hd)
@@ -319,16 +435,23 @@ class KVCache:
         vals = vals.reshape(b, span, kvh, hd).transpose(1, 2)
         mask = geo["mask"]
         if ftplatform.capturing(q.device):
-            # replayed from a graph: SDPA given the additive mask takes cuDNN's kernel, the fastest on
-            # the device (a decode layer 8.0 us against 11.2 us with the boolean mask, which SDPA turns
+            # replayed from a graph: SDPA given the additive mask takes cuDNN's kernel, the fastest
+            # on
+            # the device (a decode layer 8.0 us against 11.2 us with the boolean mask, which SDPA
+            # turns
             # into an additive one in every layer); launched eagerly, cuDNN's host cost a call
-            # outweighs that, so the boolean mask stays (benchmarks/NOTES.md, "Router, mask"). The two
+            # outweighs that, so the boolean mask stays (benchmarks/NOTES.md, "Router, mask"). The
+            # two
             # paths are different kernels: in fp16 / bf16 a replayed step and an eager one differ in
             # the last bits of the attention (fp32 takes the math kernel both ways).
             if "bias" not in geo:  # once a captured forward pass (geo is one forward pass's)
-                geo["bias"] = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+                geo["bias"] = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                    ~mask, float("-inf")
+                )
             mask = geo["bias"]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=True
+        )
         out = out.transpose(1, 2)  # [B, T, heads, hd]
         return (out, None) if quantize else out
 
@@ -342,7 +465,9 @@ def embed(table: torch.Tensor, tokens: torch.Tensor, tp, check: bool, backend: s
         x = ops.index(table, tokens.reshape(-1), check=check, backend=backend)
     else:
         n = table.shape[0]
-        x = tp.all_reduce(ops.index(table, tokens.reshape(-1), mask=(tp.rank * n, n), backend=backend))
+        x = tp.all_reduce(
+            ops.index(table, tokens.reshape(-1), mask=(tp.rank * n, n), backend=backend)
+        )
     return x.view(*tokens.shape, -1)
 
 

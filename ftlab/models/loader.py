@@ -30,16 +30,33 @@ from ftlab.models.qwen3_next.model import NextWeights
 from ftlab.models.qwen3_next.weights import build_weights
 from ftlab.models.tokenizer import Tokenizer
 
-__all__ = ["GGUF_ARCH", "GGUF_ARCHS", "CheckpointError", "DequantizedWarning", "GGUFError", "gguf_architecture",
-           "load_gguf", "load_gguf_model", "load_hf", "save_gguf"]  # fmt: skip
+__all__ = [
+    "GGUF_ARCH",
+    "GGUF_ARCHS",
+    "CheckpointError",
+    "DequantizedWarning",
+    "GGUFError",
+    "gguf_architecture",
+    "load_gguf",
+    "load_gguf_model",
+    "load_hf",
+    "save_gguf",
+]
 
 #: The ``general.architecture`` values of the GGUF files ftlab loads.
 GGUF_ARCHS = (GGUF_ARCH, *NEXT_GGUF_ARCHS)
 
 
-def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None,
-            vocab: tuple[int, int] | None = None, heads: tuple[tuple[int, int], tuple[int, int]] | None = None):  # fmt: skip
+def load_hf(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+    quantize: bool = False,
+    experts: tuple[int, int] | None = None,
+    vocab: tuple[int, int] | None = None,
+    heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
+):
     """Config and weights of a HF directory (module docstring: which model), on ``device``, dense
     weights in ``dtype`` (default: the config's stored dtype, else bf16). ``quantize``: a hybrid
     model's projections and expert banks quantized to Q4_0 at load. ``experts``: ``(start,
@@ -55,16 +72,21 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
         _whole_attention(heads)
         return load_hf_next(path, device, dtype, progress, quantize, experts, vocab)
     if quantize:
-        raise ValueError("quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
-                         "GGUF file)")  # fmt: skip
+        raise ValueError(
+            "quantize=True is for Qwen3-Next / Qwen3.5-MoE directories (Qwen3-MoE's Q4_0 form is a "
+            "GGUF file)"
+        )
     return qwen3_moe_hf.load_hf(path, device, dtype, progress, experts, vocab, heads)
 
 
 def _whole_attention(heads) -> None:
-    """ValueError for ``heads`` given to a Qwen3-Next / Qwen3.5-MoE loader (its attention is read whole)."""
+    """ValueError for ``heads`` given to a Qwen3-Next / Qwen3.5-MoE loader (its attention is read
+    whole)."""
     if heads is not None:
-        raise ValueError(f"heads must be None for a Qwen3-Next / Qwen3.5-MoE checkpoint (its attention is read "
-                         f"whole), got {heads!r}")  # fmt: skip
+        raise ValueError(
+            f"heads must be None for a Qwen3-Next / Qwen3.5-MoE checkpoint (its attention is read "
+            f"whole), got {heads!r}"
+        )
 
 
 def gguf_architecture(path: str | Path) -> str:
@@ -74,15 +96,22 @@ def gguf_architecture(path: str | Path) -> str:
     arch = field_value(open_reader(path), "general.architecture", "str")
     if arch not in GGUF_ARCHS:
         got = "no 'general.architecture'" if arch is None else f"architecture {arch!r}"
-        raise GGUFError(f"{path}: {got}; ftlab loads GGUF files of the architectures {sorted(GGUF_ARCHS)} "
-                        "(Qwen3-MoE, Qwen3.5-MoE / Qwen3.6, Qwen3-Next)")  # fmt: skip
+        raise GGUFError(
+            f"{path}: {got}; ftlab loads GGUF files of the architectures {sorted(GGUF_ARCHS)} "
+            "(Qwen3-MoE, Qwen3.5-MoE / Qwen3.6, Qwen3-Next)"
+        )
     return arch
 
 
-def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                    progress: bool = True, experts: tuple[int, int] | None = None,
-                    vocab: tuple[int, int] | None = None, heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
-                    ) -> tuple[Qwen3MoeConfig | Qwen3NextConfig, ModelWeights | NextWeights, Tokenizer]:  # fmt: skip
+def load_gguf_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    progress: bool = True,
+    experts: tuple[int, int] | None = None,
+    vocab: tuple[int, int] | None = None,
+    heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
+) -> tuple[Qwen3MoeConfig | Qwen3NextConfig, ModelWeights | NextWeights, Tokenizer]:
     """Config, weights and tokenizer of a llama.cpp GGUF file, by its ``general.architecture``:
     ``qwen3moe`` as :func:`load_gguf` loads it (Q4_0 packed, the tokenizer of
     :meth:`Tokenizer.from_gguf`); ``qwen35moe`` / ``qwen3next`` as :func:`read_gguf_hf` reads
@@ -102,8 +131,15 @@ def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype:
     path = Path(path)
     arch = gguf_architecture(path)
     if arch == GGUF_ARCH:
-        config, weights = load_gguf(path, device=device, dtype=dtype, progress=progress, experts=experts, vocab=vocab,
-                                    heads=heads)  # fmt: skip
+        config, weights = load_gguf(
+            path,
+            device=device,
+            dtype=dtype,
+            progress=progress,
+            experts=experts,
+            vocab=vocab,
+            heads=heads,
+        )
         return config, weights, Tokenizer.from_gguf(open_reader(path))
     _whole_attention(heads)
     hf, tensors, input_perms = read_gguf_hf(path, device, dtype, experts, vocab)
@@ -111,7 +147,16 @@ def load_gguf_model(path: str | Path, device: str | torch.device = "cpu", dtype:
         config = Qwen3NextConfig.from_hf(hf)
     except ValueError as e:
         raise GGUFError(f"{path}: {e}") from e
-    bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
-    weights = build_weights(config, tensors, device=device, dtype=dtype, where=str(path), input_perms=input_perms,
-                            progress=bar, experts=experts, vocab=vocab)  # fmt: skip
+    bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None
+    weights = build_weights(
+        config,
+        tensors,
+        device=device,
+        dtype=dtype,
+        where=str(path),
+        input_perms=input_perms,
+        progress=bar,
+        experts=experts,
+        vocab=vocab,
+    )
     return config, weights, read_gguf_tokenizer(path)

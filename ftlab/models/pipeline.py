@@ -5,7 +5,8 @@ stage.
     pipe = Pipeline.load("tiny-qwen3-moe")                 # or a HF directory, or a .gguf file
     for piece in pipe.generate("The router", max_new_tokens=16):
         print(piece, end="")
-    for stage in pipe.stages("The router"):                 # embed, layer i attention/router/experts, ...
+    for stage in pipe.stages("The router"):                 # embed, layer i
+    attention/router/experts, ...
         print(stage.name, {k: tuple(v.shape) for k, v in stage.tensors.items()})
     pipe.compare("The router", backends=["reference", "triton"])
 
@@ -42,8 +43,18 @@ from ftlab.models.qwen3_next.model import NextWeights, Qwen3Next
 from ftlab.models.tokenizer import Tokenizer
 from ftlab.models.tp_ranges import rank_experts, rank_heads, rank_ranges
 
-__all__ = ["DecodeGraph", "DecodeLaunches", "Pipeline", "StageDiff", "backend_map", "format_compare", "rank_experts", "rank_heads",
-           "rank_ranges", "timed_generate"]  # fmt: skip
+__all__ = [
+    "DecodeGraph",
+    "DecodeLaunches",
+    "Pipeline",
+    "StageDiff",
+    "backend_map",
+    "format_compare",
+    "rank_experts",
+    "rank_heads",
+    "rank_ranges",
+    "timed_generate",
+]
 
 
 @dataclass
@@ -60,7 +71,8 @@ class Pipeline:
     ``graphs``: ``"auto"`` (default) captures the decode step on a CUDA/ROCm device when every
     op's backend can run inside a capture (the reference cannot: it reads tensors on the host),
     and runs it eagerly otherwise and on the CPU; ``True`` captures (an error on the CPU, or with
-    a backend that cannot be captured); ``False`` runs eagerly. When captured, the decode step replays a graph built at the first decode step, and
+    a backend that cannot be captured); ``False`` runs eagerly. When captured, the decode step
+    replays a graph built at the first decode step, and
     the model runs in its static mode (attention over every cache slot under a mask). Eager on a
     GPU with backends that can be captured, with ``launches`` (default True), the model is static
     too and the decode step launches its layers' kernels from a schedule recorded at the first
@@ -75,22 +87,36 @@ class Pipeline:
     banks stay loaded, for :meth:`compare`); a Qwen3-Next / Qwen3.5-MoE layer's shared expert
     stays on the GPU. Prefill runs each hybrid layer's eager schedule, a decode step its
     handshake. A graph is captured only if every layer's handshake passed its probe; otherwise
-    decode runs eagerly, with the probe's warning. ``hybrid_policy`` (``ftlab.hybrid.layer_executors``):
+    decode runs eagerly, with the probe's warning. ``hybrid_policy``
+    (``ftlab.hybrid.layer_executors``):
     ``"lru"`` (the default; the missed experts of a step copied in after it), ``"static"``: experts
     ``0 .. hybrid_slots - 1`` of every layer on the GPU for good, nothing copied between steps, or
     ``"layers"``: the same share of the expert bytes placed by layers, as llama.cpp's
     ``--n-cpu-moe``: every expert of the first ``ftlab.hybrid.cpu_layers`` layers on the CPU, the
     other layers' all on the GPU."""
 
-    def __init__(self, config: Qwen3MoeConfig | Qwen3NextConfig, weights: ModelWeights | NextWeights,
-                 tokenizer: Tokenizer, *,
-                 backends: str | dict[str, str] = "auto", max_seq_len: int = 512, name: str = "",
-                 q4_0_path: str = "auto", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-                 tp=None, launches: bool = True, hybrid_policy: str = "lru",
-                 plan: DecodePlan | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: Qwen3MoeConfig | Qwen3NextConfig,
+        weights: ModelWeights | NextWeights,
+        tokenizer: Tokenizer,
+        *,
+        backends: str | dict[str, str] = "auto",
+        max_seq_len: int = 512,
+        name: str = "",
+        q4_0_path: str = "auto",
+        graphs: bool | str = "auto",
+        hybrid_slots: int | None = None,
+        tp=None,
+        launches: bool = True,
+        hybrid_policy: str = "lru",
+        plan: DecodePlan | None = None,
+    ):
         ops = check.usable(backend_map(backends), weights.embed.device)
         if plan is not None and not isinstance(plan, DecodePlan):
-            raise TypeError(f"plan must be a ftlab.models.DecodePlan or None, got {type(plan).__name__}")
+            raise TypeError(
+                f"plan must be a ftlab.models.DecodePlan or None, got {type(plan).__name__}"
+            )
         check.flag("launches", launches)
         check.hybrid_policy(hybrid_policy)
         if tp is not None and hybrid_slots is not None:
@@ -99,27 +125,44 @@ class Pipeline:
         self.model_class = Qwen3Next if isinstance(config, Qwen3NextConfig) else Qwen3Moe
         self.max_seq_len = check.max_seq_len(max_seq_len)
         #: the models' plan: ``plan``'s choices, this pipeline's backends and quantized-weight path
-        self.plan = (plan or DecodePlan()).with_(backends=ops, quant_path=check.q4_0_path(q4_0_path))
+        self.plan = (plan or DecodePlan()).with_(
+            backends=ops, quant_path=check.q4_0_path(q4_0_path)
+        )
         self.graphs = check.graphs(graphs, weights.embed.device)
         used = {op: ops[op] for op in self.model_class.OPS}
-        blocking = check.not_capturable(used, weights.embed.device, weights.embed.dtype, self.q4_0_path)
+        blocking = check.not_capturable(
+            used, weights.embed.device, weights.embed.dtype, self.q4_0_path
+        )
         if self.graphs and blocking:
             if graphs is True:
-                raise ValueError(f"graphs=True: {', '.join(blocking)} cannot run inside a graph capture (it reads "
-                                 "tensors on the host); pick other backends for them, or graphs=False")  # fmt: skip
+                raise ValueError(
+                    f"graphs=True: {', '.join(blocking)} cannot run inside a graph capture (it "
+                    "reads "
+                    "tensors on the host); pick other backends for them, or graphs=False"
+                )
             self.graphs = False  # "auto": eager decode with these backends
         hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
         self.config, self.weights, self.tokenizer, self.name = config, weights, tokenizer, name
-        self.hybrid = self._hybrid(hybrid_slots, ops, hybrid_policy) if hybrid_slots is not None else None
-        # graphs off on a GPU: the static model (no host synchronization in a step), its decode steps
+        self.hybrid = (
+            self._hybrid(hybrid_slots, ops, hybrid_policy) if hybrid_slots is not None else None
+        )
+        # graphs off on a GPU: the static model (no host synchronization in a step), its decode
+        # steps
         # launched from a recorded schedule (DecodeLaunches) where the layers record cleanly
-        self._static_eager = (launches and not self.graphs and weights.embed.device.type == "cuda" and not blocking
-                              and hybrid_slots is None and tp is None
-                              and hasattr(self.model_class, "layer_stages"))  # fmt: skip
+        self._static_eager = (
+            launches
+            and not self.graphs
+            and weights.embed.device.type == "cuda"
+            and not blocking
+            and hybrid_slots is None
+            and tp is None
+            and hasattr(self.model_class, "layer_stages")
+        )
         self.model = self._model(ops, self.hybrid)
         self._graph: DecodeGraph | None = None
         self._launches: DecodeLaunches | None = None
-        #: why decode steps run op by op though graphs are off on a GPU (the recording's refusal), else None
+        #: why decode steps run op by op though graphs are off on a GPU (the recording's refusal),
+        #: else None
         self.launches_refused: str | None = None
         self.position = 0
 
@@ -136,11 +179,23 @@ class Pipeline:
         self._graph = self._launches = None
 
     @classmethod
-    def load(cls, path_or_tiny: str | Path = tiny.DEFAULT, device: str | torch.device = "cpu", *,
-             backends: str | dict[str, str] = "auto", dtype: torch.dtype = torch.float32, max_seq_len: int = 512,
-             quant: str = "f32", graphs: bool | str = "auto", hybrid_slots: int | None = None,
-             q4_0_path: str = "auto", tp: int = 1, launches: bool = True,
-             hybrid_policy: str = "lru", plan: DecodePlan | None = None) -> Pipeline:  # fmt: skip
+    def load(
+        cls,
+        path_or_tiny: str | Path = tiny.DEFAULT,
+        device: str | torch.device = "cpu",
+        *,
+        backends: str | dict[str, str] = "auto",
+        dtype: torch.dtype = torch.float32,
+        max_seq_len: int = 512,
+        quant: str = "f32",
+        graphs: bool | str = "auto",
+        hybrid_slots: int | None = None,
+        q4_0_path: str = "auto",
+        tp: int = 1,
+        launches: bool = True,
+        hybrid_policy: str = "lru",
+        plan: DecodePlan | None = None,
+    ) -> Pipeline:
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
         ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
         directory (Qwen3-MoE, Qwen3-Next or Qwen3.5-MoE, by its config's ``model_type``), or a
@@ -156,7 +211,10 @@ class Pipeline:
         each rank keeps its shard of the weights on its device (``"cuda"`` means
         ``cuda:LOCAL_RANK``). Every model class, without ``hybrid_slots``."""
         if not isinstance(path_or_tiny, (str, Path)):
-            raise TypeError(f"path_or_tiny must be a tiny model name or a path, got {type(path_or_tiny).__name__}")
+            raise TypeError(
+                "path_or_tiny must be a tiny model name or a path, got "
+                f"{type(path_or_tiny).__name__}"
+            )
         quant, dev, dtype = check.quant(quant), check.device(device), check.dtype(dtype)
         check.usable(backend_map(backends), dev)
         check.max_seq_len(max_seq_len)
@@ -176,7 +234,9 @@ class Pipeline:
             path = Path(path_or_tiny)
         expected = f"a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory or a .gguf file"
         if not path.exists():
-            raise FileNotFoundError(f"model must be {expected}; {str(path_or_tiny)!r} is none of these")
+            raise FileNotFoundError(
+                f"model must be {expected}; {str(path_or_tiny)!r} is none of these"
+            )
         group = None
         if tp != 1:  # the process group starts once everything else is checked
             from ftlab.models.tensor_parallel import process_group
@@ -185,9 +245,24 @@ class Pipeline:
                 dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             group = process_group(tp, dev)
         try:
-            return cls._load(path, dev, group, tiny_model, expected, path_or_tiny, name, backends=backends, dtype=dtype,
-                             max_seq_len=max_seq_len, graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path,
-                             launches=launches, hybrid_policy=hybrid_policy, plan=plan)  # fmt: skip
+            return cls._load(
+                path,
+                dev,
+                group,
+                tiny_model,
+                expected,
+                path_or_tiny,
+                name,
+                backends=backends,
+                dtype=dtype,
+                max_seq_len=max_seq_len,
+                graphs=graphs,
+                hybrid_slots=hybrid_slots,
+                q4_0_path=q4_0_path,
+                launches=launches,
+                hybrid_policy=hybrid_policy,
+                plan=plan,
+            )
         except BaseException:
             if group is not None:  # no process group left behind by a failed load
                 from ftlab.models.tensor_parallel import close
@@ -196,20 +271,58 @@ class Pipeline:
             raise
 
     @classmethod
-    def _load(cls, path: Path, dev: torch.device, group, tiny_model: bool, expected: str, path_or_tiny, name: str, *,
-              backends, dtype: torch.dtype, max_seq_len: int, graphs, hybrid_slots, q4_0_path: str,
-              launches: bool, hybrid_policy: str = "lru", plan: DecodePlan | None = None) -> Pipeline:  # fmt: skip
+    def _load(
+        cls,
+        path: Path,
+        dev: torch.device,
+        group,
+        tiny_model: bool,
+        expected: str,
+        path_or_tiny,
+        name: str,
+        *,
+        backends,
+        dtype: torch.dtype,
+        max_seq_len: int,
+        graphs,
+        hybrid_slots,
+        q4_0_path: str,
+        launches: bool,
+        hybrid_policy: str = "lru",
+        plan: DecodePlan | None = None,
+    ) -> Pipeline:
         """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
-        at = dev if group is None else torch.device("cpu")  # tp: read on the host, then each rank's shard moves
-        experts, vocab = (None if group is None else rank_ranges(path, group)) or (None, None)  # tp: its rows only
-        heads = None if group is None else rank_heads(path, group)  # tp: its attention heads only (Qwen3-MoE)
+        at = (
+            dev if group is None else torch.device("cpu")
+        )  # tp: read on the host, then each rank's shard moves
+        experts, vocab = (None if group is None else rank_ranges(path, group)) or (
+            None,
+            None,
+        )  # tp: its rows only
+        heads = (
+            None if group is None else rank_heads(path, group)
+        )  # tp: its attention heads only (Qwen3-MoE)
         if path.is_dir():
-            config, weights = load_hf(path, device=at, dtype=dtype, progress=not tiny_model, experts=experts,
-                                      vocab=vocab, heads=heads)  # fmt: skip
+            config, weights = load_hf(
+                path,
+                device=at,
+                dtype=dtype,
+                progress=not tiny_model,
+                experts=experts,
+                vocab=vocab,
+                heads=heads,
+            )
             tokenizer = Tokenizer.from_dir(path)
         elif path.suffix == ".gguf":
-            config, weights, tokenizer = load_gguf_model(path, device=at, dtype=dtype, progress=not tiny_model,
-                                                         experts=experts, vocab=vocab, heads=heads)  # fmt: skip
+            config, weights, tokenizer = load_gguf_model(
+                path,
+                device=at,
+                dtype=dtype,
+                progress=not tiny_model,
+                experts=experts,
+                vocab=vocab,
+                heads=heads,
+            )
         else:
             raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
         if group is not None:
@@ -217,15 +330,34 @@ class Pipeline:
 
             shard = shard_qwen3_next if isinstance(config, Qwen3NextConfig) else shard_qwen3_moe
             weights = shard(config, weights, group, dev)
-        return cls(config, weights, tokenizer, backends=backends, max_seq_len=max_seq_len, name=name,
-                   graphs=graphs, hybrid_slots=hybrid_slots, q4_0_path=q4_0_path, tp=group, launches=launches,
-                   hybrid_policy=hybrid_policy, plan=plan)  # fmt: skip
+        return cls(
+            config,
+            weights,
+            tokenizer,
+            backends=backends,
+            max_seq_len=max_seq_len,
+            name=name,
+            graphs=graphs,
+            hybrid_slots=hybrid_slots,
+            q4_0_path=q4_0_path,
+            tp=group,
+            launches=launches,
+            hybrid_policy=hybrid_policy,
+            plan=plan,
+        )
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         """The model over ``backends``, its :class:`DecodePlan` made here once."""
         plan = self.plan.with_(backends=backends)
-        return self.model_class(self.config, self.weights, max_seq_len=self.max_seq_len, plan=plan,
-                                static=self._static, hybrid=hybrid, tp=self.tp)  # fmt: skip
+        return self.model_class(
+            self.config,
+            self.weights,
+            max_seq_len=self.max_seq_len,
+            plan=plan,
+            static=self._static,
+            hybrid=hybrid,
+            tp=self.tp,
+        )
 
     @property
     def _static(self) -> bool:
@@ -234,9 +366,17 @@ class Pipeline:
     def _hybrid(self, slots: int, backends: dict[str, str], policy: str = "lru") -> list:
         from ftlab.hybrid import layer_executors
 
-        banks = [lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers]  # the routed experts
-        return layer_executors([(b.w_gate_up, b.w_down) for b in banks], slots, self.device, policy,
-                               backend=backends["moe_experts"], path=self.q4_0_path)  # fmt: skip
+        banks = [
+            lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers
+        ]  # the routed experts
+        return layer_executors(
+            [(b.w_gate_up, b.w_down) for b in banks],
+            slots,
+            self.device,
+            policy,
+            backend=backends["moe_experts"],
+            path=self.q4_0_path,
+        )
 
     @property
     def executors(self) -> list:
@@ -255,7 +395,8 @@ class Pipeline:
         """How a decode step runs: ``"graph"`` (a captured graph replayed), ``"launches"`` (graphs
         off on a GPU: the layers' kernels launched from a schedule recorded at the first step,
         :class:`DecodeLaunches`; before that step, what is planned: the recording may yet be
-        refused), or ``"eager"`` (op by op: ``launches=False``, the CPU, backends that read tensors on
+        refused), or ``"eager"`` (op by op: ``launches=False``, the CPU, backends that read tensors
+        on
         the host, hybrid or tensor-parallel models, Qwen3-Next / Qwen3.5-MoE -- whose layers run
         torch kernels between the ops -- or a recording refused: then :attr:`launches_refused`
         says why)."""
@@ -292,7 +433,9 @@ class Pipeline:
         """Append one token id (an int); returns the next-token logits fp32 ``[V]``."""
         token = check.token_id("token", token, self.config.vocab_size)
         if self.position >= self.max_seq_len:
-            raise ValueError(f"the sequence reached max_seq_len = {self.max_seq_len}; start another with prefill")
+            raise ValueError(
+                f"the sequence reached max_seq_len = {self.max_seq_len}; start another with prefill"
+            )
         pos = torch.tensor([[self.position]], device=self.device)
         tok = torch.tensor([[token]], device=self.device)
         self.position += 1
@@ -304,7 +447,9 @@ class Pipeline:
             if self._launches is None:
                 try:
                     self._launches = DecodeLaunches(self.model, 1)
-                except NotReplayable as e:  # op by op from here, on the dynamic model (live positions only)
+                except (
+                    NotReplayable
+                ) as e:  # op by op from here, on the dynamic model (live positions only)
                     self.launches_refused = str(e)
                     self.model.static = self.model.cache.static = False
             step = self._launches or self.model.forward
@@ -329,8 +474,14 @@ class Pipeline:
         choice = torch.multinomial(probs[order] * keep, 1, generator=gen)
         return int(order[choice])
 
-    def generate(self, prompt: str, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int = 0) -> Iterator[str]:  # fmt: skip
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> Iterator[str]:
         """Stream the text of up to ``max_new_tokens`` new tokens (stops at end-of-text or at
         max_seq_len). The arguments are checked here, before the first token is asked for."""
         ids = self._prompt_ids(prompt)
@@ -339,8 +490,14 @@ class Pipeline:
         gen = torch.Generator().manual_seed(check.seed(seed))
         return self._generate(ids, max_new_tokens, temperature, top_p, gen)
 
-    def _generate(self, ids: list[int], max_new_tokens: int, temperature: float, top_p: float,
-                  gen: torch.Generator) -> Iterator[str]:  # fmt: skip
+    def _generate(
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        gen: torch.Generator,
+    ) -> Iterator[str]:
         logits = self.prefill(ids)
         new: list[int] = []
         shown = ""
@@ -370,8 +527,12 @@ class Pipeline:
         token = int(last.tensors["logits"][0, -1].argmax())
         yield Stage("sample", {"token": torch.tensor([token])}, "token")
 
-    def compare(self, prompt: str, backends: list[str | dict[str, str]], reference: str | dict[str, str] = "reference"
-                ) -> list[StageDiff]:  # fmt: skip
+    def compare(
+        self,
+        prompt: str,
+        backends: list[str | dict[str, str]],
+        reference: str | dict[str, str] = "reference",
+    ) -> list[StageDiff]:
         """Per-stage max-abs and relative difference of each backend set (a name, or a dict
         ``{op: backend}``) against ``reference``, on the same prompt and weights. Every set is
         checked (names known, backends able to run on this device) before any is run."""
@@ -387,8 +548,14 @@ class Pipeline:
                 want = base[stage.name].tensors[stage.main].float()
                 got = stage.tensors[stage.main].float()
                 diff = (got - want).abs()
-                rows.append(StageDiff(stage.name, label, float(diff.max()),
-                                      float(diff.norm() / want.norm().clamp(min=1e-30))))  # fmt: skip
+                rows.append(
+                    StageDiff(
+                        stage.name,
+                        label,
+                        float(diff.max()),
+                        float(diff.norm() / want.norm().clamp(min=1e-30)),
+                    )
+                )
         return rows
 
 
@@ -396,7 +563,9 @@ def format_compare(rows: list[StageDiff]) -> str:
     width = max([len("backend"), *(len(r.backend) for r in rows)])
     stage = max([22, *(len(r.stage) for r in rows)])
     lines = [f"{'stage':<{stage}} {'backend':<{width}} {'max |diff|':>11} {'rel':>10}"]
-    lines += [f"{r.stage:<{stage}} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows]
+    lines += [
+        f"{r.stage:<{stage}} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -420,7 +589,10 @@ class Timing:
         return (self.tokens - 2) / (self.seconds - self.first_token_s - self.first_step_s)
 
     def summary(self) -> str:
-        parts = [f"{self.tokens} token{'s' if self.tokens != 1 else ''}", f"first after {self.first_token_s:.3f} s (prefill)"]
+        parts = [
+            f"{self.tokens} token{'s' if self.tokens != 1 else ''}",
+            f"first after {self.first_token_s:.3f} s (prefill)",
+        ]
         if self.first_step_s is not None:
             parts.append(f"first decode step {self.first_step_s:.3f} s")
         if self.decode_tokens_per_s is not None:
@@ -431,7 +603,8 @@ class Timing:
 def timed_generate(
     pipe: Pipeline, prompt: str, max_new_tokens: int, **kw
 ) -> Iterator[tuple[str, Timing]]:
-    """generate(), with the :class:`Timing` so far beside each piece (the arguments checked here)."""
+    """generate(), with the :class:`Timing` so far beside each piece (the arguments checked
+    here)."""
     return _timed(pipe.generate(prompt, max_new_tokens, **kw))
 
 

@@ -21,10 +21,27 @@ from ftlab import platform as ftplatform
 
 #: The ops a model's ``backends`` map names (each "auto" unless set): Qwen3-MoE's, then those the
 #: hybrid models (Qwen3-Next, Qwen3.5-MoE) add.
-QWEN3_MOE_OPS = ("index", "store", "router_topk", "route_topk", "moe_experts", "q4_0_matmul", "quant_matmul",
-                 "qk_norm_rope", "decode_attention", "add_rmsnorm")
-MODEL_OPS = (*QWEN3_MOE_OPS, "causal_conv1d", "causal_conv1d_update", "gated_delta_rule", "gated_delta_step",
-             "gated_rmsnorm", "output_gate")  # fmt: skip
+QWEN3_MOE_OPS = (
+    "index",
+    "store",
+    "router_topk",
+    "route_topk",
+    "moe_experts",
+    "q4_0_matmul",
+    "quant_matmul",
+    "qk_norm_rope",
+    "decode_attention",
+    "add_rmsnorm",
+)
+MODEL_OPS = (
+    *QWEN3_MOE_OPS,
+    "causal_conv1d",
+    "causal_conv1d_update",
+    "gated_delta_rule",
+    "gated_delta_step",
+    "gated_rmsnorm",
+    "output_gate",
+)
 #: Which file of a built-in tiny model ``Pipeline.load`` reads: its HF directory, or the GGUF
 #: file with fp32 or Q4_0 weights.
 TINY_QUANTS = ("hf", "f32", "q4_0")
@@ -32,7 +49,8 @@ TINY_QUANTS = ("hf", "f32", "q4_0")
 MODEL_DTYPES = ftbackends.FLOAT_DTYPES
 #: The paths of Q4_0 weights (see ``ops.q4_0_matmul``).
 Q4_0_PATHS = ("auto", *ftbackends.Q4_0_PATHS)
-#: The placements of hybrid experts (``ftlab.hybrid.PLACEMENTS``): every layer's slots least recently
+#: The placements of hybrid experts (``ftlab.hybrid.PLACEMENTS``): every layer's slots least
+#: recently
 #: used out, or a fixed set in every layer's slots, or whole layers on the CPU.
 HYBRID_POLICIES = ("lru", "static", "layers")
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
@@ -128,7 +146,9 @@ def prompt(value: object) -> str:
 def fits(name: str, tokens: int, max_seq_len: int) -> None:
     """A sequence of ``tokens`` tokens must fit in the KV cache of ``max_seq_len`` positions."""
     if tokens > max_seq_len:
-        raise ValueError(f"{name} must fit in max_seq_len = {max_seq_len} tokens, got {tokens} tokens")
+        raise ValueError(
+            f"{name} must fit in max_seq_len = {max_seq_len} tokens, got {tokens} tokens"
+        )
 
 
 def token_id(name: str, value: object, vocab_size: int) -> int:
@@ -142,14 +162,18 @@ def token_id(name: str, value: object, vocab_size: int) -> int:
     return int(value)
 
 
-def token_ids(name: str, value: object, vocab_size: int, max_seq_len: int, device: torch.device) -> torch.Tensor:
+def token_ids(
+    name: str, value: object, vocab_size: int, max_seq_len: int, device: torch.device
+) -> torch.Tensor:
     """Token ids as int64 ``[T]`` on ``device``, from a list of ints or an integer tensor ``[T]``
     or ``[1, T]``, with 1 <= T <= max_seq_len and every id in [0, vocab_size)."""
     if isinstance(value, torch.Tensor):
         if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
             raise TypeError(f"{name} must hold integer token ids, got a {value.dtype} tensor")
     elif not isinstance(value, (list, tuple)) or not all(_is_int(i) for i in value):
-        raise TypeError(f"{name} must be a list of int token ids or an integer tensor [T], got {value!r}")
+        raise TypeError(
+            f"{name} must be a list of int token ids or an integer tensor [T], got {value!r}"
+        )
     ids = torch.as_tensor(value, dtype=torch.long, device=device)
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
@@ -160,7 +184,9 @@ def token_ids(name: str, value: object, vocab_size: int, max_seq_len: int, devic
     fits(name, ids.numel(), max_seq_len)
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {lo if lo < 0 else hi}")
+        raise ValueError(
+            f"{name} must be token ids in [0, {vocab_size}), got {lo if lo < 0 else hi}"
+        )
     return ids
 
 
@@ -182,7 +208,9 @@ def dtype(value: object) -> torch.dtype:
     """One of :data:`MODEL_DTYPES`."""
     names = ", ".join(str(d) for d in MODEL_DTYPES)
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype ({names}), got {value!r} ({type(value).__name__})")
+        raise TypeError(
+            f"dtype must be a torch.dtype ({names}), got {value!r} ({type(value).__name__})"
+        )
     if value not in MODEL_DTYPES:
         raise ValueError(f"dtype must be one of {names}, got {value}")
     return value
@@ -191,21 +219,29 @@ def dtype(value: object) -> torch.dtype:
 def device(value: object) -> torch.device:
     """A CPU or CUDA/ROCm device that torch can use here (``"cpu"``, ``"cuda"``, ``"cuda:1"``)."""
     if not isinstance(value, (str, torch.device)):
-        raise TypeError(f"device must be a str or torch.device, got {value!r} ({type(value).__name__})")
+        raise TypeError(
+            f"device must be a str or torch.device, got {value!r} ({type(value).__name__})"
+        )
     try:
         dev = torch.device(value)
     except (RuntimeError, ValueError):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(value)!r}") from None
     if dev.type not in ("cpu", "cuda"):  # ROCm devices are "cuda" devices in torch
-        raise ValueError(f"device must be a CPU or CUDA/ROCm device ('cpu', 'cuda', 'cuda:N'), got {str(dev)!r}")
+        raise ValueError(
+            f"device must be a CPU or CUDA/ROCm device ('cpu', 'cuda', 'cuda:N'), got {str(dev)!r}"
+        )
     if dev.type == "cuda":
         count = torch.cuda.device_count()
         if count == 0:
             build = "no GPU visible" if ftplatform.torch_build() else "a CPU build"
-            raise ValueError(f"device {str(dev)!r} needs a CUDA or ROCm GPU, got none (torch "
-                             f"{torch.__version__}: {build}); use device='cpu'")  # fmt: skip
+            raise ValueError(
+                f"device {str(dev)!r} needs a CUDA or ROCm GPU, got none (torch "
+                f"{torch.__version__}: {build}); use device='cpu'"
+            )
         if dev.index is not None and dev.index >= count:
-            raise ValueError(f"device index must be < {count} (the GPUs torch sees), got {str(dev)!r}")
+            raise ValueError(
+                f"device index must be < {count} (the GPUs torch sees), got {str(dev)!r}"
+            )
     return dev
 
 
@@ -228,7 +264,9 @@ def graphs(value: object, dev: torch.device) -> bool:
     return value
 
 
-def not_capturable(ops: dict[str, str], dev: torch.device, dtype: torch.dtype, q4_0_path: str) -> list[str]:
+def not_capturable(
+    ops: dict[str, str], dev: torch.device, dtype: torch.dtype, q4_0_path: str
+) -> list[str]:
     """``"op (backend)"`` for every op of ``ops`` (a :func:`backend_map`) whose backend on ``dev``
     cannot run inside a CUDA/HIP graph capture (the reference reads tensors on the host)."""
     out = []
@@ -246,7 +284,11 @@ def _backend_known(op: str, name: object) -> bool:
 
 def backend_names() -> list[str]:
     """The backends that every op of Qwen3-MoE has (besides "auto")."""
-    return [n for n in ftbackends.backends_of(MODEL_OPS[0]) if all(_backend_known(op, n) for op in QWEN3_MOE_OPS)]
+    return [
+        n
+        for n in ftbackends.backends_of(MODEL_OPS[0])
+        if all(_backend_known(op, n) for op in QWEN3_MOE_OPS)
+    ]
 
 
 def backend_map(value: object) -> dict[str, str]:
@@ -256,17 +298,27 @@ def backend_map(value: object) -> dict[str, str]:
     ops (the rest "auto"). Each name must be "auto" or one of ``ftlab.backends.backends_of(op)``."""
     if isinstance(value, str):
         if value != "auto" and not all(_backend_known(op, value) for op in QWEN3_MOE_OPS):
-            raise ValueError(f"backends must be 'auto', one of {backend_names()} (every op) or a dict {{op: backend}}, "
-                             f"got {value!r}")  # fmt: skip
+            raise ValueError(
+                f"backends must be 'auto', one of {backend_names()} (every op) or a dict "
+                f"{{op: backend}}, "
+                f"got {value!r}"
+            )
         return {op: value if _backend_known(op, value) else "auto" for op in MODEL_OPS}
     if not isinstance(value, Mapping):
-        raise TypeError(f"backends must be a backend name or a dict {{op: backend}}, got {type(value).__name__}")
+        raise TypeError(
+            f"backends must be a backend name or a dict {{op: backend}}, got {type(value).__name__}"
+        )
     unknown = set(value) - set(MODEL_OPS)
     if unknown:
-        raise ValueError(f"backends keys must be op names among {MODEL_OPS}, got {sorted(map(str, unknown))}")
+        raise ValueError(
+            f"backends keys must be op names among {MODEL_OPS}, got {sorted(map(str, unknown))}"
+        )
     for op, name in value.items():
         if not _backend_known(op, name):
-            raise ValueError(f"backends[{op!r}] must be 'auto' or one of {ftbackends.backends_of(op)}, got {name!r}")
+            raise ValueError(
+                f"backends[{op!r}] must be 'auto' or one of {ftbackends.backends_of(op)}, got "
+                f"{name!r}"
+            )
     return {**dict.fromkeys(MODEL_OPS, "auto"), **value}
 
 
@@ -284,8 +336,10 @@ def backend_sets(value: object, dev: torch.device) -> list[str | dict[str, str]]
     """The backend sets of ``Pipeline.compare``: a list of names or ``{op: backend}`` dicts,
     each known (:func:`backend_map`) and :func:`usable` on ``dev``."""
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"backends must be a list of backend sets (a name or an {{op: backend}} dict each), "
-                        f"got {type(value).__name__} {value!r}")  # fmt: skip
+        raise TypeError(
+            f"backends must be a list of backend sets (a name or an {{op: backend}} dict each), "
+            f"got {type(value).__name__} {value!r}"
+        )
     for b in value:
         usable(backend_map(b), dev)
     return list(value)

@@ -60,7 +60,8 @@ class TensorParallel:
     group: object = None
 
     def check_divides(self, **counts: int) -> None:
-        """ValueError naming the first count (a model's heads, say) that ``world`` does not divide."""
+        """ValueError naming the first count (a model's heads, say) that ``world`` does not
+        divide."""
         for name, total in counts.items():
             self.shard(total, name)
 
@@ -83,10 +84,15 @@ class TensorParallel:
         import torch.distributed as dist
 
         x = x.contiguous()
-        # the ranks' parts stacked along dim 0 (the layout gloo requires; NCCL takes any of that size)
+        # the ranks' parts stacked along dim 0 (the layout gloo requires; NCCL takes any of that
+        # size)
         out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
         dist.all_gather_into_tensor(out, x, group=self.group)
-        return out.view(self.world, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.world * x.shape[-1])
+        return (
+            out.view(self.world, *x.shape)
+            .movedim(0, -2)
+            .reshape(*x.shape[:-1], self.world * x.shape[-1])
+        )
 
     def kv_heads(self, kv: int, heads: int) -> tuple[int, int]:
         """``(start, stop)`` of this rank's key/value heads of ``kv`` for its share of ``heads``
@@ -97,7 +103,9 @@ class TensorParallel:
             return self.shard(kv, "num_key_value_heads")
         self.shard(heads, "num_attention_heads")
         if self.world % kv:
-            raise ValueError(f"tp = {self.world} must divide num_key_value_heads ({kv}) or be a multiple of it")
+            raise ValueError(
+                f"tp = {self.world} must divide num_key_value_heads ({kv}) or be a multiple of it"
+            )
         j = self.rank // (self.world // kv)
         return j, j + 1
 
@@ -129,11 +137,15 @@ def process_group(tp: int, device: torch.device) -> TensorParallel | None:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # NCCL's communicator uses the current device
     if not dist.is_initialized():
-        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        missing = [
+            k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+        ]
         if missing:
-            raise RuntimeError(f"tp = {tp} needs a process group: start the processes with torchrun "
-                               f"(--nproc-per-node {tp}), or call torch.distributed.init_process_group "
-                               f"first (the environment lacks {', '.join(missing)})")  # fmt: skip
+            raise RuntimeError(
+                f"tp = {tp} needs a process group: start the processes with torchrun "
+                f"(--nproc-per-node {tp}), or call torch.distributed.init_process_group "
+                f"first (the environment lacks {', '.join(missing)})"
+            )
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://")
         try:
             return _checked(tp, device)
@@ -154,11 +166,16 @@ def _checked(tp: int, device: torch.device) -> TensorParallel:
     dist.all_gather_object(seen, (device.type, socket.gethostname(), device.index))
     kinds = {s[0] for s in seen}
     if len(kinds) > 1:
-        raise ValueError(f"every rank must run on the same kind of device (all CPU or all GPU); got {[s[0] for s in seen]}")
+        raise ValueError(
+            "every rank must run on the same kind of device (all CPU or all GPU); got "
+            f"{[s[0] for s in seen]}"
+        )
     gpus = [(s[1], s[2]) for s in seen]
     if kinds == {"cuda"} and len(set(gpus)) < world:
-        raise ValueError(f"two ranks share a GPU ((host, device) {gpus}): give each rank its own, e.g. "
-                         "device=f'cuda:{LOCAL_RANK}'")  # fmt: skip
+        raise ValueError(
+            f"two ranks share a GPU ((host, device) {gpus}): give each rank its own, e.g. "
+            "device=f'cuda:{LOCAL_RANK}'"
+        )
     return TensorParallel(rank, world)
 
 
@@ -182,8 +199,16 @@ def rows(w, start: int, stop: int):
     return w[start:stop].clone()
 
 
-def held(w, start: int, stop: int, total: int, what: str, unit: str, dim: int = 0,
-         dtype: torch.dtype = torch.float32):  # fmt: skip
+def held(
+    w,
+    start: int,
+    stop: int,
+    total: int,
+    what: str,
+    unit: str,
+    dim: int = 0,
+    dtype: torch.dtype = torch.float32,
+):
     """Rows ``start .. stop`` of ``w [total, ...]`` (dense or packed), copied (:func:`rows`); a
     ``w`` that holds just those already (``shape[0] == stop - start``: loaded with that range, the
     loaders reading only a rank's rows) as it is. ValueError naming ``what`` for any other size.
@@ -194,7 +219,9 @@ def held(w, start: int, stop: int, total: int, what: str, unit: str, dim: int = 
         return rows(w, start, stop) if dim == 0 else columns(w, start, stop, what, dtype)
     if size == stop - start:
         return w
-    raise ValueError(f"{what} of {size} {unit} is neither all {total} nor this rank's {stop - start}")
+    raise ValueError(
+        f"{what} of {size} {unit} is neither all {total} nor this rank's {stop - start}"
+    )
 
 
 def experts(bank, start: int, stop: int, total: int):
@@ -231,7 +258,8 @@ class ShardDequantizedWarning(UserWarning):
 
 
 def whole_blocks(w, start: int, stop: int) -> bool:
-    """Whether columns ``start .. stop`` of ``w`` are whole blocks of it (always, for a dense ``w``)."""
+    """Whether columns ``start .. stop`` of ``w`` are whole blocks of it (always, for a dense
+    ``w``)."""
     block = QTYPES[w.qtype].block if isinstance(w, QuantWeight) else 1
     return start % block == 0 and stop % block == 0
 
@@ -244,12 +272,19 @@ def columns(w, start: int, stop: int, what: str, dtype: torch.dtype = torch.floa
     if isinstance(w, QuantWeight):
         block = QTYPES[w.qtype].block
         if whole_blocks(w, start, stop):
-            part = w.blocks[..., start // block : stop // block, :].reshape(*w.shape[:-1], -1).clone()
+            part = (
+                w.blocks[..., start // block : stop // block, :].reshape(*w.shape[:-1], -1).clone()
+            )
             return quant_weight(part, (*w.shape[:-1], stop - start), w.qtype)
         from ftlab import ops
 
-        warnings.warn(f"{what}: a {w.qtype} weight cut at columns {start}..{stop}, inside its blocks of {block}: "
-                      f"this rank keeps its share dense in {dtype}", ShardDequantizedWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{what}: a {w.qtype} weight cut at columns {start}..{stop}, inside its blocks of "
+            f"{block}: "
+            f"this rank keeps its share dense in {dtype}",
+            ShardDequantizedWarning,
+            stacklevel=2,
+        )
         return ops.dequantize(w, torch.float32)[..., start:stop].to(dtype).contiguous()
     return w[..., start:stop].clone()
 
@@ -262,9 +297,13 @@ def unpermute_columns(w, perm: torch.Tensor, what: str):
         return w[..., inverse.to(w.device)].contiguous()
     block = QTYPES[w.qtype].block
     groups = perm.cpu().view(-1, block)
-    if bool((groups != groups[:, :1] + torch.arange(block)).any()) or bool((groups[:, 0] % block).any()):
-        raise ValueError(f"{what}: its column permutation moves parts of {w.qtype} blocks of {block}; tp > 1 "
-                         "needs whole blocks")  # fmt: skip
+    if bool((groups != groups[:, :1] + torch.arange(block)).any()) or bool(
+        (groups[:, 0] % block).any()
+    ):
+        raise ValueError(
+            f"{what}: its column permutation moves parts of {w.qtype} blocks of {block}; tp > 1 "
+            "needs whole blocks"
+        )
     order = torch.argsort(groups[:, 0] // block)
     data = w.blocks.index_select(-2, order.to(w.device)).reshape(*w.shape[:-1], -1).contiguous()
     return quant_weight(data, w.shape, w.qtype)
@@ -298,15 +337,26 @@ def shard_qwen3_moe(config, weights, tp: TensorParallel, device: torch.device):
     dt = weights.embed.dtype  # the model's dense dtype
     layers = []
     for i, lw in enumerate(weights.layers):
-        layers.append(move(LayerWeights(
-            q_proj=held(lw.q_proj, q0 * hd, q1 * hd, nq, f"layer {i} q_proj", "rows"),
-            k_proj=held(lw.k_proj, k0 * hd, k1 * hd, nkv, f"layer {i} k_proj", "rows"),
-            v_proj=held(lw.v_proj, k0 * hd, k1 * hd, nkv, f"layer {i} v_proj", "rows"),
-            o_proj=held(lw.o_proj, q0 * hd, q1 * hd, nq, f"layer {i} o_proj", "columns", -1, dt),
-            q_norm=lw.q_norm, k_norm=lw.k_norm, input_norm=lw.input_norm,
-            post_attention_norm=lw.post_attention_norm, router=lw.router,
-            w_gate_up=experts(lw.w_gate_up, e0, e1, c.num_experts), w_down=experts(lw.w_down, e0, e1, c.num_experts)),
-            device))  # fmt: skip
+        layers.append(
+            move(
+                LayerWeights(
+                    q_proj=held(lw.q_proj, q0 * hd, q1 * hd, nq, f"layer {i} q_proj", "rows"),
+                    k_proj=held(lw.k_proj, k0 * hd, k1 * hd, nkv, f"layer {i} k_proj", "rows"),
+                    v_proj=held(lw.v_proj, k0 * hd, k1 * hd, nkv, f"layer {i} v_proj", "rows"),
+                    o_proj=held(
+                        lw.o_proj, q0 * hd, q1 * hd, nq, f"layer {i} o_proj", "columns", -1, dt
+                    ),
+                    q_norm=lw.q_norm,
+                    k_norm=lw.k_norm,
+                    input_norm=lw.input_norm,
+                    post_attention_norm=lw.post_attention_norm,
+                    router=lw.router,
+                    w_gate_up=experts(lw.w_gate_up, e0, e1, c.num_experts),
+                    w_down=experts(lw.w_down, e0, e1, c.num_experts),
+                ),
+                device,
+            )
+        )
     embed, lm_head = vocab_rows(c, weights, tp, device)
     return ModelWeights(embed=embed, layers=layers, norm=weights.norm.to(device), lm_head=lm_head)
 
@@ -315,7 +365,8 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     """This rank's shard of a Qwen3-Next / Qwen3.5-MoE model's weights, on ``device``: as
     :func:`shard_qwen3_moe` for embedding, full attention (q and gate rows of its heads), the
     routed experts (a bank loaded with only the rank's experts kept as it is: :func:`experts`)
-    and lm_head (likewise: :func:`vocab_rows`); a linear-attention layer keeps its key heads and their value heads (q, k, v
+    and lm_head (likewise: :func:`vocab_rows`); a linear-attention layer keeps its key heads and
+    their value heads (q, k, v
     rows and conv channels, z, b, a, dt_bias, A; out_proj columns, put back in HF order first
     if stored permuted); the shared expert its share of the intermediate
     columns (gate and up rows, down columns), its gate replicated. ValueError when tp does not
@@ -343,20 +394,41 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
         if isinstance(m, DeltaNetWeights):
             k0, k1 = tp.shard(c.linear_num_key_heads, "linear_num_key_heads")
             h0, h1 = tp.shard(c.linear_num_value_heads, "linear_num_value_heads")
-            channels = torch.cat([span(k0 * dk, k1 * dk), kd + span(k0 * dk, k1 * dk), 2 * kd + span(h0 * dv, h1 * dv)])
-            out = m.out_proj if m.out_perm is None else unpermute_columns(m.out_proj, m.out_perm, f"layer {i} out_proj")
+            channels = torch.cat(
+                [
+                    span(k0 * dk, k1 * dk),
+                    kd + span(k0 * dk, k1 * dk),
+                    2 * kd + span(h0 * dv, h1 * dv),
+                ]
+            )
+            out = (
+                m.out_proj
+                if m.out_perm is None
+                else unpermute_columns(m.out_proj, m.out_perm, f"layer {i} out_proj")
+            )
             mixer = DeltaNetWeights(
-                in_proj_qkv=take(m.in_proj_qkv, channels), in_proj_z=take(m.in_proj_z, span(h0 * dv, h1 * dv)),
-                in_proj_b=take(m.in_proj_b, span(h0, h1)), in_proj_a=take(m.in_proj_a, span(h0, h1)),
-                conv=m.conv[channels.to(m.conv.device)].clone(), dt_bias=m.dt_bias[h0:h1].clone(),
-                a_neg=m.a_neg[h0:h1].clone(), norm=m.norm, out_proj=columns(out, h0 * dv, h1 * dv, f"layer {i} out_proj", dt))  # fmt: skip
+                in_proj_qkv=take(m.in_proj_qkv, channels),
+                in_proj_z=take(m.in_proj_z, span(h0 * dv, h1 * dv)),
+                in_proj_b=take(m.in_proj_b, span(h0, h1)),
+                in_proj_a=take(m.in_proj_a, span(h0, h1)),
+                conv=m.conv[channels.to(m.conv.device)].clone(),
+                dt_bias=m.dt_bias[h0:h1].clone(),
+                a_neg=m.a_neg[h0:h1].clone(),
+                norm=m.norm,
+                out_proj=columns(out, h0 * dv, h1 * dv, f"layer {i} out_proj", dt),
+            )
         else:
             q0, q1 = tp.shard(c.num_attention_heads, "num_attention_heads")
             a0, a1 = tp.kv_heads(c.num_key_value_heads, c.num_attention_heads)
             mixer = AttentionWeights(
-                q_proj=rows(m.q_proj, q0 * hd, q1 * hd), gate_proj=rows(m.gate_proj, q0 * hd, q1 * hd),
-                k_proj=rows(m.k_proj, a0 * hd, a1 * hd), v_proj=rows(m.v_proj, a0 * hd, a1 * hd),
-                o_proj=columns(m.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt), q_norm=m.q_norm, k_norm=m.k_norm)  # fmt: skip
+                q_proj=rows(m.q_proj, q0 * hd, q1 * hd),
+                gate_proj=rows(m.gate_proj, q0 * hd, q1 * hd),
+                k_proj=rows(m.k_proj, a0 * hd, a1 * hd),
+                v_proj=rows(m.v_proj, a0 * hd, a1 * hd),
+                o_proj=columns(m.o_proj, q0 * hd, q1 * hd, f"layer {i} o_proj", dt),
+                q_norm=m.q_norm,
+                k_norm=m.k_norm,
+            )
         mw = lw.moe
         shared_rows = torch.cat([span(i0, i1), inter + span(i0, i1)])
         shared_down = columns(mw.shared_down, i0, i1, f"layer {i} shared expert down", dt)
@@ -365,9 +437,16 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
             from ftlab import ops  # the expert op takes two packed banks or two dense ones
 
             shared_gate_up = ops.dequantize(shared_gate_up, torch.float32).to(dt)
-        moe = MoeWeights(router=mw.router, w_gate_up=experts(mw.w_gate_up, e0, e1, c.num_experts),
-                         w_down=experts(mw.w_down, e0, e1, c.num_experts), shared_gate_up=shared_gate_up,
-                         shared_down=shared_down, shared_gate=mw.shared_gate)  # fmt: skip
-        layers.append(move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device))
+        moe = MoeWeights(
+            router=mw.router,
+            w_gate_up=experts(mw.w_gate_up, e0, e1, c.num_experts),
+            w_down=experts(mw.w_down, e0, e1, c.num_experts),
+            shared_gate_up=shared_gate_up,
+            shared_down=shared_down,
+            shared_gate=mw.shared_gate,
+        )
+        layers.append(
+            move(NextLayerWeights(lw.input_norm, lw.post_attention_norm, mixer, moe), device)
+        )
     embed, lm_head = vocab_rows(c, weights, tp, device)
     return NextWeights(embed=embed, layers=layers, norm=weights.norm.to(device), lm_head=lm_head)

@@ -8,7 +8,8 @@ hybrid models (:data:`ftlab.models.qwen3_next.tiny.HYBRID_MODELS`: Qwen3.5-MoE, 
 HF checkpoints of their own layout, and their GGUF files are what llama.cpp's converter makes of
 them (``qwen35moe`` / ``qwen3next``, written by
 :func:`~ftlab.models.qwen3_next.gguf_write.write_gguf_hf`). Router weights are drawn, not zero,
-so routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny`` (``FTLAB_CACHE_DIR``).
+so routing spreads over the experts. The default cache is ``~/.cache/ftlab/tiny``
+(``FTLAB_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,33 @@ from ftlab.models.qwen3_next.tiny import (
 )
 
 QWEN3_MOE_MODELS: dict[str, dict] = {
-    "tiny-qwen3-moe": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                           norm_topk_prob=True, tie_word_embeddings=False, seed=0),
-    "tiny-qwen3-moe-wide": dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
-                                head_dim=16, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=64,
-                                norm_topk_prob=False, tie_word_embeddings=True, seed=1),
-}  # fmt: skip
+    "tiny-qwen3-moe": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        seed=0,
+    ),
+    "tiny-qwen3-moe-wide": dict(
+        hidden_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=64,
+        norm_topk_prob=False,
+        tie_word_embeddings=True,
+        seed=1,
+    ),
+}
 TINY_MODELS: dict[str, dict] = {**QWEN3_MOE_MODELS, **HYBRID_MODELS}
 DEFAULT = "tiny-qwen3-moe"
 VOCAB_SIZE = 384
@@ -123,7 +144,9 @@ def spec_digest(name: str) -> str:
     import inspect
 
     weights = hybrid_weights if name in HYBRID_MODELS else random_weights
-    recipe = json.dumps([TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(weights)], sort_keys=True)
+    recipe = json.dumps(
+        [TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(weights)], sort_keys=True
+    )
     if name in HYBRID_MODELS:  # and what makes its GGUF files
         from ftlab.models.qwen3_next import gguf_layout, gguf_write
         from ftlab.models.qwen3_next import tiny as hybrid_tiny
@@ -177,16 +200,23 @@ def random_weights(name: str) -> dict[str, torch.Tensor]:
     for i in range(spec["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out |= {
-            p + "self_attn.q_proj.weight": w(q_out, h), p + "self_attn.k_proj.weight": w(kv_out, h),
-            p + "self_attn.v_proj.weight": w(kv_out, h), p + "self_attn.o_proj.weight": w(h, q_out),
-            p + "self_attn.q_norm.weight": norm(hd), p + "self_attn.k_norm.weight": norm(hd),
-            p + "input_layernorm.weight": norm(h), p + "post_attention_layernorm.weight": norm(h),
+            p + "self_attn.q_proj.weight": w(q_out, h),
+            p + "self_attn.k_proj.weight": w(kv_out, h),
+            p + "self_attn.v_proj.weight": w(kv_out, h),
+            p + "self_attn.o_proj.weight": w(h, q_out),
+            p + "self_attn.q_norm.weight": norm(hd),
+            p + "self_attn.k_norm.weight": norm(hd),
+            p + "input_layernorm.weight": norm(h),
+            p + "post_attention_layernorm.weight": norm(h),
             p + "mlp.gate.weight": w(e, h, scale=1.0),  # drawn, and wide: routing must vary
-        }  # fmt: skip
+        }
         for j in range(e):
             x = f"{p}mlp.experts.{j}."
-            out |= {x + "gate_proj.weight": w(inter, h), x + "up_proj.weight": w(inter, h),
-                    x + "down_proj.weight": w(h, inter)}  # fmt: skip
+            out |= {
+                x + "gate_proj.weight": w(inter, h),
+                x + "up_proj.weight": w(inter, h),
+                x + "down_proj.weight": w(h, inter),
+            }
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -198,8 +228,10 @@ def train_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-    )  # fmt: skip
+    )
     tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
     return tok

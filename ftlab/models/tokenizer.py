@@ -75,29 +75,41 @@ class Tokenizer:
         if kind is None:
             raise GGUFError(f"{path}: no tokenizer (metadata 'tokenizer.ggml.model')")
         if kind != "gpt2":
-            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.model' {kind!r} is not supported "
-                            "(byte-level BPE 'gpt2' only)")  # fmt: skip
+            raise GGUFError(
+                f"{path}: metadata 'tokenizer.ggml.model' {kind!r} is not supported "
+                "(byte-level BPE 'gpt2' only)"
+            )
         tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
         if not tokens:
             raise GGUFError(f"{path}: metadata 'tokenizer.ggml.tokens' is missing or empty")
         vocab = {}
         for i, t in enumerate(tokens):
             if vocab.setdefault(t, i) != i:
-                raise GGUFError(f"{path}: metadata 'tokenizer.ggml.tokens': token {t!r} appears "
-                                f"twice (ids {vocab[t]} and {i})")  # fmt: skip
+                raise GGUFError(
+                    f"{path}: metadata 'tokenizer.ggml.tokens': token {t!r} appears "
+                    f"twice (ids {vocab[t]} and {i})"
+                )
         merges, stored = [], field_value(reader, "tokenizer.ggml.merges", "str[]")
         if stored is None:  # a BPE without its merges splits every word into bytes
             raise GGUFError(f"{path}: metadata 'tokenizer.ggml.merges' is missing")
         for i, m in enumerate(stored):
             pair = tuple(m.split(" "))
-            if len(pair) != 2 or not all(pair) or any(t not in vocab for t in (*pair, m.replace(" ", ""))):
-                raise GGUFError(f"{path}: metadata 'tokenizer.ggml.merges': merge {i} {m!r} must "
-                                "be 'a b' with a, b and ab tokens of the vocabulary")  # fmt: skip
+            if (
+                len(pair) != 2
+                or not all(pair)
+                or any(t not in vocab for t in (*pair, m.replace(" ", "")))
+            ):
+                raise GGUFError(
+                    f"{path}: metadata 'tokenizer.ggml.merges': merge {i} {m!r} must "
+                    "be 'a b' with a, b and ab tokens of the vocabulary"
+                )
             merges.append(pair)
         eos = field_value(reader, "tokenizer.ggml.eos_token_id", "int")
         if eos is not None and not 0 <= eos < len(tokens):
-            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.eos_token_id' must be in "
-                            f"[0, {len(tokens)}), got {eos}")  # fmt: skip
+            raise GGUFError(
+                f"{path}: metadata 'tokenizer.ggml.eos_token_id' must be in "
+                f"[0, {len(tokens)}), got {eos}"
+            )
         backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()

@@ -54,14 +54,19 @@ def rank_ranges(path: Path, tp) -> tuple[tuple[int, int], tuple[int, int]] | Non
     GGUF file's metadata; None for any other path (the load refuses it). ValueError naming the
     count tp does not divide."""
     counts = _counts(path)
-    return None if counts is None else (tp.shard(counts[0], "num_experts"), tp.shard(counts[1], "vocab_size"))
+    return (
+        None
+        if counts is None
+        else (tp.shard(counts[0], "num_experts"), tp.shard(counts[1], "vocab_size"))
+    )
 
 
 def rank_heads(path: Path, tp) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """``(query heads, key/value heads)``, each ``(start, stop)``, of a tensor-parallel rank of a
     Qwen3-MoE checkpoint: its equal share of ``num_attention_heads`` and its kv heads
     (:meth:`TensorParallel.kv_heads`: one replicated when there are fewer than ranks), the heads
-    whose q/k/v rows and o_proj columns its loader reads -- from the config alone (:func:`rank_ranges`).
+    whose q/k/v rows and o_proj columns its loader reads -- from the config alone
+    (:func:`rank_ranges`).
     None for a Qwen3-Next / Qwen3.5-MoE checkpoint (its attention is read whole) and for any other
     path. ValueError naming the count tp does not divide."""
     counts = _counts(path)

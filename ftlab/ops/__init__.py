@@ -8,7 +8,8 @@ family, named as in every backend folder (``ftlab/{reference,triton,hip}/<family
 - ``index_store``: :func:`index`, :func:`store`;
 - ``q4_0``: :func:`quantize_q4_0`, :func:`dequantize_q4_0`, :func:`quantize_q8_1`,
   :func:`q4_0_matmul`, :func:`add_rmsnorm_q4_0_matmul`;
-- ``moe``: :func:`route_topk`, :func:`router_topk`, :func:`add_rmsnorm_router_topk`, :func:`moe_align`,
+- ``moe``: :func:`route_topk`, :func:`router_topk`, :func:`add_rmsnorm_router_topk`,
+:func:`moe_align`,
   :func:`moe_experts`, :func:`fused_moe`;
 - ``qk_norm_rope``: :func:`qk_norm_rope`;
 - ``gated_delta_rule``: :func:`gated_delta_rule` (prefill), :func:`gated_delta_step` (decode);

@@ -18,9 +18,17 @@ def _cache(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *,
-                     scale: float | None = None, backend: str = "auto", quantize: bool = False,
-                     validate: bool = True) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:  # fmt: skip
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    scale: float | None = None,
+    backend: str = "auto",
+    quantize: bool = False,
+    validate: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, Q8_1]:
     """Attention of one query token a sequence over the first ``lengths[b]`` cached positions.
 
     ``q [B, H, D]`` (fp32 / fp16 / bf16); ``k``, ``v [B, S, KVH, D]`` of q's dtype, ``H`` a
@@ -43,7 +51,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     one, else "auto").
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot
+    read.
     """
     if validate:
         scale = _checks(q, k, v, lengths, scale, quantize)
@@ -63,8 +72,11 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     return out, quantize_q8_1(out.view(b, h * d), backend=qb)
 
 
-def _checks(q: object, k: object, v: object, lengths: object, scale: object, quantize: bool) -> float | None:
-    """decode_attention's argument checks (each error names the argument): the scale given, as a float."""
+def _checks(
+    q: object, k: object, v: object, lengths: object, scale: object, quantize: bool
+) -> float | None:
+    """decode_attention's argument checks (each error names the argument): the scale given, as a
+    float."""
     argcheck.float_tensor("q", q)
     if q.dim() != 3 or q.shape[1] == 0 or q.shape[2] == 0:
         raise ValueError(f"q must be 3-D [B, H, D] with H, D > 0, got shape {tuple(q.shape)}")
@@ -78,6 +90,8 @@ def _checks(q: object, k: object, v: object, lengths: object, scale: object, qua
     argcheck.same_device("lengths", lengths, "q", q)
     argcheck.decode_attention_layout(q, k, v, lengths)
     if quantize and (h * d) % QK:
-        raise ValueError(f"quantize=True needs H * D a multiple of {QK} (Q8_1 blocks of out viewed [B, H * D]), "
-                         f"got H={h}, D={d}")  # fmt: skip
+        raise ValueError(
+            f"quantize=True needs H * D a multiple of {QK} (Q8_1 blocks of out viewed [B, H * D]), "
+            f"got H={h}, D={d}"
+        )
     return None if scale is None else argcheck.finite_float("scale", scale)

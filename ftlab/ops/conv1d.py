@@ -18,11 +18,16 @@ def _activation(activation: object) -> bool:
     return activation == "silu"
 
 
-def _weights(weight: object, bias: object, c: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _weights(
+    weight: object, bias: object, c: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """weight ``[C, W]`` and bias ``[C]`` (or None) checked, as contiguous fp32."""
     argcheck.float_tensor("weight", weight)
     if weight.dim() != 2 or weight.shape[0] != c or not 2 <= weight.shape[1] <= _MAX_WIDTH:
-        raise ValueError(f"weight must be [C={c}, W] with W in [2, {_MAX_WIDTH}], got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be [C={c}, W] with W in [2, {_MAX_WIDTH}], got shape "
+            f"{tuple(weight.shape)}"
+        )
     if weight.device != device:
         raise ValueError(f"weight must be on x's device {device}, got {weight.device}")
     if bias is not None:
@@ -38,7 +43,9 @@ def _weights(weight: object, bias: object, c: int, device: torch.device) -> tupl
 def _state(state: object, b: int, c: int, w: int, x: torch.Tensor) -> torch.Tensor:
     argcheck.tensor("state", state)
     if tuple(state.shape) != (b, c, w - 1):
-        raise ValueError(f"state must be [B={b}, C={c}, W-1={w - 1}], got shape {tuple(state.shape)}")
+        raise ValueError(
+            f"state must be [B={b}, C={c}, W-1={w - 1}], got shape {tuple(state.shape)}"
+        )
     if state.dtype != x.dtype:
         raise TypeError(f"state must have x's dtype {x.dtype}, got {state.dtype}")
     if state.device != x.device:
@@ -46,9 +53,16 @@ def _state(state: object, b: int, c: int, w: int, x: torch.Tensor) -> torch.Tens
     return state
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  state: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
-                  activation: str | None = "silu", backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    state: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv1d over the tokens of each sequence, continuing from a carried state.
 
     ``x [B, T, C]`` (fp32 / fp16 / bf16, channels last; a view with contiguous channels, any
@@ -93,9 +107,16 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return impl.fn(x, weight, bias, state, lengths, silu)
 
 
-def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor, *,
-                         activation: str | None = "silu", backend: str = "auto",
-                         reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def causal_conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor,
+    *,
+    activation: str | None = "silu",
+    backend: str = "auto",
+    reset: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One decode token of :func:`causal_conv1d`: ``x [B, C]`` (fp32 / fp16 / bf16, contiguous
     channels, any batch stride), ``weight [C, W]`` (W in 2..4, any float dtype), ``bias [C]`` or
     None, ``state [B, C, W-1]`` in x's dtype with a unit last stride, updated IN PLACE to its last
@@ -117,7 +138,10 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     weight, bias = _weights(weight, bias, c, x.device)
     _state(state, b, c, weight.shape[1], x)
     if state.numel() and state.shape[2] > 1 and state.stride(2) != 1:
-        raise ValueError(f"state must have a unit last stride (it is updated in place), got strides {state.stride()}")
+        raise ValueError(
+            "state must have a unit last stride (it is updated in place), got strides "
+            f"{state.stride()}"
+        )
     if reset is not None:
         argcheck.reset_rows("reset", reset, b, "x", x)
     if x.stride(1) != 1:

@@ -38,8 +38,10 @@ def _check(q, k, v, g, beta, lead: tuple[str, ...], scale, l2norm_qk) -> tuple[i
     *lead_sizes, hk, dk = q.shape
     hv, dv = v.shape[-2:]
     if tuple(v.shape[:-2]) != tuple(lead_sizes):
-        raise ValueError(f"v must be [{', '.join(map(str, lead_sizes))}, Hv, Dv] like q {tuple(q.shape)}, got "
-                         f"{tuple(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"v must be [{', '.join(map(str, lead_sizes))}, Hv, Dv] like q {tuple(q.shape)}, got "
+            f"{tuple(v.shape)}"
+        )
     if hk == 0 or dk == 0 or dv == 0:
         raise ValueError(
             f"heads and head sizes must be >= 1, got q {tuple(q.shape)} and v {tuple(v.shape)}"
@@ -49,8 +51,11 @@ def _check(q, k, v, g, beta, lead: tuple[str, ...], scale, l2norm_qk) -> tuple[i
     for name, t in (("g", g), ("beta", beta)):
         _floating(name, t)
         if tuple(t.shape) != (*lead_sizes, hv):
-            raise ValueError(f"{name} must be [{', '.join(map(str, lead_sizes))}, {hv}] ({', '.join(lead)}, Hv), got "
-                             f"{tuple(t.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{name} must be [{', '.join(map(str, lead_sizes))}, {hv}] ({', '.join(lead)}, "
+                "Hv), got "
+                f"{tuple(t.shape)}"
+            )
     for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta)):
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
@@ -71,10 +76,20 @@ def _state(name: str, state: object, shape: tuple[int, ...], device: torch.devic
     return state
 
 
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
-                     state: torch.Tensor | None = None, scale: float | None = None, l2norm_qk: bool = True,
-                     chunk_size: int = 64, precision: str = "fp32",
-                     backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    state: torch.Tensor | None = None,
+    scale: float | None = None,
+    l2norm_qk: bool = True,
+    chunk_size: int = 64,
+    precision: str = "fp32",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over a sequence (prefill), in chunks.
 
     ``q, k [B, T, Hk, Dk]`` and ``v [B, T, Hv, Dv]`` (one dtype of fp32 / fp16 / bf16; Hv a
@@ -121,9 +136,12 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
 
 def _gates(gates: object, g: torch.Tensor, beta: torch.Tensor, q: torch.Tensor, hv: int) -> None:
-    """``gates = (a_neg, dt_bias)`` fp32 ``[Hv]`` on q's device; g and beta then in fp32 or q's dtype."""
+    """``gates = (a_neg, dt_bias)`` fp32 ``[Hv]`` on q's device; g and beta then in fp32 or q's
+    dtype."""
     if not isinstance(gates, tuple) or len(gates) != 2:
-        raise TypeError(f"gates must be None or a tuple (a_neg, dt_bias), got {type(gates).__name__}")
+        raise TypeError(
+            f"gates must be None or a tuple (a_neg, dt_bias), got {type(gates).__name__}"
+        )
     for name, t in zip(("a_neg", "dt_bias"), gates, strict=True):
         argcheck.tensor(f"gates' {name}", t)
         if t.dtype != torch.float32:
@@ -134,13 +152,25 @@ def _gates(gates: object, g: torch.Tensor, beta: torch.Tensor, q: torch.Tensor, 
             raise ValueError(f"gates' {name} must be on q's device {q.device}, got {t.device}")
     for name, t in (("g", g), ("beta", beta)):
         if t.dtype not in (torch.float32, q.dtype):
-            raise TypeError(f"{name} must be float32 or q's dtype {q.dtype} with gates, got {t.dtype}")
+            raise TypeError(
+                f"{name} must be float32 or q's dtype {q.dtype} with gates, got {t.dtype}"
+            )
 
 
-def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor, *, scale: float | None = None, l2norm_qk: bool = True,
-                     gates: tuple[torch.Tensor, torch.Tensor] | None = None, reset: torch.Tensor | None = None,
-                     backend: str = "auto") -> torch.Tensor:  # fmt: skip
+def gated_delta_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    scale: float | None = None,
+    l2norm_qk: bool = True,
+    gates: tuple[torch.Tensor, torch.Tensor] | None = None,
+    reset: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """One token of the gated delta rule per sequence (decode), the state updated in place.
 
     ``q, k [B, Hk, Dk]``, ``v [B, Hv, Dv]``, ``g, beta [B, Hv]``, ``state [B, Hv, Dk, Dv]``
@@ -175,5 +205,14 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     else:
         gates = (gates[0].contiguous(), gates[1].contiguous())
     extra = {} if gates is None and reset is None else {"gates": gates, "reset": reset}
-    return impl.fn(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state, scale,
-                   l2norm_qk, **extra)  # fmt: skip
+    return impl.fn(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        g.contiguous(),
+        beta.contiguous(),
+        state,
+        scale,
+        l2norm_qk,
+        **extra,
+    )

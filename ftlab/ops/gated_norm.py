@@ -14,8 +14,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
 
 
-def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, *,
-                  backend: str = "auto") -> torch.Tensor:  # fmt: skip
+def gated_rmsnorm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, *, backend: str = "auto"
+) -> torch.Tensor:
     """RMSNorm of each head's row, scaled by the weight and gated by SiLU of z.
 
     ``x [N, H, D]`` (fp32 / fp16 / bf16), ``z [N, H, D]`` (any float dtype), ``weight [D]`` (any
@@ -46,11 +47,15 @@ def output_gate(attn: torch.Tensor, gate: torch.Tensor, *, backend: str = "auto"
     if attn.dim() != 2:
         raise ValueError(f"attn must be 2-D [N, F], got shape {tuple(attn.shape)}")
     if gate.shape != attn.shape:
-        raise ValueError(f"gate must have attn's shape {tuple(attn.shape)}, got {tuple(gate.shape)}")
+        raise ValueError(
+            f"gate must have attn's shape {tuple(attn.shape)}, got {tuple(gate.shape)}"
+        )
     if gate.dtype != attn.dtype:
         raise TypeError(f"gate must have attn's dtype {attn.dtype}, got {gate.dtype}")
     if gate.device != attn.device:
         raise ValueError(f"gate must be on attn's device {attn.device}, got {gate.device}")
-    attn, gate = (t if t.stride(1) == 1 or t.shape[1] <= 1 else t.contiguous() for t in (attn, gate))
+    attn, gate = (
+        t if t.stride(1) == 1 or t.shape[1] <= 1 else t.contiguous() for t in (attn, gate)
+    )
     impl = backends.resolve("output_gate", backend, attn.device, attn.dtype)
     return impl.fn(attn, gate)

@@ -53,7 +53,11 @@ def index(
         argcheck.same_device("out", out, "weights", weights)
         argcheck.rows("out", out)
     if mask is not None:
-        if not isinstance(mask, tuple | list) or len(mask) != 2 or not all(argcheck.is_int(m) for m in mask):
+        if (
+            not isinstance(mask, tuple | list)
+            or len(mask) != 2
+            or not all(argcheck.is_int(m) for m in mask)
+        ):
             raise TypeError(f"mask must be a pair of ints (start, length), got {mask!r}")
         start, mask_len = mask
         if mask_len < 0 or mask_len > n:
@@ -66,7 +70,8 @@ def index(
             if bool(bad.any()):
                 i = argcheck.first_position(bad)
                 raise IndexError(
-                    f"indices must be in [0, {n}) (weights rows), got indices[{i}] = {int(indices[i])}"
+                    f"indices must be in [0, {n}) (weights rows), got indices[{i}] = "
+                    f"{int(indices[i])}"
                 )
     impl = backends.resolve("index", backend, weights.device, weights.dtype)
     if length and d:

@@ -29,7 +29,12 @@ def route_topk(
 
 
 def router_topk(
-    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool = True, *, backend: str = "auto"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool = True,
+    *,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The router of Qwen3-MoE in one op: its linear layer, then :func:`route_topk`.
 
@@ -51,7 +56,9 @@ def _router_checks(x: object, weight: object, top_k: object, renormalize: object
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [T, H], got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"weight must be [E, H] with x's H = {x.shape[1]}, got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be [E, H] with x's H = {x.shape[1]}, got shape {tuple(weight.shape)}"
+        )
     argcheck.same_dtype("weight", weight, "x", x)
     argcheck.same_device("weight", weight, "x", x)
     argcheck.int_in("top_k", top_k, 1, weight.shape[0])
@@ -60,9 +67,17 @@ def _router_checks(x: object, weight: object, top_k: object, renormalize: object
 
 
 def add_rmsnorm_router_topk(
-    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    top_k: int, renormalize: bool = True, *, backend: str = "auto", validate: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool = True,
+    *,
+    backend: str = "auto",
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's residual add and the RMSNorm after it, then the router of the normed rows:
     ``(y, s, logits, weights, ids)``, bit for bit what one backend's
     ``y, s = add_rmsnorm(x, residual, norm_weight, eps)`` then ``router_topk(y, weight, top_k,
@@ -75,7 +90,8 @@ def add_rmsnorm_router_topk(
     streams of one device must not overlap.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read."""
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot
+    read."""
     if validate:
         eps = norm_checked(x, residual, norm_weight, eps)
         _router_checks(x, weight, top_k, renormalize)
@@ -83,8 +99,9 @@ def add_rmsnorm_router_topk(
         eps = float(eps)
     impl = backends.resolve("add_rmsnorm_router_topk", backend, x.device, x.dtype)
     res = None if residual is None else norm_rows(residual)
-    y, s, logits, weights, ids = impl.fn(norm_rows(x), res, norm_weight.contiguous(), eps, weight, top_k,
-                                         renormalize)  # fmt: skip
+    y, s, logits, weights, ids = impl.fn(
+        norm_rows(x), res, norm_weight.contiguous(), eps, weight, top_k, renormalize
+    )
     return y, x if residual is None else s, logits, weights, ids
 
 
@@ -124,8 +141,10 @@ def _bank(name: str, w: object) -> tuple[int, ...]:
         argcheck.dtype_in(name, w, argcheck.FLOAT_DTYPES)
         shape = tuple(w.shape)
     else:
-        raise TypeError(f"{name} must be a tensor or a QuantWeight bank ({'/'.join(QTYPES)}), got "
-                        f"{type(w).__name__}")  # fmt: skip
+        raise TypeError(
+            f"{name} must be a tensor or a QuantWeight bank ({'/'.join(QTYPES)}), got "
+            f"{type(w).__name__}"
+        )
     if len(shape) != 3:
         raise ValueError(f"{name} must be an expert bank [E, N, K], got shape {shape}")
     return shape
@@ -167,7 +186,8 @@ def moe_experts(
     one a layer and row count); ``backend`` and ``path`` are then the plan's.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot
+    read.
     """
     if validate:
         _experts_checks(x, w_gate_up, w_down, topk_weights, topk_ids)
@@ -181,7 +201,9 @@ def moe_experts(
     return plan.run(x, w_gate_up, w_down, topk_weights, ids, plan.path or path)
 
 
-def _experts_checks(x: object, w_gate_up: object, w_down: object, topk_weights: object, topk_ids: object) -> None:
+def _experts_checks(
+    x: object, w_gate_up: object, w_down: object, topk_weights: object, topk_ids: object
+) -> None:
     """moe_experts' argument checks (each error names the argument)."""
     argcheck.float_tensor("x", x)
     if x.dim() != 2:
@@ -195,20 +217,30 @@ def _experts_checks(x: object, w_gate_up: object, w_down: object, topk_weights: 
         )
     quant = isinstance(w_gate_up, QuantWeight)
     if quant != isinstance(w_down, QuantWeight):
-        raise TypeError(f"w_gate_up and w_down must both be QuantWeight banks or both dense tensors, got "
-                        f"{type(w_gate_up).__name__} and {type(w_down).__name__}")  # fmt: skip
+        raise TypeError(
+            f"w_gate_up and w_down must both be QuantWeight banks or both dense tensors, got "
+            f"{type(w_gate_up).__name__} and {type(w_down).__name__}"
+        )
     argcheck.tensor("topk_weights", topk_weights)
     argcheck.tensor("topk_ids", topk_ids)
     argcheck.dtype_in("topk_ids", topk_ids, argcheck.INDEX_DTYPES)
     if topk_weights.dtype != torch.float32:
         raise TypeError(f"topk_weights must be float32, got {topk_weights.dtype}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+    if (
+        topk_ids.dim() != 2
+        or topk_ids.shape[0] != x.shape[0]
+        or topk_weights.shape != topk_ids.shape
+    ):
         raise ValueError(
             f"topk_weights and topk_ids must both be [T, k] with T = {x.shape[0]}, "
             f"got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
         )
-    for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down), ("topk_weights", topk_weights),
-                    ("topk_ids", topk_ids)):  # fmt: skip
+    for name, t in (
+        ("w_gate_up", w_gate_up),
+        ("w_down", w_down),
+        ("topk_weights", topk_weights),
+        ("topk_ids", topk_ids),
+    ):
         if t.device != x.device:
             raise ValueError(f"{name} must be on the device of x ({x.device}), got {t.device}")
 
@@ -233,7 +265,9 @@ def fused_moe(
         raise ValueError(f"x must be 2-D [T, H], got shape {tuple(x.shape)}")
     experts = _bank("w_gate_up", w_gate_up)[0]
     if router_logits.dim() != 2 or router_logits.shape != (x.shape[0], experts):
-        raise ValueError(f"router_logits must be [T, E] = [{x.shape[0]}, {experts}] (x's tokens, the banks' "
-                         f"experts), got {tuple(router_logits.shape)}")  # fmt: skip
+        raise ValueError(
+            f"router_logits must be [T, E] = [{x.shape[0]}, {experts}] (x's tokens, the banks' "
+            f"experts), got {tuple(router_logits.shape)}"
+        )
     weights, ids = route_topk(router_logits, top_k, renormalize, backend=backend)
     return moe_experts(x, w_gate_up, w_down, weights, ids, path=path, backend=backend)

@@ -13,8 +13,15 @@ def contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 or t.shape[1] <= 1 else t.contiguous()
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
-                backend: str = "auto", validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    backend: str = "auto",
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the RMSNorm after it: ``(y, s)``.
 
     ``x [N, H]`` (fp32 / fp16 / bf16), ``residual [N, H]`` of x's dtype or None, ``weight [H]``
@@ -25,7 +32,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     ``s`` (a new contiguous ``[N, H]``, or x), both in x's dtype; the inputs are never written.
 
     ``validate=False`` skips the argument checks above (the caller vouches for them, as the models
-    do: a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
+    do: a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they
+    cannot read.
     """
     eps = checked(x, residual, weight, eps) if validate else float(eps)
     impl = backends.resolve("add_rmsnorm", backend, x.device, x.dtype)
@@ -42,8 +50,10 @@ def checked(x: object, residual: object, weight: object, eps: object) -> float:
     if residual is not None:
         argcheck.tensor("residual", residual)
         if residual.shape != x.shape:
-            raise ValueError(f"residual must have x's shape {tuple(x.shape)} (or be None), "
-                             f"got {tuple(residual.shape)}")  # fmt: skip
+            raise ValueError(
+                f"residual must have x's shape {tuple(x.shape)} (or be None), "
+                f"got {tuple(residual.shape)}"
+            )
         if residual.dtype != x.dtype:
             raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
     return argcheck.norm_weight(weight, "H", x.shape[1], eps, x, residual=residual)

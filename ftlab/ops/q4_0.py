@@ -22,18 +22,26 @@ def quantize_q4_0(w: torch.Tensor, *, backend: str = "auto") -> Q4_0Weight:
     """
     argcheck.float_tensor("w", w)
     if w.dim() < 2 or w.shape[-1] % QK:
-        raise ValueError(f"w must be [..., N, K] with K a multiple of {QK}, got shape {tuple(w.shape)}")
+        raise ValueError(
+            f"w must be [..., N, K] with K a multiple of {QK}, got shape {tuple(w.shape)}"
+        )
     if w.numel():
-        argcheck.data_checks_allowed("quantize_q4_0", "its NaN check reads w", "quantize before capturing")
+        argcheck.data_checks_allowed(
+            "quantize_q4_0", "its NaN check reads w", "quantize before capturing"
+        )
         bad = torch.isnan(w)
         if bool(bad.any()):
             where = tuple(int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"w must not hold NaN, got NaN at {where} (a NaN weight has no Q4_0 value)")
+            raise ValueError(
+                f"w must not hold NaN, got NaN at {where} (a NaN weight has no Q4_0 value)"
+            )
     impl = backends.resolve("quantize_q4_0", backend, w.device, w.dtype)
     return impl.fn(w.contiguous())
 
 
-def dequantize_q4_0(w: Q4_0Weight, dtype: torch.dtype = torch.float32, *, backend: str = "auto") -> torch.Tensor:
+def dequantize_q4_0(
+    w: Q4_0Weight, dtype: torch.dtype = torch.float32, *, backend: str = "auto"
+) -> torch.Tensor:
     """``[..., N, K]`` values ``d * (q - 8)`` of a Q4_0Weight, in ``dtype`` (fp32/fp16/bf16).
 
     Exact in fp32 (an fp16 scale times a small integer), hence bit-identical across
@@ -55,9 +63,16 @@ def quantize_q8_1(x: torch.Tensor, *, backend: str = "auto") -> Q8_1:
     return impl.fn(x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous())
 
 
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: str = "auto",
-                x_q8: Q8_1 | None = None, validate: bool = True,
-                plan: backends.Plan | None = None) -> torch.Tensor:  # fmt: skip
+def q4_0_matmul(
+    x: torch.Tensor,
+    w: Q4_0Weight,
+    *,
+    path: str = "auto",
+    backend: str = "auto",
+    x_q8: Q8_1 | None = None,
+    validate: bool = True,
+    plan: backends.Plan | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ W.T -> [M, N]`` for Q4_0 weights ``W [N, K]``, in x's dtype.
 
     Paths (docs/OPS.md section 2):
@@ -86,7 +101,8 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, *, path: str = "auto", backend: 
     one a weight); ``backend`` and ``path`` are then the plan's.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot
+    read.
     """
     if validate:
         _matmul_checks(x, w, x_q8)
@@ -110,16 +126,25 @@ def _matmul_checks(x: object, w: object, x_q8: object) -> None:
     if len(w.shape) != 2:
         raise ValueError(f"w must be a 2-D Q4_0Weight [N, K], got shape {tuple(w.shape)}")
     if x.shape[1] != w.shape[1]:
-        raise ValueError(f"x must have K = {w.shape[1]} columns (w is {tuple(w.shape)}), got {x.shape[1]}")
+        raise ValueError(
+            f"x must have K = {w.shape[1]} columns (w is {tuple(w.shape)}), got {x.shape[1]}"
+        )
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
     if x_q8 is not None:
         argcheck.q8_1("x_q8", x_q8, x)
 
 
-def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                            w: Q4_0Weight, *, path: str = "auto",
-                            backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rmsnorm_q4_0_matmul(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w: Q4_0Weight,
+    *,
+    path: str = "auto",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's residual add and the RMSNorm before its first projection, then that projection:
     ``(y, s, out)``, bit for bit what one backend's ``y, s = add_rmsnorm(x, residual, norm_weight,
     eps)`` then ``out = q4_0_matmul(y, w, path=path)`` give (arguments as theirs: x and residual
@@ -131,7 +156,10 @@ def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm
     eps = checked(x, residual, norm_weight, eps)
     argcheck.q4_0_weight("w", w)
     if len(w.shape) != 2 or w.shape[1] != x.shape[1]:
-        raise ValueError(f"w must be a 2-D Q4_0Weight [N, K] with x's K = {x.shape[1]}, got shape {tuple(w.shape)}")
+        raise ValueError(
+            f"w must be a 2-D Q4_0Weight [N, K] with x's K = {x.shape[1]}, got shape "
+            f"{tuple(w.shape)}"
+        )
     if x.device != w.device:
         raise ValueError(f"x must be on the device of w ({w.device}), got {x.device}")
     plan = backends.plan("add_rmsnorm_q4_0_matmul", calls.matmul(x, w), backend=backend, path=path)

@@ -9,11 +9,23 @@ import torch
 from ftlab import argcheck, backends
 
 
-def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float, *, rotary_dim: int | None = None,
-                 k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                 slots: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                 backend: str = "auto", validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    *,
+    rotary_dim: int | None = None,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    slots: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3's per-head RMSNorm of q and k followed by RoPE, one pass over both.
 
     ``q [N, Hq, D]`` and ``k [N, Hk, D]`` (fp32 / fp16 / bf16, one dtype; the views of a fused
@@ -37,7 +49,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     graph capture); two tokens with one slot leave either's rows. No other cache row is touched.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot
+    read.
     """
     if validate:
         rot, eps = _checks(q, k, q_weight, k_weight, cos, sin, eps, rotary_dim)
@@ -45,11 +58,17 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     n, _, d = q.shape
     if not validate:
         rot = d if rotary_dim is None else rotary_dim
-        cache = None if k_cache is None else (k_cache, v_cache, slots.contiguous(), _value_rows(v, n))
-    rows = [_rows(t, shape, q.dtype) for t, shape in ((q_weight, (d,)), (k_weight, (d,)), (cos, (n, rot)),
-                                                      (sin, (n, rot)))]  # fmt: skip
+        cache = (
+            None if k_cache is None else (k_cache, v_cache, slots.contiguous(), _value_rows(v, n))
+        )
+    rows = [
+        _rows(t, shape, q.dtype)
+        for t, shape in ((q_weight, (d,)), (k_weight, (d,)), (cos, (n, rot)), (sin, (n, rot)))
+    ]
 
-    def rows_layout(t: torch.Tensor) -> torch.Tensor:  # contiguous heads and elements, any token stride
+    def rows_layout(
+        t: torch.Tensor,
+    ) -> torch.Tensor:  # contiguous heads and elements, any token stride
         return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
 
     impl = backends.resolve("qk_norm_rope", backend, q.device, q.dtype)
@@ -73,8 +92,16 @@ def _value_rows(v: torch.Tensor, n: int) -> torch.Tensor:
     return v2.contiguous() if v2.shape[1] > 1 and v2.stride(1) != 1 else v2
 
 
-def _checks(q: object, k: object, q_weight: object, k_weight: object, cos: object, sin: object, eps: object,
-            rotary_dim: object) -> tuple[int, float]:  # fmt: skip
+def _checks(
+    q: object,
+    k: object,
+    q_weight: object,
+    k_weight: object,
+    cos: object,
+    sin: object,
+    eps: object,
+    rotary_dim: object,
+) -> tuple[int, float]:
     """qk_norm_rope's argument checks (each error names the argument): (rotary dim, eps)."""
     argcheck.float_tensor("q", q)
     argcheck.float_tensor("k", k)
@@ -95,14 +122,19 @@ def _checks(q: object, k: object, q_weight: object, k_weight: object, cos: objec
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     eps = argcheck.finite_float("eps", eps, 0.0)
-    for name, t, shape in (("q_weight", q_weight, (d,)), ("k_weight", k_weight, (d,)), ("cos", cos, (n, rot)),
-                           ("sin", sin, (n, rot))):  # fmt: skip
+    for name, t, shape in (
+        ("q_weight", q_weight, (d,)),
+        ("k_weight", k_weight, (d,)),
+        ("cos", cos, (n, rot)),
+        ("sin", sin, (n, rot)),
+    ):
         argcheck.float_tensor(name, t)
         want = shape[0] * shape[-1] if len(shape) == 2 else d
         if t.numel() != want:
             what = ("N * D" if rot == d else "N * rotary_dim") if len(shape) == 2 else "D"
-            raise ValueError(f"{name} must hold {want} elements ({what}), got shape "
-                             f"{tuple(t.shape)}")  # fmt: skip
+            raise ValueError(
+                f"{name} must hold {want} elements ({what}), got shape {tuple(t.shape)}"
+            )
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
     if k.device != q.device:
@@ -110,8 +142,9 @@ def _checks(q: object, k: object, q_weight: object, k_weight: object, cos: objec
     return rot, eps
 
 
-def _cache_args(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: object, slots: object,
-                v: object) -> tuple | None:  # fmt: skip
+def _cache_args(
+    q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: object, slots: object, v: object
+) -> tuple | None:
     """None without a cache, else ``(k_cache, v_cache, slots, v [N, W])`` checked (every error
     names the argument)."""
     given = {"k_cache": k_cache, "v_cache": v_cache, "slots": slots, "v": v}
@@ -119,7 +152,9 @@ def _cache_args(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: obje
         return None
     missing = [name for name, t in given.items() if t is None]
     if missing:
-        raise ValueError(f"k_cache, v_cache, slots and v go together: {', '.join(missing)} not given")
+        raise ValueError(
+            f"k_cache, v_cache, slots and v go together: {', '.join(missing)} not given"
+        )
     for name, t in given.items():
         argcheck.tensor(name, t)
         if t.device != q.device:
@@ -134,10 +169,15 @@ def _cache_args(q: torch.Tensor, k: torch.Tensor, k_cache: object, v_cache: obje
     argcheck.rows("k_cache", k_cache)
     argcheck.rows("v_cache", v_cache)
     if k_cache.shape[1] != hk * d:
-        raise ValueError(f"k_cache must be [S, Hk * D = {hk * d}] (k is {tuple(k.shape)}), got {tuple(k_cache.shape)}")
+        raise ValueError(
+            f"k_cache must be [S, Hk * D = {hk * d}] (k is {tuple(k.shape)}), got "
+            f"{tuple(k_cache.shape)}"
+        )
     if tuple(v_cache.shape) != (k_cache.shape[0], v2.shape[1]):
-        raise ValueError(f"v_cache must be [S = {k_cache.shape[0]} (k_cache's slots), W = {v2.shape[1]} (v's "
-                         f"values a token)], got {tuple(v_cache.shape)}")  # fmt: skip
+        raise ValueError(
+            f"v_cache must be [S = {k_cache.shape[0]} (k_cache's slots), W = {v2.shape[1]} (v's "
+            f"values a token)], got {tuple(v_cache.shape)}"
+        )
     argcheck.index_vector("slots", slots)
     if slots.shape[0] != n:
         raise ValueError(f"slots must be [N = {n}], got shape {tuple(slots.shape)}")

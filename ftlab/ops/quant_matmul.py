@@ -44,7 +44,8 @@ def quant_matmul(
     are then the plan's.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
-    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot read.
+    a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot
+    read.
     """
     if isinstance(w, Q4_0Weight):
         return q4_0_matmul(x, w, path=path, backend=backend, validate=validate, plan=plan)

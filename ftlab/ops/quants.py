@@ -27,9 +27,13 @@ def quantize(w: torch.Tensor, qtype: str = "Q8_0", *, backend: str = "auto") -> 
     argcheck.float_tensor("w", w)
     block = QTYPES[qtype].block
     if w.dim() < 2 or w.shape[-1] % block:
-        raise ValueError(f"w must be [..., N, K] with K a multiple of {block}, got shape {tuple(w.shape)}")
+        raise ValueError(
+            f"w must be [..., N, K] with K a multiple of {block}, got shape {tuple(w.shape)}"
+        )
     if w.numel():
-        argcheck.data_checks_allowed("quantize", "its finiteness check reads w", "quantize before capturing")
+        argcheck.data_checks_allowed(
+            "quantize", "its finiteness check reads w", "quantize before capturing"
+        )
         bad = ~torch.isfinite(w)
         if bool(bad.any()):
             where = tuple(int(i) for i in bad.nonzero()[0])
@@ -38,7 +42,9 @@ def quantize(w: torch.Tensor, qtype: str = "Q8_0", *, backend: str = "auto") -> 
     return impl.fn(w.contiguous(), qtype)
 
 
-def dequantize(w: QuantWeight, dtype: torch.dtype = torch.float32, *, backend: str = "auto") -> torch.Tensor:
+def dequantize(
+    w: QuantWeight, dtype: torch.dtype = torch.float32, *, backend: str = "auto"
+) -> torch.Tensor:
     """``[..., N, K]`` values of the packed weight ``w`` (any :data:`ftlab.quant.QTYPES` type), in
     ``dtype`` (fp32 / fp16 / bf16).
 

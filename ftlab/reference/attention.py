@@ -26,8 +26,9 @@ def split_plan(s: int) -> tuple[int, int]:
     return chunk, max(1, -(-s // chunk))
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                     scale: float) -> torch.Tensor:  # fmt: skip
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.decode_attention`."""
     argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
@@ -38,6 +39,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1)
     p = torch.where(live.any(-1)[:, None, None, None], p, 0.0)  # no position: zeros, not 0/0
-    vals = v.float().masked_fill(~live[:, :, None, None], 0.0)  # slots past the length are never read
+    vals = v.float().masked_fill(
+        ~live[:, :, None, None], 0.0
+    )  # slots past the length are never read
     out = torch.einsum("bkgp,bpkd->bkgd", p, vals)
     return out.reshape(b, h, d).to(q.dtype).contiguous()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 
-def _conv(xin: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool, t: int) -> torch.Tensor:
+def _conv(
+    xin: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool, t: int
+) -> torch.Tensor:
     """``xin [B, W-1+T, C]`` in fp32 -> ``[B, T, C]`` in fp32."""
     w = weight.shape[1]
     acc = xin.new_zeros(xin.shape[0], t, xin.shape[2])
@@ -22,8 +24,14 @@ def _conv(xin: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, si
     return acc * torch.sigmoid(acc) if silu else acc
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor | None,
-                  lengths: torch.Tensor | None, silu: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.causal_conv1d`."""
     b, t, c = x.shape
     w = weight.shape[1]
@@ -31,21 +39,35 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         state = x.new_zeros(b, c, w - 1)
     xin = torch.cat([state.transpose(1, 2), x], dim=1)  # [B, W-1+T, C], x's dtype: exact
     y = _conv(xin.float(), weight, bias, silu, t)
-    ends = torch.full((b,), t, dtype=torch.int64, device=x.device) if lengths is None else lengths.long().clamp(0, t)
+    ends = (
+        torch.full((b,), t, dtype=torch.int64, device=x.device)
+        if lengths is None
+        else lengths.long().clamp(0, t)
+    )
     valid = torch.arange(t, device=x.device)[None, :] < ends[:, None]  # [B, T]
     y = torch.where(valid[:, :, None], y, torch.zeros((), device=x.device)).to(x.dtype)
-    taps = ends[:, None] + torch.arange(w - 1, device=x.device)[None, :]  # [B, W-1], indices into xin
+    taps = (
+        ends[:, None] + torch.arange(w - 1, device=x.device)[None, :]
+    )  # [B, W-1], indices into xin
     new_state = torch.gather(xin, 1, taps[:, :, None].expand(b, w - 1, c)).transpose(1, 2)
     return y.contiguous(), new_state.contiguous()
 
 
-def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
-                         silu: bool, reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def causal_conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor,
+    silu: bool,
+    reset: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place). A row
     with ``reset[b]`` True reads zeros for its old state (a select: whatever it held is unused)."""
     old = state
     if reset is not None:
-        old = torch.where(reset[:, None, None], torch.zeros((), dtype=state.dtype, device=state.device), state)
+        old = torch.where(
+            reset[:, None, None], torch.zeros((), dtype=state.dtype, device=state.device), state
+        )
     xin = torch.cat([old.transpose(1, 2), x[:, None, :]], dim=1)  # [B, W, C]
     y = _conv(xin.float(), weight, bias, silu, 1)[:, 0, :].to(x.dtype)
     state.copy_(xin[:, 1:, :].transpose(1, 2))

@@ -60,8 +60,13 @@ def _prepare(q, k, v, g, beta, scale: float, l2norm_qk: bool):
     q = q * scale
     if rep > 1:
         q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-    return (q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.float().transpose(1, 2),
-            beta.float().transpose(1, 2))  # fmt: skip
+    return (
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.float().transpose(1, 2),
+        g.float().transpose(1, 2),
+        beta.float().transpose(1, 2),
+    )
 
 
 def _initial(state: torch.Tensor | None, v: torch.Tensor, dk: int) -> torch.Tensor:
@@ -85,7 +90,9 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, state, scale: float, l2norm_qk:
     return out.transpose(1, 2).to(v.dtype).contiguous(), s
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, precision: str = "fp32"):
+def gated_delta_rule(
+    q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chunk_size: int, precision: str = "fp32"
+):
     """Backend entry of :func:`ftlab.ops.gated_delta_rule`: ``(o [B, T, Hv, Dv] in v's dtype,
     final_state [B, Hv, Dk, Dv] fp32)``, the chunked form in fp32 whatever ``precision`` allows."""
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, scale, l2norm_qk)
@@ -119,23 +126,30 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     return o, s
 
 
-def step_gates(a: torch.Tensor, b: torch.Tensor, a_neg: torch.Tensor, dt_bias: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def step_gates(
+    a: torch.Tensor, b: torch.Tensor, a_neg: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet's gates from its raw projections ``a, b [..., Hv]``: ``(g, beta)`` fp32,
     ``g = a_neg * softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` (``a_neg = -exp(A_log)``,
     ``dt_bias`` fp32 ``[Hv]``), as transformers' Qwen3-Next / Qwen3.5 layers compute them."""
     return a_neg * F.softplus(a.float() + dt_bias), torch.sigmoid(b.float())
 
 
-def gated_delta_step(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, gates=None, reset=None):
+def gated_delta_step(
+    q, k, v, g, beta, state, scale: float, l2norm_qk: bool, gates=None, reset=None
+):
     """Backend entry of :func:`ftlab.ops.gated_delta_step`: one token per row, ``state``
     updated in place; returns ``o [B, Hv, Dv]`` in v's dtype. ``gates``: g and beta are the
     raw projections (:func:`step_gates`); ``reset`` rows start from a zero state."""
     if gates is not None:
         g, beta = step_gates(g, beta, *gates)
-    start = state if reset is None else torch.where(reset[:, None, None, None], torch.zeros((), device=state.device),
-                                                     state)  # fmt: skip
-    o, s = gated_delta_rule_recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], start, scale,
-                                      l2norm_qk)  # fmt: skip
+    start = (
+        state
+        if reset is None
+        else torch.where(reset[:, None, None, None], torch.zeros((), device=state.device), state)
+    )
+    o, s = gated_delta_rule_recurrent(
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], start, scale, l2norm_qk
+    )
     state.copy_(s)
     return o[:, 0]

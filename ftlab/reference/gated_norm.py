@@ -13,7 +13,9 @@ import torch
 from ftlab.reference.norm import rms_factor
 
 
-def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.gated_rmsnorm`."""
     xf, zf = x.float(), z.float()
     y = xf * rms_factor(xf, eps) * weight.float() * (zf * torch.sigmoid(zf))

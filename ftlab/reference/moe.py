@@ -1,4 +1,5 @@
-"""Routed MoE (Qwen3-MoE experts), the readable way (docs/OPS.md section 3). The oracle of the kernels.
+"""Routed MoE (Qwen3-MoE experts), the readable way (docs/OPS.md section 3). The oracle of the
+kernels.
 
 route_topk:  p = softmax(logits) in fp32 over all E experts; the k largest, ties broken
              toward the lower expert id; renormalized to sum 1 when ``renormalize``.
@@ -117,8 +118,15 @@ def moe_experts(
     return out.to(x.dtype)
 
 
-def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                            weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
+def add_rmsnorm_router_topk(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+) -> tuple:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: the reference add_rmsnorm, then
     :func:`router_topk` of its output."""
     y, s = add_rmsnorm(x, residual, norm_weight, eps)

@@ -46,8 +46,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.where(big, (xf * rms_factor(xf, eps) * weight.float()).to(x.dtype), y)
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm`: ``(y, s)``, s being x itself without a
     residual."""
     s = x if residual is None else (x + residual).contiguous()

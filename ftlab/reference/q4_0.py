@@ -6,7 +6,8 @@ quantize_q4_0, per 32-block (as llama.cpp and gguf-py do, bit for bit):
     id   = 1 / d, or 0 when d == 0                    (a reciprocal, then a multiply)
     q    = min(15, trunc(x * id + 8.5))               (x * id rounded before the add)
 quantize_q8_1, per 32-block of activations:
-    d = amax / torch.full_like(amax, 127.0)  # tensor / tensor: correctly rounded on every device (amax = max |x|);  q = round_half_away(x / d) (0 when amax == 0);  s = d * sum(q)
+    d = amax / torch.full_like(amax, 127.0)  # tensor / tensor: correctly rounded on every device
+    (amax = max |x|);  q = round_half_away(x / d) (0 when amax == 0);  s = d * sum(q)
 int8 dot of a Q4_0 block (d4, q4) with a Q8_1 block (d8, q8, s8):
     d4 * (d8 * sum_i(q4_i * q8_i) - 8 * s8)      == d4 * d8 * sum_i((q4_i - 8) * q8_i)
 """
@@ -103,7 +104,9 @@ def q4_0_block_dots(x8: Q8_1, w: Q4_0Weight) -> torch.Tensor:
     return q4_0_block_terms(x8, w)[0]
 
 
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str = "int8", x_q8: Q8_1 | None = None) -> torch.Tensor:
+def q4_0_matmul(
+    x: torch.Tensor, w: Q4_0Weight, path: str = "int8", x_q8: Q8_1 | None = None
+) -> torch.Tensor:
     """``x [M, K] @ W.T -> [M, N]`` in x's dtype.
 
     path ``"int8"``: quantize x to Q8_1 (or take ``x_q8``, x's Q8_1), then the int8 dot per block,
@@ -118,8 +121,14 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str = "int8", x_q8: Q8_1 |
     raise ValueError(f"path must be 'int8' or 'dequant', got {path!r}")
 
 
-def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                            w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rmsnorm_q4_0_matmul(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w: Q4_0Weight,
+    path: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: the reference add_rmsnorm, then
     :func:`q4_0_matmul` of its output."""
     y, s = add_rmsnorm(x, residual, norm_weight, eps)

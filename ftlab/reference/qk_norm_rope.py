@@ -16,8 +16,14 @@ import torch
 from ftlab.reference.norm import rms_factor
 
 
-def _one(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
-         rot: int) -> torch.Tensor:  # fmt: skip
+def _one(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    rot: int,
+) -> torch.Tensor:
     xf = x.float()
     y = xf * rms_factor(xf, eps) * weight.float()
     yr = y[..., :rot]
@@ -25,9 +31,18 @@ def _one(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return torch.cat([out, y[..., rot:]], dim=-1).to(x.dtype)
 
 
-def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, eps: float, rotary_dim: int | None = None, *,
-                 cache: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    rotary_dim: int | None = None,
+    *,
+    cache: tuple | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.qk_norm_rope` (``rotary_dim`` None: all of D). ``cache``:
     ``(k_cache, v_cache, slots, v [N, W])``: then ``k_cache[slots[n]] = k_out[n]`` (its heads
     side by side) and ``v_cache[slots[n]] = v[n]`` for each slot in ``[0, S)``; other slots

@@ -14,8 +14,9 @@ EPS32 = 2.0**-23
 EXP_EPS = 4  # an exp in fp32 apart from its argument's size, in eps32
 
 
-def decode_attention_tolerance(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                               scale: float) -> torch.Tensor:  # fmt: skip
+def decode_attention_tolerance(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Per-element bound ``[B * H, D]`` on |backend - reference|, derived in f64 from the exact
     scores and weights. One side's fp32 error:
 
@@ -58,14 +59,23 @@ def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device`` with its strides (a view of a wider buffer stays one)."""
     if t.device == device:
         return t
-    base = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device=device)
+    base = torch.empty(
+        t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device=device
+    )
     base.copy_(torch.as_strided(t, (base.numel(),), (1,), 0))
     return torch.as_strided(base, t.shape, t.stride(), t.storage_offset())
 
 
-def check_decode_attention_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                                scale: float | None = None, device: torch.device | str = "cpu",
-                                backends: Sequence[str] | None = None, quantize: bool = False) -> None:  # fmt: skip
+def check_decode_attention_case(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float | None = None,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+    quantize: bool = False,
+) -> None:
     """Every backend's decode_attention against the reference within
     :func:`decode_attention_tolerance` (k and v keep their strides: views of a wider cache stay
     views); the inputs are left as they were. ``quantize`` (where ``H * D`` is a multiple of 32):
@@ -82,24 +92,33 @@ def check_decode_attention_case(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         before = [t.clone() for t in args]
         got = ops.decode_attention(*args, scale=scale, backend=name)
         assert got.shape == q.shape and got.dtype == q.dtype and got.is_contiguous()
-        assert all(torch.equal(x, y) for x, y in zip(args, before, strict=True)), f"{name} wrote to an input"
+        assert all(torch.equal(x, y) for x, y in zip(args, before, strict=True)), (
+            f"{name} wrote to an input"
+        )
         assert_within(name, "out", got.reshape(b * h, d), want.reshape(b * h, d), bound)
         if quantize and (h * d) % 32 == 0:
             again, q8 = ops.decode_attention(*args, scale=scale, backend=name, quantize=True)
             assert torch.equal(again, got), f"{name}: quantize=True changed the output"
             bad = q8_mismatches(got, q8)
-            assert not bad, f"{name}: Q8_1 of the output differs from the reference quantization in {bad}"
+            assert not bad, (
+                f"{name}: Q8_1 of the output differs from the reference quantization in {bad}"
+            )
 
 
 def q8_mismatches(out: torch.Tensor, q8) -> dict[str, int]:
-    """``{part: values that differ}`` between ``q8`` (q, d, s) and the reference ``quantize_q8_1`` of
+    """``{part: values that differ}`` between ``q8`` (q, d, s) and the reference ``quantize_q8_1``
+    of
     ``out [B, H, D]`` viewed ``[B, H * D]`` (every value of a part whose shape differs); empty when
     they are the same bits."""
     ref = ops.quantize_q8_1(out.reshape(out.shape[0], -1), backend="reference")
     bad = {}
     for part in ("q", "d", "s"):
         mine, theirs = getattr(q8, part), getattr(ref, part)
-        n = theirs.numel() if mine.shape != theirs.shape else int((mine.cpu() != theirs.cpu()).sum())
+        n = (
+            theirs.numel()
+            if mine.shape != theirs.shape
+            else int((mine.cpu() != theirs.cpu()).sum())
+        )
         if n:
             bad[part] = n
     return bad
@@ -117,7 +136,8 @@ def decode_attention_held_to_reference() -> Iterator[list[tuple[str, int, int]]]
     What an eager decode step on hip's attention is held to (``ftlab bench model`` and ``bench
     qwen35moe``): its logits cannot be held to a step through another attention kernel, since a
     last-bit difference in one layer's attention flips a routing choice a few layers on (on random
-    weights, ~7% of the largest logit apart after 48 layers: benchmarks/NOTES.md, "Eager decode")."""
+    weights, ~7% of the largest logit apart after 48 layers: benchmarks/NOTES.md, "Eager
+    decode")."""
     real = ops.decode_attention
     calls: list[tuple[str, int, int]] = []
 
@@ -128,11 +148,15 @@ def decode_attention_held_to_reference() -> Iterator[list[tuple[str, int, int]]]
             out = got[0] if isinstance(got, tuple) else got
             scale = kwargs.get("scale")
             want = real(q, k, v, lengths, scale=scale, backend="reference")
-            bound = decode_attention_tolerance(q, k, v, lengths, q.shape[-1] ** -0.5 if scale is None else scale)
+            bound = decode_attention_tolerance(
+                q, k, v, lengths, q.shape[-1] ** -0.5 if scale is None else scale
+            )
             d = q.shape[-1]
             err = (out.float() - want.float()).abs().reshape(-1, d).cpu()
             over = int((~(err <= bound)).sum())
-            if isinstance(got, tuple):  # quantize=True: the Q8_1 must be the reference's of out, bit for bit
+            if isinstance(
+                got, tuple
+            ):  # quantize=True: the Q8_1 must be the reference's of out, bit for bit
                 over += sum(q8_mismatches(out, got[1]).values())
             calls.append((backend, over, err.numel()))
         return got

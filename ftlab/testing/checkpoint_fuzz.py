@@ -41,9 +41,19 @@ import gguf
 from ftlab.formats.gguf import GGUFLayout, MetadataEntry, read_layout
 
 VT = gguf.GGUFValueType
-_FORMATS = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I",
-            VT.INT32: "<i", VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q",
-            VT.FLOAT64: "<d"}  # fmt: skip
+_FORMATS = {
+    VT.UINT8: "<B",
+    VT.INT8: "<b",
+    VT.UINT16: "<H",
+    VT.INT16: "<h",
+    VT.UINT32: "<I",
+    VT.INT32: "<i",
+    VT.FLOAT32: "<f",
+    VT.BOOL: "<?",
+    VT.UINT64: "<Q",
+    VT.INT64: "<q",
+    VT.FLOAT64: "<d",
+}
 _INTS = (VT.UINT8, VT.INT8, VT.UINT16, VT.INT16, VT.UINT32, VT.INT32, VT.UINT64, VT.INT64)
 # counts and lengths that break parsers: zero, off by one, the sign bit, all ones
 _BAD_U64 = (0, 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1)
@@ -80,8 +90,9 @@ def encode_entry(key: str, vtype: int, value) -> bytes:
     return encode_value(VT.STRING, key) + struct.pack("<I", vtype) + encode_value(vtype, value)
 
 
-def splice(raw: bytes, layout: GGUFLayout, start: int, end: int, new: bytes,
-           kv_delta: int = 0) -> bytes:  # fmt: skip
+def splice(
+    raw: bytes, layout: GGUFLayout, start: int, end: int, new: bytes, kv_delta: int = 0
+) -> bytes:
     """``raw`` with header bytes ``[start, end)`` replaced by ``new``, the key/value count
     moved by ``kv_delta``, and the data section re-padded to the file's alignment (tensor
     offsets are relative to it, so they stay right)."""
@@ -92,8 +103,9 @@ def splice(raw: bytes, layout: GGUFLayout, start: int, end: int, new: bytes,
     return bytes(header) + b"\0" * pad + raw[layout.data_start :]
 
 
-def with_metadata(raw: bytes, key: str, vtype: int | None, value=None,
-                  layout: GGUFLayout | None = None) -> bytes:  # fmt: skip
+def with_metadata(
+    raw: bytes, key: str, vtype: int | None, value=None, layout: GGUFLayout | None = None
+) -> bytes:
     """GGUF bytes ``raw`` with metadata ``key`` set to ``value`` of type ``vtype`` (replaced
     in place, or appended when absent), or removed (``vtype`` None). ``layout``: raw's
     (read from ``raw`` when not given)."""
@@ -137,9 +149,22 @@ def flip_bytes(data: bytearray, rng: random.Random, lo: int, hi: int, count: int
 class GGUFMutator:
     """Seeded mutations of one valid GGUF file (module docstring: which)."""
 
-    KINDS = ("header", "kv-type", "kv-length", "kv-value", "kv-remove", "kv-repeat", "alignment",
-             "tensor-type", "tensor-dims", "tensor-offset", "tensor-name", "truncate", "bytes",
-             "values")  # fmt: skip
+    KINDS = (
+        "header",
+        "kv-type",
+        "kv-length",
+        "kv-value",
+        "kv-remove",
+        "kv-repeat",
+        "alignment",
+        "tensor-type",
+        "tensor-dims",
+        "tensor-offset",
+        "tensor-name",
+        "truncate",
+        "bytes",
+        "values",
+    )
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -214,32 +239,54 @@ class GGUFMutator:
         """Values for entry ``e`` (current value ``v``): in range, out of range, wrong type."""
         if e.value_type in _INTS:
             return [(e.value_type, x) for x in (0, 1, v + 1, max(v - 1, 0), 2 * v)] + [
-                (VT.INT32, -1), (VT.UINT32, 2**32 - 1), (VT.UINT64, 2**63), (VT.STRING, str(v)),
-                (VT.FLOAT32, float(v)), (VT.ARRAY, (VT.FLOAT32, [float(v)])),
-                (VT.ARRAY, (e.value_type, [v])), (VT.BOOL, True)]  # fmt: skip
+                (VT.INT32, -1),
+                (VT.UINT32, 2**32 - 1),
+                (VT.UINT64, 2**63),
+                (VT.STRING, str(v)),
+                (VT.FLOAT32, float(v)),
+                (VT.ARRAY, (VT.FLOAT32, [float(v)])),
+                (VT.ARRAY, (e.value_type, [v])),
+                (VT.BOOL, True),
+            ]
         if e.value_type in (VT.FLOAT32, VT.FLOAT64):
-            return [(e.value_type, x) for x in (0.0, -1.0, math.nan, math.inf, 1e-45, 3.4e38,
-                                                v * 2, v / 2)] + [  # fmt: skip
-                (VT.FLOAT64, v), (VT.UINT32, int(v)), (VT.STRING, str(v))]  # fmt: skip
+            return [
+                (e.value_type, x)
+                for x in (0.0, -1.0, math.nan, math.inf, 1e-45, 3.4e38, v * 2, v / 2)
+            ] + [(VT.FLOAT64, v), (VT.UINT32, int(v)), (VT.STRING, str(v))]
         if e.value_type == VT.STRING:
-            return [(VT.STRING, b"\xff\xfe"), (VT.STRING, ""), (VT.STRING, v + "x"),
-                    (VT.UINT32, 0), (VT.ARRAY, (VT.STRING, [v]))]  # fmt: skip
+            return [
+                (VT.STRING, b"\xff\xfe"),
+                (VT.STRING, ""),
+                (VT.STRING, v + "x"),
+                (VT.UINT32, 0),
+                (VT.ARRAY, (VT.STRING, [v])),
+            ]
         if e.value_type == VT.ARRAY and v and isinstance(v[0], str):
             i = rng.randrange(len(v))
 
             def items(x):
                 return (VT.ARRAY, (VT.STRING, x))
 
-            return [items(v[:i] + [b"\xc3\x28"] + v[i + 1 :]), items(v[:i] + [""] + v[i + 1 :]),
-                    items(v[:i] + ["a b c"] + v[i + 1 :]), items(v[:i] + [v[-1 - i]] + v[i + 1 :]),
-                    items(v[:i] + v[i + 1 :]), items([*v, v[i]]), items([]),
-                    (VT.ARRAY, (VT.INT32, list(range(len(v))))), (VT.STRING, " ".join(v))]  # fmt: skip
+            return [
+                items(v[:i] + [b"\xc3\x28"] + v[i + 1 :]),
+                items(v[:i] + [""] + v[i + 1 :]),
+                items(v[:i] + ["a b c"] + v[i + 1 :]),
+                items(v[:i] + [v[-1 - i]] + v[i + 1 :]),
+                items(v[:i] + v[i + 1 :]),
+                items([*v, v[i]]),
+                items([]),
+                (VT.ARRAY, (VT.INT32, list(range(len(v))))),
+                (VT.STRING, " ".join(v)),
+            ]
         if e.value_type == VT.ARRAY and v:
             item = VT(struct.unpack_from("<I", self.raw, e.value_start)[0])
             i = rng.randrange(len(v))
-            return [(VT.ARRAY, (item, v[:i] + v[i + 1 :])), (VT.ARRAY, (item, [*v, v[i]])),
-                    (VT.ARRAY, (VT.FLOAT32, [float(x) for x in v])),
-                    (VT.ARRAY, (VT.STRING, [str(x) for x in v]))]  # fmt: skip
+            return [
+                (VT.ARRAY, (item, v[:i] + v[i + 1 :])),
+                (VT.ARRAY, (item, [*v, v[i]])),
+                (VT.ARRAY, (VT.FLOAT32, [float(x) for x in v])),
+                (VT.ARRAY, (VT.STRING, [str(x) for x in v])),
+            ]
         return [(VT.UINT32, 0), (VT.STRING, "x")]
 
     def _alignment(self, rng):
@@ -252,14 +299,16 @@ class GGUFMutator:
 
     def _kv_remove(self, rng):
         e = self._entry(rng)
-        return splice(self.raw, self.layout, e.start, e.end, b"", kv_delta=-1), \
-            f"metadata '{e.key}' removed"  # fmt: skip
+        return splice(
+            self.raw, self.layout, e.start, e.end, b"", kv_delta=-1
+        ), f"metadata '{e.key}' removed"
 
     def _kv_repeat(self, rng):
         e = self._entry(rng)
         entry = self.raw[e.start : e.end]
-        return splice(self.raw, self.layout, e.end, e.end, entry, kv_delta=1), \
-            f"metadata '{e.key}' repeated"  # fmt: skip
+        return splice(
+            self.raw, self.layout, e.end, e.end, entry, kv_delta=1
+        ), f"metadata '{e.key}' repeated"
 
     def _tensor(self, rng):
         return rng.choice(self.layout.tensors)
@@ -282,8 +331,22 @@ class GGUFMutator:
             dims = list(reversed(t.dims))
             struct.pack_into(f"<{len(dims)}Q", data, t.n_dims_at + 4, *dims)
             return data, f"tensor '{t.name}': dims {list(t.dims)} -> {dims}"
-        v = rng.choice([x for x in (0, 1, t.dims[d] // 2, t.dims[d] + 1, t.dims[d] * 2, 2**32,
-                                    2**63, 2**64 - 1) if x != t.dims[d]])  # fmt: skip
+        v = rng.choice(
+            [
+                x
+                for x in (
+                    0,
+                    1,
+                    t.dims[d] // 2,
+                    t.dims[d] + 1,
+                    t.dims[d] * 2,
+                    2**32,
+                    2**63,
+                    2**64 - 1,
+                )
+                if x != t.dims[d]
+            ]
+        )
         struct.pack_into("<Q", data, t.n_dims_at + 4 + 8 * d, v)
         return data, f"tensor '{t.name}': dim {d} {t.dims[d]} -> {v}"
 
@@ -291,9 +354,24 @@ class GGUFMutator:
         data, t = bytearray(self.raw), self._tensor(rng)
         a, size = self.layout.alignment, len(self.raw)
         other = rng.choice(self.layout.tensors).offset
-        v = rng.choice([x for x in (t.offset + 1, t.offset + a, max(t.offset - a, 0), 0, other,
-                                    size, size - self.layout.data_start - t.nbytes + a, 2**63,
-                                    2**64 - 1, 2**64 - self.layout.data_start) if x != t.offset])  # fmt: skip
+        v = rng.choice(
+            [
+                x
+                for x in (
+                    t.offset + 1,
+                    t.offset + a,
+                    max(t.offset - a, 0),
+                    0,
+                    other,
+                    size,
+                    size - self.layout.data_start - t.nbytes + a,
+                    2**63,
+                    2**64 - 1,
+                    2**64 - self.layout.data_start,
+                )
+                if x != t.offset
+            ]
+        )
         struct.pack_into("<Q", data, t.offset_at, v)
         return data, f"tensor '{t.name}': offset {t.offset} -> {v}"
 
@@ -303,7 +381,9 @@ class GGUFMutator:
         how = rng.choice(["byte", "other", "length"])
         if how == "byte":
             i = rng.randrange(len(name))
-            new = name[:i] + bytes([rng.choice([0xFF, 0x00, ord("9"), name[i] ^ 1])]) + name[i + 1 :]
+            new = (
+                name[:i] + bytes([rng.choice([0xFF, 0x00, ord("9"), name[i] ^ 1])]) + name[i + 1 :]
+            )
         elif how == "other":
             new = rng.choice([u for u in self.layout.tensors if u != t]).name.encode()
         else:
@@ -315,8 +395,13 @@ class GGUFMutator:
         return data, f"tensor '{t.name}': name -> {new!r}"
 
     def _truncate(self, rng):
-        end = rng.choice([rng.randrange(self.layout.header_end), rng.randrange(len(self.raw)),
-                          len(self.raw) - rng.randrange(1, 64)])  # fmt: skip
+        end = rng.choice(
+            [
+                rng.randrange(self.layout.header_end),
+                rng.randrange(len(self.raw)),
+                len(self.raw) - rng.randrange(1, 64),
+            ]
+        )
         return self.raw[:end], f"truncated to {end} of {len(self.raw)} bytes"
 
     def _bytes(self, rng):

@@ -12,7 +12,6 @@ from ftlab.backends import FLOAT_DTYPES
 __all__ = ["FLOAT_DTYPES", "assert_within", "backends_for", "restride", "ulp"]
 
 
-
 def restride(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` on ``device`` with the same row stride (padding copied too)."""
     stride = t.stride(0) if t.dim() == 2 and t.shape[0] > 0 else t.shape[-1]
@@ -21,8 +20,13 @@ def restride(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return moved[:, : t.shape[1]] if t.dim() == 2 else moved
 
 
-def backends_for(op: str, device: torch.device, dtype: torch.dtype, names: Sequence[str] | None,
-                 path: str | None = None) -> list[str]:  # fmt: skip
+def backends_for(
+    op: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    names: Sequence[str] | None,
+    path: str | None = None,
+) -> list[str]:
     """The backends a case runs: ``names`` (each must be able to serve, ``path`` too when given),
     else all that can (and implement ``path``). A pytest skip, naming the op and why, where only
     the reference can serve: the case would compare the reference with itself (on the CPU: Triton
@@ -53,7 +57,9 @@ def ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(exponent - _MANTISSA_BITS[dtype])
 
 
-def assert_within(name: str, what: str, got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> None:
+def assert_within(
+    name: str, what: str, got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor
+) -> None:
     """``|got - expected| <= bound`` elementwise (2-D, on any device; NaN fails), else an
     AssertionError naming the first element off, its values and how many are off."""
     err = (got.float().cpu() - expected.float().cpu()).abs()
@@ -61,6 +67,8 @@ def assert_within(name: str, what: str, got: torch.Tensor, expected: torch.Tenso
     if bool(bad.any()):
         i, j = (int(v) for v in bad.nonzero()[0])
         raise AssertionError(
-            f"{name}: {what} off at [{i}, {j}]: got {float(got[i, j])}, reference {float(expected[i, j])}, "
-            f"|diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} ({int(bad.sum())} of {bad.numel()} elements)"
+            f"{name}: {what} off at [{i}, {j}]: got {float(got[i, j])}, reference "
+            f"{float(expected[i, j])}, "
+            f"|diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} ({int(bad.sum())} of "
+            f"{bad.numel()} elements)"
         )

@@ -20,8 +20,19 @@ def gated_delta_exact(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, 
     return _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, 1, gates)[:2]
 
 
-def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=1, gates=None,
-                          operands="fp32"):  # fmt: skip
+def gated_delta_tolerance(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state=None,
+    scale=None,
+    l2norm_qk=True,
+    chunk_size=1,
+    gates=None,
+    operands="fp32",
+):
     """Per-element bounds ``(o [B, T, Hv, Dv], final_state [B, Hv, Dk, Dv])`` on |computed -
     exact| for one fp32 computation of the gated delta rule in chunks of ``chunk_size``
     (1: the recurrence, token by token), derived in f64 from the exact recurrence.
@@ -53,7 +64,8 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     state's column error, the output's ``|q_t| (E_t + rho A_t)`` eps32 (q scaled), the final
     state's ``(E_T + rho A_T)`` eps32. Outputs of fp16 / bf16 add the rounding to v's dtype,
     one ulp (Triton's interpreter truncates) at ``|exact| + bound``. ``gates = (a_neg, dt_bias)``:
-    g and beta are the raw a and b, the gates' fp32 errors added (:func:`check_gated_delta_step_case`).
+    g and beta are the raw a and b, the gates' fp32 errors added
+    (:func:`check_gated_delta_step_case`).
 
     A g below ``G_FLOOR`` (-inf, -1e30: a full forget) is computed as ``G_FLOOR``: its fp32 exp
     is 0, within 2^-158 of the exact ``exp(g)`` (far below fp32's smallest subnormal); the exact
@@ -67,8 +79,9 @@ def gated_delta_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=Tr
     return o_bound, s_bound
 
 
-def gated_delta_exact_and_tolerance(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=1,
-                                    operands="fp32"):  # fmt: skip
+def gated_delta_exact_and_tolerance(
+    q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=1, operands="fp32"
+):
     """:func:`gated_delta_exact` and :func:`gated_delta_tolerance` in one f64 pass:
     ``(o, final_state, o_bound, state_bound)``."""
     return _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk_size, None, operands)
@@ -116,10 +129,14 @@ def bf16_operand_terms(qd, kd, vd, gd, bd, state, carried, start, end):
     rows = torch.arange(n)
     diff = c[..., :, None] - c[..., None, :]  # c_i - c_l
     decay = torch.where(rows[:, None] > rows[None, :], diff, -torch.inf).exp()  # strictly lower
-    decay_on = torch.where(rows[:, None] >= rows[None, :], diff, -torch.inf).exp()  # and the diagonal
+    decay_on = torch.where(
+        rows[:, None] >= rows[None, :], diff, -torch.inf
+    ).exp()  # and the diagonal
     eye = torch.eye(n, dtype=torch.float64)
     lmat = bt[..., :, None] * (kc @ kc.transpose(-1, -2)) * decay
-    ab = torch.linalg.solve_triangular(eye + lmat, eye.expand_as(lmat), upper=False, unitriangular=True)
+    ab = torch.linalg.solve_triangular(
+        eye + lmat, eye.expand_as(lmat), upper=False, unitriangular=True
+    )
     ab = ab * bt[..., None, :]
     e, sabs, held = c.exp()[..., None], state.abs(), carried[:, :, None, :]
     m = kc.abs() @ sabs + kc.norm(dim=-1, keepdim=True) * held
@@ -130,17 +147,24 @@ def bf16_operand_terms(qd, kd, vd, gd, bd, state, carried, start, end):
     return lo, 8 * u * z.norm(dim=-2)
 
 
-def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=None, operands="fp32"):
+def _exact_and_bounds(
+    q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=None, operands="fp32"
+):
     if operands not in ("fp32", "bf16"):
         raise ValueError(f"operands must be 'fp32' or 'bf16', got {operands!r}")
     qd, kd, vd = q.double().cpu(), k.double().cpu(), v.double().cpu()
     gd, bd = g.double().cpu(), beta.double().cpu()
     gate_err = None
-    if gates is not None:  # g and beta are the raw a and b: the gates exact, their fp32 error bounded
+    if (
+        gates is not None
+    ):  # g and beta are the raw a and b: the gates exact, their fp32 error bounded
         a_neg, dt_bias = (x.double().cpu() for x in gates)
         x = gd + dt_bias
         sp = torch.nn.functional.softplus(x)
-        gate_err = (a_neg.abs() * (4 + 2 * sp + x.abs()), 4 + bd.abs())  # g's error, beta's relative, in eps32
+        gate_err = (
+            a_neg.abs() * (4 + 2 * sp + x.abs()),
+            4 + bd.abs(),
+        )  # g's error, beta's relative, in eps32
         gd, bd = a_neg * sp, torch.sigmoid(bd)
     gf = gd.clamp(min=G_FLOOR)  # g floored, as the chunks' cumulative sums take it
     b, t, hk, dk = qd.shape
@@ -167,9 +191,20 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=No
         start = i - i % chunk
         gsum = gf[:, start : start + chunk].abs().sum(1) if chunk > 1 else 0 * gf[:, 0]
         rho = (base + 2 * (chunk + 2) * gsum)[..., None]
-        if bf16 and i == start:  # the computed state is within EPS32 (err + rho A) + err_bf of s, per column
-            lo, ls = bf16_operand_terms(qd, kd, vd, gf, bd, s, EPS32 * (err + rho * amag) + err_bf, start,
-                                        min(start + chunk, t))  # fmt: skip
+        if (
+            bf16 and i == start
+        ):  # the computed state is within EPS32 (err + rho A) + err_bf of s, per column
+            lo, ls = bf16_operand_terms(
+                qd,
+                kd,
+                vd,
+                gf,
+                bd,
+                s,
+                EPS32 * (err + rho * amag) + err_bf,
+                start,
+                min(start + chunk, t),
+            )
         e = gd[:, i].exp()[..., None]
         kt, qt, bt = kd[:, i], qd[:, i], bd[:, i, :, None]
         knorm = kt.norm(dim=-1, keepdim=True)
@@ -177,10 +212,19 @@ def _exact_and_bounds(q, k, v, g, beta, state, scale, l2norm_qk, chunk, gates=No
         delta = bt * (vd[:, i] - (decayed * kt[..., None]).sum(-2))
         s = decayed + kt[..., None] * delta[..., None, :]
         m = bt * (vd[:, i].abs() + knorm * e * amag)
-        # the gates' errors: g's, a decay error of the state carried through (I - beta k k^T); beta's, of the delta
-        gates_term = 0.0 if gate_err is None else (
-            gate_err[0][:, i, :, None] * e * amag * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
-            + gate_err[1][:, i, :, None] * knorm * m)  # fmt: skip
+        # the gates' errors: g's, a decay error of the state carried through (I - beta k k^T);
+        # beta's, of the delta
+        gates_term = (
+            0.0
+            if gate_err is None
+            else (
+                gate_err[0][:, i, :, None]
+                * e
+                * amag
+                * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
+                + gate_err[1][:, i, :, None] * knorm * m
+            )
+        )
         amag = e * amag + knorm * delta.abs()
         growth = e * torch.clamp((1 - bt * knorm**2).abs(), min=1.0)
         end = (i % chunk == chunk - 1) or i == t - 1
@@ -214,9 +258,20 @@ def _assert_close(
     )
 
 
-def check_gated_delta_rule_case(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=64,
-                                device: torch.device | str = "cpu", backends: Sequence[str] | None = None,
-                                precision: str = "fp32") -> None:  # fmt: skip
+def check_gated_delta_rule_case(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state=None,
+    scale=None,
+    l2norm_qk=True,
+    chunk_size=64,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+    precision: str = "fp32",
+) -> None:
     """Every backend's gated_delta_rule (the reference included) against the exact recurrence
     within :func:`gated_delta_tolerance` (of ``precision``'s operands), and against the reference
     within twice that; the input state is left as it was."""
@@ -300,9 +355,20 @@ def check_hostile_decays(
     assert all(torch.equal(a, b) for a, b in kept), f"{name}: what came before a forget weighed in"
 
 
-def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=True,
-                                device: torch.device | str = "cpu", backends: Sequence[str] | None = None,
-                                gates=None, reset=None) -> None:  # fmt: skip
+def check_gated_delta_step_case(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    scale=None,
+    l2norm_qk=True,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+    gates=None,
+    reset=None,
+) -> None:
     """Every backend's gated_delta_step (one token, ``q [B, Hk, Dk]`` ...) against the exact
     step within :func:`gated_delta_tolerance` (chunk 1), and against the reference within twice
     that: the returned output and the state updated in place. ``gates = (a_neg, dt_bias)``: g
@@ -312,7 +378,9 @@ def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=T
     itself: an exp whose argument is rounded first, as Triton's, is off by ``|b|`` eps32);
     ``reset`` (bool ``[B]``): those rows start from zeros, whatever their state holds."""
     seq = [x[:, None] for x in (q, k, v, g, beta)]
-    start = state if reset is None else torch.where(reset[:, None, None, None], torch.zeros(()), state)
+    start = (
+        state if reset is None else torch.where(reset[:, None, None, None], torch.zeros(()), state)
+    )
     exact_o, exact_s, o_bound, s_bound = _exact_and_bounds(*seq, start, scale, l2norm_qk, 1, gates)
     o_bound = o_bound[:, 0]
     kw = {"scale": scale, "l2norm_qk": l2norm_qk}
@@ -339,7 +407,9 @@ def check_gated_delta_step_case(q, k, v, g, beta, state, scale=None, l2norm_qk=T
         _assert_close(name, "state", got_s, want_s, 2 * s_bound)
 
 
-def _assert_accuracy(o, state, exact_o, exact_s, state_rtol: float, o_factor: float, truncating: bool = False) -> None:
+def _assert_accuracy(
+    o, state, exact_o, exact_s, state_rtol: float, o_factor: float, truncating: bool = False
+) -> None:
     """The final state within ``state_rtol`` relative (Frobenius) error of the exact one, and a
     16-bit ``o`` within ``o_factor`` times the exact output's own rounding to o's dtype (norms;
     ``truncating``: toward zero, as Triton's interpreter casts, else to nearest)."""
@@ -353,7 +423,9 @@ def _assert_accuracy(o, state, exact_o, exact_s, state_rtol: float, o_factor: fl
         rounding = float((rounded - exact_o).norm())
         o_err = float((o.double().cpu() - exact_o).norm())
         assert o_err <= o_factor * rounding + 1e-300, (
-            f"o: error {o_err:.4g} against {rounding:.4g} from rounding alone (allowed {o_factor:g}x)")
+            f"o: error {o_err:.4g} against {rounding:.4g} from rounding alone (allowed "
+            f"{o_factor:g}x)"
+        )
 
 
 #: the state's relative (Frobenius) error that a chunked kernel carrying fp32 operands as three
@@ -362,8 +434,9 @@ def _assert_accuracy(o, state, exact_o, exact_s, state_rtol: float, o_factor: fl
 THREE_PLANE_STATE_RTOL = 1e-5
 
 
-def assert_three_plane_accuracy(o: torch.Tensor, state: torch.Tensor, exact_o: torch.Tensor,
-                                exact_s: torch.Tensor) -> None:  # fmt: skip
+def assert_three_plane_accuracy(
+    o: torch.Tensor, state: torch.Tensor, exact_o: torch.Tensor, exact_s: torch.Tensor
+) -> None:
     """An fp32-class chunked prefill (HIP's on the matrix cores, its fp32 operands in three bf16
     parts) against the exact recurrence (:func:`gated_delta_exact`), tighter than the derived
     bound, which allows far less precise kernels (one bf16 part of the state passes it on most
@@ -379,8 +452,13 @@ def assert_three_plane_accuracy(o: torch.Tensor, state: torch.Tensor, exact_o: t
 ONE_PLANE_STATE_RTOL = 6e-3
 
 
-def assert_one_plane_accuracy(o: torch.Tensor, state: torch.Tensor, exact_o: torch.Tensor,
-                              exact_s: torch.Tensor, truncating: bool = False) -> None:  # fmt: skip
+def assert_one_plane_accuracy(
+    o: torch.Tensor,
+    state: torch.Tensor,
+    exact_o: torch.Tensor,
+    exact_s: torch.Tensor,
+    truncating: bool = False,
+) -> None:
     """A bf16-operand chunked prefill (HIP's one-plane chunks, ``precision="bf16"``) against the
     exact recurrence, tighter than its derived bound (``gated_delta_tolerance(...,
     operands="bf16")``, which must cover every worst case): the final state within

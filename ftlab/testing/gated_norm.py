@@ -11,7 +11,9 @@ from ftlab import ops
 from ftlab.testing.common import assert_within, backends_for, ulp
 
 EPS32 = 2.0**-23
-GATE_EPS = 6  # a sigmoid or SiLU in fp32 (exp, add, divide; or torch's sigmoid and a product), in eps32
+GATE_EPS = (
+    6  # a sigmoid or SiLU in fp32 (exp, add, divide; or torch's sigmoid and a product), in eps32
+)
 
 
 def _gate_eps(g: torch.Tensor) -> torch.Tensor:
@@ -31,14 +33,22 @@ def _rounded(exact: torch.Tensor, err: torch.Tensor, dtype: torch.dtype) -> torc
     return bound.float()
 
 
-def gated_rmsnorm_tolerance(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm_tolerance(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """Per-element bound ``[N, H, D]`` on |backend - reference|, derived in f64 from the exact
     result: the mean square (a sum of D squares) within ``(D + 4) eps32`` relatively, so the
     reciprocal square root within half that plus 2 eps32; the three products add 3 eps32 and
     the SiLU :func:`_gate_eps`, all relative to |exact| (no cancellation anywhere)."""
     d = x.shape[-1]
     xf, zf = x.double().cpu(), z.double().cpu()
-    exact = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.double().cpu() * zf * torch.sigmoid(zf)
+    exact = (
+        xf
+        * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        * weight.double().cpu()
+        * zf
+        * torch.sigmoid(zf)
+    )
     rel = ((d + 4) / 2 + 2 + 3 + _gate_eps(zf)) * EPS32
     return _rounded(exact, rel * exact.abs(), x.dtype)
 
@@ -59,9 +69,16 @@ def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return out.copy_(t)
 
 
-def check_gated_rmsnorm_case(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
-                             device: torch.device | str = "cpu", backends: Sequence[str] | None = None) -> None:  # fmt: skip
-    """Every backend's gated_rmsnorm against the reference within :func:`gated_rmsnorm_tolerance`."""
+def check_gated_rmsnorm_case(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
+    """Every backend's gated_rmsnorm against the reference within
+    :func:`gated_rmsnorm_tolerance`."""
     want = ops.gated_rmsnorm(x, z, weight, eps, backend="reference")
     n, h, d = x.shape
     bound = gated_rmsnorm_tolerance(x, z, weight, eps).reshape(n * h, d)
@@ -74,8 +91,12 @@ def check_gated_rmsnorm_case(x: torch.Tensor, z: torch.Tensor, weight: torch.Ten
         assert_within(name, "y", got.reshape(n * h, d), want.reshape(n * h, d), bound)
 
 
-def check_output_gate_case(attn: torch.Tensor, gate: torch.Tensor, device: torch.device | str = "cpu",
-                           backends: Sequence[str] | None = None) -> None:  # fmt: skip
+def check_output_gate_case(
+    attn: torch.Tensor,
+    gate: torch.Tensor,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
     """Every backend's output_gate against the reference within :func:`output_gate_tolerance`
     (gate with its row stride, as the model's slice of the q projection)."""
     want = ops.output_gate(attn, gate, backend="reference")

@@ -2,7 +2,8 @@
 checkpoints with random weights, and their conversion by llama.cpp's own converter.
 
 ``python -m ftlab.testing.gguf_qwen3_next LLAMA_CPP_DIR OUT_DIR`` writes, for every entry of
-:data:`FIXTURES`, ``OUT_DIR/<name>.gguf`` (converted with ``--outtype f32``, ``--no-mtp`` for those without an MTP head, and the
+:data:`FIXTURES`, ``OUT_DIR/<name>.gguf`` (converted with ``--outtype f32``, ``--no-mtp`` for those
+without an MTP head, and the
 fixture's own flags) and
 ``OUT_DIR/<name>.safetensors`` (the HF state dict, transformers' names), plus
 ``OUT_DIR/<name>.json`` (the HF config): the files ``tests/data`` holds.
@@ -26,21 +27,57 @@ import torch
 
 from ftlab.models.qwen3_next.gguf_layout import hf_shapes
 
-_COMMON = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
-               num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-               layer_types=["linear_attention", "full_attention"], rms_norm_eps=1e-6, max_position_embeddings=4096,
-               eos_token_id=0)  # fmt: skip
+_COMMON = dict(
+    vocab_size=384,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    layer_types=["linear_attention", "full_attention"],
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    eos_token_id=0,
+)
 #: name -> (transformers class name, config overrides, seed, more converter flags).
 FIXTURES: dict[str, tuple[str, dict, int, tuple[str, ...]]] = {
-    "qwen35moe-hv2": ("Qwen3_5MoeForCausalLM", dict(linear_num_key_heads=2, linear_num_value_heads=4), 0, ()),
-    "qwen35moe-hv1": ("Qwen3_5MoeForCausalLM", dict(linear_num_key_heads=2, linear_num_value_heads=2,
-                                                    tie_word_embeddings=True, mtp_num_hidden_layers=1), 1,
-                      ("--fuse-gate-up-exps", "--fuse-qkv")),
-    "qwen3next-hv2": ("Qwen3NextForCausalLM", dict(linear_num_key_heads=2, linear_num_value_heads=4,
-                                                   full_attention_interval=2, decoder_sparse_step=1,
-                                                   intermediate_size=64), 2, ()),
-}  # fmt: skip
+    "qwen35moe-hv2": (
+        "Qwen3_5MoeForCausalLM",
+        dict(linear_num_key_heads=2, linear_num_value_heads=4),
+        0,
+        (),
+    ),
+    "qwen35moe-hv1": (
+        "Qwen3_5MoeForCausalLM",
+        dict(
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            tie_word_embeddings=True,
+            mtp_num_hidden_layers=1,
+        ),
+        1,
+        ("--fuse-gate-up-exps", "--fuse-qkv"),
+    ),
+    "qwen3next-hv2": (
+        "Qwen3NextForCausalLM",
+        dict(
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            full_attention_interval=2,
+            decoder_sparse_step=1,
+            intermediate_size=64,
+        ),
+        2,
+        (),
+    ),
+}
 _PRE = {"Qwen3_5MoeForCausalLM": "qwen35", "Qwen3NextForCausalLM": "qwen2"}
 GGUF_ARCH = {"Qwen3_5MoeForCausalLM": "qwen35moe", "Qwen3NextForCausalLM": "qwen3next"}
 
@@ -113,12 +150,19 @@ def write_checkpoint(directory: Path, arch: str, overrides: dict, seed: int) -> 
         tensors |= on_disk(mtp_weights(arch, config, seed))
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     train_tokenizer().save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"})
+    )
 
 
-def convert(llama_cpp: Path, directory: Path, out: Path, arch: str, outtype: str = "f32",
-            flags: tuple[str, ...] = ()) -> None:  # fmt: skip
+def convert(
+    llama_cpp: Path,
+    directory: Path,
+    out: Path,
+    arch: str,
+    outtype: str = "f32",
+    flags: tuple[str, ...] = (),
+) -> None:
     """Run llama.cpp's ``convert_hf_to_gguf.py`` (with its own gguf-py) on ``directory``."""
     script = (
         "import sys; sys.argv = sys.argv[1:]; import runpy, conversion.base as b; "
@@ -126,8 +170,17 @@ def convert(llama_cpp: Path, directory: Path, out: Path, arch: str, outtype: str
         "runpy.run_path(sys.argv[0], run_name='__main__')"
     )
     env = {**os.environ, "PYTHONPATH": f"{llama_cpp / 'gguf-py'}{os.pathsep}{llama_cpp}"}
-    cmd = [sys.executable, "-c", script, str(llama_cpp / "convert_hf_to_gguf.py"), str(directory),
-           "--outtype", outtype, "--outfile", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        script,
+        str(llama_cpp / "convert_hf_to_gguf.py"),
+        str(directory),
+        "--outtype",
+        outtype,
+        "--outfile",
+        str(out),
+    ]
     if not json.loads((directory / "config.json").read_text()).get("mtp_num_hidden_layers"):
         cmd.append("--no-mtp")
     cmd += flags

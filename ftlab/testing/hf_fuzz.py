@@ -17,15 +17,42 @@ class HFMutator:
     """Seeded mutations of one valid HF directory (``config.json`` + ``model.safetensors``),
     written to a fresh directory per case (module docstring: which)."""
 
-    KINDS = ("config-type", "config-value", "config-remove", "config-bytes", "st-header",
-             "st-truncate", "st-bytes", "st-values", "shards", "unsupported")  # fmt: skip
+    KINDS = (
+        "config-type",
+        "config-value",
+        "config-remove",
+        "config-bytes",
+        "st-header",
+        "st-truncate",
+        "st-bytes",
+        "st-values",
+        "shards",
+        "unsupported",
+    )
     # keys the loader reads (fields of Qwen3MoeConfig, and the switches it refuses)
-    READ = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
-            "moe_intermediate_size", "rms_norm_eps", "rope_theta", "norm_topk_prob",
-            "tie_word_embeddings", "max_position_embeddings", "model_type", "torch_dtype",
-            "attention_bias", "mlp_only_layers", "decoder_sparse_step", "rope_scaling",
-            "hidden_act")  # fmt: skip
+    READ = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "rms_norm_eps",
+        "rope_theta",
+        "norm_topk_prob",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "model_type",
+        "torch_dtype",
+        "attention_bias",
+        "mlp_only_layers",
+        "decoder_sparse_step",
+        "rope_scaling",
+        "hidden_act",
+    )
     INDEX = "model.safetensors.index.json"
 
     def __init__(self, path: str | Path):
@@ -70,9 +97,17 @@ class HFMutator:
     def _config_type(self, rng):
         key = self._key(rng)
         v = self.config[key]
-        new = rng.choice([str(v).lower() if isinstance(v, bool) else str(v), None, [v], {"v": v},
-                          float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
-                          else 1.5, True, 0 if isinstance(v, bool) else "x"])  # fmt: skip
+        new = rng.choice(
+            [
+                str(v).lower() if isinstance(v, bool) else str(v),
+                None,
+                [v],
+                {"v": v},
+                float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 1.5,
+                True,
+                0 if isinstance(v, bool) else "x",
+            ]
+        )
         return self._dump({**self.config, key: new}), f"config.json '{key}': {v!r} -> {new!r}"
 
     def _config_value(self, rng):
@@ -86,9 +121,11 @@ class HFMutator:
             "num_key_value_heads": [3, c.get("num_attention_heads", 4) + 1],
             "rope_scaling": [{"rope_type": "yarn", "factor": 4.0}, {"type": "linear"}],
             "torch_dtype": ["float16", "bfloat16", "int8", "nn", "float64", ""],
-            "model_type": ["llama", "qwen3_moe "], "attention_bias": [True],
-            "mlp_only_layers": [[0]], "decoder_sparse_step": [2],
-        }.get(key, [])  # fmt: skip
+            "model_type": ["llama", "qwen3_moe "],
+            "attention_bias": [True],
+            "mlp_only_layers": [[0]],
+            "decoder_sparse_step": [2],
+        }.get(key, [])
         new = rng.choice(choices)
         return self._dump({**c, key: new}), f"config.json '{key}': {v!r} -> {new!r}"
 
@@ -130,22 +167,36 @@ class HFMutator:
         entry = header[name]
         how = rng.choice(["dtype", "shape", "offsets", "rename", "remove", "metadata", "length"])
         if how == "dtype":
-            entry["dtype"] = rng.choice(["I32", "U32", "F16", "BF16", "F64", "BOOL", "U8", "I64",
-                                         "F8_E4M3", "X"])  # fmt: skip
+            entry["dtype"] = rng.choice(
+                ["I32", "U32", "F16", "BF16", "F64", "BOOL", "U8", "I64", "F8_E4M3", "X"]
+            )
         elif how == "shape":
             s = entry["shape"]
-            entry["shape"] = rng.choice([[], [0], s[::-1], [*s, 1], [s[0] + 1, *s[1:]],
-                                         [-1, *s[1:]], [2**64, *s[1:]], [s[0] // 2, *s[1:]]])  # fmt: skip
+            entry["shape"] = rng.choice(
+                [
+                    [],
+                    [0],
+                    s[::-1],
+                    [*s, 1],
+                    [s[0] + 1, *s[1:]],
+                    [-1, *s[1:]],
+                    [2**64, *s[1:]],
+                    [s[0] // 2, *s[1:]],
+                ]
+            )
         elif how == "offsets":
             a, b = entry["data_offsets"]
-            entry["data_offsets"] = rng.choice([[a + 1, b + 1], [a, b - 4], [b, a], [0, b - a],
-                                                [a, 2**64], [a, b + 4]])  # fmt: skip
+            entry["data_offsets"] = rng.choice(
+                [[a + 1, b + 1], [a, b - 4], [b, a], [0, b - a], [a, 2**64], [a, b + 4]]
+            )
         elif how == "rename":
             other = rng.choice([k for k in header if k != "__metadata__"])
             header = {(other if k == name else k): v for k, v in header.items()}
             if other != name:  # the same key twice: written by hand, as json.dumps cannot
                 text = json.dumps(header)[:-1] + f', "{other}": ' + json.dumps(entry) + "}"
-                return self._with_header(text.encode()), f"safetensors: tensor '{name}' -> '{other}'"
+                return self._with_header(
+                    text.encode()
+                ), f"safetensors: tensor '{name}' -> '{other}'"
         elif how == "remove":
             del header[name]
         elif how == "metadata":
@@ -160,8 +211,13 @@ class HFMutator:
         return struct.pack("<Q", len(text)) + text + self.weights_raw[8 + self.header_len :]
 
     def _st_truncate(self, rng):
-        end = rng.choice([rng.randrange(8 + self.header_len), rng.randrange(len(self.weights_raw)),
-                          len(self.weights_raw) - rng.randrange(1, 64)])  # fmt: skip
+        end = rng.choice(
+            [
+                rng.randrange(8 + self.header_len),
+                rng.randrange(len(self.weights_raw)),
+                len(self.weights_raw) - rng.randrange(1, 64),
+            ]
+        )
         return self.weights_raw[:end], f"model.safetensors truncated to {end} bytes"
 
     def _st_bytes(self, rng):
@@ -180,19 +236,36 @@ class HFMutator:
 
         names = sorted(self.tensors)
         cut = rng.randrange(1, len(names))
-        shards = {"model-00001-of-00002.safetensors": names[:cut],
-                  "model-00002-of-00002.safetensors": names[cut:]}  # fmt: skip
+        shards = {
+            "model-00001-of-00002.safetensors": names[:cut],
+            "model-00002-of-00002.safetensors": names[cut:],
+        }
         weight_map = {n: s for s, ns in shards.items() for n in ns}
         index: object = {"metadata": {}, "weight_map": weight_map}
-        fault = rng.choice(["none", "no index", "stale shard", "stale shard, no index",
-                            "duplicate", "duplicate, no index", "missing shard", "wrong shard",
-                            "unlisted tensor", "unknown tensor", "index not JSON",
-                            "no weight_map", "shard outside the directory"])  # fmt: skip
+        fault = rng.choice(
+            [
+                "none",
+                "no index",
+                "stale shard",
+                "stale shard, no index",
+                "duplicate",
+                "duplicate, no index",
+                "missing shard",
+                "wrong shard",
+                "unlisted tensor",
+                "unknown tensor",
+                "index not JSON",
+                "no weight_map",
+                "shard outside the directory",
+            ]
+        )
         first, second = list(shards)
         moved = rng.choice(names)
         if fault.startswith("duplicate"):  # one tensor in both shards
             shards[second if moved in shards[first] else first] = [
-                *shards[second if moved in shards[first] else first], moved]
+                *shards[second if moved in shards[first] else first],
+                moved,
+            ]
         for shard, ns in shards.items():
             if not (fault == "missing shard" and shard == second):
                 save_file({n: self.tensors[n] for n in ns}, str(out / shard), {"format": "pt"})

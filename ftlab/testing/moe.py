@@ -23,8 +23,13 @@ from ftlab.testing.common import assert_within, backends_for, restride, ulp
 ROUTE_SLACK = 1e-6  # relative, on probabilities
 
 
-def check_route_case(logits: torch.Tensor, top_k: int, renormalize: bool, device: torch.device | str = "cpu",
-                     backends: Sequence[str] | None = None) -> None:  # fmt: skip
+def check_route_case(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
     device = torch.device(device)
     logits = logits.to(device)
     _, ref_ids = ops.route_topk(logits, top_k, renormalize, backend="reference")
@@ -33,8 +38,15 @@ def check_route_case(logits: torch.Tensor, top_k: int, renormalize: bool, device
         _check_routes(name, logits, top_k, renormalize, w, ids, ref_ids)
 
 
-def _check_routes(name: str, logits: torch.Tensor, top_k: int, renormalize: bool, w: torch.Tensor,
-                  ids: torch.Tensor, ref_ids: torch.Tensor) -> None:  # fmt: skip
+def _check_routes(
+    name: str,
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    ref_ids: torch.Tensor,
+) -> None:
     """(w, ids) a top-k of softmax(logits) by the route_topk rule: the reference's ids, or a
     near-tie resolved differently with exact ties still to the lower id; w its probabilities."""
     probs = torch.softmax(logits.float(), -1).cpu()
@@ -44,19 +56,25 @@ def _check_routes(name: str, logits: torch.Tensor, top_k: int, renormalize: bool
     taken = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, True)
     assert bool((taken.sum(1) == top_k).all()), f"{name}: repeated expert ids"
     best_left = probs.masked_fill(taken, -1.0).amax(1)
-    assert bool((chosen.amin(1) >= best_left * (1 - ROUTE_SLACK)).all()), f"{name}: not a top-{top_k}"
+    assert bool((chosen.amin(1) >= best_left * (1 - ROUTE_SLACK)).all()), (
+        f"{name}: not a top-{top_k}"
+    )
     exact = torch.equal(ids, ref_ids.cpu().long())
     if not exact:  # only near-ties may differ: check the tie rule on equal logits
         lg = logits.float().cpu()
         for t in range(ids.shape[0]):
             for c in ids[t].tolist():
                 passed = [x for x in range(lg.shape[1]) if not taken[t, x] and lg[t, x] == lg[t, c]]
-                assert all(x > c for x in passed), f"{name}: token {t} took {c} over the lower tied id"
+                assert all(x > c for x in passed), (
+                    f"{name}: token {t} took {c} over the lower tied id"
+                )
     want = chosen / chosen.sum(1, keepdim=True) if renormalize else chosen
     torch.testing.assert_close(w, want, rtol=1e-5, atol=1e-7)
 
 
-def router_logits_tolerance(x: torch.Tensor, weight: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+def router_logits_tolerance(
+    x: torch.Tensor, weight: torch.Tensor, reference: torch.Tensor
+) -> torch.Tensor:
     """Bound on ``|logits - reference|`` (``[T, E]``, fp32, on the CPU) for router_topk: each side's
     fp32 dot of H products is within gamma_H * sum|x||w| of the exact dot (any summation
     order, gamma_H = H u / (1 - H u), u = 2^-24), and the two are rounded to x's dtype, which
@@ -68,8 +86,14 @@ def router_logits_tolerance(x: torch.Tensor, weight: torch.Tensor, reference: to
     return spread + ulp(reference.float().cpu().abs() + spread, x.dtype)
 
 
-def check_router_case(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
-                      device: torch.device | str = "cpu", backends: Sequence[str] | None = None) -> None:  # fmt: skip
+def check_router_case(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
     """Every backend's router_topk: logits within :func:`router_logits_tolerance` of the
     reference's, in x's dtype; weights and ids the route_topk of those logits."""
     device = torch.device(device)
@@ -78,17 +102,28 @@ def check_router_case(x: torch.Tensor, weight: torch.Tensor, top_k: int, renorma
     bound = router_logits_tolerance(x, weight, ref)
     for name in backends_for("router_topk", device, x.dtype, backends):
         logits, w, ids = ops.router_topk(x, weight, top_k, renormalize, backend=name)
-        assert logits.dtype == x.dtype and logits.shape == ref.shape, f"{name}: logits {logits.dtype} {logits.shape}"
+        assert logits.dtype == x.dtype and logits.shape == ref.shape, (
+            f"{name}: logits {logits.dtype} {logits.shape}"
+        )
         assert ids.dtype == torch.int32 and w.dtype == torch.float32
         assert_within(name, "logits", logits, ref, bound)
         _, own_ids = ops.route_topk(logits, top_k, renormalize, backend="reference")
         _check_routes(name, logits, top_k, renormalize, w, ids, own_ids)
 
 
-def check_norm_router_case(x: torch.Tensor, residual: torch.Tensor | None, norm_w: torch.Tensor, eps: float,
-                           w: torch.Tensor, k: int, renorm: bool, device: torch.device | str = "cpu",
-                           backends: Sequence[str] | None = None) -> None:  # fmt: skip
-    """Each backend's ``add_rmsnorm_router_topk`` against its own ``add_rmsnorm`` then ``router_topk``:
+def check_norm_router_case(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_w: torch.Tensor,
+    eps: float,
+    w: torch.Tensor,
+    k: int,
+    renorm: bool,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
+    """Each backend's ``add_rmsnorm_router_topk`` against its own ``add_rmsnorm`` then
+    ``router_topk``:
     all five outputs equal, bit for bit (the op's contract: hip's one launch repeats the two
     kernels' arithmetic); s is x itself without a residual."""
     dev = torch.device(device)
@@ -100,19 +135,27 @@ def check_norm_router_case(x: torch.Tensor, residual: torch.Tensor | None, norm_
         want = (y, s, *ops.router_topk(y, w, k, renorm, backend=name))
         for part, a, b in zip(("y", "s", "logits", "weights", "ids"), got, want, strict=True):
             assert a.shape == b.shape and a.dtype == b.dtype, (name, part)
-            assert torch.equal(a.cpu(), b.cpu()), f"{name}: {part} differs from add_rmsnorm then router_topk"
+            assert torch.equal(a.cpu(), b.cpu()), (
+                f"{name}: {part} differs from add_rmsnorm then router_topk"
+            )
         assert (got[1] is x) == (residual is None), name
 
 
-def check_align_case(ids: torch.Tensor, num_experts: int, block_m: int, device: torch.device | str = "cpu",
-                     backends: Sequence[str] | None = None) -> None:  # fmt: skip
+def check_align_case(
+    ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
     device = torch.device(device)
     ids = ids.to(device)
     expected = ops.moe_align(ids, num_experts, block_m, backend="reference")
     for name in backends_for("moe_align", device, None, backends):
         got = ops.moe_align(ids, num_experts, block_m, backend=name)
-        for part, g, e in zip(("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, expected,
-                              strict=True):  # fmt: skip
+        for part, g, e in zip(
+            ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, expected, strict=True
+        ):
             assert torch.equal(g.cpu(), e.cpu()), f"{name}: moe_align {part} differs"
 
 
@@ -153,7 +196,9 @@ def _q8_1_range(h: torch.Tensor, eta: torch.Tensor) -> tuple[torch.Tensor, torch
 _INT_RANGE = {"Q8_0": 128, "Q4_K": 63 * 15, "Q5_K": 63 * 31, "Q6_K": 128 * 32}
 
 
-def random_quant_bank(seed: int, qtype: str, experts: int, n: int, k: int, magnitude: float = 0.1) -> QuantWeight:
+def random_quant_bank(
+    seed: int, qtype: str, experts: int, n: int, k: int, magnitude: float = 0.1
+) -> QuantWeight:
     """An expert bank ``[E, N, K]`` of random ``qtype`` blocks (Q8_0 or a K-quant; every byte
     pattern is a block) whose fp16 scales are drawn so that weights stay within about
     ``magnitude`` (a quarter of them a tenth of that, some zero)."""
@@ -167,7 +212,9 @@ def random_quant_bank(seed: int, qtype: str, experts: int, n: int, k: int, magni
     blocks = w.data.numpy().reshape(-1, QTYPES[qtype].nbytes)
     top = magnitude / _INT_RANGE[qtype]
     for off in SCALE_OFFSETS[qtype]:
-        scale = rng.uniform(0.05, 1.0, blocks.shape[0]) * np.where(rng.random(blocks.shape[0]) < 0.25, 0.1, 1.0)
+        scale = rng.uniform(0.05, 1.0, blocks.shape[0]) * np.where(
+            rng.random(blocks.shape[0]) < 0.25, 0.1, 1.0
+        )
         scale = np.where(rng.random(blocks.shape[0]) < 0.05, 0.0, scale * top).astype(np.float16)
         blocks[:, off : off + 2] = scale.view(np.uint8).reshape(-1, 2)
     return QuantWeight(w.data.view(experts, n, -1), (experts, n, k), qtype)
@@ -202,8 +249,15 @@ def _weight_parts(w: QuantWeight) -> tuple[torch.Tensor, int]:
     return wabs.reshape(n, k), q.shape[1]
 
 
-def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
-                      path: str, expected: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def experts_tolerance(
+    x: torch.Tensor,
+    w_gate_up,
+    w_down,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    path: str,
+    expected: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-element bound ``[T, H]`` on |backend - reference| for moe_experts, derived in f64.
 
     Both compute, per valid (token, slot), g and u (dots over H), h = silu(g) * u, the down
@@ -253,10 +307,14 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
         wd = dense(dn[e])  # [H, I]
         if int8:
             xs = ref.quantize_q8_1(xf[tok])
-            a = (xs.q.view(len(tok), -1, 32).double() * xs.d.double()[..., None]).view(len(tok), hidden)
+            a = (xs.q.view(len(tok), -1, 32).double() * xs.d.double()[..., None]).view(
+                len(tok), hidden
+            )
             gu_exact = a @ wg.T
             _, parts = _block_terms(xs, gu[e])
-            eta = 2 * (parts.shape[-1] + 5) * EPS32 * parts.double().sum(-1)  # backend and reference
+            eta = (
+                2 * (parts.shape[-1] + 5) * EPS32 * parts.double().sum(-1)
+            )  # backend and reference
         else:
             xa = xf[tok].double()
             gu_exact = xa @ wg.T
@@ -291,8 +349,16 @@ def experts_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
     return bound.float()
 
 
-def hybrid_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
-                     gpu_ids: torch.Tensor, path: str, expected: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def hybrid_tolerance(
+    x: torch.Tensor,
+    w_gate_up,
+    w_down,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gpu_ids: torch.Tensor,
+    path: str,
+    expected: torch.Tensor,
+) -> torch.Tensor:
     """:func:`experts_tolerance` for a hybrid step ``y = y_gpu + y_cpu`` in x's dtype: the GPU part
     (the routes whose ``gpu_ids`` slot is >= 0) and the CPU part (the other valid routes) are each
     rounded to x's dtype before their sum is, so a 16-bit x adds one ulp at each part's magnitude
@@ -306,20 +372,35 @@ def hybrid_tolerance(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, 
     on_cpu = torch.where(gpu_c >= 0, -1, ids_c)
     xf, wf = x.to(cpu).float(), weights.to(cpu).float()
     for part in (on_gpu, on_cpu):
-        y = ops.moe_experts(xf, w_gate_up.to(cpu), w_down.to(cpu), wf, part, path=path, backend="reference")
+        y = ops.moe_experts(
+            xf, w_gate_up.to(cpu), w_down.to(cpu), wf, part, path=path, backend="reference"
+        )
         bound = bound + ulp(y.abs() + bound, x.dtype)
     return bound
 
 
-def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor,
-                       path: str = "auto", device: torch.device | str = "cpu",
-                       backends: Sequence[str] | None = None) -> None:  # fmt: skip
+def check_experts_case(
+    x: torch.Tensor,
+    w_gate_up,
+    w_down,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    path: str = "auto",
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
     """Every backend's moe_experts against the reference of the same path, within
     :func:`experts_tolerance`. Backends lacking the path for quantized banks, or the banks'
     types, are skipped when ``backends`` is None."""
     device = torch.device(device)
     q4 = isinstance(w_gate_up, QuantWeight)
-    args = (x.to(device), w_gate_up.to(device), w_down.to(device), weights.to(device), ids.to(device))
+    args = (
+        x.to(device),
+        w_gate_up.to(device),
+        w_down.to(device),
+        weights.to(device),
+        ids.to(device),
+    )
     names = backends_for("moe_experts", device, x.dtype, backends)
     for name in names:
         if name == "reference":
@@ -339,8 +420,9 @@ def check_experts_case(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor
         assert_within(name, f"moe_experts ({chosen})", got, expected, bound)
 
 
-def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "cpu",
-                                   dims: tuple[int, int] = (64, 64)) -> None:
+def check_invalid_ids_read_nothing(
+    backend: str, device: torch.device | str = "cpu", dims: tuple[int, int] = (64, 64)
+) -> None:
     """Slots with id -1 or >= E contribute exactly nothing and read no expert memory: the
     experts only invalid slots name hold NaN (dense) or NaN scales (Q4_0), on every path
     (decode: 3 tokens; prefill: 12) of ``backend``, with hidden and intermediate sizes
@@ -361,7 +443,15 @@ def check_invalid_ids_read_nothing(backend: str, device: torch.device | str = "c
         x = torch.randn(t, h, generator=gen)
         banks = [(gu, dn, "dequant")] + [(q_gu, q_dn, p) for p in paths]
         for w_gu, w_dn, path in banks:
-            args = (x.to(device), w_gu.to(device), w_dn.to(device), weights.to(device), ids.to(device))
+            args = (
+                x.to(device),
+                w_gu.to(device),
+                w_dn.to(device),
+                weights.to(device),
+                ids.to(device),
+            )
             y = ops.moe_experts(*args, path=path, backend=backend).cpu()
-            assert bool(torch.isfinite(y).all()), f"{backend} {path} T={t}: an invalid slot read expert memory"
+            assert bool(torch.isfinite(y).all()), (
+                f"{backend} {path} T={t}: an invalid slot read expert memory"
+            )
             assert bool((y[2::3] == 0).all()), f"{backend} {path} T={t}: invalid slots contributed"

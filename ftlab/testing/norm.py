@@ -55,14 +55,21 @@ def rms_exact(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """``t`` on ``device`` with its strides (a view of a wider buffer stays one); None stays None."""
+    """``t`` on ``device`` with its strides (a view of a wider buffer stays one); None stays
+    None."""
     if t is None or t.device == device:
         return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).copy_(t)
 
 
-def check_add_rmsnorm_case(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                           device: torch.device | str = "cpu", backends: Sequence[str] | None = None) -> None:  # fmt: skip
+def check_add_rmsnorm_case(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
     """Every backend's add_rmsnorm against the reference: ``s`` bit for bit (x itself without a
     residual), ``y`` within :func:`add_rmsnorm_tolerance`, outputs new and contiguous, inputs
     unwritten (views with their strides on ``device``)."""

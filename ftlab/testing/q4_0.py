@@ -91,8 +91,13 @@ class MatmulCase:
 
 
 @st.composite
-def matmul_cases(draw, ms: Sequence[int] = (1, 2, 3, 7, 16, 64, 257), paths: Sequence[str] = ("int8", "dequant"),
-                 max_n: int = 160, max_k: int = 288):  # fmt: skip
+def matmul_cases(
+    draw,
+    ms: Sequence[int] = (1, 2, 3, 7, 16, 64, 257),
+    paths: Sequence[str] = ("int8", "dequant"),
+    max_n: int = 160,
+    max_k: int = 288,
+):
     """M from ``ms``; N and K multiples of 32 (odd multiples included); any x dtype; padded
     (non-contiguous) activation rows."""
     m = draw(st.sampled_from(list(ms)))
@@ -112,8 +117,9 @@ def matmul_cases(draw, ms: Sequence[int] = (1, 2, 3, 7, 16, 64, 257), paths: Seq
 # ------------------------------------------------------------------ case functions
 
 
-def check_quantize_case(w: torch.Tensor, device: torch.device | str = "cpu",
-                        backends: Sequence[str] | None = None) -> Q4_0Weight:  # fmt: skip
+def check_quantize_case(
+    w: torch.Tensor, device: torch.device | str = "cpu", backends: Sequence[str] | None = None
+) -> Q4_0Weight:
     """Every backend's quantize_q4_0 must equal the reference byte for byte."""
     device = torch.device(device)
     w = w.to(device)
@@ -129,8 +135,12 @@ def check_quantize_case(w: torch.Tensor, device: torch.device | str = "cpu",
     return expected
 
 
-def check_dequantize_case(w: Q4_0Weight, dtype: torch.dtype, device: torch.device | str = "cpu",
-                          backends: Sequence[str] | None = None) -> torch.Tensor:  # fmt: skip
+def check_dequantize_case(
+    w: Q4_0Weight,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> torch.Tensor:
     """Bit-exact dequantization (bf16 within one ulp in the CPU interpreter)."""
     device = torch.device(device)
     w = w.to(device)
@@ -195,8 +205,9 @@ def matmul_tolerance(
     return bound
 
 
-def check_matmul_case(case: MatmulCase, device: torch.device | str = "cpu",
-                      backends: Sequence[str] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def check_matmul_case(
+    case: MatmulCase, device: torch.device | str = "cpu", backends: Sequence[str] | None = None
+) -> dict[str, torch.Tensor]:
     """Every backend that implements ``case.path`` against the reference of that path; on the int8
     path with up to 8 rows, each given the Q8_1 of another x (``x_q8``, x's columns reversed) gives
     the bits it gives for that other x."""
@@ -213,21 +224,32 @@ def check_matmul_case(case: MatmulCase, device: torch.device | str = "cpu",
             f"{name}: {got.shape} {got.dtype}"
         )
         assert_within(name, f"q4_0_matmul {case!r}", got, expected, bound)
-        if case.path == "int8" and x.shape[0] <= 8:  # decode sizes: the Q8_1 of another x given as x_q8
-            # is what the int8 path multiplies, bit for bit as that x itself (hip: no quantization launched)
+        if (
+            case.path == "int8" and x.shape[0] <= 8
+        ):  # decode sizes: the Q8_1 of another x given as x_q8
+            # is what the int8 path multiplies, bit for bit as that x itself (hip: no quantization
+            # launched)
             other = x.flip(1).contiguous()
             x8 = ops.quantize_q8_1(other, backend="reference" if device.type == "cpu" else "auto")
             again = ops.q4_0_matmul(x, w, path=case.path, backend=name, x_q8=x8)
             assert bits_equal(again, ops.q4_0_matmul(other, w, path=case.path, backend=name)), (
-                f"{name}: the product with x_q8 given is not that of x_q8")
+                f"{name}: the product with x_q8 given is not that of x_q8"
+            )
         outputs[name] = got
     return outputs
 
 
-def check_norm_matmul_case(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                           w: Q4_0Weight, device: torch.device | str = "cpu",
-                           backends: Sequence[str] | None = None) -> None:  # fmt: skip
-    """Each backend's ``add_rmsnorm_q4_0_matmul`` against its own ``add_rmsnorm`` then ``q4_0_matmul``
+def check_norm_matmul_case(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w: Q4_0Weight,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> None:
+    """Each backend's ``add_rmsnorm_q4_0_matmul`` against its own ``add_rmsnorm`` then
+    ``q4_0_matmul``
     (on the int8 path): y, s and the product equal, bit for bit (the op's contract: hip's one
     launch repeats the two kernels' arithmetic); s is x itself without a residual."""
     dev = torch.device(device)
@@ -235,10 +257,14 @@ def check_norm_matmul_case(x: torch.Tensor, residual: torch.Tensor | None, norm_
     w = Q4_0Weight(w.data.to(dev), tuple(w.shape))
     residual = None if residual is None else residual.to(dev)
     for name in backends_for("add_rmsnorm_q4_0_matmul", dev, x.dtype, backends):
-        got = ops.add_rmsnorm_q4_0_matmul(x, residual, norm_weight, eps, w, path="int8", backend=name)
+        got = ops.add_rmsnorm_q4_0_matmul(
+            x, residual, norm_weight, eps, w, path="int8", backend=name
+        )
         y, s = ops.add_rmsnorm(x, residual, norm_weight, eps, backend=name)
         want = (y, s, ops.q4_0_matmul(y, w, path="int8", backend=name))
         for part, a, b in zip(("y", "s", "out"), got, want, strict=True):
             assert a.shape == b.shape and a.dtype == b.dtype, (name, part)
-            assert torch.equal(a.cpu(), b.cpu()), f"{name}: {part} differs from add_rmsnorm then q4_0_matmul"
+            assert torch.equal(a.cpu(), b.cpu()), (
+                f"{name}: {part} differs from add_rmsnorm then q4_0_matmul"
+            )
         assert (got[1] is x) == (residual is None), name

@@ -37,8 +37,14 @@ EPS32 = torch.finfo(torch.float32).eps
 FP16_SAFE_LARGE = 0x4800  # 8.0
 
 
-def random_quant_weight(seed: int, qtype: str, n: int, k: int, specials: Sequence[int] = FINITE_SPECIAL_F16,
-                        zero_rows: float = 0.1) -> QuantWeight:  # fmt: skip
+def random_quant_weight(
+    seed: int,
+    qtype: str,
+    n: int,
+    k: int,
+    specials: Sequence[int] = FINITE_SPECIAL_F16,
+    zero_rows: float = 0.1,
+) -> QuantWeight:
     """``[N, K]`` of random ``qtype`` blocks, a quarter of the fp16 scales from ``specials``,
     a fraction ``zero_rows`` of the rows all-zero bytes."""
     rng = np.random.default_rng(seed)
@@ -54,14 +60,22 @@ class QuantMatmulCase:
     path: str
 
     def __repr__(self) -> str:
-        return (f"QuantMatmulCase({self.w.qtype}, M={self.x.shape[0]}, N={self.w.shape[0]}, K={self.x.shape[1]}, "
-                f"x={self.x.dtype}, stride={self.x.stride(0)}, path={self.path})")  # fmt: skip
+        return (
+            f"QuantMatmulCase({self.w.qtype}, M={self.x.shape[0]}, N={self.w.shape[0]}, "
+            f"K={self.x.shape[1]}, "
+            f"x={self.x.dtype}, stride={self.x.stride(0)}, path={self.path})"
+        )
 
 
 @st.composite
-def quant_matmul_cases(draw, qtypes: Sequence[str] = KQUANT_TYPES, ms: Sequence[int] = (1, 3, 8, 17),
-                       paths: Sequence[str] = ("int8", "dequant"), max_n: int = 40,
-                       ks: Sequence[int] = (256, 512)):  # fmt: skip
+def quant_matmul_cases(
+    draw,
+    qtypes: Sequence[str] = KQUANT_TYPES,
+    ms: Sequence[int] = (1, 3, 8, 17),
+    paths: Sequence[str] = ("int8", "dequant"),
+    max_n: int = 40,
+    ks: Sequence[int] = (256, 512),
+):
     """A case of one of ``qtypes``: M from ``ms``, N up to ``max_n``, K from ``ks`` (Q8_0 also
     odd multiples of 32), any x dtype, padded activation rows, x scaled small to large."""
     qtype = draw(st.sampled_from(list(qtypes)))
@@ -85,8 +99,9 @@ def quant_matmul_cases(draw, qtypes: Sequence[str] = KQUANT_TYPES, ms: Sequence[
     return QuantMatmulCase(x, w, path)
 
 
-def quant_matmul_tolerance(x: torch.Tensor, w: QuantWeight, path: str,
-                           out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def quant_matmul_tolerance(
+    x: torch.Tensor, w: QuantWeight, path: str, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(what a backend is compared with, the per-element bound ``[M, N]`` on |difference|).
 
     int8: the reference's value; both are sums of the same S sub-block terms (S = K/32, K/16
@@ -129,13 +144,16 @@ def _assert_within(
     bad = torch.where(overflow, ~same_side, ~(err <= bound))
     if bool(bad.any()):
         i, j = (int(v) for v in bad.nonzero()[0])
-        raise AssertionError(f"{name}: {what} off at [{i}, {j}]: got {float(g[i, j])}, want {float(w[i, j])}, "
-                             f"|diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} "
-                             f"({int(bad.sum())} of {bad.numel()} elements)")  # fmt: skip
+        raise AssertionError(
+            f"{name}: {what} off at [{i}, {j}]: got {float(g[i, j])}, want {float(w[i, j])}, "
+            f"|diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} "
+            f"({int(bad.sum())} of {bad.numel()} elements)"
+        )
 
 
-def check_quant_matmul_case(case: QuantMatmulCase, device: torch.device | str = "cpu",
-                            backends: Sequence[str] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def check_quant_matmul_case(
+    case: QuantMatmulCase, device: torch.device | str = "cpu", backends: Sequence[str] | None = None
+) -> dict[str, torch.Tensor]:
     """Every backend implementing ``case.path`` (the reference included) within
     :func:`quant_matmul_tolerance`; returns the outputs by backend."""
     device = torch.device(device)

@@ -28,8 +28,14 @@ FINITE_SPECIAL_F16 = (0x0000, 0x8000, 0x0001, 0x03FF, 0x7BFF)
 
 
 @st.composite
-def quant_weights(draw, qtypes: Sequence[str] = KQUANT_TYPES, max_rows: int = 12, max_blocks: int = 4,
-                  specials: Sequence[int] = _SPECIAL_F16, banks: bool = True):  # fmt: skip
+def quant_weights(
+    draw,
+    qtypes: Sequence[str] = KQUANT_TYPES,
+    max_rows: int = 12,
+    max_blocks: int = 4,
+    specials: Sequence[int] = _SPECIAL_F16,
+    banks: bool = True,
+):
     """A :class:`~ftlab.quant.QuantWeight` ``[N, K]`` (or ``[E, N, K]`` with ``banks``) of random
     blocks of one of ``qtypes``, a quarter of whose scales are drawn from ``specials`` (fp16 bit
     patterns; by default zero, subnormal, the largest finite, infinite, NaN;
@@ -62,8 +68,12 @@ def random_blocks(
 
 
 @st.composite
-def q8_0_values(draw, dtypes: Sequence[torch.dtype] = (torch.float32, torch.float16, torch.bfloat16),
-                max_rows: int = 24, max_blocks: int = 10):  # fmt: skip
+def q8_0_values(
+    draw,
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float16, torch.bfloat16),
+    max_rows: int = 24,
+    max_blocks: int = 10,
+):
     """``[N, K]`` finite float weights for Q8_0: random blocks, zero blocks, and blocks whose
     values land on exact halves after scaling (amax 127 -> d = 1 -> q = round(x))."""
     n = draw(st.integers(1, max_rows))
@@ -79,8 +89,9 @@ def q8_0_values(draw, dtypes: Sequence[torch.dtype] = (torch.float32, torch.floa
     return w.to(dtype)
 
 
-def check_q8_0_quantize_case(w: torch.Tensor, device: torch.device | str = "cpu",
-                             backends: Sequence[str] | None = None) -> QuantWeight:  # fmt: skip
+def check_q8_0_quantize_case(
+    w: torch.Tensor, device: torch.device | str = "cpu", backends: Sequence[str] | None = None
+) -> QuantWeight:
     """Every backend's ``ops.quantize(w, "Q8_0")`` must equal the reference byte for byte."""
     device = torch.device(device)
     w = w.to(device)
@@ -90,7 +101,9 @@ def check_q8_0_quantize_case(w: torch.Tensor, device: torch.device | str = "cpu"
         assert got.qtype == "Q8_0" and got.shape == expected.shape, f"{name}: {got!r}"
         if not torch.equal(got.data.cpu(), expected.data.cpu()):
             where = (got.data.cpu() != expected.data.cpu()).nonzero()[:4].tolist()
-            raise AssertionError(f"{name}: Q8_0 bytes differ at {where} for {tuple(w.shape)} {w.dtype}")
+            raise AssertionError(
+                f"{name}: Q8_0 bytes differ at {where} for {tuple(w.shape)} {w.dtype}"
+            )
     return expected
 
 
@@ -104,9 +117,12 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
     return torch.equal(g[~nan].view(width), w[~nan].view(width))
 
 
-def check_quant_dequantize_case(w: QuantWeight, dtype: torch.dtype = torch.float32,
-                                device: torch.device | str = "cpu",
-                                backends: Sequence[str] | None = None) -> torch.Tensor:  # fmt: skip
+def check_quant_dequantize_case(
+    w: QuantWeight,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    backends: Sequence[str] | None = None,
+) -> torch.Tensor:
     """Every backend's ``ops.dequantize`` of ``w`` against the reference's: bit-exact (NaN as
     NaN); bf16 within one ulp in Triton's CPU interpreter (its bf16 stores truncate)."""
     device = torch.device(device)
@@ -114,12 +130,19 @@ def check_quant_dequantize_case(w: QuantWeight, dtype: torch.dtype = torch.float
     expected = ops.dequantize(w, dtype, backend="reference")
     for name in backends_for("dequantize", device, dtype, backends):
         got = ops.dequantize(w, dtype, backend=name)
-        assert got.shape == w.shape and got.dtype == dtype, f"{name}: {tuple(got.shape)} {got.dtype}"
+        assert got.shape == w.shape and got.dtype == dtype, (
+            f"{name}: {tuple(got.shape)} {got.dtype}"
+        )
         if dtype == torch.bfloat16 and name == "triton" and device.type == "cpu":
-            torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=0, equal_nan=True)
+            torch.testing.assert_close(
+                got.float(), expected.float(), rtol=2**-7, atol=0, equal_nan=True
+            )
         elif not _same(got, expected):
-            bad = (got.cpu().float() != expected.cpu().float()) & ~torch.isnan(expected.cpu().float())
+            bad = (got.cpu().float() != expected.cpu().float()) & ~torch.isnan(
+                expected.cpu().float()
+            )
             where = bad.nonzero()[:3].tolist()
-            raise AssertionError(f"{name}: dequantize {w.qtype} to {dtype} differs from the reference at {where}")
+            raise AssertionError(
+                f"{name}: dequantize {w.qtype} to {dtype} differs from the reference at {where}"
+            )
     return expected
-

@@ -34,7 +34,9 @@ class TritonSpec:
     constexprs: dict[str, object]
     num_warps: int = 4
     options: dict = field(default_factory=dict)  # further triton.compile options
-    attrs: dict = field(default_factory=dict)  # ASTSource attrs: {(parameter index,): [["tt.divisibility", 16]]}
+    attrs: dict = field(
+        default_factory=dict
+    )  # ASTSource attrs: {(parameter index,): [["tt.divisibility", 16]]}
 
 
 def _parameters(kernel) -> list[inspect.Parameter]:
@@ -46,11 +48,21 @@ def _is_constexpr(p: inspect.Parameter) -> bool:
     return p.annotation is not inspect.Parameter.empty and "constexpr" in str(p.annotation)
 
 
-def spec(kernel, label: str, *, types: dict[str, str] | None = None, constexprs: dict[str, object] | None = None,
-         num_warps: int = 4, options: dict | None = None, multiple_of_16: tuple[str, ...] = ()) -> TritonSpec:  # fmt: skip
+def spec(
+    kernel,
+    label: str,
+    *,
+    types: dict[str, str] | None = None,
+    constexprs: dict[str, object] | None = None,
+    num_warps: int = 4,
+    options: dict | None = None,
+    multiple_of_16: tuple[str, ...] = (),
+) -> TritonSpec:
     """A :class:`TritonSpec` of ``kernel`` named ``label`` (see the module docstring)."""
     types, constexprs = dict(types or {}), dict(constexprs or {})
-    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
+    name = getattr(kernel, "__name__", None) or getattr(
+        getattr(kernel, "fn", None), "__name__", "kernel"
+    )
     params = _parameters(kernel)
     known = {p.name for p in params}
     extra = sorted((set(types) | set(constexprs)) - known)
@@ -60,7 +72,9 @@ def spec(kernel, label: str, *, types: dict[str, str] | None = None, constexprs:
     for p in params:
         if _is_constexpr(p):
             if p.name in types:
-                raise ValueError(f"{name}: {p.name} is a constexpr; give its value in constexprs, not a type")
+                raise ValueError(
+                    f"{name}: {p.name} is a constexpr; give its value in constexprs, not a type"
+                )
             if p.name not in constexprs:
                 if p.default is inspect.Parameter.empty:
                     raise ValueError(f"{name}: constexpr {p.name} needs a value in constexprs")
@@ -70,7 +84,9 @@ def spec(kernel, label: str, *, types: dict[str, str] | None = None, constexprs:
             raise ValueError(f"{name}: {p.name} is a runtime parameter, not a constexpr")
         elif p.name.endswith("_ptr"):
             if p.name not in types or not types[p.name].startswith("*"):
-                raise ValueError(f"{name}: pointer {p.name} needs a '*type' in types, got {types.get(p.name)!r}")
+                raise ValueError(
+                    f"{name}: pointer {p.name} needs a '*type' in types, got {types.get(p.name)!r}"
+                )
             signature[p.name] = types[p.name]
         else:
             signature[p.name] = types.get(p.name, "i32")
@@ -78,6 +94,8 @@ def spec(kernel, label: str, *, types: dict[str, str] | None = None, constexprs:
     attrs = {}
     for m in multiple_of_16:
         if m not in known or signature[m] == "constexpr":
-            raise ValueError(f"{name}: multiple_of_16 names {m!r}, which is not a runtime parameter")
+            raise ValueError(
+                f"{name}: multiple_of_16 names {m!r}, which is not a runtime parameter"
+            )
         attrs[(names.index(m),)] = [["tt.divisibility", 16]]
     return TritonSpec(label, kernel, signature, constexprs, num_warps, dict(options or {}), attrs)

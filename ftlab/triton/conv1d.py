@@ -17,9 +17,26 @@ import triton.language as tl
 
 
 @triton.jit
-def causal_conv1d_kernel(x_ptr, x_sb, x_st, w_ptr, b_ptr, s_ptr, len_ptr, y_ptr, ns_ptr, T, C,
-                         W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-                         SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+def causal_conv1d_kernel(
+    x_ptr,
+    x_sb,
+    x_st,
+    w_ptr,
+    b_ptr,
+    s_ptr,
+    len_ptr,
+    y_ptr,
+    ns_ptr,
+    T,
+    C,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     tb = tl.program_id(0)
     b = tl.program_id(1)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -31,18 +48,24 @@ def causal_conv1d_kernel(x_ptr, x_sb, x_st, w_ptr, b_ptr, s_ptr, len_ptr, y_ptr,
     x_row = x_ptr + b.to(tl.int64) * x_sb
     s_row = s_ptr + b.to(tl.int64) * C * (W - 1)
     if HAS_BIAS:
-        acc = tl.load(b_ptr + c, mask=cmask, other=0.0)[None, :] + tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+        acc = tl.load(b_ptr + c, mask=cmask, other=0.0)[None, :] + tl.zeros(
+            (BLOCK_T, BLOCK_C), tl.float32
+        )
     else:
         acc = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
     live = (t < T)[:, None] & cmask[None, :]
     for j in tl.static_range(W):
         s = t + (j - (W - 1))  # input token; negative: a state entry
-        v = tl.load(x_row + s[:, None].to(tl.int64) * x_st + c[None, :], mask=(s >= 0)[:, None] & live,
-                    other=0.0).to(tl.float32)  # fmt: skip
+        v = tl.load(
+            x_row + s[:, None].to(tl.int64) * x_st + c[None, :],
+            mask=(s >= 0)[:, None] & live,
+            other=0.0,
+        ).to(tl.float32)
         if HAS_STATE:
             from_state = (s < 0)[:, None] & live
-            v += tl.load(s_row + c[None, :] * (W - 1) + (s + W - 1)[:, None], mask=from_state, other=0.0).to(
-                tl.float32)
+            v += tl.load(
+                s_row + c[None, :] * (W - 1) + (s + W - 1)[:, None], mask=from_state, other=0.0
+            ).to(tl.float32)
         acc = acc + tl.load(w_ptr + c * W + j, mask=cmask, other=0.0)[None, :] * v
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
@@ -51,20 +74,43 @@ def causal_conv1d_kernel(x_ptr, x_sb, x_st, w_ptr, b_ptr, s_ptr, len_ptr, y_ptr,
     tl.store(y_row, acc.to(y_ptr.dtype.element_ty), mask=live)
     if tb == 0:
         for i in tl.static_range(W - 1):
-            src = end + i + tl.zeros((BLOCK_C,), tl.int32)  # index into xin: the state's W-1 entries, then x's
+            src = (
+                end + i + tl.zeros((BLOCK_C,), tl.int32)
+            )  # index into xin: the state's W-1 entries, then x's
             if HAS_STATE:
                 old = tl.load(s_row + c * (W - 1) + src, mask=cmask & (src < W - 1), other=0.0)
             else:
                 old = tl.zeros((BLOCK_C,), ns_ptr.dtype.element_ty)
-            new = tl.load(x_row + (src - (W - 1)).to(tl.int64) * x_st + c, mask=cmask & (src >= W - 1), other=0.0)
-            val = tl.where(src < W - 1, old.to(ns_ptr.dtype.element_ty), new.to(ns_ptr.dtype.element_ty))
+            new = tl.load(
+                x_row + (src - (W - 1)).to(tl.int64) * x_st + c,
+                mask=cmask & (src >= W - 1),
+                other=0.0,
+            )
+            val = tl.where(
+                src < W - 1, old.to(ns_ptr.dtype.element_ty), new.to(ns_ptr.dtype.element_ty)
+            )
             tl.store(ns_ptr + b.to(tl.int64) * C * (W - 1) + c * (W - 1) + i, val, mask=cmask)
 
 
 @triton.jit
-def causal_conv1d_update_kernel(x_ptr, x_sb, w_ptr, b_ptr, s_ptr, s_sb, s_sc, r_ptr, r_sb, y_ptr, C,
-                                W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESET: tl.constexpr, SILU: tl.constexpr,
-                                BLOCK_C: tl.constexpr):  # fmt: skip
+def causal_conv1d_update_kernel(
+    x_ptr,
+    x_sb,
+    w_ptr,
+    b_ptr,
+    s_ptr,
+    s_sb,
+    s_sc,
+    r_ptr,
+    r_sb,
+    y_ptr,
+    C,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESET: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
@@ -73,7 +119,8 @@ def causal_conv1d_update_kernel(x_ptr, x_sb, w_ptr, b_ptr, s_ptr, s_sb, s_sc, r_
     else:
         acc = tl.zeros((BLOCK_C,), tl.float32)
     s_row = s_ptr + b.to(tl.int64) * s_sb + c.to(tl.int64) * s_sc
-    old = cmask  # where the old state is read; a reset row reads none of it: zeros (masked loads' other)
+    # where the old state is read; a reset row reads none of it: zeros (masked loads' other)
+    old = cmask
     if HAS_RESET:
         old = tl.where(tl.load(r_ptr + b.to(tl.int64) * r_sb) != 0, False, cmask)
     x = tl.load(x_ptr + b.to(tl.int64) * x_sb + c, mask=cmask, other=0.0)
@@ -96,8 +143,14 @@ def _block_c(c: int, most: int = 128) -> int:
     return min(triton.next_power_of_2(max(c, 1)), most)
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor | None,
-                  lengths: torch.Tensor | None, silu: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.causal_conv1d` (ops checked the layouts)."""
     b, t, c = x.shape
     w = weight.shape[1]
@@ -107,16 +160,38 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         block_t = min(triton.next_power_of_2(max(t, 1)), 8)
         block_c = _block_c(c, 64)
         grid = (max(triton.cdiv(t, block_t), 1), b, triton.cdiv(c, block_c))
-        causal_conv1d_kernel[grid](x, x.stride(0), x.stride(1), weight, weight if bias is None else bias,
-                                   x if state is None else state, weight if lengths is None else lengths, y,
-                                   new_state, t, c, W=w, HAS_BIAS=bias is not None, HAS_STATE=state is not None,
-                                   HAS_LENGTHS=lengths is not None, SILU=silu, BLOCK_T=block_t, BLOCK_C=block_c,
-                                   num_warps=4)  # fmt: skip
+        causal_conv1d_kernel[grid](
+            x,
+            x.stride(0),
+            x.stride(1),
+            weight,
+            weight if bias is None else bias,
+            x if state is None else state,
+            weight if lengths is None else lengths,
+            y,
+            new_state,
+            t,
+            c,
+            W=w,
+            HAS_BIAS=bias is not None,
+            HAS_STATE=state is not None,
+            HAS_LENGTHS=lengths is not None,
+            SILU=silu,
+            BLOCK_T=block_t,
+            BLOCK_C=block_c,
+            num_warps=4,
+        )
     return y, new_state
 
 
-def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
-                         silu: bool, reset: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def causal_conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor,
+    silu: bool,
+    reset: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.causal_conv1d_update` (state updated in place; ``reset``
     bool ``[B]`` or None, read as bytes)."""
     b, c = x.shape
@@ -126,10 +201,24 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         block_c = _block_c(c)
         flags = reset.view(torch.uint8) if reset is not None else None
         causal_conv1d_update_kernel[(b, triton.cdiv(c, block_c))](
-            x, x.stride(0), weight, weight if bias is None else bias, state, state.stride(0), state.stride(1),
-            y if flags is None else flags, 0 if flags is None else flags.stride(0), y, c, W=w,
-            HAS_BIAS=bias is not None, HAS_RESET=flags is not None, SILU=silu, BLOCK_C=block_c,
-            num_warps=4)  # fmt: skip
+            x,
+            x.stride(0),
+            weight,
+            weight if bias is None else bias,
+            state,
+            state.stride(0),
+            state.stride(1),
+            y if flags is None else flags,
+            0 if flags is None else flags.stride(0),
+            y,
+            c,
+            W=w,
+            HAS_BIAS=bias is not None,
+            HAS_RESET=flags is not None,
+            SILU=silu,
+            BLOCK_C=block_c,
+            num_warps=4,
+        )
     return y
 
 
@@ -141,19 +230,61 @@ def compile_specs(target: str) -> list:
 
     specs = []
     for dt in ("fp32", "fp16", "bf16"):
-        specs.append(spec(causal_conv1d_kernel, f"causal_conv1d_kernel[{dt}, W 4]",
-                          types={"x_ptr": f"*{dt}", "x_sb": "i64", "x_st": "i64", "w_ptr": "*fp32", "b_ptr": "*fp32",
-                                 "s_ptr": f"*{dt}", "len_ptr": "*i32", "y_ptr": f"*{dt}", "ns_ptr": f"*{dt}",
-                                 "T": "i32", "C": "i32"},
-                          constexprs={"W": 4, "HAS_BIAS": True, "HAS_STATE": True, "HAS_LENGTHS": True, "SILU": True,
-                                      "BLOCK_T": 8, "BLOCK_C": 64}, num_warps=4))  # fmt: skip
+        specs.append(
+            spec(
+                causal_conv1d_kernel,
+                f"causal_conv1d_kernel[{dt}, W 4]",
+                types={
+                    "x_ptr": f"*{dt}",
+                    "x_sb": "i64",
+                    "x_st": "i64",
+                    "w_ptr": "*fp32",
+                    "b_ptr": "*fp32",
+                    "s_ptr": f"*{dt}",
+                    "len_ptr": "*i32",
+                    "y_ptr": f"*{dt}",
+                    "ns_ptr": f"*{dt}",
+                    "T": "i32",
+                    "C": "i32",
+                },
+                constexprs={
+                    "W": 4,
+                    "HAS_BIAS": True,
+                    "HAS_STATE": True,
+                    "HAS_LENGTHS": True,
+                    "SILU": True,
+                    "BLOCK_T": 8,
+                    "BLOCK_C": 64,
+                },
+                num_warps=4,
+            )
+        )
         for has_reset in (False, True):
-            specs.append(spec(causal_conv1d_update_kernel,
-                              f"causal_conv1d_update_kernel[{dt}, W 4{', reset' if has_reset else ''}]",
-                              types={"x_ptr": f"*{dt}", "x_sb": "i64", "w_ptr": "*fp32", "b_ptr": "*fp32",
-                                     "s_ptr": f"*{dt}", "s_sb": "i64", "s_sc": "i64",
-                                     "r_ptr": "*u8" if has_reset else f"*{dt}", "r_sb": "i64", "y_ptr": f"*{dt}",
-                                     "C": "i32"},
-                              constexprs={"W": 4, "HAS_BIAS": True, "HAS_RESET": has_reset, "SILU": True,
-                                          "BLOCK_C": 128}, num_warps=4))  # fmt: skip
+            specs.append(
+                spec(
+                    causal_conv1d_update_kernel,
+                    f"causal_conv1d_update_kernel[{dt}, W 4{', reset' if has_reset else ''}]",
+                    types={
+                        "x_ptr": f"*{dt}",
+                        "x_sb": "i64",
+                        "w_ptr": "*fp32",
+                        "b_ptr": "*fp32",
+                        "s_ptr": f"*{dt}",
+                        "s_sb": "i64",
+                        "s_sc": "i64",
+                        "r_ptr": "*u8" if has_reset else f"*{dt}",
+                        "r_sb": "i64",
+                        "y_ptr": f"*{dt}",
+                        "C": "i32",
+                    },
+                    constexprs={
+                        "W": 4,
+                        "HAS_BIAS": True,
+                        "HAS_RESET": has_reset,
+                        "SILU": True,
+                        "BLOCK_C": 128,
+                    },
+                    num_warps=4,
+                )
+            )
     return specs

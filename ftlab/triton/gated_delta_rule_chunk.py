@@ -1,4 +1,5 @@
-"""The chunked prefill of the gated delta rule in Triton (reference: ftlab/reference/gated_delta_rule.py).
+"""The chunked prefill of the gated delta rule in Triton (reference:
+ftlab/reference/gated_delta_rule.py).
 
 Chunks of C tokens; with a chunk's keys ``K`` (L2-normalised when asked), cumulative log decay
 ``c`` from its start and ``L = beta_i (k_i . k_j) exp(c_i - c_j)`` (j < i), four kernels, each
@@ -37,7 +38,9 @@ _G_FLOOR = tl.constexpr(G_FLOOR)
 
 
 @triton.jit
-def _rows(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BS: tl.constexpr, col0):
+def _rows(
+    ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BS: tl.constexpr, col0
+):
     """fp32 ``[R, BS]``: rows t0 .. t0 + R, columns col0 .. of head ``head`` of a ``[B, T, H, D]``
     tensor, zeros past T and D."""
     t = t0 + tl.arange(0, R)
@@ -47,8 +50,18 @@ def _rows(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr
 
 
 @triton.jit
-def _inv_norms(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BS: tl.constexpr,
-               L2NORM: tl.constexpr):  # fmt: skip
+def _inv_norms(
+    ptr,
+    b,
+    t0,
+    T,
+    head,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    BS: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
     """``[R]``: rsqrt(sum x^2 + 1e-6) of each row (transformers' l2norm), or ones."""
     if L2NORM:
         ss = tl.zeros((R,), dtype=tl.float32)
@@ -62,7 +75,8 @@ def _inv_norms(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.cons
 
 @triton.jit
 def floor_decay(g):
-    """Log decays g at least G_FLOOR (ftlab.reference.gated_delta_rule: a full forget either way, as fp32
+    """Log decays g at least G_FLOOR (ftlab.reference.gated_delta_rule: a full forget either way, as
+    fp32
     exp is 0 below it), so that a chunk's cumulative sums stay finite and well-conditioned; a NaN
     stays a NaN."""
     return tl.where(g < _G_FLOOR, _G_FLOOR, g)
@@ -87,14 +101,29 @@ def _decay(g_ptr, b, t0, T, h, HV: tl.constexpr, R: tl.constexpr, before):
 def _sum_before(g_ptr, b, t0, n, T, h, HV: tl.constexpr, C: tl.constexpr):
     """The sum of the log decays of the chunk's first n rows (chunk at t0)."""
     t = t0 + tl.arange(0, C)
-    g = tl.load(g_ptr + (b * T + t).to(tl.int64) * HV + h, mask=(t < T) & (tl.arange(0, C) < n), other=0.0)
+    g = tl.load(
+        g_ptr + (b * T + t).to(tl.int64) * HV + h, mask=(t < T) & (tl.arange(0, C) < n), other=0.0
+    )
     return tl.sum(floor_decay(g), axis=0)
 
 
 @triton.jit
-def chunk_kkt_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
-                     DK: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, L2NORM: tl.constexpr,
-                     PRECISION: tl.constexpr):  # fmt: skip
+def chunk_kkt_kernel(
+    k_ptr,
+    g_ptr,
+    beta_ptr,
+    a_ptr,
+    rk_ptr,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    C: tl.constexpr,
+    BS: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HV
@@ -108,7 +137,9 @@ def chunk_kkt_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, T, NT, HK: tl.conste
         acc += tl.dot(x, tl.trans(x), input_precision=PRECISION)
     r = _inv_norms(k_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM)
     c = _decay(g_ptr, b, t0, T, h, HV, C, 0.0)
-    beta = tl.load(beta_ptr + (b * T + t0 + rows).to(tl.int64) * HV + h, mask=t0 + rows < T, other=0.0)
+    beta = tl.load(
+        beta_ptr + (b * T + t0 + rows).to(tl.int64) * HV + h, mask=t0 + rows < T, other=0.0
+    )
     below = (rows[:, None] > rows[None, :]) & finite(c)[:, None]  # the rows from a NaN on: out of L
     gap = tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0))
     lower = tl.where(below, acc * r[:, None] * r[None, :] * gap * beta[:, None], 0.0)
@@ -117,24 +148,57 @@ def chunk_kkt_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, T, NT, HK: tl.conste
 
 
 @triton.jit
-def _solve_columns(x_ptr, a_ptr, row0, i, rhs, inv, D: tl.constexpr, C: tl.constexpr, col0, BS: tl.constexpr,
-                   PRECISION: tl.constexpr):  # fmt: skip
+def _solve_columns(
+    x_ptr,
+    a_ptr,
+    row0,
+    i,
+    rhs,
+    inv,
+    D: tl.constexpr,
+    C: tl.constexpr,
+    col0,
+    BS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Block ``i`` (16 rows from scratch row ``row0``) of the solution's columns col0 .. col0 +
-    BS: ``rhs`` less ``L_ij X_j`` for the solved blocks j < i, times the diagonal block's inverse."""
+    BS: ``rhs`` less ``L_ij X_j`` for the solved blocks j < i, times the diagonal block's
+    inverse."""
     rows = tl.arange(0, 16)
     d = col0 + tl.arange(0, BS)
     for j in range(i):
         lij = tl.load(a_ptr + (row0 + i * 16 + rows)[:, None] * C + j * 16 + rows[None, :])
-        xj = tl.load(x_ptr + (row0 + j * 16 + rows)[:, None] * D + d[None, :], mask=(d < D)[None, :], other=0.0)
+        xj = tl.load(
+            x_ptr + (row0 + j * 16 + rows)[:, None] * D + d[None, :],
+            mask=(d < D)[None, :],
+            other=0.0,
+        )
         rhs -= tl.dot(lij, xj, input_precision=PRECISION)
     out = tl.dot(inv, rhs, input_precision=PRECISION)
     tl.store(x_ptr + (row0 + i * 16 + rows)[:, None] * D + d[None, :], out, mask=(d < D)[None, :])
 
 
 @triton.jit
-def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr,
-                       HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
-                       L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+def chunk_solve_kernel(
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    a_ptr,
+    rk_ptr,
+    w_ptr,
+    u_ptr,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    C: tl.constexpr,
+    BS: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HV
@@ -150,7 +214,9 @@ def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, w_ptr, u_pt
         for r in range(1, 16):
             a = tl.sum(tl.where(rows[:, None] == r, lii, 0.0), axis=0)
             inv = tl.where(rows[:, None] == r, inv - tl.sum(a[:, None] * inv, axis=0)[None, :], inv)
-        beta = tl.load(beta_ptr + (b * T + ti + rows).to(tl.int64) * HV + h, mask=ti + rows < T, other=0.0)
+        beta = tl.load(
+            beta_ptr + (b * T + ti + rows).to(tl.int64) * HV + h, mask=ti + rows < T, other=0.0
+        )
         c = _decay(g_ptr, b, ti, T, h, HV, 16, _sum_before(g_ptr, b, t0, i * 16, T, h, HV, C))
         wk = tl.where(finite(c), beta * tl.exp(c) * tl.load(rk_ptr + row0 + i * 16 + rows), 0.0)
         for s0 in range(0, DK, BS):
@@ -163,9 +229,25 @@ def chunk_solve_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, rk_ptr, w_ptr, u_pt
 
 
 @triton.jit
-def chunk_state_kernel(k_ptr, g_ptr, w_ptr, u_ptr, h_ptr, rk_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
-                       DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
-                       L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+def chunk_state_kernel(
+    k_ptr,
+    g_ptr,
+    w_ptr,
+    u_ptr,
+    h_ptr,
+    rk_ptr,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    C: tl.constexpr,
+    BS: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     bh = tl.program_id(0)
     b = bh // HV
     h = bh % HV
@@ -182,7 +264,9 @@ def chunk_state_kernel(k_ptr, g_ptr, w_ptr, u_ptr, h_ptr, rk_ptr, T, NT, HK: tl.
         for s0 in range(0, DK, BS):
             d = s0 + ds
             ws = tl.load(w_ptr + row[:, None] * DK + d[None, :], mask=(d < DK)[None, :], other=0.0)
-            ss = tl.load(hn + d[:, None] * DV + dv[None, :], mask=(d < DK)[:, None] & mv[None, :], other=0.0)
+            ss = tl.load(
+                hn + d[:, None] * DV + dv[None, :], mask=(d < DK)[:, None] & mv[None, :], other=0.0
+            )
             x -= tl.dot(ws, ss, input_precision=PRECISION)
         tl.store(u_ptr + row[:, None] * DV + dv[None, :], x, mask=mv[None, :])
         c = _decay(g_ptr, b, t0, T, h, HV, C, 0.0)
@@ -199,9 +283,26 @@ def chunk_state_kernel(k_ptr, g_ptr, w_ptr, u_ptr, h_ptr, rk_ptr, T, NT, HK: tl.
 
 
 @triton.jit
-def chunk_output_kernel(q_ptr, k_ptr, g_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, HK: tl.constexpr,
-                        HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
-                        BV: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+def chunk_output_kernel(
+    q_ptr,
+    k_ptr,
+    g_ptr,
+    u_ptr,
+    h_ptr,
+    o_ptr,
+    scale,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    C: tl.constexpr,
+    BS: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // HV
@@ -221,17 +322,26 @@ def chunk_output_kernel(q_ptr, k_ptr, g_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, 
     for s0 in range(0, DK, BS):
         d = s0 + ds
         qs = _rows(q_ptr, b, t0, T, kh, HK, DK, C, BS, s0)
-        qk += tl.dot(qs, tl.trans(_rows(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0)), input_precision=PRECISION)
-        ss = tl.load(hn + d[:, None] * DV + dv[None, :], mask=(d < DK)[:, None] & mv[None, :], other=0.0)
+        qk += tl.dot(
+            qs, tl.trans(_rows(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0)), input_precision=PRECISION
+        )
+        ss = tl.load(
+            hn + d[:, None] * DV + dv[None, :], mask=(d < DK)[:, None] & mv[None, :], other=0.0
+        )
         o += tl.dot(qs * (rq * tl.exp(c))[:, None], ss, input_precision=PRECISION)
     upto = rows[:, None] >= rows[None, :]
     gap = tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0))
     attn = tl.where(upto, qk * rq[:, None] * rk[None, :] * gap, 0.0)
-    x = tl.load(u_ptr + (bh.to(tl.int64) * NT * C + t0 + rows)[:, None] * DV + dv[None, :], mask=mv[None, :],
-                other=0.0)  # fmt: skip
+    x = tl.load(
+        u_ptr + (bh.to(tl.int64) * NT * C + t0 + rows)[:, None] * DV + dv[None, :],
+        mask=mv[None, :],
+        other=0.0,
+    )
     o += tl.dot(attn, x, input_precision=PRECISION)
     offs = ((b * T + t0 + rows).to(tl.int64)[:, None] * HV + h) * DV + dv[None, :]
-    tl.store(o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :])
+    tl.store(
+        o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :]
+    )
 
 
 @triton.jit
@@ -305,15 +415,21 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, chu
     dev = q.device
     cfg = CONFIGS.get(current(dev).arch if dev.type != "cpu" else "default", CONFIGS["default"])
     bs, bv, nw = cfg["BS"], cfg["BV"], cfg["num_warps"]
-    common = dict(HK=hk, HV=hv, DK=dk, C=c, BS=bs, L2NORM=l2norm_qk, PRECISION=precision(dev), num_warps=nw)
+    common = dict(
+        HK=hk, HV=hv, DK=dk, C=c, BS=bs, L2NORM=l2norm_qk, PRECISION=precision(dev), num_warps=nw
+    )
     a, w, u, hs, rk = scratch(bhv, nt, c, dk, dv, state, dev)
     chunk_kkt_kernel[(nt, bhv)](k, g, beta, a, rk, t, nt, **common)
     chunk_solve_kernel[(nt, bhv)](k, v, g, beta, a, rk, w, u, t, nt, DV=dv, **common)
     sbv = cfg.get("STATE_BV", bv)
-    chunk_state_kernel[(bhv, triton.cdiv(dv, sbv))](k, g, w, u, hs, rk, t, nt, DV=dv, BV=sbv, **common)
+    chunk_state_kernel[(bhv, triton.cdiv(dv, sbv))](
+        k, g, w, u, hs, rk, t, nt, DV=dv, BV=sbv, **common
+    )
     vb = triton.cdiv(dv, bv)
     o = torch.empty(b, t, hv, dv, dtype=v.dtype, device=dev)
-    chunk_output_kernel[(nt, bhv, vb)](q, k, g, u, hs, o, float(scale), t, nt, DV=dv, BV=bv, **common)
+    chunk_output_kernel[(nt, bhv, vb)](
+        q, k, g, u, hs, o, float(scale), t, nt, DV=dv, BV=bv, **common
+    )
     return o, hs[:, nt].reshape(b, hv, dk, dv).contiguous()
 
 
@@ -331,15 +447,52 @@ def compile_specs(target: str) -> list:
     for dt in ("fp32", "fp16", "bf16"):
         x = f"*{dt}"
         for kernel, types, extra in (
-            (chunk_kkt_kernel, {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "rk_ptr": f32}, {}),
-            (chunk_solve_kernel, {"k_ptr": x, "v_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "rk_ptr": f32,
-                                  "w_ptr": f32, "u_ptr": f32}, {"DV": 128}),
-            (chunk_state_kernel, {"k_ptr": x, "g_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32, "rk_ptr": f32},
-             {"DV": 128, "BV": cfg.get("STATE_BV", bv)}),
-            (chunk_output_kernel, {"q_ptr": x, "k_ptr": x, "g_ptr": f32, "u_ptr": f32, "h_ptr": f32, "o_ptr": x,
-                                   "scale": "fp32"}, {"DV": 128, "BV": bv}),
-        ):  # fmt: skip
+            (
+                chunk_kkt_kernel,
+                {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "rk_ptr": f32},
+                {},
+            ),
+            (
+                chunk_solve_kernel,
+                {
+                    "k_ptr": x,
+                    "v_ptr": x,
+                    "g_ptr": f32,
+                    "beta_ptr": f32,
+                    "a_ptr": f32,
+                    "rk_ptr": f32,
+                    "w_ptr": f32,
+                    "u_ptr": f32,
+                },
+                {"DV": 128},
+            ),
+            (
+                chunk_state_kernel,
+                {"k_ptr": x, "g_ptr": f32, "w_ptr": f32, "u_ptr": f32, "h_ptr": f32, "rk_ptr": f32},
+                {"DV": 128, "BV": cfg.get("STATE_BV", bv)},
+            ),
+            (
+                chunk_output_kernel,
+                {
+                    "q_ptr": x,
+                    "k_ptr": x,
+                    "g_ptr": f32,
+                    "u_ptr": f32,
+                    "h_ptr": f32,
+                    "o_ptr": x,
+                    "scale": "fp32",
+                },
+                {"DV": 128, "BV": bv},
+            ),
+        ):
             name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
-            specs.append(spec(kernel, f"{name}[{dt}, chunk 64, 16/32 heads of 128]", types=types,
-                              constexprs={**base, **extra}, num_warps=nw))  # fmt: skip
+            specs.append(
+                spec(
+                    kernel,
+                    f"{name}[{dt}, chunk 64, 16/32 heads of 128]",
+                    types=types,
+                    constexprs={**base, **extra},
+                    num_warps=nw,
+                )
+            )
     return specs

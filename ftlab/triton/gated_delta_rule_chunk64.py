@@ -25,7 +25,8 @@ reference. With ``precision="bf16"`` (bf16 inputs) the WY, scan and output kerne
 operands are each rounded to bf16 once and every such dot is one bf16 product with fp32 sums, as
 fla's kernels compute (the inverse and the state in registers stay fp32; W, U / X and h are kept
 in bf16), within ``gated_delta_tolerance(..., operands="bf16")``. Hostile decays as in
-:mod:`ftlab.triton.gated_delta_rule_chunk`: :func:`floor_decay` at load, ``L`` and ``fk`` :func:`finite`.
+:mod:`ftlab.triton.gated_delta_rule_chunk`: :func:`floor_decay` at load, ``L`` and ``fk``
+:func:`finite`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ C = 64
 
 
 @triton.jit
-def _rows(ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, col0):
+def _rows(
+    ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, col0
+):
     """``[R, BD]`` in the tensor's dtype: rows t0 .. t0 + R, columns col0 .. col0 + BD of head
     ``head`` of a ``[B, T, H, D]`` tensor, zeros past T and D."""
     t = t0 + tl.arange(0, R)
@@ -112,9 +115,23 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def inverse_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
-                   DK: tl.constexpr, BS: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
-                   NATIVE: tl.constexpr):  # fmt: skip
+def inverse_kernel(
+    k_ptr,
+    g_ptr,
+    beta_ptr,
+    a_ptr,
+    c_ptr,
+    rk_ptr,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    BS: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PRECISION: tl.constexpr,
+    NATIVE: tl.constexpr,
+):
     """``L`` of the chunk in one ``[64, 64]`` dot over the keys (written to ``a``), then its
     blocks of 16 read back and ``A = (I + L)^-1`` written over it."""
     n = tl.program_id(0)
@@ -159,7 +176,11 @@ def inverse_kernel(k_ptr, g_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, T, NT, HK: tl.c
     a32 = -_mm(a33, _mm(l32, a22, PRECISION), PRECISION)
     a20 = -_mm(a22, _mm(l20, a00, PRECISION) + _mm(l21, a10, PRECISION), PRECISION)
     a31 = -_mm(a33, _mm(l31, a11, PRECISION) + _mm(l32, a21, PRECISION), PRECISION)
-    a30 = -_mm(a33, _mm(l30, a00, PRECISION) + _mm(l31, a10, PRECISION) + _mm(l32, a20, PRECISION), PRECISION)
+    a30 = -_mm(
+        a33,
+        _mm(l30, a00, PRECISION) + _mm(l31, a10, PRECISION) + _mm(l32, a20, PRECISION),
+        PRECISION,
+    )
     _store_block(a_ptr, base, 0, 0, a00)
     _store_block(a_ptr, base, 1, 0, a10)
     _store_block(a_ptr, base, 1, 1, a11)
@@ -181,9 +202,26 @@ def _inverse(a_ptr, row0):
 
 
 @triton.jit
-def wy_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, T, NT, HK: tl.constexpr,
-              HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr,
-              BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
+def wy_kernel(
+    k_ptr,
+    v_ptr,
+    beta_ptr,
+    a_ptr,
+    c_ptr,
+    rk_ptr,
+    w_ptr,
+    u_ptr,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BF16: tl.constexpr,
+    NATIVE: tl.constexpr,
+):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b, h, kh, t0, row0 = _chunk(n, bh, NT, HK, HV)
@@ -195,12 +233,18 @@ def wy_kernel(k_ptr, v_ptr, beta_ptr, a_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, T, NT,
     d = tl.arange(0, BS)
     for s0 in range(0, DK, BS):
         x = _rows(k_ptr, b, t0, T, kh, HK, DK, 64, BS, s0).to(tl.float32) * fk[:, None]
-        tl.store(w_ptr + (row0 + rows)[:, None] * DK + s0 + d[None, :],
-                 narrow(_mmp(a, x, PRECISION, BF16, NATIVE), BF16, NATIVE), mask=(s0 + d < DK)[None, :])  # fmt: skip
+        tl.store(
+            w_ptr + (row0 + rows)[:, None] * DK + s0 + d[None, :],
+            narrow(_mmp(a, x, PRECISION, BF16, NATIVE), BF16, NATIVE),
+            mask=(s0 + d < DK)[None, :],
+        )
     for s0 in range(0, DV, BS):
         y = _rows(v_ptr, b, t0, T, h, HV, DV, 64, BS, s0).to(tl.float32) * beta[:, None]
-        tl.store(u_ptr + (row0 + rows)[:, None] * DV + s0 + d[None, :],
-                 narrow(_mmp(a, y, PRECISION, BF16, NATIVE), BF16, NATIVE), mask=(s0 + d < DV)[None, :])  # fmt: skip
+        tl.store(
+            u_ptr + (row0 + rows)[:, None] * DV + s0 + d[None, :],
+            narrow(_mmp(a, y, PRECISION, BF16, NATIVE), BF16, NATIVE),
+            mask=(s0 + d < DV)[None, :],
+        )
 
 
 @triton.jit
@@ -208,7 +252,9 @@ def _scratch(ptr, row, c0, D: tl.constexpr, BD: tl.constexpr):
     """fp32 ``[len(row), BD]``: columns c0 .. c0 + BD of the given rows of an fp32 (bf16) ``[*,
     D]`` scratch, zeros past D."""
     d = c0 + tl.arange(0, BD)
-    return tl.load(ptr + row[:, None] * D + d[None, :], mask=(d < D)[None, :], other=0.0).to(tl.float32)
+    return tl.load(ptr + row[:, None] * D + d[None, :], mask=(d < D)[None, :], other=0.0).to(
+        tl.float32
+    )
 
 
 @triton.jit
@@ -219,24 +265,68 @@ def _slab(q0, dv, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr):
 
 
 @triton.jit
-def _delta_part(x, w_ptr, row, s, q: tl.constexpr, DK: tl.constexpr, BQ: tl.constexpr, PRECISION: tl.constexpr,
-                BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
+def _delta_part(
+    x,
+    w_ptr,
+    row,
+    s,
+    q: tl.constexpr,
+    DK: tl.constexpr,
+    BQ: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BF16: tl.constexpr,
+    NATIVE: tl.constexpr,
+):
     """``x - W[:, q BQ ..] s`` for the state block ``s`` of key rows q BQ .. (q + 1) BQ."""
     return x - _mmp(_scratch(w_ptr, row, q * BQ, DK, BQ), s, PRECISION, BF16, NATIVE)
 
 
 @triton.jit
-def _update(s, e, k_ptr, b, t0, T, kh, xf, q: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
-            BQ: tl.constexpr, PRECISION: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
+def _update(
+    s,
+    e,
+    k_ptr,
+    b,
+    t0,
+    T,
+    kh,
+    xf,
+    q: tl.constexpr,
+    HK: tl.constexpr,
+    DK: tl.constexpr,
+    BQ: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BF16: tl.constexpr,
+    NATIVE: tl.constexpr,
+):
     """``e s + K[:, q BQ ..]^T xf`` for the state block ``s``."""
     kq = _rows(k_ptr, b, t0, T, kh, HK, DK, 64, BQ, q * BQ).to(tl.float32)
     return s * e + _mmp(tl.trans(kq), xf, PRECISION, BF16, NATIVE)
 
 
 @triton.jit
-def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, st_ptr, T, NT, HK: tl.constexpr, HV: tl.constexpr,
-                DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, NQ: tl.constexpr, BV: tl.constexpr,
-                PRECISION: tl.constexpr, STAGES: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
+def scan_kernel(
+    k_ptr,
+    c_ptr,
+    rk_ptr,
+    w_ptr,
+    u_ptr,
+    h_ptr,
+    st_ptr,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BQ: tl.constexpr,
+    NQ: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    STAGES: tl.constexpr,
+    BF16: tl.constexpr,
+    NATIVE: tl.constexpr,
+):
     """The state slice ``[Dk, BV]`` in registers as NQ (1, 2 or 4) blocks of BQ key rows, so that
     every dot's operands stay narrow (tf32x3 splits each operand in registers): from ``st``
     (fp32 ``[Dk, Dv]`` a head), each chunk's start written to ``h`` (``[NT, Dk, Dv]``, bf16 when
@@ -286,7 +376,9 @@ def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, st_ptr, T, NT, HK: tl
         if NQ > 2:
             s2 = _update(s2, e, k_ptr, b, t0, T, kh, xf, 2, HK, DK, BQ, PRECISION, BF16, NATIVE)
             s3 = _update(s3, e, k_ptr, b, t0, T, kh, xf, 3, HK, DK, BQ, PRECISION, BF16, NATIVE)
-    sb = st_ptr + (bh * DK).to(tl.int64) * DV  # again from the argument: nothing more live through the loop
+    sb = (
+        st_ptr + (bh * DK).to(tl.int64) * DV
+    )  # again from the argument: nothing more live through the loop
     tl.store(sb + o0, s0, mask=m0)
     if NQ > 1:
         tl.store(sb + o1, s1, mask=m1)
@@ -296,9 +388,28 @@ def scan_kernel(k_ptr, c_ptr, rk_ptr, w_ptr, u_ptr, h_ptr, st_ptr, T, NT, HK: tl
 
 
 @triton.jit
-def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, HK: tl.constexpr,
-               HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
-               L2NORM: tl.constexpr, PRECISION: tl.constexpr, NATIVE: tl.constexpr, BF16: tl.constexpr):  # fmt: skip
+def out_kernel(
+    q_ptr,
+    k_ptr,
+    c_ptr,
+    rk_ptr,
+    u_ptr,
+    h_ptr,
+    o_ptr,
+    scale,
+    T,
+    NT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BS: tl.constexpr,
+    BV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PRECISION: tl.constexpr,
+    NATIVE: tl.constexpr,
+    BF16: tl.constexpr,
+):
     n = tl.program_id(1)
     bh = tl.program_id(2)
     b, h, kh, t0, row0 = _chunk(n, bh, NT, HK, HV)
@@ -315,7 +426,9 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
         qf = q.to(tl.float32)
         ss += tl.sum(qf * qf, axis=1)
         offs, m = _slab(s0, dv, DK, DV, BS)
-        qs += _mmp(qf, tl.load(hn + offs, mask=m, other=0.0).to(tl.float32), PRECISION, BF16, NATIVE)
+        qs += _mmp(
+            qf, tl.load(hn + offs, mask=m, other=0.0).to(tl.float32), PRECISION, BF16, NATIVE
+        )
     if L2NORM:
         rq = scale / tl.sqrt(ss + 1e-6)
     else:
@@ -325,10 +438,14 @@ def out_kernel(q_ptr, k_ptr, c_ptr, rk_ptr, u_ptr, h_ptr, o_ptr, scale, T, NT, H
     upto = rows[:, None] >= rows[None, :]
     gap = tl.exp(tl.where(upto, c[:, None] - c[None, :], 0.0))
     attn = tl.where(upto, qk * rq[:, None] * rk[None, :] * gap, 0.0)
-    x = tl.load(u_ptr + (row0 + rows)[:, None] * DV + dv[None, :], mask=mv[None, :], other=0.0).to(tl.float32)
+    x = tl.load(u_ptr + (row0 + rows)[:, None] * DV + dv[None, :], mask=mv[None, :], other=0.0).to(
+        tl.float32
+    )
     o = qs * (rq * tl.exp(c))[:, None] + _mmp(attn, x, PRECISION, BF16, NATIVE)
     offs = ((b * T + t0 + rows).to(tl.int64)[:, None] * HV + h) * DV + dv[None, :]
-    tl.store(o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :])
+    tl.store(
+        o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :]
+    )
 
 
 CONFIGS = tuning.TRITON_DELTA_RULE_CHUNK64
@@ -338,8 +455,18 @@ def _config(dev: torch.device) -> dict[str, int]:
     return CONFIGS.get(current(dev).arch if dev.type != "cpu" else "default", CONFIGS["default"])
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, config: dict | None = None,
-                     precision: str = "fp32"):  # fmt: skip
+def gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    scale: float,
+    l2norm_qk: bool,
+    config: dict | None = None,
+    precision: str = "fp32",
+):
     """Chunks of 64: backend entry below :func:`ftlab.triton.gated_delta_rule.gated_delta_rule`
     (contiguous q, k, v ``[B, T, H, D]``; g and beta fp32 ``[B, T, Hv]``; state fp32 ``[B, Hv, Dk,
     Dv]`` or None). Returns ``(o [B, T, Hv, Dv] in v's dtype, final state fp32)``; ``config``
@@ -347,7 +474,8 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, con
     inputs: the WY, scan and output kernels round each fp32 operand to bf16 once and take one bf16
     product (fp32 sums; the inverse and the state in registers stay at fp32 accuracy), and W, U /
     X and the chunks' start states are kept in bf16 -- the WY form of
-    ``ftlab.testing.gated_delta_rule.bf16_operand_terms``; otherwise (and for other dtypes) fp32 dots and
+    ``ftlab.testing.gated_delta_rule.bf16_operand_terms``; otherwise (and for other dtypes) fp32
+    dots and
     fp32 scratch."""
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
@@ -365,26 +493,100 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float, l2norm_qk: bool, con
     w = torch.empty(bhv, nt * C, dk, dtype=keep, device=dev)
     u = torch.empty(bhv, nt * C, dv, dtype=keep, device=dev)
     hs = torch.empty(bhv, nt, dk, dv, dtype=keep, device=dev)
-    st = state.reshape(bhv, dk, dv).clone() if state is not None else torch.zeros(bhv, dk, dv, device=dev)
+    st = (
+        state.reshape(bhv, dk, dv).clone()
+        if state is not None
+        else torch.zeros(bhv, dk, dv, device=dev)
+    )
     rk = torch.empty(bhv, nt * C, dtype=torch.float32, device=dev)
     cs = torch.empty(bhv, nt * C, dtype=torch.float32, device=dev)
-    inverse_kernel[(nt, bhv)](k, g, beta, a, cs, rk, t, nt, **heads, BS=min(cfg["INV_BS"], bk), L2NORM=l2norm_qk,
-                              PRECISION=prec, NATIVE=native, num_warps=cfg["INV_WARPS"])  # fmt: skip
+    inverse_kernel[(nt, bhv)](
+        k,
+        g,
+        beta,
+        a,
+        cs,
+        rk,
+        t,
+        nt,
+        **heads,
+        BS=min(cfg["INV_BS"], bk),
+        L2NORM=l2norm_qk,
+        PRECISION=prec,
+        NATIVE=native,
+        num_warps=cfg["INV_WARPS"],
+    )
     wbs = min(cfg["WY_BS"], max(16, triton.next_power_of_2(max(dk, dv))))
-    wy_kernel[(nt, bhv)](k, v, beta, a, cs, rk, w, u, t, nt, **heads, DV=dv, BS=wbs, PRECISION=prec, BF16=bf16,
-                         NATIVE=native, num_warps=cfg["WY_WARPS"])  # fmt: skip
+    wy_kernel[(nt, bhv)](
+        k,
+        v,
+        beta,
+        a,
+        cs,
+        rk,
+        w,
+        u,
+        t,
+        nt,
+        **heads,
+        DV=dv,
+        BS=wbs,
+        PRECISION=prec,
+        BF16=bf16,
+        NATIVE=native,
+        num_warps=cfg["WY_WARPS"],
+    )
     nq = max(1, min(cfg["SCAN_NQ"], bk // 16))
     bq = bk // nq
     sbv = min(cfg["SCAN_BV"], max(16, triton.next_power_of_2(dv)))
-    scan_kernel[(triton.cdiv(dv, sbv), bhv)](k, cs, rk, w, u, hs, st, t, nt, **heads, DV=dv, BQ=bq, NQ=nq,
-                                              BV=sbv, PRECISION=prec, STAGES=cfg["SCAN_STAGES"], BF16=bf16,
-                                              NATIVE=native, num_warps=cfg["SCAN_WARPS"])  # fmt: skip
+    scan_kernel[(triton.cdiv(dv, sbv), bhv)](
+        k,
+        cs,
+        rk,
+        w,
+        u,
+        hs,
+        st,
+        t,
+        nt,
+        **heads,
+        DV=dv,
+        BQ=bq,
+        NQ=nq,
+        BV=sbv,
+        PRECISION=prec,
+        STAGES=cfg["SCAN_STAGES"],
+        BF16=bf16,
+        NATIVE=native,
+        num_warps=cfg["SCAN_WARPS"],
+    )
     obs = min(cfg["OUT_BS"], bk)
-    obv = min(cfg["OUT_BV_F32" if q.dtype == torch.float32 else "OUT_BV"], max(16, triton.next_power_of_2(dv)))
+    obv = min(
+        cfg["OUT_BV_F32" if q.dtype == torch.float32 else "OUT_BV"],
+        max(16, triton.next_power_of_2(dv)),
+    )
     o = torch.empty(b, t, hv, dv, dtype=v.dtype, device=dev)
-    out_kernel[(triton.cdiv(dv, obv), nt, bhv)](q, k, cs, rk, u, hs, o, float(scale), t, nt, **heads, DV=dv,
-                                                 BS=obs, BV=obv, L2NORM=l2norm_qk, PRECISION=prec,
-                                                 NATIVE=native, BF16=bf16, num_warps=cfg["OUT_WARPS"])  # fmt: skip
+    out_kernel[(triton.cdiv(dv, obv), nt, bhv)](
+        q,
+        k,
+        cs,
+        rk,
+        u,
+        hs,
+        o,
+        float(scale),
+        t,
+        nt,
+        **heads,
+        DV=dv,
+        BS=obs,
+        BV=obv,
+        L2NORM=l2norm_qk,
+        PRECISION=prec,
+        NATIVE=native,
+        BF16=bf16,
+        num_warps=cfg["OUT_WARPS"],
+    )
     return o, st.reshape(b, hv, dk, dv)
 
 
@@ -406,26 +608,89 @@ def compile_specs(target: str) -> list:
         ops16 = {"BF16": bf16, "NATIVE": True}
         keep = "*bf16" if bf16 else f32  # the scratch W, U / X and start states
         kernels = [
-            (inverse_kernel, {"k_ptr": x, "g_ptr": f32, "beta_ptr": f32, "a_ptr": f32, "c_ptr": f32, "rk_ptr": f32},
-             {"BS": cfg["INV_BS"], "L2NORM": True, "NATIVE": True}, cfg["INV_WARPS"]),
-            (wy_kernel, {"k_ptr": x, "v_ptr": x, "beta_ptr": f32, "a_ptr": f32, "c_ptr": f32, "rk_ptr": f32,
-                         "w_ptr": keep, "u_ptr": keep}, {"DV": 128, "BS": cfg["WY_BS"], **ops16}, cfg["WY_WARPS"]),
-            (scan_kernel, {"k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "w_ptr": keep, "u_ptr": keep, "h_ptr": keep,
-                           "st_ptr": f32},
-             {"DV": 128, "BQ": 128 // cfg["SCAN_NQ"], "NQ": cfg["SCAN_NQ"], "BV": cfg["SCAN_BV"],
-              "STAGES": cfg["SCAN_STAGES"], **ops16},
-             cfg["SCAN_WARPS"]),
-            (out_kernel, {"q_ptr": x, "k_ptr": x, "c_ptr": f32, "rk_ptr": f32, "u_ptr": keep, "h_ptr": keep,
-                          "o_ptr": x, "scale": "fp32"},
-             {"DV": 128, "BS": cfg["OUT_BS"], "BV": cfg["OUT_BV_F32" if dt == "fp32" else "OUT_BV"], "L2NORM": True,
-              **ops16},
-             cfg["OUT_WARPS"]),
-        ]  # fmt: skip
+            (
+                inverse_kernel,
+                {
+                    "k_ptr": x,
+                    "g_ptr": f32,
+                    "beta_ptr": f32,
+                    "a_ptr": f32,
+                    "c_ptr": f32,
+                    "rk_ptr": f32,
+                },
+                {"BS": cfg["INV_BS"], "L2NORM": True, "NATIVE": True},
+                cfg["INV_WARPS"],
+            ),
+            (
+                wy_kernel,
+                {
+                    "k_ptr": x,
+                    "v_ptr": x,
+                    "beta_ptr": f32,
+                    "a_ptr": f32,
+                    "c_ptr": f32,
+                    "rk_ptr": f32,
+                    "w_ptr": keep,
+                    "u_ptr": keep,
+                },
+                {"DV": 128, "BS": cfg["WY_BS"], **ops16},
+                cfg["WY_WARPS"],
+            ),
+            (
+                scan_kernel,
+                {
+                    "k_ptr": x,
+                    "c_ptr": f32,
+                    "rk_ptr": f32,
+                    "w_ptr": keep,
+                    "u_ptr": keep,
+                    "h_ptr": keep,
+                    "st_ptr": f32,
+                },
+                {
+                    "DV": 128,
+                    "BQ": 128 // cfg["SCAN_NQ"],
+                    "NQ": cfg["SCAN_NQ"],
+                    "BV": cfg["SCAN_BV"],
+                    "STAGES": cfg["SCAN_STAGES"],
+                    **ops16,
+                },
+                cfg["SCAN_WARPS"],
+            ),
+            (
+                out_kernel,
+                {
+                    "q_ptr": x,
+                    "k_ptr": x,
+                    "c_ptr": f32,
+                    "rk_ptr": f32,
+                    "u_ptr": keep,
+                    "h_ptr": keep,
+                    "o_ptr": x,
+                    "scale": "fp32",
+                },
+                {
+                    "DV": 128,
+                    "BS": cfg["OUT_BS"],
+                    "BV": cfg["OUT_BV_F32" if dt == "fp32" else "OUT_BV"],
+                    "L2NORM": True,
+                    **ops16,
+                },
+                cfg["OUT_WARPS"],
+            ),
+        ]
         if bf16:  # the inverse does not change with the operands' precision
             kernels = kernels[1:]
         for kernel, types, extra, warps in kernels:
             name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
             what = f"{dt}, bf16 operands" if bf16 else dt
-            specs.append(spec(kernel, f"{name}[{what}, chunk 64, 16/32 heads of 128]", types=types,
-                              constexprs={**heads, "PRECISION": prec, **extra}, num_warps=warps))  # fmt: skip
+            specs.append(
+                spec(
+                    kernel,
+                    f"{name}[{what}, chunk 64, 16/32 heads of 128]",
+                    types=types,
+                    constexprs={**heads, "PRECISION": prec, **extra},
+                    num_warps=warps,
+                )
+            )
     return specs

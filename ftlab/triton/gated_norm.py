@@ -16,8 +16,18 @@ from ftlab.triton.norm import row_rms_factor
 
 
 @triton.jit
-def gated_rmsnorm_kernel(x_ptr, x_row, z_ptr, z_row, w_ptr, y_ptr, eps, H: tl.constexpr, D: tl.constexpr,
-                         BLOCK_D: tl.constexpr):  # fmt: skip
+def gated_rmsnorm_kernel(
+    x_ptr,
+    x_row,
+    z_ptr,
+    z_row,
+    w_ptr,
+    y_ptr,
+    eps,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     n = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -36,16 +46,33 @@ def output_gate_kernel(a_ptr, a_row, g_ptr, g_row, y_ptr, F, BLOCK: tl.constexpr
     mask = f < F
     a = tl.load(a_ptr + n.to(tl.int64) * a_row + f, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + n.to(tl.int64) * g_row + f, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + n.to(tl.int64) * F + f, (a / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        y_ptr + n.to(tl.int64) * F + f,
+        (a / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
-def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.gated_rmsnorm` (ops checked the layouts)."""
     n, h, d = x.shape
     y = torch.empty((n, h, d), dtype=x.dtype, device=x.device)
     if n and h:
-        gated_rmsnorm_kernel[(n, h)](x, x.stride(0), z, z.stride(0), weight, y, float(eps), H=h, D=d,
-                                     BLOCK_D=triton.next_power_of_2(d), num_warps=1 if d <= 256 else 4)  # fmt: skip
+        gated_rmsnorm_kernel[(n, h)](
+            x,
+            x.stride(0),
+            z,
+            z.stride(0),
+            weight,
+            y,
+            float(eps),
+            H=h,
+            D=d,
+            BLOCK_D=triton.next_power_of_2(d),
+            num_warps=1 if d <= 256 else 4,
+        )
     return y
 
 
@@ -55,8 +82,9 @@ def output_gate(attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     y = torch.empty((n, f), dtype=attn.dtype, device=attn.device)
     if n and f:
         block = min(triton.next_power_of_2(f), 1024)
-        output_gate_kernel[(n, triton.cdiv(f, block))](attn, attn.stride(0), gate, gate.stride(0), y, f, BLOCK=block,
-                                                       num_warps=4)  # fmt: skip
+        output_gate_kernel[(n, triton.cdiv(f, block))](
+            attn, attn.stride(0), gate, gate.stride(0), y, f, BLOCK=block, num_warps=4
+        )
     return y
 
 
@@ -68,12 +96,36 @@ def compile_specs(target: str) -> list:
 
     specs = []
     for dt in ("fp32", "fp16", "bf16"):
-        specs.append(spec(gated_rmsnorm_kernel, f"gated_rmsnorm_kernel[{dt}, D 128, 32 heads]",
-                          types={"x_ptr": f"*{dt}", "x_row": "i64", "z_ptr": f"*{dt}", "z_row": "i64",
-                                 "w_ptr": "*fp32", "y_ptr": f"*{dt}", "eps": "fp32"},
-                          constexprs={"H": 32, "D": 128, "BLOCK_D": 128}, num_warps=1))  # fmt: skip
-        specs.append(spec(output_gate_kernel, f"output_gate_kernel[{dt}, F 4096]",
-                          types={"a_ptr": f"*{dt}", "a_row": "i64", "g_ptr": f"*{dt}", "g_row": "i64",
-                                 "y_ptr": f"*{dt}"},
-                          constexprs={"BLOCK": 1024}, num_warps=4))  # fmt: skip
+        specs.append(
+            spec(
+                gated_rmsnorm_kernel,
+                f"gated_rmsnorm_kernel[{dt}, D 128, 32 heads]",
+                types={
+                    "x_ptr": f"*{dt}",
+                    "x_row": "i64",
+                    "z_ptr": f"*{dt}",
+                    "z_row": "i64",
+                    "w_ptr": "*fp32",
+                    "y_ptr": f"*{dt}",
+                    "eps": "fp32",
+                },
+                constexprs={"H": 32, "D": 128, "BLOCK_D": 128},
+                num_warps=1,
+            )
+        )
+        specs.append(
+            spec(
+                output_gate_kernel,
+                f"output_gate_kernel[{dt}, F 4096]",
+                types={
+                    "a_ptr": f"*{dt}",
+                    "a_row": "i64",
+                    "g_ptr": f"*{dt}",
+                    "g_row": "i64",
+                    "y_ptr": f"*{dt}",
+                },
+                constexprs={"BLOCK": 1024},
+                num_warps=4,
+            )
+        )
     return specs

@@ -163,14 +163,22 @@ def compile_specs(target: str) -> list:
     def index_spec(bits: int, idx: int, has_mask: bool, d: int, rows: int = 1 << 16):
         block_l, block_d = tile(d, bits // 8, rows)
         label = f"index_kernel[i{bits} rows, i{idx} idx, mask={has_mask}, {block_l}x{block_d}]"
-        return spec(index_kernel, label, types={"w_ptr": f"*i{bits}", "idx_ptr": f"*i{idx}", "out_ptr": f"*i{bits}"},
-                    constexprs={"HAS_MASK": has_mask, "BLOCK_L": block_l, "BLOCK_D": block_d})  # fmt: skip
+        return spec(
+            index_kernel,
+            label,
+            types={"w_ptr": f"*i{bits}", "idx_ptr": f"*i{idx}", "out_ptr": f"*i{bits}"},
+            constexprs={"HAS_MASK": has_mask, "BLOCK_L": block_l, "BLOCK_D": block_d},
+        )
 
     def store_spec(bits: int, idx: int, d: int, rows: int = 1 << 16):
         block_l, block_d = tile(d, bits // 8, rows)
         rows_ptr = {name: f"*i{bits}" for name in ("kc_ptr", "vc_ptr", "k_ptr", "v_ptr")}
-        return spec(store_kernel, f"store_kernel[i{bits} rows, i{idx} idx, {block_l}x{block_d}]",
-                    types={**rows_ptr, "idx_ptr": f"*i{idx}"}, constexprs={"BLOCK_L": block_l, "BLOCK_D": block_d})  # fmt: skip
+        return spec(
+            store_kernel,
+            f"store_kernel[i{bits} rows, i{idx} idx, {block_l}x{block_d}]",
+            types={**rows_ptr, "idx_ptr": f"*i{idx}"},
+            constexprs={"BLOCK_L": block_l, "BLOCK_D": block_d},
+        )
 
     return [
         index_spec(16, 64, False, 1024),  # bf16 KV rows / embeddings, the benchmark's shape

@@ -40,8 +40,16 @@ from ftlab.triton.q4_0_common import (
 
 __all__ = ["add_rmsnorm_router_topk", "moe_align", "moe_experts", "route_topk", "router_topk"]
 
-def add_rmsnorm_router_topk(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                            weight: torch.Tensor, top_k: int, renormalize: bool) -> tuple:  # fmt: skip
+
+def add_rmsnorm_router_topk(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+) -> tuple:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: Triton's add_rmsnorm, then its
     router_topk of the output (two launches: hip's is the one-launch form)."""
     y, s = add_rmsnorm(x, residual, norm_weight, eps)
@@ -71,8 +79,22 @@ def _weight_tile(w_ptr, e, rows, cols, row_ok, col_ok, W_ESTRIDE, ROW_STRIDE, Q4
 
 
 @triton.jit
-def moe_gate_up_kernel(x_ptr, x_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, ids_ptr, h_ptr, E, H, INTER, TOP_K,
-                       Q4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+def moe_gate_up_kernel(
+    x_ptr,
+    x_stride,
+    w_ptr,
+    W_ESTRIDE,
+    ROW_STRIDE,
+    ids_ptr,
+    h_ptr,
+    E,
+    H,
+    INTER,
+    TOP_K,
+    Q4: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """h[pair, n] = silu(gate_e(x_t))[n] * up_e(x_t)[n] for pair = t * k + j, e = ids[pair]."""
     pair = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -94,9 +116,23 @@ def moe_gate_up_kernel(x_ptr, x_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, ids_ptr, h
 
 
 @triton.jit
-def moe_down_kernel(h_ptr, w_ptr, W_ESTRIDE, ROW_STRIDE, ids_ptr, wts_ptr, y_ptr, y_stride, E, H, INTER,
-                    TOP_K, Q4: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_I: tl.constexpr):  # fmt: skip
+def moe_down_kernel(
+    h_ptr,
+    w_ptr,
+    W_ESTRIDE,
+    ROW_STRIDE,
+    ids_ptr,
+    wts_ptr,
+    y_ptr,
+    y_stride,
+    E,
+    H,
+    INTER,
+    TOP_K,
+    Q4: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+):
     """y[t, n] = sum_j w[t, j] * down_e(h[t * k + j])[n], the k slots summed in order."""
     t = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -117,8 +153,20 @@ def moe_down_kernel(h_ptr, w_ptr, W_ESTRIDE, ROW_STRIDE, ids_ptr, wts_ptr, y_ptr
 
 
 @triton.jit
-def _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, xrow, w32_ptr, w16_ptr, row16, rows_ok, NBK,
-                 WORDS: tl.constexpr, BLOCK_KB: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+def _q8_rows_dot(
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    xrow,
+    w32_ptr,
+    w16_ptr,
+    row16,
+    rows_ok,
+    NBK,
+    WORDS: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """Int8 dots of Q4_0 rows (halfword offsets ``row16``, ``[R]``) with row ``xrow`` of Q8_1
     activations: per row, the sum over blocks of d4 * (d8 * sumi - 8 * s8), in fp32."""
     acc = tl.zeros(row16.shape, dtype=tl.float32)
@@ -139,9 +187,25 @@ def _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, xrow, w32_ptr, w16_ptr, row16, rows_ok
 
 
 @triton.jit
-def moe_gate_up_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H, ids_ptr, h_ptr,
-                          E, NBK, INTER, TOP_K, WORDS: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_KB: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+def moe_gate_up_q8_kernel(
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    w32_ptr,
+    w16_ptr,
+    E_H,
+    ROW_H,
+    ids_ptr,
+    h_ptr,
+    E,
+    NBK,
+    INTER,
+    TOP_K,
+    WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """h[pair, n] = silu(g) * u, g and u the int8 dots of Q8_1 x[t] with Q4_0 rows n and
     n + I of expert ids[pair] (``E_H``, ``ROW_H``: expert and row strides in halfwords)."""
     pair = tl.program_id(0)
@@ -149,18 +213,60 @@ def moe_gate_up_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H,
     e, rows_ok = expert_slot(ids_ptr, pair, E, n, INTER)
     base = e.to(tl.int64) * E_H
     xrow = (pair // TOP_K).to(tl.int64)
-    g = _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, xrow, w32_ptr, w16_ptr, base + n.to(tl.int64) * ROW_H, rows_ok, NBK,
-                     WORDS, BLOCK_KB, ASM)  # fmt: skip
-    u = _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, xrow, w32_ptr, w16_ptr, base + (n + INTER).to(tl.int64) * ROW_H,
-                     rows_ok, NBK, WORDS, BLOCK_KB, ASM)  # fmt: skip
+    g = _q8_rows_dot(
+        q8w_ptr,
+        d8_ptr,
+        s8_ptr,
+        xrow,
+        w32_ptr,
+        w16_ptr,
+        base + n.to(tl.int64) * ROW_H,
+        rows_ok,
+        NBK,
+        WORDS,
+        BLOCK_KB,
+        ASM,
+    )
+    u = _q8_rows_dot(
+        q8w_ptr,
+        d8_ptr,
+        s8_ptr,
+        xrow,
+        w32_ptr,
+        w16_ptr,
+        base + (n + INTER).to(tl.int64) * ROW_H,
+        rows_ok,
+        NBK,
+        WORDS,
+        BLOCK_KB,
+        ASM,
+    )
     h = g / (1.0 + tl.exp(-g)) * u
     tl.store(h_ptr + pair.to(tl.int64) * INTER + n, tl.where(rows_ok, h, 0.0), mask=n < INTER)
 
 
 @triton.jit
-def moe_down_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H, ids_ptr, wts_ptr, y_ptr,
-                       y_stride, E, H, NBI, TOP_K, WORDS: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_KB: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+def moe_down_q8_kernel(
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    w32_ptr,
+    w16_ptr,
+    E_H,
+    ROW_H,
+    ids_ptr,
+    wts_ptr,
+    y_ptr,
+    y_stride,
+    E,
+    H,
+    NBI,
+    TOP_K,
+    WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    ASM: tl.constexpr,
+):
     """y[t, n] = sum_j w[t, j] * (int8 dot of Q8_1 h[t * k + j] with Q4_0 row n of expert
     ids[t, j]), the k slots summed in order. Measured on an H200 (T = 1, k = 8) against two
     other shapes: the slots folded into one tile (10.8 us against 8.4 us) and Q8_1 of h
@@ -173,8 +279,20 @@ def moe_down_q8_kernel(q8w_ptr, d8_ptr, s8_ptr, w32_ptr, w16_ptr, E_H, ROW_H, id
         pair = t.to(tl.int64) * TOP_K + j
         e, rows_ok = expert_slot(ids_ptr, pair, E, n, H)
         row16 = e.to(tl.int64) * E_H + n.to(tl.int64) * ROW_H
-        part = _q8_rows_dot(q8w_ptr, d8_ptr, s8_ptr, pair, w32_ptr, w16_ptr, row16, rows_ok, NBI, WORDS, BLOCK_KB,
-                            ASM)  # fmt: skip
+        part = _q8_rows_dot(
+            q8w_ptr,
+            d8_ptr,
+            s8_ptr,
+            pair,
+            w32_ptr,
+            w16_ptr,
+            row16,
+            rows_ok,
+            NBI,
+            WORDS,
+            BLOCK_KB,
+            ASM,
+        )
         acc += tl.where(rows_ok, tl.load(wts_ptr + pair) * part, 0.0)
     tl.store(y_ptr + t.to(tl.int64) * y_stride + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
@@ -197,19 +315,50 @@ def _experts_q8(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
     h = torch.empty((t * top_k, inter), dtype=torch.float32, device=x.device)
     gu = w_gate_up.data
     moe_gate_up_q8_kernel[(t * top_k, triton.cdiv(inter, block_n))](
-        x8.q.view(torch.int32), x8.d, x8.s, gu.view(torch.int32) if _words_ok(w_gate_up) else gu.view(torch.int16),
-        gu.view(torch.int16), gu.stride(0) // 2, gu.stride(1) // 2, ids, h, num_experts, hidden // 32, inter, top_k,
-        WORDS=_words_ok(w_gate_up), BLOCK_N=block_n, BLOCK_KB=block_kb, ASM=asm, num_warps=cfg["num_warps"],
-    )  # fmt: skip
+        x8.q.view(torch.int32),
+        x8.d,
+        x8.s,
+        gu.view(torch.int32) if _words_ok(w_gate_up) else gu.view(torch.int16),
+        gu.view(torch.int16),
+        gu.stride(0) // 2,
+        gu.stride(1) // 2,
+        ids,
+        h,
+        num_experts,
+        hidden // 32,
+        inter,
+        top_k,
+        WORDS=_words_ok(w_gate_up),
+        BLOCK_N=block_n,
+        BLOCK_KB=block_kb,
+        ASM=asm,
+        num_warps=cfg["num_warps"],
+    )
     h8 = quantize_q8_1(h)
     y = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     dn = w_down.data
     moe_down_q8_kernel[(t, triton.cdiv(hidden, block_n))](
-        h8.q.view(torch.int32), h8.d, h8.s, dn.view(torch.int32) if _words_ok(w_down) else dn.view(torch.int16),
-        dn.view(torch.int16), dn.stride(0) // 2, dn.stride(1) // 2, ids, wts, y, y.stride(0), num_experts, hidden,
-        inter // 32, top_k, WORDS=_words_ok(w_down), BLOCK_N=block_n, BLOCK_KB=block_kb, ASM=asm,
+        h8.q.view(torch.int32),
+        h8.d,
+        h8.s,
+        dn.view(torch.int32) if _words_ok(w_down) else dn.view(torch.int16),
+        dn.view(torch.int16),
+        dn.stride(0) // 2,
+        dn.stride(1) // 2,
+        ids,
+        wts,
+        y,
+        y.stride(0),
+        num_experts,
+        hidden,
+        inter // 32,
+        top_k,
+        WORDS=_words_ok(w_down),
+        BLOCK_N=block_n,
+        BLOCK_KB=block_kb,
+        ASM=asm,
         num_warps=cfg["num_warps"],
-    )  # fmt: skip
+    )
     return y
 
 
@@ -222,14 +371,39 @@ def _experts_decode(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
     y = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     gu, gu_e, gu_r, q4 = bank_args(w_gate_up)
     moe_gate_up_kernel[(t * top_k, triton.cdiv(inter, _EXPERT_ROWS))](
-        x, x.stride(0), gu, gu_e, gu_r, ids, h, num_experts, hidden, inter, top_k,
-        Q4=q4, BLOCK_N=_EXPERT_ROWS, BLOCK_H=_EXPERT_COLS,
-    )  # fmt: skip
+        x,
+        x.stride(0),
+        gu,
+        gu_e,
+        gu_r,
+        ids,
+        h,
+        num_experts,
+        hidden,
+        inter,
+        top_k,
+        Q4=q4,
+        BLOCK_N=_EXPERT_ROWS,
+        BLOCK_H=_EXPERT_COLS,
+    )
     dn, dn_e, dn_r, q4d = bank_args(w_down)
     moe_down_kernel[(t, triton.cdiv(hidden, _EXPERT_ROWS))](
-        h, dn, dn_e, dn_r, ids, wts, y, y.stride(0), num_experts, hidden, inter,
-        TOP_K=top_k, Q4=q4d, BLOCK_N=_EXPERT_ROWS, BLOCK_I=_EXPERT_COLS,
-    )  # fmt: skip
+        h,
+        dn,
+        dn_e,
+        dn_r,
+        ids,
+        wts,
+        y,
+        y.stride(0),
+        num_experts,
+        hidden,
+        inter,
+        TOP_K=top_k,
+        Q4=q4d,
+        BLOCK_N=_EXPERT_ROWS,
+        BLOCK_I=_EXPERT_COLS,
+    )
     return y
 
 
@@ -245,15 +419,20 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     x = x if x.stride(1) == 1 else x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()
     wts = topk_weights.contiguous()
-    if not isinstance(w_gate_up, torch.Tensor) and not (isinstance(w_gate_up, Q4_0Weight)
-                                                        and isinstance(w_down, Q4_0Weight)):  # fmt: skip
+    if not isinstance(w_gate_up, torch.Tensor) and not (
+        isinstance(w_gate_up, Q4_0Weight) and isinstance(w_down, Q4_0Weight)
+    ):
         kquant = experts_kquant if path == "int8" else experts_kquant_gemm
         return kquant(x, w_gate_up, w_down, wts, ids)
     if path == "int8" and not isinstance(w_gate_up, torch.Tensor):
         return _experts_q8(x, w_gate_up, w_down, wts, ids)
     if t <= DECODE_MAX_TOKENS:
         return _experts_decode(x, w_gate_up, w_down, wts, ids)
-    if not isinstance(w_gate_up, torch.Tensor) and x.device.type != "cpu" and q4_0_pairs(x.dtype, current(x.device).arch):
+    if (
+        not isinstance(w_gate_up, torch.Tensor)
+        and x.device.type != "cpu"
+        and q4_0_pairs(x.dtype, current(x.device).arch)
+    ):
         return experts_kquant_gemm(x, w_gate_up, w_down, wts, ids)  # 64-weight steps
     return experts_gemm(x, w_gate_up, w_down, wts, ids)
 
@@ -266,22 +445,58 @@ def compile_specs(target: str) -> list:
     for q4 in (False, True):
         w = "*u8" if q4 else "*bf16"
         label = "Q4_0" if q4 else "bf16"
-        specs.append(spec(moe_gate_up_kernel, f"moe_gate_up_kernel[{label} bank]",
-                          types={"x_ptr": "*bf16", "w_ptr": w, "ids_ptr": "*i32", "h_ptr": "*fp32"},
-                          constexprs={"Q4": q4, "BLOCK_N": _EXPERT_ROWS, "BLOCK_H": _EXPERT_COLS}))  # fmt: skip
-        specs.append(spec(moe_down_kernel, f"moe_down_kernel[{label} bank]",
-                          types={"h_ptr": "*fp32", "w_ptr": w, "ids_ptr": "*i32", "wts_ptr": "*fp32", "y_ptr": "*bf16"},
-                          constexprs={"Q4": q4, "BLOCK_N": _EXPERT_ROWS, "BLOCK_I": _EXPERT_COLS}))  # fmt: skip
+        specs.append(
+            spec(
+                moe_gate_up_kernel,
+                f"moe_gate_up_kernel[{label} bank]",
+                types={"x_ptr": "*bf16", "w_ptr": w, "ids_ptr": "*i32", "h_ptr": "*fp32"},
+                constexprs={"Q4": q4, "BLOCK_N": _EXPERT_ROWS, "BLOCK_H": _EXPERT_COLS},
+            )
+        )
+        specs.append(
+            spec(
+                moe_down_kernel,
+                f"moe_down_kernel[{label} bank]",
+                types={
+                    "h_ptr": "*fp32",
+                    "w_ptr": w,
+                    "ids_ptr": "*i32",
+                    "wts_ptr": "*fp32",
+                    "y_ptr": "*bf16",
+                },
+                constexprs={"Q4": q4, "BLOCK_N": _EXPERT_ROWS, "BLOCK_I": _EXPERT_COLS},
+            )
+        )
     table = CONFIGS.get(target, CONFIGS["default"])
     mv = table.get("moe_mv", table.get("mv4", table["mv"]))
-    q8 = {"q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32", "w32_ptr": "*i32", "w16_ptr": "*i16", "E_H": "i64",
-          "ROW_H": "i64", "ids_ptr": "*i32"}  # fmt: skip
+    q8 = {
+        "q8w_ptr": "*i32",
+        "d8_ptr": "*fp32",
+        "s8_ptr": "*fp32",
+        "w32_ptr": "*i32",
+        "w16_ptr": "*i16",
+        "E_H": "i64",
+        "ROW_H": "i64",
+        "ids_ptr": "*i32",
+    }
     tiles = {"BLOCK_N": mv["BLOCK_N"], "BLOCK_KB": mv["BLOCK_KB"], "ASM": bool(mv.get("asm", 0))}
     for words in (True, False):
-        specs.append(spec(moe_gate_up_q8_kernel, f"moe_gate_up_q8_kernel[{'words' if words else 'halfwords'}]",
-                          types={**q8, "h_ptr": "*fp32"}, constexprs={"WORDS": words, **tiles},
-                          num_warps=mv["num_warps"]))  # fmt: skip
-    specs.append(spec(moe_down_q8_kernel, "moe_down_q8_kernel[words, bf16 out]",
-                      types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"}, constexprs={"WORDS": True, **tiles},
-                      num_warps=mv["num_warps"]))  # fmt: skip
+        specs.append(
+            spec(
+                moe_gate_up_q8_kernel,
+                f"moe_gate_up_q8_kernel[{'words' if words else 'halfwords'}]",
+                types={**q8, "h_ptr": "*fp32"},
+                constexprs={"WORDS": words, **tiles},
+                num_warps=mv["num_warps"],
+            )
+        )
+    specs.append(
+        spec(
+            moe_down_q8_kernel,
+            "moe_down_q8_kernel[words, bf16 out]",
+            types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
+            constexprs={"WORDS": True, **tiles},
+            num_warps=mv["num_warps"],
+        )
+    )
     return specs

@@ -32,8 +32,18 @@ def bank_args(w) -> tuple[torch.Tensor, int, int, bool]:
 
 
 @triton.jit
-def _gemm_b_tile(w_ptr, e_off, rn, n_ok, k0, K, ROW_STRIDE, Q4: tl.constexpr, BLOCK_K: tl.constexpr,
-                 DT: tl.constexpr):  # fmt: skip
+def _gemm_b_tile(
+    w_ptr,
+    e_off,
+    rn,
+    n_ok,
+    k0,
+    K,
+    ROW_STRIDE,
+    Q4: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DT: tl.constexpr,
+):
     """The ``[BLOCK_K, BLOCK_N]`` tile ``W[e][rn, k0:k0+BLOCK_K].T`` in dtype DT. Q4_0: the
     tile's K order is that of ``q4_0_dequant_gemm_kernel`` (0, 16, 1, 17, ... per block:
     ``tl.join`` of the low and high nibbles), values ``d * (q - 8)`` rounded to DT."""
@@ -55,7 +65,9 @@ def _gemm_b_tile(w_ptr, e_off, rn, n_ok, k0, K, ROW_STRIDE, Q4: tl.constexpr, BL
 
 
 @triton.jit
-def store_pairs(out_ptr, out_stride, rows, r_ok, rn, n_ok, acc, acc_up, wts_ptr, GATED: tl.constexpr):
+def store_pairs(
+    out_ptr, out_stride, rows, r_ok, rn, n_ok, acc, acc_up, wts_ptr, GATED: tl.constexpr
+):
     """A grouped-GEMM tile's output ``out[rows, rn]``: ``GATED`` silu(acc) * acc_up, else acc
     scaled by each pair's routing weight ``w[rows]``; padding rows and columns past N store
     nothing."""
@@ -68,10 +80,30 @@ def store_pairs(out_ptr, out_stride, rows, r_ok, rn, n_ok, acc, acc_up, wts_ptr,
 
 
 @triton.jit
-def moe_gemm_kernel(a_ptr, a_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, sorted_ptr, expert_ids_ptr, npad_ptr,
-                    out_ptr, out_stride, wts_ptr, P, TOP_K, N, K,
-                    GATED: tl.constexpr, Q4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, DT: tl.constexpr, F32_PRECISION: tl.constexpr):  # fmt: skip
+def moe_gemm_kernel(
+    a_ptr,
+    a_stride,
+    w_ptr,
+    W_ESTRIDE,
+    ROW_STRIDE,
+    sorted_ptr,
+    expert_ids_ptr,
+    npad_ptr,
+    out_ptr,
+    out_stride,
+    wts_ptr,
+    P,
+    TOP_K,
+    N,
+    K,
+    GATED: tl.constexpr,
+    Q4: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DT: tl.constexpr,
+    F32_PRECISION: tl.constexpr,
+):
     """One grouped-GEMM step over the rows of ``moe_align`` (``BLOCK_M`` = its block_m).
 
     ``GATED``: out[pair, n] = silu(a[pair // k] . W[e][n]) * (a[pair // k] . W[e][N + n]),
@@ -100,7 +132,9 @@ def moe_gemm_kernel(a_ptr, a_stride, w_ptr, W_ESTRIDE, ROW_STRIDE, sorted_ptr, e
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        a = tl.load(arow_ptr + (k0 + kcol)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0)
+        a = tl.load(
+            arow_ptr + (k0 + kcol)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0
+        )
         a = a.to(DT)
         b = _gemm_b_tile(w_ptr, e_off, rn, n_ok, k0, K, ROW_STRIDE, Q4, BLOCK_K, DT)
         acc = tl.dot(a, b, acc, input_precision=F32_PRECISION)
@@ -146,14 +180,40 @@ def experts_gemm(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
     h = torch.empty((pairs, inter), dtype=dt, device=x.device)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
     blocks = sorted_ids.numel() // bm
-    common = dict(BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], DT=_TL_DTYPES[dt],
-                  F32_PRECISION=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])  # fmt: skip
-    for a, w, dst, n, k, gated in ((x, w_gate_up, h, inter, hidden, True), (h, w_down, out, hidden, inter, False)):
+    common = dict(
+        BLOCK_M=bm,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
+        DT=_TL_DTYPES[dt],
+        F32_PRECISION=prec,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    for a, w, dst, n, k, gated in (
+        (x, w_gate_up, h, inter, hidden, True),
+        (h, w_down, out, hidden, inter, False),
+    ):
         wt, w_e, w_r, q4 = bank_args(w)
         moe_gemm_kernel[(blocks, triton.cdiv(n, cfg["BLOCK_N"]))](
-            a, a.stride(0), wt, w_e, w_r, sorted_ids, expert_ids, npad, dst, dst.stride(0), wts, pairs, top_k,
-            n, k, GATED=gated, Q4=q4, **common,
-        )  # fmt: skip
+            a,
+            a.stride(0),
+            wt,
+            w_e,
+            w_r,
+            sorted_ids,
+            expert_ids,
+            npad,
+            dst,
+            dst.stride(0),
+            wts,
+            pairs,
+            top_k,
+            n,
+            k,
+            GATED=gated,
+            Q4=q4,
+            **common,
+        )
     return out.view(t, top_k, hidden).sum(1).to(x.dtype)
 
 
@@ -167,15 +227,37 @@ def compile_specs(target: str) -> list:
         prec = "tf32x3" if dt == "fp32" and platform_from_arch(target).tf32 else "ieee"
         for q4 in (False, True):
             for gated in (True, False):
-                label = (f"moe_gemm_kernel[{'gate_up' if gated else 'down'}, {'Q4_0' if q4 else dt} bank, {dt}, "
-                         f"block_m {cfg['BLOCK_M']}]")  # fmt: skip
-                specs.append(spec(
-                    moe_gemm_kernel, label,
-                    types={"a_ptr": f"*{dt}", "w_ptr": "*u8" if q4 else f"*{dt}", "W_ESTRIDE": "i64", "ROW_STRIDE": "i64",
-                           "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "npad_ptr": "*i32",
-                           "out_ptr": f"*{dt}" if gated else "*fp32", "wts_ptr": "*fp32"},
-                    constexprs={"GATED": gated, "Q4": q4, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-                                "BLOCK_K": cfg["BLOCK_K"], "DT": tl.bfloat16 if dt == "bf16" else tl.float32,
-                                "F32_PRECISION": prec},
-                    num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]}))  # fmt: skip
+                label = (
+                    f"moe_gemm_kernel[{'gate_up' if gated else 'down'}, {'Q4_0' if q4 else dt} "
+                    f"bank, {dt}, "
+                    f"block_m {cfg['BLOCK_M']}]"
+                )
+                specs.append(
+                    spec(
+                        moe_gemm_kernel,
+                        label,
+                        types={
+                            "a_ptr": f"*{dt}",
+                            "w_ptr": "*u8" if q4 else f"*{dt}",
+                            "W_ESTRIDE": "i64",
+                            "ROW_STRIDE": "i64",
+                            "sorted_ptr": "*i32",
+                            "expert_ids_ptr": "*i32",
+                            "npad_ptr": "*i32",
+                            "out_ptr": f"*{dt}" if gated else "*fp32",
+                            "wts_ptr": "*fp32",
+                        },
+                        constexprs={
+                            "GATED": gated,
+                            "Q4": q4,
+                            "BLOCK_M": cfg["BLOCK_M"],
+                            "BLOCK_N": cfg["BLOCK_N"],
+                            "BLOCK_K": cfg["BLOCK_K"],
+                            "DT": tl.bfloat16 if dt == "bf16" else tl.float32,
+                            "F32_PRECISION": prec,
+                        },
+                        num_warps=cfg["num_warps"],
+                        options={"num_stages": cfg["num_stages"]},
+                    )
+                )
     return specs

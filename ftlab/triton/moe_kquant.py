@@ -55,16 +55,22 @@ def _kq_dot(wr, rows_ok, xq, xd, xs, K, QT: tl.constexpr, BLOCK_N: tl.constexpr)
         j_ok = jb < K // 32  # Q8_0 / Q4_0 rows of K % 256 != 0 end inside a chunk
         m2 = rows_ok[:, None] & j_ok[None, :]
         m3 = m2[:, :, None]
-        x = tl.load(xq + jb[:, None] * 32 + i32[None, :], mask=j_ok[:, None], other=0).to(tl.int32)  # [8, 32]
+        x = tl.load(xq + jb[:, None] * 32 + i32[None, :], mask=j_ok[:, None], other=0).to(
+            tl.int32
+        )  # [8, 32]
         d8 = tl.load(xd + jb, mask=j_ok, other=0.0)[None, :]
         if QT == 0:  # Q8_0: d * (d8 * sumi)
             wb = wr[:, None] + jb[None, :].to(tl.int64) * 34
-            q = tl.load(wb[:, :, None] + 2 + i32[None, None, :], mask=m3, other=0).to(tl.int8, bitcast=True)
+            q = tl.load(wb[:, :, None] + 2 + i32[None, None, :], mask=m3, other=0).to(
+                tl.int8, bitcast=True
+            )
             sumi = tl.sum(q.to(tl.int32) * x[None], axis=2).to(tl.float32)
             acc += tl.sum(load_q4_0_scale(wb, m2) * (d8 * sumi), axis=1)
         elif QT == 4:  # Q4_0: d * (d8 * sumi - 8 * s8)
             wb = wr[:, None] + jb[None, :].to(tl.int64) * 18
-            byte = tl.load(wb[:, :, None] + 2 + (i32 % 16)[None, None, :], mask=m3, other=0).to(tl.int32)
+            byte = tl.load(wb[:, :, None] + 2 + (i32 % 16)[None, None, :], mask=m3, other=0).to(
+                tl.int32
+            )
             q = (byte >> (4 * (i32 // 16))[None, None, :]) & 0x0F
             sumi = tl.sum(q * x[None], axis=2).to(tl.float32)
             s8 = tl.load(xs + jb, mask=j_ok, other=0.0)[None, :]
@@ -73,11 +79,19 @@ def _kq_dot(wr, rows_ok, xq, xd, xs, K, QT: tl.constexpr, BLOCK_N: tl.constexpr)
             wb = wr + (c // 8) * 210
             hh = j8 // 4
             g = j8 % 4
-            ql = tl.load(wb[:, None, None] + (64 * hh + 32 * (g % 2))[None, :, None] + i32[None, None, :], mask=m3,
-                         other=0).to(tl.int32)  # fmt: skip
-            qh = tl.load(wb[:, None, None] + (128 + 32 * hh)[None, :, None] + i32[None, None, :], mask=m3,
-                         other=0).to(tl.int32)  # fmt: skip
-            q = ((ql >> (4 * (g // 2))[None, :, None]) & 0x0F) | (((qh >> (2 * g)[None, :, None]) & 3) << 4)
+            ql = tl.load(
+                wb[:, None, None] + (64 * hh + 32 * (g % 2))[None, :, None] + i32[None, None, :],
+                mask=m3,
+                other=0,
+            ).to(tl.int32)
+            qh = tl.load(
+                wb[:, None, None] + (128 + 32 * hh)[None, :, None] + i32[None, None, :],
+                mask=m3,
+                other=0,
+            ).to(tl.int32)
+            q = ((ql >> (4 * (g // 2))[None, :, None]) & 0x0F) | (
+                ((qh >> (2 * g)[None, :, None]) & 3) << 4
+            )
             prod = (q - 32) * x[None]  # [BN, 8, 32]
             first = (i32 < 16)[None, None, :]
             sum0 = tl.sum(tl.where(first, prod, 0), axis=2).to(tl.float32)
@@ -91,12 +105,18 @@ def _kq_dot(wr, rows_ok, xq, xd, xs, K, QT: tl.constexpr, BLOCK_N: tl.constexpr)
             NB: tl.constexpr = 176 if QT == 2 else 144
             QS: tl.constexpr = 48 if QT == 2 else 16
             wb = wr + (c // 8) * NB
-            qs = tl.load(wb[:, None, None] + QS + (32 * (j8 // 2))[None, :, None] + i32[None, None, :], mask=m3,
-                         other=0).to(tl.int32)  # fmt: skip
+            qs = tl.load(
+                wb[:, None, None] + QS + (32 * (j8 // 2))[None, :, None] + i32[None, None, :],
+                mask=m3,
+                other=0,
+            ).to(tl.int32)
             q = (qs >> (4 * (j8 % 2))[None, :, None]) & 0x0F
             if QT == 2:
-                qh = tl.load(wb[:, None, None] + 16 + i32[None, None, :] + 0 * j8[None, :, None], mask=m3,
-                             other=0).to(tl.int32)  # fmt: skip
+                qh = tl.load(
+                    wb[:, None, None] + 16 + i32[None, None, :] + 0 * j8[None, :, None],
+                    mask=m3,
+                    other=0,
+                ).to(tl.int32)
                 q = q | (((qh >> j8[None, :, None]) & 1) << 4)
             sumi = tl.sum(q * x[None], axis=2).to(tl.float32)
             sc, mn = scale_min_k4(wb[:, None] + 4, j8[None, :], m2)
@@ -108,8 +128,22 @@ def _kq_dot(wr, rows_ok, xq, xd, xs, K, QT: tl.constexpr, BLOCK_N: tl.constexpr)
 
 
 @triton.jit
-def moe_gate_up_kq_kernel(q8_ptr, d8_ptr, s8_ptr, w_ptr, E_BYTES, ROW_BYTES, ids_ptr, h_ptr, E, H, INTER, TOP_K,
-                          QT: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def moe_gate_up_kq_kernel(
+    q8_ptr,
+    d8_ptr,
+    s8_ptr,
+    w_ptr,
+    E_BYTES,
+    ROW_BYTES,
+    ids_ptr,
+    h_ptr,
+    E,
+    H,
+    INTER,
+    TOP_K,
+    QT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """h[pair, n] = silu(g) * u, g and u the int8 dots of Q8_1 x[t] with rows n and n + I of
     expert ids[pair] (``E_BYTES``, ``ROW_BYTES``: the bank's expert and row strides)."""
     pair = tl.program_id(0)
@@ -125,8 +159,24 @@ def moe_gate_up_kq_kernel(q8_ptr, d8_ptr, s8_ptr, w_ptr, E_BYTES, ROW_BYTES, ids
 
 
 @triton.jit
-def moe_down_kq_kernel(q8_ptr, d8_ptr, s8_ptr, w_ptr, E_BYTES, ROW_BYTES, ids_ptr, wts_ptr, y_ptr, y_stride, E, H,
-                       INTER, TOP_K, QT: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def moe_down_kq_kernel(
+    q8_ptr,
+    d8_ptr,
+    s8_ptr,
+    w_ptr,
+    E_BYTES,
+    ROW_BYTES,
+    ids_ptr,
+    wts_ptr,
+    y_ptr,
+    y_stride,
+    E,
+    H,
+    INTER,
+    TOP_K,
+    QT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """y[t, n] = sum_j w[t, j] * (int8 dot of Q8_1 h[t * k + j] with row n of expert ids[t, j]),
     the k slots summed in order."""
     t = tl.program_id(0)
@@ -137,8 +187,16 @@ def moe_down_kq_kernel(q8_ptr, d8_ptr, s8_ptr, w_ptr, E_BYTES, ROW_BYTES, ids_pt
         pair = t.to(tl.int64) * TOP_K + j
         e, rows_ok = expert_slot(ids_ptr, pair, E, n, H)
         rows = w_ptr + e.to(tl.int64) * E_BYTES + n.to(tl.int64) * ROW_BYTES
-        part = _kq_dot(rows, rows_ok, q8_ptr + pair * INTER, d8_ptr + pair * (INTER // 32),
-                       s8_ptr + pair * (INTER // 32), INTER, QT, BLOCK_N)  # fmt: skip
+        part = _kq_dot(
+            rows,
+            rows_ok,
+            q8_ptr + pair * INTER,
+            d8_ptr + pair * (INTER // 32),
+            s8_ptr + pair * (INTER // 32),
+            INTER,
+            QT,
+            BLOCK_N,
+        )
         acc += tl.where(rows_ok, tl.load(wts_ptr + pair) * part, 0.0)
     tl.store(y_ptr + t.to(tl.int64) * y_stride + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
@@ -159,10 +217,31 @@ def _kq_b_tile(w_ptr, row, n_ok, k0, K, QT: tl.constexpr, BLOCK_K: tl.constexpr,
 
 
 @triton.jit
-def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, expert_ids_ptr, npad_ptr, out_ptr,
-                       out_stride, wts_ptr, P, TOP_K, N, K, GATED: tl.constexpr, QT: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DT: tl.constexpr,
-                       F32_PRECISION: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
+def moe_kq_gemm_kernel(
+    a_ptr,
+    a_stride,
+    w_ptr,
+    E_BYTES,
+    ROW_BYTES,
+    sorted_ptr,
+    expert_ids_ptr,
+    npad_ptr,
+    out_ptr,
+    out_stride,
+    wts_ptr,
+    P,
+    TOP_K,
+    N,
+    K,
+    GATED: tl.constexpr,
+    QT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DT: tl.constexpr,
+    F32_PRECISION: tl.constexpr,
+    PAIRS: tl.constexpr,
+):
     """``moe_gemm_kernel`` (``ftlab/triton/moe_gemm.py``) on a bank of type ``QT``: ``GATED``
     out[pair, n] = silu(a[pair // k] . W[e][n]) * (a[pair // k] . W[e][N + n]); else
     out[pair, n] = w[pair] * (a[pair] . W[e][n]). Operands in DT, fp32 sums."""
@@ -183,9 +262,14 @@ def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, e
     if PAIRS:  # 64 weights a step as two 32-column halves, each row's scales decoded once
         c = tl.arange(0, 32)
         for k0 in range(0, K, 64):
-            a_lo = tl.load(arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0)
-            a_hi = tl.load(arow_ptr + (k0 + 32 + c)[None, :], mask=r_ok[:, None] & (k0 + 32 + c < K)[None, :],
-                           other=0.0)  # fmt: skip
+            a_lo = tl.load(
+                arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0
+            )
+            a_hi = tl.load(
+                arow_ptr + (k0 + 32 + c)[None, :],
+                mask=r_ok[:, None] & (k0 + 32 + c < K)[None, :],
+                other=0.0,
+            )
             a_lo = a_lo.to(DT)
             a_hi = a_hi.to(DT)
             lo, hi = dequant_pair(w_ptr, row, k0, K, n_ok, QT)
@@ -198,8 +282,15 @@ def moe_kq_gemm_kernel(a_ptr, a_stride, w_ptr, E_BYTES, ROW_BYTES, sorted_ptr, e
     else:
         c = tl.arange(0, BLOCK_K)
         for k0 in range(0, K, BLOCK_K):
-            a = tl.load(arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0).to(DT)
-            acc = tl.dot(a, _kq_b_tile(w_ptr, row, n_ok, k0, K, QT, BLOCK_K, DT), acc, input_precision=F32_PRECISION)
+            a = tl.load(
+                arow_ptr + (k0 + c)[None, :], mask=r_ok[:, None] & (k0 + c < K)[None, :], other=0.0
+            ).to(DT)
+            acc = tl.dot(
+                a,
+                _kq_b_tile(w_ptr, row, n_ok, k0, K, QT, BLOCK_K, DT),
+                acc,
+                input_precision=F32_PRECISION,
+            )
             if GATED:
                 b_up = _kq_b_tile(w_ptr, row + N * ROW_BYTES, n_ok, k0, K, QT, BLOCK_K, DT)
                 acc_up = tl.dot(a, b_up, acc_up, input_precision=F32_PRECISION)
@@ -226,7 +317,11 @@ def kq_gemm_config(dtype: torch.dtype, qtype: str, arch: str | None, gated: bool
     interpreter): BLOCK_M, BLOCK_N, BLOCK_K, PAIRS, num_warps, num_stages."""
     f32 = dtype == torch.float32
     if qtype == "Q4_0" and q4_0_pairs(dtype, arch):
-        return {**KQ_GEMM_CONFIGS["q4_0_pairs"][arch]["gate_up" if gated else "down"], "BLOCK_K": 64, "PAIRS": True}
+        return {
+            **KQ_GEMM_CONFIGS["q4_0_pairs"][arch]["gate_up" if gated else "down"],
+            "BLOCK_K": 64,
+            "PAIRS": True,
+        }
     if qtype == "Q4_0" or platform_from_arch(arch or "cpu").rdna:
         return {**KQ_GEMM_CONFIGS["generic"]["f32" if f32 else "half"], "PAIRS": False}
     pairs = KQ_GEMM_CONFIGS["pairs"]
@@ -257,20 +352,46 @@ def experts_kquant_gemm(x, w_gate_up, w_down, wts, ids, configs=None) -> torch.T
     dt = torch.float32 if (interpreted() and x.dtype == torch.bfloat16) else x.dtype
     arch = current(x.device).arch if x.device.type != "cpu" else None
     if configs is None:
-        configs = [kq_gemm_config(dt, w_gate_up.qtype, arch, True), kq_gemm_config(dt, w_down.qtype, arch, False)]
+        configs = [
+            kq_gemm_config(dt, w_gate_up.qtype, arch, True),
+            kq_gemm_config(dt, w_down.qtype, arch, False),
+        ]
     bm = min(min(c["BLOCK_M"] for c in configs), block_m_for(pairs, num_experts))
     sorted_ids, expert_ids, npad = moe_align(ids, num_experts, bm)
     prec = "ieee" if interpreted() or current(x.device).kind != "cuda" else "tf32x3"
     h = torch.empty((pairs, inter), dtype=dt, device=x.device)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
-    for a, w, dst, n, k, gated, cfg in ((x, w_gate_up, h, inter, hidden, True, configs[0]),
-                                        (h, w_down, out, hidden, inter, False, configs[1])):  # fmt: skip
+    for a, w, dst, n, k, gated, cfg in (
+        (x, w_gate_up, h, inter, hidden, True, configs[0]),
+        (h, w_down, out, hidden, inter, False, configs[1]),
+    ):
         moe_kq_gemm_kernel[(sorted_ids.numel() // bm, triton.cdiv(n, cfg["BLOCK_N"]))](
-            a, a.stride(0), w.data, w.data.stride(0), w.data.stride(1), sorted_ids, expert_ids, npad, dst,
-            dst.stride(0), wts, pairs, top_k, n, k, GATED=gated, QT=QT_CODES[w.qtype], BLOCK_M=bm,
-            BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], DT=_TL_DTYPES[dt], F32_PRECISION=prec,
-            PAIRS=cfg["PAIRS"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        )  # fmt: skip
+            a,
+            a.stride(0),
+            w.data,
+            w.data.stride(0),
+            w.data.stride(1),
+            sorted_ids,
+            expert_ids,
+            npad,
+            dst,
+            dst.stride(0),
+            wts,
+            pairs,
+            top_k,
+            n,
+            k,
+            GATED=gated,
+            QT=QT_CODES[w.qtype],
+            BLOCK_M=bm,
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_K=cfg["BLOCK_K"],
+            DT=_TL_DTYPES[dt],
+            F32_PRECISION=prec,
+            PAIRS=cfg["PAIRS"],
+            num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
+        )
     return out.view(t, top_k, hidden).sum(1).to(x.dtype)
 
 
@@ -284,16 +405,44 @@ def experts_kquant(x, w_gate_up, w_down, wts, ids) -> torch.Tensor:
     h = torch.empty((t * top_k, inter), dtype=torch.float32, device=x.device)
     gu = w_gate_up.data
     moe_gate_up_kq_kernel[(t * top_k, triton.cdiv(inter, BLOCK_ROWS))](
-        x8.q, x8.d, x8.s, gu, gu.stride(0), gu.stride(1), ids, h, num_experts, hidden, inter, top_k,
-        QT=QT_CODES[w_gate_up.qtype], BLOCK_N=BLOCK_ROWS, num_warps=NUM_WARPS.get(w_gate_up.qtype, 4),
-    )  # fmt: skip
+        x8.q,
+        x8.d,
+        x8.s,
+        gu,
+        gu.stride(0),
+        gu.stride(1),
+        ids,
+        h,
+        num_experts,
+        hidden,
+        inter,
+        top_k,
+        QT=QT_CODES[w_gate_up.qtype],
+        BLOCK_N=BLOCK_ROWS,
+        num_warps=NUM_WARPS.get(w_gate_up.qtype, 4),
+    )
     h8 = quantize_q8_1(h)
     y = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     dn = w_down.data
     moe_down_kq_kernel[(t, triton.cdiv(hidden, BLOCK_ROWS))](
-        h8.q, h8.d, h8.s, dn, dn.stride(0), dn.stride(1), ids, wts, y, y.stride(0), num_experts, hidden, inter,
-        top_k, QT=QT_CODES[w_down.qtype], BLOCK_N=BLOCK_ROWS, num_warps=NUM_WARPS.get(w_down.qtype, 4),
-    )  # fmt: skip
+        h8.q,
+        h8.d,
+        h8.s,
+        dn,
+        dn.stride(0),
+        dn.stride(1),
+        ids,
+        wts,
+        y,
+        y.stride(0),
+        num_experts,
+        hidden,
+        inter,
+        top_k,
+        QT=QT_CODES[w_down.qtype],
+        BLOCK_N=BLOCK_ROWS,
+        num_warps=NUM_WARPS.get(w_down.qtype, 4),
+    )
     return y
 
 
@@ -301,32 +450,73 @@ def compile_specs(target: str) -> list:
     """The K-quant expert kernels for each bank type (the same on every target)."""
     from ftlab.triton.compile_spec import spec
 
-    q8 = {"q8_ptr": "*i8", "d8_ptr": "*fp32", "s8_ptr": "*fp32", "w_ptr": "*u8", "E_BYTES": "i64",
-          "ROW_BYTES": "i64", "ids_ptr": "*i32"}  # fmt: skip
+    q8 = {
+        "q8_ptr": "*i8",
+        "d8_ptr": "*fp32",
+        "s8_ptr": "*fp32",
+        "w_ptr": "*u8",
+        "E_BYTES": "i64",
+        "ROW_BYTES": "i64",
+        "ids_ptr": "*i32",
+    }
     specs = []
     for qtype, code in QT_CODES.items():
         warps = NUM_WARPS.get(qtype, 4)
-        specs.append(spec(moe_gate_up_kq_kernel, f"moe_gate_up_kq_kernel[{qtype}]", types={**q8, "h_ptr": "*fp32"},
-                          constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
-        specs.append(spec(moe_down_kq_kernel, f"moe_down_kq_kernel[{qtype}, bf16 out]",
-                          types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
-                          constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS}, num_warps=warps))  # fmt: skip
+        specs.append(
+            spec(
+                moe_gate_up_kq_kernel,
+                f"moe_gate_up_kq_kernel[{qtype}]",
+                types={**q8, "h_ptr": "*fp32"},
+                constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS},
+                num_warps=warps,
+            )
+        )
+        specs.append(
+            spec(
+                moe_down_kq_kernel,
+                f"moe_down_kq_kernel[{qtype}, bf16 out]",
+                types={**q8, "wts_ptr": "*fp32", "y_ptr": "*bf16"},
+                constexprs={"QT": code, "BLOCK_N": BLOCK_ROWS},
+                num_warps=warps,
+            )
+        )
     plat = platform_from_arch(target)
     arch = target if plat.is_gpu else None
     for dt in ("bf16", "fp32"):
         prec = "tf32x3" if dt == "fp32" and plat.tf32 else "ieee"
         for qtype in QT_CODES:
             for gated in (True, False):
-                cfg = kq_gemm_config(torch.bfloat16 if dt == "bf16" else torch.float32, qtype, arch, gated)
-                specs.append(spec(
-                    moe_kq_gemm_kernel, f"moe_kq_gemm_kernel[{'gate_up' if gated else 'down'}, {qtype} bank, {dt}]",
-                    types={"a_ptr": f"*{dt}", "w_ptr": "*u8", "E_BYTES": "i64", "ROW_BYTES": "i64",
-                           "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "npad_ptr": "*i32",
-                           "out_ptr": f"*{dt}" if gated else "*fp32", "wts_ptr": "*fp32"},
-                    constexprs={"GATED": gated, "QT": QT_CODES[qtype], "BLOCK_M": cfg["BLOCK_M"],
-                                "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"],
-                                "DT": tl.bfloat16 if dt == "bf16" else tl.float32, "F32_PRECISION": prec,
-                                "PAIRS": cfg["PAIRS"]},
-                    num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]},
-                    multiple_of_16=("a_ptr", "a_stride")))  # fmt: skip
+                cfg = kq_gemm_config(
+                    torch.bfloat16 if dt == "bf16" else torch.float32, qtype, arch, gated
+                )
+                specs.append(
+                    spec(
+                        moe_kq_gemm_kernel,
+                        f"moe_kq_gemm_kernel[{'gate_up' if gated else 'down'}, {qtype} bank, {dt}]",
+                        types={
+                            "a_ptr": f"*{dt}",
+                            "w_ptr": "*u8",
+                            "E_BYTES": "i64",
+                            "ROW_BYTES": "i64",
+                            "sorted_ptr": "*i32",
+                            "expert_ids_ptr": "*i32",
+                            "npad_ptr": "*i32",
+                            "out_ptr": f"*{dt}" if gated else "*fp32",
+                            "wts_ptr": "*fp32",
+                        },
+                        constexprs={
+                            "GATED": gated,
+                            "QT": QT_CODES[qtype],
+                            "BLOCK_M": cfg["BLOCK_M"],
+                            "BLOCK_N": cfg["BLOCK_N"],
+                            "BLOCK_K": cfg["BLOCK_K"],
+                            "DT": tl.bfloat16 if dt == "bf16" else tl.float32,
+                            "F32_PRECISION": prec,
+                            "PAIRS": cfg["PAIRS"],
+                        },
+                        num_warps=cfg["num_warps"],
+                        options={"num_stages": cfg["num_stages"]},
+                        multiple_of_16=("a_ptr", "a_stride"),
+                    )
+                )
     return specs

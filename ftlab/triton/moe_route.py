@@ -35,8 +35,17 @@ def expert_slot(ids_ptr, pair, E, n, N):
 
 
 @triton.jit
-def route_topk_kernel(logits_ptr, stride, w_ptr, ids_ptr, E, K: tl.constexpr, KP: tl.constexpr,
-                      BLOCK_E: tl.constexpr, RENORM: tl.constexpr):  # fmt: skip
+def route_topk_kernel(
+    logits_ptr,
+    stride,
+    w_ptr,
+    ids_ptr,
+    E,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    RENORM: tl.constexpr,
+):
     t = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
     ok = e < E
@@ -62,16 +71,20 @@ def route_topk_kernel(logits_ptr, stride, w_ptr, ids_ptr, E, K: tl.constexpr, KP
 
 
 @triton.jit
-def router_logits_kernel(x_ptr, x_stride, w_ptr, w_stride, out_ptr, H, E,
-                         BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+def router_logits_kernel(
+    x_ptr, x_stride, w_ptr, w_stride, out_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr
+):
     t = tl.program_id(0)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
         x = tl.load(x_ptr + t.to(tl.int64) * x_stride + h, mask=h < H, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + e[:, None].to(tl.int64) * w_stride + h[None, :], mask=(e[:, None] < E) & (h[None, :] < H),
-                    other=0.0).to(tl.float32)  # fmt: skip
+        w = tl.load(
+            w_ptr + e[:, None].to(tl.int64) * w_stride + h[None, :],
+            mask=(e[:, None] < E) & (h[None, :] < H),
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.sum(w * x[None, :], axis=1)
     tl.store(out_ptr + t.to(tl.int64) * E + e, acc.to(out_ptr.dtype.element_ty), mask=e < E)
 
@@ -89,8 +102,9 @@ def moe_align_count_kernel(ids_ptr, counts_ptr, P, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def moe_align_scatter_kernel(ids_ptr, offsets_ptr, sorted_ptr, expert_ids_ptr, P,
-                             BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+def moe_align_scatter_kernel(
+    ids_ptr, offsets_ptr, sorted_ptr, expert_ids_ptr, P, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr
+):
     """Expert e writes its pairs, in flat order, from row offsets[e], and its blocks' ids."""
     e = tl.program_id(0)
     row0 = tl.load(offsets_ptr + e)
@@ -116,10 +130,17 @@ def route_topk(
     if t:
         logits = logits if logits.stride(1) == 1 else logits.contiguous()
         route_topk_kernel[(t,)](
-            logits, logits.stride(0), weights, ids, e,
-            K=top_k, KP=triton.next_power_of_2(top_k), BLOCK_E=triton.next_power_of_2(e), RENORM=renormalize,
+            logits,
+            logits.stride(0),
+            weights,
+            ids,
+            e,
+            K=top_k,
+            KP=triton.next_power_of_2(top_k),
+            BLOCK_E=triton.next_power_of_2(e),
+            RENORM=renormalize,
             num_warps=1 if e <= 256 else 4,  # one warp: the k rounds of reductions need no barriers
-        )  # fmt: skip
+        )
     return weights, ids
 
 
@@ -132,8 +153,9 @@ def router_topk(
     if t:
         x = x if x.stride(1) == 1 else x.contiguous()
         weight = weight if weight.stride(1) == 1 else weight.contiguous()
-        router_logits_kernel[(t, triton.cdiv(e, 16))](x, x.stride(0), weight, weight.stride(0), logits, x.shape[1], e,
-                                                      BLOCK_E=16, BLOCK_H=128)  # fmt: skip
+        router_logits_kernel[(t, triton.cdiv(e, 16))](
+            x, x.stride(0), weight, weight.stride(0), logits, x.shape[1], e, BLOCK_E=16, BLOCK_H=128
+        )
     weights, ids = route_topk(logits, top_k, renormalize)
     return logits, weights, ids
 
@@ -152,8 +174,9 @@ def moe_align(
     padded = (counts + block_m - 1) // block_m * block_m
     offsets = torch.zeros((num_experts + 1,), dtype=torch.int32, device=ids.device)
     offsets[1:] = torch.cumsum(padded, 0)
-    moe_align_scatter_kernel[(num_experts,)](flat, offsets, sorted_ids, expert_ids, pairs, BLOCK_M=block_m,
-                                             CHUNK=_CHUNK)  # fmt: skip
+    moe_align_scatter_kernel[(num_experts,)](
+        flat, offsets, sorted_ids, expert_ids, pairs, BLOCK_M=block_m, CHUNK=_CHUNK
+    )
     return sorted_ids, expert_ids, offsets[-1:].clone()
 
 
@@ -161,13 +184,35 @@ def compile_specs(target: str) -> list:
     """The configurations compile-checked for ``target`` (see ftlab.compile_check)."""
     from ftlab.triton.compile_spec import spec
 
-    specs = [spec(route_topk_kernel, f"route_topk_kernel[E=128, k=8, {dt}]",
-                  types={"logits_ptr": f"*{dt}", "w_ptr": "*fp32", "ids_ptr": "*i32"},
-                  constexprs={"K": 8, "KP": 8, "BLOCK_E": 128, "RENORM": True}, num_warps=1)
-             for dt in ("fp32", "bf16")]  # fmt: skip
-    specs.append(spec(moe_align_count_kernel, "moe_align_count_kernel", types={"ids_ptr": "*i32", "counts_ptr": "*i32"},
-                      constexprs={"CHUNK": _CHUNK}))  # fmt: skip
-    specs.append(spec(moe_align_scatter_kernel, "moe_align_scatter_kernel[block_m=64]",
-                      types={"ids_ptr": "*i32", "offsets_ptr": "*i32", "sorted_ptr": "*i32", "expert_ids_ptr": "*i32"},
-                      constexprs={"BLOCK_M": 64, "CHUNK": _CHUNK}))  # fmt: skip
+    specs = [
+        spec(
+            route_topk_kernel,
+            f"route_topk_kernel[E=128, k=8, {dt}]",
+            types={"logits_ptr": f"*{dt}", "w_ptr": "*fp32", "ids_ptr": "*i32"},
+            constexprs={"K": 8, "KP": 8, "BLOCK_E": 128, "RENORM": True},
+            num_warps=1,
+        )
+        for dt in ("fp32", "bf16")
+    ]
+    specs.append(
+        spec(
+            moe_align_count_kernel,
+            "moe_align_count_kernel",
+            types={"ids_ptr": "*i32", "counts_ptr": "*i32"},
+            constexprs={"CHUNK": _CHUNK},
+        )
+    )
+    specs.append(
+        spec(
+            moe_align_scatter_kernel,
+            "moe_align_scatter_kernel[block_m=64]",
+            types={
+                "ids_ptr": "*i32",
+                "offsets_ptr": "*i32",
+                "sorted_ptr": "*i32",
+                "expert_ids_ptr": "*i32",
+            },
+            constexprs={"BLOCK_M": 64, "CHUNK": _CHUNK},
+        )
+    )
     return specs

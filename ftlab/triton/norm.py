@@ -5,7 +5,8 @@
 A row of up to :data:`MAX_BLOCK_H` elements stays in registers; a longer one is walked in blocks
 twice, the second pass recomputing s (the same rounding, bit for bit) rather than reading back
 stores of other threads. A row whose squares overflow fp32 takes its factor from the squares of
-``s * 2^-80`` (:func:`row_rms_factor`; ftlab.reference.norm). The rounding to bf16 is done on the bits (nearest even), so the
+``s * 2^-80`` (:func:`row_rms_factor`; ftlab.reference.norm). The rounding to bf16 is done on the
+bits (nearest even), so the
 result is the same on GPUs and in the CPU interpreter, whose own bf16 casts truncate.
 """
 
@@ -68,8 +69,19 @@ def sum_of(x_ptr, r_ptr, s_ptr, h, mask, HAS_RESIDUAL: tl.constexpr, STORE: tl.c
 
 
 @triton.jit
-def add_rmsnorm_kernel(x_ptr, x_row, r_ptr, r_row, w_ptr, s_ptr, y_ptr, eps, H: tl.constexpr,
-                       BLOCK_H: tl.constexpr, HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+def add_rmsnorm_kernel(
+    x_ptr,
+    x_row,
+    r_ptr,
+    r_row,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    eps,
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
     n = tl.program_id(0).to(tl.int64)
     xr = x_ptr + n * x_row
     rr = r_ptr + n * r_row
@@ -113,8 +125,9 @@ def launch_config(h: int) -> tuple[int, int]:
     return block, 1 if block <= 256 else 4 if block <= 2048 else 8
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm` (ops checked the layouts)."""
     n, h = x.shape
     y = torch.empty((n, h), dtype=x.dtype, device=x.device)
@@ -122,9 +135,20 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     if n:
         block, warps = launch_config(h)
         r = x if residual is None else residual  # unread without a residual
-        add_rmsnorm_kernel[(n,)](x, x.stride(0), r, r.stride(0), weight, s if residual is not None else y, y,
-                                 float(eps), H=h, BLOCK_H=block, HAS_RESIDUAL=residual is not None,
-                                 num_warps=warps)  # fmt: skip
+        add_rmsnorm_kernel[(n,)](
+            x,
+            x.stride(0),
+            r,
+            r.stride(0),
+            weight,
+            s if residual is not None else y,
+            y,
+            float(eps),
+            H=h,
+            BLOCK_H=block,
+            HAS_RESIDUAL=residual is not None,
+            num_warps=warps,
+        )
     return y, s
 
 
@@ -137,11 +161,25 @@ def compile_specs(target: str) -> list:
 
     def one(dt: str, wdt: str, h: int, residual: bool):
         block, warps = launch_config(h)
-        label = f"add_rmsnorm_kernel[{dt}, weight {wdt}, H {h}{'' if residual else ', no residual'}]"  # fmt: skip
-        return spec(add_rmsnorm_kernel, label,
-                    types={"x_ptr": f"*{dt}", "x_row": "i64", "r_ptr": f"*{dt}", "r_row": "i64", "w_ptr": f"*{wdt}",
-                           "s_ptr": f"*{dt}", "y_ptr": f"*{dt}", "eps": "fp32"},
-                    constexprs={"H": h, "BLOCK_H": block, "HAS_RESIDUAL": residual}, num_warps=warps)  # fmt: skip
+        label = (
+            f"add_rmsnorm_kernel[{dt}, weight {wdt}, H {h}{'' if residual else ', no residual'}]"
+        )
+        return spec(
+            add_rmsnorm_kernel,
+            label,
+            types={
+                "x_ptr": f"*{dt}",
+                "x_row": "i64",
+                "r_ptr": f"*{dt}",
+                "r_row": "i64",
+                "w_ptr": f"*{wdt}",
+                "s_ptr": f"*{dt}",
+                "y_ptr": f"*{dt}",
+                "eps": "fp32",
+            },
+            constexprs={"H": h, "BLOCK_H": block, "HAS_RESIDUAL": residual},
+            num_warps=warps,
+        )
 
     specs = [one(dt, dt, h, True) for dt in ("fp32", "fp16", "bf16") for h in (2048, 4096)]
     return [*specs, one("bf16", "fp32", 4096, True), one("bf16", "bf16", 2048, False)]

@@ -103,11 +103,22 @@ def dequantize_q4_0_kernel(w_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
 
 @triton.jit
 def q4_0_dequant_gemm_kernel(
-    x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride,
-    M, N, NBK,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, DOT_F32: tl.constexpr,
-    IEEE: tl.constexpr, F32_PRECISION: tl.constexpr = "ieee",
-):  # fmt: skip
+    x_ptr,
+    x_stride,
+    w_ptr,
+    row_bytes,
+    y_ptr,
+    y_stride,
+    M,
+    N,
+    NBK,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    IEEE: tl.constexpr,
+    F32_PRECISION: tl.constexpr = "ieee",
+):
     """y = x @ dequantize(W).T: per step, BLOCK_KB Q4_0 blocks (32 * BLOCK_KB of K) of a
     ``[*, BLOCK_N]`` weight tile are dequantized in registers to x's dtype, and ``tl.dot``
     accumulates in fp32.
@@ -187,17 +198,30 @@ def q4_0_dequant_gemm(x: torch.Tensor, w: Q4_0Weight) -> torch.Tensor:
     cfg = config("gemm_f32" if x.dtype == torch.float32 else "gemm", x.device)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     q4_0_dequant_gemm_kernel[grid](
-        x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k // QK,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
+        x,
+        x.stride(0),
+        w.data,
+        w.data.shape[-1],
+        y,
+        y.stride(0),
+        m,
+        n,
+        k // QK,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_KB=cfg["BLOCK_KB"],
         DOT_F32=x.dtype == torch.bfloat16 and interpreted(),
         IEEE=x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreted()),
         F32_PRECISION=cfg.get("f32_precision", "ieee") if not interpreted() else "ieee",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
     return y
 
 
-def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None) -> torch.Tensor:
+def q4_0_matmul(
+    x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = None
+) -> torch.Tensor:
     """Backend entry of :func:`ftlab.ops.q4_0_matmul` (path already resolved; ``x_q8``: x's Q8_1,
     taken instead of quantizing x; the shapes checked here too: the op's checks may be off)."""
     argcheck.matmul_layout(x, w)
@@ -205,8 +229,12 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
         x8, rows = quantize_q8_1(x) if x_q8 is None else x_q8, MATVEC_ROWS
         if x8.q.data_ptr() % 16:  # the kernels read q as int32 words: a view needs 4-byte offsets
             x8 = Q8_1(x8.q.clone(), x8.d, x8.s)
-        outs = [q4_0_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype)
-                for i in range(0, x.shape[0], rows)]  # fmt: skip
+        outs = [
+            q4_0_matvec(
+                Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype
+            )
+            for i in range(0, x.shape[0], rows)
+        ]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
     if x.device.type != "cpu":  # 64-weight steps where they have timed tiles
         from ftlab.triton.quant_matmul import q4_0_config, quant_dequant_gemm
@@ -217,8 +245,14 @@ def q4_0_matmul(x: torch.Tensor, w: Q4_0Weight, path: str, x_q8: Q8_1 | None = N
     return q4_0_dequant_gemm(x, w)
 
 
-def add_rmsnorm_q4_0_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                            w: Q4_0Weight, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rmsnorm_q4_0_matmul(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w: Q4_0Weight,
+    path: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: Triton's add_rmsnorm, then its
     q4_0_matmul of the output (two launches: hip's is the one-launch form)."""
     y, s = add_rmsnorm(x, residual, norm_weight, eps)
@@ -236,22 +270,47 @@ def compile_specs(target: str) -> list:
     for dt in (torch.float32, torch.float16, torch.bfloat16):
         name = str(dt).removeprefix("torch.")
         specs += [
-            spec(quantize_q4_0_kernel, f"quantize_q4_0_kernel[{name}]", types={"x_ptr": ptr[dt], "out_ptr": "*u8"},
-                 constexprs={"BLOCK_B": _BLOCKS_PER_PROGRAM}, options=exact),
-            spec(dequantize_q4_0_kernel, f"dequantize_q4_0_kernel[{name}]", types={"w_ptr": "*u8", "out_ptr": ptr[dt]},
-                 constexprs={"BLOCK_B": _BLOCKS_PER_PROGRAM}),
-            spec(quantize_q8_1_kernel, f"quantize_q8_1_kernel[{name}]",
-                 types={"x_ptr": ptr[dt], "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
-                 constexprs={"BLOCK_B": 16}, options=exact),
-        ]  # fmt: skip
+            spec(
+                quantize_q4_0_kernel,
+                f"quantize_q4_0_kernel[{name}]",
+                types={"x_ptr": ptr[dt], "out_ptr": "*u8"},
+                constexprs={"BLOCK_B": _BLOCKS_PER_PROGRAM},
+                options=exact,
+            ),
+            spec(
+                dequantize_q4_0_kernel,
+                f"dequantize_q4_0_kernel[{name}]",
+                types={"w_ptr": "*u8", "out_ptr": ptr[dt]},
+                constexprs={"BLOCK_B": _BLOCKS_PER_PROGRAM},
+            ),
+            spec(
+                quantize_q8_1_kernel,
+                f"quantize_q8_1_kernel[{name}]",
+                types={"x_ptr": ptr[dt], "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
+                constexprs={"BLOCK_B": 16},
+                options=exact,
+            ),
+        ]
     specs += matvec_specs(target)
     for dt in (torch.float32, torch.float16, torch.bfloat16):
         gemm = cfg["gemm_f32" if dt == torch.float32 else "gemm"]
-        label = f"q4_0_dequant_gemm_kernel[{str(dt).removeprefix('torch.')}, {gemm['BLOCK_M']}x{gemm['BLOCK_N']}"
-        specs.append(spec(q4_0_dequant_gemm_kernel, f"{label}, {gemm['BLOCK_KB']} blocks]",
-                          types={"x_ptr": ptr[dt], "w_ptr": "*u8", "y_ptr": ptr[dt]},
-                          constexprs={"BLOCK_M": gemm["BLOCK_M"], "BLOCK_N": gemm["BLOCK_N"], "BLOCK_KB": gemm["BLOCK_KB"],
-                                      "DOT_F32": False, "IEEE": dt == torch.float32,
-                                      "F32_PRECISION": gemm.get("f32_precision", "ieee")},
-                          num_warps=gemm["num_warps"], options={"num_stages": gemm["num_stages"]}))  # fmt: skip
+        name = str(dt).removeprefix("torch.")
+        label = f"q4_0_dequant_gemm_kernel[{name}, {gemm['BLOCK_M']}x{gemm['BLOCK_N']}"
+        specs.append(
+            spec(
+                q4_0_dequant_gemm_kernel,
+                f"{label}, {gemm['BLOCK_KB']} blocks]",
+                types={"x_ptr": ptr[dt], "w_ptr": "*u8", "y_ptr": ptr[dt]},
+                constexprs={
+                    "BLOCK_M": gemm["BLOCK_M"],
+                    "BLOCK_N": gemm["BLOCK_N"],
+                    "BLOCK_KB": gemm["BLOCK_KB"],
+                    "DOT_F32": False,
+                    "IEEE": dt == torch.float32,
+                    "F32_PRECISION": gemm.get("f32_precision", "ieee"),
+                },
+                num_warps=gemm["num_warps"],
+                options={"num_stages": gemm["num_stages"]},
+            )
+        )
     return specs

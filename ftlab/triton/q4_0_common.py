@@ -69,7 +69,8 @@ def split_k(units: int, step: int, programs_n: int, device: torch.device) -> tup
 
 
 def sum_splits(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[M, N]`` in ``dtype``: the sum of a split-K matvec's fp32 partial sums ``[splits, M, N]``."""
+    """``[M, N]`` in ``dtype``: the sum of a split-K matvec's fp32 partial sums ``[splits, M,
+    N]``."""
     return (parts[0] if parts.shape[0] == 1 else parts.sum(0)).to(dtype)
 
 
@@ -134,17 +135,28 @@ def load_blocks(w32_ptr, w16_ptr, row32, kb, mask):
     odd = (kb % 2 == 1)[None, :]
     d4 = tl.load(w16_ptr + 2 * row32[:, None] + (kb * 9)[None, :], mask=mask, other=0)
     d4 = d4.to(tl.float16, bitcast=True).to(tl.float32)
-    return (qs_word(w0, w1, odd), qs_word(w1, w2, odd), qs_word(w2, w3, odd),
-            qs_word(w3, w4, odd), d4)  # fmt: skip
+    return (
+        qs_word(w0, w1, odd),
+        qs_word(w1, w2, odd),
+        qs_word(w2, w3, odd),
+        qs_word(w3, w4, odd),
+        d4,
+    )
 
 
 @triton.jit
 def load_x_words(xp, mask):
     """The eight q8 words of blocks at ``xp`` (``[KB]`` word pointers), each ``[1, KB]``."""
-    return (tl.load(xp, mask=mask, other=0)[None, :], tl.load(xp + 1, mask=mask, other=0)[None, :],
-            tl.load(xp + 2, mask=mask, other=0)[None, :], tl.load(xp + 3, mask=mask, other=0)[None, :],
-            tl.load(xp + 4, mask=mask, other=0)[None, :], tl.load(xp + 5, mask=mask, other=0)[None, :],
-            tl.load(xp + 6, mask=mask, other=0)[None, :], tl.load(xp + 7, mask=mask, other=0)[None, :])  # fmt: skip
+    return (
+        tl.load(xp, mask=mask, other=0)[None, :],
+        tl.load(xp + 1, mask=mask, other=0)[None, :],
+        tl.load(xp + 2, mask=mask, other=0)[None, :],
+        tl.load(xp + 3, mask=mask, other=0)[None, :],
+        tl.load(xp + 4, mask=mask, other=0)[None, :],
+        tl.load(xp + 5, mask=mask, other=0)[None, :],
+        tl.load(xp + 6, mask=mask, other=0)[None, :],
+        tl.load(xp + 7, mask=mask, other=0)[None, :],
+    )
 
 
 @triton.jit

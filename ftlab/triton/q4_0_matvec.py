@@ -38,10 +38,21 @@ MATVEC_ROWS = 8
 
 @triton.jit
 def q4_0_mv_kernel(
-    w16_ptr, row_words, q8_ptr, d8_ptr, s8_ptr, part_ptr,
-    M, N, K, NBK, KB_PER_SPLIT,
-    MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-):  # fmt: skip
+    w16_ptr,
+    row_words,
+    q8_ptr,
+    d8_ptr,
+    s8_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    NBK,
+    KB_PER_SPLIT,
+    MP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+):
     """partial[split, m, n] = sum over this split's blocks of d4 * (d8 * sumi - 8 * s8).
 
     The weight tile is read as 16-bit words ``[BLOCK_N, BLOCK_KB, 8]`` (the 16 ``qs`` bytes
@@ -88,11 +99,24 @@ def q4_0_mv_kernel(
 
 @triton.jit
 def q4_0_mv4_kernel(
-    w32_ptr, w16_ptr, row_words, q8w_ptr, d8_ptr, s8_ptr, part_ptr,
-    M, N, K, NBK, KB_PER_SPLIT,
-    MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, ASM: tl.constexpr,
+    w32_ptr,
+    w16_ptr,
+    row_words,
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    NBK,
+    KB_PER_SPLIT,
+    MP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    ASM: tl.constexpr,
     HOIST: tl.constexpr,
-):  # fmt: skip
+):
     """partial[split, m, n] as q4_0_mv_kernel computes it, a block's int8 dot taken as eight
     4-byte dots of 32-bit words (dp4a) over ``[BLOCK_N, BLOCK_KB]`` tiles of blocks.
 
@@ -147,11 +171,14 @@ def q4_0_mv4_kernel(
         store_split(part_ptr, acc, split, n, n_ok, M, N, MP)
 
 
-
 def _use_mv4(w: Q4_0Weight) -> bool:
     """The dp4a matvec reads 32-bit words: rows of an even number of blocks, an aligned base,
     and a target whose table has an ``mv4`` entry."""
-    return (w.shape[-1] // QK) % 2 == 0 and w.data.data_ptr() % 4 == 0 and "mv4" in launch_table(w.device)
+    return (
+        (w.shape[-1] // QK) % 2 == 0
+        and w.data.data_ptr() % 4 == 0
+        and "mv4" in launch_table(w.device)
+    )
 
 
 def q4_0_matvec(x8: Q8_1, w: Q4_0Weight, out_dtype: torch.dtype) -> torch.Tensor:
@@ -167,27 +194,66 @@ def q4_0_matvec(x8: Q8_1, w: Q4_0Weight, out_dtype: torch.dtype) -> torch.Tensor
         y = torch.empty((1, n), dtype=out_dtype, device=w.device)
         programs = min(programs_n, sm_count(w.device) * cfg["progs_per_sm"])
         q4_0_mv4_kernel[(programs, 1)](
-            w.data.view(torch.int32), w.data.view(torch.int16), w.data.shape[-1] // 4,
-            x8.q.view(torch.int32), x8.d, x8.s, y, m, n, k, nbk, nbk,
-            MP=1, BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
-            ASM=bool(cfg["asm"]) and not interpreted(), HOIST=True, num_warps=cfg["num_warps"],
-        )  # fmt: skip
+            w.data.view(torch.int32),
+            w.data.view(torch.int16),
+            w.data.shape[-1] // 4,
+            x8.q.view(torch.int32),
+            x8.d,
+            x8.s,
+            y,
+            m,
+            n,
+            k,
+            nbk,
+            nbk,
+            MP=1,
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_KB=cfg["BLOCK_KB"],
+            ASM=bool(cfg["asm"]) and not interpreted(),
+            HOIST=True,
+            num_warps=cfg["num_warps"],
+        )
         return y
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
     if dot:
         q4_0_mv4_kernel[(programs_n, splits)](
-            w.data.view(torch.int32), w.data.view(torch.int16), w.data.shape[-1] // 4,
-            x8.q.view(torch.int32), x8.d, x8.s, parts, m, n, k, nbk, kb_per_split,
-            MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
-            ASM=bool(cfg["asm"]) and not interpreted(), HOIST=False, num_warps=cfg["num_warps"],
-        )  # fmt: skip
+            w.data.view(torch.int32),
+            w.data.view(torch.int16),
+            w.data.shape[-1] // 4,
+            x8.q.view(torch.int32),
+            x8.d,
+            x8.s,
+            parts,
+            m,
+            n,
+            k,
+            nbk,
+            kb_per_split,
+            MP=triton.next_power_of_2(m),
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_KB=cfg["BLOCK_KB"],
+            ASM=bool(cfg["asm"]) and not interpreted(),
+            HOIST=False,
+            num_warps=cfg["num_warps"],
+        )
     else:
         q4_0_mv_kernel[(programs_n, splits)](
-            w.data.view(torch.int16), w.data.shape[-1] // 2, x8.q, x8.d, x8.s, parts,
-            m, n, k, nbk, kb_per_split,
-            MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_KB=cfg["BLOCK_KB"],
+            w.data.view(torch.int16),
+            w.data.shape[-1] // 2,
+            x8.q,
+            x8.d,
+            x8.s,
+            parts,
+            m,
+            n,
+            k,
+            nbk,
+            kb_per_split,
+            MP=triton.next_power_of_2(m),
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_KB=cfg["BLOCK_KB"],
             num_warps=cfg["num_warps"],
-        )  # fmt: skip
+        )
     return sum_splits(parts, out_dtype)
 
 
@@ -200,16 +266,33 @@ def matvec_specs(target: str) -> list:
     specs = []
     mv = cfg["mv"]
     for mp in (1, 8):
-        specs.append(spec(q4_0_mv_kernel, f"q4_0_mv_kernel[M<={mp}, {mv['BLOCK_N']}x{mv['BLOCK_KB']} blocks]",
-                          types={"w16_ptr": "*i16", "q8_ptr": "*i8", **q8},
-                          constexprs={"MP": mp, "BLOCK_N": mv["BLOCK_N"], "BLOCK_KB": mv["BLOCK_KB"]},
-                          num_warps=mv["num_warps"]))  # fmt: skip
+        specs.append(
+            spec(
+                q4_0_mv_kernel,
+                f"q4_0_mv_kernel[M<={mp}, {mv['BLOCK_N']}x{mv['BLOCK_KB']} blocks]",
+                types={"w16_ptr": "*i16", "q8_ptr": "*i8", **q8},
+                constexprs={"MP": mp, "BLOCK_N": mv["BLOCK_N"], "BLOCK_KB": mv["BLOCK_KB"]},
+                num_warps=mv["num_warps"],
+            )
+        )
     if "mv4" in cfg:
         mv4 = cfg["mv4"]
         for mp, hoist in ((1, True), (1, False), (8, False)):
-            label = f"q4_0_mv4_kernel[M<={mp}{', hoisted' if hoist else ''}, {mv4['BLOCK_N']}x{mv4['BLOCK_KB']} blocks]"
-            specs.append(spec(q4_0_mv4_kernel, label, types={"w32_ptr": "*i32", "w16_ptr": "*i16", "q8w_ptr": "*i32", **q8},
-                              constexprs={"MP": mp, "BLOCK_N": mv4["BLOCK_N"], "BLOCK_KB": mv4["BLOCK_KB"],
-                                          "ASM": bool(mv4["asm"]), "HOIST": hoist},
-                              num_warps=mv4["num_warps"]))  # fmt: skip
+            tile = f"{mv4['BLOCK_N']}x{mv4['BLOCK_KB']} blocks"
+            label = f"q4_0_mv4_kernel[M<={mp}{', hoisted' if hoist else ''}, {tile}]"
+            specs.append(
+                spec(
+                    q4_0_mv4_kernel,
+                    label,
+                    types={"w32_ptr": "*i32", "w16_ptr": "*i16", "q8w_ptr": "*i32", **q8},
+                    constexprs={
+                        "MP": mp,
+                        "BLOCK_N": mv4["BLOCK_N"],
+                        "BLOCK_KB": mv4["BLOCK_KB"],
+                        "ASM": bool(mv4["asm"]),
+                        "HOIST": hoist,
+                    },
+                    num_warps=mv4["num_warps"],
+                )
+            )
     return specs

@@ -118,8 +118,16 @@ def dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE: tl.constexpr):
         qh = tl.load(wb + 128 + 32 * h + li, mask=mask, other=0).to(tl.int32)
         q_lo = (((ql_lo >> nib) & 0x0F) | (((qh >> (2 * t0)) & 3) << 4)) - 32
         q_hi = (((ql_hi >> nib) & 0x0F) | (((qh >> (2 * t0 + 2)) & 3) << 4)) - 32
-        sc_lo = tl.load(wb + 192 + (e0 + li) // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-        sc_hi = tl.load(wb + 194 + (e0 + li) // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        sc_lo = (
+            tl.load(wb + 192 + (e0 + li) // 16, mask=mask, other=0)
+            .to(tl.int8, bitcast=True)
+            .to(tl.float32)
+        )
+        sc_hi = (
+            tl.load(wb + 194 + (e0 + li) // 16, mask=mask, other=0)
+            .to(tl.int8, bitcast=True)
+            .to(tl.float32)
+        )
         d = load_q4_0_scale(wb + 208, rmask)
         return (d * sc_lo) * q_lo.to(tl.float32), (d * sc_hi) * q_hi.to(tl.float32)
     elif QTYPE == 4:  # Q4_0 (ftlab.triton.moe_kquant's code): d * (q - 8), blocks k0 // 32 and + 1
@@ -147,15 +155,30 @@ def dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE: tl.constexpr):
         dmin = load_q4_0_scale(wb + 2, rmask)
         sc_lo, mn_lo = scale_min_k4(wb + 4, j, rmask)
         sc_hi, mn_hi = scale_min_k4(wb + 4, j + 1, rmask)
-        return (d * sc_lo) * q_lo.to(tl.float32) - dmin * mn_lo, (d * sc_hi) * q_hi.to(tl.float32) - dmin * mn_hi
+        return (d * sc_lo) * q_lo.to(tl.float32) - dmin * mn_lo, (d * sc_hi) * q_hi.to(
+            tl.float32
+        ) - dmin * mn_hi
 
 
 @triton.jit
 def quant_dequant_gemm_kernel(
-    x_ptr, x_stride, w_ptr, row_bytes, y_ptr, y_stride, M, N, K,
-    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_F32: tl.constexpr, F32_PRECISION: tl.constexpr, ROW_SCALES: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    x_stride,
+    w_ptr,
+    row_bytes,
+    y_ptr,
+    y_stride,
+    M,
+    N,
+    K,
+    QTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    F32_PRECISION: tl.constexpr,
+    ROW_SCALES: tl.constexpr,
+):
     """y = x @ dequantize(W).T; ``DOT_F32``: the dot in fp32 (fp32 x; bf16 in the interpreter,
     whose bf16 dot is not the GPU's), else in x's dtype with an fp32 accumulator."""
     pid_m = tl.program_id(0)
@@ -170,8 +193,14 @@ def quant_dequant_gemm_kernel(
     if ROW_SCALES and BLOCK_K == 64:  # two 32-column halves a step (dequant_pair)
         c = tl.arange(0, 32)
         for k0 in range(0, K, 64):
-            x_lo = tl.load(xrow + (k0 + c)[None, :], mask=m_ok[:, None] & (k0 + c < K)[None, :], other=0.0)
-            x_hi = tl.load(xrow + (k0 + 32 + c)[None, :], mask=m_ok[:, None] & (k0 + 32 + c < K)[None, :], other=0.0)
+            x_lo = tl.load(
+                xrow + (k0 + c)[None, :], mask=m_ok[:, None] & (k0 + c < K)[None, :], other=0.0
+            )
+            x_hi = tl.load(
+                xrow + (k0 + 32 + c)[None, :],
+                mask=m_ok[:, None] & (k0 + 32 + c < K)[None, :],
+                other=0.0,
+            )
             lo, hi = dequant_pair(w_ptr, row, k0, K, n_ok, QTYPE)
             if DOT_F32:  # the weights rounded to x's dtype first, as the 32-column steps round them
                 lo = lo.to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -187,12 +216,19 @@ def quant_dequant_gemm_kernel(
             k_ok = kg < K
             xt = tl.load(xrow + kg[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if ROW_SCALES and BLOCK_K == 32:  # K is a multiple of 32 for every type
-                wt = dequant_tile(w_ptr, row, k0, n_ok[:, None], QTYPE, True).to(x_ptr.dtype.element_ty)
+                wt = dequant_tile(w_ptr, row, k0, n_ok[:, None], QTYPE, True).to(
+                    x_ptr.dtype.element_ty
+                )
             else:
-                wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(x_ptr.dtype.element_ty)
+                wt = dequant_tile(w_ptr, row, kg, n_ok[:, None] & k_ok[None, :], QTYPE).to(
+                    x_ptr.dtype.element_ty
+                )
             if DOT_F32:
                 acc = tl.dot(
-                    xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision=F32_PRECISION
+                    xt.to(tl.float32),
+                    tl.trans(wt.to(tl.float32)),
+                    acc,
+                    input_precision=F32_PRECISION,
                 )
             else:
                 acc = tl.dot(xt, tl.trans(wt), acc)
@@ -231,26 +267,39 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
     if w.qtype == "Q4_0":
         cfg = config or q4_0_config(x.dtype, arch)
         if cfg is None or cfg["BLOCK_K"] != 64 or not row_scales(arch):
-            raise ValueError(f"Q4_0 weights are decoded in 64-weight steps only: config must have BLOCK_K 64 on an "
-                             f"arch with row scales (q4_0_config has tiles for 16-bit x on {sorted(GEMM_CONFIGS['q4_0'])}"
-                             f"), got {cfg} for {x.dtype} x on {arch or 'the CPU interpreter'}")  # fmt: skip
+            raise ValueError(
+                "Q4_0 weights are decoded in 64-weight steps only: config must have BLOCK_K 64 on "
+                "an "
+                "arch with row scales (q4_0_config has tiles for 16-bit x on "
+                f"{sorted(GEMM_CONFIGS['q4_0'])}"
+                f"), got {cfg} for {x.dtype} x on {arch or 'the CPU interpreter'}"
+            )
     else:
         cfg = config or gemm_config(x.dtype, arch)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     f32 = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and interpreted())
-    precision = (
-        "tf32x3"
-        if current(x.device).tf32 and not interpreted()
-        else "ieee"
-    )
+    precision = "tf32x3" if current(x.device).tf32 and not interpreted() else "ieee"
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     quant_dequant_gemm_kernel[grid](
-        x, x.stride(0), w.data, w.data.shape[-1], y, y.stride(0), m, n, k,
-        QTYPE=Q4_0_CODE if w.qtype == "Q4_0" else QTYPE_CODE[w.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-        DOT_F32=f32, F32_PRECISION=precision if x.dtype == torch.float32 else "ieee",
+        x,
+        x.stride(0),
+        w.data,
+        w.data.shape[-1],
+        y,
+        y.stride(0),
+        m,
+        n,
+        k,
+        QTYPE=Q4_0_CODE if w.qtype == "Q4_0" else QTYPE_CODE[w.qtype],
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
+        DOT_F32=f32,
+        F32_PRECISION=precision if x.dtype == torch.float32 else "ieee",
         ROW_SCALES=row_scales(arch),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
     return y
 
 
@@ -267,8 +316,15 @@ def quant_matmul(
     variant = backends.variant_for("quant_matmul", "triton", call, variant, path=path)
     if path == "int8":
         x8, rows = quantize_q8_1(x), MATVEC_ROWS
-        outs = [quant_matvec(Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]), w, x.dtype,
-                             variant) for i in range(0, x.shape[0], rows)]  # fmt: skip
+        outs = [
+            quant_matvec(
+                Q8_1(x8.q[i : i + rows], x8.d[i : i + rows], x8.s[i : i + rows]),
+                w,
+                x.dtype,
+                variant,
+            )
+            for i in range(0, x.shape[0], rows)
+        ]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
     return quant_dequant_gemm(x, w)
 
@@ -287,13 +343,25 @@ def compile_specs(target: str) -> list:
             cfg = q4_0_config(torch_dt, arch) if qtype == "Q4_0" else gemm_config(torch_dt, arch)
             if cfg is None:  # Q4_0 without tiles here: ftlab.triton.q4_0's GEMM serves it
                 continue
-            label = f"quant_dequant_gemm_kernel[{qtype}, {dt}, {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}]"
-            specs.append(spec(quant_dequant_gemm_kernel, label,
-                              types={"x_ptr": f"*{dt}", "w_ptr": "*u8", "y_ptr": f"*{dt}"},
-                              constexprs={"QTYPE": code, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-                                          "BLOCK_K": cfg["BLOCK_K"], "DOT_F32": dt == "fp32",
-                                          "F32_PRECISION": precision if dt == "fp32" else "ieee",
-                                          "ROW_SCALES": row_scales(target)},
-                              num_warps=cfg["num_warps"], options={"num_stages": cfg["num_stages"]},
-                              multiple_of_16=("x_ptr", "x_stride")))  # fmt: skip
+            tile = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}"
+            label = f"quant_dequant_gemm_kernel[{qtype}, {dt}, {tile}]"
+            specs.append(
+                spec(
+                    quant_dequant_gemm_kernel,
+                    label,
+                    types={"x_ptr": f"*{dt}", "w_ptr": "*u8", "y_ptr": f"*{dt}"},
+                    constexprs={
+                        "QTYPE": code,
+                        "BLOCK_M": cfg["BLOCK_M"],
+                        "BLOCK_N": cfg["BLOCK_N"],
+                        "BLOCK_K": cfg["BLOCK_K"],
+                        "DOT_F32": dt == "fp32",
+                        "F32_PRECISION": precision if dt == "fp32" else "ieee",
+                        "ROW_SCALES": row_scales(target),
+                    },
+                    num_warps=cfg["num_warps"],
+                    options={"num_stages": cfg["num_stages"]},
+                    multiple_of_16=("x_ptr", "x_stride"),
+                )
+            )
     return specs

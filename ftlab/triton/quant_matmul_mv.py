@@ -84,9 +84,23 @@ def _dot_words(q, x, axis: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def q8_0_mv_kernel(
-    w_ptr, w16_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
-    ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
-):  # fmt: skip
+    w_ptr,
+    w16_ptr,
+    row_bytes,
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    NSB,
+    SB_PER_SPLIT,
+    ASM: tl.constexpr,
+    MP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SB: tl.constexpr,
+):
     """partial[split, m, n] = sum over this split's 32-blocks of d * (d8 * sumi). Block b is
     halfwords 17b (d) .. 17b + 16 of the row: its q words are halfword pairs 17b + 1 + 2i."""
     split, n, n_ok, lo, hi = split_tile(N, NSB, SB_PER_SPLIT, BLOCK_N)
@@ -126,9 +140,24 @@ def _k4_half(q, xw, d8p, s8p, b_ok, d, dmin, sc, mn, ASM: tl.constexpr):
 
 @triton.jit
 def q4_k_mv_kernel(
-    w_ptr, w32_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
-    FIFTH: tl.constexpr, ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
-):  # fmt: skip
+    w_ptr,
+    w32_ptr,
+    row_bytes,
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    NSB,
+    SB_PER_SPLIT,
+    FIFTH: tl.constexpr,
+    ASM: tl.constexpr,
+    MP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SB: tl.constexpr,
+):
     """partial[split, m, n] = sum over this split's 32-sub-blocks of
     d * (d8 * (sc * sumi)) - dmin * (m * s8); Q5_K with ``FIFTH``. Blocks are whole 32-bit words
     (36 / 44): word 0 holds d and dmin, ``qs`` word 8p + i holds bytes 4i.. of sub-block pair p
@@ -201,9 +230,23 @@ def _q6_quarter(
 
 @triton.jit
 def q6_k_mv_kernel(
-    w_ptr, w16_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, part_ptr, M, N, K, NSB, SB_PER_SPLIT,
-    ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SB: tl.constexpr,
-):  # fmt: skip
+    w_ptr,
+    w16_ptr,
+    row_bytes,
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    NSB,
+    SB_PER_SPLIT,
+    ASM: tl.constexpr,
+    MP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SB: tl.constexpr,
+):
     """partial[split, m, n] = sum over this split's 16-sub-blocks of d * (d8 * (scales * sumi)).
     Weight 128h + 32t + l (half h, quarter t, l < 32) is nibble t // 2 of ``ql`` byte
     64h + 32 (t % 2) + l with bits 2t, 2t + 1 of ``qh`` byte 128 + 32h + l, scale 8h + 2t + l // 16.
@@ -300,10 +343,26 @@ def words_matvec(
         y = torch.empty((1, n), dtype=out_dtype, device=w.device)
         programs = min(programs_n, sm_count(w.device) * cfg.get("progs_per_sm", 8))
         kq_mvw_kernel[(programs, 1)](
-            words, data.shape[-1], x8.q.view(torch.int32), x8.d, x8.s, y, m, n, k, nu, nu,
-            QTYPE=QCODE[w.qtype], ASM=asm, MP=1, BLOCK_N=cfg["BLOCK_N"], BLOCK_U=triton.next_power_of_2(nu),
-            HOIST=True, XT=False, num_warps=cfg["num_warps"],
-        )  # fmt: skip
+            words,
+            data.shape[-1],
+            x8.q.view(torch.int32),
+            x8.d,
+            x8.s,
+            y,
+            m,
+            n,
+            k,
+            nu,
+            nu,
+            QTYPE=QCODE[w.qtype],
+            ASM=asm,
+            MP=1,
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_U=triton.next_power_of_2(nu),
+            HOIST=True,
+            XT=False,
+            num_warps=cfg["num_warps"],
+        )
         return y
     xt = bool(cfg.get("XT", 1))
     q8w, d8, s8 = x8.q.view(torch.int32), x8.d, x8.s
@@ -313,10 +372,26 @@ def words_matvec(
     splits, u_per_split = split_k(nu, bu, programs_n, w.device)
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=w.device)
     kq_mvw_kernel[(programs_n, splits)](
-        words, data.shape[-1], q8w, d8, s8, parts, m, n, k, nu, u_per_split,
-        QTYPE=QCODE[w.qtype], ASM=asm, MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"], BLOCK_U=bu,
-        HOIST=False, XT=xt, num_warps=cfg["num_warps"],
-    )  # fmt: skip
+        words,
+        data.shape[-1],
+        q8w,
+        d8,
+        s8,
+        parts,
+        m,
+        n,
+        k,
+        nu,
+        u_per_split,
+        QTYPE=QCODE[w.qtype],
+        ASM=asm,
+        MP=triton.next_power_of_2(m),
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_U=bu,
+        HOIST=False,
+        XT=xt,
+        num_warps=cfg["num_warps"],
+    )
     return sum_splits(parts, out_dtype)
 
 
@@ -325,8 +400,10 @@ def quant_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype, variant: str)
     32-bit words, :func:`words_fit`; ``"tiles"``); split-K when N alone would leave SMs idle."""
     if variant == "words":
         if not words_fit(w):
-            raise ValueError(f"the words matvec reads rows of whole 32-bit words; a {w.qtype} "
-                             f"weight of shape {tuple(w.shape)} has none")  # fmt: skip
+            raise ValueError(
+                f"the words matvec reads rows of whole 32-bit words; a {w.qtype} "
+                f"weight of shape {tuple(w.shape)} has none"
+            )
         return words_matvec(x8, w, out_dtype)
     return tiles_matvec(x8, w, out_dtype)
 
@@ -344,10 +421,25 @@ def tiles_matvec(x8: Q8_1, w: QuantWeight, out_dtype: torch.dtype) -> torch.Tens
     # the kernels read 16- / 32-bit words of the blocks: an unaligned view is copied
     data = w.data if w.data.data_ptr() % 4 == 0 else w.data.clone()
     kernel[(programs_n, splits)](
-        data, data.view(wide), data.shape[-1], x8.q.view(torch.int32), x8.d, x8.s, parts, m, n, k, nsb,
-        sb_per_split, **extra, ASM=_asm(w.device), MP=triton.next_power_of_2(m), BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_SB=cfg["BLOCK_SB"], num_warps=cfg["num_warps"],
-    )  # fmt: skip
+        data,
+        data.view(wide),
+        data.shape[-1],
+        x8.q.view(torch.int32),
+        x8.d,
+        x8.s,
+        parts,
+        m,
+        n,
+        k,
+        nsb,
+        sb_per_split,
+        **extra,
+        ASM=_asm(w.device),
+        MP=triton.next_power_of_2(m),
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_SB=cfg["BLOCK_SB"],
+        num_warps=cfg["num_warps"],
+    )
     return sum_splits(parts, out_dtype)
 
 
@@ -360,21 +452,49 @@ def matvec_specs(target: str) -> list:
     for qtype, cfg in MV_CONFIGS.items():
         kernel, extra, wide = _kernel(qtype)
         view = "w32_ptr" if wide == torch.int32 else "w16_ptr"
-        types = {"w_ptr": "*u8", view: "*i32" if wide == torch.int32 else "*i16", "q8w_ptr": "*i32",
-                 "d8_ptr": "*fp32", "s8_ptr": "*fp32", "part_ptr": "*fp32"}  # fmt: skip
+        types = {
+            "w_ptr": "*u8",
+            view: "*i32" if wide == torch.int32 else "*i16",
+            "q8w_ptr": "*i32",
+            "d8_ptr": "*fp32",
+            "s8_ptr": "*fp32",
+            "part_ptr": "*fp32",
+        }
         for mp in (1, 8):
             label = (
                 f"{kernel.__name__}[{qtype}, M<={mp}, {cfg['BLOCK_N']}x{cfg['BLOCK_SB']} blocks]"
             )
-            specs.append(spec(kernel, label, types=types,
-                              constexprs={**extra, "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
-                                          "BLOCK_SB": cfg["BLOCK_SB"]},
-                              num_warps=cfg["num_warps"]))  # fmt: skip
+            specs.append(
+                spec(
+                    kernel,
+                    label,
+                    types=types,
+                    constexprs={
+                        **extra,
+                        "ASM": asm,
+                        "MP": mp,
+                        "BLOCK_N": cfg["BLOCK_N"],
+                        "BLOCK_SB": cfg["BLOCK_SB"],
+                    },
+                    num_warps=cfg["num_warps"],
+                )
+            )
     for qtype, code in QCODE.items():
-        specs.append(spec(unit_major_kernel, f"unit_major_kernel[{qtype}, {UNIT_MAJOR_BLOCK} units]",
-                          types={"q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32", "oq_ptr": "*i32",
-                                 "od_ptr": "*fp32", "os_ptr": "*fp32"},
-                          constexprs={"QTYPE": code, "BLOCK_U": UNIT_MAJOR_BLOCK}))  # fmt: skip
+        specs.append(
+            spec(
+                unit_major_kernel,
+                f"unit_major_kernel[{qtype}, {UNIT_MAJOR_BLOCK} units]",
+                types={
+                    "q8w_ptr": "*i32",
+                    "d8_ptr": "*fp32",
+                    "s8_ptr": "*fp32",
+                    "oq_ptr": "*i32",
+                    "od_ptr": "*fp32",
+                    "os_ptr": "*fp32",
+                },
+                constexprs={"QTYPE": code, "BLOCK_U": UNIT_MAJOR_BLOCK},
+            )
+        )
     types = {"w32_ptr": "*i32", "q8w_ptr": "*i32", "d8_ptr": "*fp32", "s8_ptr": "*fp32"}
     for qtype, cfgs in MVW_CONFIGS.items():
         for mp, hoist, cfg in (
@@ -383,9 +503,23 @@ def matvec_specs(target: str) -> list:
             (8, False, cfgs["m8"]),
         ):
             bu = cfg.get("HOIST_U", cfg["BLOCK_U"]) if hoist else cfg["BLOCK_U"]
-            label = f"kq_mvw_kernel[{qtype}, M<={mp}{', hoisted' if hoist else ''}, {cfg['BLOCK_N']}x{bu} units]"
-            specs.append(spec(kq_mvw_kernel, label, types={**types, "out_ptr": "*bf16" if hoist else "*fp32"},
-                              constexprs={"QTYPE": QCODE[qtype], "ASM": asm, "MP": mp, "BLOCK_N": cfg["BLOCK_N"],
-                                          "BLOCK_U": bu, "HOIST": hoist, "XT": not hoist},
-                              num_warps=cfg["num_warps"]))  # fmt: skip
+            tile = f"{cfg['BLOCK_N']}x{bu} units"
+            label = f"kq_mvw_kernel[{qtype}, M<={mp}{', hoisted' if hoist else ''}, {tile}]"
+            specs.append(
+                spec(
+                    kq_mvw_kernel,
+                    label,
+                    types={**types, "out_ptr": "*bf16" if hoist else "*fp32"},
+                    constexprs={
+                        "QTYPE": QCODE[qtype],
+                        "ASM": asm,
+                        "MP": mp,
+                        "BLOCK_N": cfg["BLOCK_N"],
+                        "BLOCK_U": bu,
+                        "HOIST": hoist,
+                        "XT": not hoist,
+                    },
+                    num_warps=cfg["num_warps"],
+                )
+            )
     return specs

@@ -30,7 +30,8 @@ from ftlab.triton.q4_0_common import add_row, dp4a, split_tile, store_split
 
 #: per type: the tile of one-row calls (HOIST where K fits ``BLOCK_U`` units) and of 2..8 rows;
 #: ``XT``: the activations gathered unit-major first (:func:`unit_major`; not for HOIST). From the
-#: H200 sweep of 2026-12-01 (benchmarks/results/2026-12-01-nvidia-h200-sweep-triton-quant-matvec.txt):
+#: H200 sweep of 2026-12-01
+#: (benchmarks/results/2026-12-01-nvidia-h200-sweep-triton-quant-matvec.txt):
 #: one row best at 2 rows x 32 units, 2 warps, 16 programs an SM for every type and shape.
 MVW_CONFIGS: dict[str, dict[str, dict[str, int]]] = {
     qt: {
@@ -97,17 +98,35 @@ def load_units(w32_ptr, row_bytes, n, u, mask, QTYPE: tl.constexpr):
     zero = tl.zeros(mask.shape, dtype=tl.float32)
     if QTYPE == 0:
         p = w32_ptr + row + 17 * u
-        w = (tl.load(p, mask=mask, other=0), tl.load(p + 1, mask=mask, other=0),
-             tl.load(p + 2, mask=mask, other=0), tl.load(p + 3, mask=mask, other=0),
-             tl.load(p + 4, mask=mask, other=0), tl.load(p + 5, mask=mask, other=0),
-             tl.load(p + 6, mask=mask, other=0), tl.load(p + 7, mask=mask, other=0),
-             tl.load(p + 8, mask=mask, other=0))  # fmt: skip
-        q = (_hi16(w[0], w[1]), _hi16(w[1], w[2]), _hi16(w[2], w[3]), _hi16(w[3], w[4]),
-             _hi16(w[4], w[5]), _hi16(w[5], w[6]), _hi16(w[6], w[7]), _hi16(w[7], w[8]),
-             tl.load(p + 9, mask=mask, other=0), tl.load(p + 10, mask=mask, other=0),
-             tl.load(p + 11, mask=mask, other=0), tl.load(p + 12, mask=mask, other=0),
-             tl.load(p + 13, mask=mask, other=0), tl.load(p + 14, mask=mask, other=0),
-             tl.load(p + 15, mask=mask, other=0), tl.load(p + 16, mask=mask, other=0))  # fmt: skip
+        w = (
+            tl.load(p, mask=mask, other=0),
+            tl.load(p + 1, mask=mask, other=0),
+            tl.load(p + 2, mask=mask, other=0),
+            tl.load(p + 3, mask=mask, other=0),
+            tl.load(p + 4, mask=mask, other=0),
+            tl.load(p + 5, mask=mask, other=0),
+            tl.load(p + 6, mask=mask, other=0),
+            tl.load(p + 7, mask=mask, other=0),
+            tl.load(p + 8, mask=mask, other=0),
+        )
+        q = (
+            _hi16(w[0], w[1]),
+            _hi16(w[1], w[2]),
+            _hi16(w[2], w[3]),
+            _hi16(w[3], w[4]),
+            _hi16(w[4], w[5]),
+            _hi16(w[5], w[6]),
+            _hi16(w[6], w[7]),
+            _hi16(w[7], w[8]),
+            tl.load(p + 9, mask=mask, other=0),
+            tl.load(p + 10, mask=mask, other=0),
+            tl.load(p + 11, mask=mask, other=0),
+            tl.load(p + 12, mask=mask, other=0),
+            tl.load(p + 13, mask=mask, other=0),
+            tl.load(p + 14, mask=mask, other=0),
+            tl.load(p + 15, mask=mask, other=0),
+            tl.load(p + 16, mask=mask, other=0),
+        )
         c = (f16_bits(w[0]), f16_bits(w[8] >> 16), zero, zero)
         return q, c, (zero, zero)
     elif QTYPE == 3:
@@ -169,7 +188,8 @@ def load_units(w32_ptr, row_bytes, n, u, mask, QTYPE: tl.constexpr):
 def load_x_units(q8w_ptr, d8_ptr, s8_ptr, m, K, u, mask, QTYPE: tl.constexpr, XT: tl.constexpr):
     """Activation row ``m``'s side of units ``u`` ``[1, BU]``: (sixteen q8 words, the d8 of the
     four groups, the s8 of the two 32-groups). ``XT``: the activations come unit-major
-    (:func:`unit_major`): word i of unit u at ``i * NU + u``, group g's d8 / s8 at ``g * NU + u``."""
+    (:func:`unit_major`): word i of unit u at ``i * NU + u``, group g's d8 / s8 at ``g * NU +
+    u``."""
     xw = q8w_ptr + m * (K // 4)
     d8 = d8_ptr + m * (K // (16 if QTYPE == 3 else 32) if XT else K // 32)
     s8 = s8_ptr + m * (K // 32)
@@ -243,10 +263,25 @@ def unit_terms(wq, wc, wm, xq, xe, xs, QTYPE: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def kq_mvw_kernel(
-    w32_ptr, row_bytes, q8w_ptr, d8_ptr, s8_ptr, out_ptr, M, N, K, NU, U_PER_SPLIT,
-    QTYPE: tl.constexpr, ASM: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_U: tl.constexpr, HOIST: tl.constexpr, XT: tl.constexpr,
-):  # fmt: skip
+    w32_ptr,
+    row_bytes,
+    q8w_ptr,
+    d8_ptr,
+    s8_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    NU,
+    U_PER_SPLIT,
+    QTYPE: tl.constexpr,
+    ASM: tl.constexpr,
+    MP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_U: tl.constexpr,
+    HOIST: tl.constexpr,
+    XT: tl.constexpr,
+):
     """``HOIST``: y[n] (out_ptr of the output dtype) for row tiles pid, pid + programs, ..;
     else partial[split, m, n] (fp32) over this split's units."""
     pid_n = tl.program_id(0)
@@ -277,7 +312,7 @@ def kq_mvw_kernel(
 @triton.jit
 def unit_major_kernel(
     q8w_ptr, d8_ptr, s8_ptr, oq_ptr, od_ptr, os_ptr, K, QTYPE: tl.constexpr, BLOCK_U: tl.constexpr
-):  # fmt: skip
+):
     """Row ``program_id(1)`` of the Q8_1 activations rearranged unit-major (``XT``): word i of unit
     u to ``i * NU + u``, group g's d8 / s8 to ``g * NU + u`` (Q6_K: four d8 groups, no s8)."""
     m = tl.program_id(1)

@@ -152,7 +152,9 @@ def quantize_q8_0_kernel(x_ptr, out_ptr, NB, BLOCK_B: tl.constexpr):
     x = tl.load(x_ptr + b[:, None] * 32 + i, mask=ok, other=0.0).to(tl.float32)  # [B, 32]
     amax = tl.max(tl.abs(x), axis=1)
     d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-    inv = tl.where(d == 0, 0.0, tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(d == 0, 1.0, d)))
+    inv = tl.where(
+        d == 0, 0.0, tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(d == 0, 1.0, d))
+    )
     q = round_half_away(x * inv[:, None]).to(tl.int32)
     bits = d.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     ob = out_ptr + b * 34
@@ -170,8 +172,9 @@ def quantize(w: torch.Tensor, qtype: str) -> QuantWeight:
     nb = w.numel() // qt.block
     out = torch.empty(nb * qt.nbytes, dtype=torch.uint8, device=w.device)
     if nb:
-        quantize_q8_0_kernel[(triton.cdiv(nb, QUANTIZE_BLOCKS),)](w, out, nb, BLOCK_B=QUANTIZE_BLOCKS, num_warps=NUM_WARPS,
-                                                                   enable_fp_fusion=False)  # fmt: skip
+        quantize_q8_0_kernel[(triton.cdiv(nb, QUANTIZE_BLOCKS),)](
+            w, out, nb, BLOCK_B=QUANTIZE_BLOCKS, num_warps=NUM_WARPS, enable_fp_fusion=False
+        )
     return QuantWeight(out.view(*w.shape[:-1], qt.row_bytes(w.shape[-1])), tuple(w.shape), qtype)
 
 
@@ -202,12 +205,27 @@ def compile_specs(target: str) -> list:
     from ftlab.triton.compile_spec import spec
 
     exact = {"enable_fp_fusion": False}
-    dequant = [spec(kernel, f"{kernel.__name__}[{qtype}, {dt}, {constexprs['BLOCK_B']} blocks]",
-                    types={"w_ptr": "*u8", "out_ptr": f"*{dt}"}, constexprs=constexprs, num_warps=NUM_WARPS,
-                    options=exact)
-               for qtype, (kernel, constexprs) in LAUNCH.items() for dt in ("fp32", "fp16", "bf16")]  # fmt: skip
-    quant = [spec(quantize_q8_0_kernel, f"quantize_q8_0_kernel[{dt}, {QUANTIZE_BLOCKS} blocks]",
-                  types={"x_ptr": f"*{dt}", "out_ptr": "*u8"}, constexprs={"BLOCK_B": QUANTIZE_BLOCKS},
-                  num_warps=NUM_WARPS, options=exact)
-             for dt in ("fp32", "fp16", "bf16")]  # fmt: skip
+    dequant = [
+        spec(
+            kernel,
+            f"{kernel.__name__}[{qtype}, {dt}, {constexprs['BLOCK_B']} blocks]",
+            types={"w_ptr": "*u8", "out_ptr": f"*{dt}"},
+            constexprs=constexprs,
+            num_warps=NUM_WARPS,
+            options=exact,
+        )
+        for qtype, (kernel, constexprs) in LAUNCH.items()
+        for dt in ("fp32", "fp16", "bf16")
+    ]
+    quant = [
+        spec(
+            quantize_q8_0_kernel,
+            f"quantize_q8_0_kernel[{dt}, {QUANTIZE_BLOCKS} blocks]",
+            types={"x_ptr": f"*{dt}", "out_ptr": "*u8"},
+            constexprs={"BLOCK_B": QUANTIZE_BLOCKS},
+            num_warps=NUM_WARPS,
+            options=exact,
+        )
+        for dt in ("fp32", "fp16", "bf16")
+    ]
     return dequant + quant

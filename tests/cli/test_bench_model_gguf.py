@@ -20,18 +20,22 @@ DATA = Path(__file__).parents[1] / "data"
 Q4_K_M = DATA / "llama_cpp" / "qwen3moe-q4_k_m.gguf"
 #: What llama-bench -o json prints (the fields the bench reads, values of a real run's kind).
 #: With -d 0,8 it runs each test at depth 0 and 8 (decode at 8: where ftlab's decode rows run).
-LLAMA_BENCH_JSON = [{"n_prompt": 8, "n_gen": 0, "n_depth": 0, "avg_ts": 4000.0, "stddev_ts": 10.0},
-                    {"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 250.0, "stddev_ts": 1.0},
-                    {"n_prompt": 8, "n_gen": 0, "n_depth": 8, "avg_ts": 3900.0, "stddev_ts": 10.0},
-                    {"n_prompt": 0, "n_gen": 128, "n_depth": 8, "avg_ts": 240.0, "stddev_ts": 1.0}]  # fmt: skip
+LLAMA_BENCH_JSON = [
+    {"n_prompt": 8, "n_gen": 0, "n_depth": 0, "avg_ts": 4000.0, "stddev_ts": 10.0},
+    {"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 250.0, "stddev_ts": 1.0},
+    {"n_prompt": 8, "n_gen": 0, "n_depth": 8, "avg_ts": 3900.0, "stddev_ts": 10.0},
+    {"n_prompt": 0, "n_gen": 128, "n_depth": 8, "avg_ts": 240.0, "stddev_ts": 1.0},
+]
 
 
 def fake_llama_bench(tmp_path: Path, results: list, status: int = 0) -> Path:
     """A stand-in ``llama-bench``: records its arguments beside itself, prints ``results``."""
     script = tmp_path / "llama-bench"
-    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                      f"open({str(tmp_path / 'args.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
-                      f"print({json.dumps(json.dumps(results))})\nsys.exit({status})\n")  # fmt: skip
+    script.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(tmp_path / 'args.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+        f"print({json.dumps(json.dumps(results))})\nsys.exit({status})\n"
+    )
     script.chmod(0o755)
     return script
 
@@ -40,15 +44,32 @@ def fake_llama_bench(tmp_path: Path, results: list, status: int = 0) -> Path:
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     binary = fake_llama_bench(out, LLAMA_BENCH_JSON)
-    status = cli.main(["bench", "model", "--gguf", str(Q4_K_M), "--device", "cpu", "--prefill", "8", "--quick",
-                       "--llama-bench", str(binary), "--out", str(out)])  # fmt: skip
+    status = cli.main(
+        [
+            "bench",
+            "model",
+            "--gguf",
+            str(Q4_K_M),
+            "--device",
+            "cpu",
+            "--prefill",
+            "8",
+            "--quick",
+            "--llama-bench",
+            str(binary),
+            "--out",
+            str(out),
+        ]
+    )
     (path,) = out.glob("*-model-gguf-qwen3moe-q4_k_m.json")
     return status, json.loads(path.read_text()), json.loads((out / "args.json").read_text())
 
 
 def test_report_rows_and_notes(cpu_run):
     status, report, _ = cpu_run
-    assert status == 0 and report["name"] == "model-gguf-qwen3moe-q4_k_m" and report["copy_gbps"] > 0
+    assert (
+        status == 0 and report["name"] == "model-gguf-qwen3moe-q4_k_m" and report["copy_gbps"] > 0
+    )
     rows = report["results"]
     assert [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in rows] == [
         ("prefill 8 tokens", "auto", "eager"),
@@ -73,36 +94,102 @@ def test_report_rows_and_notes(cpu_run):
 
 def test_llama_bench_ran_on_the_same_file(cpu_run):
     _, report, args = cpu_run
-    assert args == ["-m", str(Q4_K_M), "-ngl", "0", "-p", "8", "-n", "128", "-d", "0,8", "-r", "3", "-o", "json"]
+    assert args == [
+        "-m",
+        str(Q4_K_M),
+        "-ngl",
+        "0",
+        "-p",
+        "8",
+        "-n",
+        "128",
+        "-d",
+        "0,8",
+        "-r",
+        "3",
+        "-o",
+        "json",
+    ]
     pp, tg, tg_deep = report["results"][3:]
-    assert pp["case"] == "prefill 8 tokens: 4000 tokens/s" and pp["time_us"] == pytest.approx(8 / 4000 * 1e6)
-    assert tg["case"] == "decode batch 1: 250 tokens/s" and tg["time_us"] == pytest.approx(1e6 / 250)
-    assert tg_deep["case"] == "decode batch 1 at depth 8: 240 tokens/s" and tg_deep["time_us"] == pytest.approx(1e6 / 240)
+    assert pp["case"] == "prefill 8 tokens: 4000 tokens/s" and pp["time_us"] == pytest.approx(
+        8 / 4000 * 1e6
+    )
+    assert tg["case"] == "decode batch 1: 250 tokens/s" and tg["time_us"] == pytest.approx(
+        1e6 / 250
+    )
+    assert tg_deep["case"] == "decode batch 1 at depth 8: 240 tokens/s" and tg_deep[
+        "time_us"
+    ] == pytest.approx(1e6 / 240)
     assert "its decode at depth 8 is where ftlab's decode rows run" in report["notes"][-1]
 
 
 def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
-    """--hybrid-slots 1 of the file's 2 experts: ftlab's hybrid decode under both residency policies,
+    """--hybrid-slots 1 of the file's 2 experts: ftlab's hybrid decode under both residency
+    policies,
     then llama-bench again with -ncmoe at the same share of the expert bytes on the CPU (1 of 2
     layers), no prompt test."""
     binary = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON)
-    assert cli.main(["bench", "model", "--gguf", str(Q4_K_M), "--device", "cpu", "--prefill", "8", "--quick",
-                     "--llama-bench", str(binary), "--hybrid-slots", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "bench",
+                "model",
+                "--gguf",
+                str(Q4_K_M),
+                "--device",
+                "cpu",
+                "--prefill",
+                "8",
+                "--quick",
+                "--llama-bench",
+                str(binary),
+                "--hybrid-slots",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     (path,) = tmp_path.glob("*-model-gguf-qwen3moe-q4_k_m.json")
     report = json.loads(path.read_text())
     rows = [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in report["results"]]
-    assert rows[3:] == [("hybrid decode batch 1, layers", "auto", "eager"),
-                        ("hybrid decode batch 1, static", "auto", "eager"), ("hybrid decode batch 1, lru", "auto", "eager"),
-                        ("prefill 8 tokens", "llama.cpp", "llama-bench"), ("decode batch 1", "llama.cpp", "llama-bench"),
-                        ("decode batch 1 at depth 8", "llama.cpp", "llama-bench"),
-                        ("hybrid decode batch 1, -ncmoe 1", "llama.cpp", "llama-bench"),
-                        ("hybrid decode batch 1, -ncmoe 1 at depth 8", "llama.cpp", "llama-bench")]  # fmt: skip
+    assert rows[3:] == [
+        ("hybrid decode batch 1, layers", "auto", "eager"),
+        ("hybrid decode batch 1, static", "auto", "eager"),
+        ("hybrid decode batch 1, lru", "auto", "eager"),
+        ("prefill 8 tokens", "llama.cpp", "llama-bench"),
+        ("decode batch 1", "llama.cpp", "llama-bench"),
+        ("decode batch 1 at depth 8", "llama.cpp", "llama-bench"),
+        ("hybrid decode batch 1, -ncmoe 1", "llama.cpp", "llama-bench"),
+        ("hybrid decode batch 1, -ncmoe 1 at depth 8", "llama.cpp", "llama-bench"),
+    ]
     assert all(r["validated"] and r["time_us"] > 0 for r in report["results"])
     assert json.loads((tmp_path / "args.json").read_text()) == [
-        "-m", str(Q4_K_M), "-ngl", "0", "-ncmoe", "1", "-p", "0", "-n", "128", "-d", "0,8", "-r", "3", "-o",
-        "json"]  # fmt: skip
+        "-m",
+        str(Q4_K_M),
+        "-ngl",
+        "0",
+        "-ncmoe",
+        "1",
+        "-p",
+        "0",
+        "-n",
+        "128",
+        "-d",
+        "0,8",
+        "-r",
+        "3",
+        "-o",
+        "json",
+    ]
     notes = report["notes"]
-    assert any(n.startswith("hybrid decode: 1 of 2 routed experts a layer on the GPU, 50% of the expert bytes") for n in notes)
+    assert any(
+        n.startswith(
+            "hybrid decode: 1 of 2 routed experts a layer on the GPU, 50% of the expert bytes"
+        )
+        for n in notes
+    )
     (static,) = [n for n in notes if n.startswith("hybrid decode (static)")]
     found = [int(x) for x in re.findall(r"on the GPU (\d+) times, on the CPU (\d+)", static)[0]]
     assert sum(found) == 4 * 2 and found[0] > 0 and found[1] > 0  # 4 timed steps x 2 layers x top-1
@@ -130,15 +217,25 @@ def test_hybrid_arguments(tmp_path, capsys):
     with pytest.raises(ValueError, match=re.escape("hybrid_slots must be an int in [0, 2], got 3")):
         model_gguf.run(Q4_K_M, device="cpu", prefill=4, hybrid_slots=3)
     with pytest.raises(ValueError, match="hybrid_slots benches a qwen3moe file"):
-        model_gguf.run(DATA / "gguf_qwen3_next" / "qwen35moe-hv2-q4_0.gguf", device="cpu", prefill=4, hybrid_slots=1)
+        model_gguf.run(
+            DATA / "gguf_qwen3_next" / "qwen35moe-hv2-q4_0.gguf",
+            device="cpu",
+            prefill=4,
+            hybrid_slots=1,
+        )
     with pytest.raises(ValueError, match="hybrid_slots must be an int >= 0, got -1"):
         model_gguf.run(Q4_K_M, device="cpu", hybrid_slots=-1)
     assert cli.main(["bench", "model", "--hybrid-slots", "4", "--no-write"]) == 1
-    assert "--hybrid-slots is an option of 'ftlab bench model --gguf FILE' only" in capsys.readouterr().err
+    assert (
+        "--hybrid-slots is an option of 'ftlab bench model --gguf FILE' only"
+        in capsys.readouterr().err
+    )
     only_pp = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:1])
     with pytest.raises(RuntimeError, match="-ncmoe 1 -p 0 .* gave no decode result at depth 0"):
         model_gguf.run_llama_bench_ncmoe(only_pp, Q4_K_M, 1, gpu=False)
-    shallow = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:2])  # no -d support: depth-8 rows missing
+    shallow = fake_llama_bench(
+        tmp_path, LLAMA_BENCH_JSON[:2]
+    )  # no -d support: depth-8 rows missing
     with pytest.raises(RuntimeError, match="gave no decode result at depth 8"):
         model_gguf.run_llama_bench_ncmoe(shallow, Q4_K_M, 1, gpu=False, depth=8)
 
@@ -147,20 +244,28 @@ def test_decode_bytes_count_every_tensor_at_its_types_size():
     """Every expert used: a step reads every tensor of the file once, at its stored size (the F32
     ones loaded in fp32), but the embedding, of which it gathers one dense row a token."""
     config, weights = load_gguf(Q4_K_M, dtype=torch.float32, progress=False)
-    stored = sum(int(t.n_bytes) for t in open_reader(Q4_K_M).tensors if t.name != "token_embd.weight")
+    stored = sum(
+        int(t.n_bytes) for t in open_reader(Q4_K_M).tensors if t.name != "token_embd.weight"
+    )
     for batch in (1, 8):
         got = decode_bytes(config, weights, config.num_experts, batch)
         assert got == stored + batch * config.hidden_size * 4
 
 
 def test_qwen35moe_file(tmp_path):
-    report = model_gguf.run(DATA / "gguf_qwen3_next" / "qwen35moe-hv2-q4_0.gguf", quick=True, device="cpu",
-                            prefill=4)  # fmt: skip
+    report = model_gguf.run(
+        DATA / "gguf_qwen3_next" / "qwen35moe-hv2-q4_0.gguf", quick=True, device="cpu", prefill=4
+    )
     assert report.name == "model-gguf-qwen35moe-hv2-q4_0"
-    assert [m.case.split(":")[0] for m in report.measurements] == ["prefill 4 tokens", "decode batch 1",
-                                                                    "decode batch 8"]  # fmt: skip
+    assert [m.case.split(":")[0] for m in report.measurements] == [
+        "prefill 4 tokens",
+        "decode batch 1",
+        "decode batch 8",
+    ]
     assert all(m.validated for m in report.measurements)
-    assert report.notes[2].startswith("shape (qwen35moe): 2 layers (1 Gated DeltaNet + 1 gated attention)")
+    assert report.notes[2].startswith(
+        "shape (qwen35moe): 2 layers (1 Gated DeltaNet + 1 gated attention)"
+    )
 
 
 def test_llama_bench_failures(tmp_path):
@@ -179,18 +284,27 @@ def test_a_llama_bench_without_depth_gives_depth_zero_rows(tmp_path):
     """A llama-bench older than -d (it exits 1 on the option) is run again without it: its prefill
     and tg128 rows stand, the depth rows are missing, and a note says why."""
     script = tmp_path / "llama-bench"
-    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                      "if '-d' in sys.argv: print('error: invalid parameter for argument: -d', file=sys.stderr); "
-                      "sys.exit(1)\n"
-                      f"print({json.dumps(json.dumps(LLAMA_BENCH_JSON[:2]))})\n")  # fmt: skip
+    script.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        "if '-d' in sys.argv: print('error: invalid parameter for argument: -d', file=sys.stderr); "
+        "sys.exit(1)\n"
+        f"print({json.dumps(json.dumps(LLAMA_BENCH_JSON[:2]))})\n"
+    )
     script.chmod(0o755)
     notes = []
     rows = model_gguf.run_llama_bench(script, Q4_K_M, 8, gpu=False, notes=notes)
-    assert [r.case for r in rows] == ["prefill 8 tokens: 4000 tokens/s", "decode batch 1: 250 tokens/s"]
-    assert len(notes) == 1 and notes[0].startswith("llama.cpp: no rows at depth 8 (llama-bench failed with -d:")
+    assert [r.case for r in rows] == [
+        "prefill 8 tokens: 4000 tokens/s",
+        "decode batch 1: 250 tokens/s",
+    ]
+    assert len(notes) == 1 and notes[0].startswith(
+        "llama.cpp: no rows at depth 8 (llama-bench failed with -d:"
+    )
     assert "invalid parameter for argument: -d" in notes[0]
     hybrid = model_gguf.run_llama_bench_ncmoe(script, Q4_K_M, 1, gpu=False, depth=8, notes=notes)
-    assert [r.case for r in hybrid] == ["hybrid decode batch 1, -ncmoe 1: 250 tokens/s"] and len(notes) == 2
+    assert [r.case for r in hybrid] == ["hybrid decode batch 1, -ncmoe 1: 250 tokens/s"] and len(
+        notes
+    ) == 2
 
 
 def test_a_failing_llama_bench_keeps_ftlabs_rows(tmp_path):
@@ -213,8 +327,14 @@ def test_arguments(tmp_path, capsys):
     for argv, message in [
         (["model", "--gguf", str(Q4_K_M), "--arch", "qwen3moe"], "--arch cannot go with --gguf"),
         (["model", "--gguf", str(Q4_K_M), "--layers", "2"], "--layers cannot go with --gguf"),
-        (["model", "--prefill", "8"], "--prefill is an option of 'ftlab bench model --gguf FILE' only"),
-        (["model", "--device", "cpu"], "--device is an option of 'ftlab bench model --arch qwen35moe' and"),
+        (
+            ["model", "--prefill", "8"],
+            "--prefill is an option of 'ftlab bench model --gguf FILE' only",
+        ),
+        (
+            ["model", "--device", "cpu"],
+            "--device is an option of 'ftlab bench model --arch qwen35moe' and",
+        ),
         (["q4_0", "--gguf", str(Q4_K_M)], "--gguf is an option of 'ftlab bench model' only"),
         (["model", "--gguf", str(tmp_path / "none.gguf"), "--device", "cpu"], "none.gguf"),
     ]:
@@ -228,9 +348,15 @@ def test_bench_on_the_gpu(tmp_path):
     modes = [(m.case.split(":")[0], m.mode) for m in report.measurements]
     # batch 1 launches only hip kernels on this file (the vec experts, the fused projections), so
     # its step is recorded and launched too; batch 8's tiled matvec sums its K splits in torch
-    assert modes == [("prefill 32 tokens", "eager"), ("prefill 32 tokens", "graph"), ("decode batch 1", "graph"),
-                     ("decode batch 1", "launches"), ("decode batch 1", "eager"),
-                     ("decode batch 8", "graph"), ("decode batch 8", "eager")]  # fmt: skip
+    assert modes == [
+        ("prefill 32 tokens", "eager"),
+        ("prefill 32 tokens", "graph"),
+        ("decode batch 1", "graph"),
+        ("decode batch 1", "launches"),
+        ("decode batch 1", "eager"),
+        ("decode batch 8", "graph"),
+        ("decode batch 8", "eager"),
+    ]
     assert all(m.validated for m in report.measurements)
 
 
@@ -240,7 +366,9 @@ def test_hybrid_bench_on_the_gpu():
     probes on a GPU), each replay bit-equal to its eager step."""
     report = model_gguf.run(Q4_K_M, quick=True, device="cuda", prefill=32, hybrid_slots=1)
     rows = [(m.case.split(":")[0], m.mode, m.validated) for m in report.measurements[-3:]]
-    assert rows == [(f"hybrid decode batch 1, {p}", "graph", True) for p in ("layers", "static", "lru")]
+    assert rows == [
+        (f"hybrid decode batch 1, {p}", "graph", True) for p in ("layers", "static", "lru")
+    ]
 
 
 def test_static_prefill_is_the_dynamic_one():
@@ -249,10 +377,16 @@ def test_static_prefill_is_the_dynamic_one():
     from ftlab.models.qwen3_moe import Qwen3Moe
 
     config, weights = load_gguf(Q4_K_M, device=torch.device("cpu"), dtype=torch.float32)
-    tokens = torch.randint(0, config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0)
+    )
     pos = torch.arange(24)[None]
-    dynamic = Qwen3Moe(config, weights, max_batch=1, max_seq_len=32).forward(tokens, pos, last_only=True)
-    static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=32, static=True).forward(tokens, pos, last_only=True)
+    dynamic = Qwen3Moe(config, weights, max_batch=1, max_seq_len=32).forward(
+        tokens, pos, last_only=True
+    )
+    static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=32, static=True).forward(
+        tokens, pos, last_only=True
+    )
     assert dynamic.shape == static.shape == (1, 1, config.vocab_size)
     torch.testing.assert_close(static, dynamic, rtol=0, atol=1e-4 * float(dynamic.abs().max()))
 
@@ -278,12 +412,18 @@ def test_which_side_tells_the_replay_and_the_eager_steps_apart():
     model = Qwen3Moe(config, weights, max_batch=1, max_seq_len=16, static=True)
     tokens, positions = torch.tensor([[3]]), torch.tensor([[5]])
     same = model.forward(tokens, positions).clone()
-    note = which_side(lambda t, p: model.forward(t, p), model, tokens, positions, same.clone(), same)
+    note = which_side(
+        lambda t, p: model.forward(t, p), model, tokens, positions, same.clone(), same
+    )
     assert note.count("equal") == 3 and "differ" not in note
     drift = iter(range(1, 100))
     note = which_side(lambda t, p: same + next(drift), model, tokens, positions, same + 99, same)
     assert "a second replay and the first: differ" in note
     assert "a second eager step and the first: equal" in note
     assert note.endswith("exactly the captured kernels: differ")
-    note = which_side(lambda t, p: same + 99, model, tokens, positions, same + 99, same)  # a stable replay, apart
-    assert "a second replay and the first: equal" in note and note.endswith("exactly the captured kernels: differ")
+    note = which_side(
+        lambda t, p: same + 99, model, tokens, positions, same + 99, same
+    )  # a stable replay, apart
+    assert "a second replay and the first: equal" in note and note.endswith(
+        "exactly the captured kernels: differ"
+    )

@@ -114,6 +114,12 @@ def test_small_bench_on_the_gpu(tmp_path):
     status, report = bench(tmp_path, "--device", "cuda")
     assert status == 0
     modes = [(r["case"].split(":")[0], r["mode"]) for r in report["results"]]
-    assert modes == [("prefill 32 tokens", "eager"), ("prefill 32 tokens", "graph"), ("decode batch 1", "graph"),
-                     ("decode batch 1", "eager"), ("decode batch 8", "graph"), ("decode batch 8", "eager")]  # fmt: skip
+    assert modes == [
+        ("prefill 32 tokens", "eager"),
+        ("prefill 32 tokens", "graph"),
+        ("decode batch 1", "graph"),
+        ("decode batch 1", "eager"),
+        ("decode batch 8", "graph"),
+        ("decode batch 8", "eager"),
+    ]
     assert all(r["validated"] for r in report["results"])

@@ -75,8 +75,20 @@ def test_demo_runs_the_tiny_pipeline(demo):
 
 
 def test_run_streams_tokens_and_rate(tmp_path):
-    res = run("run", "--model", "tiny-qwen3-moe", "--prompt", "Hello world", "--max-new-tokens", "5", "--stages",
-              "--quant", "f32", "--compare", "reference")  # fmt: skip
+    res = run(
+        "run",
+        "--model",
+        "tiny-qwen3-moe",
+        "--prompt",
+        "Hello world",
+        "--max-new-tokens",
+        "5",
+        "--stages",
+        "--quant",
+        "f32",
+        "--compare",
+        "reference",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert (
         "[layer 0 router]" in res.stdout and "tokens/s" in res.stdout and "max |diff|" in res.stdout
@@ -84,8 +96,17 @@ def test_run_streams_tokens_and_rate(tmp_path):
 
 
 def test_run_with_hybrid_experts():
-    res = run("run", "--model", "tiny-qwen3-moe", "--prompt", "Hello world", "--max-new-tokens", "5",
-              "--hybrid-slots", "4")  # fmt: skip
+    res = run(
+        "run",
+        "--model",
+        "tiny-qwen3-moe",
+        "--prompt",
+        "Hello world",
+        "--max-new-tokens",
+        "5",
+        "--hybrid-slots",
+        "4",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[hybrid experts: 4 of 8 a layer" in res.stdout and "handshake" in res.stdout
     assert "hybrid residency over all layers:" in res.stdout and "tokens/s" in res.stdout
@@ -97,10 +118,16 @@ def test_version_from_both_entry_points():
         assert res.returncode == 0 and res.stdout.strip() == f"ftlab {ftlab.__version__}", res
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--top-p", "0"], "ftlab: error: argument --top-p: top_p must be in (0, 1], got 0.0"),
-    (["--max-new-tokens", "-1"], "ftlab: error: argument --max-new-tokens: max_new_tokens must be an int >= 0, got -1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--top-p", "0"], "ftlab: error: argument --top-p: top_p must be in (0, 1], got 0.0"),
+        (
+            ["--max-new-tokens", "-1"],
+            "ftlab: error: argument --max-new-tokens: max_new_tokens must be an int >= 0, got -1",
+        ),
+    ],
+)
 def test_usage_errors_are_one_line_and_exit_2(args, message):
     res = run("run", *args, module="ftlab")
     assert res.returncode == 2 and one_error_line(res.stderr).startswith(message), res.stderr
@@ -124,25 +151,34 @@ def test_debug_shows_the_traceback(where):
     )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backend", "cuda"], "argument --backend: invalid choice: 'cuda'"),
-    (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
-    (["--top-p", "x"], "argument --top-p: expected a number, got 'x'"),
-    (["--temperature", "nan"], "temperature must be a finite number >= 0 (0: greedy), got nan"),
-    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-    (["--max-new-tokens", "2.5"], "argument --max-new-tokens: expected an int, got '2.5'"),
-    (["--max-seq-len", "0"], "max_seq_len must be an int >= 1, got 0"),
-    (["--seed", "-1"], "seed must be an int in [0, 18446744073709551615], got -1"),
-    (["--hybrid-slots", "-2"], "hybrid_slots must be an int >= 0, got -2"),
-    (["--device", "gpu"], "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
-    (["--prompt", ""], "prompt must be a non-empty string, got ''"),
-    (["--prompt", "ab\udcff\udcfe"], "argument --prompt: prompt must be UTF-8 text, got 'ab\\udcff\\udcfe' (character 2 "
-                                     "is a lone surrogate"),
-    (["--quant", "q8_0"], "argument --quant: invalid choice: 'q8_0'"),
-    (["--compare", "moe_experts=nope"], "backends['moe_experts'] must be 'auto' or one of"),
-    (["--compare", "moe_experts"], "backends must be 'auto', one of"),
-    (["--compare", "index=triton,hip"], "a backend set must be NAME or OP=NAME[,OP=NAME...], got 'index=triton,hip'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backend", "cuda"], "argument --backend: invalid choice: 'cuda'"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+        (["--top-p", "x"], "argument --top-p: expected a number, got 'x'"),
+        (["--temperature", "nan"], "temperature must be a finite number >= 0 (0: greedy), got nan"),
+        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+        (["--max-new-tokens", "2.5"], "argument --max-new-tokens: expected an int, got '2.5'"),
+        (["--max-seq-len", "0"], "max_seq_len must be an int >= 1, got 0"),
+        (["--seed", "-1"], "seed must be an int in [0, 18446744073709551615], got -1"),
+        (["--hybrid-slots", "-2"], "hybrid_slots must be an int >= 0, got -2"),
+        (["--device", "gpu"], "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+        (["--prompt", ""], "prompt must be a non-empty string, got ''"),
+        (
+            ["--prompt", "ab\udcff\udcfe"],
+            "argument --prompt: prompt must be UTF-8 text, got 'ab\\udcff\\udcfe' (character 2 "
+            "is a lone surrogate",
+        ),
+        (["--quant", "q8_0"], "argument --quant: invalid choice: 'q8_0'"),
+        (["--compare", "moe_experts=nope"], "backends['moe_experts'] must be 'auto' or one of"),
+        (["--compare", "moe_experts"], "backends must be 'auto', one of"),
+        (
+            ["--compare", "index=triton,hip"],
+            "a backend set must be NAME or OP=NAME[,OP=NAME...], got 'index=triton,hip'",
+        ),
+    ],
+)
 def test_bad_options_are_usage_errors(capsys, args, message):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["run", *args])
@@ -151,12 +187,21 @@ def test_bad_options_are_usage_errors(capsys, args, message):
     assert message in line and line.endswith("(see ftlab run --help)"), line
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--max-seq-len", "3"], "ftlab: error: prompt must fit in max_seq_len = 3 tokens, got"),
-    (["--hybrid-slots", "9"], "ftlab: error: hybrid_slots must be an int in [0, 8], got 9"),
-    (["--hybrid-policy", "layers"], "ftlab: error: --hybrid-policy layers places hybrid experts: give --hybrid-slots"),
-    (["--backend", "hip", "--device", "cpu"], "ftlab: error: BackendUnavailable: index: backend 'hip' cannot serve"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-seq-len", "3"], "ftlab: error: prompt must fit in max_seq_len = 3 tokens, got"),
+        (["--hybrid-slots", "9"], "ftlab: error: hybrid_slots must be an int in [0, 8], got 9"),
+        (
+            ["--hybrid-policy", "layers"],
+            "ftlab: error: --hybrid-policy layers places hybrid experts: give --hybrid-slots",
+        ),
+        (
+            ["--backend", "hip", "--device", "cpu"],
+            "ftlab: error: BackendUnavailable: index: backend 'hip' cannot serve",
+        ),
+    ],
+)
 def test_errors_while_running_exit_1_before_any_output(capsys, args, message):
     assert cli.main(["run", *args]) == 1
     out, err = capsys.readouterr()
@@ -212,8 +257,12 @@ def test_run_help_documents_defaults_and_environment():
 
 def test_a_closed_pipe_ends_quietly():
     """ftlab run ... | head: the reader goes away; no error line, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "ftlab", "env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftlab", "env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc.stdout.close()  # before the command writes anything
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == "", err
@@ -227,8 +276,15 @@ def test_ops_lists_and_describes():
         [sys.executable, "-m", "ftlab", "ops", "q4_0_matmul"], capture_output=True, text=True
     )
     assert res.returncode == 0, res.stderr
-    for piece in ("ftlab/ops/q4_0.py", "ftlab/reference/q4_0.py", "ftlab/triton/q4_0.py", "ftlab/hip/csrc/q4_0.hip",
-                  "tests/property/test_q4_0.py", "docs/OPS.md#q4_0_matmul", "paths int8, prefill int8"):  # fmt: skip
+    for piece in (
+        "ftlab/ops/q4_0.py",
+        "ftlab/reference/q4_0.py",
+        "ftlab/triton/q4_0.py",
+        "ftlab/hip/csrc/q4_0.hip",
+        "tests/property/test_q4_0.py",
+        "docs/OPS.md#q4_0_matmul",
+        "paths int8, prefill int8",
+    ):
         assert piece in res.stdout, piece
     res = subprocess.run(
         [sys.executable, "-m", "ftlab", "ops", "nope"], capture_output=True, text=True

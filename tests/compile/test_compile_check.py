@@ -29,7 +29,9 @@ def _hip_rows(source, target: str) -> list:
     per-target tests and the support-matrix check read the same compilations)."""
     key = (str(source), target)
     if key not in _HIP_ROWS:
-        rows_of = compile_check.hip_gfx_rows if target.startswith("gfx") else compile_check.hip_sm_rows
+        rows_of = (
+            compile_check.hip_gfx_rows if target.startswith("gfx") else compile_check.hip_sm_rows
+        )
         _HIP_ROWS[key] = rows_of(source, target)
     return _HIP_ROWS[key]
 
@@ -39,7 +41,9 @@ def _hip_rows_of(target: str) -> list[tuple]:
     process a core: each is single-threaded)."""
     sources = compile_check.device_sources()
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        return list(zip(sources, pool.map(lambda source: _hip_rows(source, target), sources), strict=True))
+        return list(
+            zip(sources, pool.map(lambda source: _hip_rows(source, target), sources), strict=True)
+        )
 
 
 def _assert_clean(rows):
@@ -63,29 +67,39 @@ def test_hip_gfx(gfx):
 KERNELS = {
     "index_store": 30,  # 5 copy widths x 2 index types x 3 kernels
     "q4_0": 9,  # 3 dtypes x (quantize, dequantize, Q8_1)
-    "q4_0_matvec": 41,  # 3 dtypes x (8 matvec widths + the fused one quantizing x (M = 1) + 4 fused widths given Q8_1), 2 with the norm
+    # 3 dtypes x (8 matvec widths + the fused one quantizing x (M = 1) + 4 fused widths given Q8_1),
+    # 2 with the norm
+    "q4_0_matvec": 41,
     "q4_0_gemm": 1,
-    "moe_route": 20,  # 3 dtypes x 2 router widths, route_topk, router_topk and the norm + router; 2 align kernels
+    # 3 dtypes x 2 router widths, route_topk, router_topk and the norm + router; 2 align kernels
+    "moe_route": 20,
     "moe": 12,  # 3 dtypes x (2 Q4_0 decode + 2 dense decode)
     "moe_regions": 12,  # 3 dtypes x 2 Q4_0 decode over regions x (linear, not)
-    "moe_gemm": 16,  # 3 dtypes x 2 dense GEMMs on FMA tiles, 2 dtypes x 2 x 2 shapes on the matrix cores, 2 Q4_0
+    # 3 dtypes x 2 dense GEMMs on FMA tiles, 2 dtypes x 2 x 2 shapes on the matrix cores, 2 Q4_0
+    "moe_gemm": 16,
     "handshake": 7,  # 3 dtypes x (pack, combine), the signal kernel
     "qk_norm_rope": 3,  # 3 dtypes
-    "gated_delta_rule": 15,  # 3 dtypes x (decode step of 16 or 32 columns a block, with or without the gates; prefill scan)
-    "gated_delta_rule_chunk": 2,  # bf16: the chunked prefill's scan on the matrix cores, three planes or one
-    "gated_delta_rule_chunk_prep": 2,  # bf16: the chunked prefill's prep (the solve, attn, the row factors), 3 or 1 planes
+    # 3 dtypes x (decode step of 16 or 32 columns a block, with or without the gates; prefill scan)
+    "gated_delta_rule": 15,
+    # bf16: the chunked prefill's scan on the matrix cores, three planes or one
+    "gated_delta_rule_chunk": 2,
+    # bf16: the chunked prefill's prep (the solve, attn, the row factors), 3 or 1 planes
+    "gated_delta_rule_chunk_prep": 2,
     "quants": 15,  # 3 dtypes x (dequantize Q8_0, Q4_K, Q5_K, Q6_K; quantize Q8_0)
     "conv1d": 18,  # 3 dtypes x 3 widths (2, 3, 4) x (prefill, decode step)
     "gated_norm": 12,  # 3 dtypes x 3 gate dtypes (gated_rmsnorm), 3 dtypes (output_gate)
     "norm": 18,  # 3 dtypes x 3 weight dtypes x (16-byte pieces, scalar) (add_rmsnorm)
     "attention": 15,  # 3 dtypes x ((16-byte, scalar) x (1, 2 columns) partial + combine)
     "attention_tiles": 8,  # 2 dtypes (fp16, bf16) x 2 head dims (128, 256) x 2 or 4 rows a thread
-    "moe_kquant": 28,  # 5 bank types x 2 expert kernels; 3 dtypes x 3 K-quants x 2 "vec" decode kernels
+    # 5 bank types x 2 expert kernels; 3 dtypes x 3 K-quants x 2 "vec" decode kernels
+    "moe_kquant": 28,
     # 4 types (Q8_0, Q4_K, Q5_K, Q6_K) x (8 matvec widths, the M = 1 matvec, the GEMM), and the
     # M = 1 "vec" matvec of the three K-quants
     "quant_matmul": 43,
     "quant_matmul_tiled": 32,  # 4 types x 8 tiled matvec widths
-    "quant_matmul_mv1": 57,  # 3 dtypes x (4 types x (fused, staged, sliced x 2) + Q8_0 x (fused, sliced x 2)): one-row matvecs
+    # 3 dtypes x (4 types x (fused, staged, sliced x 2) + Q8_0 x (fused, sliced x 2)): one-row
+    # matvecs
+    "quant_matmul_mv1": 57,
 }
 
 
@@ -136,8 +150,18 @@ def test_cli_writes_support_matrix(tmp_path):
     """The CLI end to end on one target and one family (every target's rows are checked above)."""
     out = tmp_path / "matrix.md"
     res = subprocess.run(
-        [sys.executable, "-m", "ftlab", "compile-check", "--targets", "gfx1100", "--only", "index_store", "--write",
-         str(out)],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ftlab",
+            "compile-check",
+            "--targets",
+            "gfx1100",
+            "--only",
+            "index_store",
+            "--write",
+            str(out),
+        ],
         capture_output=True,
         text=True,
     )
@@ -165,7 +189,12 @@ def test_committed_support_matrix_is_current(triton_rows):
     root = Path(__file__).resolve().parents[2]
     # compile_check.hip_rows()'s rows, in its order, from this session's compilations
     compiled = {t: dict(_hip_rows_of(t)) for t in compile_check.TARGETS}
-    rows = [r for source in compile_check.device_sources() for t in compile_check.TARGETS for r in compiled[t][source]]
+    rows = [
+        r
+        for source in compile_check.device_sources()
+        for t in compile_check.TARGETS
+        for r in compiled[t][source]
+    ]
     fresh = support_matrix.render(rows + triton_rows, [], root / "benchmarks" / "results")
     committed = (root / "docs" / "support-matrix.md").read_text()
 

@@ -16,9 +16,20 @@ def _kernel(x_ptr, out_ptr, n, scale, BLOCK: tl.constexpr, MODE: tl.constexpr = 
 
 
 def test_signature_in_kernel_order_with_defaults():
-    s = spec(_kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp16", "scale": "fp32"}, constexprs={"BLOCK": 64})
-    assert s.signature == {"x_ptr": "*fp32", "out_ptr": "*fp16", "n": "i32", "scale": "fp32", "BLOCK": "constexpr",
-                           "MODE": "constexpr"}  # fmt: skip
+    s = spec(
+        _kernel,
+        "k",
+        types={"x_ptr": "*fp32", "out_ptr": "*fp16", "scale": "fp32"},
+        constexprs={"BLOCK": 64},
+    )
+    assert s.signature == {
+        "x_ptr": "*fp32",
+        "out_ptr": "*fp16",
+        "n": "i32",
+        "scale": "fp32",
+        "BLOCK": "constexpr",
+        "MODE": "constexpr",
+    }
     assert s.constexprs == {"BLOCK": 64, "MODE": 0}
 
 
@@ -28,9 +39,17 @@ def test_signature_in_kernel_order_with_defaults():
         ({"x_ptr": "*fp32"}, {"BLOCK": 64}, "pointer out_ptr needs"),
         ({"x_ptr": "*fp32", "out_ptr": "fp32"}, {"BLOCK": 64}, "pointer out_ptr needs"),
         ({"x_ptr": "*fp32", "out_ptr": "*fp32"}, {}, "constexpr BLOCK needs a value"),
-        ({"x_ptr": "*fp32", "out_ptr": "*fp32", "y_ptr": "*fp32"}, {"BLOCK": 64}, r"no parameter\(s\) \['y_ptr'\]"),
+        (
+            {"x_ptr": "*fp32", "out_ptr": "*fp32", "y_ptr": "*fp32"},
+            {"BLOCK": 64},
+            r"no parameter\(s\) \['y_ptr'\]",
+        ),
         ({"x_ptr": "*fp32", "out_ptr": "*fp32"}, {"BLOCK": 64, "n": 3}, "n is a runtime parameter"),
-        ({"x_ptr": "*fp32", "out_ptr": "*fp32", "BLOCK": "i32"}, {"BLOCK": 64}, "BLOCK is a constexpr"),
+        (
+            {"x_ptr": "*fp32", "out_ptr": "*fp32", "BLOCK": "i32"},
+            {"BLOCK": 64},
+            "BLOCK is a constexpr",
+        ),
     ],
 )
 def test_drift_is_refused(types, constexprs, match):
@@ -40,14 +59,29 @@ def test_drift_is_refused(types, constexprs, match):
 
 def test_multiple_of_16_marks_parameters_by_index():
     """The runtime's divisibility specialization, named per parameter, lands at its index."""
-    s = spec(_kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp16", "scale": "fp32"}, constexprs={"BLOCK": 64},
-             multiple_of_16=("x_ptr", "n"))  # fmt: skip
+    s = spec(
+        _kernel,
+        "k",
+        types={"x_ptr": "*fp32", "out_ptr": "*fp16", "scale": "fp32"},
+        constexprs={"BLOCK": 64},
+        multiple_of_16=("x_ptr", "n"),
+    )
     assert s.attrs == {(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}
-    assert spec(_kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp16"}, constexprs={"BLOCK": 64}).attrs == {}
+    assert (
+        spec(
+            _kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp16"}, constexprs={"BLOCK": 64}
+        ).attrs
+        == {}
+    )
 
 
 @pytest.mark.parametrize("name", ["BLOCK", "y_ptr"])
 def test_multiple_of_16_refuses_what_is_not_a_runtime_parameter(name):
     with pytest.raises(ValueError, match=f"multiple_of_16 names '{name}'"):
-        spec(_kernel, "k", types={"x_ptr": "*fp32", "out_ptr": "*fp32"}, constexprs={"BLOCK": 64},
-             multiple_of_16=(name,))  # fmt: skip
+        spec(
+            _kernel,
+            "k",
+            types={"x_ptr": "*fp32", "out_ptr": "*fp32"},
+            constexprs={"BLOCK": 64},
+            multiple_of_16=(name,),
+        )

@@ -43,55 +43,145 @@ def refusal(path, load) -> str:
 
 # key -> (type, value, substrings the message must hold)
 METADATA = {
-    "block_count 0": (A + "block_count", VT.UINT32, 0,
-                      ["num_hidden_layers must be an int >= 1, got 0", f"'{A}block_count'"]),
-    "block_count beyond the blocks": (A + "block_count", VT.UINT32, 3,
-                                      [f"'{A}block_count' is 3", "no tensors of blk.2"]),
-    "block_count short of the blocks": (A + "block_count", VT.UINT32, 1,
-                                        ["tensors of blk.1", f"'{A}block_count' (1)"]),
-    "block_count huge": (A + "block_count", VT.UINT32, 2**32 - 1,
-                         ["num_hidden_layers must be an int <= 2^24 = 16777216, got 4294967295", f"'{A}block_count'"]),
-    "block_count as a string": (A + "block_count", VT.STRING, "2",
-                                [f"'{A}block_count' must be an integer, got STRING"]),
-    "block_count as a float array": (A + "block_count", VT.ARRAY, (VT.FLOAT32, [2.0]),
-                                     [f"'{A}block_count' must be an integer, got an array of FLOAT32"]),
-    "head_count 0": (A + "attention.head_count", VT.UINT32, 0,
-                     ["num_attention_heads must be an int >= 1, got 0", f"'{A}attention.head_count'"]),
+    "block_count 0": (
+        A + "block_count",
+        VT.UINT32,
+        0,
+        ["num_hidden_layers must be an int >= 1, got 0", f"'{A}block_count'"],
+    ),
+    "block_count beyond the blocks": (
+        A + "block_count",
+        VT.UINT32,
+        3,
+        [f"'{A}block_count' is 3", "no tensors of blk.2"],
+    ),
+    "block_count short of the blocks": (
+        A + "block_count",
+        VT.UINT32,
+        1,
+        ["tensors of blk.1", f"'{A}block_count' (1)"],
+    ),
+    "block_count huge": (
+        A + "block_count",
+        VT.UINT32,
+        2**32 - 1,
+        [
+            "num_hidden_layers must be an int <= 2^24 = 16777216, got 4294967295",
+            f"'{A}block_count'",
+        ],
+    ),
+    "block_count as a string": (
+        A + "block_count",
+        VT.STRING,
+        "2",
+        [f"'{A}block_count' must be an integer, got STRING"],
+    ),
+    "block_count as a float array": (
+        A + "block_count",
+        VT.ARRAY,
+        (VT.FLOAT32, [2.0]),
+        [f"'{A}block_count' must be an integer, got an array of FLOAT32"],
+    ),
+    "head_count 0": (
+        A + "attention.head_count",
+        VT.UINT32,
+        0,
+        ["num_attention_heads must be an int >= 1, got 0", f"'{A}attention.head_count'"],
+    ),
     "head_count negative": (A + "attention.head_count", VT.INT32, -4, ["got -4"]),
-    "kv heads do not divide": (A + "attention.head_count_kv", VT.UINT32, 3,
-                               [f"'{A}attention.head_count'", f"'{A}attention.head_count_kv'"]),
-    "experts used > experts": (A + "expert_used_count", VT.UINT32, 9,
-                               ["num_experts_per_tok must be <= num_experts (8), got 9",
-                                f"'{A}expert_used_count'", f"'{A}expert_count'"]),
+    "kv heads do not divide": (
+        A + "attention.head_count_kv",
+        VT.UINT32,
+        3,
+        [f"'{A}attention.head_count'", f"'{A}attention.head_count_kv'"],
+    ),
+    "experts used > experts": (
+        A + "expert_used_count",
+        VT.UINT32,
+        9,
+        [
+            "num_experts_per_tok must be <= num_experts (8), got 9",
+            f"'{A}expert_used_count'",
+            f"'{A}expert_count'",
+        ],
+    ),
     "experts used 0": (A + "expert_used_count", VT.UINT32, 0, [f"'{A}expert_used_count'"]),
-    "rope base 0": (A + "rope.freq_base", VT.FLOAT32, 0.0,
-                    ["rope_theta must be a finite number > 1, got 0.0", f"'{A}rope.freq_base'"]),
+    "rope base 0": (
+        A + "rope.freq_base",
+        VT.FLOAT32,
+        0.0,
+        ["rope_theta must be a finite number > 1, got 0.0", f"'{A}rope.freq_base'"],
+    ),
     "rope base subnormal": (A + "rope.freq_base", VT.FLOAT32, 1e-45, [f"'{A}rope.freq_base'"]),
     "rope base inf": (A + "rope.freq_base", VT.FLOAT32, math.inf, [f"'{A}rope.freq_base'"]),
-    "rope base as an int": (A + "rope.freq_base", VT.UINT32, 10000,
-                            [f"'{A}rope.freq_base' must be a float, got UINT32"]),
-    "eps missing": (A + "attention.layer_norm_rms_epsilon", None, None,
-                    [f"missing metadata key '{A}attention.layer_norm_rms_epsilon'"]),
-    "eps NaN": (A + "attention.layer_norm_rms_epsilon", VT.FLOAT32, math.nan,
-                ["rms_norm_eps must be a finite number > 0, got nan",
-                 f"'{A}attention.layer_norm_rms_epsilon'"]),
+    "rope base as an int": (
+        A + "rope.freq_base",
+        VT.UINT32,
+        10000,
+        [f"'{A}rope.freq_base' must be a float, got UINT32"],
+    ),
+    "eps missing": (
+        A + "attention.layer_norm_rms_epsilon",
+        None,
+        None,
+        [f"missing metadata key '{A}attention.layer_norm_rms_epsilon'"],
+    ),
+    "eps NaN": (
+        A + "attention.layer_norm_rms_epsilon",
+        VT.FLOAT32,
+        math.nan,
+        [
+            "rms_norm_eps must be a finite number > 0, got nan",
+            f"'{A}attention.layer_norm_rms_epsilon'",
+        ],
+    ),
     "eps negative": (A + "attention.layer_norm_rms_epsilon", VT.FLOAT32, -1e-6, ["rms_norm_eps"]),
-    "head_dim against attn_q": (A + "attention.key_length", VT.UINT32, 8,
-                                ["tensor 'blk.0.attn_q.weight' has shape (64, 64), expected (32, 64)"]),
-    "value_length != key_length": (A + "attention.value_length", VT.UINT32, 8,
-                                   [f"'{A}attention.value_length' (8) must equal the key head dim (16, from metadata '{A}attention.key_length')"]),
-    "architecture": ("general.architecture", VT.STRING, "llama",
-                     ["general.architecture must be 'qwen3moe', got 'llama'"]),
-    "architecture not UTF-8": ("general.architecture", VT.STRING, b"qwen\xff",
-                               ["'general.architecture': the string is not valid UTF-8"]),
-    "fewer tokens than rows": ("tokenizer.ggml.tokens", VT.ARRAY, (VT.STRING, ["a", "b"]),
-                               ["tensor 'token_embd.weight' has 384 rows",
-                                "'tokenizer.ggml.tokens' has 2 tokens"]),
-    "tokens not strings": ("tokenizer.ggml.tokens", VT.ARRAY, (VT.INT32, list(range(384))),
-                           ["'tokenizer.ggml.tokens' must be an array of strings, got an array of INT32"]),
-    "tokens an array of arrays": ("tokenizer.ggml.tokens", VT.ARRAY,
-                                  (VT.ARRAY, [(VT.STRING, ["a"])] * 384), ["got an array of ARRAY"]),
-}  # fmt: skip
+    "head_dim against attn_q": (
+        A + "attention.key_length",
+        VT.UINT32,
+        8,
+        ["tensor 'blk.0.attn_q.weight' has shape (64, 64), expected (32, 64)"],
+    ),
+    "value_length != key_length": (
+        A + "attention.value_length",
+        VT.UINT32,
+        8,
+        [
+            f"'{A}attention.value_length' (8) must equal the key head dim (16, from metadata "
+            f"'{A}attention.key_length')"
+        ],
+    ),
+    "architecture": (
+        "general.architecture",
+        VT.STRING,
+        "llama",
+        ["general.architecture must be 'qwen3moe', got 'llama'"],
+    ),
+    "architecture not UTF-8": (
+        "general.architecture",
+        VT.STRING,
+        b"qwen\xff",
+        ["'general.architecture': the string is not valid UTF-8"],
+    ),
+    "fewer tokens than rows": (
+        "tokenizer.ggml.tokens",
+        VT.ARRAY,
+        (VT.STRING, ["a", "b"]),
+        ["tensor 'token_embd.weight' has 384 rows", "'tokenizer.ggml.tokens' has 2 tokens"],
+    ),
+    "tokens not strings": (
+        "tokenizer.ggml.tokens",
+        VT.ARRAY,
+        (VT.INT32, list(range(384))),
+        ["'tokenizer.ggml.tokens' must be an array of strings, got an array of INT32"],
+    ),
+    "tokens an array of arrays": (
+        "tokenizer.ggml.tokens",
+        VT.ARRAY,
+        (VT.ARRAY, [(VT.STRING, ["a"])] * 384),
+        ["got an array of ARRAY"],
+    ),
+}
 
 
 @pytest.mark.parametrize("name", list(METADATA))
@@ -105,7 +195,8 @@ def test_metadata_is_refused_naming_the_key(raw, tmp_path, name):
 
 
 def test_a_missing_rope_base_is_llama_cpps_default(raw, tmp_path):
-    """llama.cpp's qwen3moe loader reads rope.freq_base as optional, with 10000 for a missing key."""
+    """llama.cpp's qwen3moe loader reads rope.freq_base as optional, with 10000 for a missing
+    key."""
     path = tmp_path / "model.gguf"
     path.write_bytes(with_metadata(raw, A + "rope.freq_base", None, None))
     config, _ = load_gguf(path, progress=False)
@@ -118,12 +209,31 @@ def renamed(raw: bytes, old: str, new: str) -> bytes:
     return splice(raw, layout, t.start, t.n_dims_at, encode_value(VT.STRING, new))
 
 
-@pytest.mark.parametrize("old, new, expected", [
-    ("output.weight", "outpuX.weight", "tensor 'outpuX.weight' is not part of a qwen3moe model"),
-    ("blk.0.attn_q.weight", "blk.0.attn_r.weight", "tensor 'blk.0.attn_r.weight' is not part of"),
-    ("blk.1.attn_q.weight", "blk.7.attn_q.weight", "tensors of blk.7, beyond metadata 'qwen3moe.block_count' (2)"),
-    ("token_embd.weight", "token_embd", "tensor 'token_embd.weight' must be [vocab, hidden], got none"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        (
+            "output.weight",
+            "outpuX.weight",
+            "tensor 'outpuX.weight' is not part of a qwen3moe model",
+        ),
+        (
+            "blk.0.attn_q.weight",
+            "blk.0.attn_r.weight",
+            "tensor 'blk.0.attn_r.weight' is not part of",
+        ),
+        (
+            "blk.1.attn_q.weight",
+            "blk.7.attn_q.weight",
+            "tensors of blk.7, beyond metadata 'qwen3moe.block_count' (2)",
+        ),
+        (
+            "token_embd.weight",
+            "token_embd",
+            "tensor 'token_embd.weight' must be [vocab, hidden], got none",
+        ),
+    ],
+)
 def test_tensor_table_against_the_model(raw, tmp_path, old, new, expected):
     path = tmp_path / "model.gguf"
     path.write_bytes(renamed(raw, old, new))
@@ -137,7 +247,10 @@ def test_a_type_ftlab_cannot_use_of_the_right_size(raw, tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(bytes(data))
     message = refusal(path, lambda p: load_gguf(p, progress=False))
-    assert "tensor 'token_embd.weight' has type I32, which neither ftlab nor gguf-py can dequantize" in message
+    assert (
+        "tensor 'token_embd.weight' has type I32, which neither ftlab nor gguf-py can dequantize"
+        in message
+    )
 
 
 def tokenizer(path):
@@ -149,23 +262,35 @@ def test_tokenizer_fields_are_checked(raw, tokens, tmp_path):
     bad_utf8 = [*tokens[:5], b"\xc3\x28", *tokens[6:]]
     twice = [*tokens[:5], tokens[7], *tokens[6:]]
     cases = [
-        ("tokenizer.ggml.tokens", (VT.ARRAY, (VT.STRING, bad_utf8)),
-         "'tokenizer.ggml.tokens': item 5 is not valid UTF-8"),
-        ("tokenizer.ggml.tokens", (VT.ARRAY, (VT.STRING, twice)),
-         f"'tokenizer.ggml.tokens': token {tokens[7]!r} appears twice (ids 5 and 7)"),
+        (
+            "tokenizer.ggml.tokens",
+            (VT.ARRAY, (VT.STRING, bad_utf8)),
+            "'tokenizer.ggml.tokens': item 5 is not valid UTF-8",
+        ),
+        (
+            "tokenizer.ggml.tokens",
+            (VT.ARRAY, (VT.STRING, twice)),
+            f"'tokenizer.ggml.tokens': token {tokens[7]!r} appears twice (ids 5 and 7)",
+        ),
         ("tokenizer.ggml.tokens", (VT.ARRAY, (VT.UINT8, [1, 2])), "must be an array of strings"),
-        ("tokenizer.ggml.merges", (VT.ARRAY, (VT.STRING, ["Ġt"])),
-         "'tokenizer.ggml.merges': merge 0 'Ġt' must be 'a b'"),
+        (
+            "tokenizer.ggml.merges",
+            (VT.ARRAY, (VT.STRING, ["Ġt"])),
+            "'tokenizer.ggml.merges': merge 0 'Ġt' must be 'a b'",
+        ),
         ("tokenizer.ggml.merges", (VT.ARRAY, (VT.STRING, ["Ġ t h"])), "merge 0 'Ġ t h'"),
         ("tokenizer.ggml.merges", (VT.ARRAY, (VT.STRING, ["q ~"])), "merge 0 'q ~'"),
         ("tokenizer.ggml.merges", None, "'tokenizer.ggml.merges' is missing"),
-        ("tokenizer.ggml.eos_token_id", (VT.UINT32, 384),
-         "'tokenizer.ggml.eos_token_id' must be in [0, 384), got 384"),
+        (
+            "tokenizer.ggml.eos_token_id",
+            (VT.UINT32, 384),
+            "'tokenizer.ggml.eos_token_id' must be in [0, 384), got 384",
+        ),
         ("tokenizer.ggml.eos_token_id", (VT.INT32, -1), "got -1"),
         ("tokenizer.ggml.eos_token_id", (VT.STRING, "0"), "must be an integer, got STRING"),
         ("tokenizer.ggml.model", (VT.STRING, "llama"), "'tokenizer.ggml.model' 'llama' is not"),
         ("tokenizer.ggml.model", None, "no tokenizer (metadata 'tokenizer.ggml.model')"),
-    ]  # fmt: skip
+    ]
     for key, change, expected in cases:
         vtype, value = change or (None, None)
         path.write_bytes(with_metadata(raw, key, vtype, value))

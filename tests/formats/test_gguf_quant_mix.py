@@ -52,11 +52,17 @@ def test_a_type_gguf_py_cannot_dequantize_is_named(tmp_path):
     writer.add_tensor("ids", np.arange(8, dtype=np.int32))
     writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(GGUFError, match=r"tensor 'ids' has type I32, which neither ftlab nor gguf-py can"):
+    with pytest.raises(
+        GGUFError, match=r"tensor 'ids' has type I32, which neither ftlab nor gguf-py can"
+    ):
         read_tensors(path)
 
 
-MIX = {"output.weight": QT.Q8_0, "blk.0.attn_v.weight": QT.Q5_0, "blk.1.ffn_down_exps.weight": QT.Q4_1}
+MIX = {
+    "output.weight": QT.Q8_0,
+    "blk.0.attn_v.weight": QT.Q5_0,
+    "blk.1.ffn_down_exps.weight": QT.Q4_1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +72,9 @@ def mixed_file(tmp_path_factory):
     root = tiny.ensure("tiny-qwen3-moe")
     config, weights = load_gguf(root / "model-q4_0.gguf", dtype=torch.float32, progress=False)
     meta = {k: v for k, v in _tokenizer_meta(root / "model-q4_0.gguf").items()}
-    return save_gguf(tmp_path_factory.mktemp("mix") / "mix.gguf", config, weights, metadata=meta, types=MIX)
+    return save_gguf(
+        tmp_path_factory.mktemp("mix") / "mix.gguf", config, weights, metadata=meta, types=MIX
+    )
 
 
 def _tokenizer_meta(path) -> dict:
@@ -82,7 +90,9 @@ def test_the_mix_loads_with_one_warning_naming_the_tensors(mixed_file):
     text = str(caught[0].message)
     for name, qtype in MIX.items():  # the Q8_0 output has a kernel: not named
         assert (f"{qtype.name}: {name}" in text) == (qtype != QT.Q8_0), text
-    assert "banks beside another type: blk.1.ffn_gate_exps.weight, blk.1.ffn_up_exps.weight" in text, text
+    assert (
+        "banks beside another type: blk.1.ffn_gate_exps.weight, blk.1.ffn_up_exps.weight" in text
+    ), text
     assert isinstance(weights.layers[0].w_down, Q4_0Weight)  # an all-Q4_0 layer stays packed
     layer1 = weights.layers[1]  # Q4_0 gate/up with a dequantized down: the layer runs dense
     assert isinstance(layer1.w_gate_up, torch.Tensor) and isinstance(layer1.w_down, torch.Tensor)
@@ -110,13 +120,24 @@ def test_the_mix_computes_what_its_dequantized_weights_say(mixed_file):
 
     for name in MIX:  # the dequantized tensors are gguf-py's values exactly
         i = int(name.split(".")[1]) if name.startswith("blk.") else None
-        got = weights.lm_head if i is None else (weights.layers[i].v_proj if "attn_v" in name
-                                                 else weights.layers[i].w_down)  # fmt: skip
+        got = (
+            weights.lm_head
+            if i is None
+            else (weights.layers[i].v_proj if "attn_v" in name else weights.layers[i].w_down)
+        )
         torch.testing.assert_close(_dense(got), ggml(name), rtol=0, atol=0)
-    dense = ModelWeights(_dense(weights.embed),
-                         [LayerWeights(**{f: _dense(getattr(lw, f)) for f in lw.__dataclass_fields__})
-                          for lw in weights.layers], _dense(weights.norm), _dense(weights.lm_head))  # fmt: skip
-    tokens = torch.randint(0, config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(3))
+    dense = ModelWeights(
+        _dense(weights.embed),
+        [
+            LayerWeights(**{f: _dense(getattr(lw, f)) for f in lw.__dataclass_fields__})
+            for lw in weights.layers
+        ],
+        _dense(weights.norm),
+        _dense(weights.lm_head),
+    )
+    tokens = torch.randint(
+        0, config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(3)
+    )
     positions = torch.arange(11)[None]
     got = Qwen3Moe(config, weights, backends="reference").forward(tokens, positions)
     want = Qwen3Moe(config, dense, backends="reference").forward(tokens, positions)

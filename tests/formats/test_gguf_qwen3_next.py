@@ -30,8 +30,15 @@ from ftlab.quant import Q4_0Weight, QuantWeight, quant_weight
 QT = gguf.GGMLQuantizationType
 DATA = Path(__file__).parent.parent / "data" / "gguf_qwen3_next"
 FIXTURES = ["qwen35moe-hv2", "qwen35moe-hv1", "qwen3next-hv2"]
-NORMS = ("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight", "mtp.norm.weight",
-         "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")  # fmt: skip
+NORMS = (
+    "layernorm.weight",
+    "q_norm.weight",
+    "k_norm.weight",
+    "model.norm.weight",
+    "mtp.norm.weight",
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+)
 
 
 def _fixture(name):
@@ -126,8 +133,14 @@ def test_transformers_runs_what_was_read(name):
 def test_write_makes_the_converters_file(tmp_path, name):
     hf_config, ref = _fixture(name)
     fused = name == "qwen35moe-hv1"  # converted with --fuse-gate-up-exps --fuse-qkv
-    path = write_gguf_hf(tmp_path / "w.gguf", hf_config, ref, tokenizer=read_gguf_tokenizer(DATA / f"{name}.gguf"),
-                         fuse_gate_up_exps=fused, fuse_qkv=fused)  # fmt: skip
+    path = write_gguf_hf(
+        tmp_path / "w.gguf",
+        hf_config,
+        ref,
+        tokenizer=read_gguf_tokenizer(DATA / f"{name}.gguf"),
+        fuse_gate_up_exps=fused,
+        fuse_qkv=fused,
+    )
     want, got = gguf.GGUFReader(DATA / f"{name}.gguf"), gguf.GGUFReader(path)
     assert [t.name for t in sorted(got.tensors, key=lambda t: t.name)] == sorted(
         t.name for t in want.tensors
@@ -170,9 +183,13 @@ def _quantized_roundtrip(tmp_path, name, qtype):
 def test_packed_weights_read_back_in_hf_order(tmp_path, name, qtype):
     ref, tensors, perms, first, second = _quantized_roundtrip(tmp_path, name, qtype)
     assert perms == {} and first.read_bytes() == second.read_bytes()
-    for k in ("model.layers.0.linear_attn.out_proj.weight", "model.layers.1.mlp.experts.gate_up_proj",
-              "model.layers.1.self_attn.q_proj.weight", "lm_head.weight",
-              *(k for k in ref if "in_proj" in k)):  # fmt: skip
+    for k in (
+        "model.layers.0.linear_attn.out_proj.weight",
+        "model.layers.1.mlp.experts.gate_up_proj",
+        "model.layers.1.self_attn.q_proj.weight",
+        "lm_head.weight",
+        *(k for k in ref if "in_proj" in k),
+    ):
         got = tensors[k]
         assert (
             isinstance(got, QuantWeight) and got.qtype == qtype.name and got.shape == ref[k].shape
@@ -214,8 +231,10 @@ def _resized(tensors, config):
     """``tensors`` with the linear attention resized to ``config``'s value head dim (random)."""
     shapes = hf_shapes("qwen35moe", config)
     gen = torch.Generator().manual_seed(1)
-    return {n: t if tuple(t.shape) == shapes[n] else torch.randn(shapes[n], generator=gen) * 0.05
-            for n, t in tensors.items()}  # fmt: skip
+    return {
+        n: t if tuple(t.shape) == shapes[n] else torch.randn(shapes[n], generator=gen) * 0.05
+        for n, t in tensors.items()
+    }
 
 
 def test_types_without_a_kernel_load_dense_with_a_warning(tmp_path):
@@ -256,7 +275,8 @@ def test_a_wrong_shape_is_refused(tmp_path):
     path = _hostile(tmp_path, replace={"blk.0.attn_gate.weight": torch.zeros(127, 64)})
     with pytest.raises(
         GGUFError,
-        match=rf"{path}: tensor 'blk.0.attn_gate.weight' has shape \[127, 64\], expected \[128, 64\]",
+        match=rf"{path}: tensor 'blk.0.attn_gate.weight' has shape \[127, 64\], expected \[128, "
+        r"64\]",
     ):
         read_gguf_hf(path)
 
@@ -264,17 +284,38 @@ def test_a_wrong_shape_is_refused(tmp_path):
 A = "qwen35moe."
 
 
-@pytest.mark.parametrize(("meta", "message"), [
-    ({A + "ssm.state_size": "32"}, "'qwen35moe.ssm.state_size' must be an integer, got STRING"),
-    ({A + "attention.layer_norm_rms_epsilon": 1}, "'qwen35moe.attention.layer_norm_rms_epsilon' must be a float"),
-    ({A + "attention.recurrent_layers": [1, 0]}, "'qwen35moe.attention.recurrent_layers' must be an array of BOOL"),
-    ({A + "attention.recurrent_layers": [True]}, "has 1 entries, 'qwen35moe.block_count' is 2"),
-    ({A + "ssm.time_step_rank": 3}, "'qwen35moe.ssm.time_step_rank' \\(3\\) must be a multiple"),
-    ({A + "block_count": 3, A + "attention.recurrent_layers": [True, False, False]}, "'qwen35moe.block_count' is 3, but there are no tensors of blk.2"),
-    ({A + "block_count": 1, A + "attention.recurrent_layers": [True]}, "tensors of blk.1, beyond the 1 blocks of metadata 'qwen35moe.block_count'"),
-    ({A + "expert_count": 0}, "'qwen35moe.expert_count' must be >= 1, got 0"),
-    ({A + "attention.value_length": 16}, "'qwen35moe.attention.value_length' \\(16\\) must equal"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({A + "ssm.state_size": "32"}, "'qwen35moe.ssm.state_size' must be an integer, got STRING"),
+        (
+            {A + "attention.layer_norm_rms_epsilon": 1},
+            "'qwen35moe.attention.layer_norm_rms_epsilon' must be a float",
+        ),
+        (
+            {A + "attention.recurrent_layers": [1, 0]},
+            "'qwen35moe.attention.recurrent_layers' must be an array of BOOL",
+        ),
+        ({A + "attention.recurrent_layers": [True]}, "has 1 entries, 'qwen35moe.block_count' is 2"),
+        (
+            {A + "ssm.time_step_rank": 3},
+            "'qwen35moe.ssm.time_step_rank' \\(3\\) must be a multiple",
+        ),
+        (
+            {A + "block_count": 3, A + "attention.recurrent_layers": [True, False, False]},
+            "'qwen35moe.block_count' is 3, but there are no tensors of blk.2",
+        ),
+        (
+            {A + "block_count": 1, A + "attention.recurrent_layers": [True]},
+            "tensors of blk.1, beyond the 1 blocks of metadata 'qwen35moe.block_count'",
+        ),
+        ({A + "expert_count": 0}, "'qwen35moe.expert_count' must be >= 1, got 0"),
+        (
+            {A + "attention.value_length": 16},
+            "'qwen35moe.attention.value_length' \\(16\\) must equal",
+        ),
+    ],
+)
 def test_wrong_metadata_is_refused(tmp_path, meta, message):
     path = _hostile(tmp_path, meta=meta)
     with pytest.raises(GGUFError, match=rf"{path}: .*({message})"):
@@ -307,12 +348,37 @@ def test_write_refuses_bad_arguments_and_writes_nothing(tmp_path):
     hf_config, ref = _fixture("qwen35moe-hv2")
     path = tmp_path / "x.gguf"
     cases = [
-        (ValueError, "misses 'model.layers.0.linear_attn.A_log'", {k: v for k, v in ref.items() if not k.endswith("0.linear_attn.A_log")}, hf_config),
-        (ValueError, r"must have shape \[4\], got \[5\]", {**ref, "model.layers.0.linear_attn.A_log": torch.zeros(5)}, hf_config),
-        (TypeError, "must be a float tensor or a QuantWeight, got torch.int64", {**ref, "model.norm.weight": torch.zeros(64, dtype=torch.long)}, hf_config),
-        (ValueError, r"hf_config\['linear_num_key_heads'\] must be an int >= 1", ref, {**hf_config, "linear_num_key_heads": 0}),
-        (ValueError, "must describe one of", ref, {**hf_config, "architectures": ["X"], "model_type": "x"}),
-    ]  # fmt: skip
+        (
+            ValueError,
+            "misses 'model.layers.0.linear_attn.A_log'",
+            {k: v for k, v in ref.items() if not k.endswith("0.linear_attn.A_log")},
+            hf_config,
+        ),
+        (
+            ValueError,
+            r"must have shape \[4\], got \[5\]",
+            {**ref, "model.layers.0.linear_attn.A_log": torch.zeros(5)},
+            hf_config,
+        ),
+        (
+            TypeError,
+            "must be a float tensor or a QuantWeight, got torch.int64",
+            {**ref, "model.norm.weight": torch.zeros(64, dtype=torch.long)},
+            hf_config,
+        ),
+        (
+            ValueError,
+            r"hf_config\['linear_num_key_heads'\] must be an int >= 1",
+            ref,
+            {**hf_config, "linear_num_key_heads": 0},
+        ),
+        (
+            ValueError,
+            "must describe one of",
+            ref,
+            {**hf_config, "architectures": ["X"], "model_type": "x"},
+        ),
+    ]
     for exc, message, tensors, config in cases:
         with pytest.raises(exc, match=message):
             write_gguf_hf(path, config, tensors)
@@ -328,12 +394,27 @@ def test_dense_reads_follow_dtype_and_pack_nothing_but_matmul_weights(tmp_path):
     _, tensors, _ = read_gguf_hf(path)
     for k, t in tensors.items():
         packed = isinstance(t, QuantWeight)
-        assert packed != k.endswith(("norm.weight", "A_log", "dt_bias", "conv1d.weight", "mlp.gate.weight",
-                                     "shared_expert_gate.weight", "embed_tokens.weight")), k  # fmt: skip
+        assert packed != k.endswith(
+            (
+                "norm.weight",
+                "A_log",
+                "dt_bias",
+                "conv1d.weight",
+                "mlp.gate.weight",
+                "shared_expert_gate.weight",
+                "embed_tokens.weight",
+            )
+        ), k
         assert packed or t.dtype == torch.bfloat16, k
     assert torch.equal(tensors["model.norm.weight"], (ref["model.norm.weight"] + 1 - 1).bfloat16())
-    assert torch.equal(ops.dequantize(tensors["lm_head.weight"]),
-                       torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(ref["lm_head.weight"].numpy(), QT.Q4_0), QT.Q4_0)))  # fmt: skip
+    assert torch.equal(
+        ops.dequantize(tensors["lm_head.weight"]),
+        torch.from_numpy(
+            gguf.quants.dequantize(
+                gguf.quants.quantize(ref["lm_head.weight"].numpy(), QT.Q4_0), QT.Q4_0
+            )
+        ),
+    )
 
 
 def test_dtype_is_checked_first():

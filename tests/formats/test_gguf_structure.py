@@ -57,51 +57,88 @@ CASES = {
     "kv count": (lambda L, d: u64(d, 16, 2**40), ["GGUF.kv_count 1099511627776"]),
     "key length": (lambda L, d: u64(d, 24, 2**64 - 1), ["key of metadata entry 0"]),
     "key not UTF-8": (lambda L, d: d.__setitem__(32, 0xFF), ["key of metadata entry 0", "UTF-8"]),
-    "unknown value type": (lambda L, d: u32(d, entry(L, "general.architecture").type_at, 13),
-                           ["'general.architecture'", "value type 13"]),
+    "unknown value type": (
+        lambda L, d: u32(d, entry(L, "general.architecture").type_at, 13),
+        ["'general.architecture'", "value type 13"],
+    ),
     # the edit a user found: a string read as an array whose count is the string's bytes
-    "string -> array": (lambda L, d: u32(d, entry(L, "general.architecture").type_at, VT_ARRAY),
-                        ["'general.architecture'"]),
-    "string length": (lambda L, d: u64(d, entry(L, "general.architecture").value_start, 2**63),
-                      ["'general.architecture'", "9223372036854775808 bytes"]),
-    "array item type": (lambda L, d: u32(d, entry(L, "tokenizer.ggml.tokens").value_start, 99),
-                        ["'tokenizer.ggml.tokens'", "value type 99"]),
-    "array count": (lambda L, d: u64(d, entry(L, "tokenizer.ggml.tokens").value_start + 4, 2**62),
-                    ["'tokenizer.ggml.tokens'", "an array of 4611686018427387904 STRING"]),
-    "a token's length": (lambda L, d: u64(d, entry(L, "tokenizer.ggml.tokens").value_start + 12,
-                                          2**64 - 1), ["'tokenizer.ggml.tokens'", "string"]),
-    "n_dims 0": (lambda L, d: u32(d, tensor(L, "output.weight").n_dims_at, 0),
-                 ["tensor 'output.weight'", "n_dims must be in 1..4, got 0"]),
-    "n_dims 5": (lambda L, d: u32(d, tensor(L, "output.weight").n_dims_at, 5),
-                 ["tensor 'output.weight'", "n_dims"]),
-    "zero dim": (lambda L, d: u64(d, tensor(L, "blk.1.attn_k.weight").n_dims_at + 4, 0),
-                 ["tensor 'blk.1.attn_k.weight'", "every dimension must be >= 1, got [0, 32]"]),
-    "unknown tensor type": (lambda L, d: u32(d, tensor(L, "output.weight").type_at, 99),
-                            ["tensor 'output.weight'", "type 99"]),
-    "tensor name length": (lambda L, d: u64(d, L.tensors[0].start, 2**63),
-                           ["name of tensor 0"]),
-    "offset past the end": (lambda L, d: u64(d, tensor(L, "output.weight").offset_at, L.size),
-                            ["tensor 'output.weight'", "runs past the end of the file"]),
-    "offset wraps": (lambda L, d: u64(d, tensor(L, "output.weight").offset_at, 2**64 - 1),
-                     ["tensor 'output.weight'", "[offset 18446744073709551615, 98304 bytes] "
-                      "runs past the end of the file (703168 bytes"]),
-    "offset misaligned": (lambda L, d: u64(d, tensor(L, "output.weight").offset_at,
-                                           tensor(L, "output.weight").offset + 4),
-                          ["tensor 'output.weight'", "not a multiple of the alignment 32"]),
-    "overlap": (lambda L, d: u64(d, tensor(L, "output.weight").offset_at, 0),
-                ["tensor 'output.weight'", "overlaps tensor 'output_norm.weight'"]),
-    "F32 -> F16": (f32_edit, ["tensor 'blk.0.attn_k.weight'",
-                              "'blk.0.attn_q.weight' (F16 [64, 64], 8192 bytes)",
-                              "8192 bytes belong to no tensor"]),
+    "string -> array": (
+        lambda L, d: u32(d, entry(L, "general.architecture").type_at, VT_ARRAY),
+        ["'general.architecture'"],
+    ),
+    "string length": (
+        lambda L, d: u64(d, entry(L, "general.architecture").value_start, 2**63),
+        ["'general.architecture'", "9223372036854775808 bytes"],
+    ),
+    "array item type": (
+        lambda L, d: u32(d, entry(L, "tokenizer.ggml.tokens").value_start, 99),
+        ["'tokenizer.ggml.tokens'", "value type 99"],
+    ),
+    "array count": (
+        lambda L, d: u64(d, entry(L, "tokenizer.ggml.tokens").value_start + 4, 2**62),
+        ["'tokenizer.ggml.tokens'", "an array of 4611686018427387904 STRING"],
+    ),
+    "a token's length": (
+        lambda L, d: u64(d, entry(L, "tokenizer.ggml.tokens").value_start + 12, 2**64 - 1),
+        ["'tokenizer.ggml.tokens'", "string"],
+    ),
+    "n_dims 0": (
+        lambda L, d: u32(d, tensor(L, "output.weight").n_dims_at, 0),
+        ["tensor 'output.weight'", "n_dims must be in 1..4, got 0"],
+    ),
+    "n_dims 5": (
+        lambda L, d: u32(d, tensor(L, "output.weight").n_dims_at, 5),
+        ["tensor 'output.weight'", "n_dims"],
+    ),
+    "zero dim": (
+        lambda L, d: u64(d, tensor(L, "blk.1.attn_k.weight").n_dims_at + 4, 0),
+        ["tensor 'blk.1.attn_k.weight'", "every dimension must be >= 1, got [0, 32]"],
+    ),
+    "unknown tensor type": (
+        lambda L, d: u32(d, tensor(L, "output.weight").type_at, 99),
+        ["tensor 'output.weight'", "type 99"],
+    ),
+    "tensor name length": (lambda L, d: u64(d, L.tensors[0].start, 2**63), ["name of tensor 0"]),
+    "offset past the end": (
+        lambda L, d: u64(d, tensor(L, "output.weight").offset_at, L.size),
+        ["tensor 'output.weight'", "runs past the end of the file"],
+    ),
+    "offset wraps": (
+        lambda L, d: u64(d, tensor(L, "output.weight").offset_at, 2**64 - 1),
+        [
+            "tensor 'output.weight'",
+            "[offset 18446744073709551615, 98304 bytes] "
+            "runs past the end of the file (703168 bytes",
+        ],
+    ),
+    "offset misaligned": (
+        lambda L, d: u64(
+            d, tensor(L, "output.weight").offset_at, tensor(L, "output.weight").offset + 4
+        ),
+        ["tensor 'output.weight'", "not a multiple of the alignment 32"],
+    ),
+    "overlap": (
+        lambda L, d: u64(d, tensor(L, "output.weight").offset_at, 0),
+        ["tensor 'output.weight'", "overlaps tensor 'output_norm.weight'"],
+    ),
+    "F32 -> F16": (
+        f32_edit,
+        [
+            "tensor 'blk.0.attn_k.weight'",
+            "'blk.0.attn_q.weight' (F16 [64, 64], 8192 bytes)",
+            "8192 bytes belong to no tensor",
+        ],
+    ),
     "F32 -> F16, last tensor": (
         lambda L, d: u32(d, L.tensors[-1].type_at, 1),
-        ["bytes after the last tensor 'blk.1.ffn_down_exps.weight' (F16"]),
+        ["bytes after the last tensor 'blk.1.ffn_down_exps.weight' (F16"],
+    ),
     "alignment 3": (None, ["'general.alignment' must be a power of two, got 3"]),
     "alignment UINT64": (None, ["'general.alignment' must be a UINT32"]),
     "repeated key": (None, ["metadata 'qwen3moe.block_count' appears twice"]),
     "repeated tensor": (None, ["tensor 'output_norm.weight' appears twice"]),
     "nested arrays": (None, ["'tokenizer.ggml.merges'", "nested deeper than 4"]),
-}  # fmt: skip
+}
 
 
 def _spliced(name, raw, L):
@@ -147,8 +184,11 @@ def test_q4_0_row_length_must_hold_whole_blocks(tiny_dir, tmp_path):
     t = tensor(read_layout(tiny_dir / "model-q4_0.gguf"), "blk.0.attn_q.weight")
     u64(raw, t.n_dims_at + 4, 48)
     (tmp_path / "model.gguf").write_bytes(bytes(raw))
-    with pytest.raises(GGUFError, match=r"model\.gguf: tensor 'blk\.0\.attn_q\.weight': Q4_0 row "
-                                        r"length 48 is not a multiple of its block size 32"):
+    with pytest.raises(
+        GGUFError,
+        match=r"model\.gguf: tensor 'blk\.0\.attn_q\.weight': Q4_0 row "
+        r"length 48 is not a multiple of its block size 32",
+    ):
         read_layout(tmp_path / "model.gguf")
 
 

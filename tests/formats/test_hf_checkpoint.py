@@ -50,8 +50,10 @@ def refusal(path) -> str:
 def sharded(tmp_path, source, tensors, index=True, split="model.layers.1.") -> dict:
     """The tiny model in two shards (layer 1 and after in the second), with an index."""
     shutil.copy(source / "config.json", tmp_path / "config.json")
-    shards = {A: {n: t for n, t in tensors.items() if not n.startswith(split)},
-              B: {n: t for n, t in tensors.items() if n.startswith(split)}}  # fmt: skip
+    shards = {
+        A: {n: t for n, t in tensors.items() if not n.startswith(split)},
+        B: {n: t for n, t in tensors.items() if n.startswith(split)},
+    }
     for name, part in shards.items():
         save_file(part, str(tmp_path / name), {"format": "pt"})
     weight_map = {n: s for s, part in shards.items() for n in part}
@@ -67,21 +69,27 @@ def test_shards_with_and_without_index_load_as_one_file(tmp_path, source, tensor
     torch.testing.assert_close(logits(tmp_path), reference, rtol=0, atol=0)
 
 
-def test_a_stale_shard_is_ignored_with_an_index_and_refused_without(tmp_path, source, tensors,
-                                                                     reference):  # fmt: skip
+def test_a_stale_shard_is_ignored_with_an_index_and_refused_without(
+    tmp_path, source, tensors, reference
+):
     sharded(tmp_path, source, tensors)
     stale = {"model.norm.weight": tensors["model.norm.weight"] * 2}
     save_file(stale, str(tmp_path / "model-00003-of-00003.safetensors"), {"format": "pt"})
     torch.testing.assert_close(logits(tmp_path), reference, rtol=0, atol=0)  # not read
     (tmp_path / INDEX).unlink()
     message = refusal(tmp_path)
-    assert f"{tmp_path}: tensor 'model.norm.weight' is in two shards, {A} and model-00003" in message
+    assert (
+        f"{tmp_path}: tensor 'model.norm.weight' is in two shards, {A} and model-00003" in message
+    )
 
 
 def test_a_tensor_in_two_shards_the_index_names_is_refused(tmp_path, source, tensors):
     sharded(tmp_path, source, tensors)
-    save_file({**load_file(tmp_path / B), "model.norm.weight": tensors["model.norm.weight"]},
-              str(tmp_path / B), {"format": "pt"})  # fmt: skip
+    save_file(
+        {**load_file(tmp_path / B), "model.norm.weight": tensors["model.norm.weight"]},
+        str(tmp_path / B),
+        {"format": "pt"},
+    )
     assert f"tensor 'model.norm.weight' is in two shards, {A} and {B}" in refusal(tmp_path)
 
 
@@ -93,24 +101,35 @@ def test_the_index_must_match_the_shards(tmp_path, source, tensors):
         index.write_text(json.dumps({"weight_map": m}))
         return refusal(tmp_path)
 
-    assert f"{index}: tensor 'model.norm.weight' is mapped to {B}, which does not hold it " \
-           f"(it is in {A})" in with_map({**weight_map, "model.norm.weight": B})  # fmt: skip
-    assert f"{index}: tensor 'model.layers.9.mlp.gate.weight' is mapped to {A}, which does not " \
-           "hold it (no shard has it)" in with_map({**weight_map, "model.layers.9.mlp.gate.weight": A})  # fmt: skip
+    assert (
+        f"{index}: tensor 'model.norm.weight' is mapped to {B}, which does not hold it "
+        f"(it is in {A})" in with_map({**weight_map, "model.norm.weight": B})
+    )
+    assert (
+        f"{index}: tensor 'model.layers.9.mlp.gate.weight' is mapped to {A}, which does not "
+        "hold it (no shard has it)" in with_map({**weight_map, "model.layers.9.mlp.gate.weight": A})
+    )
     unlisted = {k: v for k, v in weight_map.items() if k != "model.norm.weight"}
-    assert f"{index}: tensor 'model.norm.weight' of {A} is not in 'weight_map'" in with_map(unlisted)
-    assert f"{index}: weight_map['model.norm.weight'] must be a file name in the directory, got " \
-           f"'../{A}'" in with_map({**weight_map, "model.norm.weight": "../" + A})  # fmt: skip
+    assert f"{index}: tensor 'model.norm.weight' of {A} is not in 'weight_map'" in with_map(
+        unlisted
+    )
+    assert (
+        f"{index}: weight_map['model.norm.weight'] must be a file name in the directory, got "
+        f"'../{A}'" in with_map({**weight_map, "model.norm.weight": "../" + A})
+    )
     (tmp_path / B).unlink()
     assert f"{index}: shard '{B}' is missing" in with_map(weight_map)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('{"weight_map": {', "not valid JSON"),
-    ('{"metadata": {}}', "'weight_map' must be a non-empty object"),
-    ('{"weight_map": []}', "'weight_map' must be a non-empty object"),
-    ("[1, 2]", "'weight_map' must be a non-empty object"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"weight_map": {', "not valid JSON"),
+        ('{"metadata": {}}', "'weight_map' must be a non-empty object"),
+        ('{"weight_map": []}', "'weight_map' must be a non-empty object"),
+        ("[1, 2]", "'weight_map' must be a non-empty object"),
+    ],
+)
 def test_a_broken_index_is_refused(tmp_path, source, tensors, text, expected):
     sharded(tmp_path, source, tensors)
     (tmp_path / INDEX).write_text(text)
@@ -120,10 +139,14 @@ def test_a_broken_index_is_refused(tmp_path, source, tensors, text, expected):
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.uint8])
 def test_stored_weights_must_be_float(tmp_path, source, tensors, dtype):
     shutil.copy(source / "config.json", tmp_path / "config.json")
-    save_file({**tensors, "model.norm.weight": tensors["model.norm.weight"].to(dtype)},
-              str(tmp_path / "model.safetensors"))  # fmt: skip
-    assert f"{tmp_path / 'model.safetensors'}: tensor 'model.norm.weight' has dtype {dtype}, " \
-           "expected a floating-point dtype" in refusal(tmp_path)  # fmt: skip
+    save_file(
+        {**tensors, "model.norm.weight": tensors["model.norm.weight"].to(dtype)},
+        str(tmp_path / "model.safetensors"),
+    )
+    assert (
+        f"{tmp_path / 'model.safetensors'}: tensor 'model.norm.weight' has dtype {dtype}, "
+        "expected a floating-point dtype" in refusal(tmp_path)
+    )
 
 
 # (config.json key, its new value or REMOVED, a substring of the message)
@@ -139,7 +162,11 @@ CONFIG = [
     ("moe_intermediate_size", None, "moe_intermediate_size must be an int >= 1, got None"),
     ("moe_intermediate_size", REMOVED, "missing key"),
     ("num_attention_heads", 0, "num_attention_heads must be an int >= 1, got 0"),
-    ("num_key_value_heads", 3, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)"),
+    (
+        "num_key_value_heads",
+        3,
+        "num_attention_heads (4) must be a multiple of num_key_value_heads (3)",
+    ),
     ("num_experts_per_tok", 9, "num_experts_per_tok must be <= num_experts (8), got 9"),
     ("num_experts_per_tok", 0, "num_experts_per_tok must be an int >= 1, got 0"),
     ("rms_norm_eps", "1e-6", "rms_norm_eps must be a finite number > 0, got '1e-6'"),
@@ -153,12 +180,25 @@ CONFIG = [
     ("rope_scaling", "none", "rope_scaling must be an object or null, got 'none'"),
     ("attention_bias", "false", "attention_bias must be a bool, got 'false'"),
     ("mlp_only_layers", "[]", "mlp_only_layers must be a list"),
-    ("torch_dtype", "int8", "torch_dtype must be one of ['bfloat16', 'float16', 'float32'] (or pass dtype=), got 'int8'"),
+    (
+        "torch_dtype",
+        "int8",
+        "torch_dtype must be one of ['bfloat16', 'float16', 'float32'] (or pass dtype=), "
+        "got 'int8'",
+    ),
     ("torch_dtype", ["float32"], "torch_dtype must be one of"),
-    ("model_type", "llama", "model_type must be one of ['qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_moe', 'qwen3_next'], "
-                            "got 'llama'"),
-    ("num_hidden_layers", 2**63, "num_hidden_layers must be an int <= 2^24 = 16777216, got 9223372036854775808"),
-]  # fmt: skip
+    (
+        "model_type",
+        "llama",
+        "model_type must be one of ['qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_moe', 'qwen3_next'], "
+        "got 'llama'",
+    ),
+    (
+        "num_hidden_layers",
+        2**63,
+        "num_hidden_layers must be an int <= 2^24 = 16777216, got 9223372036854775808",
+    ),
+]
 
 
 @pytest.mark.parametrize("key, value, expected", CONFIG)
@@ -190,9 +230,11 @@ def test_an_explicit_dtype_does_not_need_the_stored_one(tmp_path, source):
 def test_config_counts_must_match_the_shards(tmp_path, source):
     config = json.loads((source / "config.json").read_text())
     shutil.copy(source / "model.safetensors", tmp_path / "model.safetensors")
-    for key, value, expected in [("num_hidden_layers", 1, "hold layers 0..1 (2)"),
-                                 ("num_hidden_layers", 2**24, "hold layers 0..1 (2)"),
-                                 ("num_experts", 4, "hold experts 0..7 (8)")]:  # fmt: skip
+    for key, value, expected in [
+        ("num_hidden_layers", 1, "hold layers 0..1 (2)"),
+        ("num_hidden_layers", 2**24, "hold layers 0..1 (2)"),
+        ("num_experts", 4, "hold experts 0..7 (8)"),
+    ]:
         (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
         assert f"config.json: {key} is {value}, but the shards" in (m := refusal(tmp_path)), m
         assert expected in m
@@ -206,9 +248,17 @@ def test_config_json_must_be_a_json_object(tmp_path, source):
 
 
 def test_config_checks_are_shared_by_direct_construction():
-    fields = dict(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=4, num_experts=2, num_experts_per_tok=1,
-                  moe_intermediate_size=8)  # fmt: skip
+    fields = dict(
+        vocab_size=8,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        num_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=8,
+    )
     Qwen3MoeConfig(**fields)
     with pytest.raises(ValueError, match="rms_norm_eps must be a finite number > 0, got nan"):
         Qwen3MoeConfig(**fields, rms_norm_eps=math.nan)

@@ -26,7 +26,8 @@ def source(request, tmp_path_factory):
 
 
 def with_config(source, tmp_path, change: dict):
-    """A copy of ``source`` whose config.json (its text model's part, for Qwen3.5) has ``change``."""
+    """A copy of ``source`` whose config.json (its text model's part, for Qwen3.5) has
+    ``change``."""
     config = json.loads((source / "config.json").read_text())
     (config.get("text_config") or config).update(change)
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -115,7 +116,8 @@ def test_another_model_type_is_told_every_type_ftlab_loads(tmp_path):
     source = tiny.ensure("tiny-qwen3-moe", tmp_path / "tiny")
     message = refusal(with_config(source, tmp_path, {"model_type": "llama"}))
     assert message == (
-        f"{tmp_path / 'config.json'}: model_type must be one of ['qwen3_5_moe', 'qwen3_5_moe_text', "
+        f"{tmp_path / 'config.json'}: model_type must be one of ['qwen3_5_moe', "
+        "'qwen3_5_moe_text', "
         "'qwen3_moe', 'qwen3_next'], got 'llama'"
     )
 

@@ -124,8 +124,15 @@ def _inject(fault: str) -> str:
     raise ValueError(f"fault must be segfault, hang, slow or memory, got {fault!r}")
 
 
-def worker(target: str, source: Path, seeds: list[int], work: Path, case_seconds: float,
-           headroom_gib: float, inject: dict[int, str]) -> None:  # fmt: skip
+def worker(
+    target: str,
+    source: Path,
+    seeds: list[int],
+    work: Path,
+    case_seconds: float,
+    headroom_gib: float,
+    inject: dict[int, str],
+) -> None:
     """Run ``seeds`` in this process, one JSON line before ("start") and after each case;
     ``inject``: seed -> fault run instead of that case."""
     import torch
@@ -148,8 +155,16 @@ def worker(target: str, source: Path, seeds: list[int], work: Path, case_seconds
         try:
             path, mutation = _prepare(target, mutator, seed, work / "case")
         except Exception:
-            _emit({"seed": seed, "kind": "mutating", "detail": "writing the mutated copy",
-                   "outcome": "failed: mutating", "error": traceback.format_exc(limit=-8), "seconds": 0.0})  # fmt: skip
+            _emit(
+                {
+                    "seed": seed,
+                    "kind": "mutating",
+                    "detail": "writing the mutated copy",
+                    "outcome": "failed: mutating",
+                    "error": traceback.format_exc(limit=-8),
+                    "seconds": 0.0,
+                }
+            )
             continue
         _emit({"start": seed, "kind": mutation.kind, "detail": mutation.detail})
         t0, error = time.perf_counter(), None
@@ -165,8 +180,16 @@ def worker(target: str, source: Path, seeds: list[int], work: Path, case_seconds
             outcome, error = f"failed: {type(e).__name__}", traceback.format_exc(limit=-8)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        _emit({"seed": seed, "kind": mutation.kind, "detail": mutation.detail, "outcome": outcome,
-               "error": error, "seconds": round(time.perf_counter() - t0, 4)})  # fmt: skip
+        _emit(
+            {
+                "seed": seed,
+                "kind": mutation.kind,
+                "detail": mutation.detail,
+                "outcome": outcome,
+                "error": error,
+                "seconds": round(time.perf_counter() - t0, 4),
+            }
+        )
 
 
 @dataclass
@@ -187,34 +210,78 @@ class FuzzReport:
         rows: dict[str, Counter] = defaultdict(Counter)
         for r in self.records:
             o = r["outcome"]
-            col = "failed" if o.startswith("failed") else "refused" if o.startswith("refused") else o
+            col = (
+                "failed" if o.startswith("failed") else "refused" if o.startswith("refused") else o
+            )
             rows[r["kind"]][col] += 1
             rows["total"][col] += 1
-        cols = {"loaded": "loaded", "loaded, non-finite logits": "nonfinite", "refused": "refused",
-                "failed": "failed"}  # fmt: skip
-        lines = [f"{self.target}: {len(self.records)} cases in {self.seconds:.1f} s",
-                 f"  {'kind':24} {'cases':>6} " + " ".join(f"{c:>9}" for c in cols.values())]
+        cols = {
+            "loaded": "loaded",
+            "loaded, non-finite logits": "nonfinite",
+            "refused": "refused",
+            "failed": "failed",
+        }
+        lines = [
+            f"{self.target}: {len(self.records)} cases in {self.seconds:.1f} s",
+            f"  {'kind':24} {'cases':>6} " + " ".join(f"{c:>9}" for c in cols.values()),
+        ]
         for kind in sorted(rows, key=lambda k: (k == "total", k)):
             n = sum(rows[kind].values())
             lines.append(f"  {kind:24} {n:6} " + " ".join(f"{rows[kind][c]:9}" for c in cols))
         return "\n".join(lines)
 
 
-def _spawn(target: str, source: Path, seeds: list[int], work: Path, case_seconds: float,
-           headroom_gib: float, inject: dict[int, str], log) -> subprocess.Popen:  # fmt: skip
-    args = [sys.executable, "-m", "tests.fuzz.runner", "--worker", "--target", target,
-            "--source", str(source), "--work", str(work), "--case-seconds", str(case_seconds),
-            "--headroom-gib", str(headroom_gib), "--seeds", ",".join(map(str, seeds)),
-            "--inject", ",".join(f"{s}:{f}" for s, f in inject.items())]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def _spawn(
+    target: str,
+    source: Path,
+    seeds: list[int],
+    work: Path,
+    case_seconds: float,
+    headroom_gib: float,
+    inject: dict[int, str],
+    log,
+) -> subprocess.Popen:
+    args = [
+        sys.executable,
+        "-m",
+        "tests.fuzz.runner",
+        "--worker",
+        "--target",
+        target,
+        "--source",
+        str(source),
+        "--work",
+        str(work),
+        "--case-seconds",
+        str(case_seconds),
+        "--headroom-gib",
+        str(headroom_gib),
+        "--seeds",
+        ",".join(map(str, seeds)),
+        "--inject",
+        ",".join(f"{s}:{f}" for s, f in inject.items()),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     # unbuffered: the parent reads what the pipe holds and splits the lines itself (a buffered
     # readline could keep a second line in its buffer, where select no longer sees it)
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, bufsize=0)
 
 
-def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 2,
-        case_seconds: float = 10.0, hang_seconds: float = 60.0, headroom_gib: float = 3.0,
-        inject: dict[int, str] | None = None, startup_seconds: float = 120.0) -> FuzzReport:  # fmt: skip
+def run(
+    target: str,
+    source: Path,
+    seeds: list[int],
+    work: Path,
+    workers: int = 2,
+    case_seconds: float = 10.0,
+    hang_seconds: float = 60.0,
+    headroom_gib: float = 3.0,
+    inject: dict[int, str] | None = None,
+    startup_seconds: float = 120.0,
+) -> FuzzReport:
     """Fuzz ``target`` of the tiny model in ``source`` with ``seeds``, spread over ``workers``
     subprocesses (see the module docstring for what a case must do). ``inject``: seed -> a
     fault ("segfault", "hang", "slow", "memory") run instead of that case, to test the
@@ -228,10 +295,25 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
     def start(i: int, todo: list[int]) -> None:
         if todo:
             log = open(work / f"worker-{i}.log", "a")  # closed when the worker ends
-            proc = _spawn(target, source, todo, work / f"worker-{i}", case_seconds, headroom_gib,
-                          inject or {}, log)  # fmt: skip
-            state = {"i": i, "todo": todo, "current": None, "seen": time.monotonic(), "log": log, "ready": False,
-                     "pending": b""}  # fmt: skip
+            proc = _spawn(
+                target,
+                source,
+                todo,
+                work / f"worker-{i}",
+                case_seconds,
+                headroom_gib,
+                inject or {},
+                log,
+            )
+            state = {
+                "i": i,
+                "todo": todo,
+                "current": None,
+                "seen": time.monotonic(),
+                "log": log,
+                "ready": False,
+                "pending": b"",
+            }
             selector.register(proc.stdout, selectors.EVENT_READ, (proc, state))
 
     def lost(proc, state, why: str) -> None:
@@ -244,9 +326,16 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
         if current is None:  # died before its first case: nothing more to learn from it
             tail = (work / f"worker-{state['i']}.log").read_text()[-3000:]
             raise RuntimeError(f"fuzz worker for {target} failed to start: {why}\n{tail}")
-        report.records.append({"seed": current["start"], "kind": current["kind"],
-                               "detail": current["detail"], "outcome": f"failed: {why}",
-                               "error": why, "seconds": None})  # fmt: skip
+        report.records.append(
+            {
+                "seed": current["start"],
+                "kind": current["kind"],
+                "detail": current["detail"],
+                "outcome": f"failed: {why}",
+                "error": why,
+                "seconds": None,
+            }
+        )
         start(state["i"], state["todo"][state["todo"].index(current["start"]) + 1 :])
 
     for i, todo in enumerate(queues):
@@ -258,11 +347,18 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
             if not chunk:
                 code = proc.wait()
                 if state["current"] is not None or code != 0:
-                    lost(proc, state, f"worker exited with {code} (signal {-code})" if code < 0
-                         else f"worker exited with {code}")  # fmt: skip
+                    lost(
+                        proc,
+                        state,
+                        f"worker exited with {code} (signal {-code})"
+                        if code < 0
+                        else f"worker exited with {code}",
+                    )
                 else:
                     if state["pending"]:
-                        raise RuntimeError(f"fuzz worker for {target} ended mid-line: {state['pending'][-200:]!r}")
+                        raise RuntimeError(
+                            f"fuzz worker for {target} ended mid-line: {state['pending'][-200:]!r}"
+                        )
                     selector.unregister(proc.stdout)
                     state["log"].close()
                 continue
@@ -276,7 +372,9 @@ def run(target: str, source: Path, seeds: list[int], work: Path, workers: int = 
                     state["current"] = None
                     report.records.append(record)
                 elif not record["ftlab"].startswith(str(ROOT)):
-                    raise RuntimeError(f"the worker imported {record['ftlab']}, not the ftlab of {ROOT}")
+                    raise RuntimeError(
+                        f"the worker imported {record['ftlab']}, not the ftlab of {ROOT}"
+                    )
         for key in list(selector.get_map().values()):
             proc, state = key.data
             allowed = hang_seconds if state["ready"] else max(hang_seconds, startup_seconds)
@@ -301,8 +399,9 @@ def main() -> None:
     if args.worker:
         seeds = [int(s) for s in args.seeds.split(",")]
         inject = {int(s): f for s, f in (x.split(":") for x in args.inject.split(",") if x)}
-        worker(args.target, args.source, seeds, args.work, args.case_seconds, args.headroom_gib,
-               inject)  # fmt: skip
+        worker(
+            args.target, args.source, seeds, args.work, args.case_seconds, args.headroom_gib, inject
+        )
         return
     import tempfile
 

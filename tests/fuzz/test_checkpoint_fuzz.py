@@ -43,14 +43,25 @@ def fuzz(target: str, seeds: list[int], source, work) -> runner.FuzzReport:
         for r in report.records:
             counts[r["kind"] + " " + r["outcome"]] += 1
         with open(os.environ["FTLAB_FUZZ_REPORT"], "a") as f:
-            f.write(json.dumps({"target": target, "cases": len(report.records),
-                                "seconds": round(report.seconds, 1), "counts": counts}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "target": target,
+                        "cases": len(report.records),
+                        "seconds": round(report.seconds, 1),
+                        "counts": counts,
+                    }
+                )
+                + "\n"
+            )
     failures = report.failures
     assert len(report.records) == len(seeds), "every seed has a record"
-    lines = [f"seed {r['seed']} ({r['kind']}): {r['detail']}\n    {r['outcome']}\n    "
-             + (r["error"] or "").strip().replace("\n", "\n    ")[-1500:]
-             + f"\n    replay: python -m tests.fuzz.runner --target {target} --seed {r['seed']}"
-             for r in failures[:10]]  # fmt: skip
+    lines = [
+        f"seed {r['seed']} ({r['kind']}): {r['detail']}\n    {r['outcome']}\n    "
+        + (r["error"] or "").strip().replace("\n", "\n    ")[-1500:]
+        + f"\n    replay: python -m tests.fuzz.runner --target {target} --seed {r['seed']}"
+        for r in failures[:10]
+    ]
     assert not failures, f"{len(failures)} of {len(seeds)} cases failed:\n" + "\n".join(lines)
     return report
 
@@ -77,8 +88,17 @@ def test_the_harness_catches_crash_hang_timeout_and_memory(source, tmp_path):
     cases (the 2 GiB allocation would succeed without the 1 GiB address-space headroom), the
     worker is replaced after a crash or hang, and the other cases still run."""
     faults = {1: "segfault", 2: "hang", 3: "slow", 4: "memory"}
-    report = runner.run("hf", source, list(range(6)), tmp_path, workers=1, case_seconds=1.0,
-                        hang_seconds=4.0, headroom_gib=1.0, inject=faults)  # fmt: skip
+    report = runner.run(
+        "hf",
+        source,
+        list(range(6)),
+        tmp_path,
+        workers=1,
+        case_seconds=1.0,
+        hang_seconds=4.0,
+        headroom_gib=1.0,
+        inject=faults,
+    )
     outcomes = {r["seed"]: r["outcome"] for r in report.records}
     assert sorted(outcomes) == list(range(6))
     assert outcomes[1] == "failed: worker exited with -11 (signal 11)"

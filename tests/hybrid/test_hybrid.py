@@ -13,7 +13,9 @@ from ftlab import ops
 from ftlab.hybrid import HybridDecodeExecutor, LruResidency, StaticResidency
 from ftlab.jit import cpu_unavailable_reason
 
-needs_cpu_build = pytest.mark.skipif(cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason()))
+needs_cpu_build = pytest.mark.skipif(
+    cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason())
+)
 
 
 @st.composite
@@ -49,7 +51,9 @@ def test_cpu_experts_match_reference(case):
     assert got.dtype == x.dtype and got.shape == x.shape
     bound = ft.experts_tolerance(x, gu, dn, w, ids, path, want)
     err = (got.float() - want.float()).abs()
-    assert bool((err <= bound).all()), f"off by {float(err.max()):.3g}, bound {float(bound.max()):.3g}"
+    assert bool((err <= bound).all()), (
+        f"off by {float(err.max()):.3g}, bound {float(bound.max()):.3g}"
+    )
 
 
 @needs_cpu_build
@@ -117,7 +121,9 @@ class LruMachine(RuleBasedStateMachine):
             assert (s >= 0) == (e in p.resident())
             if s >= 0:
                 assert p.expert_in[s] == e
-        assert sorted(s for s in table if s >= 0) == sorted(s for s, e in enumerate(p.expert_in) if e >= 0)
+        assert sorted(s for s in table if s >= 0) == sorted(
+            s for s, e in enumerate(p.expert_in) if e >= 0
+        )
 
 
 TestLru = LruMachine.TestCase
@@ -130,7 +136,9 @@ def test_static_residency_never_moves(data, experts):
     """A fixed set: the chosen experts hold their slots in order whatever the steps route, no step
     loads anything, and hits / misses count each step's distinct valid experts."""
     slots = data.draw(st.integers(0, experts))
-    chosen = data.draw(st.one_of(st.none(), st.permutations(range(experts)).map(lambda p: p[:slots])))
+    chosen = data.draw(
+        st.one_of(st.none(), st.permutations(range(experts)).map(lambda p: p[:slots]))
+    )
     policy = StaticResidency(experts, slots, chosen)
     want = list(range(slots)) if chosen is None else chosen
     hits = misses = 0
@@ -141,18 +149,26 @@ def test_static_residency_never_moves(data, experts):
         misses += len(seen - set(want))
         assert policy.update(torch.tensor(ids)) == []
         assert policy.expert_in == want and policy.resident() == set(want)
-        assert policy.table().tolist() == [want.index(e) if e in want else -1 for e in range(experts)]
+        assert policy.table().tolist() == [
+            want.index(e) if e in want else -1 for e in range(experts)
+        ]
     assert (policy.hits, policy.misses) == (hits, misses)
 
 
 def test_static_residency_arguments():
-    with pytest.raises(ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[1, 1\]"):
+    with pytest.raises(
+        ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[1, 1\]"
+    ):
         StaticResidency(4, 2, [1, 1])
-    with pytest.raises(ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[0, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[0, 4\]"
+    ):
         StaticResidency(4, 2, [0, 4])
     with pytest.raises(ValueError, match=r"experts must be 2 distinct ids in \[0, 4\), got \[0\]"):
         StaticResidency(4, 2, [0])
-    with pytest.raises(TypeError, match="experts must be a list or tuple of ints, got \\[0, 1.0\\]"):
+    with pytest.raises(
+        TypeError, match="experts must be a list or tuple of ints, got \\[0, 1.0\\]"
+    ):
         StaticResidency(4, 2, [0, 1.0])
     with pytest.raises(ValueError, match="slots must be an int in \\[0, 4\\], got 5"):
         StaticResidency(4, 5)
@@ -165,18 +181,23 @@ def test_executor_with_static_residency_copies_its_experts_once():
     e, h, inter = 6, 64, 32
     gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen))
     dn = ops.quantize_q4_0(torch.randn(e, h, inter, generator=gen))
-    ex = HybridDecodeExecutor(gu, dn, 2, "cpu", policy=StaticResidency(e, 2, [4, 1]), backend="reference",
-                              path="int8")  # fmt: skip
+    ex = HybridDecodeExecutor(
+        gu, dn, 2, "cpu", policy=StaticResidency(e, 2, [4, 1]), backend="reference", path="int8"
+    )
     for _ in range(3):
-        assert torch.equal(ex.slot_gate_up.data, gu.data[[4, 1]]) and torch.equal(ex.slot_down.data, dn.data[[4, 1]])
+        assert torch.equal(ex.slot_gate_up.data, gu.data[[4, 1]]) and torch.equal(
+            ex.slot_down.data, dn.data[[4, 1]]
+        )
         assert ex.table.tolist() == [-1, 1, -1, -1, 0, -1]
         assert ex.end_step(torch.tensor([[0, 2], [3, 5]])) == []
     assert (ex.policy.hits, ex.policy.misses) == (0, 12)
 
 
 @needs_cpu_build
-@pytest.mark.parametrize("cpu_share, banks", [(s, b) for b in ("Q4_0", "dense") for s in (0.0, 0.5, 1.0)]
-                         + [(0.5, "Q4_K_M")])  # fmt: skip
+@pytest.mark.parametrize(
+    "cpu_share, banks",
+    [(s, b) for b in ("Q4_0", "dense") for s in (0.0, 0.5, 1.0)] + [(0.5, "Q4_K_M")],
+)
 def test_split_math_equals_all_experts(cpu_share, banks):
     """GPU part (simulated: the reference on the CPU over the slot banks) + CPU part (native
     kernels) == all experts through the reference, within the experts bound, as routes move
@@ -194,14 +215,18 @@ def test_split_math_equals_all_experts(cpu_share, banks):
         gu = ft.random_quant_bank(e, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5)
         dn = ft.random_quant_bank(e + 1, "Q6_K", e, h, inter, magnitude=4 * inter**-0.5)
     slots = round(e * (1 - cpu_share))
-    ex = HybridDecodeExecutor(gu, dn, slots, "cpu", backend="reference", path="int8" if q4 else "dequant")
+    ex = HybridDecodeExecutor(
+        gu, dn, slots, "cpu", backend="reference", path="int8" if q4 else "dequant"
+    )
     for _ in range(3 if banks == "Q4_K_M" else 6):
         x = torch.randn(t, h, generator=gen)
         w, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
         ids[0, 0] = -1
         gpu_ids, cpu_ids = ex.split(ids)
         routed = (ids >= 0) & (ids < e)
-        assert bool(((gpu_ids >= 0) ^ (cpu_ids >= 0) | ~routed).all()), "each route goes to exactly one part"
+        assert bool(((gpu_ids >= 0) ^ (cpu_ids >= 0) | ~routed).all()), (
+            "each route goes to exactly one part"
+        )
         assert bool(((gpu_ids < 0) & (cpu_ids < 0) | routed).all()), "invalid ids go to neither"
         got = ex(x, w, ids)
         path = "int8" if q4 else "dequant"
@@ -247,7 +272,8 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
     code = (
         "import sys, torch; from ftlab import ops; from ftlab.quant import Q4_0Weight; "
         "c = torch.load(sys.argv[1]); "
-        "y = ops.moe_experts(c['x'], Q4_0Weight(c['gu'], (8, 192, 160)), Q4_0Weight(c['dn'], (8, 160, 96)), c['w'], "
+        "y = ops.moe_experts(c['x'], Q4_0Weight(c['gu'], (8, 192, 160)), Q4_0Weight(c['dn'], (8, "
+        "160, 96)), c['w'], "
         "c['ids'], path='int8', backend='cpu'); "
         "torch.save(y, sys.argv[2])"
     )
@@ -255,7 +281,9 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
     for isa in ISAS:
         out = tmp_path / f"{isa}.pt"
         env = {**os.environ, "FTLAB_CPU_ISA": isa}
-        subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True)
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True
+        )
         outs.append(torch.load(out))
     want = ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="reference")
     bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
@@ -265,7 +293,8 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
 
 @needs_cpu_build
 def test_portable_build_equals_native_on_kquants(tmp_path):
-    """The scalar K-quant / Q8_0 row dots and the AVX2 ones (native and x86-64-v3 builds) hold to the reference, Q4_K_M's
+    """The scalar K-quant / Q8_0 row dots and the AVX2 ones (native and x86-64-v3 builds) hold to
+    the reference, Q4_K_M's
     Q4_K gate_up with Q6_K down and Q8_0 gate_up with Q5_K down."""
     import os
     import subprocess
@@ -275,20 +304,29 @@ def test_portable_build_equals_native_on_kquants(tmp_path):
     x = torch.randn(3, 256, generator=gen)
     w, ids = ops.route_topk(torch.randn(3, 4, generator=gen), 2)
     pairs = [("Q4_K", "Q6_K"), ("Q8_0", "Q5_K")]
-    banks = [(ft.random_quant_bank(i, a, 4, 512, 256), ft.random_quant_bank(9 + i, b, 4, 256, 256))
-             for i, (a, b) in enumerate(pairs)]  # fmt: skip
-    torch.save({"x": x, "w": w, "ids": ids, "banks": [(a.data, b.data) for a, b in banks]}, tmp_path / "case.pt")
+    banks = [
+        (ft.random_quant_bank(i, a, 4, 512, 256), ft.random_quant_bank(9 + i, b, 4, 256, 256))
+        for i, (a, b) in enumerate(pairs)
+    ]
+    torch.save(
+        {"x": x, "w": w, "ids": ids, "banks": [(a.data, b.data) for a, b in banks]},
+        tmp_path / "case.pt",
+    )
     code = (
         "import sys, torch; from ftlab import ops; from ftlab.quant import QuantWeight; "
         "c = torch.load(sys.argv[1]); "
-        f"ys = [ops.moe_experts(c['x'], QuantWeight(a, (4, 512, 256), ta), QuantWeight(b, (4, 256, 256), tb), "
-        f"c['w'], c['ids'], path='int8', backend='cpu') for (a, b), (ta, tb) in zip(c['banks'], {pairs!r})]; "
+        "ys = [ops.moe_experts(c['x'], QuantWeight(a, (4, 512, 256), ta), QuantWeight(b, (4, 256, "
+        "256), tb), "
+        "c['w'], c['ids'], path='int8', backend='cpu') for (a, b), (ta, tb) in zip(c['banks'], "
+        f"{pairs!r})]; "
         "torch.save(ys, sys.argv[2])"
     )
     for isa in ISAS:
         out = tmp_path / f"{isa}.pt"
         env = {**os.environ, "FTLAB_CPU_ISA": isa}
-        subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True)
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "case.pt"), str(out)], env=env, check=True
+        )
         for (gu, dn), got in zip(banks, torch.load(out), strict=True):
             want = ops.moe_experts(x, gu, dn, w, ids, path="int8", backend="reference")
             bound = ft.experts_tolerance(x, gu, dn, w, ids, "int8", want)
@@ -350,16 +388,25 @@ def test_cpu_job_entry_runs_q4_k_m_banks():
     from ftlab.cpu.moe import job_entry, job_kind
 
     class Job(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_int32) for n in ("version", "kind", "threads", "reserved")] + [
-            (n, ctypes.c_int64) for n in ("tokens", "hidden", "top_k", "experts", "inter")
-        ] + [(n, ctypes.c_void_p) for n in ("x", "ids", "w", "y", "gate_up", "down")]  # fmt: skip
+        _fields_ = (
+            [(n, ctypes.c_int32) for n in ("version", "kind", "threads", "reserved")]
+            + [(n, ctypes.c_int64) for n in ("tokens", "hidden", "top_k", "experts", "inter")]
+            + [(n, ctypes.c_void_p) for n in ("x", "ids", "w", "y", "gate_up", "down")]
+        )
 
     gu = ft.random_quant_bank(3, "Q4_K", 4, 512, 256)
     dn = ft.random_quant_bank(4, "Q6_K", 4, 256, 256)
     x = torch.randn(2, 256)
     w, ids = ops.route_topk(torch.randn(2, 4), 2)
     y = torch.full((2, 256), 7.0)
-    args = [x.data_ptr(), ids.data_ptr(), w.data_ptr(), y.data_ptr(), gu.data.data_ptr(), dn.data.data_ptr()]
+    args = [
+        x.data_ptr(),
+        ids.data_ptr(),
+        w.data_ptr(),
+        y.data_ptr(),
+        gu.data.data_ptr(),
+        dn.data.data_ptr(),
+    ]
     fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Job))(job_entry())
     for version, kind in ((2, job_kind(gu, dn)), (3, 1 | job_kind(gu, dn) & ~0xFF)):
         assert fn(ctypes.byref(Job(version, kind, 0, 0, 2, 256, 2, 4, 256, *args))) == 1
@@ -377,8 +424,10 @@ def test_channel_handshake_marks_its_phases_in_order():
     from ftlab.hybrid.handshake import StreamMemOpHandshake
 
     calls = []
-    module = SimpleNamespace(hs_submit=lambda *a: calls.append("submit"),
-                             hs_join=lambda h, y_gpu, y: (calls.append("join"), y.copy_(y_gpu)))  # fmt: skip
+    module = SimpleNamespace(
+        hs_submit=lambda *a: calls.append("submit"),
+        hs_join=lambda h, y_gpu, y: (calls.append("join"), y.copy_(y_gpu)),
+    )
     channel = SimpleNamespace(handle=1, gpu_ids=torch.full((2, 3), -1, dtype=torch.int32))
     hs = object.__new__(StreamMemOpHandshake)
     hs.cpu = SimpleNamespace(module=module, hidden=8, channel=lambda t, k: channel)
@@ -387,8 +436,14 @@ def test_channel_handshake_marks_its_phases_in_order():
         calls.append("gpu")
         return torch.ones(2, 8)
 
-    y = hs(torch.zeros(2, 8), torch.ones(2, 3), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(4, dtype=torch.int32),
-           gpu_part, mark=lambda i: calls.append(i))  # fmt: skip
+    y = hs(
+        torch.zeros(2, 8),
+        torch.ones(2, 3),
+        torch.zeros(2, 3, dtype=torch.int64),
+        torch.zeros(4, dtype=torch.int32),
+        gpu_part,
+        mark=lambda i: calls.append(i),
+    )
     assert calls == [0, "submit", 1, "gpu", 2, "join", 3]
     assert torch.equal(y, torch.ones(2, 8))
     with pytest.raises(ValueError, match="hidden size 8"):

@@ -1,4 +1,5 @@
-"""Hybrid MoE inside captured CUDA/HIP graphs (docs/OPS.md section 4), on a GPU: every graph handshake
+"""Hybrid MoE inside captured CUDA/HIP graphs (docs/OPS.md section 4), on a GPU: every graph
+handshake
 replayed >= 500 times with changing inputs and CPU/GPU splits (0%, 50%, 100% of the routes on the
 CPU) and changing residency, each replay equal to the eager handshake bit for bit and to the
 all-experts reference within the derived bound; a forced probe failure falls back to eager with a
@@ -35,7 +36,9 @@ def _ids_for(split: int, resident: list[int], tokens: int, gen) -> torch.Tensor:
     rows = []
     for _ in range(tokens):
         on_cpu = [others[i] for i in torch.randperm(len(others), generator=gen)[:split].tolist()]
-        on_gpu = [resident[i] for i in torch.randperm(len(resident), generator=gen)[: K - split].tolist()]
+        on_gpu = [
+            resident[i] for i in torch.randperm(len(resident), generator=gen)[: K - split].tolist()
+        ]
         row = on_cpu + on_gpu
         rows.append([row[i] for i in torch.randperm(K, generator=gen).tolist()])
     ids = torch.tensor(rows, dtype=torch.int32)
@@ -56,7 +59,9 @@ def _capture(ex, x, w, ids):
 
 
 @pytest.mark.parametrize("handshake", ["host_func", "stream_memop"])
-@pytest.mark.parametrize("backend,dtype,tokens", [("triton", torch.float32, 3), ("hip", torch.bfloat16, 4)])
+@pytest.mark.parametrize(
+    "backend,dtype,tokens", [("triton", torch.float32, 3), ("hip", torch.bfloat16, 4)]
+)
 def test_graph_replays_equal_eager(handshake, backend, dtype, tokens):
     gu, dn = _banks()
     ex = HybridDecodeExecutor(gu, dn, SLOTS, "cuda", backend=backend, mechanism=handshake)
@@ -84,15 +89,19 @@ def test_graph_replays_equal_eager(handshake, backend, dtype, tokens):
         if not torch.equal(y, want):
             mismatches += 1
         if r % 10 == 0:  # and the all-experts reference within the derived bound
-            ref = ops.moe_experts(x.cpu(), gu, dn, w.cpu(), ids.cpu(), path="int8", backend="reference")
+            ref = ops.moe_experts(
+                x.cpu(), gu, dn, w.cpu(), ids.cpu(), path="int8", backend="reference"
+            )
             gpu_ids, _ = ex.split(ids)
             bound = ft.hybrid_tolerance(x.cpu(), gu, dn, w.cpu(), ids.cpu(), gpu_ids, "int8", ref)
             assert_within("hybrid replay", f"replay {r}", y.cpu(), ref, bound)
             checked += 1
     stats = ex.handshake.cpu.channels[(tokens, K)].stats()
-    print(f"\n{handshake}/{backend}/{dtype}: {REPLAYS} replays, {mismatches} mismatches vs eager, "
-          f"{checked} checked vs reference, splits {splits}, CPU jobs {stats['jobs']}, "
-          f"hits {ex.policy.hits} misses {ex.policy.misses}")  # fmt: skip
+    print(
+        f"\n{handshake}/{backend}/{dtype}: {REPLAYS} replays, {mismatches} mismatches vs eager, "
+        f"{checked} checked vs reference, splits {splits}, CPU jobs {stats['jobs']}, "
+        f"hits {ex.policy.hits} misses {ex.policy.misses}"
+    )
     assert mismatches == 0
     assert stats["stale_inputs"] == 0 and stats["cpu_failures"] == 0
     ex.close()
@@ -125,8 +134,12 @@ def test_q4_k_m_layer_replays_equal_eager(handshake, backend):
         ex.check()
         assert torch.equal(y, ex.eager(x, w, ids)), f"replay {r} differs from eager"
         if r % 10 == 0:
-            ref = ops.moe_experts(x.cpu(), gu, dn, w.cpu(), ids.cpu(), path="int8", backend="reference")
-            bound = ft.hybrid_tolerance(x.cpu(), gu, dn, w.cpu(), ids.cpu(), ex.split(ids)[0], "int8", ref)
+            ref = ops.moe_experts(
+                x.cpu(), gu, dn, w.cpu(), ids.cpu(), path="int8", backend="reference"
+            )
+            bound = ft.hybrid_tolerance(
+                x.cpu(), gu, dn, w.cpu(), ids.cpu(), ex.split(ids)[0], "int8", ref
+            )
             assert_within("hybrid Q4_K_M replay", f"replay {r}", y.cpu(), ref, bound)
     ex.close()
 

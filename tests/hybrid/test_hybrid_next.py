@@ -35,7 +35,9 @@ HYBRID = ["tiny-qwen35-moe", "tiny-qwen3-next"]
 PROMPT = "The router sends every token"
 STEPS = 3
 
-needs_cpu_build = pytest.mark.skipif(cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason()))
+needs_cpu_build = pytest.mark.skipif(
+    cpu_unavailable_reason() is not None, reason=str(cpu_unavailable_reason())
+)
 
 
 pytestmark = pytest.mark.usefixtures("module_cache_dir")  # tiny models built in a fresh cache
@@ -52,7 +54,9 @@ def _model(name: str, banks: str, device: str = "cpu") -> tuple:
     (projections and banks Q4_0). Kept for the module."""
     key = (name, banks, device)
     if key not in _loaded:
-        pipe = Pipeline.load(name, device, quant="q4_0" if banks == "Q4_0 GGUF" else "hf", graphs=False)
+        pipe = Pipeline.load(
+            name, device, quant="q4_0" if banks == "Q4_0 GGUF" else "hf", graphs=False
+        )
         weights, c = pipe.weights, pipe.config
         h, inter, e = c.hidden_size, c.moe_intermediate_size, c.num_experts
 
@@ -61,12 +65,17 @@ def _model(name: str, banks: str, device: str = "cpu") -> tuple:
             if banks == "Q4_0":
                 gate_up, down = ops.quantize_q4_0(gate_up), ops.quantize_q4_0(down)
             else:
-                gate_up = ft.random_quant_bank(10 + i, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5)
+                gate_up = ft.random_quant_bank(
+                    10 + i, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5
+                )
                 down = ops.quantize(down, "Q8_0")
             return replace(moe, w_gate_up=gate_up.to(device), w_down=down.to(device))
 
         if banks in ("Q4_0", "Q4_K/Q8_0"):
-            weights = replace(weights, layers=[replace(lw, moe=routed(i, lw.moe)) for i, lw in enumerate(weights.layers)])
+            weights = replace(
+                weights,
+                layers=[replace(lw, moe=routed(i, lw.moe)) for i, lw in enumerate(weights.layers)],
+            )
         _loaded[key] = (c, weights, pipe.tokenizer)
     return _loaded[key]
 
@@ -76,7 +85,9 @@ def _slots(config, share: str) -> int:
 
 
 CASES = [(name, "dense", share) for name in HYBRID for share in ("none", "some", "all")] + [
-    ("tiny-qwen3-next", "Q4_0", "some"), ("tiny-qwen35-moe", "Q4_K/Q8_0", "some")]  # fmt: skip
+    ("tiny-qwen3-next", "Q4_0", "some"),
+    ("tiny-qwen35-moe", "Q4_K/Q8_0", "some"),
+]
 
 
 @needs_cpu_build
@@ -92,29 +103,50 @@ def test_hybrid_model_equals_the_plain_one(name, banks, share):
     hyb = Pipeline(config, weights, tokenizer, q4_0_path="int8", hybrid_slots=slots)
     base = Pipeline(config, weights, tokenizer, q4_0_path="int8")
     assert len(hyb.hybrid) == config.num_hidden_layers
-    assert all(ex.host_gate_up.shape[0] == config.num_experts and ex.policy.slots == slots for ex in hyb.hybrid)
+    assert all(
+        ex.host_gate_up.shape[0] == config.num_experts and ex.policy.slots == slots
+        for ex in hyb.hybrid
+    )
     ids = tokenizer.encode(PROMPT)
     tokens, positions = torch.tensor([ids]), torch.arange(len(ids))[None]
     for step in range(STEPS + 1):
-        stages = {s.name: s.tensors for s in hyb.model.stages(tokens, positions, last_only=True, snapshot=False)}
+        stages = {
+            s.name: s.tensors
+            for s in hyb.model.stages(tokens, positions, last_only=True, snapshot=False)
+        }
         for i, lw in enumerate(weights.layers):
             h = stages[f"layer {i} post_attention_norm"]["hidden"].reshape(-1, config.hidden_size)
             w, routes = stages[f"layer {i} router"]["weights"], stages[f"layer {i} router"]["ids"]
             mw, gpu_ids = lw.moe, hyb.hybrid[i].split(routes)[0]
-            want = ops.moe_experts(h, mw.w_gate_up, mw.w_down, w, routes, path="int8", backend="reference")
-            bound = ft.hybrid_tolerance(h, mw.w_gate_up, mw.w_down, w, routes, gpu_ids, "int8", want)
-            assert_within(f"{name} {banks} {slots} slots", f"pass {step} layer {i} experts",
-                          stages[f"layer {i} experts"]["experts"], want, bound)  # fmt: skip
+            want = ops.moe_experts(
+                h, mw.w_gate_up, mw.w_down, w, routes, path="int8", backend="reference"
+            )
+            bound = ft.hybrid_tolerance(
+                h, mw.w_gate_up, mw.w_down, w, routes, gpu_ids, "int8", want
+            )
+            assert_within(
+                f"{name} {banks} {slots} slots",
+                f"pass {step} layer {i} experts",
+                stages[f"layer {i} experts"]["experts"],
+                want,
+                bound,
+            )
             shared = stages[f"layer {i} shared_expert"]
             zero = torch.zeros(h.shape[0], 1, dtype=torch.int32)
-            assert torch.equal(shared["shared_expert"], ops.moe_experts(h, mw.shared_gate_up, mw.shared_down,
-                                                                        shared["gate"], zero, path="int8"))  # fmt: skip
+            assert torch.equal(
+                shared["shared_expert"],
+                ops.moe_experts(
+                    h, mw.shared_gate_up, mw.shared_down, shared["gate"], zero, path="int8"
+                ),
+            )
         hyb.model.end_step()
         got = stages["logits"]["logits"][0, -1]
         if banks == "dense":
             want = base.model.forward(tokens, positions, last_only=True)[0, -1]
             assert int(got.argmax()) == int(want.argmax()), f"pass {step}"
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()), msg=f"pass {step}")
+            torch.testing.assert_close(
+                got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()), msg=f"pass {step}"
+            )
         tokens, positions = got.argmax().view(1, 1), positions[:, -1:] + 1
     for p in (ex.policy for ex in hyb.hybrid):
         assert len(p.resident()) <= slots and p.misses > 0
@@ -129,12 +161,16 @@ def test_pipeline_load_takes_hybrid_slots(name):
     pipeline give the plain pipeline's greedy tokens and its logits within the rounding-order
     bound while the residency moves; its stages are the plain pipeline's."""
     base = Pipeline.load(name, quant="hf", q4_0_path="int8")
-    hyb = Pipeline.load(name, quant="hf", q4_0_path="int8", hybrid_slots=_slots(base.config, "some"))
+    hyb = Pipeline.load(
+        name, quant="hf", q4_0_path="int8", hybrid_slots=_slots(base.config, "some")
+    )
     ids = base.tokenizer.encode(PROMPT)
     a, b = base.prefill(ids), hyb.prefill(ids)
     for step in range(STEPS + 1):
         assert int(b.argmax()) == int(a.argmax())
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()), msg=f"step {step}")
+        torch.testing.assert_close(
+            b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()), msg=f"step {step}"
+        )
         if step < STEPS:
             a, b = base.decode_step(int(a.argmax())), hyb.decode_step(int(a.argmax()))
     for ex in hyb.hybrid:
@@ -151,7 +187,9 @@ def test_hybrid_graph_replays_equal_eager_gpu(name, banks):
     recurrent state equal the same model's eager step from the same state bit for bit (the same
     kernels and CPU jobs on the same inputs), the residency moving between steps."""
     config, weights, tokenizer = _model(name, banks, "cuda")
-    pipe = Pipeline(config, weights, tokenizer, q4_0_path="int8", hybrid_slots=config.num_experts // 2)
+    pipe = Pipeline(
+        config, weights, tokenizer, q4_0_path="int8", hybrid_slots=config.num_experts // 2
+    )
     assert pipe.graph_capturable and all(ex.mechanism != "eager" for ex in pipe.hybrid)
     model = pipe.model
     ids = tokenizer.encode(PROMPT)
@@ -168,7 +206,9 @@ def test_hybrid_graph_replays_equal_eager_gpu(name, banks):
             t.copy_(kept)
         eager = model.forward(tok, pos)
         assert torch.equal(replayed, eager), f"step {step}: replay differs from eager"
-        assert all(torch.equal(t, a) for t, a in zip(state, after, strict=True)), f"step {step}: state"
+        assert all(torch.equal(t, a) for t, a in zip(state, after, strict=True)), (
+            f"step {step}: state"
+        )
         model.end_step()
         logits = eager[0, -1]
     for ex in pipe.hybrid:
@@ -183,7 +223,9 @@ def test_hybrid_graph_decode_like_the_plain_model_gpu(name):
     plain graph-captured one does: the same greedy tokens, logits within the bound of these
     models' graph-against-eager test."""
     base = Pipeline.load(name, "cuda", quant="hf", q4_0_path="int8")
-    hyb = Pipeline.load(name, "cuda", quant="hf", q4_0_path="int8", hybrid_slots=base.config.num_experts // 2)
+    hyb = Pipeline.load(
+        name, "cuda", quant="hf", q4_0_path="int8", hybrid_slots=base.config.num_experts // 2
+    )
     assert hyb.graph_capturable
     ids = base.tokenizer.encode(PROMPT)
     a, b = base.prefill(ids), hyb.prefill(ids)

@@ -1,4 +1,5 @@
-"""Hybrid CPU/GPU experts in the Qwen3-MoE pipeline (``Pipeline(hybrid_slots=..., hybrid_policy=...)``):
+"""Hybrid CPU/GPU experts in the Qwen3-MoE pipeline (``Pipeline(hybrid_slots=...,
+hybrid_policy=...)``):
 decode against the plain model on the CPU and, graph-captured, on the GPU; the arguments' checks."""
 
 import re
@@ -9,14 +10,22 @@ import torch
 from ftlab.models.pipeline import Pipeline
 
 
-def _hybrid_against_base(device: str, quant: str, graphs: bool, steps: int = 16,
-                         policy: str = "lru") -> tuple[Pipeline, list[float]]:  # fmt: skip
+def _hybrid_against_base(
+    device: str, quant: str, graphs: bool, steps: int = 16, policy: str = "lru"
+) -> tuple[Pipeline, list[float]]:
     """A hybrid pipeline (half the experts of each layer in device slots, the rest on the CPU)
     against the plain one, both on the int8 path: the same greedy tokens, and each step's
     next-token logits with their max-abs difference."""
     base = Pipeline.load("tiny-qwen3-moe", device, quant=quant, q4_0_path="int8", graphs=graphs)
-    hyb = Pipeline.load("tiny-qwen3-moe", device, quant=quant, q4_0_path="int8", graphs=graphs, hybrid_slots=4,
-                        hybrid_policy=policy)  # fmt: skip
+    hyb = Pipeline.load(
+        "tiny-qwen3-moe",
+        device,
+        quant=quant,
+        q4_0_path="int8",
+        graphs=graphs,
+        hybrid_slots=4,
+        hybrid_policy=policy,
+    )
     ids = base.tokenizer.encode("The router sends every token")
     a, b = base.prefill(ids), hyb.prefill(ids)
     diffs = [float((a - b).abs().max())]
@@ -50,7 +59,8 @@ def test_static_hybrid_experts_decode_like_the_plain_model():
 
 
 def test_layer_placement_decodes_like_the_plain_model():
-    """hybrid_policy="layers": 4 of 8 experts' share placed by layers -- every expert of the first of
+    """hybrid_policy="layers": 4 of 8 experts' share placed by layers -- every expert of the first
+    of
     the tiny model's 2 layers on the CPU (an executor with no slots), the other layer's on the
     device (no executor); the same tokens and logits within fp32 rounding."""
     hyb, diffs = _hybrid_against_base("cpu", "q4_0", graphs=False, steps=8, policy="layers")
@@ -60,18 +70,30 @@ def test_layer_placement_decodes_like_the_plain_model():
     assert ex.policy.slots == 0 and ex.policy.hits == 0 and ex.policy.misses > 0
 
 
-@pytest.mark.parametrize("name, slots", [("tiny-qwen3-moe", 0), ("tiny-qwen3-moe", 6), ("tiny-qwen3-moe", 8),
-                                         ("tiny-qwen3-moe-wide", 8), ("tiny-qwen3-moe-wide", 11)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, slots",
+    [
+        ("tiny-qwen3-moe", 0),
+        ("tiny-qwen3-moe", 6),
+        ("tiny-qwen3-moe", 8),
+        ("tiny-qwen3-moe-wide", 8),
+        ("tiny-qwen3-moe-wide", 11),
+    ],
+)
 def test_layer_placement_puts_the_share_on_the_cpu(name, slots):
     """Pipeline(hybrid_policy="layers"): exactly cpu_layers(L, E, N) leading layers get an executor
     (every expert on the CPU), whatever the share -- all of them, some, or none (a graph-free CPU
     decode still runs when no layer has one)."""
     from ftlab.hybrid import cpu_layers
 
-    pipe = Pipeline.load(name, "cpu", quant="q4_0", q4_0_path="int8", hybrid_slots=slots, hybrid_policy="layers")
+    pipe = Pipeline.load(
+        name, "cpu", quant="q4_0", q4_0_path="int8", hybrid_slots=slots, hybrid_policy="layers"
+    )
     c = pipe.config
     want = cpu_layers(c.num_hidden_layers, c.num_experts, slots)
-    assert [ex is not None for ex in pipe.hybrid] == [True] * want + [False] * (c.num_hidden_layers - want)
+    assert [ex is not None for ex in pipe.hybrid] == [True] * want + [False] * (
+        c.num_hidden_layers - want
+    )
     assert all(ex.policy.slots == 0 for ex in pipe.executors)
     logits = pipe.prefill(pipe.tokenizer.encode("every expert"))
     assert bool(torch.isfinite(pipe.decode_step(int(logits.argmax()))).all())
@@ -83,8 +105,14 @@ def test_lru_table_on_the_device_follows_the_policy():
     from ftlab.hybrid import HybridDecodeExecutor
 
     gen = torch.Generator().manual_seed(4)
-    ex = HybridDecodeExecutor(torch.randn(8, 64, 32, generator=gen), torch.randn(8, 32, 32, generator=gen), 3, "cpu",
-                              backend="reference", path="dequant")  # fmt: skip
+    ex = HybridDecodeExecutor(
+        torch.randn(8, 64, 32, generator=gen),
+        torch.randn(8, 32, 32, generator=gen),
+        3,
+        "cpu",
+        backend="reference",
+        path="dequant",
+    )
     loaded = []
     for ids in ([[0, 1]], [[0, 1]], [[2, 3]], [[3, 2]], [[5, -1]], [[5, 0]], [[7, 7]]):
         loaded.append(len(ex.end_step(torch.tensor(ids))))
@@ -96,14 +124,21 @@ def test_layer_executors_place_the_share():
     from ftlab.hybrid import layer_executors
 
     gen = torch.Generator().manual_seed(3)
-    banks = [(torch.randn(8, 64, 32, generator=gen), torch.randn(8, 32, 32, generator=gen)) for _ in range(6)]
-    placed = layer_executors(banks, 2, "cpu", "layers")  # 6 of 8 experts' bytes on the CPU: 4.5 -> 5 layers
+    banks = [
+        (torch.randn(8, 64, 32, generator=gen), torch.randn(8, 32, 32, generator=gen))
+        for _ in range(6)
+    ]
+    placed = layer_executors(
+        banks, 2, "cpu", "layers"
+    )  # 6 of 8 experts' bytes on the CPU: 4.5 -> 5 layers
     assert [ex is None for ex in placed] == [False] * 5 + [True]
     assert all(ex.policy.slots == 0 and ex.table.tolist() == [-1] * 8 for ex in placed[:5])
     for placement, table in (("static", [0, 1] + [-1] * 6), ("lru", [-1] * 8)):
         placed = layer_executors(banks, 2, "cpu", placement)
         assert len(placed) == 6 and all(ex.table.tolist() == table for ex in placed)
-    with pytest.raises(ValueError, match=re.escape("placement must be one of ['lru', 'static', 'layers'], got 'x'")):
+    with pytest.raises(
+        ValueError, match=re.escape("placement must be one of ['lru', 'static', 'layers'], got 'x'")
+    ):
         layer_executors(banks, 2, "cpu", "x")
 
 
@@ -112,7 +147,10 @@ def test_hybrid_policy_is_checked():
     from ftlab.models.pipeline_args import HYBRID_POLICIES
 
     assert HYBRID_POLICIES == PLACEMENTS
-    with pytest.raises(ValueError, match=re.escape("hybrid_policy must be one of ['lru', 'static', 'layers'], got 'fifo'")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("hybrid_policy must be one of ['lru', 'static', 'layers'], got 'fifo'"),
+    ):
         Pipeline.load("tiny-qwen3-moe", "cpu", hybrid_slots=2, hybrid_policy="fifo")
 
 
@@ -122,7 +160,9 @@ def test_hybrid_slots_must_fit():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quant, policy", [("f32", "lru"), ("q4_0", "lru"), ("q4_0", "static"), ("q4_0", "layers")])
+@pytest.mark.parametrize(
+    "quant, policy", [("f32", "lru"), ("q4_0", "lru"), ("q4_0", "static"), ("q4_0", "layers")]
+)
 def test_hybrid_graph_decode_like_the_plain_model_gpu(quant, policy):
     """GPU: the decode step with hybrid layers is captured in one graph (every layer's
     handshake passed its probe) and decodes what the plain graph-captured model does."""
@@ -140,7 +180,9 @@ def test_residency_follows_the_replays_after_an_eager_pass_gpu():
     """An eager pass between graph steps (as compare() or stages() make) must not leave the
     residency reading its router ids: after the next replay, every hybrid layer's end_step reads
     the graph's id buffers again, and the LRU slots follow the replays' routes."""
-    pipe = Pipeline.load("tiny-qwen3-moe", "cuda", quant="q4_0", q4_0_path="int8", graphs=True, hybrid_slots=4)
+    pipe = Pipeline.load(
+        "tiny-qwen3-moe", "cuda", quant="q4_0", q4_0_path="int8", graphs=True, hybrid_slots=4
+    )
     logits = pipe.prefill(pipe.tokenizer.encode("The router sends every token"))
     token = int(logits.argmax())
     logits = pipe.decode_step(token)  # the first decode step captures the graph

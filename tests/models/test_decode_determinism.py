@@ -2,7 +2,8 @@
 Q4_0 weights, every cache slot filled, position 512): over many token draws, two eager steps through
 the captured kernels are equal, a replay of the captured step equals them, and so does the eager
 step as the pipeline launches it (the fused norm and q/k/v matvec, same bits by contract). torch's
-SDPA on cuDNN parted from itself here on the H200 (benchmarks/NOTES.md, "Graph against eager decode: cuDNN's attention"): one
+SDPA on cuDNN parted from itself here on the H200 (benchmarks/NOTES.md, "Graph against eager decode:
+cuDNN's attention"): one
 draw gives no evidence, hence the draws, batch 1 and 8."""
 
 from dataclasses import replace
@@ -42,6 +43,10 @@ def test_decode_steps_repeat_bit_for_bit_gpu(bench_shape, batch):
         replayed = graph(tok, pos).clone()
         eager = model.forward(tok, pos)
         assert torch.isfinite(first).all()
-        if not (torch.equal(first, second) and torch.equal(replayed, first) and torch.equal(eager, first)):
+        if not (
+            torch.equal(first, second)
+            and torch.equal(replayed, first)
+            and torch.equal(eager, first)
+        ):
             parted.append(draw)
     assert parted == [], f"draws whose steps parted: {parted}"

@@ -107,8 +107,12 @@ def test_record_refuses_what_a_schedule_cannot_repeat(fake_gpu, monkeypatch, tmp
 
     with pytest.raises(NotReplayable) as err:
         record(work)
-    expect = {"torch kernel": "aten.add", "returned value": "answer returned a value", "cpu module": "CPU module 'moe'",
-              "triton kernel": "Triton kernel"}[what]  # fmt: skip
+    expect = {
+        "torch kernel": "aten.add",
+        "returned value": "answer returned a value",
+        "cpu module": "CPU module 'moe'",
+        "triton kernel": "Triton kernel",
+    }[what]
     assert any(expect in r for r in err.value.reasons), err.value.reasons
     schedule, _ = record(lambda: jit.module_for("fake", fake_gpu).scale(x, x.new_empty(4), 1.0))
     assert len(schedule) == 1  # nothing left recording: a new recording starts
@@ -181,7 +185,9 @@ def test_update_geometry_equals_geometry(batch):
     assert torch.equal(geo["write"], cache.geometry(past, 24, 10_000.0, torch.bfloat16)["write"])
     dynamic = KVCache(2, 64, 4, 40, False, torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ValueError, match="static cache"):
-        dynamic.update_geometry(dynamic.geometry(positions, 24, 10_000.0, torch.bfloat16), positions, keys)
+        dynamic.update_geometry(
+            dynamic.geometry(positions, 24, 10_000.0, torch.bfloat16), positions, keys
+        )
 
 
 class _Counting:
@@ -199,7 +205,8 @@ class _Counting:
 
 def test_decode_launches_records_the_hip_layers_on_cpu(monkeypatch):
     """The hip backend's Python on CPU tensors with its launches stubbed: DecodeLaunches records
-    every launch a step makes op by op in its window (the embedding, each layer's, the final norm's),
+    every launch a step makes op by op in its window (the embedding, each layer's, the final
+    norm's),
     refreshes the geometry and runs the schedule from C++ each step."""
     from ftlab import backends
     from ftlab.models.decode_steps import DecodeLaunches
@@ -210,8 +217,11 @@ def test_decode_launches_records_the_hip_layers_on_cpu(monkeypatch):
     monkeypatch.setattr(jit, "load_gpu", lambda name, plat=None: _Counting())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     serve = backends.Impl.cannot_serve
-    monkeypatch.setattr(backends.Impl, "cannot_serve",
-                        lambda self, *a, **k: None if self.backend == "hip" else serve(self, *a, **k))  # fmt: skip
+    monkeypatch.setattr(
+        backends.Impl,
+        "cannot_serve",
+        lambda self, *a, **k: None if self.backend == "hip" else serve(self, *a, **k),
+    )
     forget()  # no plan of another test's, none of this one's left behind (below)
     try:
         _record_the_hip_layers(Pipeline, Qwen3Moe, DecodeLaunches, backends)
@@ -223,8 +233,14 @@ def test_decode_launches_records_the_hip_layers_on_cpu(monkeypatch):
 def _record_the_hip_layers(Pipeline, Qwen3Moe, DecodeLaunches, backends) -> None:
     pipe = Pipeline.load("tiny-qwen3-moe", quant="q4_0")
     names = {op: "hip" for op in Qwen3Moe.OPS if "hip" in backends.backends_of(op)}
-    model = Qwen3Moe(pipe.config, pipe.weights, max_batch=2, max_seq_len=32, static=True,
-                     backends={**names, "decode_attention": "hip"})  # fmt: skip
+    model = Qwen3Moe(
+        pipe.config,
+        pipe.weights,
+        max_batch=2,
+        max_seq_len=32,
+        static=True,
+        backends={**names, "decode_attention": "hip"},
+    )
     launched = DecodeLaunches(model, 2)
     _Counting.calls = 0
     model.forward(torch.zeros((2, 1), dtype=torch.long), torch.full((2, 1), 31))
@@ -233,8 +249,12 @@ def _record_the_hip_layers(Pipeline, Qwen3Moe, DecodeLaunches, backends) -> None
     logits = launched(torch.tensor([[3], [4]]), torch.tensor([[5], [9]]))
     assert launched.schedule.native is True and logits.shape == (2, 1, pipe.config.vocab_size)
     window = launched.schedule_length
-    assert _Counting.calls == op_by_op and window < op_by_op  # the lm_head's launches ran through the ops
-    assert sorted(launched.inputs) == sorted(["cos", "sin", "write", "mask", "positions", "lengths"])
+    assert (
+        _Counting.calls == op_by_op and window < op_by_op
+    )  # the lm_head's launches ran through the ops
+    assert sorted(launched.inputs) == sorted(
+        ["cos", "sin", "write", "mask", "positions", "lengths"]
+    )
     assert torch.equal(launched.geo["write"], torch.tensor([5, 32 + 9]))
     assert torch.equal(launched.geo["lengths"], torch.tensor([6, 10], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"must be \(2, 1\) \(the recorded batch\)"):
@@ -247,13 +267,23 @@ def _model_pair(dev: torch.device, batch: int):
     from ftlab.bench.model import random_model
     from ftlab.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
 
-    config = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
-                            num_key_value_heads=2, head_dim=128, num_experts=8, num_experts_per_tok=2,
-                            moe_intermediate_size=256)  # fmt: skip
+    config = Qwen3MoeConfig(
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+    )
     weights = random_model(config, dev)
     gen = torch.Generator(device=dev).manual_seed(5)
     tokens = torch.randint(0, config.vocab_size, (batch, 60), device=dev, generator=gen)
-    models = [Qwen3Moe(config, weights, max_batch=batch, max_seq_len=96, static=True) for _ in range(2)]
+    models = [
+        Qwen3Moe(config, weights, max_batch=batch, max_seq_len=96, static=True) for _ in range(2)
+    ]
     for m in models:
         m.forward(tokens[:, :20], torch.arange(20, device=dev)[None].expand(batch, -1))
     return config, models, tokens
@@ -278,7 +308,7 @@ def test_launched_steps_equal_op_by_op_gpu(batch):
     offsets = torch.arange(batch, device=dev)[:, None]  # sequence s at position p + s
     previous = None
     for p in range(20, 60):
-        tok, pos = tokens[:, p:p + 1], (p + offsets).clamp(max=94)
+        tok, pos = tokens[:, p : p + 1], (p + offsets).clamp(max=94)
         got = launched(tok, pos)
         want = b.forward(tok, pos)
         assert torch.equal(got, want), (p, float((got - want).abs().max()))
@@ -292,7 +322,7 @@ def test_launched_steps_equal_op_by_op_gpu(batch):
     with torch.cuda.stream(side):
         for p in range(60, 64):
             torch.cuda._sleep(5_000_000)
-            tok, pos = tokens[:, p - 40:p - 39], (p + offsets).clamp(max=94)
+            tok, pos = tokens[:, p - 40 : p - 39], (p + offsets).clamp(max=94)
             got, want = launched(tok, pos).clone(), b.forward(tok, pos)
             assert torch.equal(got, want), p
     torch.cuda.current_stream(dev).wait_stream(side)
@@ -314,9 +344,17 @@ def test_pipeline_graphs_off_launches_its_steps_gpu(monkeypatch):
 
     dev = torch.device("cuda")
     tiny = Pipeline.load("tiny-qwen3-moe")
-    config = Qwen3MoeConfig(vocab_size=tiny.config.vocab_size, hidden_size=256, num_hidden_layers=2,
-                            num_attention_heads=8, num_key_value_heads=2, head_dim=128, num_experts=8,
-                            num_experts_per_tok=2, moe_intermediate_size=256)  # fmt: skip
+    config = Qwen3MoeConfig(
+        vocab_size=tiny.config.vocab_size,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=256,
+    )
     weights = random_model(config, dev)
     runs = []
     for refuse in (False, True):
@@ -329,7 +367,9 @@ def test_pipeline_graphs_off_launches_its_steps_gpu(monkeypatch):
         for _ in range(12):
             logits.append(pipe.decode_step(int(logits[-1].argmax())))
         runs.append(torch.stack(logits))
-        assert pipe.decode_path == ("eager" if refuse else "launches") and pipe.launches_refused in (None, "by the test")
+        assert pipe.decode_path == (
+            "eager" if refuse else "launches"
+        ) and pipe.launches_refused in (None, "by the test")
     assert torch.equal(runs[0], runs[1])
     small = Pipeline.load("tiny-qwen3-moe", "cuda", dtype=torch.bfloat16, graphs=False)
     assert small.decode_path == "launches"  # planned: the first step's recording decides
@@ -342,5 +382,7 @@ def test_pipeline_graphs_off_launches_its_steps_gpu(monkeypatch):
     dynamic = [off.prefill(tiny.tokenizer.encode("Every operator has a reference"))]
     for logits in runs[0][:-1]:
         dynamic.append(off.decode_step(int(logits.argmax())))
-    for a, b in zip(runs[0], dynamic, strict=True):  # the static and dynamic attention: last bits apart
+    for a, b in zip(
+        runs[0], dynamic, strict=True
+    ):  # the static and dynamic attention: last bits apart
         assert float((a - b).abs().max()) <= 1e-2 * float(a.abs().max())

@@ -44,7 +44,9 @@ def assert_same_model(a: Pipeline, b: Pipeline, tokens: int = 8) -> None:
     ids = a.tokenizer.encode(PROMPT)
     assert b.tokenizer.encode(PROMPT) == ids
     assert_same_logits(b.prefill(ids), a.prefill(ids))
-    assert list(b.generate(PROMPT, max_new_tokens=tokens)) == list(a.generate(PROMPT, max_new_tokens=tokens))
+    assert list(b.generate(PROMPT, max_new_tokens=tokens)) == list(
+        a.generate(PROMPT, max_new_tokens=tokens)
+    )
 
 
 @pytest.mark.parametrize("name", HYBRID)
@@ -53,14 +55,18 @@ def test_tiny_f32_gguf_reads_back_the_checkpoint(name):
     norms (stored ``w + 1``: within half an ulp of 1) and ``A_log`` (stored ``-exp(A_log)`` in
     fp32: ``log`` of a value 1 ulp off is 2^-23 off, plus the result's rounding)."""
     root = tiny.ensure(name)
-    assert gguf_architecture(root / "model-f32.gguf") == {"tiny-qwen35-moe": "qwen35moe"}.get(name, "qwen3next")
+    assert gguf_architecture(root / "model-f32.gguf") == {"tiny-qwen35-moe": "qwen35moe"}.get(
+        name, "qwen3next"
+    )
     config, tensors, perms = read_gguf_hf(root / "model-f32.gguf", dtype=torch.float32)
     want = fused_state(hybrid_weights(name, tiny.VOCAB_SIZE))
     assert set(tensors) == set(want) and not perms
     for key, w in want.items():
         if key.endswith("A_log"):  # exp's fp32 rounding (1 ulp relative) is absolute in the log
             torch.testing.assert_close(tensors[key], w, rtol=2**-24, atol=2**-23)
-        elif key.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight")):
+        elif key.endswith(
+            ("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight")
+        ):
             assert float((tensors[key] - w).abs().max()) <= 2**-24, key
         else:
             assert torch.equal(tensors[key], w), key
@@ -102,7 +108,9 @@ def _hf_reference(name: str, tmp_path: Path) -> Path:
 def test_converter_files_give_the_logits_of_their_checkpoints(name, tmp_path):
     gguf_pipe = Pipeline.load(DATA / f"{name}.gguf", backends="reference")
     config, weights = load_hf(_hf_reference(name, tmp_path), dtype=torch.float32, progress=False)
-    hf_pipe = Pipeline(config, weights, read_gguf_tokenizer(DATA / f"{name}.gguf"), backends="reference")
+    hf_pipe = Pipeline(
+        config, weights, read_gguf_tokenizer(DATA / f"{name}.gguf"), backends="reference"
+    )
     assert gguf_pipe.config == hf_pipe.config
     assert_same_model(hf_pipe, gguf_pipe)
 
@@ -113,7 +121,9 @@ def test_llama_quantize_files_run(name):
     loads dense with a DequantizedWarning."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        config, weights, tokenizer = load_gguf_model(DATA / f"{name}.gguf", dtype=torch.float32, progress=False)
+        config, weights, tokenizer = load_gguf_model(
+            DATA / f"{name}.gguf", dtype=torch.float32, progress=False
+        )
     assert [w.category for w in caught] == ([DequantizedWarning] if name.endswith("q4_k_m") else [])
     assert isinstance(weights.layers[0].moe.w_gate_up, Q4_0Weight) == name.endswith("q4_0")
     pipe = Pipeline(config, weights, tokenizer, backends="reference")
@@ -121,7 +131,9 @@ def test_llama_quantize_files_run(name):
 
 
 def test_other_architectures_are_refused(tmp_path):
-    path = write_tensors(tmp_path / "llama.gguf", {"token_embd.weight": torch.zeros(8, 32)}, arch="llama")
+    path = write_tensors(
+        tmp_path / "llama.gguf", {"token_embd.weight": torch.zeros(8, 32)}, arch="llama"
+    )
     for load in (lambda: load_gguf_model(path), lambda: Pipeline.load(path)):
         with pytest.raises(GGUFError) as e:
             load()

@@ -50,8 +50,11 @@ def expected_types(ftype: str) -> dict[str, str]:
     base = {"Q4_0": "Q4_0", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}[
         ftype
     ]
-    types = {"token_embd.weight": base, "output.weight": "Q8_0" if ftype == "Q8_0" else "Q6_K",
-             "output_norm.weight": "F32"}  # fmt: skip
+    types = {
+        "token_embd.weight": base,
+        "output.weight": "Q8_0" if ftype == "Q8_0" else "Q6_K",
+        "output_norm.weight": "F32",
+    }
     for i in range(LAYERS):
         more_bits = ftype in ("Q4_K_M", "Q5_K_M") and i == 1
         for m in MATRICES:
@@ -82,11 +85,22 @@ def hf_state_dict(file: Path) -> dict[str, torch.Tensor]:
         raw[t.name] = torch.from_numpy(values).reshape(
             tuple(int(d) for d in reversed(t.shape.tolist()))
         )
-    out = {"model.embed_tokens.weight": raw["token_embd.weight"], "model.norm.weight": raw["output_norm.weight"],
-           "lm_head.weight": raw["output.weight"]}  # fmt: skip
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate": "ffn_gate_inp"}  # fmt: skip
+    out = {
+        "model.embed_tokens.weight": raw["token_embd.weight"],
+        "model.norm.weight": raw["output_norm.weight"],
+        "lm_head.weight": raw["output.weight"],
+    }
+    names = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate": "ffn_gate_inp",
+    }
     for i in range(LAYERS):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         out |= {f"{p}{hf}.weight": raw[f"{b}{g}.weight"] for hf, g in names.items()}
@@ -99,14 +113,22 @@ def hf_state_dict(file: Path) -> dict[str, torch.Tensor]:
 def oracle(file: Path, config) -> torch.nn.Module:
     c = config
     hf = transformers.Qwen3MoeConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-        num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
-        moe_intermediate_size=c.moe_intermediate_size, intermediate_size=4 * c.hidden_size,
-        norm_topk_prob=c.norm_topk_prob, rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=False,
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        num_experts=c.num_experts,
+        num_experts_per_tok=c.num_experts_per_tok,
+        moe_intermediate_size=c.moe_intermediate_size,
+        intermediate_size=4 * c.hidden_size,
+        norm_topk_prob=c.norm_topk_prob,
+        rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=False,
         max_position_embeddings=c.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-    )  # fmt: skip
+    )
     model = transformers.Qwen3MoeForCausalLM(hf).eval()
     model.load_state_dict(hf_state_dict(file), strict=True)
     return model
@@ -119,7 +141,8 @@ def prompt(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def load(ftype: str):
-    """load_gguf in fp32, failing on a DequantizedWarning: every type of these files has a kernel."""
+    """load_gguf in fp32, failing on a DequantizedWarning: every type of these files has a
+    kernel."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", DequantizedWarning)
         return load_gguf(path(ftype), dtype=torch.float32, progress=False)
@@ -128,22 +151,37 @@ def load(ftype: str):
 def test_the_q4_k_m_file_loads_packed_in_the_types_it_holds():
     """Projections, expert banks (gate and up rows stacked) and lm_head are QuantWeight of the
     file's types; q, k and v share one stacked weight where their types match (layer 0); where
-    attn_v is Q6_K beside Q4_K (layer 1) q and k are stacked and v stays apart; the embedding is dense rows."""
+    attn_v is Q6_K beside Q4_K (layer 1) q and k are stacked and v stays apart; the embedding is
+    dense rows."""
     config, weights = load("Q4_K_M")
     types = expected_types("Q4_K_M")
     for i, lw in enumerate(weights.layers):
         b = f"blk.{i}."
-        fields = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-                  "w_gate_up": "ffn_gate_exps", "w_down": "ffn_down_exps"}  # fmt: skip
+        fields = {
+            "q_proj": "attn_q",
+            "k_proj": "attn_k",
+            "v_proj": "attn_v",
+            "o_proj": "attn_output",
+            "w_gate_up": "ffn_gate_exps",
+            "w_down": "ffn_down_exps",
+        }
         for field, name in fields.items():
             w = getattr(lw, field)
             assert isinstance(w, QuantWeight) and w.qtype == types[f"{b}{name}.weight"], (i, field)
-        assert lw.w_gate_up.shape == (config.num_experts, 2 * config.moe_intermediate_size, config.hidden_size)
-        parts = [w for w, _ in lw.qkv()]  # layer 0: one Q4_K part; layer 1: q and k stacked (Q4_K), then v (Q6_K)
+        assert lw.w_gate_up.shape == (
+            config.num_experts,
+            2 * config.moe_intermediate_size,
+            config.hidden_size,
+        )
+        parts = [
+            w for w, _ in lw.qkv()
+        ]  # layer 0: one Q4_K part; layer 1: q and k stacked (Q4_K), then v (Q6_K)
         assert [p.qtype for p in parts] == (["Q4_K"] if i == 0 else ["Q4_K", "Q6_K"]), i
         rows = lw.q_proj.shape[0] + lw.k_proj.shape[0]
         stacked = torch.cat([lw.q_proj.data, lw.k_proj.data] + ([lw.v_proj.data] if i == 0 else []))
-        assert parts[0].shape == (stacked.shape[0], config.hidden_size) and torch.equal(parts[0].data, stacked)
+        assert parts[0].shape == (stacked.shape[0], config.hidden_size) and torch.equal(
+            parts[0].data, stacked
+        )
         assert i == 0 or (parts[1] is lw.v_proj and parts[0].shape[0] == rows)
     assert isinstance(weights.lm_head, QuantWeight) and weights.lm_head.qtype == "Q6_K"
     assert isinstance(weights.embed, torch.Tensor) and weights.embed.dtype == torch.float32
@@ -174,7 +212,8 @@ def test_int8_path_of_the_q4_k_m_weights_is_within_the_quant_matmul_bound(backen
     the Q4_K_M file (Q4_K q, Q6_K v, Q4_K o, Q6_K lm_head), int8 path: within
     ``quant_matmul_tolerance`` of the int8 sum of the file's blocks. Triton's interpreter, whose
     time grows with the rows, takes the first 20 rows of q and of v (a part tile of the 8-row
-    tiles at 8 inputs); the kernels' launch shapes are tests/property/test_quant_matmul_triton_mv.py's."""
+    tiles at 8 inputs); the kernels' launch shapes are
+    tests/property/test_quant_matmul_triton_mv.py's."""
     config, weights = load("Q4_K_M")
     lw = weights.layers[1]
     gen = torch.Generator().manual_seed(7)
@@ -213,7 +252,8 @@ def test_pipeline_loads_each_file_and_generates(ftype):
 def test_triton_backends_agree_with_the_reference(ftype):
     """Every Triton kernel the model runs (under the interpreter on CPU) against the reference,
     stage by stage, on the Q4_0 file (Q4_0 matmuls, Q6_K output) and the Q4_K_M file (Q4_K and
-    Q6_K matmuls and expert banks), on the dequant path: fp32 throughout, the kernels differ from the reference in summation order only, so
+    Q6_K matmuls and expert banks), on the dequant path: fp32 throughout, the kernels differ from
+    the reference in summation order only, so
     1e-4 relative (the bound the GPU gate of tests/models/test_pipeline.py holds them to)."""
     pipe = Pipeline.load(str(path(ftype)), backends="reference", q4_0_path="dequant")
     rows = pipe.compare("The router sends every token", ["triton"])

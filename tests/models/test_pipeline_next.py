@@ -21,12 +21,20 @@ pytestmark = pytest.mark.usefixtures("module_cache_dir")  # tiny models built in
 def test_tiny_hybrid_models_are_deterministic(tmp_path):
     a = tiny.ensure("tiny-qwen35-moe", tmp_path / "a")
     b = tiny.ensure("tiny-qwen35-moe", tmp_path / "b")
-    for name in ("model.safetensors", "tokenizer.json", "config.json", "model-f32.gguf", "model-q4_0.gguf"):
+    for name in (
+        "model.safetensors",
+        "tokenizer.json",
+        "config.json",
+        "model-f32.gguf",
+        "model-q4_0.gguf",
+    ):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("name, quant, tokens", [("tiny-qwen35-moe", "hf", 12), ("tiny-qwen3-next", "hf", 12),
-                                                  ("tiny-qwen3-next", "q4_0", 4)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, quant, tokens",
+    [("tiny-qwen35-moe", "hf", 12), ("tiny-qwen3-next", "hf", 12), ("tiny-qwen3-next", "q4_0", 4)],
+)
 def test_generate_is_greedy_and_stops(name, quant, tokens):
     """The HF form, and the Q4_0 GGUF form (projections and banks Q4_0; the reference int8
     matmul on the CPU is slow, hence few tokens)."""
@@ -61,15 +69,33 @@ def test_stages_cover_both_kinds_of_layer():
     linear = ["input_norm", "in_proj", "conv", "delta_rule", "gated_norm", "out_proj"]
     full = ["input_norm", "q_gate", "qk_norm_rope", "attention", "output_gate", "o_proj"]
     moe = ["post_attention_norm", "router", "experts", "shared_expert", "residual"]
-    assert names == ["embed", *(f"layer {i} {s}" for i in range(4) for s in (linear if i % 2 == 0 else full) + moe),
-                     "norm", "logits", "sample"]  # fmt: skip
+    assert names == [
+        "embed",
+        *(f"layer {i} {s}" for i in range(4) for s in (linear if i % 2 == 0 else full) + moe),
+        "norm",
+        "logits",
+        "sample",
+    ]
     by_name = {s.name: s for s in stages}
     c, t = pipe.config, len(pipe.tokenizer.encode("Hello world"))
     state = by_name["layer 2 delta_rule"].tensors["state"]
-    assert state.shape == (1, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+    assert state.shape == (
+        1,
+        c.linear_num_value_heads,
+        c.linear_key_head_dim,
+        c.linear_value_head_dim,
+    )
     assert state.dtype == torch.float32 and state.abs().max() > 0
-    assert by_name["layer 0 conv"].tensors["state"].shape == (1, c.conv_dim, c.linear_conv_kernel_dim - 1)
-    assert by_name["layer 1 qk_norm_rope"].tensors["q"].shape == (t, c.num_attention_heads, c.head_dim)
+    assert by_name["layer 0 conv"].tensors["state"].shape == (
+        1,
+        c.conv_dim,
+        c.linear_conv_kernel_dim - 1,
+    )
+    assert by_name["layer 1 qk_norm_rope"].tensors["q"].shape == (
+        t,
+        c.num_attention_heads,
+        c.head_dim,
+    )
     assert by_name["layer 3 shared_expert"].tensors["gate"].shape == (t, 1)
     assert int(stages[-1].tensors["token"]) == int(stages[-2].tensors["logits"][0, -1].argmax())
 
@@ -79,7 +105,13 @@ def test_compare_against_itself_is_zero_and_triton_is_close():
     rows = pipe.compare("Hello world", ["reference"])
     assert rows and all(r.max_abs == 0 for r in rows), format_compare(rows)
     triton = {op: "triton" for op in MODEL_OPS if "triton" in ftbackends.backends_of(op)}
-    assert {"causal_conv1d", "gated_delta_rule", "gated_delta_step", "gated_rmsnorm", "output_gate"} <= set(triton)
+    assert {
+        "causal_conv1d",
+        "gated_delta_rule",
+        "gated_delta_step",
+        "gated_rmsnorm",
+        "output_gate",
+    } <= set(triton)
     rows = pipe.compare("Hello world", [triton])
     worst = max(rows, key=lambda r: r.rel)
     assert worst.rel < 1e-4, format_compare(rows)
@@ -87,16 +119,29 @@ def test_compare_against_itself_is_zero_and_triton_is_close():
 
 def test_backend_name_covers_the_ops_that_have_it():
     pipe = Pipeline.load("tiny-qwen35-moe", quant="hf", backends="reference")
-    assert set(pipe.model.backends) == set(MODEL_OPS) and set(pipe.model.backends.values()) == {"reference"}
+    assert set(pipe.model.backends) == set(MODEL_OPS) and set(pipe.model.backends.values()) == {
+        "reference"
+    }
 
 
 def test_cli_runs_a_tiny_hybrid_model(capsys):
     from ftlab import cli
 
-    args = ["run", "--model", "tiny-qwen35-moe", "--max-new-tokens", "2", "--device", "cpu", "--stages"]
+    args = [
+        "run",
+        "--model",
+        "tiny-qwen35-moe",
+        "--max-new-tokens",
+        "2",
+        "--device",
+        "cpu",
+        "--stages",
+    ]
     assert cli.main(args) == 0  # the Q4_0 form, the CLI's default
     out = capsys.readouterr().out
-    assert "[layer 0 delta_rule]" in out and "[layer 1 output_gate]" in out and "eager decode" in out
+    assert (
+        "[layer 0 delta_rule]" in out and "[layer 1 output_gate]" in out and "eager decode" in out
+    )
 
 
 def _gpu_backends(name: str) -> dict[str, str]:
@@ -204,7 +249,9 @@ def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
     512 steps of the graph stay finite."""
     eager = Pipeline.load(name, "cuda", quant=quant, graphs=False, max_seq_len=600)
     graphed = Pipeline.load(name, "cuda", quant=quant, max_seq_len=600)
-    static = Pipeline.load(name, "cuda", quant=quant, max_seq_len=600)  # driven by _static_eager_step
+    static = Pipeline.load(
+        name, "cuda", quant=quant, max_seq_len=600
+    )  # driven by _static_eager_step
     assert graphed.graph_capturable and not eager.graph_capturable and static.model.static
     ids = eager.tokenizer.encode(PROMPT)
     a, b, c = eager.prefill(ids), graphed.prefill(ids), static.prefill(ids)
@@ -212,7 +259,11 @@ def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
     for step in range(24):
         token = int(a.argmax())
         assert token == int(b.argmax()), step
-        a, b, c = eager.decode_step(token), graphed.decode_step(token), _static_eager_step(static, token)
+        a, b, c = (
+            eager.decode_step(token),
+            graphed.decode_step(token),
+            _static_eager_step(static, token),
+        )
         assert torch.equal(b, c), (step, float((b - c).abs().max()))
         if quant == "hf":
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
@@ -228,7 +279,8 @@ def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
 @pytest.mark.parametrize("length", [3, 1])
 def test_a_fresh_prompt_reads_no_old_state(length):
     """A prompt at position 0 starts the conv and delta states afresh: NaN left in them (a slot
-    another sequence used) never reaches the logits, in a prefill (3 tokens: the chunked path) and in
+    another sequence used) never reaches the logits, in a prefill (3 tokens: the chunked path) and
+    in
     a one-token prompt (the decode ops' reset)."""
     pipe = Pipeline.load("tiny-qwen3-next", quant="hf")
     for t in pipe.model.recurrent_state():

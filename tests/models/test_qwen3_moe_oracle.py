@@ -14,19 +14,43 @@ from ftlab.models.loader import CheckpointError, load_hf  # noqa: E402
 from ftlab.models.qwen3_moe import Qwen3Moe  # noqa: E402
 
 CONFIGS = {
-    "gqa2-top2-norm": dict(num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2, norm_topk_prob=True,
-                           tie_word_embeddings=False),
-    "gqa4-top1-raw-tied": dict(num_attention_heads=8, num_key_value_heads=2, num_experts_per_tok=1,
-                               norm_topk_prob=False, tie_word_embeddings=True),
-    "mha-top4": dict(num_attention_heads=4, num_key_value_heads=4, num_experts_per_tok=4, norm_topk_prob=True,
-                     tie_word_embeddings=False),
-}  # fmt: skip
+    "gqa2-top2-norm": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
+    "gqa4-top1-raw-tied": dict(
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_experts_per_tok=1,
+        norm_topk_prob=False,
+        tie_word_embeddings=True,
+    ),
+    "mha-top4": dict(
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
+}
 
 
 def make_checkpoint(tmp_path, seed: int, **overrides):
     torch.manual_seed(seed)
-    base = dict(vocab_size=320, hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
-                head_dim=16, num_experts=8, max_position_embeddings=256, rope_theta=10000.0)  # fmt: skip
+    base = dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        num_hidden_layers=2,
+        head_dim=16,
+        num_experts=8,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+    )
     cfg = transformers.Qwen3MoeConfig(**{**base, **overrides})
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()
     with torch.no_grad():  # a larger router spread so that routing really varies token to token
@@ -96,7 +120,10 @@ def test_loader_errors_name_the_problem(tmp_path):
         load_hf(tmp_path, progress=False)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(CheckpointError, match=r"model_type must be one of \['qwen3_5_moe', .*'qwen3_moe', .*got 'llama'"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model_type must be one of \['qwen3_5_moe', .*'qwen3_moe', .*got 'llama'",
+    ):
         load_hf(tmp_path, progress=False)
     raw = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "config.json").write_text(json.dumps(cfg))

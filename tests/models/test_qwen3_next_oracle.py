@@ -19,23 +19,54 @@ from ftlab.models.qwen3_next import Qwen3Next  # noqa: E402
 LIN, FULL = "linear_attention", "full_attention"
 CONFIGS = {
     # Qwen3-Next: k/v head ratio 2, partial rotary 0.25, top 2 renormalized
-    "next-r2-partial": dict(arch="next", layer_types=[LIN, FULL, LIN], linear_num_key_heads=2,
-                            linear_num_value_heads=4, partial_rotary_factor=0.25, num_experts_per_tok=2,
-                            norm_topk_prob=True, shared_expert_intermediate_size=32, tie_word_embeddings=False),
+    "next-r2-partial": dict(
+        arch="next",
+        layer_types=[LIN, FULL, LIN],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        partial_rotary_factor=0.25,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        shared_expert_intermediate_size=32,
+        tie_word_embeddings=False,
+    ),
     # Qwen3-Next: ratio 1, full rotary, top 1 raw, tied, full attention first
-    "next-r1-tied": dict(arch="next", layer_types=[FULL, LIN], linear_num_key_heads=2, linear_num_value_heads=2,
-                         partial_rotary_factor=1.0, num_experts_per_tok=1, norm_topk_prob=False,
-                         shared_expert_intermediate_size=48, tie_word_embeddings=True),
+    "next-r1-tied": dict(
+        arch="next",
+        layer_types=[FULL, LIN],
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        partial_rotary_factor=1.0,
+        num_experts_per_tok=1,
+        norm_topk_prob=False,
+        shared_expert_intermediate_size=48,
+        tie_word_embeddings=True,
+    ),
     # Qwen3.5 text model: ratio 2 over one key head, half rotary, top 4 of 8
-    "q35-r2-top4": dict(arch="q35", layer_types=[LIN, LIN, FULL], linear_num_key_heads=1, linear_num_value_heads=2,
-                        partial_rotary_factor=0.5, num_experts_per_tok=4, shared_expert_intermediate_size=16,
-                        tie_word_embeddings=False),
+    "q35-r2-top4": dict(
+        arch="q35",
+        layer_types=[LIN, LIN, FULL],
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        partial_rotary_factor=0.5,
+        num_experts_per_tok=4,
+        shared_expert_intermediate_size=16,
+        tie_word_embeddings=False,
+    ),
     # Qwen3.5 conditional generation (text under model.language_model., a vision tower ignored); the
-    # shared expert as wide as the routed ones (Qwen3.6's 512 / 512): ftlab runs it as slot k of one call
-    "q35-vl": dict(arch="q35-vl", layer_types=[LIN, FULL], linear_num_key_heads=2, linear_num_value_heads=4,
-                   partial_rotary_factor=0.25, num_experts_per_tok=2, shared_expert_intermediate_size=24,
-                   tie_word_embeddings=False),
-}  # fmt: skip
+    # shared expert as wide as the routed ones (Qwen3.6's 512 / 512): ftlab runs it as slot k of one
+    # call
+    "q35-vl": dict(
+        arch="q35-vl",
+        layer_types=[LIN, FULL],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        partial_rotary_factor=0.25,
+        num_experts_per_tok=2,
+        shared_expert_intermediate_size=24,
+        tie_word_embeddings=False,
+    ),
+}
 VOCAB = 320
 
 
@@ -64,19 +95,43 @@ def _randomize(model, seed: int) -> None:
 def make_checkpoint(tmp_path, name: str, seed: int = 0):
     spec = dict(CONFIGS[name])
     arch, factor = spec.pop("arch"), spec.pop("partial_rotary_factor")
-    base = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=len(spec["layer_types"]), num_attention_heads=4,
-                num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
-                linear_value_head_dim=16, num_experts=8, moe_intermediate_size=24, max_position_embeddings=512,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": factor})  # fmt: skip
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=len(spec["layer_types"]),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=8,
+        moe_intermediate_size=24,
+        max_position_embeddings=512,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": factor,
+        },
+    )
     torch.manual_seed(seed)
     if arch == "next":
-        model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**base, **spec, intermediate_size=96))
+        model = transformers.Qwen3NextForCausalLM(
+            transformers.Qwen3NextConfig(**base, **spec, intermediate_size=96)
+        )
     elif arch == "q35":
-        model = transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**base, **spec))
+        model = transformers.Qwen3_5MoeForCausalLM(
+            transformers.Qwen3_5MoeTextConfig(**base, **spec)
+        )
     else:
-        vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
-        cfg = transformers.Qwen3_5MoeConfig(text_config={**base, **spec}, vision_config=vision,
-                                            tie_word_embeddings=spec["tie_word_embeddings"])  # fmt: skip
+        vision = dict(
+            depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64
+        )
+        cfg = transformers.Qwen3_5MoeConfig(
+            text_config={**base, **spec},
+            vision_config=vision,
+            tie_word_embeddings=spec["tie_word_embeddings"],
+        )
         model = transformers.Qwen3_5MoeForConditionalGeneration(cfg)
     model = model.eval()
     _randomize(model, seed)
@@ -136,7 +191,9 @@ def test_prefill_then_decode_equals_full_forward(tmp_path, static):
     make_checkpoint(tmp_path, "next-r2-partial", seed=3)
     config, weights = load_hf(tmp_path, dtype=torch.float32, progress=False)
     tokens = _tokens(2, 150, 1)
-    full = Qwen3Next(config, weights, max_batch=2, max_seq_len=160).forward(tokens, torch.arange(150)[None].expand(2, -1))
+    full = Qwen3Next(config, weights, max_batch=2, max_seq_len=160).forward(
+        tokens, torch.arange(150)[None].expand(2, -1)
+    )
     step = Qwen3Next(config, weights, max_batch=2, max_seq_len=160, static=static)
 
     def run(a: int, b: int) -> torch.Tensor:
@@ -154,24 +211,36 @@ def test_loader_errors_name_the_problem(tmp_path):
 
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "layer_types": [LIN, LIN]}))
-    with pytest.raises(CheckpointError, match="layer_types must name num_hidden_layers = 3 layers, got 2"):
+    with pytest.raises(
+        CheckpointError, match="layer_types must name num_hidden_layers = 3 layers, got 2"
+    ):
         load_hf(tmp_path, progress=False)
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
     with pytest.raises(CheckpointError, match="hidden_act must be 'silu'"):
         load_hf(tmp_path, progress=False)
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 4, "layer_types": None}))
-    with pytest.raises(CheckpointError, match=r"num_hidden_layers is 4, but the shards .* hold layers 0\.\.2"):
+    (tmp_path / "config.json").write_text(
+        json.dumps({**cfg, "num_hidden_layers": 4, "layer_types": None})
+    )
+    with pytest.raises(
+        CheckpointError, match=r"num_hidden_layers is 4, but the shards .* hold layers 0\.\.2"
+    ):
         load_hf(tmp_path, progress=False)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     tensors = load_file(tmp_path / "model.safetensors")
     del tensors["model.layers.1.linear_attn.A_log"]
-    tensors["model.layers.0.linear_attn.in_proj_z.weight"] = tensors["model.layers.0.linear_attn.in_proj_z.weight"][1:]
+    tensors["model.layers.0.linear_attn.in_proj_z.weight"] = tensors[
+        "model.layers.0.linear_attn.in_proj_z.weight"
+    ][1:]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"in_proj_z\.weight' has shape \(31, 64\), expected \(32, 64\)"):
+    with pytest.raises(
+        CheckpointError, match=r"in_proj_z\.weight' has shape \(31, 64\), expected \(32, 64\)"
+    ):
         load_hf(tmp_path, progress=False)
     del tensors["model.layers.0.linear_attn.in_proj_z.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"missing tensor 'model\.layers\.0\.linear_attn\.in_proj_z\.weight'"):
+    with pytest.raises(
+        CheckpointError, match=r"missing tensor 'model\.layers\.0\.linear_attn\.in_proj_z\.weight'"
+    ):
         load_hf(tmp_path, progress=False)
 
 
@@ -183,12 +252,24 @@ def test_triton_backends_under_the_interpreter_match_reference(tmp_path):
     make_checkpoint(tmp_path, "next-r2-partial", seed=13)
     config, weights = load_hf(tmp_path, dtype=torch.float32, progress=False)
     triton = {op: "triton" for op in Qwen3Next.OPS if "triton" in ftbackends.backends_of(op)}
-    assert {"causal_conv1d", "causal_conv1d_update", "gated_delta_rule", "gated_delta_step", "gated_rmsnorm",
-            "output_gate", "qk_norm_rope"} <= set(triton)  # fmt: skip
+    assert {
+        "causal_conv1d",
+        "causal_conv1d_update",
+        "gated_delta_rule",
+        "gated_delta_step",
+        "gated_rmsnorm",
+        "output_gate",
+        "qk_norm_rope",
+    } <= set(triton)
     tokens = _tokens(1, 20, 4)
     results = []
     for backends in ({}, triton):
-        model = Qwen3Next(config, weights, max_seq_len=24, backends=dict.fromkeys(Qwen3Next.OPS, "reference") | backends)
+        model = Qwen3Next(
+            config,
+            weights,
+            max_seq_len=24,
+            backends=dict.fromkeys(Qwen3Next.OPS, "reference") | backends,
+        )
         out = [model.forward(tokens[:, :17], torch.arange(17)[None])]
         out += [model.forward(tokens[:, p : p + 1], torch.tensor([[p]])) for p in range(17, 20)]
         results.append(torch.cat(out, 1))

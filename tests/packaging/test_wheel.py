@@ -40,8 +40,21 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "ftlab", src / "ftlab", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-           "--no-cache-dir", "--disable-pip-version-check", "-q", "-w", str(out), str(src)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "-q",
+        "-w",
+        str(out),
+        str(src),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (path,) = out.glob("ftlab-*.whl")
@@ -53,7 +66,9 @@ def test_wheel_holds_every_module_and_kernel_source(wheel):
     expected = runtime_files()
     assert any(f.endswith(".cc") for f in expected) and any(f.endswith(".hip") for f in expected)
     missing = sorted(expected - set(wheel.namelist()))
-    assert not missing, f"not in the wheel (pyproject.toml [tool.setuptools.package-data]): {missing}"
+    assert not missing, (
+        f"not in the wheel (pyproject.toml [tool.setuptools.package-data]): {missing}"
+    )
 
 
 def test_wheel_carries_the_license_and_metadata(wheel):

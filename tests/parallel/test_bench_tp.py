@@ -18,15 +18,34 @@ Q4_K_M = DATA / "llama_cpp" / "qwen3moe-q4_k_m.gguf"
 
 
 def test_bench_tp2_on_the_cpu(tmp_path):
-    res = torchrun("-m", "ftlab", "bench", "model", "--gguf", str(Q4_K_M), "--device", "cpu", "--prefill", "8",
-                   "--quick", "--tp", "2", "--out", str(tmp_path))  # fmt: skip
+    res = torchrun(
+        "-m",
+        "ftlab",
+        "bench",
+        "model",
+        "--gguf",
+        str(Q4_K_M),
+        "--device",
+        "cpu",
+        "--prefill",
+        "8",
+        "--quick",
+        "--tp",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("| prefill 8 tokens") == 1  # rank 0 prints
     (path,) = tmp_path.glob("*.json")  # rank 0 writes
     report = json.loads(path.read_text())
     assert report["name"] == "model-gguf-qwen3moe-q4_k_m-tp2"
     rows = report["results"]
-    assert [r["case"].split(":")[0] for r in rows] == ["prefill 8 tokens", "decode batch 1", "decode batch 8"]
+    assert [r["case"].split(":")[0] for r in rows] == [
+        "prefill 8 tokens",
+        "decode batch 1",
+        "decode batch 8",
+    ]
     assert all(r["validated"] and r["time_us"] > 0 for r in rows)
     config, weights = load_gguf(Q4_K_M, device=torch.device("cpu"), dtype=torch.float32)
     k, e = config.num_experts_per_tok, config.num_experts

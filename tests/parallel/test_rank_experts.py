@@ -67,9 +67,13 @@ def test_hf_banks_of_a_range_of_experts():
     assert c.num_experts > 3
 
 
-@pytest.mark.parametrize("bad", [(2, 1), (0, 0), (-1, 2), (0, 9), [0, 1], (0.0, 1), (True, 2), (0, 1, 2)])
+@pytest.mark.parametrize(
+    "bad", [(2, 1), (0, 0), (-1, 2), (0, 9), [0, 1], (0.0, 1), (True, 2), (0, 1, 2)]
+)
 def test_expert_range_is_checked(bad):
-    with pytest.raises(ValueError, match=r"experts must be \(start, stop\) with 0 <= start < stop <= 8"):
+    with pytest.raises(
+        ValueError, match=r"experts must be \(start, stop\) with 0 <= start < stop <= 8"
+    ):
         expert_range(bad, 8)
 
 
@@ -79,7 +83,10 @@ def test_qwen3_next_loaders_take_a_range():
     c, weights = load_hf(path, progress=False, experts=(0, 1))
     _, from_gguf, _ = load_gguf_model(path / "model-q4_0.gguf", progress=False, experts=(3, 5))
     for moe, held in ((weights.layers[0].moe, 1), (from_gguf.layers[-1].moe, 2)):
-        assert moe.w_gate_up.shape[0] == moe.w_down.shape[0] == held and moe.router.shape[0] == c.num_experts
+        assert (
+            moe.w_gate_up.shape[0] == moe.w_down.shape[0] == held
+            and moe.router.shape[0] == c.num_experts
+        )
 
 
 def test_rank_range_from_the_config():
@@ -89,7 +96,10 @@ def test_rank_range_from_the_config():
     moe = tiny.ensure("tiny-qwen3-moe")
     e = load_hf(moe, progress=False)[0].num_experts
     assert rank_experts(moe, tp) == (e // 2, e)
-    for name in ("tiny-qwen3-next", "tiny-qwen35-moe"):  # hybrid models: config.json and GGUF metadata alike
+    for name in (
+        "tiny-qwen3-next",
+        "tiny-qwen35-moe",
+    ):  # hybrid models: config.json and GGUF metadata alike
         e = load_hf(tiny.ensure(name), progress=False)[0].num_experts
         assert rank_experts(tiny.ensure(name), tp) == (e // 2, e)
         assert rank_experts(tiny.ensure(name) / "model-q4_0.gguf", tp) == (e // 2, e)

@@ -43,7 +43,12 @@ def same_but_experts(full, part, e0: int, e1: int) -> None:
     for lf, lp in zip(full.layers, part.layers, strict=True):
         same(lp.moe.w_gate_up, rows(lf.moe.w_gate_up, e0, e1))
         same(lp.moe.w_down, rows(lf.moe.w_down, e0, e1))
-        for field in ("router", "shared_gate_up", "shared_down", "shared_gate"):  # every expert still scored
+        for field in (
+            "router",
+            "shared_gate_up",
+            "shared_down",
+            "shared_gate",
+        ):  # every expert still scored
             same(getattr(lp.moe, field), getattr(lf.moe, field))
         same(lp.input_norm, lf.input_norm)
     same(part.embed, full.embed)
@@ -51,7 +56,9 @@ def same_but_experts(full, part, e0: int, e1: int) -> None:
 
 
 @pytest.mark.parametrize("name", HYBRID)
-@pytest.mark.parametrize("dtype, quantize", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize(
+    "dtype, quantize", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)]
+)
 def test_hf_per_expert_tensors_of_a_range(name, dtype, quantize):
     """The tiny checkpoints (per-expert tensors), kept fp32, cast to bf16, or quantized to Q4_0
     at load: only the range's experts, dense banks in ``dtype`` of their own memory."""
@@ -62,12 +69,15 @@ def test_hf_per_expert_tensors_of_a_range(name, dtype, quantize):
     assert c2 == c and c.num_experts > e1
     same_but_experts(full, part, e0, e1)
     down = part.layers[0].moe.w_down
-    assert isinstance(down, QuantWeight) == quantize and (quantize or (down.dtype == dtype and owns_its_memory(down)))
+    assert isinstance(down, QuantWeight) == quantize and (
+        quantize or (down.dtype == dtype and owns_its_memory(down))
+    )
 
 
 def hf_dir(fixture: str, tmp_path: Path, form: str, bad: bool = False) -> Path:
     """A HF directory of a converter fixture's checkpoint, its banks fused (``gate_up_proj``, as
-    stored) or split (``gate_proj`` / ``up_proj``); ``bad``: layer 0's down bank with one expert too many."""
+    stored) or split (``gate_proj`` / ``up_proj``); ``bad``: layer 0's down bank with one expert too
+    many."""
     with safe_open(str(DATA / f"{fixture}.safetensors"), "pt") as f:
         state = {k: f.get_tensor(k) for k in f.keys()}
     if form == "split":
@@ -103,7 +113,9 @@ def test_hf_stored_banks_of_a_range(fixture, form, tmp_path):
 def test_hf_bank_of_the_wrong_expert_count_is_refused(tmp_path):
     path = hf_dir("qwen35moe-hv2", tmp_path, "fused", bad=True)
     for experts in (None, (0, 2)):  # read whole: its shape; cut: its expert count, before the rows
-        with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.experts\.down_proj.*shape \(5,"):
+        with pytest.raises(
+            CheckpointError, match=r"model\.layers\.0\.mlp\.experts\.down_proj.*shape \(5,"
+        ):
             load_hf(path, progress=False, experts=experts)
 
 
@@ -113,8 +125,16 @@ def read_gguf(path: Path, **kw):
         return read_gguf_hf(path, dtype=torch.float32, **kw)
 
 
-@pytest.mark.parametrize("file", ["qwen35moe-hv2.gguf", "qwen35moe-hv1.gguf", "qwen3next-hv2.gguf",
-                                  "qwen35moe-hv2-q4_0.gguf", "qwen35moe-hv2-q4_k_m.gguf"])  # fmt: skip
+@pytest.mark.parametrize(
+    "file",
+    [
+        "qwen35moe-hv2.gguf",
+        "qwen35moe-hv1.gguf",
+        "qwen3next-hv2.gguf",
+        "qwen35moe-hv2-q4_0.gguf",
+        "qwen35moe-hv2-q4_k_m.gguf",
+    ],
+)
 def test_gguf_hf_tensors_of_a_range(file):
     """The converter's files (F32; hv1: ``ffn_gate_up_exps`` joined, an MTP block; llama-quantize's
     Q4_0, and Q4_K_M's Q5_0 banks the reader dequantizes): every routed bank is the full one's
@@ -133,8 +153,15 @@ def test_gguf_hf_tensors_of_a_range(file):
 
 
 @pytest.mark.parametrize("name", HYBRID)
-@pytest.mark.parametrize("quant, dtype", [("f32", torch.float32), ("f32", torch.bfloat16), ("q4_0", torch.float32),
-                                          ("q4_0", torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize(
+    "quant, dtype",
+    [
+        ("f32", torch.float32),
+        ("f32", torch.bfloat16),
+        ("q4_0", torch.float32),
+        ("q4_0", torch.bfloat16),
+    ],
+)
 def test_gguf_model_of_a_range(name, quant, dtype):
     """The tiny models' GGUF files through load_gguf_model: F32 banks cut before the cast (dense
     in ``dtype``, their own memory), Q4_0 ones packed."""
@@ -156,16 +183,22 @@ BAD = [(2, 1), (0, 0), (-1, 2), (0, 9), [0, 1], (0.0, 1), (True, 2), (0, 1, 2)]
 def refused_by_every_loader(what: str, bad, count: int) -> None:
     """Every reader, Qwen3-MoE's (tiny-qwen3-moe: GGUF, HF) and the hybrid models' (tiny-qwen35-moe:
     HF, GGUF, read_gguf_hf, build_weights), refuses the range argument ``what=bad`` with a
-    ValueError naming the argument, the expectation (of ``count``, the same in both) and what came."""
+    ValueError naming the argument, the expectation (of ``count``, the same in both) and what
+    came."""
     moe, hybrid = tiny.ensure("tiny-qwen3-moe"), tiny.ensure("tiny-qwen35-moe")
-    message = re.escape(f"{what} must be (start, stop) with 0 <= start < stop <= {count}, got {bad!r}")
+    message = re.escape(
+        f"{what} must be (start, stop) with 0 <= start < stop <= {count}, got {bad!r}"
+    )
     kw = {what: bad}
-    loads = [lambda: load_gguf(moe / "model-q4_0.gguf", progress=False, **kw),
-             lambda: load_gguf_model(moe / "model-f32.gguf", progress=False, **kw),
-             lambda: load_hf(moe, progress=False, **kw), lambda: load_hf(hybrid, progress=False, **kw),
-             lambda: load_gguf_model(hybrid / "model-q4_0.gguf", progress=False, **kw),
-             lambda: read_gguf_hf(hybrid / "model-f32.gguf", **kw),
-             lambda: build_weights(read_next_config(hybrid), HFTensors(SafetensorsShards(hybrid)), **kw)]  # fmt: skip
+    loads = [
+        lambda: load_gguf(moe / "model-q4_0.gguf", progress=False, **kw),
+        lambda: load_gguf_model(moe / "model-f32.gguf", progress=False, **kw),
+        lambda: load_hf(moe, progress=False, **kw),
+        lambda: load_hf(hybrid, progress=False, **kw),
+        lambda: load_gguf_model(hybrid / "model-q4_0.gguf", progress=False, **kw),
+        lambda: read_gguf_hf(hybrid / "model-f32.gguf", **kw),
+        lambda: build_weights(read_next_config(hybrid), HFTensors(SafetensorsShards(hybrid)), **kw),
+    ]
     for load in loads:
         with pytest.raises(ValueError, match=message):
             load()
@@ -180,12 +213,16 @@ def test_hostile_ranges_are_refused(bad):
 def test_build_weights_refuses_whole_banks_for_a_range(tmp_path):
     """A bank tensor must already hold the range (the readers cut it): a whole one is misshapen."""
     path = hf_dir("qwen35moe-hv2", tmp_path, "fused")
-    with pytest.raises(CheckpointError, match=r"gate_up_proj' has shape \(4, 64, 64\), expected \(2, 64, 64\)"):
+    with pytest.raises(
+        CheckpointError, match=r"gate_up_proj' has shape \(4, 64, 64\), expected \(2, 64, 64\)"
+    ):
         build_weights(read_next_config(path), HFTensors(SafetensorsShards(path)), experts=(0, 2))
 
 
-@pytest.mark.parametrize("name, quant", [("tiny-qwen35-moe", "hf"), ("tiny-qwen3-next", "q4_0"),
-                                         ("tiny-qwen35-moe", "f32")])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, quant",
+    [("tiny-qwen35-moe", "hf"), ("tiny-qwen3-next", "q4_0"), ("tiny-qwen35-moe", "f32")],
+)
 def test_rank_range_and_shard_of_a_cut_load(name, quant):
     """rank_experts reads the expert count from the config (config.json, the GGUF metadata); the
     shard keeps banks loaded with that range as they are, and equals the shard of a full load."""
@@ -197,13 +234,22 @@ def test_rank_range_and_shard_of_a_cut_load(name, quant):
         _, part = load_hf(path, dtype=torch.float32, progress=False, experts=rank_experts(path, tp))
     else:
         c, full, _ = load_gguf_model(path, dtype=torch.float32, progress=False)
-        _, part, _ = load_gguf_model(path, dtype=torch.float32, progress=False, experts=rank_experts(path, tp))
+        _, part, _ = load_gguf_model(
+            path, dtype=torch.float32, progress=False, experts=rank_experts(path, tp)
+        )
     assert rank_experts(path, tp) == (c.num_experts // 2, c.num_experts)
     assert rank_experts(path, TensorParallel(rank=0, world=4)) == (0, c.num_experts // 4)
     cpu = torch.device("cpu")
     want, got = shard_qwen3_next(c, full, tp, cpu), shard_qwen3_next(c, part, tp, cpu)
     for lw, lg, lp in zip(want.layers, got.layers, part.layers, strict=True):
-        for field in ("router", "w_gate_up", "w_down", "shared_gate_up", "shared_down", "shared_gate"):
+        for field in (
+            "router",
+            "w_gate_up",
+            "w_down",
+            "shared_gate_up",
+            "shared_down",
+            "shared_gate",
+        ):
             same(getattr(lg.moe, field), getattr(lw.moe, field))
         assert lg.moe.w_down.shape[0] == c.num_experts // 2
         if not isinstance(lp.moe.w_down, QuantWeight):
@@ -212,5 +258,7 @@ def test_rank_range_and_shard_of_a_cut_load(name, quant):
 
 
 def test_rank_range_needs_a_count_tp_divides():
-    with pytest.raises(ValueError, match=r"tp = 3 must divide num_experts \(8\)"):  # tiny-qwen35-moe's 8 experts
+    with pytest.raises(
+        ValueError, match=r"tp = 3 must divide num_experts \(8\)"
+    ):  # tiny-qwen35-moe's 8 experts
         rank_experts(tiny.ensure("tiny-qwen35-moe"), TensorParallel(rank=0, world=3))

@@ -32,9 +32,14 @@ from tests.parallel.test_rank_experts_next import owns_its_memory
 from tests.parallel.test_rank_vocab import gguf_path, kept, quiet, rewritten, same_tree
 
 LLAMA = Path(__file__).resolve().parents[1] / "data" / "llama_cpp"
-GGUF_MOE = [LLAMA / "qwen3moe-q4_0.gguf", LLAMA / "qwen3moe-q4_k_m.gguf", LLAMA / "qwen3moe-q8_0.gguf",
-            ("tiny-qwen3-moe", "model-f32.gguf"), ("tiny-qwen3-moe", "model-q4_0.gguf"),
-            ("tiny-qwen3-moe-wide", "model-f32.gguf")]  # fmt: skip
+GGUF_MOE = [
+    LLAMA / "qwen3moe-q4_0.gguf",
+    LLAMA / "qwen3moe-q4_k_m.gguf",
+    LLAMA / "qwen3moe-q8_0.gguf",
+    ("tiny-qwen3-moe", "model-f32.gguf"),
+    ("tiny-qwen3-moe", "model-q4_0.gguf"),
+    ("tiny-qwen3-moe-wide", "model-f32.gguf"),
+]
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
 pytestmark = pytest.mark.usefixtures("module_cache_dir")
 
@@ -56,13 +61,17 @@ def same_but_heads(c, full, part, heads) -> None:
         for w in (lp.q_proj, lp.o_proj):
             assert isinstance(w, QuantWeight) or owns_its_memory(w)
     unchanged = dict.fromkeys(PROJ)
-    same_tree([dataclasses.replace(lw, **unchanged) for lw in part.layers],
-              [dataclasses.replace(lw, **unchanged) for lw in full.layers])  # fmt: skip
+    same_tree(
+        [dataclasses.replace(lw, **unchanged) for lw in part.layers],
+        [dataclasses.replace(lw, **unchanged) for lw in full.layers],
+    )
     same_tree(dataclasses.replace(part, layers=None), dataclasses.replace(full, layers=None))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("spec", GGUF_MOE, ids=lambda s: s.name if isinstance(s, Path) else "/".join(s))
+@pytest.mark.parametrize(
+    "spec", GGUF_MOE, ids=lambda s: s.name if isinstance(s, Path) else "/".join(s)
+)
 def test_gguf_rows_and_columns_of_the_heads(spec, dtype):
     """llama.cpp's files (one kv head: replicated; Q4_K / Q6_K o_proj cut inside its blocks of
     256, read whole) and the tiny ones (F32, Q4_0: over 4 ranks o_proj's 16 columns fall inside
@@ -100,9 +109,19 @@ def test_hf_stored_bf16_heads_own_their_memory(tmp_path):
 
 WHOLE = "heads must be ((start, stop), (start, stop)) of the query and key/value heads"
 Q, KV = "heads[0] (the query heads)", "heads[1] (the key/value heads)"
-BAD = [((0, 2), WHOLE), (((0, 2),), WHOLE), (((0, 2), (0, 1), (0, 1)), WHOLE), ([(0, 2), (0, 1)], WHOLE),
-       (((2, 1), (0, 1)), Q), (((0, 5), (0, 1)), Q), (((0.0, 2), (0, 1)), Q), (((0, 2), (0, 3)), KV),
-       (((0, 2), (-1, 1)), KV), (((0, 2), (True, 2)), KV), (((0, 2), [0, 1]), WHOLE)]  # fmt: skip
+BAD = [
+    ((0, 2), WHOLE),
+    (((0, 2),), WHOLE),
+    (((0, 2), (0, 1), (0, 1)), WHOLE),
+    ([(0, 2), (0, 1)], WHOLE),
+    (((2, 1), (0, 1)), Q),
+    (((0, 5), (0, 1)), Q),
+    (((0.0, 2), (0, 1)), Q),
+    (((0, 2), (0, 3)), KV),
+    (((0, 2), (-1, 1)), KV),
+    (((0, 2), (True, 2)), KV),
+    (((0, 2), [0, 1]), WHOLE),
+]
 
 
 @pytest.mark.parametrize("bad, what", BAD)
@@ -114,10 +133,14 @@ def test_hostile_heads_are_refused(bad, what):
         message = re.escape(f"{WHOLE}, got {bad!r}")
     else:
         count, got = (4, bad[0]) if what == Q else (2, bad[1])
-        message = re.escape(f"{what} must be (start, stop) with 0 <= start < stop <= {count}, got {got!r}")
-    for load in (lambda: load_gguf(moe / "model-q4_0.gguf", progress=False, heads=bad),
-                 lambda: load_gguf_model(moe / "model-f32.gguf", progress=False, heads=bad),
-                 lambda: load_hf(moe, progress=False, heads=bad)):  # fmt: skip
+        message = re.escape(
+            f"{what} must be (start, stop) with 0 <= start < stop <= {count}, got {got!r}"
+        )
+    for load in (
+        lambda: load_gguf(moe / "model-q4_0.gguf", progress=False, heads=bad),
+        lambda: load_gguf_model(moe / "model-f32.gguf", progress=False, heads=bad),
+        lambda: load_hf(moe, progress=False, heads=bad),
+    ):
         with pytest.raises(ValueError, match=message):
             load()
 
@@ -128,9 +151,13 @@ def test_hybrid_models_read_their_attention_whole(name):
     root = tiny.ensure(name)
     assert rank_heads(root, TensorParallel(0, 2)) is None
     assert rank_heads(root / "model-q4_0.gguf", TensorParallel(0, 2)) is None
-    for load in (lambda: load_hf(root, progress=False, heads=((0, 1), (0, 1))),
-                 lambda: load_gguf_model(root / "model-q4_0.gguf", progress=False, heads=((0, 1), (0, 1)))):  # fmt: skip
-        with pytest.raises(ValueError, match=r"heads must be None for a Qwen3-Next / Qwen3\.5-MoE checkpoint"):
+    for load in (
+        lambda: load_hf(root, progress=False, heads=((0, 1), (0, 1))),
+        lambda: load_gguf_model(root / "model-q4_0.gguf", progress=False, heads=((0, 1), (0, 1))),
+    ):
+        with pytest.raises(
+            ValueError, match=r"heads must be None for a Qwen3-Next / Qwen3\.5-MoE checkpoint"
+        ):
             load()
 
 
@@ -139,27 +166,52 @@ def test_rank_heads_from_the_config():
     the ranks), from config.json or the GGUF metadata; None for a path of neither kind."""
     moe = tiny.ensure("tiny-qwen3-moe")  # 4 heads, 2 kv heads
     for path in (moe, moe / "model-q4_0.gguf"):
-        assert [rank_heads(path, TensorParallel(r, 2)) for r in range(2)] == [((0, 2), (0, 1)), ((2, 4), (1, 2))]
-        assert [rank_heads(path, TensorParallel(r, 4))[1] for r in range(4)] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+        assert [rank_heads(path, TensorParallel(r, 2)) for r in range(2)] == [
+            ((0, 2), (0, 1)),
+            ((2, 4), (1, 2)),
+        ]
+        assert [rank_heads(path, TensorParallel(r, 4))[1] for r in range(4)] == [
+            (0, 1),
+            (0, 1),
+            (1, 2),
+            (1, 2),
+        ]
     c, _ = load_gguf(LLAMA / "qwen3moe-q4_0.gguf", progress=False)
     half = c.num_attention_heads // 2
-    assert rank_heads(LLAMA / "qwen3moe-q4_0.gguf", TensorParallel(1, 2)) == ((half, 2 * half), (0, 1))
+    assert rank_heads(LLAMA / "qwen3moe-q4_0.gguf", TensorParallel(1, 2)) == (
+        (half, 2 * half),
+        (0, 1),
+    )
     assert rank_heads(moe / "tokenizer.json", TensorParallel(0, 2)) is None
     with pytest.raises(ValueError, match=r"tp = 3 must divide num_attention_heads \(4\)"):
         rank_heads(moe, TensorParallel(0, 3))
 
 
-SHARDS = [("tiny-qwen3-moe", "hf", 2), ("tiny-qwen3-moe", "hf", 4), ("tiny-qwen3-moe-wide", "f32", 2),
-          ("tiny-qwen3-moe", "q4_0", 2), ("tiny-qwen3-moe", "q4_0", 4), (LLAMA / "qwen3moe-q4_k_m.gguf", None, 2),
-          (LLAMA / "qwen3moe-q4_0.gguf", None, 2)]  # fmt: skip
+SHARDS = [
+    ("tiny-qwen3-moe", "hf", 2),
+    ("tiny-qwen3-moe", "hf", 4),
+    ("tiny-qwen3-moe-wide", "f32", 2),
+    ("tiny-qwen3-moe", "q4_0", 2),
+    ("tiny-qwen3-moe", "q4_0", 4),
+    (LLAMA / "qwen3moe-q4_k_m.gguf", None, 2),
+    (LLAMA / "qwen3moe-q4_0.gguf", None, 2),
+]
 
 
-@pytest.mark.parametrize("name, quant, world", SHARDS, ids=lambda s: s.name if isinstance(s, Path) else str(s))
+@pytest.mark.parametrize(
+    "name, quant, world", SHARDS, ids=lambda s: s.name if isinstance(s, Path) else str(s)
+)
 def test_shard_of_a_load_of_the_heads(name, quant, world):
     """Loaded with the rank's experts, vocabulary rows and heads (rank_ranges, rank_heads), the
     shard equals the shard of a full load, the projections loaded cut kept as they are (a packed
     o_proj read whole because its cut falls inside a block: made dense in both)."""
-    path = name if quant is None else tiny.ensure(name) if quant == "hf" else tiny.ensure(name) / f"model-{quant}.gguf"
+    path = (
+        name
+        if quant is None
+        else tiny.ensure(name)
+        if quant == "hf"
+        else tiny.ensure(name) / f"model-{quant}.gguf"
+    )
     tp, cpu = TensorParallel(rank=world - 1, world=world), torch.device("cpu")
     experts, vocab = rank_ranges(path, tp)
     heads = rank_heads(path, tp)
@@ -176,16 +228,27 @@ def test_shard_of_a_load_of_the_heads(name, quant, world):
     same_tree(got, want)
     hd = c.head_dim
     for lp, lg in zip(part.layers, got.layers, strict=True):
-        assert kept(lg.q_proj, lp.q_proj) and kept(lg.v_proj, lp.v_proj) or heads[1] == (0, c.num_key_value_heads)
-        assert kept(lg.o_proj, lp.o_proj) == whole_blocks(lp.o_proj, heads[0][0] * hd, heads[0][1] * hd)
+        assert (
+            kept(lg.q_proj, lp.q_proj)
+            and kept(lg.v_proj, lp.v_proj)
+            or heads[1] == (0, c.num_key_value_heads)
+        )
+        assert kept(lg.o_proj, lp.o_proj) == whole_blocks(
+            lp.o_proj, heads[0][0] * hd, heads[0][1] * hd
+        )
 
 
 def test_shard_refuses_a_projection_of_neither_size():
-    """A q_proj of neither all the heads' rows nor the rank's: the error names the layer and tensor."""
+    """A q_proj of neither all the heads' rows nor the rank's: the error names the layer and
+    tensor."""
     c, w = load_hf(tiny.ensure("tiny-qwen3-moe"), dtype=torch.float32, progress=False)
     lw = w.layers[0]
-    for field, bad, what in (("q_proj", lw.q_proj[:-1], "layer 0 q_proj of 63 rows"),
-                             ("o_proj", lw.o_proj[:, :-1], "layer 0 o_proj of 63 columns")):  # fmt: skip
-        broken = dataclasses.replace(w, layers=[dataclasses.replace(lw, **{field: bad}), *w.layers[1:]])
+    for field, bad, what in (
+        ("q_proj", lw.q_proj[:-1], "layer 0 q_proj of 63 rows"),
+        ("o_proj", lw.o_proj[:, :-1], "layer 0 o_proj of 63 columns"),
+    ):
+        broken = dataclasses.replace(
+            w, layers=[dataclasses.replace(lw, **{field: bad}), *w.layers[1:]]
+        )
         with pytest.raises(ValueError, match=f"{what} is neither all 64 nor this rank's 32"):
             shard_qwen3_moe(c, broken, TensorParallel(0, 2), torch.device("cpu"))

@@ -38,7 +38,8 @@ from ftlab.quant import QuantWeight
 from tests.parallel.test_rank_experts import same
 from tests.parallel.test_rank_experts_next import owns_its_memory, refused_by_every_loader
 
-V = 384  # the vocabulary of the tiny models, tests/data/llama_cpp's and tests/data/gguf_qwen3_next's files
+# the vocabulary of the tiny models, tests/data/llama_cpp's and tests/data/gguf_qwen3_next's files
+V = 384
 SPAN = (V // 4, V // 2)  # rows inside the vocabulary: both ends cut
 LLAMA = Path(__file__).resolve().parents[1] / "data" / "llama_cpp"
 DATA = Path(__file__).resolve().parents[1] / "data" / "gguf_qwen3_next"
@@ -70,7 +71,10 @@ def same_but_vocab(full, part, v0: int, v1: int) -> None:
         assert part.lm_head is part.embed
     else:
         same(part.lm_head, rows(full.lm_head, v0, v1))
-    same_tree(dataclasses.replace(part, embed=None, lm_head=None), dataclasses.replace(full, embed=None, lm_head=None))
+    same_tree(
+        dataclasses.replace(part, embed=None, lm_head=None),
+        dataclasses.replace(full, embed=None, lm_head=None),
+    )
 
 
 @pytest.fixture
@@ -102,9 +106,14 @@ def quiet(load, *args, **kw):
         return load(*args, **kw)
 
 
-GGUF_MOE = [LLAMA / "qwen3moe-q4_0.gguf", LLAMA / "qwen3moe-q4_k_m.gguf", LLAMA / "qwen3moe-q8_0.gguf",
-            ("tiny-qwen3-moe", "model-f32.gguf"), ("tiny-qwen3-moe", "model-q4_0.gguf"),
-            ("tiny-qwen3-moe-wide", "model-f32.gguf")]  # fmt: skip
+GGUF_MOE = [
+    LLAMA / "qwen3moe-q4_0.gguf",
+    LLAMA / "qwen3moe-q4_k_m.gguf",
+    LLAMA / "qwen3moe-q8_0.gguf",
+    ("tiny-qwen3-moe", "model-f32.gguf"),
+    ("tiny-qwen3-moe", "model-q4_0.gguf"),
+    ("tiny-qwen3-moe-wide", "model-f32.gguf"),
+]
 
 
 def gguf_path(spec) -> Path:
@@ -112,7 +121,9 @@ def gguf_path(spec) -> Path:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("spec", GGUF_MOE, ids=lambda s: s.name if isinstance(s, Path) else "/".join(s))
+@pytest.mark.parametrize(
+    "spec", GGUF_MOE, ids=lambda s: s.name if isinstance(s, Path) else "/".join(s)
+)
 def test_gguf_rows_of_the_vocabulary(spec, dtype, dequantized):
     """llama.cpp's files (packed Q4_0 / Q4_K / Q8_0 embedding, Q6_K / Q8_0 lm_head) and the tiny
     ones (F32, a Q4_0 lm_head; wide: tied): the rows of the full load; a packed embedding is
@@ -130,7 +141,9 @@ def test_gguf_rows_of_the_vocabulary(spec, dtype, dequantized):
 
 def tied_gguf(tmp_path: Path, qtype) -> Path:
     """tiny-qwen3-moe as a tied file, its token_embd of ``qtype`` (the lm_head too, then)."""
-    c, w = load_gguf(tiny.ensure("tiny-qwen3-moe") / "model-f32.gguf", dtype=torch.float32, progress=False)
+    c, w = load_gguf(
+        tiny.ensure("tiny-qwen3-moe") / "model-f32.gguf", dtype=torch.float32, progress=False
+    )
     c = dataclasses.replace(c, tie_word_embeddings=True)
     w = dataclasses.replace(w, lm_head=w.embed)
     return save_gguf(tmp_path / f"tied-{qtype.name}.gguf", c, w, types={"token_embd.weight": qtype})
@@ -142,7 +155,11 @@ def test_gguf_tied_packed_embedding(qtype, tmp_path, dequantized):
     packed rows; the shard of that load is the shard of a full one, the lm_head kept as loaded."""
     path = tied_gguf(tmp_path, qtype)
     c, full = load_gguf(path, progress=False, dtype=torch.float32)
-    assert c.tie_word_embeddings and isinstance(full.lm_head, QuantWeight) and full.lm_head.qtype == qtype.name
+    assert (
+        c.tie_word_embeddings
+        and isinstance(full.lm_head, QuantWeight)
+        and full.lm_head.qtype == qtype.name
+    )
     dequantized.clear()
     _, part = load_gguf(path, progress=False, dtype=torch.float32, vocab=SPAN)
     same_but_vocab(full, part, *SPAN)
@@ -156,7 +173,9 @@ def test_gguf_tied_packed_embedding(qtype, tmp_path, dequantized):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen3-moe-wide", "tiny-qwen35-moe", "tiny-qwen3-next"])
+@pytest.mark.parametrize(
+    "name", ["tiny-qwen3-moe", "tiny-qwen3-moe-wide", "tiny-qwen35-moe", "tiny-qwen3-next"]
+)
 def test_hf_rows_of_the_vocabulary(name, dtype):
     """HF directories of every model class, untied and tied (wide, qwen3-next), kept fp32 or
     cast to bf16: the rows of the full load, of their own memory."""
@@ -172,14 +191,16 @@ def test_hf_rows_of_the_vocabulary(name, dtype):
 
 @pytest.mark.parametrize("name", ["tiny-qwen35-moe", "tiny-qwen3-next"])
 def test_hf_quantized_at_load_rows_of_the_vocabulary(name):
-    """quantize=True: an untied lm_head's rows quantized to Q4_0 are the rows of the quantized one."""
+    """quantize=True: an untied lm_head's rows quantized to Q4_0 are the rows of the quantized
+    one."""
     _, full = load_hf(tiny.ensure(name), progress=False, quantize=True)
     _, part = load_hf(tiny.ensure(name), progress=False, quantize=True, vocab=SPAN)
     same_but_vocab(full, part, *SPAN)
 
 
 def rewritten(root: Path, tmp_path: Path, change) -> Path:
-    """A copy of the HF directory ``root`` with its tensors ``change(name, tensor)``, in ``tmp_path``."""
+    """A copy of the HF directory ``root`` with its tensors ``change(name, tensor)``, in
+    ``tmp_path``."""
     tmp_path.mkdir(exist_ok=True)
     (file,) = root.glob("*.safetensors")
     with safe_open(str(file), "pt") as f:
@@ -202,7 +223,11 @@ def test_hf_stored_bf16_rows_own_their_memory(name, tmp_path):
     tensors = HFTensors(SafetensorsShards(path), vocab=SPAN, vocab_size=V)
     whole = HFTensors(SafetensorsShards(path))["lm_head.weight"]
     got = tensors["lm_head.weight"]
-    assert torch.equal(got, whole[SPAN[0] : SPAN[1]]) and got.dtype == torch.bfloat16 and owns_its_memory(got)
+    assert (
+        torch.equal(got, whole[SPAN[0] : SPAN[1]])
+        and got.dtype == torch.bfloat16
+        and owns_its_memory(got)
+    )
 
 
 def test_hf_embedding_of_the_wrong_size_is_refused(tmp_path):
@@ -211,16 +236,29 @@ def test_hf_embedding_of_the_wrong_size_is_refused(tmp_path):
     moe = rewritten(tiny.ensure("tiny-qwen3-moe"), tmp_path / "moe", extra)
     nxt = rewritten(tiny.ensure("tiny-qwen35-moe"), tmp_path / "next", extra)
     for vocab in (None, (0, 192)):
-        with pytest.raises(CheckpointError, match=r"embed_tokens\.weight' has shape \(385, 64\), expected \(384, 64\)"):
+        with pytest.raises(
+            CheckpointError,
+            match=r"embed_tokens\.weight' has shape \(385, 64\), expected \(384, 64\)",
+        ):
             load_hf(moe, progress=False, vocab=vocab)
-    with pytest.raises(CheckpointError, match=r"has shape \(385, 256\), expected 384 rows \(the vocabulary\)"):
+    with pytest.raises(
+        CheckpointError, match=r"has shape \(385, 256\), expected 384 rows \(the vocabulary\)"
+    ):
         load_hf(nxt, progress=False, vocab=(0, 192))
     with pytest.raises(CheckpointError, match=r"has shape \(385, 256\), expected \(384, 256\)"):
         load_hf(nxt, progress=False)
 
 
-@pytest.mark.parametrize("file", ["qwen35moe-hv2.gguf", "qwen35moe-hv1.gguf", "qwen3next-hv2.gguf",
-                                  "qwen35moe-hv2-q4_0.gguf", "qwen35moe-hv2-q4_k_m.gguf"])  # fmt: skip
+@pytest.mark.parametrize(
+    "file",
+    [
+        "qwen35moe-hv2.gguf",
+        "qwen35moe-hv1.gguf",
+        "qwen3next-hv2.gguf",
+        "qwen35moe-hv2-q4_0.gguf",
+        "qwen35moe-hv2-q4_k_m.gguf",
+    ],
+)
 def test_gguf_hf_tensors_of_the_vocabulary(file, dequantized):
     """The converter's files (F32; hv1: tied, an MTP block; Q4_0 embedding, Q8_0 lm_head; Q4_K_M's
     Q5_0 embedding, which the reader dequantizes whole): the embedding and lm_head are the full
@@ -239,8 +277,15 @@ def test_gguf_hf_tensors_of_the_vocabulary(file, dequantized):
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen35-moe", "tiny-qwen3-next"])
-@pytest.mark.parametrize("quant, dtype", [("f32", torch.float32), ("f32", torch.bfloat16), ("q4_0", torch.float32),
-                                          ("q4_0", torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize(
+    "quant, dtype",
+    [
+        ("f32", torch.float32),
+        ("f32", torch.bfloat16),
+        ("q4_0", torch.float32),
+        ("q4_0", torch.bfloat16),
+    ],
+)
 def test_gguf_next_model_of_the_vocabulary(name, quant, dtype):
     """The tiny hybrid models' GGUF files through load_gguf_model (qwen3-next tied): the rows."""
     path = tiny.ensure(name) / f"model-{quant}.gguf"
@@ -263,21 +308,33 @@ def test_rank_ranges_from_the_config():
     """The experts rank_experts gives and the rank's equal share of the vocabulary, for every model
     class from config.json or the GGUF metadata; None for a path of neither kind."""
     tp = TensorParallel(rank=1, world=2)
-    paths = [tiny.ensure("tiny-qwen3-moe"), tiny.ensure("tiny-qwen3-moe") / "model-q4_0.gguf",
-             LLAMA / "qwen3moe-q4_k_m.gguf", tiny.ensure("tiny-qwen35-moe"),
-             tiny.ensure("tiny-qwen3-next") / "model-f32.gguf"]  # fmt: skip
+    paths = [
+        tiny.ensure("tiny-qwen3-moe"),
+        tiny.ensure("tiny-qwen3-moe") / "model-q4_0.gguf",
+        LLAMA / "qwen3moe-q4_k_m.gguf",
+        tiny.ensure("tiny-qwen35-moe"),
+        tiny.ensure("tiny-qwen3-next") / "model-f32.gguf",
+    ]
     for path in paths:
         experts, vocab = rank_ranges(path, tp)
-        assert experts == rank_experts(path, tp) and experts[1] > experts[0] and vocab == (V // 2, V)
+        assert (
+            experts == rank_experts(path, tp) and experts[1] > experts[0] and vocab == (V // 2, V)
+        )
     assert rank_ranges(paths[0], TensorParallel(rank=0, world=4))[1] == (0, V // 4)
     assert rank_ranges(paths[0] / "tokenizer.json", tp) is None
     with pytest.raises(ValueError, match=r"tp = 3 must divide num_experts \(8\)"):
         rank_ranges(paths[0], TensorParallel(rank=0, world=3))
 
 
-SHARDS = [("tiny-qwen3-moe", "hf"), ("tiny-qwen3-moe-wide", "f32"), ("tiny-qwen3-moe", "q4_0"),
-          (LLAMA / "qwen3moe-q4_k_m.gguf", None), ("tiny-qwen35-moe", "q4_0"), ("tiny-qwen3-next", "hf"),
-          ("tiny-qwen35-moe", "hf")]  # fmt: skip
+SHARDS = [
+    ("tiny-qwen3-moe", "hf"),
+    ("tiny-qwen3-moe-wide", "f32"),
+    ("tiny-qwen3-moe", "q4_0"),
+    (LLAMA / "qwen3moe-q4_k_m.gguf", None),
+    ("tiny-qwen35-moe", "q4_0"),
+    ("tiny-qwen3-next", "hf"),
+    ("tiny-qwen35-moe", "hf"),
+]
 
 
 @pytest.mark.parametrize("name, quant", SHARDS, ids=lambda s: s.name if isinstance(s, Path) else s)
@@ -285,7 +342,13 @@ def test_shard_of_a_cut_load(name, quant):
     """Loaded with the rank's experts and vocabulary rows (rank_ranges), the shard equals the
     shard of a full load; the embedding and lm_head loaded as they are, a tied lm_head the
     embedding."""
-    path = name if quant is None else tiny.ensure(name) if quant == "hf" else tiny.ensure(name) / f"model-{quant}.gguf"
+    path = (
+        name
+        if quant is None
+        else tiny.ensure(name)
+        if quant == "hf"
+        else tiny.ensure(name) / f"model-{quant}.gguf"
+    )
     tp, cpu = TensorParallel(rank=1, world=2), torch.device("cpu")
     experts, vocab = rank_ranges(path, tp)
 
@@ -298,7 +361,9 @@ def test_shard_of_a_cut_load(name, quant):
     assert part.embed.shape[0] == V // 2
     shard = shard_qwen3_moe if hasattr(full.layers[0], "router") else shard_qwen3_next
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ShardDequantizedWarning)  # the K-quant o_proj cut inside its blocks
+        warnings.simplefilter(
+            "ignore", ShardDequantizedWarning
+        )  # the K-quant o_proj cut inside its blocks
         want, got = shard(c, full, tp, cpu), shard(c, part, tp, cpu)
     same_tree(got, want)
     assert kept(got.embed, part.embed) and (got.lm_head is got.embed) == c.tie_word_embeddings
@@ -308,8 +373,19 @@ def test_shard_of_a_cut_load(name, quant):
 def test_shard_refuses_an_embedding_of_neither_size():
     config = SimpleNamespace(vocab_size=8)
     embed = torch.zeros(3, 2)
-    with pytest.raises(ValueError, match="the embedding of 3 rows is neither all 8 nor this rank's 4"):
-        vocab_rows(config, SimpleNamespace(embed=embed, lm_head=embed), TensorParallel(0, 2), torch.device("cpu"))
+    with pytest.raises(
+        ValueError, match="the embedding of 3 rows is neither all 8 nor this rank's 4"
+    ):
+        vocab_rows(
+            config,
+            SimpleNamespace(embed=embed, lm_head=embed),
+            TensorParallel(0, 2),
+            torch.device("cpu"),
+        )
     with pytest.raises(ValueError, match="lm_head of 3 rows is neither all 8 nor this rank's 4"):
-        vocab_rows(config, SimpleNamespace(embed=torch.zeros(8, 2), lm_head=embed), TensorParallel(0, 2),
-                   torch.device("cpu"))  # fmt: skip
+        vocab_rows(
+            config,
+            SimpleNamespace(embed=torch.zeros(8, 2), lm_head=embed),
+            TensorParallel(0, 2),
+            torch.device("cpu"),
+        )

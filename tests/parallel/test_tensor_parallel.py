@@ -1,7 +1,8 @@
 """Tensor / expert parallelism (ftlab.models.tensor_parallel) on the CPU: two gloo processes
 started by torchrun against one process, for the tiny Qwen3-MoE models from HF and GGUF files
 (fp32 and Q4_0): logits within 1e-4, the same greedy tokens, rank 0's loader asked for its experts,
-vocabulary rows and (Qwen3-MoE) attention heads only; ``ftlab run --tp 2`` prints the single-process text; and the errors of a
+vocabulary rows and (Qwen3-MoE) attention heads only; ``ftlab run --tp 2`` prints the single-process
+text; and the errors of a
 bad tp or a missing process group."""
 
 import socket
@@ -17,9 +18,17 @@ from ftlab.models.tensor_parallel import TensorParallel, columns, process_group,
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ["tiny-qwen3-moe:hf:auto", "tiny-qwen3-moe:f32:auto", "tiny-qwen3-moe:q4_0:dequant",
-         "tiny-qwen3-moe-wide:hf:auto", "tiny-qwen35-moe:hf:auto", "tiny-qwen35-moe:q4_0:dequant",
-         "tiny-qwen3-next:f32:auto", "tiny-qwen3-next:q4_0:dequant", "tiny-qwen35-moe:q4_0:auto"]
+CASES = [
+    "tiny-qwen3-moe:hf:auto",
+    "tiny-qwen3-moe:f32:auto",
+    "tiny-qwen3-moe:q4_0:dequant",
+    "tiny-qwen3-moe-wide:hf:auto",
+    "tiny-qwen35-moe:hf:auto",
+    "tiny-qwen35-moe:q4_0:dequant",
+    "tiny-qwen3-next:f32:auto",
+    "tiny-qwen3-next:q4_0:dequant",
+    "tiny-qwen35-moe:q4_0:auto",
+]
 # llama.cpp's quantizations of a 2-layer Qwen3-MoE (tests/data/llama_cpp): one kv head, so both
 # ranks hold it; the K-quant o_proj (256 columns) is cut inside its blocks, so ranks keep it dense
 LLAMA = Path(__file__).resolve().parents[1] / "data" / "llama_cpp"
@@ -39,10 +48,23 @@ def free_port() -> int:
 
 
 def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(free_port()), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        *args,
+    ]
     os = __import__("os")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
@@ -76,7 +98,8 @@ def test_two_ranks_match_one_process(two_ranks, case):
     prompt and after 16 decode steps within 1e-4 (but see INT8), the 16 greedy tokens identical."""
     got = two_ranks[case]
     want = match_one_process(case, got, ("logits",) if case in INT8 else ("logits", "last"))
-    # rank 0 read only its experts and vocabulary rows, from every model class (HF and GGUF loaders alike)
+    # rank 0 read only its experts and vocabulary rows, from every model class (HF and GGUF loaders
+    # alike)
     assert got["experts"] == (0, got["num_experts"] // 2), case
     assert got["vocab"] == (0, got["vocab_size"] // 2), case
     assert want["experts"] is None and want["vocab"] is None and want["heads"] is None
@@ -90,9 +113,23 @@ def test_two_ranks_match_one_process(two_ranks, case):
 def cli_matches_one_process(device: str) -> None:
     """``torchrun --nproc-per-node 2 -m ftlab run --tp 2 ...`` on ``device`` prints the text one
     process prints (rank 0 alone prints)."""
-    args = ["--model", "tiny-qwen3-moe", "--device", device, "--max-new-tokens", "12", "--prompt", "The router"]
-    one = subprocess.run([sys.executable, "-m", "ftlab", "run", *args], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)  # fmt: skip
+    args = [
+        "--model",
+        "tiny-qwen3-moe",
+        "--device",
+        device,
+        "--max-new-tokens",
+        "12",
+        "--prompt",
+        "The router",
+    ]
+    one = subprocess.run(
+        [sys.executable, "-m", "ftlab", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     two = torchrun("-m", "ftlab", "run", "--tp", "2", *args)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
     assert one.stdout.splitlines()[0] == two.stdout.splitlines()[0]
@@ -126,7 +163,9 @@ def test_tp_and_hybrid_are_refused_together():
 def test_world_size_must_equal_tp(tmp_path):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     try:
         with pytest.raises(ValueError, match=r"world size \(1\)"):
             process_group(2, torch.device("cpu"))
@@ -167,14 +206,22 @@ def test_unpermute_columns_dense_and_packed():
     assert torch.equal(unpermute_columns(stored, perm, "w").data, q.data)
     swapped = torch.arange(128)
     swapped[[1, 33]] = swapped[[33, 1]]
-    for bad in (torch.arange(128).roll(16), swapped):  # a block moved in halves; two columns swapped across blocks
+    for bad in (
+        torch.arange(128).roll(16),
+        swapped,
+    ):  # a block moved in halves; two columns swapped across blocks
         with pytest.raises(ValueError, match="blocks of 32"):
             unpermute_columns(stored, bad, "w")
 
 
 def test_kv_heads_replicate_when_ranks_outnumber_them():
     """Fewer kv heads than ranks: each rank holds the kv head its query heads read."""
-    assert [TensorParallel(r, 4).kv_heads(2, 8) for r in range(4)] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+    assert [TensorParallel(r, 4).kv_heads(2, 8) for r in range(4)] == [
+        (0, 1),
+        (0, 1),
+        (1, 2),
+        (1, 2),
+    ]
     assert [TensorParallel(r, 2).kv_heads(4, 8) for r in range(2)] == [(0, 2), (2, 4)]
     with pytest.raises(ValueError, match="num_key_value_heads"):
         TensorParallel(0, 3).kv_heads(2, 6)
@@ -186,10 +233,15 @@ def test_a_k_quant_cut_inside_its_blocks_is_kept_dense_with_a_warning():
 
     pipe = Pipeline.load(str(LLAMA / "qwen3moe-q4_k_m.gguf"), "cpu")
     with pytest.warns(ShardDequantizedWarning, match="layer 0 o_proj"):
-        shard = shard_qwen3_moe(pipe.config, pipe.weights, TensorParallel(1, 2), torch.device("cpu"))
+        shard = shard_qwen3_moe(
+            pipe.config, pipe.weights, TensorParallel(1, 2), torch.device("cpu")
+        )
     o_proj = pipe.weights.layers[0].o_proj
     assert isinstance(o_proj, QuantWeight) and not isinstance(shard.layers[0].o_proj, QuantWeight)
     half = o_proj.shape[1] // 2
     from ftlab import ops
 
-    assert torch.equal(shard.layers[0].o_proj, ops.dequantize(o_proj, torch.float32)[:, half:].to(shard.embed.dtype))
+    assert torch.equal(
+        shard.layers[0].o_proj,
+        ops.dequantize(o_proj, torch.float32)[:, half:].to(shard.embed.dtype),
+    )

@@ -3,7 +3,6 @@ test_tensor_parallel.py with each rank on its own GPU, the auto backends and the
 captured in a CUDA/HIP graph with the collectives inside, against one GPU; and ``ftlab run --tp 2``
 printing the one-GPU text. Skipped below two GPUs."""
 
-
 import pytest
 import torch
 
@@ -15,13 +14,21 @@ from tests.parallel.test_tensor_parallel import (
     torchrun,
 )
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                 reason="needs two GPUs")]  # fmt: skip
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
+    ),
+]
 #: fp32 models (HF and GGUF F32) and the dequant path of Q4_0 and K-quant files: the same values
 #: up to the ranks' summation order
-CASES = ["tiny-qwen3-moe:hf:auto", "tiny-qwen3-moe:q4_0:dequant", "tiny-qwen35-moe:hf:auto",
-         "tiny-qwen3-next:q4_0:dequant", f"{LLAMA / 'qwen3moe-q4_k_m.gguf'}:hf:dequant"]  # fmt: skip
+CASES = [
+    "tiny-qwen3-moe:hf:auto",
+    "tiny-qwen3-moe:q4_0:dequant",
+    "tiny-qwen35-moe:hf:auto",
+    "tiny-qwen3-next:q4_0:dequant",
+    f"{LLAMA / 'qwen3moe-q4_k_m.gguf'}:hf:dequant",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """One rank of the tensor-parallel test (tests/parallel/test_tensor_parallel.py), started by
 torchrun: for each (model, file, quantized path) of argv[2:] (``model:quant:path``), the prompt's
 next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE, and the expert,
-vocabulary and head ranges the pipeline asked its loader for; rank 0 saves them to argv[1]. ``FTLAB_TP_DEVICE=cuda``: each
+vocabulary and head ranges the pipeline asked its loader for; rank 0 saves them to argv[1].
+``FTLAB_TP_DEVICE=cuda``: each
 rank on its GPU (cuda:LOCAL_RANK, NCCL) with the auto backends and the decode step graph-captured;
 else the CPU (gloo) with the reference backends."""
 
@@ -19,7 +20,8 @@ PROMPT = "The router sends every token to its experts"
 def run(model: str, quant: str, path: str, tp: int) -> dict:
     import ftlab.models.pipeline as pipeline_module
 
-    seen = []  # the ranges the pipeline asked its loader for (every model class loads through these)
+    # the ranges the pipeline asked its loader for (every model class loads through these)
+    seen = []
 
     def watch(load):
         def loader(*args, **kwargs):
@@ -32,9 +34,13 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
     pipeline_module.load_hf, pipeline_module.load_gguf_model = (watch(f) for f in loads)
     try:
         if os.environ.get("FTLAB_TP_DEVICE", "cpu") == "cuda":
-            pipe = Pipeline.load(model, "cuda", quant=quant, tp=tp, backends="auto", q4_0_path=path, graphs=True)
+            pipe = Pipeline.load(
+                model, "cuda", quant=quant, tp=tp, backends="auto", q4_0_path=path, graphs=True
+            )
         else:
-            pipe = Pipeline.load(model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path)
+            pipe = Pipeline.load(
+                model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path
+            )
     finally:
         pipeline_module.load_hf, pipeline_module.load_gguf_model = loads
     ids = pipe.tokenizer.encode(PROMPT)
@@ -43,8 +49,16 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
     for _ in range(16):
         tokens.append(int(logits.argmax()))
         logits = pipe.decode_step(tokens[-1])
-    return {"logits": first.cpu(), "tokens": tokens, "last": logits.cpu(), "experts": seen[0][0], "vocab": seen[0][1],
-            "heads": seen[0][2], "num_experts": getattr(pipe.config, "num_experts", None), "vocab_size": pipe.config.vocab_size}
+    return {
+        "logits": first.cpu(),
+        "tokens": tokens,
+        "last": logits.cpu(),
+        "experts": seen[0][0],
+        "vocab": seen[0][1],
+        "heads": seen[0][2],
+        "num_experts": getattr(pipe.config, "num_experts", None),
+        "vocab_size": pipe.config.vocab_size,
+    }
 
 
 if __name__ == "__main__":

@@ -17,8 +17,15 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @st.composite
-def decode_attention_case(draw, dtypes=DTYPES, lengths=(1, 5, 64, 65, 200, 300), dims=(8, 12, 64, 128),
-                          batches=(1, 2, 3), kv_heads=(1, 2, 4), groups=(1, 2, 8)):  # fmt: skip
+def decode_attention_case(
+    draw,
+    dtypes=DTYPES,
+    lengths=(1, 5, 64, 65, 200, 300),
+    dims=(8, 12, 64, 128),
+    batches=(1, 2, 3),
+    kv_heads=(1, 2, 4),
+    groups=(1, 2, 8),
+):
     b = draw(st.sampled_from(batches))
     kvh = draw(st.sampled_from(kv_heads))
     g = draw(st.sampled_from(groups))
@@ -26,7 +33,9 @@ def decode_attention_case(draw, dtypes=DTYPES, lengths=(1, 5, 64, 65, 200, 300),
     s = draw(st.sampled_from(lengths))
     dtype = draw(st.sampled_from(dtypes))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    q = (torch.randn(b, kvh * g, d, generator=gen) * draw(st.sampled_from([0.3, 1.0, 4.0]))).to(dtype)
+    q = (torch.randn(b, kvh * g, d, generator=gen) * draw(st.sampled_from([0.3, 1.0, 4.0]))).to(
+        dtype
+    )
     # a static cache of max_batch >= b sequences, [slots, KVH * D], viewed per sequence
     max_b = b + draw(st.sampled_from([0, 1]))
     cache_k = torch.randn(max_b * s, kvh * d, generator=gen).to(dtype)
@@ -45,7 +54,9 @@ def test_decode_attention_cpu(case):
 
 
 @settings(max_examples=6, deadline=None)
-@given(decode_attention_case(dtypes=(torch.float32, torch.bfloat16), lengths=(1, 65), dims=(8, 128)))
+@given(
+    decode_attention_case(dtypes=(torch.float32, torch.bfloat16), lengths=(1, 65), dims=(8, 128))
+)
 def test_decode_attention_quantize_cpu(case):
     """quantize=True: the same output and its Q8_1 (that of quantize_q8_1), in every backend."""
     ft.check_decode_attention_case(*case, quantize=True)
@@ -80,10 +91,19 @@ def test_decode_attention_long_cache_gpu(case):
 
 @pytest.mark.gpu
 @settings(max_examples=24, deadline=None)
-@given(decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(520, 640, 2100), dims=(128,),
-                             batches=(4, 8, 16), kv_heads=(4,), groups=(8,)))  # fmt: skip
+@given(
+    decode_attention_case(
+        dtypes=(torch.bfloat16, torch.float16),
+        lengths=(520, 640, 2100),
+        dims=(128,),
+        batches=(4, 8, 16),
+        kv_heads=(4,),
+        groups=(8,),
+    )
+)
 def test_decode_attention_model_batches_gpu(case):
-    """A Qwen3-MoE decode step's attention at 4 to 16 sequences (32 query / 4 key heads of 128 over a
+    """A Qwen3-MoE decode step's attention at 4 to 16 sequences (32 query / 4 key heads of 128 over
+    a
     static cache of 520+ slots a sequence): every backend within the bound, hip's one-launch kernel
     merging its splits over up to 16 x 4 (sequence, key head) counters."""
     ft.check_decode_attention_case(*case, device="cuda", quantize=True)
@@ -92,15 +112,20 @@ def test_decode_attention_model_batches_gpu(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [2, 4])
 @settings(max_examples=30, deadline=None)
-@given(case=decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(1, 17, 65, 300, 2100),
-                                  dims=(128, 256)))  # fmt: skip
+@given(
+    case=decode_attention_case(
+        dtypes=(torch.bfloat16, torch.float16), lengths=(1, 17, 65, 300, 2100), dims=(128, 256)
+    )
+)
 def test_hip_one_launch_rows_gpu(rows, case):
     """hip's one-launch kernel with tiles of 16 and 32 positions at head dim 128 (8 and 16 at 256;
     ``ROWS_PER_THREAD`` 2 and 4): within the bound of the reference."""
     import ftlab.hip.attention as hip_attention
     from ftlab import backends
 
-    if "hip" not in backends.available_backends("decode_attention", torch.device("cuda"), torch.bfloat16):
+    if "hip" not in backends.available_backends(
+        "decode_attention", torch.device("cuda"), torch.bfloat16
+    ):
         pytest.skip("hip cannot serve decode_attention on this GPU")
     hip_attention.ROWS_PER_THREAD = rows
     try:
@@ -112,8 +137,11 @@ def test_hip_one_launch_rows_gpu(rows, case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("want", [1, 2, 3])
 @settings(max_examples=8, deadline=None)
-@given(case=decode_attention_case(dtypes=(torch.bfloat16, torch.float16), lengths=(65, 640, 4200),
-                                  dims=(128, 256)))  # fmt: skip
+@given(
+    case=decode_attention_case(
+        dtypes=(torch.bfloat16, torch.float16), lengths=(65, 640, 4200), dims=(128, 256)
+    )
+)
 def test_hip_one_launch_capped_splits_gpu(want, case):
     """hip's one-launch kernel with a sequence's live splits capped at 1, 2 and 3 (``tile_want``):
     splits of many tiles, grown from the plan's chunk inside the kernel: within the bound of the
@@ -121,7 +149,9 @@ def test_hip_one_launch_capped_splits_gpu(want, case):
     import ftlab.hip.attention as hip_attention
     from ftlab import backends
 
-    if "hip" not in backends.available_backends("decode_attention", torch.device("cuda"), torch.bfloat16):
+    if "hip" not in backends.available_backends(
+        "decode_attention", torch.device("cuda"), torch.bfloat16
+    ):
         pytest.skip("hip cannot serve decode_attention on this GPU")
     planned = hip_attention.tile_want
     hip_attention.tile_want = lambda b, kvh, device, d: want
@@ -135,7 +165,11 @@ def test_held_to_reference_counts_calls_and_catches_a_fault(monkeypatch):
     """decode_attention_held_to_reference: each non-reference call counted with the elements over
     the bound -- none for Triton's kernel, all of them for one that adds 0.01 to its output."""
     gen = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 4, 16, generator=gen), torch.randn(2, 9, 2, 16, generator=gen), torch.randn(2, 9, 2, 16, generator=gen)
+    q, k, v = (
+        torch.randn(2, 4, 16, generator=gen),
+        torch.randn(2, 9, 2, 16, generator=gen),
+        torch.randn(2, 9, 2, 16, generator=gen),
+    )
     lengths = torch.tensor([9, 4], dtype=torch.int32)
     real = ops.decode_attention
     with ft.decode_attention_held_to_reference() as calls:
@@ -177,7 +211,9 @@ def test_hip_tile_plan():
         for rows in (2, 4):
             for s in (1, 31, 520, 1025, 4096, 33000, 10**6):
                 chunk, splits = tile_plan(s, d, rows)
-                assert chunk % tile_rows(d, rows) == 0 and chunk * splits >= s > chunk * (splits - 1)
+                assert chunk % tile_rows(d, rows) == 0 and chunk * splits >= s > chunk * (
+                    splits - 1
+                )
                 assert 1 <= splits <= TILE_MAX_SPLITS
 
 
@@ -193,7 +229,10 @@ def test_hip_tile_want(monkeypatch):
     dev = torch.device("cpu")
     assert [ha.tile_want(b, 4, dev, 128) for b in (1, 2, 4, 8, 16, 64)] == [64, 42, 21, 11, 6, 2]
     assert [ha.tile_want(b, 2, dev, 256) for b in (1, 2, 3, 8, 64)] == [64, 64, 33, 13, 2]
-    assert ha.tile_want(1, 1, dev, 128) == ha.TILE_MAX_SPLITS and ha.tile_want(0, 4, dev, 128) == ha.TILE_MAX_SPLITS
+    assert (
+        ha.tile_want(1, 1, dev, 128) == ha.TILE_MAX_SPLITS
+        and ha.tile_want(0, 4, dev, 128) == ha.TILE_MAX_SPLITS
+    )
     with pytest.raises(ValueError, match="head dim 128 or 256, got 64"):
         ha.tile_want(1, 4, dev, 64)
 
@@ -210,8 +249,13 @@ def test_reference_is_sdpa(dtype):
     lengths = torch.tensor([s, 7, 0])
     got = ops.decode_attention(q, k, v, lengths, backend="reference")
     mask = torch.arange(s)[None, None, None, :] < lengths[:, None, None, None]
-    want = F.scaled_dot_product_attention(q.float()[:, :, None], k.float().transpose(1, 2), v.float().transpose(1, 2),
-                                          attn_mask=mask, enable_gqa=True)[:, :, 0]  # fmt: skip
+    want = F.scaled_dot_product_attention(
+        q.float()[:, :, None],
+        k.float().transpose(1, 2),
+        v.float().transpose(1, 2),
+        attn_mask=mask,
+        enable_gqa=True,
+    )[:, :, 0]
     bound = ft.decode_attention_tolerance(q, k, v, lengths, d**-0.5).view(b, kvh * g, d)
     assert bool(((got[:2].float() - want[:2]).abs() <= bound[:2]).all())
     assert bool((got[2] == 0).all())
@@ -228,8 +272,10 @@ def test_slots_past_the_length_are_never_read(device, d):
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(d)
     b, s, kvh, g = 2, 90, 2, 4
-    q, k, v = (torch.randn(*shape, generator=gen).bfloat16().to(dev)
-               for shape in ((b, kvh * g, d), (b, s, kvh, d), (b, s, kvh, d)))  # fmt: skip
+    q, k, v = (
+        torch.randn(*shape, generator=gen).bfloat16().to(dev)
+        for shape in ((b, kvh * g, d), (b, s, kvh, d), (b, s, kvh, d))
+    )
     lengths = torch.tensor([37, 70], device=dev)
     dirty_k, dirty_v = k.clone(), v.clone()
     for i, n in enumerate(lengths.tolist()):
@@ -243,8 +289,10 @@ def test_slots_past_the_length_are_never_read(device, d):
 
 @pytest.mark.gpu
 def test_hip_one_launch_refuses_bad_direct_calls():
-    """The one-launch entries, called directly: a chunk past int32, fp16 workspaces, strided counters,
-    no live split wanted, Q8_1 outputs of the wrong dtype, size or device are refused before any launch."""
+    """The one-launch entries, called directly: a chunk past int32, fp16 workspaces, strided
+    counters,
+    no live split wanted, Q8_1 outputs of the wrong dtype, size or device are refused before any
+    launch."""
     from ftlab import backends, jit
 
     dev = torch.device("cuda")
@@ -258,21 +306,35 @@ def test_hip_one_launch_refuses_bad_direct_calls():
     ml, acc = torch.zeros(1, 2, 4, 4, 2, device=dev), torch.zeros(1, 2, 4, 4, 128, device=dev)
     counters = torch.zeros(16, dtype=torch.int32, device=dev)
     with pytest.raises(ValueError, match="at most 2147483647"):
-        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters, out, 2**32 + 32, 1, 1, 4, 0.1)
+        module.decode_attention_tiles(
+            q, k, k, lengths, ml, acc, counters, out, 2**32 + 32, 1, 1, 4, 0.1
+        )
     with pytest.raises(TypeError, match="ml and acc must be float32"):
-        module.decode_attention_tiles(q, k, k, lengths, ml.half(), acc, counters, out, 32, 4, 4, 4, 0.1)
+        module.decode_attention_tiles(
+            q, k, k, lengths, ml.half(), acc, counters, out, 32, 4, 4, 4, 0.1
+        )
     with pytest.raises(ValueError, match="contiguous"):
-        module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters[::2], out, 32, 4, 4, 4, 0.1)
-    with pytest.raises(ValueError, match=r"want \(the most live splits a sequence\) must be 1 to 64, got 0"):
+        module.decode_attention_tiles(
+            q, k, k, lengths, ml, acc, counters[::2], out, 32, 4, 4, 4, 0.1
+        )
+    with pytest.raises(
+        ValueError, match=r"want \(the most live splits a sequence\) must be 1 to 64, got 0"
+    ):
         module.decode_attention_tiles(q, k, k, lengths, ml, acc, counters, out, 32, 4, 0, 4, 0.1)
     oq = torch.full((1, 1024), 7, dtype=torch.int8, device=dev)
     od, os_ = torch.zeros(1, 32, device=dev), torch.zeros(1, 32, device=dev)
     with pytest.raises(TypeError, match="oq must be int8"):
-        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq.int(), od, os_, 32, 4, 4, 4, 0.1)
+        module.decode_attention_tiles_q8(
+            q, k, k, lengths, ml, acc, counters, out, oq.int(), od, os_, 32, 4, 4, 4, 0.1
+        )
     with pytest.raises(TypeError, match="od and os must be float32 with"):
-        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od[:, :16], os_, 32, 4, 4, 4, 0.1)
+        module.decode_attention_tiles_q8(
+            q, k, k, lengths, ml, acc, counters, out, oq, od[:, :16], os_, 32, 4, 4, 4, 0.1
+        )
     with pytest.raises(ValueError, match="oq, od and os"):
-        module.decode_attention_tiles_q8(q, k, k, lengths, ml, acc, counters, out, oq, od.cpu(), os_, 32, 4, 4, 4, 0.1)
+        module.decode_attention_tiles_q8(
+            q, k, k, lengths, ml, acc, counters, out, oq, od.cpu(), os_, 32, 4, 4, 4, 0.1
+        )
     assert not counters.any() and (oq == 7).all() and not od.any()
 
 
@@ -299,8 +361,10 @@ def test_bad_arguments_name_themselves():
 
 
 @pytest.mark.parametrize("s", [5, 130])
-@pytest.mark.parametrize("device, dtype, d", [("cpu", torch.float32, 8),
-                                              pytest.param("cuda", torch.bfloat16, 128, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "device, dtype, d",
+    [("cpu", torch.float32, 8), pytest.param("cuda", torch.bfloat16, 128, marks=pytest.mark.gpu)],
+)
 def test_nan_in_the_cache_is_not_hidden(s, device, dtype, d):
     """A NaN in a live key reaches the output of the heads that read it (one split and several),
     in every backend: a split with no position (sum 0) is skipped, a NaN sum is not (bf16 at head
@@ -312,17 +376,22 @@ def test_nan_in_the_cache_is_not_hidden(s, device, dtype, d):
     for name in ft.backends_for("decode_attention", q.device, q.dtype, None):
         out = ops.decode_attention(q, k, k.clone(), torch.tensor([s], device=device), backend=name)
         assert out[0, :2].isnan().all() and not out[0, 2:].isnan().any(), name
-        again, q8 = ops.decode_attention(q, k, k.clone(), torch.tensor([s], device=device), backend=name,
-                                         quantize=True)  # fmt: skip
+        again, q8 = ops.decode_attention(
+            q, k, k.clone(), torch.tensor([s], device=device), backend=name, quantize=True
+        )
         want = ops.quantize_q8_1(again.view(1, -1), backend=name)
         assert again[0, :2].isnan().all() and not again[0, 2:].isnan().any(), name
         for part in ("q", "d", "s"):
-            assert torch.equal(getattr(q8, part).nan_to_num(7.0), getattr(want, part).nan_to_num(7.0)), (name, part)
+            assert torch.equal(
+                getattr(q8, part).nan_to_num(7.0), getattr(want, part).nan_to_num(7.0)
+            ), (name, part)
 
 
 @pytest.mark.parametrize("s", [5, 130])
-@pytest.mark.parametrize("device, dtype, d", [("cpu", torch.float32, 8),
-                                              pytest.param("cuda", torch.bfloat16, 128, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "device, dtype, d",
+    [("cpu", torch.float32, 8), pytest.param("cuda", torch.bfloat16, 128, marks=pytest.mark.gpu)],
+)
 def test_minus_inf_scores_weigh_nothing(s, device, dtype, d):
     """A live key whose score is -inf (an -inf element against a positive query) weighs nothing, as
     in the reference's softmax: the same output as with that element at -1e30 (a weight of exactly
@@ -330,7 +399,9 @@ def test_minus_inf_scores_weigh_nothing(s, device, dtype, d):
     softmax of -inf alone), not zeros -- so hip's one-launch kernel (bf16 at head dim 128 on a GPU)
     tells that from a sequence of no position."""
     gen = torch.Generator().manual_seed(11)
-    q = (torch.rand(1, 4, d, generator=gen) + 0.1).to(device, dtype)  # positive: q . k = -inf where k has -inf
+    q = (torch.rand(1, 4, d, generator=gen) + 0.1).to(
+        device, dtype
+    )  # positive: q . k = -inf where k has -inf
     k = torch.randn(1, s, 2, d, generator=gen).to(device, dtype)
     v = torch.randn(1, s, 2, d, generator=gen).to(device, dtype)
     lengths = torch.tensor([s], device=device)
@@ -340,7 +411,9 @@ def test_minus_inf_scores_weigh_nothing(s, device, dtype, d):
     k_all[0, :, 0, 0] = float("-inf")
     for name in ft.backends_for("decode_attention", q.device, q.dtype, None):
         got = ops.decode_attention(q, k_inf, v, lengths, backend=name)
-        assert not got.isnan().any() and torch.equal(got, ops.decode_attention(q, k_big, v, lengths, backend=name)), name
+        assert not got.isnan().any() and torch.equal(
+            got, ops.decode_attention(q, k_big, v, lengths, backend=name)
+        ), name
         out = ops.decode_attention(q, k_all, v, lengths, backend=name)
         assert out[0, :2].isnan().all() and not out[0, 2:].isnan().any(), name
 
@@ -349,7 +422,9 @@ def test_strided_heads_are_copied_not_misread():
     """k with non-contiguous heads (a transposed view) is taken through a copy: same result."""
     gen = torch.Generator().manual_seed(8)
     q = torch.randn(1, 4, 16, generator=gen)
-    k = torch.randn(1, 2, 9, 16, generator=gen).transpose(1, 2)  # [B, S, KVH, D], heads strided by S * D
+    k = torch.randn(1, 2, 9, 16, generator=gen).transpose(
+        1, 2
+    )  # [B, S, KVH, D], heads strided by S * D
     v = torch.randn(1, 9, 2, 16, generator=gen)
     lengths = torch.tensor([9])
     ft.check_decode_attention_case(q, k, v, lengths)

@@ -36,10 +36,14 @@ def conv1d_case(draw, dtypes=DTYPES):
     x = _fused_view(gen, b, t, c, dtype, scale, draw(st.booleans()))
     weight = torch.randn(c, w, generator=gen).to(draw(st.sampled_from([torch.float32, dtype])))
     bias = torch.randn(c, generator=gen).to(weight.dtype) if draw(st.booleans()) else None
-    state = (torch.randn(b, c, w - 1, generator=gen) * scale).to(dtype) if draw(st.booleans()) else None
+    state = (
+        (torch.randn(b, c, w - 1, generator=gen) * scale).to(dtype) if draw(st.booleans()) else None
+    )
     lengths = None
     if draw(st.booleans()):
-        lengths = torch.randint(0, t + 1, (b,), generator=gen).to(draw(st.sampled_from([torch.int32, torch.int64])))
+        lengths = torch.randint(0, t + 1, (b,), generator=gen).to(
+            draw(st.sampled_from([torch.int32, torch.int64]))
+        )
     return x, weight, bias, state, lengths, draw(st.sampled_from(["silu", None]))
 
 
@@ -55,14 +59,18 @@ def conv1d_update_case(draw, dtypes=DTYPES):
     weight = torch.randn(c, w, generator=gen)
     bias = torch.randn(c, generator=gen) if draw(st.booleans()) else None
     pool = (torch.randn(b + 1, c + 2, w - 1, generator=gen) * scale).to(dtype)
-    state = pool[1:, 1 : c + 1] if draw(st.booleans()) else pool[:b, :c].contiguous()  # a slot view of a cache
+    state = (
+        pool[1:, 1 : c + 1] if draw(st.booleans()) else pool[:b, :c].contiguous()
+    )  # a slot view of a cache
     reset = None
     if draw(st.booleans()):  # some sequences start afresh: their old state is garbage, never read
         flags = torch.tensor(draw(st.lists(st.booleans(), min_size=b, max_size=b)))
         if draw(st.booleans()):  # a strided view
             flags = torch.stack([flags, ~flags], dim=1)[:, 0]
         reset = flags
-        state[reset] = torch.tensor(GARBAGE, dtype=dtype)[torch.arange(c * (w - 1)) % len(GARBAGE)].view(c, w - 1)
+        state[reset] = torch.tensor(GARBAGE, dtype=dtype)[
+            torch.arange(c * (w - 1)) % len(GARBAGE)
+        ].view(c, w - 1)
     return x, weight, bias, state, draw(st.sampled_from(["silu", None])), reset
 
 
@@ -101,12 +109,23 @@ def test_reference_is_the_model_conv():
     state = torch.randn(b, c, w - 1, generator=gen)
     y, new_state = ops.causal_conv1d(x, weight, bias, state=state, backend="reference")
     xin = torch.cat([state, x.transpose(1, 2)], dim=-1).double()
-    want = F.silu(F.conv1d(xin, weight.double()[:, None, :], bias.double(), groups=c)).transpose(1, 2)
+    want = F.silu(F.conv1d(xin, weight.double()[:, None, :], bias.double(), groups=c)).transpose(
+        1, 2
+    )
     assert torch.allclose(y.double(), want, atol=1e-5), float((y.double() - want).abs().max())
     assert torch.equal(new_state, xin[:, :, -(w - 1) :].float())
-    fresh, _ = ops.causal_conv1d(x, weight, bias, backend="reference")  # no state: zero padding, causal_conv1d_fn
-    want = F.silu(F.conv1d(x.transpose(1, 2).double(), weight.double()[:, None, :], bias.double(), padding=w - 1,
-                           groups=c)[:, :, :t]).transpose(1, 2)  # fmt: skip
+    fresh, _ = ops.causal_conv1d(
+        x, weight, bias, backend="reference"
+    )  # no state: zero padding, causal_conv1d_fn
+    want = F.silu(
+        F.conv1d(
+            x.transpose(1, 2).double(),
+            weight.double()[:, None, :],
+            bias.double(),
+            padding=w - 1,
+            groups=c,
+        )[:, :, :t]
+    ).transpose(1, 2)
     assert torch.allclose(fresh.double(), want, atol=1e-5)
 
 
@@ -132,7 +151,9 @@ def test_lengths_end_each_sequence():
 def test_chunks_and_decode_steps_chain(backend):
     """A prefill in two chunks (state carried) and then decode steps give the one-shot prefill's
     outputs and final state."""
-    if backend not in backends.available_backends("causal_conv1d", torch.device("cpu"), torch.float32):
+    if backend not in backends.available_backends(
+        "causal_conv1d", torch.device("cpu"), torch.float32
+    ):
         pytest.skip(f"{backend} cannot serve CPU tensors in this process")
     gen = torch.Generator().manual_seed(2)
     b, t, c, w = 2, 11, 5, 4
@@ -142,7 +163,9 @@ def test_chunks_and_decode_steps_chain(backend):
     y, state = ops.causal_conv1d(x, weight, bias, backend=backend)
     y1, s1 = ops.causal_conv1d(x[:, :4], weight, bias, backend=backend)
     y2, s2 = ops.causal_conv1d(x[:, 4:8], weight, bias, state=s1, backend=backend)
-    steps = [ops.causal_conv1d_update(x[:, i], weight, bias, s2, backend=backend) for i in range(8, t)]
+    steps = [
+        ops.causal_conv1d_update(x[:, i], weight, bias, s2, backend=backend) for i in range(8, t)
+    ]
     got = torch.cat([y1, y2, torch.stack(steps, 1)], dim=1)
     torch.testing.assert_close(got, y, rtol=1e-6, atol=1e-6)
     assert torch.equal(s2, state)
@@ -151,7 +174,9 @@ def test_chunks_and_decode_steps_chain(backend):
 def _reset_rows_are_a_zero_state(backend, device):
     """Rows flagged in ``reset`` (NaN / inf in their old state) give y and the new state of the op
     on a zero state; the other rows what they give without ``reset``, bit for bit."""
-    if backend not in backends.available_backends("causal_conv1d_update", torch.device(device), torch.float32):
+    if backend not in backends.available_backends(
+        "causal_conv1d_update", torch.device(device), torch.float32
+    ):
         pytest.skip(f"{backend} cannot serve {device} tensors in this process")
     gen = torch.Generator().manual_seed(4)
     b, c, w = 4, 37, 4
@@ -165,15 +190,23 @@ def _reset_rows_are_a_zero_state(backend, device):
             dirty = state.clone()
             dirty[reset] = float("nan")
             dirty[reset, :, 0] = float("inf")
-            zeroed = torch.where(reset[:, None, None], torch.zeros((), dtype=dtype, device=device), state)
+            zeroed = torch.where(
+                reset[:, None, None], torch.zeros((), dtype=dtype, device=device), state
+            )
             want_state = zeroed.clone()
             want = ops.causal_conv1d_update(x, weight, bias, want_state, backend=backend)
             got = ops.causal_conv1d_update(x, weight, bias, dirty, backend=backend, reset=reset)
-            assert torch.equal(got, want) and torch.equal(dirty, want_state), (backend, dtype, flags)
+            assert torch.equal(got, want) and torch.equal(dirty, want_state), (
+                backend,
+                dtype,
+                flags,
+            )
             assert not dirty[reset, :, : w - 2].any() and torch.equal(dirty[reset, :, -1], x[reset])
             kept_state = state.clone()  # the rows not reset: as without the argument
             kept = ops.causal_conv1d_update(x, weight, bias, kept_state, backend=backend)
-            assert torch.equal(got[~reset], kept[~reset]) and torch.equal(dirty[~reset], kept_state[~reset])
+            assert torch.equal(got[~reset], kept[~reset]) and torch.equal(
+                dirty[~reset], kept_state[~reset]
+            )
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -193,7 +226,9 @@ def test_update_reset_rows_are_a_zero_state_gpu(backend):
 def test_update_is_graph_capturable(backend, with_reset):
     """The decode step captures in a CUDA graph (no host work) and replays on the live state (and
     the live reset flags, set after the capture)."""
-    if backend not in backends.available_backends("causal_conv1d_update", torch.device("cuda"), torch.bfloat16):
+    if backend not in backends.available_backends(
+        "causal_conv1d_update", torch.device("cuda"), torch.bfloat16
+    ):
         pytest.skip(f"{backend} cannot serve on this GPU")
     gen = torch.Generator().manual_seed(3)
     b, c, w = 2, 64, 4
@@ -203,7 +238,9 @@ def test_update_is_graph_capturable(backend, with_reset):
     x = torch.randn(b, c, generator=gen).bfloat16().cuda()
     reset = torch.zeros(b, dtype=torch.bool, device="cuda") if with_reset else None
     start = state.clone()
-    ops.causal_conv1d_update(x, weight, bias, state.clone(), backend=backend, reset=reset)  # build, load
+    ops.causal_conv1d_update(
+        x, weight, bias, state.clone(), backend=backend, reset=reset
+    )  # build, load
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = ops.causal_conv1d_update(x, weight, bias, state, backend=backend, reset=reset)
@@ -263,7 +300,11 @@ def test_bad_reset_names_itself():
     before = state.clone()
     with pytest.raises(TypeError, match="reset must be a torch.Tensor, got list"):
         ops.causal_conv1d_update(x, w, None, state, reset=[True, False])
-    for bad in (torch.tensor([1, 0]), torch.tensor([1, 0], dtype=torch.uint8), torch.tensor([1.0, 0.0])):
+    for bad in (
+        torch.tensor([1, 0]),
+        torch.tensor([1, 0], dtype=torch.uint8),
+        torch.tensor([1.0, 0.0]),
+    ):
         with pytest.raises(TypeError, match=f"reset must be a bool tensor, got {bad.dtype}"):
             ops.causal_conv1d_update(x, w, None, state, reset=bad)
     for shape in ((3,), (2, 1), (1,), ()):

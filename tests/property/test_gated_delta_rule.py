@@ -14,7 +14,8 @@ from ftlab.reference import gated_delta_rule as ref
 
 
 def _inputs(gen, b, t, hk, hv, dk, dv, dtype, *, with_state, decay=1.0):
-    """q, k, v, g (log decay <= 0), beta in (0, 1), an initial state or None, as the model makes them."""
+    """q, k, v, g (log decay <= 0), beta in (0, 1), an initial state or None, as the model makes
+    them."""
     q = torch.randn(b, t, hk, dk, generator=gen).to(dtype)
     k = torch.randn(b, t, hk, dk, generator=gen).to(dtype)
     v = torch.randn(b, t, hv, dv, generator=gen).to(dtype)
@@ -59,7 +60,10 @@ def _model_gates(gen, b, hv, dtypes, state, gates=True, reset=True):
     if gates:
         kw["gates"] = (a_neg, dt_bias)
     else:  # a log decay <= 0 and a write strength in (0, 1)
-        a, braw = -torch.nn.functional.softplus(a.float()).to(dtypes[0]), torch.sigmoid(braw.float()).to(dtypes[1])
+        a, braw = (
+            -torch.nn.functional.softplus(a.float()).to(dtypes[0]),
+            torch.sigmoid(braw.float()).to(dtypes[1]),
+        )
     if reset:
         kw["reset"] = torch.rand(b, generator=gen) < 0.5
         state[kw["reset"]] = float("nan")
@@ -74,13 +78,20 @@ def step_case(draw, dims=(16, 32, 64), dtypes=(torch.float32, torch.bfloat16, to
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     hk = draw(st.sampled_from([1, 2, 4]))
     hv = hk * draw(st.sampled_from([1, 2]))
-    b, dk, dv = draw(st.sampled_from([1, 3])), draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
+    b, dk, dv = (
+        draw(st.sampled_from([1, 3])),
+        draw(st.sampled_from(dims)),
+        draw(st.sampled_from(dims)),
+    )
     dtype = draw(st.sampled_from(dtypes))
     q, k, v, g, beta, state = _inputs(gen, b, 1, hk, hv, dk, dv, dtype, with_state=True)
     g, beta, kw = g[:, 0], beta[:, 0], {}
     gates, reset = draw(st.booleans()), draw(st.booleans())
     if gates or reset:
-        dtypes = (draw(st.sampled_from([dtype, torch.float32])), draw(st.sampled_from([dtype, torch.float32])))
+        dtypes = (
+            draw(st.sampled_from([dtype, torch.float32])),
+            draw(st.sampled_from([dtype, torch.float32])),
+        )
         g, beta, kw = _model_gates(gen, b, hv, dtypes, state, gates, reset)
     return (q[:, 0], k[:, 0], v[:, 0], g, beta, state), kw
 
@@ -106,7 +117,9 @@ def test_gated_delta_rule_gpu(case):
     (q, k, v, g, beta, state), chunk = case
     ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=chunk, device="cuda")
     if q.dtype == torch.bfloat16 and chunk == 64:  # the chunks with bf16 operands, where they apply
-        ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=chunk, device="cuda", precision="bf16")
+        ft.check_gated_delta_rule_case(
+            q, k, v, g, beta, state, chunk_size=chunk, device="cuda", precision="bf16"
+        )
 
 
 @pytest.mark.gpu
@@ -135,19 +148,32 @@ def test_reference_matches_transformers(hv, with_state):
         (tf.torch_recurrent_gated_delta_rule, 1),
     ):
         kw = {"chunk_size": 64} if chunk == 64 else {}
-        want_o, want_s = theirs(q, k, v, g, beta, initial_state=state, output_final_state=True,
-                                use_qk_l2norm_in_kernel=True, **kw)  # fmt: skip
+        want_o, want_s = theirs(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            **kw,
+        )
         theirs_o, theirs_s = (o_bound, s_bound) if chunk == 64 else (rec_o_bound, rec_s_bound)
         got_o, got_s = ops.gated_delta_rule(q, k, v, g, beta, state=state, backend="reference")
-        for what, got, want, bound in (("o", got_o, want_o, o_bound + theirs_o), ("state", got_s, want_s,
-                                                                                   s_bound + theirs_s)):  # fmt: skip
+        for what, got, want, bound in (
+            ("o", got_o, want_o, o_bound + theirs_o),
+            ("state", got_s, want_s, s_bound + theirs_s),
+        ):
             err = (got - want).abs()
             assert bool((err <= bound).all()), (
                 f"{theirs.__name__} {what}: max excess {float((err - bound).max())}"
             )
         rec_o, rec_s = ref.gated_delta_rule_recurrent(q, k, v, g, beta, state, 32**-0.5, True)
-        for what, got, want, bound in (("o", rec_o, want_o, rec_o_bound + theirs_o),
-                                       ("state", rec_s, want_s, rec_s_bound + theirs_s)):  # fmt: skip
+        for what, got, want, bound in (
+            ("o", rec_o, want_o, rec_o_bound + theirs_o),
+            ("state", rec_s, want_s, rec_s_bound + theirs_s),
+        ):
             err = (got - want).abs()
             assert bool((err <= bound).all()), f"recurrent vs {theirs.__name__} {what}"
 
@@ -207,7 +233,9 @@ def test_bad_arguments_name_themselves():
         ops.gated_delta_rule(q, q, v, g, beta, state=torch.zeros(1, 4, 8, 16))
     with pytest.raises(ValueError, match="chunk_size"):
         ops.gated_delta_rule(q, q, v, g, beta, chunk_size=48)
-    with pytest.raises(ValueError, match=r"precision must be one of \('fp32', 'bf16'\), got 'fp16'"):
+    with pytest.raises(
+        ValueError, match=r"precision must be one of \('fp32', 'bf16'\), got 'fp16'"
+    ):
         ops.gated_delta_rule(q, q, v, g, beta, precision="fp16")
     with pytest.raises(TypeError, match="l2norm_qk"):
         ops.gated_delta_rule(q, q, v, g, beta, l2norm_qk=1)
@@ -261,12 +289,22 @@ def test_gate_bound_catches_gates_rounded_to_bf16():
     a, braw = torch.randn(2, 1, 2, generator=gen) * 4, torch.randn(2, 1, 2, generator=gen) * 3
     gates = (-torch.empty(2).uniform_(1.0, 16.0, generator=gen), torch.randn(2, generator=gen) * 2)
     g, beta = (x.bfloat16().float() for x in ref.step_gates(a[:, 0], braw[:, 0], *gates))
-    wrong = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g, beta, state.clone(), backend="reference")
+    wrong = ops.gated_delta_step(
+        q[:, 0], k[:, 0], v[:, 0], g, beta, state.clone(), backend="reference"
+    )
     exact, _ = ft.gated_delta_exact(q, k, v, a, braw, state, gates=gates)
     bound, _ = ft.gated_delta_tolerance(q, k, v, a, braw, state, gates=gates)
     assert bool(((wrong.double() - exact[:, 0]).abs() > bound[:, 0].double()).any())
-    right = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], a[:, 0], braw[:, 0], state.clone(), gates=gates,
-                                 backend="reference")  # fmt: skip
+    right = ops.gated_delta_step(
+        q[:, 0],
+        k[:, 0],
+        v[:, 0],
+        a[:, 0],
+        braw[:, 0],
+        state.clone(),
+        gates=gates,
+        backend="reference",
+    )
     assert bool(((right.double() - exact[:, 0]).abs() <= bound[:, 0].double()).all())
 
 
@@ -291,8 +329,12 @@ def test_bound_catches_mistakes(decay):
     exact_o, _ = ft.gated_delta_exact(q, k, v, g, beta, state)
     o_bound, _ = ft.gated_delta_tolerance(q, k, v, g, beta, state, chunk_size=64)
     regrouped = torch.cat([v[:, :, 0::2], v[:, :, 1::2]], 2)
-    for what, args in (("g shifted", (q, k, v, g.roll(1, 1), beta)), ("heads modulo", (q, k, regrouped, g, beta)),
-                       ("beta squared", (q, k, v, g, beta**2)), ("g * 1.05", (q, k, v, g * 1.05, beta))):  # fmt: skip
+    for what, args in (
+        ("g shifted", (q, k, v, g.roll(1, 1), beta)),
+        ("heads modulo", (q, k, regrouped, g, beta)),
+        ("beta squared", (q, k, v, g, beta**2)),
+        ("g * 1.05", (q, k, v, g * 1.05, beta)),
+    ):
         o, _ = ops.gated_delta_rule(*args, state=state, backend="reference")
         assert not bool(((o.double() - exact_o).abs() <= 2 * o_bound).all()), what
 
@@ -300,7 +342,8 @@ def test_bound_catches_mistakes(decay):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cols", [16, 32])
 @pytest.mark.parametrize(
-    "dk, dv, aligned", [(128, 128, True), (128, 128, False), (64, 37, True), (100, 20, True), (32, 200, False)]
+    "dk, dv, aligned",
+    [(128, 128, True), (128, 128, False), (64, 37, True), (100, 20, True), (32, 200, False)],
 )
 def test_hip_step_block_widths_gpu(cols, dk, dv, aligned):
     """HIP's decode step at both block widths (16 and 32 state columns a block), on its 16-byte
@@ -315,12 +358,18 @@ def test_hip_step_block_widths_gpu(cols, dk, dv, aligned):
     exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, True)
     o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, True, chunk_size=1)
     dev = torch.device("cuda")
-    pad = 8 if aligned else 9  # floats before the state: 32 bytes, or 36 (4 bytes off 16-byte alignment)
-    buf = torch.full((pad + state.numel() + 8,), 7.0, device=dev)  # the slots around the state: never written
+    pad = (
+        8 if aligned else 9
+    )  # floats before the state: 32 bytes, or 36 (4 bytes off 16-byte alignment)
+    buf = torch.full(
+        (pad + state.numel() + 8,), 7.0, device=dev
+    )  # the slots around the state: never written
     got_s = buf[pad : pad + state.numel()].view(state.shape)
     got_s.copy_(state)
     assert (got_s.data_ptr() % 16 == 0) == aligned
-    o = hip_dn.gated_delta_step(*(x[:, 0].to(dev) for x in (q, k, v, g, beta)), got_s, scale, True, cols)
+    o = hip_dn.gated_delta_step(
+        *(x[:, 0].to(dev) for x in (q, k, v, g, beta)), got_s, scale, True, cols
+    )
     assert bool(((o.cpu().double() - exact_o[:, 0]).abs() <= o_bound[:, 0]).all())
     assert bool(((got_s.cpu().double() - exact_s).abs() <= s_bound).all())
     assert bool((buf[:pad] == 7.0).all()) and bool((buf[pad + state.numel() :] == 7.0).all())
@@ -333,8 +382,9 @@ def test_gated_delta_step_graph_replays(backend):
     advancing in place on every replay, for new inputs written into the captured buffers."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(2)
-    q, k, v, g, beta, state = (x.to(dev) for x in _inputs(gen, 2, 1, 16, 32, 128, 128, torch.bfloat16,
-                                                          with_state=True))  # fmt: skip
+    q, k, v, g, beta, state = (
+        x.to(dev) for x in _inputs(gen, 2, 1, 16, 32, 128, 128, torch.bfloat16, with_state=True)
+    )
     q, k, v, g, beta = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0]
     eager_state = state.clone()
 
@@ -363,11 +413,15 @@ def test_gated_delta_step_graph_replays(backend):
 def test_triton_prefill_every_target_config(monkeypatch, target):
     """The Triton prefill with each target's tiles (head dimensions and state columns a program
     not dividing Dk / Dv, chunks past T), on the CPU: the configurations the GPUs launch."""
-    if "triton" not in backends.available_backends("gated_delta_rule", torch.device("cpu"), torch.float32):
+    if "triton" not in backends.available_backends(
+        "gated_delta_rule", torch.device("cpu"), torch.float32
+    ):
         pytest.skip("Triton's interpreter is off in this process")
     from ftlab.triton import gated_delta_rule_chunk
 
-    monkeypatch.setitem(gated_delta_rule_chunk.CONFIGS, "default", gated_delta_rule_chunk.CONFIGS[target])
+    monkeypatch.setitem(
+        gated_delta_rule_chunk.CONFIGS, "default", gated_delta_rule_chunk.CONFIGS[target]
+    )
     gen = torch.Generator().manual_seed(5)
     q, k, v, g, beta, state = _inputs(gen, 1, 70, 2, 4, 48, 40, torch.bfloat16, with_state=True)
     ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=32, backends=["triton"])
@@ -377,25 +431,35 @@ def test_triton_prefill_every_target_config(monkeypatch, target):
     "dims, config",
     [
         ((1, 130, 2, 4, 128, 128), {}),
-        ((2, 70, 1, 2, 128, 40), {"SCAN_NQ": 4, "SCAN_BV": 16, "WY_BS": 32, "OUT_BS": 32, "OUT_BV": 32}),
+        (
+            (2, 70, 1, 2, 128, 40),
+            {"SCAN_NQ": 4, "SCAN_BV": 16, "WY_BS": 32, "OUT_BS": 32, "OUT_BV": 32},
+        ),
         ((1, 64, 2, 2, 48, 72), {"SCAN_NQ": 1, "INV_BS": 16}),
         ((1, 129, 1, 1, 16, 16), {}),
     ],
 )
 def test_triton_chunk64_configs(monkeypatch, dims, config):
-    """The chunk-64 Triton prefill (ftlab.triton.gated_delta_rule_chunk64) in the interpreter with its
+    """The chunk-64 Triton prefill (ftlab.triton.gated_delta_rule_chunk64) in the interpreter with
+    its
     tile choices: the state in one, two or four blocks of key rows, head dimensions not powers
     of two, chunks past T, Dk = 128 as the models have it; slow decays, so that the state
     carried from chunk to chunk weighs in the output."""
-    if "triton" not in backends.available_backends("gated_delta_rule", torch.device("cpu"), torch.float32):
+    if "triton" not in backends.available_backends(
+        "gated_delta_rule", torch.device("cpu"), torch.float32
+    ):
         pytest.skip("Triton's interpreter is off in this process")
     from ftlab.triton import gated_delta_rule_chunk64
 
-    monkeypatch.setitem(gated_delta_rule_chunk64.CONFIGS, "default", {**gated_delta_rule_chunk64.CONFIGS["default"], **config})
+    monkeypatch.setitem(
+        gated_delta_rule_chunk64.CONFIGS,
+        "default",
+        {**gated_delta_rule_chunk64.CONFIGS["default"], **config},
+    )
     b, t, hk, hv, dk, dv = dims
     gen = torch.Generator().manual_seed(t + dk)
     for dtype in (torch.float32, torch.bfloat16):
-        q, k, v, g, beta, state = _inputs(gen, b, t, hk, hv, dk, dv, dtype, with_state=dtype == torch.float32,
-                                          decay=0.01)  # fmt: skip
+        q, k, v, g, beta, state = _inputs(
+            gen, b, t, hk, hv, dk, dv, dtype, with_state=dtype == torch.float32, decay=0.01
+        )
         ft.check_gated_delta_rule_case(q, k, v, g, beta, state, chunk_size=64, backends=["triton"])
-

@@ -27,7 +27,11 @@ def gated_rmsnorm_case(draw, dtypes=DTYPES):
     scale = draw(st.sampled_from([1e-3, 1.0, 300.0]))
     x = (torch.randn(n, h, d, generator=gen) * scale).to(dtype)
     z = (torch.randn(n, h * d * 2, generator=gen) * 3).to(zdtype)
-    z = z[:, h * d :].view(n, h, d) if draw(st.booleans()) else z[:, : h * d].reshape(n, h, d).clone()
+    z = (
+        z[:, h * d :].view(n, h, d)
+        if draw(st.booleans())
+        else z[:, : h * d].reshape(n, h, d).clone()
+    )
     weight = (1 + 0.5 * torch.randn(d, generator=gen)).to(draw(st.sampled_from(DTYPES)))
     return x, z, weight, draw(st.sampled_from([1e-6, 1e-5]))
 
@@ -40,7 +44,9 @@ def output_gate_case(draw, dtypes=DTYPES):
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     attn = (torch.randn(n, f, generator=gen) * draw(st.sampled_from([1e-3, 1.0, 300.0]))).to(dtype)
     q = (torch.randn(n, 3 * f, generator=gen) * 4).to(dtype)
-    gate = q[:, f : 2 * f] if draw(st.booleans()) else q[:, :f].clone()  # the gate slice of a fused projection
+    gate = (
+        q[:, f : 2 * f] if draw(st.booleans()) else q[:, :f].clone()
+    )  # the gate slice of a fused projection
     return attn, gate
 
 
@@ -87,7 +93,12 @@ def test_reference_is_the_model_gated_norm(dtype):
     w = (1 + 0.5 * torch.randn(128, generator=gen)).to(dtype)
     got = ops.gated_rmsnorm(x, z, w, 1e-6, backend="reference")
     hf = _hf_gated_norm(x, z, w, 1e-6)
-    exact = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double() * F.silu(z.double())
+    exact = (
+        x.double()
+        * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+        * w.double()
+        * F.silu(z.double())
+    )
     bound = ft.gated_rmsnorm_tolerance(x, z, w, 1e-6).double()
     assert bool(((got.double() - exact).abs() <= bound).all())
     steps = 4 if dtype != torch.float32 else 0
@@ -102,7 +113,11 @@ def test_reference_is_the_model_output_gate():
     gate = torch.randn(3, 64, generator=gen).bfloat16()
     want = (attn.double() * torch.sigmoid(gate.double())).bfloat16()
     got = ops.output_gate(attn, gate, backend="reference")
-    assert bool(((got.double() - want.double()).abs() <= ulp(want.abs().float(), torch.bfloat16).double()).all())
+    assert bool(
+        (
+            (got.double() - want.double()).abs() <= ulp(want.abs().float(), torch.bfloat16).double()
+        ).all()
+    )
 
 
 def test_bad_arguments_name_themselves():

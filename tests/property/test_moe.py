@@ -327,12 +327,16 @@ def wide_expert_cases(draw):
     e = draw(st.sampled_from([4, 12]))
     k = draw(st.sampled_from([1, 3, 8, 10, 20]))
     h = 256 * draw(st.sampled_from([1, 3, 8, 9]))
-    inter = 256 * draw(st.sampled_from([n for n in (1, 3, 5) if k * 256 * n <= 8192]))  # k * I <= 8192
+    inter = 256 * draw(
+        st.sampled_from([n for n in (1, 3, 5) if k * 256 * n <= 8192])
+    )  # k * I <= 8192
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
     x = torch.randn(t, h, device=dev, generator=gen).to(dtype)
     gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5)
     dn = ops.quantize_q4_0(torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5)
-    ids = torch.randint(-1, e + 2, (t, k), device=dev, generator=gen, dtype=torch.int32)  # -1, e, e + 1 invalid
+    ids = torch.randint(
+        -1, e + 2, (t, k), device=dev, generator=gen, dtype=torch.int32
+    )  # -1, e, e + 1 invalid
     weights = torch.rand(t, k, device=dev, generator=gen)
     return x, gu, dn, weights, ids, "int8"
 
@@ -357,13 +361,20 @@ def check_no_slots_give_zeros(device: str) -> None:
     dev = torch.device(device)
     x = torch.randn(3, 256, device=dev).bfloat16()
     q4 = tuple(ops.quantize_q4_0(torch.randn(4, n, 256, device=dev)) for n in (512, 256))
-    dense = (torch.randn(4, 512, 256, device=dev).bfloat16(), torch.randn(4, 256, 256, device=dev).bfloat16())
+    dense = (
+        torch.randn(4, 512, 256, device=dev).bfloat16(),
+        torch.randn(4, 256, 256, device=dev).bfloat16(),
+    )
     ids, wts = torch.zeros(3, 0, dtype=torch.int32, device=dev), torch.zeros(3, 0, device=dev)
     for backend in backends.available_backends("moe_experts", dev, x.dtype):
         for gu, dn in (q4, dense):
             for t in (1, 3):
                 y = ops.moe_experts(x[:t], gu, dn, wts[:t], ids[:t], backend=backend)
-                assert y.shape == (t, 256) and y.dtype == x.dtype and not y.any(), (backend, type(gu).__name__, t)
+                assert y.shape == (t, 256) and y.dtype == x.dtype and not y.any(), (
+                    backend,
+                    type(gu).__name__,
+                    t,
+                )
 
 
 def test_no_slots_give_zeros_cpu():
@@ -386,10 +397,17 @@ def test_fused_moe_graph_replay_gpu(backend, tokens, q4):
     one graph, each on the last one's output, as a model's layers reuse the workspace."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(tokens)
-    e, k, h, inter = 16, 4, 256, 256 if q4 in ("Q4_K_M", "Q4_0 wide") else 128  # Q6_K down: 256-blocks
+    e, k, h, inter = (
+        16,
+        4,
+        256,
+        256 if q4 in ("Q4_K_M", "Q4_0 wide") else 128,
+    )  # Q6_K down: 256-blocks
     gu = torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5
     dn = torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5
-    gu, dn = (ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)) if q4 else (gu.bfloat16(), dn.bfloat16())
+    gu, dn = (
+        (ops.quantize_q4_0(gu), ops.quantize_q4_0(dn)) if q4 else (gu.bfloat16(), dn.bfloat16())
+    )
     if q4 == "Q4_K_M":  # Q4_K gate/up, Q6_K down: the K-quant kernels
         gu = ft.random_quant_bank(1, "Q4_K", e, 2 * inter, h, magnitude=4 * h**-0.5).to(dev)
         dn = ft.random_quant_bank(2, "Q6_K", e, h, inter, magnitude=4 * inter**-0.5).to(dev)

@@ -16,11 +16,22 @@ from ftlab import ops
 DTYPES = [torch.bfloat16, torch.float16]
 
 
-def _case(tokens: int, experts: int, top_k: int, hidden: int, inter: int, dtype, seed: int, invalid: bool = False):
+def _case(
+    tokens: int,
+    experts: int,
+    top_k: int,
+    hidden: int,
+    inter: int,
+    dtype,
+    seed: int,
+    invalid: bool = False,
+):
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(seed)
     x = torch.randn(tokens, hidden, device=dev, generator=gen).to(dtype)
-    gu = (torch.randn(experts, 2 * inter, hidden, device=dev, generator=gen) * hidden**-0.5).to(dtype)
+    gu = (torch.randn(experts, 2 * inter, hidden, device=dev, generator=gen) * hidden**-0.5).to(
+        dtype
+    )
     dn = (torch.randn(experts, hidden, inter, device=dev, generator=gen) * inter**-0.5).to(dtype)
     weights, ids = ops.route_topk(torch.randn(tokens, experts, device=dev, generator=gen), top_k)
     if invalid:
@@ -36,7 +47,13 @@ def _case(tokens: int, experts: int, top_k: int, hidden: int, inter: int, dtype,
         (12, 8, 2, 64, 32),  # one 32-row block an expert, mostly padding
         (300, 4, 2, 96, 64),  # ~150 rows an expert: three blocks, the last partly filled
         (40, 6, 3, 40, 24),  # K = 40 / 24: one step of five / three chunks (of eight)
-        (33, 5, 2, 200, 72),  # K = 200 / 72: last steps of one / nine chunks; 32-row blocks; widths not multiples of 64
+        (
+            33,
+            5,
+            2,
+            200,
+            72,
+        ),  # K = 200 / 72: last steps of one / nine chunks; 32-row blocks; widths not x64
         (20, 4, 2, 36, 20),  # K = 36 / 20: not whole 16-byte chunks -> the FMA tiles
         (64, 128, 8, 256, 96),  # many experts, top-8
     ],
@@ -49,7 +66,9 @@ def test_hip_dense_experts_gemm_gpu(dtype, tokens, experts, top_k, hidden, inter
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("offset", [1, 8])  # 1: base and row stride off 16 bytes (FMA tiles); 8: aligned
+@pytest.mark.parametrize(
+    "offset", [1, 8]
+)  # 1: base and row stride off 16 bytes (FMA tiles); 8: aligned
 def test_hip_dense_experts_gemm_strided_x_gpu(dtype, offset):
     x, gu, dn, weights, ids = _case(48, 6, 2, 64, 32, dtype, 2)
     wide = torch.zeros(48, 64 + offset, dtype=dtype, device=x.device)
@@ -78,16 +97,33 @@ def test_hip_dense_gemm_entry_refuses_mismatched_outputs_gpu():
         module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h32, 2, True)
     h = torch.empty(24, 32, dtype=torch.bfloat16, device=x.device)
     with pytest.raises(TypeError, match="a must have w's dtype"):
-        module.moe_gemm_dense(h32, dn, sorted_ids, expert_ids, npad, flat_w, torch.empty(24, 64, device=x.device),
-                              2, False)  # fmt: skip
+        module.moe_gemm_dense(
+            h32,
+            dn,
+            sorted_ids,
+            expert_ids,
+            npad,
+            flat_w,
+            torch.empty(24, 64, device=x.device),
+            2,
+            False,
+        )
     with pytest.raises(ValueError, match="top_k must be >= 1 and divide the pairs"):
         module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h[:23], 2, True)
     with pytest.raises(ValueError, match="top_k must be >= 1"):
         module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat_w, h, 0, True)
     with pytest.raises(TypeError, match="float32"):
-        module.moe_gemm_dense(h, dn, sorted_ids, expert_ids, npad, flat_w, torch.empty(24, 64, dtype=torch.bfloat16, device=x.device),
-                              2, False)  # fmt: skip
-
+        module.moe_gemm_dense(
+            h,
+            dn,
+            sorted_ids,
+            expert_ids,
+            npad,
+            flat_w,
+            torch.empty(24, 64, dtype=torch.bfloat16, device=x.device),
+            2,
+            False,
+        )
 
 
 @pytest.mark.gpu
@@ -132,4 +168,9 @@ def test_gemm_block_m_rule():
     off = torch.zeros(40, hidden + 1, dtype=torch.bfloat16)[:, 1:]  # rows off 16-byte alignment
     assert gemm_block_m(off, gu, dn, pairs=8) == 64
     odd = torch.zeros(40, 36, dtype=torch.bfloat16)  # K = 36: not whole chunks
-    assert gemm_block_m(odd, gu[..., :36], torch.zeros(experts, 36, inter, dtype=torch.bfloat16), pairs=8) == 64
+    assert (
+        gemm_block_m(
+            odd, gu[..., :36], torch.zeros(experts, 36, inter, dtype=torch.bfloat16), pairs=8
+        )
+        == 64
+    )

@@ -13,8 +13,14 @@ from ftlab.backends import BackendUnavailable, calls
 from ftlab.jit import cpu_unavailable_reason
 
 #: (gate_up, down) bank types: Q4_K_M's two mixes, the others alone, and Q4_0 beside a K-quant
-KQUANT_PAIRS = [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q6_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q5_K", "Q6_K"),
-                ("Q4_0", "Q6_K")]  # fmt: skip
+KQUANT_PAIRS = [
+    ("Q4_K", "Q6_K"),
+    ("Q4_K", "Q4_K"),
+    ("Q6_K", "Q6_K"),
+    ("Q8_0", "Q8_0"),
+    ("Q5_K", "Q6_K"),
+    ("Q4_0", "Q6_K"),
+]
 
 
 @st.composite
@@ -28,7 +34,7 @@ def kquant_expert_cases(draw, tokens=(1, 3, 9)):
     gen = torch.Generator().manual_seed(seed)
     weights, ids = ops.route_topk(torch.randn(t, e, generator=gen), k)
     ids[torch.rand(ids.shape, generator=gen) < 0.2] = -1
-    x = (torch.randn(t, h, generator=gen) * draw(st.sampled_from([1.0, 0.05, 8.0])))
+    x = torch.randn(t, h, generator=gen) * draw(st.sampled_from([1.0, 0.05, 8.0]))
     x = x.to(draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])))
     if gate == "Q4_0":
         gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5)
@@ -62,15 +68,25 @@ def test_kquant_experts_triton_each_type_cpu(gate, down):
     x = torch.randn(2, 256, generator=gen)
     weights, ids = ops.route_topk(torch.randn(2, 2, generator=gen), 2)
     ids[1, 0] = -1
-    gu = (ops.quantize_q4_0(torch.randn(2, 512, 256, generator=gen) / 16) if gate == "Q4_0"
-          else ft.random_quant_bank(1, gate, 2, 512, 256, magnitude=0.25))  # fmt: skip
+    gu = (
+        ops.quantize_q4_0(torch.randn(2, 512, 256, generator=gen) / 16)
+        if gate == "Q4_0"
+        else ft.random_quant_bank(1, gate, 2, 512, 256, magnitude=0.25)
+    )
     dn = ft.random_quant_bank(2, down, 2, 256, 256, magnitude=0.25)
     for path in ("int8", "dequant"):
         ft.check_experts_case(x, gu, dn, weights, ids, path, device="cpu", backends=["triton"])
 
 
-@pytest.mark.parametrize("gate, down, h, dtype", [("Q4_K", "Q6_K", 256, torch.float16), ("Q5_K", "Q4_K", 256, torch.float32),
-                                                   ("Q6_K", "Q5_K", 256, torch.float32), ("Q8_0", "Q8_0", 96, torch.float16)])  # fmt: skip
+@pytest.mark.parametrize(
+    "gate, down, h, dtype",
+    [
+        ("Q4_K", "Q6_K", 256, torch.float16),
+        ("Q5_K", "Q4_K", 256, torch.float32),
+        ("Q6_K", "Q5_K", 256, torch.float32),
+        ("Q8_0", "Q8_0", 96, torch.float16),
+    ],
+)
 def test_kquant_gemm_tiles_cpu(gate, down, h, dtype):
     """The dequant GEMM's 64-weight steps (two 32-column halves a step) over several row blocks,
     column blocks and experts: every K-quant half (Q4_K / Q5_K low and high nibbles, Q6_K's four
@@ -102,19 +118,44 @@ def test_kquant_gemm_configs_cpu(pairs):
     x = torch.randn(t, h, generator=gen).to(torch.float16)
     gu = ft.random_quant_bank(5, "Q8_0", e, 2 * inter, h, magnitude=4 * h**-0.5)
     dn = ft.random_quant_bank(6, "Q6_K", e, h, inter, magnitude=4 * inter**-0.5)
-    cfg = ({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "PAIRS": True} if pairs
-           else {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "PAIRS": False})  # fmt: skip
-    got = mk.experts_kquant_gemm(x, gu, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
+    cfg = (
+        {
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 64,
+            "num_warps": 4,
+            "num_stages": 2,
+            "PAIRS": True,
+        }
+        if pairs
+        else {
+            "BLOCK_M": 16,
+            "BLOCK_N": 32,
+            "BLOCK_K": 16,
+            "num_warps": 4,
+            "num_stages": 2,
+            "PAIRS": False,
+        }
+    )
+    got = mk.experts_kquant_gemm(
+        x, gu, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg]
+    )
     want = ops.moe_experts(x.float(), gu, dn, weights, ids, path="dequant", backend="reference")
     bound = ft.experts_tolerance(x, gu, dn, weights, ids, "dequant", want)
     assert bool(((got.float() - want).abs() <= bound).all())
-    q4 = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5)  # Q4_0 beside Q6_K
-    got = mk.experts_kquant_gemm(x, q4, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
+    q4 = ops.quantize_q4_0(
+        torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5
+    )  # Q4_0 beside Q6_K
+    got = mk.experts_kquant_gemm(
+        x, q4, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg]
+    )
     want = ops.moe_experts(x.float(), q4, dn, weights, ids, path="dequant", backend="reference")
     bound = ft.experts_tolerance(x, q4, dn, weights, ids, "dequant", want)
     assert bool(((got.float() - want).abs() <= bound).all())
     q4d = ops.quantize_q4_0(torch.randn(e, h, inter, generator=gen) * inter**-0.5)  # two Q4_0 banks
-    got = mk.experts_kquant_gemm(x, q4, q4d, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg])
+    got = mk.experts_kquant_gemm(
+        x, q4, q4d, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg]
+    )
     want = ops.moe_experts(x.float(), q4, q4d, weights, ids, path="dequant", backend="reference")
     bound = ft.experts_tolerance(x, q4, q4d, weights, ids, "dequant", want)
     assert bool(((got.float() - want).abs() <= bound).all())
@@ -138,8 +179,12 @@ def test_q4_0_bank_tiles():
     from ftlab.platform import ARCHS, platform_from_arch
 
     call = backends.Call("cuda", 0, torch.bfloat16, (512, 2048, 768, 128, 8), "Q4_0", "Q4_0")
-    archs = {a for a in ARCHS if backends.plan("moe_experts", call, path="auto",
-                                                platform=platform_from_arch(a)).backend == "triton"}  # fmt: skip
+    archs = {
+        a
+        for a in ARCHS
+        if backends.plan("moe_experts", call, path="auto", platform=platform_from_arch(a)).backend
+        == "triton"
+    }
     assert archs == set(mk.KQ_GEMM_CONFIGS["q4_0_pairs"]) == set(tqm.GEMM_CONFIGS["q4_0"])
 
 
@@ -181,8 +226,12 @@ def kquant_vec_cases(draw):
     model widths: hip's "vec" decode kernels. (2048, 768) is Qwen3-30B-A3B's layer, (2048, 512)
     Qwen3.6's; H = 2304 takes the gate/up kernel's long-row walk; I = 768 and 1024 give down rows
     of three and four super-blocks."""
-    gate, down = draw(st.sampled_from([("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q6_K", "Q5_K")]))
-    h, inter = draw(st.sampled_from([(2048, 768), (2048, 512), (2304, 256), (512, 1024), (256, 256)]))
+    gate, down = draw(
+        st.sampled_from([("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q6_K", "Q5_K")])
+    )
+    h, inter = draw(
+        st.sampled_from([(2048, 768), (2048, 512), (2304, 256), (512, 1024), (256, 256)])
+    )
     e = draw(st.integers(2, 16))
     # up to 10 slots (Qwen3-Next's top-10: more slots than a block's 8 groups), k * I <= 8192
     k, t = draw(st.integers(1, min(e, 10, 8192 // inter))), draw(st.integers(1, 8))
@@ -204,7 +253,12 @@ def test_kquant_vec_decode_gpu(case):
     """hip's vec decode experts against the int8 reference within its bound, and the same bits
     from a second call (no atomics: a replayed graph and an eager step agree)."""
     x, gu, dn, weights, ids = (v.to("cuda") for v in case)
-    assert backends.variant_for("moe_experts", "hip", calls.experts(x, gu, dn, ids.shape[1]), path="int8") == "vec"
+    assert (
+        backends.variant_for(
+            "moe_experts", "hip", calls.experts(x, gu, dn, ids.shape[1]), path="int8"
+        )
+        == "vec"
+    )
     ft.check_experts_case(x, gu, dn, weights, ids, path="int8", device="cuda", backends=["hip"])
     got = ops.moe_experts(x, gu, dn, weights, ids, path="int8", backend="hip")
     again = ops.moe_experts(x, gu, dn, weights, ids, path="int8", backend="hip")
@@ -237,4 +291,6 @@ def test_kquant_vec_decode_entry_checks_gpu():
     with pytest.raises(ValueError, match="hq must be 16-byte aligned"):
         module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 3, ids, wts, off, hd, hs, y)
     with pytest.raises(TypeError, match="hq must be int8"):
-        module.moe_experts_decode_kq(x, gu.data, 1, dn.data, 3, ids, wts, hq.view(torch.uint8), hd, hs, y)
+        module.moe_experts_decode_kq(
+            x, gu.data, 1, dn.data, 3, ids, wts, hq.view(torch.uint8), hd, hs, y
+        )

@@ -52,7 +52,10 @@ def test_router_topk_is_route_topk_of_the_linear_layer():
 
 def test_the_logit_bound_catches_two_ulps():
     gen = torch.Generator().manual_seed(1)
-    x, w = torch.randn(2, 256, generator=gen).bfloat16(), torch.randn(128, 256, generator=gen).bfloat16()
+    x, w = (
+        torch.randn(2, 256, generator=gen).bfloat16(),
+        torch.randn(128, 256, generator=gen).bfloat16(),
+    )
     ref, _, _ = ops.router_topk(x, w, 8, backend="reference")
     bound = ft.router_logits_tolerance(x, w, ref)
     off = ref.float() + 2 * ft.common.ulp(ref.float(), torch.bfloat16) * torch.sign(ref.float())
@@ -63,11 +66,23 @@ def test_the_logit_bound_catches_two_ulps():
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: ops.router_topk(torch.randn(2, 8), torch.randn(4, 8).half(), 2), TypeError, "weight"),
+        (
+            lambda: ops.router_topk(torch.randn(2, 8), torch.randn(4, 8).half(), 2),
+            TypeError,
+            "weight",
+        ),
         (lambda: ops.router_topk(torch.randn(2, 8), torch.randn(4, 6), 2), ValueError, "x's H = 8"),
         (lambda: ops.router_topk(torch.randn(2, 8), torch.randn(4, 8), 5), ValueError, "top_k"),
-        (lambda: ops.router_topk(torch.randn(8), torch.randn(4, 8), 2), ValueError, "x must be 2-D"),
-        (lambda: ops.router_topk(torch.randn(2, 8), torch.randn(4, 8), 2, 1), TypeError, "renormalize"),
+        (
+            lambda: ops.router_topk(torch.randn(8), torch.randn(4, 8), 2),
+            ValueError,
+            "x must be 2-D",
+        ),
+        (
+            lambda: ops.router_topk(torch.randn(2, 8), torch.randn(4, 8), 2, 1),
+            TypeError,
+            "renormalize",
+        ),
     ],
 )
 def test_router_topk_rejects_bad_arguments(call, error, match):
@@ -93,7 +108,8 @@ def test_router_topk_past_one_launch_of_tokens_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["hip", "triton"])
 def test_router_topk_graph_replay_equals_eager(backend):
-    """The captured call replayed on new inputs (the hip counters reset by each call's last block)."""
+    """The captured call replayed on new inputs (the hip counters reset by each call's last
+    block)."""
     from ftlab import backends
 
     dev = torch.device("cuda")
@@ -113,4 +129,10 @@ def test_router_topk_graph_replay_equals_eager(backend):
         for got, ref in zip(out, want, strict=True):
             assert torch.equal(got, ref), f"replay {i}"
         ref_logits, _, _ = ops.router_topk(x, w, 8, backend="reference")
-        assert_within(backend, f"replay {i} logits", out[0], ref_logits, ft.router_logits_tolerance(x, w, ref_logits))
+        assert_within(
+            backend,
+            f"replay {i} logits",
+            out[0],
+            ref_logits,
+            ft.router_logits_tolerance(x, w, ref_logits),
+        )

@@ -37,8 +37,14 @@ def add_rmsnorm_case(draw, dtypes=DTYPES):
     x = _rows(gen, n, h, dtype, scale, pad, off)
     residual = None
     if draw(st.booleans()):
-        residual = _rows(gen, n, h, dtype, scale * draw(st.sampled_from([0.1, 1.0, 10.0])), *draw(
-            st.sampled_from([(0, 0), (8, 0), (3, 1)])))  # fmt: skip
+        residual = _rows(
+            gen,
+            n,
+            h,
+            dtype,
+            scale * draw(st.sampled_from([0.1, 1.0, 10.0])),
+            *draw(st.sampled_from([(0, 0), (8, 0), (3, 1)])),
+        )
     wdtype = draw(st.sampled_from((dtype, dtype, *DTYPES)))
     weight = (1 + 0.5 * torch.randn(h, generator=gen)).to(wdtype)
     return x, residual, weight, draw(st.sampled_from([1e-6, 1e-5, 0.0]))
@@ -62,9 +68,14 @@ def _long_case(h, dtype, residual, wdtype, off=0):
     return x, r, (1 + 0.5 * torch.randn(h, generator=gen)).to(wdtype), 1e-6
 
 
-LONG = [(8192, torch.bfloat16, True, torch.bfloat16, 0), (8192, torch.float32, False, torch.float32, 0),
-        (10000, torch.bfloat16, True, torch.float32, 0), (12288, torch.float16, False, torch.float16, 0),
-        (12288, torch.float32, True, torch.bfloat16, 1), (5000, torch.bfloat16, True, torch.bfloat16, 1)]  # fmt: skip
+LONG = [
+    (8192, torch.bfloat16, True, torch.bfloat16, 0),
+    (8192, torch.float32, False, torch.float32, 0),
+    (10000, torch.bfloat16, True, torch.float32, 0),
+    (12288, torch.float16, False, torch.float16, 0),
+    (12288, torch.float32, True, torch.bfloat16, 1),
+    (5000, torch.bfloat16, True, torch.bfloat16, 1),
+]
 
 
 @pytest.mark.parametrize("h, dtype, residual, wdtype, off", LONG)

@@ -182,8 +182,14 @@ def test_hip_has_no_dequant_path():
     hip = backends.spec("q4_0_matmul").impls["hip"]
     gpu = torch.device("cuda")
     with pytest.raises(backends.BackendUnavailable, match="int8 path"):
-        backends.resolve("q4_0_matmul", "hip", gpu, torch.bfloat16, ftplatform.platform_from_arch("sm_90"),
-                         path="dequant")  # fmt: skip
+        backends.resolve(
+            "q4_0_matmul",
+            "hip",
+            gpu,
+            torch.bfloat16,
+            ftplatform.platform_from_arch("sm_90"),
+            path="dequant",
+        )
     assert hip.caps.path_for(512, "auto") == "int8"
     triton = backends.spec("q4_0_matmul").impls["triton"].caps
     assert triton.path_for(512, "auto") == "dequant"
@@ -203,9 +209,17 @@ def test_auto_with_an_explicit_path_takes_the_first_that_implements_it():
     hip.caps = dataclasses.replace(real, available=None)
     try:
         assert backends.resolve("q4_0_matmul", "auto", gpu, torch.bfloat16, sm90).backend == "hip"
-        chosen = backends.resolve("q4_0_matmul", "auto", gpu, torch.bfloat16, sm90, path="dequant").backend
-        assert chosen == ("triton" if backends.spec("q4_0_matmul").impls["triton"].cannot_serve(
-            sm90, "cuda", torch.bfloat16) is None else "reference")  # fmt: skip
+        chosen = backends.resolve(
+            "q4_0_matmul", "auto", gpu, torch.bfloat16, sm90, path="dequant"
+        ).backend
+        assert chosen == (
+            "triton"
+            if backends.spec("q4_0_matmul")
+            .impls["triton"]
+            .cannot_serve(sm90, "cuda", torch.bfloat16)
+            is None
+            else "reference"
+        )
     finally:
         hip.caps = real
 
@@ -298,7 +312,9 @@ def test_long_rows_gpu(k):
     two-launch one elsewhere (M = 5, K = 8256; 64-block chunk counts even and odd, a partial last
     chunk at 8256): within the bound of the reference, row counts that leave partial row sets; the
     same bits on a second call and replayed from a graph."""
-    if "hip" not in backends.available_backends("q4_0_matmul", torch.device("cuda"), torch.bfloat16):
+    if "hip" not in backends.available_backends(
+        "q4_0_matmul", torch.device("cuda"), torch.bfloat16
+    ):
         pytest.skip("hip cannot serve q4_0_matmul on this GPU")
     gen = torch.Generator().manual_seed(k)
     for m, n in ((1, 4103), (2, 37), (4, 1000), (5, 64), (1, 1)):
@@ -323,8 +339,11 @@ def test_dequant_gemm_multi_block_steps_cpu(blocks_per_step, monkeypatch):
     """The GEMM's K step of several Q4_0 blocks (a tuning knob), tails included."""
     from ftlab.triton import q4_0 as triton_q4_0
 
-    monkeypatch.setitem(triton_q4_0.CONFIGS["default"], "gemm",
-                        {**triton_q4_0.CONFIGS["default"]["gemm"], "BLOCK_KB": blocks_per_step})  # fmt: skip
+    monkeypatch.setitem(
+        triton_q4_0.CONFIGS["default"],
+        "gemm",
+        {**triton_q4_0.CONFIGS["default"]["gemm"], "BLOCK_KB": blocks_per_step},
+    )
     g = torch.Generator().manual_seed(blocks_per_step)
     for k in (32, 96, 160):
         case = ft.MatmulCase(
@@ -360,7 +379,9 @@ def test_x_q8_misaligned_and_captured_gpu(backend):
         xr = x.expand(rows, -1).contiguous()
         want = ops.q4_0_matmul(xr, w, backend=backend)
         x8 = ops.quantize_q8_1(xr)
-        q = torch.empty(rows * 2048 + 1, dtype=torch.int8, device="cuda")[1:].view(rows, 2048)  # odd address
+        q = torch.empty(rows * 2048 + 1, dtype=torch.int8, device="cuda")[1:].view(
+            rows, 2048
+        )  # odd address
         q.copy_(x8.q)
         d, s = torch.empty(rows, 65, device="cuda"), torch.empty(rows, 65, device="cuda")
         d[:, 1:], s[:, 1:] = x8.d, x8.s
@@ -397,9 +418,11 @@ def test_dependent_launch_chain_gpu():
         outs = []
         h, s = ops.add_rmsnorm(x, r, nw, 1e-6, backend="hip")
         outs.append(h)
-        for step in (lambda: ops.q4_0_matmul(h, w1, backend="hip")[:, :4096],
-                     lambda: ops.q4_0_matmul(outs[-1].contiguous(), w2, backend="hip"),
-                     lambda: ops.add_rmsnorm(outs[-1], s, nw, 1e-6, backend="hip")[0]):  # fmt: skip
+        for step in (
+            lambda: ops.q4_0_matmul(h, w1, backend="hip")[:, :4096],
+            lambda: ops.q4_0_matmul(outs[-1].contiguous(), w2, backend="hip"),
+            lambda: ops.add_rmsnorm(outs[-1], s, nw, 1e-6, backend="hip")[0],
+        ):
             if sync:
                 torch.cuda.synchronize()
             outs.append(step())

@@ -18,8 +18,21 @@ def qk_norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16
     n = draw(st.sampled_from([1, 2, 5, 17]))
     hq = draw(st.sampled_from([1, 2, 4, 8]))
     hk = draw(st.sampled_from([1, 2]))
-    d, rot = draw(st.sampled_from([(6, None), (16, None), (64, None), (128, None), (16, 4), (256, 64), (128, 32),
-                                   (10, 6), (128, 128)]))  # fmt: skip
+    d, rot = draw(
+        st.sampled_from(
+            [
+                (6, None),
+                (16, None),
+                (64, None),
+                (128, None),
+                (16, 4),
+                (256, 64),
+                (128, 32),
+                (10, 6),
+                (128, 128),
+            ]
+        )
+    )
     dtype = draw(st.sampled_from(dtypes))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     scale = draw(st.sampled_from([1e-3, 1.0, 300.0]))
@@ -27,7 +40,10 @@ def qk_norm_rope_case(draw, dtypes=(torch.float32, torch.bfloat16, torch.float16
     if draw(st.booleans()):  # views of the fused projection, as the model passes them
         q, k = qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
     else:
-        q, k = qkv[:, : hq * d].reshape(n, hq, d).clone(), qkv[:, hq * d : (hq + hk) * d].reshape(n, hk, d).clone()
+        q, k = (
+            qkv[:, : hq * d].reshape(n, hq, d).clone(),
+            qkv[:, hq * d : (hq + hk) * d].reshape(n, hk, d).clone(),
+        )
     qw = (1 + 0.5 * torch.randn(d, generator=gen)).to(dtype)
     kw = (1 + 0.5 * torch.randn(d, generator=gen)).to(dtype)
     positions = torch.randint(0, 40000, (1, n), generator=gen)
@@ -91,12 +107,22 @@ def test_reference_is_the_model_formula():
     x = torch.randn(n, h, d, generator=gen, dtype=torch.float64)
     w = torch.randn(d, generator=gen, dtype=torch.float64)
     cos, sin = rope_tables(torch.arange(n)[None], d, 1e4, torch.float64)
-    got, _ = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), cos.float(), sin.float(), 1e-6,
-                              backend="reference")  # fmt: skip
+    got, _ = ops.qk_norm_rope(
+        x.float(),
+        x.float(),
+        w.float(),
+        w.float(),
+        cos.float(),
+        sin.float(),
+        1e-6,
+        backend="reference",
+    )
     y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     half = d // 2
     rotate_half = torch.cat([-y[..., half:], y[..., :half]], -1)
-    plain_sin = sin.reshape(n, 1, d) * torch.cat([-torch.ones(half), torch.ones(half)]).double()  # unsigned
+    plain_sin = (
+        sin.reshape(n, 1, d) * torch.cat([-torch.ones(half), torch.ones(half)]).double()
+    )  # unsigned
     want = y * cos.reshape(n, 1, d) + rotate_half * plain_sin
     assert torch.allclose(got.double(), want, atol=1e-5), float((got.double() - want).abs().max())
 
@@ -110,8 +136,17 @@ def test_partial_rotary_is_the_model_formula():
     x = torch.randn(n, h, d, generator=gen, dtype=torch.float64)
     w = torch.randn(d, generator=gen, dtype=torch.float64)
     cos, sin = rope_tables(torch.arange(5, 5 + n)[None], r, 1e4, torch.float64)
-    got, _ = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), cos.float(), sin.float(), 1e-6,
-                              rotary_dim=r, backend="reference")  # fmt: skip
+    got, _ = ops.qk_norm_rope(
+        x.float(),
+        x.float(),
+        w.float(),
+        w.float(),
+        cos.float(),
+        sin.float(),
+        1e-6,
+        rotary_dim=r,
+        backend="reference",
+    )
     y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     yr = y[..., :r]
     rotate_half = torch.cat([-yr[..., r // 2 :], yr[..., : r // 2]], -1)
@@ -120,9 +155,20 @@ def test_partial_rotary_is_the_model_formula():
     assert torch.allclose(got.double(), want, atol=1e-5), float((got.double() - want).abs().max())
     full_cos, full_sin = rope_tables(torch.arange(n)[None], d, 1e4, torch.float32)
     for backend in backends.available_backends("qk_norm_rope", torch.device("cpu"), torch.float32):
-        a = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), full_cos, full_sin, 1e-6, backend=backend)
-        b = ops.qk_norm_rope(x.float(), x.float(), w.float(), w.float(), full_cos, full_sin, 1e-6, rotary_dim=d,
-                             backend=backend)  # fmt: skip
+        a = ops.qk_norm_rope(
+            x.float(), x.float(), w.float(), w.float(), full_cos, full_sin, 1e-6, backend=backend
+        )
+        b = ops.qk_norm_rope(
+            x.float(),
+            x.float(),
+            w.float(),
+            w.float(),
+            full_cos,
+            full_sin,
+            1e-6,
+            rotary_dim=d,
+            backend=backend,
+        )
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
@@ -134,8 +180,15 @@ def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="k must be"):
         ops.qk_norm_rope(q, torch.randn(3, 1, 8), w, w, cos, cos, 1e-6)
     with pytest.raises(ValueError, match="D must be even"):
-        ops.qk_norm_rope(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(7), torch.ones(7), torch.ones(2, 7),
-                         torch.ones(2, 7), 1e-6)  # fmt: skip
+        ops.qk_norm_rope(
+            torch.randn(2, 4, 7),
+            torch.randn(2, 1, 7),
+            torch.ones(7),
+            torch.ones(7),
+            torch.ones(2, 7),
+            torch.ones(2, 7),
+            1e-6,
+        )
     with pytest.raises(ValueError, match="k_weight must hold 8 elements"):
         ops.qk_norm_rope(q, k, w, torch.ones(4), cos, cos, 1e-6)
     with pytest.raises(ValueError, match="sin must hold 16 elements"):
@@ -153,8 +206,16 @@ def test_bad_arguments_name_themselves():
         ops.qk_norm_rope(q, k, w, w, short, short, 1e-6, rotary_dim=4.0)
     with pytest.raises(ValueError, match=r"cos must hold 8 elements \(N \* rotary_dim\)"):
         ops.qk_norm_rope(q, k, w, w, cos, cos, 1e-6, rotary_dim=4)
-    ops.qk_norm_rope(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(7), torch.ones(7), short, short, 1e-6,
-                     rotary_dim=4)  # odd D with an even rotary part  # fmt: skip
+    ops.qk_norm_rope(
+        torch.randn(2, 4, 7),
+        torch.randn(2, 1, 7),
+        torch.ones(7),
+        torch.ones(7),
+        short,
+        short,
+        1e-6,
+        rotary_dim=4,
+    )  # odd D with an even rotary part
 
 
 def test_bad_cache_arguments_name_themselves_and_write_nothing():
@@ -185,8 +246,9 @@ def test_bad_cache_arguments_name_themselves_and_write_nothing():
     assert not kc.any() and not vc.any()  # nothing written by a refused call
     call()
     assert kc[[0, 3]].any() and not kc[[1, 2, 4]].any() and torch.equal(vc[[0, 3]], v.reshape(2, 8))
-    q0, k0 = ops.qk_norm_rope(q[:0], k[:0], w, w, cos[:0], cos[:0], 1e-6, k_cache=kc, v_cache=vc,
-                              slots=slots[:0], v=v[:0])  # fmt: skip
+    q0, k0 = ops.qk_norm_rope(
+        q[:0], k[:0], w, w, cos[:0], cos[:0], 1e-6, k_cache=kc, v_cache=vc, slots=slots[:0], v=v[:0]
+    )
     assert q0.shape == (0, 4, 8) and k0.shape == (0, 1, 8)  # no tokens: nothing written
 
 
@@ -196,16 +258,28 @@ def test_qwen3_5_mrope_is_plain_rope_for_text():
     hf = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
     from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
-    cfg = Qwen3_5MoeTextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
-                               vocab_size=10, num_hidden_layers=1,
-                               rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                                                "mrope_section": [11, 11, 10]})  # fmt: skip
+    cfg = Qwen3_5MoeTextConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=256,
+        vocab_size=10,
+        num_hidden_layers=1,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1e7,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+        },
+    )
     emb = hf.Qwen3_5MoeTextRotaryEmbedding(cfg)
     positions = torch.tensor([[0, 5, 100, 40000]])
     x = torch.zeros(1, 4, 64)
     cos, sin = emb(x, positions)
     want_cos, want_sin = rope_tables(positions, 64, 1e7, torch.float32)
     assert torch.equal(cos, want_cos[:, :, 0])
-    assert torch.equal(sin * torch.cat([-torch.ones(32), torch.ones(32)]), want_sin[:, :, 0])  # ours is signed
+    assert torch.equal(
+        sin * torch.cat([-torch.ones(32), torch.ones(32)]), want_sin[:, :, 0]
+    )  # ours is signed
     spatial, _ = emb(x, torch.stack([positions, 2 * positions, 3 * positions]))
     assert not torch.equal(spatial, want_cos[:, :, 0])

@@ -37,7 +37,9 @@ def test_int8_reference_is_the_dot_of_dequantized_values(case, qtype):
     assert bool(((terms.double().sum(-1) - want).abs() <= bound).all())
 
 
-@given(ft.quant_matmul_cases(ms=(1, 3, 8, 9)))  # 9 rows: two int8 passes of 8 rows, the second part-full
+@given(
+    ft.quant_matmul_cases(ms=(1, 3, 8, 9))
+)  # 9 rows: two int8 passes of 8 rows, the second part-full
 def test_quant_matmul_cpu(case):
     ft.check_quant_matmul_case(case, "cpu")
 
@@ -73,8 +75,9 @@ def test_auto_path_and_q4_0_delegation(rows, path):
     w8 = ops.quantize(torch.randn(6, 64), "Q8_0")
     chosen = "int8" if path == "auto" and rows <= backends.DECODE_MAX_TOKENS else path
     chosen = "dequant" if chosen == "auto" else chosen
-    assert torch.equal(ops.quant_matmul(x, w8, path=path, backend="reference"),
-                       ref.quant_matmul(x, w8, chosen))  # fmt: skip
+    assert torch.equal(
+        ops.quant_matmul(x, w8, path=path, backend="reference"), ref.quant_matmul(x, w8, chosen)
+    )
 
 
 def _unknown_type():
@@ -83,22 +86,55 @@ def _unknown_type():
     return w
 
 
-@pytest.mark.parametrize("call, exc, match", [
-    (lambda: ops.quant_matmul(torch.randn(2, 512), random_quant_weight(0, "Q4_K", 3, 256)), ValueError,
-     r"x must have K = 256 columns \(w is \(3, 256\)\), got 512"),
-    (lambda: ops.quant_matmul(torch.randn(2, 256, dtype=torch.float64), random_quant_weight(0, "Q6_K", 3, 256)),
-     TypeError, "x must be"),
-    (lambda: ops.quant_matmul(torch.randn(2, 256), torch.zeros(3, 256)), TypeError,
-     "w must be a ftlab.quant.QuantWeight, got Tensor"),
-    (lambda: ops.quant_matmul(torch.randn(2, 64), _unknown_type()), ValueError, "w.qtype must be one of"),
-    (lambda: ops.quant_matmul(torch.randn(2, 2, 256), random_quant_weight(0, "Q5_K", 3, 256)), ValueError,
-     "x must be 2-D"),
-    (lambda: ops.quant_matmul(torch.randn(2, 256), random_quant_weight(0, "Q5_K", 3, 256), path="fp8"), ValueError,
-     "path must be 'auto' or one of"),
-    (lambda: ops.quant_matmul(torch.randn(2, 256), QuantWeight(torch.zeros(2, 3, 144, dtype=torch.uint8),
-                                                               (2, 3, 256), "Q4_K")), ValueError,
-     r"w must be a 2-D QuantWeight"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (
+            lambda: ops.quant_matmul(torch.randn(2, 512), random_quant_weight(0, "Q4_K", 3, 256)),
+            ValueError,
+            r"x must have K = 256 columns \(w is \(3, 256\)\), got 512",
+        ),
+        (
+            lambda: ops.quant_matmul(
+                torch.randn(2, 256, dtype=torch.float64), random_quant_weight(0, "Q6_K", 3, 256)
+            ),
+            TypeError,
+            "x must be",
+        ),
+        (
+            lambda: ops.quant_matmul(torch.randn(2, 256), torch.zeros(3, 256)),
+            TypeError,
+            "w must be a ftlab.quant.QuantWeight, got Tensor",
+        ),
+        (
+            lambda: ops.quant_matmul(torch.randn(2, 64), _unknown_type()),
+            ValueError,
+            "w.qtype must be one of",
+        ),
+        (
+            lambda: ops.quant_matmul(
+                torch.randn(2, 2, 256), random_quant_weight(0, "Q5_K", 3, 256)
+            ),
+            ValueError,
+            "x must be 2-D",
+        ),
+        (
+            lambda: ops.quant_matmul(
+                torch.randn(2, 256), random_quant_weight(0, "Q5_K", 3, 256), path="fp8"
+            ),
+            ValueError,
+            "path must be 'auto' or one of",
+        ),
+        (
+            lambda: ops.quant_matmul(
+                torch.randn(2, 256),
+                QuantWeight(torch.zeros(2, 3, 144, dtype=torch.uint8), (2, 3, 256), "Q4_K"),
+            ),
+            ValueError,
+            r"w must be a 2-D QuantWeight",
+        ),
+    ],
+)
 def test_bad_arguments(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
@@ -136,8 +172,14 @@ def _hip_or_refused(x, w, variant, **kw):
     None where the planner's tables say it cannot serve -- and then the entry must refuse it."""
     from ftlab.hip import quant_matmul as hip_qmm
 
-    name, staging = ("mv1", variant) if variant in ("held", "staged", "sliced", "sliced_q8") else (variant, None)
-    if name is not None and backends.why_not("quant_matmul", "hip", name, calls.matmul(x, w), staging=staging):
+    name, staging = (
+        ("mv1", variant)
+        if variant in ("held", "staged", "sliced", "sliced_q8")
+        else (variant, None)
+    )
+    if name is not None and backends.why_not(
+        "quant_matmul", "hip", name, calls.matmul(x, w), staging=staging
+    ):
         with pytest.raises(backends.BackendUnavailable):
             hip_qmm.quant_matmul(x, w, "int8", variant=name, staging=staging, **kw)
         return None
@@ -148,10 +190,24 @@ def _hip_or_refused(x, w, variant, **kw):
 @pytest.mark.parametrize("qtype", ft.KQUANT_TYPES)
 @pytest.mark.parametrize(
     "variant, g, splits, offset",
-    [("lanes", None, None, 0), ("vec", None, None, 0), ("vec", None, None, 4), ("tiled", 1, 1, 0), ("tiled", 2, None, 0), ("tiled", 4, 1, 0),
-     ("tiled", 4, None, 0), ("tiled", 8, 2, 0), ("tiled", 32, None, 0), (None, None, None, 4), ("held", None, None, 0),
-     ("held", None, None, 4), ("staged", None, None, 0), ("sliced", None, None, 0), ("sliced", None, None, 4)],
-)  # fmt: skip
+    [
+        ("lanes", None, None, 0),
+        ("vec", None, None, 0),
+        ("vec", None, None, 4),
+        ("tiled", 1, 1, 0),
+        ("tiled", 2, None, 0),
+        ("tiled", 4, 1, 0),
+        ("tiled", 4, None, 0),
+        ("tiled", 8, 2, 0),
+        ("tiled", 32, None, 0),
+        (None, None, None, 4),
+        ("held", None, None, 0),
+        ("held", None, None, 4),
+        ("staged", None, None, 0),
+        ("sliced", None, None, 0),
+        ("sliced", None, None, 4),
+    ],
+)
 def test_hip_matvec_variants_gpu(qtype, variant, g, splits, offset):
     """Every HIP matvec variant and region shape, with and without K splits (None: the default
     rule, which splits at this N), M = 1..8, N not a multiple of G = 1's 32 rows, K not a
@@ -211,7 +267,9 @@ def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
-    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="held"))  # the same bits again
+    assert torch.equal(
+        y, hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="held")
+    )  # the same bits again
     if qtype != "Q6_K":
         assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="vec"))
 
@@ -272,15 +330,21 @@ def test_one_row_plan_gpu():
     launches)."""
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     proj = random_quant_weight(1, "Q4_K", 512, 2048).to("cuda")
-    big4 = QuantWeight(torch.zeros(65536, 1152, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q4_K")
-    big6 = QuantWeight(torch.zeros(65536, 1680, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q6_K")
+    big4 = QuantWeight(
+        torch.zeros(65536, 1152, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q4_K"
+    )
+    big6 = QuantWeight(
+        torch.zeros(65536, 1680, dtype=torch.uint8, device="cuda"), (65536, 2048), "Q6_K"
+    )
     nvidia = torch.version.hip is None
     for path in ("auto", "int8"):
         for w in (proj, big4, big6):
             got = backends.plan("quant_matmul", calls.matmul(x, w), path=path)
             assert got.backend == "hip" and got.variant == "mv1", got
     q8 = random_quant_weight(2, "Q8_0", 512, 2048).to("cuda")
-    assert backends.plan("quant_matmul", calls.matmul(x, q8), path="int8").backend == ("triton" if nvidia else "hip")
+    assert backends.plan("quant_matmul", calls.matmul(x, q8), path="int8").backend == (
+        "triton" if nvidia else "hip"
+    )
     assert backends.plan("quant_matmul", calls.matmul(x, proj), path="dequant").backend != "hip"
 
 
@@ -299,7 +363,9 @@ def test_hip_fused_matvec_entry_checks_gpu():
         module.quant_mv_fused(x, w.data, 6, y)
     with pytest.raises(ValueError, match=r"w must be \[N, 420\] for K = 512"):
         module.quant_mv_fused(x, w.data, 3, y)
-    with pytest.raises(ValueError, match=r"K a multiple of 256 up to 8192 \(the fused matvec\), got K = 384"):
+    with pytest.raises(
+        ValueError, match=r"K a multiple of 256 up to 8192 \(the fused matvec\), got K = 384"
+    ):
         module.quant_mv_fused(x[:, :384].contiguous(), w.data, 1, y)
     with pytest.raises(ValueError, match="in x's dtype"):
         module.quant_mv_fused(x, w.data, 1, y.float())
@@ -312,7 +378,8 @@ def test_hip_fused_matvec_entry_checks_gpu():
 )
 @pytest.mark.parametrize("m", [1, 8, 64])
 def test_graph_replay_gpu(qtype, backend, path, m):
-    """A captured quant_matmul replayed with new activations equals the eager result, bit for bit."""
+    """A captured quant_matmul replayed with new activations equals the eager result, bit for
+    bit."""
     w = random_quant_weight(m, qtype, 200, 512).to("cuda")
     g = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, 512, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -367,7 +434,9 @@ def test_dequant_gemm_rows_misaligned_or_strided_cpu(monkeypatch):
     assert rows_16(c) is c
 
 
-@pytest.mark.parametrize("qtype, n, k", [("Q4_K", 40, 512), ("Q5_K", 72, 256), ("Q6_K", 40, 512), ("Q8_0", 40, 96)])
+@pytest.mark.parametrize(
+    "qtype, n, k", [("Q4_K", 40, 512), ("Q5_K", 72, 256), ("Q6_K", 40, 512), ("Q8_0", 40, 96)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_dequant_gemm_pair_steps_cpu(qtype, n, k, dtype):
     """The dense GEMM's 64-weight steps (BLOCK_K 64: dequant_pair; the interpreter's table takes
@@ -381,11 +450,17 @@ def test_dequant_gemm_pair_steps_cpu(qtype, n, k, dtype):
     cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
     got = tqm.quant_dequant_gemm(x, w, cfg)
     want, bound = quant_matmul_tolerance(x, w, "dequant", dtype)
-    assert bool(((got.double() - want).abs() <= bound).all()), float((got.double() - want).abs().max())
-    torch.testing.assert_close(got, tqm.quant_dequant_gemm(x, w), rtol=0, atol=0)  # = the 32-column steps
+    assert bool(((got.double() - want).abs() <= bound).all()), float(
+        (got.double() - want).abs().max()
+    )
+    torch.testing.assert_close(
+        got, tqm.quant_dequant_gemm(x, w), rtol=0, atol=0
+    )  # = the 32-column steps
 
 
-@pytest.mark.parametrize("qtype, n, k", [("Q4_K", 40, 512), ("Q5_K", 33, 256), ("Q6_K", 40, 512), ("Q8_0", 40, 96)])
+@pytest.mark.parametrize(
+    "qtype, n, k", [("Q4_K", 40, 512), ("Q5_K", 33, 256), ("Q6_K", 40, 512), ("Q8_0", 40, 96)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_dequant_gemm_scales_per_weight_cpu(monkeypatch, qtype, n, k, dtype):
     """The dense GEMM with each weight's scales decoded for it (dequant_tile without ROW_SCALES:
@@ -400,10 +475,14 @@ def test_dequant_gemm_scales_per_weight_cpu(monkeypatch, qtype, n, k, dtype):
     cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
     once_a_row = tqm.quant_dequant_gemm(x, w, cfg)
     monkeypatch.setattr(tqm, "row_scales", lambda arch: False)
-    torch.testing.assert_close(tqm.quant_dequant_gemm(x, w, cfg), once_a_row, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(
+        tqm.quant_dequant_gemm(x, w, cfg), once_a_row, rtol=0, atol=0, equal_nan=True
+    )
     got = tqm.quant_dequant_gemm(x, w, {**cfg, "BLOCK_K": 64})
     want, bound = quant_matmul_tolerance(x, w, "dequant", dtype)
-    assert bool(((got.double() - want).abs() <= bound).all()), float((got.double() - want).abs().max())
+    assert bool(((got.double() - want).abs() <= bound).all()), float(
+        (got.double() - want).abs().max()
+    )
 
 
 @pytest.mark.parametrize("n, k", [(40, 96), (33, 256)])
@@ -421,10 +500,15 @@ def test_dequant_gemm_q4_0_pair_steps_cpu(n, k, dtype):
     cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
     got = tqm.quant_dequant_gemm(x, w, cfg)
     want = ops.q4_0_matmul(x, w, path="dequant", backend="reference")
-    assert_within("triton", "Q4_0 64-weight steps", got, want, ft.matmul_tolerance(x, w, "dequant", dtype))
+    assert_within(
+        "triton", "Q4_0 64-weight steps", got, want, ft.matmul_tolerance(x, w, "dequant", dtype)
+    )
     with pytest.raises(ValueError, match="64-weight steps only"):
         tqm.quant_dequant_gemm(x, w)  # the interpreter has no Q4_0 tiles
     with pytest.raises(ValueError, match="64-weight steps only"):
         tqm.quant_dequant_gemm(x, w, {**cfg, "BLOCK_K": 32})
     assert tqm.q4_0_config(torch.bfloat16, "sm_90")["BLOCK_K"] == 64
-    assert tqm.q4_0_config(torch.float32, "sm_90") is None and tqm.q4_0_config(torch.float16, "gfx1100") is None
+    assert (
+        tqm.q4_0_config(torch.float32, "sm_90") is None
+        and tqm.q4_0_config(torch.float16, "gfx1100") is None
+    )

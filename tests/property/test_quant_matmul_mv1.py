@@ -1,4 +1,5 @@
-"""hip's one-launch one-row matvec ("mv1") on long rows and on Q4_0 / Q8_0 (``ftlab.hip.quant_matmul``:
+"""hip's one-launch one-row matvec ("mv1") on long rows and on Q4_0 / Q8_0
+(``ftlab.hip.quant_matmul``:
 its "sliced" stagings, and its held / staged / sliced ones on groups of eight Q4_0 / Q8_0 blocks:
 csrc/quant_matmul_mv1.hip, csrc/quant_records.h), on the GPU, within the int8 bounds. The host
 harness (tests/unit/test_moe_kquant_vec_host.py) runs the same kernels on the CPU."""
@@ -14,7 +15,9 @@ from ftlab.testing.quant_matmul import quant_matmul_tolerance, random_quant_weig
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("n, k", [(4096, 14336), (2048, 4096), (37, 16384), (20000, 2304), (300, 1024)])
+@pytest.mark.parametrize(
+    "n, k", [(4096, 14336), (2048, 4096), (37, 16384), (20000, 2304), (300, 1024)]
+)
 @pytest.mark.parametrize("staging", ["sliced", "sliced_q8"])
 def test_hip_sliced_matvec_gpu(qtype, dtype, n, k, staging):
     """The sliced one-row matvec (a row's slices of 8 super-blocks held by 1, 2, 4 or 8 lane
@@ -39,7 +42,8 @@ def test_hip_sliced_matvec_gpu(qtype, dtype, n, k, staging):
 
 @pytest.mark.gpu
 def test_hip_sliced_matvec_entry_checks_gpu():
-    """quant_mv_sliced's own checks: K a multiple of 256 up to 16384; "sliced" past that is refused."""
+    """quant_mv_sliced's own checks: K a multiple of 256 up to 16384; "sliced" past that is
+    refused."""
     from ftlab import jit
     from ftlab.hip import quant_matmul as hip_qmm
 
@@ -64,8 +68,12 @@ def test_hip_sliced_matvec_entry_checks_gpu():
     with pytest.raises(TypeError, match="y must be float32, float16 or bfloat16"):
         module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w2.data, 1, y.int())
     y16 = torch.empty(1, 64, device="cuda", dtype=torch.float16)
-    module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w2.data, 1, y16)  # any float y: fp16 here, from bf16 x's Q8_1
-    y32 = hip_qmm.quant_matmul(x[:, :2048].float(), w2, "int8", variant="mv1", staging="sliced")  # the same values quantized
+    module.quant_mv_sliced_q8(
+        x8.q, x8.d, x8.s, w2.data, 1, y16
+    )  # any float y: fp16 here, from bf16 x's Q8_1
+    y32 = hip_qmm.quant_matmul(
+        x[:, :2048].float(), w2, "int8", variant="mv1", staging="sliced"
+    )  # the same values quantized
     assert torch.equal(y16, y32.to(torch.float16))  # the fp32 sums rounded once, as torch rounds
 
 
@@ -84,7 +92,12 @@ def test_hip_one_row_q4_0_q8_0_gpu(qtype, staging, dtype, n, k):
     w = random_quant_weight(n + k, qtype, n, k, specials=(0x0001, 0x0400)).to("cuda")
     scale = 0.02 if dtype == torch.float16 else 3.0  # fp16: sums well inside its range (65504)
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(k)) * scale).to("cuda", dtype)
-    applies = {"held": k <= 8192, "staged": k <= 2048 and qtype != "Q8_0", "sliced": True, "sliced_q8": True}[staging]
+    applies = {
+        "held": k <= 8192,
+        "staged": k <= 2048 and qtype != "Q8_0",
+        "sliced": True,
+        "sliced_q8": True,
+    }[staging]
     if not applies:
         with pytest.raises(backends.BackendUnavailable):
             hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging=staging)

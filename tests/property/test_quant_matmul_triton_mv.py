@@ -75,7 +75,9 @@ def test_variant_choice_and_tile_kernels(qtype, n, k, fits):
     assert mv.words_fit(w) == fits
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(2))
     call = calls.matmul(x, w)
-    assert backends.variant_for("quant_matmul", "triton", call, path="int8") == ("words" if fits else "tiles")
+    assert backends.variant_for("quant_matmul", "triton", call, path="int8") == (
+        "words" if fits else "tiles"
+    )
     _check(mv.quant_matvec(quantize_q8_1(x), w, torch.float32, "tiles"), x, w)
     if fits:
         _check(mv.quant_matvec(quantize_q8_1(x), w, torch.float32, "words"), x, w)

@@ -18,7 +18,9 @@ GPU = ["triton", "hip"]
 
 @given(ft.quant_weights())
 def test_reference_equals_gguf_py(w):
-    want = gguf.quants.dequantize(w.data.numpy(), gguf.GGMLQuantizationType[w.qtype]).astype(np.float32)
+    want = gguf.quants.dequantize(w.data.numpy(), gguf.GGMLQuantizationType[w.qtype]).astype(
+        np.float32
+    )
     got = ops.dequantize(w, backend="reference").numpy()
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
@@ -77,15 +79,43 @@ def test_q4_0_goes_to_its_own_op():
     assert isinstance(quant_weight(w.data, (3, 64), "Q4_0"), Q4_0Weight)
 
 
-@pytest.mark.parametrize("call, exc, match", [
-    (lambda: ops.dequantize(torch.zeros(2, 34, dtype=torch.uint8)), TypeError, "w must be a ftlab.quant.QuantWeight"),
-    (lambda: ops.dequantize(QuantWeight(torch.zeros(1, 34, dtype=torch.uint8), (1, 32), "Q8_0"), torch.int8),
-     TypeError, "dtype must be one of float32, float16, bfloat16"),
-    (lambda: QuantWeight(torch.zeros(1, 34, dtype=torch.uint8), (1, 32), "Q3_K"), ValueError, "qtype must be one of"),
-    (lambda: QuantWeight(torch.zeros(1, 144, dtype=torch.uint8), (1, 128), "Q4_K"), ValueError, "multiple of 256"),
-    (lambda: QuantWeight(torch.zeros(1, 143, dtype=torch.uint8), (1, 256), "Q4_K"), ValueError, r"\(1, 144\)"),
-    (lambda: QuantWeight(torch.zeros(1, 18, dtype=torch.uint8), (1, 32), "Q4_0"), TypeError, "Q4_0Weight"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (
+            lambda: ops.dequantize(torch.zeros(2, 34, dtype=torch.uint8)),
+            TypeError,
+            "w must be a ftlab.quant.QuantWeight",
+        ),
+        (
+            lambda: ops.dequantize(
+                QuantWeight(torch.zeros(1, 34, dtype=torch.uint8), (1, 32), "Q8_0"), torch.int8
+            ),
+            TypeError,
+            "dtype must be one of float32, float16, bfloat16",
+        ),
+        (
+            lambda: QuantWeight(torch.zeros(1, 34, dtype=torch.uint8), (1, 32), "Q3_K"),
+            ValueError,
+            "qtype must be one of",
+        ),
+        (
+            lambda: QuantWeight(torch.zeros(1, 144, dtype=torch.uint8), (1, 128), "Q4_K"),
+            ValueError,
+            "multiple of 256",
+        ),
+        (
+            lambda: QuantWeight(torch.zeros(1, 143, dtype=torch.uint8), (1, 256), "Q4_K"),
+            ValueError,
+            r"\(1, 144\)",
+        ),
+        (
+            lambda: QuantWeight(torch.zeros(1, 18, dtype=torch.uint8), (1, 32), "Q4_0"),
+            TypeError,
+            "Q4_0Weight",
+        ),
+    ],
+)
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()

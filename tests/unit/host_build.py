@@ -19,7 +19,9 @@ CSRC = ROOT / "ftlab/hip/csrc"
 HOST_PORT = ROOT / "tests/unit/host/port.h"
 
 
-def build_harness(build: Path, sources: Iterable[Path], main: str, defines: Iterable[str] = ()) -> ctypes.CDLL:
+def build_harness(
+    build: Path, sources: Iterable[Path], main: str, defines: Iterable[str] = ()
+) -> ctypes.CDLL:
     """Copy ``sources`` into ``build`` and compile ``build / main`` (one of them) as a shared
     library (``defines``: ``NAME=VALUE`` macros on the command line); the library loaded."""
     cxx = shutil.which("g++") or shutil.which("clang++")
@@ -32,8 +34,25 @@ def build_harness(build: Path, sources: Iterable[Path], main: str, defines: Iter
     # every library loaded: two harnesses' stand-ins of one name would share (and clash)
     unique = ["-fno-gnu-unique"] if Path(cxx).name.startswith("g++") else []
     macros = [f"-D{d}" for d in defines]
-    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", *unique, *macros, "-x", "c++",
-                          str(build / main), "-o", str(lib)], capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [
+            cxx,
+            "-std=c++20",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            *unique,
+            *macros,
+            "-x",
+            "c++",
+            str(build / main),
+            "-o",
+            str(lib),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode:
         if "_Float16" in res.stderr or "barrier" in res.stderr:
             pytest.skip(f"{cxx} lacks C++20 barriers or _Float16")

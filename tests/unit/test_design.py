@@ -4,6 +4,9 @@ and every op's pieces found from its one name."""
 
 import ast
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +35,10 @@ def _imports(module: str, path: Path) -> list[tuple[str, list[str], int]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
             if not base.startswith("ftlab"):
                 continue
             for alias in node.names:
@@ -93,8 +99,11 @@ def test_no_import_cycle():
     ftlab modules depend on each other, directly or through others, lazily or not."""
     graph = _graph()
     for module in graph:  # a package's __init__ importing its submodules is how it exports them
-        graph[module] = {t for t in graph[module] if not (PY_MODULES[module].name == "__init__.py"
-                                                          and t.startswith(module + "."))}  # fmt: skip
+        graph[module] = {
+            t
+            for t in graph[module]
+            if not (PY_MODULES[module].name == "__init__.py" and t.startswith(module + "."))
+        }
     assert _cycles(graph) == []
 
 
@@ -111,20 +120,33 @@ def _private_uses(path: Path, module: str, foreign: bool = True) -> list[str]:
     ``alias`` is an imported ftlab module -- or, with ``foreign``, any imported module
     (``os.environ._data`` too)."""
     tree = ast.parse(path.read_text())
-    bad = [f"{_where(path)}:{line}: from {target} import {name}"
-           for target, names, line in _imports(module, path) for name in names
-           if name.startswith("_") and not name.startswith("__") and target != module]  # fmt: skip
+    bad = [
+        f"{_where(path)}:{line}: from {target} import {name}"
+        for target, names, line in _imports(module, path)
+        for name in names
+        if name.startswith("_") and not name.startswith("__") and target != module
+    ]
     aliases = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            aliases |= {(a.asname or a.name).split(".")[0] for a in node.names if foreign or a.name.startswith("ftlab")}
+            aliases |= {
+                (a.asname or a.name).split(".")[0]
+                for a in node.names
+                if foreign or a.name.startswith("ftlab")
+            }
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             for a in node.names:
-                if f"{base}.{a.name}" in PY_MODULES or (foreign and (base in ("os", "sys") or a.name == "environ")):
+                if f"{base}.{a.name}" in PY_MODULES or (
+                    foreign and (base in ("os", "sys") or a.name == "environ")
+                ):
                     aliases.add(a.asname or a.name)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             root = node.value
             while isinstance(root, ast.Attribute):
                 root = root.value
@@ -137,33 +159,74 @@ def test_no_private_cross_imports():
     bad = []
     for module, path in PY_MODULES.items():
         bad += _private_uses(path, module)
-    for path in sorted((ROOT / "tests").rglob("*.py")):  # tests may poke the standard library's insides
+    for path in sorted(
+        (ROOT / "tests").rglob("*.py")
+    ):  # tests may poke the standard library's insides
         bad += _private_uses(path, "tests." + path.stem, foreign=False)
     assert bad == []
 
 
 def test_the_private_checker_sees_both_forms(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("import os\nfrom ftlab.triton import q4_0 as tq\nfrom ftlab.ops.q4_0 import _hidden\n"
-                   "x = tq._table(1)\ny = os.environ._data\nz = self._fine\n")  # fmt: skip
+    src.write_text(
+        "import os\nfrom ftlab.triton import q4_0 as tq\nfrom ftlab.ops.q4_0 import _hidden\n"
+        "x = tq._table(1)\ny = os.environ._data\nz = self._fine\n"
+    )
     bad = _private_uses(src, "m")
-    assert sorted(b.split(": ", 1)[1] for b in bad) == ["from ftlab.ops.q4_0 import _hidden", "os.environ._data",
-                                                        "tq._table"]  # fmt: skip
+    assert sorted(b.split(": ", 1)[1] for b in bad) == [
+        "from ftlab.ops.q4_0 import _hidden",
+        "os.environ._data",
+        "tq._table",
+    ]
 
 
-@pytest.mark.parametrize("path", SOURCES + sorted((ROOT / "tests").rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(ROOT)))  # fmt: skip
+@pytest.mark.parametrize(
+    "path", SOURCES + sorted((ROOT / "tests").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_files_are_short(path):
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}: split it)"
+    assert lines <= MAX_LINES, (
+        f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}: split it)"
+    )
+
+
+FORMATTED = ("ftlab", "tests", "benchmarks")
+
+
+def test_no_formatter_escapes():
+    """Code is written the way the formatter writes it; the planner's tables are the one
+    fenced block (``# fmt: off`` ... ``# fmt: on``), never a line's ``# fmt: skip``."""
+    bad = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for d in FORMATTED
+        for p in sorted((ROOT / d).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "fmt: skip" in line
+    ]
+    assert not bad, f"'# fmt: skip' in {bad}"
+
+
+def test_the_code_is_formatted():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed in this environment")
+    out = subprocess.run(
+        [ruff, "format", "--check", *FORMATTED], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, f"ruff format --check:\n{out.stdout}{out.stderr}"
 
 
 def test_cited_documents_exist():
     """Every design document a source, test, notebook or the README names (``docs/<name>.md``,
     or an upper-case document name such as OPS, README or NOTES) is in the repository."""
     cited = {}
-    texts = [*SOURCES, *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
-             ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # fmt: skip
+    texts = [
+        *SOURCES,
+        *sorted((ROOT / "tests").rglob("*.py")),
+        *sorted((ROOT / "notebooks").glob("*.ipynb")),
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
     for path in texts:
         for m in re.finditer(r"docs/([\w-]+\.md)|\b([A-Z][A-Z_]+\.md)\b", path.read_text()):
             cited.setdefault(m.group(1) or m.group(2), str(path.relative_to(ROOT)))
@@ -182,7 +245,9 @@ def test_everything_about_an_op_is_found_by_its_name(op):
     assert f"ftlab/reference/{fam}.py" in impls["reference"]["files"]
     assert f"ftlab/triton/{fam}.py" in impls["triton"]["files"]
     assert f"ftlab/hip/{fam}.py" in impls["hip"]["files"]
-    assert any(f.startswith(f"ftlab/hip/csrc/{fam}") and f.endswith(".hip") for f in impls["hip"]["files"])
+    assert any(
+        f.startswith(f"ftlab/hip/csrc/{fam}") and f.endswith(".hip") for f in impls["hip"]["files"]
+    )
     assert d["case functions"] == [f"ftlab/testing/{fam}.py"]
     assert f"tests/property/test_{fam}.py" in d["tests"]
     assert (ROOT / "ftlab" / "ops" / f"{fam}.py").is_file()
@@ -211,9 +276,15 @@ def test_every_native_source_and_property_test_has_an_owner():
             rel = str(p.relative_to(PACKAGE))
             if p.is_file() and _owner(p.name) is None and rel not in catalog.SHARED:
                 loose.append(rel)
-    loose += [p.name for p in sorted((ROOT / "tests" / "property").glob("test_*.py")) if _owner(p.name) is None]
+    loose += [
+        p.name
+        for p in sorted((ROOT / "tests" / "property").glob("test_*.py"))
+        if _owner(p.name) is None
+    ]
     assert loose == []
-    assert all((PACKAGE / rel).is_file() for rel in catalog.SHARED), "catalog.SHARED names a file that is gone"
+    assert all((PACKAGE / rel).is_file() for rel in catalog.SHARED), (
+        "catalog.SHARED names a file that is gone"
+    )
 
 
 def test_the_architecture_lists_every_family():
@@ -223,11 +294,18 @@ def test_the_architecture_lists_every_family():
     for family in FAMILIES:
         row = re.search(rf"^\| `{family}` \| (.*) \|$", text, re.M).group(1)
         ops = sorted(re.findall(r"`(\w+)`", row))
-        assert ops == sorted(op for op in backends.ops() if backends.spec(op).family == family), family
+        assert ops == sorted(op for op in backends.ops() if backends.spec(op).family == family), (
+            family
+        )
 
 
 #: where arch facts may be read: the platform, the planner (its tables) and the native sources
-ARCH_HOMES = ("ftlab/platform.py", "ftlab/backends/", "ftlab/compile_check.py", "ftlab/support_matrix.py")
+ARCH_HOMES = (
+    "ftlab/platform.py",
+    "ftlab/backends/",
+    "ftlab/compile_check.py",
+    "ftlab/support_matrix.py",
+)
 ARCH_CHECK = re.compile(
     r"""torch\.version\.hip|get_device_capability|\.startswith\(\(?["'](?:gfx|sm_)|["'](?:gfx\d[0-9a-f]*|sm_\d+)["']"""
 )
@@ -256,11 +334,16 @@ def test_the_models_keep_no_module_flags():
     for path in PACKAGE.rglob("*.py"):
         tree = ast.parse(path.read_text())
         rel = str(path.relative_to(ROOT))
-        bad += [f"{rel}:{node.lineno}: globals()" for node in ast.walk(tree)
-                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "globals"]  # fmt: skip
+        bad += [
+            f"{rel}:{node.lineno}: globals()"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "globals"
+        ]
         if rel.startswith("ftlab/models/"):
             for node in tree.body:
-                if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(
+                    node.value, ast.Constant
+                ):
                     if isinstance(node.value.value, bool):
                         bad.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert bad == []
@@ -271,13 +354,22 @@ def _getattr_private(path: Path) -> list[str]:
     another object's private name, as ``x._name`` is."""
     bad = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr"):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+            "getattr",
+            "hasattr",
+            "setattr",
+        ):
             if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
                 name, root = node.args[1].value, node.args[0]
                 while isinstance(root, ast.Attribute):
                     root = root.value
                 own = isinstance(root, ast.Name) and root.id in ("self", "cls")
-                if isinstance(name, str) and name.startswith("_") and not name.startswith("__") and not own:
+                if (
+                    isinstance(name, str)
+                    and name.startswith("_")
+                    and not name.startswith("__")
+                    and not own
+                ):
                     bad.append(f"{_where(path)}:{node.lineno}: {ast.unparse(node)}")
     return bad
 
@@ -288,5 +380,9 @@ def test_no_private_name_through_getattr():
 
 def test_the_getattr_checker_sees_the_environ_trick(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text('import os\nd = getattr(os.environ, "_data", None)\nok = hasattr(self, "_cache")\n')
-    assert [b.split(": ", 1)[1] for b in _getattr_private(src)] == ["getattr(os.environ, '_data', None)"]
+    src.write_text(
+        'import os\nd = getattr(os.environ, "_data", None)\nok = hasattr(self, "_cache")\n'
+    )
+    assert [b.split(": ", 1)[1] for b in _getattr_private(src)] == [
+        "getattr(os.environ, '_data', None)"
+    ]

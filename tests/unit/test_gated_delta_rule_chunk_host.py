@@ -1,4 +1,5 @@
-"""The chunked gated delta rule prefill's HIP kernels (ftlab/hip/csrc/gated_delta_rule_chunk.hip: the prep
+"""The chunked gated delta rule prefill's HIP kernels (ftlab/hip/csrc/gated_delta_rule_chunk.hip:
+the prep
 and the scan on mma.h's 16 x 16 x 16 bf16 product, fp32 operands in three bf16 planes) run on the
 CPU: the device code, mma.h and the real q4_0_common.h compiled by the host C++ compiler against
 the host port.h of tests/unit/host (harness: tests/unit/gated_delta_rule_host/harness_chunk.cpp), a
@@ -40,9 +41,15 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """The harness of a layout, built once a module."""
-    sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "gated_delta_rule_chunk.h", CSRC / "gated_delta_rule_chunk.hip",
-               CSRC / "gated_delta_rule_chunk_prep.hip", HOST_PORT,
-               ROOT / "tests/unit/gated_delta_rule_host/harness_chunk.cpp"]  # fmt: skip
+    sources = [
+        CSRC / "q4_0_common.h",
+        CSRC / "mma.h",
+        CSRC / "gated_delta_rule_chunk.h",
+        CSRC / "gated_delta_rule_chunk.hip",
+        CSRC / "gated_delta_rule_chunk_prep.hip",
+        HOST_PORT,
+        ROOT / "tests/unit/gated_delta_rule_host/harness_chunk.cpp",
+    ]
     built = {}
 
     def get(layout: str):
@@ -100,8 +107,28 @@ def _run(harness, q, k, v, g, beta, s0, scale, l2norm, late=0, planes=3):
     attn, sc = _fenced(ab.clone()), torch.full((b * hv * nt * 4 * 64,), float("nan"))
     o = torch.full((b, t, hv, dv), float("nan")).bfloat16()
     got = _fenced(s0)  # the state read as far as its last element, no further
-    harness.run_chunk(_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(got), _ptr(o), _ptr(ab), _ptr(attn),
-                      _ptr(sc), b, t, hk, hv, dk, dv, ctypes.c_float(scale), int(l2norm), late, planes)  # fmt: skip
+    harness.run_chunk(
+        _ptr(q),
+        _ptr(k),
+        _ptr(v),
+        _ptr(g),
+        _ptr(beta),
+        _ptr(got),
+        _ptr(o),
+        _ptr(ab),
+        _ptr(attn),
+        _ptr(sc),
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        ctypes.c_float(scale),
+        int(l2norm),
+        late,
+        planes,
+    )
     return o, got
 
 
@@ -116,10 +143,20 @@ CASES = [
     (2, 70, 1, 1, 32, 16, True, 5, 0.01, False),  # slow decay, from zeros, two sequences
     (1, 66, 2, 8, 64, 32, True, 9, 3.0, True),  # eight value heads over two key heads, fast decay
 ]
-#: three planes: the first three cases in every layout, the rest in the scalar build; one plane: every
+#: three planes: the first three cases in every layout, the rest in the scalar build; one plane:
+#: every
 #: case in the scalar build, the second (a partial chunk and column block) in the others
-PARAMS = [(layout, case, 3) for layout in LAYOUTS for i, case in enumerate(CASES) if i < 3 or layout == "scalar"] + [
-    (layout, case, 1) for layout in LAYOUTS for i, case in enumerate(CASES) if i == 1 or layout == "scalar"]
+PARAMS = [
+    (layout, case, 3)
+    for layout in LAYOUTS
+    for i, case in enumerate(CASES)
+    if i < 3 or layout == "scalar"
+] + [
+    (layout, case, 1)
+    for layout in LAYOUTS
+    for i, case in enumerate(CASES)
+    if i == 1 or layout == "scalar"
+]
 
 
 @pytest.mark.parametrize("harness, case, planes", PARAMS, indirect=["harness"])
@@ -129,17 +166,25 @@ def test_chunked_prefill_on_the_host(harness, case, planes):
     scale = dk**-0.5
     o, got = _run(harness, q, k, v, g, beta, s0, scale, l2norm, planes=planes)
     exact_o, exact_s, o_bound, s_bound = gated_delta_exact_and_tolerance(
-        q, k, v, g, beta, s0, scale, l2norm, 64, operands="fp32" if planes == 3 else "bf16")
+        q, k, v, g, beta, s0, scale, l2norm, 64, operands="fp32" if planes == 3 else "bf16"
+    )
     err_o, err_s = (o.double() - exact_o).abs(), (got.double() - exact_s).abs()
     assert bool((err_o <= o_bound).all()), float((err_o / o_bound).max())
     assert bool((err_s <= s_bound).all()), float((err_s / s_bound).max())
-    (ft.assert_three_plane_accuracy if planes == 3 else ft.assert_one_plane_accuracy)(o, got, exact_o, exact_s)
-    if planes == 1:  # one plane's error, not three's (~1e-7): the template the harness asked for ran
+    (ft.assert_three_plane_accuracy if planes == 3 else ft.assert_one_plane_accuracy)(
+        o, got, exact_o, exact_s
+    )
+    if (
+        planes == 1
+    ):  # one plane's error, not three's (~1e-7): the template the harness asked for ran
         assert float((got.double() - exact_s).norm() / exact_s.norm()) > 1e-4
 
 
-@pytest.mark.parametrize("harness, planes", [("scalar", 3), ("cdna-mfma", 3), ("rdna3-wmma", 3), ("cdna-mfma", 1)],
-                         indirect=["harness"])  # 32 / 64 lanes, lean; fmt: skip
+@pytest.mark.parametrize(
+    "harness, planes",
+    [("scalar", 3), ("cdna-mfma", 3), ("rdna3-wmma", 3), ("cdna-mfma", 1)],
+    indirect=["harness"],
+)  # 32 / 64 lanes, lean
 def test_chunked_prefill_with_late_readers(harness, planes):
     """The stress mode: the first 64 threads of a block (a wave of gfx9, two warps elsewhere) sleep
     after every barrier, so a phase that wrote LDS another still read -- the scan's regions alias

@@ -1,6 +1,8 @@
-"""The gated delta rule's HIP kernels (ftlab/hip/csrc/gated_delta_rule.hip) run on the CPU: the device
+"""The gated delta rule's HIP kernels (ftlab/hip/csrc/gated_delta_rule.hip) run on the CPU: the
+device
 code and the real q4_0_common.h compiled by the host C++ compiler against the host port.h of
-tests/unit/host (harness: tests/unit/gated_delta_rule_host), a thread per GPU thread, fp32, held to the exact recurrence within
+tests/unit/host (harness: tests/unit/gated_delta_rule_host), a thread per GPU thread, fp32, held to
+the exact recurrence within
 ftlab.testing.gated_delta_tolerance. Catches indexing and reduction mistakes without a GPU; the
 GPU tests (tests/property/test_gated_delta_rule.py, ``gpu``) run the real thing."""
 
@@ -16,7 +18,12 @@ import ftlab.testing as ft
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     # the host port.h beside the real device headers, which include it
-    sources = [CSRC / "q4_0_common.h", CSRC / "gated_delta_rule.hip", HOST_PORT, ROOT / "tests/unit/gated_delta_rule_host/harness.cpp"]
+    sources = [
+        CSRC / "q4_0_common.h",
+        CSRC / "gated_delta_rule.hip",
+        HOST_PORT,
+        ROOT / "tests/unit/gated_delta_rule_host/harness.cpp",
+    ]
     return build_harness(tmp_path_factory.mktemp("gated_delta_rule_host"), sources, "harness.cpp")
 
 
@@ -53,8 +60,14 @@ def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, cols, ve
     scale = dk**-0.5
     extra, kw, start = (None, None, None), {}, state
     if gates:  # raw a and b in g and beta's places, the gates' vectors, row 1 reset
-        g, beta = torch.randn(b, steps, hv, generator=gen) * 4, torch.randn(b, steps, hv, generator=gen) * 3
-        a_neg, dt_bias = -torch.empty(hv).uniform_(1.0, 16.0, generator=gen), torch.randn(hv, generator=gen) * 2
+        g, beta = (
+            torch.randn(b, steps, hv, generator=gen) * 4,
+            torch.randn(b, steps, hv, generator=gen) * 3,
+        )
+        a_neg, dt_bias = (
+            -torch.empty(hv).uniform_(1.0, 16.0, generator=gen),
+            torch.randn(hv, generator=gen) * 2,
+        )
         reset = torch.tensor([i == 1 for i in range(b)], dtype=torch.uint8)
         extra, kw = (_ptr(a_neg), _ptr(dt_bias), _ptr(reset)), {"gates": (a_neg, dt_bias)}
         start = state.clone()
@@ -62,11 +75,33 @@ def test_hip_kernels_on_the_host(harness, b, t, hk, hv, dk, dv, l2norm, cols, ve
         state[1] = float("nan")
     got_state = state.clone()
     o = torch.full((b, steps, hv, dv), float("nan"))
-    harness.run(_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(got_state), _ptr(o), b, t, hk, hv, dk, dv,
-                ctypes.c_float(scale), int(l2norm), cols, int(vec), *extra)  # fmt: skip
+    harness.run(
+        _ptr(q),
+        _ptr(k),
+        _ptr(v),
+        _ptr(g),
+        _ptr(beta),
+        _ptr(got_state),
+        _ptr(o),
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        ctypes.c_float(scale),
+        int(l2norm),
+        cols,
+        int(vec),
+        *extra,
+    )
     exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, start, scale, l2norm, **kw)
-    o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, start, scale, l2norm, chunk_size=1, **kw)
-    assert bool(((o.double() - exact_o).abs() <= o_bound).all()), float((o.double() - exact_o).abs().max())
+    o_bound, s_bound = ft.gated_delta_tolerance(
+        q, k, v, g, beta, start, scale, l2norm, chunk_size=1, **kw
+    )
+    assert bool(((o.double() - exact_o).abs() <= o_bound).all()), float(
+        (o.double() - exact_o).abs().max()
+    )
     assert bool(((got_state.double() - exact_s).abs() <= s_bound).all())
 
 

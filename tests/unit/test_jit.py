@@ -78,7 +78,9 @@ def test_build_once_then_load_warm(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in so.parent.iterdir()} == objects
 
 
-@pytest.mark.parametrize("isa, march", [("native", "-march=native"), ("avx2", "-march=x86-64-v3"), ("portable", None)])
+@pytest.mark.parametrize(
+    "isa, march", [("native", "-march=native"), ("avx2", "-march=x86-64-v3"), ("portable", None)]
+)
 def test_cpu_isa_picks_the_march(monkeypatch, isa, march):
     monkeypatch.setenv(jit.ISA_ENV, isa)
     flags = jit.cpu_flags()

@@ -102,8 +102,14 @@ def check_round_trip(x: torch.Tensor, qtype: str) -> None:
     )
 
 
-@given(st.sampled_from(["Q4_K", "Q6_K"]), st.sampled_from(KINDS), st.integers(1, 3), st.integers(1, 3),
-       st.integers(-20, 12), st.integers(0, 2**31 - 1))  # fmt: skip
+@given(
+    st.sampled_from(["Q4_K", "Q6_K"]),
+    st.sampled_from(KINDS),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(-20, 12),
+    st.integers(0, 2**31 - 1),
+)
 @example("Q4_K", "mixed", 3, 3, 0, 1)
 @example("Q6_K", "mixed", 3, 3, -24, 2)  # subnormal fp16 scales
 def test_round_trip_within_half_a_step(qtype, kind, rows, blocks, exp, seed):
@@ -120,10 +126,18 @@ def test_round_trip_of_gaussian_rows_and_their_error(qtype):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-@pytest.mark.parametrize("block", [
-    torch.zeros(256), torch.full((256,), -3.0), torch.full((256,), 3.0), torch.eye(256)[7] * 1e4,
-    torch.cat([torch.zeros(128), torch.randn(128)]), torch.linspace(-1, 1, 256).flip(0),
-], ids=["zeros", "negative-constant", "positive-constant", "spike", "half-zeros", "ramp"])  # fmt: skip
+@pytest.mark.parametrize(
+    "block",
+    [
+        torch.zeros(256),
+        torch.full((256,), -3.0),
+        torch.full((256,), 3.0),
+        torch.eye(256)[7] * 1e4,
+        torch.cat([torch.zeros(128), torch.randn(128)]),
+        torch.linspace(-1, 1, 256).flip(0),
+    ],
+    ids=["zeros", "negative-constant", "positive-constant", "spike", "half-zeros", "ramp"],
+)
 def test_round_trip_of_edge_blocks(qtype, block):
     check_round_trip(block.view(1, 256), qtype)
 
@@ -200,9 +214,18 @@ def test_q4_k_m_mix_of_48_layers():
     more = [i for i in range(48) if w.use_more_bits(i, 48)]
     assert more == [*range(6), *range(8, 42, 3), *range(42, 48)]
     names = ["token_embd.weight", "output.weight"] + [
-        f"blk.{i}.{t}.weight" for i in range(48)
-        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-    ]  # fmt: skip
+        f"blk.{i}.{t}.weight"
+        for i in range(48)
+        for t in (
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate_exps",
+            "ffn_up_exps",
+            "ffn_down_exps",
+        )
+    ]
     assert Counter(w.q4_k_m_type(n, 48) for n in names) == {"Q4_K": 289, "Q6_K": 49}
 
 
@@ -210,8 +233,21 @@ def test_writer_q4_k_m_file(tmp_path):
     """A 2-layer, 4-expert, 256-token file: the types of llama-quantize's Q4_K_M of a 2-layer
     qwen3moe (tests/data/llama_cpp), weights that load and decode to the writer's Gaussians."""
     out = tmp_path / "q4_k_m.gguf"
-    cmd = [sys.executable, str(WRITER), str(out), "--type", "Q4_K_M", "--layers", "2", "--experts", "4",
-           "--vocab", "256", "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(WRITER),
+        str(out),
+        "--type",
+        "Q4_K_M",
+        "--layers",
+        "2",
+        "--experts",
+        "4",
+        "--vocab",
+        "256",
+        "--device",
+        "cpu",
+    ]
     pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     subprocess.run(
         cmd, check=True, cwd=ROOT, capture_output=True, env=os.environ | {"PYTHONPATH": pythonpath}

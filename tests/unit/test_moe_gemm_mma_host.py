@@ -1,4 +1,5 @@
-"""The HIP grouped GEMM on the matrix cores (ftlab/hip/csrc/moe_gemm.hip, moe_gemm_mma_kernel: fp16 /
+"""The HIP grouped GEMM on the matrix cores (ftlab/hip/csrc/moe_gemm.hip, moe_gemm_mma_kernel: fp16
+/
 bf16 expert banks, 16 x 16 x 16 products through mma.h) run on the CPU in the fragment and
 accumulator layouts of the AMD targets, their instructions emulated (mma.h's FTLAB_MMA_EMULATE:
 CDNA's MFMA in wave64, RDNA4's and RDNA3's WMMA in wave32) -- layouts that no GPU of ours runs.
@@ -27,12 +28,37 @@ EPS32 = 2.0**-24
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def harness(request, tmp_path_factory):
-    sources = [CSRC / "q4_0_common.h", CSRC / "mma.h", CSRC / "moe_common.h", CSRC / "moe_gemm.hip", HOST_PORT,
-               ROOT / "tests/unit/moe_hip_host/harness_gemm.cpp"]  # fmt: skip
+    sources = [
+        CSRC / "q4_0_common.h",
+        CSRC / "mma.h",
+        CSRC / "moe_common.h",
+        CSRC / "moe_gemm.hip",
+        HOST_PORT,
+        ROOT / "tests/unit/moe_hip_host/harness_gemm.cpp",
+    ]
     build = tmp_path_factory.mktemp(f"moe_gemm_host_{request.param}")
     lib = build_harness(build, sources, "harness_gemm.cpp", LAYOUTS[request.param])
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.run_mma.argtypes = [i32, i32, i32, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i32, i64, i64, i32]
+    lib.run_mma.argtypes = [
+        i32,
+        i32,
+        i32,
+        ptr,
+        i64,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        i32,
+        i64,
+        i64,
+        i32,
+    ]
     return lib
 
 
@@ -57,9 +83,26 @@ def test_grouped_gemm_on_the_matrix_cores(harness, dtype, gated, bm):
     bank = (torch.randn(experts, (2 if gated else 1) * n, k, generator=gen) * 0.1).to(dtype)
     wts = torch.rand(pairs, generator=gen)
     out = torch.full((pairs, n), float("nan"), dtype=dtype if gated else torch.float32)
-    harness.run_mma(int(dtype == torch.bfloat16), int(gated), bm, _ptr(a), a.stride(0), _ptr(bank), bank.stride(0),
-                    bank.stride(1), _ptr(sorted_ids), _ptr(expert_ids), _ptr(npad), _ptr(wts), _ptr(out), pairs,
-                    top_k, n, k, expert_ids.numel())  # fmt: skip
+    harness.run_mma(
+        int(dtype == torch.bfloat16),
+        int(gated),
+        bm,
+        _ptr(a),
+        a.stride(0),
+        _ptr(bank),
+        bank.stride(0),
+        bank.stride(1),
+        _ptr(sorted_ids),
+        _ptr(expert_ids),
+        _ptr(npad),
+        _ptr(wts),
+        _ptr(out),
+        pairs,
+        top_k,
+        n,
+        k,
+        expert_ids.numel(),
+    )
     e = ids.reshape(-1)
     x = a.double()[torch.arange(pairs) // top_k] if gated else a.double()
     w = bank.double()[e]  # [pairs, (2) N, K]
@@ -69,7 +112,12 @@ def test_grouped_gemm_on_the_matrix_cores(harness, dtype, gated, bm):
         g, u, eg, eu = prod[:, :n], prod[:, n:], mag[:, :n], mag[:, n:]
         want = g * torch.sigmoid(g) * u
         # silu's slope is within 1.1; silu, its product and the exp within a few eps32 of the result
-        bound = 1.1 * eg * u.abs() + (g * torch.sigmoid(g)).abs() * eu + eg * eu + 8 * EPS32 * want.abs()
+        bound = (
+            1.1 * eg * u.abs()
+            + (g * torch.sigmoid(g)).abs() * eu
+            + eg * eu
+            + 8 * EPS32 * want.abs()
+        )
         bound = bound + ulp((want.abs() + bound).float(), dtype).double()
     else:
         want = wts.double()[:, None] * prod

@@ -1,6 +1,7 @@
 """moe_experts' HIP decode kernels on K-quant banks, the "vec" pair (moe_gate_up_kq_vec_kernel and
 moe_down_kq_vec_kernel in ftlab/hip/csrc/moe_kquant.hip), and quant_matmul's one-launch one-row
-matvecs (quant_mv1_fused_kernel, its staged form quant_mv1_staged_kernel and the long rows' quant_mv1_sliced_kernel,
+matvecs (quant_mv1_fused_kernel, its staged form quant_mv1_staged_kernel and the long rows'
+quant_mv1_sliced_kernel,
 ftlab/hip/csrc/quant_matmul_mv1.hip), run on the CPU: the real device headers
 (q4_0_common.h, moe_common.h, quant_units.h, quant_vec.h) compiled by the host C++ compiler
 against the host port.h of tests/unit/moe_vec_host (a thread per GPU thread, a barrier per
@@ -32,11 +33,24 @@ FP = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    sources = [CSRC / n for n in ("q4_0_common.h", "moe_common.h", "quant_units.h", "quant_vec.h", "quant_records.h",
-                                  "moe_kquant.hip", "quant_matmul_mv1.hip")]  # fmt: skip
+    sources = [
+        CSRC / n
+        for n in (
+            "q4_0_common.h",
+            "moe_common.h",
+            "quant_units.h",
+            "quant_vec.h",
+            "quant_records.h",
+            "moe_kquant.hip",
+            "quant_matmul_mv1.hip",
+        )
+    ]
     # the host port.h beside the real device headers, which include it
-    return build_harness(tmp_path_factory.mktemp("moe_vec_host"),
-                         [*sources, HOST_PORT, ROOT / "tests/unit/moe_vec_host/harness_vec.cpp"], "harness_vec.cpp")  # fmt: skip
+    return build_harness(
+        tmp_path_factory.mktemp("moe_vec_host"),
+        [*sources, HOST_PORT, ROOT / "tests/unit/moe_vec_host/harness_vec.cpp"],
+        "harness_vec.cpp",
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,10 +83,29 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
     def ptr(v):
         return ctypes.c_void_p(v.data_ptr())
 
-    harness.run_vec(FP[dtype], CODE[gate], CODE[down], ptr(x), ptr(gu.data),
-                    ctypes.c_int64(gu.data.stride(0)), ctypes.c_int64(gu.data.stride(1)), ptr(dn.data),
-                    ctypes.c_int64(dn.data.stride(0)), ctypes.c_int64(dn.data.stride(1)), ptr(ids), ptr(weights),
-                    ptr(hq), ptr(hd), ptr(hs), ptr(y), e, hidden, inter, t, k)  # fmt: skip
+    harness.run_vec(
+        FP[dtype],
+        CODE[gate],
+        CODE[down],
+        ptr(x),
+        ptr(gu.data),
+        ctypes.c_int64(gu.data.stride(0)),
+        ctypes.c_int64(gu.data.stride(1)),
+        ptr(dn.data),
+        ctypes.c_int64(dn.data.stride(0)),
+        ctypes.c_int64(dn.data.stride(1)),
+        ptr(ids),
+        ptr(weights),
+        ptr(hq),
+        ptr(hd),
+        ptr(hs),
+        ptr(y),
+        e,
+        hidden,
+        inter,
+        t,
+        k,
+    )
     want = ops.moe_experts(x, gu, dn, weights, ids, path="int8", backend="reference")
     bound = ft.experts_tolerance(x, gu, dn, weights, ids, "int8", want)
     assert want.dtype == y.dtype
@@ -87,35 +120,100 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
 @pytest.mark.parametrize(
     "qtype, n, k, dtype, variant",
     [
-        ("Q4_K", 37, 2048, torch.bfloat16, "fused"),  # two steps held in registers, rows walked past the grid
+        (
+            "Q4_K",
+            37,
+            2048,
+            torch.bfloat16,
+            "fused",
+        ),  # two steps held in registers, rows walked past the grid
         ("Q5_K", 21, 768, torch.float32, "fused"),  # three super-blocks: a part-filled step
-        ("Q6_K", 29, 1792, torch.bfloat16, "fused"),  # seven: Q6_K's 2-byte aligned rows, a part-filled second step
-        ("Q5_K", 9, 512, torch.float16, "fused"),  # fp16 x and y (scales drawn small: the sums stay in fp16's range)
-        ("Q6_K", 11, 2560, torch.bfloat16, "fused"),  # ten super-blocks: the long-row walk, activations from LDS
+        (
+            "Q6_K",
+            29,
+            1792,
+            torch.bfloat16,
+            "fused",
+        ),  # seven: Q6_K's 2-byte aligned rows, a part-filled second step
+        (
+            "Q5_K",
+            9,
+            512,
+            torch.float16,
+            "fused",
+        ),  # fp16 x and y (scales drawn small: the sums stay in fp16's range)
+        (
+            "Q6_K",
+            11,
+            2560,
+            torch.bfloat16,
+            "fused",
+        ),  # ten super-blocks: the long-row walk, activations from LDS
         ("Q4_K", 5, 4096, torch.float32, "fused"),  # an o_proj's K
-        # the staged kernel: 100 rows over 16 groups (six or seven a group: its three-slot ring wraps twice)
+        # the staged kernel: 100 rows over 16 groups (six or seven a group: its three-slot ring
+        # wraps twice)
         ("Q6_K", 100, 2048, torch.bfloat16, "staged"),
         ("Q4_K", 53, 1280, torch.float16, "staged"),  # five super-blocks: a part-filled second step
         ("Q5_K", 11, 768, torch.float32, "staged"),  # fewer rows than groups: idle groups
-        # the sliced kernel, 2 blocks. K = 14336: 56 super-blocks, 8 groups a row (slices 0..6 full, slice 7
-        # empty), one row a round; 19 rows: 10 and 9 rounds a block (a second set of rounds, short of eight)
+        # the sliced kernel, 2 blocks. K = 14336: 56 super-blocks, 8 groups a row (slices 0..6 full,
+        # slice 7
+        # empty), one row a round; 19 rows: 10 and 9 rounds a block (a second set of rounds, short
+        # of eight)
         ("Q4_K", 19, 14336, torch.bfloat16, "sliced"),
-        ("Q6_K", 37, 12288, torch.float32, "sliced"),  # 48: 8 groups, two slices empty; 19 / 18 rounds: 3 sets
-        ("Q5_K", 13, 6144, torch.float32, "sliced"),  # 24: 4 groups a row (the fourth slice empty), 2 rows a round
-        ("Q5_K", 45, 4096, torch.float16, "sliced"),  # 16: 2 groups a row, 4 rows a round: 6 rounds a block
-        ("Q6_K", 7, 2304, torch.bfloat16, "sliced"),  # nine super-blocks: the second slice holds one
-        ("Q4_K", 70, 1024, torch.float32, "sliced"),  # a group a row: 8 rows a round, 5 and 4 rounds a block
+        (
+            "Q6_K",
+            37,
+            12288,
+            torch.float32,
+            "sliced",
+        ),  # 48: 8 groups, two slices empty; 19 / 18 rounds: 3 sets
+        (
+            "Q5_K",
+            13,
+            6144,
+            torch.float32,
+            "sliced",
+        ),  # 24: 4 groups a row (the fourth slice empty), 2 rows a round
+        (
+            "Q5_K",
+            45,
+            4096,
+            torch.float16,
+            "sliced",
+        ),  # 16: 2 groups a row, 4 rows a round: 6 rounds a block
+        (
+            "Q6_K",
+            7,
+            2304,
+            torch.bfloat16,
+            "sliced",
+        ),  # nine super-blocks: the second slice holds one
+        (
+            "Q4_K",
+            70,
+            1024,
+            torch.float32,
+            "sliced",
+        ),  # a group a row: 8 rows a round, 5 and 4 rounds a block
         ("Q4_K", 3, 1024, torch.float32, "sliced"),  # 3 rows: the second block has none
-        # Q4_0 / Q8_0 in groups of eight blocks (the last block's piece is 16-byte aligned and ends the group)
+        # Q4_0 / Q8_0 in groups of eight blocks (the last block's piece is 16-byte aligned and ends
+        # the group)
         ("Q4_0", 37, 2048, torch.bfloat16, "fused"),
         ("Q4_0", 11, 2560, torch.float32, "fused"),  # the long-row walk
         ("Q4_0", 100, 2048, torch.float16, "staged"),
         ("Q4_0", 19, 14336, torch.bfloat16, "sliced"),
-        ("Q4_0", 21, 5120, torch.bfloat16, "sliced"),  # 20 groups of eight blocks: 4 groups a row, the third half full
+        (
+            "Q4_0",
+            21,
+            5120,
+            torch.bfloat16,
+            "sliced",
+        ),  # 20 groups of eight blocks: 4 groups a row, the third half full
         ("Q8_0", 29, 1792, torch.bfloat16, "fused"),
         ("Q8_0", 9, 4608, torch.float32, "fused"),
         ("Q8_0", 23, 12288, torch.float16, "sliced"),
-        # the sliced kernel given x's Q8_1 (no records: each lane reads its slice's activations from memory)
+        # the sliced kernel given x's Q8_1 (no records: each lane reads its slice's activations from
+        # memory)
         ("Q4_K", 19, 14336, torch.bfloat16, "sliced_q8"),
         ("Q6_K", 13, 6144, torch.float32, "sliced_q8"),
         ("Q5_K", 45, 4096, torch.float16, "sliced_q8"),
@@ -138,11 +236,22 @@ def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype, variant):
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(n)) * scale).to(dtype)
     y_all = torch.full((1, n + 64), float("nan"), dtype=dtype)
     y = y_all[:, :n]
-    x8 = ops.quantize_q8_1(x, backend="reference")  # "sliced_q8" reads it (the others quantize x themselves)
-    status = harness.run_fused(FP[dtype], CODE[qtype], *(ctypes.c_void_p(t.data_ptr()) for t in (x, x8.q, x8.d, x8.s)),
-                               ctypes.c_void_p(w.data.data_ptr()), ctypes.c_int64(w.data.shape[1]),
-                               ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(n), k, 2,
-                               ("fused", "staged", "sliced", "sliced_q8").index(variant), 64)  # fmt: skip
+    x8 = ops.quantize_q8_1(
+        x, backend="reference"
+    )  # "sliced_q8" reads it (the others quantize x themselves)
+    status = harness.run_fused(
+        FP[dtype],
+        CODE[qtype],
+        *(ctypes.c_void_p(t.data_ptr()) for t in (x, x8.q, x8.d, x8.s)),
+        ctypes.c_void_p(w.data.data_ptr()),
+        ctypes.c_int64(w.data.shape[1]),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_int64(n),
+        k,
+        2,
+        ("fused", "staged", "sliced", "sliced_q8").index(variant),
+        64,
+    )
     assert status == 0
     assert bool(y_all[:, n:].isnan().all())  # nothing written past row N - 1
     if qtype == "Q4_0":
@@ -160,9 +269,25 @@ def test_no_staged_q8_0_on_the_host(harness):
     x, y = torch.zeros(1, 256), torch.zeros(1, 1)
     w = torch.zeros(1, 272, dtype=torch.uint8)
     none = ctypes.c_void_p(0)
-    assert harness.run_fused(0, CODE["Q8_0"], ctypes.c_void_p(x.data_ptr()), none, none, none,
-                             ctypes.c_void_p(w.data_ptr()), ctypes.c_int64(272), ctypes.c_void_p(y.data_ptr()),
-                             ctypes.c_int64(1), 256, 1, 1, 0) == -1  # fmt: skip
+    assert (
+        harness.run_fused(
+            0,
+            CODE["Q8_0"],
+            ctypes.c_void_p(x.data_ptr()),
+            none,
+            none,
+            none,
+            ctypes.c_void_p(w.data_ptr()),
+            ctypes.c_int64(272),
+            ctypes.c_void_p(y.data_ptr()),
+            ctypes.c_int64(1),
+            256,
+            1,
+            1,
+            0,
+        )
+        == -1
+    )
 
 
 _MAPS = []  # the fenced buffers' mappings, kept for the session
@@ -179,7 +304,9 @@ def _fenced(data: torch.Tensor) -> torch.Tensor:
     base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0, (
+        ctypes.get_errno()
+    )  # PROT_NONE
     start = (size - page - nbytes) // 16 * 16
     _MAPS.append(buf)
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=start).view(data.shape)

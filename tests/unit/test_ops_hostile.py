@@ -12,7 +12,8 @@ CPU_BACKENDS = ["reference", "triton"]  # triton: its CPU interpreter (tests/con
 
 # the GPU cases carry the gpu marker: skipped without a GPU, run by `pytest -m gpu`
 CASES = [("cpu", b) for b in CPU_BACKENDS] + [
-    pytest.param("cuda", b, marks=pytest.mark.gpu, id=f"cuda-{b}") for b in ("reference", "triton", "hip")
+    pytest.param("cuda", b, marks=pytest.mark.gpu, id=f"cuda-{b}")
+    for b in ("reference", "triton", "hip")
 ]
 
 
@@ -46,8 +47,9 @@ def test_qk_norm_rope_cache_honours_the_slots_stride(device, backend):
     w, cos = torch.ones(8, device=device), torch.ones(3, 8, device=device)
     kc, vc = torch.zeros(8, 8, device=device), torch.zeros(8, 8, device=device)
     slots = torch.tensor([7, -5, 1, -5, 4], device=device)[::2]  # 7, 1, 4
-    _, k_out = ops.qk_norm_rope(q, k, w, w, cos, 0 * cos, 1e-6, k_cache=kc, v_cache=vc, slots=slots, v=v,
-                                backend=backend)  # fmt: skip
+    _, k_out = ops.qk_norm_rope(
+        q, k, w, w, cos, 0 * cos, 1e-6, k_cache=kc, v_cache=vc, slots=slots, v=v, backend=backend
+    )
     want_k, want_v = torch.zeros(8, 8, device=device), torch.zeros(8, 8, device=device)
     want_k[[7, 1, 4]], want_v[[7, 1, 4]] = k_out.reshape(3, 8), v
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
@@ -58,7 +60,10 @@ def test_a_refused_store_writes_nothing(device, backend):
     kc, vc = torch.randn(8, 4, device=device), torch.randn(8, 4, device=device)
     before = kc.clone(), vc.clone()
     k = torch.ones(3, 4, device=device)
-    for slots, exc in ((torch.tensor([1, 1, 2]), ValueError), (torch.tensor([1, 9, 2]), IndexError)):
+    for slots, exc in (
+        (torch.tensor([1, 1, 2]), ValueError),
+        (torch.tensor([1, 9, 2]), IndexError),
+    ):
         with pytest.raises(exc, match="indices"):
             ops.store(kc, vc, slots.to(device), k, k, backend=backend)
         assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
@@ -66,7 +71,9 @@ def test_a_refused_store_writes_nothing(device, backend):
 
 def _banks(e=4, h=64, inter=32, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(e, 2 * inter, h, generator=gen) * 0.1, torch.randn(e, h, inter, generator=gen) * 0.1
+    return torch.randn(e, 2 * inter, h, generator=gen) * 0.1, torch.randn(
+        e, h, inter, generator=gen
+    ) * 0.1
 
 
 @pytest.mark.parametrize("device, backend", CASES)
@@ -76,7 +83,9 @@ def test_mixed_q4_0_and_dense_banks_are_refused(device, backend):
     w, ids = torch.full((2, 2), 0.5, device=device), torch.tensor([[0, 1], [2, 3]], device=device)
     q_gu, q_dn = ops.quantize_q4_0(gu).to(device), ops.quantize_q4_0(dn).to(device)
     for a, b in ((q_gu, dn.to(device)), (gu.to(device), q_dn)):
-        with pytest.raises(TypeError, match="w_gate_up and w_down must both be QuantWeight banks or both dense"):
+        with pytest.raises(
+            TypeError, match="w_gate_up and w_down must both be QuantWeight banks or both dense"
+        ):
             ops.moe_experts(x, a, b, w, ids, backend=backend)
 
 
@@ -98,14 +107,27 @@ def test_int64_ids_do_not_wrap_into_valid_experts(device, backend):
 def test_fused_moe_router_logits_must_match_the_banks():
     gu, dn = _banks(e=4)
     x = torch.randn(3, 64)
-    with pytest.raises(ValueError, match=r"router_logits must be \[T, E\] = \[3, 4\].*got \(3, 6\)"):
+    with pytest.raises(
+        ValueError, match=r"router_logits must be \[T, E\] = \[3, 4\].*got \(3, 6\)"
+    ):
         ops.fused_moe(x, torch.randn(3, 6), gu, dn, 2)
-    with pytest.raises(ValueError, match=r"router_logits must be \[T, E\] = \[3, 4\].*got \(2, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"router_logits must be \[T, E\] = \[3, 4\].*got \(2, 4\)"
+    ):
         ops.fused_moe(x, torch.randn(2, 4), gu, dn, 2)
 
 
-@pytest.mark.parametrize("eps, exc", [(float("nan"), ValueError), (float("inf"), ValueError), (-1e-6, ValueError),
-                                      ("1e-6", TypeError), (True, TypeError), (None, TypeError)])  # fmt: skip
+@pytest.mark.parametrize(
+    "eps, exc",
+    [
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (-1e-6, ValueError),
+        ("1e-6", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
 def test_qk_norm_rope_eps_must_be_finite_and_non_negative(eps, exc):
     q, k = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
     ones, table = torch.ones(8), torch.ones(2, 8)
@@ -127,20 +149,25 @@ def test_quantize_refuses_nan_and_matches_gguf_on_infinities(device, backend):
     assert (got == want).all()
 
 
-@pytest.mark.parametrize("top_k, renormalize, exc, match", [
-    (True, True, TypeError, "top_k must be an int"),
-    (2.0, True, TypeError, "top_k must be an int"),
-    (0, True, ValueError, "top_k must be an int"),
-    (9, True, ValueError, r"top_k must be an int \[1, 8\]"),
-    (2, "yes", TypeError, "renormalize must be a bool"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "top_k, renormalize, exc, match",
+    [
+        (True, True, TypeError, "top_k must be an int"),
+        (2.0, True, TypeError, "top_k must be an int"),
+        (0, True, ValueError, "top_k must be an int"),
+        (9, True, ValueError, r"top_k must be an int \[1, 8\]"),
+        (2, "yes", TypeError, "renormalize must be a bool"),
+    ],
+)
 def test_route_topk_arguments(top_k, renormalize, exc, match):
     with pytest.raises(exc, match=match):
         ops.route_topk(torch.randn(3, 8), top_k, renormalize)
 
 
-@pytest.mark.parametrize("num_experts, block_m, exc", [(0, 16, ValueError), (True, 16, TypeError), (4, 0, ValueError),
-                                                       (4, 2.0, TypeError)])  # fmt: skip
+@pytest.mark.parametrize(
+    "num_experts, block_m, exc",
+    [(0, 16, ValueError), (True, 16, TypeError), (4, 0, ValueError), (4, 2.0, TypeError)],
+)
 def test_moe_align_arguments(num_experts, block_m, exc):
     with pytest.raises(exc, match="num_experts|block_m"):
         ops.moe_align(torch.zeros(2, 2, dtype=torch.int32), num_experts, block_m)
@@ -155,8 +182,17 @@ def test_index_mask_must_be_two_ints():
 
 def test_path_choices_are_named():
     w = ops.quantize_q4_0(torch.randn(8, 32))
-    with pytest.raises(ValueError, match=r"path must be 'auto' or one of \('int8', 'dequant'\), got 'fp8'"):
+    with pytest.raises(
+        ValueError, match=r"path must be 'auto' or one of \('int8', 'dequant'\), got 'fp8'"
+    ):
         ops.q4_0_matmul(torch.randn(1, 32), w, path="fp8")
     gu, dn = _banks()
     with pytest.raises(ValueError, match="path must be 'auto' or one of"):
-        ops.moe_experts(torch.randn(1, 64), gu, dn, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32), path="x")
+        ops.moe_experts(
+            torch.randn(1, 64),
+            gu,
+            dn,
+            torch.ones(1, 1),
+            torch.zeros(1, 1, dtype=torch.int32),
+            path="x",
+        )

@@ -1,4 +1,5 @@
-"""``validate=False`` on the ops a decode step calls (the models' calls, a DecodePlan's ``checks``): on
+"""``validate=False`` on the ops a decode step calls (the models' calls, a DecodePlan's ``checks``):
+on
 arguments the checks pass, every backend returns the bits of the checked call, on the layouts the
 models hand over (views of a fused projection, ``[B, T, 1, R]`` rope tables, v as ``[N, Hv, D]``,
 a slot-indexed cache viewed per sequence, weights of another dtype) and on plain ones; and the
@@ -15,7 +16,8 @@ from ftlab.models.pipeline import Pipeline
 from ftlab.quant import Q4_0Weight
 
 CASES = [("cpu", b) for b in ("reference", "triton")] + [
-    pytest.param("cuda", b, marks=pytest.mark.gpu, id=f"cuda-{b}") for b in ("reference", "triton", "hip")
+    pytest.param("cuda", b, marks=pytest.mark.gpu, id=f"cuda-{b}")
+    for b in ("reference", "triton", "hip")
 ]
 
 
@@ -49,21 +51,48 @@ def test_qk_norm_rope_unvalidated(device, backend, dtype):
     gen = torch.Generator().manual_seed(0)
     n, hq, hk, d = 3, 4, 2, 64
     q, k, v = fused_qkv(device, n, hq, hk, d, dtype, gen)
-    qw, kw = (1 + 0.1 * torch.randn(d, generator=gen)).to(device), (1 + 0.1 * torch.randn(d, generator=gen)).to(device)
+    qw, kw = (
+        (1 + 0.1 * torch.randn(d, generator=gen)).to(device),
+        (1 + 0.1 * torch.randn(d, generator=gen)).to(device),
+    )
     for rot in (None, 16):
         r = d if rot is None else rot
-        cos, sin = rope_tables(torch.arange(5, 5 + n, device=device)[None], r, 1e6, dtype)  # [1, N, 1, R]
-        both(ops.qk_norm_rope, q, k, qw, kw, cos, sin, 1e-6, rotary_dim=rot, backend=backend)  # fp32 weights: cast
-        kc, vc = torch.zeros(2, 8, hk * d, dtype=dtype, device=device), torch.zeros(2, 8, hk * d, dtype=dtype,
-                                                                                    device=device)  # fmt: skip
+        cos, sin = rope_tables(
+            torch.arange(5, 5 + n, device=device)[None], r, 1e6, dtype
+        )  # [1, N, 1, R]
+        both(
+            ops.qk_norm_rope, q, k, qw, kw, cos, sin, 1e-6, rotary_dim=rot, backend=backend
+        )  # fp32 weights: cast
+        kc, vc = (
+            torch.zeros(2, 8, hk * d, dtype=dtype, device=device),
+            torch.zeros(2, 8, hk * d, dtype=dtype, device=device),
+        )
         caches = []
-        for _ in range(2):  # each call writes its own copy of the caches (row stride 2 * 8 ... any: a view)
+        for _ in range(
+            2
+        ):  # each call writes its own copy of the caches (row stride 2 * 8 ... any: a view)
             kc2, vc2 = kc.clone().view(16, hk * d), vc.clone().view(16, hk * d)
             caches.append((kc2, vc2))
         slots = torch.tensor([3, -1, 9], device=device)
-        outs = [ops.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6, rotary_dim=rot, k_cache=kc2, v_cache=vc2, slots=slots,
-                                 v=v, backend=backend, validate=check)  # fmt: skip
-                for (kc2, vc2), check in zip(caches, (True, False), strict=True)]
+        outs = [
+            ops.qk_norm_rope(
+                q,
+                k,
+                qw,
+                kw,
+                cos,
+                sin,
+                1e-6,
+                rotary_dim=rot,
+                k_cache=kc2,
+                v_cache=vc2,
+                slots=slots,
+                v=v,
+                backend=backend,
+                validate=check,
+            )
+            for (kc2, vc2), check in zip(caches, (True, False), strict=True)
+        ]
         same(outs[0], outs[1])
         same(caches[0], caches[1])
 
@@ -80,7 +109,17 @@ def test_norms_and_router_unvalidated(device, backend, dtype):
     both(ops.add_rmsnorm, x, res, w, 1e-6, backend=backend)
     both(ops.add_rmsnorm, x, None, w.float(), 1e-5, backend=backend)
     both(ops.add_rmsnorm_router_topk, x, res, w, 1e-6, router, 4, True, backend=backend)
-    both(ops.add_rmsnorm_router_topk, x.contiguous(), res.contiguous(), w, 1e-6, router, 2, False, backend=backend)
+    both(
+        ops.add_rmsnorm_router_topk,
+        x.contiguous(),
+        res.contiguous(),
+        w,
+        1e-6,
+        router,
+        2,
+        False,
+        backend=backend,
+    )
 
 
 @pytest.mark.parametrize("device, backend", CASES)
@@ -90,7 +129,13 @@ def test_matmuls_and_experts_unvalidated(device, backend):
     x = torch.randn(m, 2 * k, generator=gen).to(device)[:, :k]  # a strided row
     w = ops.quantize_q4_0(torch.randn(n, k, generator=gen).to(device))
     both(ops.q4_0_matmul, x, w, backend=backend)
-    both(ops.q4_0_matmul, x, w, backend=backend, x_q8=ops.quantize_q8_1(x.contiguous(), backend=backend))
+    both(
+        ops.q4_0_matmul,
+        x,
+        w,
+        backend=backend,
+        x_q8=ops.quantize_q8_1(x.contiguous(), backend=backend),
+    )
     both(ops.quant_matmul, x, w, backend=backend)  # a Q4_0Weight goes through q4_0_matmul
     gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, k, generator=gen).to(device))
     dn = ops.quantize_q4_0(torch.randn(e, k, inter, generator=gen).to(device))
@@ -98,7 +143,15 @@ def test_matmuls_and_experts_unvalidated(device, backend):
     wts = torch.rand(m, top, generator=gen).to(device)
     ids = torch.tensor([[5, -1]], device=device)  # int64, one slot outside [0, E)
     both(ops.moe_experts, x, gu, dn, wts, ids, backend=backend)
-    both(ops.moe_experts, x, ops.dequantize_q4_0(gu), ops.dequantize_q4_0(dn), wts, ids.int(), backend=backend)
+    both(
+        ops.moe_experts,
+        x,
+        ops.dequantize_q4_0(gu),
+        ops.dequantize_q4_0(dn),
+        wts,
+        ids.int(),
+        backend=backend,
+    )
 
 
 @pytest.mark.parametrize("device, backend", CASES)
@@ -107,13 +160,17 @@ def test_decode_attention_unvalidated(device, backend, dtype):
     gen = torch.Generator().manual_seed(3)
     b, h, kvh, d, slots = 2, 8, 2, 128, 40
     q = torch.randn(b, h, d, generator=gen).to(dtype).to(device)
-    cache_k = torch.randn(b * slots, kvh * d, generator=gen).to(dtype).to(device)  # the static cache's layout
+    cache_k = (
+        torch.randn(b * slots, kvh * d, generator=gen).to(dtype).to(device)
+    )  # the static cache's layout
     cache_v = torch.randn(b * slots, kvh * d, generator=gen).to(dtype).to(device)
     k, v = cache_k.view(b, slots, kvh, d), cache_v.view(b, slots, kvh, d)
     lengths = torch.tensor([33, 7], device=device)
     both(ops.decode_attention, q, k, v, lengths, backend=backend)
     both(ops.decode_attention, q, k, v, lengths.int(), scale=0.05, backend=backend, quantize=True)
-    kt = torch.randn(b, kvh, slots, d, generator=gen).to(dtype).to(device).transpose(1, 2)  # heads not contiguous
+    kt = (
+        torch.randn(b, kvh, slots, d, generator=gen).to(dtype).to(device).transpose(1, 2)
+    )  # heads not contiguous
     both(ops.decode_attention, q, kt, v, lengths, backend=backend)
 
 
@@ -147,15 +204,22 @@ def test_unvalidated_layouts_a_backend_cannot_read_are_refused(device, backend):
 
 
 def test_models_pass_the_op_checks(monkeypatch):
-    """The models' op calls run with the checks on (DecodePlan(checks=True)) raise nothing and give the
+    """The models' op calls run with the checks on (DecodePlan(checks=True)) raise nothing and give
+    the
     logits they give with them off: prefill, then decode steps, Qwen3-MoE (dense and Q4_0) and a
     hybrid model (Q4_0). The checks do not depend on the backend: the reference serves (the Triton
     interpreter takes minutes for these models)."""
     backend = "reference"
-    for name, quant in (("tiny-qwen3-moe-wide", "f32"), ("tiny-qwen3-moe-wide", "q4_0"), ("tiny-qwen35-moe", "q4_0")):
+    for name, quant in (
+        ("tiny-qwen3-moe-wide", "f32"),
+        ("tiny-qwen3-moe-wide", "q4_0"),
+        ("tiny-qwen35-moe", "q4_0"),
+    ):
         runs = []
         for checks in (False, True):
-            pipe = Pipeline.load(name, backends=backend, quant=quant, plan=DecodePlan(checks=checks))
+            pipe = Pipeline.load(
+                name, backends=backend, quant=quant, plan=DecodePlan(checks=checks)
+            )
             ids = pipe.tokenizer.encode("Every operator has a reference")
             runs.append([pipe.prefill(ids[:4])] + [pipe.decode_step(t) for t in ids[4:8]])
         for a, b in zip(*runs, strict=True):

@@ -51,7 +51,12 @@ def test_quant_matmul_plans(arch, dims, qtype, want):
 @pytest.mark.parametrize(
     "arch, dims, qtype, staging",
     [
-        ("sm_90", (1, 2048, 151936), "Q6_K", "staged"),  # asynchronous copies, rows of 16-byte pieces
+        (
+            "sm_90",
+            (1, 2048, 151936),
+            "Q6_K",
+            "staged",
+        ),  # asynchronous copies, rows of 16-byte pieces
         ("gfx942", (1, 2048, 151936), "Q6_K", "held"),  # no asynchronous copies there
         ("sm_90", (1, 4096, 4096), "Q6_K", "held"),  # past staged's K
         ("sm_90", (1, 2048, 151936), "Q4_K", "held"),
@@ -59,7 +64,13 @@ def test_quant_matmul_plans(arch, dims, qtype, want):
     ],
 )
 def test_the_one_row_matvec_staging(arch, dims, qtype, staging):
-    got = plan("quant_matmul", gpu(dims, qtype=qtype), backend="hip", path="int8", platform=platform_from_arch(arch))
+    got = plan(
+        "quant_matmul",
+        gpu(dims, qtype=qtype),
+        backend="hip",
+        path="int8",
+        platform=platform_from_arch(arch),
+    )
     assert (got.variant, dict(got.options)) == ("mv1", {"staging": staging})
     assert f"staging {staging}" in got.describe().splitlines()[0]
 
@@ -68,25 +79,44 @@ def test_no_more_than_three_kernels_a_regime():
     """A backend ships at most three kernel variants for any one regime and weight type of an op
     (the rest fold into a variant's options, or go to benchmarks/dev/)."""
     sm90 = platform_from_arch("sm_90")
-    dims = {"quant_matmul": (1, 2048, 4096), "q4_0_matmul": (1, 2048, 4096), "moe_experts": (1, 2048, 768, 128, 8),
-            "decode_attention": (1, 32, 4, 128, 4096), "gated_delta_rule": (1, 4096, 16, 32, 128, 128)}  # fmt: skip
+    dims = {
+        "quant_matmul": (1, 2048, 4096),
+        "q4_0_matmul": (1, 2048, 4096),
+        "moe_experts": (1, 2048, 768, 128, 8),
+        "decode_attention": (1, 32, 4, 128, 4096),
+        "gated_delta_rule": (1, 4096, 16, 32, 128, 128),
+    }
     for (op, backend), kernels in rules.KERNELS.items():
         for where in calls.REGIMES:
             for qt in (None, "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
                 for path in (None, "int8", "dequant"):
-                    call = gpu(dims[op], qtype=qt, qtype_down=qt if op == "moe_experts" else None, chunk=64)
+                    call = gpu(
+                        dims[op], qtype=qt, qtype_down=qt if op == "moe_experts" else None, chunk=64
+                    )
                     sizes = dict(zip(backends.spec(op).shape, call.dims, strict=True))
-                    serving = [k.name for k in kernels if k.when.miss(call, sm90, where, path) is None
-                               and (k.limit is None or k.limit(call, sizes, sm90) is None)]  # fmt: skip
+                    serving = [
+                        k.name
+                        for k in kernels
+                        if k.when.miss(call, sm90, where, path) is None
+                        and (k.limit is None or k.limit(call, sizes, sm90) is None)
+                    ]
                     assert len(serving) <= 3, (op, backend, where, qt, path, serving)
 
 
 def test_an_explicit_backend_or_path_keeps_the_auto_order():
     call = gpu((512, 2048, 4096), qtype="Q4_K")
     assert planned("quant_matmul", call, "sm_90", path="int8") == ("hip", "int8", "gemm")
-    assert planned("quant_matmul", call, "sm_90", backend="hip", path="auto") == ("hip", "int8", "gemm")
+    assert planned("quant_matmul", call, "sm_90", backend="hip", path="auto") == (
+        "hip",
+        "int8",
+        "gemm",
+    )
     one = gpu((1, 2048, 4096), qtype="Q8_0")
-    assert planned("quant_matmul", one, "sm_90", backend="hip", path="auto") == ("hip", "int8", "lanes")
+    assert planned("quant_matmul", one, "sm_90", backend="hip", path="auto") == (
+        "hip",
+        "int8",
+        "lanes",
+    )
 
 
 def test_unaligned_weights_move_the_one_row_plan():
@@ -110,8 +140,14 @@ def test_q4_0_prefill_plans(arch, dtype, want):
 
 
 def test_q4_0_decode_plans():
-    assert planned("q4_0_matmul", gpu((1, 2048, 4096), qtype="Q4_0"), "sm_90", path="auto")[2] == "fused"
-    assert planned("q4_0_matmul", gpu((8, 2048, 4096), qtype="Q4_0"), "sm_90", path="auto")[2] == "matvec"
+    assert (
+        planned("q4_0_matmul", gpu((1, 2048, 4096), qtype="Q4_0"), "sm_90", path="auto")[2]
+        == "fused"
+    )
+    assert (
+        planned("q4_0_matmul", gpu((8, 2048, 4096), qtype="Q4_0"), "sm_90", path="auto")[2]
+        == "matvec"
+    )
     odd = gpu((8, 2080, 4096), qtype="Q4_0")  # 65 blocks a row: no word pairs
     assert planned("q4_0_matmul", odd, "sm_90", path="auto")[2] == "gemm"
 
@@ -161,20 +197,43 @@ def test_decode_attention_and_delta_rule_variants():
 def test_a_named_variant_is_checked_never_swapped():
     call = gpu((1, 4096, 4096), qtype="Q4_K")
     with pytest.raises(backends.BackendUnavailable, match="'mv1' cannot serve.*K = 16640"):
-        plan("quant_matmul", call._replace(dims=(1, 16640, 4096)), backend="hip", path="int8", variant="mv1",
-             platform=platform_from_arch("sm_90"))  # fmt: skip
+        plan(
+            "quant_matmul",
+            call._replace(dims=(1, 16640, 4096)),
+            backend="hip",
+            path="int8",
+            variant="mv1",
+            platform=platform_from_arch("sm_90"),
+        )
     with pytest.raises(ValueError, match="variant must be one of"):
-        plan("quant_matmul", call, backend="hip", path="int8", variant="nope",
-             platform=platform_from_arch("sm_90"))  # fmt: skip
+        plan(
+            "quant_matmul",
+            call,
+            backend="hip",
+            path="int8",
+            variant="nope",
+            platform=platform_from_arch("sm_90"),
+        )
     with pytest.raises(ValueError, match="variant must be None"):
-        plan("add_rmsnorm", gpu((1, 2048)), backend="hip", variant="fused", platform=platform_from_arch("sm_90"))
+        plan(
+            "add_rmsnorm",
+            gpu((1, 2048)),
+            backend="hip",
+            variant="fused",
+            platform=platform_from_arch("sm_90"),
+        )
 
 
 def test_precision_bf16_says_where_it_applies():
     dn = gpu((1, 4096, 16, 32, 128, 128), chunk=64, precision="bf16")
-    assert "bf16 operands" in plan("gated_delta_rule", dn, platform=platform_from_arch("sm_90")).reason
+    assert (
+        "bf16 operands" in plan("gated_delta_rule", dn, platform=platform_from_arch("sm_90")).reason
+    )
     f32 = gpu((1, 4096, 16, 32, 128, 128), F32, chunk=64, precision="bf16")
-    assert "does not apply" in plan("gated_delta_rule", f32, platform=platform_from_arch("sm_90")).reason
+    assert (
+        "does not apply"
+        in plan("gated_delta_rule", f32, platform=platform_from_arch("sm_90")).reason
+    )
     cpu = Call("cpu", None, BF16, (1, 64, 2, 2, 16, 16), chunk=64, precision="bf16")
     assert "does not apply" in plan("gated_delta_rule", cpu).reason  # the reference: fp32
 
@@ -186,7 +245,13 @@ RULED = {op for row in rules.PREFER for op in row.ops} | {op for op, _ in rules.
 def test_ops_without_rules_plan_what_resolve_gives(op):
     """For an op the tables say nothing of, the plan is the auto order's first that serves."""
     names = backends.spec(op).shape
-    call = Call("cpu", None, F32, tuple(range(1, len(names) + 1)), qtype="Q4_0" if backends.spec(op).paths else None)
+    call = Call(
+        "cpu",
+        None,
+        F32,
+        tuple(range(1, len(names) + 1)),
+        qtype="Q4_0" if backends.spec(op).paths else None,
+    )
     got = plan(op, call, path="auto" if backends.spec(op).paths else None)
     assert got.backend == backends.resolve(op, "auto", torch.device("cpu"), F32).backend
     assert got.variant is None
@@ -226,8 +291,12 @@ def test_plans_are_cached_until_the_table_changes():
 
 
 def test_the_reason_reads_in_clauses():
-    got = plan("quant_matmul", gpu((1, 2048, 151936), qtype="Q4_K"), path="auto",
-               platform=platform_from_arch("gfx1201"))  # fmt: skip
+    got = plan(
+        "quant_matmul",
+        gpu((1, 2048, 151936), qtype="Q4_K"),
+        path="auto",
+        platform=platform_from_arch("gfx1201"),
+    )
     text = got.describe()
     assert text.splitlines()[0] == "quant_matmul: backend hip, path int8, variant mv1, staging held"
     assert "the first of the auto order" in text and "gfx1201" in text and "variant mv1" in text
@@ -242,9 +311,13 @@ def test_an_op_takes_a_plan_made_for_it():
     w = random_quant_weight(3, "Q4_K", 16, 256)
     x = torch.randn(2, 256)
     made = plan("quant_matmul", backends.calls.matmul(x, w), path="int8", backend="reference")
-    torch.testing.assert_close(ops.quant_matmul(x, w, plan=made), ops.quant_matmul(x, w, path="int8"))
+    torch.testing.assert_close(
+        ops.quant_matmul(x, w, plan=made), ops.quant_matmul(x, w, path="int8")
+    )
     other = plan("add_rmsnorm", Call("cpu", None, F32, (2, 256)))
-    with pytest.raises(ValueError, match="plan must be a plan of quant_matmul, got one of add_rmsnorm"):
+    with pytest.raises(
+        ValueError, match="plan must be a plan of quant_matmul, got one of add_rmsnorm"
+    ):
         ops.quant_matmul(x, w, plan=other)
     with pytest.raises(TypeError, match="plan must be a ftlab.backends.Plan"):
         ops.quant_matmul(x, w, plan="reference")

@@ -31,15 +31,32 @@ def calls(monkeypatch):
     rec = _Recorder()
     monkeypatch.setattr(hip_qmm.jit, "module_for", lambda name, device: rec)
     monkeypatch.setattr(hip_qmm.jit, "on_device", lambda device, launch: launch())
-    monkeypatch.setattr(hip_qmm, "tiled_config", lambda m, n, k, qtype, device: (4, 1))  # no SM count here
-    monkeypatch.setattr(hip_qmm, "quantize_q8_1", lambda x: rec.calls.append(("quantize_q8_1", None)) or Q8_1.empty(x.shape[0], x.shape[1], x.device))
-    monkeypatch.setattr(hip_qmm, "q4_0_matmul", lambda x, w, path: rec.calls.append(("q4_0_matmul", None)) or x.new_zeros(x.shape[0], w.shape[0]))
+    monkeypatch.setattr(
+        hip_qmm, "tiled_config", lambda m, n, k, qtype, device: (4, 1)
+    )  # no SM count here
+    monkeypatch.setattr(
+        hip_qmm,
+        "quantize_q8_1",
+        lambda x: (
+            rec.calls.append(("quantize_q8_1", None))
+            or Q8_1.empty(x.shape[0], x.shape[1], x.device)
+        ),
+    )
+    monkeypatch.setattr(
+        hip_qmm,
+        "q4_0_matmul",
+        lambda x, w, path: (
+            rec.calls.append(("q4_0_matmul", None)) or x.new_zeros(x.shape[0], w.shape[0])
+        ),
+    )
     return rec.calls
 
 
 def _weight(qtype, k, n=16):
     w = random_quant_weight(k, qtype, n, k)
-    data = torch.empty(w.data.numel() + 16, dtype=torch.uint8)  # 16-byte aligned, as the kernels need
+    data = torch.empty(
+        w.data.numel() + 16, dtype=torch.uint8
+    )  # 16-byte aligned, as the kernels need
     off = (-data.data_ptr()) % 16
     view = data[off : off + w.data.numel()].view(w.data.shape)
     view.copy_(w.data)
@@ -55,18 +72,60 @@ MV1 = {"variant": "mv1"}
         ("Q4_0", 1, 2048, {**MV1, "staging": "held"}, [("quant_mv_fused", 4)]),
         ("Q4_0", 1, 2048, {**MV1, "staging": "staged"}, [("quant_mv_staged", 4)]),
         ("Q4_0", 1, 14336, {**MV1, "staging": "sliced"}, [("quant_mv_sliced", 4)]),
-        ("Q4_0", 1, 14336, {**MV1, "staging": "sliced_q8"}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 4)]),
+        (
+            "Q4_0",
+            1,
+            14336,
+            {**MV1, "staging": "sliced_q8"},
+            [("quantize_q8_1", None), ("quant_mv_sliced_q8", 4)],
+        ),
         ("Q4_0", 1, 2048, {}, [("q4_0_matmul", None)]),  # no default here: q4_0_matmul's
         ("Q4_0", 1, 2048, MV1, [("quant_mv_fused", 4)]),  # mv1's staging by its table: held
         ("Q8_0", 1, 12288, {**MV1, "staging": "sliced"}, [("quant_mv_sliced", 5)]),
-        ("Q6_K", 1, 14336, {**MV1, "staging": "sliced_q8"}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
-        ("Q4_K", 4, 2048, {"variant": "tiled"}, [("quantize_q8_1", None), ("quant_mv_tiled_q4_k", 4)]),
+        (
+            "Q6_K",
+            1,
+            14336,
+            {**MV1, "staging": "sliced_q8"},
+            [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)],
+        ),
+        (
+            "Q4_K",
+            4,
+            2048,
+            {"variant": "tiled"},
+            [("quantize_q8_1", None), ("quant_mv_tiled_q4_k", 4)],
+        ),
         ("Q4_K", 4, 2048, {"variant": "lanes"}, [("quantize_q8_1", None), ("quant_mv_q4_k", None)]),
-        ("Q4_K", 1, 2048, {"variant": "vec"}, [("quantize_q8_1", None), ("quant_mv_vec_q4_k", None)]),
-        ("Q5_K", 1, 4096, {}, [("quant_mv_fused", 2)]),  # the default on the CPU's platform: mv1, held
-        ("Q4_K", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 1)]),  # past held's K
+        (
+            "Q4_K",
+            1,
+            2048,
+            {"variant": "vec"},
+            [("quantize_q8_1", None), ("quant_mv_vec_q4_k", None)],
+        ),
+        (
+            "Q5_K",
+            1,
+            4096,
+            {},
+            [("quant_mv_fused", 2)],
+        ),  # the default on the CPU's platform: mv1, held
+        (
+            "Q4_K",
+            1,
+            14336,
+            {},
+            [("quantize_q8_1", None), ("quant_mv_sliced_q8", 1)],
+        ),  # past held's K
         ("Q6_K", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
-        ("Q5_K", 1, 16640, {}, [("quantize_q8_1", None), ("quant_mv_vec_q5_k", None)]),  # past sliced's: vec
+        (
+            "Q5_K",
+            1,
+            16640,
+            {},
+            [("quantize_q8_1", None), ("quant_mv_vec_q5_k", None)],
+        ),  # past sliced's: vec
         ("Q8_0", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_q8_0", None)]),  # Q8_0: lanes
         ("Q8_0", 4, 2048, {}, [("quantize_q8_1", None), ("quant_mv_tiled_q8_0", 4)]),  # G = 4
         ("Q4_K", 9, 2048, {}, [("quantize_q8_1", None), ("quant_gemm_q4_k", None)]),
@@ -82,9 +141,30 @@ def test_variant_to_kernel(calls, qtype, m, k, kw, want):
 @pytest.mark.parametrize(
     "qtype, m, k, kw, error, why",
     [
-        ("Q4_0", 1, 14336, {**MV1, "staging": "held"}, BackendUnavailable, "K = 14336 is not a multiple of 256 in \\(0, 8192\\]"),
-        ("Q4_0", 1, 4096, {**MV1, "staging": "staged"}, BackendUnavailable, "K = 4096 is not a multiple of 256 in \\(0, 2048\\]"),
-        ("Q8_0", 1, 2048, {**MV1, "staging": "staged"}, BackendUnavailable, "Q8_0 has no staged form"),
+        (
+            "Q4_0",
+            1,
+            14336,
+            {**MV1, "staging": "held"},
+            BackendUnavailable,
+            "K = 14336 is not a multiple of 256 in \\(0, 8192\\]",
+        ),
+        (
+            "Q4_0",
+            1,
+            4096,
+            {**MV1, "staging": "staged"},
+            BackendUnavailable,
+            "K = 4096 is not a multiple of 256 in \\(0, 2048\\]",
+        ),
+        (
+            "Q8_0",
+            1,
+            2048,
+            {**MV1, "staging": "staged"},
+            BackendUnavailable,
+            "Q8_0 has no staged form",
+        ),
         ("Q4_0", 2, 2048, {**MV1, "staging": "sliced"}, BackendUnavailable, "not for small batch"),
         ("Q4_K", 1, 16640, MV1, BackendUnavailable, "K = 16640"),
         ("Q4_K", 9, 2048, {"variant": "lanes"}, BackendUnavailable, "not for prefill"),
@@ -92,7 +172,14 @@ def test_variant_to_kernel(calls, qtype, m, k, kw, want):
         ("Q4_K", 1, 2048, {"variant": "tiled"}, BackendUnavailable, "not for one row"),
         ("Q4_K", 1, 2048, {"variant": "no_such"}, ValueError, "variant must be one of"),
         ("Q4_K", 1, 2048, {**MV1, "staging": "no_such"}, ValueError, "staging must be one of"),
-        ("Q4_K", 1, 2048, {"variant": "vec", "staging": "held"}, ValueError, "staging is an option of variant 'mv1'"),
+        (
+            "Q4_K",
+            1,
+            2048,
+            {"variant": "vec", "staging": "held"},
+            ValueError,
+            "staging is an option of variant 'mv1'",
+        ),
     ],
 )
 def test_a_variant_that_cannot_serve_is_refused(calls, qtype, m, k, kw, error, why):

@@ -1,5 +1,7 @@
-"""quant_matmul's HIP kernels (ftlab/hip/csrc/quant_matmul.hip, quant_matmul_tiled.hip) run on the CPU: the device code
-compiled with the real q4_0_common.h by the host C++ compiler against the host port.h of tests/unit/host
+"""quant_matmul's HIP kernels (ftlab/hip/csrc/quant_matmul.hip, quant_matmul_tiled.hip) run on the
+CPU: the device code
+compiled with the real q4_0_common.h by the host C++ compiler against the host port.h of
+tests/unit/host
 (harness: tests/unit/hip_host),
 the matvec lane by lane and the GEMM with a thread per GPU thread, held to the int8 reference
 within ftlab.testing.quant_matmul_tolerance. Catches layout and indexing mistakes without a GPU;
@@ -19,24 +21,45 @@ CODE = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    sources = [CSRC / n for n in ("q4_0_common.h", "quant_units.h", "quant_vec.h", "quant_matmul.hip",
-                                  "quant_matmul_tiled.hip")]  # fmt: skip
+    sources = [
+        CSRC / n
+        for n in (
+            "q4_0_common.h",
+            "quant_units.h",
+            "quant_vec.h",
+            "quant_matmul.hip",
+            "quant_matmul_tiled.hip",
+        )
+    ]
     # the host port.h beside the real device headers, which include it
-    return build_harness(tmp_path_factory.mktemp("hip_host"),
-                         [*sources, HOST_PORT, ROOT / "tests/unit/hip_host/harness.cpp"], "harness.cpp")  # fmt: skip
+    return build_harness(
+        tmp_path_factory.mktemp("hip_host"),
+        [*sources, HOST_PORT, ROOT / "tests/unit/hip_host/harness.cpp"],
+        "harness.cpp",
+    )
 
 
 @pytest.mark.parametrize("qtype", list(CODE))
 @pytest.mark.parametrize(
     "m, n, k",
-    [(1, 9, 256), (1, 37, 2048), (1, 13, 2304), (3, 5, 2304), (8, 7, 512), (17, 70, 512), (70, 3, 2048)],
+    [
+        (1, 9, 256),
+        (1, 37, 2048),
+        (1, 13, 2304),
+        (3, 5, 2304),
+        (8, 7, 512),
+        (17, 70, 512),
+        (70, 3, 2048),
+    ],
 )
 def test_hip_kernels_on_the_host(harness, qtype, m, n, k):
     _check_on_the_host(harness, qtype, m, n, k, 0)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("m, n, k", [(1, 6, 768), (1, 37, 2048), (1, 7, 1792), (1, 5, 2560), (1, 29, 3584)])
+@pytest.mark.parametrize(
+    "m, n, k", [(1, 6, 768), (1, 37, 2048), (1, 7, 1792), (1, 5, 2560), (1, 29, 3584)]
+)
 def test_hip_vec_on_the_host(harness, qtype, m, n, k):
     """The one-row matvec's "vec" variant: eight lanes to a super-block, 16-byte pieces (K <= 2048:
     a lane's activations held across rows; beyond: walked two steps at a time). The harness runs
@@ -57,8 +80,19 @@ def _check_on_the_host(harness, qtype: str, m: int, n: int, k: int, variant: int
     def ptr(t):
         return ctypes.c_void_p(t.data_ptr())
 
-    harness.run(CODE[qtype], ptr(w.data), ctypes.c_int64(w.data.shape[1]), ptr(x8.q), ptr(x8.d), ptr(x8.s), ptr(y),
-                ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int(variant))  # fmt: skip
+    harness.run(
+        CODE[qtype],
+        ptr(w.data),
+        ctypes.c_int64(w.data.shape[1]),
+        ptr(x8.q),
+        ptr(x8.d),
+        ptr(x8.s),
+        ptr(y),
+        ctypes.c_int64(m),
+        ctypes.c_int64(n),
+        ctypes.c_int64(k),
+        ctypes.c_int(variant),
+    )
     exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
     assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()
 
@@ -96,9 +130,21 @@ def test_tiled_matvec_on_the_host(harness, qtype, m, n, k, g, splits, grid):
     def ptr(t, at=0):
         return ctypes.c_void_p(t.data_ptr() + at)
 
-    harness.run_tiled(CODE[qtype], ptr(buf, base), ctypes.c_int64(w.data.shape[1]), ptr(x8.q), ptr(x8.d), ptr(x8.s),
-                      ptr(part), ctypes.c_int64(m), ctypes.c_int64(n), ctypes.c_int64(k), ctypes.c_int(g),
-                      ctypes.c_int(splits), ctypes.c_int(grid))  # fmt: skip
+    harness.run_tiled(
+        CODE[qtype],
+        ptr(buf, base),
+        ctypes.c_int64(w.data.shape[1]),
+        ptr(x8.q),
+        ptr(x8.d),
+        ptr(x8.s),
+        ptr(part),
+        ctypes.c_int64(m),
+        ctypes.c_int64(n),
+        ctypes.c_int64(k),
+        ctypes.c_int(g),
+        ctypes.c_int(splits),
+        ctypes.c_int(grid),
+    )
     y = part.sum(0)
     exact, bound = quant_matmul_tolerance(x, w, "int8", torch.float32)
     assert bool(((y - exact).abs() <= bound).all()), (y - exact).abs().max()

@@ -123,7 +123,9 @@ def test_register_rules(fake_op):
 @pytest.mark.parametrize("op", ["index", "store"])
 def test_real_table_has_three_backends(op):
     assert set(backends.backends_of(op)) >= {"reference", "triton", "hip"}
-    assert not any(backends.spec(op).impls[b].caps.nvidia_only for b in ("reference", "triton", "hip"))
+    assert not any(
+        backends.spec(op).impls[b].caps.nvidia_only for b in ("reference", "triton", "hip")
+    )
 
 
 def test_unknown_gfx_arch_is_not_built(monkeypatch):
@@ -196,8 +198,13 @@ def test_registered_paths_are_honoured():
     backends.register("q4_0_matmul", "dq_only", lambda x, w, path: path, paths=("dequant",))
     try:
         impl = backends.spec("q4_0_matmul").impls["dq_only"]
-        assert impl.caps.path_for(1, "auto") == "dequant" and impl.caps.path_for(512, "auto") == "dequant"
-        assert backends.resolve_path("q4_0_matmul", "dq_only", CPU, torch.float32, 2)[1] == "dequant"
+        assert (
+            impl.caps.path_for(1, "auto") == "dequant"
+            and impl.caps.path_for(512, "auto") == "dequant"
+        )
+        assert (
+            backends.resolve_path("q4_0_matmul", "dq_only", CPU, torch.float32, 2)[1] == "dequant"
+        )
         with pytest.raises(backends.BackendUnavailable, match="implements the dequant path"):
             backends.resolve_path("q4_0_matmul", "dq_only", CPU, torch.float32, 2, "int8")
         with pytest.raises(ValueError, match="paths must name at least one"):
@@ -215,7 +222,9 @@ def test_registered_q4_0_matmul_with_the_three_argument_signature():
         seen.append(len(rest))
         return torch.zeros(x.shape[0], w.shape[0])
 
-    backends.register("q4_0_matmul", "three_args", lambda x, w, path: mine(x, w, path), platforms=("cpu",))
+    backends.register(
+        "q4_0_matmul", "three_args", lambda x, w, path: mine(x, w, path), platforms=("cpu",)
+    )
     backends.register("q4_0_matmul", "four_args", mine, platforms=("cpu",))
     try:
         w = ops.quantize_q4_0(torch.randn(4, 64))
@@ -229,10 +238,18 @@ def test_registered_q4_0_matmul_with_the_three_argument_signature():
 
 
 def test_cpu_backend_is_by_name_for_cpu_tensors_only():
-    """The native CPU experts are moe_experts' ``cpu`` backend: never auto, never on a GPU tensor."""
+    """The native CPU experts are moe_experts' ``cpu`` backend: never auto, never on a GPU
+    tensor."""
     cpu_impl = backends.spec("moe_experts").impls["cpu"]
-    assert cpu_impl.caps.platforms == {"cpu"} and cpu_impl.caps.paths == ("int8",) and not cpu_impl.caps.auto
-    assert backends.resolve("moe_experts", "auto", CPU, torch.float32, plat("cpu")).backend == "reference"
+    assert (
+        cpu_impl.caps.platforms == {"cpu"}
+        and cpu_impl.caps.paths == ("int8",)
+        and not cpu_impl.caps.auto
+    )
+    assert (
+        backends.resolve("moe_experts", "auto", CPU, torch.float32, plat("cpu")).backend
+        == "reference"
+    )
     with pytest.raises(backends.BackendUnavailable, match="does not run on cuda devices"):
         backends.resolve("moe_experts", "cpu", GPU, torch.float32, plat("sm_90"))
     with pytest.raises(backends.BackendUnavailable, match="int8 path"):

@@ -17,7 +17,10 @@ def test_text_aligns_numbers_right_and_formats_floats():
 
 def test_markdown_escapes_pipes_and_marks_numeric_columns():
     t = Table(["stage", "max |diff|"], [["layer 0 | experts", 0.5]], float_format=".2f")
-    assert t._repr_markdown_() == "| stage | max \\|diff\\| |\n|---|---:|\n| layer 0 \\| experts | 0.50 |"
+    assert (
+        t._repr_markdown_()
+        == "| stage | max \\|diff\\| |\n|---|---:|\n| layer 0 \\| experts | 0.50 |"
+    )
 
 
 def test_rows_must_match_the_header():

@@ -34,11 +34,15 @@ class Qwen3MoeConfig:
         for f in fields(self):
             check_field(f.name, getattr(self, f.name))
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
-                             f"of num_key_value_heads ({self.num_key_value_heads})")  # fmt: skip
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                f"of num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(f"num_experts_per_tok must be <= num_experts ({self.num_experts}), "
-                             f"got {self.num_experts_per_tok}")  # fmt: skip
+            raise ValueError(
+                f"num_experts_per_tok must be <= num_experts ({self.num_experts}), "
+                f"got {self.num_experts_per_tok}"
+            )
 
     @classmethod
     def from_hf(cls, hf: dict) -> Qwen3MoeConfig:

@@ -68,10 +68,16 @@ _OPTIONAL = ("max_position_embeddings", "head_dim", "rope_theta")
 _ROPE_BASE_DEFAULT = 10000.0
 _FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
 _LAYER_NAMES = {  # LayerWeights field -> blk.N.* tensor (the banks are handled apart)
-    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-    "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "input_norm": "attn_norm",
-    "post_attention_norm": "ffn_norm", "router": "ffn_gate_inp",
-}  # fmt: skip
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_output",
+    "q_norm": "attn_q_norm",
+    "k_norm": "attn_k_norm",
+    "input_norm": "attn_norm",
+    "post_attention_norm": "ffn_norm",
+    "router": "ffn_gate_inp",
+}
 _BLOCK_TENSORS = (*_LAYER_NAMES.values(), "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
@@ -111,13 +117,17 @@ def read_config(reader, path: Path) -> Qwen3MoeConfig:
         raise GGUFError(f"{path}: {e} (from {' and '.join(named)})") from e
     value_length = field_value(reader, f"{GGUF_ARCH}.attention.value_length", "int")
     if value_length not in (None, config.head_dim):  # ftlab's attention has one head dim
-        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.attention.value_length' ({value_length}) "
-                        f"must equal the key head dim ({config.head_dim}, from "
-                        f"{source['head_dim']})")  # fmt: skip
+        raise GGUFError(
+            f"{path}: metadata '{GGUF_ARCH}.attention.value_length' ({value_length}) "
+            f"must equal the key head dim ({config.head_dim}, from "
+            f"{source['head_dim']})"
+        )
     tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
     if tokens is not None and len(tokens) != config.vocab_size:
-        raise GGUFError(f"{path}: tensor 'token_embd.weight' has {config.vocab_size} rows but "
-                        f"metadata 'tokenizer.ggml.tokens' has {len(tokens)} tokens")  # fmt: skip
+        raise GGUFError(
+            f"{path}: tensor 'token_embd.weight' has {config.vocab_size} rows but "
+            f"metadata 'tokenizer.ggml.tokens' has {len(tokens)} tokens"
+        )
     _check_tensor_names(set(tensors), config, path)
     return config
 
@@ -128,18 +138,25 @@ def _check_tensor_names(names: set[str], config: Qwen3MoeConfig, path: Path) -> 
     blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
     beyond = sorted(n for n in blocks if n >= layers)
     if beyond:
-        raise GGUFError(f"{path}: there are tensors of blk.{beyond[0]}, beyond metadata "
-                        f"'{GGUF_ARCH}.block_count' ({layers})")  # fmt: skip
+        raise GGUFError(
+            f"{path}: there are tensors of blk.{beyond[0]}, beyond metadata "
+            f"'{GGUF_ARCH}.block_count' ({layers})"
+        )
     if len(blocks) < layers:  # the first absent block: at most len + 1 probes
         absent = next(n for n in range(len(blocks) + 1) if n not in blocks)
-        raise GGUFError(f"{path}: metadata '{GGUF_ARCH}.block_count' is {layers}, but there are "
-                        f"no tensors of blk.{absent}")  # fmt: skip
+        raise GGUFError(
+            f"{path}: metadata '{GGUF_ARCH}.block_count' is {layers}, but there are "
+            f"no tensors of blk.{absent}"
+        )
     wanted = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
-        f"blk.{i}.{n}.weight" for i in range(layers) for n in _BLOCK_TENSORS}
+        f"blk.{i}.{n}.weight" for i in range(layers) for n in _BLOCK_TENSORS
+    }
     extra = sorted(names - wanted)
     if extra:  # llama.cpp refuses these too ("wrong number of tensors")
-        raise GGUFError(f"{path}: tensor '{extra[0]}' is not part of a {GGUF_ARCH} model "
-                        f"({len(extra)} such tensors)")  # fmt: skip
+        raise GGUFError(
+            f"{path}: tensor '{extra[0]}' is not part of a {GGUF_ARCH} model "
+            f"({len(extra)} such tensors)"
+        )
 
 
 def cut_columns(w, start: int, stop: int):
@@ -154,10 +171,15 @@ def cut_columns(w, start: int, stop: int):
     return columns(w, start, stop, "")
 
 
-def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-              progress: bool = True, experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
-              heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
-              ) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+def load_gguf(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    progress: bool = True,
+    experts: tuple[int, int] | None = None,
+    vocab: tuple[int, int] | None = None,
+    heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
+) -> tuple[Qwen3MoeConfig, ModelWeights]:
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
     file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
     :class:`~ftlab.quant.QuantWeight`, expert banks and lm_head included; the embedding dense);
@@ -187,8 +209,13 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     by_name = {t.name: t for t in reader.tensors}
     device = torch.device(device)
 
-    def get(name: str, shape: tuple[int, ...], dense: bool = False, part: tuple[int, int] | None = None,
-            cols: tuple[int, int] | None = None):  # fmt: skip
+    def get(
+        name: str,
+        shape: tuple[int, ...],
+        dense: bool = False,
+        part: tuple[int, int] | None = None,
+        cols: tuple[int, int] | None = None,
+    ):
         t = by_name.get(name)
         if t is None:
             raise GGUFError(f"{path}: missing tensor {name!r}")
@@ -213,55 +240,99 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
         return ops.dequantize(w, dtype) if isinstance(w, QuantWeight) else w
 
     h, hd, e, inter = c.hidden_size, c.head_dim, c.num_experts, c.moe_intermediate_size
-    shapes = {"q_proj": (c.num_attention_heads * hd, h), "k_proj": (c.num_key_value_heads * hd, h),
-              "v_proj": (c.num_key_value_heads * hd, h), "o_proj": (h, c.num_attention_heads * hd),
-              "q_norm": (hd,), "k_norm": (hd,), "input_norm": (h,), "post_attention_norm": (h,), "router": (e, h)}  # fmt: skip
+    shapes = {
+        "q_proj": (c.num_attention_heads * hd, h),
+        "k_proj": (c.num_key_value_heads * hd, h),
+        "v_proj": (c.num_key_value_heads * hd, h),
+        "o_proj": (h, c.num_attention_heads * hd),
+        "q_norm": (hd,),
+        "k_norm": (hd,),
+        "input_norm": (h,),
+        "post_attention_norm": (h,),
+        "router": (e, h),
+    }
     dense = {"q_norm", "k_norm", "input_norm", "post_attention_norm", "router"}
     rows_of, cols_of = {}, {}  # LayerWeights field -> the rank's rows / columns (heads=)
     if heads is not None:
         (q0, q1), (k0, k1) = heads
-        rows_of = {"q_proj": (q0 * hd, q1 * hd), "k_proj": (k0 * hd, k1 * hd), "v_proj": (k0 * hd, k1 * hd)}
+        rows_of = {
+            "q_proj": (q0 * hd, q1 * hd),
+            "k_proj": (k0 * hd, k1 * hd),
+            "v_proj": (k0 * hd, k1 * hd),
+        }
         cols_of = {"o_proj": (q0 * hd, q1 * hd)}
     layers, mixed = [], []
     for i in tqdm(
         range(c.num_hidden_layers), desc=f"loading {path.name}", disable=not progress, unit="layer"
     ):
         p = f"blk.{i}."
-        parts = {f: get(p + n + ".weight", shapes[f], f in dense, rows_of.get(f), cols_of.get(f))
-                 for f, n in _LAYER_NAMES.items()}  # fmt: skip
-        gate, up, down = (get(p + name, shape, part=(e0, e1)) for name, shape in (
-            ("ffn_gate_exps.weight", (e, inter, h)), ("ffn_up_exps.weight", (e, inter, h)),
-            ("ffn_down_exps.weight", (e, h, inter))))  # fmt: skip
+        parts = {
+            f: get(p + n + ".weight", shapes[f], f in dense, rows_of.get(f), cols_of.get(f))
+            for f, n in _LAYER_NAMES.items()
+        }
+        gate, up, down = (
+            get(p + name, shape, part=(e0, e1))
+            for name, shape in (
+                ("ffn_gate_exps.weight", (e, inter, h)),
+                ("ffn_up_exps.weight", (e, inter, h)),
+                ("ffn_down_exps.weight", (e, h, inter)),
+            )
+        )
         banks = [gate, up, down]
         packed = [isinstance(b, QuantWeight) for b in banks]
         if any(packed) and (not all(packed) or gate.qtype != up.qtype):
-            # gate and up rows concatenate within one type, and the expert kernels take packed or dense
+            # gate and up rows concatenate within one type, and the expert kernels take packed or
+            # dense
             # banks, not a mix: such a layer runs its packed banks dense too
-            names = (f"{p}ffn_gate_exps.weight", f"{p}ffn_up_exps.weight", f"{p}ffn_down_exps.weight")
+            names = (
+                f"{p}ffn_gate_exps.weight",
+                f"{p}ffn_up_exps.weight",
+                f"{p}ffn_down_exps.weight",
+            )
             mixed.extend(n for n, q in zip(names, packed, strict=True) if q)
             gate, up, down = (densify(b) for b in banks)
-        if isinstance(gate, QuantWeight):  # rows are independent: stacking gate and up rows keeps the blocks
-            w_gate_up = quant_weight(torch.cat([gate.data, up.data], dim=1), (e1 - e0, 2 * inter, h), gate.qtype)
+        if isinstance(
+            gate, QuantWeight
+        ):  # rows are independent: stacking gate and up rows keeps the blocks
+            w_gate_up = quant_weight(
+                torch.cat([gate.data, up.data], dim=1), (e1 - e0, 2 * inter, h), gate.qtype
+            )
         else:
             w_gate_up = torch.cat([gate, up], dim=1)
         layers.append(LayerWeights(**parts, w_gate_up=w_gate_up, w_down=down))
     stored = get("token_embd.weight", (c.vocab_size, h), part=vocab)
     embed = densify(stored)  # ops.index gathers dense rows
-    lm_head = stored if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h), part=vocab)
+    lm_head = (
+        stored if c.tie_word_embeddings else get("output.weight", (c.vocab_size, h), part=vocab)
+    )
     slow = dequantized_types(reader)
     if mixed:
         slow["banks beside another type"] = mixed
     if slow:
-        listed = "; ".join(f"{kind}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
-                           for kind, names in sorted(slow.items()))  # fmt: skip
-        warnings.warn(f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul kernel for, "
-                      f"or one the expert kernels cannot take beside the layer's other banks, and run dense, "
-                      f"dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
+        listed = "; ".join(
+            f"{kind}: "
+            f"{', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+            for kind, names in sorted(slow.items())
+        )
+        warnings.warn(
+            f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul "
+            "kernel for, "
+            f"or one the expert kernels cannot take beside the layer's other banks, and run dense, "
+            f"dequantized ({listed})",
+            DequantizedWarning,
+            stacklevel=2,
+        )
     return c, ModelWeights(embed, layers, get("output_norm.weight", (h,), dense=True), lm_head)
 
 
-def save_gguf(path: str | Path, config: Qwen3MoeConfig, weights: ModelWeights, quantize: bool = False,
-              metadata: dict | None = None, types: dict | None = None) -> Path:  # fmt: skip
+def save_gguf(
+    path: str | Path,
+    config: Qwen3MoeConfig,
+    weights: ModelWeights,
+    quantize: bool = False,
+    metadata: dict | None = None,
+    types: dict | None = None,
+) -> Path:
     """Write a llama.cpp-style ``qwen3moe`` GGUF file. ``quantize``: the projections, expert
     banks and lm_head as Q4_0 (norms, router and embedding stay F32), as a Q4_0 llama.cpp
     file keeps small tensors in float. ``types``: ``{tensor name: gguf.GGMLQuantizationType}``,

@@ -69,10 +69,15 @@ def read_config(path: Path, dtype: torch.dtype | None = None) -> tuple[Qwen3MoeC
     return config, stored_dtype(hf, config_file)
 
 
-def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            progress: bool = True, experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
-            heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
-            ) -> tuple[Qwen3MoeConfig, ModelWeights]:  # fmt: skip
+def load_hf(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+    experts: tuple[int, int] | None = None,
+    vocab: tuple[int, int] | None = None,
+    heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
+) -> tuple[Qwen3MoeConfig, ModelWeights]:
     """Config and weights of a HF Qwen3-MoE directory, on ``device`` in ``dtype`` (default:
     the config's ``torch_dtype``/``dtype``, else bf16). ``experts``: ``(start, stop)`` -- only
     those experts' tensors are read into the banks (a tensor-parallel rank's share; the router
@@ -101,7 +106,9 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     def get(name: str, *shape: int) -> torch.Tensor:
         return tensors.get(name, shape, dtype, device)
 
-    q_rows = kv_rows = None  # heads=: the rank's rows of q_proj and of k_proj / v_proj (o_proj: q_rows' columns)
+    q_rows = kv_rows = (
+        None  # heads=: the rank's rows of q_proj and of k_proj / v_proj (o_proj: q_rows' columns)
+    )
     if heads is not None:
         q_rows, kv_rows = ((a * hd, b * hd) for a, b in heads)
 
@@ -114,21 +121,31 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     ):
         p = f"model.layers.{i}."
         experts_of = p + "mlp.experts."
-        gate = torch.stack([get(f"{experts_of}{j}.gate_proj.weight", inter, h) for j in range(e0, e1)])
+        gate = torch.stack(
+            [get(f"{experts_of}{j}.gate_proj.weight", inter, h) for j in range(e0, e1)]
+        )
         up = torch.stack([get(f"{experts_of}{j}.up_proj.weight", inter, h) for j in range(e0, e1)])
-        layers.append(LayerWeights(
-            q_proj=attn(p + "self_attn.q_proj", (q_out, h), q_rows),
-            k_proj=attn(p + "self_attn.k_proj", (kv_out, h), kv_rows),
-            v_proj=attn(p + "self_attn.v_proj", (kv_out, h), kv_rows),
-            o_proj=attn(p + "self_attn.o_proj", (h, q_out), columns=q_rows),
-            q_norm=get(p + "self_attn.q_norm.weight", hd),
-            k_norm=get(p + "self_attn.k_norm.weight", hd),
-            input_norm=get(p + "input_layernorm.weight", h),
-            post_attention_norm=get(p + "post_attention_layernorm.weight", h),
-            router=get(p + "mlp.gate.weight", e, h),
-            w_gate_up=torch.cat([gate, up], dim=1),  # [E, 2I, H]
-            w_down=torch.stack([get(f"{experts_of}{j}.down_proj.weight", h, inter) for j in range(e0, e1)]),
-        ))  # fmt: skip
+        layers.append(
+            LayerWeights(
+                q_proj=attn(p + "self_attn.q_proj", (q_out, h), q_rows),
+                k_proj=attn(p + "self_attn.k_proj", (kv_out, h), kv_rows),
+                v_proj=attn(p + "self_attn.v_proj", (kv_out, h), kv_rows),
+                o_proj=attn(p + "self_attn.o_proj", (h, q_out), columns=q_rows),
+                q_norm=get(p + "self_attn.q_norm.weight", hd),
+                k_norm=get(p + "self_attn.k_norm.weight", hd),
+                input_norm=get(p + "input_layernorm.weight", h),
+                post_attention_norm=get(p + "post_attention_layernorm.weight", h),
+                router=get(p + "mlp.gate.weight", e, h),
+                w_gate_up=torch.cat([gate, up], dim=1),  # [E, 2I, H]
+                w_down=torch.stack(
+                    [get(f"{experts_of}{j}.down_proj.weight", h, inter) for j in range(e0, e1)]
+                ),
+            )
+        )
     embed = tensors.get("model.embed_tokens.weight", (c.vocab_size, h), dtype, device, vocab)
-    lm_head = embed if c.tie_word_embeddings else tensors.get("lm_head.weight", (c.vocab_size, h), dtype, device, vocab)
+    lm_head = (
+        embed
+        if c.tie_word_embeddings
+        else tensors.get("lm_head.weight", (c.vocab_size, h), dtype, device, vocab)
+    )
     return config, ModelWeights(embed, layers, get("model.norm.weight", h), lm_head)

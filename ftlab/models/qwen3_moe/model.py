@@ -68,7 +68,9 @@ class LayerWeights:
                     parts[-1].append(w)
                 else:
                     parts.append([w])
-            self._qkv = [(ws[0] if len(ws) == 1 else _stack(ws), [w.shape[0] for w in ws]) for ws in parts]
+            self._qkv = [
+                (ws[0] if len(ws) == 1 else _stack(ws), [w.shape[0] for w in ws]) for ws in parts
+            ]
         return self._qkv
 
 
@@ -109,20 +111,34 @@ class Qwen3Moe(Planned):
 
     OPS = QWEN3_MOE_OPS  # the ops of its backends map that it runs
 
-    def __init__(self, config: Qwen3MoeConfig, weights: ModelWeights, *, max_batch: int = 1,
-                 max_seq_len: int = 512, plan: DecodePlan | None = None,
-                 backends: dict[str, str] | None = None, q4_0_path: str = "auto", static: bool = False,
-                 hybrid: list | None = None, tp=None):  # fmt: skip
+    def __init__(
+        self,
+        config: Qwen3MoeConfig,
+        weights: ModelWeights,
+        *,
+        max_batch: int = 1,
+        max_seq_len: int = 512,
+        plan: DecodePlan | None = None,
+        backends: dict[str, str] | None = None,
+        q4_0_path: str = "auto",
+        static: bool = False,
+        hybrid: list | None = None,
+        tp=None,
+    ):
         self.config = config
         self.tp = tp
         if tp is not None and hybrid is not None:
             raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
         if hybrid is not None and len(hybrid) != config.num_hidden_layers:
-            raise ValueError(f"hybrid must hold one executor (or None) a layer: {config.num_hidden_layers}, got "
-                             f"{len(hybrid)}")  # fmt: skip
+            raise ValueError(
+                f"hybrid must hold one executor (or None) a layer: {config.num_hidden_layers}, got "
+                f"{len(hybrid)}"
+            )
         self.plan = plan_of(plan, backends, q4_0_path)
         self.hybrid = hybrid
-        self.routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
+        self.routed: dict[
+            int, torch.Tensor
+        ] = {}  # the last forward pass's ids of each hybrid layer
         # static: no host synchronization in a forward pass (attention reads all max_seq_len
         # slots under a mask, index checks off), so a decode step can be captured in a graph
         self.static = static
@@ -132,18 +148,37 @@ class Qwen3Moe(Planned):
         c = config
         world = tp.world if tp is not None else 1
         if tp is not None:
-            tp.check_divides(num_attention_heads=c.num_attention_heads, num_experts=c.num_experts,
-                             vocab_size=c.vocab_size)  # fmt: skip
+            tp.check_divides(
+                num_attention_heads=c.num_attention_heads,
+                num_experts=c.num_experts,
+                vocab_size=c.vocab_size,
+            )
         # this rank's heads (all of them without tp)
-        self.heads, self.kv_heads = c.num_attention_heads // world, max(1, c.num_key_value_heads // world)
-        self.cache = KVCache(c.num_hidden_layers, self.kv_heads * c.head_dim, max_batch, max_seq_len,
-                             static, weights.embed.device, weights.embed.dtype)  # fmt: skip
+        self.heads, self.kv_heads = (
+            c.num_attention_heads // world,
+            max(1, c.num_key_value_heads // world),
+        )
+        self.cache = KVCache(
+            c.num_hidden_layers,
+            self.kv_heads * c.head_dim,
+            max_batch,
+            max_seq_len,
+            static,
+            weights.embed.device,
+            weights.embed.dtype,
+        )
         self.k_cache, self.v_cache = self.cache.k, self.cache.v
-        self._qkv_q4: bool | None = None  # every layer's q/k/v one stacked Q4_0 weight (_norm_in_qkv)
+        self._qkv_q4: bool | None = (
+            None  # every layer's q/k/v one stacked Q4_0 weight (_norm_in_qkv)
+        )
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight, x_q8: Q8_1 | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight, x_q8: Q8_1 | None = None
+    ) -> torch.Tensor:
         b, p = self.backends, self.plan
-        return linear(x, w, b["q4_0_matmul"], p.quant_path, b["quant_matmul"], x_q8, p.checks, self.op_plans)
+        return linear(
+            x, w, b["q4_0_matmul"], p.quant_path, b["quant_matmul"], x_q8, p.checks, self.op_plans
+        )
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slots of (sequence, position) pairs: ``b * max_seq_len + p``."""
@@ -154,8 +189,14 @@ class Qwen3Moe(Planned):
         pass: rope tables, the cache slots written, the slots read and the causal mask."""
         return self.cache.geometry(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
-    def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor, geo: dict | None = None,
-                  qkv: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def attention(
+        self,
+        i: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        geo: dict | None = None,
+        qkv: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x ``[B, T, H]`` at ``positions [B, T]`` -> ``[B, T, H]``; writes the layer's KV cache.
         ``geo``: :meth:`geometry` of the positions (computed here when not given). ``qkv``: the
         output ``[B * T, N]`` of the layer's one stacked q/k/v projection, when the caller made
@@ -170,16 +211,33 @@ class Qwen3Moe(Planned):
         # write k and v into the cache
         plan = self.plan
         fused = self._kv_store_in_rope()
-        cache = dict(k_cache=self.cache.k[i], v_cache=self.cache.v[i], slots=geo["write"], v=v.reshape(b * t, -1))
-        q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd), k.reshape(b * t, nkvh, hd), lw.q_norm, lw.k_norm,
-                                geo["cos"], geo["sin"], c.rms_norm_eps, backend=self.backends["qk_norm_rope"],
-                                validate=plan.checks, **(cache if fused else {}))  # fmt: skip
+        cache = dict(
+            k_cache=self.cache.k[i],
+            v_cache=self.cache.v[i],
+            slots=geo["write"],
+            v=v.reshape(b * t, -1),
+        )
+        q, k = ops.qk_norm_rope(
+            q.reshape(b * t, nh, hd),
+            k.reshape(b * t, nkvh, hd),
+            lw.q_norm,
+            lw.k_norm,
+            geo["cos"],
+            geo["sin"],
+            c.rms_norm_eps,
+            backend=self.backends["qk_norm_rope"],
+            validate=plan.checks,
+            **(cache if fused else {}),
+        )
         q8 = self._o_proj_q8(lw, t)
-        out = self.cache.attend(i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, plan, stored=fused,
-                                quantize=q8)  # fmt: skip
+        out = self.cache.attend(
+            i, q.view(b, t, nh, hd), k.view(b, t, nkvh, hd), v, geo, plan, stored=fused, quantize=q8
+        )
         out, out_q8 = out if q8 else (out, None)
         out = self.linear(out.reshape(b, t, -1), lw.o_proj, x_q8=out_q8)
-        return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj: partial sums
+        return (
+            out if self.tp is None else self.tp.all_reduce(out)
+        )  # row-parallel o_proj: partial sums
 
     def _project_qkv(self, i: int, x: torch.Tensor, qkv: torch.Tensor | None) -> tuple:
         """Layer i's q, k and v ``[B, T, width]`` of ``x [B, T, H]``: the output of each of its
@@ -213,19 +271,32 @@ class Qwen3Moe(Planned):
         backend's kernels)."""
         b = self.backends
         wanted = self.plan.now("norm_in_qkv", self.weights.embed.device)
-        if not (wanted and rows <= DECODE_MAX_TOKENS and b["add_rmsnorm"] == b["q4_0_matmul"]
-                and self.q4_0_path in ("auto", "int8")):  # fmt: skip
+        if not (
+            wanted
+            and rows <= DECODE_MAX_TOKENS
+            and b["add_rmsnorm"] == b["q4_0_matmul"]
+            and self.q4_0_path in ("auto", "int8")
+        ):
             return False
         if self._qkv_q4 is None:  # the weights' layout: once
-            self._qkv_q4 = all(len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight) for lw in self.weights.layers)
+            self._qkv_q4 = all(
+                len(lw.qkv()) == 1 and isinstance(lw.qkv()[0][0], Q4_0Weight)
+                for lw in self.weights.layers
+            )
         return self._qkv_q4
 
     def _norm_qkv(self, i: int, x: torch.Tensor, residual: torch.Tensor | None, eps: float):
         """Layer i's input add and norm with its q/k/v matvec: (h, s, qkv) of ``x [B, T, H]``."""
         lw, flat = self.weights.layers[i], x.shape[-1]
         h, s, qkv = ops.add_rmsnorm_q4_0_matmul(
-            x.reshape(-1, flat), None if residual is None else residual.reshape(-1, flat), lw.input_norm, eps,
-            lw.qkv()[0][0], path=self.q4_0_path, backend=self.backends["q4_0_matmul"])  # fmt: skip
+            x.reshape(-1, flat),
+            None if residual is None else residual.reshape(-1, flat),
+            lw.input_norm,
+            eps,
+            lw.qkv()[0][0],
+            path=self.q4_0_path,
+            backend=self.backends["q4_0_matmul"],
+        )
         return h.view(x.shape), s.view(x.shape), qkv
 
     def _norm_in_router(self) -> bool:
@@ -233,7 +304,10 @@ class Qwen3Moe(Planned):
         (``ops.add_rmsnorm_router_topk``, under the plan's ``norm_in_router``): one backend name for
         add_rmsnorm and router_topk ("auto" for both included), route_topk that one or "auto"."""
         b = self.backends
-        same = b["add_rmsnorm"] == b["router_topk"] and b["route_topk"] in ("auto", b["router_topk"])
+        same = b["add_rmsnorm"] == b["router_topk"] and b["route_topk"] in (
+            "auto",
+            b["router_topk"],
+        )
         return self.plan.norm_in_router and same
 
     def _input_norm(self, i: int, x: torch.Tensor, out: torch.Tensor | None, into_qkv: bool):
@@ -293,8 +367,17 @@ class Qwen3Moe(Planned):
             return ex.eager(x, weights, ids)  # prefill: synchronous, no channel per prompt length
         if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
             ids = ids - self.tp.rank * lw.w_gate_up.shape[0]
-        y = experts(x, lw.w_gate_up, lw.w_down, weights, ids, self.backends["moe_experts"], self.q4_0_path,
-                    self.plan.checks, self.op_plans)  # fmt: skip
+        y = experts(
+            x,
+            lw.w_gate_up,
+            lw.w_down,
+            weights,
+            ids,
+            self.backends["moe_experts"],
+            self.q4_0_path,
+            self.plan.checks,
+            self.op_plans,
+        )
         return y if self.tp is None else self.tp.all_reduce(y)
 
     def end_step(self) -> None:
@@ -302,7 +385,9 @@ class Qwen3Moe(Planned):
         the routes of the last forward pass (one synchronization for all layers)."""
         hybrid_end_step(self.hybrid, self.routed)
 
-    def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> Iterator[Stage]:
+    def stages(
+        self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False
+    ) -> Iterator[Stage]:
         """The forward pass of tokens ``[B, T]`` at positions ``[B, T]``, one named stage at a
         time: embed, layer i attention / router / experts, norm, logits. Each stage's
         ``main`` tensor is what comparisons between backends look at. ``last_only``: the final
@@ -311,7 +396,11 @@ class Qwen3Moe(Planned):
         yield Stage("embed", {"hidden": x}, "hidden")
         x, moe = yield from self.layer_stages(x, positions, self.geometry(positions, x.dtype))
         h, x = self.final_norm(x, moe)
-        yield Stage(f"layer {self.config.num_hidden_layers - 1} experts", {"experts": moe, "hidden": x}, "experts")
+        yield Stage(
+            f"layer {self.config.num_hidden_layers - 1} experts",
+            {"experts": moe, "hidden": x},
+            "experts",
+        )
         if last_only:
             h = h[:, -1:]
         yield Stage("norm", {"hidden": h}, "hidden")
@@ -321,7 +410,9 @@ class Qwen3Moe(Planned):
         """The embedding rows of tokens ``[B, T]``: ``[B, T, H]``."""
         return embed(self.weights.embed, tokens, self.tp, not self.static, self.backends["index"])
 
-    def layer_stages(self, x: torch.Tensor, positions: torch.Tensor, geo: dict) -> Generator[Stage, None, tuple]:
+    def layer_stages(
+        self, x: torch.Tensor, positions: torch.Tensor, geo: dict
+    ) -> Generator[Stage, None, tuple]:
         """Every layer over the embedded tokens ``x [B, T, H]`` (``geo``: :meth:`geometry` of
         ``positions``), stage by stage up to the last layer's experts, whose stage is the caller's:
         returns ``(x, moe)``, the last layer's residual stream and its experts' output, both
@@ -350,16 +441,23 @@ class Qwen3Moe(Planned):
     def final_norm(self, x: torch.Tensor, moe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's residual add with the final norm (``ops.add_rmsnorm``): ``(norm(x +
         moe), x + moe)`` of ``x, moe [B, T, H]``."""
-        return add_norm(x, moe, self.weights.norm, self.config.rms_norm_eps, self.backends["add_rmsnorm"],
-                        self.plan.checks)  # fmt: skip
+        return add_norm(
+            x,
+            moe,
+            self.weights.norm,
+            self.config.rms_norm_eps,
+            self.backends["add_rmsnorm"],
+            self.plan.checks,
+        )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[B, T, V]`` of the final norm's output ``h [B, T, H]`` (the lm_head)."""
         return gather_logits(self.linear(h, self.weights.lm_head).float(), self.tp)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False
+    ) -> torch.Tensor:
         """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``
         with ``last_only``)."""
         *_, last = self.stages(tokens, positions, last_only)
         return last.tensors["logits"]
-

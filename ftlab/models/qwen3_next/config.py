@@ -12,11 +12,24 @@ from ftlab.models.layers import check_field
 ARCHS = ("qwen3_next", "qwen3_5_moe")
 LAYER_TYPES = ("linear_attention", "full_attention")
 #: HF ``model_type`` -> arch.
-MODEL_TYPES = {"qwen3_next": "qwen3_next", "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
+MODEL_TYPES = {
+    "qwen3_next": "qwen3_next",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+}
 #: What transformers' configs default to for a key config.json lacks.
-HF_DEFAULTS = {"head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-               "linear_num_key_heads": 16, "linear_num_value_heads": 32, "rms_norm_eps": 1e-6,
-               "max_position_embeddings": 32768, "tie_word_embeddings": False, "norm_topk_prob": True}  # fmt: skip
+HF_DEFAULTS = {
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "norm_topk_prob": True,
+}
 
 
 @dataclass
@@ -55,8 +68,12 @@ class Qwen3NextConfig:
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
-        if not isinstance(self.layer_types, (list, tuple)) or not all(t in LAYER_TYPES for t in self.layer_types):
-            raise ValueError(f"layer_types must be a list of {LAYER_TYPES}, got {self.layer_types!r}")
+        if not isinstance(self.layer_types, (list, tuple)) or not all(
+            t in LAYER_TYPES for t in self.layer_types
+        ):
+            raise ValueError(
+                f"layer_types must be a list of {LAYER_TYPES}, got {self.layer_types!r}"
+            )
         self.layer_types = tuple(self.layer_types)
         factor = self.partial_rotary_factor
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
@@ -65,19 +82,31 @@ class Qwen3NextConfig:
             if f.name not in ("arch", "layer_types", "partial_rotary_factor"):
                 check_field(f.name, getattr(self, f.name))
         if len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types must name num_hidden_layers = {self.num_hidden_layers} layers, got "
-                             f"{len(self.layer_types)}")  # fmt: skip
-        for heads, kv in (("num_attention_heads", "num_key_value_heads"),
-                          ("linear_num_value_heads", "linear_num_key_heads")):  # fmt: skip
+            raise ValueError(
+                f"layer_types must name num_hidden_layers = {self.num_hidden_layers} layers, got "
+                f"{len(self.layer_types)}"
+            )
+        for heads, kv in (
+            ("num_attention_heads", "num_key_value_heads"),
+            ("linear_num_value_heads", "linear_num_key_heads"),
+        ):
             if getattr(self, heads) % getattr(self, kv):
-                raise ValueError(f"{heads} ({getattr(self, heads)}) must be a multiple of {kv} ({getattr(self, kv)})")
+                raise ValueError(
+                    f"{heads} ({getattr(self, heads)}) must be a multiple of {kv} "
+                    f"({getattr(self, kv)})"
+                )
         if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(f"num_experts_per_tok must be <= num_experts ({self.num_experts}), "
-                             f"got {self.num_experts_per_tok}")  # fmt: skip
+            raise ValueError(
+                f"num_experts_per_tok must be <= num_experts ({self.num_experts}), "
+                f"got {self.num_experts_per_tok}"
+            )
         rot = self.rotary_dim
         if rot < 2 or rot % 2:
-            raise ValueError(f"the rotary dim head_dim * partial_rotary_factor = {self.head_dim} * {factor} must be an "
-                             f"even int >= 2, got {rot}")  # fmt: skip
+            raise ValueError(
+                f"the rotary dim head_dim * partial_rotary_factor = {self.head_dim} * {factor} "
+                "must be an "
+                f"even int >= 2, got {rot}"
+            )
 
     @property
     def rotary_dim(self) -> int:
@@ -136,7 +165,9 @@ def _rope(values: dict) -> None:
     top level); default RoPE only (Qwen3.5's mrope sections are plain RoPE for text)."""
     rope = hf_config.rope(values)
     values["rope_theta"] = rope.get("rope_theta", values.get("rope_theta", 10_000.0))
-    values["partial_rotary_factor"] = rope.get("partial_rotary_factor", values.get("partial_rotary_factor", 0.25))
+    values["partial_rotary_factor"] = rope.get(
+        "partial_rotary_factor", values.get("partial_rotary_factor", 0.25)
+    )
 
 
 def _layer_types(values: dict) -> None:
@@ -147,5 +178,6 @@ def _layer_types(values: dict) -> None:
     n, interval = values.get("num_hidden_layers"), values.get("full_attention_interval", 4)
     check_field("num_hidden_layers", n)
     check_field("full_attention_interval", interval)
-    values["layer_types"] = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
-
+    values["layer_types"] = [
+        "linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)
+    ]

@@ -83,11 +83,26 @@ from ftlab.quant import QuantWeight, quant_weight
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 _CONTROL = 3  # gguf.TokenType.CONTROL
-#: Tensors returned dense in ``dtype`` whatever their stored type (values changed, or not matmul weights).
-_DENSE = ("layernorm.weight", "norm.weight", "A_log", "dt_bias", "conv1d.weight", "mlp.gate.weight",
-          "shared_expert_gate.weight", "model.embed_tokens.weight")  # fmt: skip
-#: The routed expert banks (``[E, ...]``; not the router ``ffn_gate_inp`` nor the shared expert's ``*_shexp``).
-_BANKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_up_exps.weight")
+#: Tensors returned dense in ``dtype`` whatever their stored type (values changed, or not matmul
+#: weights).
+_DENSE = (
+    "layernorm.weight",
+    "norm.weight",
+    "A_log",
+    "dt_bias",
+    "conv1d.weight",
+    "mlp.gate.weight",
+    "shared_expert_gate.weight",
+    "model.embed_tokens.weight",
+)
+#: The routed expert banks (``[E, ...]``; not the router ``ffn_gate_inp`` nor the shared expert's
+#: ``*_shexp``).
+_BANKS = (
+    "ffn_gate_exps.weight",
+    "ffn_up_exps.weight",
+    "ffn_down_exps.weight",
+    "ffn_gate_up_exps.weight",
+)
 #: The vocabulary tensors (``[V, H]``), cut to a rank's rows.
 _VOCAB = ("token_embd.weight", "output.weight")
 
@@ -115,8 +130,10 @@ def read_config(reader, path: Path) -> dict:
     c |= {f: get(k, "float") for f, k in FLOAT_KEYS.items()}
     nextn = get("nextn_predict_layers")
     if nextn >= c["num_hidden_layers"]:
-        raise GGUFError(f"{path}: metadata '{arch}.nextn_predict_layers' ({nextn}) must be less than "
-                        f"'{arch}.block_count' ({c['num_hidden_layers']})")  # fmt: skip
+        raise GGUFError(
+            f"{path}: metadata '{arch}.nextn_predict_layers' ({nextn}) must be less than "
+            f"'{arch}.block_count' ({c['num_hidden_layers']})"
+        )
     block_count, c["num_hidden_layers"] = c["num_hidden_layers"], c["num_hidden_layers"] - nextn
     _check_heads(c, get, arch, path)
     c["layer_types"], interval = _layer_types(
@@ -124,8 +141,11 @@ def read_config(reader, path: Path) -> dict:
     )
     rope_dims = get("rope.dimension_count")
     if rope_dims > c["head_dim"] or rope_dims % 2:
-        raise GGUFError(f"{path}: metadata '{arch}.rope.dimension_count' ({rope_dims}) must be even and at most "
-                        f"'{arch}.attention.key_length' ({c['head_dim']})")  # fmt: skip
+        raise GGUFError(
+            f"{path}: metadata '{arch}.rope.dimension_count' ({rope_dims}) must be even and at "
+            "most "
+            f"'{arch}.attention.key_length' ({c['head_dim']})"
+        )
     rope = {
         "rope_type": "default",
         "rope_theta": c.pop("rope_theta"),
@@ -137,12 +157,20 @@ def read_config(reader, path: Path) -> dict:
             len(sections) != 4 or min(sections) < 0
         ):  # the converter writes [11, 11, 10, 0] for any head dim
             raise GGUFError(
-                f"{path}: metadata '{arch}.rope.dimension_sections' must be 4 sizes >= 0, got {sections}"
+                f"{path}: metadata '{arch}.rope.dimension_sections' must be 4 sizes >= 0, got "
+                f"{sections}"
             )
         rope |= {"mrope_section": sections[:3], "mrope_interleaved": True}
     cls, model_type = ARCHS[arch]
-    config = {"architectures": [cls], "model_type": model_type, **c, "rope_parameters": rope,
-              "full_attention_interval": interval, "hidden_act": "silu", "attention_bias": False}  # fmt: skip
+    config = {
+        "architectures": [cls],
+        "model_type": model_type,
+        **c,
+        "rope_parameters": rope,
+        "full_attention_interval": interval,
+        "hidden_act": "silu",
+        "attention_bias": False,
+    }
     if arch == "qwen3next":
         config |= {"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
         if (ff := get("feed_forward_length", required=False)) is not None:
@@ -160,14 +188,18 @@ def read_config(reader, path: Path) -> dict:
     config["tie_word_embeddings"] = "output.weight" not in tensors
     tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
     if tokens is not None and len(tokens) != config["vocab_size"]:
-        raise GGUFError(f"{path}: tensor 'token_embd.weight' has {config['vocab_size']} rows but "
-                        f"metadata 'tokenizer.ggml.tokens' has {len(tokens)} tokens")  # fmt: skip
+        raise GGUFError(
+            f"{path}: tensor 'token_embd.weight' has {config['vocab_size']} rows but "
+            f"metadata 'tokenizer.ggml.tokens' has {len(tokens)} tokens"
+        )
     for which in ("eos", "bos"):
         tid = field_value(reader, f"tokenizer.ggml.{which}_token_id", "int")
         if tid is not None:
             if not 0 <= tid < config["vocab_size"]:
-                raise GGUFError(f"{path}: metadata 'tokenizer.ggml.{which}_token_id' must be in "
-                                f"[0, {config['vocab_size']}), got {tid}")  # fmt: skip
+                raise GGUFError(
+                    f"{path}: metadata 'tokenizer.ggml.{which}_token_id' must be in "
+                    f"[0, {config['vocab_size']}), got {tid}"
+                )
             config[f"{which}_token_id"] = tid
     return config
 
@@ -177,22 +209,30 @@ def _check_heads(c: dict, get, arch: str, path: Path) -> None:
     attention's value head dim from ``ssm.inner_size``."""
     value_length = get("attention.value_length", required=False)
     if value_length not in (None, c["head_dim"]):
-        raise GGUFError(f"{path}: metadata '{arch}.attention.value_length' ({value_length}) must equal "
-                        f"'{arch}.attention.key_length' ({c['head_dim']})")  # fmt: skip
+        raise GGUFError(
+            f"{path}: metadata '{arch}.attention.value_length' ({value_length}) must equal "
+            f"'{arch}.attention.key_length' ({c['head_dim']})"
+        )
     for big, small in (
         ("num_attention_heads", "num_key_value_heads"),
         ("linear_num_value_heads", "linear_num_key_heads"),
     ):
         if c[big] % c[small]:
-            raise GGUFError(f"{path}: metadata '{arch}.{INT_KEYS[big]}' ({c[big]}) must be a multiple of "
-                            f"'{arch}.{INT_KEYS[small]}' ({c[small]})")  # fmt: skip
+            raise GGUFError(
+                f"{path}: metadata '{arch}.{INT_KEYS[big]}' ({c[big]}) must be a multiple of "
+                f"'{arch}.{INT_KEYS[small]}' ({c[small]})"
+            )
     if c["num_experts_per_tok"] > c["num_experts"]:
-        raise GGUFError(f"{path}: metadata '{arch}.expert_used_count' ({c['num_experts_per_tok']}) exceeds "
-                        f"'{arch}.expert_count' ({c['num_experts']})")  # fmt: skip
+        raise GGUFError(
+            f"{path}: metadata '{arch}.expert_used_count' ({c['num_experts_per_tok']}) exceeds "
+            f"'{arch}.expert_count' ({c['num_experts']})"
+        )
     inner, hv = get("ssm.inner_size"), c["linear_num_value_heads"]
     if inner % hv:
-        raise GGUFError(f"{path}: metadata '{arch}.ssm.inner_size' ({inner}) must be a multiple of "
-                        f"'{arch}.ssm.time_step_rank' ({hv})")  # fmt: skip
+        raise GGUFError(
+            f"{path}: metadata '{arch}.ssm.inner_size' ({inner}) must be a multiple of "
+            f"'{arch}.ssm.time_step_rank' ({hv})"
+        )
     c["linear_value_head_dim"] = inner // hv
 
 
@@ -209,12 +249,14 @@ def _layer_types(
     else:
         if [int(t) for t in field.types] != [9, 7]:  # ARRAY of BOOL
             raise GGUFError(
-                f"{path}: metadata '{key}' must be an array of BOOL, got {[t.name for t in field.types]}"
+                f"{path}: metadata '{key}' must be an array of BOOL, got "
+                f"{[t.name for t in field.types]}"
             )
         recurrent = [bool(field.parts[i][0]) for i in field.data]
         if len(recurrent) != block_count:
             raise GGUFError(
-                f"{path}: metadata '{key}' has {len(recurrent)} entries, '{arch}.block_count' is {block_count}"
+                f"{path}: metadata '{key}' has {len(recurrent)} entries, '{arch}.block_count' is "
+                f"{block_count}"
             )
         if any(recurrent[layers:]):
             raise GGUFError(
@@ -225,16 +267,20 @@ def _layer_types(
 
 
 def _check_names(names: set[str], shapes: dict, block_count: int, key: str, path: Path) -> None:
-    """``blk.N`` groups for exactly N < ``block_count``, every tensor of ``shapes``, nothing else."""
+    """``blk.N`` groups for exactly N < ``block_count``, every tensor of ``shapes``, nothing
+    else."""
     blocks = {int(m[1]) for n in names if (m := _BLOCK.match(n))}
     beyond = sorted(n for n in blocks if n >= block_count)
     if beyond:
-        raise GGUFError(f"{path}: there are tensors of blk.{beyond[0]}, beyond the {block_count} blocks of "
-                        f"metadata '{key}'")  # fmt: skip
+        raise GGUFError(
+            f"{path}: there are tensors of blk.{beyond[0]}, beyond the {block_count} blocks of "
+            f"metadata '{key}'"
+        )
     absent = sorted(set(range(block_count)) - blocks)
     if absent:
         raise GGUFError(
-            f"{path}: metadata '{key}' is {block_count}, but there are no tensors of blk.{absent[0]}"
+            f"{path}: metadata '{key}' is {block_count}, but there are no tensors of "
+            f"blk.{absent[0]}"
         )
     missing = sorted(set(shapes) - names)
     if missing:
@@ -246,9 +292,13 @@ def _check_names(names: set[str], shapes: dict, block_count: int, key: str, path
         )
 
 
-def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                 experts: tuple[int, int] | None = None, vocab: tuple[int, int] | None = None,
-                 ) -> tuple[dict, dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:  # fmt: skip
+def read_gguf_hf(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    experts: tuple[int, int] | None = None,
+    vocab: tuple[int, int] | None = None,
+) -> tuple[dict, dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:
     """``(hf_config, tensors, input_perms)`` of a ``qwen35moe`` / ``qwen3next`` GGUF file.
 
     ``hf_config``: the ``config.json`` dict (:func:`read_config`). ``tensors``: ``{HF name:
@@ -293,8 +343,10 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
     by_name = {t.name: t for t in reader.tensors}
     full = [i for i, kind in enumerate(config["layer_types"]) if kind == "full_attention"]
     full += range(config["num_hidden_layers"], block_count)
-    fused = (any(t.name.endswith(".ffn_gate_up_exps.weight") for t in reader.tensors),
-             any(f"blk.{i}.attn_qkv.weight" in by_name for i in full))  # fmt: skip
+    fused = (
+        any(t.name.endswith(".ffn_gate_up_exps.weight") for t in reader.tensors),
+        any(f"blk.{i}.attn_qkv.weight" in by_name for i in full),
+    )
     shapes = gguf_shapes(arch, config, *fused)
     _check_names(set(by_name), shapes, block_count, f"{arch}.block_count", path)
     d = Dims.of(config)
@@ -307,15 +359,24 @@ def read_gguf_hf(path: str | Path, device: str | torch.device = "cpu", dtype: to
                 f"{path}: tensor {name!r} has shape {list(got)}, expected {list(shape)}"
             )
         if t.tensor_type in PACKED_TYPES and len(got) < 2:
-            raise GGUFError(f"{path}: tensor {name!r} is a vector of {t.tensor_type.name} blocks (packed "
-                            "types are matrices)")  # fmt: skip
+            raise GGUFError(
+                f"{path}: tensor {name!r} is a vector of {t.tensor_type.name} blocks (packed "
+                "types are matrices)"
+            )
         if t.tensor_type not in FLOAT_TYPES and t.tensor_type not in PACKED_TYPES:
             dequantized.setdefault(t.tensor_type.name, []).append(name)
     if dequantized:
-        listed = "; ".join(f"{k}: {', '.join(v[:3])}{f' and {len(v) - 3} more' if len(v) > 3 else ''}"
-                           for k, v in sorted(dequantized.items()))  # fmt: skip
-        warnings.warn(f"{path}: {sum(map(len, dequantized.values()))} tensors have a type ftlab has no kernel for "
-                      f"and are loaded dequantized ({listed})", DequantizedWarning, stacklevel=2)  # fmt: skip
+        listed = "; ".join(
+            f"{k}: {', '.join(v[:3])}{f' and {len(v) - 3} more' if len(v) > 3 else ''}"
+            for k, v in sorted(dequantized.items())
+        )
+        warnings.warn(
+            f"{path}: {sum(map(len, dequantized.values()))} tensors have a type ftlab has no "
+            "kernel for "
+            f"and are loaded dequantized ({listed})",
+            DequantizedWarning,
+            stacklevel=2,
+        )
     loaded = _Lazy(by_name, shapes, path, device, banks, vocab)
     tensors, input_perms = {}, {}
     for name in hf_shapes(arch, config):
@@ -336,11 +397,19 @@ class _Lazy:
     """The file's tensors by GGUF name, each read (zero-copy) and moved to ``device`` when first
     asked for and dropped once used: a fused ``attn_qkv`` of a full-attention block serves three
     HF tensors, every other one a single one; peak memory stays about one tensor above the result.
-    A routed bank (:data:`_BANKS`) is cut to experts ``banks = (start, stop)`` as read, before the move,
+    A routed bank (:data:`_BANKS`) is cut to experts ``banks = (start, stop)`` as read, before the
+    move,
     the embedding and lm_head (:data:`_VOCAB`) to rows ``vocab = (start, stop)``."""
 
-    def __init__(self, by_name: dict, shapes: dict, path: Path, device: torch.device, banks: tuple[int, int],
-                 vocab: tuple[int, int]):  # fmt: skip
+    def __init__(
+        self,
+        by_name: dict,
+        shapes: dict,
+        path: Path,
+        device: torch.device,
+        banks: tuple[int, int],
+        vocab: tuple[int, int],
+    ):
         self.by_name, self.shapes, self.path, self.device = by_name, shapes, path, device
         self.banks, self.vocab = banks, vocab
         self.cache: dict[str, tuple[object, int]] = {}
@@ -374,7 +443,8 @@ def _hf_value(arch: str, name: str, loaded: _Lazy, d: Dims, config: dict):
         p = block_prefix(name, config["num_hidden_layers"])
         qkv, z = loaded[p + "attn_qkv.weight"], loaded[p + "attn_gate.weight"]
         if isinstance(qkv, QuantWeight) != isinstance(z, QuantWeight) or (
-                isinstance(qkv, QuantWeight) and qkv.qtype != z.qtype):  # fmt: skip
+            isinstance(qkv, QuantWeight) and qkv.qtype != z.qtype
+        ):
             qkv, z = _dense(qkv), _dense(z)
         if isinstance(qkv, QuantWeight):
             both = quant_weight(
@@ -438,8 +508,10 @@ def read_gguf_tokenizer(path: str | Path) -> Tokenizer:
         tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
         types = field_value(reader, "tokenizer.ggml.token_type", "int[]")
         if len(types) != len(tokens):
-            raise GGUFError(f"{path}: metadata 'tokenizer.ggml.token_type' has {len(types)} entries for "
-                            f"{len(tokens)} tokens")  # fmt: skip
+            raise GGUFError(
+                f"{path}: metadata 'tokenizer.ggml.token_type' has {len(types)} entries for "
+                f"{len(tokens)} tokens"
+            )
         special = [t for t, k in zip(tokens, types, strict=True) if k == _CONTROL]
         tok.backend.add_special_tokens([AddedToken(t, special=True) for t in special])
     return tok

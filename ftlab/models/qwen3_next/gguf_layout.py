@@ -45,10 +45,18 @@ DEFAULTS = {"rope.freq_base": 10000.0, "full_attention_interval": 4, "nextn_pred
 
 #: Stored as ``w + 1`` (the HF norms are zero-centred: ``x * (1 + w)``); the gated norm of the
 #: linear attention (``linear_attn.norm``, ``ssm_norm``) is stored as it is.
-PLUS_ONE = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-            "self_attn.k_norm.weight")  # fmt: skip
-_PLUS_ONE_GLOBAL = ("model.norm.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
-                    "mtp.pre_fc_norm_hidden.weight")  # fmt: skip
+PLUS_ONE = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+)
+_PLUS_ONE_GLOBAL = (
+    "model.norm.weight",
+    "mtp.norm.weight",
+    "mtp.pre_fc_norm_embedding.weight",
+    "mtp.pre_fc_norm_hidden.weight",
+)
 
 
 def plus_one(name: str) -> bool:
@@ -76,10 +84,21 @@ class Dims:
 
     @classmethod
     def of(cls, c: dict) -> Dims:
-        return cls(c["hidden_size"], c["vocab_size"], c["num_attention_heads"], c["num_key_value_heads"],
-                   c["head_dim"], c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"],
-                   c["linear_value_head_dim"], c["linear_conv_kernel_dim"], c["num_experts"],
-                   c["moe_intermediate_size"], c["shared_expert_intermediate_size"])  # fmt: skip
+        return cls(
+            c["hidden_size"],
+            c["vocab_size"],
+            c["num_attention_heads"],
+            c["num_key_value_heads"],
+            c["head_dim"],
+            c["linear_num_key_heads"],
+            c["linear_num_value_heads"],
+            c["linear_key_head_dim"],
+            c["linear_value_head_dim"],
+            c["linear_conv_kernel_dim"],
+            c["num_experts"],
+            c["moe_intermediate_size"],
+            c["shared_expert_intermediate_size"],
+        )
 
     @property
     def qk_rows(self) -> int:
@@ -100,31 +119,56 @@ def hf_shapes(arch: str, c: dict) -> dict[str, tuple[int, ...]]:
         out["lm_head.weight"] = (d.vocab, h)
     n_mtp = c.get("mtp_num_hidden_layers") or 0
     if n_mtp:
-        out |= {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
-                "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}  # fmt: skip
+        out |= {
+            "mtp.fc.weight": (h, 2 * h),
+            "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,),
+            "mtp.norm.weight": (h,),
+        }
     kinds = [(f"model.layers.{i}.", kind) for i, kind in enumerate(c["layer_types"])]
     for p, kind in kinds + [(f"mtp.layers.{i}.", "full_attention") for i in range(n_mtp)]:
         out |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
         if kind == "linear_attention":
             a = p + "linear_attn."
-            out |= {a + "conv1d.weight": (d.qk_rows + d.value_rows, 1, d.conv), a + "A_log": (d.v_heads,),
-                    a + "dt_bias": (d.v_heads,), a + "norm.weight": (d.v_dim,), a + "out_proj.weight": (h, d.value_rows)}  # fmt: skip
+            out |= {
+                a + "conv1d.weight": (d.qk_rows + d.value_rows, 1, d.conv),
+                a + "A_log": (d.v_heads,),
+                a + "dt_bias": (d.v_heads,),
+                a + "norm.weight": (d.v_dim,),
+                a + "out_proj.weight": (h, d.value_rows),
+            }
             if arch == "qwen3next":
-                out |= {a + "in_proj_qkvz.weight": (d.qk_rows + 2 * d.value_rows, h),
-                        a + "in_proj_ba.weight": (2 * d.v_heads, h)}  # fmt: skip
+                out |= {
+                    a + "in_proj_qkvz.weight": (d.qk_rows + 2 * d.value_rows, h),
+                    a + "in_proj_ba.weight": (2 * d.v_heads, h),
+                }
             else:
-                out |= {a + "in_proj_qkv.weight": (d.qk_rows + d.value_rows, h), a + "in_proj_z.weight": (d.value_rows, h),
-                        a + "in_proj_b.weight": (d.v_heads, h), a + "in_proj_a.weight": (d.v_heads, h)}  # fmt: skip
+                out |= {
+                    a + "in_proj_qkv.weight": (d.qk_rows + d.value_rows, h),
+                    a + "in_proj_z.weight": (d.value_rows, h),
+                    a + "in_proj_b.weight": (d.v_heads, h),
+                    a + "in_proj_a.weight": (d.v_heads, h),
+                }
         else:
             a = p + "self_attn."
-            out |= {a + "q_proj.weight": (2 * d.heads * d.head_dim, h), a + "k_proj.weight": (d.kv_heads * d.head_dim, h),
-                    a + "v_proj.weight": (d.kv_heads * d.head_dim, h), a + "o_proj.weight": (h, d.heads * d.head_dim),
-                    a + "q_norm.weight": (d.head_dim,), a + "k_norm.weight": (d.head_dim,)}  # fmt: skip
+            out |= {
+                a + "q_proj.weight": (2 * d.heads * d.head_dim, h),
+                a + "k_proj.weight": (d.kv_heads * d.head_dim, h),
+                a + "v_proj.weight": (d.kv_heads * d.head_dim, h),
+                a + "o_proj.weight": (h, d.heads * d.head_dim),
+                a + "q_norm.weight": (d.head_dim,),
+                a + "k_norm.weight": (d.head_dim,),
+            }
         m = p + "mlp."
-        out |= {m + "gate.weight": (d.experts, h), m + "experts.gate_up_proj": (d.experts, 2 * d.inter, h),
-                m + "experts.down_proj": (d.experts, h, d.inter), m + "shared_expert.gate_proj.weight": (d.shared, h),
-                m + "shared_expert.up_proj.weight": (d.shared, h), m + "shared_expert.down_proj.weight": (h, d.shared),
-                m + "shared_expert_gate.weight": (1, h)}  # fmt: skip
+        out |= {
+            m + "gate.weight": (d.experts, h),
+            m + "experts.gate_up_proj": (d.experts, 2 * d.inter, h),
+            m + "experts.down_proj": (d.experts, h, d.inter),
+            m + "shared_expert.gate_proj.weight": (d.shared, h),
+            m + "shared_expert.up_proj.weight": (d.shared, h),
+            m + "shared_expert.down_proj.weight": (h, d.shared),
+            m + "shared_expert_gate.weight": (1, h),
+        }
     return out
 
 
@@ -157,11 +201,18 @@ LAYER_NAMES = {
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
-GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                "lm_head.weight": "output.weight"}  # fmt: skip
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 #: The multi-token-prediction head's own tensors -> ``blk.<first MTP block>.*``.
-MTP_NAMES = {"mtp.fc.weight": "nextn.eh_proj.weight", "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
-             "mtp.pre_fc_norm_hidden.weight": "nextn.hnorm.weight", "mtp.norm.weight": "nextn.shared_head_norm.weight"}  # fmt: skip
+MTP_NAMES = {
+    "mtp.fc.weight": "nextn.eh_proj.weight",
+    "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
+    "mtp.pre_fc_norm_hidden.weight": "nextn.hnorm.weight",
+    "mtp.norm.weight": "nextn.shared_head_norm.weight",
+}
 
 
 def block_prefix(hf: str, layers: int) -> str:
@@ -206,13 +257,18 @@ def qkvz_perm(d: Dims) -> torch.Tensor:
     q0, k0, v0, z0 = 0, hk * dk, 2 * hk * dk, 2 * hk * dk + hk * rv
     rows = []
     for h in range(hk):
-        rows += [torch.arange(q0 + h * dk, q0 + (h + 1) * dk), torch.arange(k0 + h * dk, k0 + (h + 1) * dk),
-                 torch.arange(v0 + h * rv, v0 + (h + 1) * rv), torch.arange(z0 + h * rv, z0 + (h + 1) * rv)]  # fmt: skip
+        rows += [
+            torch.arange(q0 + h * dk, q0 + (h + 1) * dk),
+            torch.arange(k0 + h * dk, k0 + (h + 1) * dk),
+            torch.arange(v0 + h * rv, v0 + (h + 1) * rv),
+            torch.arange(z0 + h * rv, z0 + (h + 1) * rv),
+        ]
     return torch.cat(rows)
 
 
-def gguf_shapes(arch: str, config: dict, fuse_gate_up_exps: bool = False, fuse_qkv: bool = False
-                ) -> dict[str, tuple[int, ...]]:  # fmt: skip
+def gguf_shapes(
+    arch: str, config: dict, fuse_gate_up_exps: bool = False, fuse_qkv: bool = False
+) -> dict[str, tuple[int, ...]]:
     """``{GGUF tensor name: shape (PyTorch order)}`` the converter writes for ``config`` (with
     its ``--fuse-gate-up-exps``: ``ffn_gate_up_exps``; ``--fuse-qkv``: the full-attention
     blocks' ``attn_qkv``, rows of q (with its gate), k, v)."""

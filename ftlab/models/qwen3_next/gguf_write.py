@@ -1,5 +1,6 @@
 """Qwen3.6 (``qwen35moe``) and Qwen3-Next (``qwen3next``) HF state dicts written as the GGUF
-files llama.cpp's converter makes of them (every transformation of :mod:`~ftlab.models.qwen3_next.gguf`'s
+files llama.cpp's converter makes of them (every transformation of
+:mod:`~ftlab.models.qwen3_next.gguf`'s
 module docstring, forward). Reading: :mod:`~ftlab.models.qwen3_next.gguf`."""
 
 from __future__ import annotations
@@ -36,10 +37,26 @@ from ftlab.models.tokenizer import Tokenizer, gguf_metadata
 from ftlab.quant import QuantWeight, quant_weight
 
 #: HF names (suffixes) of the matmul weights a single ``types`` entry quantizes.
-MATMUL = ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_qkvz.weight", "in_proj_a.weight", "in_proj_b.weight",
-          "in_proj_ba.weight", "out_proj.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
-          "o_proj.weight", "experts.gate_up_proj", "experts.down_proj", "shared_expert.gate_proj.weight",
-          "shared_expert.up_proj.weight", "shared_expert.down_proj.weight", "lm_head.weight", "mtp.fc.weight")  # fmt: skip
+MATMUL = (
+    "in_proj_qkv.weight",
+    "in_proj_z.weight",
+    "in_proj_qkvz.weight",
+    "in_proj_a.weight",
+    "in_proj_b.weight",
+    "in_proj_ba.weight",
+    "out_proj.weight",
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "o_proj.weight",
+    "experts.gate_up_proj",
+    "experts.down_proj",
+    "shared_expert.gate_proj.weight",
+    "shared_expert.up_proj.weight",
+    "shared_expert.down_proj.weight",
+    "lm_head.weight",
+    "mtp.fc.weight",
+)
 #: GGUF matrices a single ``types`` entry leaves in float: the embedding, routers, conv kernel.
 _NOT_MATMUL = (
     "token_embd.weight",
@@ -58,8 +75,10 @@ def arch_of(config: Mapping) -> str:
             model_type.removesuffix("_text"),
         ):
             return arch
-    raise ValueError(f"hf_config must describe one of {[c for c, _ in ARCHS.values()]} (architectures / "
-                     f"model_type), got {config.get('architectures')!r} / {config.get('model_type')!r}")  # fmt: skip
+    raise ValueError(
+        f"hf_config must describe one of {[c for c, _ in ARCHS.values()]} (architectures / "
+        f"model_type), got {config.get('architectures')!r} / {config.get('model_type')!r}"
+    )
 
 
 def normalized_config(config: Mapping) -> dict:
@@ -71,18 +90,25 @@ def normalized_config(config: Mapping) -> dict:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"hf_config[{field!r}] must be an int >= 1, got {v!r}")
     if c["linear_num_value_heads"] % c["linear_num_key_heads"]:
-        raise ValueError(f"hf_config['linear_num_value_heads'] ({c['linear_num_value_heads']}) must be a multiple "
-                         f"of 'linear_num_key_heads' ({c['linear_num_key_heads']})")  # fmt: skip
+        raise ValueError(
+            f"hf_config['linear_num_value_heads'] ({c['linear_num_value_heads']}) must be a "
+            "multiple "
+            f"of 'linear_num_key_heads' ({c['linear_num_key_heads']})"
+        )
     interval = c.get("full_attention_interval", 4)
     if c.get("layer_types") is None:
-        c["layer_types"] = ["linear_attention" if (i + 1) % interval else "full_attention"
-                            for i in range(c["num_hidden_layers"])]  # fmt: skip
+        c["layer_types"] = [
+            "linear_attention" if (i + 1) % interval else "full_attention"
+            for i in range(c["num_hidden_layers"])
+        ]
     if len(c["layer_types"]) != c["num_hidden_layers"] or set(c["layer_types"]) - {
         "linear_attention",
         "full_attention",
     }:
-        raise ValueError(f"hf_config['layer_types'] must be {c['num_hidden_layers']} of 'linear_attention' / "
-                         f"'full_attention', got {c['layer_types']!r}")  # fmt: skip
+        raise ValueError(
+            f"hf_config['layer_types'] must be {c['num_hidden_layers']} of 'linear_attention' / "
+            f"'full_attention', got {c['layer_types']!r}"
+        )
     return c
 
 
@@ -122,13 +148,15 @@ def tokenizer_metadata(arch: str, tokenizer, vocab_size: int) -> dict:
     backend = tokenizer.backend if isinstance(tokenizer, Tokenizer) else tokenizer
     if not isinstance(backend, HFTokenizer):
         raise TypeError(
-            f"tokenizer must be a ftlab Tokenizer or a tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+            "tokenizer must be a ftlab Tokenizer or a tokenizers.Tokenizer, got "
+            f"{type(tokenizer).__name__}"
         )
     meta = gguf_metadata(backend)
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
     if len(tokens) > vocab_size:
         raise ValueError(
-            f"the tokenizer has {len(tokens)} tokens, more than hf_config['vocab_size'] ({vocab_size})"
+            f"the tokenizer has {len(tokens)} tokens, more than hf_config['vocab_size'] "
+            f"({vocab_size})"
         )
     tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
     types += [int(gguf.TokenType.UNUSED)] * (vocab_size - len(types))
@@ -138,8 +166,14 @@ def tokenizer_metadata(arch: str, tokenizer, vocab_size: int) -> dict:
     return meta
 
 
-def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | None = None,
-                 fuse_gate_up_exps: bool = False, fuse_qkv: bool = False) -> dict:  # fmt: skip
+def gguf_tensors(
+    arch: str,
+    c: dict,
+    tensors: Mapping,
+    input_perms: Mapping | None = None,
+    fuse_gate_up_exps: bool = False,
+    fuse_qkv: bool = False,
+) -> dict:
     """``{GGUF name: tensor | QuantWeight}`` of the HF state dict ``tensors``, transformed as
     the converter does (float values in fp32; ``fuse_*``: its ``--fuse-gate-up-exps`` and
     ``--fuse-qkv``)."""
@@ -149,7 +183,8 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
     if missing or extra:
         which = f"misses {missing[0]!r}" if missing else f"has {extra[0]!r}, which is not"
         raise ValueError(
-            f"tensors {which} a tensor of this {arch} model ({len(missing)} missing, {len(extra)} extra)"
+            f"tensors {which} a tensor of this {arch} model ({len(missing)} missing, {len(extra)} "
+            "extra)"
         )
     out = {}
     for name, shape in shapes.items():
@@ -186,8 +221,12 @@ def gguf_tensors(arch: str, c: dict, tensors: Mapping, input_perms: Mapping | No
                 )
             moved = t if given is not None else gather_cols(t, perm, d.v_dim)
             if moved is None:
-                raise ValueError(f"tensors[{name!r}]: the columns of a {t.qtype} weight cannot be reordered (value head "
-                                 f"dim {d.v_dim} is not a multiple of its block): pass it with its input_perms entry")  # fmt: skip
+                raise ValueError(
+                    f"tensors[{name!r}]: the columns of a {t.qtype} weight cannot be reordered "
+                    "(value head "
+                    f"dim {d.v_dim} is not a multiple of its block): pass it with its input_perms "
+                    "entry"
+                )
             t = moved
         out |= _split(name, t, d, c["num_hidden_layers"], fuse_gate_up_exps)
     if fuse_qkv:
@@ -257,11 +296,18 @@ def _quantize(t, qtype: QT):
     return Blocks(gguf.quants.quantize(np.ascontiguousarray(values.float().numpy()), qtype), qtype)
 
 
-def write_gguf_hf(path: str | Path, hf_config: Mapping, tensors: Mapping[str, torch.Tensor | QuantWeight], *,
-                  tokenizer=None, types: Mapping[str, QT] | QT | None = None,
-                  input_perms: Mapping[str, torch.Tensor] | None = None,
-                  metadata: Mapping[str, object] | None = None, fuse_gate_up_exps: bool = False,
-                  fuse_qkv: bool = False) -> Path:  # fmt: skip
+def write_gguf_hf(
+    path: str | Path,
+    hf_config: Mapping,
+    tensors: Mapping[str, torch.Tensor | QuantWeight],
+    *,
+    tokenizer=None,
+    types: Mapping[str, QT] | QT | None = None,
+    input_perms: Mapping[str, torch.Tensor] | None = None,
+    metadata: Mapping[str, object] | None = None,
+    fuse_gate_up_exps: bool = False,
+    fuse_qkv: bool = False,
+) -> Path:
     """Write the HF state dict ``tensors`` (what ``read_gguf_hf`` returns: transformers' names,
     float tensors or packed :class:`~ftlab.quant.QuantWeight` matmul weights) of the model
     ``hf_config`` describes as the ``qwen35moe`` / ``qwen3next`` GGUF file llama.cpp's converter
@@ -271,7 +317,8 @@ def write_gguf_hf(path: str | Path, hf_config: Mapping, tensors: Mapping[str, to
     ``tokenizer``: a ftlab :class:`~ftlab.models.tokenizer.Tokenizer` or ``tokenizers.Tokenizer``
     (byte-level BPE) for ``tokenizer.ggml.*``, padded to the vocabulary. ``types``: one
     ``gguf.GGMLQuantizationType`` for every matmul weight (projections, expert banks, shared
-    expert, ``lm_head``, the MTP ``eh_proj``) whose rows are whole blocks of it, or ``{GGUF tensor name:
+    expert, ``lm_head``, the MTP ``eh_proj``) whose rows are whole blocks of it, or ``{GGUF tensor
+    name:
     type}``; quantized by gguf-py after the transformations. ``input_perms``: as ``read_gguf_hf``
     returns them, for out_proj weights kept in the file's column order. ``metadata``: more keys.
     ``fuse_gate_up_exps`` / ``fuse_qkv``: as the converter's ``--fuse-gate-up-exps`` /

@@ -59,19 +59,36 @@ class HFTensors(Mapping):
     bytes read; None: whole. ``vocab``: ``(start, stop)`` of ``vocab_size`` -- the embedding and
     ``lm_head`` (``[vocab_size, H]``) likewise as their rows ``start .. stop``; None: whole."""
 
-    def __init__(self, shards: SafetensorsShards, quantize: bool = False, experts: tuple[int, int] | None = None,
-                 num_experts: int | None = None, vocab: tuple[int, int] | None = None,
-                 vocab_size: int | None = None):  # fmt: skip
-        self.shards, self.quantize, self.experts, self.num_experts = shards, quantize, experts, num_experts
+    def __init__(
+        self,
+        shards: SafetensorsShards,
+        quantize: bool = False,
+        experts: tuple[int, int] | None = None,
+        num_experts: int | None = None,
+        vocab: tuple[int, int] | None = None,
+        vocab_size: int | None = None,
+    ):
+        self.shards, self.quantize, self.experts, self.num_experts = (
+            shards,
+            quantize,
+            experts,
+            num_experts,
+        )
         self.vocab, self.vocab_size = vocab, vocab_size
         self.names: dict[str, str] = {}
         for stored in shards.where:
             if stored.startswith(SKIPPED):
                 continue
-            name = "model." + stored.removeprefix(TEXT_PREFIX) if stored.startswith(TEXT_PREFIX) else stored
+            name = (
+                "model." + stored.removeprefix(TEXT_PREFIX)
+                if stored.startswith(TEXT_PREFIX)
+                else stored
+            )
             if name in self.names:
-                raise CheckpointError(f"{shards.path}: tensors '{self.names[name]}' and '{stored}' are both "
-                                      f"'{name}' of the text model")  # fmt: skip
+                raise CheckpointError(
+                    f"{shards.path}: tensors '{self.names[name]}' and '{stored}' are both "
+                    f"'{name}' of the text model"
+                )
             self.names[name] = stored
 
     def __getitem__(self, name: str):
@@ -93,8 +110,10 @@ class HFTensors(Mapping):
         their bytes are read (:meth:`SafetensorsShards.read`)."""
         t, shape, file = self.shards.read(stored, rows)
         if not shape or shape[0] != count:
-            raise CheckpointError(f"{file}: tensor {stored!r} has shape {shape}, expected {count} {what} along "
-                                  "its first dim")  # fmt: skip
+            raise CheckpointError(
+                f"{file}: tensor {stored!r} has shape {shape}, expected {count} {what} along "
+                "its first dim"
+            )
         return t
 
     def __iter__(self) -> Iterator[str]:
@@ -123,9 +142,15 @@ def read_next_config(path: Path) -> Qwen3NextConfig:
         raise CheckpointError(f"{config_file}: {e}") from e
 
 
-def load_hf_next(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 progress: bool = True, quantize: bool = False, experts: tuple[int, int] | None = None,
-                 vocab: tuple[int, int] | None = None) -> tuple[Qwen3NextConfig, NextWeights]:  # fmt: skip
+def load_hf_next(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+    quantize: bool = False,
+    experts: tuple[int, int] | None = None,
+    vocab: tuple[int, int] | None = None,
+) -> tuple[Qwen3NextConfig, NextWeights]:
     """Config and weights of a HF Qwen3-Next / Qwen3.5-MoE directory on ``device``, dense weights
     in ``dtype`` (default: the config's ``torch_dtype``/``dtype``, else bf16); ``quantize``: the
     projections and expert banks as Q4_0. ``experts``: ``(start, stop)`` (None: all) -- the
@@ -145,9 +170,19 @@ def load_hf_next(path: str | Path, device: str | torch.device = "cpu", dtype: to
         vocab = row_range(vocab, config.vocab_size, "vocab")
     if dtype is None:
         dtype = stored_dtype(read_hf_config(path), path / "config.json")
-    tensors = HFTensors(SafetensorsShards(path), quantize, experts, config.num_experts, vocab, config.vocab_size)
+    tensors = HFTensors(
+        SafetensorsShards(path), quantize, experts, config.num_experts, vocab, config.vocab_size
+    )
     tensors.check_counts(config, path / "config.json")
     refuse_attention_biases(tensors.names.values(), path)
-    bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None  # noqa: E731
-    return config, build_weights(config, tensors, device=device, dtype=dtype, where=str(path), progress=bar,
-                                 experts=experts, vocab=vocab)  # fmt: skip
+    bar = (lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer")) if progress else None
+    return config, build_weights(
+        config,
+        tensors,
+        device=device,
+        dtype=dtype,
+        where=str(path),
+        progress=bar,
+        experts=experts,
+        vocab=vocab,
+    )

@@ -16,7 +16,8 @@ partial RoPE (``ops.qk_norm_rope``), GQA over the static KV cache, ``attn * sigm
 experts (:mod:`ftlab.hybrid`) a layer's routed experts run through its ``HybridDecodeExecutor``
 (some in GPU slots, the rest on the CPU) and the shared expert stays on the GPU.
 
-The norms of the checkpoints that scale by ``(1 + w)`` hold ``1 + w`` here, in fp32 (converted at load), as
+The norms of the checkpoints that scale by ``(1 + w)`` hold ``1 + w`` here, in fp32 (converted at
+load), as
 the reference implementation applies them: the residual norms and the q / k head norms run in fp32.
 
 State: per linear layer a conv state ``[max_batch, conv_dim, W-1]`` and a delta state
@@ -93,7 +94,9 @@ class DeltaNetWeights:
         """The four input projections stacked along N (built once, kept); None for a mix of Q4_0
         and dense weights."""
         if not hasattr(self, "_in_proj"):
-            self._in_proj = concat_rows([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
+            self._in_proj = concat_rows(
+                [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
+            )
         return self._in_proj
 
 
@@ -141,14 +144,26 @@ class MoeWeights:
         if self.banks is not None:
             return True
         e = self.w_gate_up.shape[0]
-        if self.shared_gate_up.shape[1:] != self.w_gate_up.shape[1:] or self.shared_down.shape[1:] != self.w_down.shape[1:]:
+        if (
+            self.shared_gate_up.shape[1:] != self.w_gate_up.shape[1:]
+            or self.shared_down.shape[1:] != self.w_down.shape[1:]
+        ):
             return False
-        banks = [concat_rows([self.w_gate_up, self.shared_gate_up]), concat_rows([self.w_down, self.shared_down])]
+        banks = [
+            concat_rows([self.w_gate_up, self.shared_gate_up]),
+            concat_rows([self.w_down, self.shared_down]),
+        ]
         if None in banks:
             return False
         self.banks = (banks[0], banks[1])
-        self.w_gate_up, self.shared_gate_up = _experts_view(banks[0], 0, e), _experts_view(banks[0], e, e + 1)
-        self.w_down, self.shared_down = _experts_view(banks[1], 0, e), _experts_view(banks[1], e, e + 1)
+        self.w_gate_up, self.shared_gate_up = (
+            _experts_view(banks[0], 0, e),
+            _experts_view(banks[0], e, e + 1),
+        )
+        self.w_down, self.shared_down = (
+            _experts_view(banks[1], 0, e),
+            _experts_view(banks[1], e, e + 1),
+        )
         return True
 
 
@@ -178,7 +193,8 @@ class NextWeights:
 class Qwen3Next(Planned):
     """The model over ftlab ops. ``plan``: its :class:`~ftlab.models.decode_plan.DecodePlan` (the
     backend of each op of ``pipeline_args.MODEL_OPS``, the quantized weights' path, fusions; without
-    one, the default plan of ``backends`` and ``q4_0_path``). ``static=True`` keeps every shape fixed and the host out
+    one, the default plan of ``backends`` and ``q4_0_path``). ``static=True`` keeps every shape
+    fixed and the host out
     of the forward pass (what graph capture of a decode step needs). ``q4_0_path``: the path of
     Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one
     ``ftlab.hybrid.HybridDecodeExecutor`` a layer (or None), which then runs that layer's routed
@@ -191,9 +207,20 @@ class Qwen3Next(Planned):
 
     OPS = MODEL_OPS  # the ops of its backends map that it runs
 
-    def __init__(self, config: Qwen3NextConfig, weights: NextWeights, *, max_batch: int = 1, max_seq_len: int = 512,
-                 plan: DecodePlan | None = None, backends: dict[str, str] | None = None, q4_0_path: str = "auto",
-                 static: bool = False, hybrid: list | None = None, tp=None):  # fmt: skip
+    def __init__(
+        self,
+        config: Qwen3NextConfig,
+        weights: NextWeights,
+        *,
+        max_batch: int = 1,
+        max_seq_len: int = 512,
+        plan: DecodePlan | None = None,
+        backends: dict[str, str] | None = None,
+        q4_0_path: str = "auto",
+        static: bool = False,
+        hybrid: list | None = None,
+        tp=None,
+    ):
         c = self.config = config
         self.plan = plan_of(plan, backends, q4_0_path)
         self.tp = tp
@@ -201,35 +228,66 @@ class Qwen3Next(Planned):
             raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
         n = tp.world if tp is not None else 1
         if tp is not None:
-            tp.check_divides(num_attention_heads=c.num_attention_heads, linear_num_key_heads=c.linear_num_key_heads,
-                             linear_num_value_heads=c.linear_num_value_heads, num_experts=c.num_experts,
-                             vocab_size=c.vocab_size)  # fmt: skip
+            tp.check_divides(
+                num_attention_heads=c.num_attention_heads,
+                linear_num_key_heads=c.linear_num_key_heads,
+                linear_num_value_heads=c.linear_num_value_heads,
+                num_experts=c.num_experts,
+                vocab_size=c.vocab_size,
+            )
         # this rank's heads (all of them without tp): full attention, then linear attention
         self.heads, self.kv_heads = c.num_attention_heads // n, max(1, c.num_key_value_heads // n)
-        self.lin_k_heads, self.lin_v_heads = c.linear_num_key_heads // n, c.linear_num_value_heads // n
+        self.lin_k_heads, self.lin_v_heads = (
+            c.linear_num_key_heads // n,
+            c.linear_num_value_heads // n,
+        )
         if hybrid is not None and len(hybrid) != c.num_hidden_layers:
-            raise ValueError(f"hybrid must hold one executor (or None) a layer: {c.num_hidden_layers}, got "
-                             f"{len(hybrid)}")  # fmt: skip
+            raise ValueError(
+                f"hybrid must hold one executor (or None) a layer: {c.num_hidden_layers}, got "
+                f"{len(hybrid)}"
+            )
         self.hybrid = hybrid
-        self.routed: dict[int, torch.Tensor] = {}  # the last forward pass's ids of each hybrid layer
+        self.routed: dict[
+            int, torch.Tensor
+        ] = {}  # the last forward pass's ids of each hybrid layer
         self._id_cols: dict[tuple, torch.Tensor] = {}  # _ids' columns of decode steps
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static = static
         device, dtype = weights.embed.device, weights.embed.dtype
         self.slot = {i: j for j, i in enumerate(c.attention_layers)}  # layer -> its KV cache index
-        self.cache = KVCache(len(self.slot), self.kv_heads * c.head_dim, max_batch, max_seq_len, static,
-                             device, dtype)  # fmt: skip
+        self.cache = KVCache(
+            len(self.slot),
+            self.kv_heads * c.head_dim,
+            max_batch,
+            max_seq_len,
+            static,
+            device,
+            dtype,
+        )
         width = c.linear_conv_kernel_dim - 1
         hv, dk, dv = self.lin_v_heads, c.linear_key_head_dim, c.linear_value_head_dim
         conv_dim = 2 * self.lin_k_heads * dk + hv * dv
-        self.conv_state = {i: torch.zeros(max_batch, conv_dim, width, device=device, dtype=dtype)
-                           for i in c.linear_layers}  # fmt: skip
-        self.delta_state = {i: torch.zeros(max_batch, hv, dk, dv, device=device, dtype=torch.float32)
-                            for i in c.linear_layers}  # fmt: skip
-        # the layers whose routed and shared experts run as one moe_experts call (MoeWeights.shared_in_banks):
-        # not a hybrid layer's (its routed experts go through the executor), not a tensor-parallel shard's
-        self.one_call = set() if tp is not None else {
-            i for i, lw in enumerate(weights.layers) if not (hybrid and hybrid[i]) and lw.moe.shared_in_banks()}
+        self.conv_state = {
+            i: torch.zeros(max_batch, conv_dim, width, device=device, dtype=dtype)
+            for i in c.linear_layers
+        }
+        self.delta_state = {
+            i: torch.zeros(max_batch, hv, dk, dv, device=device, dtype=torch.float32)
+            for i in c.linear_layers
+        }
+        # the layers whose routed and shared experts run as one moe_experts call
+        # (MoeWeights.shared_in_banks):
+        # not a hybrid layer's (its routed experts go through the executor), not a tensor-parallel
+        # shard's
+        self.one_call = (
+            set()
+            if tp is not None
+            else {
+                i
+                for i, lw in enumerate(weights.layers)
+                if not (hybrid and hybrid[i]) and lw.moe.shared_in_banks()
+            }
+        )
 
     def recurrent_state(self) -> list[torch.Tensor]:
         """Every conv and delta state buffer (what a decode graph's warm-up saves and restores)."""
@@ -245,13 +303,18 @@ class Qwen3Next(Planned):
         b, p = self.backends, self.plan
         return linear(x, w, b["q4_0_matmul"], p.quant_path, checks=p.checks, plans=self.op_plans)
 
-    def _proj(self, x: torch.Tensor, fused: Weight | None, parts: list[Weight]) -> list[torch.Tensor]:
-        """``x`` through each of ``parts``: one matmul over ``fused`` (their rows stacked) when it exists."""
+    def _proj(
+        self, x: torch.Tensor, fused: Weight | None, parts: list[Weight]
+    ) -> list[torch.Tensor]:
+        """``x`` through each of ``parts``: one matmul over ``fused`` (their rows stacked) when it
+        exists."""
         if fused is None:
             return [self.linear(x, w) for w in parts]
         return list(self.linear(x, fused).split([w.shape[0] for w in parts], dim=-1))
 
-    def delta_net(self, i: int, x: torch.Tensor, fresh: torch.Tensor, snapshot: bool) -> Generator[Stage, None, torch.Tensor]:  # fmt: skip
+    def delta_net(
+        self, i: int, x: torch.Tensor, fresh: torch.Tensor, snapshot: bool
+    ) -> Generator[Stage, None, torch.Tensor]:
         """Linear-attention layer ``i`` on normed ``x [B, T, H]``; ``fresh [B]`` bool: the
         sequences whose state starts afresh. Yields its stages, returns ``[B, T, H]``."""
         c, lw = self.config, self.weights.layers[i].mixer
@@ -259,45 +322,88 @@ class Qwen3Next(Planned):
         hk, hv = self.lin_k_heads, self.lin_v_heads
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
         kd, vd = hk * dk, hv * dv
-        qkv, z, beta_in, a = self._proj(x, lw.in_proj(), [lw.in_proj_qkv, lw.in_proj_z, lw.in_proj_b, lw.in_proj_a])
+        qkv, z, beta_in, a = self._proj(
+            x, lw.in_proj(), [lw.in_proj_qkv, lw.in_proj_z, lw.in_proj_b, lw.in_proj_a]
+        )
         yield Stage(f"layer {i} in_proj", {"qkv": qkv, "z": z, "b": beta_in, "a": a}, "qkv")
         conv_state = self.conv_state[i][:b]
         if t == 1:  # decode: the state updated in place, the fresh rows' reset inside the op
-            mixed = ops.causal_conv1d_update(qkv[:, 0], lw.conv, None, conv_state, activation="silu", reset=fresh,
-                                             backend=self.backends["causal_conv1d_update"])[:, None]  # fmt: skip
+            mixed = ops.causal_conv1d_update(
+                qkv[:, 0],
+                lw.conv,
+                None,
+                conv_state,
+                activation="silu",
+                reset=fresh,
+                backend=self.backends["causal_conv1d_update"],
+            )[:, None]
         else:
-            start = torch.where(fresh[:, None, None], torch.zeros((), dtype=x.dtype, device=x.device), conv_state)
-            mixed, new = ops.causal_conv1d(qkv, lw.conv, None, state=start, activation="silu",
-                                           backend=self.backends["causal_conv1d"])  # fmt: skip
+            start = torch.where(
+                fresh[:, None, None], torch.zeros((), dtype=x.dtype, device=x.device), conv_state
+            )
+            mixed, new = ops.causal_conv1d(
+                qkv,
+                lw.conv,
+                None,
+                state=start,
+                activation="silu",
+                backend=self.backends["causal_conv1d"],
+            )
             conv_state.copy_(new)
-        yield Stage(f"layer {i} conv", {"qkv": mixed, **self._state("state", conv_state, snapshot)}, "qkv")
+        yield Stage(
+            f"layer {i} conv", {"qkv": mixed, **self._state("state", conv_state, snapshot)}, "qkv"
+        )
         q, k, v = mixed.split([kd, kd, vd], dim=-1)
         q, k, v = q.reshape(b, t, hk, dk), k.reshape(b, t, hk, dk), v.reshape(b, t, hv, dv)
         state = self.delta_state[i][:b]
         gates = {}
-        if t == 1:  # the gates g and beta from a and b inside the step's kernel, the fresh rows reset there
-            o = ops.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], a[:, 0], beta_in[:, 0], state,
-                                     gates=(lw.a_neg, lw.dt_bias), reset=fresh,
-                                     backend=self.backends["gated_delta_step"])[:, None]  # fmt: skip
+        if (
+            t == 1
+        ):  # the gates g and beta from a and b inside the step's kernel, the fresh rows reset there
+            o = ops.gated_delta_step(
+                q[:, 0],
+                k[:, 0],
+                v[:, 0],
+                a[:, 0],
+                beta_in[:, 0],
+                state,
+                gates=(lw.a_neg, lw.dt_bias),
+                reset=fresh,
+                backend=self.backends["gated_delta_step"],
+            )[:, None]
             if snapshot:  # the stage shows them as a prefill's does
-                gates = dict(zip(("g", "beta"), step_gates(a, beta_in, lw.a_neg, lw.dt_bias), strict=True))
+                gates = dict(
+                    zip(("g", "beta"), step_gates(a, beta_in, lw.a_neg, lw.dt_bias), strict=True)
+                )
         else:
             g, beta = step_gates(a, beta_in, lw.a_neg, lw.dt_bias)
             start = torch.where(fresh[:, None, None, None], torch.zeros((), device=x.device), state)
-            o, final = ops.gated_delta_rule(q, k, v, g, beta, state=start,
-                                            backend=self.backends["gated_delta_rule"])  # fmt: skip
+            o, final = ops.gated_delta_rule(
+                q, k, v, g, beta, state=start, backend=self.backends["gated_delta_rule"]
+            )
             state.copy_(final)
             gates = {"g": g, "beta": beta}
-        yield Stage(f"layer {i} delta_rule", {"out": o, **gates, **self._state("state", state, snapshot)},
-                    "out")  # fmt: skip
-        y = ops.gated_rmsnorm(o.reshape(b * t, hv, dv), z.reshape(b * t, hv, dv), lw.norm, c.rms_norm_eps,
-                              backend=self.backends["gated_rmsnorm"])  # fmt: skip
+        yield Stage(
+            f"layer {i} delta_rule",
+            {"out": o, **gates, **self._state("state", state, snapshot)},
+            "out",
+        )
+        y = ops.gated_rmsnorm(
+            o.reshape(b * t, hv, dv),
+            z.reshape(b * t, hv, dv),
+            lw.norm,
+            c.rms_norm_eps,
+            backend=self.backends["gated_rmsnorm"],
+        )
         yield Stage(f"layer {i} gated_norm", {"out": y}, "out")
         y = y.view(b, t, vd)
-        return self._reduce(self.linear(y if lw.out_perm is None else y[..., lw.out_perm], lw.out_proj))
+        return self._reduce(
+            self.linear(y if lw.out_perm is None else y[..., lw.out_perm], lw.out_proj)
+        )
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum over the ranks of a row-parallel projection's (or experts') part; x without tp."""
+        """The sum over the ranks of a row-parallel projection's (or experts') part; x without
+        tp."""
         return x if self.tp is None else self.tp.all_reduce(x)
 
     @staticmethod
@@ -313,15 +419,31 @@ class Qwen3Next(Planned):
         q, gate, k, v = self._proj(x, lw.qgkv(), [lw.q_proj, lw.gate_proj, lw.k_proj, lw.v_proj])
         yield Stage(f"layer {i} q_gate", {"q": q, "gate": gate, "k": k, "v": v}, "q")
         wide = lw.q_norm.dtype  # fp32 scales 1 + w: the op casts its weights to q's dtype
-        q, k = ops.qk_norm_rope(q.reshape(b * t, nh, hd).to(wide), k.reshape(b * t, nkv, hd).to(wide), lw.q_norm,
-                                lw.k_norm, geo["cos"], geo["sin"], c.rms_norm_eps, rotary_dim=c.rotary_dim,
-                                backend=self.backends["qk_norm_rope"])  # fmt: skip
+        q, k = ops.qk_norm_rope(
+            q.reshape(b * t, nh, hd).to(wide),
+            k.reshape(b * t, nkv, hd).to(wide),
+            lw.q_norm,
+            lw.k_norm,
+            geo["cos"],
+            geo["sin"],
+            c.rms_norm_eps,
+            rotary_dim=c.rotary_dim,
+            backend=self.backends["qk_norm_rope"],
+        )
         q, k = q.to(x.dtype), k.to(x.dtype)
         yield Stage(f"layer {i} qk_norm_rope", {"q": q, "k": k}, "q")
-        att = self.cache.attend(self.slot[i], q.view(b, t, nh, hd), k.view(b, t, nkv, hd), v.reshape(b, t, nkv, hd),
-                                geo, self.plan).reshape(b * t, nh * hd)  # fmt: skip
+        att = self.cache.attend(
+            self.slot[i],
+            q.view(b, t, nh, hd),
+            k.view(b, t, nkv, hd),
+            v.reshape(b, t, nkv, hd),
+            geo,
+            self.plan,
+        ).reshape(b * t, nh * hd)
         yield Stage(f"layer {i} attention", {"attention": att}, "attention")
-        gated = ops.output_gate(att, gate.reshape(b * t, nh * hd), backend=self.backends["output_gate"])
+        gated = ops.output_gate(
+            att, gate.reshape(b * t, nh * hd), backend=self.backends["output_gate"]
+        )
         yield Stage(f"layer {i} output_gate", {"attention": gated}, "attention")
         return self._reduce(self.linear(gated.view(b, t, -1), lw.o_proj))
 
@@ -329,21 +451,42 @@ class Qwen3Next(Planned):
         """The MoE of layer ``i`` on normed ``h [N, H]``: router, routed experts, shared expert.
         Yields their stages, returns ``[N, H]``."""
         c, mw = self.config, self.weights.layers[i].moe
-        logits, weights, ids = route(h, mw.router, c.num_experts_per_tok, c.norm_topk_prob, self.backends)
-        yield Stage(f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights")
-        kw = {"backend": self.backends["moe_experts"], "path": self.q4_0_path, "checks": True,
-              "plans": self.op_plans}  # fmt: skip
-        gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())  # [N, 1]: the shared expert's weight
-        if i in self.one_call:  # routed and shared experts in one call: the shared one as slot k, expert E
-            both = experts(h, *mw.banks, torch.cat([weights, gate], 1), torch.cat([ids, self._ids(h, mw)], 1),
-                           **kw)  # fmt: skip
+        logits, weights, ids = route(
+            h, mw.router, c.num_experts_per_tok, c.norm_topk_prob, self.backends
+        )
+        yield Stage(
+            f"layer {i} router", {"logits": logits, "weights": weights, "ids": ids}, "weights"
+        )
+        kw = {
+            "backend": self.backends["moe_experts"],
+            "path": self.q4_0_path,
+            "checks": True,
+            "plans": self.op_plans,
+        }
+        gate = torch.sigmoid(
+            F.linear(h, mw.shared_gate).float()
+        )  # [N, 1]: the shared expert's weight
+        if (
+            i in self.one_call
+        ):  # routed and shared experts in one call: the shared one as slot k, expert E
+            both = experts(
+                h,
+                *mw.banks,
+                torch.cat([weights, gate], 1),
+                torch.cat([ids, self._ids(h, mw)], 1),
+                **kw,
+            )
             yield Stage(f"layer {i} experts", {"experts": both}, "experts")
             yield Stage(f"layer {i} shared_expert", {"gate": gate}, "gate")
             return both
         routed = self._reduce(self.routed_experts(i, h, weights, ids))
         yield Stage(f"layer {i} experts", {"experts": routed}, "experts")
-        shared = self._reduce(experts(h, mw.shared_gate_up, mw.shared_down, gate, self._ids(h), **kw))
-        yield Stage(f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert")
+        shared = self._reduce(
+            experts(h, mw.shared_gate_up, mw.shared_down, gate, self._ids(h), **kw)
+        )
+        yield Stage(
+            f"layer {i} shared_expert", {"shared_expert": shared, "gate": gate}, "shared_expert"
+        )
         return routed + shared
 
     def _ids(self, h: torch.Tensor, mw: MoeWeights | None = None) -> torch.Tensor:
@@ -351,14 +494,18 @@ class Qwen3Next(Planned):
         banks of ``mw.shared_in_banks()``; for a decode step's row counts made once and kept (never
         written), not filled again every layer of every step."""
         e = 0 if mw is None else mw.w_gate_up.shape[0]
-        if h.shape[0] > DECODE_MAX_TOKENS:  # a prefill's: made each call (kept, every prompt length would stay)
+        if (
+            h.shape[0] > DECODE_MAX_TOKENS
+        ):  # a prefill's: made each call (kept, every prompt length would stay)
             return torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
         key = (h.shape[0], e, h.device)
         if key not in self._id_cols:
             self._id_cols[key] = torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
         return self._id_cols[key]
 
-    def routed_experts(self, i: int, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def routed_experts(
+        self, i: int, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
         """Layer ``i``'s routed experts on ``h [N, H]`` with the router's top-k ``weights`` and
         ``ids [N, k]``: ``ops.moe_experts`` over the layer's banks, or its hybrid executor -- a
         decode step (up to ``DECODE_MAX_TOKENS`` rows) through the executor's handshake
@@ -368,15 +515,29 @@ class Qwen3Next(Planned):
             mw = self.weights.layers[i].moe
             if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
                 ids = ids - self.tp.rank * mw.w_gate_up.shape[0]
-            return experts(h, mw.w_gate_up, mw.w_down, weights, ids, self.backends["moe_experts"], self.q4_0_path,
-                           True, self.op_plans)  # fmt: skip
+            return experts(
+                h,
+                mw.w_gate_up,
+                mw.w_down,
+                weights,
+                ids,
+                self.backends["moe_experts"],
+                self.q4_0_path,
+                True,
+                self.op_plans,
+            )
         self.routed[i] = ids
         if h.shape[0] <= DECODE_MAX_TOKENS:
             return ex(h, weights, ids)
         return ex.eager(h, weights, ids)
 
-    def stages(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False,
-               snapshot: bool = True) -> Iterator[Stage]:  # fmt: skip
+    def stages(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        last_only: bool = False,
+        snapshot: bool = True,
+    ) -> Iterator[Stage]:
         """The forward pass of tokens ``[B, T]`` at positions ``[B, T]`` (consecutive in each
         sequence), one named stage at a time: embed; per layer its input norm, the mixer's stages
         (linear: in_proj, conv, delta_rule, gated_norm, out_proj; full: q_gate, qk_norm_rope,
@@ -388,7 +549,11 @@ class Qwen3Next(Planned):
         x = embed(w.embed, tokens, self.tp, not self.static, self.backends["index"])
         yield Stage("embed", {"hidden": x}, "hidden")
         fresh = positions[:, 0] == 0
-        geo = self.cache.geometry(positions, c.rotary_dim, c.rope_theta, x.dtype) if self.slot else None
+        geo = (
+            self.cache.geometry(positions, c.rotary_dim, c.rope_theta, x.dtype)
+            if self.slot
+            else None
+        )
         eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]
         # each residual add is fused with the norm after it (ops.add_rmsnorm): the mixer's with the
         # post-attention norm, the experts' with the next layer's input norm
@@ -415,9 +580,15 @@ class Qwen3Next(Planned):
             x = x[:, -1:]
         x = rms_norm(x, w.norm, c.rms_norm_eps)
         yield Stage("norm", {"hidden": x}, "hidden")
-        yield Stage("logits", {"logits": gather_logits(self.linear(x, w.lm_head).float(), self.tp)}, "logits")
+        yield Stage(
+            "logits",
+            {"logits": gather_logits(self.linear(x, w.lm_head).float(), self.tp)},
+            "logits",
+        )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, last_only: bool = False
+    ) -> torch.Tensor:
         """tokens ``[B, T]`` at positions ``[B, T]`` -> logits fp32 ``[B, T, V]`` (``[B, 1, V]``
         with ``last_only``)."""
         *_, last = self.stages(tokens, positions, last_only, snapshot=False)

@@ -9,7 +9,8 @@ checkpoint's ``model.language_model.`` is renamed before): ``model.embed_tokens.
 
 - linear-attention layers: ``linear_attn.`` ``in_proj_qkvz.weight`` + ``in_proj_ba.weight``
   (Qwen3-Next: rows grouped per key head) or ``in_proj_qkv.weight``, ``in_proj_z.weight``,
-  ``in_proj_b.weight``, ``in_proj_a.weight`` (Qwen3.5), ``conv1d.weight`` ``[C, 1, W]`` or ``[C, W]``,
+  ``in_proj_b.weight``, ``in_proj_a.weight`` (Qwen3.5), ``conv1d.weight`` ``[C, 1, W]`` or ``[C,
+  W]``,
   ``dt_bias``, ``A_log``, ``norm.weight``, ``out_proj.weight``;
 - full-attention layers: ``self_attn.`` ``q_proj.weight`` (``[heads * 2 * hd, H]``, each head's
   query rows then its gate rows), ``k_proj.weight``, ``v_proj.weight``, ``o_proj.weight``,
@@ -74,12 +75,19 @@ class _Reader:
             raise CheckpointError(f"{self.where}: missing tensor {name!r}")
         t = self.tensors[name]
         if isinstance(t, torch.Tensor) and not t.dtype.is_floating_point:
-            raise CheckpointError(f"{self.where}: tensor {name!r} has dtype {t.dtype}, expected a floating-point dtype")
+            raise CheckpointError(
+                f"{self.where}: tensor {name!r} has dtype {t.dtype}, expected a floating-point "
+                "dtype"
+            )
         if not isinstance(t, (torch.Tensor, QuantWeight)):
-            raise CheckpointError(f"{self.where}: tensor {name!r} must be a tensor or a QuantWeight, got "
-                                  f"{type(t).__name__}")  # fmt: skip
+            raise CheckpointError(
+                f"{self.where}: tensor {name!r} must be a tensor or a QuantWeight, got "
+                f"{type(t).__name__}"
+            )
         if tuple(t.shape) != shape:
-            raise CheckpointError(f"{self.where}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+            raise CheckpointError(
+                f"{self.where}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}"
+            )
         return t
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -142,20 +150,31 @@ def _qkvz_rows(c: Qwen3NextConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     v = (base + 2 * dk + torch.arange(r * dv)).flatten()
     z = (base + 2 * dk + r * dv + torch.arange(r * dv)).flatten()
     ba = torch.arange(hk)[:, None] * 2 * r
-    return torch.cat([q, k, v]), z, (ba + torch.arange(r)).flatten(), (ba + r + torch.arange(r)).flatten()
+    return (
+        torch.cat([q, k, v]),
+        z,
+        (ba + torch.arange(r)).flatten(),
+        (ba + r + torch.arange(r)).flatten(),
+    )
 
 
-def _out_proj(rd: _Reader, c: Qwen3NextConfig, name: str, perm: object) -> tuple[Weight, torch.Tensor | None]:
+def _out_proj(
+    rd: _Reader, c: Qwen3NextConfig, name: str, perm: object
+) -> tuple[Weight, torch.Tensor | None]:
     """out_proj in HF column order when dense; a packed one with the permutation it needs."""
     w = rd.weight(name, c.hidden_size, c.value_dim)
     if perm is None:
         return w, None
     perm = torch.as_tensor(perm)
-    if perm.dtype.is_floating_point or tuple(perm.shape) != (c.value_dim,) or not torch.equal(
-        perm.sort().values.cpu(), torch.arange(c.value_dim)
-    ):  # fmt: skip
-        raise CheckpointError(f"{rd.where}: the input permutation of {name!r} must be a permutation of "
-                              f"range({c.value_dim}), got {perm!r:.80}")  # fmt: skip
+    if (
+        perm.dtype.is_floating_point
+        or tuple(perm.shape) != (c.value_dim,)
+        or not torch.equal(perm.sort().values.cpu(), torch.arange(c.value_dim))
+    ):
+        raise CheckpointError(
+            f"{rd.where}: the input permutation of {name!r} must be a permutation of "
+            f"range({c.value_dim}), got {perm!r:.80}"
+        )
     perm = perm.to(device=rd.device, dtype=torch.long)
     if isinstance(w, Q4_0Weight):
         return w, perm
@@ -168,20 +187,36 @@ def _delta_net(rd: _Reader, c: Qwen3NextConfig, p: str, perms: Mapping) -> Delta
         qkvz = rd.weight(p + "in_proj_qkvz.weight", c.conv_dim + c.value_dim, h)
         ba = rd.weight(p + "in_proj_ba.weight", 2 * hv, h)
         qkv_rows, z_rows, b_rows, a_rows = _qkvz_rows(c)
-        qkv, z, b, a = (take_rows(qkvz, qkv_rows), take_rows(qkvz, z_rows), take_rows(ba, b_rows),
-                        take_rows(ba, a_rows))  # fmt: skip
+        qkv, z, b, a = (
+            take_rows(qkvz, qkv_rows),
+            take_rows(qkvz, z_rows),
+            take_rows(ba, b_rows),
+            take_rows(ba, a_rows),
+        )
     else:
         qkv = rd.weight(p + "in_proj_qkv.weight", c.conv_dim, h)
         z = rd.weight(p + "in_proj_z.weight", c.value_dim, h)
         b, a = rd.weight(p + "in_proj_b.weight", hv, h), rd.weight(p + "in_proj_a.weight", hv, h)
     width = c.linear_conv_kernel_dim
-    conv_shape = (c.conv_dim, 1, width) if len(rd.shape(p + "conv1d.weight")) == 3 else (c.conv_dim, width)
+    conv_shape = (
+        (c.conv_dim, 1, width) if len(rd.shape(p + "conv1d.weight")) == 3 else (c.conv_dim, width)
+    )
     # held in fp32 (the values of the model's dtype), as the conv reads it: no cast a decode step
     conv = rd.dense(p + "conv1d.weight", *conv_shape).reshape(c.conv_dim, width).float()
     a_log = rd.dense(p + "A_log", hv, dtype=torch.float32)
     out_proj, out_perm = _out_proj(rd, c, p + "out_proj.weight", perms.get(p + "out_proj.weight"))
-    return DeltaNetWeights(qkv, z, b, a, conv, rd.dense(p + "dt_bias", hv, dtype=torch.float32), -a_log.exp(),
-                           rd.norm(p + "norm.weight", c.linear_value_head_dim, False), out_proj, out_perm)  # fmt: skip
+    return DeltaNetWeights(
+        qkv,
+        z,
+        b,
+        a,
+        conv,
+        rd.dense(p + "dt_bias", hv, dtype=torch.float32),
+        -a_log.exp(),
+        rd.norm(p + "norm.weight", c.linear_value_head_dim, False),
+        out_proj,
+        out_perm,
+    )
 
 
 def _attention(rd: _Reader, c: Qwen3NextConfig, p: str) -> AttentionWeights:
@@ -189,38 +224,62 @@ def _attention(rd: _Reader, c: Qwen3NextConfig, p: str) -> AttentionWeights:
     kv = c.num_key_value_heads * hd
     q_full = rd.weight(p + "q_proj.weight", 2 * nh * hd, h)
     rows = torch.arange(nh)[:, None] * 2 * hd + torch.arange(hd)
-    return AttentionWeights(take_rows(q_full, rows.flatten()), take_rows(q_full, (rows + hd).flatten()),
-                            rd.weight(p + "k_proj.weight", kv, h), rd.weight(p + "v_proj.weight", kv, h),
-                            rd.weight(p + "o_proj.weight", h, nh * hd), rd.norm(p + "q_norm.weight", hd, True),
-                            rd.norm(p + "k_norm.weight", hd, True))  # fmt: skip
+    return AttentionWeights(
+        take_rows(q_full, rows.flatten()),
+        take_rows(q_full, (rows + hd).flatten()),
+        rd.weight(p + "k_proj.weight", kv, h),
+        rd.weight(p + "v_proj.weight", kv, h),
+        rd.weight(p + "o_proj.weight", h, nh * hd),
+        rd.norm(p + "q_norm.weight", hd, True),
+        rd.norm(p + "k_norm.weight", hd, True),
+    )
 
 
 def _moe(rd: _Reader, c: Qwen3NextConfig, p: str, banks: tuple[int, int]) -> MoeWeights:
     """The MoE block: routed banks of experts ``banks = (start, stop)`` (``[stop - start, ...]``),
     the router ``[E, H]`` and the shared expert."""
-    h, e, inter, si = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+    h, e, inter, si = (
+        c.hidden_size,
+        c.num_experts,
+        c.moe_intermediate_size,
+        c.shared_expert_intermediate_size,
+    )
     held = banks[1] - banks[0]  # the experts a bank holds
     x = p + "experts."
     if rd.has(x + "gate_up_proj"):
         gate_up = rd.weight(x + "gate_up_proj", held, 2 * inter, h)
         down = rd.weight(x + "down_proj", held, h, inter)
     elif rd.has(x + "gate_proj"):
-        gate_up = stack_rows([rd.weight(x + "gate_proj", held, inter, h), rd.weight(x + "up_proj", held, inter, h)])
+        gate_up = stack_rows(
+            [rd.weight(x + "gate_proj", held, inter, h), rd.weight(x + "up_proj", held, inter, h)]
+        )
         down = rd.weight(x + "down_proj", held, h, inter)
     else:
-        per = [[rd.weight(f"{x}{j}.{n}_proj.weight", *s) for j in range(*banks)]
-               for n, s in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter)))]  # fmt: skip
+        per = [
+            [rd.weight(f"{x}{j}.{n}_proj.weight", *s) for j in range(*banks)]
+            for n, s in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter)))
+        ]
         gate, up, down = (_stack(ws) for ws in per)
         gate_up = stack_rows([gate, up])
-    if isinstance(gate_up, Q4_0Weight) != isinstance(down, Q4_0Weight):  # the expert kernels take one kind
+    if isinstance(gate_up, Q4_0Weight) != isinstance(
+        down, Q4_0Weight
+    ):  # the expert kernels take one kind
         gate_up, down = _dense([gate_up, down])
     s = p + "shared_expert."
-    shared_gate_up = stack_rows([rd.weight(s + "gate_proj.weight", si, h), rd.weight(s + "up_proj.weight", si, h)])
+    shared_gate_up = stack_rows(
+        [rd.weight(s + "gate_proj.weight", si, h), rd.weight(s + "up_proj.weight", si, h)]
+    )
     shared_down = rd.weight(s + "down_proj.weight", h, si)
     if isinstance(shared_gate_up, Q4_0Weight) != isinstance(shared_down, Q4_0Weight):
         shared_gate_up, shared_down = _dense([shared_gate_up, shared_down])
-    return MoeWeights(rd.dense(p + "gate.weight", e, h), gate_up, down, _bank(shared_gate_up), _bank(shared_down),
-                      rd.dense(p + "shared_expert_gate.weight", 1, h))  # fmt: skip
+    return MoeWeights(
+        rd.dense(p + "gate.weight", e, h),
+        gate_up,
+        down,
+        _bank(shared_gate_up),
+        _bank(shared_down),
+        rd.dense(p + "shared_expert_gate.weight", 1, h),
+    )
 
 
 def _stack(ws: list[Weight]) -> Weight:
@@ -237,10 +296,18 @@ def _bank(w: Weight) -> Weight:
     return w[None]
 
 
-def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | torch.device = "cpu",
-                  dtype: torch.dtype = torch.float32, where: str = "checkpoint", input_perms: Mapping | None = None,
-                  progress=None, experts: tuple[int, int] | None = None,
-                  vocab: tuple[int, int] | None = None) -> NextWeights:  # fmt: skip
+def build_weights(
+    config: Qwen3NextConfig,
+    tensors: Mapping,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    where: str = "checkpoint",
+    input_perms: Mapping | None = None,
+    progress=None,
+    experts: tuple[int, int] | None = None,
+    vocab: tuple[int, int] | None = None,
+) -> NextWeights:
     """:class:`NextWeights` of ``config`` from ``tensors`` (HF name -> float tensor or
     :class:`~ftlab.quant.QuantWeight`; module docstring) on ``device``, dense weights in
     ``dtype``; ``input_perms``: ``{out_proj name: permutation}`` (module docstring). CheckpointError
@@ -265,9 +332,14 @@ def build_weights(config: Qwen3NextConfig, tensors: Mapping, *, device: str | to
             mixer = _delta_net(rd, c, p + "linear_attn.", input_perms or {})
         else:
             mixer = _attention(rd, c, p + "self_attn.")
-        layers.append(NextLayerWeights(rd.norm(p + "input_layernorm.weight", h, True),
-                                       rd.norm(p + "post_attention_layernorm.weight", h, True), mixer,
-                                       _moe(rd, c, p + "mlp.", banks)))  # fmt: skip
+        layers.append(
+            NextLayerWeights(
+                rd.norm(p + "input_layernorm.weight", h, True),
+                rd.norm(p + "post_attention_layernorm.weight", h, True),
+                mixer,
+                _moe(rd, c, p + "mlp.", banks),
+            )
+        )
     embed = rd.dense("model.embed_tokens.weight", v1 - v0, h)
     lm_head = embed if c.tie_word_embeddings else rd.weight("lm_head.weight", v1 - v0, h)
     return NextWeights(embed, layers, rd.norm("model.norm.weight", h, True), lm_head)

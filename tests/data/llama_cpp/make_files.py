@@ -22,9 +22,19 @@ from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3MoeConfig, s
 from ftlab.models.tokenizer import gguf_metadata
 
 HERE = Path(__file__).resolve().parent
-CONFIG = Qwen3MoeConfig(vocab_size=tiny.VOCAB_SIZE, hidden_size=256, num_hidden_layers=2, num_attention_heads=2,
-                        num_key_value_heads=1, head_dim=128, num_experts=2, num_experts_per_tok=1,
-                        moe_intermediate_size=256, rope_theta=1_000_000.0, max_position_embeddings=1024)  # fmt: skip
+CONFIG = Qwen3MoeConfig(
+    vocab_size=tiny.VOCAB_SIZE,
+    hidden_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=128,
+    num_experts=2,
+    num_experts_per_tok=1,
+    moe_intermediate_size=256,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=1024,
+)
 FTYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 
 
@@ -40,12 +50,21 @@ def random_weights(c: Qwen3MoeConfig, seed: int = 2026) -> ModelWeights:
         return 1.0 + 0.1 * torch.randn(n, generator=g)
 
     layers = [
-        LayerWeights(q_proj=w(c.num_attention_heads * hd, h), k_proj=w(c.num_key_value_heads * hd, h),
-                     v_proj=w(c.num_key_value_heads * hd, h), o_proj=w(h, c.num_attention_heads * hd),
-                     q_norm=norm(hd), k_norm=norm(hd), input_norm=norm(h), post_attention_norm=norm(h),
-                     router=w(e, h, scale=1.0), w_gate_up=w(e, 2 * inter, h), w_down=w(e, h, inter))
+        LayerWeights(
+            q_proj=w(c.num_attention_heads * hd, h),
+            k_proj=w(c.num_key_value_heads * hd, h),
+            v_proj=w(c.num_key_value_heads * hd, h),
+            o_proj=w(h, c.num_attention_heads * hd),
+            q_norm=norm(hd),
+            k_norm=norm(hd),
+            input_norm=norm(h),
+            post_attention_norm=norm(h),
+            router=w(e, h, scale=1.0),
+            w_gate_up=w(e, 2 * inter, h),
+            w_down=w(e, h, inter),
+        )
         for _ in range(c.num_hidden_layers)
-    ]  # fmt: skip
+    ]
     return ModelWeights(w(c.vocab_size, h, scale=1.0), layers, norm(h), w(c.vocab_size, h))
 
 
