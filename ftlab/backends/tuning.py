@@ -15,7 +15,7 @@ from __future__ import annotations
 TRITON_Q4_0: dict[str, dict[str, dict[str, int]]] = {
     # mv4 (the dp4a matvec over 32-bit words) where PTX dp4a exists (asm: 1); the gfx targets
     # keep mv, the int16-word matvec. sm_90 mv4: best of 12 (BLOCK_N 2-16, BLOCK_KB 32/64,
-    # 2-8 warps, 4-32 programs per SM) on lm_head, 71.6% of copy (benchmarks/NOTES.md).
+    # 2-8 warps, 4-32 programs per SM) on the lm_head (benchmarks/NOTES.md).
     "sm_90": {
         "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
         "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 1, "progs_per_sm": 8},

@@ -29,7 +29,7 @@ RESULTS_DIR = Path("benchmarks") / "results"
 #: L2 (:func:`rotation`), so that every call reads DRAM
 ROTATE_BYTES = 256 << 20
 #: at least this many calls per captured graph, so that the gap between graph replays is spread
-#: thin (it added ~4 us per call at 2 calls a graph on the Q4_0 lm_head shape)
+#: thin (at 2 calls a graph it showed in the Q4_0 lm_head's per-call time)
 MIN_INNER = 8
 
 

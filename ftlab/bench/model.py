@@ -50,24 +50,16 @@ DECODE_BATCHES = (1, 8)
 
 NOTES = [
     "prefill: one 512-token sequence, logits of the last token only; eager (host launches "
-    "included), and "
-    "graph: the same pass replayed from a captured CUDA graph (the static model, which reads every "
-    "cache slot "
-    "under a mask), validated against eager's logits (within 5% of the largest).",
+    "included), and graph: the same pass replayed from a captured CUDA graph (the static model, "
+    "which reads every cache slot under a mask), validated against eager's logits (within 5% of "
+    "the largest).",
     "decode: one token per sequence per step at position 512, graph = the whole step replayed from "
     "a captured CUDA graph, eager = launched op by op from Python, launches = eager's kernels "
-    "launched from a "
-    "schedule recorded once (ftlab.models.decode_steps: no graph, the ops' Python run once), "
-    "validated bit "
-    "for bit against the eager step.",
+    "launched from a schedule recorded once (ftlab.models.decode_steps: no graph, the ops' Python "
+    "run once), validated bit for bit against the eager step.",
     "bound: the weight bytes a decode step reads (attention projections, router, the experts the "
-    "step's "
-    "tokens use, the lm_head, one embedding row per token) over the copy bandwidth measured in "
-    "this run.",
-    "For scale (given, not measured here): llama.cpp (CUDA, flash attention) on the same H200 runs "
-    "a model "
-    "of this shape and quantization at 332 tokens/s decode (tg128) and 7634 tokens/s prefill "
-    "(pp512).",
+    "step's tokens use, the lm_head, one embedding row per token) over the copy bandwidth "
+    "measured in this run.",
 ]
 
 

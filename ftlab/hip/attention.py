@@ -33,8 +33,7 @@ TILE_MAX_SPLITS = 64
 #: aims at where the plan's splits of all sequences would not all be resident at once: a sequence's
 #: live positions then go into at most ceil(TILE_BLOCKS_PER_SM * multiprocessors / (B * KVH)) splits
 #: of whole tiles (:func:`tile_want`), so that the live blocks of all sequences about fill the GPU
-#: (H200, batch 8 over 513 positions: 14.1 us at 32 / 4 heads of 128, 17.3 at 16 / 2 of 256;
-#: benchmarks/NOTES.md, "Decode attention by row groups")
+#: (benchmarks/NOTES.md, "Decode attention by row groups")
 TILE_RESIDENT_PER_SM = {128: 3, 256: 2}
 TILE_BLOCKS_PER_SM = {128: 2.5, 256: 1.5}
 #: the one-launch kernel's tile, counted as rows a thread at 8 elements a lane (4 or 2: tiles of 32

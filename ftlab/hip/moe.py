@@ -52,9 +52,9 @@ MAX_EXPERTS = 1024  # kMaxExperts: the router's LDS row
 MAX_TOP_K = 32  # a slot per lane of the router's 32-lane group
 ROUTER_MAX_TOKENS = 65535  # router_topk: tokens a launch (grid y)
 GEMM_BLOCK_M = 64  # kGemmTile: the grouped GEMM's rows per block, moe_align's block_m
-#: router_topk: tokens past which fp16 / bf16 logits are one BLAS GEMM (module docstring). The
-#: one-launch kernel took 191 us for 512 tokens of the Qwen3.6 router (256 x 2048) on the H200,
-#: 7.6 ms of a 87.5 ms prefill (benchmarks/NOTES.md).
+#: router_topk: tokens past which fp16 / bf16 logits are one BLAS GEMM (module docstring): at
+#: prefill lengths the one-launch kernel's logits were a visible share of a Qwen3.6 prefill
+#: (benchmarks/NOTES.md, "Qwen3.6 step by step").
 ROUTER_GEMM_TOKENS = DECODE_MAX_TOKENS
 _FP32_OUT_MM: dict[tuple[torch.device, torch.dtype], bool] = {}
 

@@ -1,8 +1,8 @@
 """A decode step without the ops' Python: replayed from a captured graph (:class:`DecodeGraph`), or
 launched eagerly from a recorded schedule (:class:`DecodeLaunches`).
 
-Launched op by op, a decode step of the Qwen3-30B-A3B shape spends ~15-20 ms of host time in the
-ops' Python against ~2.5 ms of kernels (benchmarks/NOTES.md, "Eager decode"). A static model's
+Launched op by op, a decode step of the Qwen3-30B-A3B shape spends several times longer in the
+ops' Python than its kernels take (benchmarks/NOTES.md, "Eager decode"). A static model's
 step has fixed shapes and buffers, so its layers' launches are the same every step but for the
 values of a few input tensors: :class:`DecodeLaunches` records them once
 (:func:`ftlab.launches.record`) and launches them again every step from a loop, after writing

@@ -2,8 +2,8 @@
 //
 // make_runner(functions, arguments) takes the schedule's tvm-ffi functions and, for each, its
 // argument list (tensors, numbers, bools), holds them, and returns a function that calls every
-// one in order: one call from Python instead of one a launch (each of those costs the host
-// ~5-10 us of argument conversion on the H200 machine's host). The returned function takes one
+// one in order: one call from Python instead of one a launch (each of those costs the host its
+// arguments' conversion: benchmarks/NOTES.md, "Eager decode from a launch schedule"). The returned function takes one
 // GPU tensor, which only tells tvm-ffi the device and stream: the caller's current stream is set
 // for the duration of the call, so every launch goes to it, as when called one by one.
 #include <memory>

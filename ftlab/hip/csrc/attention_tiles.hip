@@ -399,8 +399,8 @@ __global__ void FTLAB_TILES_BOUNDS
   float sum[kOutPer];
 #pragma unroll
   for (int i = 0; i < kOutPer; ++i) sum[i] = 0.0f;
-  // splits' loads in flight at once: 8 at head dim 128 (batch 1 over 513 positions 10.3 -> 9.9 us),
-  // 4 at 256 (8 gave 16.0 -> 17.3 us there; two runs)
+  // splits' loads in flight at once: 8 at head dim 128, 4 at 256, where 8 was slower
+  // (benchmarks/NOTES.md, "Decode attention by row groups")
   constexpr int kMergeUnroll = D == 128 ? 8 : 4;
 #pragma unroll kMergeUnroll
   for (int s = 0; s < live; ++s) {

@@ -221,8 +221,8 @@ __global__ void __launch_bounds__(kMoeThreads)
 // of a partly filled block; row tiles all padding are skipped. K, the row strides and the base
 // addresses must be whole 16-byte chunks (the launcher checks; the FMA kernel above takes the
 // rest). a and the GATED output h in T, the down output fp32 (weighted). KS = 64 (128 bytes of a
-// row a step) and 3 blocks an SM (unpadded, swizzled rows: mma.h's mma_lds_at) were each worth
-// 10-45% on the H200 (benchmarks/NOTES.md).
+// row a step) and 3 blocks an SM (unpadded, swizzled rows: mma.h's mma_lds_at) were each faster
+// (benchmarks/NOTES.md, "The hip grouped GEMM on the matrix cores in 64-wide K steps").
 #if defined(PORT_CUDA)  // blocks an SM by the LDS (227 KB), which caps the registers
 #define FTLAB_MMA_BOUNDS __launch_bounds__(kMoeThreads, (MmaShape<BM, BN, KS, GATED>::kBlocks))
 #else

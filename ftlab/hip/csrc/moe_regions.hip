@@ -4,8 +4,9 @@
 // with the weights read in coalesced regions transposed through LDS. The launcher
 // (moe_launch.hip, launch_decode_q4) picks these when both banks are so aligned, in their linear
 // form where a region spans whole packed rows (every GGUF bank of Qwen3-30B-A3B's shape): one
-// contiguous run a region, read without per-piece (row, column) arithmetic, which took ~40% of
-// these kernels' instructions (-15% time at 8 tokens, -10% at one, on an H200).
+// contiguous run a region, read without per-piece (row, column) arithmetic, which took a large
+// share of these kernels' instructions (benchmarks/NOTES.md, "Decode experts in linear
+// regions").
 //
 // Contract: docs/OPS.md section 3 (moe_experts); reference: ftlab/reference/moe.py.
 // Includes moe_common.h (then q4_0_common.h and port.h) only: the gfx compile check compiles
@@ -22,7 +23,7 @@ namespace ftlab {
 // where the rows are); stores it to its own 4608 bytes of LDS; and lane l reads back superblock
 // l (row l / G, superblock l % G of the region) at a 144-byte stride, free of bank conflicts.
 // A lane reading its own superblock straight from memory instead makes each load instruction
-// touch 32 scattered, half-used sectors (48% of the sectors excess, by ncu).
+// touch 32 scattered, half-used sectors.
 constexpr int kRegionPieces = kMoeGroup * kSuperPieces;  // 288 pieces: 4608 bytes
 constexpr int kRegionGroups = kMoeThreads / kMoeGroup;   // 8 groups a block
 
@@ -64,8 +65,8 @@ __device__ __forceinline__ int linear_super(int lane, int supers) {
 // layout, linear_super in a linear region's), which it reads block pair by block pair
 // (pair_in_lds). piece_of(item, t) gives the address of the lane's piece t of region `item` or
 // null (read as zeros). Every lane of the group runs the same items (consume may shuffle within
-// the group). Two buffers on CUDA too took 171 registers (one block an SM) and were slower:
-// 21.2 against 15.9 us at batch 1, 122 against 96 us at batch 8 (Qwen3-30B-A3B's experts).
+// the group). Two buffers on CUDA too took so many registers that one block fit an SM, and were
+// slower (benchmarks/NOTES.md, "The decode experts in regions").
 constexpr int kRegionBuffers = PORT_HAS_L2_PREFETCH ? 1 : 2;
 
 template <typename PieceOf>

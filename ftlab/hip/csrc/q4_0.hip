@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
 // Four threads per (row, 32-block) of activations, 8 elements each: amax and the sum of the
 // quantized values over the four by shuffles, then q8_1_block's arithmetic (q8_1_word), so the
 // result is bit for bit that of one thread per block (a quarter of its 32 serial divisions a
-// thread: a decode step's 2048-element x was ~4 us on 64 threads). Quads are whole (4 * rows *
+// thread, which made a decode step's 2048-element x a visible launch on 64 threads). Quads are whole (4 * rows *
 // nb threads), and every thread of a warp reaches the shuffles (inactive ones with zeros).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)

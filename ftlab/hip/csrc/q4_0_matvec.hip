@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kGroup * kRowsPerBlock)
     // the chunk's activations (L2-resident: every block reads them): thread tid takes words
     // 4 tid .. 4 tid + 3 of each row (one 16-byte load; pair p at word 17p in LDS), staged again
     // only when the chunk changes. On CUDA every row's load is issued before any is stored (one
-    // L2 round trip, not M: at M = 8 the serial form cost ~5 us a chunk); not unrolled over m
+    // L2 round trip, not M, which the serial form paid at M = 8); not unrolled over m
     // on AMD, where that runs out of SGPRs at M = 8.
     if (item < 2 || chunks > 1) {
       const int word = 4 * tid;  // of the chunk's 512 (16 per pair)

@@ -64,8 +64,8 @@ Args check(const TensorView& w, const TensorView& q, const TensorView& d, const 
 }
 
 // quant_mv1_kernel<Q, V> on a persistent grid of as many blocks as fit an SM at the kernel's
-// registers (at most kMv1BlocksPerSm): one wave (16 blocks an SM ran in two or three waves, up to
-// 12% slower: NOTES.md), each group walking rows.
+// registers (at most kMv1BlocksPerSm): one wave, each group walking rows (more blocks an SM ran
+// in two or three waves and were slower: benchmarks/NOTES.md).
 template <typename Q, int V>
 void launch_mv1(const Args& a, int64_t grid, port_stream_t st) {
   int device = 0, sms = 1, resident = 0;
