@@ -9,7 +9,7 @@ tvm-ffi module of :func:`ftlab.jit.module_for` and nothing else does device work
 with their arguments *are* the step: :func:`record` runs the work once and keeps them, and
 :meth:`Schedule.launch` launches them again, in order, on the current stream (no graph: each is
 a kernel launch from the host, as op by op). This is what a static model's decode step is
-(fixed shapes and buffers: :class:`ftlab.models.layers.KVCache`), and what llama.cpp's eager path
+(fixed shapes and buffers: :class:`ftlab.models.kv_cache.KVCache`), and what llama.cpp's eager path
 does with its pre-planned graph.
 
 Launching a schedule again is right only where the recorded work does nothing else, so

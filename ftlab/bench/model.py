@@ -31,7 +31,8 @@ from ftlab.bench.harness import Measurement, Report, capture, time_us
 from ftlab.models.decode_steps import DecodeLaunches, NotReplayable
 from ftlab.models.pipeline import DecodeGraph
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
-from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights, Qwen3Moe
+from ftlab.models.qwen3_moe.model import Qwen3Moe
+from ftlab.models.qwen3_moe.model_weights import LayerWeights, ModelWeights
 from ftlab.quant import QK, Q4_0Weight, QuantWeight
 
 CONFIG = Qwen3MoeConfig(

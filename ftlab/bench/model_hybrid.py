@@ -36,7 +36,8 @@ from ftlab.hybrid import cpu_layers, layer_executors
 from ftlab.hybrid.handshake import default_threads
 from ftlab.models.decode_steps import DecodeGraph
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
-from ftlab.models.qwen3_moe.model import ModelWeights, Qwen3Moe
+from ftlab.models.qwen3_moe.model import Qwen3Moe
+from ftlab.models.qwen3_moe.model_weights import ModelWeights
 
 POLICIES = ("layers", "static", "lru")
 STEPS = 32  # decode steps a timed round

@@ -41,7 +41,8 @@ from ftlab.bench.qwen35moe_random import (
 )
 from ftlab.models.pipeline import DecodeGraph, Pipeline
 from ftlab.models.qwen3_next.config import Qwen3NextConfig
-from ftlab.models.qwen3_next.model import NextWeights, Qwen3Next
+from ftlab.models.qwen3_next.model import Qwen3Next
+from ftlab.models.qwen3_next.model_weights import NextWeights
 from ftlab.models.qwen3_next.weights import build_weights
 from ftlab.quant import QuantWeight
 

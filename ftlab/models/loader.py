@@ -1,9 +1,10 @@
 """Load a checkpoint: a HF directory of Qwen3-MoE (:mod:`ftlab.models.qwen3_moe.hf`, into
-:class:`~ftlab.models.qwen3_moe.model.ModelWeights`) or of Qwen3-Next / Qwen3.5-MoE
-(:mod:`ftlab.models.qwen3_next.hf`, into :class:`~ftlab.models.qwen3_next.model.NextWeights`),
-chosen by its config's ``model_type``; or a llama.cpp GGUF file, chosen by its
-``general.architecture``: ``qwen3moe`` (:mod:`ftlab.models.qwen3_moe.gguf`), ``qwen35moe``
-(Qwen3.5 / Qwen3.6) or ``qwen3next`` (:mod:`ftlab.models.qwen3_next.gguf`, read into the HF state
+:class:`~ftlab.models.qwen3_moe.model_weights.ModelWeights`) or of Qwen3-Next / Qwen3.5-MoE
+(:mod:`ftlab.models.qwen3_next.hf`, into
+:class:`~ftlab.models.qwen3_next.model_weights.NextWeights`), chosen by its config's
+``model_type``; or a llama.cpp GGUF file, chosen by its ``general.architecture``: ``qwen3moe``
+(:mod:`ftlab.models.qwen3_moe.gguf`), ``qwen35moe`` (Qwen3.5 / Qwen3.6) or ``qwen3next``
+(:mod:`ftlab.models.qwen3_next.gguf`, read into the HF state
 dict, then built as a HF directory's is). A checkpoint ftlab cannot use raises
 :class:`~ftlab.formats.CheckpointError` (GGUF files: its subclass
 :class:`~ftlab.formats.gguf.GGUFError`) naming the file and the key or tensor.
@@ -21,12 +22,13 @@ from ftlab.formats.hf import read_hf_config
 from ftlab.models.qwen3_moe import hf as qwen3_moe_hf
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
 from ftlab.models.qwen3_moe.gguf import GGUF_ARCH, load_gguf, save_gguf
-from ftlab.models.qwen3_moe.model import ModelWeights
+from ftlab.models.qwen3_moe.model_weights import ModelWeights
 from ftlab.models.qwen3_next.config import Qwen3NextConfig
-from ftlab.models.qwen3_next.gguf import read_gguf_hf, read_gguf_tokenizer
+from ftlab.models.qwen3_next.gguf import read_gguf_hf
 from ftlab.models.qwen3_next.gguf_layout import ARCHS as NEXT_GGUF_ARCHS
+from ftlab.models.qwen3_next.gguf_metadata import read_gguf_tokenizer
 from ftlab.models.qwen3_next.hf import is_next, load_hf_next
-from ftlab.models.qwen3_next.model import NextWeights
+from ftlab.models.qwen3_next.model_weights import NextWeights
 from ftlab.models.qwen3_next.weights import build_weights
 from ftlab.models.tokenizer import Tokenizer
 

@@ -5,8 +5,7 @@ stage.
     pipe = Pipeline.load("tiny-qwen3-moe")                 # or a HF directory, or a .gguf file
     for piece in pipe.generate("The router", max_new_tokens=16):
         print(piece, end="")
-    for stage in pipe.stages("The router"):                 # embed, layer i
-    attention/router/experts, ...
+    for stage in pipe.stages("The router"):    # embed, layer i attention/router/experts, ...
         print(stage.name, {k: tuple(v.shape) for k, v in stage.tensors.items()})
     pipe.compare("The router", backends=["reference", "triton"])
 
@@ -16,15 +15,14 @@ runs eagerly, op by op. ``graphs=False`` asks for eager decode on a GPU: the sta
 its layers' kernels launched from a schedule recorded at the first step (:class:`DecodeLaunches`;
 op by op where the layers do not record: :attr:`Pipeline.decode_path`). Arguments are checked
 when given (:mod:`ftlab.models.pipeline_args`): a bad one raises ``TypeError`` or ``ValueError``
-naming it, before any work.
+naming it, before any work. What a load reads is :mod:`~ftlab.models.pipeline_load`, the token
+choice :mod:`~ftlab.models.sampling`, the stage comparison :mod:`~ftlab.models.stage_diff`, a
+generation's timing :mod:`~ftlab.models.generation_timing`.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,13 +31,18 @@ from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
 from ftlab.models.decode_plan import DecodePlan
 from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, NotReplayable
+from ftlab.models.generation_timing import Timing, timed
 from ftlab.models.layers import Stage
-from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.pipeline_args import backend_map
+from ftlab.models.pipeline_load import joined_group, model_file, read_model
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
-from ftlab.models.qwen3_moe.model import ModelWeights, Qwen3Moe
+from ftlab.models.qwen3_moe.model import Qwen3Moe
+from ftlab.models.qwen3_moe.model_weights import ModelWeights
 from ftlab.models.qwen3_next.config import Qwen3NextConfig
-from ftlab.models.qwen3_next.model import NextWeights, Qwen3Next
+from ftlab.models.qwen3_next.model import Qwen3Next
+from ftlab.models.qwen3_next.model_weights import NextWeights
+from ftlab.models.sampling import sample
+from ftlab.models.stage_diff import StageDiff, format_compare, stage_diffs
 from ftlab.models.tokenizer import Tokenizer
 from ftlab.models.tp_ranges import rank_experts, rank_heads, rank_ranges
 
@@ -48,6 +51,7 @@ __all__ = [
     "DecodeLaunches",
     "Pipeline",
     "StageDiff",
+    "Timing",
     "backend_map",
     "format_compare",
     "rank_experts",
@@ -55,14 +59,6 @@ __all__ = [
     "rank_ranges",
     "timed_generate",
 ]
-
-
-@dataclass
-class StageDiff:
-    stage: str
-    backend: str
-    max_abs: float
-    rel: float  # ||a - b|| / ||b|| over the stage's main tensor
 
 
 class Pipeline:
@@ -225,126 +221,24 @@ class Pipeline:
         check.hybrid_policy(hybrid_policy)
         if check.tp(tp) != 1 and hybrid_slots is not None:
             raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
-        name = str(path_or_tiny)
-        tiny_model = name in tiny.TINY_MODELS
-        if tiny_model:
-            root = tiny.ensure(name)
-            path = root if quant == "hf" else root / f"model-{quant}.gguf"
-        else:
-            path = Path(path_or_tiny)
-        expected = f"a tiny model name {sorted(tiny.TINY_MODELS)}, a HF directory or a .gguf file"
-        if not path.exists():
-            raise FileNotFoundError(
-                f"model must be {expected}; {str(path_or_tiny)!r} is none of these"
-            )
-        group = None
-        if tp != 1:  # the process group starts once everything else is checked
-            from ftlab.models.tensor_parallel import process_group
-
-            if dev.type == "cuda" and dev.index is None:
-                dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            group = process_group(tp, dev)
-        try:
-            return cls._load(
-                path,
-                dev,
-                group,
-                tiny_model,
-                expected,
-                path_or_tiny,
-                name,
+        path, is_tiny = model_file(path_or_tiny, quant)
+        with joined_group(tp, dev) as (group, dev):  # the group starts once all else is checked
+            config, weights, tokenizer = read_model(path, dev, dtype, group, progress=not is_tiny)
+            return cls(
+                config,
+                weights,
+                tokenizer,
                 backends=backends,
-                dtype=dtype,
                 max_seq_len=max_seq_len,
+                name=str(path_or_tiny),
                 graphs=graphs,
                 hybrid_slots=hybrid_slots,
                 q4_0_path=q4_0_path,
+                tp=group,
                 launches=launches,
                 hybrid_policy=hybrid_policy,
                 plan=plan,
             )
-        except BaseException:
-            if group is not None:  # no process group left behind by a failed load
-                from ftlab.models.tensor_parallel import close
-
-                close(wait=False)
-            raise
-
-    @classmethod
-    def _load(
-        cls,
-        path: Path,
-        dev: torch.device,
-        group,
-        tiny_model: bool,
-        expected: str,
-        path_or_tiny,
-        name: str,
-        *,
-        backends,
-        dtype: torch.dtype,
-        max_seq_len: int,
-        graphs,
-        hybrid_slots,
-        q4_0_path: str,
-        launches: bool,
-        hybrid_policy: str = "lru",
-        plan: DecodePlan | None = None,
-    ) -> Pipeline:
-        """:meth:`load` once its arguments are checked (and the process group, if any, is up)."""
-        at = (
-            dev if group is None else torch.device("cpu")
-        )  # tp: read on the host, then each rank's shard moves
-        experts, vocab = (None if group is None else rank_ranges(path, group)) or (
-            None,
-            None,
-        )  # tp: its rows only
-        heads = (
-            None if group is None else rank_heads(path, group)
-        )  # tp: its attention heads only (Qwen3-MoE)
-        if path.is_dir():
-            config, weights = load_hf(
-                path,
-                device=at,
-                dtype=dtype,
-                progress=not tiny_model,
-                experts=experts,
-                vocab=vocab,
-                heads=heads,
-            )
-            tokenizer = Tokenizer.from_dir(path)
-        elif path.suffix == ".gguf":
-            config, weights, tokenizer = load_gguf_model(
-                path,
-                device=at,
-                dtype=dtype,
-                progress=not tiny_model,
-                experts=experts,
-                vocab=vocab,
-                heads=heads,
-            )
-        else:
-            raise ValueError(f"model must be {expected}, got the file {str(path_or_tiny)!r}")
-        if group is not None:
-            from ftlab.models.tensor_parallel import shard_qwen3_moe, shard_qwen3_next
-
-            shard = shard_qwen3_next if isinstance(config, Qwen3NextConfig) else shard_qwen3_moe
-            weights = shard(config, weights, group, dev)
-        return cls(
-            config,
-            weights,
-            tokenizer,
-            backends=backends,
-            max_seq_len=max_seq_len,
-            name=name,
-            graphs=graphs,
-            hybrid_slots=hybrid_slots,
-            q4_0_path=q4_0_path,
-            tp=group,
-            launches=launches,
-            hybrid_policy=hybrid_policy,
-            plan=plan,
-        )
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
         """The model over ``backends``, its :class:`DecodePlan` made here once."""
@@ -459,20 +353,8 @@ class Pipeline:
         self.model.end_step()
         return logits
 
-    @staticmethod
-    def sample(
-        logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None
-    ) -> int:
-        """A token id from logits ``[V]``: greedy when ``temperature == 0``, else nucleus
-        sampling (``top_p`` in (0, 1]) over ``softmax(logits / temperature)``."""
-        temperature, top_p = check.temperature(temperature), check.top_p(top_p)
-        if temperature == 0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits.float().cpu() / temperature, -1)
-        order = probs.argsort(descending=True)
-        keep = probs[order].cumsum(0) - probs[order] < top_p  # the smallest set reaching top_p
-        choice = torch.multinomial(probs[order] * keep, 1, generator=gen)
-        return int(order[choice])
+    #: a token id from logits ``[V]``, greedy or nucleus (:func:`ftlab.models.sampling.sample`)
+    sample = staticmethod(sample)
 
     def generate(
         self,
@@ -542,79 +424,14 @@ class Pipeline:
         pos = torch.arange(ids.shape[1], device=self.device)[None]
         base = {s.name: s for s in self._model(base_ops).stages(ids, pos)}
         rows = []
-        for b in sets:
-            label = b if isinstance(b, str) else ",".join(f"{k}={v}" for k, v in b.items())
-            for stage in self._model(backend_map(b)).stages(ids, pos):
-                want = base[stage.name].tensors[stage.main].float()
-                got = stage.tensors[stage.main].float()
-                diff = (got - want).abs()
-                rows.append(
-                    StageDiff(
-                        stage.name,
-                        label,
-                        float(diff.max()),
-                        float(diff.norm() / want.norm().clamp(min=1e-30)),
-                    )
-                )
+        for b in sets:  # one model at a time: each holds its own KV cache
+            rows += stage_diffs(base, self._model(backend_map(b)).stages(ids, pos), b)
         return rows
-
-
-def format_compare(rows: list[StageDiff]) -> str:
-    width = max([len("backend"), *(len(r.backend) for r in rows)])
-    stage = max([22, *(len(r.stage) for r in rows)])
-    lines = [f"{'stage':<{stage}} {'backend':<{width}} {'max |diff|':>11} {'rel':>10}"]
-    lines += [
-        f"{r.stage:<{stage}} {r.backend:<{width}} {r.max_abs:>11.3e} {r.rel:>10.3e}" for r in rows
-    ]
-    return "\n".join(lines)
-
-
-@dataclass
-class Timing:
-    """Wall-clock times of a generation so far: ``tokens`` generated in ``seconds``; the first
-    came ``first_token_s`` after the call (the prefill), the second ``first_step_s`` after the
-    first (the first decode step: a decode graph's warm-up and capture happen there)."""
-
-    tokens: int
-    seconds: float
-    first_token_s: float
-    first_step_s: float | None = None
-
-    @property
-    def decode_tokens_per_s(self) -> float | None:
-        """The steady decode rate: the tokens after the second over their time (None before a
-        third token)."""
-        if self.first_step_s is None or self.tokens < 3:
-            return None
-        return (self.tokens - 2) / (self.seconds - self.first_token_s - self.first_step_s)
-
-    def summary(self) -> str:
-        parts = [
-            f"{self.tokens} token{'s' if self.tokens != 1 else ''}",
-            f"first after {self.first_token_s:.3f} s (prefill)",
-        ]
-        if self.first_step_s is not None:
-            parts.append(f"first decode step {self.first_step_s:.3f} s")
-        if self.decode_tokens_per_s is not None:
-            parts.append(f"then {self.decode_tokens_per_s:.1f} tokens/s")
-        return ", ".join(parts)
 
 
 def timed_generate(
     pipe: Pipeline, prompt: str, max_new_tokens: int, **kw
 ) -> Iterator[tuple[str, Timing]]:
-    """generate(), with the :class:`Timing` so far beside each piece (the arguments checked
-    here)."""
-    return _timed(pipe.generate(prompt, max_new_tokens, **kw))
-
-
-def _timed(pieces: Iterator[str]) -> Iterator[tuple[str, Timing]]:
-    start = time.perf_counter()
-    first = second = None
-    for n, piece in enumerate(pieces, start=1):
-        now = time.perf_counter() - start
-        if n == 1:
-            first = now
-        elif n == 2:
-            second = now - first
-        yield piece, Timing(n, now, first, second)
+    """generate(), with the :class:`~ftlab.models.generation_timing.Timing` so far beside each
+    piece (the arguments checked here)."""
+    return timed(pipe.generate(prompt, max_new_tokens, **kw))

@@ -20,7 +20,7 @@ def _counts(path: Path) -> tuple[int, int, tuple[int, int] | None] | None:
     from ftlab.models.loader import GGUF_ARCH, gguf_architecture
     from ftlab.models.qwen3_moe import gguf as qwen3_moe_gguf
     from ftlab.models.qwen3_moe import hf as qwen3_moe_hf
-    from ftlab.models.qwen3_next import gguf as qwen3_next_gguf
+    from ftlab.models.qwen3_next import gguf_metadata as qwen3_next_gguf
     from ftlab.models.qwen3_next.hf import is_next, read_next_config
 
     if path.is_dir():

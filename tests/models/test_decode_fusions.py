@@ -104,14 +104,14 @@ def test_hip_attention_picks_the_backend():
     """The plan's hip_attention turns only "auto" to hip, and only on a GPU where the planner gives
     the call hip's one-launch kernel (fp16 / bf16, head dim 128 or 256, at most 8 query heads a
     key head); a named backend stays."""
-    from ftlab.models import layers
+    from ftlab.models import kv_cache
 
     q, kv = (
         torch.zeros(1, 8, 128, dtype=torch.bfloat16),
         torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16),
     )
-    assert layers.hip_attention(DecodePlan(), "auto", q, kv, kv, {}) == "auto"
-    assert layers.hip_attention(DecodePlan(), "triton", q, kv, kv, {}) == "triton"
+    assert kv_cache.hip_attention(DecodePlan(), "auto", q, kv, kv, {}) == "auto"
+    assert kv_cache.hip_attention(DecodePlan(), "triton", q, kv, kv, {}) == "triton"
 
 
 def _head_dim_128_model(dev: torch.device):

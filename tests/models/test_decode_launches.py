@@ -165,7 +165,7 @@ def test_decode_launches_refuses_models_it_cannot_record():
 def test_update_geometry_equals_geometry(batch):
     """KVCache.update_geometry rewrites a static decode geometry in place to what geometry() gives
     for the new positions, bit for bit, entry by entry (rope rows from its tables)."""
-    from ftlab.models.layers import KVCache
+    from ftlab.models.kv_cache import KVCache
 
     cache = KVCache(2, 64, 4, 40, True, torch.device("cpu"), torch.bfloat16)
     geo = cache.geometry(torch.full((batch, 1), 39), 24, 10_000.0, torch.bfloat16)

@@ -18,9 +18,9 @@ PROMPT = "The router sends every token to its experts"
 
 
 def run(model: str, quant: str, path: str, tp: int) -> dict:
-    import ftlab.models.pipeline as pipeline_module
+    import ftlab.models.pipeline_load as pipeline_load
 
-    # the ranges the pipeline asked its loader for (every model class loads through these)
+    # the ranges Pipeline.load asked its loader for (every model class loads through these)
     seen = []
 
     def watch(load):
@@ -30,8 +30,8 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
 
         return loader
 
-    loads = pipeline_module.load_hf, pipeline_module.load_gguf_model
-    pipeline_module.load_hf, pipeline_module.load_gguf_model = (watch(f) for f in loads)
+    loads = pipeline_load.load_hf, pipeline_load.load_gguf_model
+    pipeline_load.load_hf, pipeline_load.load_gguf_model = (watch(f) for f in loads)
     try:
         if os.environ.get("FTLAB_TP_DEVICE", "cpu") == "cuda":
             pipe = Pipeline.load(
@@ -42,7 +42,7 @@ def run(model: str, quant: str, path: str, tp: int) -> dict:
                 model, "cpu", quant=quant, tp=tp, backends="reference", q4_0_path=path
             )
     finally:
-        pipeline_module.load_hf, pipeline_module.load_gguf_model = loads
+        pipeline_load.load_hf, pipeline_load.load_gguf_model = loads
     ids = pipe.tokenizer.encode(PROMPT)
     logits = pipe.prefill(ids)
     first, tokens = logits.clone(), []

@@ -45,7 +45,7 @@ from ftlab.formats.gguf import (
 from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models.checkpoint_checks import expert_range, head_ranges, row_range
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
-from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights
+from ftlab.models.qwen3_moe.model_weights import LayerWeights, ModelWeights
 from ftlab.quant import Q4_0Weight, QuantWeight, quant_weight
 
 GGUF_ARCH = "qwen3moe"

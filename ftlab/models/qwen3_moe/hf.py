@@ -1,4 +1,4 @@
-"""Load a HF Qwen3-MoE directory into :class:`~ftlab.models.qwen3_moe.model.ModelWeights`.
+"""Load a HF Qwen3-MoE directory into :class:`~ftlab.models.qwen3_moe.model_weights.ModelWeights`.
 
 ``config.json`` + safetensors shards (:class:`~ftlab.formats.hf.SafetensorsShards`: which
 shards, memory-mapped), per-expert tensors ``mlp.experts.{e}.{gate,up,down}_proj.weight``
@@ -29,7 +29,7 @@ from ftlab.models.checkpoint_checks import (
     row_range,
 )
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
-from ftlab.models.qwen3_moe.model import LayerWeights, ModelWeights
+from ftlab.models.qwen3_moe.model_weights import LayerWeights, ModelWeights
 from ftlab.models.qwen3_next.config import MODEL_TYPES as NEXT_MODEL_TYPES
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")

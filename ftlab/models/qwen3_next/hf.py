@@ -1,6 +1,6 @@
 """Load a HF Qwen3-Next (``Qwen3NextForCausalLM``) or Qwen3.5-MoE directory
 (``Qwen3_5MoeForCausalLM``, or the text model of ``Qwen3_5MoeForConditionalGeneration``) into
-:class:`~ftlab.models.qwen3_next.model.NextWeights`.
+:class:`~ftlab.models.qwen3_next.model_weights.NextWeights`.
 
 Shards as :class:`~ftlab.formats.hf.SafetensorsShards` reads them (memory-mapped, by the
 index when there is one). The text model's tensors under ``model.language_model.`` are read as
@@ -31,7 +31,7 @@ from ftlab.models.checkpoint_checks import (
     row_range,
 )
 from ftlab.models.qwen3_next.config import MODEL_TYPES, Qwen3NextConfig
-from ftlab.models.qwen3_next.model import NextWeights
+from ftlab.models.qwen3_next.model_weights import NextWeights
 from ftlab.models.qwen3_next.weights import build_weights
 
 TEXT_PREFIX = "model.language_model."

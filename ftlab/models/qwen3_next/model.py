@@ -16,22 +16,14 @@ partial RoPE (``ops.qk_norm_rope``), GQA over the static KV cache, ``attn * sigm
 experts (:mod:`ftlab.hybrid`) a layer's routed experts run through its ``HybridDecodeExecutor``
 (some in GPU slots, the rest on the CPU) and the shared expert stays on the GPU.
 
-The norms of the checkpoints that scale by ``(1 + w)`` hold ``1 + w`` here, in fp32 (converted at
-load), as
-the reference implementation applies them: the residual norms and the q / k head norms run in fp32.
-
-State: per linear layer a conv state ``[max_batch, conv_dim, W-1]`` and a delta state
-``[max_batch, Hv, Dk, Dv]`` fp32, per full-attention layer its slots of the static KV cache
-(:class:`~ftlab.models.layers.KVCache`), all allocated at construction, so a decode step has
-fixed shapes and addresses (a captured graph). A forward pass of tokens at positions ``p ..
-p + T - 1`` continues each sequence's recurrent state when ``p > 0`` and starts it afresh at
-``p = 0`` (decided on the device: no host synchronization).
+The weights it reads are :mod:`~ftlab.models.qwen3_next.model_weights`; what it keeps between
+forward passes (KV cache, conv and delta state), allocated at construction, is
+:class:`~ftlab.models.qwen3_next.state.NextState`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +32,8 @@ from ftlab import ops
 from ftlab.backends import DECODE_MAX_TOKENS
 from ftlab.models.decode_plan import DecodePlan, Planned, plan_of
 from ftlab.models.layers import (
-    KVCache,
     Stage,
     add_norm,
-    concat_rows,
     embed,
     experts,
     gather_logits,
@@ -54,140 +44,11 @@ from ftlab.models.layers import (
 )
 from ftlab.models.pipeline_args import MODEL_OPS
 from ftlab.models.qwen3_next.config import Qwen3NextConfig
-from ftlab.quant import Q4_0Weight
+from ftlab.models.qwen3_next.model_weights import MoeWeights, NextWeights, Weight
+from ftlab.models.qwen3_next.state import NextState
 from ftlab.reference.gated_delta_rule import step_gates
 
-Weight = torch.Tensor | Q4_0Weight
-
-__all__ = [
-    "AttentionWeights",
-    "DeltaNetWeights",
-    "MoeWeights",
-    "NextLayerWeights",
-    "NextWeights",
-    "Qwen3Next",
-]
-
-
-@dataclass
-class DeltaNetWeights:
-    """A linear-attention layer's mixer: the input projection's parts (rows of q, k, v -- the
-    conv's channels, ``[conv_dim, H]`` -- then z ``[value_dim, H]``, b and a ``[Hv, H]``), the conv
-    ``[conv_dim, W]`` (fp32 from a checkpoint: the values of the model's dtype), ``dt_bias`` and
-    ``a_neg = -exp(A_log)`` fp32 ``[Hv]``, the gated norm's weight ``[Dv]`` (likewise) and out_proj
-    ``[H, value_dim]``; ``out_perm`` int64 ``[value_dim]`` or None:
-    out_proj's columns are stored permuted (column j is HF's column ``out_perm[j]``, as a packed
-    weight must stay), so it is fed ``y[..., out_perm]``."""
-
-    in_proj_qkv: Weight
-    in_proj_z: Weight
-    in_proj_b: Weight
-    in_proj_a: Weight
-    conv: torch.Tensor
-    dt_bias: torch.Tensor
-    a_neg: torch.Tensor
-    norm: torch.Tensor
-    out_proj: Weight
-    out_perm: torch.Tensor | None = None
-
-    def in_proj(self) -> Weight | None:
-        """The four input projections stacked along N (built once, kept); None for a mix of Q4_0
-        and dense weights."""
-        if not hasattr(self, "_in_proj"):
-            self._in_proj = concat_rows(
-                [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
-            )
-        return self._in_proj
-
-
-@dataclass
-class AttentionWeights:
-    """A full-attention layer's mixer: ``q_proj`` and ``gate_proj [heads * hd, H]`` (the
-    checkpoint's q projection, its per-head query and gate rows apart), ``k_proj``, ``v_proj
-    [kv_heads * hd, H]``, ``o_proj [H, heads * hd]``, ``q_norm``, ``k_norm [hd]``."""
-
-    q_proj: Weight
-    gate_proj: Weight
-    k_proj: Weight
-    v_proj: Weight
-    o_proj: Weight
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
-
-    def qgkv(self) -> Weight | None:
-        """q, gate, k and v stacked along N (built once, kept); None for a mix."""
-        if not hasattr(self, "_qgkv"):
-            self._qgkv = concat_rows([self.q_proj, self.gate_proj, self.k_proj, self.v_proj])
-        return self._qgkv
-
-
-@dataclass
-class MoeWeights:
-    """``router [E, H]``; the routed banks ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and
-    ``w_down [E, H, I]``; the shared expert as a one-expert bank ``shared_gate_up [1, 2Is, H]``,
-    ``shared_down [1, H, Is]``, and its gate ``shared_gate [1, H]``."""
-
-    router: torch.Tensor
-    w_gate_up: Weight
-    w_down: Weight
-    shared_gate_up: Weight
-    shared_down: Weight
-    shared_gate: torch.Tensor
-    banks: tuple[Weight, Weight] | None = None  # shared_in_banks(): gate_up, down of E + 1 experts
-
-    def shared_in_banks(self) -> bool:
-        """Whether the shared expert is expert E of one pair of banks ``[E + 1, ...]`` (made here
-        once, True after): the routed banks and the shared expert then become views of them (no
-        second copy), and one ``moe_experts`` call with a (k + 1)-th slot -- id E, weight the
-        shared gate -- runs both. Possible when the shared expert's width is the routed experts'
-        and the four banks are all Q4_0 or all dense of one dtype; False otherwise."""
-        if self.banks is not None:
-            return True
-        e = self.w_gate_up.shape[0]
-        if (
-            self.shared_gate_up.shape[1:] != self.w_gate_up.shape[1:]
-            or self.shared_down.shape[1:] != self.w_down.shape[1:]
-        ):
-            return False
-        banks = [
-            concat_rows([self.w_gate_up, self.shared_gate_up]),
-            concat_rows([self.w_down, self.shared_down]),
-        ]
-        if None in banks:
-            return False
-        self.banks = (banks[0], banks[1])
-        self.w_gate_up, self.shared_gate_up = (
-            _experts_view(banks[0], 0, e),
-            _experts_view(banks[0], e, e + 1),
-        )
-        self.w_down, self.shared_down = (
-            _experts_view(banks[1], 0, e),
-            _experts_view(banks[1], e, e + 1),
-        )
-        return True
-
-
-def _experts_view(w: Weight, start: int, stop: int) -> Weight:
-    """Experts ``start:stop`` of a bank, a view."""
-    if isinstance(w, Q4_0Weight):
-        return Q4_0Weight(w.data[start:stop], (stop - start, *w.shape[1:]))
-    return w[start:stop]
-
-
-@dataclass
-class NextLayerWeights:
-    input_norm: torch.Tensor  # [H]
-    post_attention_norm: torch.Tensor
-    mixer: DeltaNetWeights | AttentionWeights
-    moe: MoeWeights
-
-
-@dataclass
-class NextWeights:
-    embed: torch.Tensor  # [V, H]
-    layers: list[NextLayerWeights]
-    norm: torch.Tensor  # [H]
-    lm_head: Weight  # [V, H] (the embedding when tied)
+__all__ = ["Qwen3Next"]
 
 
 class Qwen3Next(Planned):
@@ -254,27 +115,9 @@ class Qwen3Next(Planned):
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static = static
         device, dtype = weights.embed.device, weights.embed.dtype
-        self.slot = {i: j for j, i in enumerate(c.attention_layers)}  # layer -> its KV cache index
-        self.cache = KVCache(
-            len(self.slot),
-            self.kv_heads * c.head_dim,
-            max_batch,
-            max_seq_len,
-            static,
-            device,
-            dtype,
-        )
-        width = c.linear_conv_kernel_dim - 1
-        hv, dk, dv = self.lin_v_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        conv_dim = 2 * self.lin_k_heads * dk + hv * dv
-        self.conv_state = {
-            i: torch.zeros(max_batch, conv_dim, width, device=device, dtype=dtype)
-            for i in c.linear_layers
-        }
-        self.delta_state = {
-            i: torch.zeros(max_batch, hv, dk, dv, device=device, dtype=torch.float32)
-            for i in c.linear_layers
-        }
+        heads = (self.kv_heads, self.lin_k_heads, self.lin_v_heads)
+        self.state = NextState(c, *heads, max_batch, max_seq_len, static, device, dtype)
+        self.cache = self.state.cache  # the name every model gives its KV cache (callers fill it)
         # the layers whose routed and shared experts run as one moe_experts call
         # (MoeWeights.shared_in_banks):
         # not a hybrid layer's (its routed experts go through the executor), not a tensor-parallel
@@ -291,7 +134,7 @@ class Qwen3Next(Planned):
 
     def recurrent_state(self) -> list[torch.Tensor]:
         """Every conv and delta state buffer (what a decode graph's warm-up saves and restores)."""
-        return [*self.conv_state.values(), *self.delta_state.values()]
+        return self.state.recurrent()
 
     def end_step(self) -> None:
         """Between steps (never inside a captured graph): each hybrid layer's residency follows
@@ -326,7 +169,7 @@ class Qwen3Next(Planned):
             x, lw.in_proj(), [lw.in_proj_qkv, lw.in_proj_z, lw.in_proj_b, lw.in_proj_a]
         )
         yield Stage(f"layer {i} in_proj", {"qkv": qkv, "z": z, "b": beta_in, "a": a}, "qkv")
-        conv_state = self.conv_state[i][:b]
+        conv_state = self.state.conv[i][:b]
         if t == 1:  # decode: the state updated in place, the fresh rows' reset inside the op
             mixed = ops.causal_conv1d_update(
                 qkv[:, 0],
@@ -355,7 +198,7 @@ class Qwen3Next(Planned):
         )
         q, k, v = mixed.split([kd, kd, vd], dim=-1)
         q, k, v = q.reshape(b, t, hk, dk), k.reshape(b, t, hk, dk), v.reshape(b, t, hv, dv)
-        state = self.delta_state[i][:b]
+        state = self.state.delta[i][:b]
         gates = {}
         if (
             t == 1
@@ -433,7 +276,7 @@ class Qwen3Next(Planned):
         q, k = q.to(x.dtype), k.to(x.dtype)
         yield Stage(f"layer {i} qk_norm_rope", {"q": q, "k": k}, "q")
         att = self.cache.attend(
-            self.slot[i],
+            self.state.slot[i],
             q.view(b, t, nh, hd),
             k.view(b, t, nkv, hd),
             v.reshape(b, t, nkv, hd),
@@ -551,7 +394,7 @@ class Qwen3Next(Planned):
         fresh = positions[:, 0] == 0
         geo = (
             self.cache.geometry(positions, c.rotary_dim, c.rope_theta, x.dtype)
-            if self.slot
+            if self.state.slot
             else None
         )
         eps, nb = c.rms_norm_eps, self.backends["add_rmsnorm"]

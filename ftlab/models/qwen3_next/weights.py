@@ -1,6 +1,7 @@
-"""A Qwen3-Next / Qwen3.5-MoE model's weights (:class:`~ftlab.models.qwen3_next.model.NextWeights`)
-from tensors under their HF names, whatever file they came from (a HF directory, a GGUF file
-whose tensors were renamed and un-transformed back to HF form).
+"""A Qwen3-Next / Qwen3.5-MoE model's weights
+(:class:`~ftlab.models.qwen3_next.model_weights.NextWeights`) from tensors under their HF names,
+whatever file they came from (a HF directory, a GGUF file whose tensors were renamed and
+un-transformed back to HF form).
 
 The names are the text model's, prefixed ``model.`` (a ``Qwen3_5MoeForConditionalGeneration``
 checkpoint's ``model.language_model.`` is renamed before): ``model.embed_tokens.weight``,
@@ -50,7 +51,7 @@ from ftlab import ops
 from ftlab.formats import CheckpointError
 from ftlab.models.checkpoint_checks import expert_range, row_range
 from ftlab.models.qwen3_next.config import Qwen3NextConfig
-from ftlab.models.qwen3_next.model import (
+from ftlab.models.qwen3_next.model_weights import (
     AttentionWeights,
     DeltaNetWeights,
     MoeWeights,

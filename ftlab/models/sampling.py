@@ -1,0 +1,25 @@
+"""The next token of a generation from a step's logits: greedy, or nucleus (top-p) sampling at a
+temperature (:meth:`Pipeline.generate <ftlab.models.pipeline.Pipeline.generate>`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ftlab.models import pipeline_args as check
+
+__all__ = ["sample"]
+
+
+def sample(
+    logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None
+) -> int:
+    """A token id from logits ``[V]``: greedy when ``temperature == 0``, else nucleus
+    sampling (``top_p`` in (0, 1]) over ``softmax(logits / temperature)``."""
+    temperature, top_p = check.temperature(temperature), check.top_p(top_p)
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float().cpu() / temperature, -1)
+    order = probs.argsort(descending=True)
+    keep = probs[order].cumsum(0) - probs[order] < top_p  # the smallest set reaching top_p
+    choice = torch.multinomial(probs[order] * keep, 1, generator=gen)
+    return int(order[choice])
