@@ -200,6 +200,7 @@ def test_no_formatter_escapes():
         f"{p.relative_to(ROOT)}:{i}"
         for d in FORMATTED
         for p in sorted((ROOT / d).rglob("*.py"))
+        if p != Path(__file__).resolve()
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if "fmt: skip" in line
     ]
