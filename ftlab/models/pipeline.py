@@ -64,18 +64,18 @@ __all__ = [
 class Pipeline:
     """A loaded model, its tokenizer and one sequence's decoding state (batch 1).
 
-    ``graphs``: ``"auto"`` (default) captures the decode step on a CUDA/ROCm device when every
-    op's backend can run inside a capture (the reference cannot: it reads tensors on the host),
-    and runs it eagerly otherwise and on the CPU; ``True`` captures (an error on the CPU, or with
-    a backend that cannot be captured); ``False`` runs eagerly. When captured, the decode step
-    replays a graph built at the first decode step, and
-    the model runs in its static mode (attention over every cache slot under a mask). Eager on a
-    GPU with backends that can be captured, with ``launches`` (default True), the model is static
-    too and the decode step launches its layers' kernels from a schedule recorded at the first
-    decode step (:attr:`decode_path`); where that recording is refused, and with
-    ``launches=False``, steps run op by op on the dynamic model (attention over the live positions).
-    The schedule holds the kernels the layers' flags picked when it was recorded
-    (:mod:`ftlab.models.layers`): flags changed later do not reach it.
+    ``graphs``: ``"auto"`` (default) captures the decode step on a CUDA/ROCm device when every op's
+    backend can run inside a capture (the reference cannot: it reads tensors on the host), and runs
+    it eagerly otherwise and on the CPU; ``True`` captures (an error on the CPU, or with a backend
+    that cannot be captured); ``False`` runs eagerly. When captured, the decode step replays a graph
+    built at the first decode step, and the model runs in its static mode (attention over every
+    cache slot under a mask). Eager on a GPU with backends that can be captured, with ``launches``
+    (default True), the model is static too and the decode step launches its layers' kernels from a
+    schedule recorded at the first decode step (:attr:`decode_path`); where that recording is
+    refused, and with ``launches=False``, steps run op by op on the dynamic model (attention over
+    the live positions). The schedule holds the kernels the model's
+    :class:`~ftlab.models.decode_plan.DecodePlan` picked when it was recorded: a plan handed in
+    later does not reach it.
 
     ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``), for every model class: each
     layer keeps that many of its routed experts in GPU slots (least recently used out, moved
