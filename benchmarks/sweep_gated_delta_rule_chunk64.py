@@ -19,7 +19,7 @@ import torch
 
 from ftlab.bench.harness import copy_bandwidth, require_gpu, time_us
 from ftlab.platform import current
-from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
+from ftlab.testing.gated_delta_bounds import gated_delta_exact_and_tolerance
 from ftlab.triton import gated_delta_rule_chunk64 as dc
 
 HK, HV, D = 16, 32, 128

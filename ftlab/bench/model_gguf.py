@@ -18,7 +18,7 @@ of each GGUF type it holds.
 (``-ngl 99 -fa 1 -p <prompt> -n 128 -d 0,<prompt> -r 3 -o json``): its prefill and decode tokens/s
 become rows of backend ``llama.cpp`` beside ftlab's, decode both from an empty cache (its tg128)
 and at depth <prompt>, where ftlab's decode rows run (a llama-bench without ``-d`` is run again
-without it: no depth rows, and a note saying so).
+without it: no depth rows, and a note saying so; :mod:`ftlab.bench.llama_bench` runs it).
 
 ``hybrid_slots`` (a ``qwen3moe`` file): also decode at batch 1 with that many of every layer's
 experts on the GPU and the rest on the CPU (:mod:`ftlab.bench.model_hybrid`), and llama-bench
@@ -30,17 +30,16 @@ check that the bench runs, not a measurement.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from ftlab.bench.harness import Measurement, Report, require_gpu
+from ftlab.bench.harness import Report, require_gpu
+from ftlab.bench.llama_bench import llama_bench_args, run_llama_bench, run_llama_bench_ncmoe
 from ftlab.bench.model import PREFILL, bench_weights, timer
 from ftlab.bench.qwen35moe import bench_pipeline
 from ftlab.formats.gguf import GGUFError, open_reader
@@ -50,7 +49,6 @@ from ftlab.models.qwen3_next.config import Qwen3NextConfig
 from ftlab.models.qwen3_next.gguf import read_gguf_hf
 from ftlab.models.qwen3_next.weights import build_weights
 
-LLAMA_BENCH_GEN = 128  # tokens llama-bench generates in its decode test (its tg128)
 NOTES = [
     "prefill: one prompt of {length} random token ids, eager (host launches included); on a GPU "
     "also graph: "
@@ -304,155 +302,3 @@ def _shape_note(arch: str, c) -> str:
         "experts "
         f"top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}"
     )
-
-
-def llama_bench_args(
-    path: Path, prefill: int, gpu: bool, ncmoe: int | None = None, depth: int = 0
-) -> list[str]:
-    """The arguments ``llama-bench`` runs with: the file, all layers offloaded and flash attention
-    on a GPU, a prompt of ``prefill`` tokens, :data:`LLAMA_BENCH_GEN` generated, JSON out;
-    ``ncmoe``: the experts of the first ``ncmoe`` layers kept on the CPU (``-ncmoe``); ``depth``
-    > 0: each test also run after ``depth`` tokens in the cache (``-d 0,depth``), where ftlab's
-    decode rows run (at the prompt's length)."""
-    offload = ["-ngl", "99", "-fa", "1"] if gpu else ["-ngl", "0"]
-    cpu_moe = [] if ncmoe is None else ["-ncmoe", str(ncmoe)]
-    depths = [] if depth <= 0 else ["-d", f"0,{depth}"]
-    return [
-        "-m",
-        str(path),
-        *offload,
-        *cpu_moe,
-        "-p",
-        str(prefill),
-        "-n",
-        str(LLAMA_BENCH_GEN),
-        *depths,
-        "-r",
-        "3",
-        "-o",
-        "json",
-    ]
-
-
-def _decode_rows(results: list, depth: int) -> dict[int, float]:
-    """{depth: tokens/s} of llama-bench's decode results (``tg128``, no prompt) at depth 0 and
-    ``depth``."""
-    found = {}
-    for r in results:
-        d = r.get("n_depth", 0)
-        if (
-            r.get("n_gen", 0) == LLAMA_BENCH_GEN
-            and r.get("n_prompt", 0) == 0
-            and r.get("avg_ts", 0) > 0
-            and d in (0, depth)
-        ):
-            found[d] = r["avg_ts"]
-    return found
-
-
-def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
-    """(the command line, llama-bench's JSON results); RuntimeError if it fails or prints no
-    JSON."""
-    cmd = [str(binary), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {tail[0]}")
-    try:
-        results = json.loads(done.stdout)
-    except json.JSONDecodeError as e:
-        raise RuntimeError(f"{' '.join(cmd)} printed no JSON ({e})") from e
-    return " ".join(cmd), results if isinstance(results, list) else []
-
-
-def _llama_results_at(
-    binary: str | Path,
-    path: Path,
-    prefill: int,
-    gpu: bool,
-    ncmoe: int | None,
-    depth: int,
-    notes: list[str] | None,
-) -> tuple[str, list, int]:
-    """:func:`_llama_results` of :func:`llama_bench_args` with ``depth``; a llama-bench that fails
-    with ``-d`` (one older than the option) is run again without it, the depth given up (0 is
-    returned for it) and why appended to ``notes``. (command, results, the depth run)."""
-    try:
-        cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu, ncmoe, depth))
-        return cmd, results, depth
-    except RuntimeError as e:
-        if depth <= 0:
-            raise
-        first = str(e)
-    cmd, results = _llama_results(binary, llama_bench_args(path, prefill, gpu, ncmoe))
-    if notes is not None:
-        notes.append(
-            f"llama.cpp: no rows at depth {depth} (llama-bench failed with -d: {first}"[:600] + ")"
-        )
-    return cmd, results, 0
-
-
-def run_llama_bench_ncmoe(
-    binary: str | Path,
-    path: Path,
-    layers: int,
-    gpu: bool,
-    depth: int = 0,
-    notes: list[str] | None = None,
-) -> list[Measurement]:
-    """llama-bench's decode (``tg128``, no prompt test) with the experts of its first ``layers``
-    layers on the CPU (``-ncmoe``), at depth 0 and (``depth`` > 0) ``depth``, as rows of backend
-    ``llama.cpp``; RuntimeError naming the command if it fails or prints no decode result (a
-    llama-bench without ``-d``: depth 0 only, and a line in ``notes``)."""
-    cmd, results, depth = _llama_results_at(binary, path, 0, gpu, layers, depth, notes)
-    found = _decode_rows(results, depth)
-    missing = [d for d in sorted({0, depth}) if d not in found]
-    if missing:
-        raise RuntimeError(f"{cmd} gave no decode result at depth {', '.join(map(str, missing))}")
-    rows = []
-    for d in sorted(found):
-        at = f" at depth {d}" if d else ""
-        rows.append(
-            Measurement(
-                f"hybrid decode batch 1, -ncmoe {layers}{at}: {found[d]:.0f} tokens/s",
-                "llama.cpp",
-                1e6 / found[d],
-                0,
-                True,
-                "llama-bench",
-            )
-        )
-    return rows
-
-
-def run_llama_bench(
-    binary: str | Path, path: Path, prefill: int, gpu: bool, notes: list[str] | None = None
-) -> list[Measurement]:
-    """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
-    of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s), decode at
-    depth 0 and at depth ``prefill`` (where ftlab's decode rows run); RuntimeError naming the
-    command if it fails or prints no result of each test (a llama-bench without ``-d``: no depth
-    row, and a line in ``notes``)."""
-    cmd, results, depth = _llama_results_at(binary, path, prefill, gpu, None, prefill, notes)
-    rows = {}
-    for r in results:
-        n_prompt, n_gen, ts = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("avg_ts", 0)
-        if n_prompt == prefill and n_gen == 0 and ts > 0 and r.get("n_depth", 0) == 0:
-            rows["prefill"] = Measurement(
-                f"prefill {prefill} tokens: {ts:.0f} tokens/s",
-                "llama.cpp",
-                prefill / ts * 1e6,
-                0,
-                True,
-                "llama-bench",
-            )
-    for d, ts in _decode_rows(results, depth).items():
-        at = f" at depth {d}" if d else ""
-        rows[f"decode{at}"] = Measurement(
-            f"decode batch 1{at}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True, "llama-bench"
-        )
-    keys = ["prefill", "decode"] + ([f"decode at depth {depth}"] if depth else [])
-    missing = [k for k in keys if k not in rows]
-    if missing:
-        raise RuntimeError(f"{cmd} gave no {' or '.join(missing)} result")
-    return [rows[k] for k in keys]

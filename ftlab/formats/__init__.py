@@ -1,6 +1,7 @@
 """File formats: GGUF (through the ``gguf`` package: :mod:`ftlab.formats.gguf`,
-:mod:`ftlab.formats.gguf_write`) and HF directories (``config.json`` and safetensors shards:
-:mod:`ftlab.formats.hf`) -- what reads and writes them whatever model they hold.
+:mod:`ftlab.formats.gguf_write`; the structure checked first: :mod:`ftlab.formats.gguf_structure`)
+and HF directories (``config.json`` and safetensors shards: :mod:`ftlab.formats.hf`) -- what reads
+and writes them whatever model they hold.
 
 :class:`CheckpointError` and :class:`DequantizedWarning` live here, below every loader, so that
 the model families' loaders and the tokenizer can share them without importing each other.

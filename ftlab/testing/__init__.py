@@ -30,6 +30,8 @@ from ftlab.testing.conv1d import (
     check_causal_conv1d_case,
     check_causal_conv1d_update_case,
 )
+from ftlab.testing.experts_bounds import experts_tolerance, hybrid_tolerance
+from ftlab.testing.gated_delta_bounds import gated_delta_exact, gated_delta_tolerance
 from ftlab.testing.gated_delta_rule import (
     HOSTILE_DECAYS,
     assert_one_plane_accuracy,
@@ -37,8 +39,6 @@ from ftlab.testing.gated_delta_rule import (
     check_gated_delta_rule_case,
     check_gated_delta_step_case,
     check_hostile_decays,
-    gated_delta_exact,
-    gated_delta_tolerance,
 )
 from ftlab.testing.gated_norm import (
     check_gated_rmsnorm_case,
@@ -60,8 +60,6 @@ from ftlab.testing.moe import (
     check_norm_router_case,
     check_route_case,
     check_router_case,
-    experts_tolerance,
-    hybrid_tolerance,
     random_quant_bank,
     router_logits_tolerance,
 )

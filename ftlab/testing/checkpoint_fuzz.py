@@ -38,7 +38,7 @@ from pathlib import Path
 
 import gguf
 
-from ftlab.formats.gguf import GGUFLayout, MetadataEntry, read_layout
+from ftlab.formats.gguf_structure import GGUFLayout, MetadataEntry, read_layout
 
 VT = gguf.GGUFValueType
 _FORMATS = {
@@ -121,7 +121,8 @@ def with_metadata(
 
 
 def read_layout_of(raw: bytes) -> GGUFLayout:
-    """:func:`~ftlab.formats.gguf.read_layout` of GGUF bytes (written to a temporary file)."""
+    """:func:`~ftlab.formats.gguf_structure.read_layout` of GGUF bytes (written to a temporary
+    file)."""
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".gguf") as f:

@@ -1,12 +1,13 @@
 """GGUF structure: byte edits of the tiny model's header that GGUFReader would trust (and then
 loop, allocate without bound, or read past the end or the wrong bytes) are refused by
-ftlab.formats.gguf.read_layout with a GGUFError naming the file and the field or tensor."""
+ftlab.formats.gguf_structure.read_layout with a GGUFError naming the file and the field or
+tensor."""
 
 import struct
 
 import pytest
 
-from ftlab.formats.gguf import GGUFError, read_layout
+from ftlab.formats.gguf_structure import GGUFError, read_layout
 from ftlab.models import tiny
 from ftlab.models.loader import load_gguf
 from ftlab.testing.checkpoint_fuzz import encode_value, splice

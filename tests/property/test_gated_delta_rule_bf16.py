@@ -10,7 +10,7 @@ import torch
 
 import ftlab.testing as ft
 from ftlab import backends, ops
-from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
+from ftlab.testing.gated_delta_bounds import gated_delta_exact_and_tolerance
 
 
 def _inputs(gen, b, t, hk, hv, dk, dv, *, decay=1.0):

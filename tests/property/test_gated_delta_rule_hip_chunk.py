@@ -12,7 +12,7 @@ import torch
 import ftlab.testing as ft
 from ftlab.backends import BackendUnavailable
 from ftlab.hip import gated_delta_rule as hip_dn
-from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
+from ftlab.testing.gated_delta_bounds import gated_delta_exact_and_tolerance
 
 
 def _inputs(seed, b, t, hk, hv, dk, dv, *, with_state, decay=1.0, dtype=torch.bfloat16):

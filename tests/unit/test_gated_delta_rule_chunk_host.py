@@ -24,7 +24,7 @@ import torch
 from host_build import CSRC, HOST_PORT, ROOT, build_harness
 
 import ftlab.testing as ft
-from ftlab.testing.gated_delta_rule import gated_delta_exact_and_tolerance
+from ftlab.testing.gated_delta_bounds import gated_delta_exact_and_tolerance
 
 #: the harness's builds: mma.h's scalar path in 32-lane groups (8 a block, 8 accumulators a lane
 #: of a tile), and the AMD matrix instructions' own fragment layouts, the instruction emulated

@@ -4,7 +4,8 @@ code and the real q4_0_common.h compiled by the host C++ compiler against the ho
 tests/unit/host (harness: tests/unit/gated_delta_rule_host), a thread per GPU thread, fp32, held to
 the exact recurrence within
 ftlab.testing.gated_delta_tolerance. Catches indexing and reduction mistakes without a GPU; the
-GPU tests (tests/property/test_gated_delta_rule.py, ``gpu``) run the real thing."""
+GPU tests (tests/property/test_gated_delta_rule.py, test_gated_delta_rule_kernels.py, ``gpu``) run
+the real thing."""
 
 import ctypes
 

@@ -8,7 +8,8 @@ against the host port.h of tests/unit/moe_vec_host (a thread per GPU thread, a b
 32-lane group for the shuffles), the two launches chained as moe_kquant_launch.hip chains them,
 held to the int8 reference within ftlab.testing.experts_tolerance (quant_matmul_tolerance for the
 matvec). Catches layout, indexing and reduction mistakes without a GPU; the GPU tests
-(test_moe_kquant.py, test_quant_matmul.py, ``gpu``) run the real thing."""
+(test_moe_kquant.py, test_quant_matmul_hip_mv.py, test_quant_matmul_mv1.py, ``gpu``) run the real
+thing."""
 
 import ctypes
 import mmap

@@ -5,7 +5,7 @@ tests/unit/host
 (harness: tests/unit/hip_host),
 the matvec lane by lane and the GEMM with a thread per GPU thread, held to the int8 reference
 within ftlab.testing.quant_matmul_tolerance. Catches layout and indexing mistakes without a GPU;
-the GPU tests (test_quant_matmul.py, ``gpu``) run the real thing."""
+the GPU tests (test_quant_matmul.py, test_quant_matmul_hip_mv.py, ``gpu``) run the real thing."""
 
 import ctypes
 
