@@ -16,7 +16,7 @@ import argparse
 import torch
 import triton
 
-import ftlab.triton.moe_kquant as mk
+import ftlab.triton.moe_kquant_gemm as mk
 import ftlab.triton.q4_0 as ft_q4_0
 import ftlab.triton.quant_matmul as qm
 from ftlab import ops
@@ -24,6 +24,7 @@ from ftlab.bench.harness import copy_bandwidth, require_gpu, time_graph_us
 from ftlab.bench.quant_matmul import random_weight
 from ftlab.quant import QuantWeight
 from ftlab.triton.moe_gemm import experts_gemm
+from ftlab.triton.moe_kquant import QT_CODES
 from ftlab.triton.moe_route import moe_align
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
@@ -79,7 +80,7 @@ def launch(a, w, dst, n, k, gated, cfg, align, wts, pairs, bm):
         n,
         k,
         GATED=gated,
-        QT=mk.QT_CODES[w.qtype],
+        QT=QT_CODES[w.qtype],
         BLOCK_M=bm,
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"],

@@ -17,10 +17,11 @@ import itertools
 import torch
 import triton
 
-import ftlab.triton.moe_kquant as mk
+import ftlab.triton.moe_kquant_gemm as mk
 from ftlab import ops
 from ftlab.bench.harness import copy_bandwidth, require_gpu, time_graph_us
 from ftlab.platform import current
+from ftlab.triton.moe_kquant import QT_CODES
 from ftlab.triton.moe_route import moe_align
 
 SHAPES = {
@@ -49,7 +50,7 @@ def launch(a, w, dst, n, k, gated, cfg, align, wts, pairs, top_k, bm):
         n,
         k,
         GATED=gated,
-        QT=mk.QT_CODES["Q4_0"],
+        QT=QT_CODES["Q4_0"],
         BLOCK_M=bm,
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=64,

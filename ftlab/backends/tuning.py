@@ -19,7 +19,7 @@ TRITON_Q4_0: dict[str, dict[str, dict[str, int]]] = {
     "sm_90": {
         "mv": {"BLOCK_N": 64, "BLOCK_KB": 8, "num_warps": 4},
         "mv4": {"BLOCK_N": 4, "BLOCK_KB": 64, "num_warps": 4, "asm": 1, "progs_per_sm": 8},
-        # the MoE decode experts' int8 matvecs (ftlab/triton/moe.py): best of 9 at T = 1
+        # the MoE decode experts' int8 matvecs (ftlab/triton/moe_q4_0_int8.py): best of 9 at T = 1
         "moe_mv": {"BLOCK_N": 4, "BLOCK_KB": 32, "num_warps": 2, "asm": 1},
         "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_KB": 1, "num_warps": 4, "num_stages": 3},
         "gemm_f32": {

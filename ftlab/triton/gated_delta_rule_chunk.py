@@ -17,10 +17,11 @@ on tiles of at most ``[C, C]`` or ``[C, BS]`` (head dimensions taken BS columns 
 - ``chunk_output_kernel`` (chunks in parallel): ``O = (Q exp(c)) S + (Q K^T * D) X`` with
   ``D[i, j] = exp(c_i - c_j)`` (j <= i).
 
-The fp32 dots are IEEE, or tf32x3 on NVIDIA (three tf32 products, fp32 accuracy). Hostile
-decays as the reference computes them: g at least ``G_FLOOR`` (:func:`floor_decay`), a NaN kept
-in ``c``, and ``L`` and the keys' factor ``beta exp(c)`` selected to 0 on the rows whose ``c``
-is not finite (:func:`finite`), so that a NaN reaches its own and later tokens only.
+The fp32 dots are IEEE, or tf32x3 on NVIDIA (three tf32 products, fp32 accuracy). The kernels
+read their inputs through :mod:`ftlab.triton.gated_delta_rule_chunk_inputs`, which floors hostile
+decays as the reference does (a NaN kept in ``c``); ``L`` and the keys' factor ``beta exp(c)``
+are selected to 0 on the rows whose ``c`` is not finite, so that a NaN reaches its own and later
+tokens only.
 """
 
 from __future__ import annotations
@@ -31,80 +32,14 @@ import triton.language as tl
 
 from ftlab.backends import tuning
 from ftlab.platform import current, platform_from_arch
-from ftlab.reference.gated_delta_rule import G_FLOOR
+from ftlab.triton.gated_delta_rule_chunk_inputs import (
+    decay,
+    finite,
+    inv_norms,
+    rows_f32,
+    sum_before,
+)
 from ftlab.triton.q4_0_common import interpreted
-
-_G_FLOOR = tl.constexpr(G_FLOOR)
-
-
-@triton.jit
-def _rows(
-    ptr, b, t0, T, head, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BS: tl.constexpr, col0
-):
-    """fp32 ``[R, BS]``: rows t0 .. t0 + R, columns col0 .. of head ``head`` of a ``[B, T, H, D]``
-    tensor, zeros past T and D."""
-    t = t0 + tl.arange(0, R)
-    d = col0 + tl.arange(0, BS)
-    offs = ((b * T + t).to(tl.int64)[:, None] * H + head) * D + d[None, :]
-    return tl.load(ptr + offs, mask=(t < T)[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _inv_norms(
-    ptr,
-    b,
-    t0,
-    T,
-    head,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    R: tl.constexpr,
-    BS: tl.constexpr,
-    L2NORM: tl.constexpr,
-):
-    """``[R]``: rsqrt(sum x^2 + 1e-6) of each row (transformers' l2norm), or ones."""
-    if L2NORM:
-        ss = tl.zeros((R,), dtype=tl.float32)
-        for s0 in range(0, D, BS):
-            x = _rows(ptr, b, t0, T, head, H, D, R, BS, s0)
-            ss += tl.sum(x * x, axis=1)
-        return 1.0 / tl.sqrt(ss + 1e-6)
-    else:
-        return tl.full((R,), 1.0, dtype=tl.float32)
-
-
-@triton.jit
-def floor_decay(g):
-    """Log decays g at least G_FLOOR (ftlab.reference.gated_delta_rule: a full forget either way, as
-    fp32
-    exp is 0 below it), so that a chunk's cumulative sums stay finite and well-conditioned; a NaN
-    stays a NaN."""
-    return tl.where(g < _G_FLOOR, _G_FLOOR, g)
-
-
-@triton.jit
-def finite(c):
-    """Whether each cumulative log decay is finite: a row whose c is NaN (or +inf) has its decays
-    selected out of every sum over the chunk's rows."""
-    return c - c == 0.0
-
-
-@triton.jit
-def _decay(g_ptr, b, t0, T, h, HV: tl.constexpr, R: tl.constexpr, before):
-    """``[R]``: the cumulative log decay of rows t0 .. t0 + R, ``before`` the sum ahead of t0."""
-    t = t0 + tl.arange(0, R)
-    g = tl.load(g_ptr + (b * T + t).to(tl.int64) * HV + h, mask=t < T, other=0.0)
-    return before + tl.cumsum(floor_decay(g), axis=0)
-
-
-@triton.jit
-def _sum_before(g_ptr, b, t0, n, T, h, HV: tl.constexpr, C: tl.constexpr):
-    """The sum of the log decays of the chunk's first n rows (chunk at t0)."""
-    t = t0 + tl.arange(0, C)
-    g = tl.load(
-        g_ptr + (b * T + t).to(tl.int64) * HV + h, mask=(t < T) & (tl.arange(0, C) < n), other=0.0
-    )
-    return tl.sum(floor_decay(g), axis=0)
 
 
 @triton.jit
@@ -133,10 +68,10 @@ def chunk_kkt_kernel(
     rows = tl.arange(0, C)
     acc = tl.zeros((C, C), dtype=tl.float32)
     for s0 in range(0, DK, BS):
-        x = _rows(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0)
+        x = rows_f32(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0)
         acc += tl.dot(x, tl.trans(x), input_precision=PRECISION)
-    r = _inv_norms(k_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM)
-    c = _decay(g_ptr, b, t0, T, h, HV, C, 0.0)
+    r = inv_norms(k_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM)
+    c = decay(g_ptr, b, t0, T, h, HV, C, 0.0)
     beta = tl.load(
         beta_ptr + (b * T + t0 + rows).to(tl.int64) * HV + h, mask=t0 + rows < T, other=0.0
     )
@@ -217,13 +152,13 @@ def chunk_solve_kernel(
         beta = tl.load(
             beta_ptr + (b * T + ti + rows).to(tl.int64) * HV + h, mask=ti + rows < T, other=0.0
         )
-        c = _decay(g_ptr, b, ti, T, h, HV, 16, _sum_before(g_ptr, b, t0, i * 16, T, h, HV, C))
+        c = decay(g_ptr, b, ti, T, h, HV, 16, sum_before(g_ptr, b, t0, i * 16, T, h, HV, C))
         wk = tl.where(finite(c), beta * tl.exp(c) * tl.load(rk_ptr + row0 + i * 16 + rows), 0.0)
         for s0 in range(0, DK, BS):
-            rhs = _rows(k_ptr, b, ti, T, kh, HK, DK, 16, BS, s0) * wk[:, None]
+            rhs = rows_f32(k_ptr, b, ti, T, kh, HK, DK, 16, BS, s0) * wk[:, None]
             _solve_columns(w_ptr, a_ptr, row0, i, rhs, inv, DK, C, s0, BS, PRECISION)
         for s0 in range(0, DV, BS):
-            rhs = _rows(v_ptr, b, ti, T, h, HV, DV, 16, BS, s0) * beta[:, None]
+            rhs = rows_f32(v_ptr, b, ti, T, h, HV, DV, 16, BS, s0) * beta[:, None]
             _solve_columns(u_ptr, a_ptr, row0, i, rhs, inv, DV, C, s0, BS, PRECISION)
         tl.debug_barrier()
 
@@ -269,14 +204,14 @@ def chunk_state_kernel(
             )
             x -= tl.dot(ws, ss, input_precision=PRECISION)
         tl.store(u_ptr + row[:, None] * DV + dv[None, :], x, mask=mv[None, :])
-        c = _decay(g_ptr, b, t0, T, h, HV, C, 0.0)
-        c_last = _sum_before(g_ptr, b, t0, C, T, h, HV, C)
+        c = decay(g_ptr, b, t0, T, h, HV, C, 0.0)
+        c_last = sum_before(g_ptr, b, t0, C, T, h, HV, C)
         wk = tl.exp(c_last - c) * tl.load(rk_ptr + row)
         for s0 in range(0, DK, BS):
             d = s0 + ds
             smask = (d < DK)[:, None] & mv[None, :]
             ss = tl.load(hn + d[:, None] * DV + dv[None, :], mask=smask, other=0.0)
-            ks = _rows(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0) * wk[:, None]
+            ks = rows_f32(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0) * wk[:, None]
             ss = ss * tl.exp(c_last) + tl.dot(tl.trans(ks), x, input_precision=PRECISION)
             tl.store(hn + DK * DV + d[:, None] * DV + dv[None, :], ss, mask=smask)
         tl.debug_barrier()
@@ -313,17 +248,19 @@ def chunk_output_kernel(
     dv = tl.program_id(2) * BV + tl.arange(0, BV)
     mv = dv < DV
     ds = tl.arange(0, BS)
-    c = _decay(g_ptr, b, t0, T, h, HV, C, 0.0)
-    rq = _inv_norms(q_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM) * scale
-    rk = _inv_norms(k_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM)
+    c = decay(g_ptr, b, t0, T, h, HV, C, 0.0)
+    rq = inv_norms(q_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM) * scale
+    rk = inv_norms(k_ptr, b, t0, T, kh, HK, DK, C, BS, L2NORM)
     hn = h_ptr + (bh.to(tl.int64) * (NT + 1) + n) * DK * DV
     qk = tl.zeros((C, C), dtype=tl.float32)
     o = tl.zeros((C, BV), dtype=tl.float32)
     for s0 in range(0, DK, BS):
         d = s0 + ds
-        qs = _rows(q_ptr, b, t0, T, kh, HK, DK, C, BS, s0)
+        qs = rows_f32(q_ptr, b, t0, T, kh, HK, DK, C, BS, s0)
         qk += tl.dot(
-            qs, tl.trans(_rows(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0)), input_precision=PRECISION
+            qs,
+            tl.trans(rows_f32(k_ptr, b, t0, T, kh, HK, DK, C, BS, s0)),
+            input_precision=PRECISION,
         )
         ss = tl.load(
             hn + d[:, None] * DV + dv[None, :], mask=(d < DK)[:, None] & mv[None, :], other=0.0
@@ -342,42 +279,6 @@ def chunk_output_kernel(
     tl.store(
         o_ptr + offs, o.to(o_ptr.dtype.element_ty), mask=(t0 + rows < T)[:, None] & mv[None, :]
     )
-
-
-@triton.jit
-def bf16_rne(x):
-    """fp32 x rounded to the nearest bf16 (ties to even), in fp32: the interpreter's casts to bf16
-    truncate, so it rounds by bits as the GPU's conversion does."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # a NaN stays a NaN
-
-
-@triton.jit
-def mmp(a, b, PRECISION: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr):
-    """``a b`` of fp32 tiles: at PRECISION, or (BF16) each operand rounded to bf16 once and one
-    bf16 product with fp32 sums (the interpreter, whose bf16 dot is not one: the rounded
-    operands' exact products in an fp32 dot)."""
-    if BF16:
-        if NATIVE:
-            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-        else:
-            return tl.dot(bf16_rne(a), bf16_rne(b), input_precision=PRECISION)
-    else:
-        return tl.dot(a, b, input_precision=PRECISION)
-
-
-@triton.jit
-def narrow(x, BF16: tl.constexpr, NATIVE: tl.constexpr):
-    """fp32 x as the scratch keeps it: bf16 (rounded to nearest; in the interpreter by bits, as its
-    casts truncate) when BF16, else as it is."""
-    if BF16:
-        if NATIVE:
-            return x.to(tl.bfloat16)
-        else:
-            return bf16_rne(x).to(tl.bfloat16)
-    else:
-        return x
 
 
 def precision(device: torch.device) -> str:

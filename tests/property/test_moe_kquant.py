@@ -98,7 +98,7 @@ def test_kquant_gemm_tiles_cpu(gate, down, h, dtype):
     x = torch.randn(t, h, generator=gen).to(dtype)
     gu = ft.random_quant_bank(3, gate, e, 2 * inter, h, magnitude=4 * h**-0.5)
     dn = ft.random_quant_bank(4, down, e, h, inter, magnitude=4 * inter**-0.5)
-    import ftlab.triton.moe_kquant as mk
+    import ftlab.triton.moe_kquant_gemm as mk
 
     dt = torch.float32 if dtype == torch.bfloat16 else dtype  # the interpreter's operands
     assert all(mk.kq_gemm_config(dt, q, None, g)["PAIRS"] for q, g in ((gate, True), (down, False)))
@@ -110,7 +110,7 @@ def test_kquant_gemm_configs_cpu(pairs):
     """experts_kquant_gemm with explicit tiles: 64-weight steps at BLOCK_N 64 over N = 96 (a
     partial column block in the down GEMM; a Q4_0 bank's blocks with K % 64 == 32), and the
     weight-at-a-time tiles (RDNA's) on the same banks, all within the bound of the reference."""
-    import ftlab.triton.moe_kquant as mk
+    import ftlab.triton.moe_kquant_gemm as mk
 
     gen = torch.Generator().manual_seed(17)
     t, e, k, h, inter = 12, 3, 2, 96, 256
@@ -165,7 +165,7 @@ def test_q4_0_bank_tiles():
     """Q4_0 banks take 64-weight steps only where KQ_GEMM_CONFIGS["q4_0_pairs"] has timed tiles
     (16-bit activations), the weight-at-a-time tiles elsewhere; the archs are the ones where
     auto's prefill plan leaves hip for them, as for the dense GEMM."""
-    import ftlab.triton.moe_kquant as mk
+    import ftlab.triton.moe_kquant_gemm as mk
     import ftlab.triton.quant_matmul as tqm
 
     for arch in mk.KQ_GEMM_CONFIGS["q4_0_pairs"]:
