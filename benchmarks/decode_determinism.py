@@ -1,13 +1,10 @@
 """Whether a decode step repeats bit for bit, over many token draws (random Qwen3-30B-A3B-shaped
-Q4_0
-model, every cache slot filled, position 512). Per draw: A and A2, two eager steps through exactly
-the captured kernels (``DecodePlan.as_captured``); B, the eager step as ``bench model``'s check runs
-it
-(``DecodePlan.attention_as_captured``: the fused norm and q/k/v matvec on); R and R2, two replays of
-the
-captured step. Counts the draws where each pair parts. ``--locate``: instead, every ftlab op's and
-SDPA's outputs of two A steps held (no copies, so no extra kernels) and compared op by op: the first
-op whose outputs part, with every op before it bit-equal.
+Q4_0 model, every cache slot filled, position 512). Per draw: A and A2, two eager steps through
+exactly the captured kernels (``DecodePlan.as_captured``); B, the eager step as ``bench model``'s
+check runs it (``DecodePlan.attention_as_captured``: the fused norm and q/k/v matvec on); R and R2,
+two replays of the captured step. Counts the draws where each pair parts. ``--locate``: instead,
+every ftlab op's and SDPA's outputs of two A steps held (no copies, so no extra kernels) and
+compared op by op: the first op whose outputs part, with every op before it bit-equal.
 
     python benchmarks/decode_determinism.py [--layers 48] [--draws 100] [--batches 1,8] [--fixed]
     python benchmarks/decode_determinism.py --sdpa            # the captured step on torch's SDPA

@@ -70,10 +70,8 @@ def main() -> None:
         d0 = float((hip_attn[0] - sd_attn[0]).abs().max())
         print(
             f"batch {batch}: layer 0's attention block output, hip against SDPA: max |diff| "
-            f"{d0:.3g} (max "
-            f"|out| {float(sd_attn[0].abs().max()):.3g}); sequences whose top-k set differs, per "
-            f"layer: {flips}; "
-            f"first layer {first}",
+            f"{d0:.3g} (max |out| {float(sd_attn[0].abs().max()):.3g}); sequences whose top-k set "
+            f"differs, per layer: {flips}; first layer {first}",
             flush=True,
         )
         rel = float((hip_logits - sd_logits).abs().max()) / float(sd_logits.abs().max())

@@ -54,8 +54,7 @@ def main() -> None:
                 worst = max(worst, (r.float() - same.float()).abs().max().item())
         print(
             f"  replays back to back: {bad} of {args.replays} differ (max |diff| {worst:.3g}, "
-            "largest logit "
-            f"{same.abs().max().item():.3g}), {time.time() - t0:.1f} s",
+            f"largest logit {same.abs().max().item():.3g}), {time.time() - t0:.1f} s",
             flush=True,
         )
         bad, worst = 0, 0.0

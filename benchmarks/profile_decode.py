@@ -137,10 +137,8 @@ def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> Non
     calls = sum(c for _, c in times.values()) / args.steps
     print(
         f"{args.file}: prefill {n} tokens, {model.config.num_hidden_layers} layers, launched op by "
-        "op: "
-        f"{wall:.1f} us of wall time ({n * 1e6 / wall:.0f} tokens/s), kernels {total:.1f} us in "
-        f"{calls:.0f} "
-        f"launches ({args.steps} passes profiled)"
+        f"op: {wall:.1f} us of wall time ({n * 1e6 / wall:.0f} tokens/s), kernels {total:.1f} us "
+        f"in {calls:.0f} launches ({args.steps} passes profiled)"
     )
     try:
         replay, out = capture(step, warmup=2)
@@ -149,8 +147,7 @@ def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> Non
         t = time_us(replay, warmup=2, reps=5)
         print(
             f"graph-replayed: {t:.1f} us ({n * 1e6 / t:.0f} tokens/s); max |logits - eager's| / "
-            "max |eager's| "
-            f"{same:.2e}"
+            f"max |eager's| {same:.2e}"
         )
     except Exception as e:  # noqa: BLE001 -- say why the pass does not capture
         print(f"graph capture failed: {type(e).__name__}: {str(e)[:300]}")
@@ -178,10 +175,9 @@ def main() -> None:
     ap.add_argument(
         "--fusions",
         default="",
-        help="comma-separated decode fusions to turn on for every "
-        "step: kv (the KV store inside qk_norm_rope, DecodePlan.kv_store_in_rope), router (the "
-        "post-attention norm inside the router, norm_in_router), qkv (the input norm inside the "
-        "q/k/v matvec, norm_in_qkv)",
+        help="comma-separated decode fusions to turn on for every step: kv (the KV store inside "
+        "qk_norm_rope, DecodePlan.kv_store_in_rope), router (the post-attention norm inside the "
+        "router, norm_in_router), qkv (the input norm inside the q/k/v matvec, norm_in_qkv)",
     )
     ap.add_argument(
         "--attention",
@@ -244,8 +240,7 @@ def main() -> None:
         wall = time_us(step, warmup=3, reps=50)
         print(
             f"a step takes {wall:.1f} us of wall time replayed ({args.batch * 1e6 / wall:.0f} "
-            "tokens/s), "
-            f"{wall - total:.1f} us more than its kernels"
+            f"tokens/s), {wall - total:.1f} us more than its kernels"
         )
     table(times, args.steps, total, args.top)
 

@@ -1,6 +1,5 @@
 """Tiles of Triton's chunk-64 gated delta rule prefill (``ftlab.triton.gated_delta_rule_chunk64``)
-in both
-precisions, on a GPU: ``python benchmarks/sweep_gated_delta_rule_chunk64.py [--quick]``.
+in both precisions, on a GPU: ``python benchmarks/sweep_gated_delta_rule_chunk64.py [--quick]``.
 
 Qwen3.6's linear-attention heads (16 key / 32 value heads of 128), bf16, one sequence of T tokens.
 For each precision ("fp32": tf32x3 dots and fp32 scratch; "bf16": bf16 operands and scratch) the

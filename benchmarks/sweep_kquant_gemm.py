@@ -136,8 +136,7 @@ def main() -> None:
                     )
                     print(
                         f"moe T={t} {kind} {qtype} {label:8s} {us:8.1f} us  regs {ck.n_regs} "
-                        f"spills {ck.n_spills}"
-                        f"  relerr {err:.1e}",
+                        f"spills {ck.n_spills}  relerr {err:.1e}",
                         flush=True,
                     )
         for gq, dq in (("Q4_K", "Q6_K"), ("Q4_K", "Q4_K")):

@@ -93,8 +93,7 @@ def one_shape(
     wbytes = (gu.data.numel() + dn.data.numel()) * gu.data.element_size()
     print(
         f"{shape}: T {t}, {pairs / e:.1f} rows an expert; banks {wbytes / 1e6:.0f} MB; table "
-        f"{table}, "
-        f"BLOCK_M {bm_table}",
+        f"{table}, BLOCK_M {bm_table}",
         flush=True,
     )
     h = torch.empty((pairs, inter), dtype=torch.bfloat16, device=dev)

@@ -49,9 +49,8 @@ def main() -> None:
     bw = copy_bandwidth()
     print(
         f"# {info.get('name')} ({info.get('arch')}), torch {info.get('torch')}, triton "
-        f"{info.get('triton')}, "
-        f"ftlab {info.get('commit')}; copy bandwidth {bw:.0f} GB/s; M = 1, bf16 x, graph-replayed, "
-        f"{args.n} x {args.k}"
+        f"{info.get('triton')}, ftlab {info.get('commit')}; copy bandwidth {bw:.0f} GB/s; M = 1, "
+        f"bf16 x, graph-replayed, {args.n} x {args.k}"
     )
     for qtype in args.types.split(","):
         time_type(qtype, args.n, args.k, bw, dev)

@@ -149,8 +149,7 @@ def main() -> None:
             rows.append(row)
             print(
                 f"T={t:4d} {name:6s} {shape:10s} gate/up {tg:7.1f} down {td:7.1f} total "
-                f"{tg + td:7.1f} us"
-                f"  {gbs:6.0f} GB/s ({gbs / copy:.0%})  rel {err:.1e}"
+                f"{tg + td:7.1f} us  {gbs:6.0f} GB/s ({gbs / copy:.0%})  rel {err:.1e}"
             )
     if args.out:
         with open(args.out, "w") as f:

@@ -1,15 +1,14 @@
 """The one-row (M = 1) K-quant matvec, variant by variant, at ``ftlab bench quant_matmul``'s shapes:
-hip's
-"lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled", "fused" (vec's pieces in
-one launch, x quantized in every block, y in x's dtype), "staged" (fused with the rows copied
-into LDS slots asynchronously; K <= 2048, else it runs "fused") and "sliced" (a row's slices of 8
+hip's "lanes", "vec" (16-byte pieces, eight lanes a super-block), "tiled", "fused" (vec's pieces in
+one launch, x quantized in every block, y in x's dtype), "staged" (fused with the rows copied into
+LDS slots asynchronously; K <= 2048, else it runs "fused") and "sliced" (a row's slices of 8
 super-blocks held by the lane groups of a block; K <= 16384; "sliced_q8" given x's Q8_1 by its own
-launch), and Triton's default; Q4_0 (its
-region matvec, then the one-launch kernels on groups of eight blocks) and Q8_0 as well,
-each graph-replayed with the weights cycled past the L2 (as ``bench quant`` does), beside the copy
-bandwidth measured in the same run; each variant's output checked against the reference on the
-first rows first. ``--resident`` also times each variant on one weight called again and again
-(a weight that fits the L2 stays there: how llama.cpp's ``test-backend-ops perf`` times MUL_MAT).
+launch), and Triton's default; Q4_0 (its region matvec, then the one-launch kernels on groups of
+eight blocks) and Q8_0 as well, each graph-replayed with the weights cycled past the L2 (as ``bench
+quant`` does), beside the copy bandwidth measured in the same run; each variant's output checked
+against the reference on the first rows first. ``--resident`` also times each variant on one weight
+called again and again (a weight that fits the L2 stays there: how llama.cpp's ``test-backend-ops
+perf`` times MUL_MAT).
 
     python benchmarks/time_quant_mv1.py [--types Q4_K,Q5_K,Q6_K] [--shapes lm,llama,qkv,o_proj]
         [--variants lanes,vec,tiled,fused,staged,sliced,sliced_q8,triton] [--resident]
@@ -138,8 +137,7 @@ def time_case(
         )
         print(
             f"{qtype} {label:>22} {name:>11}: {t:8.2f} us {gbps:7.0f} GB/s {100 * gbps / bw:5.1f}% "
-            "of copy"
-            f"  {'ok' if ok else 'WRONG'}{one}"
+            f"of copy  {'ok' if ok else 'WRONG'}{one}"
         )
 
 

@@ -378,10 +378,9 @@ def triton_rows(
 
     def run_job(job: list[tuple[str, str]]) -> dict[tuple[str, str], list[Row]] | str:
         code = (
-            "import json, sys, dataclasses; from ftlab import compile_check as c; "
-            "out = [[t, n, [dataclasses.asdict(r) for r in c.triton_rows_here((t,), (n,))]] for "
-            f"t, n in {job!r}]; "
-            "json.dump(out, sys.stdout)"
+            "import json, sys, dataclasses; from ftlab import compile_check as c; out = [[t, n, "
+            "[dataclasses.asdict(r) for r in c.triton_rows_here((t,), (n,))]] for t, n in "
+            f"{job!r}]; json.dump(out, sys.stdout)"
         )
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         if res.returncode:
@@ -431,9 +430,8 @@ def table(rows: list[Row]) -> str:
         lds = f"{r.lds} ({r.lds_limit // 1024} KiB)"
         lines.append(
             f"| {r.backend} | `{r.kernel}` | {r.target} | {r.vgpr if r.vgpr is not None else '-'} "
-            "| "
-            f"{r.sgpr if r.sgpr is not None else '-'} | {r.spill} | {r.scratch} | {lds} | {status} "
-            "|"
+            f"| {r.sgpr if r.sgpr is not None else '-'} | {r.spill} | {r.scratch} | {lds} | "
+            f"{status} |"
         )
     return "\n".join(lines)
 

@@ -96,8 +96,7 @@ def _q4_0(device) -> bool:
         ms = (time.perf_counter() - start) * 1e3
         print(
             f"{name:<10} {'identical' if same_q else 'DIFFERENT':<15} "
-            f"{'bit-exact' if same_d else 'DIFFERENT':<11} "
-            f"{rel:<25.2e} {ms:>8.1f}"
+            f"{'bit-exact' if same_d else 'DIFFERENT':<11} {rel:<25.2e} {ms:>8.1f}"
         )
         ok = ok and same_q and same_d and rel < 1e-2  # bf16 outputs: a few ulps at most
     return ok

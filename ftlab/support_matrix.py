@@ -41,9 +41,8 @@ def run_verified(results_dir: Path = RESULTS) -> set[tuple[str, str, str]]:
 
 def _implemented(module: str, backend: str) -> bool:
     """Whether kernel family ``module`` has a ``backend`` implementation
-    (``ftlab/hip/csrc/<module>.hip``,
-    ``ftlab/<backend>/<module>.py``): the hybrid handshakes, say, are HIP only (their reference is
-    the eager handshake)."""
+    (``ftlab/hip/csrc/<module>.hip``, ``ftlab/<backend>/<module>.py``): the hybrid handshakes, say,
+    are HIP only (their reference is the eager handshake)."""
     root = Path(__file__).resolve().parent
     return (
         root / "hip" / "csrc" / f"{module}.hip"

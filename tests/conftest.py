@@ -62,9 +62,8 @@ def torch_delta_rule(module, name: str):
     if not (inspect.isfunction(fn) and fn.__module__ == module.__name__ and fn.__name__ == name):
         raise AssertionError(
             f"{module.__name__}.{name}: expected transformers' torch function {name} (a function "
-            "of "
-            f"that module, or one behind its __wrapped__ or a kernels Func module's forward), got "
-            f"{bound!r} -> {fn!r}: the patch that keeps fla's kernels out of the comparisons "
+            "of that module, or one behind its __wrapped__ or a kernels Func module's forward), "
+            f"got {bound!r} -> {fn!r}: the patch that keeps fla's kernels out of the comparisons "
             "with transformers must learn how this transformers binds it"
         )
     return fn

@@ -35,8 +35,7 @@ class Call(NamedTuple):
     bank's, ``qtype_down`` the down bank's), None for dense weights; ``align``: the byte alignment
     (1, 2, 4, 8 or 16) the operands' addresses share, and ``contiguous`` whether the weights'
     bytes are; ``rows16``: each weight row a whole number of 16-byte pieces, ``bytes16``: all of
-    them together; ``chunk``,
-    ``precision``: the gated delta rule's."""
+    them together; ``chunk``, ``precision``: the gated delta rule's."""
 
     device: str = "cpu"
     index: int | None = None

@@ -1,7 +1,6 @@
 """``ftlab bench gated_delta_rule``: the gated delta rule at Qwen3-Next's linear-attention shape (16
-key /
-32 value heads of 128, bf16), prefill at T = 512 / 4096 / 16384 (one sequence) and decode
-(one token, batch 1 and 32), every backend beside fla's kernels when ``fla`` is importable.
+key / 32 value heads of 128, bf16), prefill at T = 512 / 4096 / 16384 (one sequence) and decode (one
+token, batch 1 and 32), every backend beside fla's kernels when ``fla`` is importable.
 
 Prefill is timed eagerly (host launches included; the ops allocate their scratch); bytes count
 q, k, v, g, beta read and o written. Decode is replayed from a captured graph, each call on

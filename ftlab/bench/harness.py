@@ -106,8 +106,7 @@ class Report:
             f"{d.get('commit', '?')}",
             f"- date: {d['date']}",
             f"- {self.copy_what} copy bandwidth measured in this run: **{self.copy_gbps:.0f} "
-            "GB/s** "
-            "(bytes read + written)",
+            "GB/s** (bytes read + written)",
             "",
         ]
         with_flops = any(m.flops for m in self.measurements)

@@ -78,8 +78,7 @@ def run(quick: bool = False) -> Report:
             f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
             f"{os.cpu_count()} cores visible.",
             "cpu experts rows: the native CPU kernels on the routes of one token sent to the CPU "
-            "(eager, wall clock); "
-            "GB/s counts the Q4_0 bytes of those experts.",
+            "(eager, wall clock); GB/s counts the Q4_0 bytes of those experts.",
         ],
     )
     gen = torch.Generator().manual_seed(0)
@@ -174,8 +173,7 @@ def _gpu_steps(report: Report, gu, dn, quick: bool) -> None:
                     cpu_us = (after["cpu_ns"] - before["cpu_ns"]) / jobs / 1e3
                     report.notes.append(
                         f"{case}, {mechanism} graph: CPU job {cpu_us:.0f} us mean over {jobs} "
-                        "jobs, "
-                        f"{cpu_us / t:.0%} of the {t:.0f} us step"
+                        f"jobs, {cpu_us / t:.0%} of the {t:.0f} us step"
                     )
             report.measurements.append(
                 Measurement(case, f"hybrid step ({mechanism})", t, 0, ok, mode)
@@ -232,8 +230,7 @@ def _layers_in_one_graph(
         )
         report.notes.append(
             f"{case}, {mechanism}: {t / layers:.0f} us a layer (equal to the eager schedule bit "
-            "for "
-            f"bit: {ok})"
+            f"for bit: {ok})"
         )
         for ex in exs:
             ex.close()

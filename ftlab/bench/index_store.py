@@ -20,10 +20,9 @@ NOTES = [
     "eager: per-call time of back-to-back calls from Python (host launch cost included); "
     "graph: the same calls replayed from a captured CUDA/HIP graph (device time, as a captured "
     "decode step pays).",
-    "Bytes: every row read once and written once (store: k and v). Cases that fit in L2 "
-    "(decode 128 KiB, prefill 16 MiB per tensor) are replayed on the same inputs and can exceed "
-    "the DRAM copy bandwidth; the large scatter (128 MiB per tensor, 2 GiB caches) is the "
-    "DRAM-bound case.",
+    "Bytes: every row read once and written once (store: k and v). Cases that fit in L2 (decode "
+    "128 KiB, prefill 16 MiB per tensor) are replayed on the same inputs and can exceed the DRAM "
+    "copy bandwidth; the large scatter (128 MiB per tensor, 2 GiB caches) is the DRAM-bound case.",
 ]
 SLOTS = 1 << 20
 D = 1024

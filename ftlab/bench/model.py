@@ -291,8 +291,7 @@ def parted_note(what: str, got: torch.Tensor, want: torch.Tensor) -> str:
     same_tokens = bool(torch.equal(got.argmax(-1), want.argmax(-1)))
     return (
         f"{what} is not bit-equal to the eager step through its kernels: {int((diff != 0).sum())} "
-        "of "
-        f"{diff.numel()} logits differ, max |diff| {diff.max().item():.3g} (largest logit "
+        f"of {diff.numel()} logits differ, max |diff| {diff.max().item():.3g} (largest logit "
         f"{want.abs().max().item():.3g}), {'finite' if finite else 'NOT finite'}, greedy tokens "
         f"{'the same' if same_tokens else 'different'}"
     )
@@ -309,8 +308,7 @@ def which_side(
     """After a failed graph check: whether each side gives its logits again (a second replay, a
     second eager step through the graph's kernels), and whether the step launched eagerly through
     exactly the captured kernels (``DecodePlan.as_captured``: the fused norm and q/k/v matvec off
-    too)
-    equals the replay -- a text for the report, which tells a flaky kernel from a path that
+    too) equals the replay -- a text for the report, which tells a flaky kernel from a path that
     parts."""
     again = graph(tokens, positions).clone()
     with model.planned(model.plan.attention_as_captured()):
@@ -323,9 +321,8 @@ def which_side(
 
     return (
         f"; a second replay and the first: {eq(again, replayed)}; a second eager step and the "
-        "first: "
-        f"{eq(same2, same)}; the replay and the step launched eagerly through exactly the captured "
-        f"kernels: {eq(replayed, exact)}"
+        f"first: {eq(same2, same)}; the replay and the step launched eagerly through exactly the "
+        f"captured kernels: {eq(replayed, exact)}"
     )
 
 

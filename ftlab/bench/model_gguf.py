@@ -51,18 +51,14 @@ from ftlab.models.qwen3_next.weights import build_weights
 
 NOTES = [
     "prefill: one prompt of {length} random token ids, eager (host launches included); on a GPU "
-    "also graph: "
-    "the same pass replayed from a captured CUDA graph (the static model: every cache slot read "
-    "under a mask).",
+    "also graph: the same pass replayed from a captured CUDA graph (the static model: every cache "
+    "slot read under a mask).",
     "decode: one token per sequence per step at position {length}; graph = the step replayed from "
-    "a captured "
-    "CUDA graph, eager = launched op by op from Python, launches = eager's kernels launched from a "
-    "schedule "
-    "recorded once (ftlab.models.decode_steps: no graph), validated bit for bit against the eager "
-    "step.",
+    "a captured CUDA graph, eager = launched op by op from Python, launches = eager's kernels "
+    "launched from a schedule recorded once (ftlab.models.decode_steps: no graph), validated bit "
+    "for bit against the eager step.",
     "bound: the bytes a decode step reads, every tensor at its size in the file's type (packed) or "
-    "as the "
-    "dense tensor ftlab holds, over the copy bandwidth measured in this run.",
+    "as the dense tensor ftlab holds, over the copy bandwidth measured in this run.",
 ]
 
 
@@ -154,9 +150,8 @@ def run(
         report.notes.insert(2, _shape_note(arch, config))
         report.notes.append(
             f"tp = {tp} ranks, one {dev.type} device each (rank 0's times; copy bandwidth and "
-            "bound "
-            "are one device's, the bytes a rank's): attention heads, experts and vocabulary cut "
-            "across the ranks"
+            "bound are one device's, the bytes a rank's): attention heads, experts and vocabulary "
+            "cut across the ranks"
         )
         bench_weights(report, config, weights, prefill, clock, group)
         report.notes.append(collective_note(group, config.hidden_size, dev, dtype, clock))
@@ -199,8 +194,7 @@ def run(
         deep = (
             (
                 f"; its decode at depth {prefill} is where ftlab's decode rows run, its tg128 "
-                "without depth starts "
-                "from an empty cache"
+                "without depth starts from an empty cache"
             )
             if depth
             else ""
@@ -250,10 +244,8 @@ def collective_note(group, hidden: int, dev: torch.device, dtype: torch.dtype, c
     mode = "graph-replayed" if dev.type == "cuda" else "eager, host clock"
     return (
         f"collectives: one all-reduce of {str(dtype).removeprefix('torch.')} activations ({mode}, "
-        "over "
-        f"{group.world} ranks): {', '.join(times)}; a decode step makes 2 a layer + 1 (the "
-        "embedding) and one "
-        "all-gather of the logits"
+        f"over {group.world} ranks): {', '.join(times)}; a decode step makes 2 a layer + 1 (the "
+        "embedding) and one all-gather of the logits"
     )
 
 
@@ -299,6 +291,5 @@ def _shape_note(arch: str, c) -> str:
     return (
         f"shape ({arch}): {c.num_hidden_layers} layers{hybrid}, hidden {c.hidden_size}, attention "
         f"{c.num_attention_heads} / {c.num_key_value_heads} heads x {c.head_dim}, {c.num_experts} "
-        "experts "
-        f"top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}"
+        f"experts top-{c.num_experts_per_tok} of {c.moe_intermediate_size}, vocab {c.vocab_size}"
     )

@@ -67,16 +67,12 @@ def bench_hybrid(
     share = (config.num_experts - slots) / config.num_experts
     report.notes.append(
         f"hybrid decode: {slots} of {config.num_experts} routed experts a layer on the GPU, "
-        f"{share:.0%} of the "
-        f"expert bytes run on the CPU ({default_threads()} OpenMP threads of the CPU worker); a "
-        "step is the "
-        "Pipeline's (graph where the handshakes passed their probes) plus its residency update, "
-        "host clock "
-        f"over {4 if quick else STEPS} steps, median of {1 if quick else ROUNDS} rounds; layers: "
-        "every expert of "
-        f"the first {llama_cpu_layers(config, slots)} layers on the CPU; static: experts "
-        f"0..{slots - 1} of every "
-        "layer on the GPU for good; lru: a step's missed experts copied in after it"
+        f"{share:.0%} of the expert bytes run on the CPU ({default_threads()} OpenMP threads of "
+        "the CPU worker); a step is the Pipeline's (graph where the handshakes passed their "
+        f"probes) plus its residency update, host clock over {4 if quick else STEPS} steps, median "
+        f"of {1 if quick else ROUNDS} rounds; layers: every expert of the first "
+        f"{llama_cpu_layers(config, slots)} layers on the CPU; static: experts 0..{slots - 1} of "
+        "every layer on the GPU for good; lru: a step's missed experts copied in after it"
     )
     for policy in POLICIES:
         executors = layer_executors(host, slots, dev, policy, path="auto")
@@ -197,8 +193,7 @@ def _policy_row(
     cpu = (
         (
             f"; the CPU worker's jobs {cpu_ns / 1e3 / max(jobs, 1):.0f} us each, "
-            f"{cpu_ns / 1e3 / total:.0f} us a step "
-            f"({jobs / total:.0f} a step)"
+            f"{cpu_ns / 1e3 / total:.0f} us a step ({jobs / total:.0f} a step)"
         )
         if jobs
         else ""
@@ -206,8 +201,7 @@ def _policy_row(
     report.notes.append(
         f"hybrid decode ({policy}): {1e6 / us:.1f} tokens/s, {us:.0f} us a step ({mode}, handshake "
         f"{mech}); routed experts found on the GPU {hits} times, on the CPU {misses} (timed steps, "
-        "the "
-        f"{len(live)} layers with CPU experts){cpu}"
+        f"the {len(live)} layers with CPU experts){cpu}"
     )
 
 

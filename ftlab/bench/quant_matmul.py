@@ -1,7 +1,6 @@
 """``ftlab bench quant_matmul``: GGUF Q8_0 / Q4_K / Q5_K / Q6_K at Qwen3-30B-A3B shapes --
-dequantize,
-the int8 matvec at M = 1 and 8 (decode) and the prefill matmul at M = 512 -- every backend,
-bf16 activations.
+dequantize, the int8 matvec at M = 1 and 8 (decode) and the prefill matmul at M = 512 -- every
+backend, bf16 activations.
 
 Bandwidth: the matmuls count the packed weight bytes read; dequantize counts the packed bytes
 read plus the bf16 values written. Both against the device-to-device copy bandwidth measured
@@ -32,11 +31,9 @@ VALIDATE_ROWS = 4096  # weight rows the validation compares (the int8 reference 
 NOTES = [
     "graph mode: calls replayed from a captured CUDA graph (device time).",
     "matmul GB/s counts only the packed weight bytes read; dequantize GB/s the packed bytes read "
-    "plus the "
-    "bf16 values written.",
+    "plus the bf16 values written.",
     "int8 path = Q8_1 quantize of the activations + int8-dot matvec (both timed). M = 512: "
-    "Triton's dequant-tile "
-    "tl.dot GEMM; HIP's dp4a-tiled GEMM.",
+    "Triton's dequant-tile tl.dot GEMM; HIP's dp4a-tiled GEMM.",
 ]
 
 

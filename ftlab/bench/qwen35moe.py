@@ -50,22 +50,16 @@ DECODE_BATCHES = (1, 8)
 DECODE_ROOM = 64  # cache positions after the prompt: the decode steps timed
 NOTES = [
     "prefill: one prompt through Pipeline.prefill (eager, host checks and launches included, the "
-    "last "
-    "position's logits as the pipeline returns them); on a GPU with graphs also graph: the same "
-    "pass of the "
-    "static model replayed from a captured CUDA graph.",
+    "last position's logits as the pipeline returns them); on a GPU with graphs also graph: the "
+    "same pass of the static model replayed from a captured CUDA graph.",
     "decode batch 1: Pipeline.decode_step after that prefill (graph: its captured CUDA graph, host "
-    "copies of "
-    "the token and position included); batch 8: a Qwen3Next of 8 sequences at the prompt's length "
-    "over the "
-    "same weights, DecodeGraph; eager: the same model's forward launched op by op.",
+    "copies of the token and position included); batch 8: a Qwen3Next of 8 sequences at the "
+    "prompt's length over the same weights, DecodeGraph; eager: the same model's forward launched "
+    "op by op.",
     "bound: the bytes a decode step reads -- weights (projections, routers, shared experts, the "
-    "routed "
-    "experts the step's tokens use, lm_head, one embedding row a token) plus the recurrent state "
-    "(DeltaNet "
-    "state read and written, conv state) and the KV cache of every slot a static step attends over "
-    "-- over "
-    "the copy bandwidth measured in this run.",
+    "routed experts the step's tokens use, lm_head, one embedding row a token) plus the recurrent "
+    "state (DeltaNet state read and written, conv state) and the KV cache of every slot a static "
+    "step attends over -- over the copy bandwidth measured in this run.",
 ]
 
 
@@ -138,18 +132,14 @@ def _shape_note(c: Qwen3NextConfig, w: NextWeights) -> str:
     )
     return (
         f"shape: {c.num_hidden_layers} layers ({len(c.linear_layers)} Gated DeltaNet + "
-        f"{len(c.attention_layers)} "
-        f"gated attention), hidden {c.hidden_size}, attention {c.num_attention_heads} / "
-        f"{c.num_key_value_heads} "
-        f"heads x {c.head_dim} (rotary {c.rotary_dim}), linear attention {c.linear_num_key_heads} "
-        "key / "
+        f"{len(c.attention_layers)} gated attention), hidden {c.hidden_size}, attention "
+        f"{c.num_attention_heads} / {c.num_key_value_heads} heads x {c.head_dim} (rotary "
+        f"{c.rotary_dim}), linear attention {c.linear_num_key_heads} key / "
         f"{c.linear_num_value_heads} value heads x {c.linear_key_head_dim}, conv "
-        f"{c.linear_conv_kernel_dim}, "
-        f"{c.num_experts} experts top-{c.num_experts_per_tok} of {c.moe_intermediate_size} + "
-        "shared "
-        f"{c.shared_expert_intermediate_size}, vocab {c.vocab_size}; random Q4_0 matmul weights, "
-        "dense "
-        f"{w.embed.dtype}; routed experts + lm_head {total / 1e9:.2f} GB"
+        f"{c.linear_conv_kernel_dim}, {c.num_experts} experts top-{c.num_experts_per_tok} of "
+        f"{c.moe_intermediate_size} + shared {c.shared_expert_intermediate_size}, vocab "
+        f"{c.vocab_size}; random Q4_0 matmul weights, dense {w.embed.dtype}; routed experts + "
+        f"lm_head {total / 1e9:.2f} GB"
     )
 
 
@@ -231,8 +221,7 @@ def _same_step(
 
 def _eager_held(model: Qwen3Next, step: Callable[[], torch.Tensor]) -> bool:
     """An eager decode step from the model's state (put back after): finite logits, and every
-    layer's
-    ``ops.decode_attention`` (hip's kernel where the plan's ``hip_attention`` picks it)
+    layer's ``ops.decode_attention`` (hip's kernel where the plan's ``hip_attention`` picks it)
     within the derived bound of the reference on the same inputs. Its logits are not held to the
     graph's: a last-bit difference between attention kernels flips routing choices later on."""
     from ftlab.testing.attention import decode_attention_held_to_reference
@@ -252,8 +241,7 @@ def _decode(
     Validated:
     the graph's step (or the pipeline's, at batch 1) bit for bit against an eager step through the
     graph's kernels (``DecodePlan.attention_as_captured``); the eager step, which takes hip's
-    attention
-    where the plan's ``hip_attention`` picks it, by :func:`_eager_held`."""
+    attention where the plan's ``hip_attention`` picks it, by :func:`_eager_held`."""
     c, dev = pipe.config, pipe.device
     steps = [
         torch.randint(0, c.vocab_size, (batch, 1), device=dev, generator=gen) for _ in range(8)

@@ -101,8 +101,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         epilog="'ftlab COMMAND --help' shows a command's options.",
         description="The kernels of a hybrid CPU/GPU MoE inference engine, from the shell. An "
-        "error prints "
-        "one line and exits 2 (a bad option) or 1; --debug shows its traceback.",
+        "error prints one line and exits 2 (a bad option) or 1; --debug shows its traceback.",
     )
     top.add_argument("--version", action="version", version=f"ftlab {ftlab.__version__}")
     top.add_argument(
@@ -135,8 +134,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--shape",
         help="the op's dims, comma-separated in its order, e.g. M,K,N for quant_matmul (default: "
-        "none; "
-        "--explain needs it)",
+        "none; --explain needs it)",
     )
     e.add_argument("--dtype", default="bf16", help="activations' dtype and weights' quant type(s)")
     e.add_argument("--arch", help="plan for this GPU, e.g. gfx1201, sm_90 (default: this device)")

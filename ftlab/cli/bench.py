@@ -50,8 +50,7 @@ def cmd_bench(args) -> int:
             if bench == "gguf":
                 raise ValueError(
                     f"{flag} cannot go with --gguf (the file is the model, its "
-                    "general.architecture "
-                    "the shape)"
+                    "general.architecture the shape)"
                 )
             raise ValueError(f"{flag} is an option of {owner} only")
     if bench == "gguf":
@@ -123,8 +122,7 @@ def add_parser(p) -> None:
         "--arch",
         choices=sorted(MODEL_ARCHS),
         help="qwen3moe: the Qwen3-30B-A3B shape; qwen35moe: the Qwen3.6-35B-A3B shape (hybrid "
-        "DeltaNet) "
-        "(default: qwen3moe)",
+        "DeltaNet) (default: qwen3moe)",
     )
     m.add_argument(
         "--gguf",
@@ -171,8 +169,7 @@ def add_parser(p) -> None:
         "--tp",
         type=option(int, "an int", at_least_one("--tp")),
         help="--gguf (qwen3moe): tensor / expert parallelism over this many ranks, each on its own "
-        "GPU; "
-        "start them with torchrun --nproc-per-node N -m ftlab bench model --gguf FILE --tp N "
+        "GPU; start them with torchrun --nproc-per-node N -m ftlab bench model --gguf FILE --tp N "
         "(rank 0 reports) (default: 1)",
     )
     m.add_argument(
@@ -180,10 +177,8 @@ def add_parser(p) -> None:
         metavar="N",
         type=option(int, "an int", check.hybrid_slots),
         help="--gguf (qwen3moe): also decode with N of every layer's experts on the GPU, the rest "
-        "on the "
-        "CPU (static and lru residency), and with --llama-bench llama-bench -ncmoe at the same "
-        "share "
-        "of the expert bytes on the CPU (default: not run)",
+        "on the CPU (static and lru residency), and with --llama-bench llama-bench -ncmoe at the "
+        "same share of the expert bytes on the CPU (default: not run)",
     )
     m.add_argument(
         "--device",

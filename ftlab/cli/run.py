@@ -78,16 +78,13 @@ def run_once(pipe, args) -> int:
         where = (
             (
                 f"every expert of {len(pipe.executors)} of {pipe.config.num_hidden_layers} layers "
-                "on the CPU, the "
-                f"other layers' on {pipe.device} (the share of {args.hybrid_slots} of "
-                f"{pipe.config.num_experts} a "
-                "layer)"
+                f"on the CPU, the other layers' on {pipe.device} (the share of {args.hybrid_slots} "
+                f"of {pipe.config.num_experts} a layer)"
             )
             if args.hybrid_policy == "layers"
             else (
                 f"{args.hybrid_slots} of {pipe.config.num_experts} a layer on {pipe.device} "
-                f"({args.hybrid_policy}), "
-                "the rest on the CPU"
+                f"({args.hybrid_policy}), the rest on the CPU"
             )
         )
         print(f"[hybrid experts: {where}; handshake {ex.mechanism}: {ex.mechanism_reason}]")
@@ -139,18 +136,15 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
         formatter_class=HelpFormatter,
         help="generate text with a model (a tiny model name, a HF directory or a .gguf)",
         description="Generate text with a Qwen3-MoE, Qwen3.5-MoE or Qwen3-Next model, printing "
-        "tokens as they come "
-        "and the tokens/s.",
+        "tokens as they come and the tokens/s.",
         epilog=f"environment variables:\n{env}\n\nexample:\n  ftlab run --model tiny-qwen3-moe "
-        "--stages "
-        "--compare triton q4_0_matmul=triton,route_topk=reference",
+        "--stages --compare triton q4_0_matmul=triton,route_topk=reference",
     )
     p.add_argument(
         "--model",
         default="tiny-qwen3-moe",
         help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, "
-        "tiny-qwen3-next), a HF "
-        "directory or a .gguf file (qwen3moe, qwen35moe or qwen3next)",
+        "tiny-qwen3-next), a HF directory or a .gguf file (qwen3moe, qwen35moe or qwen3next)",
     )
     p.add_argument(
         "--prompt",

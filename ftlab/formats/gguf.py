@@ -8,8 +8,8 @@ read until used); F32 / F16 / BF16 tensors load as torch tensors; the other quan
 :func:`dequantized_types` lists what a model runs dense (and a loader warns of with
 :class:`~ftlab.formats.DequantizedWarning`); :func:`cut` takes a rank's rows of a tensor as read.
 Writing: ``gguf_write``.
-Shapes are in PyTorch order (``[..., N, K]``); GGUF stores
-dimensions innermost first, and the ``gguf`` package does the reversal.
+Shapes are in PyTorch order (``[..., N, K]``); GGUF stores dimensions innermost first, and the
+``gguf`` package does the reversal.
 
 Files are read with the ``gguf`` package, never with a parser of ours, and only once
 :func:`~ftlab.formats.gguf_structure.read_layout` has checked the structure GGUFReader would

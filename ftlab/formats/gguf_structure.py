@@ -176,9 +176,8 @@ class _Cursor:
                 least = _SCALAR_BYTES.get(item, 12 if item == VT.ARRAY else 8)
                 if count > (self.size - self.pos) // least:
                     raise self.fail(
-                        f"{where}: an array of {count} {item.name} values needs at "
-                        f"least {count * least} bytes, the file has "
-                        f"{self.size - self.pos} left"
+                        f"{where}: an array of {count} {item.name} values needs at least "
+                        f"{count * least} bytes, the file has {self.size - self.pos} left"
                     )
                 frames.append([item, count, depth + 1])
 
@@ -342,9 +341,8 @@ def _check_extents(layout: GGUFLayout) -> None:
                 else "the data section starts at 0"
             )
             raise GGUFError(
-                f"{where}: data starts at offset {t.offset}, but {after}: "
-                f"{t.offset - expected} bytes belong to no tensor (a type or shape "
-                f"that does not match the data?)"
+                f"{where}: data starts at offset {t.offset}, but {after}: {t.offset - expected} "
+                "bytes belong to no tensor (a type or shape that does not match the data?)"
             )
         expected, before = _align(t.offset + t.nbytes, a), t
     if before is not None:

@@ -1,15 +1,14 @@
 """attention through the HIP kernels of ``csrc/attention.hip`` and ``csrc/attention_tiles.hip``
 (JIT-built, cached): split-K decode attention.
 
-- fp16 / bf16 caches of head dim 128 or 256 with 16-byte aligned rows (the models' static
-  caches): one launch (``decode_attention_tiles``), a block per (key head, sequence, split), every
-  sequence's live splits dispatched before any dead one, whose
-  four row groups of 32 lanes walk its tiles with their own online softmax, holding their key and
-  value rows in registers, and meet at the split's end; the last block of a (sequence, key head) to
-  finish
-  merges the splits (a counter per (sequence, key head) in one zeroed int32 buffer per device, made
-  by the first call and left zeros by every launch; so, like the router's, one stream at a time
-  on a device: two of these launches running at once on different streams would share counters).
+- fp16 / bf16 caches of head dim 128 or 256 with 16-byte aligned rows (the models' static caches):
+  one launch (``decode_attention_tiles``), a block per (key head, sequence, split), every sequence's
+  live splits dispatched before any dead one, whose four row groups of 32 lanes walk its tiles with
+  their own online softmax, holding their key and value rows in registers, and meet at the split's
+  end; the last block of a (sequence, key head) to finish merges the splits (a counter per
+  (sequence, key head) in one zeroed int32 buffer per device, made by the first call and left zeros
+  by every launch; so, like the router's, one stream at a time on a device: two of these launches
+  running at once on different streams would share counters).
 - anything else (fp32, other head dims, unaligned rows): one block per (split, key head, sequence)
   staging tiles in LDS, and a second launch merging the splits."""
 
@@ -60,11 +59,9 @@ def tile_plan(s: int, d: int, rows: int | None = None) -> tuple[int, int]:
 def tile_want(b: int, kvh: int, device: torch.device, d: int) -> int:
     """The most live splits a (sequence, key head) of the one-launch kernel on ``device`` for ``b``
     sequences of ``kvh`` key heads of head dim ``d`` (128 or 256): :data:`TILE_MAX_SPLITS` where
-    that
-    many for every one are resident at once, else ~:data:`TILE_BLOCKS_PER_SM` blocks a
-    multiprocessor
-    over them; the kernel grows a sequence's split past the plan's chunk by whole tiles where its
-    live positions would make more."""
+    that many for every one are resident at once, else ~:data:`TILE_BLOCKS_PER_SM` blocks a
+    multiprocessor over them; the kernel grows a sequence's split past the plan's chunk by whole
+    tiles where its live positions would make more."""
     if d not in TILE_HEAD_DIMS:
         raise ValueError(
             f"the one-launch kernel takes head dim {' or '.join(map(str, TILE_HEAD_DIMS))}, got {d}"
@@ -90,8 +87,7 @@ def decode_attention(
     ``variant``: ``"tiles"`` (the one-launch kernel: fp16 / bf16, head dim 128 or 256, 16-byte
     aligned) or ``"split"``; None: the planner's default; one that cannot serve raises
     ``BackendUnavailable`` (as do more than 8 query heads a key head or head dim past 256). The
-    layouts are checked
-    here too: the op's checks may be off."""
+    layouts are checked here too: the op's checks may be off."""
     argcheck.decode_attention_layout(q, k, v, lengths)
     b, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]

@@ -1,10 +1,9 @@
 """The gated delta rule through the HIP kernels of ``csrc/gated_delta_rule.hip`` and
 ``csrc/gated_delta_rule_chunk.hip`` (JIT-built, cached): a block per (sequence, value head, 16 or 32
-state
-columns) with its state slice in registers. Decode is one step written back in place. Prefill
-takes one of two variants: ``"scan"``, the recurrence scanned token by token over the sequence,
-any dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks of 64 on the
-matrix cores (bf16 q, k, v and ``chunk_size`` 64). Which one runs by default is the planner's
+state columns) with its state slice in registers. Decode is one step written back in place. Prefill
+takes one of two variants: ``"scan"``, the recurrence scanned token by token over the sequence, any
+dtype, ``chunk_size`` not changing it; ``"chunk"``, the chunked form in chunks of 64 on the matrix
+cores (bf16 q, k, v and ``chunk_size`` 64). Which one runs by default is the planner's
 (``ftlab.backends.rules``: "chunk" where it serves, else "scan"). Dk up to 128. The chunks'
 ``precision``: ``"fp32"`` (the default: fp32 operands of the products in three bf16 parts, fp32
 accuracy) or ``"bf16"`` (each rounded to bf16 once, one product each: fla's precision, its own
@@ -59,9 +58,9 @@ def gated_delta_rule(
     corrected values) split into three bf16 parts, so within the fp32 chunked form's derived
     bound, with ``B * Hv * ceil(T / 64) * 49`` KiB of scratch (for one sequence of 16384 tokens
     and 32 value heads, 392 MiB); ``"bf16"``, each rounded to bf16 once and every product one
-    MMA with fp32 sums, the state kept in fp32 -- the precision of fla's
-    ``chunk_gated_delta_rule`` -- within ``ftlab.testing.gated_delta_tolerance(...,
-    operands="bf16")``, with ``B * Hv * ceil(T / 64) * 17`` KiB of scratch."""
+    MMA with fp32 sums, the state kept in fp32 -- the precision of fla's ``chunk_gated_delta_rule``
+    -- within ``ftlab.testing.gated_delta_tolerance(..., operands="bf16")``, with ``B * Hv * ceil(T
+    / 64) * 17`` KiB of scratch."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
     call = call or calls.delta_rule(q, v, chunk_size, precision)  # a plan passes its own

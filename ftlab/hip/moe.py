@@ -147,10 +147,10 @@ def add_rmsnorm_router_topk(
     renormalize: bool,
 ) -> tuple:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_router_topk`: one launch
-    (``csrc/moe_route.hip``,
-    add_rmsnorm's and router_topk's arithmetic) for up to ``DECODE_MAX_TOKENS`` tokens with the
-    norm weight in x's dtype and 16-byte aligned rows of H a multiple of 16 bytes (at most 1024
-    such pieces); otherwise hip's add_rmsnorm then hip's router_topk (the same bits)."""
+    (``csrc/moe_route.hip``, add_rmsnorm's and router_topk's arithmetic) for up to
+    ``DECODE_MAX_TOKENS`` tokens with the norm weight in x's dtype and 16-byte aligned rows of H a
+    multiple of 16 bytes (at most 1024 such pieces); otherwise hip's add_rmsnorm then hip's
+    router_topk (the same bits)."""
     t, h = x.shape
     e = weight.shape[0]
     elems = 16 // x.element_size()

@@ -113,9 +113,8 @@ def add_rmsnorm_q4_0_matmul(
     path: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backend entry of :func:`ftlab.ops.add_rmsnorm_q4_0_matmul`: one launch (the fused matvec's
-    norm
-    prologue) for one fp16 / bf16 row on the int8 path with the norm weight in x's dtype, 16-byte
-    aligned rows and K a multiple of 256 up to 2048; otherwise hip's add_rmsnorm, then
+    norm prologue) for one fp16 / bf16 row on the int8 path with the norm weight in x's dtype,
+    16-byte aligned rows and K a multiple of 256 up to 2048; otherwise hip's add_rmsnorm, then
     :func:`q4_0_matmul` of its output (the same bits)."""
     m, k = x.shape
     aligned = all(

@@ -73,10 +73,9 @@ def quant_matmul(
     raises ``BackendUnavailable`` naming why. ``staging`` (variant ``"mv1"``: ``"held"``,
     ``"staged"``, ``"sliced"``, ``"sliced_q8"``; None: the planner's). A Q4_0 weight goes to
     :func:`q4_0_matmul` unless ``"mv1"`` is named (:func:`q4_0_one_row`). ``g`` / ``splits``
-    override
-    :func:`tiled_config` (benchmarks). ``call``: the planner's :class:`~ftlab.backends.Call` of
-    these tensors (a plan passes it; made here when None). The shapes are checked here too: the
-    op's checks may be off."""
+    override :func:`tiled_config` (benchmarks). ``call``: the planner's
+    :class:`~ftlab.backends.Call` of these tensors (a plan passes it; made here when None). The
+    shapes are checked here too: the op's checks may be off."""
     argcheck.matmul_layout(x, w)
     if path != "int8":
         raise ValueError(
@@ -132,10 +131,9 @@ def q4_0_one_row(x: torch.Tensor, w: Q4_0Weight, staging: str | None = None) -> 
     ``staging``: ``"held"`` (K up to 8192), ``"staged"`` (up to 2048, rows through LDS by
     asynchronous copies), ``"sliced"`` (up to 16384, a row's slices of 2048 weights held by the
     lane groups of a block) or ``"sliced_q8"`` (the same given x's Q8_1 from its own launch); None:
-    the planner's for the call. x is fp32 / fp16 /
-    bf16 ``[1, K]``, K a multiple of 256, w's bytes contiguous and 16-byte aligned (else
-    ``BackendUnavailable``); y ``[1, N]`` in x's dtype, within q4_0_matmul's int8 bound (its sums
-    are grouped otherwise than the region matvec's)."""
+    the planner's for the call. x is fp32 / fp16 / bf16 ``[1, K]``, K a multiple of 256, w's bytes
+    contiguous and 16-byte aligned (else ``BackendUnavailable``); y ``[1, N]`` in x's dtype, within
+    q4_0_matmul's int8 bound (its sums are grouped otherwise than the region matvec's)."""
     return quant_matmul(x, w, "int8", variant="mv1", staging=staging)
 
 

@@ -6,10 +6,9 @@ on the CPU, summed.
   moved between steps. :func:`layer_executors`: one executor (or None) a layer under a placement --
   ``lru``, ``static``, or ``layers`` (whole layers' experts on the CPU, as llama.cpp's
   ``--n-cpu-moe``, at the share of the bytes :func:`cpu_layers` gives).
-- :class:`HybridDecodeExecutor`: the schedule, one place: router ids -> the live
-  ``expert -> slot | -1`` table -> CPU routes (ids of GPU-resident experts set to -1) through
-  ``ops.moe_experts(..., backend="cpu")`` -> GPU routes (ids mapped to slots, CPU-routed ones -1)
-  through
+- :class:`HybridDecodeExecutor`: the schedule, one place: router ids -> the live ``expert -> slot |
+  -1`` table -> CPU routes (ids of GPU-resident experts set to -1) through ``ops.moe_experts(...,
+  backend="cpu")`` -> GPU routes (ids mapped to slots, CPU-routed ones -1) through
   ``ops.moe_experts`` on the slot banks -> ``y = y_gpu + y_cpu``.
 - The handshakes (``ftlab.hybrid.handshake``), one interface, three classes: host-function
   nodes, stream memory operations with a step counter (both capturable in a CUDA/HIP graph,

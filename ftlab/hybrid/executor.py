@@ -177,8 +177,7 @@ def choose_mechanism(
         _warned.add((str(device), why))
         warnings.warn(
             f"hybrid MoE on {device}: no graph handshake passed its probe ({why}); graph capture "
-            "is "
-            "disabled for these layers, their steps run eagerly",
+            "is disabled for these layers, their steps run eagerly",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -190,13 +189,12 @@ class HybridDecodeExecutor:
 
     ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]`` are the full banks on the host (dense or
     quantized of any :data:`ftlab.quant.QTYPES` types). Each call: the router ids go through the
-    live slot table (``expert -> slot | -1``,
-    int32 ``[E]`` on the device, read at run time, so a replayed graph sees the current
-    residency) into GPU slot ids and CPU expert ids (-1 where the other side or nobody takes the
-    route); the CPU part is handed over by the handshake, the GPU part runs
-    ``ops.moe_experts`` on the slot banks, the handshake waits for the CPU, ``y = y_gpu + y_cpu``.
-    :meth:`end_step` (between steps, never in a captured region) checks the handshake, updates the
-    residency and copies the loaded experts into their slots.
+    live slot table (``expert -> slot | -1``, int32 ``[E]`` on the device, read at run time, so a
+    replayed graph sees the current residency) into GPU slot ids and CPU expert ids (-1 where the
+    other side or nobody takes the route); the CPU part is handed over by the handshake, the GPU
+    part runs ``ops.moe_experts`` on the slot banks, the handshake waits for the CPU, ``y = y_gpu +
+    y_cpu``. :meth:`end_step` (between steps, never in a captured region) checks the handshake,
+    updates the residency and copies the loaded experts into their slots.
 
     ``mechanism``: "auto" probes the graph handshakes (:data:`PROBE_ORDER`) and takes the first
     that passes, else "eager" with a warning; or a name. ``executor.mechanism`` is the choice,
@@ -316,8 +314,7 @@ class HybridDecodeExecutor:
 
 
 #: How ``layer_executors`` places the experts: every layer's slots following the routes, every
-#: layer's
-#: slots holding a fixed set, or whole layers on the CPU.
+#: layer's slots holding a fixed set, or whole layers on the CPU.
 PLACEMENTS = ("lru", "static", "layers")
 
 

@@ -16,9 +16,9 @@ channels and the worker in ``handshake_host.h``):
 pinned staging per batch size at stable addresses (so a graph can bake them in), a step counter
 on the device, and the process's one worker thread running the native CPU kernel (the ``cpu``
 backend of ``moe_experts``, ``ftlab/cpu``, OpenMP). The staged input and output both carry the step
-counter; the combine kernel turns any answer of
-another step into NaN plus a recorded error, and :meth:`check` raises :class:`HandshakeError`
-for it: a stale host buffer or flag is never returned as a result.
+counter; the combine kernel turns any answer of another step into NaN plus a recorded error, and
+:meth:`check` raises :class:`HandshakeError` for it: a stale host buffer or flag is never returned
+as a result.
 """
 
 from __future__ import annotations
@@ -286,8 +286,7 @@ class _ChannelHandshake:
         ):
             raise ValueError(
                 f"x must be [T, H] and ids, weights [T, k], got {tuple(x.shape)}, "
-                f"{tuple(ids.shape)}, "
-                f"{tuple(weights.shape)}"
+                f"{tuple(ids.shape)}, {tuple(weights.shape)}"
             )
         if x.shape[1] != self.cpu.hidden:
             raise ValueError(f"x must have hidden size {self.cpu.hidden}, got {x.shape[1]}")

@@ -4,12 +4,11 @@ notebooks (``notebooks/04_graph_replay_moe.ipynb``).
 :func:`trace` runs ``steps`` steps of an executor and returns spans ``(lane, label, start_us,
 end_us)`` on one clock (microseconds from the first span):
 
-- graph handshakes (on a GPU): the stream's phases are timed with CUDA events the handshake
-  records through its ``mark`` hook around the submit (pack, D2H copy, signal), the GPU experts
-  and the join (wait, H2D copy, combine); the CPU worker's phases come from its own steady-clock log
-  (saw the step, computed
-  it). The two clocks are aligned once per step through an event the host waits for, so the
-  GPU spans are placed within some tens of microseconds (the synchronization's latency);
+- graph handshakes (on a GPU): the stream's phases are timed with CUDA events the handshake records
+  through its ``mark`` hook around the submit (pack, D2H copy, signal), the GPU experts and the join
+  (wait, H2D copy, combine); the CPU worker's phases come from its own steady-clock log (saw the
+  step, computed it). The two clocks are aligned once per step through an event the host waits for,
+  so the GPU spans are placed within some tens of microseconds (the synchronization's latency);
 - eager (any device): each phase is timed on the host, with a synchronization after it.
 """
 

@@ -146,8 +146,7 @@ class DecodeLaunches:
         if tokens.shape != self.tokens.shape or positions.shape != self.positions.shape:
             raise ValueError(
                 f"tokens and positions must be {tuple(self.tokens.shape)} (the recorded batch), "
-                "got "
-                f"{tuple(tokens.shape)} and {tuple(positions.shape)}"
+                f"got {tuple(tokens.shape)} and {tuple(positions.shape)}"
             )
         self.tokens.copy_(tokens)
         self.model.cache.update_geometry(self.geo, positions, self.inputs)

@@ -127,8 +127,7 @@ class KVCache:
         if not self.static or positions.shape != geo["positions"].shape or positions.shape[1] != 1:
             raise ValueError(
                 "update_geometry takes a static cache's decode geometry and positions of its "
-                "shape "
-                f"{tuple(geo['positions'].shape)}, got {tuple(positions.shape)}"
+                f"shape {tuple(geo['positions'].shape)}, got {tuple(positions.shape)}"
             )
         flat = positions.reshape(-1)
         rows = None
@@ -186,14 +185,14 @@ class KVCache:
         quantize: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, Q8_1 | None]:
         """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots (not when
-        ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then
-        attend ``q [B, T, heads, hd]`` (GQA, causal under ``geo``'s mask) over the cached
-        positions; returns ``[B, T, heads, hd]``. Through torch's SDPA under the mask, except one
-        token a sequence (decode) when ``plan.backends["decode_attention"]`` names a backend, or is
-        "auto" on a GPU where :func:`hip_attention` picks hip's one-launch kernel: then
-        ``ops.decode_attention`` over the live positions only. ``quantize``: returns ``(out,
-        out_q8)``, ``out_q8`` the Q8_1 of ``out`` viewed ``[B * T, heads * hd]`` where the op path
-        made it (``ops.decode_attention(quantize=True)``), else None (SDPA's path makes none)."""
+        ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then attend ``q [B, T, heads,
+        hd]`` (GQA, causal under ``geo``'s mask) over the cached positions; returns ``[B, T, heads,
+        hd]``. Through torch's SDPA under the mask, except one token a sequence (decode) when
+        ``plan.backends["decode_attention"]`` names a backend, or is "auto" on a GPU where
+        :func:`hip_attention` picks hip's one-launch kernel: then ``ops.decode_attention`` over the
+        live positions only. ``quantize``: returns ``(out, out_q8)``, ``out_q8`` the Q8_1 of ``out``
+        viewed ``[B * T, heads * hd]`` where the op path made it
+        (``ops.decode_attention(quantize=True)``), else None (SDPA's path makes none)."""
         b, t, kvh, hd = k.shape
         backends = plan.backends
         if not stored:
@@ -234,14 +233,11 @@ class KVCache:
         mask = geo["mask"]
         if ftplatform.capturing(q.device):
             # replayed from a graph: SDPA given the additive mask takes cuDNN's kernel, the fastest
-            # on
-            # the device (a decode layer 8.0 us against 11.2 us with the boolean mask, which SDPA
-            # turns
-            # into an additive one in every layer); launched eagerly, cuDNN's host cost a call
+            # on the device (faster than the boolean mask, which SDPA turns into an additive one in
+            # every layer); launched eagerly, cuDNN's host cost a call
             # outweighs that, so the boolean mask stays (benchmarks/NOTES.md, "Router, mask"). The
-            # two
-            # paths are different kernels: in fp16 / bf16 a replayed step and an eager one differ in
-            # the last bits of the attention (fp32 takes the math kernel both ways).
+            # two paths are different kernels: in fp16 / bf16 a replayed step and an eager one
+            # differ in the last bits of the attention (fp32 takes the math kernel both ways).
             if "bias" not in geo:  # once a captured forward pass (geo is one forward pass's)
                 geo["bias"] = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
                     ~mask, float("-inf")

@@ -4,10 +4,9 @@
 :class:`~ftlab.models.qwen3_next.model_weights.NextWeights`), chosen by its config's
 ``model_type``; or a llama.cpp GGUF file, chosen by its ``general.architecture``: ``qwen3moe``
 (:mod:`ftlab.models.qwen3_moe.gguf`), ``qwen35moe`` (Qwen3.5 / Qwen3.6) or ``qwen3next``
-(:mod:`ftlab.models.qwen3_next.gguf`, read into the HF state
-dict, then built as a HF directory's is). A checkpoint ftlab cannot use raises
-:class:`~ftlab.formats.CheckpointError` (GGUF files: its subclass
-:class:`~ftlab.formats.gguf.GGUFError`) naming the file and the key or tensor.
+(:mod:`ftlab.models.qwen3_next.gguf`, read into the HF state dict, then built as a HF directory's
+is). A checkpoint ftlab cannot use raises :class:`~ftlab.formats.CheckpointError` (GGUF files: its
+subclass :class:`~ftlab.formats.gguf.GGUFError`) naming the file and the key or tensor.
 """
 
 from pathlib import Path

@@ -133,8 +133,7 @@ class Pipeline:
             if graphs is True:
                 raise ValueError(
                     f"graphs=True: {', '.join(blocking)} cannot run inside a graph capture (it "
-                    "reads "
-                    "tensors on the host); pick other backends for them, or graphs=False"
+                    "reads tensors on the host); pick other backends for them, or graphs=False"
                 )
             self.graphs = False  # "auto": eager decode with these backends
         hybrid_slots = check.hybrid_slots(hybrid_slots, config.num_experts)
@@ -143,8 +142,7 @@ class Pipeline:
             self._hybrid(hybrid_slots, ops, hybrid_policy) if hybrid_slots is not None else None
         )
         # graphs off on a GPU: the static model (no host synchronization in a step), its decode
-        # steps
-        # launched from a recorded schedule (DecodeLaunches) where the layers record cleanly
+        # steps launched from a recorded schedule (DecodeLaunches) where the layers record cleanly
         self._static_eager = (
             launches
             and not self.graphs
@@ -290,10 +288,9 @@ class Pipeline:
         off on a GPU: the layers' kernels launched from a schedule recorded at the first step,
         :class:`DecodeLaunches`; before that step, what is planned: the recording may yet be
         refused), or ``"eager"`` (op by op: ``launches=False``, the CPU, backends that read tensors
-        on
-        the host, hybrid or tensor-parallel models, Qwen3-Next / Qwen3.5-MoE -- whose layers run
-        torch kernels between the ops -- or a recording refused: then :attr:`launches_refused`
-        says why)."""
+        on the host, hybrid or tensor-parallel models, Qwen3-Next / Qwen3.5-MoE -- whose layers run
+        torch kernels between the ops -- or a recording refused: then :attr:`launches_refused` says
+        why)."""
         if self.graph_capturable:
             return "graph"
         return "launches" if self._static_eager and self.launches_refused is None else "eager"

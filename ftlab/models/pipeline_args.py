@@ -50,8 +50,7 @@ MODEL_DTYPES = ftbackends.FLOAT_DTYPES
 #: The paths of Q4_0 weights (see ``ops.q4_0_matmul``).
 Q4_0_PATHS = ("auto", *ftbackends.Q4_0_PATHS)
 #: The placements of hybrid experts (``ftlab.hybrid.PLACEMENTS``): every layer's slots least
-#: recently
-#: used out, or a fixed set in every layer's slots, or whole layers on the CPU.
+#: recently used out, or a fixed set in every layer's slots, or whole layers on the CPU.
 HYBRID_POLICIES = ("lru", "static", "layers")
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
 GRAPHS_AUTO = "auto"
@@ -299,9 +298,8 @@ def backend_map(value: object) -> dict[str, str]:
     if isinstance(value, str):
         if value != "auto" and not all(_backend_known(op, value) for op in QWEN3_MOE_OPS):
             raise ValueError(
-                f"backends must be 'auto', one of {backend_names()} (every op) or a dict "
-                f"{{op: backend}}, "
-                f"got {value!r}"
+                f"backends must be 'auto', one of {backend_names()} (every op) or a dict {{op: "
+                f"backend}}, got {value!r}"
             )
         return {op: value if _backend_known(op, value) else "auto" for op in MODEL_OPS}
     if not isinstance(value, Mapping):

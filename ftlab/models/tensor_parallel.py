@@ -159,8 +159,7 @@ def columns(w, start: int, stop: int, what: str, dtype: torch.dtype = torch.floa
 
         warnings.warn(
             f"{what}: a {w.qtype} weight cut at columns {start}..{stop}, inside its blocks of "
-            f"{block}: "
-            f"this rank keeps its share dense in {dtype}",
+            f"{block}: this rank keeps its share dense in {dtype}",
             ShardDequantizedWarning,
             stacklevel=2,
         )
@@ -245,9 +244,8 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     :func:`shard_qwen3_moe` for embedding, full attention (q and gate rows of its heads), the
     routed experts (a bank loaded with only the rank's experts kept as it is: :func:`experts`)
     and lm_head (likewise: :func:`vocab_rows`); a linear-attention layer keeps its key heads and
-    their value heads (q, k, v
-    rows and conv channels, z, b, a, dt_bias, A; out_proj columns, put back in HF order first
-    if stored permuted); the shared expert its share of the intermediate
+    their value heads (q, k, v rows and conv channels, z, b, a, dt_bias, A; out_proj columns, put
+    back in HF order first if stored permuted); the shared expert its share of the intermediate
     columns (gate and up rows, down columns), its gate replicated. ValueError when tp does not
     divide a count."""
     from ftlab.models.qwen3_next.model_weights import (

@@ -53,8 +53,7 @@ def _check(q, k, v, g, beta, lead: tuple[str, ...], scale, l2norm_qk) -> tuple[i
         if tuple(t.shape) != (*lead_sizes, hv):
             raise ValueError(
                 f"{name} must be [{', '.join(map(str, lead_sizes))}, {hv}] ({', '.join(lead)}, "
-                "Hv), got "
-                f"{tuple(t.shape)}"
+                f"Hv), got {tuple(t.shape)}"
             )
     for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta)):
         if t.device != q.device:

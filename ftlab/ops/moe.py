@@ -79,15 +79,14 @@ def add_rmsnorm_router_topk(
     validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's residual add and the RMSNorm after it, then the router of the normed rows:
-    ``(y, s, logits, weights, ids)``, bit for bit what one backend's
-    ``y, s = add_rmsnorm(x, residual, norm_weight, eps)`` then ``router_topk(y, weight, top_k,
-    renormalize)`` give (arguments as theirs: x and residual ``[T, H]`` of one float dtype,
-    norm_weight ``[H]``, weight ``[E, H]`` of x's dtype). The hip backend does it in one launch
-    for decode (up to ``backends.DECODE_MAX_TOKENS`` tokens, a residual, the norm weight in x's
-    dtype, 16-byte aligned rows): each block of the router recomputes the token's norm with
-    add_rmsnorm's arithmetic and reads y from its LDS; otherwise, and in the other backends, the
-    two ops run one after the other. Routing counters as :func:`router_topk`'s: calls on two
-    streams of one device must not overlap.
+    ``(y, s, logits, weights, ids)``, bit for bit what one backend's ``y, s = add_rmsnorm(x,
+    residual, norm_weight, eps)`` then ``router_topk(y, weight, top_k, renormalize)`` give
+    (arguments as theirs: x and residual ``[T, H]`` of one float dtype, norm_weight ``[H]``, weight
+    ``[E, H]`` of x's dtype). The hip backend does it in one launch for decode (up to
+    ``backends.DECODE_MAX_TOKENS`` tokens, a residual, the norm weight in x's dtype, 16-byte aligned
+    rows): each block of the router recomputes the token's norm with add_rmsnorm's arithmetic and
+    reads y from its LDS; otherwise, and in the other backends, the two ops run one after the other.
+    Routing counters as :func:`router_topk`'s: calls on two streams of one device must not overlap.
 
     ``validate=False`` skips the argument checks (the caller vouches for them, as the models do:
     a :class:`~ftlab.models.DecodePlan`'s ``checks``); the backends still refuse layouts they cannot
@@ -167,20 +166,19 @@ def moe_experts(
     x ``[T, H]`` fp32/fp16/bf16; ``w_gate_up [E, 2I, H]`` (gate rows, then up rows) and
     ``w_down [E, H, I]``, both dense (fp32/fp16/bf16) or both :class:`~ftlab.quant.QuantWeight`
     banks of any :data:`~ftlab.quant.QTYPES` types, which may differ (Q4_K_M: Q4_K gate/up, Q6_K
-    or Q4_K down); ``topk_weights``
-    fp32 ``[T, k]``; ``topk_ids`` int32/int64 ``[T, k]`` -- ids outside ``[0, E)``, -1 in
-    particular, contribute nothing. Returns ``[T, H]`` in x's dtype.
+    or Q4_K down); ``topk_weights`` fp32 ``[T, k]``; ``topk_ids`` int32/int64 ``[T, k]`` -- ids
+    outside ``[0, E)``, -1 in particular, contribute nothing. Returns ``[T, H]`` in x's dtype.
 
     ``path`` applies to quantized banks, as in :func:`~ftlab.ops.q4_0_matmul` and
     :func:`~ftlab.ops.quant_matmul`: ``"int8"`` (x and the SwiGLU output h quantized to Q8_1,
     exact integer sub-block dots), ``"dequant"`` (weights dequantized; a backend may round them,
-    and h, to x's dtype for its matrix units), ``"auto"`` (int8 up to
-    ``backends.DECODE_MAX_TOKENS`` tokens, else the backend's prefill path: reference and triton
-    ``"dequant"``, hip and cpu ``"int8"``); with ``backend="auto"`` the planner may take another
-    backend and path where one measured faster (``ftlab ops moe_experts --explain``). Dense banks
-    ignore it. A path a backend lacks raises ``BackendUnavailable``. The routing weight
-    multiplies each expert's down output before the sum over the k slots, in every backend.
-    ``backend="cpu"``: the native CPU kernels (CPU tensors; what the hybrid executor runs).
+    and h, to x's dtype for its matrix units), ``"auto"`` (int8 up to ``backends.DECODE_MAX_TOKENS``
+    tokens, else the backend's prefill path: reference and triton ``"dequant"``, hip and cpu
+    ``"int8"``); with ``backend="auto"`` the planner may take another backend and path where one
+    measured faster (``ftlab ops moe_experts --explain``). Dense banks ignore it. A path a backend
+    lacks raises ``BackendUnavailable``. The routing weight multiplies each expert's down output
+    before the sum over the k slots, in every backend. ``backend="cpu"``: the native CPU kernels
+    (CPU tensors; what the hybrid executor runs).
 
     ``plan``: a plan this op made for the same call, taken instead of planning again (a model keeps
     one a layer and row count); ``backend`` and ``path`` are then the plan's.

@@ -34,10 +34,10 @@ def quant_matmul(
       ``"dequant"``: ``x @ dequantize(W).T`` with the weights rounded to x's dtype in the tile,
       accumulated in fp32.
       ``"auto"``: int8 up to ``backends.DECODE_MAX_TOKENS`` rows, else the backend's prefill path.
-    ``backend="auto"`` and the path and kernel variant are the planner's
-    (``ftlab.backends.plan``; ``ftlab ops quant_matmul --explain`` prints its choice and why).
-    A :class:`~ftlab.quant.Q4_0Weight` goes to :func:`~ftlab.ops.q4_0_matmul` (same paths).
-    x may be non-contiguous (row stride > K).
+    ``backend="auto"`` and the path and kernel variant are the planner's (``ftlab.backends.plan``;
+    ``ftlab ops quant_matmul --explain`` prints its choice and why). A
+    :class:`~ftlab.quant.Q4_0Weight` goes to :func:`~ftlab.ops.q4_0_matmul` (same paths). x may be
+    non-contiguous (row stride > K).
 
     ``plan``: a plan this op made for the same call (``backends.plan("quant_matmul", ...)``,
     kept by a model for each weight), taken instead of planning again; ``backend`` and ``path``

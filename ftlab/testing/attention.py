@@ -107,9 +107,8 @@ def check_decode_attention_case(
 
 def q8_mismatches(out: torch.Tensor, q8) -> dict[str, int]:
     """``{part: values that differ}`` between ``q8`` (q, d, s) and the reference ``quantize_q8_1``
-    of
-    ``out [B, H, D]`` viewed ``[B, H * D]`` (every value of a part whose shape differs); empty when
-    they are the same bits."""
+    of ``out [B, H, D]`` viewed ``[B, H * D]`` (every value of a part whose shape differs); empty
+    when they are the same bits."""
     ref = ops.quantize_q8_1(out.reshape(out.shape[0], -1), backend="reference")
     bad = {}
     for part in ("q", "d", "s"):

@@ -24,8 +24,7 @@ such a copy loads, and may give non-finite results). :class:`HFMutator` writes a
 directory: ``config.json`` values (types, ranges, deletions, broken JSON), safetensors
 headers, truncations, stored values, and shard layouts with and without an index (extra,
 missing, duplicated, mis-mapped shards), and features ftlab lacks (``Mutation.unsupported``:
-a sliding window, attention biases, another activation); it lives in
-:mod:`ftlab.testing.hf_fuzz`.
+a sliding window, attention biases, another activation); it lives in :mod:`ftlab.testing.hf_fuzz`.
 """
 
 from __future__ import annotations

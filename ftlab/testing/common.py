@@ -68,7 +68,6 @@ def assert_within(
         i, j = (int(v) for v in bad.nonzero()[0])
         raise AssertionError(
             f"{name}: {what} off at [{i}, {j}]: got {float(got[i, j])}, reference "
-            f"{float(expected[i, j])}, "
-            f"|diff| {float(err[i, j]):.3g} > bound {float(bound[i, j]):.3g} ({int(bad.sum())} of "
-            f"{bad.numel()} elements)"
+            f"{float(expected[i, j])}, |diff| {float(err[i, j]):.3g} > bound "
+            f"{float(bound[i, j]):.3g} ({int(bad.sum())} of {bad.numel()} elements)"
         )

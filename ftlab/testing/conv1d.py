@@ -29,9 +29,8 @@ def causal_conv1d_tolerance(
     error by at most its slope 1.1 and adds its own evaluation (exp, add, divide or the
     sigmoid and a product: 6 eps32 of |silu|, and |a|/2 eps32 more where the exponential is
     exp2 of a * log2(e), as Triton's on GPUs: that product's rounding). Then each rounds once to x's
-    dtype: up to one
-    ulp apart (half an ulp each; Triton's interpreter truncates bf16, one ulp), at the upper
-    binade of ``|exact| + bound``."""
+    dtype: up to one ulp apart (half an ulp each; Triton's interpreter truncates bf16, one ulp), at
+    the upper binade of ``|exact| + bound``."""
     b, t, c = x.shape
     w = weight.shape[1]
     st = (
@@ -88,9 +87,9 @@ def check_causal_conv1d_case(
     device: torch.device | str = "cpu",
     backends: Sequence[str] | None = None,
 ) -> None:
-    """Every backend's causal_conv1d against the reference: y within
-    :func:`causal_conv1d_tolerance` (x as given: a strided view stays a view), the new state
-    bit for bit (it is a copy of inputs)."""
+    """Every backend's causal_conv1d against the reference: y within :func:`causal_conv1d_tolerance`
+    (x as given: a strided view stays a view), the new state bit for bit (it is a copy of
+    inputs)."""
     want_y, want_state = ops.causal_conv1d(
         x, weight, bias, state=state, lengths=lengths, activation=activation, backend="reference"
     )

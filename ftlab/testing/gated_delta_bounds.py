@@ -56,15 +56,14 @@ def gated_delta_tolerance(
     eps32 of ``A``, a state formed token by token 6 eps32 of ``A`` a token (the decay, its exp,
     the outer product and the sum, each rounded once; added at every token, so that the bound
     of any chunk size also covers the recurrence, which HIP's prefill scan runs whatever the
-    chunk size). In chunks the decays are ``exp(c_i - c_j)`` of fp32
-    cumulative sums over the chunk, whose exponents are off by up to ``(chunk + 2) eps32 (|c_i|
-    + |c_j|)``: ``rho`` adds ``2 (chunk + 2) G`` with ``G`` the chunk's sum of |g|. The carried
-    error ``E_t = growth_t E_{t-1} + rho (|k_t| m_t + [chunk end] A_t) + 6 A_t`` then bounds the
-    state's column error, the output's ``|q_t| (E_t + rho A_t)`` eps32 (q scaled), the final
-    state's ``(E_T + rho A_T)`` eps32. Outputs of fp16 / bf16 add the rounding to v's dtype,
-    one ulp (Triton's interpreter truncates) at ``|exact| + bound``. ``gates = (a_neg, dt_bias)``:
-    g and beta are the raw a and b, the gates' fp32 errors added
-    (:func:`check_gated_delta_step_case`).
+    chunk size). In chunks the decays are ``exp(c_i - c_j)`` of fp32 cumulative sums over the chunk,
+    whose exponents are off by up to ``(chunk + 2) eps32 (|c_i| + |c_j|)``: ``rho`` adds ``2 (chunk
+    + 2) G`` with ``G`` the chunk's sum of |g|. The carried error ``E_t = growth_t E_{t-1} + rho
+    (|k_t| m_t + [chunk end] A_t) + 6 A_t`` then bounds the state's column error, the output's
+    ``|q_t| (E_t + rho A_t)`` eps32 (q scaled), the final state's ``(E_T + rho A_T)`` eps32. Outputs
+    of fp16 / bf16 add the rounding to v's dtype, one ulp (Triton's interpreter truncates) at
+    ``|exact| + bound``. ``gates = (a_neg, dt_bias)``: g and beta are the raw a and b, the gates'
+    fp32 errors added (:func:`check_gated_delta_step_case`).
 
     A g below ``G_FLOOR`` (-inf, -1e30: a full forget) is computed as ``G_FLOOR``: its fp32 exp
     is 0, within 2^-158 of the exact ``exp(g)`` (far below fp32's smallest subnormal); the exact

@@ -3,10 +3,9 @@ checkpoints with random weights, and their conversion by llama.cpp's own convert
 
 ``python -m ftlab.testing.gguf_qwen3_next LLAMA_CPP_DIR OUT_DIR`` writes, for every entry of
 :data:`FIXTURES`, ``OUT_DIR/<name>.gguf`` (converted with ``--outtype f32``, ``--no-mtp`` for those
-without an MTP head, and the
-fixture's own flags) and
-``OUT_DIR/<name>.safetensors`` (the HF state dict, transformers' names), plus
-``OUT_DIR/<name>.json`` (the HF config): the files ``tests/data`` holds.
+without an MTP head, and the fixture's own flags) and ``OUT_DIR/<name>.safetensors`` (the HF state
+dict, transformers' names), plus ``OUT_DIR/<name>.json`` (the HF config): the files ``tests/data``
+holds.
 
 The converter picks the pre-tokenizer by hashing the ids its tokenizer gives a fixed text; the
 tiny byte-level BPE (``ftlab.models.tiny.train_tokenizer``) matches no known hash, so the

@@ -27,8 +27,7 @@ class IndexCase:
         return (
             f"IndexCase(N={n}, D={d}, stride={self.weights.stride(0)}, dtype={self.weights.dtype}, "
             f"L={self.indices.numel()}, idx={self.indices.dtype}, mask={self.mask}, "
-            f"out_pad={self.out_pad}, "
-            f"indices={self.indices.tolist()[:16]}...)"
+            f"out_pad={self.out_pad}, indices={self.indices.tolist()[:16]}...)"
         )
 
 
@@ -114,8 +113,7 @@ class StoreCase:
             f"StoreCase(S={self.k_cache.shape[0]}, Dk={self.k.shape[1]}, Dv={self.v.shape[1]}, "
             f"strides=({self.k_cache.stride(0)}, {self.v_cache.stride(0)}, {self.k.stride(0)}, "
             f"{self.v.stride(0)}), dtype={self.k.dtype}, L={self.indices.numel()}, "
-            f"idx={self.indices.dtype}, "
-            f"indices={self.indices.tolist()[:16]}...)"
+            f"idx={self.indices.dtype}, indices={self.indices.tolist()[:16]}...)"
         )
 
 

@@ -249,9 +249,8 @@ def check_norm_matmul_case(
     backends: Sequence[str] | None = None,
 ) -> None:
     """Each backend's ``add_rmsnorm_q4_0_matmul`` against its own ``add_rmsnorm`` then
-    ``q4_0_matmul``
-    (on the int8 path): y, s and the product equal, bit for bit (the op's contract: hip's one
-    launch repeats the two kernels' arithmetic); s is x itself without a residual."""
+    ``q4_0_matmul`` (on the int8 path): y, s and the product equal, bit for bit (the op's contract:
+    hip's one launch repeats the two kernels' arithmetic); s is x itself without a residual."""
     dev = torch.device(device)
     x, norm_weight = x.to(dev), norm_weight.to(dev)
     w = Q4_0Weight(w.data.to(dev), tuple(w.shape))

@@ -62,8 +62,7 @@ class QuantMatmulCase:
     def __repr__(self) -> str:
         return (
             f"QuantMatmulCase({self.w.qtype}, M={self.x.shape[0]}, N={self.w.shape[0]}, "
-            f"K={self.x.shape[1]}, "
-            f"x={self.x.dtype}, stride={self.x.stride(0)}, path={self.path})"
+            f"K={self.x.shape[1]}, x={self.x.dtype}, stride={self.x.stride(0)}, path={self.path})"
         )
 
 

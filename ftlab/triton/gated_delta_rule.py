@@ -7,9 +7,8 @@ the state, and stores it back in place: one pass over the state, no host work, c
 
 Prefill (:func:`gated_delta_rule`): in chunks of 64 (the models' size) with key heads up to 128,
 except on RDNA, the kernels of :mod:`ftlab.triton.gated_delta_rule_chunk64` (the state kept in
-registers across chunks,
-each chunk's triangle inverted once); other chunk sizes the general kernels of
-:mod:`ftlab.triton.gated_delta_rule_chunk`.
+registers across chunks, each chunk's triangle inverted once); other chunk sizes the general kernels
+of :mod:`ftlab.triton.gated_delta_rule_chunk`.
 """
 
 from __future__ import annotations

@@ -64,9 +64,8 @@ def gated_delta_rule(
     inputs: the WY, scan and output kernels round each fp32 operand to bf16 once and take one bf16
     product (fp32 sums; the inverse and the state in registers stay at fp32 accuracy), and W, U /
     X and the chunks' start states are kept in bf16 -- the WY form of
-    ``ftlab.testing.gated_delta_rule.bf16_operand_terms``; otherwise (and for other dtypes) fp32
-    dots and
-    fp32 scratch."""
+    ``ftlab.testing.gated_delta_bounds.bf16_operand_terms``; otherwise (and for other dtypes) fp32
+    dots and fp32 scratch."""
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2:]
     nt = triton.cdiv(t, C)

@@ -1,7 +1,7 @@
 """The WY form of the chunk-64 gated delta rule prefill
 (:mod:`ftlab.triton.gated_delta_rule_chunk64`), chunks in parallel. With a chunk's keys ``K``
-(L2-normalised when asked), cumulative log decays ``c`` from its start and
-``L = beta_i (k_i . k_j) exp(c_i - c_j)`` (j < i):
+(L2-normalised when asked), cumulative log decays ``c`` from its start and ``L = beta_i (k_i . k_j)
+exp(c_i - c_j)`` (j < i):
 
 - ``inverse_kernel``: ``L`` from one ``[64, 64]`` key product, then the inverse
   ``A = (I + L)^-1`` block by block over blocks of 16 rows (each diagonal block by forward

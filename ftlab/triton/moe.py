@@ -193,8 +193,8 @@ def moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, path: str) -> torc
     "dequant"). Q4_0 banks on the int8 path: the int8 kernels of ``moe_q4_0_int8`` (any T);
     Q8_0 / K-quant banks: those of ``moe_kquant`` (int8: matvecs at any T) and
     ``moe_kquant_gemm`` (dequant: its grouped GEMM); else up to ``DECODE_MAX_TOKENS`` tokens the
-    fp32 decode kernels, beyond the grouped GEMM (Q4_0 banks where
-    ``moe_kquant_gemm.q4_0_pairs``: its 64-weight-step GEMM)."""
+    fp32 decode kernels, beyond the grouped GEMM (Q4_0 banks where ``moe_kquant_gemm.q4_0_pairs``:
+    its 64-weight-step GEMM)."""
     t, hidden = x.shape
     if t == 0:
         return torch.empty((0, hidden), dtype=x.dtype, device=x.device)

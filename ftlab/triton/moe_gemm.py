@@ -229,8 +229,7 @@ def compile_specs(target: str) -> list:
             for gated in (True, False):
                 label = (
                     f"moe_gemm_kernel[{'gate_up' if gated else 'down'}, {'Q4_0' if q4 else dt} "
-                    f"bank, {dt}, "
-                    f"block_m {cfg['BLOCK_M']}]"
+                    f"bank, {dt}, block_m {cfg['BLOCK_M']}]"
                 )
                 specs.append(
                     spec(

@@ -156,9 +156,9 @@ def kq_gemm_config(dtype: torch.dtype, qtype: str, arch: str | None, gated: bool
 def block_m_for(pairs: int, num_experts: int) -> int:
     """The grouped GEMM's rows a tile before the table's cap: the power of two >= 4x the mean rows
     an expert (at least 16). At 512 tokens top-8 of 256 Q4_0 experts (16 rows an expert, the
-    Qwen3.6 layer) 64-row tiles -- one warpgroup's wgmma on sm_90 -- took gate/up 674 and down
-    250 us against 900 and 305 at 32 rows (benchmarks/results/2026-12-04-nvidia-h200-sweep-moe-
-    q4_0-prefill.txt); at 32 rows an expert (Qwen3-30B-A3B) both rules give 64. The rule serves
+    Qwen3.6 layer) 64-row tiles -- one warpgroup's wgmma on sm_90 -- were faster than 32-row ones
+    (benchmarks/results/2026-12-04-nvidia-h200-sweep-moe-q4_0-prefill.txt); at 32 rows an expert
+    (Qwen3-30B-A3B) both rules give 64. The rule serves
     every bank type; only Q4_0 banks were swept under it."""
     return max(16, triton.next_power_of_2(4 * max(1, pairs // num_experts)))
 

@@ -6,8 +6,8 @@ A row of up to :data:`MAX_BLOCK_H` elements stays in registers; a longer one is 
 twice, the second pass recomputing s (the same rounding, bit for bit) rather than reading back
 stores of other threads. A row whose squares overflow fp32 takes its factor from the squares of
 ``s * 2^-80`` (:func:`row_rms_factor`; ftlab.reference.norm). The rounding to bf16 is done on the
-bits (nearest even), so the
-result is the same on GPUs and in the CPU interpreter, whose own bf16 casts truncate.
+bits (nearest even), so the result is the same on GPUs and in the CPU interpreter, whose own bf16
+casts truncate.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Kernels:
   16-bit x) the dequant path takes that module's GEMM in 64-weight steps instead.
 
 Exactness: the quantizers must match the reference bit for bit, so they divide with
-``div_rn`` (Triton's ``/`` is approximate on NVIDIA) and launch with
-``enable_fp_fusion=False`` (``x * id + 8.5`` must round the product before the add).
+``div_rn`` (Triton's ``/`` is approximate on NVIDIA) and launch with ``enable_fp_fusion=False`` (``x
+* id + 8.5`` must round the product before the add).
 
 Layout trick shared by the GEMM: a Q4_0 byte j holds elements j (low nibble) and j+16
 (high nibble). ``tl.join(lo, hi)`` interleaves them, so the weight tile's K order is

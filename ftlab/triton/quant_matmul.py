@@ -269,10 +269,9 @@ def quant_dequant_gemm(x: torch.Tensor, w: QuantWeight, config: dict | None = No
         if cfg is None or cfg["BLOCK_K"] != 64 or not row_scales(arch):
             raise ValueError(
                 "Q4_0 weights are decoded in 64-weight steps only: config must have BLOCK_K 64 on "
-                "an "
-                "arch with row scales (q4_0_config has tiles for 16-bit x on "
-                f"{sorted(GEMM_CONFIGS['q4_0'])}"
-                f"), got {cfg} for {x.dtype} x on {arch or 'the CPU interpreter'}"
+                "an arch with row scales (q4_0_config has tiles for 16-bit x on "
+                f"{sorted(GEMM_CONFIGS['q4_0'])}), got {cfg} for {x.dtype} x on "
+                f"{arch or 'the CPU interpreter'}"
             )
     else:
         cfg = config or gemm_config(x.dtype, arch)

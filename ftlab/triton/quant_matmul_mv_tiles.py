@@ -139,11 +139,10 @@ def q4_k_mv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_SB: tl.constexpr,
 ):
-    """partial[split, m, n] = sum over this split's 32-sub-blocks of
-    d * (d8 * (sc * sumi)) - dmin * (m * s8); Q5_K with ``FIFTH``. Blocks are whole 32-bit words
-    (36 / 44): word 0 holds d and dmin, ``qs`` word 8p + i holds bytes 4i.. of sub-block pair p
-    (low nibbles sub-block 2p, high 2p + 1), Q5_K's ``qh`` word i (words 4..11) the fifth bits of
-    weights 4i.. (bit j for sub-block j)."""
+    """partial[split, m, n] = sum over this split's 32-sub-blocks of d * (d8 * (sc * sumi)) - dmin *
+    (m * s8); Q5_K with ``FIFTH``. Blocks are whole 32-bit words (36 / 44): word 0 holds d and dmin,
+    ``qs`` word 8p + i holds bytes 4i.. of sub-block pair p (low nibbles sub-block 2p, high 2p + 1),
+    Q5_K's ``qh`` word i (words 4..11) the fifth bits of weights 4i.. (bit j for sub-block j)."""
     NWORDS: tl.constexpr = 44 if FIFTH else 36
     QSW: tl.constexpr = 12 if FIFTH else 4
     split, n, n_ok, lo, hi = split_tile(N, NSB, SB_PER_SPLIT, BLOCK_N)

@@ -125,9 +125,8 @@ def test_llama_bench_ran_on_the_same_file(cpu_run):
 
 def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
     """--hybrid-slots 1 of the file's 2 experts: ftlab's hybrid decode under both residency
-    policies,
-    then llama-bench again with -ncmoe at the same share of the expert bytes on the CPU (1 of 2
-    layers), no prompt test."""
+    policies, then llama-bench again with -ncmoe at the same share of the expert bytes on the CPU (1
+    of 2 layers), no prompt test."""
     binary = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON)
     assert (
         cli.main(
@@ -285,10 +284,9 @@ def test_a_llama_bench_without_depth_gives_depth_zero_rows(tmp_path):
     and tg128 rows stand, the depth rows are missing, and a note says why."""
     script = tmp_path / "llama-bench"
     script.write_text(
-        f"#!{sys.executable}\nimport json, sys\n"
-        "if '-d' in sys.argv: print('error: invalid parameter for argument: -d', file=sys.stderr); "
-        "sys.exit(1)\n"
-        f"print({json.dumps(json.dumps(LLAMA_BENCH_JSON[:2]))})\n"
+        f"#!{sys.executable}\nimport json, sys\nif '-d' in sys.argv: print('error: invalid "
+        "parameter for argument: -d', file=sys.stderr); "
+        f"sys.exit(1)\nprint({json.dumps(json.dumps(LLAMA_BENCH_JSON[:2]))})\n"
     )
     script.chmod(0o755)
     notes = []

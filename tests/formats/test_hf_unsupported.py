@@ -117,8 +117,7 @@ def test_another_model_type_is_told_every_type_ftlab_loads(tmp_path):
     message = refusal(with_config(source, tmp_path, {"model_type": "llama"}))
     assert message == (
         f"{tmp_path / 'config.json'}: model_type must be one of ['qwen3_5_moe', "
-        "'qwen3_5_moe_text', "
-        "'qwen3_moe', 'qwen3_next'], got 'llama'"
+        "'qwen3_5_moe_text', 'qwen3_moe', 'qwen3_next'], got 'llama'"
     )
 
 

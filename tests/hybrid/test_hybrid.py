@@ -270,11 +270,9 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
     w, ids = ops.route_topk(torch.randn(4, 8, generator=gen), 2)
     torch.save({"x": x, "gu": gu.data, "dn": dn.data, "w": w, "ids": ids}, tmp_path / "case.pt")
     code = (
-        "import sys, torch; from ftlab import ops; from ftlab.quant import Q4_0Weight; "
-        "c = torch.load(sys.argv[1]); "
-        "y = ops.moe_experts(c['x'], Q4_0Weight(c['gu'], (8, 192, 160)), Q4_0Weight(c['dn'], (8, "
-        "160, 96)), c['w'], "
-        "c['ids'], path='int8', backend='cpu'); "
+        "import sys, torch; from ftlab import ops; from ftlab.quant import Q4_0Weight; c = "
+        "torch.load(sys.argv[1]); y = ops.moe_experts(c['x'], Q4_0Weight(c['gu'], (8, 192, 160)), "
+        "Q4_0Weight(c['dn'], (8, 160, 96)), c['w'], c['ids'], path='int8', backend='cpu'); "
         "torch.save(y, sys.argv[2])"
     )
     outs = []
@@ -294,8 +292,7 @@ def test_portable_build_equals_native_on_q4_0(tmp_path):
 @needs_cpu_build
 def test_portable_build_equals_native_on_kquants(tmp_path):
     """The scalar K-quant / Q8_0 row dots and the AVX2 ones (native and x86-64-v3 builds) hold to
-    the reference, Q4_K_M's
-    Q4_K gate_up with Q6_K down and Q8_0 gate_up with Q5_K down."""
+    the reference, Q4_K_M's Q4_K gate_up with Q6_K down and Q8_0 gate_up with Q5_K down."""
     import os
     import subprocess
     import sys
@@ -313,13 +310,10 @@ def test_portable_build_equals_native_on_kquants(tmp_path):
         tmp_path / "case.pt",
     )
     code = (
-        "import sys, torch; from ftlab import ops; from ftlab.quant import QuantWeight; "
-        "c = torch.load(sys.argv[1]); "
-        "ys = [ops.moe_experts(c['x'], QuantWeight(a, (4, 512, 256), ta), QuantWeight(b, (4, 256, "
-        "256), tb), "
-        "c['w'], c['ids'], path='int8', backend='cpu') for (a, b), (ta, tb) in zip(c['banks'], "
-        f"{pairs!r})]; "
-        "torch.save(ys, sys.argv[2])"
+        "import sys, torch; from ftlab import ops; from ftlab.quant import QuantWeight; c = "
+        "torch.load(sys.argv[1]); ys = [ops.moe_experts(c['x'], QuantWeight(a, (4, 512, 256), "
+        "ta), QuantWeight(b, (4, 256, 256), tb), c['w'], c['ids'], path='int8', backend='cpu') "
+        f"for (a, b), (ta, tb) in zip(c['banks'], {pairs!r})]; torch.save(ys, sys.argv[2])"
     )
     for isa in ISAS:
         out = tmp_path / f"{isa}.pt"

@@ -1,7 +1,6 @@
 """Hybrid MoE inside captured CUDA/HIP graphs (docs/OPS.md section 4), on a GPU: every graph
-handshake
-replayed >= 500 times with changing inputs and CPU/GPU splits (0%, 50%, 100% of the routes on the
-CPU) and changing residency, each replay equal to the eager handshake bit for bit and to the
+handshake replayed >= 500 times with changing inputs and CPU/GPU splits (0%, 50%, 100% of the routes
+on the CPU) and changing residency, each replay equal to the eager handshake bit for bit and to the
 all-experts reference within the derived bound; a forced probe failure falls back to eager with a
 warning and correct output; a handshake made to fail mid-run raises instead of returning stale
 data."""

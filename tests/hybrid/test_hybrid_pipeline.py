@@ -60,8 +60,7 @@ def test_static_hybrid_experts_decode_like_the_plain_model():
 
 def test_layer_placement_decodes_like_the_plain_model():
     """hybrid_policy="layers": 4 of 8 experts' share placed by layers -- every expert of the first
-    of
-    the tiny model's 2 layers on the CPU (an executor with no slots), the other layer's on the
+    of the tiny model's 2 layers on the CPU (an executor with no slots), the other layer's on the
     device (no executor); the same tokens and logits within fp32 rounding."""
     hyb, diffs = _hybrid_against_base("cpu", "q4_0", graphs=False, steps=8, policy="layers")
     assert max(diffs) <= 1e-4, diffs

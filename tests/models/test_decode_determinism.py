@@ -3,8 +3,7 @@ Q4_0 weights, every cache slot filled, position 512): over many token draws, two
 the captured kernels are equal, a replay of the captured step equals them, and so does the eager
 step as the pipeline launches it (the fused norm and q/k/v matvec, same bits by contract). torch's
 SDPA on cuDNN parted from itself here on the H200 (benchmarks/NOTES.md, "Graph against eager decode:
-cuDNN's attention"): one
-draw gives no evidence, hence the draws, batch 1 and 8."""
+cuDNN's attention"): one draw gives no evidence, hence the draws, batch 1 and 8."""
 
 from dataclasses import replace
 

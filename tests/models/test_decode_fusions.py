@@ -175,11 +175,10 @@ def test_hip_decode_attention_in_the_model_gpu(monkeypatch):
 
 @pytest.mark.gpu
 def test_eager_decode_takes_hip_attention_gpu(monkeypatch):
-    """Under hip_attention="eager" an eager decode step of a bf16 model of
-    head dim 128 attends through hip's kernel, a captured one through SDPA; under
-    plan.attention_as_captured() the eager step takes SDPA too and equals the replayed step bit
-    for bit; the eager step again, its attention held to the reference's in every layer, gives the
-    same bits."""
+    """Under hip_attention="eager" an eager decode step of a bf16 model of head dim 128 attends
+    through hip's kernel, a captured one through SDPA; under plan.attention_as_captured() the eager
+    step takes SDPA too and equals the replayed step bit for bit; the eager step again, its
+    attention held to the reference's in every layer, gives the same bits."""
     import ftlab.testing as ft
     from ftlab import ops
     from ftlab.models.pipeline import DecodeGraph

@@ -206,8 +206,7 @@ class _Counting:
 def test_decode_launches_records_the_hip_layers_on_cpu(monkeypatch):
     """The hip backend's Python on CPU tensors with its launches stubbed: DecodeLaunches records
     every launch a step makes op by op in its window (the embedding, each layer's, the final
-    norm's),
-    refreshes the geometry and runs the schedule from C++ each step."""
+    norm's), refreshes the geometry and runs the schedule from C++ each step."""
     from ftlab import backends
     from ftlab.models.decode_steps import DecodeLaunches
     from ftlab.models.pipeline import Pipeline

@@ -253,8 +253,8 @@ def test_triton_backends_agree_with_the_reference(ftype):
     """Every Triton kernel the model runs (under the interpreter on CPU) against the reference,
     stage by stage, on the Q4_0 file (Q4_0 matmuls, Q6_K output) and the Q4_K_M file (Q4_K and
     Q6_K matmuls and expert banks), on the dequant path: fp32 throughout, the kernels differ from
-    the reference in summation order only, so
-    1e-4 relative (the bound the GPU gate of tests/models/test_pipeline.py holds them to)."""
+    the reference in summation order only, so 1e-4 relative (the bound the GPU gate of
+    tests/models/test_pipeline.py holds them to)."""
     pipe = Pipeline.load(str(path(ftype)), backends="reference", q4_0_path="dequant")
     rows = pipe.compare("The router sends every token", ["triton"])
     worst = max(rows, key=lambda r: r.rel)

@@ -280,8 +280,7 @@ def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
 def test_a_fresh_prompt_reads_no_old_state(length):
     """A prompt at position 0 starts the conv and delta states afresh: NaN left in them (a slot
     another sequence used) never reaches the logits, in a prefill (3 tokens: the chunked path) and
-    in
-    a one-token prompt (the decode ops' reset)."""
+    in a one-token prompt (the decode ops' reset)."""
     pipe = Pipeline.load("tiny-qwen3-next", quant="hf")
     for t in pipe.model.recurrent_state():
         t.fill_(float("nan"))

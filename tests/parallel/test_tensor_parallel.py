@@ -2,8 +2,7 @@
 started by torchrun against one process, for the tiny Qwen3-MoE models from HF and GGUF files
 (fp32 and Q4_0): logits within 1e-4, the same greedy tokens, rank 0's loader asked for its experts,
 vocabulary rows and (Qwen3-MoE) attention heads only; ``ftlab run --tp 2`` prints the single-process
-text; and the errors of a
-bad tp or a missing process group."""
+text; and the errors of a bad tp or a missing process group."""
 
 import socket
 import subprocess

@@ -2,9 +2,8 @@
 torchrun: for each (model, file, quantized path) of argv[2:] (``model:quant:path``), the prompt's
 next-token logits, 16 greedy tokens and the logits after them with tp = WORLD_SIZE, and the expert,
 vocabulary and head ranges the pipeline asked its loader for; rank 0 saves them to argv[1].
-``FTLAB_TP_DEVICE=cuda``: each
-rank on its GPU (cuda:LOCAL_RANK, NCCL) with the auto backends and the decode step graph-captured;
-else the CPU (gloo) with the reference backends."""
+``FTLAB_TP_DEVICE=cuda``: each rank on its GPU (cuda:LOCAL_RANK, NCCL) with the auto backends and
+the decode step graph-captured; else the CPU (gloo) with the reference backends."""
 
 import os
 import sys

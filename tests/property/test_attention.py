@@ -97,9 +97,8 @@ def test_decode_attention_long_cache_gpu(case):
 )
 def test_decode_attention_model_batches_gpu(case):
     """A Qwen3-MoE decode step's attention at 4 to 16 sequences (32 query / 4 key heads of 128 over
-    a
-    static cache of 520+ slots a sequence): every backend within the bound, hip's one-launch kernel
-    merging its splits over up to 16 x 4 (sequence, key head) counters."""
+    a static cache of 520+ slots a sequence): every backend within the bound, hip's one-launch
+    kernel merging its splits over up to 16 x 4 (sequence, key head) counters."""
     ft.check_decode_attention_case(*case, device="cuda", quantize=True)
 
 

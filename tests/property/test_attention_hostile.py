@@ -127,9 +127,8 @@ def test_quantize_needs_whole_q8_blocks():
 @pytest.mark.gpu
 def test_hip_one_launch_refuses_bad_direct_calls():
     """The one-launch entries, called directly: a chunk past int32, fp16 workspaces, strided
-    counters,
-    no live split wanted, Q8_1 outputs of the wrong dtype, size or device are refused before any
-    launch."""
+    counters, no live split wanted, Q8_1 outputs of the wrong dtype, size or device are refused
+    before any launch."""
     from ftlab import backends, jit
 
     dev = torch.device("cuda")

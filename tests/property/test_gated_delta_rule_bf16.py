@@ -2,8 +2,8 @@
 bound of bf16 operands (``ftlab.testing.gated_delta_tolerance(..., operands="bf16")``) against the
 usual mistakes, and Triton's chunk-64 kernels with bf16 dots in the interpreter and on a GPU
 within it and within one plane's accuracy. HIP's one-plane chunks:
-tests/unit/test_gated_delta_rule_chunk_host.py
-(the CPU) and tests/property/test_gated_delta_rule_hip_chunk.py (the GPU)."""
+tests/unit/test_gated_delta_rule_chunk_host.py (the CPU) and
+tests/property/test_gated_delta_rule_hip_chunk.py (the GPU)."""
 
 import pytest
 import torch

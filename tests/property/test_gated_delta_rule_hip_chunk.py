@@ -1,7 +1,6 @@
 """HIP's chunked gated delta rule prefill (``ftlab.hip.gated_delta_rule.gated_delta_rule(...,
 variant="chunk")``, csrc/gated_delta_rule_chunk.hip): on a GPU against the exact recurrence within
-the
-derived chunk-64 bound (ftlab.testing.gated_delta_tolerance), bf16 inputs at the models' shapes
+the derived chunk-64 bound (ftlab.testing.gated_delta_tolerance), bf16 inputs at the models' shapes
 and at awkward ones; its entry's checks; on the CPU, which inputs it refuses and what it hands the
 kernels (the JIT module replaced by a recorder). The kernels' arithmetic is also held on the CPU by
 tests/unit/test_gated_delta_rule_chunk_host.py."""

@@ -1,7 +1,7 @@
 """The gated delta rule under hostile log decays (docs/OPS.md section 9, the docstring of
 ftlab/reference/gated_delta_rule.py), one test per decay (ftlab.testing.HOSTILE_DECAYS): a NaN (or
-+inf)
-g reaches its own token and the later ones only, the earlier ones the same bits; a g of -inf or
++inf) g reaches its own token and the later ones only, the earlier ones the same bits; a g of -inf
+or
 -1e30 is a full forget, within the derived bound, with nothing before it weighing in. Every
 prefill form through ftlab.testing.check_hostile_decays: the reference (chunked, every chunk
 size, and the recurrence), Triton's general and chunk-64 kernels in the interpreter (both

@@ -114,10 +114,9 @@ def test_triton_prefill_every_target_config(monkeypatch, target):
 )
 def test_triton_chunk64_configs(monkeypatch, dims, config):
     """The chunk-64 Triton prefill (ftlab.triton.gated_delta_rule_chunk64) in the interpreter with
-    its
-    tile choices: the state in one, two or four blocks of key rows, head dimensions not powers
-    of two, chunks past T, Dk = 128 as the models have it; slow decays, so that the state
-    carried from chunk to chunk weighs in the output."""
+    its tile choices: the state in one, two or four blocks of key rows, head dimensions not powers
+    of two, chunks past T, Dk = 128 as the models have it; slow decays, so that the state carried
+    from chunk to chunk weighs in the output."""
     if "triton" not in backends.available_backends(
         "gated_delta_rule", torch.device("cpu"), torch.float32
     ):

@@ -100,8 +100,7 @@ def test_a_row_with_an_inf_is_as_before(device, backend):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_reference_keeps_the_plain_formula_bits(dtype):
     """Rows whose squares fit in fp32 (the largest |x| up to 1e18 here) give the bits they gave
-    before
-    the overflow's branch: torch's RMSNorm, and the norms written out."""
+    before the overflow's branch: torch's RMSNorm, and the norms written out."""
     gen = torch.Generator().manual_seed(10)
     x = (torch.randn(8, 4, 128, generator=gen) * torch.logspace(-20, 18, 8)[:, None, None]).to(
         dtype

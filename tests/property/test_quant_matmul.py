@@ -2,8 +2,8 @@
 the dot of the dequantized weights with the Q8_1 activations; every backend within
 ftlab.testing.quant_matmul_tolerance of the reference (int8) or of the f64 product (dequant).
 CPU: reference + Triton interpreter on small shapes; GPU (``gpu``): Triton and HIP, big shapes.
-Kernel by kernel: hip's one-row matvecs in test_quant_matmul_hip_mv.py and
-test_quant_matmul_mv1.py, Triton's in test_quant_matmul_triton_mv.py, the Triton dequant GEMM in
+Kernel by kernel: hip's one-row matvecs in test_quant_matmul_hip_mv.py and test_quant_matmul_mv1.py,
+Triton's in test_quant_matmul_triton_mv.py, the Triton dequant GEMM in
 test_quant_matmul_dequant_gemm.py."""
 
 import functools

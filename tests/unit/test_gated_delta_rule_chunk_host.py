@@ -1,17 +1,16 @@
 """The chunked gated delta rule prefill's HIP kernels (ftlab/hip/csrc/gated_delta_rule_chunk.hip:
-the prep
-and the scan on mma.h's 16 x 16 x 16 bf16 product, fp32 operands in three bf16 planes) run on the
-CPU: the device code, mma.h and the real q4_0_common.h compiled by the host C++ compiler against
-the host port.h of tests/unit/host (harness: tests/unit/gated_delta_rule_host/harness_chunk.cpp), a
-thread per GPU thread, in four builds (LAYOUTS): mma.h's scalar path, and the fragment and
-accumulator layouts of CDNA's MFMA (wave64), RDNA4's and RDNA3's WMMA with the instruction
-emulated -- the AMD layouts, which no GPU of ours runs, each caught a planted mistake in mma.h's
-rows, columns or fragment offsets. Held to the exact recurrence within
-ftlab.testing.gated_delta_tolerance(chunk_size=64) -- the bound every chunked backend meets --
-with bf16 q, k, v. The planes' arithmetic on the host is that of the GPU (bf16 parts of fp32
-values, fp32 sums); the GPU's products sum in another order, which the bound allows. The bound
-is loose enough to pass a state kept in one bf16 plane, so the cases also hold the three planes'
-fp32-class accuracy (ftlab.testing.assert_three_plane_accuracy). The one-plane kernels
+the prep and the scan on mma.h's 16 x 16 x 16 bf16 product, fp32 operands in three bf16 planes) run
+on the CPU: the device code, mma.h and the real q4_0_common.h compiled by the host C++ compiler
+against the host port.h of tests/unit/host (harness:
+tests/unit/gated_delta_rule_host/harness_chunk.cpp), a thread per GPU thread, in four builds
+(LAYOUTS): mma.h's scalar path, and the fragment and accumulator layouts of CDNA's MFMA (wave64),
+RDNA4's and RDNA3's WMMA with the instruction emulated -- the AMD layouts, which no GPU of ours
+runs, each caught a planted mistake in mma.h's rows, columns or fragment offsets. Held to the exact
+recurrence within ftlab.testing.gated_delta_tolerance(chunk_size=64) -- the bound every chunked
+backend meets -- with bf16 q, k, v. The planes' arithmetic on the host is that of the GPU (bf16
+parts of fp32 values, fp32 sums); the GPU's products sum in another order, which the bound allows.
+The bound is loose enough to pass a state kept in one bf16 plane, so the cases also hold the three
+planes' fp32-class accuracy (ftlab.testing.assert_three_plane_accuracy). The one-plane kernels
 (``precision="bf16"``: each fp32 operand rounded to bf16 once) are held to the bound with
 ``operands="bf16"`` and to ftlab.testing.assert_one_plane_accuracy. The GPU tests
 (tests/property/test_gated_delta_rule_hip_chunk.py, ``gpu``) run the real thing."""
@@ -144,8 +143,7 @@ CASES = [
     (1, 66, 2, 8, 64, 32, True, 9, 3.0, True),  # eight value heads over two key heads, fast decay
 ]
 #: three planes: the first three cases in every layout, the rest in the scalar build; one plane:
-#: every
-#: case in the scalar build, the second (a partial chunk and column block) in the others
+#: every case in the scalar build, the second (a partial chunk and column block) in the others
 PARAMS = [
     (layout, case, 3)
     for layout in LAYOUTS

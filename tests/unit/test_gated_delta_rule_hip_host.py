@@ -1,11 +1,9 @@
 """The gated delta rule's HIP kernels (ftlab/hip/csrc/gated_delta_rule.hip) run on the CPU: the
-device
-code and the real q4_0_common.h compiled by the host C++ compiler against the host port.h of
+device code and the real q4_0_common.h compiled by the host C++ compiler against the host port.h of
 tests/unit/host (harness: tests/unit/gated_delta_rule_host), a thread per GPU thread, fp32, held to
-the exact recurrence within
-ftlab.testing.gated_delta_tolerance. Catches indexing and reduction mistakes without a GPU; the
-GPU tests (tests/property/test_gated_delta_rule.py, test_gated_delta_rule_kernels.py, ``gpu``) run
-the real thing."""
+the exact recurrence within ftlab.testing.gated_delta_tolerance. Catches indexing and reduction
+mistakes without a GPU; the GPU tests (tests/property/test_gated_delta_rule.py,
+test_gated_delta_rule_kernels.py, ``gpu``) run the real thing."""
 
 import ctypes
 

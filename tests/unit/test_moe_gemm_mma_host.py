@@ -1,13 +1,12 @@
 """The HIP grouped GEMM on the matrix cores (ftlab/hip/csrc/moe_gemm.hip, moe_gemm_mma_kernel: fp16
-/
-bf16 expert banks, 16 x 16 x 16 products through mma.h) run on the CPU in the fragment and
+/ bf16 expert banks, 16 x 16 x 16 products through mma.h) run on the CPU in the fragment and
 accumulator layouts of the AMD targets, their instructions emulated (mma.h's FTLAB_MMA_EMULATE:
-CDNA's MFMA in wave64, RDNA4's and RDNA3's WMMA in wave32) -- layouts that no GPU of ours runs.
-The device code and the real headers compiled by the host C++ compiler against the host port.h
-of tests/unit/host (harness: tests/unit/moe_hip_host/harness_gemm.cpp), a thread per GPU thread.
-Rows come sorted by expert as moe_align makes them (the reference's), padded to block_m; each
-output is held to the f64 product within the fp32 sum's bound over K plus the output's rounding.
-On NVIDIA the GPU tests (tests/property/test_moe.py, ``gpu``) run the mma.sync layout."""
+CDNA's MFMA in wave64, RDNA4's and RDNA3's WMMA in wave32) -- layouts that no GPU of ours runs. The
+device code and the real headers compiled by the host C++ compiler against the host port.h of
+tests/unit/host (harness: tests/unit/moe_hip_host/harness_gemm.cpp), a thread per GPU thread. Rows
+come sorted by expert as moe_align makes them (the reference's), padded to block_m; each output is
+held to the f64 product within the fp32 sum's bound over K plus the output's rounding. On NVIDIA the
+GPU tests (tests/property/test_moe.py, ``gpu``) run the mma.sync layout."""
 
 import ctypes
 

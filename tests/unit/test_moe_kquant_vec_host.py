@@ -1,15 +1,13 @@
 """moe_experts' HIP decode kernels on K-quant banks, the "vec" pair (moe_gate_up_kq_vec_kernel and
 moe_down_kq_vec_kernel in ftlab/hip/csrc/moe_kquant.hip), and quant_matmul's one-launch one-row
 matvecs (quant_mv1_fused_kernel, its staged form quant_mv1_staged_kernel and the long rows'
-quant_mv1_sliced_kernel,
-ftlab/hip/csrc/quant_matmul_mv1.hip), run on the CPU: the real device headers
-(q4_0_common.h, moe_common.h, quant_units.h, quant_vec.h) compiled by the host C++ compiler
-against the host port.h of tests/unit/moe_vec_host (a thread per GPU thread, a barrier per
-32-lane group for the shuffles), the two launches chained as moe_kquant_launch.hip chains them,
-held to the int8 reference within ftlab.testing.experts_tolerance (quant_matmul_tolerance for the
-matvec). Catches layout, indexing and reduction mistakes without a GPU; the GPU tests
-(test_moe_kquant.py, test_quant_matmul_hip_mv.py, test_quant_matmul_mv1.py, ``gpu``) run the real
-thing."""
+quant_mv1_sliced_kernel, ftlab/hip/csrc/quant_matmul_mv1.hip), run on the CPU: the real device
+headers (q4_0_common.h, moe_common.h, quant_units.h, quant_vec.h) compiled by the host C++ compiler
+against the host port.h of tests/unit/moe_vec_host (a thread per GPU thread, a barrier per 32-lane
+group for the shuffles), the two launches chained as moe_kquant_launch.hip chains them, held to the
+int8 reference within ftlab.testing.experts_tolerance (quant_matmul_tolerance for the matvec).
+Catches layout, indexing and reduction mistakes without a GPU; the GPU tests (test_moe_kquant.py,
+test_quant_matmul_hip_mv.py, test_quant_matmul_mv1.py, ``gpu``) run the real thing."""
 
 import ctypes
 import mmap
@@ -157,9 +155,8 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
         ("Q4_K", 53, 1280, torch.float16, "staged"),  # five super-blocks: a part-filled second step
         ("Q5_K", 11, 768, torch.float32, "staged"),  # fewer rows than groups: idle groups
         # the sliced kernel, 2 blocks. K = 14336: 56 super-blocks, 8 groups a row (slices 0..6 full,
-        # slice 7
-        # empty), one row a round; 19 rows: 10 and 9 rounds a block (a second set of rounds, short
-        # of eight)
+        # slice 7 empty), one row a round; 19 rows: 10 and 9 rounds a block (a second set of rounds,
+        # short of eight)
         ("Q4_K", 19, 14336, torch.bfloat16, "sliced"),
         (
             "Q6_K",

@@ -1,10 +1,8 @@
 """``validate=False`` on the ops a decode step calls (the models' calls, a DecodePlan's ``checks``):
-on
-arguments the checks pass, every backend returns the bits of the checked call, on the layouts the
-models hand over (views of a fused projection, ``[B, T, 1, R]`` rope tables, v as ``[N, Hv, D]``,
-a slot-indexed cache viewed per sequence, weights of another dtype) and on plain ones; and the
-models run with the checks on give the logits they give with them off (their calls pass every
-check)."""
+on arguments the checks pass, every backend returns the bits of the checked call, on the layouts the
+models hand over (views of a fused projection, ``[B, T, 1, R]`` rope tables, v as ``[N, Hv, D]``, a
+slot-indexed cache viewed per sequence, weights of another dtype) and on plain ones; and the models
+run with the checks on give the logits they give with them off (their calls pass every check)."""
 
 import pytest
 import torch
@@ -205,8 +203,7 @@ def test_unvalidated_layouts_a_backend_cannot_read_are_refused(device, backend):
 
 def test_models_pass_the_op_checks(monkeypatch):
     """The models' op calls run with the checks on (DecodePlan(checks=True)) raise nothing and give
-    the
-    logits they give with them off: prefill, then decode steps, Qwen3-MoE (dense and Q4_0) and a
+    the logits they give with them off: prefill, then decode steps, Qwen3-MoE (dense and Q4_0) and a
     hybrid model (Q4_0). The checks do not depend on the backend: the reference serves (the Triton
     interpreter takes minutes for these models)."""
     backend = "reference"

@@ -1,11 +1,9 @@
 """quant_matmul's HIP kernels (ftlab/hip/csrc/quant_matmul.hip, quant_matmul_tiled.hip) run on the
-CPU: the device code
-compiled with the real q4_0_common.h by the host C++ compiler against the host port.h of
-tests/unit/host
-(harness: tests/unit/hip_host),
-the matvec lane by lane and the GEMM with a thread per GPU thread, held to the int8 reference
-within ftlab.testing.quant_matmul_tolerance. Catches layout and indexing mistakes without a GPU;
-the GPU tests (test_quant_matmul.py, test_quant_matmul_hip_mv.py, ``gpu``) run the real thing."""
+CPU: the device code compiled with the real q4_0_common.h by the host C++ compiler against the host
+port.h of tests/unit/host (harness: tests/unit/hip_host), the matvec lane by lane and the GEMM with
+a thread per GPU thread, held to the int8 reference within ftlab.testing.quant_matmul_tolerance.
+Catches layout and indexing mistakes without a GPU; the GPU tests (test_quant_matmul.py,
+test_quant_matmul_hip_mv.py, ``gpu``) run the real thing."""
 
 import ctypes
 

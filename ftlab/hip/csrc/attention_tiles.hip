@@ -24,12 +24,12 @@
 // With one live split the block writes the output. Otherwise it writes its max m, sum l and
 // unnormalised sums to the workspaces, counts itself done on the (sequence, key head) counter, and
 // the last block to count merges the splits (w_s = exp(m_s - max m) over the splits with l_s != 0:
-// a NaN sum is kept, so a NaN reaches the output)
-// and resets the counter to 0. Splits past the sequence's length return at once: the grid depends
-// on the cache's size only (graph-capturable); a sequence of length 0 gets zeros from split 0.
-// Launched programmatically dependent (launch::launch_pdl): before port_pdl_wait() the block only
-// asks the L2 for its first tile's key and value lines. fp32 throughout, the output rounded once;
-// on request the block writing an output also writes its Q8_1 (what the o_proj matvec after takes).
+// a NaN sum is kept, so a NaN reaches the output) and resets the counter to 0. Splits past the
+// sequence's length return at once: the grid depends on the cache's size only (graph-capturable); a
+// sequence of length 0 gets zeros from split 0. Launched programmatically dependent
+// (launch::launch_pdl): before port_pdl_wait() the block only asks the L2 for its first tile's key
+// and value lines. fp32 throughout, the output rounded once; on request the block writing an output
+// also writes its Q8_1 (what the o_proj matvec after takes).
 #pragma once
 #include "norm_common.h"  // norm_raw: raw register vectors
 

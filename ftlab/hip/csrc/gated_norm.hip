@@ -4,9 +4,8 @@
 // gated_rmsnorm_kernel: one wave per (token, head) row; lanes stride over the D elements, the
 // sum of squares reduced by shuffles, then each element normalized, scaled by the weight and
 // by SiLU of its gate, rounded once (a row whose squares overflow fp32: norm_common.h).
-// output_gate_kernel: one thread per element,
-// a row's blocks side by side on a 1-D grid (no 65535 limit on the rows). fp32
-// throughout. Wave-size generic (PORT_WARP_SIZE).
+// output_gate_kernel: one thread per element, a row's blocks side by side on a 1-D grid (no 65535
+// limit on the rows). fp32 throughout. Wave-size generic (PORT_WARP_SIZE).
 #pragma once
 #include "norm_common.h"
 

@@ -1,7 +1,6 @@
 // handshake_launch.hip — host side of the hybrid MoE handshakes (docs/OPS.md section 4): a channel per
 // (layer, batch size) with its staging buffers and step counter, one CPU worker thread for all
-// channels, and the two
-// graph-capturable handshakes that order the GPU stream against the CPU work:
+// channels, and the two graph-capturable handshakes that order the GPU stream against the CPU work:
 //
 //   host function (mechanism 0): after the D2H copy a host-function node posts the job to the
 //     worker; the GPU experts run; a second host-function node joins the worker before the H2D

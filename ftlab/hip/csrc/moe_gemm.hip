@@ -14,10 +14,10 @@ namespace ftlab {
 // ------------------------------------------------------------------ prefill grouped GEMM
 
 // Both GEMMs walk moe_align's rows: a block takes 64 sorted rows (one expert: block_m = 64)
-// and 64 output columns, 256 threads with 4 x 4 outputs each; blocks past
-// num_tokens_post_padded return at once, sentinel rows load zeros and store nothing.
-// GATED: out[pair, n] = silu(a[pair / k] . W[n]) * (a[pair / k] . W[N + n]) (gate/up + SwiGLU);
-// else out[pair, n] = w[pair] * (a[pair] . W[n]) (down, weighted). out is fp32 [pairs, N].
+// and 64 output columns, 256 threads with 4 x 4 outputs each; blocks past num_tokens_post_padded
+// return at once, sentinel rows load zeros and store nothing. GATED: out[pair, n] = silu(a[pair /
+// k] . W[n]) * (a[pair / k] . W[N + n]) (gate/up + SwiGLU); else out[pair, n] = w[pair] * (a[pair]
+// . W[n]) (down, weighted). out is fp32 [pairs, N].
 constexpr int kGemmTile = 64;
 constexpr int kGemmKB = 4;   // Q4_0 blocks per step (int8 GEMM)
 constexpr int kGemmK = 16;   // K per step (dense GEMM)

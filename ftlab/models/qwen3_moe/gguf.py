@@ -118,9 +118,8 @@ def read_config(reader, path: Path) -> Qwen3MoeConfig:
     value_length = field_value(reader, f"{GGUF_ARCH}.attention.value_length", "int")
     if value_length not in (None, config.head_dim):  # ftlab's attention has one head dim
         raise GGUFError(
-            f"{path}: metadata '{GGUF_ARCH}.attention.value_length' ({value_length}) "
-            f"must equal the key head dim ({config.head_dim}, from "
-            f"{source['head_dim']})"
+            f"{path}: metadata '{GGUF_ARCH}.attention.value_length' ({value_length}) must equal "
+            f"the key head dim ({config.head_dim}, from {source['head_dim']})"
         )
     tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
     if tokens is not None and len(tokens) != config.vocab_size:
@@ -282,8 +281,7 @@ def load_gguf(
         packed = [isinstance(b, QuantWeight) for b in banks]
         if any(packed) and (not all(packed) or gate.qtype != up.qtype):
             # gate and up rows concatenate within one type, and the expert kernels take packed or
-            # dense
-            # banks, not a mix: such a layer runs its packed banks dense too
+            # dense banks, not a mix: such a layer runs its packed banks dense too
             names = (
                 f"{p}ffn_gate_exps.weight",
                 f"{p}ffn_up_exps.weight",
@@ -316,9 +314,8 @@ def load_gguf(
         )
         warnings.warn(
             f"{path}: {sum(map(len, slow.values()))} tensors have a type ftlab has no matmul "
-            "kernel for, "
-            f"or one the expert kernels cannot take beside the layer's other banks, and run dense, "
-            f"dequantized ({listed})",
+            "kernel for, or one the expert kernels cannot take beside the layer's other banks, "
+            f"and run dense, dequantized ({listed})",
             DequantizedWarning,
             stacklevel=2,
         )

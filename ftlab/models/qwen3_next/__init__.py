@@ -3,9 +3,9 @@
 over ftlab ops (:mod:`~ftlab.models.qwen3_next.model`), the weights it reads
 (:mod:`~ftlab.models.qwen3_next.model_weights`) and its state between forward passes
 (:mod:`~ftlab.models.qwen3_next.state`), the weights built from HF-named tensors of any source
-(:mod:`~ftlab.models.qwen3_next.weights`), the loader of a HF
-directory (:mod:`~ftlab.models.qwen3_next.hf`), llama.cpp's GGUF files read back into the HF
-state dict (:mod:`~ftlab.models.qwen3_next.gguf`; their config and tokenizer:
+(:mod:`~ftlab.models.qwen3_next.weights`), the loader of a HF directory
+(:mod:`~ftlab.models.qwen3_next.hf`), llama.cpp's GGUF files read back into the HF state dict
+(:mod:`~ftlab.models.qwen3_next.gguf`; their config and tokenizer:
 :mod:`~ftlab.models.qwen3_next.gguf_metadata`) and written from it
 (:mod:`~ftlab.models.qwen3_next.gguf_write`) by the converter's tables
 (:mod:`~ftlab.models.qwen3_next.gguf_layout`), and the tiny built-in checkpoints' recipes

@@ -104,8 +104,7 @@ class Qwen3NextConfig:
         if rot < 2 or rot % 2:
             raise ValueError(
                 f"the rotary dim head_dim * partial_rotary_factor = {self.head_dim} * {factor} "
-                "must be an "
-                f"even int >= 2, got {rot}"
+                f"must be an even int >= 2, got {rot}"
             )
 
     @property

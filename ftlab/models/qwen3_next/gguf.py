@@ -148,8 +148,8 @@ def read_gguf_hf(
     ``input_perms``: ``{HF name: LongTensor [K]}`` for a packed ``linear_attn.out_proj.weight``
     whose columns the file holds in the converter's V-head order and which cannot be put back
     because the value head dim is not a multiple of its type's block: that weight is returned as
-    stored, and the model must permute its activation before the matmul,
-    ``F.linear(x[..., perm], W) == F.linear(x, W_hf)``.
+    stored, and the model must permute its activation before the matmul, ``F.linear(x[..., perm], W)
+    == F.linear(x, W_hf)``.
 
     ``experts``: ``(start, stop)`` (None: all) -- the routed banks of every layer (the MTP's
     too), ``mlp.experts.gate_up_proj`` ``[stop - start, 2I, H]`` and ``down_proj`` ``[stop -
@@ -208,8 +208,7 @@ def read_gguf_hf(
         )
         warnings.warn(
             f"{path}: {sum(map(len, dequantized.values()))} tensors have a type ftlab has no "
-            "kernel for "
-            f"and are loaded dequantized ({listed})",
+            f"kernel for and are loaded dequantized ({listed})",
             DequantizedWarning,
             stacklevel=2,
         )
@@ -234,8 +233,7 @@ class _Lazy:
     asked for and dropped once used: a fused ``attn_qkv`` of a full-attention block serves three
     HF tensors, every other one a single one; peak memory stays about one tensor above the result.
     A routed bank (:data:`_BANKS`) is cut to experts ``banks = (start, stop)`` as read, before the
-    move,
-    the embedding and lm_head (:data:`_VOCAB`) to rows ``vocab = (start, stop)``."""
+    move, the embedding and lm_head (:data:`_VOCAB`) to rows ``vocab = (start, stop)``."""
 
     def __init__(
         self,

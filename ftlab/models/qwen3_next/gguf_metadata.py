@@ -57,8 +57,7 @@ def read_config(reader, path: Path) -> dict:
     if rope_dims > c["head_dim"] or rope_dims % 2:
         raise GGUFError(
             f"{path}: metadata '{arch}.rope.dimension_count' ({rope_dims}) must be even and at "
-            "most "
-            f"'{arch}.attention.key_length' ({c['head_dim']})"
+            f"most '{arch}.attention.key_length' ({c['head_dim']})"
         )
     rope = {
         "rope_type": "default",

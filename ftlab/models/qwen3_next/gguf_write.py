@@ -1,7 +1,7 @@
 """Qwen3.6 (``qwen35moe``) and Qwen3-Next (``qwen3next``) HF state dicts written as the GGUF
 files llama.cpp's converter makes of them (every transformation of
-:mod:`~ftlab.models.qwen3_next.gguf`'s
-module docstring, forward). Reading: :mod:`~ftlab.models.qwen3_next.gguf`."""
+:mod:`~ftlab.models.qwen3_next.gguf`'s module docstring, forward). Reading:
+:mod:`~ftlab.models.qwen3_next.gguf`."""
 
 from __future__ import annotations
 
@@ -92,8 +92,7 @@ def normalized_config(config: Mapping) -> dict:
     if c["linear_num_value_heads"] % c["linear_num_key_heads"]:
         raise ValueError(
             f"hf_config['linear_num_value_heads'] ({c['linear_num_value_heads']}) must be a "
-            "multiple "
-            f"of 'linear_num_key_heads' ({c['linear_num_key_heads']})"
+            f"multiple of 'linear_num_key_heads' ({c['linear_num_key_heads']})"
         )
     interval = c.get("full_attention_interval", 4)
     if c.get("layer_types") is None:
@@ -223,9 +222,8 @@ def gguf_tensors(
             if moved is None:
                 raise ValueError(
                     f"tensors[{name!r}]: the columns of a {t.qtype} weight cannot be reordered "
-                    "(value head "
-                    f"dim {d.v_dim} is not a multiple of its block): pass it with its input_perms "
-                    "entry"
+                    f"(value head dim {d.v_dim} is not a multiple of its block): pass it with its "
+                    "input_perms entry"
                 )
             t = moved
         out |= _split(name, t, d, c["num_hidden_layers"], fuse_gate_up_exps)

@@ -5,11 +5,11 @@
 Shards as :class:`~ftlab.formats.hf.SafetensorsShards` reads them (memory-mapped, by the
 index when there is one). The text model's tensors under ``model.language_model.`` are read as
 ``model.``; the vision tower (``model.visual.``) and the multi-token-prediction head (``mtp.``)
-are not read. Tensors become weights through
-:func:`~ftlab.models.qwen3_next.weights.build_weights`. With ``experts=(start, stop)`` (a
-tensor-parallel rank's share) only those routed experts are read: their per-expert tensors, or
-their rows of a stored bank (a safetensors slice: the other experts' bytes are not read); with
-``vocab=(start, stop)`` only those rows of the embedding and of an untied ``lm_head``.
+are not read. Tensors become weights through :func:`~ftlab.models.qwen3_next.weights.build_weights`.
+With ``experts=(start, stop)`` (a tensor-parallel rank's share) only those routed experts are read:
+their per-expert tensors, or their rows of a stored bank (a safetensors slice: the other experts'
+bytes are not read); with ``vocab=(start, stop)`` only those rows of the embedding and of an untied
+``lm_head``.
 """
 
 from __future__ import annotations

@@ -55,10 +55,9 @@ class Qwen3Next(Planned):
     """The model over ftlab ops. ``plan``: its :class:`~ftlab.models.decode_plan.DecodePlan` (the
     backend of each op of ``pipeline_args.MODEL_OPS``, the quantized weights' path, fusions; without
     one, the default plan of ``backends`` and ``q4_0_path``). ``static=True`` keeps every shape
-    fixed and the host out
-    of the forward pass (what graph capture of a decode step needs). ``q4_0_path``: the path of
-    Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts). ``hybrid``: one
-    ``ftlab.hybrid.HybridDecodeExecutor`` a layer (or None), which then runs that layer's routed
+    fixed and the host out of the forward pass (what graph capture of a decode step needs).
+    ``q4_0_path``: the path of Q4_0 weights (see ops.q4_0_matmul and ops.moe_experts). ``hybrid``:
+    one ``ftlab.hybrid.HybridDecodeExecutor`` a layer (or None), which then runs that layer's routed
     experts, some on the GPU's expert slots and the rest on the CPU (the shared expert stays on the
     GPU); :meth:`end_step` moves their residency between steps. ``tp``: this rank's
     :class:`ftlab.models.tensor_parallel.TensorParallel` when ``weights`` is its shard

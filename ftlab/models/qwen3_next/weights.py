@@ -11,8 +11,7 @@ checkpoint's ``model.language_model.`` is renamed before): ``model.embed_tokens.
 - linear-attention layers: ``linear_attn.`` ``in_proj_qkvz.weight`` + ``in_proj_ba.weight``
   (Qwen3-Next: rows grouped per key head) or ``in_proj_qkv.weight``, ``in_proj_z.weight``,
   ``in_proj_b.weight``, ``in_proj_a.weight`` (Qwen3.5), ``conv1d.weight`` ``[C, 1, W]`` or ``[C,
-  W]``,
-  ``dt_bias``, ``A_log``, ``norm.weight``, ``out_proj.weight``;
+  W]``, ``dt_bias``, ``A_log``, ``norm.weight``, ``out_proj.weight``;
 - full-attention layers: ``self_attn.`` ``q_proj.weight`` (``[heads * 2 * hd, H]``, each head's
   query rows then its gate rows), ``k_proj.weight``, ``v_proj.weight``, ``o_proj.weight``,
   ``q_norm.weight``, ``k_norm.weight``;
