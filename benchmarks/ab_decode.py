@@ -85,9 +85,8 @@ def main() -> None:
         if args.eager:
             steps[name] = (lambda m: lambda: m.forward(tokens, positions))(model)
         else:
-            graph = DecodeGraph(
-                model, args.batch
-            )  # captured under this setting's plan (it keeps the model)
+            # captured under this setting's plan (it keeps the model)
+            graph = DecodeGraph(model, args.batch)
             steps[name] = (lambda g: lambda: g(tokens, positions))(graph)
     timer = _wall_us if args.eager else time_us
     times: dict[str, list[float]] = {name: [] for name, _ in settings}

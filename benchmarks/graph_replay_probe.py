@@ -39,9 +39,8 @@ def main() -> None:
         tok = torch.randint(0, CONFIG.vocab_size, (batch, 1), generator=gen).to(dev)
         pos = torch.full((batch, 1), 512, device=dev)
         graph = DecodeGraph(model, batch)
-        with model.planned(
-            model.plan.attention_as_captured()
-        ):  # the graph's kernels, launched eagerly
+        # the graph's kernels, launched eagerly
+        with model.planned(model.plan.attention_as_captured()):
             same = model.forward(tok, pos).clone()
             again = model.forward(tok, pos).clone()
         print(f"batch {batch}: two eager steps equal: {torch.equal(same, again)}", flush=True)

@@ -62,9 +62,8 @@ def main() -> None:
     config, weights = load_gguf(args.gguf, device="cpu", dtype=torch.bfloat16, progress=False)
     names = {op: "hip" for op in Qwen3Moe.OPS if "hip" in backends.backends_of(op)}
     names["decode_attention"] = "hip"
-    plan = DecodePlan(
-        names, norm_in_qkv="always"
-    )  # what an eager step on a GPU takes (CPU tensors here)
+    # what an eager step on a GPU takes (CPU tensors here)
+    plan = DecodePlan(names, norm_in_qkv="always")
     model = Qwen3Moe(config, weights, max_batch=args.batch, max_seq_len=520, static=True, plan=plan)
     tok = torch.zeros(args.batch, 1, dtype=torch.long)
     pos = torch.full((args.batch, 1), 512)

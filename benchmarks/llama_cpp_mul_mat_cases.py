@@ -34,9 +34,8 @@ def patched(source: str) -> str:
     if MARK in source:
         return source
     at = source.index(ANCHOR)
-    loop_end = source.index("\n    }\n", at) + len(
-        "\n    }\n"
-    )  # the end of the `for (int bs ...)` loop
+    # the end of the `for (int bs ...)` loop
+    loop_end = source.index("\n    }\n", at) + len("\n    }\n")
     lines = [
         f"    {MARK}, beside llama.cpp's own (benchmarks/llama_cpp_mul_mat_cases.py)",
         "    for (ggml_type type_a : all_types) {",

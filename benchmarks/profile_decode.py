@@ -88,9 +88,8 @@ def load(args, dev: torch.device, dtype: torch.dtype):
     if args.random is None:
         if args.file is None:
             raise SystemExit("give a GGUF file or --random")
-        if (
-            gguf_architecture(args.file) == GGUF_ARCH
-        ):  # no tokenizer needed (random files have none)
+        # no tokenizer needed (random files have none)
+        if gguf_architecture(args.file) == GGUF_ARCH:
             return load_gguf(args.file, device=dev, dtype=dtype)
         config, weights, _ = load_gguf_model(args.file, device=dev, dtype=dtype)
         return config, weights
@@ -119,7 +118,7 @@ def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> Non
     n = args.prefill
     tokens = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).to(dev)
     pos = torch.arange(n, device=dev)[None]
-    step = lambda: model.forward(tokens, pos, last_only=True)  # noqa: E731
+    step = lambda: model.forward(tokens, pos, last_only=True)
     eager = step()
     if dev.type != "cuda":
         print(
@@ -149,7 +148,7 @@ def profile_prefill(model, args, dev: torch.device, gen: torch.Generator) -> Non
             f"graph-replayed: {t:.1f} us ({n * 1e6 / t:.0f} tokens/s); max |logits - eager's| / "
             f"max |eager's| {same:.2e}"
         )
-    except Exception as e:  # noqa: BLE001 -- say why the pass does not capture
+    except Exception as e:
         print(f"graph capture failed: {type(e).__name__}: {str(e)[:300]}")
     table(times, args.steps, total, args.top)
 
@@ -217,10 +216,10 @@ def main() -> None:
         graph = DecodeGraph(model, args.batch)
         graph(tokens, positions)
         torch.cuda.synchronize()
-        step = lambda: graph(tokens, positions)  # noqa: E731
+        step = lambda: graph(tokens, positions)
         activities = [ProfilerActivity.CUDA]
     else:
-        step = lambda: model.forward(tokens, positions)  # noqa: E731
+        step = lambda: model.forward(tokens, positions)
         activities = [ProfilerActivity.CPU]
     step()
     with profile(activities=activities) as prof:

@@ -68,10 +68,11 @@ def main() -> None:
         us = time_graph_us(fn)
         print(f"  {us:8.2f} us  {live_bytes / us / 1e3:7.1f} GB/s of live K/V  {label}")
     setting = hip_attention.ROWS_PER_THREAD
+    # hip's rows a thread is a module setting: each variant timed while it holds
     for (
         name,
         r,
-    ) in variants:  # hip's rows a thread is a module setting: each variant timed while it holds
+    ) in variants:
         if r is not None:
             hip_attention.ROWS_PER_THREAD = r
         got = ops.decode_attention(q, k, v, lengths, backend=name)

@@ -49,7 +49,7 @@ def _hip_gemms(x, gu, dn, ids, wts, block_m):
     gate = lambda: module.moe_gemm_dense(x, gu, sorted_ids, expert_ids, npad, flat, h, TOP_K, True)
     down = lambda: module.moe_gemm_dense(
         h, dn, sorted_ids, expert_ids, npad, flat, out, TOP_K, False
-    )  # noqa: E731
+    )
     return gate, down, lambda: out.view(t, TOP_K, H).sum(1)
 
 

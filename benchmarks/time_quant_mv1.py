@@ -96,9 +96,8 @@ def time_case(
         exact = ops.q4_0_matmul(x.float(), part, path="int8", backend="reference")
         bound = q4_0_matmul_tolerance(x.float(), part, "int8", x.dtype)
     else:
-        exact, bound = quant_matmul_tolerance(
-            x.float(), part, "int8", x.dtype
-        )  # the outputs are in x's dtype
+        # the outputs are in x's dtype
+        exact, bound = quant_matmul_tolerance(x.float(), part, "int8", x.dtype)
     if qtype == "Q4_0":  # the region matvec (q4_0_matmul's default), then the one-launch kernels
         runs = [("hip region", lambda wv: ops.q4_0_matmul(x, wv, backend="hip"))]
         runs += [

@@ -387,9 +387,8 @@ def triton_rows(
             return res.stderr.strip()[-2000:]
         return {(t, n): [Row(**r) for r in rows] for t, n, rows in json.loads(res.stdout)}
 
-    with ThreadPoolExecutor(
-        cores
-    ) as pool:  # the cores this process may run on (a container's share)
+    # the cores this process may run on (a container's share)
+    with ThreadPoolExecutor(cores) as pool:
         results = list(pool.map(run_job, [job for job in dealt if job]))
     failed = [r for r in results if isinstance(r, str)]
     if failed:

@@ -46,9 +46,8 @@ ISA_ENV = "FTLAB_CPU_ISA"
 _loaded: dict[tuple, object] = {}
 _device_modules: dict[tuple[str, int], object] = {}
 _lock = threading.Lock()
-_recording = (
-    threading.local()
-)  # .recorder: the launch recorder in effect on this thread (recording())
+# .recorder: the launch recorder in effect on this thread (recording())
+_recording = threading.local()
 
 
 class ToolchainError(RuntimeError):

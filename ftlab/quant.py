@@ -40,13 +40,11 @@ QTYPES: dict[str, QuantType] = {
     for t in (
         QuantType("Q4_0", QK, Q4_0_BLOCK_BYTES),
         QuantType("Q8_0", 32, 34),  # fp16 d, then 32 int8: x = d * q
-        QuantType(
-            "Q4_K", 256, 144
-        ),  # fp16 d, dmin; 12 bytes of 6-bit scales / mins; 128 of nibbles
+        # fp16 d, dmin; 12 bytes of 6-bit scales / mins; 128 of nibbles
+        QuantType("Q4_K", 256, 144),
         QuantType("Q5_K", 256, 176),  # as Q4_K, plus 32 bytes of fifth bits before the nibbles
-        QuantType(
-            "Q6_K", 256, 210
-        ),  # 128 of low nibbles, 64 of high 2 bits, 16 int8 scales, fp16 d
+        # 128 of low nibbles, 64 of high 2 bits, 16 int8 scales, fp16 d
+        QuantType("Q6_K", 256, 210),
     )
 }
 

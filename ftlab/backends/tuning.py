@@ -160,7 +160,8 @@ TRITON_DELTA_RULE_CHUNK64: dict[str, dict[str, int]] = {
         "OUT_WARPS": 4,
     },
 }
+# 2 stages spill SGPRs there
 TRITON_DELTA_RULE_CHUNK64["gfx942"] = {
     **TRITON_DELTA_RULE_CHUNK64["default"],
     "SCAN_STAGES": 1,
-}  # 2 stages spill SGPRs there
+}

@@ -108,9 +108,8 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
             reps=reps,
         )
         report.measurements.append(Measurement(case, label, us, nbytes, ok, "eager"))
-    if (
-        "hip" in names
-    ):  # HIP's token-by-token scan, asked for by its method ("hip" is the chunked form here)
+    # HIP's token-by-token scan, asked for by its method ("hip" is the chunked form here)
+    if "hip" in names:
         from ftlab.hip import gated_delta_rule as hip_dn
 
         gf, bf = g.float(), beta.float()

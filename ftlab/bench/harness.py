@@ -249,9 +249,8 @@ def capture(fn: Callable[[], object], warmup: int = 3) -> tuple[Callable[[], Non
 def time_graph_us(fn: Callable[[], object], inner: int = 20, reps: int = 50) -> float:
     """Median device time of one ``fn()`` in microseconds, replaying a CUDA/HIP graph that
     holds ``inner`` calls: what a captured decode step pays, without host launch cost."""
-    replay, _ = capture(
-        lambda: [fn() for _ in range(inner)], warmup=-(-3 // inner)
-    )  # >= 3 warm-up calls
+    # >= 3 warm-up calls
+    replay, _ = capture(lambda: [fn() for _ in range(inner)], warmup=-(-3 // inner))
     return time_us(replay, warmup=3, reps=reps) / inner
 
 

@@ -217,9 +217,8 @@ def prefill(
     finite = bool(torch.isfinite(eager).all())
     t = timer(lambda: model.forward(tokens, pos, last_only=True), 2, 5)
     prefill_row(report, length, t, finite, "eager")
-    if (
-        dev.type == "cuda"
-    ):  # the same pass replayed from a graph: the device's time without host launches
+    # the same pass replayed from a graph: the device's time without host launches
+    if dev.type == "cuda":
         del model
         static = Qwen3Moe(config, weights, max_batch=1, max_seq_len=length + 8, static=True, tp=tp)
         replay, out = capture(lambda: static.forward(tokens, pos, last_only=True), warmup=2)
@@ -373,9 +372,8 @@ def decode(
     eager = model.forward(steps[0], positions).clone()
     ok = {"eager": bool(torch.isfinite(eager).all())}
     if graph is not None:
-        with model.planned(
-            model.plan.attention_as_captured()
-        ):  # the graph's kernels, launched eagerly
+        # the graph's kernels, launched eagerly
+        with model.planned(model.plan.attention_as_captured()):
             same = model.forward(steps[0], positions).clone()
         replayed = graph(steps[0], positions)
         ok["graph"] = bool(torch.isfinite(same).all()) and bool(torch.equal(replayed, same))
@@ -390,9 +388,8 @@ def decode(
     used = experts_used(config, batch)
     nbytes = int(decode_bytes(config, weights, used, batch))
     launched = None
-    if (
-        graph is not None
-    ):  # eager steps launched from a recorded schedule: the same kernels as eager's
+    # eager steps launched from a recorded schedule: the same kernels as eager's
+    if graph is not None:
         try:
             launched = DecodeLaunches(model, batch)
             ok["launches"] = bool(torch.equal(launched(steps[0], positions), eager))

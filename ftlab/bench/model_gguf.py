@@ -135,9 +135,8 @@ def run(
         from ftlab.models.pipeline import rank_heads, rank_ranges
         from ftlab.models.tensor_parallel import shard_qwen3_moe
 
-        experts, vocab = rank_ranges(
-            path, group
-        )  # a rank reads its experts, vocabulary rows and heads only
+        # a rank reads its experts, vocabulary rows and heads only
+        experts, vocab = rank_ranges(path, group)
         config, weights = load_gguf(
             path,
             device=torch.device("cpu"),

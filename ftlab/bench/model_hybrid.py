@@ -175,9 +175,8 @@ def _policy_row(
     jobs, cpu_ns = (a - b for a, b in zip(_cpu_jobs(live), before, strict=True))
     hits = sum(ex.policy.hits for ex in live)
     misses = sum(ex.policy.misses for ex in live)
-    nbytes = int(
-        decode_bytes(config, weights, config.num_experts_per_tok, 1)
-    )  # a token's k experts a layer
+    # a token's k experts a layer
+    nbytes = int(decode_bytes(config, weights, config.num_experts_per_tok, 1))
     mech = live[0].mechanism if live else "none"
     report.measurements.append(
         Measurement(

@@ -181,9 +181,8 @@ def _prefill(report: Report, pipe: Pipeline, length: int, gen: torch.Generator, 
     report.notes.append(
         f"prefill logits: finite {finite}, RMS {float(logits.float().pow(2).mean().sqrt()):.2f}"
     )
-    if (
-        dev.type == "cuda" and pipe.model.static
-    ):  # the same pass replayed from a graph: no host launches
+    # the same pass replayed from a graph: no host launches
+    if dev.type == "cuda" and pipe.model.static:
         replay, out = capture(
             lambda: pipe.model.forward(tokens[None], pos, last_only=True), warmup=2
         )
@@ -258,9 +257,8 @@ def _decode(
             return pipe.decode_step(ids[next(it) % 8])
 
         pipe.position = length
-        with model.planned(
-            model.plan.attention_as_captured()
-        ):  # an eager step through the graph's kernels
+        # an eager step through the graph's kernels
+        with model.planned(model.plan.attention_as_captured()):
             ok = _same_step(
                 model,
                 lambda: pipe.decode_step(ids[0]),
@@ -279,10 +277,9 @@ def _decode(
         )
         fill_cache(model.cache)  # a prefix to attend over (the recurrent state starts at zeros)
         graph = DecodeGraph(model, batch) if pipe.graph_capturable else None
-        eager = lambda: model.forward(steps[0], positions)  # noqa: E731
-        with model.planned(
-            model.plan.attention_as_captured()
-        ):  # an eager step through the graph's kernels
+        eager = lambda: model.forward(steps[0], positions)
+        # an eager step through the graph's kernels
+        with model.planned(model.plan.attention_as_captured()):
             ok = _same_step(
                 model, (lambda: graph(steps[0], positions)) if graph is not None else eager, eager
             )

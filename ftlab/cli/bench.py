@@ -67,9 +67,8 @@ def cmd_bench(args) -> int:
                 hybrid_slots=args.hybrid_slots,
             )
         except BaseException:
-            if (
-                args.tp or 1
-            ) > 1:  # no process group left behind (the other ranks may never arrive)
+            # no process group left behind (the other ranks may never arrive)
+            if (args.tp or 1) > 1:
                 from ftlab.models.tensor_parallel import close
 
                 close(wait=False)

@@ -58,7 +58,7 @@ def cmd_run(args) -> int:
     from ftlab.models.tensor_parallel import close
 
     if pipe.tp.rank != 0:  # every rank computes; rank 0 prints
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
+        sys.stdout = open(os.devnull, "w")
     try:
         code = run_once(pipe, args)
     except BaseException:

@@ -372,9 +372,8 @@ def _experts_gemm(module, x, gu, dn, ids, wts, q4: bool, inter: int) -> torch.Te
     dev = x.device
     block_m = GEMM_BLOCK_M if q4 else gemm_block_m(x, gu, dn, pairs)
     sorted_ids, expert_ids, npad = moe_align(ids, gu.shape[0], block_m)
-    h_dtype = (
-        x.dtype if not q4 else torch.float32
-    )  # dense banks: h in the bank's (x's) dtype, as Triton's
+    # dense banks: h in the bank's (x's) dtype, as Triton's
+    h_dtype = x.dtype if not q4 else torch.float32
     h = torch.empty((pairs, inter), dtype=h_dtype, device=dev)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=dev)
     flat_w = wts.view(-1)

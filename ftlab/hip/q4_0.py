@@ -80,9 +80,8 @@ def q4_0_matmul(
     m, n = x.shape[0], w.shape[0]
     module = jit.module_for("q4_0", x.device)
     if x_q8 is not None and not all(t.data_ptr() % 16 == 0 for t in (x_q8.q, x_q8.d, x_q8.s)):
-        x_q8 = Q8_1(
-            x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone()
-        )  # the kernels read 16-byte (4-byte) pieces
+        # the kernels read 16-byte (4-byte) pieces
+        x_q8 = Q8_1(x_q8.q.clone(), x_q8.d.clone(), x_q8.s.clone())
     if variant == "fused":
         y = x.new_empty((m, n))
         if x_q8 is None and (m > 1 or x.shape[1] > FUSED_QUANTIZE_MAX_K):

@@ -237,9 +237,8 @@ class HybridDecodeExecutor:
             )
         self.slot_gate_up = _slot_bank(w_gate_up, max(slots, 1), self.device)
         self.slot_down = _slot_bank(w_down, max(slots, 1), self.device)
-        self.table = self.policy.table(
-            self.device
-        )  # read live by every step (and by a replayed graph)
+        # read live by every step (and by a replayed graph)
+        self.table = self.policy.table(self.device)
         for slot, e in enumerate(self.policy.expert_in):  # a policy that arrives with residents
             if e >= 0:
                 _copy_expert(self.slot_gate_up, slot, w_gate_up, e)

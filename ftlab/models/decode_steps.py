@@ -80,9 +80,8 @@ class DecodeGraph:
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
         self.graph.replay()
-        if (
-            self.routed
-        ):  # the model's end_step reads this replay's ids, even after an eager pass in between
+        # the model's end_step reads this replay's ids, even after an eager pass in between
+        if self.routed:
             self.model.routed.update(self.routed)
         return self.logits
 
@@ -113,9 +112,8 @@ class DecodeLaunches:
         # the step's inputs: written in place before each launch of the schedule
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=dev)
         self.positions = torch.full((batch, 1), model.max_seq_len - 1, dtype=torch.long, device=dev)
-        model.forward(
-            self.tokens, self.positions
-        )  # modules built, one-time buffers (counters, stacked weights) made
+        # modules built, one-time buffers (counters, stacked weights) made
+        model.forward(self.tokens, self.positions)
         self.geo = model.geometry(self.positions, model.weights.embed.dtype)
 
         def step() -> torch.Tensor:  # the embedding, every layer, the last add and the final norm
@@ -151,8 +149,7 @@ class DecodeLaunches:
         self.tokens.copy_(tokens)
         self.model.cache.update_geometry(self.geo, positions, self.inputs)
         self.schedule.launch()
-        return self.model.logits(
-            self.hidden
-        )  # the lm_head through the ops: it may take a Triton kernel
+        # the lm_head through the ops: it may take a Triton kernel
+        return self.model.logits(self.hidden)
 
     __call__ = step

@@ -64,9 +64,8 @@ class KVCache:
         self.v = [torch.zeros(slots, kv_width, device=device, dtype=dtype) for _ in range(layers)]
         self.max_batch, self.max_seq_len, self.static = max_batch, max_seq_len, static
         self._views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._tables: dict[
-            tuple, object
-        ] = {}  # update_geometry's rope tables and aranges, made once
+        # update_geometry's rope tables and aranges, made once
+        self._tables: dict[tuple, object] = {}
 
     def views(self, j: int, b: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``j``'s static cache as ``[b, max_seq_len, kv_heads, hd]`` views of the first ``b``
@@ -99,9 +98,8 @@ class KVCache:
         read = self.slots(
             torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :]
         )
-        visible = (
-            torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]
-        )  # [B, T, S]
+        # [B, T, S]
+        visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]
         geo = {
             "cos": cos,
             "sin": sin,
@@ -134,9 +132,8 @@ class KVCache:
         for key in keys:
             if key in ("cos", "sin"):
                 table = self._rope_table(key, geo["rope"], geo[key].dtype, positions.device)
-                if (
-                    rows is None
-                ):  # a position past the tables gathers the last row, never outside them
+                # a position past the tables gathers the last row, never outside them
+                if rows is None:
                     rows = flat.clamp(0, self.max_seq_len - 1)
                 torch.index_select(table, 0, rows, out=geo[key].view(-1, *table.shape[1:]))
             elif key == "write":  # slot b * max_seq_len + p

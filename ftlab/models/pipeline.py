@@ -258,9 +258,8 @@ class Pipeline:
     def _hybrid(self, slots: int, backends: dict[str, str], policy: str = "lru") -> list:
         from ftlab.hybrid import layer_executors
 
-        banks = [
-            lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers
-        ]  # the routed experts
+        # the routed experts
+        banks = [lw.moe if self.model_class is Qwen3Next else lw for lw in self.weights.layers]
         return layer_executors(
             [(b.w_gate_up, b.w_down) for b in banks],
             slots,
@@ -338,9 +337,8 @@ class Pipeline:
             if self._launches is None:
                 try:
                     self._launches = DecodeLaunches(self.model, 1)
-                except (
-                    NotReplayable
-                ) as e:  # op by op from here, on the dynamic model (live positions only)
+                # op by op from here, on the dynamic model (live positions only)
+                except NotReplayable as e:
                     self.launches_refused = str(e)
                     self.model.static = self.model.cache.static = False
             step = self._launches or self.model.forward

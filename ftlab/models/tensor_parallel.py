@@ -263,7 +263,7 @@ def shard_qwen3_next(config, weights, tp: TensorParallel, device: torch.device):
     tp.shard(c.vocab_size, "vocab_size")  # refused before any layer is cut
     i0, i1 = tp.shard(c.shared_expert_intermediate_size, "shared_expert_intermediate_size")
     inter = c.shared_expert_intermediate_size
-    span = lambda a, b: torch.arange(a, b)  # noqa: E731
+    span = lambda a, b: torch.arange(a, b)
     dt = weights.embed.dtype  # the model's dense dtype
     layers = []
     for i, lw in enumerate(weights.layers):

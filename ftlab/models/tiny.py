@@ -78,9 +78,8 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
     """The directory of tiny model ``name``, written first if absent."""
     if name not in TINY_MODELS:
         raise ValueError(f"tiny model must be one of {sorted(TINY_MODELS)}, got {name!r}")
-    path = (
-        root or cache_dir()
-    ) / f"{name}-{spec_digest(name)}"  # a changed recipe gets a new directory
+    # a changed recipe gets a new directory
+    path = (root or cache_dir()) / f"{name}-{spec_digest(name)}"
     if (path / "model-q4_0.gguf").is_file():
         return path
     # written into a directory of this process's, then renamed into place whole: a process that

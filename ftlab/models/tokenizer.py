@@ -127,9 +127,8 @@ def gguf_metadata(tokenizer: HFTokenizer) -> dict:
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.token_type": [
-            3 if t in special else 1 for t in tokens
-        ],  # 3: control, 1: normal
+        # 3: control, 1: normal
+        "tokenizer.ggml.token_type": [3 if t in special else 1 for t in tokens],
     }
     eos = tokenizer.token_to_id("<|endoftext|>")
     if eos is not None:

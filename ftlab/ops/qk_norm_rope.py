@@ -66,9 +66,10 @@ def qk_norm_rope(
         for t, shape in ((q_weight, (d,)), (k_weight, (d,)), (cos, (n, rot)), (sin, (n, rot)))
     ]
 
+    # contiguous heads and elements, any token stride
     def rows_layout(
         t: torch.Tensor,
-    ) -> torch.Tensor:  # contiguous heads and elements, any token stride
+    ) -> torch.Tensor:
         return t if t.stride(2) == 1 and (t.shape[1] <= 1 or t.stride(1) == d) else t.contiguous()
 
     impl = backends.resolve("qk_norm_rope", backend, q.device, q.dtype)

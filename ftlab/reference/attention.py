@@ -39,8 +39,7 @@ def decode_attention(
     scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1)
     p = torch.where(live.any(-1)[:, None, None, None], p, 0.0)  # no position: zeros, not 0/0
-    vals = v.float().masked_fill(
-        ~live[:, :, None, None], 0.0
-    )  # slots past the length are never read
+    # slots past the length are never read
+    vals = v.float().masked_fill(~live[:, :, None, None], 0.0)
     out = torch.einsum("bkgp,bpkd->bkgd", p, vals)
     return out.reshape(b, h, d).to(q.dtype).contiguous()

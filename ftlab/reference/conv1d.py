@@ -46,9 +46,8 @@ def causal_conv1d(
     )
     valid = torch.arange(t, device=x.device)[None, :] < ends[:, None]  # [B, T]
     y = torch.where(valid[:, :, None], y, torch.zeros((), device=x.device)).to(x.dtype)
-    taps = (
-        ends[:, None] + torch.arange(w - 1, device=x.device)[None, :]
-    )  # [B, W-1], indices into xin
+    # [B, W-1], indices into xin
+    taps = ends[:, None] + torch.arange(w - 1, device=x.device)[None, :]
     new_state = torch.gather(xin, 1, taps[:, :, None].expand(b, w - 1, c)).transpose(1, 2)
     return y.contiguous(), new_state.contiguous()
 

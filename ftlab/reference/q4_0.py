@@ -91,9 +91,8 @@ def q4_0_block_terms(x8: Q8_1, w: Q4_0Weight) -> tuple[torch.Tensor, torch.Tenso
     d4, q4 = unpack_q4_0(w)  # [N, nb], [N, nb, 32]
     m, k = x8.q.shape
     q8 = x8.q.view(m, k // QK, QK).to(torch.int32)  # [M, nb, 32]
-    sumi = torch.einsum("mbi,nbi->mnb", q8.double(), q4.double()).to(
-        torch.int32
-    )  # exact: |sum| < 2^17
+    # exact: |sum| < 2^17
+    sumi = torch.einsum("mbi,nbi->mnb", q8.double(), q4.double()).to(torch.int32)
     scaled = x8.d[:, None, :] * sumi.float()  # [M, N, nb]
     shift = 8 * x8.s[:, None, :]
     return d4[None] * (scaled - shift), d4.abs()[None] * (scaled.abs() + shift.abs())

@@ -52,9 +52,8 @@ def _q4_k(b: torch.Tensor, fifth: bool) -> torch.Tensor:  # [..., 144 | 176] -> 
     lead = b.shape[:-1]
     qs = b[..., 48:] if fifth else b[..., 16:]  # [..., 128]
     pairs = qs.reshape(*lead, 4, 32).long()
-    q = torch.stack([pairs & 0x0F, pairs >> 4], dim=-2).reshape(
-        *lead, 8, 32
-    )  # sub-block j = 2p + half
+    # sub-block j = 2p + half
+    q = torch.stack([pairs & 0x0F, pairs >> 4], dim=-2).reshape(*lead, 8, 32)
     if fifth:
         qh = b[..., 16:48].long()  # [..., 32]: bit j for sub-block j
         bits = torch.stack([(qh >> j) & 1 for j in range(8)], dim=-2)  # [..., 8, 32]
@@ -70,9 +69,10 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:  # [..., 210] -> [..., 256]
     qh = b[..., 128:192].reshape(*lead, 2, 32).long()  # [half, byte]
     scales = b[..., 192:208].contiguous().view(torch.int8).float()  # [..., 16]
     d = _f16(b[..., 208:210])
+    # [..., half, quarter, 32]
     low = torch.stack(
         [ql[..., 0, :] & 0x0F, ql[..., 1, :] & 0x0F, ql[..., 0, :] >> 4, ql[..., 1, :] >> 4], dim=-2
-    )  # [..., half, quarter, 32]
+    )
     high = torch.stack([(qh >> s) & 0x03 for s in (0, 2, 4, 6)], dim=-2)  # [..., half, quarter, 32]
     q = ((low | (high << 4)) - 32).reshape(*lead, 16, 16).float()  # sub-blocks of 16, in order
     return ((d[..., None] * scales)[..., None] * q).reshape(*lead, 256)
@@ -99,9 +99,8 @@ def quantize(w: torch.Tensor, qtype: str) -> QuantWeight:
         d == 0, torch.zeros_like(d), torch.ones_like(d) / torch.where(d == 0, torch.ones_like(d), d)
     )
     q = round_half_away(blocks * inv).to(torch.int8)  # |x * id| <= 127.0000x: no overflow
-    packed = torch.cat(
-        [d.to(torch.float16).view(torch.uint8), q.view(torch.uint8)], dim=1
-    )  # [B, 34]
+    # [B, 34]
+    packed = torch.cat([d.to(torch.float16).view(torch.uint8), q.view(torch.uint8)], dim=1)
     k = w.shape[-1]
     return QuantWeight(
         packed.reshape(*w.shape[:-1], QTYPES[qtype].row_bytes(k)), tuple(w.shape), qtype

@@ -153,9 +153,8 @@ def decode_attention_held_to_reference() -> Iterator[list[tuple[str, int, int]]]
             d = q.shape[-1]
             err = (out.float() - want.float()).abs().reshape(-1, d).cpu()
             over = int((~(err <= bound)).sum())
-            if isinstance(
-                got, tuple
-            ):  # quantize=True: the Q8_1 must be the reference's of out, bit for bit
+            # quantize=True: the Q8_1 must be the reference's of out, bit for bit
+            if isinstance(got, tuple):
                 over += sum(q8_mismatches(out, got[1]).values())
             calls.append((backend, over, err.numel()))
         return got

@@ -137,9 +137,8 @@ def experts_tolerance(
             )
             gu_exact = a @ wg.T
             _, parts = _block_terms(xs, gu[e])
-            eta = (
-                2 * (parts.shape[-1] + 5) * EPS32 * parts.double().sum(-1)
-            )  # backend and reference
+            # backend and reference
+            eta = 2 * (parts.shape[-1] + 5) * EPS32 * parts.double().sum(-1)
         else:
             xa = xf[tok].double()
             gu_exact = xa @ wg.T

@@ -137,9 +137,8 @@ def bf16_operand_terms(qd, kd, vd, gd, bd, state, carried, start, end):
     rows = torch.arange(n)
     diff = c[..., :, None] - c[..., None, :]  # c_i - c_l
     decay = torch.where(rows[:, None] > rows[None, :], diff, -torch.inf).exp()  # strictly lower
-    decay_on = torch.where(
-        rows[:, None] >= rows[None, :], diff, -torch.inf
-    ).exp()  # and the diagonal
+    # and the diagonal
+    decay_on = torch.where(rows[:, None] >= rows[None, :], diff, -torch.inf).exp()
     eye = torch.eye(n, dtype=torch.float64)
     lmat = bt[..., :, None] * (kc @ kc.transpose(-1, -2)) * decay
     ab = torch.linalg.solve_triangular(
@@ -163,16 +162,16 @@ def _exact_and_bounds(
     qd, kd, vd = q.double().cpu(), k.double().cpu(), v.double().cpu()
     gd, bd = g.double().cpu(), beta.double().cpu()
     gate_err = None
-    if (
-        gates is not None
-    ):  # g and beta are the raw a and b: the gates exact, their fp32 error bounded
+    # g and beta are the raw a and b: the gates exact, their fp32 error bounded
+    if gates is not None:
         a_neg, dt_bias = (x.double().cpu() for x in gates)
         x = gd + dt_bias
         sp = torch.nn.functional.softplus(x)
+        # g's error, beta's relative, in eps32
         gate_err = (
             a_neg.abs() * (4 + 2 * sp + x.abs()),
             4 + bd.abs(),
-        )  # g's error, beta's relative, in eps32
+        )
         gd, bd = a_neg * sp, torch.sigmoid(bd)
     gf = gd.clamp(min=G_FLOOR)  # g floored, as the chunks' cumulative sums take it
     b, t, hk, dk = qd.shape
@@ -199,9 +198,8 @@ def _exact_and_bounds(
         start = i - i % chunk
         gsum = gf[:, start : start + chunk].abs().sum(1) if chunk > 1 else 0 * gf[:, 0]
         rho = (base + 2 * (chunk + 2) * gsum)[..., None]
-        if (
-            bf16 and i == start
-        ):  # the computed state is within EPS32 (err + rho A) + err_bf of s, per column
+        # the computed state is within EPS32 (err + rho A) + err_bf of s, per column
+        if bf16 and i == start:
             lo, ls = bf16_operand_terms(
                 qd,
                 kd,

@@ -11,9 +11,8 @@ from ftlab import ops
 from ftlab.testing.common import assert_within, backends_for, ulp
 
 EPS32 = 2.0**-23
-GATE_EPS = (
-    6  # a sigmoid or SiLU in fp32 (exp, add, divide; or torch's sigmoid and a product), in eps32
-)
+# a sigmoid or SiLU in fp32 (exp, add, divide; or torch's sigmoid and a product), in eps32
+GATE_EPS = 6
 
 
 def _gate_eps(g: torch.Tensor) -> torch.Tensor:

@@ -224,9 +224,8 @@ def check_matmul_case(
             f"{name}: {got.shape} {got.dtype}"
         )
         assert_within(name, f"q4_0_matmul {case!r}", got, expected, bound)
-        if (
-            case.path == "int8" and x.shape[0] <= 8
-        ):  # decode sizes: the Q8_1 of another x given as x_q8
+        # decode sizes: the Q8_1 of another x given as x_q8
+        if case.path == "int8" and x.shape[0] <= 8:
             # is what the int8 path multiplies, bit for bit as that x itself (hip: no quantization
             # launched)
             other = x.flip(1).contiguous()

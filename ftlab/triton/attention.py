@@ -81,9 +81,8 @@ def decode_attention_partial_kernel(
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vv[None, :, :], axis=1)
         m = m_new
     if SPLITS == 1:
-        o = tl.where(
-            lsum[:, None] != 0, acc / tl.where(lsum != 0, lsum, 1.0)[:, None], 0.0
-        )  # 0: no position
+        # 0: no position
+        o = tl.where(lsum[:, None] != 0, acc / tl.where(lsum != 0, lsum, 1.0)[:, None], 0.0)
         tl.store(
             out_ptr + (b * H + kh * G + g[:, None]) * D + dd[None, :],
             o.to(out_ptr.dtype.element_ty),

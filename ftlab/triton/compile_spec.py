@@ -34,9 +34,8 @@ class TritonSpec:
     constexprs: dict[str, object]
     num_warps: int = 4
     options: dict = field(default_factory=dict)  # further triton.compile options
-    attrs: dict = field(
-        default_factory=dict
-    )  # ASTSource attrs: {(parameter index,): [["tt.divisibility", 16]]}
+    # ASTSource attrs: {(parameter index,): [["tt.divisibility", 16]]}
+    attrs: dict = field(default_factory=dict)
 
 
 def _parameters(kernel) -> list[inspect.Parameter]:

@@ -74,9 +74,8 @@ def causal_conv1d_kernel(
     tl.store(y_row, acc.to(y_ptr.dtype.element_ty), mask=live)
     if tb == 0:
         for i in tl.static_range(W - 1):
-            src = (
-                end + i + tl.zeros((BLOCK_C,), tl.int32)
-            )  # index into xin: the state's W-1 entries, then x's
+            # index into xin: the state's W-1 entries, then x's
+            src = end + i + tl.zeros((BLOCK_C,), tl.int32)
             if HAS_STATE:
                 old = tl.load(s_row + c * (W - 1) + src, mask=cmask & (src < W - 1), other=0.0)
             else:

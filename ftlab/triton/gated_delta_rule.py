@@ -68,9 +68,8 @@ def gated_delta_step_kernel(
     v = tl.load(v_ptr + bh * DV + dv, mask=mv, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + bh).to(tl.float32)
     beta = tl.load(beta_ptr + bh).to(tl.float32)
-    if (
-        GATES
-    ):  # g and beta are the raw projections a and b: the layer's gates, as torch computes them
+    # g and beta are the raw projections a and b: the layer's gates, as torch computes them
+    if GATES:
         x = g + tl.load(dt_bias_ptr + h)
         g = tl.load(a_neg_ptr + h) * tl.where(
             x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0)))

@@ -154,9 +154,8 @@ def scan_kernel(
         if NQ > 2:
             s2 = _update(s2, e, k_ptr, b, t0, T, kh, xf, 2, HK, DK, BQ, PRECISION, BF16, NATIVE)
             s3 = _update(s3, e, k_ptr, b, t0, T, kh, xf, 3, HK, DK, BQ, PRECISION, BF16, NATIVE)
-    sb = (
-        st_ptr + (bh * DK).to(tl.int64) * DV
-    )  # again from the argument: nothing more live through the loop
+    # again from the argument: nothing more live through the loop
+    sb = st_ptr + (bh * DK).to(tl.int64) * DV
     tl.store(sb + o0, s0, mask=m0)
     if NQ > 1:
         tl.store(sb + o1, s1, mask=m1)

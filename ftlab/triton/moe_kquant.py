@@ -45,9 +45,8 @@ def _kq_dot(wr, rows_ok, xq, xd, xs, K, QT: tl.constexpr, BLOCK_N: tl.constexpr)
         j_ok = jb < K // 32  # Q8_0 / Q4_0 rows of K % 256 != 0 end inside a chunk
         m2 = rows_ok[:, None] & j_ok[None, :]
         m3 = m2[:, :, None]
-        x = tl.load(xq + jb[:, None] * 32 + i32[None, :], mask=j_ok[:, None], other=0).to(
-            tl.int32
-        )  # [8, 32]
+        # [8, 32]
+        x = tl.load(xq + jb[:, None] * 32 + i32[None, :], mask=j_ok[:, None], other=0).to(tl.int32)
         d8 = tl.load(xd + jb, mask=j_ok, other=0.0)[None, :]
         if QT == 0:  # Q8_0: d * (d8 * sumi)
             wb = wr[:, None] + jb[None, :].to(tl.int64) * 34

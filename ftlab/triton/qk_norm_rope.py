@@ -67,9 +67,8 @@ def _norm_rope_row(
     tl.store(dst + d, out, mask=mask)
     if CACHE:  # a k row also goes to its slot of the cache (q rows: masked off)
         width = tl.where(live & (h >= HQ), D, 0)  # a scalar condition as a bound (the interpreter
-        tl.store(
-            kc_ptr + slot * kc_row + (h - HQ) * D + d, out, mask=d < width
-        )  # masks by blocks only)
+        # masks by blocks only)
+        tl.store(kc_ptr + slot * kc_row + (h - HQ) * D + d, out, mask=d < width)
 
 
 @triton.jit

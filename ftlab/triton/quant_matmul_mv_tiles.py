@@ -176,14 +176,12 @@ def q4_k_mv_kernel(
             q_hi = q_hi | (((qh >> (2 * p4 + 1)) & 0x01010101) << 4)
         for m in tl.static_range(MP):
             if m < M:
-                xp = (
-                    q8w_ptr + m * (K // 4) + b[:, None, None] * 64 + 16 * p3 + i3
-                )  # [SB, 4, 8]: sub-block 2p
+                # [SB, 4, 8]: sub-block 2p
+                xp = q8w_ptr + m * (K // 4) + b[:, None, None] * 64 + 16 * p3 + i3
                 x_lo = tl.load(xp, mask=b_ok[:, None, None], other=0)
                 x_hi = tl.load(xp + 8, mask=b_ok[:, None, None], other=0)
-                jb = (
-                    m * (K // 32) + b[:, None] * 8 + 2 * tl.arange(0, 4)[None, :]
-                )  # [SB, 4]: Q8_1 block 2p
+                # [SB, 4]: Q8_1 block 2p
+                jb = m * (K // 32) + b[:, None] * 8 + 2 * tl.arange(0, 4)[None, :]
                 t = _k4_half(q_lo, x_lo, d8_ptr + jb, s8_ptr + jb, b_ok, d, dmin, sc_lo, mn_lo, ASM)
                 t += _k4_half(
                     q_hi, x_hi, d8_ptr + jb + 1, s8_ptr + jb + 1, b_ok, d, dmin, sc_hi, mn_hi, ASM
@@ -241,9 +239,8 @@ def q6_k_mv_kernel(
     wl5 = 2 * (4 * s5 + i5)  # halfword of the word within a 32-byte run
     h4 = tl.arange(0, 2)[None, :, None, None]  # activation words [SB, 2, 2, 4]
     xw4 = 32 * h4 + 4 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
-    sj = (
-        192 + 8 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :]
-    )  # [1, 1, 2, 2]
+    # [1, 1, 2, 2]
+    sj = 192 + 8 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :]
     acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
     for b0 in range(lo, hi, BLOCK_SB):
         b = b0 + tl.arange(0, BLOCK_SB)
@@ -264,9 +261,8 @@ def q6_k_mv_kernel(
         sc3 = tl.load(bp + 6, mask=m4, other=0).to(tl.int8, bitcast=True).to(tl.float32)
         for m in tl.static_range(MP):
             if m < M:
-                xp = (
-                    q8w_ptr + m * (K // 4) + b[:, None, None, None] * 64 + xw4
-                )  # [SB, 2, 2, 4], quarter 0
+                # [SB, 2, 2, 4], quarter 0
+                xp = q8w_ptr + m * (K // 4) + b[:, None, None, None] * 64 + xw4
                 d8p = (
                     d8_ptr
                     + m * (K // 32)

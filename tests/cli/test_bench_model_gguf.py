@@ -232,9 +232,8 @@ def test_hybrid_arguments(tmp_path, capsys):
     only_pp = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:1])
     with pytest.raises(RuntimeError, match="-ncmoe 1 -p 0 .* gave no decode result at depth 0"):
         model_gguf.run_llama_bench_ncmoe(only_pp, Q4_K_M, 1, gpu=False)
-    shallow = fake_llama_bench(
-        tmp_path, LLAMA_BENCH_JSON[:2]
-    )  # no -d support: depth-8 rows missing
+    # no -d support: depth-8 rows missing
+    shallow = fake_llama_bench(tmp_path, LLAMA_BENCH_JSON[:2])
     with pytest.raises(RuntimeError, match="gave no decode result at depth 8"):
         model_gguf.run_llama_bench_ncmoe(shallow, Q4_K_M, 1, gpu=False, depth=8)
 
@@ -419,9 +418,8 @@ def test_which_side_tells_the_replay_and_the_eager_steps_apart():
     assert "a second replay and the first: differ" in note
     assert "a second eager step and the first: equal" in note
     assert note.endswith("exactly the captured kernels: differ")
-    note = which_side(
-        lambda t, p: same + 99, model, tokens, positions, same + 99, same
-    )  # a stable replay, apart
+    # a stable replay, apart
+    note = which_side(lambda t, p: same + 99, model, tokens, positions, same + 99, same)
     assert "a second replay and the first: equal" in note and note.endswith(
         "exactly the captured kernels: differ"
     )

@@ -69,9 +69,8 @@ def test_converter_file_reads_as_the_hf_checkpoint(name):
                 a = a[torch.argsort(v_perm(2, 4, 1))]
             assert torch.equal(-torch.exp(got), a), k
             ulp = torch.finfo(torch.float32).eps * want.abs().clamp_min(2**-126)
-            assert ((got - want).abs() <= 2.0**-23 + ulp / 2).all(), (
-                k
-            )  # exp's error, relative, is log's absolute
+            # exp's error, relative, is log's absolute
+            assert ((got - want).abs() <= 2.0**-23 + ulp / 2).all(), k
         else:
             assert torch.equal(got, want), k
     for key, value in config.items():
@@ -111,9 +110,8 @@ def test_transformers_runs_what_was_read(name):
             if k not in ("architectures", "model_type", "transformers_version")
         }
         model = getattr(transformers, hf_config["architectures"][0])(cls(**cfg)).eval()
-        dense = {
-            k: v for k, v in weights.items() if not k.startswith("mtp.")
-        }  # transformers has no MTP
+        # transformers has no MTP
+        dense = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
         model.load_state_dict(dense, strict=not cfg.get("tie_word_embeddings"))
         with torch.no_grad():
             return model(torch.arange(1, 9)[None]).logits.double()
@@ -156,9 +154,8 @@ def test_tokenizer_from_the_file():
     tok, hf = read_gguf_tokenizer(DATA / "qwen35moe-hv2.gguf"), train_tokenizer()
     text = "The router sends every token to a few experts.<|endoftext|> Hello world!"
     assert tok.encode(text) == hf.encode(text).ids
-    assert tok.encode("<|endoftext|>") == [
-        hf.token_to_id("<|endoftext|>")
-    ]  # a CONTROL token, matched whole
+    # a CONTROL token, matched whole
+    assert tok.encode("<|endoftext|>") == [hf.token_to_id("<|endoftext|>")]
     plain = text.split("<|endoftext|>")[0]
     assert tok.decode(tok.encode(plain)) == plain
     assert tok.eos_token_id == hf.token_to_id("<|endoftext|>")

@@ -127,9 +127,8 @@ def test_layer_executors_place_the_share():
         (torch.randn(8, 64, 32, generator=gen), torch.randn(8, 32, 32, generator=gen))
         for _ in range(6)
     ]
-    placed = layer_executors(
-        banks, 2, "cpu", "layers"
-    )  # 6 of 8 experts' bytes on the CPU: 4.5 -> 5 layers
+    # 6 of 8 experts' bytes on the CPU: 4.5 -> 5 layers
+    placed = layer_executors(banks, 2, "cpu", "layers")
     assert [ex is None for ex in placed] == [False] * 5 + [True]
     assert all(ex.policy.slots == 0 and ex.table.tolist() == [-1] * 8 for ex in placed[:5])
     for placement, table in (("static", [0, 1] + [-1] * 6), ("lru", [-1] * 8)):

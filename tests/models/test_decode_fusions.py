@@ -69,9 +69,8 @@ def test_norm_in_router_equals_norm_then_router(monkeypatch, backend):
         ), a.name
 
 
-@pytest.mark.parametrize(
-    "backend", ["reference"]
-)  # Triton's bits: tests/property/test_q4_0_norm_matvec.py
+# Triton's bits: tests/property/test_q4_0_norm_matvec.py
+@pytest.mark.parametrize("backend", ["reference"])
 def test_norm_in_qkv_equals_norm_then_matvec(monkeypatch, backend):
     """Each layer's input add and norm inside its q/k/v matvec (norm_in_qkv, the Q4_0 file)
     give the bits of add_rmsnorm then q4_0_matmul: a 3-token prefill (the fused op, which falls
@@ -251,9 +250,8 @@ def test_attention_q8_for_o_proj_in_the_model_gpu(monkeypatch):
             for p in range(30, 60)
         ]
         runs.append(out)
-    assert (
-        sum(given) == 30 * config.num_hidden_layers
-    )  # the flag's decode steps: every layer's o_proj
+    # the flag's decode steps: every layer's o_proj
+    assert sum(given) == 30 * config.num_hidden_layers
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
     model.plan = model.plan.with_(attention_q8=True)

@@ -248,9 +248,8 @@ def _record_the_hip_layers(Pipeline, Qwen3Moe, DecodeLaunches, backends) -> None
     logits = launched(torch.tensor([[3], [4]]), torch.tensor([[5], [9]]))
     assert launched.schedule.native is True and logits.shape == (2, 1, pipe.config.vocab_size)
     window = launched.schedule_length
-    assert (
-        _Counting.calls == op_by_op and window < op_by_op
-    )  # the lm_head's launches ran through the ops
+    # the lm_head's launches ran through the ops
+    assert _Counting.calls == op_by_op and window < op_by_op
     assert sorted(launched.inputs) == sorted(
         ["cos", "sin", "write", "mask", "positions", "lengths"]
     )
@@ -381,7 +380,6 @@ def test_pipeline_graphs_off_launches_its_steps_gpu(monkeypatch):
     dynamic = [off.prefill(tiny.tokenizer.encode("Every operator has a reference"))]
     for logits in runs[0][:-1]:
         dynamic.append(off.decode_step(int(logits.argmax())))
-    for a, b in zip(
-        runs[0], dynamic, strict=True
-    ):  # the static and dynamic attention: last bits apart
+    # the static and dynamic attention: last bits apart
+    for a, b in zip(runs[0], dynamic, strict=True):
         assert float((a - b).abs().max()) <= 1e-2 * float(a.abs().max())

@@ -13,6 +13,7 @@ from ftlab.models.loader import CheckpointError, load_gguf, load_hf, save_gguf  
 from ftlab.models.qwen3_moe import LayerWeights, ModelWeights, Qwen3Moe  # noqa: E402
 from ftlab.quant import Q4_0Weight  # noqa: E402
 
+# Q4_0 needs rows of whole 32-blocks
 TINY = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
@@ -20,7 +21,7 @@ TINY = dict(
     norm_topk_prob=True,
     tie_word_embeddings=False,
     moe_intermediate_size=32,
-)  # Q4_0 needs rows of whole 32-blocks
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +76,8 @@ def test_q4_0_gguf_equals_reference_with_dequantized_weights(hf_dir, tmp_path):
     dense = Qwen3Moe(config_q, dequantized(weights_q)).forward(tokens, positions)
     torch.testing.assert_close(q, dense, rtol=1e-5, atol=1e-5)
     int8 = Qwen3Moe(config_q, weights_q, q4_0_path="int8").forward(tokens, positions)
-    assert (
-        int8 - dense
-    ).abs().max() < 0.05 * dense.abs().max()  # Q8_1 activations: close, not equal
+    # Q8_1 activations: close, not equal
+    assert (int8 - dense).abs().max() < 0.05 * dense.abs().max()
     hf = Qwen3Moe(config, weights).forward(tokens, positions)
     assert (q - hf).abs().max() < 0.2 * hf.abs().max()  # 4-bit weights: near the float model
 

@@ -173,9 +173,8 @@ def test_the_q4_k_m_file_loads_packed_in_the_types_it_holds():
             2 * config.moe_intermediate_size,
             config.hidden_size,
         )
-        parts = [
-            w for w, _ in lw.qkv()
-        ]  # layer 0: one Q4_K part; layer 1: q and k stacked (Q4_K), then v (Q6_K)
+        # layer 0: one Q4_K part; layer 1: q and k stacked (Q4_K), then v (Q6_K)
+        parts = [w for w, _ in lw.qkv()]
         assert [p.qtype for p in parts] == (["Q4_K"] if i == 0 else ["Q4_K", "Q6_K"]), i
         rows = lw.q_proj.shape[0] + lw.k_proj.shape[0]
         stacked = torch.cat([lw.q_proj.data, lw.k_proj.data] + ([lw.v_proj.data] if i == 0 else []))

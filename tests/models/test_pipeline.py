@@ -157,9 +157,8 @@ def test_graph_decode_generates_what_eager_does_gpu(quant):
     prompt = "The router sends every token"
     eager = Pipeline.load("tiny-qwen3-moe", "cuda", quant=quant, graphs=False, launches=False)
     assert eager.decode_path == "eager" and not eager.model.static
-    graphed = Pipeline.load(
-        "tiny-qwen3-moe", "cuda", quant=quant
-    )  # graphs="auto": captured on a GPU
+    # graphs="auto": captured on a GPU
+    graphed = Pipeline.load("tiny-qwen3-moe", "cuda", quant=quant)
     assert graphed.graph_capturable and not eager.graph_capturable
     assert "".join(graphed.generate(prompt, 24)) == "".join(eager.generate(prompt, 24))
     ids = eager.tokenizer.encode(prompt)

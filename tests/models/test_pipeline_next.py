@@ -249,9 +249,8 @@ def test_graph_decode_equals_eager_and_512_steps_stay_finite_gpu(name, quant):
     512 steps of the graph stay finite."""
     eager = Pipeline.load(name, "cuda", quant=quant, graphs=False, max_seq_len=600)
     graphed = Pipeline.load(name, "cuda", quant=quant, max_seq_len=600)
-    static = Pipeline.load(
-        name, "cuda", quant=quant, max_seq_len=600
-    )  # driven by _static_eager_step
+    # driven by _static_eager_step
+    static = Pipeline.load(name, "cuda", quant=quant, max_seq_len=600)
     assert graphed.graph_capturable and not eager.graph_capturable and static.model.static
     ids = eager.tokenizer.encode(PROMPT)
     a, b, c = eager.prefill(ids), graphed.prefill(ids), static.prefill(ids)

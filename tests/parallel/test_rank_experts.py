@@ -96,10 +96,11 @@ def test_rank_range_from_the_config():
     moe = tiny.ensure("tiny-qwen3-moe")
     e = load_hf(moe, progress=False)[0].num_experts
     assert rank_experts(moe, tp) == (e // 2, e)
+    # hybrid models: config.json and GGUF metadata alike
     for name in (
         "tiny-qwen3-next",
         "tiny-qwen35-moe",
-    ):  # hybrid models: config.json and GGUF metadata alike
+    ):
         e = load_hf(tiny.ensure(name), progress=False)[0].num_experts
         assert rank_experts(tiny.ensure(name), tp) == (e // 2, e)
         assert rank_experts(tiny.ensure(name) / "model-q4_0.gguf", tp) == (e // 2, e)

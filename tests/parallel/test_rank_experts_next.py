@@ -43,12 +43,13 @@ def same_but_experts(full, part, e0: int, e1: int) -> None:
     for lf, lp in zip(full.layers, part.layers, strict=True):
         same(lp.moe.w_gate_up, rows(lf.moe.w_gate_up, e0, e1))
         same(lp.moe.w_down, rows(lf.moe.w_down, e0, e1))
+        # every expert still scored
         for field in (
             "router",
             "shared_gate_up",
             "shared_down",
             "shared_gate",
-        ):  # every expert still scored
+        ):
             same(getattr(lp.moe, field), getattr(lf.moe, field))
         same(lp.input_norm, lf.input_norm)
     same(part.embed, full.embed)
@@ -258,7 +259,6 @@ def test_rank_range_and_shard_of_a_cut_load(name, quant):
 
 
 def test_rank_range_needs_a_count_tp_divides():
-    with pytest.raises(
-        ValueError, match=r"tp = 3 must divide num_experts \(8\)"
-    ):  # tiny-qwen35-moe's 8 experts
+    # tiny-qwen35-moe's 8 experts
+    with pytest.raises(ValueError, match=r"tp = 3 must divide num_experts \(8\)"):
         rank_experts(tiny.ensure("tiny-qwen35-moe"), TensorParallel(rank=0, world=3))

@@ -96,7 +96,7 @@ def dequantized(monkeypatch) -> list:
 
 def kept(got, loaded) -> bool:
     """``got`` is ``loaded`` (a packed weight: its bytes), not a copy."""
-    data = lambda w: w.data if isinstance(w, QuantWeight) else w  # noqa: E731
+    data = lambda w: w.data if isinstance(w, QuantWeight) else w
     return data(got) is data(loaded)
 
 
@@ -232,7 +232,7 @@ def test_hf_stored_bf16_rows_own_their_memory(name, tmp_path):
 
 def test_hf_embedding_of_the_wrong_size_is_refused(tmp_path):
     """Read with a range too: the stored shape is checked, not the slice's."""
-    extra = lambda k, t: torch.cat([t, t[:1]]) if "embed_tokens" in k else t  # noqa: E731
+    extra = lambda k, t: torch.cat([t, t[:1]]) if "embed_tokens" in k else t
     moe = rewritten(tiny.ensure("tiny-qwen3-moe"), tmp_path / "moe", extra)
     nxt = rewritten(tiny.ensure("tiny-qwen35-moe"), tmp_path / "next", extra)
     for vocab in (None, (0, 192)):
@@ -361,9 +361,8 @@ def test_shard_of_a_cut_load(name, quant):
     assert part.embed.shape[0] == V // 2
     shard = shard_qwen3_moe if hasattr(full.layers[0], "router") else shard_qwen3_next
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", ShardDequantizedWarning
-        )  # the K-quant o_proj cut inside its blocks
+        # the K-quant o_proj cut inside its blocks
+        warnings.simplefilter("ignore", ShardDequantizedWarning)
         want, got = shard(c, full, tp, cpu), shard(c, part, tp, cpu)
     same_tree(got, want)
     assert kept(got.embed, part.embed) and (got.lm_head is got.embed) == c.tie_word_embeddings

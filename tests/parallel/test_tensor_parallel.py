@@ -205,10 +205,11 @@ def test_unpermute_columns_dense_and_packed():
     assert torch.equal(unpermute_columns(stored, perm, "w").data, q.data)
     swapped = torch.arange(128)
     swapped[[1, 33]] = swapped[[33, 1]]
+    # a block moved in halves; two columns swapped across blocks
     for bad in (
         torch.arange(128).roll(16),
         swapped,
-    ):  # a block moved in halves; two columns swapped across blocks
+    ):
         with pytest.raises(ValueError, match="blocks of 32"):
             unpermute_columns(stored, bad, "w")
 

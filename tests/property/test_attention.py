@@ -258,9 +258,8 @@ def test_strided_heads_are_copied_not_misread():
     """k with non-contiguous heads (a transposed view) is taken through a copy: same result."""
     gen = torch.Generator().manual_seed(8)
     q = torch.randn(1, 4, 16, generator=gen)
-    k = torch.randn(1, 2, 9, 16, generator=gen).transpose(
-        1, 2
-    )  # [B, S, KVH, D], heads strided by S * D
+    # [B, S, KVH, D], heads strided by S * D
+    k = torch.randn(1, 2, 9, 16, generator=gen).transpose(1, 2)
     v = torch.randn(1, 9, 2, 16, generator=gen)
     lengths = torch.tensor([9])
     ft.check_decode_attention_case(q, k, v, lengths)

@@ -76,9 +76,8 @@ def test_minus_inf_scores_weigh_nothing(s, device, dtype, d):
     softmax of -inf alone), not zeros -- so hip's one-launch kernel (bf16 at head dim 128 on a GPU)
     tells that from a sequence of no position."""
     gen = torch.Generator().manual_seed(11)
-    q = (torch.rand(1, 4, d, generator=gen) + 0.1).to(
-        device, dtype
-    )  # positive: q . k = -inf where k has -inf
+    # positive: q . k = -inf where k has -inf
+    q = (torch.rand(1, 4, d, generator=gen) + 0.1).to(device, dtype)
     k = torch.randn(1, s, 2, d, generator=gen).to(device, dtype)
     v = torch.randn(1, s, 2, d, generator=gen).to(device, dtype)
     lengths = torch.tensor([s], device=device)

@@ -59,9 +59,8 @@ def conv1d_update_case(draw, dtypes=DTYPES):
     weight = torch.randn(c, w, generator=gen)
     bias = torch.randn(c, generator=gen) if draw(st.booleans()) else None
     pool = (torch.randn(b + 1, c + 2, w - 1, generator=gen) * scale).to(dtype)
-    state = (
-        pool[1:, 1 : c + 1] if draw(st.booleans()) else pool[:b, :c].contiguous()
-    )  # a slot view of a cache
+    # a slot view of a cache
+    state = pool[1:, 1 : c + 1] if draw(st.booleans()) else pool[:b, :c].contiguous()
     reset = None
     if draw(st.booleans()):  # some sequences start afresh: their old state is garbage, never read
         flags = torch.tensor(draw(st.lists(st.booleans(), min_size=b, max_size=b)))
@@ -114,9 +113,8 @@ def test_reference_is_the_model_conv():
     )
     assert torch.allclose(y.double(), want, atol=1e-5), float((y.double() - want).abs().max())
     assert torch.equal(new_state, xin[:, :, -(w - 1) :].float())
-    fresh, _ = ops.causal_conv1d(
-        x, weight, bias, backend="reference"
-    )  # no state: zero padding, causal_conv1d_fn
+    # no state: zero padding, causal_conv1d_fn
+    fresh, _ = ops.causal_conv1d(x, weight, bias, backend="reference")
     want = F.silu(
         F.conv1d(
             x.transpose(1, 2).double(),
@@ -238,9 +236,8 @@ def test_update_is_graph_capturable(backend, with_reset):
     x = torch.randn(b, c, generator=gen).bfloat16().cuda()
     reset = torch.zeros(b, dtype=torch.bool, device="cuda") if with_reset else None
     start = state.clone()
-    ops.causal_conv1d_update(
-        x, weight, bias, state.clone(), backend=backend, reset=reset
-    )  # build, load
+    # build, load
+    ops.causal_conv1d_update(x, weight, bias, state.clone(), backend=backend, reset=reset)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = ops.causal_conv1d_update(x, weight, bias, state, backend=backend, reset=reset)

@@ -60,9 +60,8 @@ def test_variant_picks_the_entry(calls, variant, want, precision, planes):
         q, k, v, g, beta, state, 0.2, True, 64, variant=variant, precision=precision
     )
     assert [c[0] for c in calls] == [want]
-    if (
-        variant == "chunk"
-    ):  # q k v g beta state o, then ab, attn [B, Hv, NT, P, 64, 64] and sc [B, Hv, NT, 4, 64]
+    # q k v g beta state o, then ab, attn [B, Hv, NT, P, 64, 64] and sc [B, Hv, NT, 4, 64]
+    if variant == "chunk":
         assert calls[0][1][-3:] == [
             (2, 12, 3, planes, 64, 64),
             (2, 12, 3, planes, 64, 64),

@@ -31,12 +31,10 @@ def test_hip_step_block_widths_gpu(cols, dk, dv, aligned):
     exact_o, exact_s = ft.gated_delta_exact(q, k, v, g, beta, state, scale, True)
     o_bound, s_bound = ft.gated_delta_tolerance(q, k, v, g, beta, state, scale, True, chunk_size=1)
     dev = torch.device("cuda")
-    pad = (
-        8 if aligned else 9
-    )  # floats before the state: 32 bytes, or 36 (4 bytes off 16-byte alignment)
-    buf = torch.full(
-        (pad + state.numel() + 8,), 7.0, device=dev
-    )  # the slots around the state: never written
+    # floats before the state: 32 bytes, or 36 (4 bytes off 16-byte alignment)
+    pad = 8 if aligned else 9
+    # the slots around the state: never written
+    buf = torch.full((pad + state.numel() + 8,), 7.0, device=dev)
     got_s = buf[pad : pad + state.numel()].view(state.shape)
     got_s.copy_(state)
     assert (got_s.data_ptr() % 16 == 0) == aligned

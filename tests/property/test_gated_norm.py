@@ -44,9 +44,8 @@ def output_gate_case(draw, dtypes=DTYPES):
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     attn = (torch.randn(n, f, generator=gen) * draw(st.sampled_from([1e-3, 1.0, 300.0]))).to(dtype)
     q = (torch.randn(n, 3 * f, generator=gen) * 4).to(dtype)
-    gate = (
-        q[:, f : 2 * f] if draw(st.booleans()) else q[:, :f].clone()
-    )  # the gate slice of a fused projection
+    # the gate slice of a fused projection
+    gate = q[:, f : 2 * f] if draw(st.booleans()) else q[:, :f].clone()
     return attn, gate
 
 

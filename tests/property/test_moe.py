@@ -327,16 +327,14 @@ def wide_expert_cases(draw):
     e = draw(st.sampled_from([4, 12]))
     k = draw(st.sampled_from([1, 3, 8, 10, 20]))
     h = 256 * draw(st.sampled_from([1, 3, 8, 9]))
-    inter = 256 * draw(
-        st.sampled_from([n for n in (1, 3, 5) if k * 256 * n <= 8192])
-    )  # k * I <= 8192
+    # k * I <= 8192
+    inter = 256 * draw(st.sampled_from([n for n in (1, 3, 5) if k * 256 * n <= 8192]))
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
     x = torch.randn(t, h, device=dev, generator=gen).to(dtype)
     gu = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5)
     dn = ops.quantize_q4_0(torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5)
-    ids = torch.randint(
-        -1, e + 2, (t, k), device=dev, generator=gen, dtype=torch.int32
-    )  # -1, e, e + 1 invalid
+    # -1, e, e + 1 invalid
+    ids = torch.randint(-1, e + 2, (t, k), device=dev, generator=gen, dtype=torch.int32)
     weights = torch.rand(t, k, device=dev, generator=gen)
     return x, gu, dn, weights, ids, "int8"
 
@@ -397,12 +395,13 @@ def test_fused_moe_graph_replay_gpu(backend, tokens, q4):
     one graph, each on the last one's output, as a model's layers reuse the workspace."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(tokens)
+    # Q6_K down: 256-blocks
     e, k, h, inter = (
         16,
         4,
         256,
         256 if q4 in ("Q4_K_M", "Q4_0 wide") else 128,
-    )  # Q6_K down: 256-blocks
+    )
     gu = torch.randn(e, 2 * inter, h, device=dev, generator=gen) * h**-0.5
     dn = torch.randn(e, h, inter, device=dev, generator=gen) * inter**-0.5
     gu, dn = (

@@ -47,13 +47,14 @@ def _case(
         (12, 8, 2, 64, 32),  # one 32-row block an expert, mostly padding
         (300, 4, 2, 96, 64),  # ~150 rows an expert: three blocks, the last partly filled
         (40, 6, 3, 40, 24),  # K = 40 / 24: one step of five / three chunks (of eight)
+        # K = 200 / 72: last steps of one / nine chunks; 32-row blocks; widths not x64
         (
             33,
             5,
             2,
             200,
             72,
-        ),  # K = 200 / 72: last steps of one / nine chunks; 32-row blocks; widths not x64
+        ),
         (20, 4, 2, 36, 20),  # K = 36 / 20: not whole 16-byte chunks -> the FMA tiles
         (64, 128, 8, 256, 96),  # many experts, top-8
     ],
@@ -66,9 +67,8 @@ def test_hip_dense_experts_gemm_gpu(dtype, tokens, experts, top_k, hidden, inter
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    "offset", [1, 8]
-)  # 1: base and row stride off 16 bytes (FMA tiles); 8: aligned
+# 1: base and row stride off 16 bytes (FMA tiles); 8: aligned
+@pytest.mark.parametrize("offset", [1, 8])
 def test_hip_dense_experts_gemm_strided_x_gpu(dtype, offset):
     x, gu, dn, weights, ids = _case(48, 6, 2, 64, 32, dtype, 2)
     wide = torch.zeros(48, 64 + offset, dtype=dtype, device=x.device)

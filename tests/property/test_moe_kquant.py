@@ -143,9 +143,8 @@ def test_kquant_gemm_configs_cpu(pairs):
     want = ops.moe_experts(x.float(), gu, dn, weights, ids, path="dequant", backend="reference")
     bound = ft.experts_tolerance(x, gu, dn, weights, ids, "dequant", want)
     assert bool(((got.float() - want).abs() <= bound).all())
-    q4 = ops.quantize_q4_0(
-        torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5
-    )  # Q4_0 beside Q6_K
+    # Q4_0 beside Q6_K
+    q4 = ops.quantize_q4_0(torch.randn(e, 2 * inter, h, generator=gen) * h**-0.5)
     got = mk.experts_kquant_gemm(
         x, q4, dn, weights.contiguous(), ids.to(torch.int32), configs=[cfg, cfg]
     )

@@ -16,9 +16,8 @@ from ftlab import ops
 @st.composite
 def norm_router_cases(draw, tokens=(1, 2, 5, 8, 9), hs=(8, 100, 256, 2048)):
     t = draw(st.sampled_from(tokens))  # 9: past hip's one-launch tokens
-    h = draw(
-        st.sampled_from(hs)
-    )  # 100: not a whole 16-byte piece count in bf16; 8200: past hip's LDS row
+    # 100: not a whole 16-byte piece count in bf16; 8200: past hip's LDS row
+    h = draw(st.sampled_from(hs))
     e = draw(st.sampled_from([8, 60, 128, 300]))  # 300: 32 logits a lane
     k = draw(st.sampled_from([1, 2, 8]))
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
@@ -30,9 +29,8 @@ def norm_router_cases(draw, tokens=(1, 2, 5, 8, 9), hs=(8, 100, 256, 2048)):
         if draw(st.integers(0, 4)) == 0
         else (torch.randn(t, h, generator=gen) * scale).to(dtype)
     )
-    if (
-        residual is not None and draw(st.integers(0, 4)) == 0
-    ):  # rows not 16-byte aligned: not one launch
+    # rows not 16-byte aligned: not one launch
+    if residual is not None and draw(st.integers(0, 4)) == 0:
         residual = (torch.randn(t, h + 3, generator=gen) * scale).to(dtype)[:, 3:]
     nw_dtype = draw(st.sampled_from([dtype, dtype, torch.float32]))
     norm_w = (torch.rand(h, generator=gen) + 0.5).to(nw_dtype)

@@ -39,9 +39,8 @@ def test_gated_rmsnorm_of_huge_rows(device, backend, dtype):
 
 @pytest.mark.parametrize("device, backend", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    "h", [64, 1536]
-)  # 1536: the long rows of Triton's two passes, hip's V = 1 past its cache
+# 1536: the long rows of Triton's two passes, hip's V = 1 past its cache
+@pytest.mark.parametrize("h", [64, 1536])
 def test_add_rmsnorm_of_huge_rows(device, backend, dtype, h):
     x = overflow_rows((4, h), dtype, 4)
     w = (1 + 0.25 * torch.randn(h, generator=torch.Generator().manual_seed(5))).to(dtype)
@@ -64,9 +63,8 @@ def test_qk_norm_rope_of_huge_rows(device, backend, dtype):
     args = [t.to(device) for t in (q, k, qw, kw, cos, sin)]
     got = ops.qk_norm_rope(*args, 1e-6, rotary_dim=32, backend=backend)
     for x, w, out in ((q, qw, got[0]), (k, kw, got[1])):
-        y = (
-            rms_exact(x, 1e-6) * w.to(dtype).double()
-        )  # the weights cast to q's dtype, as the op casts them
+        # the weights cast to q's dtype, as the op casts them
+        y = rms_exact(x, 1e-6) * w.to(dtype).double()
         c, s = cos.double().reshape(2, 1, 32), sin.double().reshape(2, 1, 32)
         rotated = y[..., :32] * c + torch.roll(y[..., :32], 16, dims=-1) * s
         exact = torch.cat([rotated, y[..., 32:]], -1)

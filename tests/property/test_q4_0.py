@@ -379,9 +379,8 @@ def test_x_q8_misaligned_and_captured_gpu(backend):
         xr = x.expand(rows, -1).contiguous()
         want = ops.q4_0_matmul(xr, w, backend=backend)
         x8 = ops.quantize_q8_1(xr)
-        q = torch.empty(rows * 2048 + 1, dtype=torch.int8, device="cuda")[1:].view(
-            rows, 2048
-        )  # odd address
+        # odd address
+        q = torch.empty(rows * 2048 + 1, dtype=torch.int8, device="cuda")[1:].view(rows, 2048)
         q.copy_(x8.q)
         d, s = torch.empty(rows, 65, device="cuda"), torch.empty(rows, 65, device="cuda")
         d[:, 1:], s[:, 1:] = x8.d, x8.s

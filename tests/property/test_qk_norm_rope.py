@@ -120,9 +120,8 @@ def test_reference_is_the_model_formula():
     y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     half = d // 2
     rotate_half = torch.cat([-y[..., half:], y[..., :half]], -1)
-    plain_sin = (
-        sin.reshape(n, 1, d) * torch.cat([-torch.ones(half), torch.ones(half)]).double()
-    )  # unsigned
+    # unsigned
+    plain_sin = sin.reshape(n, 1, d) * torch.cat([-torch.ones(half), torch.ones(half)]).double()
     want = y * cos.reshape(n, 1, d) + rotate_half * plain_sin
     assert torch.allclose(got.double(), want, atol=1e-5), float((got.double() - want).abs().max())
 
@@ -206,6 +205,7 @@ def test_bad_arguments_name_themselves():
         ops.qk_norm_rope(q, k, w, w, short, short, 1e-6, rotary_dim=4.0)
     with pytest.raises(ValueError, match=r"cos must hold 8 elements \(N \* rotary_dim\)"):
         ops.qk_norm_rope(q, k, w, w, cos, cos, 1e-6, rotary_dim=4)
+    # odd D with an even rotary part
     ops.qk_norm_rope(
         torch.randn(2, 4, 7),
         torch.randn(2, 1, 7),
@@ -215,7 +215,7 @@ def test_bad_arguments_name_themselves():
         short,
         1e-6,
         rotary_dim=4,
-    )  # odd D with an even rotary part
+    )
 
 
 def test_bad_cache_arguments_name_themselves_and_write_nothing():
@@ -278,8 +278,7 @@ def test_qwen3_5_mrope_is_plain_rope_for_text():
     cos, sin = emb(x, positions)
     want_cos, want_sin = rope_tables(positions, 64, 1e7, torch.float32)
     assert torch.equal(cos, want_cos[:, :, 0])
-    assert torch.equal(
-        sin * torch.cat([-torch.ones(32), torch.ones(32)]), want_sin[:, :, 0]
-    )  # ours is signed
+    # ours is signed
+    assert torch.equal(sin * torch.cat([-torch.ones(32), torch.ones(32)]), want_sin[:, :, 0])
     spatial, _ = emb(x, torch.stack([positions, 2 * positions, 3 * positions]))
     assert not torch.equal(spatial, want_cos[:, :, 0])

@@ -38,9 +38,8 @@ def test_int8_reference_is_the_dot_of_dequantized_values(case, qtype):
     assert bool(((terms.double().sum(-1) - want).abs() <= bound).all())
 
 
-@given(
-    ft.quant_matmul_cases(ms=(1, 3, 8, 9))
-)  # 9 rows: two int8 passes of 8 rows, the second part-full
+# 9 rows: two int8 passes of 8 rows, the second part-full
+@given(ft.quant_matmul_cases(ms=(1, 3, 8, 9)))
 def test_quant_matmul_cpu(case):
     ft.check_quant_matmul_case(case, "cpu")
 

@@ -69,9 +69,8 @@ def test_dequant_gemm_pair_steps_cpu(qtype, n, k, dtype):
     assert bool(((got.double() - want).abs() <= bound).all()), float(
         (got.double() - want).abs().max()
     )
-    torch.testing.assert_close(
-        got, tqm.quant_dequant_gemm(x, w), rtol=0, atol=0
-    )  # = the 32-column steps
+    # = the 32-column steps
+    torch.testing.assert_close(got, tqm.quant_dequant_gemm(x, w), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

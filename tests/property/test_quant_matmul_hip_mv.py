@@ -116,9 +116,8 @@ def test_hip_fused_matvec_dtypes_gpu(qtype, dtype, n, k):
     assert y.dtype == dtype and y.shape == (1, n)
     exact, bound = quant_matmul_tolerance(x.float(), w, "int8", dtype)
     assert bool(((y.float() - exact).abs() <= bound).all()), (y.float() - exact).abs().max()
-    assert torch.equal(
-        y, hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="held")
-    )  # the same bits again
+    # the same bits again
+    assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="mv1", staging="held"))
     if qtype != "Q6_K":
         assert torch.equal(y, hip_qmm.quant_matmul(x, w, "int8", variant="vec"))
 

@@ -68,12 +68,10 @@ def test_hip_sliced_matvec_entry_checks_gpu():
     with pytest.raises(TypeError, match="y must be float32, float16 or bfloat16"):
         module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w2.data, 1, y.int())
     y16 = torch.empty(1, 64, device="cuda", dtype=torch.float16)
-    module.quant_mv_sliced_q8(
-        x8.q, x8.d, x8.s, w2.data, 1, y16
-    )  # any float y: fp16 here, from bf16 x's Q8_1
-    y32 = hip_qmm.quant_matmul(
-        x[:, :2048].float(), w2, "int8", variant="mv1", staging="sliced"
-    )  # the same values quantized
+    # any float y: fp16 here, from bf16 x's Q8_1
+    module.quant_mv_sliced_q8(x8.q, x8.d, x8.s, w2.data, 1, y16)
+    # the same values quantized
+    y32 = hip_qmm.quant_matmul(x[:, :2048].float(), w2, "int8", variant="mv1", staging="sliced")
     assert torch.equal(y16, y32.to(torch.float16))  # the fp32 sums rounded once, as torch rounds
 
 

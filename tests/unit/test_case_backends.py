@@ -34,9 +34,10 @@ def test_a_case_only_the_reference_serves_is_skipped_saying_why(monkeypatch):
         ft.check_gated_rmsnorm_case(x, z, w, 1e-6)
     with pytest.raises(pytest.skip.Exception, match=r"quant_matmul: .* path 'dequant', nothing"):
         ft.backends_for("quant_matmul", torch.device("cpu"), torch.float32, None, path="dequant")
+    # named by the caller: run as asked
     assert ft.backends_for("gated_rmsnorm", torch.device("cpu"), torch.float32, ["reference"]) == [
         "reference"
-    ]  # named by the caller: run as asked
+    ]
 
 
 def test_with_the_interpreter_on_the_cases_compare():

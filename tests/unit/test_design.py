@@ -159,9 +159,8 @@ def test_no_private_cross_imports():
     bad = []
     for module, path in PY_MODULES.items():
         bad += _private_uses(path, module)
-    for path in sorted(
-        (ROOT / "tests").rglob("*.py")
-    ):  # tests may poke the standard library's insides
+    # tests may poke the standard library's insides
+    for path in sorted((ROOT / "tests").rglob("*.py")):
         bad += _private_uses(path, "tests." + path.stem, foreign=False)
     assert bad == []
 

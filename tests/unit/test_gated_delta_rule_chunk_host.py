@@ -172,17 +172,17 @@ def test_chunked_prefill_on_the_host(harness, case, planes):
     (ft.assert_three_plane_accuracy if planes == 3 else ft.assert_one_plane_accuracy)(
         o, got, exact_o, exact_s
     )
-    if (
-        planes == 1
-    ):  # one plane's error, not three's (~1e-7): the template the harness asked for ran
+    # one plane's error, not three's (~1e-7): the template the harness asked for ran
+    if planes == 1:
         assert float((got.double() - exact_s).norm() / exact_s.norm()) > 1e-4
 
 
+# 32 / 64 lanes, lean
 @pytest.mark.parametrize(
     "harness, planes",
     [("scalar", 3), ("cdna-mfma", 3), ("rdna3-wmma", 3), ("cdna-mfma", 1)],
     indirect=["harness"],
-)  # 32 / 64 lanes, lean
+)
 def test_chunked_prefill_with_late_readers(harness, planes):
     """The stress mode: the first 64 threads of a block (a wave of gfx9, two warps elsewhere) sleep
     after every barrier, so a phase that wrote LDS another still read -- the scan's regions alias

@@ -119,35 +119,39 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
 @pytest.mark.parametrize(
     "qtype, n, k, dtype, variant",
     [
+        # two steps held in registers, rows walked past the grid
         (
             "Q4_K",
             37,
             2048,
             torch.bfloat16,
             "fused",
-        ),  # two steps held in registers, rows walked past the grid
+        ),
         ("Q5_K", 21, 768, torch.float32, "fused"),  # three super-blocks: a part-filled step
+        # seven: Q6_K's 2-byte aligned rows, a part-filled second step
         (
             "Q6_K",
             29,
             1792,
             torch.bfloat16,
             "fused",
-        ),  # seven: Q6_K's 2-byte aligned rows, a part-filled second step
+        ),
+        # fp16 x and y (scales drawn small: the sums stay in fp16's range)
         (
             "Q5_K",
             9,
             512,
             torch.float16,
             "fused",
-        ),  # fp16 x and y (scales drawn small: the sums stay in fp16's range)
+        ),
+        # ten super-blocks: the long-row walk, activations from LDS
         (
             "Q6_K",
             11,
             2560,
             torch.bfloat16,
             "fused",
-        ),  # ten super-blocks: the long-row walk, activations from LDS
+        ),
         ("Q4_K", 5, 4096, torch.float32, "fused"),  # an o_proj's K
         # the staged kernel: 100 rows over 16 groups (six or seven a group: its three-slot ring
         # wraps twice)
@@ -158,41 +162,46 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
         # slice 7 empty), one row a round; 19 rows: 10 and 9 rounds a block (a second set of rounds,
         # short of eight)
         ("Q4_K", 19, 14336, torch.bfloat16, "sliced"),
+        # 48: 8 groups, two slices empty; 19 / 18 rounds: 3 sets
         (
             "Q6_K",
             37,
             12288,
             torch.float32,
             "sliced",
-        ),  # 48: 8 groups, two slices empty; 19 / 18 rounds: 3 sets
+        ),
+        # 24: 4 groups a row (the fourth slice empty), 2 rows a round
         (
             "Q5_K",
             13,
             6144,
             torch.float32,
             "sliced",
-        ),  # 24: 4 groups a row (the fourth slice empty), 2 rows a round
+        ),
+        # 16: 2 groups a row, 4 rows a round: 6 rounds a block
         (
             "Q5_K",
             45,
             4096,
             torch.float16,
             "sliced",
-        ),  # 16: 2 groups a row, 4 rows a round: 6 rounds a block
+        ),
+        # nine super-blocks: the second slice holds one
         (
             "Q6_K",
             7,
             2304,
             torch.bfloat16,
             "sliced",
-        ),  # nine super-blocks: the second slice holds one
+        ),
+        # a group a row: 8 rows a round, 5 and 4 rounds a block
         (
             "Q4_K",
             70,
             1024,
             torch.float32,
             "sliced",
-        ),  # a group a row: 8 rows a round, 5 and 4 rounds a block
+        ),
         ("Q4_K", 3, 1024, torch.float32, "sliced"),  # 3 rows: the second block has none
         # Q4_0 / Q8_0 in groups of eight blocks (the last block's piece is 16-byte aligned and ends
         # the group)
@@ -200,13 +209,14 @@ def test_moe_kquant_vec_kernels_on_the_host(harness, gate, down, hidden, inter, 
         ("Q4_0", 11, 2560, torch.float32, "fused"),  # the long-row walk
         ("Q4_0", 100, 2048, torch.float16, "staged"),
         ("Q4_0", 19, 14336, torch.bfloat16, "sliced"),
+        # 20 groups of eight blocks: 4 groups a row, the third half full
         (
             "Q4_0",
             21,
             5120,
             torch.bfloat16,
             "sliced",
-        ),  # 20 groups of eight blocks: 4 groups a row, the third half full
+        ),
         ("Q8_0", 29, 1792, torch.bfloat16, "fused"),
         ("Q8_0", 9, 4608, torch.float32, "fused"),
         ("Q8_0", 23, 12288, torch.float16, "sliced"),
@@ -234,9 +244,8 @@ def test_quant_mv_fused_on_the_host(harness, qtype, n, k, dtype, variant):
     x = (torch.randn(1, k, generator=torch.Generator().manual_seed(n)) * scale).to(dtype)
     y_all = torch.full((1, n + 64), float("nan"), dtype=dtype)
     y = y_all[:, :n]
-    x8 = ops.quantize_q8_1(
-        x, backend="reference"
-    )  # "sliced_q8" reads it (the others quantize x themselves)
+    # "sliced_q8" reads it (the others quantize x themselves)
+    x8 = ops.quantize_q8_1(x, backend="reference")
     status = harness.run_fused(
         FP[dtype],
         CODE[qtype],
@@ -302,9 +311,8 @@ def _fenced(data: torch.Tensor) -> torch.Tensor:
     base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0, (
-        ctypes.get_errno()
-    )  # PROT_NONE
+    # PROT_NONE
+    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0, ctypes.get_errno()
     start = (size - page - nbytes) // 16 * 16
     _MAPS.append(buf)
     out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=start).view(data.shape)

@@ -130,9 +130,8 @@ def add(harness, dtype, vec: bool, x, res, w) -> tuple[torch.Tensor, torch.Tenso
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(
-    "vec, h", [(True, 64), (False, 64), (False, 1536)]
-)  # 1536: pieces past the cache
+# 1536: pieces past the cache
+@pytest.mark.parametrize("vec, h", [(True, 64), (False, 64), (False, 1536)])
 def test_add_rmsnorm_kernel(harness, dtype, vec, h):
     x = overflow_rows((4, h), dtype, 8)
     w = (1 + 0.25 * torch.randn(h, generator=torch.Generator().manual_seed(9))).to(dtype)

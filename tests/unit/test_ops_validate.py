@@ -55,20 +55,17 @@ def test_qk_norm_rope_unvalidated(device, backend, dtype):
     )
     for rot in (None, 16):
         r = d if rot is None else rot
-        cos, sin = rope_tables(
-            torch.arange(5, 5 + n, device=device)[None], r, 1e6, dtype
-        )  # [1, N, 1, R]
-        both(
-            ops.qk_norm_rope, q, k, qw, kw, cos, sin, 1e-6, rotary_dim=rot, backend=backend
-        )  # fp32 weights: cast
+        # [1, N, 1, R]
+        cos, sin = rope_tables(torch.arange(5, 5 + n, device=device)[None], r, 1e6, dtype)
+        # fp32 weights: cast
+        both(ops.qk_norm_rope, q, k, qw, kw, cos, sin, 1e-6, rotary_dim=rot, backend=backend)
         kc, vc = (
             torch.zeros(2, 8, hk * d, dtype=dtype, device=device),
             torch.zeros(2, 8, hk * d, dtype=dtype, device=device),
         )
         caches = []
-        for _ in range(
-            2
-        ):  # each call writes its own copy of the caches (row stride 2 * 8 ... any: a view)
+        # each call writes its own copy of the caches (row stride 2 * 8 ... any: a view)
+        for _ in range(2):
             kc2, vc2 = kc.clone().view(16, hk * d), vc.clone().view(16, hk * d)
             caches.append((kc2, vc2))
         slots = torch.tensor([3, -1, 9], device=device)
@@ -158,17 +155,15 @@ def test_decode_attention_unvalidated(device, backend, dtype):
     gen = torch.Generator().manual_seed(3)
     b, h, kvh, d, slots = 2, 8, 2, 128, 40
     q = torch.randn(b, h, d, generator=gen).to(dtype).to(device)
-    cache_k = (
-        torch.randn(b * slots, kvh * d, generator=gen).to(dtype).to(device)
-    )  # the static cache's layout
+    # the static cache's layout
+    cache_k = torch.randn(b * slots, kvh * d, generator=gen).to(dtype).to(device)
     cache_v = torch.randn(b * slots, kvh * d, generator=gen).to(dtype).to(device)
     k, v = cache_k.view(b, slots, kvh, d), cache_v.view(b, slots, kvh, d)
     lengths = torch.tensor([33, 7], device=device)
     both(ops.decode_attention, q, k, v, lengths, backend=backend)
     both(ops.decode_attention, q, k, v, lengths.int(), scale=0.05, backend=backend, quantize=True)
-    kt = (
-        torch.randn(b, kvh, slots, d, generator=gen).to(dtype).to(device).transpose(1, 2)
-    )  # heads not contiguous
+    # heads not contiguous
+    kt = torch.randn(b, kvh, slots, d, generator=gen).to(dtype).to(device).transpose(1, 2)
     both(ops.decode_attention, q, kt, v, lengths, backend=backend)
 
 

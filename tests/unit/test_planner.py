@@ -51,12 +51,13 @@ def test_quant_matmul_plans(arch, dims, qtype, want):
 @pytest.mark.parametrize(
     "arch, dims, qtype, staging",
     [
+        # asynchronous copies, rows of 16-byte pieces
         (
             "sm_90",
             (1, 2048, 151936),
             "Q6_K",
             "staged",
-        ),  # asynchronous copies, rows of 16-byte pieces
+        ),
         ("gfx942", (1, 2048, 151936), "Q6_K", "held"),  # no asynchronous copies there
         ("sm_90", (1, 4096, 4096), "Q6_K", "held"),  # past staged's K
         ("sm_90", (1, 2048, 151936), "Q4_K", "held"),

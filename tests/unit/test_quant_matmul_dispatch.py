@@ -31,9 +31,8 @@ def calls(monkeypatch):
     rec = _Recorder()
     monkeypatch.setattr(hip_qmm.jit, "module_for", lambda name, device: rec)
     monkeypatch.setattr(hip_qmm.jit, "on_device", lambda device, launch: launch())
-    monkeypatch.setattr(
-        hip_qmm, "tiled_config", lambda m, n, k, qtype, device: (4, 1)
-    )  # no SM count here
+    # no SM count here
+    monkeypatch.setattr(hip_qmm, "tiled_config", lambda m, n, k, qtype, device: (4, 1))
     monkeypatch.setattr(
         hip_qmm,
         "quantize_q8_1",
@@ -54,9 +53,8 @@ def calls(monkeypatch):
 
 def _weight(qtype, k, n=16):
     w = random_quant_weight(k, qtype, n, k)
-    data = torch.empty(
-        w.data.numel() + 16, dtype=torch.uint8
-    )  # 16-byte aligned, as the kernels need
+    # 16-byte aligned, as the kernels need
+    data = torch.empty(w.data.numel() + 16, dtype=torch.uint8)
     off = (-data.data_ptr()) % 16
     view = data[off : off + w.data.numel()].view(w.data.shape)
     view.copy_(w.data)
@@ -104,28 +102,31 @@ MV1 = {"variant": "mv1"}
             {"variant": "vec"},
             [("quantize_q8_1", None), ("quant_mv_vec_q4_k", None)],
         ),
+        # the default on the CPU's platform: mv1, held
         (
             "Q5_K",
             1,
             4096,
             {},
             [("quant_mv_fused", 2)],
-        ),  # the default on the CPU's platform: mv1, held
+        ),
+        # past held's K
         (
             "Q4_K",
             1,
             14336,
             {},
             [("quantize_q8_1", None), ("quant_mv_sliced_q8", 1)],
-        ),  # past held's K
+        ),
         ("Q6_K", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_sliced_q8", 3)]),
+        # past sliced's: vec
         (
             "Q5_K",
             1,
             16640,
             {},
             [("quantize_q8_1", None), ("quant_mv_vec_q5_k", None)],
-        ),  # past sliced's: vec
+        ),
         ("Q8_0", 1, 14336, {}, [("quantize_q8_1", None), ("quant_mv_q8_0", None)]),  # Q8_0: lanes
         ("Q8_0", 4, 2048, {}, [("quantize_q8_1", None), ("quant_mv_tiled_q8_0", 4)]),  # G = 4
         ("Q4_K", 9, 2048, {}, [("quantize_q8_1", None), ("quant_gemm_q4_k", None)]),

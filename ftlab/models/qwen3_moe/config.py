@@ -57,9 +57,8 @@ class Qwen3MoeConfig:
         # this dataclass defaults to (Qwen3-30B-A3B's values): the two differ on these
         values.setdefault("rope_theta", rope.get("rope_theta", 10_000.0))
         values.setdefault("norm_topk_prob", False)
-        if (
-            "num_experts" not in values and "num_local_experts" in values
-        ):  # newer transformers' name
+        # newer transformers' name
+        if "num_experts" not in values and "num_local_experts" in values:
             values["num_experts"] = values["num_local_experts"]
         if "head_dim" not in values and "hidden_size" in values and "num_attention_heads" in values:
             check_field("hidden_size", values["hidden_size"])

@@ -289,9 +289,8 @@ def load_gguf(
             )
             mixed.extend(n for n, q in zip(names, packed, strict=True) if q)
             gate, up, down = (densify(b) for b in banks)
-        if isinstance(
-            gate, QuantWeight
-        ):  # rows are independent: stacking gate and up rows keeps the blocks
+        # rows are independent: stacking gate and up rows keeps the blocks
+        if isinstance(gate, QuantWeight):
             w_gate_up = quant_weight(
                 torch.cat([gate.data, up.data], dim=1), (e1 - e0, 2 * inter, h), gate.qtype
             )

@@ -106,9 +106,8 @@ def load_hf(
     def get(name: str, *shape: int) -> torch.Tensor:
         return tensors.get(name, shape, dtype, device)
 
-    q_rows = kv_rows = (
-        None  # heads=: the rank's rows of q_proj and of k_proj / v_proj (o_proj: q_rows' columns)
-    )
+    # heads=: the rank's rows of q_proj and of k_proj / v_proj (o_proj: q_rows' columns)
+    q_rows = kv_rows = None
     if heads is not None:
         q_rows, kv_rows = ((a * hd, b * hd) for a, b in heads)
 

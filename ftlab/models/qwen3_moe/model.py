@@ -81,9 +81,8 @@ class Qwen3Moe(Planned):
             )
         self.plan = plan_of(plan, backends, q4_0_path)
         self.hybrid = hybrid
-        self.routed: dict[
-            int, torch.Tensor
-        ] = {}  # the last forward pass's ids of each hybrid layer
+        # the last forward pass's ids of each hybrid layer
+        self.routed: dict[int, torch.Tensor] = {}
         # static: no host synchronization in a forward pass (attention reads all max_seq_len
         # slots under a mask, index checks off), so a decode step can be captured in a graph
         self.static = static
@@ -113,9 +112,8 @@ class Qwen3Moe(Planned):
             weights.embed.dtype,
         )
         self.k_cache, self.v_cache = self.cache.k, self.cache.v
-        self._qkv_q4: bool | None = (
-            None  # every layer's q/k/v one stacked Q4_0 weight (_norm_in_qkv)
-        )
+        # every layer's q/k/v one stacked Q4_0 weight (_norm_in_qkv)
+        self._qkv_q4: bool | None = None
 
     def linear(
         self, x: torch.Tensor, w: torch.Tensor | Q4_0Weight, x_q8: Q8_1 | None = None
@@ -180,9 +178,8 @@ class Qwen3Moe(Planned):
         )
         out, out_q8 = out if q8 else (out, None)
         out = self.linear(out.reshape(b, t, -1), lw.o_proj, x_q8=out_q8)
-        return (
-            out if self.tp is None else self.tp.all_reduce(out)
-        )  # row-parallel o_proj: partial sums
+        # row-parallel o_proj: partial sums
+        return out if self.tp is None else self.tp.all_reduce(out)
 
     def _project_qkv(self, i: int, x: torch.Tensor, qkv: torch.Tensor | None) -> tuple:
         """Layer i's q, k and v ``[B, T, width]`` of ``x [B, T, H]``: the output of each of its

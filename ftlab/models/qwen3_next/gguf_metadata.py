@@ -66,9 +66,8 @@ def read_config(reader, path: Path) -> dict:
     }
     if arch == "qwen35moe":
         sections = get("rope.dimension_sections", "int[]")
-        if (
-            len(sections) != 4 or min(sections) < 0
-        ):  # the converter writes [11, 11, 10, 0] for any head dim
+        # the converter writes [11, 11, 10, 0] for any head dim
+        if len(sections) != 4 or min(sections) < 0:
             raise GGUFError(
                 f"{path}: metadata '{arch}.rope.dimension_sections' must be 4 sizes >= 0, got "
                 f"{sections}"

@@ -107,9 +107,8 @@ class Qwen3Next(Planned):
                 f"{len(hybrid)}"
             )
         self.hybrid = hybrid
-        self.routed: dict[
-            int, torch.Tensor
-        ] = {}  # the last forward pass's ids of each hybrid layer
+        # the last forward pass's ids of each hybrid layer
+        self.routed: dict[int, torch.Tensor] = {}
         self._id_cols: dict[tuple, torch.Tensor] = {}  # _ids' columns of decode steps
         self.weights, self.max_batch, self.max_seq_len = weights, max_batch, max_seq_len
         self.static = static
@@ -199,9 +198,8 @@ class Qwen3Next(Planned):
         q, k, v = q.reshape(b, t, hk, dk), k.reshape(b, t, hk, dk), v.reshape(b, t, hv, dv)
         state = self.state.delta[i][:b]
         gates = {}
-        if (
-            t == 1
-        ):  # the gates g and beta from a and b inside the step's kernel, the fresh rows reset there
+        # the gates g and beta from a and b inside the step's kernel, the fresh rows reset there
+        if t == 1:
             o = ops.gated_delta_step(
                 q[:, 0],
                 k[:, 0],
@@ -305,12 +303,10 @@ class Qwen3Next(Planned):
             "checks": True,
             "plans": self.op_plans,
         }
-        gate = torch.sigmoid(
-            F.linear(h, mw.shared_gate).float()
-        )  # [N, 1]: the shared expert's weight
-        if (
-            i in self.one_call
-        ):  # routed and shared experts in one call: the shared one as slot k, expert E
+        # [N, 1]: the shared expert's weight
+        gate = torch.sigmoid(F.linear(h, mw.shared_gate).float())
+        # routed and shared experts in one call: the shared one as slot k, expert E
+        if i in self.one_call:
             both = experts(
                 h,
                 *mw.banks,
@@ -336,9 +332,8 @@ class Qwen3Next(Planned):
         banks of ``mw.shared_in_banks()``; for a decode step's row counts made once and kept (never
         written), not filled again every layer of every step."""
         e = 0 if mw is None else mw.w_gate_up.shape[0]
-        if (
-            h.shape[0] > DECODE_MAX_TOKENS
-        ):  # a prefill's: made each call (kept, every prompt length would stay)
+        # a prefill's: made each call (kept, every prompt length would stay)
+        if h.shape[0] > DECODE_MAX_TOKENS:
             return torch.full((h.shape[0], 1), e, dtype=torch.int32, device=h.device)
         key = (h.shape[0], e, h.device)
         if key not in self._id_cols:

@@ -261,9 +261,8 @@ def _moe(rd: _Reader, c: Qwen3NextConfig, p: str, banks: tuple[int, int]) -> Moe
         ]
         gate, up, down = (_stack(ws) for ws in per)
         gate_up = stack_rows([gate, up])
-    if isinstance(gate_up, Q4_0Weight) != isinstance(
-        down, Q4_0Weight
-    ):  # the expert kernels take one kind
+    # the expert kernels take one kind
+    if isinstance(gate_up, Q4_0Weight) != isinstance(down, Q4_0Weight):
         gate_up, down = _dense([gate_up, down])
     s = p + "shared_expert."
     shared_gate_up = stack_rows(
