@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ftlab import backends as ftbackends
 from ftlab import ops
-from ftlab.backends import calls
+from ftlab.backends import DECODE_MAX_TOKENS, calls
 from ftlab.quant import Q8_1, Q4_0Weight, QuantWeight
 from ftlab.reference.norm import rms_norm  # noqa: F401 (the models' RMSNorm, re-exported)
 
@@ -186,6 +186,33 @@ def op_plan(plans: dict | None, key: tuple, op: str, call_of, backend: str, path
     if got is None:
         got = plans[key] = ftbackends.plan(op, call_of(), backend=backend, path=path)
     return got
+
+
+def routed_experts(
+    x: torch.Tensor,
+    bank,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    executor,
+    tp,
+    backend: str,
+    path: str,
+    checks: bool,
+    plans: dict | None,
+) -> torch.Tensor:
+    """A layer's routed experts on ``x [N, H]`` with the router's top-k ``weights`` and ``ids
+    [N, k]``: ``ops.moe_experts`` over ``bank`` (its ``w_gate_up`` and ``w_down``; under ``tp``
+    this rank's share, so the other ranks' ids are shifted out of it), or the layer's hybrid
+    ``executor`` -- a decode step (up to ``DECODE_MAX_TOKENS`` rows) through its handshake
+    (graph-capturable), a longer pass (prefill) through its eager schedule, with no channel per
+    prompt length. Returns ``[N, H]``, this rank's partial sum under ``tp``."""
+    if executor is not None:
+        if x.shape[0] <= DECODE_MAX_TOKENS:
+            return executor(x, weights, ids)
+        return executor.eager(x, weights, ids)
+    if tp is not None:
+        ids = ids - tp.rank * bank.w_gate_up.shape[0]
+    return experts(x, bank.w_gate_up, bank.w_down, weights, ids, backend, path, checks, plans)
 
 
 def hybrid_end_step(hybrid: list, routed: dict[int, torch.Tensor]) -> None:

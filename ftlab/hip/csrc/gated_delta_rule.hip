@@ -1,4 +1,4 @@
-// deltanet.hip — the gated delta rule (Gated DeltaNet linear attention): decode step and prefill scan.
+// gated_delta_rule.hip — the gated delta rule (Gated DeltaNet linear attention): decode step and prefill scan.
 // Contract: ftlab/ops/gated_delta_rule.py; reference: ftlab/reference/gated_delta_rule.py.
 //
 // Both kernels hold a slice of one (sequence, value head)'s fp32 state S [Dk, Dv] in registers.

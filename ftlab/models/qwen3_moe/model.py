@@ -26,11 +26,11 @@ from ftlab.models.layers import (
     Stage,
     add_norm,
     embed,
-    experts,
     gather_logits,
     hybrid_end_step,
     linear,
     route,
+    routed_experts,
 )
 from ftlab.models.pipeline_args import QWEN3_MOE_OPS
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
@@ -298,23 +298,19 @@ class Qwen3Moe(Planned):
     def experts(
         self, i: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
-        lw = self.weights.layers[i]
+        """Layer ``i``'s routed experts on ``x [N, H]``
+        (:func:`~ftlab.models.layers.routed_experts`), summed over the ranks under tensor
+        parallelism."""
         ex = self.hybrid[i] if self.hybrid else None
         if ex is not None:
-            self.routed[i] = ids
-            # decode: the executor's handshake (a channel with pinned staging per batch size,
-            # graph-capturable); longer passes (prefill) through its eager schedule
-            if x.shape[0] <= DECODE_MAX_TOKENS:
-                return ex(x, weights, ids)
-            return ex.eager(x, weights, ids)  # prefill: synchronous, no channel per prompt length
-        if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
-            ids = ids - self.tp.rank * lw.w_gate_up.shape[0]
-        y = experts(
+            self.routed[i] = ids  # what end_step moves the residency by
+        y = routed_experts(
             x,
-            lw.w_gate_up,
-            lw.w_down,
+            self.weights.layers[i],
             weights,
             ids,
+            ex,
+            self.tp,
             self.backends["moe_experts"],
             self.q4_0_path,
             self.plan.checks,

@@ -41,6 +41,7 @@ from ftlab.models.layers import (
     linear,
     rms_norm,
     route,
+    routed_experts,
 )
 from ftlab.models.pipeline_args import MODEL_OPS
 from ftlab.models.qwen3_next.config import Qwen3NextConfig
@@ -348,25 +349,20 @@ class Qwen3Next(Planned):
         decode step (up to ``DECODE_MAX_TOKENS`` rows) through the executor's handshake
         (graph-capturable), a longer pass (prefill) through its eager schedule."""
         ex = self.hybrid[i] if self.hybrid else None
-        if ex is None:
-            mw = self.weights.layers[i].moe
-            if self.tp is not None:  # this rank's experts: the others' ids fall outside its bank
-                ids = ids - self.tp.rank * mw.w_gate_up.shape[0]
-            return experts(
-                h,
-                mw.w_gate_up,
-                mw.w_down,
-                weights,
-                ids,
-                self.backends["moe_experts"],
-                self.q4_0_path,
-                True,
-                self.op_plans,
-            )
-        self.routed[i] = ids
-        if h.shape[0] <= DECODE_MAX_TOKENS:
-            return ex(h, weights, ids)
-        return ex.eager(h, weights, ids)
+        if ex is not None:
+            self.routed[i] = ids  # what end_step moves the residency by
+        return routed_experts(
+            h,
+            self.weights.layers[i].moe,
+            weights,
+            ids,
+            ex,
+            self.tp,
+            self.backends["moe_experts"],
+            self.q4_0_path,
+            True,
+            self.op_plans,
+        )
 
     def stages(
         self,
