@@ -188,6 +188,16 @@ def op_plan(plans: dict | None, key: tuple, op: str, call_of, backend: str, path
     return got
 
 
+def check_hybrid(hybrid: list | None, tp, layers: int) -> None:
+    """A model's ``hybrid`` executors: one (or None) a layer of ``layers``, never with ``tp``."""
+    if tp is not None and hybrid is not None:
+        raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
+    if hybrid is not None and len(hybrid) != layers:
+        raise ValueError(
+            f"hybrid must hold one executor (or None) a layer: {layers}, got {len(hybrid)}"
+        )
+
+
 def routed_experts(
     x: torch.Tensor,
     bank,

@@ -25,6 +25,7 @@ from ftlab.models.kv_cache import KVCache
 from ftlab.models.layers import (
     Stage,
     add_norm,
+    check_hybrid,
     embed,
     gather_logits,
     hybrid_end_step,
@@ -72,13 +73,7 @@ class Qwen3Moe(Planned):
     ):
         self.config = config
         self.tp = tp
-        if tp is not None and hybrid is not None:
-            raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
-        if hybrid is not None and len(hybrid) != config.num_hidden_layers:
-            raise ValueError(
-                f"hybrid must hold one executor (or None) a layer: {config.num_hidden_layers}, got "
-                f"{len(hybrid)}"
-            )
+        check_hybrid(hybrid, tp, config.num_hidden_layers)
         self.plan = plan_of(plan, backends, q4_0_path)
         self.hybrid = hybrid
         # the last forward pass's ids of each hybrid layer

@@ -34,6 +34,7 @@ from ftlab.models.decode_plan import DecodePlan, Planned, plan_of
 from ftlab.models.layers import (
     Stage,
     add_norm,
+    check_hybrid,
     embed,
     experts,
     gather_logits,
@@ -85,8 +86,7 @@ class Qwen3Next(Planned):
         c = self.config = config
         self.plan = plan_of(plan, backends, q4_0_path)
         self.tp = tp
-        if tp is not None and hybrid is not None:
-            raise ValueError("hybrid experts and tp > 1 do not combine yet: pick one")
+        check_hybrid(hybrid, tp, c.num_hidden_layers)
         n = tp.world if tp is not None else 1
         if tp is not None:
             tp.check_divides(
@@ -102,11 +102,6 @@ class Qwen3Next(Planned):
             c.linear_num_key_heads // n,
             c.linear_num_value_heads // n,
         )
-        if hybrid is not None and len(hybrid) != c.num_hidden_layers:
-            raise ValueError(
-                f"hybrid must hold one executor (or None) a layer: {c.num_hidden_layers}, got "
-                f"{len(hybrid)}"
-            )
         self.hybrid = hybrid
         # the last forward pass's ids of each hybrid layer
         self.routed: dict[int, torch.Tensor] = {}
