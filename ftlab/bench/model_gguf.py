@@ -42,7 +42,7 @@ from ftlab.bench.harness import Report, require_gpu
 from ftlab.bench.llama_bench import llama_bench_args, run_llama_bench, run_llama_bench_ncmoe
 from ftlab.bench.model import PREFILL, bench_weights, timer
 from ftlab.bench.qwen35moe import bench_pipeline
-from ftlab.formats.gguf import GGUFError, open_reader
+from ftlab.formats.gguf import GGUFError, open_gguf
 from ftlab.models import pipeline_args as check
 from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf
 from ftlab.models.qwen3_next.config import Qwen3NextConfig
@@ -267,7 +267,7 @@ def _size(nbytes: int) -> str:
 def type_counts(path: str | Path) -> dict[str, tuple[int, int]]:
     """``{GGUF type name: (tensors, bytes)}`` of a GGUF file's tensors, most tensors first."""
     counts, sizes = Counter(), Counter()
-    for t in open_reader(path).tensors:
+    for t in open_gguf(path).tensors:
         counts[t.tensor_type.name] += 1
         sizes[t.tensor_type.name] += int(t.n_bytes)
     return {

@@ -1,14 +1,14 @@
-"""The structure of a GGUF file, checked before the ``gguf`` package reads it.
+"""The structure of a GGUF file, checked before anything of it is read.
 
-Files are read with the ``gguf`` package, never with a parser of ours (:mod:`ftlab.formats.gguf`).
-But GGUFReader trusts every count and length it reads: a string length or array count edited to
-2^60 makes it loop and allocate until memory runs out, a tensor offset past the end of the file
-gives an empty or short view, a tensor whose type was edited from F32 to F16 reads half its bytes
-as other numbers. So :func:`read_layout` walks the header first -- a bounded validator, not a
-reader: every count and length is checked against the bytes left in the file before it is used,
-then every tensor's extent against the data section -- and only a file that passes reaches
-GGUFReader (:func:`ftlab.formats.gguf.open_reader`). Every refusal is a :class:`GGUFError`
-naming the file and the metadata key or tensor.
+A reader that trusts every count and length it reads (gguf-py's GGUFReader does) can be made to
+fail in many ways: a string length or array count edited to 2^60 makes it loop and allocate until
+memory runs out, a tensor offset past the end of the file gives an empty or short view, a tensor
+whose type was edited from F32 to F16 reads half its bytes as other numbers. So
+:func:`read_layout` walks the header first -- bounded: every count and length is checked against
+the bytes left in the file before it is used, then every tensor's extent against the data
+section -- and says where every value and tensor is; :class:`~ftlab.formats.gguf_read.GGUFFile`
+(:func:`ftlab.formats.gguf.open_gguf`) reads them from there. Every refusal is a
+:class:`GGUFError` naming the file and the metadata key or tensor.
 """
 
 from __future__ import annotations

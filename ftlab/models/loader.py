@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from ftlab import argcheck
 from ftlab.formats import CheckpointError, DequantizedWarning
-from ftlab.formats.gguf import GGUFError, field_value, open_reader
+from ftlab.formats.gguf import GGUFError, as_gguf, field_value
+from ftlab.formats.gguf_read import GGUFFile
 from ftlab.formats.hf import read_hf_config
 from ftlab.models.qwen3_moe import hf as qwen3_moe_hf
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
@@ -90,11 +91,13 @@ def _whole_attention(heads) -> None:
         )
 
 
-def gguf_architecture(path: str | Path) -> str:
-    """The ``general.architecture`` of a GGUF file (its structure validated first), one of
-    :data:`GGUF_ARCHS`; GGUFError naming the file and the architecture otherwise."""
-    path = Path(path)
-    arch = field_value(open_reader(path), "general.architecture", "str")
+def gguf_architecture(path: str | Path | GGUFFile) -> str:
+    """The ``general.architecture`` of a GGUF file (``path``, its structure validated first, or
+    a :class:`~ftlab.formats.gguf_read.GGUFFile` already open), one of :data:`GGUF_ARCHS`;
+    GGUFError naming the file and the architecture otherwise."""
+    reader = as_gguf(path)
+    path = reader.path
+    arch = field_value(reader, "general.architecture", "str")
     if arch not in GGUF_ARCHS:
         got = "no 'general.architecture'" if arch is None else f"architecture {arch!r}"
         raise GGUFError(
@@ -105,7 +108,7 @@ def gguf_architecture(path: str | Path) -> str:
 
 
 def load_gguf_model(
-    path: str | Path,
+    path: str | Path | GGUFFile,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     progress: bool = True,
@@ -113,7 +116,9 @@ def load_gguf_model(
     vocab: tuple[int, int] | None = None,
     heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
 ) -> tuple[Qwen3MoeConfig | Qwen3NextConfig, ModelWeights | NextWeights, Tokenizer]:
-    """Config, weights and tokenizer of a llama.cpp GGUF file, by its ``general.architecture``:
+    """Config, weights and tokenizer of a llama.cpp GGUF file (``path``, or the
+    :class:`~ftlab.formats.gguf_read.GGUFFile` already open), its header parsed once for all
+    three, by its ``general.architecture``:
     ``qwen3moe`` as :func:`load_gguf` loads it (Q4_0 packed, the tokenizer of
     :meth:`Tokenizer.from_gguf`); ``qwen35moe`` / ``qwen3next`` as :func:`read_gguf_hf` reads
     them (the types ftlab computes on stay packed) into a :class:`Qwen3NextConfig` and
@@ -129,11 +134,12 @@ def load_gguf_model(
     it). GGUFError naming the file and the architecture for any other, and the file and the key
     or tensor for anything ftlab cannot load."""
     argcheck.float_dtype("dtype", dtype)
-    path = Path(path)
-    arch = gguf_architecture(path)
+    reader = as_gguf(path)
+    path = reader.path
+    arch = gguf_architecture(reader)
     if arch == GGUF_ARCH:
         config, weights = load_gguf(
-            path,
+            reader,
             device=device,
             dtype=dtype,
             progress=progress,
@@ -141,9 +147,9 @@ def load_gguf_model(
             vocab=vocab,
             heads=heads,
         )
-        return config, weights, Tokenizer.from_gguf(open_reader(path))
+        return config, weights, Tokenizer.from_gguf(reader)
     _whole_attention(heads)
-    hf, tensors, input_perms = read_gguf_hf(path, device, dtype, experts, vocab)
+    hf, tensors, input_perms = read_gguf_hf(reader, device, dtype, experts, vocab)
     try:
         config = Qwen3NextConfig.from_hf(hf)
     except ValueError as e:
@@ -160,4 +166,4 @@ def load_gguf_model(
         experts=experts,
         vocab=vocab,
     )
-    return config, weights, read_gguf_tokenizer(path)
+    return config, weights, read_gguf_tokenizer(reader)

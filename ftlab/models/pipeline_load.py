@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ftlab.formats.gguf import open_gguf
 from ftlab.models import tiny
 from ftlab.models.loader import load_gguf_model, load_hf
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
@@ -82,16 +83,17 @@ def read_model(
     attention heads, on the host, then the weights are cut and moved to ``device``.
     ``progress``: a bar over the layers."""
     at = device if group is None else torch.device("cpu")  # tp: read on the host, shard moved
+    source = path if path.is_dir() else open_gguf(path)  # a GGUF header is parsed once, here
     share = {"experts": None, "vocab": None, "heads": None}
     if group is not None:  # tp: its rows and (Qwen3-MoE) its attention heads only
-        share["experts"], share["vocab"] = rank_ranges(path, group) or (None, None)
-        share["heads"] = rank_heads(path, group)
+        share["experts"], share["vocab"] = rank_ranges(source, group) or (None, None)
+        share["heads"] = rank_heads(source, group)
     if path.is_dir():
         config, weights = load_hf(path, device=at, dtype=dtype, progress=progress, **share)
         tokenizer = Tokenizer.from_dir(path)
     else:
         config, weights, tokenizer = load_gguf_model(
-            path, device=at, dtype=dtype, progress=progress, **share
+            source, device=at, dtype=dtype, progress=progress, **share
         )
     if group is not None:
         shard = shard_qwen3_next if isinstance(config, Qwen3NextConfig) else shard_qwen3_moe

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from ftlab.formats import CheckpointError
-from ftlab.formats.gguf import GGUFError, field_value, reader_path
+from ftlab.formats.gguf import GGUFError, field_value
+from ftlab.formats.gguf_read import GGUFFile
 
 
 class Tokenizer:
@@ -65,12 +65,12 @@ class Tokenizer:
         return cls(backend, eos_id, template if isinstance(template, str) else None)
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
-        """From a GGUFReader's ``tokenizer.ggml.*`` fields (model ``gpt2``: byte-level BPE).
+    def from_gguf(cls, reader: GGUFFile) -> Tokenizer:
+        """From a GGUF file's ``tokenizer.ggml.*`` fields (model ``gpt2``: byte-level BPE).
         GGUFError naming the file and the field for a value of the wrong type, a token that is
         not UTF-8 or appears twice, a merge not of the form ``"a b"`` over tokens of the
         vocabulary, an eos id out of range."""
-        path = reader_path(reader)
+        path = reader.path
         kind = field_value(reader, "tokenizer.ggml.model", "str")
         if kind is None:
             raise GGUFError(f"{path}: no tokenizer (metadata 'tokenizer.ggml.model')")

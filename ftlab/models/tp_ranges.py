@@ -2,20 +2,22 @@
 ``config.json``, a GGUF file's metadata): its routed experts (:func:`rank_experts`), its
 vocabulary rows (:func:`rank_ranges`) and, of a Qwen3-MoE model, its attention heads
 (:func:`rank_heads`). ``Pipeline.load(tp=N)`` passes them to the loaders
-(:mod:`ftlab.models.pipeline` re-exports them)."""
+(:mod:`ftlab.models.pipeline` re-exports them). Each takes a path, or a GGUF file already open
+(:class:`~ftlab.formats.gguf_read.GGUFFile`: the header parsed once for the whole load)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 
-def _counts(path: Path) -> tuple[int, int, tuple[int, int] | None] | None:
+def _counts(path) -> tuple[int, int, tuple[int, int] | None] | None:
     """``(num_experts, vocab_size, heads)`` of a checkpoint's config alone: a HF directory's
     ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE), a GGUF file's metadata (``qwen3moe``,
     ``qwen3next``, ``qwen35moe``); ``heads``: ``(num_attention_heads, num_key_value_heads)`` of a
     Qwen3-MoE model, None for a hybrid one (its attention is read whole). None for any other path
     (the load refuses it)."""
-    from ftlab.formats.gguf import open_reader
+    from ftlab.formats.gguf import as_gguf
+    from ftlab.formats.gguf_read import GGUFFile
     from ftlab.formats.hf import read_hf_config
     from ftlab.models.loader import GGUF_ARCH, gguf_architecture
     from ftlab.models.qwen3_moe import gguf as qwen3_moe_gguf
@@ -23,17 +25,17 @@ def _counts(path: Path) -> tuple[int, int, tuple[int, int] | None] | None:
     from ftlab.models.qwen3_next import gguf_metadata as qwen3_next_gguf
     from ftlab.models.qwen3_next.hf import is_next, read_next_config
 
-    if path.is_dir():
+    if not isinstance(path, GGUFFile) and path.is_dir():
         if is_next(read_hf_config(path)):
             c = read_next_config(path)
             return c.num_experts, c.vocab_size, None
         c = qwen3_moe_hf.read_config(path)[0]
-    elif path.suffix == ".gguf":
-        reader = open_reader(path)
-        if gguf_architecture(path) != GGUF_ARCH:
-            hf = qwen3_next_gguf.read_config(reader, path)
+    elif isinstance(path, GGUFFile) or path.suffix == ".gguf":
+        reader = as_gguf(path)
+        if gguf_architecture(reader) != GGUF_ARCH:
+            hf = qwen3_next_gguf.read_config(reader, reader.path)
             return hf["num_experts"], hf["vocab_size"], None
-        c = qwen3_moe_gguf.read_config(reader, path)
+        c = qwen3_moe_gguf.read_config(reader, reader.path)
     else:
         return None
     return c.num_experts, c.vocab_size, (c.num_attention_heads, c.num_key_value_heads)

@@ -13,7 +13,7 @@ import torch
 from ftlab import cli
 from ftlab.bench import model_gguf
 from ftlab.bench.model import decode_bytes, parted_note, which_side
-from ftlab.formats.gguf import open_reader
+from ftlab.formats.gguf import open_gguf
 from ftlab.models.loader import load_gguf
 
 DATA = Path(__file__).parents[1] / "data"
@@ -242,9 +242,7 @@ def test_decode_bytes_count_every_tensor_at_its_types_size():
     """Every expert used: a step reads every tensor of the file once, at its stored size (the F32
     ones loaded in fp32), but the embedding, of which it gathers one dense row a token."""
     config, weights = load_gguf(Q4_K_M, dtype=torch.float32, progress=False)
-    stored = sum(
-        int(t.n_bytes) for t in open_reader(Q4_K_M).tensors if t.name != "token_embd.weight"
-    )
+    stored = sum(int(t.n_bytes) for t in open_gguf(Q4_K_M).tensors if t.name != "token_embd.weight")
     for batch in (1, 8):
         got = decode_bytes(config, weights, config.num_experts, batch)
         assert got == stored + batch * config.hidden_size * 4

@@ -10,7 +10,7 @@ import gguf
 import pytest
 import torch
 
-from ftlab.formats.gguf import GGUFError, field_value
+from ftlab.formats.gguf import GGUFError, field_value, open_gguf
 from ftlab.models import tiny
 from ftlab.models.loader import load_gguf
 from ftlab.models.qwen3_moe import Qwen3Moe
@@ -30,7 +30,7 @@ def raw():
 def tokens(raw, tmp_path_factory):
     path = tmp_path_factory.mktemp("tokens") / "model.gguf"
     path.write_bytes(raw)
-    return field_value(gguf.GGUFReader(path), "tokenizer.ggml.tokens", "str[]")
+    return field_value(open_gguf(path), "tokenizer.ggml.tokens", "str[]")
 
 
 def refusal(path, load) -> str:
@@ -254,7 +254,7 @@ def test_a_type_ftlab_cannot_use_of_the_right_size(raw, tmp_path):
 
 
 def tokenizer(path):
-    return Tokenizer.from_gguf(gguf.GGUFReader(path))
+    return Tokenizer.from_gguf(open_gguf(path))
 
 
 def test_tokenizer_fields_are_checked(raw, tokens, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ftlab import ops
-from ftlab.formats.gguf import GGUFError, open_reader, read_tensors
+from ftlab.formats.gguf import GGUFError, open_gguf, read_tensors
 from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models import tiny
 from ftlab.models.loader import DequantizedWarning, load_gguf, save_gguf
@@ -80,7 +80,7 @@ def mixed_file(tmp_path_factory):
 def _tokenizer_meta(path) -> dict:
     from ftlab.models.tokenizer import Tokenizer, gguf_metadata
 
-    return gguf_metadata(Tokenizer.from_gguf(open_reader(path)).backend)
+    return gguf_metadata(Tokenizer.from_gguf(open_gguf(path)).backend)
 
 
 def test_the_mix_loads_with_one_warning_naming_the_tensors(mixed_file):
@@ -111,7 +111,7 @@ def test_the_mix_computes_what_its_dequantized_weights_say(mixed_file):
     (reference backends, fp32; 11 tokens: the Q4_0 weights take the reference's dequant path)."""
     with pytest.warns(DequantizedWarning):
         config, weights = load_gguf(mixed_file, dtype=torch.float32, progress=False)
-    raw = {t.name: t for t in open_reader(mixed_file).tensors}
+    raw = {t.name: t for t in open_gguf(mixed_file).tensors}
 
     def ggml(name: str) -> torch.Tensor:
         t = raw[name]

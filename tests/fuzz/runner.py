@@ -53,7 +53,7 @@ def check_case(target: str, path: Path, mutation) -> str:
     import torch
 
     from ftlab.formats import CheckpointError
-    from ftlab.formats.gguf import GGUFError, open_reader
+    from ftlab.formats.gguf import GGUFError, open_gguf
     from ftlab.models.loader import load_gguf, load_hf
     from ftlab.models.qwen3_moe import Qwen3Moe
     from ftlab.models.tokenizer import Tokenizer
@@ -64,7 +64,7 @@ def check_case(target: str, path: Path, mutation) -> str:
             config, weights = load_hf(path, progress=False)  # dtype: the config's
         else:
             config, weights = load_gguf(path, dtype=torch.float32, progress=False)
-            Tokenizer.from_gguf(open_reader(path))
+            Tokenizer.from_gguf(open_gguf(path))
     except expected as e:
         if str(path) not in str(e):
             raise AssertionError(f"the error does not name {path}: {e}") from e

@@ -14,7 +14,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from ftlab.formats.gguf import open_reader  # noqa: E402
+from ftlab.formats.gguf import field_value, open_gguf  # noqa: E402
 from ftlab.models.layers import linear  # noqa: E402
 from ftlab.models.loader import DequantizedWarning, load_gguf  # noqa: E402
 from ftlab.models.pipeline import Pipeline, format_compare  # noqa: E402
@@ -67,10 +67,10 @@ def expected_types(ftype: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("ftype", FTYPES)
 def test_each_file_holds_the_types_llama_cpp_gives_its_ftype(ftype):
-    reader = open_reader(path(ftype))
+    reader = open_gguf(path(ftype))
     got = {t.name: t.tensor_type.name for t in reader.tensors}
     assert got == expected_types(ftype)
-    assert reader.fields["general.file_type"].contents() == getattr(
+    assert field_value(reader, "general.file_type", "int") == getattr(
         gguf.LlamaFileType, f"MOSTLY_{ftype}"
     )
 
@@ -80,7 +80,7 @@ def hf_state_dict(file: Path) -> dict[str, torch.Tensor]:
     converter stores Qwen3-MoE unpermuted (NeoX RoPE): the one transformation is the experts,
     stacked per bank (gate, up, down) where transformers stacks gate and up as one."""
     raw = {}
-    for t in open_reader(file).tensors:
+    for t in open_gguf(file).tensors:
         values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
         raw[t.name] = torch.from_numpy(values).reshape(
             tuple(int(d) for d in reversed(t.shape.tolist()))

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ftlab.bench import kquant_pack
 from ftlab.bench.kquant_pack import pack_q4_k, pack_q6_k
 from ftlab.bench.model_gguf import type_counts
-from ftlab.formats.gguf import open_reader
+from ftlab.formats.gguf import open_gguf
 from ftlab.models.loader import DequantizedWarning, load_gguf
 from ftlab.reference.quants import dequantize
 
@@ -254,9 +254,9 @@ def test_writer_q4_k_m_file(tmp_path):
     )
     llama = {
         t.name: t.tensor_type.name
-        for t in open_reader(ROOT / "tests/data/llama_cpp/qwen3moe-q4_k_m.gguf").tensors
+        for t in open_gguf(ROOT / "tests/data/llama_cpp/qwen3moe-q4_k_m.gguf").tensors
     }
-    ours = {t.name: t.tensor_type.name for t in open_reader(out).tensors}
+    ours = {t.name: t.tensor_type.name for t in open_gguf(out).tensors}
     assert ours == llama
     assert {k: n for k, (n, _) in type_counts(out).items()} == {"Q4_K": 13, "F32": 11, "Q6_K": 3}
     with warnings.catch_warnings():

@@ -1,7 +1,7 @@
 """Qwen3-MoE <-> llama.cpp GGUF files (``qwen3moe.*`` metadata, ``blk.N.*`` tensors).
 
 Loading checks the file in two steps. Structure first, before anything is allocated:
-:func:`ftlab.formats.gguf.open_reader` validates every count, length, type and tensor extent
+:func:`ftlab.formats.gguf.open_gguf` validates every count, length, type and tensor extent
 of the header, then reads through the ``gguf`` package. Then meaning, here: every metadata
 value of the type ftlab expects, the config's ranges (:class:`Qwen3MoeConfig` checks them),
 ``block_count`` equal to the ``blk.N`` groups present, every tensor of the shape the config
@@ -36,12 +36,13 @@ from ftlab import ops
 from ftlab.formats import DequantizedWarning
 from ftlab.formats.gguf import (
     GGUFError,
+    as_gguf,
     cut,
     dequantized_types,
     field_value,
-    open_reader,
-    tensor_from_reader,
+    tensor_from_file,
 )
+from ftlab.formats.gguf_read import GGUFFile
 from ftlab.formats.gguf_write import Blocks, write_tensors
 from ftlab.models.checkpoint_checks import expert_range, head_ranges, row_range
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
@@ -83,7 +84,7 @@ _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 def read_config(reader, path: Path) -> Qwen3MoeConfig:
-    """The model config of a GGUFReader's ``qwen3moe.*`` metadata and tensor table, checked
+    """The model config of a GGUF file's ``qwen3moe.*`` metadata and tensor table, checked
     against the tensors the file holds and its tokenizer's token count."""
     arch = field_value(reader, "general.architecture", "str")
     if arch != GGUF_ARCH:
@@ -171,7 +172,7 @@ def cut_columns(w, start: int, stop: int):
 
 
 def load_gguf(
-    path: str | Path,
+    path: str | Path | GGUFFile,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     progress: bool = True,
@@ -180,7 +181,8 @@ def load_gguf(
     heads: tuple[tuple[int, int], tuple[int, int]] | None = None,
 ) -> tuple[Qwen3MoeConfig, ModelWeights]:
     """Config (``qwen3moe.*`` metadata) and weights (``blk.N.*`` tensors) of a llama.cpp GGUF
-    file. Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
+    file (``path``, or the :class:`~ftlab.formats.gguf_read.GGUFFile` already open: parsed
+    once). Q4_0, Q8_0 and K-quant tensors stay packed (:class:`~ftlab.quant.Q4_0Weight`,
     :class:`~ftlab.quant.QuantWeight`, expert banks and lm_head included; the embedding dense);
     F32/F16/BF16 tensors are cast to ``dtype``; norms and the router are kept dense.
     ``experts``: ``(start, stop)`` -- the expert banks hold only those experts (a tensor-parallel
@@ -199,8 +201,8 @@ def load_gguf(
     None: all of them, for any. ValueError naming ``experts``, ``vocab`` or ``heads`` for a range
     that is not ``0 <= start < stop <= count``. GGUFError naming the file and the key or tensor
     for anything ftlab cannot load (module docstring)."""
-    path = Path(path)
-    reader = open_reader(path)
+    reader = as_gguf(path)
+    path = reader.path
     c = read_config(reader, path)
     e0, e1 = expert_range(experts, c.num_experts)
     vocab = row_range(vocab, c.vocab_size, "vocab")
@@ -218,7 +220,7 @@ def load_gguf(
         t = by_name.get(name)
         if t is None:
             raise GGUFError(f"{path}: missing tensor {name!r}")
-        value = tensor_from_reader(t, path)
+        value = tensor_from_file(t, path)
         if tuple(value.shape) != tuple(shape):
             raise GGUFError(
                 f"{path}: tensor {name!r} has shape {tuple(value.shape)}, expected {tuple(shape)}"

@@ -32,7 +32,7 @@ the addition rounded away; ``1 + w``, what the model computes, is exact), and ``
 bit-identical to the checkpoint the file was made from.
 
 Validation follows the Qwen3-MoE loader (:mod:`ftlab.models.qwen3_moe.gguf`): the structure by
-:func:`~ftlab.formats.gguf.open_reader`, then every metadata value of its type, the sizes
+:func:`~ftlab.formats.gguf.open_gguf`, then every metadata value of its type, the sizes
 consistent (:func:`~ftlab.models.qwen3_next.gguf_metadata.read_config`), ``block_count`` equal
 to the ``blk.N`` groups, every tensor present and of the shape the config implies, none extra.
 Refusals are :class:`~ftlab.formats.gguf.GGUFError` naming the file and the key or tensor.
@@ -52,11 +52,12 @@ from ftlab.formats.gguf import (
     FLOAT_TYPES,
     PACKED_TYPES,
     GGUFError,
+    as_gguf,
     cut,
     field_value,
-    open_reader,
-    tensor_from_reader,
+    tensor_from_file,
 )
+from ftlab.formats.gguf_read import GGUFFile
 from ftlab.models.checkpoint_checks import expert_range, row_range
 from ftlab.models.qwen3_next.gguf_layout import (
     QKV,
@@ -129,13 +130,14 @@ def _check_names(names: set[str], shapes: dict, block_count: int, key: str, path
 
 
 def read_gguf_hf(
-    path: str | Path,
+    path: str | Path | GGUFFile,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     experts: tuple[int, int] | None = None,
     vocab: tuple[int, int] | None = None,
 ) -> tuple[dict, dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:
-    """``(hf_config, tensors, input_perms)`` of a ``qwen35moe`` / ``qwen3next`` GGUF file.
+    """``(hf_config, tensors, input_perms)`` of a ``qwen35moe`` / ``qwen3next`` GGUF file
+    (``path``, or the :class:`~ftlab.formats.gguf_read.GGUFFile` already open: parsed once).
 
     ``hf_config``: the ``config.json`` dict (:func:`read_config`). ``tensors``: ``{HF name:
     value}`` exactly as transformers names and lays them out (module docstring): on ``device``;
@@ -169,8 +171,8 @@ def read_gguf_hf(
     """
     argcheck.float_dtype("dtype", dtype)
     device = torch.device(device)
-    path = Path(path)
-    reader = open_reader(path)
+    reader = as_gguf(path)
+    path = reader.path
     config = read_config(reader, path)
     banks = expert_range(experts, config["num_experts"])
     vocab = row_range(vocab, config["vocab_size"], "vocab")
@@ -259,7 +261,7 @@ class _Lazy:
                 and name.replace("attn_qkv", "attn_q_norm") in self.shapes
                 else 1
             )
-            value = tensor_from_reader(self.by_name[name], self.path)
+            value = tensor_from_file(self.by_name[name], self.path)
             if name.endswith(_BANKS):
                 value = cut(value, *self.banks)
             elif name in _VOCAB:

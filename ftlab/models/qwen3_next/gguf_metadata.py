@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken
 
-from ftlab.formats.gguf import GGUFError, field_value, open_reader
+from ftlab.formats.gguf import GGUFError, as_gguf, field_value
+from ftlab.formats.gguf_read import GGUFFile
 from ftlab.models.qwen3_next.gguf_layout import ARCHS, DEFAULTS, FLOAT_KEYS, INT_KEYS
 from ftlab.models.tokenizer import Tokenizer
 
@@ -22,7 +23,7 @@ _CONTROL = 3  # gguf.TokenType.CONTROL
 
 
 def read_config(reader, path: Path) -> dict:
-    """The HF config dict of a ``qwen35moe`` / ``qwen3next`` GGUFReader's metadata and tensor
+    """The HF config dict of a ``qwen35moe`` / ``qwen3next`` GGUF file's metadata and tensor
     table (``config.json`` fields), every value checked; GGUFError naming the key."""
     arch = field_value(reader, "general.architecture", "str")
     if arch not in ARCHS:
@@ -155,16 +156,10 @@ def _layer_types(
     ``full_attention_interval`` as llama.cpp derives them; and the interval."""
     interval = get("full_attention_interval")
     key = f"{arch}.attention.recurrent_layers"
-    field = reader.fields.get(key)
-    if field is None:
+    recurrent = field_value(reader, key, "bool[]")
+    if recurrent is None:
         recurrent = [(i + 1) % interval != 0 for i in range(layers)]
     else:
-        if [int(t) for t in field.types] != [9, 7]:  # ARRAY of BOOL
-            raise GGUFError(
-                f"{path}: metadata '{key}' must be an array of BOOL, got "
-                f"{[t.name for t in field.types]}"
-            )
-        recurrent = [bool(field.parts[i][0]) for i in field.data]
         if len(recurrent) != block_count:
             raise GGUFError(
                 f"{path}: metadata '{key}' has {len(recurrent)} entries, '{arch}.block_count' is "
@@ -178,14 +173,15 @@ def _layer_types(
     return ["linear_attention" if r else "full_attention" for r in recurrent], interval
 
 
-def read_gguf_tokenizer(path: str | Path) -> Tokenizer:
-    """The byte-level BPE tokenizer of the file's ``tokenizer.ggml.*`` metadata; its CONTROL
-    tokens (``tokenizer.ggml.token_type`` 3, e.g. ``<|endoftext|>``) are special tokens, matched
-    whole in text as llama.cpp does."""
-    reader = open_reader(path)
+def read_gguf_tokenizer(path: str | Path | GGUFFile) -> Tokenizer:
+    """The byte-level BPE tokenizer of the file's ``tokenizer.ggml.*`` metadata (``path``, or
+    the :class:`~ftlab.formats.gguf_read.GGUFFile` already open); its CONTROL tokens
+    (``tokenizer.ggml.token_type`` 3, e.g. ``<|endoftext|>``) are special tokens, matched whole in
+    text as llama.cpp does."""
+    reader = as_gguf(path)
+    path = reader.path
     tok = Tokenizer.from_gguf(reader)
-    field = reader.fields.get("tokenizer.ggml.token_type")
-    if field is not None:
+    if "tokenizer.ggml.token_type" in reader:
         tokens = field_value(reader, "tokenizer.ggml.tokens", "str[]")
         types = field_value(reader, "tokenizer.ggml.token_type", "int[]")
         if len(types) != len(tokens):
