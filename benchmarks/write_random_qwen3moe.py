@@ -9,12 +9,14 @@ and quantized there: Q8_0 by ``ops.quantize`` (byte-identical to gguf-py's Q8_0)
 Q4_K_M type mix for this architecture (:func:`q4_k_m_type`); Q4_0 as llama-quantize's Q4_0 (every
 matrix Q4_0 by ``ops.quantize``, ``output.weight`` Q6_K). Host memory holds the packed model
 only (Q8_0: 32 GB; BF16: 61 GB; Q4_K_M: 18.6 GB). The tokenizer is llama.cpp's "none" type
-with the vocab size: llama-bench and ftlab's ``load_gguf`` run it; text generation has no
-vocabulary.
+with the vocab size (llama-bench and ftlab's ``load_gguf`` run it; text generation has no
+vocabulary), or, with ``--vocab-from FILE.gguf``, that file's byte-level BPE tokenizer
+(``tokenizer.ggml.*``), padded to the vocab size with ``[PAD<i>]`` UNUSED tokens as llama.cpp's
+converter pads: then ``Pipeline.load`` takes the file, as ``ftlab bench model --gguf`` needs.
 
     python benchmarks/write_random_qwen3moe.py OUT.gguf [--type Q8_0|BF16|Q4_K_M|Q4_0] [--device
     cuda]
-        [--layers N] [--experts N] [--vocab N]
+        [--layers N] [--experts N] [--vocab N] [--vocab-from FILE.gguf]
 """
 
 from __future__ import annotations
@@ -68,6 +70,32 @@ def q4_k_m_type(name: str, n_layers: int) -> str:
     return "Q4_K"
 
 
+def tokenizer_of(path: str, vocab_size: int) -> dict:
+    """The ``tokenizer.ggml.*`` metadata of the GGUF file ``path`` (a byte-level BPE), its
+    tokens padded to ``vocab_size`` with ``[PAD<i>]`` tokens of type UNUSED."""
+    from ftlab.formats.gguf import field_value, open_gguf
+
+    f = open_gguf(path)
+    if field_value(f, "tokenizer.ggml.model", "str") != "gpt2":
+        raise SystemExit(f"--vocab-from: {path} has no byte-level BPE tokenizer ('gpt2')")
+    tokens = field_value(f, "tokenizer.ggml.tokens", "str[]")
+    types = field_value(f, "tokenizer.ggml.token_type", "int[]") or [1] * len(tokens)
+    if len(tokens) > vocab_size:
+        raise SystemExit(f"--vocab-from: {path} has {len(tokens)} tokens, over {vocab_size}")
+    pad = range(len(tokens), vocab_size)
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens + [f"[PAD{i}]" for i in pad],
+        "tokenizer.ggml.token_type": types + [int(gguf.TokenType.UNUSED)] * len(pad),
+        "tokenizer.ggml.merges": field_value(f, "tokenizer.ggml.merges", "str[]"),
+    }
+    for key, kind in (("pre", "str"), ("eos_token_id", "int"), ("bos_token_id", "int")):
+        value = field_value(f, f"tokenizer.ggml.{key}", kind)
+        if value is not None:
+            meta[f"tokenizer.ggml.{key}"] = value
+    return meta
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -87,6 +115,11 @@ def main() -> None:
         type=int,
         default=CONFIG.vocab_size,
         help="a smaller vocabulary for a quick check",
+    )
+    ap.add_argument(
+        "--vocab-from",
+        metavar="FILE",
+        help="a GGUF file whose tokenizer (tokenizer.ggml.*) the file takes, padded to --vocab",
     )
     args = ap.parse_args()
     c = dataclasses.replace(
@@ -146,6 +179,8 @@ def main() -> None:
         "general.name": f"random Qwen3-30B-A3B-shaped ({c.num_hidden_layers} layers, {e} experts)",
         "tokenizer.ggml.model": "none",
     }
+    if args.vocab_from:
+        meta |= tokenizer_of(args.vocab_from, c.vocab_size)
     # the file's type, as llama-quantize writes it (llama-bench names the model's type from it)
     if args.type in ("Q4_K_M", "Q4_0"):
         ftype = (

@@ -42,6 +42,10 @@ class Measurement:
     validated: bool  # output checked against the reference before timing
     mode: str = "eager"  # "eager": host launch included; "graph": replayed from a captured graph
     flops: int = 0  # arithmetic of one call, where compute matters
+    # "user path": the engine through its public API (ftlab.bench.user_path); "diagnostic": a
+    # model called directly, or a pass no public API takes; "": a kernel row
+    kind: str = ""
+    call: str = ""  # the public call a user path row times ("Pipeline.prefill", ...)
 
     @property
     def tflops(self) -> float:
@@ -73,7 +77,17 @@ class Report:
 
     @classmethod
     def from_json(cls, data: dict) -> Report:
-        keep = {"case", "backend", "time_us", "bytes_moved", "validated", "mode", "flops"}
+        keep = {
+            "case",
+            "backend",
+            "time_us",
+            "bytes_moved",
+            "validated",
+            "mode",
+            "flops",
+            "kind",
+            "call",
+        }
         rows = [Measurement(**{k: v for k, v in r.items() if k in keep}) for r in data["results"]]
         return cls(data["name"], data["device"], data["copy_gbps"], rows, data.get("notes", []))
 
@@ -110,15 +124,26 @@ class Report:
             "",
         ]
         with_flops = any(m.flops for m in self.measurements)
+        with_kind = any(m.kind for m in self.measurements)
         extra = " TFLOP/s |" if with_flops else ""
+        first = "| kind " if with_kind else ""
         lines.append(
-            "| case | backend | mode | time (us) | GB/s | % of copy |" + extra + " validated |"
+            first
+            + "| case | backend | mode | time (us) | GB/s | % of copy |"
+            + extra
+            + " validated |"
         )
-        lines.append("|---|---|---|---:|---:|---:|" + ("---:|" if with_flops else "") + "---|")
+        lines.append(
+            ("|---" if with_kind else "")
+            + "|---|---|---|---:|---:|---:|"
+            + ("---:|" if with_flops else "")
+            + "---|"
+        )
         for m in self.measurements:
             tf = f" {m.tflops:.1f} |" if with_flops else ""
+            kind = f"| {m.kind or '-'} " if with_kind else ""
             lines.append(
-                f"| {m.case} | {m.backend} | {m.mode} | {m.time_us:.2f} | {m.gbps:.0f} | "
+                f"{kind}| {m.case} | {m.backend} | {m.mode} | {m.time_us:.2f} | {m.gbps:.0f} | "
                 f"{100 * m.gbps / self.copy_gbps:.1f} |{tf} {'yes' if m.validated else 'no'} |"
             )
         if self.notes:

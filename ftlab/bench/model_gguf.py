@@ -1,6 +1,12 @@
 """``ftlab bench model --gguf FILE``: the model bench on the model of a llama.cpp GGUF file, e.g.
 the Qwen3-30B-A3B shape in Q4_K_M that ``benchmarks/make_kquant_model.sh`` makes from random
-weights. The file's ``general.architecture`` picks the model: ``qwen3moe`` is loaded by
+weights.
+
+First the engine as a user runs it (:mod:`ftlab.bench.user_path`: ``Pipeline.load``,
+``prefill``, ``generate``; rows of kind ``"user path"``, the only ones set beside llama.cpp's).
+Then, unless ``diagnostics=False``, the model called directly (rows of kind ``"diagnostic"``:
+kernels' schedules and graph-replayed passes no public call takes). The file's
+``general.architecture`` picks the model: ``qwen3moe`` is loaded by
 :func:`~ftlab.models.loader.load_gguf` and timed as ``ftlab bench model`` times its random model
 (:func:`ftlab.bench.model.bench_weights`: prefill, decode batch 1 and 8, graph and eager);
 ``qwen35moe`` / ``qwen3next`` are read by :func:`~ftlab.models.qwen3_next.gguf.read_gguf_hf` and
@@ -42,6 +48,7 @@ from ftlab.bench.harness import Report, require_gpu
 from ftlab.bench.llama_bench import llama_bench_args, run_llama_bench, run_llama_bench_ncmoe
 from ftlab.bench.model import PREFILL, bench_weights, timer
 from ftlab.bench.qwen35moe import bench_pipeline
+from ftlab.bench.user_path import bench_user_path, label_diagnostics
 from ftlab.formats.gguf import GGUFError, open_gguf
 from ftlab.models import pipeline_args as check
 from ftlab.models.loader import GGUF_ARCH, gguf_architecture, load_gguf
@@ -70,6 +77,7 @@ def run(
     llama_bench: str | Path | None = None,
     tp: int = 1,
     hybrid_slots: int | None = None,
+    diagnostics: bool = True,
 ) -> Report:
     """The bench of the model of the GGUF file ``path`` on ``device`` (``"cuda"``: a GPU is
     required; ``"cpu"``: eager, a smoke run) with prompts of ``prefill`` tokens (decode steps at
@@ -87,7 +95,8 @@ def run(
     :func:`ftlab.models.tensor_parallel.close`).
 
     ``hybrid_slots``: the hybrid rows (module docstring) of a ``qwen3moe`` file, ``tp = 1`` only;
-    an int in [0, the file's expert count]."""
+    an int in [0, the file's expert count]. ``diagnostics``: False leaves out the diagnostic rows
+    (the user path only; a ``tp > 1`` run or ``hybrid_slots`` has them regardless)."""
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     if not isinstance(device, str):
@@ -103,6 +112,7 @@ def run(
             "(no such file)"
         )
     check.hybrid_slots(hybrid_slots)
+    check.flag("diagnostics", diagnostics)
     path = Path(path)
     arch = gguf_architecture(path)  # the file's structure checked first
     tp = check.tp(tp)
@@ -130,57 +140,12 @@ def run(
     notes = [file_note(path), type_note(path)] + [n.format(length=prefill) for n in NOTES]
     name = f"model-gguf-{_slug(path.stem)}" + (f"-tp{tp}" if tp > 1 else "")
     report = Report.for_device(name, notes, dev)
-    clock = timer(dev, quick)
-    if group is not None:
-        from ftlab.models.pipeline import rank_heads, rank_ranges
-        from ftlab.models.tensor_parallel import shard_qwen3_moe
-
-        # a rank reads its experts, vocabulary rows and heads only
-        experts, vocab = rank_ranges(path, group)
-        config, weights = load_gguf(
-            path,
-            device=torch.device("cpu"),
-            dtype=dtype,
-            experts=experts,
-            vocab=vocab,
-            heads=rank_heads(path, group),
-        )
-        weights = shard_qwen3_moe(config, weights, group, dev)
-        report.notes.insert(2, _shape_note(arch, config))
-        report.notes.append(
-            f"tp = {tp} ranks, one {dev.type} device each (rank 0's times; copy bandwidth and "
-            "bound are one device's, the bytes a rank's): attention heads, experts and vocabulary "
-            "cut across the ranks"
-        )
-        bench_weights(report, config, weights, prefill, clock, group)
-        report.notes.append(collective_note(group, config.hidden_size, dev, dtype, clock))
-    elif arch == GGUF_ARCH:
-        config, weights = load_gguf(path, device=dev, dtype=dtype)
-        check.hybrid_slots(hybrid_slots, config.num_experts)
-        report.notes.insert(2, _shape_note(arch, config))
-        bench_weights(report, config, weights, prefill, clock)
-        if hybrid_slots is not None:
-            from ftlab.bench.model_hybrid import bench_hybrid
-
-            bench_hybrid(report, config, weights, hybrid_slots, prefill, quick)
-    else:
-        hf, tensors, perms = read_gguf_hf(path, dev, dtype)
-        try:
-            config = Qwen3NextConfig.from_hf(hf)
-        except ValueError as e:
-            raise GGUFError(f"{path}: {e}") from e
-        weights = build_weights(
-            config,
-            tensors,
-            device=dev,
-            dtype=dtype,
-            where=str(path),
-            input_perms=perms,
-            progress=lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer"),
-        )
-        del tensors
-        report.notes.insert(2, _shape_note(arch, config))
-        bench_pipeline(report, config, weights, prefill, clock, path.name)
+    if tp == 1:  # the engine as a user runs it: Pipeline.load / prefill / generate
+        bench_user_path(report, path, dev, dtype, prefill, runs=1 if quick else 3)
+    config = None
+    if diagnostics or tp > 1 or hybrid_slots is not None:
+        config = _diagnostics(report, path, arch, dev, dtype, prefill, quick, group, hybrid_slots)
+        label_diagnostics(report)
     if llama_bench is not None:
         try:
             rows = run_llama_bench(llama_bench, path, prefill, dev.type == "cuda", report.notes)
@@ -223,6 +188,64 @@ def run(
                 f"{layers} of {config.num_hidden_layers} layers on the CPU (its default threads)"
             )
     return report
+
+
+def _diagnostics(report, path, arch, dev, dtype, prefill, quick, group, hybrid_slots):
+    """The rows of the model called directly (labelled diagnostic by the caller): a
+    ``qwen3moe`` file's weights through :func:`~ftlab.bench.model.bench_weights` (and the hybrid
+    rows), a hybrid one's through :func:`~ftlab.bench.qwen35moe.bench_pipeline`; the config."""
+    clock = timer(dev, quick)
+    if group is not None:
+        from ftlab.models.pipeline import rank_heads, rank_ranges
+        from ftlab.models.tensor_parallel import shard_qwen3_moe
+
+        # a rank reads its experts, vocabulary rows and heads only
+        experts, vocab = rank_ranges(path, group)
+        config, weights = load_gguf(
+            path,
+            device=torch.device("cpu"),
+            dtype=dtype,
+            experts=experts,
+            vocab=vocab,
+            heads=rank_heads(path, group),
+        )
+        weights = shard_qwen3_moe(config, weights, group, dev)
+        report.notes.insert(2, _shape_note(arch, config))
+        report.notes.append(
+            f"tp = {group.world} ranks, one {dev.type} device each (rank 0's times; copy bandwidth "
+            "and bound are one device's, the bytes a rank's): attention heads, experts and "
+            "vocabulary cut across the ranks"
+        )
+        bench_weights(report, config, weights, prefill, clock, group)
+        report.notes.append(collective_note(group, config.hidden_size, dev, dtype, clock))
+    elif arch == GGUF_ARCH:
+        config, weights = load_gguf(path, device=dev, dtype=dtype)
+        check.hybrid_slots(hybrid_slots, config.num_experts)
+        report.notes.insert(2, _shape_note(arch, config))
+        bench_weights(report, config, weights, prefill, clock)
+        if hybrid_slots is not None:
+            from ftlab.bench.model_hybrid import bench_hybrid
+
+            bench_hybrid(report, config, weights, hybrid_slots, prefill, quick)
+    else:
+        hf, tensors, perms = read_gguf_hf(path, dev, dtype)
+        try:
+            config = Qwen3NextConfig.from_hf(hf)
+        except ValueError as e:
+            raise GGUFError(f"{path}: {e}") from e
+        weights = build_weights(
+            config,
+            tensors,
+            device=dev,
+            dtype=dtype,
+            where=str(path),
+            input_perms=perms,
+            progress=lambda r: tqdm(r, desc=f"loading {path.name}", unit="layer"),
+        )
+        del tensors
+        report.notes.insert(2, _shape_note(arch, config))
+        bench_pipeline(report, config, weights, prefill, clock, path.name)
+    return config
 
 
 def collective_note(group, hidden: int, dev: torch.device, dtype: torch.dtype, clock) -> str:

@@ -1,4 +1,5 @@
-"""``ftlab run``: generate with a model, printing tokens as they come and the tokens/s."""
+"""``ftlab run``: generate with a model, printing tokens as they come, then what a user's run
+took: the load's seconds, the prefill's and the decode's tokens/s."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ ENV_VARS = {
 
 def cmd_run(args) -> int:
     """Generate with a model, printing tokens as they come and the tokens/s."""
+    import time
+
     import torch
 
     from ftlab.models.pipeline import Pipeline
@@ -42,6 +45,7 @@ def cmd_run(args) -> int:
         raise ValueError(
             f"--hybrid-policy {args.hybrid_policy} places hybrid experts: give --hybrid-slots N too"
         )
+    start = time.perf_counter()
     pipe = Pipeline.load(
         args.model,
         where,
@@ -53,6 +57,7 @@ def cmd_run(args) -> int:
         tp=args.tp,
         hybrid_policy=args.hybrid_policy,
     )
+    args.load_s = time.perf_counter() - start
     if pipe.tp is None:
         return run_once(pipe, args)
     from ftlab.models.tensor_parallel import close
@@ -116,6 +121,7 @@ def run_once(pipe, args) -> int:
         f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, "
         f"{pipe.device}{ranks}, {decode}]"
     )
+    print(rates(getattr(args, "load_s", None), len(pipe.tokenizer.encode(args.prompt)), timing))
     if pipe.executors:
         hits = sum(ex.policy.hits for ex in pipe.executors)
         misses = sum(ex.policy.misses for ex in pipe.executors)
@@ -123,6 +129,22 @@ def run_once(pipe, args) -> int:
     if args.compare:
         print(format_compare(pipe.compare(args.prompt, args.compare)))
     return 0
+
+
+def rates(load_s: float | None, prompt_tokens: int, timing) -> str:
+    """The line that says what the run took: the load's seconds, the prefill's tokens/s (the
+    prompt's tokens over the time to the first new token) and the steady decode's."""
+    parts = [f"load {load_s:.2f} s" if load_s is not None else "load -"]
+    if timing is not None:
+        parts.append(
+            f"prefill {prompt_tokens} tokens in {timing.first_token_s:.3f} s "
+            f"({prompt_tokens / timing.first_token_s:.1f} tokens/s)"
+        )
+        rate = timing.decode_tokens_per_s
+        parts.append(
+            f"decode {rate:.1f} tokens/s" if rate is not None else "decode - (under 3 tokens)"
+        )
+    return f"[{'; '.join(parts)}]"
 
 
 def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:

@@ -353,34 +353,49 @@ class Pipeline:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | list[int] | torch.Tensor,
         max_new_tokens: int = 32,
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int = 0,
+        ignore_eos: bool = False,
     ) -> Iterator[str]:
-        """Stream the text of up to ``max_new_tokens`` new tokens (stops at end-of-text or at
-        max_seq_len). The arguments are checked here, before the first token is asked for."""
-        ids = self._prompt_ids(prompt)
+        """Stream the text of up to ``max_new_tokens`` new tokens (stops at end-of-text, unless
+        ``ignore_eos``, or at max_seq_len). ``prompt``: text, or its token ids (a list of ints or
+        an integer tensor ``[T]`` / ``[1, T]``, as :meth:`prefill` takes them). Sampling runs on
+        the model's device (:func:`~ftlab.models.sampling.sample`, a generator seeded with
+        ``seed`` there): one token id a step comes to the host. The arguments are checked here,
+        before the first token is asked for."""
+        if isinstance(prompt, str):
+            ids = self._prompt_ids(prompt)
+        elif not isinstance(prompt, (list, tuple, torch.Tensor)):
+            raise TypeError(
+                "prompt must be a str, or token ids (a list of ints or an integer tensor [T]), "
+                f"got {type(prompt).__name__}"
+            )
+        else:
+            ids = check.token_ids("prompt", prompt, self.config.vocab_size, self.max_seq_len, "cpu")
         max_new_tokens = check.max_new_tokens(max_new_tokens)
         temperature, top_p = check.temperature(temperature), check.top_p(top_p)
-        gen = torch.Generator().manual_seed(check.seed(seed))
-        return self._generate(ids, max_new_tokens, temperature, top_p, gen)
+        check.flag("ignore_eos", ignore_eos)
+        gen = torch.Generator(device=self.device).manual_seed(check.seed(seed))
+        return self._generate(ids, max_new_tokens, temperature, top_p, gen, ignore_eos)
 
     def _generate(
         self,
-        ids: list[int],
+        ids: list[int] | torch.Tensor,
         max_new_tokens: int,
         temperature: float,
         top_p: float,
         gen: torch.Generator,
+        ignore_eos: bool = False,
     ) -> Iterator[str]:
         logits = self.prefill(ids)
         new: list[int] = []
         shown = ""
         for _ in range(max_new_tokens):
             token = self.sample(logits, temperature, top_p, gen)
-            if token == self.tokenizer.eos_token_id:
+            if token == self.tokenizer.eos_token_id and not ignore_eos:
                 break
             new.append(token)
             text = self.tokenizer.decode(new)

@@ -70,17 +70,27 @@ def test_report_rows_and_notes(cpu_run):
     assert (
         status == 0 and report["name"] == "model-gguf-qwen3moe-q4_k_m" and report["copy_gbps"] > 0
     )
-    rows = report["results"]
-    assert [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in rows] == [
-        ("prefill 8 tokens", "auto", "eager"),
-        ("decode batch 1", "auto", "eager"),
-        ("decode batch 8", "auto", "eager"),
-        ("prefill 8 tokens", "llama.cpp", "llama-bench"),
-        ("decode batch 1", "llama.cpp", "llama-bench"),
-        ("decode batch 1 at depth 8", "llama.cpp", "llama-bench"),
+    users = [r for r in report["results"] if r["kind"] == "user path"]
+    assert [(r["case"].split(":")[0], r["call"], r["mode"]) for r in users] == [
+        ("load", "Pipeline.load", "public API"),
+        ("prefill 8 tokens", "Pipeline.prefill", "public API"),
+        ("decode batch 1", "Pipeline.generate", "eager"),
+        ("decode batch 1 at depth 8", "Pipeline.generate", "eager"),
+        ("decode batch 1, top-p 0.95 at temperature 0.8", "Pipeline.generate", "eager"),
+    ]
+    assert all(r["backend"] == "ftlab" and r["time_us"] > 0 for r in users)
+    rows = report["results"][len(users) :]
+    assert [(r["case"].split(":")[0], r["backend"], r["mode"], r["kind"]) for r in rows] == [
+        ("prefill 8 tokens", "auto", "eager", "diagnostic"),
+        ("decode batch 1", "auto", "eager", "diagnostic"),
+        ("decode batch 8", "auto", "eager", "diagnostic"),
+        ("prefill 8 tokens", "llama.cpp", "llama-bench", ""),
+        ("decode batch 1", "llama.cpp", "llama-bench", ""),
+        ("decode batch 1 at depth 8", "llama.cpp", "llama-bench", ""),
     ]
     assert all(r["validated"] and r["time_us"] > 0 for r in rows)
     assert 0 < rows[1]["bytes_moved"] < rows[2]["bytes_moved"]
+    assert sum(n.startswith("user path: ") for n in report["notes"]) == 2 + 4
     notes = report["notes"]
     assert notes[0] == f"file: qwen3moe-q4_k_m.gguf, {Q4_K_M.stat().st_size} bytes (842.28 KiB)"
     # the types llama.cpp's Q4_K_M gave this file (tests/data/llama_cpp/README.md)
@@ -110,7 +120,7 @@ def test_llama_bench_ran_on_the_same_file(cpu_run):
         "-o",
         "json",
     ]
-    pp, tg, tg_deep = report["results"][3:]
+    pp, tg, tg_deep = report["results"][-3:]
     assert pp["case"] == "prefill 8 tokens: 4000 tokens/s" and pp["time_us"] == pytest.approx(
         8 / 4000 * 1e6
     )
@@ -152,7 +162,8 @@ def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
     )
     (path,) = tmp_path.glob("*-model-gguf-qwen3moe-q4_k_m.json")
     report = json.loads(path.read_text())
-    rows = [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in report["results"]]
+    measured = [r for r in report["results"] if r["kind"] != "user path"]
+    rows = [(r["case"].split(":")[0], r["backend"], r["mode"]) for r in measured]
     assert rows[3:] == [
         ("hybrid decode batch 1, layers", "auto", "eager"),
         ("hybrid decode batch 1, static", "auto", "eager"),
@@ -163,7 +174,7 @@ def test_hybrid_rows_beside_llama_cpp_ncmoe(tmp_path):
         ("hybrid decode batch 1, -ncmoe 1", "llama.cpp", "llama-bench"),
         ("hybrid decode batch 1, -ncmoe 1 at depth 8", "llama.cpp", "llama-bench"),
     ]
-    assert all(r["validated"] and r["time_us"] > 0 for r in report["results"])
+    assert all(r["validated"] and r["time_us"] > 0 for r in measured)
     assert json.loads((tmp_path / "args.json").read_text()) == [
         "-m",
         str(Q4_K_M),
@@ -253,12 +264,17 @@ def test_qwen35moe_file(tmp_path):
         DATA / "gguf_qwen3_next" / "qwen35moe-hv2-q4_0.gguf", quick=True, device="cpu", prefill=4
     )
     assert report.name == "model-gguf-qwen35moe-hv2-q4_0"
-    assert [m.case.split(":")[0] for m in report.measurements] == [
-        "prefill 4 tokens",
-        "decode batch 1",
-        "decode batch 8",
+    assert [(m.case.split(":")[0], m.kind) for m in report.measurements] == [
+        ("load", "user path"),
+        ("prefill 4 tokens", "user path"),
+        ("decode batch 1", "user path"),
+        ("decode batch 1 at depth 4", "user path"),
+        ("decode batch 1, top-p 0.95 at temperature 0.8", "user path"),
+        ("prefill 4 tokens", "diagnostic"),
+        ("decode batch 1", "diagnostic"),
+        ("decode batch 8", "diagnostic"),
     ]
-    assert all(m.validated for m in report.measurements)
+    assert all(m.validated for m in report.measurements if m.kind == "diagnostic")
     assert report.notes[2].startswith(
         "shape (qwen35moe): 2 layers (1 Gated DeltaNet + 1 gated attention)"
     )
@@ -306,7 +322,7 @@ def test_a_failing_llama_bench_keeps_ftlabs_rows(tmp_path):
     """llama-bench that cannot load the file: the report keeps ftlab's rows and says why."""
     bad = fake_llama_bench(tmp_path, [], status=1)
     report = model_gguf.run(Q4_K_M, quick=True, device="cpu", prefill=4, llama_bench=bad)
-    assert [m.backend for m in report.measurements] == ["auto"] * 3
+    assert [m.backend for m in report.measurements] == ["ftlab"] * 5 + ["auto"] * 3
     assert "llama.cpp: no figures" in report.notes[-1] and "exited 1" in report.notes[-1]
 
 

@@ -1,4 +1,5 @@
 import argparse
+import re
 import subprocess
 import sys
 
@@ -93,6 +94,25 @@ def test_run_streams_tokens_and_rate(tmp_path):
     assert (
         "[layer 0 router]" in res.stdout and "tokens/s" in res.stdout and "max |diff|" in res.stdout
     )
+    # what the run took, as a user sees it: the load, the prefill's rate, the decode's
+    assert re.search(
+        r"\n\[load \d+\.\d\d s; prefill 6 tokens in \d+\.\d{3} s \(\d+\.\d tokens/s\); "
+        r"decode \d+\.\d tokens/s\]\n",
+        res.stdout,
+    ), res.stdout
+
+
+def test_the_rates_line():
+    from ftlab.cli.run import rates
+    from ftlab.models.generation_timing import Timing
+
+    assert rates(1.5, 8, Timing(5, 1.0, 0.25, 0.15)) == (
+        "[load 1.50 s; prefill 8 tokens in 0.250 s (32.0 tokens/s); decode 5.0 tokens/s]"
+    )
+    assert rates(None, 8, Timing(1, 0.5, 0.5)) == (
+        "[load -; prefill 8 tokens in 0.500 s (16.0 tokens/s); decode - (under 3 tokens)]"
+    )
+    assert rates(2.0, 3, None) == "[load 2.00 s]"
 
 
 def test_run_with_hybrid_experts():

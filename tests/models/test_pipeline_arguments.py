@@ -167,7 +167,15 @@ def test_constructor_checks_its_arguments(pipe, kwargs, error, message):
 
 GENERATE_ERRORS = [
     (dict(prompt=""), ValueError, "prompt must be a non-empty string, got ''"),
-    (dict(prompt=b"The"), TypeError, "prompt must be a str, got bytes"),
+    (
+        dict(prompt=b"The"),
+        TypeError,
+        "prompt must be a str, or token ids (a list of ints or an integer tensor [T]), got bytes",
+    ),
+    (dict(prompt=[]), ValueError, "prompt must hold at least one token id, got none"),
+    (dict(prompt=[1, -1]), ValueError, "prompt must be token ids in [0, "),
+    (dict(prompt=[1.0]), TypeError, "prompt must be a list of int token ids"),
+    (dict(ignore_eos=1), TypeError, "ignore_eos must be True or False, got 1"),
     (dict(top_p=0), ValueError, "top_p must be in (0, 1], got 0.0"),
     (dict(top_p=-0.5), ValueError, "top_p must be in (0, 1], got -0.5"),
     (dict(top_p=1.5), ValueError, "top_p must be in (0, 1], got 1.5"),
@@ -210,6 +218,20 @@ def test_generate_checks_its_arguments_when_called(pipe, kwargs, error, message)
     with pytest.raises(error, match=re.escape(message)):
         pipe.generate(**{"prompt": "The router", **kwargs})
     assert pipe.position == 7
+
+
+def test_generate_takes_token_ids_and_can_ignore_eos(pipe, monkeypatch):
+    ids = pipe.tokenizer.encode("The router")
+    text = "".join(pipe.generate("The router", 6))
+    assert "".join(pipe.generate(ids, 6)) == text
+    assert "".join(pipe.generate(torch.tensor([ids]), 6)) == text
+    pieces = list(pipe.generate(ids, 6, temperature=1.0, top_p=0.9, seed=4))
+    assert pieces == list(pipe.generate(torch.tensor(ids), 6, temperature=1.0, top_p=0.9, seed=4))
+    # an end-of-text token ends a generation unless ignore_eos: make it the likeliest token
+    eos = pipe.tokenizer.eos_token_id
+    monkeypatch.setattr(pipe, "sample", lambda logits, t, p, g: eos)
+    assert list(pipe.generate(ids, 5)) == []
+    assert len(list(pipe.generate(ids, 5, ignore_eos=True))) == 5
 
 
 def test_boundary_values_are_accepted(pipe):

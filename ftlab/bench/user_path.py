@@ -1,0 +1,168 @@
+"""The engine as a user runs it: ``Pipeline.load``, ``Pipeline.prefill`` and
+``Pipeline.generate``, called exactly as documented (defaults: graphs on where the device has
+them), each call timed on the host clock from the call to its result (the device synchronized),
+rows of kind ``"user path"`` -- the only ftlab rows the README sets beside llama.cpp.
+
+- load: ``Pipeline.load(path, device=..., dtype=bfloat16)`` with the file's bytes in the page cache
+  (read once just before, that read timed in a note);
+- prefill: ``pipe.prefill(ids)`` of ``prompt`` random token ids (a warm-up call first: kernel
+  builds and graph captures are a first call's, not a prefill's);
+- decode: ``pipe.generate(ids, new_tokens, ignore_eos=True)`` consumed to the end, greedy and
+  top-p; the rate is the tokens after the first over their time (the first comes from the
+  prefill), as llama-bench's tg counts the tokens it generates. Depth 0 starts from a one-token
+  prompt, depth ``prompt`` from the prefill's prompt (llama-bench's ``-d``).
+
+Each figure is the median of ``runs`` calls after the warm-up; the notes list every run's.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ftlab.bench.harness import Measurement, Report
+from ftlab.models.generation_timing import timed
+
+USER_PATH = "user path"
+DIAGNOSTIC = "diagnostic"
+NEW_TOKENS = 128
+TOP_P = {"temperature": 0.8, "top_p": 0.95, "seed": 0}
+
+
+def read_file_s(path: Path, chunk: int = 64 << 20) -> float:
+    """Seconds to read every byte of ``path`` (after which the page cache holds what fits)."""
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        while f.readinto(buf):
+            pass
+    return time.perf_counter() - start
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _decode_rate(pieces) -> tuple[float, int]:
+    """``(tokens/s, tokens)`` of a consumed generation: the tokens after the first over their
+    time."""
+    last = None
+    for _, timing in timed(pieces):
+        last = timing
+    if last is None or last.tokens < 2:
+        raise RuntimeError("the generation gave fewer than two tokens: no decode rate")
+    return (last.tokens - 1) / (last.seconds - last.first_token_s), last.tokens
+
+
+def bench_user_path(
+    report: Report,
+    path: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    prompt: int,
+    runs: int = 3,
+    new_tokens: int = NEW_TOKENS,
+    pipeline: type | None = None,
+) -> None:
+    """Add the user path rows of the GGUF file ``path`` on ``device`` to ``report`` (module
+    docstring): load, prefill of ``prompt`` tokens, decode of ``new_tokens`` tokens at depth 0
+    and ``prompt`` (greedy) and at depth 0 top-p, each the median of ``runs`` calls.
+    ``pipeline``: the class whose ``load`` is called (default
+    :class:`~ftlab.models.pipeline.Pipeline`)."""
+    if pipeline is None:
+        from ftlab.models.pipeline import Pipeline as pipeline
+    seconds = read_file_s(path)
+    size = path.stat().st_size
+    report.notes.append(
+        f"user path: the file's {size / 1e9:.2f} GB read once before the load in {seconds:.2f} s "
+        f"({size / seconds / 1e9:.2f} GB/s), so the load reads it from the page cache"
+    )
+    start = time.perf_counter()
+    pipe = pipeline.load(path, device=device, dtype=dtype, max_seq_len=prompt + new_tokens + 1)
+    _sync(device)
+    load_s = time.perf_counter() - start
+    _time_calls(report, pipe, device, dtype, prompt, runs, new_tokens, load_s)
+    del pipe
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _time_calls(report, pipe, device, dtype, prompt, runs, new_tokens, load_s) -> None:
+    """The rows of a loaded pipeline: its load's, then prefill and generate timed."""
+    row = _rows(report, pipe)
+    row(f"load: {load_s:.2f} s", load_s * 1e6, "Pipeline.load")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(pipe.config.vocab_size, (prompt,), generator=gen)
+
+    def prefill() -> float:
+        start = time.perf_counter()
+        pipe.prefill(ids)
+        _sync(device)
+        return time.perf_counter() - start
+
+    times = _runs(prefill, runs)
+    median = statistics.median(times)
+    row(
+        f"prefill {prompt} tokens: {prompt / median:.0f} tokens/s", median * 1e6, "Pipeline.prefill"
+    )
+    _note(report, f"prefill {prompt} tokens", [prompt / t for t in times])
+    for depth, sampling in ((0, {}), (prompt, {}), (0, TOP_P)):
+        start_ids = ids if depth else ids[:1]
+
+        def decode(start_ids=start_ids, sampling=sampling) -> float:
+            pieces = pipe.generate(start_ids, new_tokens, ignore_eos=True, **sampling)
+            return _decode_rate(pieces)[0]
+
+        rates = _runs(decode, runs)
+        rate = statistics.median(rates)
+        at = f" at depth {depth}" if depth else ""
+        how = (
+            f", top-p {sampling['top_p']} at temperature {sampling['temperature']}"
+            if sampling
+            else ""
+        )
+        case = f"decode batch 1{at}{how}"
+        row(f"{case}: {rate:.0f} tokens/s", 1e6 / rate, "Pipeline.generate")
+        _note(report, case, rates)
+    report.notes.append(
+        f"user path: Pipeline.load(path, device={str(device)!r}, dtype={dtype}, max_seq_len="
+        f"{prompt + new_tokens + 1}) (graphs: {pipe.decode_path}); prefill(ids) of {prompt} random "
+        f"ids; generate(ids, {new_tokens}, ignore_eos=True) consumed, greedy and "
+        f"{', '.join(f'{k}={v}' for k, v in TOP_P.items())}; host clock, one warm-up call, "
+        f"median of {runs}"
+    )
+
+
+def _rows(report: Report, pipe) -> Callable[[str, float, str], None]:
+    def row(case: str, time_us: float, call: str) -> None:
+        mode = pipe.decode_path if call == "Pipeline.generate" else "public API"
+        report.measurements.append(
+            Measurement(case, "ftlab", time_us, 0, False, mode, kind=USER_PATH, call=call)
+        )
+
+    return row
+
+
+def _runs(fn: Callable[[], float], runs: int) -> list[float]:
+    fn()  # warm-up: kernel builds, graph captures, the first call's allocations
+    return [fn() for _ in range(runs)]
+
+
+def _note(report: Report, case: str, rates: list[float]) -> None:
+    listed = ", ".join(f"{r:.0f}" for r in rates)
+    report.notes.append(f"user path: {case}, tokens/s of each run: {listed}")
+
+
+def label_diagnostics(report: Report) -> None:
+    """Every ftlab row of ``report`` that is not of the user path is a diagnostic: the model
+    called directly, or a pass no public API takes."""
+    for m in report.measurements:
+        if m.backend != "llama.cpp" and not m.kind:
+            m.kind = DIAGNOSTIC
