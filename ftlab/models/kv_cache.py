@@ -88,13 +88,19 @@ class KVCache:
         pass: rope tables (``rotary_dim`` wide), the cache slots written, the slots read, the
         causal mask (boolean; :meth:`attend` makes its additive form once when captured, in this
         dict: one forward pass's, not to be reused across captures), the positions, and for one
-        token a sequence (decode) each sequence's live positions (``lengths``, int32 ``[B]``)."""
+        token a sequence (decode) each sequence's live positions (``lengths``, int32 ``[B]``).
+        ``fresh``: whether the pass is a prompt's start (every sequence at positions ``0 .. T-1``,
+        T > 1, not inside a graph capture; one host read of the positions to tell): its attention
+        is over its own keys only, causal, not over the cache."""
         b, t = positions.shape
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
         seq = torch.arange(b, device=dev)[:, None].expand(b, t)
-        # read back every position up to the last one written, for every sequence
-        span = self.max_seq_len if self.static else int(positions.max()) + 1
+        # read back every position up to the last one written, for every sequence: of a static
+        # cache every slot (no host read of the positions), but for a prompt's tokens outside a
+        # capture (the live positions only)
+        whole = self.static and (t == 1 or ftplatform.capturing(dev))
+        span = self.max_seq_len if whole else int(positions.max()) + 1
         read = self.slots(
             torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :]
         )
@@ -107,11 +113,17 @@ class KVCache:
             "read": read.reshape(-1),
             "mask": visible[:, None],
             "span": span,
+            "whole": whole,
             "positions": positions,
             "rope": (rotary_dim, theta),
         }
         if t == 1:  # a decode step: each sequence's live positions, for ops.decode_attention
             geo["lengths"] = (positions[:, -1] + 1).to(torch.int32)
+        geo["fresh"] = (
+            t > 1
+            and not ftplatform.capturing(dev)
+            and bool((positions == torch.arange(t, device=dev)).all())
+        )
         return geo
 
     def update_geometry(self, geo: dict, positions: torch.Tensor, keys: list[str]) -> None:
@@ -183,7 +195,8 @@ class KVCache:
     ) -> torch.Tensor | tuple[torch.Tensor, Q8_1 | None]:
         """Write ``k, v [B, T, kv_heads, hd]`` into layer ``j``'s cache at ``geo``'s slots (not when
         ``stored``: the caller's ``ops.qk_norm_rope`` wrote them), then attend ``q [B, T, heads,
-        hd]`` (GQA, causal under ``geo``'s mask) over the cached positions; returns ``[B, T, heads,
+        hd]`` (GQA, causal under ``geo``'s mask) over the cached positions -- a prompt's start
+        (``geo["fresh"]``) over its own keys, causal, nothing read back; returns ``[B, T, heads,
         hd]``. Through torch's SDPA under the mask, except one token a sequence (decode) when
         ``plan.backends["decode_attention"]`` names a backend, or is "auto" on a GPU where
         :func:`hip_attention` picks hip's one-launch kernel: then ``ops.decode_attention`` over the
@@ -202,8 +215,18 @@ class KVCache:
                 check=False,
                 backend=backends["store"],
             )
+        if geo.get("fresh"):  # a prompt's start: its own keys, causal (flash kernels where there)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
+                enable_gqa=True,
+            )
+            out = out.transpose(1, 2)
+            return (out, None) if quantize else out
         span = geo["span"]
-        if self.static:  # every slot of each sequence, in order: the cache itself, no copy
+        if geo["whole"]:  # every slot of each sequence, in order: the cache itself, no copy
             keys, vals = self.views(j, b, kvh)
         else:
             keys = ops.index(self.k[j], geo["read"], check=False, backend=backends["index"])

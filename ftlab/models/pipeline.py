@@ -17,7 +17,7 @@ op by op where the layers do not record: :attr:`Pipeline.decode_path`). Argument
 when given (:mod:`ftlab.models.pipeline_args`): a bad one raises ``TypeError`` or ``ValueError``
 naming it, before any work. What a load reads is :mod:`~ftlab.models.pipeline_load`, the token
 choice :mod:`~ftlab.models.sampling`, the stage comparison :mod:`~ftlab.models.stage_diff`, a
-generation's timing :mod:`~ftlab.models.generation_timing`.
+generation's loop and timing :mod:`~ftlab.models.generation`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from ftlab.models import pipeline_args as check
 from ftlab.models import tiny
 from ftlab.models.decode_plan import DecodePlan
 from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, NotReplayable
-from ftlab.models.generation_timing import Timing, timed
+from ftlab.models.generation import stream, timed_generate
+from ftlab.models.generation_timing import Timing
 from ftlab.models.layers import Stage
 from ftlab.models.pipeline_args import backend_map
 from ftlab.models.pipeline_load import joined_group, model_file, read_model
@@ -68,10 +69,11 @@ class Pipeline:
     backend can run inside a capture (the reference cannot: it reads tensors on the host), and runs
     it eagerly otherwise and on the CPU; ``True`` captures (an error on the CPU, or with a backend
     that cannot be captured); ``False`` runs eagerly. When captured, the decode step replays a graph
-    built at the first decode step, and the model runs in its static mode (attention over every
-    cache slot under a mask). Eager on a GPU with backends that can be captured, with ``launches``
-    (default True), the model is static too and the decode step launches its layers' kernels from a
-    schedule recorded at the first decode step (:attr:`decode_path`); where that recording is
+    built at the first decode step, and the model runs in its static mode (a decode step's
+    attention over every cache slot under a mask; a prompt's over the live positions only).
+    Eager on a GPU with backends that can be captured, with ``launches`` (default True), the model
+    is static too and the decode step launches its layers' kernels from a schedule recorded at the
+    first decode step (:attr:`decode_path`); where that recording is
     refused, and with ``launches=False``, steps run op by op on the dynamic model (attention over
     the live positions). The schedule holds the kernels the model's
     :class:`~ftlab.models.decode_plan.DecodePlan` picked when it was recorded: a plan handed in
@@ -89,7 +91,15 @@ class Pipeline:
     ``0 .. hybrid_slots - 1`` of every layer on the GPU for good, nothing copied between steps, or
     ``"layers"``: the same share of the expert bytes placed by layers, as llama.cpp's
     ``--n-cpu-moe``: every expert of the first ``ftlab.hybrid.cpu_layers`` layers on the CPU, the
-    other layers' all on the GPU."""
+    other layers' all on the GPU.
+
+    :meth:`prefill` runs a prompt in chunks of :attr:`prefill_chunk` tokens (as llama.cpp's
+    ubatch): the first attends over its own tokens (causal, nothing read back from the cache),
+    each later one over the live positions before it, so a long prompt's scratch is bounded by a
+    chunk's."""
+
+    #: the most tokens a prefill forward pass takes; a longer prompt runs in chunks of this many
+    prefill_chunk: int = 4096
 
     def __init__(
         self,
@@ -311,12 +321,17 @@ class Pipeline:
 
     def prefill(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Start a sequence with ``ids`` (int token ids, ``[T]`` or ``[1, T]``, 1 <= T <=
-        max_seq_len); returns the next-token logits fp32 ``[V]``."""
+        max_seq_len); returns the next-token logits fp32 ``[V]``. In forward passes of at most
+        :attr:`prefill_chunk` tokens (class docstring)."""
         ids = check.token_ids("ids", ids, self.config.vocab_size, self.max_seq_len, self.device)
-        self.position = ids.numel()
-        pos = torch.arange(ids.numel(), device=self.device)[None]
-        logits = self.model.forward(ids[None], pos, last_only=True)[0, -1]
-        self.model.end_step()
+        chunk = check.prefill_chunk(self.prefill_chunk)
+        self.position = 0
+        for start in range(0, ids.numel(), chunk):
+            part = ids[start : start + chunk]
+            pos = torch.arange(start, start + part.numel(), device=self.device)[None]
+            logits = self.model.forward(part[None], pos, last_only=True)[0, -1]
+            self.model.end_step()
+            self.position = start + part.numel()
         return logits
 
     def decode_step(self, token: int) -> torch.Tensor:
@@ -379,31 +394,7 @@ class Pipeline:
         temperature, top_p = check.temperature(temperature), check.top_p(top_p)
         check.flag("ignore_eos", ignore_eos)
         gen = torch.Generator(device=self.device).manual_seed(check.seed(seed))
-        return self._generate(ids, max_new_tokens, temperature, top_p, gen, ignore_eos)
-
-    def _generate(
-        self,
-        ids: list[int] | torch.Tensor,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        gen: torch.Generator,
-        ignore_eos: bool = False,
-    ) -> Iterator[str]:
-        logits = self.prefill(ids)
-        new: list[int] = []
-        shown = ""
-        for _ in range(max_new_tokens):
-            token = self.sample(logits, temperature, top_p, gen)
-            if token == self.tokenizer.eos_token_id and not ignore_eos:
-                break
-            new.append(token)
-            text = self.tokenizer.decode(new)
-            yield text[len(shown) :]
-            shown = text
-            if self.position >= self.max_seq_len:
-                break
-            logits = self.decode_step(token)
+        return stream(self, ids, max_new_tokens, temperature, top_p, gen, ignore_eos)
 
     def stages(self, prompt: str) -> Iterator[Stage]:
         """The prefill of ``prompt``, stage by stage, then the sampled next token. The prompt is
@@ -437,11 +428,3 @@ class Pipeline:
         for b in sets:  # one model at a time: each holds its own KV cache
             rows += stage_diffs(base, self._model(backend_map(b)).stages(ids, pos), b)
         return rows
-
-
-def timed_generate(
-    pipe: Pipeline, prompt: str, max_new_tokens: int, **kw
-) -> Iterator[tuple[str, Timing]]:
-    """generate(), with the :class:`~ftlab.models.generation_timing.Timing` so far beside each
-    piece (the arguments checked here)."""
-    return timed(pipe.generate(prompt, max_new_tokens, **kw))

@@ -107,6 +107,11 @@ def max_seq_len(value: object) -> int:
     return _int("max_seq_len", value, 1)
 
 
+def prefill_chunk(value: object) -> int:
+    """The most tokens a prefill forward pass takes (``Pipeline.prefill_chunk``): an int >= 1."""
+    return _int("prefill_chunk", value, 1)
+
+
 def hybrid_slots(value: object, num_experts: int | None = None) -> int | None:
     """None (no hybrid experts) or an int in [0, num_experts] (any int >= 0 while the model,
     and so its expert count, is not known yet)."""
