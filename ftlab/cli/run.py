@@ -41,10 +41,11 @@ def cmd_run(args) -> int:
     where = args.device
     if where == "auto":
         where = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.hybrid_policy != "lru" and args.hybrid_slots is None:
+    if args.hybrid_policy is not None and args.hybrid_slots is None:
         raise ValueError(
             f"--hybrid-policy {args.hybrid_policy} places hybrid experts: give --hybrid-slots N too"
         )
+    args.hybrid_policy = args.hybrid_policy or check.DEFAULT_HYBRID_POLICY
     start = time.perf_counter()
     pipe = Pipeline.load(
         args.model,
@@ -234,10 +235,10 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--hybrid-policy",
         choices=list(check.HYBRID_POLICIES),
-        default="lru",
-        help="--hybrid-slots: lru moves a step's missed experts in after it; static keeps experts "
-        "0 .. N-1 of every layer on the device for good; layers puts the same share of the expert "
-        "bytes on the CPU by whole layers, as llama.cpp's --n-cpu-moe (default: lru)",
+        help="--hybrid-slots: layers puts the share of the expert bytes N / experts leaves on the "
+        "CPU there by whole layers, as llama.cpp's --n-cpu-moe (the fastest on routes that do not "
+        "repeat); lru moves a step's missed experts in after it; static keeps experts 0 .. N-1 of "
+        f"every layer on the device for good (default: {check.DEFAULT_HYBRID_POLICY})",
     )
     p.add_argument(
         "--tp",

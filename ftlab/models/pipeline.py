@@ -79,19 +79,20 @@ class Pipeline:
     :class:`~ftlab.models.decode_plan.DecodePlan` picked when it was recorded: a plan handed in
     later does not reach it.
 
-    ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``), for every model class: each
-    layer keeps that many of its routed experts in GPU slots (least recently used out, moved
-    between steps) and runs the others on the CPU, from host copies of the banks (the device
-    banks stay loaded, for :meth:`compare`); a Qwen3-Next / Qwen3.5-MoE layer's shared expert
-    stays on the GPU. Prefill runs each hybrid layer's eager schedule, a decode step its
-    handshake. A graph is captured only if every layer's handshake passed its probe; otherwise
-    decode runs eagerly, with the probe's warning. ``hybrid_policy``
-    (``ftlab.hybrid.layer_executors``):
-    ``"lru"`` (the default; the missed experts of a step copied in after it), ``"static"``: experts
-    ``0 .. hybrid_slots - 1`` of every layer on the GPU for good, nothing copied between steps, or
-    ``"layers"``: the same share of the expert bytes placed by layers, as llama.cpp's
+    ``hybrid_slots``: hybrid CPU/GPU experts (``ftlab.hybrid``), for every model class: the share
+    ``hybrid_slots / num_experts`` of the expert bytes stays on the GPU, the rest runs on the CPU,
+    from host copies of the banks (the device banks stay loaded, for :meth:`compare`), placed by
+    ``hybrid_policy``; a Qwen3-Next / Qwen3.5-MoE layer's shared expert stays on the GPU.
+    Prefill runs each hybrid layer's eager schedule, a decode step its handshake. A graph is
+    captured only if every layer's handshake passed its probe; otherwise decode runs eagerly,
+    with the probe's warning. ``hybrid_policy`` (``ftlab.hybrid.layer_executors``):
+    ``"layers"`` (the default, :data:`~ftlab.models.pipeline_args.DEFAULT_HYBRID_POLICY`: the
+    fastest on routes that do not repeat): the share placed by layers, as llama.cpp's
     ``--n-cpu-moe``: every expert of the first ``ftlab.hybrid.cpu_layers`` layers on the CPU, the
-    other layers' all on the GPU.
+    other layers' all on the GPU; ``"lru"``: each layer keeps ``hybrid_slots`` of its experts in
+    GPU slots, the missed experts of a step copied in after it (least recently used out: for
+    routes that repeat); ``"static"``: experts ``0 .. hybrid_slots - 1`` of every layer on the GPU
+    for good, nothing copied between steps.
 
     :meth:`prefill` runs a prompt in chunks of :attr:`prefill_chunk` tokens (as llama.cpp's
     ubatch): the first attends over its own tokens (causal, nothing read back from the cache),
@@ -115,7 +116,7 @@ class Pipeline:
         hybrid_slots: int | None = None,
         tp=None,
         launches: bool = True,
-        hybrid_policy: str = "lru",
+        hybrid_policy: str = check.DEFAULT_HYBRID_POLICY,
         plan: DecodePlan | None = None,
     ):
         ops = check.usable(backend_map(backends), weights.embed.device)
@@ -197,7 +198,7 @@ class Pipeline:
         q4_0_path: str = "auto",
         tp: int = 1,
         launches: bool = True,
-        hybrid_policy: str = "lru",
+        hybrid_policy: str = check.DEFAULT_HYBRID_POLICY,
         plan: DecodePlan | None = None,
     ) -> Pipeline:
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory

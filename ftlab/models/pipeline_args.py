@@ -52,6 +52,11 @@ Q4_0_PATHS = ("auto", *ftbackends.Q4_0_PATHS)
 #: The placements of hybrid experts (``ftlab.hybrid.PLACEMENTS``): every layer's slots least
 #: recently used out, or a fixed set in every layer's slots, or whole layers on the CPU.
 HYBRID_POLICIES = ("lru", "static", "layers")
+#: the placement of hybrid experts when none is named: the fastest on routes that do not repeat
+#: (whole layers' experts on the CPU, as llama.cpp's --n-cpu-moe; lru copies a step's missed
+#: experts, static pins the same ones whatever routes come), by the committed same-run timing in
+#: benchmarks/results/ (2026-12-04, nvidia-h200, model-gguf ... q4_0-hybrid-fresh-tokens)
+DEFAULT_HYBRID_POLICY = "layers"
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
 GRAPHS_AUTO = "auto"
 

@@ -126,10 +126,16 @@ def test_run_with_hybrid_experts():
         "5",
         "--hybrid-slots",
         "4",
+        "--hybrid-policy",
+        "lru",
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[hybrid experts: 4 of 8 a layer" in res.stdout and "handshake" in res.stdout
     assert "hybrid residency over all layers:" in res.stdout and "tokens/s" in res.stdout
+    # the default placement: whole layers, as llama.cpp's --n-cpu-moe (half the expert bytes)
+    res = run("run", "--model", "tiny-qwen3-moe", "--prompt", "Hi", "--hybrid-slots", "4")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[hybrid experts: every expert of 1 of 2 layers on the CPU" in res.stdout
 
 
 def test_version_from_both_entry_points():

@@ -100,7 +100,9 @@ def test_hybrid_model_equals_the_plain_one(name, banks, share):
     same greedy tokens (module docstring)."""
     config, weights, tokenizer = _model(name, banks)
     slots = _slots(config, share)
-    hyb = Pipeline(config, weights, tokenizer, q4_0_path="int8", hybrid_slots=slots)
+    hyb = Pipeline(
+        config, weights, tokenizer, q4_0_path="int8", hybrid_slots=slots, hybrid_policy="lru"
+    )
     base = Pipeline(config, weights, tokenizer, q4_0_path="int8")
     assert len(hyb.hybrid) == config.num_hidden_layers
     assert all(
@@ -162,7 +164,11 @@ def test_pipeline_load_takes_hybrid_slots(name):
     bound while the residency moves; its stages are the plain pipeline's."""
     base = Pipeline.load(name, quant="hf", q4_0_path="int8")
     hyb = Pipeline.load(
-        name, quant="hf", q4_0_path="int8", hybrid_slots=_slots(base.config, "some")
+        name,
+        quant="hf",
+        q4_0_path="int8",
+        hybrid_slots=_slots(base.config, "some"),
+        hybrid_policy="lru",
     )
     ids = base.tokenizer.encode(PROMPT)
     a, b = base.prefill(ids), hyb.prefill(ids)
@@ -188,7 +194,12 @@ def test_hybrid_graph_replays_equal_eager_gpu(name, banks):
     kernels and CPU jobs on the same inputs), the residency moving between steps."""
     config, weights, tokenizer = _model(name, banks, "cuda")
     pipe = Pipeline(
-        config, weights, tokenizer, q4_0_path="int8", hybrid_slots=config.num_experts // 2
+        config,
+        weights,
+        tokenizer,
+        q4_0_path="int8",
+        hybrid_slots=config.num_experts // 2,
+        hybrid_policy="lru",
     )
     assert pipe.graph_capturable and all(ex.mechanism != "eager" for ex in pipe.hybrid)
     model = pipe.model
@@ -224,7 +235,12 @@ def test_hybrid_graph_decode_like_the_plain_model_gpu(name):
     models' graph-against-eager test."""
     base = Pipeline.load(name, "cuda", quant="hf", q4_0_path="int8")
     hyb = Pipeline.load(
-        name, "cuda", quant="hf", q4_0_path="int8", hybrid_slots=base.config.num_experts // 2
+        name,
+        "cuda",
+        quant="hf",
+        q4_0_path="int8",
+        hybrid_slots=base.config.num_experts // 2,
+        hybrid_policy="lru",
     )
     assert hyb.graph_capturable
     ids = base.tokenizer.encode(PROMPT)

@@ -179,7 +179,13 @@ def test_residency_follows_the_replays_after_an_eager_pass_gpu():
     residency reading its router ids: after the next replay, every hybrid layer's end_step reads
     the graph's id buffers again, and the LRU slots follow the replays' routes."""
     pipe = Pipeline.load(
-        "tiny-qwen3-moe", "cuda", quant="q4_0", q4_0_path="int8", graphs=True, hybrid_slots=4
+        "tiny-qwen3-moe",
+        "cuda",
+        quant="q4_0",
+        q4_0_path="int8",
+        graphs=True,
+        hybrid_slots=4,
+        hybrid_policy="lru",
     )
     logits = pipe.prefill(pipe.tokenizer.encode("The router sends every token"))
     token = int(logits.argmax())
