@@ -16,6 +16,7 @@ from pathlib import Path
 
 import ftlab
 from ftlab.cli import bench, run
+from ftlab.cli import eval as eval_cli
 from ftlab.cli.options import HelpFormatter, Parser
 from ftlab.platform import GFX_CHECK_TARGETS, SM_CHECK_TARGETS
 
@@ -153,6 +154,7 @@ def parser() -> argparse.ArgumentParser:
         "every backend of the ops against the reference, then the tiny Qwen3-MoE step by step",
     )
     run.add_parser(sub, [debug])
+    eval_cli.add_parser(sub, [debug])
     p = command(
         "compile-check",
         cmd_compile_check,

@@ -71,3 +71,14 @@ def backend_set(text: str) -> str | dict[str, str]:
         value = dict(pairs)
     check.backend_map(value)
     return value
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    """The ``--device`` option of the commands that load a model (``auto``: a GPU when torch
+    sees one)."""
+    p.add_argument(
+        "--device",
+        type=option(str, "a device", device),
+        default="auto",
+        help="cpu | cuda | cuda:N; auto: cuda when torch sees a GPU, else cpu",
+    )

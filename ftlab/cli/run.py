@@ -8,7 +8,7 @@ import os
 import sys
 import textwrap
 
-from ftlab.cli.options import HelpFormatter, backend_set, device, option
+from ftlab.cli.options import HelpFormatter, add_device, backend_set, option
 from ftlab.models import pipeline_args as check
 
 #: The environment variables that change what ``ftlab run`` does, for its ``--help`` (the
@@ -216,12 +216,7 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
         default=512,
         help="KV-cache positions: the prompt and generated tokens together",
     )
-    p.add_argument(
-        "--device",
-        type=option(str, "a device", device),
-        default="auto",
-        help="cpu | cuda | cuda:N; auto: cuda when torch sees a GPU, else cpu",
-    )
+    add_device(p)
     p.add_argument(
         "--stages", action="store_true", help="print every stage of the prompt's forward pass first"
     )
