@@ -51,11 +51,11 @@ def _q4_k(b: torch.Tensor, fifth: bool) -> torch.Tensor:  # [..., 144 | 176] -> 
     sc, mn = scale_min_k4(b[..., 4:16])
     lead = b.shape[:-1]
     qs = b[..., 48:] if fifth else b[..., 16:]  # [..., 128]
-    pairs = qs.reshape(*lead, 4, 32).long()
+    pairs = qs.reshape(*lead, 4, 32)  # uint8: the integer work in bytes, exact
     # sub-block j = 2p + half
     q = torch.stack([pairs & 0x0F, pairs >> 4], dim=-2).reshape(*lead, 8, 32)
     if fifth:
-        qh = b[..., 16:48].long()  # [..., 32]: bit j for sub-block j
+        qh = b[..., 16:48]  # [..., 32]: bit j for sub-block j
         bits = torch.stack([(qh >> j) & 1 for j in range(8)], dim=-2)  # [..., 8, 32]
         q = q | (bits << 4)
     scale = (d[..., None] * sc)[..., None]  # [..., 8, 1], rounded as gguf-py rounds it
@@ -65,8 +65,8 @@ def _q4_k(b: torch.Tensor, fifth: bool) -> torch.Tensor:  # [..., 144 | 176] -> 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:  # [..., 210] -> [..., 256]
     lead = b.shape[:-1]
-    ql = b[..., 0:128].reshape(*lead, 2, 2, 32).long()  # [half, which 32 bytes, byte]
-    qh = b[..., 128:192].reshape(*lead, 2, 32).long()  # [half, byte]
+    ql = b[..., 0:128].reshape(*lead, 2, 2, 32)  # [half, which 32 bytes, byte], uint8
+    qh = b[..., 128:192].reshape(*lead, 2, 32)  # [half, byte], uint8
     scales = b[..., 192:208].contiguous().view(torch.int8).float()  # [..., 16]
     d = _f16(b[..., 208:210])
     # [..., half, quarter, 32]
@@ -74,7 +74,8 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:  # [..., 210] -> [..., 256]
         [ql[..., 0, :] & 0x0F, ql[..., 1, :] & 0x0F, ql[..., 0, :] >> 4, ql[..., 1, :] >> 4], dim=-2
     )
     high = torch.stack([(qh >> s) & 0x03 for s in (0, 2, 4, 6)], dim=-2)  # [..., half, quarter, 32]
-    q = ((low | (high << 4)) - 32).reshape(*lead, 16, 16).float()  # sub-blocks of 16, in order
+    # 0..63 in a byte, then signed: sub-blocks of 16, in order
+    q = ((low | (high << 4)).to(torch.int16) - 32).reshape(*lead, 16, 16).float()
     return ((d[..., None] * scales)[..., None] * q).reshape(*lead, 256)
 
 
