@@ -16,14 +16,23 @@ from ftlab.bench.harness import Measurement
 LLAMA_BENCH_GEN = 128  # tokens llama-bench generates in its decode test (its tg128)
 
 
+def prompts_of(prefill: int | tuple[int, ...]) -> tuple[int, ...]:
+    """The prompt lengths of ``prefill`` (an int or a tuple of them), as a tuple."""
+    return (prefill,) if isinstance(prefill, int) else tuple(prefill)
+
+
 def llama_bench_args(
-    path: Path, prefill: int, gpu: bool, ncmoe: int | None = None, depth: int = 0
+    path: Path,
+    prefill: int | tuple[int, ...],
+    gpu: bool,
+    ncmoe: int | None = None,
+    depth: int = 0,
 ) -> list[str]:
     """The arguments ``llama-bench`` runs with: the file, all layers offloaded and flash attention
-    on a GPU, a prompt of ``prefill`` tokens, :data:`LLAMA_BENCH_GEN` generated, JSON out;
-    ``ncmoe``: the experts of the first ``ncmoe`` layers kept on the CPU (``-ncmoe``); ``depth``
-    > 0: each test also run after ``depth`` tokens in the cache (``-d 0,depth``), where ftlab's
-    decode rows run (at the prompt's length)."""
+    on a GPU, a prompt of ``prefill`` tokens (each of them, for a tuple: ``-p 512,4096``),
+    :data:`LLAMA_BENCH_GEN` generated, JSON out; ``ncmoe``: the experts of the first ``ncmoe``
+    layers kept on the CPU (``-ncmoe``); ``depth`` > 0: each test also run after ``depth`` tokens
+    in the cache (``-d 0,depth``), where ftlab's deep decode rows run."""
     offload = ["-ngl", "99", "-fa", "1"] if gpu else ["-ngl", "0"]
     cpu_moe = [] if ncmoe is None else ["-ncmoe", str(ncmoe)]
     depths = [] if depth <= 0 else ["-d", f"0,{depth}"]
@@ -33,7 +42,7 @@ def llama_bench_args(
         *offload,
         *cpu_moe,
         "-p",
-        str(prefill),
+        ",".join(map(str, prompts_of(prefill))),
         "-n",
         str(LLAMA_BENCH_GEN),
         *depths,
@@ -78,7 +87,7 @@ def _llama_results(binary: str | Path, args: list[str]) -> tuple[str, list]:
 def _llama_results_at(
     binary: str | Path,
     path: Path,
-    prefill: int,
+    prefill: int | tuple[int, ...],
     gpu: bool,
     ncmoe: int | None,
     depth: int,
@@ -136,22 +145,29 @@ def run_llama_bench_ncmoe(
 
 
 def run_llama_bench(
-    binary: str | Path, path: Path, prefill: int, gpu: bool, notes: list[str] | None = None
+    binary: str | Path,
+    path: Path,
+    prefill: int | tuple[int, ...],
+    gpu: bool,
+    notes: list[str] | None = None,
+    depth: int | None = None,
 ) -> list[Measurement]:
-    """llama-bench's prefill (``pp<prefill>``) and decode (``tg128``) results on ``path`` as rows
-    of backend ``llama.cpp`` (time: one token's, or the prompt's, at its mean tokens/s), decode at
-    depth 0 and at depth ``prefill`` (where ftlab's decode rows run); RuntimeError naming the
-    command if it fails or prints no result of each test (a llama-bench without ``-d``: no depth
-    row, and a line in ``notes``)."""
-    cmd, results, depth = _llama_results_at(binary, path, prefill, gpu, None, prefill, notes)
+    """llama-bench's prefill (``pp<prefill>``, each length of a tuple) and decode (``tg128``)
+    results on ``path`` as rows of backend ``llama.cpp`` (time: one token's, or the prompt's, at
+    its mean tokens/s), decode at depth 0 and at ``depth`` (default: the first prompt's length;
+    where ftlab's decode rows run); RuntimeError naming the command if it fails or prints no
+    result of each test (a llama-bench without ``-d``: no depth row, and a line in ``notes``)."""
+    prompts = prompts_of(prefill)
+    depth = prompts[0] if depth is None else depth
+    cmd, results, depth = _llama_results_at(binary, path, prompts, gpu, None, depth, notes)
     rows = {}
     for r in results:
         n_prompt, n_gen, ts = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("avg_ts", 0)
-        if n_prompt == prefill and n_gen == 0 and ts > 0 and r.get("n_depth", 0) == 0:
-            rows["prefill"] = Measurement(
-                f"prefill {prefill} tokens: {ts:.0f} tokens/s",
+        if n_prompt in prompts and n_gen == 0 and ts > 0 and r.get("n_depth", 0) == 0:
+            rows[f"prefill {n_prompt}"] = Measurement(
+                f"prefill {n_prompt} tokens: {ts:.0f} tokens/s",
                 "llama.cpp",
-                prefill / ts * 1e6,
+                n_prompt / ts * 1e6,
                 0,
                 True,
                 "llama-bench",
@@ -161,7 +177,8 @@ def run_llama_bench(
         rows[f"decode{at}"] = Measurement(
             f"decode batch 1{at}: {ts:.0f} tokens/s", "llama.cpp", 1e6 / ts, 0, True, "llama-bench"
         )
-    keys = ["prefill", "decode"] + ([f"decode at depth {depth}"] if depth else [])
+    keys = [f"prefill {p}" for p in prompts] + ["decode"]
+    keys += [f"decode at depth {depth}"] if depth else []
     missing = [k for k in keys if k not in rows]
     if missing:
         raise RuntimeError(f"{cmd} gave no {' or '.join(missing)} result")

@@ -73,11 +73,12 @@ def run(
     path: str | Path,
     quick: bool = False,
     device: str = "cuda",
-    prefill: int = PREFILL,
+    prefill: int | tuple[int, ...] = PREFILL,
     llama_bench: str | Path | None = None,
     tp: int = 1,
     hybrid_slots: int | None = None,
     diagnostics: bool = True,
+    depth: int | None = None,
 ) -> Report:
     """The bench of the model of the GGUF file ``path`` on ``device`` (``"cuda"``: a GPU is
     required; ``"cpu"``: eager, a smoke run) with prompts of ``prefill`` tokens (decode steps at
@@ -96,7 +97,11 @@ def run(
 
     ``hybrid_slots``: the hybrid rows (module docstring) of a ``qwen3moe`` file, ``tp = 1`` only;
     an int in [0, the file's expert count]. ``diagnostics``: False leaves out the diagnostic rows
-    (the user path only; a ``tp > 1`` run or ``hybrid_slots`` has them regardless)."""
+    (the user path only; a ``tp > 1`` run or ``hybrid_slots`` has them regardless).
+
+    ``prefill`` may be a tuple of prompt lengths: the user path and llama-bench time a prefill of
+    each (the diagnostics the first); ``depth``: where the deep decode rows run (default: the
+    first prompt's length), ftlab's and llama-bench's (``-d 0,depth``)."""
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     if not isinstance(device, str):
@@ -104,8 +109,12 @@ def run(
     dev = torch.device(device)
     if dev.type not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    if isinstance(prefill, bool) or not isinstance(prefill, int) or prefill < 1:
-        raise ValueError(f"prefill must be an int >= 1, got {prefill!r}")
+    prompts = (prefill,) if not isinstance(prefill, (tuple, list)) else tuple(prefill)
+    if not prompts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in prompts):
+        raise ValueError(f"prefill must be an int >= 1 (or a tuple of them), got {prefill!r}")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"depth must be an int >= 1 (or None: the first prompt's), got {depth!r}")
+    prefill, depth = prompts[0], prompts[0] if depth is None else depth
     if llama_bench is not None and not Path(llama_bench).is_file():
         raise ValueError(
             f"llama_bench must be the path of llama.cpp's llama-bench, got {str(llama_bench)!r} "
@@ -141,23 +150,25 @@ def run(
     name = f"model-gguf-{_slug(path.stem)}" + (f"-tp{tp}" if tp > 1 else "")
     report = Report.for_device(name, notes, dev)
     if tp == 1:  # the engine as a user runs it: Pipeline.load / prefill / generate
-        bench_user_path(report, path, dev, dtype, prefill, runs=1 if quick else 3)
+        bench_user_path(report, path, dev, dtype, prompts, runs=1 if quick else 3, depth=depth)
     config = None
     if diagnostics or tp > 1 or hybrid_slots is not None:
         config = _diagnostics(report, path, arch, dev, dtype, prefill, quick, group, hybrid_slots)
         label_diagnostics(report)
     if llama_bench is not None:
         try:
-            rows = run_llama_bench(llama_bench, path, prefill, dev.type == "cuda", report.notes)
+            rows = run_llama_bench(
+                llama_bench, path, prompts, dev.type == "cuda", report.notes, depth=depth
+            )
         except RuntimeError as e:
             report.notes.append(f"llama.cpp: no figures, {e}"[:600])
             return report
         report.measurements.extend(rows)
         gpu = dev.type == "cuda"
-        depth = prefill if any("at depth" in m.case for m in rows) else 0
+        depth = depth if any("at depth" in m.case for m in rows) else 0
         deep = (
             (
-                f"; its decode at depth {prefill} is where ftlab's decode rows run, its tg128 "
+                f"; its decode at depth {depth} is where ftlab's decode rows run, its tg128 "
                 "without depth starts from an empty cache"
             )
             if depth
@@ -165,7 +176,7 @@ def run(
         )
         report.notes.append(
             f"llama.cpp: {Path(llama_bench).name} "
-            f"{' '.join(llama_bench_args(path, prefill, gpu, depth=depth))} on the same file in "
+            f"{' '.join(llama_bench_args(path, prompts, gpu, depth=depth))} on the same file in "
             f"this run (its own timing: mean of its repetitions{deep})"
         )
         if hybrid_slots is not None:

@@ -65,18 +65,22 @@ def bench_user_path(
     path: Path,
     device: torch.device,
     dtype: torch.dtype,
-    prompt: int,
+    prompt: int | tuple[int, ...],
     runs: int = 3,
     new_tokens: int = NEW_TOKENS,
     pipeline: type | None = None,
+    depth: int | None = None,
 ) -> None:
     """Add the user path rows of the GGUF file ``path`` on ``device`` to ``report`` (module
-    docstring): load, prefill of ``prompt`` tokens, decode of ``new_tokens`` tokens at depth 0
-    and ``prompt`` (greedy) and at depth 0 top-p, each the median of ``runs`` calls.
-    ``pipeline``: the class whose ``load`` is called (default
-    :class:`~ftlab.models.pipeline.Pipeline`)."""
+    docstring): load, prefill of ``prompt`` tokens (each length of a tuple), decode of
+    ``new_tokens`` tokens at depth 0 and ``depth`` (default: the first prompt's length; greedy)
+    and at depth 0 top-p, each the median of ``runs`` calls. ``pipeline``: the class whose
+    ``load`` is called (default :class:`~ftlab.models.pipeline.Pipeline`)."""
     if pipeline is None:
         from ftlab.models.pipeline import Pipeline as pipeline
+    prompts = (prompt,) if isinstance(prompt, int) else tuple(prompt)
+    depth = prompts[0] if depth is None else depth
+    longest = max(*prompts, depth)
     seconds = read_file_s(path)
     size = path.stat().st_size
     report.notes.append(
@@ -84,60 +88,60 @@ def bench_user_path(
         f"({size / seconds / 1e9:.2f} GB/s), so the load reads it from the page cache"
     )
     start = time.perf_counter()
-    pipe = pipeline.load(path, device=device, dtype=dtype, max_seq_len=prompt + new_tokens + 1)
+    seq = longest + new_tokens + 1
+    pipe = pipeline.load(path, device=device, dtype=dtype, max_seq_len=seq)
     _sync(device)
     load_s = time.perf_counter() - start
-    _time_calls(report, pipe, device, dtype, prompt, runs, new_tokens, load_s)
+    row = _rows(report, pipe)
+    row(f"load: {load_s:.2f} s", load_s * 1e6, "Pipeline.load")
+    ids = torch.randint(
+        pipe.config.vocab_size, (longest,), generator=torch.Generator().manual_seed(0)
+    )
+    for n in prompts:
+        _time_prefill(report, row, pipe, device, ids[:n], runs)
+    for at, sampling in ((0, {}), (depth, {}), (0, TOP_P)):
+        _time_decode(report, row, pipe, ids[: max(at, 1)], at, sampling, runs, new_tokens)
+    report.notes.append(
+        f"user path: Pipeline.load(path, device={str(device)!r}, dtype={dtype}, max_seq_len={seq}) "
+        f"(graphs: {pipe.decode_path}); prefill(ids) of {', '.join(map(str, prompts))} random ids; "
+        f"generate(ids, {new_tokens}, ignore_eos=True) consumed, greedy and "
+        f"{', '.join(f'{k}={v}' for k, v in TOP_P.items())}; host clock, one warm-up call, "
+        f"median of {runs}"
+    )
     del pipe
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def _time_calls(report, pipe, device, dtype, prompt, runs, new_tokens, load_s) -> None:
-    """The rows of a loaded pipeline: its load's, then prefill and generate timed."""
-    row = _rows(report, pipe)
-    row(f"load: {load_s:.2f} s", load_s * 1e6, "Pipeline.load")
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(pipe.config.vocab_size, (prompt,), generator=gen)
-
+def _time_prefill(report, row, pipe, device, ids, runs) -> None:
     def prefill() -> float:
         start = time.perf_counter()
         pipe.prefill(ids)
         _sync(device)
         return time.perf_counter() - start
 
+    n = ids.numel()
     times = _runs(prefill, runs)
     median = statistics.median(times)
-    row(
-        f"prefill {prompt} tokens: {prompt / median:.0f} tokens/s", median * 1e6, "Pipeline.prefill"
-    )
-    _note(report, f"prefill {prompt} tokens", [prompt / t for t in times])
-    for depth, sampling in ((0, {}), (prompt, {}), (0, TOP_P)):
-        start_ids = ids if depth else ids[:1]
+    row(f"prefill {n} tokens: {n / median:.0f} tokens/s", median * 1e6, "Pipeline.prefill")
+    _note(report, f"prefill {n} tokens", [n / t for t in times])
 
-        def decode(start_ids=start_ids, sampling=sampling) -> float:
-            pieces = pipe.generate(start_ids, new_tokens, ignore_eos=True, **sampling)
-            return _decode_rate(pieces)[0]
 
-        rates = _runs(decode, runs)
-        rate = statistics.median(rates)
-        at = f" at depth {depth}" if depth else ""
-        how = (
-            f", top-p {sampling['top_p']} at temperature {sampling['temperature']}"
-            if sampling
-            else ""
-        )
-        case = f"decode batch 1{at}{how}"
-        row(f"{case}: {rate:.0f} tokens/s", 1e6 / rate, "Pipeline.generate")
-        _note(report, case, rates)
-    report.notes.append(
-        f"user path: Pipeline.load(path, device={str(device)!r}, dtype={dtype}, max_seq_len="
-        f"{prompt + new_tokens + 1}) (graphs: {pipe.decode_path}); prefill(ids) of {prompt} random "
-        f"ids; generate(ids, {new_tokens}, ignore_eos=True) consumed, greedy and "
-        f"{', '.join(f'{k}={v}' for k, v in TOP_P.items())}; host clock, one warm-up call, "
-        f"median of {runs}"
+def _time_decode(report, row, pipe, start_ids, depth, sampling, runs, new_tokens) -> None:
+    def decode() -> float:
+        pieces = pipe.generate(start_ids, new_tokens, ignore_eos=True, **sampling)
+        return _decode_rate(pieces)[0]
+
+    rates = _runs(decode, runs)
+    rate = statistics.median(rates)
+    at = f" at depth {depth}" if depth else ""
+    how = (
+        f", top-p {sampling['top_p']} at temperature {sampling['temperature']}" if sampling else ""
     )
+    case = f"decode batch 1{at}{how}"
+    row(f"{case}: {rate:.0f} tokens/s", 1e6 / rate, "Pipeline.generate")
+    _note(report, case, rates)
 
 
 def _rows(report: Report, pipe) -> Callable[[str, float, str], None]:

@@ -32,7 +32,7 @@ BENCH_OPTIONS = {
     "device": (f"{QWEN35} and {GGUF}", {"qwen35moe", "gguf"}),
     **{
         name: (GGUF, {"gguf"})
-        for name in ("prefill", "llama_bench", "tp", "hybrid_slots", "no_diagnostics")
+        for name in ("prefill", "depth", "llama_bench", "tp", "hybrid_slots", "no_diagnostics")
     },
 }
 
@@ -65,6 +65,7 @@ def cmd_bench(args) -> int:
                 quick=args.quick,
                 device=args.device or "cuda",
                 prefill=args.prefill or model_gguf.PREFILL,
+                depth=args.depth,
                 llama_bench=args.llama_bench,
                 tp=args.tp or 1,
                 hybrid_slots=args.hybrid_slots,
@@ -116,6 +117,16 @@ def _validated(report) -> bool:
     return all(m.validated for m in report.measurements if m.kind != USER_PATH)
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
+def _at_least_one_each(lengths: tuple[int, ...]) -> tuple[int, ...] | int:
+    for n in lengths:
+        at_least_one("--prefill")(n)
+    return lengths[0] if len(lengths) == 1 else lengths
+
+
 def add_parser(p) -> None:
     """``ftlab bench``'s arguments on its subparser ``p``."""
     p.add_argument("op", choices=sorted(BENCHES), help="what to time")
@@ -144,9 +155,18 @@ def add_parser(p) -> None:
     )
     m.add_argument(
         "--prefill",
+        metavar="N[,N...]",
+        type=option(_lengths, "ints, comma-separated", _at_least_one_each),
+        help="--gguf: prompt tokens, or several lengths (512,4096,16384: a prefill of each, "
+        "llama-bench -p the same); the first is the diagnostics' and, without --depth, where the "
+        "deep decode runs (default: 512)",
+    )
+    m.add_argument(
+        "--depth",
         metavar="N",
-        type=option(int, "an int", at_least_one("--prefill")),
-        help="--gguf: prompt tokens, and the position of the decode steps (default: 512)",
+        type=option(int, "an int", at_least_one("--depth")),
+        help="--gguf: the decode rows' depth besides 0, ftlab's and llama-bench's -d (default: "
+        "the first --prefill length)",
     )
     m.add_argument(
         "--llama-bench",

@@ -327,7 +327,9 @@ def test_a_failing_llama_bench_keeps_ftlabs_rows(tmp_path):
 
 
 def test_arguments(tmp_path, capsys):
-    with pytest.raises(ValueError, match="prefill must be an int >= 1, got 0"):
+    with pytest.raises(
+        ValueError, match=r"prefill must be an int >= 1 \(or a tuple of them\), got 0"
+    ):
         model_gguf.run(Q4_K_M, device="cpu", prefill=0)
     with pytest.raises(ValueError, match="device must be 'cuda' or 'cpu', got 'meta'"):
         model_gguf.run(Q4_K_M, device="meta")

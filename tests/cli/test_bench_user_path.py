@@ -35,19 +35,19 @@ class RecordingPipeline:
         return iter(["a"] * max_new_tokens)
 
 
-def test_the_user_path_rows_come_from_the_public_calls(tmp_path):
+def recorded(prompt, **kwargs) -> Report:
+    """The report of bench_user_path on the recording stand-in, its calls reset first."""
     RecordingPipeline.calls = []
     report = Report("t", {}, 1.0)
+    cpu = torch.device("cpu")
     bench_user_path(
-        report,
-        Q4_K_M,
-        torch.device("cpu"),
-        torch.float32,
-        6,
-        runs=2,
-        new_tokens=5,
-        pipeline=RecordingPipeline,
+        report, Q4_K_M, cpu, torch.float32, prompt, pipeline=RecordingPipeline, **kwargs
     )
+    return report
+
+
+def test_the_user_path_rows_come_from_the_public_calls(tmp_path):
+    report = recorded(6, runs=2, new_tokens=5)
     load, *rest = RecordingPipeline.calls
     assert load == (
         "load",
@@ -71,3 +71,68 @@ def test_the_user_path_rows_come_from_the_public_calls(tmp_path):
         ("decode batch 1, top-p 0.95 at temperature 0.8", "Pipeline.generate", "graph"),
     ]
     assert all(m.kind == "user path" and m.backend == "ftlab" for m in report.measurements)
+
+
+def test_several_prompt_lengths_and_a_depth():
+    report = recorded((4, 12), runs=1, new_tokens=3, depth=8)
+    load, *rest = RecordingPipeline.calls
+    assert load[2]["max_seq_len"] == 12 + 3 + 1
+    assert [c[:2] for c in rest] == [("prefill", 4)] * 2 + [("prefill", 12)] * 2 + [
+        ("generate", 1),
+        ("generate", 1),
+        ("generate", 8),
+        ("generate", 8),
+        ("generate", 1),
+        ("generate", 1),
+    ]
+    assert [m.case.split(":")[0] for m in report.measurements] == [
+        "load",
+        "prefill 4 tokens",
+        "prefill 12 tokens",
+        "decode batch 1",
+        "decode batch 1 at depth 8",
+        "decode batch 1, top-p 0.95 at temperature 0.8",
+    ]
+
+
+def test_llama_bench_of_several_prompt_lengths(tmp_path):
+    from ftlab.bench.llama_bench import llama_bench_args, run_llama_bench
+    from tests.cli.test_bench_model_gguf import fake_llama_bench
+
+    results = [
+        {"n_prompt": 4, "n_gen": 0, "n_depth": 0, "avg_ts": 400.0},
+        {"n_prompt": 12, "n_gen": 0, "n_depth": 0, "avg_ts": 300.0},
+        {"n_prompt": 12, "n_gen": 0, "n_depth": 8, "avg_ts": 200.0},  # a depth prefill: not read
+        {"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 50.0},
+        {"n_prompt": 0, "n_gen": 128, "n_depth": 8, "avg_ts": 40.0},
+    ]
+    binary = fake_llama_bench(tmp_path, results)
+    rows = run_llama_bench(binary, Q4_K_M, (4, 12), gpu=True, depth=8)
+    assert [r.case for r in rows] == [
+        "prefill 4 tokens: 400 tokens/s",
+        "prefill 12 tokens: 300 tokens/s",
+        "decode batch 1: 50 tokens/s",
+        "decode batch 1 at depth 8: 40 tokens/s",
+    ]
+    args = llama_bench_args(Q4_K_M, (4, 12), True, depth=8)
+    assert args[args.index("-p") + 1] == "4,12" and args[args.index("-d") + 1] == "0,8"
+
+
+def test_prefill_lengths_and_depth_options(capsys):
+    import pytest
+
+    from ftlab import cli
+    from ftlab.bench import model_gguf
+
+    args = cli.parser().parse_args(
+        ["bench", "model", "--gguf", "f.gguf", "--prefill", "8,16", "--depth", "4"]
+    )
+    assert (args.prefill, args.depth) == ((8, 16), 4)
+    assert cli.parser().parse_args(["bench", "model", "--gguf", "f", "--prefill", "8"]).prefill == 8
+    for bad in (["--prefill", "8,0"], ["--prefill", "8,x"], ["--depth", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["bench", "model", "--gguf", str(Q4_K_M), *bad])
+        assert exit_.value.code == 2
+    assert "--prefill must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"depth must be an int >= 1 \(or None"):
+        model_gguf.run(Q4_K_M, device="cpu", depth=0)
