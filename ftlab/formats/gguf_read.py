@@ -113,9 +113,7 @@ def _decode(buf: np.ndarray, entry: MetadataEntry) -> tuple[VT, VT | None, objec
     """The value of ``entry`` (its extent checked by read_layout, so lengths are trusted)."""
     raw = bytes(buf[entry.value_start : entry.end])
     vtype = VT(entry.value_type)
-    if vtype != VT.ARRAY:
-        return vtype, None, _Values(raw).one(vtype)
-    item = VT(struct.unpack_from("<I", raw, 0)[0])
+    item = VT(struct.unpack_from("<I", raw, 0)[0]) if vtype == VT.ARRAY else None
     return vtype, item, _Values(raw).one(vtype)
 
 

@@ -96,34 +96,34 @@ class KVCache:
         dev = positions.device
         cos, sin = rope_tables(positions, rotary_dim, theta, dtype)
         seq = torch.arange(b, device=dev)[:, None].expand(b, t)
+        capturing = ftplatform.capturing(dev)
+        # a prompt's start (one host read of the positions to tell) attends over its own keys:
+        # no slot read back, no mask (attend)
+        fresh = t > 1 and not capturing and bool((positions == torch.arange(t, device=dev)).all())
         # read back every position up to the last one written, for every sequence: of a static
         # cache every slot (no host read of the positions), but for a prompt's tokens outside a
         # capture (the live positions only)
-        whole = self.static and (t == 1 or ftplatform.capturing(dev))
-        span = self.max_seq_len if whole else int(positions.max()) + 1
-        read = self.slots(
-            torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :]
-        )
-        # [B, T, S]
-        visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]
+        whole = self.static and (t == 1 or capturing)
+        span = t if fresh else self.max_seq_len if whole else int(positions.max()) + 1
         geo = {
             "cos": cos,
             "sin": sin,
             "write": self.slots(seq, positions).reshape(-1),
-            "read": read.reshape(-1),
-            "mask": visible[:, None],
             "span": span,
             "whole": whole,
+            "fresh": fresh,
             "positions": positions,
             "rope": (rotary_dim, theta),
         }
+        if not fresh:
+            read = self.slots(
+                torch.arange(b, device=dev)[:, None], torch.arange(span, device=dev)[None, :]
+            )
+            # [B, T, S]
+            visible = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]
+            geo["read"], geo["mask"] = read.reshape(-1), visible[:, None]
         if t == 1:  # a decode step: each sequence's live positions, for ops.decode_attention
             geo["lengths"] = (positions[:, -1] + 1).to(torch.int32)
-        geo["fresh"] = (
-            t > 1
-            and not ftplatform.capturing(dev)
-            and bool((positions == torch.arange(t, device=dev)).all())
-        )
         return geo
 
     def update_geometry(self, geo: dict, positions: torch.Tensor, keys: list[str]) -> None:
@@ -215,7 +215,7 @@ class KVCache:
                 check=False,
                 backend=backends["store"],
             )
-        if geo.get("fresh"):  # a prompt's start: its own keys, causal (flash kernels where there)
+        if geo["fresh"]:  # a prompt's start: its own keys, causal (flash kernels where there)
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
                 k.transpose(1, 2),
