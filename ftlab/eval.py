@@ -80,7 +80,9 @@ def windows(ids: list[int] | torch.Tensor, ctx: int) -> torch.Tensor:
 
 
 def _logits(pipe, window: torch.Tensor) -> torch.Tensor:
-    """fp32 logits ``[ctx, V]`` of one window, a fresh sequence at positions ``0 .. ctx - 1``."""
+    """fp32 logits ``[ctx, V]`` of one window, a fresh sequence at positions ``0 .. ctx - 1``
+    (the pipeline's own sequence, whose cache the window overwrites, is ended: position 0)."""
+    pipe.reset()
     tokens = window.to(pipe.device)[None]
     positions = torch.arange(window.numel(), device=pipe.device)[None]
     with torch.no_grad():

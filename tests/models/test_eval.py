@@ -34,6 +34,9 @@ class Uniform:
             end_step=lambda: None,
         )
 
+    def reset(self):
+        pass
+
 
 def test_a_uniform_model_has_the_vocabulary_as_perplexity():
     result = fteval.evaluate(Uniform(50), list(range(40)) * 2, ctx=16, progress=False)
@@ -63,8 +66,10 @@ def test_perplexity_equals_transformers(name):
 
 def test_against_a_reference():
     f32 = Pipeline.load("tiny-qwen3-moe", quant="f32", max_seq_len=32)
+    f32.prefill([1, 2, 3])  # a sequence under way: the evaluation ends it (its cache is reused)
     q4 = Pipeline.load("tiny-qwen3-moe", quant="q4_0", max_seq_len=32)
     same = fteval.evaluate(f32, TEXT, ctx=32, reference=f32, progress=False)
+    assert f32.position == 0
     assert same.kl_divergence == pytest.approx(0, abs=1e-12) and same.top1_agreement == 1
     assert same.reference_perplexity == pytest.approx(same.perplexity)
     assert (
