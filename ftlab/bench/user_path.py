@@ -5,8 +5,9 @@ rows of kind ``"user path"`` -- the only ftlab rows the README sets beside llama
 
 - load: ``Pipeline.load(path, device=..., dtype=bfloat16)`` with the file's bytes in the page cache
   (read once just before, that read timed in a note);
-- prefill: ``pipe.prefill(ids)`` of ``prompt`` random token ids (a warm-up call first: kernel
-  builds and graph captures are a first call's, not a prefill's);
+- prefill: ``pipe.prefill(ids)`` of ``prompt`` random token ids, new ones each call (as a new
+  prompt: nothing to resume from in the prefix cache; a warm-up call first: kernel builds and
+  graph captures are a first call's, not a prefill's);
 - decode: ``pipe.generate(ids, new_tokens, ignore_eos=True)`` consumed to the end, greedy and
   top-p; the rate is the tokens after the first over their time (the first comes from the
   prefill), as llama-bench's tg counts the tokens it generates. Depth 0 starts from a one-token
@@ -98,7 +99,7 @@ def bench_user_path(
         pipe.config.vocab_size, (longest,), generator=torch.Generator().manual_seed(0)
     )
     for n in prompts:
-        _time_prefill(report, row, pipe, device, ids[:n], runs)
+        _time_prefill(report, row, pipe, device, n, runs)
     for at, sampling in ((0, {}), (depth, {}), (0, TOP_P)):
         _time_decode(report, row, pipe, ids[: max(at, 1)], at, sampling, runs, new_tokens)
     report.notes.append(
@@ -114,14 +115,19 @@ def bench_user_path(
         torch.cuda.empty_cache()
 
 
-def _time_prefill(report, row, pipe, device, ids, runs) -> None:
+def _time_prefill(report, row, pipe, device, n: int, runs: int) -> None:
+    """Each call a new prompt of ``n`` random ids (seeded): nothing of it in the pipeline's
+    prefix cache, which a repeated prompt would resume from whole."""
+    seeds = iter(range(1, 1 << 30))
+
     def prefill() -> float:
+        gen = torch.Generator().manual_seed(next(seeds))
+        ids = torch.randint(pipe.config.vocab_size, (n,), generator=gen)
         start = time.perf_counter()
         pipe.prefill(ids)
         _sync(device)
         return time.perf_counter() - start
 
-    n = ids.numel()
     times = _runs(prefill, runs)
     median = statistics.median(times)
     row(f"prefill {n} tokens: {n / median:.0f} tokens/s", median * 1e6, "Pipeline.prefill")

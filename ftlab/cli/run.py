@@ -77,7 +77,7 @@ def cmd_run(args) -> int:
 
 def run_once(pipe, args) -> int:
     """cmd_run's work once the pipeline is loaded."""
-    from ftlab.models.pipeline import format_compare, timed_generate
+    from ftlab.models.pipeline import format_compare
 
     if pipe.executors:
         ex = pipe.executors[0]
@@ -99,19 +99,20 @@ def run_once(pipe, args) -> int:
         for stage in pipe.stages(args.prompt):
             shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in stage.tensors.items())
             print(f"[{stage.name}] {shapes}")
-    pieces = timed_generate(
-        pipe,
-        args.prompt,
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
-    print(args.prompt, end="", flush=True)
-    timing = None
-    for piece, now in pieces:
-        print(piece, end="", flush=True)
-        timing = now
+    if args.load_state:
+        held = pipe.load_state(args.load_state)
+        print(f"[state: {held} tokens from {args.load_state}]")
+    turns = [args.prompt, *(args.then or [])]
+    for k, text in enumerate(turns):
+        # a turn's prompt: what the pipeline holds (the state read, earlier turns and their
+        # answers, as token ids), then this turn's text
+        ids = (pipe.tokens if k or args.load_state else []) + pipe.tokenizer.encode(text)
+        timing = turn(pipe, args, text, ids)
+        if len(turns) > 1 or args.load_state:
+            print(
+                f"[turn {k + 1}: {pipe.reused} of the prompt's {len(ids)} tokens resumed from "
+                "the pipeline's state, not computed again]"
+            )
     decode = (
         "graph-captured decode (its capture in the first decode step)"
         if pipe.graph_capturable
@@ -119,10 +120,12 @@ def run_once(pipe, args) -> int:
     )
     ranks = f", tp = {pipe.tp.world} ranks" if pipe.tp is not None else ""
     print(
-        f"\n[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, "
+        f"[{timing.summary() if timing else 'no tokens'}; {args.backend} backends, "
         f"{pipe.device}{ranks}, {decode}]"
     )
-    print(rates(getattr(args, "load_s", None), len(pipe.tokenizer.encode(args.prompt)), timing))
+    print(rates(getattr(args, "load_s", None), len(ids) - pipe.reused, timing))
+    if args.save_state:
+        print(f"[state: {len(pipe.tokens)} tokens written to {pipe.save_state(args.save_state)}]")
     if pipe.executors:
         hits = sum(ex.policy.hits for ex in pipe.executors)
         misses = sum(ex.policy.misses for ex in pipe.executors)
@@ -130,6 +133,29 @@ def run_once(pipe, args) -> int:
     if args.compare:
         print(format_compare(pipe.compare(args.prompt, args.compare)))
     return 0
+
+
+def turn(pipe, args, text: str, prompt: list[int]):
+    """One generation from ``prompt`` (token ids, ending with ``text``'s), ``text`` and then its
+    printed as it comes; the last :class:`~ftlab.models.generation_timing.Timing` (None without
+    tokens)."""
+    from ftlab.models.pipeline import timed_generate
+
+    pieces = timed_generate(
+        pipe,
+        prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    print(text, end="", flush=True)
+    timing = None
+    for piece, now in pieces:
+        print(piece, end="", flush=True)
+        timing = now
+    print()
+    return timing
 
 
 def rates(load_s: float | None, prompt_tokens: int, timing) -> str:
@@ -174,6 +200,24 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
         default="The router sends every token",
         type=option(str, "text", check.prompt),
         help="the text to continue",
+    )
+    p.add_argument(
+        "--then",
+        action="append",
+        metavar="TEXT",
+        type=option(str, "text", check.prompt),
+        help="another turn (repeatable): continues the conversation so far (the prompt, then each "
+        "answer) with TEXT, resuming from the pipeline's state instead of computing it again",
+    )
+    p.add_argument(
+        "--save-state",
+        metavar="FILE",
+        help="write the decoding state at the end (its tokens, KV cache, recurrent state) to FILE",
+    )
+    p.add_argument(
+        "--load-state",
+        metavar="FILE",
+        help="start from a state --save-state wrote with the same model: the prompt continues it",
     )
     p.add_argument(
         "--max-new-tokens",

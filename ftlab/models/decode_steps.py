@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ftlab.models.qwen3_moe.model import Qwen3Moe
     from ftlab.models.qwen3_next.model import Qwen3Next
 
-__all__ = ["DecodeGraph", "DecodeLaunches", "NotReplayable", "Schedule"]
+__all__ = ["DecodeGraph", "DecodeLaunches", "NotReplayable", "Schedule", "pipeline_step"]
 
 
 def _check_step(model, batch: int, why: str) -> None:
@@ -153,3 +153,24 @@ class DecodeLaunches:
         return self.model.logits(self.hidden)
 
     __call__ = step
+
+
+def pipeline_step(pipe, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """A :class:`~ftlab.models.pipeline.Pipeline`'s decode step of ``tok`` at ``pos`` (``[1, 1]``
+    each) by its :attr:`~ftlab.models.pipeline.Pipeline.decode_path`: the graph (captured at the
+    first step), the recorded launches (recorded at the first step; op by op on the dynamic model
+    from then on if refused) or op by op. Logits fp32 ``[V]``, a tensor of its own."""
+    if pipe.graph_capturable:
+        if pipe._graph is None:
+            pipe._graph = DecodeGraph(pipe.model, 1)
+        return pipe._graph(tok, pos)[0, -1].clone()
+    if pipe.decode_path == "launches":
+        if pipe._launches is None:
+            try:
+                pipe._launches = DecodeLaunches(pipe.model, 1)
+            except NotReplayable as e:
+                pipe.launches_refused = str(e)
+                pipe.model.static = pipe.model.cache.static = False
+        step = pipe._launches or pipe.model.forward
+        return step(tok, pos)[0, -1]
+    return pipe.model.forward(tok, pos)[0, -1]

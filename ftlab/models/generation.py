@@ -9,9 +9,29 @@ from collections.abc import Iterator
 
 import torch
 
+from ftlab.models import pipeline_args as check
 from ftlab.models.generation_timing import Timing, timed
 
-__all__ = ["stream", "timed_generate"]
+__all__ = ["generate", "stream", "timed_generate"]
+
+
+def generate(pipe, prompt, max_new_tokens, temperature, top_p, seed, ignore_eos) -> Iterator[str]:
+    """:meth:`Pipeline.generate <ftlab.models.pipeline.Pipeline.generate>`'s arguments checked,
+    then its :func:`stream`."""
+    if isinstance(prompt, str):
+        ids = pipe._prompt_ids(prompt)
+    elif not isinstance(prompt, (list, tuple, torch.Tensor)):
+        raise TypeError(
+            "prompt must be a str, or token ids (a list of ints or an integer tensor [T]), "
+            f"got {type(prompt).__name__}"
+        )
+    else:
+        ids = check.token_ids("prompt", prompt, pipe.config.vocab_size, pipe.max_seq_len, "cpu")
+    max_new_tokens = check.max_new_tokens(max_new_tokens)
+    temperature, top_p = check.temperature(temperature), check.top_p(top_p)
+    check.flag("ignore_eos", ignore_eos)
+    gen = torch.Generator(device=pipe.device).manual_seed(check.seed(seed))
+    return stream(pipe, ids, max_new_tokens, temperature, top_p, gen, ignore_eos)
 
 
 def stream(

@@ -28,14 +28,15 @@ from pathlib import Path
 import torch
 
 from ftlab.models import pipeline_args as check
-from ftlab.models import tiny
+from ftlab.models import state_file, tiny
 from ftlab.models.decode_plan import DecodePlan
-from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, NotReplayable
-from ftlab.models.generation import stream, timed_generate
+from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, pipeline_step
+from ftlab.models.generation import generate, timed_generate
 from ftlab.models.generation_timing import Timing
 from ftlab.models.layers import Stage
 from ftlab.models.pipeline_args import backend_map
 from ftlab.models.pipeline_load import joined_group, model_file, read_model
+from ftlab.models.prefix_cache import PrefixCache, cuts, restore, resume_point
 from ftlab.models.qwen3_moe.config import Qwen3MoeConfig
 from ftlab.models.qwen3_moe.model import Qwen3Moe
 from ftlab.models.qwen3_moe.model_weights import ModelWeights
@@ -94,10 +95,10 @@ class Pipeline:
     routes that repeat); ``"static"``: experts ``0 .. hybrid_slots - 1`` of every layer on the GPU
     for good, nothing copied between steps.
 
-    :meth:`prefill` runs a prompt in chunks of :attr:`prefill_chunk` tokens (as llama.cpp's
-    ubatch): the first attends over its own tokens (causal, nothing read back from the cache),
-    each later one over the live positions before it, so a long prompt's scratch is bounded by a
-    chunk's."""
+    :meth:`prefill` runs a prompt in chunks of :attr:`prefill_chunk` tokens (llama.cpp's ubatch):
+    the first over its own tokens, each later one over the live positions before it, so a long
+    prompt's scratch is a chunk's. A prompt resumes after what the pipeline holds or a snapshot of
+    :attr:`prefix_cache` shares with it (:mod:`~ftlab.models.prefix_cache`)."""
 
     #: the most tokens a prefill forward pass takes; a longer prompt runs in chunks of this many
     prefill_chunk: int = 4096
@@ -118,6 +119,7 @@ class Pipeline:
         launches: bool = True,
         hybrid_policy: str = check.DEFAULT_HYBRID_POLICY,
         plan: DecodePlan | None = None,
+        prefix_cache_bytes: int = check.DEFAULT_PREFIX_CACHE_BYTES,
     ):
         ops = check.usable(backend_map(backends), weights.embed.device)
         if plan is not None and not isinstance(plan, DecodePlan):
@@ -169,7 +171,11 @@ class Pipeline:
         #: why decode steps run op by op though graphs are off on a GPU (the recording's refusal),
         #: else None
         self.launches_refused: str | None = None
-        self.position = 0
+        #: snapshots a prompt sharing their prefix resumes from (:class:`.prefix_cache.PrefixCache`)
+        self.prefix_cache = PrefixCache(check.prefix_cache_bytes(prefix_cache_bytes))
+        self.reused, self.position = 0, 0  # reused: the last prompt's tokens not computed again
+        self._live: list[int] = []  # the tokens the live state holds (position of them)
+        self._logits: torch.Tensor | None = None  # the next-token logits after them
 
     @property
     def q4_0_path(self) -> str:
@@ -200,6 +206,7 @@ class Pipeline:
         launches: bool = True,
         hybrid_policy: str = check.DEFAULT_HYBRID_POLICY,
         plan: DecodePlan | None = None,
+        prefix_cache_bytes: int = check.DEFAULT_PREFIX_CACHE_BYTES,
     ) -> Pipeline:
         """A tiny model by name (:data:`tiny.TINY_MODELS`; ``quant`` picks its HF directory
         ``"hf"`` or its ``"f32"`` or ``"q4_0"`` GGUF file, and is not used for a path), a HF
@@ -228,6 +235,7 @@ class Pipeline:
         check.q4_0_path(q4_0_path)
         check.flag("launches", launches)
         check.hybrid_policy(hybrid_policy)
+        check.prefix_cache_bytes(prefix_cache_bytes)
         if check.tp(tp) != 1 and hybrid_slots is not None:
             raise ValueError("hybrid_slots and tp > 1 do not combine yet: pick one")
         path, is_tiny = model_file(path_or_tiny, quant)
@@ -247,6 +255,7 @@ class Pipeline:
                 launches=launches,
                 hybrid_policy=hybrid_policy,
                 plan=plan,
+                prefix_cache_bytes=prefix_cache_bytes,
             )
 
     def _model(self, backends: dict[str, str], hybrid: list | None = None) -> Qwen3Moe | Qwen3Next:
@@ -310,7 +319,16 @@ class Pipeline:
         return self.weights.embed.device
 
     def reset(self) -> None:
+        """End the sequence: the next prompt starts at position 0 (or from a snapshot of the
+        prefix cache, which this keeps: ``prefix_cache.clear()`` drops it)."""
         self.position = 0
+        self._live, self._logits = [], None
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids the live decoding state holds (the prompt, then each token fed to
+        :meth:`decode_step`); [] when a caller moved :attr:`position` itself."""
+        return list(self._live) if len(self._live) == self.position else []
 
     def _prompt_ids(self, prompt: str) -> list[int]:
         """The token ids of a checked prompt: a non-empty str of at most max_seq_len tokens."""
@@ -323,16 +341,28 @@ class Pipeline:
     def prefill(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Start a sequence with ``ids`` (int token ids, ``[T]`` or ``[1, T]``, 1 <= T <=
         max_seq_len); returns the next-token logits fp32 ``[V]``. In forward passes of at most
-        :attr:`prefill_chunk` tokens (class docstring)."""
+        :attr:`prefill_chunk` tokens (class docstring).
+
+        A prompt that begins with the tokens the pipeline holds (a conversation's next turn) or
+        with a snapshot's (:attr:`prefix_cache`) starts after them (:attr:`reused` says how many
+        tokens that saved); the prompt's end, and every ``prefix_cache.every`` tokens, are
+        snapshotted (:mod:`~ftlab.models.prefix_cache`)."""
         ids = check.token_ids("ids", ids, self.config.vocab_size, self.max_seq_len, self.device)
         chunk = check.prefill_chunk(self.prefill_chunk)
-        self.position = 0
-        for start in range(0, ids.numel(), chunk):
-            part = ids[start : start + chunk]
-            pos = torch.arange(start, start + part.numel(), device=self.device)[None]
-            logits = self.model.forward(part[None], pos, last_only=True)[0, -1]
+        tokens, cache = ids.tolist(), self.prefix_cache
+        at = resume_point(
+            tokens, self.tokens, self._logits, cache, hasattr(self.model, "recurrent_state")
+        )
+        restore(self.model, at)
+        self.position, self._live, self.reused = at.position, tokens[: at.position], at.position
+        logits = self._logits = None if at.logits is None else at.logits.clone()
+        for start, end in cuts(at.position, len(tokens), chunk, cache.every):
+            pos = torch.arange(start, end, device=self.device)[None]
+            logits = self.model.forward(ids[None, start:end], pos, last_only=True)[0, -1]
             self.model.end_step()
-            self.position = start + part.numel()
+            self.position, self._live, self._logits = end, tokens[:end], logits
+            if end == len(tokens) or end % cache.every == 0:
+                cache.take(self.model, self._live, logits)
         return logits
 
     def decode_step(self, token: int) -> torch.Tensor:
@@ -344,25 +374,25 @@ class Pipeline:
             )
         pos = torch.tensor([[self.position]], device=self.device)
         tok = torch.tensor([[token]], device=self.device)
+        held = len(self._live) == self.position  # the live tokens known: one more now
         self.position += 1
-        if self.graph_capturable:
-            if self._graph is None:
-                self._graph = DecodeGraph(self.model, 1)
-            logits = self._graph(tok, pos)[0, -1].clone()
-        elif self.decode_path == "launches":
-            if self._launches is None:
-                try:
-                    self._launches = DecodeLaunches(self.model, 1)
-                # op by op from here, on the dynamic model (live positions only)
-                except NotReplayable as e:
-                    self.launches_refused = str(e)
-                    self.model.static = self.model.cache.static = False
-            step = self._launches or self.model.forward
-            logits = step(tok, pos)[0, -1]
-        else:
-            logits = self.model.forward(tok, pos)[0, -1]
+        logits = pipeline_step(self, tok, pos)
         self.model.end_step()
+        if held:
+            self._live.append(token)
+        self._logits = logits
         return logits
+
+    def save_state(self, path: str | Path) -> Path:
+        """Write the decoding state after :attr:`tokens` to ``path``
+        (:func:`ftlab.models.state_file.save_state`)."""
+        return state_file.save_state(self, path)
+
+    def load_state(self, path: str | Path) -> int:
+        """Continue from a state file of this model (:func:`ftlab.models.state_file.load_state`):
+        returns the position; a file of another model, config, dtype or weights format, or a
+        damaged one, is refused before anything changes."""
+        return state_file.load_state(self, path)
 
     #: a token id from logits ``[V]``, greedy or nucleus (:func:`ftlab.models.sampling.sample`)
     sample = staticmethod(sample)
@@ -381,21 +411,9 @@ class Pipeline:
         an integer tensor ``[T]`` / ``[1, T]``, as :meth:`prefill` takes them). Sampling runs on
         the model's device (:func:`~ftlab.models.sampling.sample`, a generator seeded with
         ``seed`` there): one token id a step comes to the host. The arguments are checked here,
-        before the first token is asked for."""
-        if isinstance(prompt, str):
-            ids = self._prompt_ids(prompt)
-        elif not isinstance(prompt, (list, tuple, torch.Tensor)):
-            raise TypeError(
-                "prompt must be a str, or token ids (a list of ints or an integer tensor [T]), "
-                f"got {type(prompt).__name__}"
-            )
-        else:
-            ids = check.token_ids("prompt", prompt, self.config.vocab_size, self.max_seq_len, "cpu")
-        max_new_tokens = check.max_new_tokens(max_new_tokens)
-        temperature, top_p = check.temperature(temperature), check.top_p(top_p)
-        check.flag("ignore_eos", ignore_eos)
-        gen = torch.Generator(device=self.device).manual_seed(check.seed(seed))
-        return stream(self, ids, max_new_tokens, temperature, top_p, gen, ignore_eos)
+        before the first token is asked for. A prompt that begins with what the pipeline holds
+        (the last turn and its answer) or a snapshot's tokens resumes there (:meth:`prefill`)."""
+        return generate(self, prompt, max_new_tokens, temperature, top_p, seed, ignore_eos)
 
     def stages(self, prompt: str) -> Iterator[Stage]:
         """The prefill of ``prompt``, stage by stage, then the sampled next token. The prompt is
@@ -404,7 +422,7 @@ class Pipeline:
         return self._stages(ids)
 
     def _stages(self, ids: torch.Tensor) -> Iterator[Stage]:
-        self.position = ids.shape[1]
+        self.position, self._live, self._logits = ids.shape[1], [], None  # nothing to resume
         for stage in self.model.stages(ids, torch.arange(ids.shape[1], device=self.device)[None]):
             yield stage
             last = stage

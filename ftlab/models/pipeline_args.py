@@ -57,6 +57,8 @@ HYBRID_POLICIES = ("lru", "static", "layers")
 #: experts, static pins the same ones whatever routes come), by the committed same-run timing in
 #: benchmarks/results/ (2026-12-04, nvidia-h200, model-gguf ... q4_0-hybrid-fresh-tokens)
 DEFAULT_HYBRID_POLICY = "layers"
+#: the device memory a pipeline's prefix cache (``ftlab.models.prefix_cache``) holds by default
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 #: ``graphs=`` values besides True and False: capture on a CUDA/ROCm device, eager on the CPU.
 GRAPHS_AUTO = "auto"
 
@@ -115,6 +117,17 @@ def max_seq_len(value: object) -> int:
 def prefill_chunk(value: object) -> int:
     """The most tokens a prefill forward pass takes (``Pipeline.prefill_chunk``): an int >= 1."""
     return _int("prefill_chunk", value, 1)
+
+
+def prefix_cache_bytes(value: object) -> int:
+    """The device memory a pipeline's prefix cache may hold (``Pipeline.prefix_cache``), in
+    bytes: an int >= 0 (0 keeps no snapshots)."""
+    return _int("prefix_cache_bytes", value, 0)
+
+
+def snapshot_every(value: object) -> int:
+    """Tokens between the snapshots a long prompt leaves in the prefix cache: an int >= 1."""
+    return _int("snapshot_every", value, 1)
 
 
 def hybrid_slots(value: object, num_experts: int | None = None) -> int | None:

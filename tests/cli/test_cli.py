@@ -9,6 +9,7 @@ import torch
 import ftlab
 from ftlab import cli, environment
 from ftlab.cli import app as cli_app
+from ftlab.models.pipeline import Pipeline
 
 
 def run(*args, module="ftlab"):
@@ -136,6 +137,27 @@ def test_run_with_hybrid_experts():
     res = run("run", "--model", "tiny-qwen3-moe", "--prompt", "Hi", "--hybrid-slots", "4")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[hybrid experts: every expert of 1 of 2 layers on the CPU" in res.stdout
+
+
+def test_run_turns_resume_and_a_state_file_carries_on(tmp_path):
+    """--then: each turn resumes from the conversation so far; --save-state / --load-state: a
+    later run continues the state, and one of another model is refused naming the mismatch."""
+    state = tmp_path / "chat.safetensors"
+    common = ("--model", "tiny-qwen35-moe", "--quant", "f32", "--max-new-tokens", "4")
+    res = run("run", *common, "--prompt", "Hi", "--then", " Again", "--save-state", str(state))
+    assert res.returncode == 0, res.stderr[-3000:]
+    first = len(Pipeline.load("tiny-qwen35-moe").tokenizer.encode("Hi"))
+    assert f"[turn 1: 0 of the prompt's {first} tokens resumed" in res.stdout
+    # turn 2: the prompt and its answer held (the answer's tokens each fed), " Again" after them
+    reused, total = re.search(r"\[turn 2: (\d+) of the prompt's (\d+) tokens", res.stdout).groups()
+    assert first < int(reused) < int(total)
+    assert state.is_file() and "tokens written to" in res.stdout
+    res = run("run", *common, "--prompt", " more", "--load-state", str(state))
+    assert res.returncode == 0, res.stderr[-3000:]
+    held = int(res.stdout.split("[state: ")[1].split(" tokens from")[0])
+    assert f"[turn 1: {held} of the prompt's" in res.stdout
+    res = run("run", "--model", "tiny-qwen3-moe", "--quant", "f32", "--load-state", str(state))
+    assert res.returncode == 1 and "this state is of another model class" in res.stderr
 
 
 def test_version_from_both_entry_points():
