@@ -132,6 +132,17 @@ def _time_prefill(report, row, pipe, device, n: int, runs: int) -> None:
     median = statistics.median(times)
     row(f"prefill {n} tokens: {n / median:.0f} tokens/s", median * 1e6, "Pipeline.prefill")
     _note(report, f"prefill {n} tokens", [n / t for t in times])
+    if device.type == "cuda":  # what one more prompt's prefill takes at its peak
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        prefill()
+        peak = torch.cuda.max_memory_allocated(device)
+        held = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in pipe.memory().items())
+        report.notes.append(
+            f"user path: prefill {n} tokens, device memory (GiB): peak {peak / 2**30:.2f}, of "
+            f"which scratch above what was allocated before {(peak - before) / 2**30:.2f}; "
+            f"the pipeline holds {held}"
+        )
 
 
 def _time_decode(report, row, pipe, start_ids, depth, sampling, runs, new_tokens) -> None:

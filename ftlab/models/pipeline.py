@@ -34,6 +34,7 @@ from ftlab.models.decode_steps import DecodeGraph, DecodeLaunches, pipeline_step
 from ftlab.models.generation import generate, timed_generate
 from ftlab.models.generation_timing import Timing
 from ftlab.models.layers import Stage
+from ftlab.models.memory import pipeline_memory
 from ftlab.models.pipeline_args import backend_map
 from ftlab.models.pipeline_load import joined_group, model_file, read_model
 from ftlab.models.prefix_cache import PrefixCache, cuts, restore, resume_point
@@ -44,7 +45,7 @@ from ftlab.models.qwen3_next.config import Qwen3NextConfig
 from ftlab.models.qwen3_next.model import Qwen3Next
 from ftlab.models.qwen3_next.model_weights import NextWeights
 from ftlab.models.sampling import sample
-from ftlab.models.stage_diff import StageDiff, format_compare, stage_diffs
+from ftlab.models.stage_diff import StageDiff, compare_sets, format_compare
 from ftlab.models.tokenizer import Tokenizer
 from ftlab.models.tp_ranges import rank_experts, rank_heads, rank_ranges
 
@@ -441,9 +442,8 @@ class Pipeline:
         ids = torch.tensor([self._prompt_ids(prompt)], device=self.device)
         sets = check.backend_sets(backends, self.device)
         base_ops = check.usable(backend_map(reference), self.device)
-        pos = torch.arange(ids.shape[1], device=self.device)[None]
-        base = {s.name: s for s in self._model(base_ops).stages(ids, pos)}
-        rows = []
-        for b in sets:  # one model at a time: each holds its own KV cache
-            rows += stage_diffs(base, self._model(backend_map(b)).stages(ids, pos), b)
-        return rows
+        return compare_sets(self._model, ids, base_ops, [(b, backend_map(b)) for b in sets])
+
+    def memory(self) -> dict[str, int]:
+        """Bytes on the device by what holds them (:func:`ftlab.models.memory.pipeline_memory`)."""
+        return pipeline_memory(self)

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
+
 from ftlab.models.layers import Stage
 
-__all__ = ["StageDiff", "format_compare", "stage_diffs"]
+__all__ = ["StageDiff", "compare_sets", "format_compare", "stage_diffs"]
 
 
 @dataclass
@@ -43,6 +45,18 @@ def stage_diffs(
                 float(diff.norm() / want.norm().clamp(min=1e-30)),
             )
         )
+    return rows
+
+
+def compare_sets(make_model, ids, base_ops: dict, sets: list[tuple]) -> list[StageDiff]:
+    """Every stage of the pass of ``ids`` ``[1, T]`` through a model of each backend set (``sets``:
+    (label, ops map)) against the pass on ``base_ops``; ``make_model(ops)`` builds a model over an
+    ops map, one at a time (each holds its own KV cache)."""
+    pos = torch.arange(ids.shape[1], device=ids.device)[None]
+    base = {s.name: s for s in make_model(base_ops).stages(ids, pos)}
+    rows = []
+    for label, ops in sets:
+        rows += stage_diffs(base, make_model(ops).stages(ids, pos), label)
     return rows
 
 

@@ -23,23 +23,30 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-__all__ = ["FORMAT", "load_state", "save_state", "weights_format", "weights_fingerprint"]
+__all__ = [
+    "FORMAT",
+    "load_state",
+    "save_state",
+    "weight_leaves",
+    "weights_fingerprint",
+    "weights_format",
+]
 
 #: the format of a state file this version writes and reads
 FORMAT = "ftlab.state/1"
 
 
-def _leaves(obj, name: str = "") -> list[tuple[str, object]]:
+def weight_leaves(obj, name: str = "") -> list[tuple[str, object]]:
     """(name, tensor or packed weight) of every weight under a weights dataclass, in field order."""
     if isinstance(obj, torch.Tensor) or hasattr(obj, "qtype"):
         return [(name, obj)]
     if dataclasses.is_dataclass(obj):
         out = []
         for f in dataclasses.fields(obj):
-            out += _leaves(getattr(obj, f.name), f"{name}.{f.name}" if name else f.name)
+            out += weight_leaves(getattr(obj, f.name), f"{name}.{f.name}" if name else f.name)
         return out
     if isinstance(obj, (list, tuple)):
-        return [leaf for i, x in enumerate(obj) for leaf in _leaves(x, f"{name}.{i}")]
+        return [leaf for i, x in enumerate(obj) for leaf in weight_leaves(x, f"{name}.{i}")]
     return []
 
 
@@ -50,14 +57,14 @@ def _kind(w) -> str:
 def weights_format(weights) -> str:
     """The kinds of weights a model reads, e.g. ``"Q4_0, Q8_0, float32"``: quant types and dense
     dtypes, sorted."""
-    return ", ".join(sorted({_kind(w) for _, w in _leaves(weights)}))
+    return ", ".join(sorted({_kind(w) for _, w in weight_leaves(weights)}))
 
 
 def weights_fingerprint(weights) -> str:
     """SHA-256 (hex) of the first bytes (up to 256) of every weight, in field order: a different
     model's weights differ there (one device-to-host copy)."""
     parts = []
-    for _, w in _leaves(weights):
+    for _, w in weight_leaves(weights):
         t = w.data if hasattr(w, "qtype") else w
         flat = t.detach().reshape(-1)[:64].contiguous()
         parts.append(flat.view(torch.uint8).reshape(-1)[:256])

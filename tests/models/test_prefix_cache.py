@@ -205,3 +205,19 @@ def test_a_shared_prefix_resumes_with_graphs_gpu(name):
             assert torch.allclose(x, y, atol=1e-3 * y.abs().max(), rtol=0)
         assert got_tokens == want_tokens
     assert cached.reused == len(b)  # b again: whole, from its snapshot
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_memory_names_what_the_pipeline_holds(name):
+    pipe = Pipeline.load(name, quant="f32", max_seq_len=48)
+    c = pipe.config
+    empty = pipe.memory()
+    pipe.prefill(random_ids(pipe, 20, 16))
+    mem = pipe.memory()
+    layers = len(pipe.model.cache.k)
+    width = pipe.model.cache.k[0].shape[1] if layers else 0
+    assert mem["kv_cache"] == 2 * layers * 48 * width * 4
+    assert mem["weights"] >= c.vocab_size * c.hidden_size * 4  # the embedding at least
+    assert (mem["recurrent_state"] > 0) == (name != "tiny-qwen3-moe")
+    assert empty["prefix_cache"] == 0 and mem["prefix_cache"] == pipe.prefix_cache.nbytes > 0
+    assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
