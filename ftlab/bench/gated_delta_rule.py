@@ -1,11 +1,16 @@
 """``ftlab bench gated_delta_rule``: the gated delta rule at Qwen3-Next's linear-attention shape (16
-key / 32 value heads of 128, bf16), prefill at T = 512 / 4096 / 16384 (one sequence) and decode (one
+key / 32 value heads of 128, bf16), prefill at T = 512 ... 65536 (one sequence) and decode (one
 token, batch 1 and 32), every backend beside fla's kernels when ``fla`` is importable.
 
-Prefill is timed eagerly (host launches included; the ops allocate their scratch); bytes count
-q, k, v, g, beta read and o written. Decode is replayed from a captured graph, each call on
-the next of several state copies so that the state comes from DRAM; bytes count the fp32 state
-read and written (the tokens are negligible) against the copy bandwidth of the same run.
+Prefill is timed twice for every row, ftlab's and fla's alike: on the GPU's clock (mode "graph":
+one call captured in a CUDA/HIP graph and replayed, warm caches; where a call cannot be captured,
+"events": device events around calls launched back to back, so the queue stays full), and as the
+eager wall time of one call from the host (mode "eager wall": host launches, Python and scratch
+allocation included, what a call costs its caller) -- a separate, labelled row, never the
+comparison. Bytes count q, k, v, g, beta read and o written. Decode is replayed from a captured
+graph, each call on the next of several state copies so that the state comes from DRAM; bytes
+count the fp32 state read and written (the tokens are negligible) against the copy bandwidth of
+the same run.
 """
 
 from __future__ import annotations
@@ -22,15 +27,18 @@ from ftlab.bench.harness import (
     require_gpu,
     time_graph_us,
     time_us,
+    wall_us,
 )
 
 HK, HV, D = 16, 32, 128
-PREFILL_T = (512, 4096, 16384)
+PREFILL_T = (512, 4096, 16384, 32768, 65536)
 DECODE_B = (1, 32)
 ROTATE_BYTES = 512 << 20  # decode states rotated until one graph reads many times L2
 
 NOTES = [
-    "prefill: eager (host launches and scratch allocation included); GB/s counts q, k, v, g, "
+    "prefill: every row twice -- 'graph' (or 'events'): the GPU's clock, a captured call replayed "
+    "(calls launched back to back where it cannot be captured); 'eager wall': one call on the "
+    "host's clock, launches and scratch allocation included. GB/s counts q, k, v, g, "
     "beta read and o written. Triton runs the chunked form (chunks of 64); HIP the chunked "
     "form on the matrix cores (its default for bf16), and as 'hip scan' the token-by-token scan. "
     "Rows '<backend> bf16': precision='bf16', each fp32 operand of a product rounded to bf16 once "
@@ -100,14 +108,17 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
     for name, precision, label, s_limit in rows:
         o, s = ops.gated_delta_rule(q, k, v, g, beta, precision=precision, backend=name)
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, s_limit)
-        us = time_us(
+        _timed(
+            report,
+            case,
+            label,
             lambda nm=name, p=precision: ops.gated_delta_rule(
                 q, k, v, g, beta, precision=p, backend=nm
             ),
-            warmup=2,
-            reps=reps,
+            nbytes,
+            ok,
+            reps,
         )
-        report.measurements.append(Measurement(case, label, us, nbytes, ok, "eager"))
     # HIP's token-by-token scan, asked for by its method ("hip" is the chunked form here)
     if "hip" in names:
         from ftlab.hip import gated_delta_rule as hip_dn
@@ -119,11 +130,7 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
 
         o, s = hip_scan()
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-4)
-        report.measurements.append(
-            Measurement(
-                case, "hip scan", time_us(hip_scan, warmup=2, reps=reps), nbytes, ok, "eager"
-            )
-        )
+        _timed(report, case, "hip scan", hip_scan, nbytes, ok, reps)
     if fla is not None:
         chunk = fla[0]
         rep = HV // HK
@@ -151,12 +158,30 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
             try:
                 o, s = call()
                 ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-2)
-                us = time_us(call, warmup=2, reps=reps)
             except Exception as e:  # an fla version without grouped value heads, say
                 report.notes.append(f"{label} at T={t} failed: {type(e).__name__}: {e}"[:300])
             else:
-                report.measurements.append(Measurement(case, label, us, nbytes, ok, "eager"))
+                _timed(report, case, label, call, nbytes, ok, reps)
                 break
+
+
+def device_time_us(fn, reps: int) -> tuple[float, str]:
+    """``fn``'s time on the GPU's clock and how it was taken: ("graph") one call captured and
+    replayed; ("events") where capture fails, calls launched back to back between device
+    events (the host ahead of the GPU once the queue fills)."""
+    try:
+        return time_graph_us(fn, inner=1, reps=reps), "graph"
+    except Exception:  # a call that synchronizes with the host, or that a capture refuses
+        torch.cuda.synchronize()
+        return time_us(fn, warmup=2, reps=reps, inner=4), "events"
+
+
+def _timed(report: Report, case: str, label: str, fn, nbytes: int, ok: bool, reps: int) -> None:
+    """Two rows of ``fn``: its device time (the comparison), then its eager wall time."""
+    us, mode = device_time_us(fn, reps)
+    report.measurements.append(Measurement(case, label, us, nbytes, ok, mode))
+    wall = wall_us(fn, warmup=1, reps=reps)
+    report.measurements.append(Measurement(case, label, wall, nbytes, ok, "eager wall"))
 
 
 def _decode(report: Report, b: int, names: list[str], fla, dev: torch.device) -> None:

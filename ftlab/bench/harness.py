@@ -255,6 +255,21 @@ def time_us(fn: Callable[[], object], warmup: int = 10, reps: int = 50, inner: i
     return statistics.median(samples)
 
 
+def wall_us(fn: Callable[[], object], warmup: int = 1, reps: int = 10) -> float:
+    """Median host wall time of one ``fn()`` in microseconds, from the call until the device is
+    done with it (synchronized): what an eager call costs its caller, launches included."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
+
+
 def capture(fn: Callable[[], object], warmup: int = 3) -> tuple[Callable[[], None], object]:
     """``fn`` (no host synchronization) captured in a CUDA/HIP graph on the current device after
     ``warmup`` calls on a side stream (compiles and allocations outside the capture): (replay,

@@ -15,6 +15,7 @@ BENCHES = {
     "model": "ftlab.bench.model",
     "hybrid": "ftlab.bench.hybrid",
     "gated_delta_rule": "ftlab.bench.gated_delta_rule",
+    "deltanet": "ftlab.bench.gated_delta_rule",  # the op's family name, the same bench
 }
 #: ``ftlab bench model --arch``: the model shapes, each its module.
 MODEL_ARCHS = {"qwen3moe": "ftlab.bench.model", "qwen35moe": "ftlab.bench.qwen35moe"}
