@@ -207,17 +207,19 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
         metavar="TEXT",
         type=option(str, "text", check.prompt),
         help="another turn (repeatable): continues the conversation so far (the prompt, then each "
-        "answer) with TEXT, resuming from the pipeline's state instead of computing it again",
+        "answer) with TEXT, resuming from the pipeline's state instead of computing it again (default: one turn)",
     )
     p.add_argument(
         "--save-state",
         metavar="FILE",
-        help="write the decoding state at the end (its tokens, KV cache, recurrent state) to FILE",
+        help="write the decoding state at the end (its tokens, KV cache, recurrent state) to FILE "
+        "(default: not written)",
     )
     p.add_argument(
         "--load-state",
         metavar="FILE",
-        help="start from a state --save-state wrote with the same model: the prompt continues it",
+        help="start from a state --save-state wrote with the same model: the prompt continues it "
+        "(default: a fresh sequence)",
     )
     p.add_argument(
         "--max-new-tokens",
