@@ -207,7 +207,8 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
         metavar="TEXT",
         type=option(str, "text", check.prompt),
         help="another turn (repeatable): continues the conversation so far (the prompt, then each "
-        "answer) with TEXT, resuming from the pipeline's state instead of computing it again (default: one turn)",
+        "answer) with TEXT, resuming from the pipeline's state instead of computing it again "
+        "(default: one turn)",
     )
     p.add_argument(
         "--save-state",
