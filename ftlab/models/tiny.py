@@ -22,12 +22,14 @@ from pathlib import Path
 
 import torch
 
+from ftlab.models import trained
 from ftlab.models.qwen3_next.tiny import (
     HYBRID_MODELS,
     hybrid_config,
     hybrid_weights,
     write_hybrid_gguf,
 )
+from ftlab.models.trained import TRAINED_MODELS
 
 QWEN3_MOE_MODELS: dict[str, dict] = {
     "tiny-qwen3-moe": dict(
@@ -57,7 +59,12 @@ QWEN3_MOE_MODELS: dict[str, dict] = {
         seed=1,
     ),
 }
-TINY_MODELS: dict[str, dict] = {**QWEN3_MOE_MODELS, **HYBRID_MODELS}
+TINY_MODELS: dict[str, dict] = {
+    **QWEN3_MOE_MODELS,
+    **HYBRID_MODELS,
+    # the trained models shipped (ftlab.models.trained): their files expanded on first use
+    **{name: {"trained": str(src)} for name, src in TRAINED_MODELS.items()},
+}
 DEFAULT = "tiny-qwen3-moe"
 VOCAB_SIZE = 384
 CORPUS = """\
@@ -111,6 +118,9 @@ def ensure(name: str = DEFAULT, root: Path | None = None) -> Path:
 
 def _write(name: str, path: Path) -> None:
     """Every file of tiny model ``name`` into ``path``."""
+    if name in TRAINED_MODELS:
+        trained.write_files(TRAINED_MODELS[name], path)
+        return
     hybrid = name in HYBRID_MODELS
     tokenizer = train_tokenizer()
     tokenizer.save(str(path / "tokenizer.json"))
@@ -142,6 +152,8 @@ def spec_digest(name: str) -> str:
     import hashlib
     import inspect
 
+    if name in TRAINED_MODELS:
+        return trained.digest(TRAINED_MODELS[name])
     weights = hybrid_weights if name in HYBRID_MODELS else random_weights
     recipe = json.dumps(
         [TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(weights)], sort_keys=True
