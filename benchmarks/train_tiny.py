@@ -45,6 +45,9 @@ SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo
 
 COMMON = dict(
     hidden_size=256,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=128,
     num_hidden_layers=4,
     num_experts=16,
     num_experts_per_tok=4,
@@ -54,15 +57,21 @@ COMMON = dict(
     tie_word_embeddings=True,
     hidden_act="silu",
 )
-#: model name -> (transformers config class name, config fields)
+#: the linear-attention layers' and the shared expert's sizes (Qwen3.5-MoE and Qwen3-Next)
+LINEAR = dict(
+    linear_num_key_heads=1,
+    linear_num_value_heads=2,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    shared_expert_intermediate_size=256,
+)
+#: family -> (model name, transformers config class name, config fields)
 FAMILIES = {
     "qwen3moe": (
         "trained-qwen3-moe",
         "Qwen3MoeConfig",
         dict(
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=128,
             intermediate_size=1024,
             norm_topk_prob=True,
             rope_theta=10000.0,
@@ -72,15 +81,7 @@ FAMILIES = {
         "trained-qwen35-moe",
         "Qwen3_5MoeTextConfig",
         dict(
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=128,
-            linear_num_key_heads=1,
-            linear_num_value_heads=2,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-            shared_expert_intermediate_size=256,
+            **LINEAR,
             layer_types=["linear_attention"] * 3 + ["full_attention"],
             rope_parameters={
                 "rope_type": "default",
@@ -95,15 +96,7 @@ FAMILIES = {
         "trained-qwen3-next",
         "Qwen3NextConfig",
         dict(
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=128,
-            linear_num_key_heads=1,
-            linear_num_value_heads=2,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-            shared_expert_intermediate_size=256,
+            **LINEAR,
             intermediate_size=1024,
             norm_topk_prob=True,
             layer_types=["linear_attention"] * 3 + ["full_attention"],
@@ -147,21 +140,10 @@ def corpus() -> tuple[list[str], list[str]]:
 
 
 def train_tokenizer(docs: list[str]):
-    """A byte-level BPE of VOCAB tokens (``<|endoftext|>`` its one special token), as ftlab's tiny
-    models' (GPT-2's pre-tokenizer)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE of VOCAB tokens on ``docs``, as ftlab's tiny models' tokenizers."""
+    from ftlab.models.tiny import train_tokenizer as train
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(docs, trainer=trainer)
-    return tok
+    return train(docs, VOCAB)
 
 
 def encode(tok, docs: list[str]) -> torch.Tensor:

@@ -231,18 +231,19 @@ def random_weights(name: str) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def train_tokenizer():
-    """A byte-level BPE of VOCAB_SIZE tokens trained on CORPUS (deterministic)."""
+def train_tokenizer(texts: list[str] | None = None, vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE of ``vocab_size`` tokens (``<|endoftext|>`` its one special token, GPT-2's
+    pre-tokenizer) trained on ``texts`` (default: CORPUS), deterministic."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=["<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator([CORPUS] * 4 if texts is None else texts, trainer=trainer)
     return tok
