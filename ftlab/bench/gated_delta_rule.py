@@ -108,7 +108,7 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
     for name, precision, label, s_limit in rows:
         o, s = ops.gated_delta_rule(q, k, v, g, beta, precision=precision, backend=name)
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, s_limit)
-        _timed(
+        timed_rows(
             report,
             case,
             label,
@@ -130,7 +130,7 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
 
         o, s = hip_scan()
         ok = _close(o, want_o, 1e-2) and _close(s, want_s, 1e-4)
-        _timed(report, case, "hip scan", hip_scan, nbytes, ok, reps)
+        timed_rows(report, case, "hip scan", hip_scan, nbytes, ok, reps)
     if fla is not None:
         chunk = fla[0]
         rep = HV // HK
@@ -161,7 +161,7 @@ def _prefill(report: Report, t: int, names: list[str], fla, dev: torch.device) -
             except Exception as e:  # an fla version without grouped value heads, say
                 report.notes.append(f"{label} at T={t} failed: {type(e).__name__}: {e}"[:300])
             else:
-                _timed(report, case, label, call, nbytes, ok, reps)
+                timed_rows(report, case, label, call, nbytes, ok, reps)
                 break
 
 
@@ -176,7 +176,7 @@ def device_time_us(fn, reps: int) -> tuple[float, str]:
         return time_us(fn, warmup=2, reps=reps, inner=4), "events"
 
 
-def _timed(report: Report, case: str, label: str, fn, nbytes: int, ok: bool, reps: int) -> None:
+def timed_rows(report: Report, case: str, label: str, fn, nbytes: int, ok: bool, reps: int) -> None:
     """Two rows of ``fn``: its device time (the comparison), then its eager wall time."""
     us, mode = device_time_us(fn, reps)
     report.measurements.append(Measurement(case, label, us, nbytes, ok, mode))

@@ -358,9 +358,17 @@ def test_arguments(tmp_path, capsys):
 @pytest.mark.gpu
 def test_bench_on_the_gpu(tmp_path):
     report = model_gguf.run(Q4_K_M, quick=True, device="cuda", prefill=32)
-    modes = [(m.case.split(":")[0], m.mode) for m in report.measurements]
-    # batch 1 launches only hip kernels on this file (the vec experts, the fused projections), so
-    # its step is recorded and launched too; batch 8's tiled matvec sums its K splits in torch
+    # the user's path first: the public calls, each its own row
+    user = [m for m in report.measurements if m.kind == "user path"]
+    calls = ["Pipeline.load", "Pipeline.prefill"] + ["Pipeline.generate"] * 3
+    assert [m.call for m in user] == calls
+    assert all(m.time_us > 0 for m in user)
+    # then the diagnostics (the model called directly): batch 1 launches only hip kernels on this
+    # file (the vec experts, the fused projections), so its step is recorded and launched too;
+    # batch 8's tiled matvec sums its K splits in torch
+    diagnostic = [m for m in report.measurements if m.kind == "diagnostic"]
+    assert len(user) + len(diagnostic) == len(report.measurements)
+    modes = [(m.case.split(":")[0], m.mode) for m in diagnostic]
     assert modes == [
         ("prefill 32 tokens", "eager"),
         ("prefill 32 tokens", "graph"),
@@ -370,7 +378,7 @@ def test_bench_on_the_gpu(tmp_path):
         ("decode batch 8", "graph"),
         ("decode batch 8", "eager"),
     ]
-    assert all(m.validated for m in report.measurements)
+    assert all(m.validated for m in diagnostic)
 
 
 @pytest.mark.gpu

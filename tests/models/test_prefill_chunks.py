@@ -53,6 +53,7 @@ def test_prefill_chunk_is_checked():
     assert pipe.position == 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 @pytest.mark.parametrize("name", MODELS)
 def test_chunks_give_the_one_pass_logits_with_graphs_gpu(name):

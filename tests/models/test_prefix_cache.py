@@ -187,6 +187,7 @@ def test_cuts_cover_the_prompt_in_chunks_cut_at_the_snapshots(start, n, chunk, e
         assert all(m in ends for m in range(every, n, every) if m > start)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 @pytest.mark.parametrize("name", MODELS)
 def test_a_shared_prefix_resumes_with_graphs_gpu(name):

@@ -33,6 +33,7 @@ def test_report_round_trip(tmp_path):
     assert "**1000 GB/s**" in md_path.read_text() and "- a note" in md_path.read_text()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 def test_a_prefill_row_is_timed_on_the_gpu_clock_and_as_eager_wall_gpu():
     """Every gated_delta_rule prefill row twice: device time (a replayed graph, or events where
@@ -42,12 +43,12 @@ def test_a_prefill_row_is_timed_on_the_gpu_clock_and_as_eager_wall_gpu():
 
     x = torch.randn(1 << 20, device="cuda")
     report = Report("t", {}, 0.0)
-    bench._timed(report, "case", "torch", lambda: x * 2, x.numel() * 8, True, 5)
+    bench.timed_rows(report, "case", "torch", lambda: x * 2, x.numel() * 8, True, 5)
 
     def syncs():  # a host synchronization: no capture
         return float((x * 2).sum())
 
-    bench._timed(report, "case", "host sync", syncs, x.numel() * 4, True, 5)
+    bench.timed_rows(report, "case", "host sync", syncs, x.numel() * 4, True, 5)
     modes = [(m.backend, m.mode) for m in report.measurements]
     assert modes == [
         ("torch", "graph"),

@@ -386,3 +386,36 @@ def test_the_getattr_checker_sees_the_environ_trick(tmp_path):
     assert [b.split(": ", 1)[1] for b in _getattr_private(src)] == [
         "getattr(os.environ, '_data', None)"
     ]
+
+
+def _marked_gpu(node: ast.AST) -> bool:
+    """Whether a decorator list or ``pytestmark`` value names ``pytest.mark.gpu``."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "gpu" for n in ast.walk(node))
+
+
+def test_every_gpu_test_carries_the_gpu_marker():
+    """A test named for the GPU (``..._gpu``, ``..._on_the_gpu``) is selected by ``pytest -m
+    gpu`` -- what the GPU machine runs -- only if it carries the marker (itself, its class, or its
+    module's ``pytestmark``); a skipif on CUDA alone keeps it out of that run."""
+    missing = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module = any(
+            isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+            and _marked_gpu(n.value)
+            for n in tree.body
+        )
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(map(_marked_gpu, node.decorator_list)):
+                continue
+            if (
+                isinstance(node, ast.FunctionDef)
+                and node.name.startswith("test_")
+                and node.name.endswith("gpu")
+                and "without_" not in node.name
+                and not module
+                and not any(map(_marked_gpu, node.decorator_list))
+            ):
+                missing.append(f"{path.relative_to(ROOT)}::{node.name}")
+    assert not missing, missing
