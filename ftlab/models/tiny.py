@@ -155,8 +155,17 @@ def spec_digest(name: str) -> str:
     if name in TRAINED_MODELS:
         return trained.digest(TRAINED_MODELS[name])
     weights = hybrid_weights if name in HYBRID_MODELS else random_weights
+    from ftlab.models.tokenizer import gguf_metadata
+
     recipe = json.dumps(
-        [TINY_MODELS[name], VOCAB_SIZE, CORPUS, inspect.getsource(weights)], sort_keys=True
+        [
+            TINY_MODELS[name],
+            VOCAB_SIZE,
+            CORPUS,
+            inspect.getsource(weights),
+            inspect.getsource(gguf_metadata),  # the tokenizer as the GGUF files hold it
+        ],
+        sort_keys=True,
     )
     if name in HYBRID_MODELS:  # and what makes its GGUF files
         from ftlab.models.qwen3_next import gguf_layout, gguf_write

@@ -14,6 +14,67 @@ from ftlab.formats import CheckpointError
 from ftlab.formats.gguf import GGUFError, field_value
 from ftlab.formats.gguf_read import GGUFFile
 
+#: llama.cpp's regular expressions of the byte-level BPE pre-tokenizers (``tokenizer.ggml.pre``),
+#: applied in turn, each splitting the pieces the one before made (llama-vocab.cpp)
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
+    "gpt-2": (GPT2,),
+    "qwen2": (
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+        r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    "qwen35": (
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?"
+        r"[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    # what llama.cpp takes for a file that names none
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
+}
+
+
+#: the expressions HF ``tokenizer.json`` files of these models split by (a ``Split`` before a
+#: ``ByteLevel`` without its own expression): their ``tokenizer.ggml.pre`` names
+HF_SPLITS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen35",
+    **{regexes[0]: name for name, regexes in PRE_TOKENIZERS.items() if len(regexes) == 1},
+}
+
+
+def pre_name(tokenizer: HFTokenizer) -> str:
+    """The ``tokenizer.ggml.pre`` of a byte-level BPE tokenizer: ``"gpt-2"`` for a ``ByteLevel``
+    pre-tokenizer with its own expression, else the name of the one ``Split`` expression before a
+    ``ByteLevel`` without (:data:`HF_SPLITS`); ValueError naming what it is otherwise."""
+    pre = json.loads(tokenizer.to_str()).get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        return "gpt-2"
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    if (
+        len(parts) == 2
+        and parts[0].get("type") == "Split"
+        and parts[1].get("type") == "ByteLevel"
+        and not parts[1].get("use_regex", True)
+        and parts[0].get("pattern", {}).get("Regex") in HF_SPLITS
+    ):
+        return HF_SPLITS[parts[0]["pattern"]["Regex"]]
+    raise ValueError(
+        "the tokenizer's pre-tokenizer must be byte-level BPE's (GPT-2's expression) or a Split "
+        f"by one of Qwen's expressions before a ByteLevel, got {json.dumps(pre)[:200]}"
+    )
+
+
+def byte_level_pre(kind: str) -> pre_tokenizers.PreTokenizer:
+    """The byte-level BPE pre-tokenizer ``kind`` (:data:`PRE_TOKENIZERS`): its expressions'
+    splits (matches and the text between kept), then the bytes mapped to the BPE's alphabet."""
+    from tokenizers import Regex
+
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[kind]]
+    return pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+
 
 class Tokenizer:
     """Text <-> token ids."""
@@ -110,8 +171,14 @@ class Tokenizer:
                 f"{path}: metadata 'tokenizer.ggml.eos_token_id' must be in "
                 f"[0, {len(tokens)}), got {eos}"
             )
+        pre = field_value(reader, "tokenizer.ggml.pre", "str") or "default"
+        if pre not in PRE_TOKENIZERS:
+            raise GGUFError(
+                f"{path}: metadata 'tokenizer.ggml.pre' must be one of {sorted(PRE_TOKENIZERS)} "
+                f"(the pre-tokenizers ftlab splits text as llama.cpp does), got {pre!r}"
+            )
         backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.pre_tokenizer = byte_level_pre(pre)
         backend.decoder = decoders.ByteLevel()
         return cls(backend, eos, field_value(reader, "tokenizer.chat_template", "str"))
 
@@ -125,6 +192,8 @@ def gguf_metadata(tokenizer: HFTokenizer) -> dict:
     special = {a["content"] for a in data.get("added_tokens", []) if a.get("special")}
     meta = {
         "tokenizer.ggml.model": "gpt2",
+        # how llama.cpp splits text before the merges: as this tokenizer does
+        "tokenizer.ggml.pre": pre_name(tokenizer),
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.merges": merges,
         # 3: control, 1: normal
