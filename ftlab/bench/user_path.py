@@ -32,6 +32,7 @@ from ftlab.models.generation_timing import timed
 USER_PATH = "user path"
 DIAGNOSTIC = "diagnostic"
 NEW_TOKENS = 128
+RESUME_NEW = 64  # the new tokens after a shared prefix (bench_user_path's resume rows)
 TOP_P = {"temperature": 0.8, "top_p": 0.95, "seed": 0}
 
 
@@ -100,6 +101,7 @@ def bench_user_path(
     )
     for n in prompts:
         _time_prefill(report, row, pipe, device, n, runs)
+    _time_resume(report, row, pipe, device, longest, min(RESUME_NEW, new_tokens), runs)
     for at, sampling in ((0, {}), (depth, {}), (0, TOP_P)):
         _time_decode(report, row, pipe, ids[: max(at, 1)], at, sampling, runs, new_tokens)
     report.notes.append(
@@ -143,6 +145,48 @@ def _time_prefill(report, row, pipe, device, n: int, runs: int) -> None:
             f"which scratch above what was allocated before {(peak - before) / 2**30:.2f}; "
             f"the pipeline holds {held}"
         )
+
+
+def _time_resume(report, row, pipe, device, prefix: int, new: int, runs: int) -> None:
+    """Time to first token of a prompt of ``prefix`` shared tokens (prefilled once before, as a
+    prompt of its own: its snapshot in the prefix cache) and ``new`` new ones, and of the same
+    prompts computed whole (the cache emptied before each): the multi-turn and shared-prefix
+    case. The tokens each resumed prompt did not compute again are noted."""
+    gen = torch.Generator().manual_seed(7)
+    shared = torch.randint(pipe.config.vocab_size, (prefix,), generator=gen)
+    pipe.prefill(shared)
+    reused = []
+
+    def prompt() -> torch.Tensor:
+        return torch.cat([shared, torch.randint(pipe.config.vocab_size, (new,), generator=gen)])
+
+    def resumed() -> float:
+        ids = prompt()
+        start = time.perf_counter()
+        pipe.prefill(ids)
+        _sync(device)
+        reused.append(pipe.reused)
+        return time.perf_counter() - start
+
+    def whole() -> float:
+        ids = prompt()
+        pipe.prefix_cache.clear()
+        pipe.reset()
+        start = time.perf_counter()
+        pipe.prefill(ids)
+        _sync(device)
+        return time.perf_counter() - start
+
+    warm = statistics.median(_runs(resumed, runs))
+    cold = statistics.median(_runs(whole, runs))
+    case = f"prefill {prefix} shared + {new} new tokens"
+    row(f"{case}, prefix cached: first token {warm * 1e3:.1f} ms", warm * 1e6, "Pipeline.prefill")
+    row(f"{case}, recomputed: first token {cold * 1e3:.1f} ms", cold * 1e6, "Pipeline.prefill")
+    report.notes.append(
+        f"user path: {case}: time to first token {warm * 1e3:.1f} ms resuming from the prefix "
+        f"cache's snapshot, {cold * 1e3:.1f} ms computed whole ({cold / warm:.1f}x); tokens "
+        f"resumed each run: {reused} (of {prefix} shared)"
+    )
 
 
 def _time_decode(report, row, pipe, start_ids, depth, sampling, runs, new_tokens) -> None:

@@ -20,6 +20,13 @@ class RecordingPipeline:
     def __init__(self):
         self.config = type("Config", (), {"vocab_size": 50})()
         self.decode_path = "graph"
+        # the prompts whose state is kept (a recurrent model's snapshots at their ends)
+        self.held: list[list[int]] = []
+        self.reused = 0
+        self.prefix_cache = type("Cache", (), {"clear": self.held.clear})()
+
+    def reset(self):
+        self.calls.append(("reset",))
 
     @classmethod
     def load(cls, path, **kwargs):
@@ -27,7 +34,10 @@ class RecordingPipeline:
         return cls()
 
     def prefill(self, ids):
+        ids = [int(i) for i in ids]
         self.calls.append(("prefill", len(ids)))
+        self.reused = max([len(h) for h in self.held if ids[: len(h)] == h], default=0)
+        self.held.append(ids)
         return torch.zeros(50)
 
     def generate(self, prompt, max_new_tokens, **kwargs):
@@ -56,9 +66,11 @@ def test_the_user_path_rows_come_from_the_public_calls(tmp_path):
     )
     greedy = {"ignore_eos": True}
     top_p = {"ignore_eos": True, "temperature": 0.8, "top_p": 0.95, "seed": 0}
+    resume = [("prefill", 6)] + [("prefill", 11)] * 3 + [("reset",), ("prefill", 11)] * 3
     assert (
         rest
         == [("prefill", 6)] * 3
+        + resume
         + [("generate", 1, 5, greedy)] * 3
         + [("generate", 6, 5, greedy)] * 3
         + [("generate", 1, 5, top_p)] * 3
@@ -66,18 +78,23 @@ def test_the_user_path_rows_come_from_the_public_calls(tmp_path):
     assert [(m.case.split(":")[0], m.call, m.mode) for m in report.measurements] == [
         ("load", "Pipeline.load", "public API"),
         ("prefill 6 tokens", "Pipeline.prefill", "public API"),
+        ("prefill 6 shared + 5 new tokens, prefix cached", "Pipeline.prefill", "public API"),
+        ("prefill 6 shared + 5 new tokens, recomputed", "Pipeline.prefill", "public API"),
         ("decode batch 1", "Pipeline.generate", "graph"),
         ("decode batch 1 at depth 6", "Pipeline.generate", "graph"),
         ("decode batch 1, top-p 0.95 at temperature 0.8", "Pipeline.generate", "graph"),
     ]
     assert all(m.kind == "user path" and m.backend == "ftlab" for m in report.measurements)
+    # every resumed prompt started after the shared prefix
+    assert "tokens resumed each run: [6, 6, 6] (of 6 shared)" in "\n".join(report.notes)
 
 
 def test_several_prompt_lengths_and_a_depth():
     report = recorded((4, 12), runs=1, new_tokens=3, depth=8)
     load, *rest = RecordingPipeline.calls
     assert load[2]["max_seq_len"] == 12 + 3 + 1
-    assert [c[:2] for c in rest] == [("prefill", 4)] * 2 + [("prefill", 12)] * 2 + [
+    resume = [("prefill", 12)] + [("prefill", 15)] * 2 + [("reset",), ("prefill", 15)] * 2
+    assert [c[:2] for c in rest] == [("prefill", 4)] * 2 + [("prefill", 12)] * 2 + resume + [
         ("generate", 1),
         ("generate", 1),
         ("generate", 8),
@@ -89,6 +106,8 @@ def test_several_prompt_lengths_and_a_depth():
         "load",
         "prefill 4 tokens",
         "prefill 12 tokens",
+        "prefill 12 shared + 3 new tokens, prefix cached",
+        "prefill 12 shared + 3 new tokens, recomputed",
         "decode batch 1",
         "decode batch 1 at depth 8",
         "decode batch 1, top-p 0.95 at temperature 0.8",
