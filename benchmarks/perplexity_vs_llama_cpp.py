@@ -87,7 +87,8 @@ def markdown(head: dict) -> str:
     """The results' table: per file and backend, whether the tokens equal llama.cpp's, both
     perplexities, their mean negative log-likelihoods (nats) and the perplexities' difference."""
     lines = [
-        f"# ftlab vs llama.cpp: tokens and perplexity ({head['date']}, {head['device']}, ftlab "
+        f"# ftlab vs llama.cpp: tokens and perplexity ({head['date']}, {head['device']['name']}, "
+        f"ftlab "
         f"{head['ftlab_commit']})",
         "",
         f"Text: {head['text_chars']} characters; {head['llama_cpp']}; ftlab.eval and "
@@ -158,17 +159,25 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         text_file.unlink(missing_ok=True)
     date = datetime.date.today().isoformat()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     head = {
+        "name": args.name,
         "date": date,
-        "device": args.device,
-        "host": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "ftlab_commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        # as the bench reports describe theirs (benchmarks/results/*.json)
+        "device": {
+            "name": args.device if args.device != "cpu" else f"CPU ({platform.machine()})",
+            "arch": args.device,
+            "date": date,
+            "torch": torch.__version__,
+            "commit": commit,
+        },
+        "ftlab_commit": commit,
         "llama_cpp": "llama-cpp-python 0.3.36's vendored source, CPU build",
         "text_chars": len(text),
         "rows": rows,
+        "results": [],  # no bench measurements (a bench report's key): the comparison is in rows
     }
     stem = ROOT / "benchmarks" / "results" / f"{date}-{args.device}-{args.name}"
     stem.with_suffix(".json").write_text(json.dumps(head, indent=1) + "\n")
