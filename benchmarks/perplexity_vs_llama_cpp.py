@@ -19,8 +19,10 @@ import json
 import math
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from ftlab.models.tokenizer import Tokenizer
 
     text = args.text.read_text() if args.text else held_out_text(args.chars)
-    text_file = ROOT / "benchmarks" / "results" / ".text.tmp"
+    text_file = Path(tempfile.mkdtemp()) / "text.txt"  # what the llama.cpp tools read
     text_file.write_text(text)
     rows = []
     try:
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(json.dumps(rows[-1]), flush=True)
     finally:
-        text_file.unlink(missing_ok=True)
+        shutil.rmtree(text_file.parent, ignore_errors=True)
     date = datetime.date.today().isoformat()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT

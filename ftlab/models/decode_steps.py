@@ -59,7 +59,7 @@ class DecodeGraph:
         self.positions = torch.full(
             (batch, 1), model.max_seq_len - 1, dtype=torch.long, device=device
         )
-        state = model.recurrent_state() if hasattr(model, "recurrent_state") else []
+        state = model.recurrent_state()
         saved = [t.clone() for t in state]
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))

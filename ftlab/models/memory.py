@@ -24,7 +24,7 @@ def pipeline_memory(pipe) -> dict[str, int]:
         t = w.data if hasattr(w, "qtype") else w
         seen.setdefault(t.data_ptr(), t)
     model = pipe.model
-    rec = model.recurrent_state() if hasattr(model, "recurrent_state") else []
+    rec = model.recurrent_state()
     out = {
         "weights": _nbytes(seen.values()),
         "kv_cache": _nbytes([*model.cache.k, *model.cache.v]),

@@ -352,7 +352,7 @@ class Pipeline:
         chunk = check.prefill_chunk(self.prefill_chunk)
         tokens, cache = ids.tolist(), self.prefix_cache
         at = resume_point(
-            tokens, self.tokens, self._logits, cache, hasattr(self.model, "recurrent_state")
+            tokens, self.tokens, self._logits, cache, bool(self.model.recurrent_state())
         )
         restore(self.model, at)
         self.position, self._live, self.reused = at.position, tokens[: at.position], at.position

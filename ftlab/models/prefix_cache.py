@@ -106,10 +106,6 @@ class Resume:
     logits: torch.Tensor | None = None
 
 
-def _recurrent(model) -> list[torch.Tensor]:
-    return model.recurrent_state() if hasattr(model, "recurrent_state") else []
-
-
 def restore(model, resume: Resume) -> None:
     """Write ``resume``'s state into ``model``'s buffers, in place (a captured graph reads them):
     KV slots ``0 .. position - 1`` of sequence 0 and, from its snapshot, the recurrent state."""
@@ -120,7 +116,7 @@ def restore(model, resume: Resume) -> None:
     for dst, src in zip([*model.cache.k, *model.cache.v], [*kv.k, *kv.v], strict=True):
         dst[:p].copy_(src[:p])
     if resume.snapshot is not None:
-        for dst, src in zip(_recurrent(model), resume.snapshot.recurrent, strict=True):
+        for dst, src in zip(model.recurrent_state(), resume.snapshot.recurrent, strict=True):
             dst[:1].copy_(src)
 
 
@@ -193,7 +189,9 @@ class PrefixCache:
                 return s
         # what it needs alone (its recurrent state and logits, its KV slots unless a copy has
         # them): more than the budget, and it is not kept, nothing evicted for it
-        need = logits.numel() * 4 + sum(x[:1].numel() * x.element_size() for x in _recurrent(model))
+        need = logits.numel() * 4 + sum(
+            x[:1].numel() * x.element_size() for x in model.recurrent_state()
+        )
         if not any(len(c.tokens) >= p and c.tokens[:p] == t for c in self.copies):
             need += p * sum(x.shape[1] * x.element_size() for x in (*model.cache.k, *model.cache.v))
         if need > self.budget:
@@ -202,7 +200,7 @@ class PrefixCache:
         snap = Snapshot(
             t,
             kv,
-            [x[:1].clone() for x in _recurrent(model)],
+            [x[:1].clone() for x in model.recurrent_state()],
             logits.detach().float().clone(),
             next(self._clock),
         )

@@ -95,10 +95,6 @@ def _identity(pipe) -> dict[str, str]:
     }
 
 
-def _recurrent(model) -> list[torch.Tensor]:
-    return model.recurrent_state() if hasattr(model, "recurrent_state") else []
-
-
 def save_state(pipe, path: str | Path) -> Path:
     """Write ``pipe``'s decoding state after its tokens (:attr:`Pipeline.tokens`, at least one:
     after a prefill, and any decode steps) to ``path`` (module docstring), atomically: a failed
@@ -119,7 +115,7 @@ def save_state(pipe, path: str | Path) -> Path:
     for j, (k, v) in enumerate(zip(model.cache.k, model.cache.v, strict=True)):
         tensors[f"k.{j}"] = k[:p].cpu().contiguous()
         tensors[f"v.{j}"] = v[:p].cpu().contiguous()
-    for i, t in enumerate(_recurrent(model)):
+    for i, t in enumerate(model.recurrent_state()):
         tensors[f"recurrent.{i}"] = t[:1].cpu().contiguous()
     meta = {"format": FORMAT, **_identity(pipe), "digest": _digest(tensors)}
     path = Path(path)
@@ -194,7 +190,7 @@ def _expected(pipe, p: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     for j, (k, v) in enumerate(zip(model.cache.k, model.cache.v, strict=True)):
         want[f"k.{j}"] = ((p, k.shape[1]), k.dtype)
         want[f"v.{j}"] = ((p, v.shape[1]), v.dtype)
-    for i, t in enumerate(_recurrent(model)):
+    for i, t in enumerate(model.recurrent_state()):
         want[f"recurrent.{i}"] = ((1, *t.shape[1:]), t.dtype)
     return want
 
@@ -235,7 +231,7 @@ def load_state(pipe, path: str | Path) -> int:
     for j, (k, v) in enumerate(zip(model.cache.k, model.cache.v, strict=True)):
         k[:p].copy_(tensors[f"k.{j}"].to(dev))
         v[:p].copy_(tensors[f"v.{j}"].to(dev))
-    for i, t in enumerate(_recurrent(model)):
+    for i, t in enumerate(model.recurrent_state()):
         t[:1].copy_(tensors[f"recurrent.{i}"].to(dev))
     pipe.reset()
     pipe.position, pipe._live = p, tokens.tolist()

@@ -39,7 +39,7 @@ def written(name: str, tmp_path_factory) -> tuple[Pipeline, Path, list[int]]:
 
 def snapshot(pipe: Pipeline) -> list[torch.Tensor]:
     """Everything of ``pipe``'s live state, copied."""
-    rec = pipe.model.recurrent_state() if hasattr(pipe.model, "recurrent_state") else []
+    rec = pipe.model.recurrent_state()
     return [t.clone() for t in (*pipe.model.cache.k, *pipe.model.cache.v, *rec)]
 
 

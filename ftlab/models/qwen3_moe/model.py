@@ -313,6 +313,11 @@ class Qwen3Moe(Planned):
         )
         return y if self.tp is None else self.tp.all_reduce(y)
 
+    def recurrent_state(self) -> list[torch.Tensor]:
+        """No recurrent buffers ([]): attention only, its state is the KV cache (as Qwen3Next's
+        attention layers'; its linear-attention layers add conv and delta buffers)."""
+        return []
+
     def end_step(self) -> None:
         """Between steps (never inside a captured graph): each hybrid layer's residency follows
         the routes of the last forward pass (one synchronization for all layers)."""
