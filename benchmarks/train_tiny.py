@@ -233,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="a wall-time budget: after 10 steps, fewer steps if --steps would not fit in it",
+    )
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     name = FAMILIES[args.family][0]
@@ -256,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     stream = batches(train_ids, args.seq, args.batch, gen)
     log, best, best_state, start = [], float("inf"), None, time.perf_counter()
-    for step in range(1, args.steps + 1):
+    step = 0
+    while step < args.steps:
+        step += 1
         x = next(stream).to(device)
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             out_ = model(x, labels=x)
@@ -267,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
+        if step == 10 and args.seconds:
+            # the cosine schedule reads args.steps: it ends where the budget does
+            per_step = (time.perf_counter() - start) / 10
+            args.steps = max(20, min(args.steps, int(0.8 * args.seconds / per_step)))
+            print(f"{per_step * 1e3:.0f} ms a step: {args.steps} steps", flush=True)
         if step % max(1, args.steps // 20) == 0 or step == args.steps:
             held = held_out_loss(model, held_ids, args.seq, device)
             log.append({"step": step, "train_loss": float(loss), "held_out_loss": held})

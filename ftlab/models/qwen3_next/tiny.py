@@ -61,13 +61,11 @@ HYBRID_MODELS: dict[str, dict] = {
 }
 
 
-def hybrid_config(name: str, vocab_size: int) -> dict:
-    """The HF ``config.json`` dict of tiny hybrid model ``name``."""
-    spec = {
-        k: v
-        for k, v in HYBRID_MODELS[name].items()
-        if k not in ("arch", "seed", "partial_rotary_factor")
-    }
+def hybrid_config(name: str, vocab_size: int, spec: dict | None = None) -> dict:
+    """The HF ``config.json`` dict of tiny hybrid model ``name`` (or of ``spec``, a dict of
+    :data:`HYBRID_MODELS`' fields)."""
+    full = spec or HYBRID_MODELS[name]
+    spec = {k: v for k, v in full.items() if k not in ("arch", "seed", "partial_rotary_factor")}
     n, interval = spec["num_hidden_layers"], spec.pop("full_attention_interval")
     text = {
         "vocab_size": vocab_size,
@@ -82,11 +80,11 @@ def hybrid_config(name: str, vocab_size: int) -> dict:
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,
-            "partial_rotary_factor": HYBRID_MODELS[name]["partial_rotary_factor"],
+            "partial_rotary_factor": full["partial_rotary_factor"],
         },
         **spec,
     }
-    if HYBRID_MODELS[name]["arch"] == "qwen3_next":
+    if full["arch"] == "qwen3_next":
         return {
             "architectures": ["Qwen3NextForCausalLM"],
             "model_type": "qwen3_next",
@@ -106,9 +104,10 @@ def hybrid_config(name: str, vocab_size: int) -> dict:
     }
 
 
-def hybrid_weights(name: str, vocab_size: int) -> dict[str, torch.Tensor]:
-    """Deterministic weights in the checkpoint's names. Scales keep activations O(1)."""
-    spec = HYBRID_MODELS[name]
+def hybrid_weights(name: str, vocab_size: int, spec: dict | None = None) -> dict[str, torch.Tensor]:
+    """Deterministic weights in the checkpoint's names (of ``spec`` when given, a dict of
+    :data:`HYBRID_MODELS`' fields). Scales keep activations O(1)."""
+    spec = spec or HYBRID_MODELS[name]
     g = torch.Generator().manual_seed(2000 + spec["seed"])
     h, hd, e = spec["hidden_size"], spec["head_dim"], spec["num_experts"]
     inter, shared = spec["moe_intermediate_size"], spec["shared_expert_intermediate_size"]
