@@ -104,3 +104,21 @@ def module_cache_dir(tmp_path_factory):
         os.environ.pop("FTLAB_CACHE_DIR")
     else:
         os.environ["FTLAB_CACHE_DIR"] = old
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (make test's), except that each notebook of tests/test_notebooks.py
+    is a unit of its own: one file holds every notebook, minutes of work that one worker would
+    otherwise run back to back at the end of the suite."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class NotebooksApart(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/test_notebooks.py::"):
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return NotebooksApart(config, log)
