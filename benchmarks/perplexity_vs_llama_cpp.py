@@ -6,15 +6,15 @@ scored halves), each backend asked for. Writes JSON and Markdown into ``benchmar
     python benchmarks/perplexity_vs_llama_cpp.py --bin /path/to/llama.cpp/build/bin \\
         --text held_out.txt --ctx 128 model-f32.gguf model-q4_0.gguf [--backend reference triton]
 
-The text defaults to the first ``--chars`` characters of the held-out documents of
-``benchmarks/train_tiny.py`` (the Python standard library's docstrings the training never saw).
+The text defaults to the first ``--chars`` characters of the trained models' held-out text
+(:func:`ftlab.models.trained.held_out_text`: the Python standard library's docstrings the training
+never saw).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import platform
@@ -31,10 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def held_out_text(chars: int) -> str:
-    spec = importlib.util.spec_from_file_location("train_tiny", ROOT / "benchmarks/train_tiny.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return "\n\n".join(mod.corpus()[1])[:chars]
+    from ftlab.models.trained import held_out_text as text
+
+    return text()[:chars]
 
 
 def llama_tokens(bin_dir: Path, gguf: Path, text_file: Path) -> list[int]:

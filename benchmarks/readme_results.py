@@ -236,7 +236,13 @@ def user_path_rows(results: dict[str, dict]) -> list[list[str]]:
             case = _stem(m["case"])
             ours, theirs = _tokens_per_s(m["case"]), _tokens_per_s(llama.get(case, ""))
             cells = [
-                f"{ours:.0f} tokens/s" if ours else _time(m["time_us"]),
+                # a row without a rate: its figure as the case gives it (a load's seconds, a
+                # perplexity), else its time
+                f"{ours:.0f} tokens/s"
+                if ours
+                else (
+                    m["case"].split(":", 1)[1].strip() if ":" in m["case"] else _time(m["time_us"])
+                ),
                 f"{theirs:.0f} tokens/s" if theirs else "-",
                 f"{ours / theirs:.2f}x" if ours and theirs else "-",
             ]

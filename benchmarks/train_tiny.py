@@ -25,12 +25,9 @@ as ``...experts.gate_up_proj.lr_a`` / ``.lr_b``), ``config.json``, ``tokenizer.j
 from __future__ import annotations
 
 import argparse
-import ast
-import hashlib
 import json
 import math
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -38,10 +35,12 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from ftlab.models.trained import corpus
+
 ROOT = Path(__file__).resolve().parent.parent
+
 RANK = 16
 VOCAB = 2048
-SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
 
 COMMON = dict(
     hidden_size=256,
@@ -108,35 +107,6 @@ FAMILIES = {
         ),
     ),
 }
-
-
-def _held_out(key: str) -> bool:
-    return int(hashlib.sha1(key.encode()).hexdigest(), 16) % 20 == 0
-
-
-def corpus() -> tuple[list[str], list[str]]:
-    """(training documents, held-out documents): the standard library's docstrings (over 40
-    characters) module by module in path order, then the documentation topics."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    train, held = [], []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if SKIP_DIRS & set(path.relative_to(root).parts):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docs = [ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, kinds)]
-        text = "\n\n".join(d for d in docs if d and len(d) > 40)
-        if text:
-            (held if _held_out(rel) else train).append(text)
-    from pydoc_data import topics
-
-    for i, name in enumerate(sorted(topics.topics)):
-        (held if i % 20 == 0 else train).append(topics.topics[name])
-    return train, held
 
 
 def train_tokenizer(docs: list[str]):

@@ -34,6 +34,7 @@ DIAGNOSTIC = "diagnostic"
 NEW_TOKENS = 128
 RESUME_NEW = 64  # the new tokens after a shared prefix (bench_user_path's resume rows)
 TOP_P = {"temperature": 0.8, "top_p": 0.95, "seed": 0}
+PPL_CTX, PPL_WINDOWS = 512, 8  # the accuracy row's window and most windows
 
 
 def read_file_s(path: Path, chunk: int = 64 << 20) -> float:
@@ -104,6 +105,7 @@ def bench_user_path(
     _time_resume(report, row, pipe, device, longest, min(RESUME_NEW, new_tokens), runs)
     for at, sampling in ((0, {}), (depth, {}), (0, TOP_P)):
         _time_decode(report, row, pipe, ids[: max(at, 1)], at, sampling, runs, new_tokens)
+    _perplexity(report, row, pipe, device)
     report.notes.append(
         f"user path: Pipeline.load(path, device={str(device)!r}, dtype={dtype}, max_seq_len={seq}) "
         f"(graphs: {pipe.decode_path}); prefill(ids) of {', '.join(map(str, prompts))} random ids; "
@@ -203,6 +205,27 @@ def _time_decode(report, row, pipe, start_ids, depth, sampling, runs, new_tokens
     case = f"decode batch 1{at}{how}"
     row(f"{case}: {rate:.0f} tokens/s", 1e6 / rate, "Pipeline.generate")
     _note(report, case, rates)
+
+
+def _perplexity(report, row, pipe, device) -> None:
+    from ftlab import eval as fteval
+    from ftlab.models.trained import held_out_text
+
+    ctx = min(PPL_CTX, pipe.max_seq_len)
+    ids = pipe.tokenizer.encode(held_out_text())[: ctx * PPL_WINDOWS]
+    if len(ids) < ctx:
+        report.notes.append(f"user path: no accuracy row: the held-out text has {len(ids)} tokens")
+        return
+    start = time.perf_counter()
+    result = fteval.evaluate(pipe, ids, ctx=ctx, progress=False)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    row(
+        f"perplexity of the held-out text: {result.perplexity:.6g} "
+        f"(ctx {ctx}, {result.windows} windows, {result.tokens} tokens scored)",
+        seconds * 1e6,
+        "ftlab.eval.evaluate",
+    )
 
 
 def _rows(report: Report, pipe) -> Callable[[str, float, str], None]:

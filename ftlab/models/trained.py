@@ -13,13 +13,24 @@ here under their names (:data:`TRAINED_MODELS`).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import sysconfig
 from pathlib import Path
 
 import torch
 
-__all__ = ["HELD_OUT", "ROOT", "TRAINED_MODELS", "checkpoint", "digest", "write_files"]
+__all__ = [
+    "HELD_OUT",
+    "ROOT",
+    "TRAINED_MODELS",
+    "checkpoint",
+    "corpus",
+    "digest",
+    "held_out_text",
+    "write_files",
+]
 
 ROOT = Path(__file__).resolve().parent / "trained"
 #: the held-out text (the documents the training never saw)
@@ -29,6 +40,48 @@ TRAINED_MODELS: dict[str, Path] = {
     p.parent.name: p.parent for p in sorted(ROOT.glob("*/weights.safetensors"))
 }
 TEXT_PREFIX = "model.language_model."
+#: standard-library folders whose docstrings are not read (tests, tools, vendored code)
+SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
+
+
+def _held_out(key: str) -> bool:
+    return int(hashlib.sha1(key.encode()).hexdigest(), 16) % 20 == 0
+
+
+def corpus() -> tuple[list[str], list[str]]:
+    """(training documents, held-out documents) of the trained models' text: the standard
+    library's docstrings (over 40 characters) module by module in path order, then the
+    documentation topics (``pydoc_data``); held out: every module whose path hashes to 0 mod 20,
+    every 20th topic."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train, held = [], []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if SKIP_DIRS & set(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs = [ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, kinds)]
+        text = "\n\n".join(d for d in docs if d and len(d) > 40)
+        if text:
+            (held if _held_out(rel) else train).append(text)
+    from pydoc_data import topics
+
+    for i, name in enumerate(sorted(topics.topics)):
+        (held if i % 20 == 0 else train).append(topics.topics[name])
+    return train, held
+
+
+def held_out_text() -> str:
+    """The held-out text: :data:`HELD_OUT` where the trained models are shipped (what their
+    training left out on the machine that trained them), else the held-out documents of this
+    Python's standard library (:func:`corpus`), joined by blank lines."""
+    if HELD_OUT.is_file():
+        return HELD_OUT.read_text(encoding="utf-8")
+    return "\n\n".join(corpus()[1])
 
 
 def digest(src: Path) -> str:

@@ -11,14 +11,27 @@ from ftlab.bench.user_path import bench_user_path
 Q4_K_M = Path(__file__).parents[1] / "data" / "llama_cpp" / "qwen3moe-q4_k_m.gguf"
 
 
+class UniformModel:
+    """Equal logits over 50 tokens at every position: a perplexity of exactly 50."""
+
+    def forward(self, tokens, positions):
+        return torch.zeros(*tokens.shape, 50)
+
+    def end_step(self):
+        pass
+
+
 class RecordingPipeline:
     """A stand-in for Pipeline: ``load`` gives one whose calls are recorded (prefill's ids'
-    length; generate's prompt length and keywords), each answered at once."""
+    length; generate's prompt length and keywords), each answered at once; the accuracy row's
+    ``ftlab.eval`` reads its tokenizer (a character a token) and its uniform model."""
 
     calls: list = []
 
-    def __init__(self):
+    def __init__(self, max_seq_len: int = 0):
         self.config = type("Config", (), {"vocab_size": 50})()
+        self.max_seq_len, self.device, self.model = max_seq_len, torch.device("cpu"), UniformModel()
+        self.tokenizer = type("Tok", (), {"encode": lambda self, t: [ord(c) % 50 for c in t]})()
         self.decode_path = "graph"
         # the prompts whose state is kept (a recurrent model's snapshots at their ends)
         self.held: list[list[int]] = []
@@ -31,7 +44,7 @@ class RecordingPipeline:
     @classmethod
     def load(cls, path, **kwargs):
         cls.calls.append(("load", Path(path).name, kwargs))
-        return cls()
+        return cls(kwargs["max_seq_len"])
 
     def prefill(self, ids):
         ids = [int(i) for i in ids]
@@ -74,6 +87,7 @@ def test_the_user_path_rows_come_from_the_public_calls(tmp_path):
         + [("generate", 1, 5, greedy)] * 3
         + [("generate", 6, 5, greedy)] * 3
         + [("generate", 1, 5, top_p)] * 3
+        + [("reset",)] * 8  # ftlab.eval: each window a fresh sequence
     )  # a warm-up call, then 2 timed
     assert [(m.case.split(":")[0], m.call, m.mode) for m in report.measurements] == [
         ("load", "Pipeline.load", "public API"),
@@ -83,7 +97,12 @@ def test_the_user_path_rows_come_from_the_public_calls(tmp_path):
         ("decode batch 1", "Pipeline.generate", "graph"),
         ("decode batch 1 at depth 6", "Pipeline.generate", "graph"),
         ("decode batch 1, top-p 0.95 at temperature 0.8", "Pipeline.generate", "graph"),
+        ("perplexity of the held-out text", "ftlab.eval.evaluate", "public API"),
     ]
+    # the uniform model's perplexity, over 8 windows of the pipeline's whole length
+    assert report.measurements[-1].case.split(": ")[1] == (
+        "50 (ctx 12, 8 windows, 40 tokens scored)"
+    )
     assert all(m.kind == "user path" and m.backend == "ftlab" for m in report.measurements)
     # every resumed prompt started after the shared prefix
     assert "tokens resumed each run: [6, 6, 6] (of 6 shared)" in "\n".join(report.notes)
@@ -101,7 +120,7 @@ def test_several_prompt_lengths_and_a_depth():
         ("generate", 8),
         ("generate", 1),
         ("generate", 1),
-    ]
+    ] + [("reset",)] * 8
     assert [m.case.split(":")[0] for m in report.measurements] == [
         "load",
         "prefill 4 tokens",
@@ -111,6 +130,7 @@ def test_several_prompt_lengths_and_a_depth():
         "decode batch 1",
         "decode batch 1 at depth 8",
         "decode batch 1, top-p 0.95 at temperature 0.8",
+        "perplexity of the held-out text",
     ]
 
 

@@ -79,6 +79,8 @@ def test_the_three_models_fit_the_repositorys_30_mb():
 
 
 def test_the_held_out_split_is_apart_from_the_training_text():
-    train, held = train_tiny.corpus()
+    from ftlab.models.trained import corpus
+
+    train, held = corpus()
     assert len(held) >= 20 and len(train) > 10 * len(held)
     assert not set(held) & set(train)
