@@ -40,7 +40,8 @@ class EvalResult:
     mean ``kl_divergence`` KL(reference || model) in nats, ``top1_agreement`` (the share of
     scored positions where both models' most likely token is the same) and ``delta_p``
     (``{percentile: model's minus reference's probability of the right token}``).
-    ``per_window``: each window's perplexity."""
+    ``per_window``: each window's perplexity; ``token_kl`` (:func:`evaluate` with ``per_token``,
+    against a reference): the KL divergence at each scored position, in text order."""
 
     ctx: int
     windows: int
@@ -52,6 +53,7 @@ class EvalResult:
     kl_divergence: float | None = None
     top1_agreement: float | None = None
     delta_p: dict[int, float] | None = None
+    token_kl: list[float] | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -97,12 +99,14 @@ def evaluate(
     ctx: int = 512,
     reference=None,
     progress: bool = True,
+    per_token: bool = False,
 ) -> EvalResult:
     """Perplexity of ``pipe`` (a :class:`~ftlab.models.pipeline.Pipeline`) on ``text`` (a str,
     tokenized by the pipeline's tokenizer, or token ids) in windows of ``ctx`` tokens (module
     docstring); with ``reference`` (another Pipeline of the same vocabulary and tokenizer) the KL
     divergence, top-1 agreement and Δp against its predictions. ``progress``: a bar over the
-    windows. ValueError naming ``ctx`` (not an int >= 4, or over a model's max_seq_len),
+    windows. ``per_token``: keep the KL divergence of each scored position
+    (:attr:`EvalResult.token_kl`). ValueError naming ``ctx`` (not an int >= 4, or over a model's max_seq_len),
     ``text`` (fewer tokens than one window, or an empty string) or ``reference`` (another
     vocabulary or tokenizer)."""
     if isinstance(text, str):
@@ -122,7 +126,7 @@ def evaluate(
         _same_vocabulary(pipe, reference, text)
     first = ctx // 2
     nll, counted, per_window = 0.0, 0, []
-    kl, agree, deltas, ref_nll = 0.0, 0, [], 0.0
+    kl, agree, deltas, ref_nll, token_kl = 0.0, 0, [], 0.0, []
     bar = tqdm(chunks, desc="perplexity", unit="window", disable=not progress)
     for window in bar:
         logp = torch.log_softmax(_logits(pipe, window)[first:-1].double(), -1)
@@ -137,7 +141,10 @@ def evaluate(
             ref = ref.to(logp.device)
             ref_right = ref.gather(-1, target[:, None])[:, 0]
             ref_nll -= float(ref_right.sum())
-            kl += float((ref.exp() * (ref - logp)).sum())
+            position_kl = (ref.exp() * (ref - logp)).sum(-1)
+            kl += float(position_kl.sum())
+            if per_token:
+                token_kl += position_kl.tolist()
             agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
             deltas.append((right.exp() - ref_right.exp()).cpu())
         bar.set_postfix(ppl=f"{math.exp(nll / counted):.4f}")
@@ -149,6 +156,7 @@ def evaluate(
         result.kl_divergence = kl / counted
         result.top1_agreement = agree / counted
         result.delta_p = {q: float(torch.quantile(dp, q / 100)) for q in PERCENTILES}
+        result.token_kl = token_kl if per_token else None
     return result
 
 

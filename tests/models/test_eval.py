@@ -79,6 +79,10 @@ def test_against_a_reference():
     assert quant.kl_divergence > 1e-6 and 0 < quant.top1_agreement <= 1
     assert quant.reference_perplexity == pytest.approx(same.perplexity)
     assert list(quant.delta_p.values()) == sorted(quant.delta_p.values())
+    assert quant.token_kl is None
+    each = fteval.evaluate(q4, TEXT, ctx=32, reference=f32, progress=False, per_token=True)
+    assert len(each.token_kl) == each.tokens and min(each.token_kl) >= -1e-12
+    assert sum(each.token_kl) / each.tokens == pytest.approx(quant.kl_divergence, rel=1e-9)
 
 
 def test_refusals():
