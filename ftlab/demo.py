@@ -165,4 +165,19 @@ def _pipeline(device) -> int:
         "\ngenerated (greedy, 24 tokens; the tiny model's weights are random, and so is its text):"
     )
     print(f"  {prompt}{''.join(pipe.generate(prompt, max_new_tokens=24))!r}")
+    _trained(device)
     return 0
+
+
+def _trained(device) -> None:
+    """Text from the trained tiny Qwen3-MoE (``ftlab.models.trained``), where it is shipped."""
+    from ftlab.models import tiny
+    from ftlab.models.pipeline import Pipeline
+
+    if tiny.DEFAULT not in tiny.TRAINED_MODELS:
+        return
+    print(f"\n== {tiny.DEFAULT}: trained on the Python standard library's docstrings ==")
+    pipe = Pipeline.load(tiny.DEFAULT, device, quant="q4_0")
+    for prompt in ("Return the number of", "The file object"):
+        text = "".join(pipe.generate(prompt, max_new_tokens=40))
+        print(f"generated (Q4_0, greedy, 40 tokens): {prompt}{text!r}")

@@ -106,9 +106,9 @@ def evaluate(
     docstring); with ``reference`` (another Pipeline of the same vocabulary and tokenizer) the KL
     divergence, top-1 agreement and Δp against its predictions. ``progress``: a bar over the
     windows. ``per_token``: keep the KL divergence of each scored position
-    (:attr:`EvalResult.token_kl`). ValueError naming ``ctx`` (not an int >= 4, or over a model's max_seq_len),
-    ``text`` (fewer tokens than one window, or an empty string) or ``reference`` (another
-    vocabulary or tokenizer)."""
+    (:attr:`EvalResult.token_kl`). ValueError naming ``ctx`` (not an int >= 4, or over a model's
+    max_seq_len), ``text`` (fewer tokens than one window, or an empty string) or ``reference``
+    (another vocabulary or tokenizer)."""
     if isinstance(text, str):
         if not text:
             raise ValueError("text must be a non-empty string, got ''")

@@ -10,6 +10,7 @@ import textwrap
 
 from ftlab.cli.options import HelpFormatter, add_device, backend_set, option
 from ftlab.models import pipeline_args as check
+from ftlab.models import tiny
 
 #: The environment variables that change what ``ftlab run`` does, for its ``--help`` (the
 #: README's "Environment variables" lists every one ftlab reads).
@@ -191,9 +192,11 @@ def add_parser(sub, common: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--model",
-        default="tiny-qwen3-moe",
-        help="a tiny model name (tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, "
-        "tiny-qwen3-next), a HF directory or a .gguf file (qwen3moe, qwen35moe or qwen3next)",
+        default=tiny.DEFAULT,
+        help="a built-in model's name (trained-qwen3-moe, trained-qwen35-moe, trained-qwen3-next "
+        "where shipped; the random tiny-qwen3-moe, tiny-qwen3-moe-wide, tiny-qwen35-moe, "
+        "tiny-qwen3-next), a HF directory or a .gguf file (qwen3moe, qwen35moe or qwen3next) "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--prompt",

@@ -65,7 +65,9 @@ TINY_MODELS: dict[str, dict] = {
     # the trained models shipped (ftlab.models.trained): their files expanded on first use
     **{name: {"trained": str(src)} for name, src in TRAINED_MODELS.items()},
 }
-DEFAULT = "tiny-qwen3-moe"
+#: the model ``Pipeline.load()`` and ``ftlab run`` take when none is named: the trained Qwen3-MoE
+#: where it is shipped (it writes text a person can read), else the random one
+DEFAULT = "trained-qwen3-moe" if "trained-qwen3-moe" in TRAINED_MODELS else "tiny-qwen3-moe"
 VOCAB_SIZE = 384
 CORPUS = """\
 The lab measures kernels for a mixture of experts model. Every operator has a reference, a
