@@ -239,7 +239,10 @@ def test_bad_options_are_usage_errors(capsys, args, message):
     "args, message",
     [
         (["--max-seq-len", "3"], "ftlab: error: prompt must fit in max_seq_len = 3 tokens, got"),
-        (["--hybrid-slots", "9"], "ftlab: error: hybrid_slots must be an int in [0, 8], got 9"),
+        (
+            ["--model", "tiny-qwen3-moe", "--hybrid-slots", "9"],
+            "ftlab: error: hybrid_slots must be an int in [0, 8], got 9",
+        ),
         (
             ["--hybrid-policy", "layers"],
             "ftlab: error: --hybrid-policy layers places hybrid experts: give --hybrid-slots",
