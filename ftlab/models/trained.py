@@ -40,6 +40,7 @@ TRAINED_MODELS: dict[str, Path] = {
     p.parent.name: p.parent for p in sorted(ROOT.glob("*/weights.safetensors"))
 }
 TEXT_PREFIX = "model.language_model."
+ARCHITECTURES = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
 #: standard-library folders whose docstrings are not read (tests, tools, vendored code)
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__pycache__"}
 
@@ -139,6 +140,9 @@ def checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             "torch_dtype": "float32",
             "text_config": config,
         }
+    # the class a checkpoint names (a config saved from a config object names none): what
+    # transformers' Auto classes and llama.cpp's converter read
+    config.setdefault("architectures", [ARCHITECTURES[config["model_type"]]])
     config["torch_dtype"] = "float32"
     return config, out
 
