@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = fteval.evaluate(pipe, ours, ctx=args.ctx, reference=ref, progress=False)
                 rows.append(
                     {
-                        "file": f"{gguf.parent.name}/{gguf.name}",
+                        "file": f"{gguf.resolve().parent.name}/{gguf.name}",
                         "backend": backend,
                         "tokens": len(ours),
                         "tokens_equal_llama_cpp": same,
