@@ -142,7 +142,8 @@ def checkpoint(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         }
     # the class a checkpoint names (a config saved from a config object names none): what
     # transformers' Auto classes and llama.cpp's converter read
-    config.setdefault("architectures", [ARCHITECTURES[config["model_type"]]])
+    if "architectures" not in config:
+        config["architectures"] = [ARCHITECTURES[config["model_type"]]]
     config["torch_dtype"] = "float32"
     return config, out
 

@@ -83,6 +83,7 @@ def test_report_rows_and_notes(cpu_run):
         ("decode batch 1", "Pipeline.generate", "eager"),
         ("decode batch 1 at depth 8", "Pipeline.generate", "eager"),
         ("decode batch 1, top-p 0.95 at temperature 0.8", "Pipeline.generate", "eager"),
+        ("perplexity of the held-out text", "ftlab.eval.evaluate", "public API"),
     ]
     assert all(r["backend"] == "ftlab" and r["time_us"] > 0 for r in users)
     rows = report["results"][len(users) :]
@@ -277,6 +278,7 @@ def test_qwen35moe_file(tmp_path):
         ("decode batch 1", "user path"),
         ("decode batch 1 at depth 4", "user path"),
         ("decode batch 1, top-p 0.95 at temperature 0.8", "user path"),
+        ("perplexity of the held-out text", "user path"),
         ("prefill 4 tokens", "diagnostic"),
         ("decode batch 1", "diagnostic"),
         ("decode batch 8", "diagnostic"),
@@ -328,7 +330,7 @@ def test_a_failing_llama_bench_keeps_ftlabs_rows(tmp_path):
     """llama-bench that cannot load the file: the report keeps ftlab's rows and says why."""
     bad = fake_llama_bench(tmp_path, [], status=1)
     report = model_gguf.run(Q4_K_M, quick=True, device="cpu", prefill=4, llama_bench=bad)
-    assert [m.backend for m in report.measurements] == ["ftlab"] * 7 + ["auto"] * 3
+    assert [m.backend for m in report.measurements] == ["ftlab"] * 8 + ["auto"] * 3
     assert "llama.cpp: no figures" in report.notes[-1] and "exited 1" in report.notes[-1]
 
 
