@@ -171,6 +171,8 @@ def _pipeline(device) -> int:
 
 def _trained(device) -> None:
     """Text from the trained tiny Qwen3-MoE (``ftlab.models.trained``), where it is shipped."""
+    import textwrap
+
     from ftlab.models import tiny
     from ftlab.models.pipeline import Pipeline
 
@@ -180,4 +182,5 @@ def _trained(device) -> None:
     pipe = Pipeline.load(tiny.DEFAULT, device, quant="q4_0")
     for prompt in ("Return the number of", "The file object"):
         text = "".join(pipe.generate(prompt, max_new_tokens=40))
-        print(f"generated (Q4_0, greedy, 40 tokens): {prompt}{text!r}")
+        print(f"generated (Q4_0, greedy, 40 tokens) from {prompt!r}:")
+        print(textwrap.indent((prompt + text).rstrip(), "  | ", lambda line: True))
