@@ -15,6 +15,7 @@ from the repository root:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -74,14 +75,13 @@ def checkpoint(family: str, path: Path) -> str:
 
 
 def tokens(bin_dir: Path, gguf: Path, text: Path) -> list[int]:
-    out = subprocess.run(
-        [bin_dir / "llama-tokenize", "-m", gguf, "-f", text, "--ids", "--log-disable"]
-        + ["--no-escape", "--no-bos"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """``llama-tokenize``'s ids (benchmarks/perplexity_vs_llama_cpp.py's call)."""
+    spec = importlib.util.spec_from_file_location(
+        "perplexity_vs_llama_cpp", ROOT / "benchmarks" / "perplexity_vs_llama_cpp.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.llama_tokens(bin_dir, gguf, text)
 
 
 def main(llama_cpp: Path, bin_dir: Path) -> None:
